@@ -1,0 +1,4 @@
+pub mod batch;
+pub mod config;
+pub mod error;
+pub mod tensor;
