@@ -168,14 +168,19 @@ pub struct TensorSpec {
 }
 
 /// Batch size the auto-completer picks for a model that can batch and whose config
-/// gives none (the value Triton's onnxruntime backend uses by default).
+/// gives none, unless the server's `--backend-config=default-max-batch-size` says otherwise.
 pub const DEFAULT_MAX_BATCH_SIZE: i64 = 4;
 
 /// Fills what the config leaves out from what the model file declares, the way
 /// Triton's own backends auto-complete: inputs and outputs when absent, and
 /// `max_batch_size` (with dynamic batching) when every tensor has a free first dim.
 /// Returns the new config JSON, or `None` when nothing needed filling.
-pub fn autocomplete(config: &Value, inputs: &[TensorSpec], outputs: &[TensorSpec]) -> Result<Option<Value>> {
+pub fn autocomplete(
+    config: &Value,
+    inputs: &[TensorSpec],
+    outputs: &[TensorSpec],
+    default_max_batch_size: i64,
+) -> Result<Option<Value>> {
     let mut cfg = config.clone();
     let parsed = ModelConfig::from_value(config)?;
     let mut changed = false;
@@ -183,7 +188,7 @@ pub fn autocomplete(config: &Value, inputs: &[TensorSpec], outputs: &[TensorSpec
     let mut max_batch = parsed.max_batch_size;
     let io_missing = parsed.inputs.is_empty() || parsed.outputs.is_empty();
     if max_batch == 0 && io_missing && all_batchable && !inputs.is_empty() {
-        max_batch = DEFAULT_MAX_BATCH_SIZE;
+        max_batch = default_max_batch_size;
         cfg["max_batch_size"] = json!(max_batch);
         if cfg.get("dynamic_batching").is_none() && cfg.get("sequence_batching").is_none() {
             cfg["dynamic_batching"] = json!({});
@@ -317,7 +322,7 @@ mod tests {
         let cfg: Value = serde_json::from_str(r#"{"name":"m","backend":"rust"}"#).unwrap();
         let ins = [spec("x", DataType::F32, &[-1, 16])];
         let outs = [spec("y", DataType::F32, &[-1, 4])];
-        let out = autocomplete(&cfg, &ins, &outs).unwrap().unwrap();
+        let out = autocomplete(&cfg, &ins, &outs, DEFAULT_MAX_BATCH_SIZE).unwrap().unwrap();
         let c = ModelConfig::from_value(&out).unwrap();
         assert_eq!(c.max_batch_size, DEFAULT_MAX_BATCH_SIZE);
         assert_eq!(c.inputs, vec![TensorConfig { name: "x".into(), dtype: DataType::F32, dims: vec![16] }]);
@@ -331,7 +336,7 @@ mod tests {
         let cfg: Value = serde_json::from_str(r#"{"name":"m"}"#).unwrap();
         let ins = [spec("x", DataType::I64, &[2, 3])];
         let outs = [spec("y", DataType::I64, &[2, 3])];
-        let out = autocomplete(&cfg, &ins, &outs).unwrap().unwrap();
+        let out = autocomplete(&cfg, &ins, &outs, DEFAULT_MAX_BATCH_SIZE).unwrap().unwrap();
         let c = ModelConfig::from_value(&out).unwrap();
         assert_eq!(c.max_batch_size, 0);
         assert_eq!(c.inputs[0].dims, vec![2, 3]);
@@ -342,7 +347,7 @@ mod tests {
         let cfg: Value = serde_json::from_str(RESNET).unwrap();
         let ins = [spec("INPUT__0", DataType::F32, &[-1, 3, 224, 224])];
         let outs = [spec("OUTPUT__0", DataType::F32, &[-1, 1000])];
-        assert!(autocomplete(&cfg, &ins, &outs).unwrap().is_none());
+        assert!(autocomplete(&cfg, &ins, &outs, DEFAULT_MAX_BATCH_SIZE).unwrap().is_none());
         check_against_model(&ModelConfig::from_value(&cfg).unwrap(), &ins, &outs).unwrap();
     }
 

@@ -1,0 +1,124 @@
+//! Engines: the things that run a model on a batch.
+//!
+//! One small trait, [`Engine`], and one room per engine (`onnx` now; `torch` and the
+//! embedding store next). Engines know nothing of Triton: they take assembled
+//! [`BatchTensor`]s and hand each output to a sink as a borrowed view, so the caller
+//! can copy it straight into the response buffers.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::batch::BatchTensor;
+use crate::config::{ModelConfig, TensorSpec};
+use crate::error::{Error, Result};
+use crate::tensor::DataType;
+
+pub mod onnx;
+
+/// Where an instance runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Gpu(i32),
+}
+
+/// One output of a run, borrowed from the engine until the sink returns.
+pub struct OutputView<'a> {
+    pub name: &'a str,
+    pub dtype: DataType,
+    pub shape: &'a [i64],
+    pub bytes: &'a [u8],
+}
+
+pub trait Engine: Send {
+    /// Inputs as the model file declares them (full shapes, -1 where free).
+    fn inputs(&self) -> &[TensorSpec];
+    fn outputs(&self) -> &[TensorSpec];
+    fn device(&self) -> Device;
+    /// Whether `run` can take inputs that live in GPU memory.
+    fn accepts_device_inputs(&self) -> bool {
+        false
+    }
+    /// Runs the model once on `inputs` and passes each of `outputs` to `sink`.
+    fn run(
+        &mut self,
+        inputs: &[BatchTensor<'_>],
+        outputs: &[&str],
+        sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+    ) -> Result<()>;
+}
+
+/// What an engine may read when it is created.
+pub struct EngineOptions<'a> {
+    pub config: &'a ModelConfig,
+    /// `--backend-config=rust,<key>=<value>` settings.
+    pub backend: &'a BTreeMap<String, String>,
+    pub device: Device,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineKind {
+    Onnx,
+}
+
+impl EngineKind {
+    fn default_file(self) -> &'static str {
+        match self {
+            EngineKind::Onnx => "model.onnx",
+        }
+    }
+}
+
+/// Picks the engine and model file for a model version directory: the `engine`
+/// parameter if given, else from the file name (`default_model_filename` or the
+/// engine's default file that exists).
+pub fn select(config: &ModelConfig, version_dir: &Path) -> Result<(EngineKind, PathBuf)> {
+    let kind = match config.parameters.get("engine").map(|s| s.trim().to_ascii_lowercase()) {
+        Some(e) if e == "onnx" || e == "onnxruntime" => EngineKind::Onnx,
+        Some(other) => {
+            return Err(Error::unsupported(format!(
+                "parameter 'engine' is '{other}'; this build of the rust backend has the engines: onnx"
+            )))
+        }
+        None => match config.default_model_filename.as_deref() {
+            Some(f) if f.ends_with(".onnx") => EngineKind::Onnx,
+            Some(f) => {
+                return Err(Error::unsupported(format!(
+                    "cannot tell the engine from default_model_filename '{f}'; set parameters {{ key: \"engine\" }}"
+                )))
+            }
+            None => EngineKind::Onnx,
+        },
+    };
+    let file = version_dir.join(config.default_model_filename.as_deref().unwrap_or(kind.default_file()));
+    if !file.is_file() {
+        return Err(Error::not_found(format!("model file '{}' not found", file.display())));
+    }
+    Ok((kind, file))
+}
+
+pub fn create(kind: EngineKind, model_file: &Path, options: &EngineOptions<'_>) -> Result<Box<dyn Engine>> {
+    match kind {
+        EngineKind::Onnx => Ok(Box::new(onnx::OnnxEngine::load(model_file, options)?)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn select_names_missing_file_and_unknown_engine() {
+        let dir = std::env::temp_dir().join(format!("trt-select-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = ModelConfig::default();
+        let e = select(&cfg, &dir).unwrap_err();
+        assert!(e.message().contains("model.onnx") && e.message().contains("not found"), "{e}");
+        std::fs::write(dir.join("model.onnx"), b"x").unwrap();
+        assert_eq!(select(&cfg, &dir).unwrap().0, EngineKind::Onnx);
+        let mut cfg2 = ModelConfig::default();
+        cfg2.parameters.insert("engine".into(), "tensorflow".into());
+        assert!(select(&cfg2, &dir).unwrap_err().message().contains("tensorflow"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,296 @@
+//! Serving: where Triton's view (models, instances, requests) meets the engines.
+//!
+//! `ModelState` reads the config, picks and loads the engine, auto-completes and
+//! checks the config; `InstanceState` owns one engine; [`execute`] is the batch path:
+//! check each request, group, assemble, run once per group, scatter outputs into the
+//! responses, report statistics. A request's own problem fails that request only.
+//! Safe code only: Triton is reached through `crate::triton`'s types.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use serde_json::Value;
+
+use crate::batch::{assemble, check_request, group_by_shape, scatter_ranges, CheckedRequest, InputPolicy};
+use crate::config::{autocomplete, check_against_model, ModelConfig, DEFAULT_MAX_BATCH_SIZE};
+pub use crate::engine::Device;
+use crate::engine::{self, Engine, EngineKind, EngineOptions};
+use crate::error::{Error, ErrorKind, Result};
+use crate::triton::request::Timing;
+use crate::triton::{now_ns, Instance, Request, Response};
+
+/// Backend-wide settings from `--backend-config=rust,<key>=<value>`.
+#[derive(Debug, Clone, Default)]
+pub struct BackendSettings {
+    pub cmdline: BTreeMap<String, String>,
+    pub default_max_batch_size: i64,
+}
+
+impl BackendSettings {
+    pub fn from_json(json: &str) -> Result<Self> {
+        let v: Value = if json.trim().is_empty() { Value::Null } else {
+            serde_json::from_str(json).map_err(|e| Error::invalid_arg(format!("backend config is not JSON: {e}")))?
+        };
+        let mut cmdline = BTreeMap::new();
+        if let Some(Value::Object(m)) = v.get("cmdline") {
+            for (k, v) in m {
+                cmdline.insert(k.clone(), v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()));
+            }
+        }
+        let default_max_batch_size = match cmdline.get("default-max-batch-size") {
+            Some(s) => s.parse().map_err(|_| Error::invalid_arg(format!("default-max-batch-size '{s}' is not an integer")))?,
+            None => DEFAULT_MAX_BATCH_SIZE,
+        };
+        Ok(BackendSettings { cmdline, default_max_batch_size })
+    }
+}
+
+pub struct ModelContext<'a> {
+    pub name: String,
+    pub version: u64,
+    pub repository: PathBuf,
+    pub config_json: String,
+    pub autocomplete: bool,
+    pub backend: &'a BackendSettings,
+}
+
+pub struct ModelState {
+    name: String,
+    config: ModelConfig,
+    kind: EngineKind,
+    model_file: PathBuf,
+    backend: BTreeMap<String, String>,
+    policy: InputPolicy,
+    /// The engine opened at load time to read the model's tensors; the first CPU
+    /// instance takes it rather than loading the model a second time.
+    spare: Mutex<Option<Box<dyn Engine>>>,
+}
+
+impl ModelState {
+    /// Loads a model. Returns the state and, when auto-complete filled something in,
+    /// the completed config JSON for Triton.
+    pub fn load(ctx: ModelContext<'_>) -> Result<(ModelState, Option<String>)> {
+        let mut raw: Value = serde_json::from_str(&ctx.config_json)
+            .map_err(|e| Error::invalid_arg(format!("model config is not JSON: {e}")))?;
+        let mut config = ModelConfig::from_value(&raw)?;
+        let version_dir = ctx.repository.join(ctx.version.to_string());
+        let (kind, model_file) = engine::select(&config, &version_dir)?;
+        let probe = engine::create(kind, &model_file, &EngineOptions { config: &config, backend: &ctx.backend.cmdline, device: Device::Cpu })?;
+        let mut completed = None;
+        if ctx.autocomplete {
+            if let Some(v) = autocomplete(&raw, probe.inputs(), probe.outputs(), ctx.backend.default_max_batch_size)? {
+                raw = v;
+                config = ModelConfig::from_value(&raw)?;
+                completed = Some(raw.to_string());
+                crate::log_info!("model '{}': config auto-completed from '{}'", ctx.name, model_file.display());
+            }
+        }
+        check_against_model(&config, probe.inputs(), probe.outputs())
+            .map_err(|e| e.context(format!("model file '{}'", model_file.display())))?;
+        let policy = InputPolicy {
+            reject_nonfinite: config.parameter_bool("reject_nonfinite")?.unwrap_or(false),
+            accepts_device_inputs: false,
+        };
+        crate::log_info!("model '{}' version {} loaded from '{}' ({:?} engine)", ctx.name, ctx.version, model_file.display(), kind);
+        let state = ModelState {
+            name: ctx.name,
+            config,
+            kind,
+            model_file,
+            backend: ctx.backend.cmdline.clone(),
+            policy,
+            spare: Mutex::new(Some(probe)),
+        };
+        Ok((state, completed))
+    }
+}
+
+pub struct InstanceContext {
+    pub name: String,
+    pub device: Device,
+}
+
+pub struct InstanceState {
+    name: String,
+    config: ModelConfig,
+    policy: InputPolicy,
+    engine: Mutex<Box<dyn Engine>>,
+}
+
+impl InstanceState {
+    pub fn new(model: &ModelState, ctx: InstanceContext) -> Result<InstanceState> {
+        let spare = if ctx.device == Device::Cpu { model.spare.lock().ok().and_then(|mut s| s.take()) } else { None };
+        let engine = match spare {
+            Some(e) => e,
+            None => engine::create(
+                model.kind,
+                &model.model_file,
+                &EngineOptions { config: &model.config, backend: &model.backend, device: ctx.device },
+            )?,
+        };
+        let mut policy = model.policy.clone();
+        policy.accepts_device_inputs = engine.accepts_device_inputs();
+        crate::log_info!("instance '{}' of model '{}' ready on {:?}", ctx.name, model.name, ctx.device);
+        Ok(InstanceState { name: ctx.name, config: model.config.clone(), policy, engine: Mutex::new(engine) })
+    }
+}
+
+/// Answers every request with the same error (used when the instance itself is unusable).
+pub fn fail_all(requests: Vec<Request>, error: &Error) {
+    for r in &requests {
+        if let Ok(resp) = Response::new(r) {
+            resp.send(&Err(error.clone()));
+        }
+    }
+}
+
+/// Runs one call of Triton's execute: every request is answered and released.
+pub fn execute(inst: &InstanceState, reporter: &Instance, requests: Vec<Request>) {
+    let exec_start = now_ns();
+    let cfg = &inst.config;
+    let n = requests.len();
+    let mut responses: Vec<Option<Response>> = Vec::with_capacity(n);
+    let mut outcomes: Vec<Result<()>> = Vec::with_capacity(n);
+    let mut checked: Vec<Option<CheckedRequest<'_>>> = Vec::with_capacity(n);
+    let mut wanted: Vec<Vec<String>> = Vec::with_capacity(n);
+
+    for req in &requests {
+        let response = Response::new(req).map_err(|e| crate::log_error!("cannot create a response: {e}")).ok();
+        let prepared = if response.is_none() {
+            Err(Error::internal("could not create a response"))
+        } else if req.is_cancelled() {
+            Err(Error::new(ErrorKind::Cancelled, "request was cancelled"))
+        } else {
+            req.inputs()
+                .and_then(|t| check_request(cfg, &inst.policy, t))
+                .and_then(|c| Ok((c, req.requested_outputs()?)))
+        };
+        responses.push(response);
+        match prepared {
+            Ok((c, outs)) => {
+                checked.push(Some(c));
+                wanted.push(outs);
+                outcomes.push(Ok(()));
+            }
+            Err(e) => {
+                if e.kind() != ErrorKind::Cancelled {
+                    crate::log_verbose!("instance '{}': request '{}' rejected: {e}", inst.name, req.id());
+                }
+                checked.push(None);
+                wanted.push(Vec::new());
+                outcomes.push(Err(e));
+            }
+        }
+    }
+
+    let valid: Vec<usize> = (0..n).filter(|&i| checked[i].is_some()).collect();
+    let refs: Vec<&CheckedRequest<'_>> = valid.iter().map(|&i| checked[i].as_ref().expect("valid")).collect();
+    let groups = group_by_shape(cfg, &refs);
+    let compute_start = now_ns();
+    let mut sink_ns = 0u64;
+    let mut rows_run = 0u64;
+    if !groups.is_empty() {
+        match inst.engine.lock() {
+            Err(_) => {
+                for &i in &valid {
+                    outcomes[i] = Err(Error::internal("engine lock poisoned by an earlier panic"));
+                }
+            }
+            Ok(mut engine) => {
+                for group in &groups {
+                    let members: Vec<usize> = group.iter().map(|&g| valid[g]).collect();
+                    let group_refs: Vec<&CheckedRequest<'_>> = group.iter().map(|&g| refs[g]).collect();
+                    let result = run_group(&mut **engine, cfg, &group_refs, &members, &wanted, &mut responses, &mut outcomes, &mut sink_ns);
+                    match result {
+                        Ok(rows) => rows_run += rows as u64,
+                        Err(e) => {
+                            crate::log_error!("instance '{}': batch of {} requests failed: {e}", inst.name, members.len());
+                            for &i in &members {
+                                outcomes[i] = Err(e.clone());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let run_end = now_ns();
+    let compute_end = run_end.saturating_sub(sink_ns).max(compute_start);
+    let exec_end = now_ns();
+    let timing = Timing { exec_start, compute_start, compute_end, exec_end };
+    drop(checked);
+    for (i, req) in requests.iter().enumerate() {
+        if let Some(r) = responses[i].take() {
+            r.send(&outcomes[i]);
+        }
+        reporter.report(req, outcomes[i].is_ok(), timing);
+    }
+    if rows_run > 0 {
+        reporter.report_batch(rows_run, timing);
+    }
+    drop(requests); // releases every request, after its statistics
+}
+
+/// Runs one same-shape group and writes each member's outputs into its response.
+/// Returns the number of rows run. A member whose own output fails gets its own error.
+#[allow(clippy::too_many_arguments)]
+fn run_group(
+    engine: &mut dyn Engine,
+    cfg: &ModelConfig,
+    group: &[&CheckedRequest<'_>],
+    members: &[usize],
+    wanted: &[Vec<String>],
+    responses: &mut [Option<Response>],
+    outcomes: &mut [Result<()>],
+    sink_ns: &mut u64,
+) -> Result<usize> {
+    let batch = assemble(cfg, group)?;
+    let mut names: Vec<&str> = Vec::new();
+    for &m in members {
+        for w in &wanted[m] {
+            if !names.contains(&w.as_str()) {
+                names.push(w);
+            }
+        }
+    }
+    engine.run(&batch.tensors, &names, &mut |out| {
+        let t0 = now_ns();
+        let parts = scatter_ranges(cfg, &batch, out.name, out.dtype, out.shape)?;
+        for (k, &m) in members.iter().enumerate() {
+            if !wanted[m].iter().any(|w| w == out.name) || outcomes[m].is_err() {
+                continue;
+            }
+            let (shape, range) = &parts[k];
+            let written = match responses[m].as_mut() {
+                Some(resp) => resp
+                    .output_buffer(out.name, out.dtype, shape, range.len())
+                    .map(|buf| buf.copy_from_slice(&out.bytes[range.clone()])),
+                None => Ok(()),
+            };
+            if let Err(e) = written {
+                outcomes[m] = Err(e);
+            }
+        }
+        *sink_ns += now_ns() - t0;
+        Ok(())
+    })?;
+    Ok(batch.total_rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_settings_from_triton_json() {
+        let s = BackendSettings::from_json(
+            r#"{"cmdline":{"onnxruntime-library":"/x/libonnxruntime.so","default-max-batch-size":"8","auto-complete-config":"true"}}"#,
+        )
+        .unwrap();
+        assert_eq!(s.cmdline["onnxruntime-library"], "/x/libonnxruntime.so");
+        assert_eq!(s.default_max_batch_size, 8);
+        assert_eq!(BackendSettings::from_json("").unwrap().default_max_batch_size, DEFAULT_MAX_BATCH_SIZE);
+        assert!(BackendSettings::from_json(r#"{"cmdline":{"default-max-batch-size":"x"}}"#).is_err());
+    }
+}
