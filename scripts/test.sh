@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Runs every test: the Rust unit tests, then the integration tests that start the real
+# tritonserver with libtriton_rust.so (pytest, tests/server/).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash scripts/setup.sh
+source scripts/env.sh
+bash scripts/build.sh
+echo "[test] cargo test"
+cargo test --release
+echo "[test] exporting test models"
+python examples/export_models.py --repo models --models resnet50,bert_small,identity
+echo "[test] integration tests against the real tritonserver"
+python -m pytest tests/server -v "$@"
