@@ -1,0 +1,301 @@
+"""Start and stop the real tritonserver with libtriton_rust.so, and build model repositories.
+
+Shared by the pytest suite (tests/server/conftest.py) and the benchmark (bench/server_bench.py).
+Nothing here is skipped: a missing server binary, backend library or ONNX Runtime library is an
+error that says how to get it (scripts/setup.sh and the cmake build).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, Iterable, List, Optional, Sequence
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODELS_DIR = os.path.join(REPO_ROOT, "models")
+BACKEND_DIR = os.path.join(REPO_ROOT, "install", "backends")
+BACKEND_LIB = os.path.join(BACKEND_DIR, "rust", "libtriton_rust.so")
+DEPS_DIR = os.path.join(REPO_ROOT, ".deps")
+
+SETUP_HINT = ("run `bash scripts/setup.sh`, then `cmake -B build -S . && cmake --build build --target install`, "
+              "then `source scripts/env.sh`")
+
+if os.path.join(REPO_ROOT, "examples") not in sys.path:
+    sys.path.insert(0, os.path.join(REPO_ROOT, "examples"))
+
+
+class HarnessError(RuntimeError):
+    pass
+
+
+def tritonserver_path() -> str:
+    path = os.environ.get("TRITONSERVER") or os.path.join(DEPS_DIR, "pytriton", "tritonserver", "bin", "tritonserver")
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        raise HarnessError(f"tritonserver binary not found at '{path}': {SETUP_HINT}")
+    return path
+
+
+def ort_library_path() -> str:
+    path = os.environ.get("ORT_LIB", "")
+    if not path:
+        found = sorted(glob.glob(os.path.join(REPO_ROOT, ".venv", "lib", "python3*", "site-packages",
+                                              "onnxruntime", "capi", "libonnxruntime.so.*")))
+        path = found[0] if found else ""
+    if not path or not os.path.isfile(path):
+        raise HarnessError(f"ONNX Runtime library not found (ORT_LIB='{path}'): {SETUP_HINT}")
+    return os.path.abspath(path)
+
+
+def check_prerequisites() -> None:
+    """Raise HarnessError with a how-to-fix message when anything needed is missing."""
+    tritonserver_path()
+    ort_library_path()
+    if not os.path.isfile(BACKEND_LIB):
+        raise HarnessError(f"backend library not found at '{BACKEND_LIB}': {SETUP_HINT}")
+
+
+def free_ports(n: int) -> List[int]:
+    """n distinct free TCP ports (bound then released; the kernel will not hand them out again at once)."""
+    socks, ports = [], []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+# --------------------------------------------------------------------------- models
+
+
+def ensure_example_models(names: Sequence[str] = ("resnet50", "bert_small", "identity")) -> None:
+    """Write models/<name>/1/model.onnx with examples/export_models.py where it is missing."""
+    from export_models import build_model
+
+    for name in names:
+        cfg = os.path.join(MODELS_DIR, name, "config.pbtxt")
+        if not os.path.isfile(cfg):
+            raise HarnessError(f"'{cfg}' is missing (it is committed in the repository)")
+        path = os.path.join(MODELS_DIR, name, "1", "model.onnx")
+        if not os.path.isfile(path):
+            print(f"[harness] exporting {name} -> {path}", flush=True)
+            build_model(name, path)
+
+
+class ModelRepo:
+    """A temporary model repository: example models symlinked from models/, test models written here."""
+
+    def __init__(self, root: Optional[str] = None):
+        self.root = root or tempfile.mkdtemp(prefix="triton-repo-")
+        os.makedirs(self.root, exist_ok=True)
+
+    def add_example(self, name: str, as_name: Optional[str] = None, config: Optional[str] = None) -> str:
+        """Link models/<name>'s version dir; copy its config (or write `config`, e.g. a variant)."""
+        dst_name = as_name or name
+        dst = os.path.join(self.root, dst_name)
+        os.makedirs(dst, exist_ok=True)
+        os.symlink(os.path.join(MODELS_DIR, name, "1"), os.path.join(dst, "1"))
+        if config is None:
+            with open(os.path.join(MODELS_DIR, name, "config.pbtxt")) as f:
+                config = f.read()
+            if as_name:
+                config = _rename(config, dst_name)
+        self.write_config(dst_name, config)
+        return dst
+
+    def add_built(self, name: str, builder: str, config: str) -> str:
+        """Write model `name` from export_models' BUILDERS[builder] and the given config text."""
+        from export_models import build_model
+
+        build_model(builder, os.path.join(self.root, name, "1", "model.onnx"))
+        self.write_config(name, config)
+        return os.path.join(self.root, name)
+
+    def add_raw(self, name: str, model_bytes: bytes, config: str) -> str:
+        """A model whose model.onnx holds exactly `model_bytes` (e.g. garbage)."""
+        d = os.path.join(self.root, name, "1")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "model.onnx"), "wb") as f:
+            f.write(model_bytes)
+        self.write_config(name, config)
+        return os.path.join(self.root, name)
+
+    def write_config(self, name: str, config: str) -> None:
+        os.makedirs(os.path.join(self.root, name), exist_ok=True)
+        with open(os.path.join(self.root, name, "config.pbtxt"), "w") as f:
+            f.write(config)
+
+    def model_file(self, name: str) -> str:
+        return os.path.realpath(os.path.join(self.root, name, "1", "model.onnx"))
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _rename(config: str, new_name: str) -> str:
+    out = []
+    for line in config.splitlines():
+        if line.strip().startswith("name:") and not line.startswith((" ", "\t")):
+            line = f'name: "{new_name}"'
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------- server
+
+
+class TritonServer:
+    """The real tritonserver on free ports, logging to <log_dir>/tritonserver.log."""
+
+    def __init__(self, model_repository: str, extra_args: Iterable[str] = (), log_dir: Optional[str] = None,
+                 backend_directory: Optional[str] = None, ready_timeout: float = 120.0,
+                 env: Optional[Dict[str, str]] = None):
+        check_prerequisites()
+        self.model_repository = model_repository
+        self.extra_args = list(extra_args)
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="triton-log-")
+        os.makedirs(self.log_dir, exist_ok=True)
+        self.log_path = os.path.join(self.log_dir, "tritonserver.log")
+        self.backend_directory = backend_directory or BACKEND_DIR
+        self.ready_timeout = ready_timeout
+        self.env = env
+        self.proc: Optional[subprocess.Popen] = None
+        self._log_file = None
+        self.http_port = self.grpc_port = self.metrics_port = 0
+
+    # ---- addresses
+    @property
+    def http_url(self) -> str:
+        return f"localhost:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"localhost:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://localhost:{self.metrics_port}/metrics"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    # ---- lifecycle
+    def start(self) -> "TritonServer":
+        for attempt in range(3):  # a port grabbed by someone else between pick and bind: retry
+            self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
+            cmd = [
+                tritonserver_path(),
+                f"--model-repository={self.model_repository}",
+                f"--backend-directory={self.backend_directory}",
+                f"--backend-config=rust,onnxruntime-library={ort_library_path()}",
+                f"--http-port={self.http_port}",
+                f"--grpc-port={self.grpc_port}",
+                f"--metrics-port={self.metrics_port}",
+                "--allow-metrics=true",
+                *self.extra_args,
+            ]
+            self._log_file = open(self.log_path, "ab")
+            self._log_file.write(("\n[harness] " + " ".join(cmd) + "\n").encode())
+            self._log_file.flush()
+            env = dict(os.environ)
+            if self.env:
+                env.update(self.env)
+            self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True)
+            if self._wait_ready():
+                return self
+            log = self.log_text()
+            self.stop()
+            if attempt < 2 and "address already in use" in log.lower():
+                continue
+            raise HarnessError(f"tritonserver did not become ready in {self.ready_timeout:.0f} s; "
+                               f"log {self.log_path}:\n{log[-6000:]}")
+        raise HarnessError("tritonserver could not bind free ports after 3 attempts")
+
+    def _wait_ready(self) -> bool:
+        import requests
+
+        deadline = time.monotonic() + self.ready_timeout
+        url = f"http://localhost:{self.http_port}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                if requests.get(url, timeout=1).status_code == 200:
+                    return True
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        return False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_text(self) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def rss_bytes(self) -> int:
+        import psutil
+
+        return psutil.Process(self.pid).memory_info().rss
+
+    def stop(self, timeout: float = 30.0) -> Optional[int]:
+        """SIGTERM, wait up to `timeout` s, then SIGKILL. Returns the exit code."""
+        rc = None
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(timeout=10)
+            rc = self.proc.returncode
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        return rc
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---- small HTTP helpers (plain requests, so errors come back verbatim)
+    def http(self, method: str, path: str, **kw):
+        import requests
+
+        kw.setdefault("timeout", 120)
+        return requests.request(method, f"http://localhost:{self.http_port}{path}", **kw)
+
+    def load(self, model: str, timeout: float = 300):
+        return self.http("POST", f"/v2/repository/models/{model}/load", timeout=timeout)
+
+    def unload(self, model: str, timeout: float = 300):
+        return self.http("POST", f"/v2/repository/models/{model}/unload", timeout=timeout)
+
+    def stats(self, model: str) -> dict:
+        r = self.http("GET", f"/v2/models/{model}/stats")
+        r.raise_for_status()
+        return r.json()["model_stats"][0]
+
+    def model_ready(self, model: str) -> bool:
+        return self.http("GET", f"/v2/models/{model}/ready").status_code == 200
