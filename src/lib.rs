@@ -11,8 +11,10 @@
 
 pub mod batch;
 pub mod config;
+pub mod embedding;
 pub mod engine;
 pub mod error;
+pub mod os;
 pub mod serving;
 pub mod tensor;
 pub mod triton;
