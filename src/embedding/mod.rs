@@ -25,7 +25,9 @@ use parking_lot::{Mutex, RwLock};
 use crate::error::{Error, Result};
 
 pub mod cache;
+pub mod gpu;
 pub mod host;
+pub mod redis;
 pub mod table;
 
 use cache::{CacheGeometry, CacheTier};

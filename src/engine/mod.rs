@@ -8,11 +8,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::batch::BatchTensor;
+use crate::batch::{BatchTensor, RequestTensor};
 use crate::config::{ModelConfig, TensorSpec};
 use crate::error::{Error, Result};
 use crate::tensor::DataType;
 
+pub mod embedding;
 pub mod onnx;
 
 /// Where an instance runs.
@@ -39,6 +40,11 @@ pub trait Engine: Send {
     fn accepts_device_inputs(&self) -> bool {
         false
     }
+    /// Checks one request's inputs (already in config order and checked against the
+    /// config) for what only this engine can see; the error fails that request only.
+    fn check_request(&self, _inputs: &[RequestTensor<'_>]) -> Result<()> {
+        Ok(())
+    }
     /// Runs the model once on `inputs` and passes each of `outputs` to `sink`.
     fn run(
         &mut self,
@@ -59,12 +65,15 @@ pub struct EngineOptions<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EngineKind {
     Onnx,
+    /// The hierarchical embedding store; its "model file" is the version directory.
+    Embedding,
 }
 
 impl EngineKind {
     fn default_file(self) -> &'static str {
         match self {
             EngineKind::Onnx => "model.onnx",
+            EngineKind::Embedding => "",
         }
     }
 }
@@ -75,9 +84,10 @@ impl EngineKind {
 pub fn select(config: &ModelConfig, version_dir: &Path) -> Result<(EngineKind, PathBuf)> {
     let kind = match config.parameters.get("engine").map(|s| s.trim().to_ascii_lowercase()) {
         Some(e) if e == "onnx" || e == "onnxruntime" => EngineKind::Onnx,
+        Some(e) if e == "embedding" || e == "hps" => EngineKind::Embedding,
         Some(other) => {
             return Err(Error::unsupported(format!(
-                "parameter 'engine' is '{other}'; this build of the rust backend has the engines: onnx"
+                "parameter 'engine' is '{other}'; this build of the rust backend has the engines: onnx, embedding"
             )))
         }
         None => match config.default_model_filename.as_deref() {
@@ -90,6 +100,12 @@ pub fn select(config: &ModelConfig, version_dir: &Path) -> Result<(EngineKind, P
             None => EngineKind::Onnx,
         },
     };
+    if kind == EngineKind::Embedding {
+        if !version_dir.is_dir() {
+            return Err(Error::not_found(format!("model version directory '{}' not found", version_dir.display())));
+        }
+        return Ok((kind, version_dir.to_path_buf()));
+    }
     let file = version_dir.join(config.default_model_filename.as_deref().unwrap_or(kind.default_file()));
     if !file.is_file() {
         return Err(Error::not_found(format!("model file '{}' not found", file.display())));
@@ -100,6 +116,7 @@ pub fn select(config: &ModelConfig, version_dir: &Path) -> Result<(EngineKind, P
 pub fn create(kind: EngineKind, model_file: &Path, options: &EngineOptions<'_>) -> Result<Box<dyn Engine>> {
     match kind {
         EngineKind::Onnx => Ok(Box::new(onnx::OnnxEngine::load(model_file, options)?)),
+        EngineKind::Embedding => Ok(Box::new(embedding::EmbeddingEngine::load(model_file, options)?)),
     }
 }
 

@@ -155,6 +155,13 @@ pub fn execute(inst: &InstanceState, reporter: &Instance, requests: Vec<Request>
     let mut checked: Vec<Option<CheckedRequest<'_>>> = Vec::with_capacity(n);
     let mut wanted: Vec<Vec<String>> = Vec::with_capacity(n);
 
+    let mut engine = match inst.engine.lock() {
+        Ok(e) => e,
+        Err(_) => {
+            fail_all(requests, &Error::internal("engine lock poisoned by an earlier panic"));
+            return;
+        }
+    };
     for req in &requests {
         let response = Response::new(req).map_err(|e| crate::log_error!("cannot create a response: {e}")).ok();
         let prepared = if response.is_none() {
@@ -164,6 +171,7 @@ pub fn execute(inst: &InstanceState, reporter: &Instance, requests: Vec<Request>
         } else {
             req.inputs()
                 .and_then(|t| check_request(cfg, &inst.policy, t))
+                .and_then(|c| engine.check_request(&c.tensors).map(|()| c))
                 .and_then(|c| Ok((c, req.requested_outputs()?)))
         };
         responses.push(response);
@@ -190,31 +198,21 @@ pub fn execute(inst: &InstanceState, reporter: &Instance, requests: Vec<Request>
     let compute_start = now_ns();
     let mut sink_ns = 0u64;
     let mut rows_run = 0u64;
-    if !groups.is_empty() {
-        match inst.engine.lock() {
-            Err(_) => {
-                for &i in &valid {
-                    outcomes[i] = Err(Error::internal("engine lock poisoned by an earlier panic"));
-                }
-            }
-            Ok(mut engine) => {
-                for group in &groups {
-                    let members: Vec<usize> = group.iter().map(|&g| valid[g]).collect();
-                    let group_refs: Vec<&CheckedRequest<'_>> = group.iter().map(|&g| refs[g]).collect();
-                    let result = run_group(&mut **engine, cfg, &group_refs, &members, &wanted, &mut responses, &mut outcomes, &mut sink_ns);
-                    match result {
-                        Ok(rows) => rows_run += rows as u64,
-                        Err(e) => {
-                            crate::log_error!("instance '{}': batch of {} requests failed: {e}", inst.name, members.len());
-                            for &i in &members {
-                                outcomes[i] = Err(e.clone());
-                            }
-                        }
-                    }
+    for group in &groups {
+        let members: Vec<usize> = group.iter().map(|&g| valid[g]).collect();
+        let group_refs: Vec<&CheckedRequest<'_>> = group.iter().map(|&g| refs[g]).collect();
+        let result = run_group(&mut **engine, cfg, &group_refs, &members, &wanted, &mut responses, &mut outcomes, &mut sink_ns);
+        match result {
+            Ok(rows) => rows_run += rows as u64,
+            Err(e) => {
+                crate::log_error!("instance '{}': batch of {} requests failed: {e}", inst.name, members.len());
+                for &i in &members {
+                    outcomes[i] = Err(e.clone());
                 }
             }
         }
     }
+    drop(engine);
     let run_end = now_ns();
     let compute_end = run_end.saturating_sub(sink_ns).max(compute_start);
     let exec_end = now_ns();
