@@ -16,5 +16,6 @@ pub mod engine;
 pub mod error;
 pub mod os;
 pub mod serving;
+pub mod telemetry;
 pub mod tensor;
 pub mod triton;

@@ -279,16 +279,14 @@ impl CacheTier for GpuCache {
     fn counters(&self) -> CacheCounters {
         let slots = self.slots.lock();
         let mut c = [0u64; 2];
-        let mut stamps = vec![0u64; self.geo.capacity()];
-        let ok = self.stream.memcpy_dtoh(&slots.counters, &mut c).is_ok()
-            && self.stream.memcpy_dtoh(&slots.stamps, &mut stamps).is_ok()
-            && self.stream.synchronize().is_ok();
+        let ok = self.stream.memcpy_dtoh(&slots.counters, &mut c).is_ok() && self.stream.synchronize().is_ok();
+        let (insertions, evictions) = if ok { (c[0], c[1]) } else { (0, 0) };
         CacheCounters {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
-            insertions: if ok { c[0] } else { 0 },
-            evictions: if ok { c[1] } else { 0 },
-            occupied: stamps.iter().filter(|&&s| s != 0).count() as u64,
+            insertions,
+            evictions,
+            occupied: insertions - evictions,
         }
     }
 

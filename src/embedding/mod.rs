@@ -287,6 +287,50 @@ impl EmbeddingStore {
     }
 }
 
+impl crate::telemetry::MetricsSource for EmbeddingStore {
+    fn samples(&self) -> Vec<crate::telemetry::MetricSample> {
+        use crate::telemetry::{MetricKind::*, MetricSample};
+        let caches: Vec<Arc<InstanceCaches>> = self.caches.lock().iter().filter_map(Weak::upgrade).collect();
+        let mut out = Vec::new();
+        for (i, t) in self.tables.iter().enumerate() {
+            let c = &t.counters;
+            let get = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+            let table = || vec![("table", t.config.name.clone())];
+            let tier = |tier: &str| vec![("table", t.config.name.clone()), ("tier", tier.to_string())];
+            let mut push = |family, help, kind, labels, value| out.push(MetricSample { family, help, kind, labels, value });
+            push("rust_embedding_lookup_keys_total", "Keys looked up in the embedding store", Counter, table(), get(&c.keys));
+            push("rust_embedding_lookups_total", "Lookup calls to the embedding store", Counter, table(), get(&c.lookups));
+            for (name, hits, ns) in [
+                ("cache", &c.cache_hits, &c.cache_ns),
+                ("host", &c.host_hits, &c.host_ns),
+                ("redis", &c.remote_hits, &c.remote_ns),
+            ] {
+                push("rust_embedding_hits_total", "Keys answered by each tier of the embedding store", Counter, tier(name), get(hits));
+                push("rust_embedding_tier_seconds_total", "Time spent in each tier of the embedding store", Counter, tier(name), get(ns) / 1e9);
+            }
+            push("rust_embedding_hits_total", "Keys answered by each tier of the embedding store", Counter, tier("default"), get(&c.defaults));
+            let keys = get(&c.keys);
+            push("rust_embedding_cache_hit_rate", "Cache hits / keys looked up since load", Gauge, table(), if keys > 0.0 { get(&c.cache_hits) / keys } else { 0.0 });
+            let (mut evictions, mut occupied) = (0u64, 0u64);
+            for inst in &caches {
+                if let Some(cache) = inst.cache(i) {
+                    let cc = cache.counters();
+                    evictions += cc.evictions;
+                    occupied += cc.occupied;
+                }
+            }
+            push("rust_embedding_cache_evictions_total", "Rows evicted from the embedding caches", Counter, table(), evictions as f64);
+            push("rust_embedding_cache_rows", "Rows held by the embedding caches (all instances)", Gauge, table(), occupied as f64);
+            push("rust_embedding_updates_total", "Update calls applied to the embedding store", Counter, table(), get(&c.updates));
+            push("rust_embedding_updated_keys_total", "Rows written by updates", Counter, table(), get(&c.updated_keys));
+            push("rust_embedding_update_lag_seconds_total", "Time from an update's arrival until it is visible in every tier, summed", Counter, table(), get(&c.update_ns) / 1e9);
+            push("rust_embedding_redis_errors_total", "Failed calls to the Redis tier", Counter, table(), get(&c.remote_errors));
+            push("rust_embedding_cache_fills_dropped_total", "Cache fills skipped (queue full or raced with an update)", Counter, table(), get(&c.fills_dropped));
+        }
+        out
+    }
+}
+
 struct Fill {
     table: usize,
     version: u64,

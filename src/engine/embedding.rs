@@ -297,6 +297,10 @@ impl Engine for EmbeddingEngine {
         self.device
     }
 
+    fn metrics_source(&self) -> Option<Arc<dyn crate::telemetry::MetricsSource>> {
+        Some(self.store().clone())
+    }
+
     fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
         let host = |t: &RequestTensor<'_>| -> Vec<u8> {
             t.chunks.iter().flat_map(|c| match c {

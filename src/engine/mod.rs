@@ -40,6 +40,10 @@ pub trait Engine: Send {
     fn accepts_device_inputs(&self) -> bool {
         false
     }
+    /// Metrics this engine's model publishes on Triton's endpoint (shared by its instances).
+    fn metrics_source(&self) -> Option<std::sync::Arc<dyn crate::telemetry::MetricsSource>> {
+        None
+    }
     /// Checks one request's inputs (already in config order and checked against the
     /// config) for what only this engine can see; the error fails that request only.
     fn check_request(&self, _inputs: &[RequestTensor<'_>]) -> Result<()> {

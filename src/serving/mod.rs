@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
@@ -17,6 +17,8 @@ use crate::config::{autocomplete, check_against_model, ModelConfig, DEFAULT_MAX_
 pub use crate::engine::Device;
 use crate::engine::{self, Engine, EngineKind, EngineOptions};
 use crate::error::{Error, ErrorKind, Result};
+use crate::telemetry::MetricsSource;
+use crate::triton::metrics::MetricSet;
 use crate::triton::request::Timing;
 use crate::triton::{now_ns, Instance, Request, Response};
 
@@ -65,6 +67,58 @@ pub struct ModelState {
     /// The engine opened at load time to read the model's tensors; the first CPU
     /// instance takes it rather than loading the model a second time.
     spare: Mutex<Option<Box<dyn Engine>>>,
+    /// Publishes the engine's metrics while the model is loaded (dropped first).
+    _metrics: Option<MetricsPublisher>,
+}
+
+/// Every `METRICS_INTERVAL` pushes a source's samples to Triton's metrics endpoint,
+/// labelled with the model's name; stops and deletes its metrics when dropped.
+pub struct MetricsPublisher {
+    stop: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+const METRICS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
+
+impl MetricsPublisher {
+    fn start(model: String, source: Arc<dyn MetricsSource>) -> Result<MetricsPublisher> {
+        let stop = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("metrics-{model}"))
+            .spawn(move || {
+                let mut set = MetricSet::default();
+                let (lock, cv) = &*flag;
+                loop {
+                    let mut samples = source.samples();
+                    for s in &mut samples {
+                        s.labels.insert(0, ("model", model.clone()));
+                    }
+                    if let Err(e) = set.publish(&samples) {
+                        crate::log_error!("model '{model}': cannot publish metrics: {e}");
+                    }
+                    let stopped = lock.lock().map(|g| cv.wait_timeout(g, METRICS_INTERVAL).map(|(g, _)| *g).unwrap_or(true)).unwrap_or(true);
+                    if stopped {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| Error::internal(format!("cannot start the metrics thread: {e}")))?;
+        Ok(MetricsPublisher { stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for MetricsPublisher {
+    fn drop(&mut self) {
+        let (lock, cv) = &*self.stop;
+        if let Ok(mut g) = lock.lock() {
+            *g = true;
+        }
+        cv.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 impl ModelState {
@@ -93,6 +147,10 @@ impl ModelState {
             accepts_device_inputs: false,
         };
         crate::log_info!("model '{}' version {} loaded from '{}' ({:?} engine)", ctx.name, ctx.version, model_file.display(), kind);
+        let metrics = match probe.metrics_source() {
+            Some(source) => Some(MetricsPublisher::start(ctx.name.clone(), source)?),
+            None => None,
+        };
         let state = ModelState {
             name: ctx.name,
             config,
@@ -101,6 +159,7 @@ impl ModelState {
             backend: ctx.backend.cmdline.clone(),
             policy,
             spare: Mutex::new(Some(probe)),
+            _metrics: metrics,
         };
         Ok((state, completed))
     }

@@ -18,6 +18,7 @@ use crate::tensor::{DataType, Memory};
 mod entry;
 pub mod log;
 pub mod message;
+pub mod metrics;
 pub mod request;
 
 pub use request::{Instance, Request, Response};
