@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""DLRM, DCNv2 and Wide&Deep: PyTorch reference models, and their Triton deployment.
+
+Each model is split the way HPS deployments split it:
+  * the sparse part — one embedding table per categorical feature — is exported to the
+    store's table format and served by the rust backend's embedding engine
+    (``<name>_sparse``, batched interface: KEYS [26] -> OUTPUT0 [26, dim]);
+  * the dense part — everything after the embedding lookup — is exported to ONNX from
+    the PyTorch weights (``<name>_dense``, served by the ONNX engine);
+  * a Triton ensemble ``<name>`` chains them: (dense [13], sparse [26]) -> prediction [1].
+
+Architectures (random weights, fixed seed; sizes from the DeepLearningExamples / MLPerf):
+  DLRM    bottom MLP 13-512-256-128, dot interaction of 27 vectors (351 pairs) + the
+          bottom output, top MLP 479-1024-1024-512-256-1, sigmoid.
+  DCNv2   bottom MLP 13-512-256-128, x0 = [bottom, 26 x 128 embeddings] (3456),
+          3 low-rank (512) cross layers x_{l+1} = x0 * (U(V x_l) + b) + x_l,
+          deep MLP 3456-1024-1024-512-256-1, sigmoid.
+  W&D     per categorical feature a 65-wide row: 64 deep dims + 1 wide weight (one
+          lookup serves both parts); wide = sum of wide weights + linear(13 numerical);
+          deep = MLP over [26 x 64 embeddings, 13 numerical] 1677-1024-512-256-1;
+          sigmoid(wide + deep).
+
+    python examples/recommenders.py --repo models --rows 1000 [--models dlrm,dcnv2,wide_deep]
+
+writes ``models/<name>_sparse/1/tables/t*/``, ``models/<name>_dense/1/model.onnx`` and
+``models/<name>_dense/1/reference.pt`` (the PyTorch state dict, for tests); the
+config.pbtxt files are committed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Dict, List
+
+import numpy as np
+import torch
+from torch import nn
+from onnx import TensorProto
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from export_models import GraphBuilder, save_model  # noqa: E402
+
+NUM_DENSE = 13
+NUM_TABLES = 26
+
+
+def mlp(sizes: List[int], last_relu: bool) -> nn.Sequential:
+    layers: List[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2 or last_relu:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class Recommender(nn.Module):
+    """Shared shape: 13 dense features and 26 categorical ids, one table each."""
+
+    dim: int
+
+    def __init__(self, rows: List[int], dim: int):
+        super().__init__()
+        self.dim = dim
+        self.embeddings = nn.ModuleList(nn.Embedding(r, dim) for r in rows)
+        for e in self.embeddings:
+            nn.init.normal_(e.weight, std=0.5)
+
+    def lookup(self, sparse: torch.Tensor) -> torch.Tensor:
+        return torch.stack([e(sparse[:, i]) for i, e in enumerate(self.embeddings)], dim=1)
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        return self.dense_part(dense, self.lookup(sparse))
+
+
+class DLRM(Recommender):
+    def __init__(self, rows: List[int], dim: int = 128):
+        super().__init__(rows, dim)
+        self.bottom = mlp([NUM_DENSE, 512, 256, dim], last_relu=True)
+        n = NUM_TABLES + 1
+        self.pairs = n * (n - 1) // 2
+        self.top = mlp([dim + self.pairs, 1024, 1024, 512, 256, 1], last_relu=False)
+        li, lj = torch.tril_indices(n, n, offset=-1)
+        self.register_buffer("li", li, persistent=False)
+        self.register_buffer("lj", lj, persistent=False)
+
+    def dense_part(self, dense, emb):
+        x = self.bottom(dense)
+        t = torch.cat([x.unsqueeze(1), emb], dim=1)
+        z = torch.bmm(t, t.transpose(1, 2))
+        return torch.sigmoid(self.top(torch.cat([x, z[:, self.li, self.lj]], dim=1)))
+
+
+class DCNv2(Recommender):
+    def __init__(self, rows: List[int], dim: int = 128, cross_layers: int = 3, rank: int = 512):
+        super().__init__(rows, dim)
+        self.bottom = mlp([NUM_DENSE, 512, 256, dim], last_relu=True)
+        width = dim * (NUM_TABLES + 1)
+        self.v = nn.ModuleList(nn.Linear(width, rank, bias=False) for _ in range(cross_layers))
+        self.u = nn.ModuleList(nn.Linear(rank, width) for _ in range(cross_layers))
+        self.deep = mlp([width, 1024, 1024, 512, 256, 1], last_relu=False)
+
+    def dense_part(self, dense, emb):
+        x0 = torch.cat([self.bottom(dense), emb.flatten(1)], dim=1)
+        x = x0
+        for v, u in zip(self.v, self.u):
+            x = x0 * u(v(x)) + x
+        return torch.sigmoid(self.deep(x))
+
+
+class WideDeep(Recommender):
+    DEEP = 64
+
+    def __init__(self, rows: List[int]):
+        super().__init__(rows, self.DEEP + 1)
+        self.wide_dense = nn.Linear(NUM_DENSE, 1)
+        self.deep = mlp([NUM_TABLES * self.DEEP + NUM_DENSE, 1024, 512, 256, 1], last_relu=False)
+
+    def dense_part(self, dense, emb):
+        wide = emb[:, :, self.DEEP].sum(dim=1, keepdim=True) + self.wide_dense(dense)
+        deep = self.deep(torch.cat([emb[:, :, : self.DEEP].flatten(1), dense], dim=1))
+        return torch.sigmoid(wide + deep)
+
+
+MODELS = {"dlrm": DLRM, "dcnv2": DCNv2, "wide_deep": WideDeep}
+SEEDS = {"dlrm": 11, "dcnv2": 12, "wide_deep": 13}
+
+
+def make(name: str, rows: List[int]) -> Recommender:
+    torch.manual_seed(SEEDS[name])
+    model = MODELS[name](rows)
+    # He init keeps the activations' scale through the ReLU stacks, so predictions
+    # spread over (0, 1) instead of all sitting at sigmoid(0).
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+            if m.bias is not None:
+                nn.init.normal_(m.bias, std=0.05)
+    if isinstance(model, DCNv2):
+        for u in model.u:  # cross layers multiply by x0: keep their gain modest
+            nn.init.normal_(u.weight, std=0.3 / np.sqrt(u.in_features))
+    return model.eval()
+
+
+# ------------------------------------------------------------------ dense part -> ONNX
+
+
+def _weights(model: nn.Module) -> Dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+
+
+def _linear(g: GraphBuilder, x: str, w: Dict[str, np.ndarray], prefix: str, relu: bool) -> str:
+    y = g.op("MatMul", [x, g.const(w[f"{prefix}.weight"].T.copy(), f"{prefix}.weight")], name=f"{prefix}.matmul")
+    if f"{prefix}.bias" in w:
+        y = g.op("Add", [y, g.const(w[f"{prefix}.bias"], f"{prefix}.bias")], name=f"{prefix}.add")
+    return g.op("Relu", [y], name=f"{prefix}.relu") if relu else y
+
+
+def _mlp(g: GraphBuilder, x: str, seq: nn.Sequential, w, prefix: str) -> str:
+    mods = list(seq)
+    for i, m in enumerate(mods):
+        if isinstance(m, nn.Linear):
+            relu = i + 1 < len(mods) and isinstance(mods[i + 1], nn.ReLU)
+            x = _linear(g, x, w, f"{prefix}.{i}", relu)
+    return x
+
+
+def dense_onnx(name: str, model: Recommender):
+    """The dense part as an ONNX graph: inputs dense [B,13], embeddings [B,26,dim]."""
+    g = GraphBuilder(seed=0)
+    w = _weights(model)
+    dim = model.dim
+    dense = g.add_input("dense", TensorProto.FLOAT, ["batch", NUM_DENSE])
+    emb = g.add_input("embeddings", TensorProto.FLOAT, ["batch", NUM_TABLES, dim])
+    if isinstance(model, DLRM):
+        x = _mlp(g, dense, model.bottom, w, "bottom")
+        t = g.op("Concat", [g.op("Unsqueeze", [x, g.i64([1], "axis1")]), emb], axis=1)
+        z = g.op("MatMul", [t, g.op("Transpose", [t], perm=[0, 2, 1])])
+        n = NUM_TABLES + 1
+        flat = g.op("Reshape", [z, g.i64([-1, n * n], "zshape")])
+        idx = (model.li * n + model.lj).numpy().astype(np.int64)
+        zflat = g.op("Gather", [flat, g.i64(idx, "pairs")], axis=1)
+        logit = _mlp(g, g.op("Concat", [x, zflat], axis=1), model.top, w, "top")
+    elif isinstance(model, DCNv2):
+        x0 = g.op("Concat", [_mlp(g, dense, model.bottom, w, "bottom"),
+                             g.op("Reshape", [emb, g.i64([-1, NUM_TABLES * dim], "flat")])], axis=1)
+        x = x0
+        for i in range(len(model.v)):
+            h = _linear(g, _linear(g, x, w, f"v.{i}", False), w, f"u.{i}", False)
+            x = g.op("Add", [g.op("Mul", [x0, h]), x])
+        logit = _mlp(g, x, model.deep, w, "deep")
+    else:
+        deep_dims = g.op("Slice", [emb, g.i64([0], "s0"), g.i64([WideDeep.DEEP], "e0"), g.i64([2], "ax2")])
+        wide_w = g.op("Slice", [emb, g.i64([WideDeep.DEEP], "s1"), g.i64([WideDeep.DEEP + 1], "e1"), g.i64([2], "ax2b")])
+        wide = g.op("Add", [g.op("ReduceSum", [g.op("Squeeze", [wide_w, g.i64([2], "sq")]), g.i64([1], "rs")], keepdims=1),
+                            _linear(g, dense, w, "wide_dense", False)])
+        flat = g.op("Reshape", [deep_dims, g.i64([-1, NUM_TABLES * WideDeep.DEEP], "flatd")])
+        deep = _mlp(g, g.op("Concat", [flat, dense], axis=1), model.deep, w, "deep")
+        logit = g.op("Add", [wide, deep])
+    g.op("Sigmoid", [logit], outputs=["prediction"])
+    g.add_output("prediction", TensorProto.FLOAT, ["batch", 1])
+    return g.model(f"{name}_dense", doc=f"{name} dense part, from the PyTorch reference in examples/recommenders.py")
+
+
+def export(repo: str, name: str, rows: int) -> None:
+    model = make(name, [rows] * NUM_TABLES)
+    sparse_dir = os.path.join(repo, f"{name}_sparse", "1", "tables")
+    for i, e in enumerate(model.embeddings):
+        d = os.path.join(sparse_dir, f"t{i}")
+        os.makedirs(d, exist_ok=True)
+        np.save(os.path.join(d, "keys.npy"), np.arange(rows, dtype=np.int64))
+        np.save(os.path.join(d, "vectors.npy"), e.weight.detach().numpy().astype(np.float32))
+    dense_dir = os.path.join(repo, f"{name}_dense", "1")
+    os.makedirs(dense_dir, exist_ok=True)
+    save_model(dense_onnx(name, model), os.path.join(dense_dir, "model.onnx"))
+    torch.save({"rows": rows, "state_dict": model.state_dict()}, os.path.join(dense_dir, "reference.pt"))
+
+
+def load_reference(repo: str, name: str) -> Recommender:
+    saved = torch.load(os.path.join(repo, f"{name}_dense", "1", "reference.pt"))
+    model = make(name, [saved["rows"]] * NUM_TABLES)
+    model.load_state_dict(saved["state_dict"])
+    return model.eval()
+
+
+def sample_inputs(batch: int, rows: int, seed: int = 0, unknown: int = 0):
+    """Dense features and categorical ids; the first ``unknown`` ids of table 0 are out of
+    the table (the store answers them with the default vector, zeros)."""
+    rng = np.random.default_rng(seed)
+    dense = rng.standard_normal((batch, NUM_DENSE)).astype(np.float32)
+    sparse = rng.integers(0, rows, size=(batch, NUM_TABLES), dtype=np.int64)
+    sparse[:unknown, 0] = rows + 7
+    return dense, sparse
+
+
+def reference_predict(model: Recommender, dense: np.ndarray, sparse: np.ndarray) -> np.ndarray:
+    """The PyTorch model's prediction; unknown ids get a zero row, as the store's default."""
+    with torch.no_grad():
+        s = torch.from_numpy(sparse)
+        embs = []
+        for i, e in enumerate(model.embeddings):
+            ids = s[:, i]
+            known = ids < e.num_embeddings
+            rows = e(torch.where(known, ids, torch.zeros_like(ids)))
+            embs.append(torch.where(known.unsqueeze(1), rows, torch.zeros_like(rows)))
+        return model.dense_part(torch.from_numpy(dense), torch.stack(embs, dim=1)).numpy()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repo", default="models")
+    p.add_argument("--rows", type=int, default=1000, help="rows per table")
+    p.add_argument("--models", default="dlrm,dcnv2,wide_deep")
+    p.add_argument("--force", action="store_true")
+    a = p.parse_args(argv)
+    for name in a.models.split(","):
+        marker = os.path.join(a.repo, f"{name}_dense", "1", "reference.pt")
+        if os.path.exists(marker) and not a.force:
+            print(f"{name}: exists, skipping (use --force to rebuild)")
+            continue
+        export(a.repo, name, a.rows)
+        print(f"{name}: {NUM_TABLES} tables x {a.rows} rows, dense part -> ONNX")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
