@@ -212,6 +212,11 @@ impl EmbeddingStore {
         Ok(inst)
     }
 
+    /// A view of the store with no caches (lookups go straight to the host tier).
+    pub fn attach_caches_none(self: &Arc<Self>) -> Arc<InstanceCaches> {
+        Arc::new(InstanceCaches::new(self.clone(), Vec::new()))
+    }
+
     /// Reads rows below the cache: host, then remote, then the default vector.
     /// Returns which keys were found (defaults are not worth caching).
     fn fetch_below_cache(&self, table: usize, keys: &[i64], out: &mut [f32]) -> Vec<bool> {

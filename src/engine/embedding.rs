@@ -170,6 +170,7 @@ fn shared_store(settings: &StoreSettings) -> Result<Arc<EmbeddingStore>> {
 pub struct EmbeddingEngine {
     settings: StoreSettings,
     caches: Arc<InstanceCaches>,
+    probe: bool,
     inputs: Vec<TensorSpec>,
     outputs: Vec<TensorSpec>,
     device: Device,
@@ -180,6 +181,7 @@ impl EmbeddingEngine {
         let settings = StoreSettings::from_config(options.config, version_dir)?;
         let store = shared_store(&settings)?;
         let caches = match options.device {
+            _ if options.probe => store.attach_caches_none(),
             Device::Cpu => store.attach_caches(&|geo| Ok(Arc::new(HostCache::new(geo)) as Arc<dyn CacheTier>))?,
             Device::Gpu(id) => store.attach_caches(&|geo| crate::embedding::gpu::new_cache(id, geo))?,
         };
@@ -223,7 +225,7 @@ impl EmbeddingEngine {
                 )
             }
         };
-        Ok(EmbeddingEngine { settings, caches, inputs, outputs, device: options.device })
+        Ok(EmbeddingEngine { settings, caches, probe: options.probe, inputs, outputs, device: options.device })
     }
 
     fn store(&self) -> &Arc<EmbeddingStore> {
@@ -295,6 +297,10 @@ impl Engine for EmbeddingEngine {
     }
     fn device(&self) -> Device {
         self.device
+    }
+
+    fn is_probe(&self) -> bool {
+        self.probe
     }
 
     fn metrics_source(&self) -> Option<Arc<dyn crate::telemetry::MetricsSource>> {

@@ -40,6 +40,11 @@ pub trait Engine: Send {
     fn accepts_device_inputs(&self) -> bool {
         false
     }
+    /// Whether this engine was created as a load-time probe without instance resources
+    /// (then no instance may take it over).
+    fn is_probe(&self) -> bool {
+        false
+    }
     /// Metrics this engine's model publishes on Triton's endpoint (shared by its instances).
     fn metrics_source(&self) -> Option<std::sync::Arc<dyn crate::telemetry::MetricsSource>> {
         None
@@ -64,6 +69,9 @@ pub struct EngineOptions<'a> {
     /// `--backend-config=rust,<key>=<value>` settings.
     pub backend: &'a BTreeMap<String, String>,
     pub device: Device,
+    /// Created at model load only to read the model's tensors and validate the config:
+    /// engines may skip per-instance resources (the embedding engine's caches).
+    pub probe: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

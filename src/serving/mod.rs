@@ -130,7 +130,7 @@ impl ModelState {
         let mut config = ModelConfig::from_value(&raw)?;
         let version_dir = ctx.repository.join(ctx.version.to_string());
         let (kind, model_file) = engine::select(&config, &version_dir)?;
-        let probe = engine::create(kind, &model_file, &EngineOptions { config: &config, backend: &ctx.backend.cmdline, device: Device::Cpu })?;
+        let probe = engine::create(kind, &model_file, &EngineOptions { config: &config, backend: &ctx.backend.cmdline, device: Device::Cpu, probe: true })?;
         let mut completed = None;
         if ctx.autocomplete {
             if let Some(v) = autocomplete(&raw, probe.inputs(), probe.outputs(), ctx.backend.default_max_batch_size)? {
@@ -179,13 +179,17 @@ pub struct InstanceState {
 
 impl InstanceState {
     pub fn new(model: &ModelState, ctx: InstanceContext) -> Result<InstanceState> {
-        let spare = if ctx.device == Device::Cpu { model.spare.lock().ok().and_then(|mut s| s.take()) } else { None };
+        let spare = if ctx.device == Device::Cpu {
+            model.spare.lock().ok().and_then(|mut s| s.take_if(|e| !e.is_probe()))
+        } else {
+            None
+        };
         let engine = match spare {
             Some(e) => e,
             None => engine::create(
                 model.kind,
                 &model.model_file,
-                &EngineOptions { config: &model.config, backend: &model.backend, device: ctx.device },
+                &EngineOptions { config: &model.config, backend: &model.backend, device: ctx.device, probe: false },
             )?,
         };
         let mut policy = model.policy.clone();
