@@ -1,11 +1,12 @@
 """A minimal KServe v2 HTTP client with the binary tensor extension, needing only
 ``requests`` and ``numpy`` (so it runs where tritonclient is not installed, e.g. the GPU
 machine). One ``infer`` call = one POST with raw tensor bytes both ways."""
+import http.client
 import json
 from typing import Dict, List
+from urllib.parse import urlparse
 
 import numpy as np
-import requests
 
 _DT = {np.dtype(np.float32): "FP32", np.dtype(np.float16): "FP16", np.dtype(np.int64): "INT64",
        np.dtype(np.int32): "INT32", np.dtype(np.float64): "FP64", np.dtype(np.uint8): "UINT8",
@@ -22,10 +23,24 @@ class InferError(RuntimeError):
 
 class Client:
     def __init__(self, url: str):
-        self.url = url.rstrip("/")
-        if not self.url.startswith("http"):
-            self.url = "http://" + self.url
-        self.session = requests.Session()
+        if not url.startswith("http"):
+            url = "http://" + url
+        u = urlparse(url)
+        self.host, self.port = u.hostname, u.port or 80
+        self.conn = http.client.HTTPConnection(self.host, self.port, timeout=300)
+
+    def _request(self, method: str, path: str, body: bytes = b"", headers=None):
+        # one persistent connection; reconnect once if the server closed it
+        for attempt in (0, 1):
+            try:
+                self.conn.request(method, path, body=body, headers=headers or {})
+                r = self.conn.getresponse()
+                return r.status, dict(r.getheaders()), r.read()
+            except (http.client.HTTPException, ConnectionError):
+                self.conn.close()
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=300)
+                if attempt:
+                    raise
 
     def infer(self, model: str, inputs: Dict[str, np.ndarray], outputs: List[str]) -> Dict[str, np.ndarray]:
         header = {"inputs": [], "outputs": [{"name": o, "parameters": {"binary_data": True}} for o in outputs]}
@@ -37,30 +52,34 @@ class Client:
                                      "parameters": {"binary_data_size": len(b)}})
             blobs.append(b)
         head = json.dumps(header).encode()
-        r = self.session.post(f"{self.url}/v2/models/{model}/infer", data=b"".join([head] + blobs),
-                              headers={"Inference-Header-Content-Length": str(len(head)),
-                                       "Content-Type": "application/octet-stream"})
-        if r.status_code != 200:
+        status, headers, content = self._request(
+            "POST", f"/v2/models/{model}/infer", b"".join([head] + blobs),
+            {"Inference-Header-Content-Length": str(len(head)), "Content-Type": "application/octet-stream"})
+        if status != 200:
             try:
-                msg = r.json().get("error", r.text)
+                msg = json.loads(content).get("error", content.decode(errors="replace"))
             except ValueError:
-                msg = r.text
-            raise InferError(r.status_code, msg)
-        hlen = int(r.headers.get("Inference-Header-Content-Length", len(r.content)))
-        meta = json.loads(r.content[:hlen])
+                msg = content.decode(errors="replace")
+            raise InferError(status, msg)
+        lower = {k.lower(): v for k, v in headers.items()}
+        hlen = int(lower.get("inference-header-content-length", len(content)))
+        meta = json.loads(content[:hlen])
         at = hlen
         out = {}
         for o in meta["outputs"]:
             size = o["parameters"]["binary_data_size"]
-            out[o["name"]] = np.frombuffer(r.content[at:at + size], dtype=_NP[o["datatype"]]).reshape(o["shape"])
+            out[o["name"]] = np.frombuffer(content[at:at + size], dtype=_NP[o["datatype"]]).reshape(o["shape"])
             at += size
         return out
 
     def ready(self) -> bool:
         try:
-            return self.session.get(f"{self.url}/v2/health/ready", timeout=2).status_code == 200
-        except requests.RequestException:
+            return self._request("GET", "/v2/health/ready")[0] == 200
+        except OSError:
             return False
 
     def stats(self, model: str) -> dict:
-        return self.session.get(f"{self.url}/v2/models/{model}/stats").json()["model_stats"][0]
+        return json.loads(self._request("GET", f"/v2/models/{model}/stats")[2])["model_stats"][0]
+
+    def close(self):
+        self.conn.close()

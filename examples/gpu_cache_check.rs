@@ -74,7 +74,8 @@ fn main() {
     let geo = CacheGeometry::for_rows(rows, dim);
     let big = GpuCache::new(0, geo).expect("GPU cache");
     let chunk = 1 << 16;
-    let all: Vec<i64> = (0..rows as i64).collect();
+    // coldest first, so the hottest Zipf ranks are the ones resident at the end
+    let all: Vec<i64> = (0..rows as i64).rev().collect();
     let mut filled = 0;
     for part in all.chunks(chunk) {
         let vals: Vec<f32> = part.iter().flat_map(|&k| row(k, dim)).collect();

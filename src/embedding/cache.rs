@@ -22,6 +22,10 @@ use crate::error::{Error, Result};
 
 pub const WAYS: usize = 32;
 
+/// The key that marks an empty slot on the GPU; it is never cached (on either device,
+/// so both keep the same policy) and is always served from the tiers below.
+pub const EMPTY_KEY: i64 = i64::MIN;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheGeometry {
     pub sets: usize,
@@ -111,6 +115,9 @@ impl HostCache {
     }
 
     fn put(&self, key: i64, row: &[f32], stamp: u64, only_if_present: bool) {
+        if key == EMPTY_KEY {
+            return;
+        }
         let dim = self.geo.dim;
         let mut set = self.sets[self.geo.set_of(key)].lock();
         let way = match (0..WAYS).find(|&w| set.stamps[w] != 0 && set.keys[w] == key) {
@@ -237,6 +244,15 @@ mod tests {
         assert!(c.lookup(&[100], &mut one).unwrap().is_empty());
         assert_eq!(one[0], 100.0);
         assert_eq!(c.counters().evictions, 1);
+    }
+
+    #[test]
+    fn the_empty_key_is_never_cached() {
+        let c = HostCache::new(CacheGeometry::for_rows(32, 1));
+        c.insert(&[EMPTY_KEY, 3], &[1.0, 2.0]).unwrap();
+        let mut out = [0f32; 2];
+        assert_eq!(c.lookup(&[EMPTY_KEY, 3], &mut out).unwrap(), vec![0]);
+        assert_eq!(c.counters().insertions, 1);
     }
 
     #[test]

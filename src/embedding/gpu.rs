@@ -4,6 +4,8 @@
 //! `mix64(key) % sets`, batch-granular LRU with the oldest stamp (lowest way on ties)
 //! evicted. A lookup is one warp per key: the 32 lanes read the set's 32 keys at once,
 //! a ballot finds the way, and the warp copies the row (float4 when `dim % 4 == 0`).
+//! Empty slots hold `EMPTY_KEY`, so a lookup reads only the set's 32 keys (256 bytes
+//! of tags for a row of `dim × 4`), never the stamps.
 //! Inserts are grouped by set on the host and one warp handles one set's keys in
 //! order, so two inserts never race for a victim. All of an instance's calls go
 //! through one stream, so a lookup and an insert never overlap.
@@ -20,13 +22,14 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use parking_lot::Mutex;
 
-use super::cache::{CacheCounters, CacheGeometry, CacheTier, WAYS};
+use super::cache::{CacheCounters, CacheGeometry, CacheTier, EMPTY_KEY, WAYS};
 use crate::error::{Error, Result};
 
 const KERNELS: &str = r#"
 typedef long long i64;
 typedef unsigned long long u64;
 #define FULL 0xffffffffu
+#define EMPTY_KEY ((i64)0x8000000000000000ULL)
 
 __device__ __forceinline__ u64 mix64(u64 k) {
     k ^= k >> 33; k *= 0xff51afd7ed558ccdULL;
@@ -54,7 +57,8 @@ extern "C" __global__ void cache_lookup(const i64* __restrict__ keys, int n,
     i64 key = keys[warp];
     u64 set = mix64((u64)key) % (u64)sets;
     size_t slot = set * 32 + lane;
-    bool match = slot_stamps[slot] != 0 && slot_keys[slot] == key;
+    // Empty slots hold EMPTY_KEY, which is never inserted: only the tags are read.
+    bool match = key != EMPTY_KEY && slot_keys[slot] == key;
     unsigned m = __ballot_sync(FULL, match);
     if (m == 0) { if (lane == 0) hit[warp] = 0; return; }
     int way = __ffs(m) - 1;
@@ -76,6 +80,7 @@ extern "C" __global__ void cache_insert(const i64* __restrict__ keys, const floa
     for (int idx = group_start[g]; idx < group_start[g + 1]; ++idx) {
         int i = order[idx];
         i64 key = keys[i];
+        if (key == EMPTY_KEY) continue;
         u64 st = slot_stamps[slot];
         i64 sk = slot_keys[slot];
         unsigned m = __ballot_sync(FULL, st != 0 && sk == key);
@@ -191,7 +196,7 @@ impl GpuCache {
         let dev = device(id)?;
         let stream = dev.ctx.new_stream().map_err(cuda_err)?;
         let slots = Slots {
-            keys: stream.alloc_zeros::<i64>(geo.capacity()).map_err(cuda_err)?,
+            keys: stream.clone_htod(&vec![EMPTY_KEY; geo.capacity()]).map_err(cuda_err)?,
             stamps: stream.alloc_zeros::<u64>(geo.capacity()).map_err(cuda_err)?,
             rows: stream.alloc_zeros::<f32>(geo.capacity() * geo.dim).map_err(cuda_err)?,
             counters: stream.alloc_zeros::<u64>(2).map_err(cuda_err)?,
