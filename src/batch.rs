@@ -163,6 +163,35 @@ fn check_tensor(cfg: &ModelConfig, c: &TensorConfig, policy: &InputPolicy, t: &R
     Ok(())
 }
 
+/// Checks that inputs which share a named dimension in the model (e.g. two inputs of
+/// shape `[batch, n]`) agree on its size within one request. `dims[i]` names the
+/// dimensions of input `i` (empty string: unnamed), aligned with the request tensor's
+/// full shape.
+pub fn check_shared_dims(tensors: &[RequestTensor<'_>], dims: &[(&str, &[String])]) -> Result<()> {
+    let mut seen: Vec<(&str, i64, &str)> = Vec::new(); // (dim name, size, input)
+    for (input, names) in dims {
+        let Some(t) = tensors.iter().find(|t| t.name == *input) else { continue };
+        if names.len() != t.shape.len() {
+            continue;
+        }
+        for (sym, &size) in names.iter().zip(&t.shape) {
+            if sym.is_empty() {
+                continue;
+            }
+            match seen.iter().find(|(n, _, _)| n == sym) {
+                Some((_, first, other)) if *first != size => {
+                    return Err(Error::invalid_arg(format!(
+                        "inputs '{other}' and '{input}' must agree on dimension '{sym}': {first} vs {size}"
+                    )))
+                }
+                Some(_) => {}
+                None => seen.push((sym, size, input)),
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Splits checked requests into groups that can be concatenated: same non-batch dims
 /// for every input. Each group is a list of indices into `requests`, in order.
 /// A non-batching model runs every request alone.
@@ -350,6 +379,21 @@ mod tests {
         assert!(err(vec![t("A", DataType::F32, &[9, 1], vec![&big]), t("B", DataType::I32, &[9, 2], vec![&bigb])]).contains("above the model's max_batch_size 8"));
         // NaN allowed unless the policy forbids it
         assert!(check_request(&c, &InputPolicy::default(), ok(&nan, &b)).is_ok());
+    }
+
+    #[test]
+    fn shared_named_dims_must_agree() {
+        let a = f32s(&[0.0; 16]);
+        let b = f32s(&[0.0; 8]);
+        let n: Vec<String> = vec!["batch".into(), "n".into()];
+        let good = [t("X", DataType::F32, &[1, 16], vec![&a]), t("Y", DataType::F32, &[1, 16], vec![&a])];
+        check_shared_dims(&good, &[("X", &n), ("Y", &n)]).unwrap();
+        let bad = [t("X", DataType::F32, &[1, 16], vec![&a]), t("Y", DataType::F32, &[1, 8], vec![&b])];
+        let e = check_shared_dims(&bad, &[("X", &n), ("Y", &n)]).unwrap_err();
+        assert_eq!(e.message(), "inputs 'X' and 'Y' must agree on dimension 'n': 16 vs 8");
+        // unnamed dims are free
+        let free: Vec<String> = vec![String::new(), String::new()];
+        check_shared_dims(&bad, &[("X", &free), ("Y", &free)]).unwrap();
     }
 
     #[test]

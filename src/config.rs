@@ -218,8 +218,9 @@ pub fn check_against_model(cfg: &ModelConfig, inputs: &[TensorSpec], outputs: &[
         for c in declared {
             let Some(m) = actual.iter().find(|m| m.name == c.name) else {
                 let names: Vec<&str> = actual.iter().map(|m| m.name.as_str()).collect();
+                let article = if what.starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" };
                 return Err(Error::invalid_arg(format!(
-                    "config {what} '{}' is not a {what} of the model (the model's {what}s are {names:?})",
+                    "config {what} '{}' is not {article} {what} of the model (the model's {what}s are {names:?})",
                     c.name
                 )));
             };

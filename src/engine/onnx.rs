@@ -38,15 +38,17 @@ struct Runtime {
 static RUNTIME: Mutex<Option<Arc<Runtime>>> = Mutex::new(None);
 
 /// Where the library comes from, in priority order, for the error message too.
-fn library_candidates(options: &EngineOptions<'_>) -> Vec<(String, PathBuf)> {
+/// Also says whether the choice was explicit (model parameter or backend setting): an
+/// explicit path is never silently replaced by another.
+fn library_candidates(options: &EngineOptions<'_>) -> (Vec<(String, PathBuf)>, bool) {
     let mut c = Vec::new();
     if let Some(p) = options.config.parameters.get("onnxruntime_library") {
         c.push(("model parameter 'onnxruntime_library'".into(), PathBuf::from(p)));
-        return c; // an explicit per-model choice is never silently replaced
+        return (c, true);
     }
     if let Some(p) = options.backend.get("onnxruntime-library") {
         c.push(("--backend-config=rust,onnxruntime-library".into(), PathBuf::from(p)));
-        return c;
+        return (c, true);
     }
     for var in ["TRITON_RUST_ONNXRUNTIME_LIBRARY", "ORT_DYLIB_PATH"] {
         if let Ok(p) = std::env::var(var) {
@@ -56,20 +58,21 @@ fn library_candidates(options: &EngineOptions<'_>) -> Vec<(String, PathBuf)> {
         }
     }
     c.push(("the stock Triton image location".into(), PathBuf::from(STOCK_LIBRARY)));
-    c
+    (c, false)
 }
 
 fn runtime(options: &EngineOptions<'_>) -> Result<Arc<Runtime>> {
-    let candidates = library_candidates(options);
+    let (candidates, explicit) = library_candidates(options);
     let mut slot = RUNTIME.lock().map_err(|_| Error::internal("ONNX Runtime lock poisoned"))?;
-    let explicit = candidates.len() == 1;
     let found = candidates.iter().find(|(_, p)| p.is_file());
     let Some((source, path)) = found else {
         let tried: Vec<String> = candidates.iter().map(|(s, p)| format!("'{}' ({s})", p.display())).collect();
-        return Err(Error::unavailable(format!(
-            "ONNX Runtime library not found: tried {}. Set --backend-config=rust,onnxruntime-library=<absolute path to libonnxruntime.so>",
-            tried.join(", ")
-        )));
+        let hint = if options.config.parameters.contains_key("onnxruntime_library") {
+            "Fix the model parameter 'onnxruntime_library' (an absolute path to libonnxruntime.so)"
+        } else {
+            "Set --backend-config=rust,onnxruntime-library=<absolute path to libonnxruntime.so>"
+        };
+        return Err(Error::unavailable(format!("ONNX Runtime library not found: tried {}. {hint}", tried.join(", "))));
     };
     if !path.is_absolute() {
         return Err(Error::invalid_arg(format!("ONNX Runtime library path '{}' ({source}) must be absolute", path.display())));
@@ -115,6 +118,17 @@ fn dtype_from_ort(t: TensorElementType) -> Result<DataType> {
     })
 }
 
+/// The model's names for each input's dimensions (empty where unnamed).
+fn dim_names(outlets: &[ort::value::Outlet]) -> Vec<(String, Vec<String>)> {
+    outlets
+        .iter()
+        .map(|o| match o.dtype() {
+            ValueType::Tensor { dimension_symbols, .. } => (o.name().to_string(), dimension_symbols.to_vec()),
+            _ => (o.name().to_string(), Vec::new()),
+        })
+        .collect()
+}
+
 fn specs(outlets: &[ort::value::Outlet], what: &str) -> Result<Vec<TensorSpec>> {
     outlets
         .iter()
@@ -134,6 +148,7 @@ pub struct OnnxEngine {
     session: Session,
     inputs: Vec<TensorSpec>,
     outputs: Vec<TensorSpec>,
+    input_dims: Vec<(String, Vec<String>)>,
     device: Device,
 }
 
@@ -166,7 +181,8 @@ impl OnnxEngine {
         })?;
         let inputs = specs(session.inputs(), "input")?;
         let outputs = specs(session.outputs(), "output")?;
-        Ok(OnnxEngine { _runtime: runtime, session, inputs, outputs, device: options.device })
+        let input_dims = dim_names(session.inputs());
+        Ok(OnnxEngine { _runtime: runtime, session, inputs, outputs, input_dims, device: options.device })
     }
 }
 
@@ -266,6 +282,11 @@ impl Engine for OnnxEngine {
     }
     fn device(&self) -> Device {
         self.device
+    }
+
+    fn check_request(&self, inputs: &[crate::batch::RequestTensor<'_>]) -> Result<()> {
+        let dims: Vec<(&str, &[String])> = self.input_dims.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect();
+        crate::batch::check_shared_dims(inputs, &dims)
     }
 
     fn run(

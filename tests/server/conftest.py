@@ -66,9 +66,9 @@ def start_server(tmp_path_factory, example_models):
         srv.stop()
 
 
-def module_server(request, tmp_path_factory, repo: ModelRepo, *extra_args: str) -> TritonServer:
+def module_server(request, tmp_path_factory, repo: ModelRepo, *extra_args: str, **kw) -> TritonServer:
     """Start a server for a module-scoped fixture; stopped by the fixture's finalizer."""
-    srv = TritonServer(repo.root, extra_args, log_dir=str(tmp_path_factory.mktemp("server-log")))
+    srv = TritonServer(repo.root, extra_args, log_dir=str(tmp_path_factory.mktemp("server-log")), **kw)
     request.addfinalizer(srv.stop)
     try:
         srv.start()

@@ -93,6 +93,20 @@ def ensure_example_models(names: Sequence[str] = ("resnet50", "bert_small", "ide
             build_model(name, path)
 
 
+def two_input_dynamic_model():
+    """OUTPUT0 = INPUT0 + INPUT1 with FP32 [batch, n] and n free (the `simple` model has n = 16)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", "n"]) for n in ("INPUT0", "INPUT1")]
+    outs = [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", "n"])]
+    graph = helper.make_graph([helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"])], "dyn_add", ins, outs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
 class ModelRepo:
     """A temporary model repository: example models symlinked from models/, test models written here."""
 
@@ -130,6 +144,10 @@ class ModelRepo:
             f.write(model_bytes)
         self.write_config(name, config)
         return os.path.join(self.root, name)
+
+    def add_onnx(self, name: str, model, config: str) -> str:
+        """A model from an onnx.ModelProto built by the test itself."""
+        return self.add_raw(name, model.SerializeToString(), config)
 
     def write_config(self, name: str, config: str) -> None:
         os.makedirs(os.path.join(self.root, name), exist_ok=True)
@@ -205,6 +223,8 @@ class TritonServer:
                 f"--grpc-port={self.grpc_port}",
                 f"--metrics-port={self.metrics_port}",
                 "--allow-metrics=true",
+                # a client keeping an HTTP connection open would otherwise hold SIGTERM for 30 s
+                *([] if any(a.startswith("--exit-timeout-secs") for a in self.extra_args) else ["--exit-timeout-secs=5"]),
                 *self.extra_args,
             ]
             self._log_file = open(self.log_path, "ab")
@@ -217,12 +237,14 @@ class TritonServer:
                                          start_new_session=True)
             if self._wait_ready():
                 return self
-            log = self.log_text()
+            early_rc = self.proc.poll()
             self.stop()
+            log = self.log_text()
             if attempt < 2 and "address already in use" in log.lower():
                 continue
-            raise HarnessError(f"tritonserver did not become ready in {self.ready_timeout:.0f} s; "
-                               f"log {self.log_path}:\n{log[-6000:]}")
+            why = (f"exited with code {early_rc}" if early_rc is not None
+                   else f"did not become ready in {self.ready_timeout:.0f} s")
+            raise HarnessError(f"tritonserver {why}; log {self.log_path}:\n{log[-6000:]}")
         raise HarnessError("tritonserver could not bind free ports after 3 attempts")
 
     def _wait_ready(self) -> bool:
@@ -299,3 +321,52 @@ class TritonServer:
 
     def model_ready(self, model: str) -> bool:
         return self.http("GET", f"/v2/models/{model}/ready").status_code == 200
+
+
+# --------------------------------------------------------------------------- clients
+
+
+def client_module(protocol: str):
+    if protocol == "http":
+        import tritonclient.http as mod
+    elif protocol == "grpc":
+        import tritonclient.grpc as mod
+    else:
+        raise ValueError(f"protocol must be http or grpc, not {protocol!r}")
+    return mod
+
+
+def make_client(server: TritonServer, protocol: str, **kw):
+    mod = client_module(protocol)
+    url = server.http_url if protocol == "http" else server.grpc_url
+    return mod.InferenceServerClient(url, **kw)
+
+
+def make_inputs(protocol: str, feeds: Dict[str, "object"], dtypes: Optional[Dict[str, str]] = None):
+    """InferInput list from {name: ndarray}; `dtypes` overrides the wire data type per input."""
+    mod = client_module(protocol)
+    inputs = []
+    for name, arr in feeds.items():
+        dt = (dtypes or {}).get(name) or mod.np_to_triton_dtype(arr.dtype)
+        x = mod.InferInput(name, list(arr.shape), dt)
+        if protocol == "http":
+            x.set_data_from_numpy(arr, binary_data=True)
+        else:
+            x.set_data_from_numpy(arr)
+        inputs.append(x)
+    return inputs
+
+
+def infer(client, protocol: str, model: str, feeds: Dict[str, "object"], outputs: Sequence[str],
+          dtypes: Optional[Dict[str, str]] = None, **kw):
+    """Run one request; returns {output name: ndarray}. Raises InferenceServerException on error."""
+    mod = client_module(protocol)
+    req_outputs = [mod.InferRequestedOutput(o, binary_data=True) if protocol == "http" else mod.InferRequestedOutput(o)
+                   for o in outputs]
+    res = client.infer(model, make_inputs(protocol, feeds, dtypes), outputs=req_outputs, **kw)
+    return {o: res.as_numpy(o) for o in outputs}
+
+
+def error_status(e) -> str:
+    """The status of an InferenceServerException as text ('400', 'StatusCode.INVALID_ARGUMENT')."""
+    return str(e.status())
