@@ -41,7 +41,7 @@ fi
 
 # ---------------------------------------------------------------- 1. Debian packages
 APT_PACKAGES=(build-essential pkg-config libclang-dev cmake unzip curl ca-certificates
-              python3 python3-venv python3-pip)
+              python3 python3-venv python3-pip redis-server)
 
 pkg_installed() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"

@@ -1,9 +1,11 @@
 //! Logging through Triton's own logger (`TRITONSERVER_LogMessage`), so our lines
 //! appear in the server log with Triton's levels and `--log-verbose` applies.
 
-#[cfg(not(test))]
-use super::c_string;
-use super::sys;
+use std::ffi::{c_void, CStr};
+use std::os::raw::{c_char, c_int};
+use std::sync::OnceLock;
+
+use super::{c_string, sys};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {
@@ -14,7 +16,6 @@ pub enum Level {
 }
 
 impl Level {
-    #[cfg_attr(test, allow(dead_code))]
     fn raw(self) -> sys::TRITONSERVER_LogLevel {
         match self {
             Level::Info => sys::TRITONSERVER_loglevel_enum_TRITONSERVER_LOG_INFO,
@@ -25,33 +26,61 @@ impl Level {
     }
 }
 
-#[cfg(not(test))]
+/// Triton's logging functions, looked up in the running process rather than linked:
+/// inside tritonserver they are there; in unit tests, benchmarks and tools built from
+/// this crate they are not, and lines go to stderr instead.
+struct Logger {
+    is_enabled: unsafe extern "C" fn(sys::TRITONSERVER_LogLevel) -> bool,
+    message: unsafe extern "C" fn(sys::TRITONSERVER_LogLevel, *const c_char, c_int, *const c_char) -> *mut sys::TRITONSERVER_Error,
+    error_delete: unsafe extern "C" fn(*mut sys::TRITONSERVER_Error),
+}
+
+fn logger() -> Option<&'static Logger> {
+    static LOGGER: OnceLock<Option<Logger>> = OnceLock::new();
+    LOGGER
+        .get_or_init(|| {
+            let find = |name: &CStr| {
+                // SAFETY: dlsym with RTLD_DEFAULT only looks a symbol up.
+                let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+                (!p.is_null()).then_some(p)
+            };
+            let (e, m, d) = (find(c"TRITONSERVER_LogIsEnabled")?, find(c"TRITONSERVER_LogMessage")?, find(c"TRITONSERVER_ErrorDelete")?);
+            // SAFETY: these are Triton's functions with the signatures of tritonserver.h.
+            unsafe {
+                Some(Logger {
+                    is_enabled: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(sys::TRITONSERVER_LogLevel) -> bool>(e),
+                    message: std::mem::transmute::<
+                        *mut c_void,
+                        unsafe extern "C" fn(sys::TRITONSERVER_LogLevel, *const c_char, c_int, *const c_char) -> *mut sys::TRITONSERVER_Error,
+                    >(m),
+                    error_delete: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut sys::TRITONSERVER_Error)>(d),
+                })
+            }
+        })
+        .as_ref()
+}
+
 pub fn enabled(level: Level) -> bool {
-    // SAFETY: a pure query.
-    unsafe { sys::TRITONSERVER_LogIsEnabled(level.raw()) }
-}
-
-/// Unit tests run without a server to resolve Triton's symbols: log to stderr.
-#[cfg(test)]
-pub fn enabled(level: Level) -> bool {
-    level != Level::Verbose
-}
-
-#[cfg(test)]
-pub fn log(level: Level, file: &str, line: u32, message: &str) {
-    eprintln!("[{level:?} {file}:{line}] {message}");
-}
-
-#[cfg(not(test))]
-pub fn log(level: Level, file: &str, line: u32, message: &str) {
-    if !enabled(level) {
-        return;
+    match logger() {
+        // SAFETY: a pure query.
+        Some(l) => unsafe { (l.is_enabled)(level.raw()) },
+        None => level != Level::Verbose,
     }
-    let file = c_string(file);
-    let msg = c_string(message);
-    // SAFETY: Triton copies both strings. A logging failure has nowhere to go.
-    let err = unsafe { sys::TRITONSERVER_LogMessage(level.raw(), file.as_ptr(), line as i32, msg.as_ptr()) };
-    let _ = super::check(err);
+}
+
+pub fn log(level: Level, file: &str, line: u32, message: &str) {
+    let Some(l) = logger() else {
+        eprintln!("[{level:?} {file}:{line}] {message}");
+        return;
+    };
+    let (file, msg) = (c_string(file), c_string(message));
+    // SAFETY: Triton copies both strings; a logging failure has nowhere to go but away.
+    unsafe {
+        let err = (l.message)(level.raw(), file.as_ptr(), line as c_int, msg.as_ptr());
+        if !err.is_null() {
+            (l.error_delete)(err);
+        }
+    }
 }
 
 #[macro_export]
