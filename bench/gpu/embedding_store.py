@@ -85,7 +85,7 @@ parameters {{ key: "hit_rate_threshold" value {{ string_value: "0.9" }} }}
     log = open(os.path.join(a.work, "server.log"), "w")
     server = subprocess.Popen([a.server, f"--model-repository={repo}", f"--backend-directory={a.backends}",
                                f"--http-port={a.port}", f"--grpc-port={a.port + 1}", f"--metrics-port={a.port + 2}",
-                               "--log-verbose=0"], stdout=log, stderr=subprocess.STDOUT)
+                               "--log-verbose=0", "--exit-timeout-secs=5"], stdout=log, stderr=subprocess.STDOUT)
     try:
         c = Client(f"localhost:{a.port}")
         deadline = time.time() + 300
@@ -127,6 +127,7 @@ parameters {{ key: "hit_rate_threshold" value {{ string_value: "0.9" }} }}
                 cl.infer("store", {"KEYS": batches[j % 8], "NUMKEYS": numkeys}, ["OUTPUT0"])
                 counts[i] += per_table * a.tables
                 j += 1
+            cl.close()
 
         before = metric_sum(a.port)
         t0 = time.time()
@@ -149,6 +150,11 @@ parameters {{ key: "hit_rate_threshold" value {{ string_value: "0.9" }} }}
         print(f"  cache hit rate       {hits / max(keys_seen, 1):.3f} (server metrics: {hits:.0f} hits of {keys_seen:.0f} keys)")
         print(f"  effective bandwidth  {gbps:.2f} GB/s of rows returned"
               + (f" = {100 * gbps / peak:.2f}% of the GPU's {peak} GB/s" if peak else ""))
+        server_stats = c.stats("store")["inference_stats"]
+        n = max(server_stats["success"]["count"], 1)
+        print("  server time per request (ms): queue {:.2f}, compute_input {:.2f}, compute_infer {:.2f}, compute_output {:.2f}".format(
+            *(server_stats[k]["ns"] / n / 1e6 for k in ("queue", "compute_input", "compute_infer", "compute_output"))))
+        c.close()
     finally:
         server.terminate()
         try:
