@@ -48,3 +48,12 @@ for _env_sh_f in "$VENV_DIR"/lib/python3*/site-packages/onnxruntime/capi/libonnx
 done
 unset _env_sh_f
 export ORT_LIB
+
+# libtorch 2.11.0 from the venv's torch wheel: the directory the rust backend's torch
+# plugin loads libtorch from (--backend-config=rust,libtorch-dir=$LIBTORCH_DIR).
+LIBTORCH_DIR=""
+for _env_sh_f in "$VENV_DIR"/lib/python3*/site-packages/torch/lib; do
+    if [ -f "$_env_sh_f/libtorch_cpu.so" ]; then LIBTORCH_DIR="$_env_sh_f"; fi
+done
+unset _env_sh_f
+export LIBTORCH_DIR

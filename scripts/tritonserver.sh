@@ -11,5 +11,6 @@ exec "$TRITONSERVER" \
     --model-repository="${MODEL_REPOSITORY:-$REPO_ROOT/models}" \
     --backend-directory="$REPO_ROOT/install/backends" \
     --backend-config=rust,onnxruntime-library="$ORT_LIB" \
+    ${LIBTORCH_DIR:+--backend-config=rust,libtorch-dir="$LIBTORCH_DIR"} \
     --http-port="${HTTP_PORT:-8000}" --grpc-port="${GRPC_PORT:-8001}" --metrics-port="${METRICS_PORT:-8002}" \
     "$@"

@@ -31,3 +31,31 @@ impl MappedFile {
         self.map.as_deref().unwrap_or(&[])
     }
 }
+
+/// The directory holding the shared library this code was loaded from
+/// (`<backends>/rust/` inside tritonserver), found with `dladdr`.
+pub fn own_library_dir() -> Option<std::path::PathBuf> {
+    let mut info = libc::Dl_info {
+        dli_fname: std::ptr::null(),
+        dli_fbase: std::ptr::null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: std::ptr::null_mut(),
+    };
+    let here = own_library_dir as *const libc::c_void;
+    // SAFETY: dladdr only reads the loader's tables for an address inside this library.
+    if unsafe { libc::dladdr(here, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dli_fname is a NUL-terminated path owned by the loader.
+    let path = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
+    std::path::Path::new(&path).parent().map(|p| p.to_path_buf())
+}
+
+/// Opens a shared library with its symbols made global (so libraries opened after it
+/// resolve against it), as libtorch's pieces need.
+pub fn open_global(path: &Path) -> std::result::Result<libloading::Library, String> {
+    // SAFETY: opening a library runs its initialisers; these are libtorch's and our plugin's.
+    unsafe { libloading::os::unix::Library::open(Some(path), libc::RTLD_NOW | libc::RTLD_GLOBAL) }
+        .map(libloading::Library::from)
+        .map_err(|e| e.to_string())
+}

@@ -15,6 +15,7 @@ use crate::tensor::DataType;
 
 pub mod embedding;
 pub mod onnx;
+pub mod torch;
 
 /// Where an instance runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +80,8 @@ pub enum EngineKind {
     Onnx,
     /// The hierarchical embedding store; its "model file" is the version directory.
     Embedding,
+    /// TorchScript through libtorch (the optional plugin).
+    Torch,
 }
 
 impl EngineKind {
@@ -86,6 +89,7 @@ impl EngineKind {
         match self {
             EngineKind::Onnx => "model.onnx",
             EngineKind::Embedding => "",
+            EngineKind::Torch => "model.pt",
         }
     }
 }
@@ -97,18 +101,22 @@ pub fn select(config: &ModelConfig, version_dir: &Path) -> Result<(EngineKind, P
     let kind = match config.parameters.get("engine").map(|s| s.trim().to_ascii_lowercase()) {
         Some(e) if e == "onnx" || e == "onnxruntime" => EngineKind::Onnx,
         Some(e) if e == "embedding" || e == "hps" => EngineKind::Embedding,
+        Some(e) if e == "torch" || e == "torchscript" || e == "pytorch" => EngineKind::Torch,
         Some(other) => {
             return Err(Error::unsupported(format!(
-                "parameter 'engine' is '{other}'; this build of the rust backend has the engines: onnx, embedding"
+                "parameter 'engine' is '{other}'; this build of the rust backend has the engines: onnx, torch, embedding"
             )))
         }
         None => match config.default_model_filename.as_deref() {
             Some(f) if f.ends_with(".onnx") => EngineKind::Onnx,
+            Some(f) if f.ends_with(".pt") || f.ends_with(".pth") => EngineKind::Torch,
             Some(f) => {
                 return Err(Error::unsupported(format!(
                     "cannot tell the engine from default_model_filename '{f}'; set parameters {{ key: \"engine\" }}"
                 )))
             }
+            // no file named: whichever default file is there (model.onnx first)
+            None if !version_dir.join("model.onnx").exists() && version_dir.join("model.pt").exists() => EngineKind::Torch,
             None => EngineKind::Onnx,
         },
     };
@@ -129,6 +137,7 @@ pub fn create(kind: EngineKind, model_file: &Path, options: &EngineOptions<'_>) 
     match kind {
         EngineKind::Onnx => Ok(Box::new(onnx::OnnxEngine::load(model_file, options)?)),
         EngineKind::Embedding => Ok(Box::new(embedding::EmbeddingEngine::load(model_file, options)?)),
+        EngineKind::Torch => Ok(Box::new(torch::TorchEngine::load(model_file, options)?)),
     }
 }
 

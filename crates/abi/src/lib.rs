@@ -1,0 +1,95 @@
+//! The C ABI between `libtriton_rust.so` and an engine plugin loaded at run time.
+//!
+//! Why a plugin: libtorch is large and optional. The backend library links nothing
+//! from it, so it loads and serves ONNX and embedding models on machines without
+//! libtorch; `libtriton_rust_torch.so` (which links libtorch through `tch`) is opened
+//! only when a TorchScript model loads. The two sides share only these `#[repr(C)]`
+//! types and the function table below; both are built from this crate, and
+//! [`ABI_VERSION`] guards against mixing builds.
+//!
+//! Ownership: every pointer passed into a plugin call is borrowed for that call. A
+//! model handle returned by `load` is freed with `free_model`; an error string
+//! returned through `err` is freed with `free_error`.
+
+use std::os::raw::{c_char, c_int, c_void};
+
+pub const ABI_VERSION: u32 = 1;
+
+/// The symbol the plugin exports: `extern "C" fn() -> *const PluginApi`.
+pub const ENTRY_SYMBOL: &[u8] = b"triton_rust_plugin_api\0";
+
+/// Element types (the backend's `DataType` order).
+pub mod dtype {
+    pub const BOOL: i32 = 0;
+    pub const U8: i32 = 1;
+    pub const I8: i32 = 2;
+    pub const I16: i32 = 3;
+    pub const I32: i32 = 4;
+    pub const I64: i32 = 5;
+    pub const F16: i32 = 6;
+    pub const F32: i32 = 7;
+    pub const F64: i32 = 8;
+    pub const BF16: i32 = 9;
+}
+
+/// Where a tensor's bytes live.
+pub const MEMORY_CPU: i32 = 0;
+pub const MEMORY_GPU: i32 = 1;
+
+/// A tensor borrowed for the duration of a call.
+#[repr(C)]
+pub struct TensorView {
+    pub name: *const c_char,
+    pub dtype: i32,
+    pub shape: *const i64,
+    pub rank: usize,
+    pub data: *const c_void,
+    pub bytes: usize,
+    pub memory: i32,
+    pub device_id: i64,
+}
+
+/// Receives one output of a run; returns 0 to go on, non-zero to stop (the plugin
+/// then returns an error). The data is valid only during the call.
+pub type OutputSink = unsafe extern "C" fn(ctx: *mut c_void, output: *const TensorView) -> c_int;
+
+/// Options for loading a model.
+#[repr(C)]
+pub struct LoadOptions {
+    /// Path of the model file (NUL-terminated).
+    pub path: *const c_char,
+    /// `MEMORY_CPU` or `MEMORY_GPU`.
+    pub device_kind: i32,
+    pub device_id: i32,
+    /// Threads for intra-op parallelism on CPU (0 = library default).
+    pub intra_op_threads: i32,
+    /// Run under inference mode (no autograd bookkeeping).
+    pub inference_mode: i32,
+    /// Allow cuDNN (1) or disable it (0).
+    pub cudnn: i32,
+}
+
+#[repr(C)]
+pub struct PluginApi {
+    pub abi_version: u32,
+    /// The runtime the plugin wraps and its version, e.g. "libtorch 2.11.0".
+    pub runtime: unsafe extern "C" fn() -> *const c_char,
+    /// Loads a model; null and `*err` set on failure.
+    pub load: unsafe extern "C" fn(options: *const LoadOptions, err: *mut *mut c_char) -> *mut c_void,
+    /// Runs it on `inputs` (in the model's argument order); each of the `n_outputs`
+    /// outputs named in `output_names` (the model's output order) goes to `sink`, in
+    /// host memory when `host_outputs` is non-zero, else where the model produced it.
+    pub run: unsafe extern "C" fn(
+        model: *mut c_void,
+        inputs: *const TensorView,
+        n_inputs: usize,
+        output_names: *const *const c_char,
+        n_outputs: usize,
+        host_outputs: c_int,
+        sink: OutputSink,
+        sink_ctx: *mut c_void,
+        err: *mut *mut c_char,
+    ) -> c_int,
+    pub free_model: unsafe extern "C" fn(model: *mut c_void),
+    pub free_error: unsafe extern "C" fn(err: *mut c_char),
+}

@@ -1,0 +1,210 @@
+//! `libtriton_rust_torch.so`: the TorchScript engine, as a plugin.
+//!
+//! It links libtorch (through `tch`), so it is built and shipped apart from
+//! `libtriton_rust.so`, which opens it only when a TorchScript model loads (see
+//! `triton_rust_abi` for why and for the ABI). Inputs are wrapped in place
+//! (`from_blob`, host or device memory), the module runs under no-grad, and each
+//! output is handed to the caller's sink in the memory it was produced in.
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use tch::{CModule, Device, IValue, Kind, Tensor};
+use triton_rust_abi::{self as abi, dtype, LoadOptions, OutputSink, PluginApi, TensorView};
+
+struct Model {
+    module: CModule,
+    device: Device,
+}
+
+static API: PluginApi = PluginApi { abi_version: abi::ABI_VERSION, runtime, load, run, free_model, free_error };
+
+/// The plugin's function table (see `triton_rust_abi::ENTRY_SYMBOL`).
+#[no_mangle]
+pub extern "C" fn triton_rust_plugin_api() -> *const PluginApi {
+    &API
+}
+
+static RUNTIME: &CStr = c"libtorch 2.11.0 (tch 0.24.0)";
+
+unsafe extern "C" fn runtime() -> *const c_char {
+    RUNTIME.as_ptr()
+}
+
+fn set_err(err: *mut *mut c_char, msg: String) {
+    if !err.is_null() {
+        let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+        // SAFETY: err points to the caller's out-slot.
+        unsafe { *err = c.into_raw() };
+    }
+}
+
+fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "panic".into())
+}
+
+unsafe extern "C" fn free_error(err: *mut c_char) {
+    if !err.is_null() {
+        drop(CString::from_raw(err));
+    }
+}
+
+unsafe extern "C" fn free_model(model: *mut c_void) {
+    if !model.is_null() {
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(Box::from_raw(model as *mut Model))));
+    }
+}
+
+unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) -> *mut c_void {
+    let result = catch_unwind(AssertUnwindSafe(|| -> Result<Model, String> {
+        let o = &*options;
+        let path = CStr::from_ptr(o.path).to_string_lossy().into_owned();
+        let device = if o.device_kind == abi::MEMORY_GPU {
+            if !tch::Cuda::is_available() {
+                return Err("a KIND_GPU instance needs CUDA, but libtorch sees no GPU (is libtorch_cuda.so loaded?)".into());
+            }
+            tch::Cuda::set_user_enabled_cudnn(o.cudnn != 0);
+            Device::Cuda(o.device_id as usize)
+        } else {
+            Device::Cpu
+        };
+        if o.intra_op_threads > 0 {
+            tch::set_num_threads(o.intra_op_threads);
+        }
+        let mut module = CModule::load_on_device(&path, device).map_err(|e| format!("cannot load TorchScript file '{path}': {e}"))?;
+        module.set_eval();
+        Ok(Model { module, device })
+    }));
+    match result {
+        Ok(Ok(m)) => Box::into_raw(Box::new(m)) as *mut c_void,
+        Ok(Err(e)) => {
+            set_err(err, e);
+            std::ptr::null_mut()
+        }
+        Err(p) => {
+            set_err(err, format!("libtorch panicked while loading: {}", panic_text(p)));
+            std::ptr::null_mut()
+        }
+    }
+}
+
+fn kind_of(d: i32) -> Result<Kind, String> {
+    Ok(match d {
+        dtype::BOOL => Kind::Bool,
+        dtype::U8 => Kind::Uint8,
+        dtype::I8 => Kind::Int8,
+        dtype::I16 => Kind::Int16,
+        dtype::I32 => Kind::Int,
+        dtype::I64 => Kind::Int64,
+        dtype::F16 => Kind::Half,
+        dtype::F32 => Kind::Float,
+        dtype::F64 => Kind::Double,
+        dtype::BF16 => Kind::BFloat16,
+        other => return Err(format!("element type {other} is not supported by the torch engine")),
+    })
+}
+
+fn dtype_of(k: Kind) -> Result<i32, String> {
+    Ok(match k {
+        Kind::Bool => dtype::BOOL,
+        Kind::Uint8 => dtype::U8,
+        Kind::Int8 => dtype::I8,
+        Kind::Int16 => dtype::I16,
+        Kind::Int => dtype::I32,
+        Kind::Int64 => dtype::I64,
+        Kind::Half => dtype::F16,
+        Kind::Float => dtype::F32,
+        Kind::Double => dtype::F64,
+        Kind::BFloat16 => dtype::BF16,
+        other => return Err(format!("the model produced a {other:?} tensor, which Triton cannot carry")),
+    })
+}
+
+/// Flattens a module's result into tensors: a tensor, or a tuple/list of them.
+fn tensors(v: IValue, out: &mut Vec<Tensor>) -> Result<(), String> {
+    match v {
+        IValue::Tensor(t) => out.push(t),
+        IValue::Tuple(items) | IValue::GenericList(items) => {
+            for i in items {
+                tensors(i, out)?;
+            }
+        }
+        IValue::TensorList(ts) => out.extend(ts),
+        other => return Err(format!("the model returned a {other:?}; expected tensors")),
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn run(
+    model: *mut c_void,
+    inputs: *const TensorView,
+    n_inputs: usize,
+    output_names: *const *const c_char,
+    n_outputs: usize,
+    host_outputs: c_int,
+    sink: OutputSink,
+    sink_ctx: *mut c_void,
+    err: *mut *mut c_char,
+) -> c_int {
+    let result = catch_unwind(AssertUnwindSafe(|| -> Result<(), String> {
+        let m = &*(model as *const Model);
+        let views = std::slice::from_raw_parts(inputs, n_inputs);
+        let _guard = tch::no_grad_guard();
+        let mut args = Vec::with_capacity(views.len());
+        for v in views {
+            let shape = std::slice::from_raw_parts(v.shape, v.rank);
+            let kind = kind_of(v.dtype)?;
+            let dev = if v.memory == abi::MEMORY_GPU { Device::Cuda(v.device_id as usize) } else { Device::Cpu };
+            // Wrap the caller's buffer without copying; move it to the model's device if needed.
+            let t = Tensor::f_from_blob(v.data as *const u8, shape, &[], kind, dev).map_err(|e| e.to_string())?;
+            args.push(IValue::Tensor(if dev == m.device { t } else { t.to_device(m.device) }));
+        }
+        let result = m.module.forward_is(&args).map_err(|e| format!("TorchScript forward failed: {e}"))?;
+        let mut outs = Vec::new();
+        tensors(result, &mut outs)?;
+        if outs.len() < n_outputs {
+            return Err(format!("the model returned {} tensors; the config asks for {n_outputs} outputs", outs.len()));
+        }
+        let names = std::slice::from_raw_parts(output_names, n_outputs);
+        for (t, &name) in outs.into_iter().zip(names) {
+            let t = if host_outputs != 0 { t.to_device(Device::Cpu) } else { t };
+            let t = t.contiguous();
+            let shape = t.size();
+            let (memory, device_id) = match t.device() {
+                Device::Cuda(i) => (abi::MEMORY_GPU, i as i64),
+                _ => (abi::MEMORY_CPU, 0),
+            };
+            if memory == abi::MEMORY_GPU {
+                // The sink may copy with another stream: finish this work first.
+                tch::Cuda::synchronize(device_id);
+            }
+            let numel: i64 = shape.iter().product();
+            let view = TensorView {
+                name,
+                dtype: dtype_of(t.kind())?,
+                shape: shape.as_ptr(),
+                rank: shape.len(),
+                data: t.data_ptr() as *const c_void,
+                bytes: numel as usize * t.kind().elt_size_in_bytes(),
+                memory,
+                device_id,
+            };
+            if sink(sink_ctx, &view) != 0 {
+                return Err(format!("could not deliver output '{}'", CStr::from_ptr(name).to_string_lossy()));
+            }
+        }
+        Ok(())
+    }));
+    match result {
+        Ok(Ok(())) => 0,
+        Ok(Err(e)) => {
+            set_err(err, e);
+            1
+        }
+        Err(p) => {
+            set_err(err, format!("libtorch panicked while running: {}", panic_text(p)));
+            1
+        }
+    }
+}
