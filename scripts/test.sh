@@ -10,5 +10,7 @@ echo "[test] cargo test"
 cargo test --release
 echo "[test] exporting test models"
 python examples/export_models.py --repo models --models resnet50,bert_small,identity
+python examples/torch_models.py --repo models --models fastpitch,resnet50_pt,bert_small_pt
+python examples/recommenders.py --repo models --rows 1000
 echo "[test] integration tests against the real tritonserver"
 python -m pytest tests/server -v "$@"

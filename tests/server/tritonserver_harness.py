@@ -178,8 +178,11 @@ class TritonServer:
 
     def __init__(self, model_repository: str, extra_args: Iterable[str] = (), log_dir: Optional[str] = None,
                  backend_directory: Optional[str] = None, ready_timeout: float = 120.0,
-                 env: Optional[Dict[str, str]] = None):
+                 env: Optional[Dict[str, str]] = None, libtorch: bool = True):
         check_prerequisites()
+        # libtorch for the torch plugin (scripts/env.sh finds the venv's torch/lib);
+        # libtorch=False starts a server that has none, as on a machine without it.
+        self.libtorch_dir = os.environ.get("LIBTORCH_DIR", "") if libtorch else ""
         self.model_repository = model_repository
         self.extra_args = list(extra_args)
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="triton-log-")
@@ -219,6 +222,7 @@ class TritonServer:
                 f"--model-repository={self.model_repository}",
                 f"--backend-directory={self.backend_directory}",
                 f"--backend-config=rust,onnxruntime-library={ort_library_path()}",
+                *([f"--backend-config=rust,libtorch-dir={self.libtorch_dir}"] if self.libtorch_dir else []),
                 f"--http-port={self.http_port}",
                 f"--grpc-port={self.grpc_port}",
                 f"--metrics-port={self.metrics_port}",
@@ -370,3 +374,41 @@ def infer(client, protocol: str, model: str, feeds: Dict[str, "object"], outputs
 def error_status(e) -> str:
     """The status of an InferenceServerException as text ('400', 'StatusCode.INVALID_ARGUMENT')."""
     return str(e.status())
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def scrape_metrics(server: TritonServer) -> List[tuple]:
+    """The Prometheus endpoint parsed: [(family, {label: value}, float value)] (comments skipped)."""
+    import re
+    import requests
+
+    text = requests.get(server.metrics_url, timeout=10).text
+    rows = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$', line)
+        if not m:
+            continue
+        labels = dict(re.findall(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+        rows.append((m.group(1), labels, float(m.group(3))))
+    return rows
+
+
+def metric_sum(server: TritonServer, family: str, **labels: str) -> float:
+    """Sum of `family` over the series whose labels include `labels` (0.0 when none)."""
+    return sum(v for name, lab, v in scrape_metrics(server)
+               if name == family and all(lab.get(k) == str(want) for k, want in labels.items()))
+
+
+def wait_metric(server: TritonServer, family: str, want: float, timeout: float = 5.0, **labels: str) -> float:
+    """Polls until metric_sum(...) == want (the backend publishes every 250 ms); returns the last value."""
+    deadline = time.monotonic() + timeout
+    time.sleep(0.7)
+    while True:
+        got = metric_sum(server, family, **labels)
+        if got == want or time.monotonic() > deadline:
+            return got
+        time.sleep(0.25)
