@@ -57,8 +57,6 @@ def mlp(sizes: List[int], last_relu: bool) -> nn.Sequential:
 class Recommender(nn.Module):
     """Shared shape: 13 dense features and 26 categorical ids, one table each."""
 
-    dim: int
-
     def __init__(self, rows: List[int], dim: int):
         super().__init__()
         self.dim = dim
@@ -113,12 +111,13 @@ class WideDeep(Recommender):
 
     def __init__(self, rows: List[int]):
         super().__init__(rows, self.DEEP + 1)
+        self.deep_dim = self.DEEP
         self.wide_dense = nn.Linear(NUM_DENSE, 1)
         self.deep = mlp([NUM_TABLES * self.DEEP + NUM_DENSE, 1024, 512, 256, 1], last_relu=False)
 
     def dense_part(self, dense, emb):
-        wide = emb[:, :, self.DEEP].sum(dim=1, keepdim=True) + self.wide_dense(dense)
-        deep = self.deep(torch.cat([emb[:, :, : self.DEEP].flatten(1), dense], dim=1))
+        wide = emb[:, :, self.deep_dim].sum(dim=1, keepdim=True) + self.wide_dense(dense)
+        deep = self.deep(torch.cat([emb[:, :, : self.deep_dim].flatten(1), dense], dim=1))
         return torch.sigmoid(wide + deep)
 
 
@@ -140,6 +139,21 @@ def make(name: str, rows: List[int]) -> Recommender:
         for u in model.u:  # cross layers multiply by x0: keep their gain modest
             nn.init.normal_(u.weight, std=0.3 / np.sqrt(u.in_features))
     return model.eval()
+
+
+class DensePart(nn.Module):
+    """The dense part alone, for TorchScript: (dense [B,13], embeddings [B,26,dim]) -> [B,1]."""
+
+    def __init__(self, model: Recommender):
+        super().__init__()
+        self.model = model
+
+    def forward(self, dense: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        return self.model.dense_part(dense, embeddings)
+
+
+def dense_torchscript(model: Recommender) -> torch.jit.ScriptModule:
+    return torch.jit.script(DensePart(model).eval())
 
 
 # ------------------------------------------------------------------ dense part -> ONNX

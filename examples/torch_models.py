@@ -157,7 +157,7 @@ class FFTBlock(nn.Module):
         # x [B, T, C]; mask [B, T, 1] (1 = real position)
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         scores = q @ k.transpose(1, 2) / math.sqrt(self.d_head)
-        scores = scores.masked_fill(mask.transpose(1, 2) == 0, -1e9)
+        scores = scores.masked_fill(mask.transpose(1, 2) == 0, -1e4)  # fits fp16
         x = self.ln1(x + self.o(torch.softmax(scores, dim=-1) @ v)) * mask
         y = F.relu(self.conv1(x.transpose(1, 2))) * mask.transpose(1, 2)
         y = self.conv2(y).transpose(1, 2)
@@ -201,7 +201,7 @@ class FastPitch(nn.Module):
     def forward(self, ids) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         ids = ids.long()
         b, t = ids.shape
-        mask = (ids != 0).unsqueeze(-1).float()
+        mask = (ids != 0).unsqueeze(-1).to(self.embed.weight.dtype)
         x = (self.embed(ids) + self.pe[:t].unsqueeze(0)) * mask
         for blk in self.encoder:
             x = blk(x, mask)
@@ -217,7 +217,7 @@ class FastPitch(nn.Module):
         for i in range(b):
             expanded = torch.repeat_interleave(x[i], reps[i], dim=0)
             y[i, : expanded.shape[0]] = expanded
-        mel_mask = (torch.arange(frames, device=x.device)[None, :] < mel_len[:, None]).unsqueeze(-1).float()
+        mel_mask = (torch.arange(frames, device=x.device)[None, :] < mel_len[:, None]).unsqueeze(-1).to(x.dtype)
         y = (y + self.pe[:frames].unsqueeze(0)) * mel_mask
         for blk in self.decoder:
             y = blk(y, mel_mask)

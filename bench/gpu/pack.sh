@@ -4,7 +4,12 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 cargo build --release --lib --example gpu_cache_check
+if [ -z "${LIBTORCH:-}" ]; then
+    for d in .venv/lib/python3*/site-packages/torch; do [ -f "$d/lib/libtorch_cpu.so" ] && export LIBTORCH="$PWD/$d"; done
+fi
+cargo build --release -p triton_rust_torch
 mkdir -p .carry
 strip -o .carry/libtriton_rust.so target/release/libtriton_rust.so
 strip -o .carry/gpu_cache_check target/release/examples/gpu_cache_check
+strip -o .carry/libtriton_rust_torch.so target/release/libtriton_rust_torch.so
 ls -la .carry

@@ -271,7 +271,6 @@ impl EmbeddingStore {
         let t = self.tables.get(table).ok_or_else(|| Error::invalid_arg(format!("no table {table}")))?;
         let start = Instant::now();
         let _gate = self.gate.write();
-        t.version.fetch_add(1, Ordering::SeqCst);
         t.host.upsert(keys, vectors)?;
         if let Some(remote) = &self.remote {
             if let Err(e) = remote.set_many(&t.config.name, t.config.dim, keys, vectors) {
@@ -285,6 +284,10 @@ impl EmbeddingStore {
                 cache.refresh(keys, vectors)?;
             }
         }
+        // Bumped last, still under the gate: a fill that read its version before this
+        // point (its rows may predate the update) now fails its check; one that reads
+        // the new version afterwards reads the new rows.
+        t.version.fetch_add(1, Ordering::SeqCst);
         t.counters.updates.fetch_add(1, Ordering::Relaxed);
         t.counters.updated_keys.fetch_add(keys.len() as u64, Ordering::Relaxed);
         t.counters.update_ns.fetch_add(ns_since(start), Ordering::Relaxed);

@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""All six models on the GPU through the real tritonserver and libtriton_rust.so
+(issue: libtorch engine, FastPitch, and all six models on the GPU). Needs an NVIDIA GPU
+and that machine's torch; run through bench/gpu/run_all_models.sh.
+
+Generates the models with this machine's torch (random weights, fixed seeds; the
+architectures of examples/torch_models.py and examples/recommenders.py), serves them as
+TorchScript on KIND_GPU instances — the recommenders as ensembles whose sparse step is
+the embedding store with its GPU cache — compares every output with torch eager on the
+same GPU, and prints: model, precision, max abs diff, throughput at one batch size
+through the server, the same model run bare in torch, and their ratio."""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..", "..")
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+import recommenders  # noqa: E402
+import torch_models  # noqa: E402
+from kserve_client import Client  # noqa: E402
+
+TOL = {"fp32": 1e-3, "fp16": 5e-2}  # stated tolerances: |server - torch eager| per element
+
+
+class Half(torch.nn.Module):
+    """Runs a module in fp16 behind fp32 (or integer) inputs and outputs."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m.half()
+
+    def forward(self, x):
+        return self.m(x.half()).float()
+
+
+class HalfDense(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m.half()
+
+    def forward(self, dense, embeddings):
+        return self.m(dense.half(), embeddings.half()).float()
+
+
+class HalfBert(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m.half()
+
+    def forward(self, ids, seg, mask):
+        s, e = self.m(ids, seg, mask)
+        return s.float(), e.float()
+
+
+class HalfFastPitch(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m.half()
+
+    def forward(self, ids):
+        mel, n, d, p = self.m(ids)
+        return mel.float(), n, d.float(), p.float()
+
+
+def tensor_cfg(name, dtype, dims):
+    return f'{{ name: "{name}" data_type: {dtype} dims: [ {", ".join(str(d) for d in dims)} ] }}'
+
+
+def torch_config(name, max_batch, inputs, outputs, batching=True):
+    return f"""name: "{name}"
+backend: "rust"
+max_batch_size: {max_batch}
+input [ {", ".join(inputs)} ]
+output [ {", ".join(outputs)} ]
+{"dynamic_batching { max_queue_delay_microseconds: 100 }" if batching else ""}
+instance_group [ {{ count: 1 kind: KIND_GPU gpus: [ 0 ] }} ]
+parameters {{ key: "engine" value {{ string_value: "torch" }} }}
+"""
+
+
+def write(repo, name, config, module=None):
+    os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
+    with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
+        f.write(config)
+    if module is not None:
+        torch.jit.script(module).save(os.path.join(repo, name, "1", "model.pt"))
+
+
+def bare_rate(fn, batch, seconds=3.0):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    n, t0 = 0, time.time()
+    while time.time() - t0 < seconds:
+        fn()
+        n += 1
+    torch.cuda.synchronize()
+    return n * batch / (time.time() - t0)
+
+
+def server_rate(client, model, feeds, outputs, batch, seconds=3.0):
+    for _ in range(2):
+        client.infer(model, feeds, outputs)
+    n, t0 = 0, time.time()
+    while time.time() - t0 < seconds:
+        client.infer(model, feeds, outputs)
+        n += 1
+    return n * batch / (time.time() - t0)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--server", required=True)
+    p.add_argument("--backends", required=True)
+    p.add_argument("--libtorch-dir", default=os.path.join(os.path.dirname(torch.__file__), "lib"))
+    p.add_argument("--work", default="/tmp/all_models")
+    p.add_argument("--rows", type=int, default=100_000, help="rows per recommender table")
+    p.add_argument("--port", type=int, default=18600)
+    a = p.parse_args()
+    dev = torch.device("cuda:0")
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip()
+    print(f"GPU: {smi}")
+    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}")
+    repo = os.path.join(a.work, "repo")
+    os.makedirs(repo, exist_ok=True)
+    # eager keeps libtorch's defaults (TF32 allowed in cuDNN convolutions, not in matmuls),
+    # the same the server's libtorch runs with
+
+    cases = []  # (label, precision, model name, feeds, outputs, eager fn, batch)
+    t0 = time.time()
+    # ResNet50
+    rn = torch_models.make("resnet50_pt").to(dev)
+    x = np.random.default_rng(0).standard_normal((64, 3, 224, 224)).astype(np.float32)
+    for prec, mod, dt in [("fp32", rn, "TYPE_FP32"), ("fp16", Half(torch_models.make("resnet50_pt")).to(dev), "TYPE_FP32")]:
+        name = f"resnet50_{prec}"
+        write(repo, name, torch_config(name, 128, [tensor_cfg("INPUT__0", dt, [3, 224, 224])],
+                                       [tensor_cfg("OUTPUT__0", "TYPE_FP32", [1000])]), mod)
+        cases.append(("ResNet50", prec, name, {"INPUT__0": x}, ["OUTPUT__0"],
+                      (lambda m: lambda: [m(torch.from_numpy(x).to(dev))])(mod), 64))
+    # BERT-large QA
+    bert = torch_models.make("bert_large_pt").to(dev)
+    rng = np.random.default_rng(1)
+    ids = rng.integers(1, 30522, (8, 384)).astype(np.int32)
+    seg = np.zeros((8, 384), np.int32)
+    seg[:, 192:] = 1
+    mask = np.ones((8, 384), np.int32)
+    mask[:, 320:] = 0
+    for prec, mod in [("fp32", bert), ("fp16", HalfBert(torch_models.make("bert_large_pt")).to(dev))]:
+        name = f"bert_large_{prec}"
+        write(repo, name, torch_config(name, 16, [tensor_cfg(f"input__{i}", "TYPE_INT32", [384]) for i in range(3)],
+                                       [tensor_cfg(f"output__{i}", "TYPE_FP32", [384]) for i in range(2)]), mod)
+        cases.append(("BERT-large QA", prec, name, {"input__0": ids, "input__1": seg, "input__2": mask},
+                      ["output__0", "output__1"],
+                      (lambda m: lambda: list(m(*[torch.from_numpy(v).to(dev) for v in (ids, seg, mask)])))(mod), 8))
+    # FastPitch
+    fp_ids = torch_models.fastpitch_inputs(8, seed=3).numpy()
+    for prec, mod in [("fp32", torch_models.make("fastpitch").to(dev)),
+                      ("fp16", HalfFastPitch(torch_models.make("fastpitch")).to(dev))]:
+        name = f"fastpitch_{prec}"
+        write(repo, name, torch_config(name, 8, [tensor_cfg("INPUT__0", "TYPE_INT64", [128])],
+                                       [tensor_cfg("OUTPUT__0", "TYPE_FP32", [80, -1]), tensor_cfg("OUTPUT__1", "TYPE_INT64", [1]),
+                                        tensor_cfg("OUTPUT__2", "TYPE_FP32", [128]), tensor_cfg("OUTPUT__3", "TYPE_FP32", [128])]), mod)
+        cases.append(("FastPitch", prec, name, {"INPUT__0": fp_ids}, ["OUTPUT__0", "OUTPUT__1", "OUTPUT__2", "OUTPUT__3"],
+                      (lambda m: lambda: list(m(torch.from_numpy(fp_ids).to(dev))))(mod), 8))
+    # Recommenders: sparse step = embedding store on the GPU, dense step = TorchScript on the GPU
+    batch = 4096
+    tables = [f"t{i}" for i in range(26)]
+    for rname in ("dlrm", "dcnv2", "wide_deep"):
+        model = recommenders.make(rname, [a.rows] * 26)
+        dim = model.dim
+        sparse = f"{rname}_sparse"
+        tdir = os.path.join(repo, sparse, "1", "tables")
+        for i, e in enumerate(model.embeddings):
+            d = os.path.join(tdir, f"t{i}")
+            os.makedirs(d, exist_ok=True)
+            np.save(os.path.join(d, "keys.npy"), np.arange(a.rows, dtype=np.int64))
+            np.save(os.path.join(d, "vectors.npy"), e.weight.detach().numpy().astype(np.float32))
+        write(repo, sparse, f"""name: "{sparse}"
+backend: "rust"
+max_batch_size: {batch}
+input [ {tensor_cfg("KEYS", "TYPE_INT64", [26])} ]
+output [ {tensor_cfg("OUTPUT0", "TYPE_FP32", [26, dim])} ]
+dynamic_batching {{ max_queue_delay_microseconds: 100 }}
+instance_group [ {{ count: 1 kind: KIND_GPU gpus: [ 0 ] }} ]
+parameters {{ key: "engine" value {{ string_value: "embedding" }} }}
+parameters {{ key: "embedding_interface" value {{ string_value: "batched" }} }}
+parameters {{ key: "embedding_table_names" value {{ string_value: "{','.join(tables)}" }} }}
+parameters {{ key: "embedding_vecsize_per_table" value {{ string_value: "{dim}" }} }}
+parameters {{ key: "gpucacheper" value {{ string_value: "0.5" }} }}
+""")
+        model = model.to(dev).eval()
+        dense_in = [tensor_cfg("dense", "TYPE_FP32", [13]), tensor_cfg("embeddings", "TYPE_FP32", [26, dim])]
+        rng = np.random.default_rng(5)
+        dense = rng.standard_normal((batch, 13)).astype(np.float32)
+        keys = rng.integers(0, a.rows, (batch, 26)).astype(np.int64)
+        for prec in ("fp32", "fp16"):
+            dense_mod = recommenders.DensePart(model) if prec == "fp32" else HalfDense(recommenders.DensePart(recommenders.make(rname, [a.rows] * 26))).to(dev)
+            dname = f"{rname}_dense_{prec}"
+            write(repo, dname, torch_config(dname, batch, dense_in, [tensor_cfg("prediction", "TYPE_FP32", [1])]), dense_mod)
+            ens = f"{rname}_{prec}"
+            write(repo, ens, f"""name: "{ens}"
+platform: "ensemble"
+max_batch_size: {batch}
+input [ {tensor_cfg("dense", "TYPE_FP32", [13])}, {tensor_cfg("sparse", "TYPE_INT64", [26])} ]
+output [ {tensor_cfg("prediction", "TYPE_FP32", [1])} ]
+ensemble_scheduling {{ step [
+  {{ model_name: "{sparse}" model_version: -1 input_map {{ key: "KEYS" value: "sparse" }} output_map {{ key: "OUTPUT0" value: "embeddings" }} }},
+  {{ model_name: "{dname}" model_version: -1 input_map {{ key: "dense" value: "dense" }} input_map {{ key: "embeddings" value: "embeddings" }} output_map {{ key: "prediction" value: "prediction" }} }}
+] }}
+""")
+            os.makedirs(os.path.join(repo, ens, "1"), exist_ok=True)
+            eager = (lambda m, dm: lambda: [dm(torch.from_numpy(dense).to(dev), m.lookup(torch.from_numpy(keys).to(dev)))])(model, dense_mod)
+            label = {"dlrm": "DLRM", "dcnv2": "DCNv2", "wide_deep": "Wide&Deep"}[rname]
+            cases.append((label, prec, ens, {"dense": dense, "sparse": keys}, ["prediction"], eager, batch))
+    print(f"models generated in {time.time() - t0:.0f} s")
+
+    log_path = os.path.join(a.work, "server.log")
+    server = subprocess.Popen([a.server, f"--model-repository={repo}", f"--backend-directory={a.backends}",
+                               f"--backend-config=rust,libtorch-dir={a.libtorch_dir}",
+                               f"--http-port={a.port}", f"--grpc-port={a.port + 1}", f"--metrics-port={a.port + 2}",
+                               "--exit-timeout-secs=5"], stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+    rows = []
+    try:
+        c = Client(f"localhost:{a.port}")
+        deadline = time.time() + 600
+        while not c.ready():
+            if server.poll() is not None or time.time() > deadline:
+                print(open(log_path).read()[-5000:])
+                raise SystemExit("tritonserver did not become ready")
+            time.sleep(1)
+        print(f"server ready after loading {len(cases)} models ({time.time() - t0:.0f} s)")
+        for label, prec, name, feeds, outputs, eager, b in cases:
+            with torch.no_grad():
+                got = c.infer(name, feeds, outputs)
+                ref = [r.float().cpu().numpy() if r.is_floating_point() else r.cpu().numpy() for r in eager()]
+                diff = max(float(np.abs(got[o].astype(np.float64) - ref[i].astype(np.float64)).max()) for i, o in enumerate(outputs))
+                srv = server_rate(c, name, feeds, outputs, b)
+                bare = bare_rate(eager, b)
+            rows.append((label, prec, diff, b, srv, bare))
+            ok = "ok" if diff <= TOL[prec] else "OVER TOLERANCE"
+            print(f"  {label:<14} {prec}  max abs diff {diff:.3e} ({ok})  batch {b}: server {srv:,.0f}/s, bare torch {bare:,.0f}/s")
+        c.close()
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    print()
+    print(f"{'model':<14} {'precision':<9} {'max abs diff':>12} {'tolerance':>9} {'batch':>6} {'server items/s':>15} {'bare torch items/s':>18} {'ratio':>6}")
+    for label, prec, diff, b, srv, bare in rows:
+        print(f"{label:<14} {prec:<9} {diff:>12.3e} {TOL[prec]:>9.0e} {b:>6} {srv:>15,.0f} {bare:>18,.0f} {srv / bare:>6.2f}")
+    gpu_lines = [l.strip() for l in open(log_path) if "arrived in GPU memory" in l]
+    print("\nmemory the dense steps received their embeddings in (server log):")
+    for l in gpu_lines[:6] or ["  (no input arrived in GPU memory)"]:
+        print("  " + l[-200:])
+
+
+if __name__ == "__main__":
+    main()
