@@ -90,12 +90,13 @@ fn main() {
     let d_keys = stream.clone_htod(&keys).unwrap();
     let mut d_out = stream.alloc_zeros::<f32>(batch * dim).unwrap();
     let mut d_hit = stream.alloc_zeros::<u8>(batch).unwrap();
-    big.lookup_device(&d_keys, batch, &mut d_out, &mut d_hit).unwrap(); // warm-up
+    let mut view = d_out.slice_mut(..);
+    big.lookup_device(&d_keys, batch, &mut view, dim, &mut d_hit).unwrap(); // warm-up
     ctx.synchronize().unwrap();
     let iters = 20;
     let t = Instant::now();
     for _ in 0..iters {
-        big.lookup_device(&d_keys, batch, &mut d_out, &mut d_hit).unwrap();
+        big.lookup_device(&d_keys, batch, &mut view, dim, &mut d_hit).unwrap();
     }
     ctx.synchronize().unwrap();
     let secs = t.elapsed().as_secs_f64() / iters as f64;

@@ -202,8 +202,14 @@ pub fn group_by_shape(cfg: &ModelConfig, requests: &[&CheckedRequest<'_>]) -> Ve
             groups.push((Vec::new(), vec![i]));
             continue;
         }
+        // A request whose inputs are in GPU memory runs alone: its buffers are used in
+        // place, and several of them cannot be concatenated on the host.
+        if r.tensors.iter().any(|t| t.chunks.iter().any(|c| matches!(c, Chunk::Device { .. }))) {
+            groups.push((Vec::new(), vec![i]));
+            continue;
+        }
         let key: Vec<&[i64]> = r.tensors.iter().map(|t| &t.shape[1..]).collect();
-        match groups.iter_mut().find(|(k, _)| *k == key) {
+        match groups.iter_mut().find(|(k, _)| !k.is_empty() && *k == key) {
             Some((_, members)) => members.push(i),
             None => groups.push((key, vec![i])),
         }

@@ -11,6 +11,7 @@
 
 pub mod batch;
 pub mod config;
+pub mod cuda;
 pub mod embedding;
 pub mod engine;
 pub mod error;

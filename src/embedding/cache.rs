@@ -69,6 +69,10 @@ pub trait CacheTier: Send + Sync {
     fn refresh(&self, keys: &[i64], vectors: &[f32]) -> Result<()>;
     fn counters(&self) -> CacheCounters;
     fn name(&self) -> &'static str;
+    /// The GPU cache, for lookups straight into device memory.
+    fn as_gpu(&self) -> Option<&super::gpu::GpuCache> {
+        None
+    }
 }
 
 struct Set {

@@ -19,7 +19,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg};
 use parking_lot::Mutex;
 
 use super::cache::{CacheCounters, CacheGeometry, CacheTier, EMPTY_KEY, WAYS};
@@ -50,7 +50,7 @@ __device__ __forceinline__ void copy_row(float* __restrict__ dst, const float* _
 extern "C" __global__ void cache_lookup(const i64* __restrict__ keys, int n,
         const i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps,
         const float* __restrict__ rows, long long sets, int dim, u64 epoch,
-        float* __restrict__ out, unsigned char* __restrict__ hit) {
+        float* __restrict__ out, long long out_stride, unsigned char* __restrict__ hit) {
     long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (warp >= n) return;
@@ -62,8 +62,17 @@ extern "C" __global__ void cache_lookup(const i64* __restrict__ keys, int n,
     unsigned m = __ballot_sync(FULL, match);
     if (m == 0) { if (lane == 0) hit[warp] = 0; return; }
     int way = __ffs(m) - 1;
-    copy_row(out + (size_t)warp * dim, rows + (set * 32 + way) * (size_t)dim, dim, lane);
+    copy_row(out + (size_t)warp * out_stride, rows + (set * 32 + way) * (size_t)dim, dim, lane);
     if (lane == 0) { hit[warp] = 1; slot_stamps[set * 32 + way] = epoch; }
+}
+
+// One warp per row: writes rows[i] to out + idx[i] * out_stride (rows fetched below the cache).
+extern "C" __global__ void scatter_rows(const float* __restrict__ rows, const int* __restrict__ idx, int n,
+        float* __restrict__ out, long long out_stride, int dim) {
+    long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (warp >= n) return;
+    copy_row(out + (size_t)idx[warp] * out_stride, rows + (size_t)warp * dim, dim, lane);
 }
 
 // One warp per set: inserts (or, with only_if_present, refreshes) that set's keys in order.
@@ -133,6 +142,7 @@ struct Device {
     ctx: Arc<CudaContext>,
     lookup: CudaFunction,
     insert: CudaFunction,
+    scatter: CudaFunction,
 }
 
 static DEVICES: Mutex<Option<HashMap<i32, Arc<Device>>>> = Mutex::new(None);
@@ -152,7 +162,12 @@ fn device(id: i32) -> Result<Arc<Device>> {
         let ctx = CudaContext::new(id as usize).map_err(cuda_err)?;
         let ptx = cudarc::nvrtc::compile_ptx(KERNELS).map_err(|e| Error::internal(format!("NVRTC: {e:?}")))?;
         let module = ctx.load_module(ptx).map_err(cuda_err)?;
-        Ok(Device { lookup: module.load_function("cache_lookup").map_err(cuda_err)?, insert: module.load_function("cache_insert").map_err(cuda_err)?, ctx })
+        Ok(Device {
+            lookup: module.load_function("cache_lookup").map_err(cuda_err)?,
+            insert: module.load_function("cache_insert").map_err(cuda_err)?,
+            scatter: module.load_function("scatter_rows").map_err(cuda_err)?,
+            ctx,
+        })
     }))
     .map_err(|p| {
         let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
@@ -205,20 +220,51 @@ impl GpuCache {
         Ok(GpuCache { dev, stream, geo, slots: Mutex::new(slots), clock: AtomicU64::new(1), hits: AtomicU64::new(0), misses: AtomicU64::new(0) })
     }
 
-    /// The hit path on device buffers: keys and out already in GPU memory (the
-    /// ensemble path keeps embeddings on the GPU). Returns one hit flag per key.
-    pub fn lookup_device(&self, keys: &CudaSlice<i64>, n: usize, out: &mut CudaSlice<f32>, hit: &mut CudaSlice<u8>) -> Result<()> {
+    /// The hit path on device buffers: keys and out already in GPU memory. Row i goes
+    /// to `out[i * out_stride..]`; `hit[i]` says whether it was found.
+    pub fn lookup_device(
+        &self,
+        keys: &CudaSlice<i64>,
+        n: usize,
+        out: &mut CudaViewMut<'_, f32>,
+        out_stride: usize,
+        hit: &mut CudaSlice<u8>,
+    ) -> Result<()> {
         if n == 0 {
             return Ok(());
         }
         let epoch = self.clock.fetch_add(1, Ordering::Relaxed);
         let slots = self.slots.lock();
-        let (n_i, sets, dim) = (n as i32, self.geo.sets as i64, self.geo.dim as i32);
+        let (n_i, sets, dim, stride) = (n as i32, self.geo.sets as i64, self.geo.dim as i32, out_stride as i64);
         let mut b = self.stream.launch_builder(&self.dev.lookup);
-        b.arg(keys).arg(&n_i).arg(&slots.keys).arg(&slots.stamps).arg(&slots.rows).arg(&sets).arg(&dim).arg(&epoch).arg(out).arg(hit);
-        // SAFETY: argument types and order match cache_lookup; buffers hold n keys, n*dim floats, n flags.
+        b.arg(keys).arg(&n_i).arg(&slots.keys).arg(&slots.stamps).arg(&slots.rows).arg(&sets).arg(&dim).arg(&epoch).arg(out).arg(&stride).arg(hit);
+        // SAFETY: argument types and order match cache_lookup; out holds n rows at out_stride.
         unsafe { b.launch(warps_config(n)) }.map_err(cuda_err)?;
         Ok(())
+    }
+
+    /// Looks host `keys` up into a device buffer: row i at `offset + i * stride` floats.
+    /// Returns the indices that missed (their rows are left as they were).
+    pub fn lookup_into(&self, keys: &[i64], rows: &mut DeviceRows, offset: usize, stride: usize) -> Result<Vec<usize>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let need = offset + (keys.len() - 1) * stride + self.geo.dim;
+        if rows.len() < need {
+            return Err(Error::internal(format!("device rows buffer of {} floats is too small ({need})", rows.len())));
+        }
+        let s = &self.stream;
+        let d_keys = s.clone_htod(keys).map_err(cuda_err)?;
+        let mut d_hit = s.alloc_zeros::<u8>(keys.len()).map_err(cuda_err)?;
+        let mut view = rows.buf.slice_mut(offset..);
+        self.lookup_device(&d_keys, keys.len(), &mut view, stride, &mut d_hit)?;
+        let mut hit = vec![0u8; keys.len()];
+        s.memcpy_dtoh(&d_hit, &mut hit).map_err(cuda_err)?;
+        s.synchronize().map_err(cuda_err)?;
+        let missed: Vec<usize> = (0..keys.len()).filter(|&i| hit[i] == 0).collect();
+        self.hits.fetch_add((keys.len() - missed.len()) as u64, Ordering::Relaxed);
+        self.misses.fetch_add(missed.len() as u64, Ordering::Relaxed);
+        Ok(missed)
     }
 
     fn write(&self, keys: &[i64], vectors: &[f32], only_if_present: bool) -> Result<()> {
@@ -262,7 +308,8 @@ impl CacheTier for GpuCache {
         let d_keys = s.clone_htod(keys).map_err(cuda_err)?;
         let mut d_out = s.alloc_zeros::<f32>(keys.len() * self.geo.dim).map_err(cuda_err)?;
         let mut d_hit = s.alloc_zeros::<u8>(keys.len()).map_err(cuda_err)?;
-        self.lookup_device(&d_keys, keys.len(), &mut d_out, &mut d_hit)?;
+        let mut view = d_out.slice_mut(..);
+        self.lookup_device(&d_keys, keys.len(), &mut view, self.geo.dim, &mut d_hit)?;
         let mut hit = vec![0u8; keys.len()];
         s.memcpy_dtoh(&d_hit, &mut hit).map_err(cuda_err)?;
         s.memcpy_dtoh(&d_out, out).map_err(cuda_err)?;
@@ -298,11 +345,65 @@ impl CacheTier for GpuCache {
     fn name(&self) -> &'static str {
         "gpu_cache"
     }
+
+    fn as_gpu(&self) -> Option<&GpuCache> {
+        Some(self)
+    }
 }
 
 impl Drop for GpuCache {
     fn drop(&mut self) {
         let _ = self.stream.synchronize();
+    }
+}
+
+/// A buffer of f32 rows in GPU memory that lookups write into (an embedding engine's
+/// output on a GPU instance), with the copy-in of rows found below the cache.
+pub struct DeviceRows {
+    dev: Arc<Device>,
+    stream: Arc<CudaStream>,
+    buf: CudaSlice<f32>,
+    device: i32,
+}
+
+impl DeviceRows {
+    pub fn new(device: i32, len: usize) -> Result<DeviceRows> {
+        let dev = self::device(device)?;
+        let stream = dev.ctx.new_stream().map_err(cuda_err)?;
+        let buf = stream.alloc_zeros::<f32>(len.max(1)).map_err(cuda_err)?;
+        Ok(DeviceRows { dev, stream, buf, device })
+    }
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.buf.len() == 0
+    }
+    pub fn device(&self) -> i32 {
+        self.device
+    }
+    /// The buffer's device address (valid while `self` lives).
+    pub fn addr(&self) -> u64 {
+        let (ptr, _sync) = self.buf.device_ptr(&self.stream);
+        ptr
+    }
+    /// Writes host rows (`dim` floats each) to rows `idx[i]` at `offset + idx[i] * stride`.
+    pub fn scatter(&mut self, rows: &[f32], idx: &[usize], dim: usize, offset: usize, stride: usize) -> Result<()> {
+        if idx.is_empty() {
+            return Ok(());
+        }
+        let s = &self.stream;
+        let d_rows = s.clone_htod(rows).map_err(cuda_err)?;
+        let idx32: Vec<i32> = idx.iter().map(|&i| i as i32).collect();
+        let d_idx = s.clone_htod(&idx32).map_err(cuda_err)?;
+        let (n, stride, dim_i) = (idx.len() as i32, stride as i64, dim as i32);
+        let mut view = self.buf.slice_mut(offset..);
+        let mut b = s.launch_builder(&self.dev.scatter);
+        b.arg(&d_rows).arg(&d_idx).arg(&n).arg(&mut view).arg(&stride).arg(&dim_i);
+        // SAFETY: argument types and order match scatter_rows; indices address rows inside the buffer.
+        unsafe { b.launch(warps_config(idx.len())) }.map_err(cuda_err)?;
+        s.synchronize().map_err(cuda_err)?;
+        Ok(())
     }
 }
 

@@ -419,7 +419,51 @@ impl InstanceCaches {
         for (j, &i) in missed.iter().enumerate() {
             out[i * dim..(i + 1) * dim].copy_from_slice(&mout[j * dim..(j + 1) * dim]);
         }
-        let hit_rate = 1.0 - missed.len() as f64 / keys.len() as f64;
+        self.fill_after_miss(table, version, keys.len(), &mkeys, &mout, &found)
+    }
+
+    /// Looks `keys` of one table up straight into GPU memory: row i lands at
+    /// `offset + i * stride` floats of `rows`. Hits come from the GPU cache; misses
+    /// are fetched below it and copied in. The GPU instance's output path, so an
+    /// ensemble's dense step receives the embeddings without a trip through the host.
+    pub fn lookup_device(&self, table: usize, keys: &[i64], rows: &mut gpu::DeviceRows, offset: usize, stride: usize) -> Result<()> {
+        let store = &self.store;
+        let t = store.tables.get(table).ok_or_else(|| Error::invalid_arg(format!("no table {table}")))?;
+        let dim = t.config.dim;
+        t.counters.lookups.fetch_add(1, Ordering::Relaxed);
+        t.counters.keys.fetch_add(keys.len() as u64, Ordering::Relaxed);
+        let version = t.version.load(Ordering::SeqCst);
+        let cache = self.caches.get(table).and_then(|c| c.as_gpu());
+        let missed = match cache {
+            Some(g) => {
+                let t0 = Instant::now();
+                let missed = g.lookup_into(keys, rows, offset, stride)?;
+                t.counters.cache_ns.fetch_add(ns_since(t0), Ordering::Relaxed);
+                t.counters.cache_hits.fetch_add((keys.len() - missed.len()) as u64, Ordering::Relaxed);
+                missed
+            }
+            None => (0..keys.len()).collect(),
+        };
+        if missed.is_empty() {
+            return Ok(());
+        }
+        let mkeys: Vec<i64> = missed.iter().map(|&i| keys[i]).collect();
+        let mut mout = vec![0f32; mkeys.len() * dim];
+        let found = store.fetch_below_cache(table, &mkeys, &mut mout);
+        rows.scatter(&mout, &missed, dim, offset, stride)?;
+        if cache.is_some() {
+            self.fill_after_miss(table, version, keys.len(), &mkeys, &mout, &found)?;
+        }
+        Ok(())
+    }
+
+    /// Inserts rows found below the cache: now if the batch's hit rate was under the
+    /// threshold, else through the background filler.
+    fn fill_after_miss(&self, table: usize, version: u64, total: usize, mkeys: &[i64], mout: &[f32], found: &[bool]) -> Result<()> {
+        let store = &self.store;
+        let t = &store.tables[table];
+        let dim = t.config.dim;
+        let hit_rate = 1.0 - mkeys.len() as f64 / total as f64;
         let (mut fkeys, mut fvecs) = (Vec::with_capacity(mkeys.len()), Vec::with_capacity(mout.len()));
         for (j, &k) in mkeys.iter().enumerate() {
             if found[j] {

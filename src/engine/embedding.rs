@@ -18,7 +18,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 
-use super::{Device, Engine, EngineOptions, OutputView};
+use super::{Device, Engine, EngineOptions, OutputData, OutputView};
 use crate::batch::{BatchTensor, RequestTensor};
 use crate::config::{ModelConfig, TensorSpec};
 use crate::embedding::cache::{CacheTier, HostCache};
@@ -170,6 +170,8 @@ fn shared_store(settings: &StoreSettings) -> Result<Arc<EmbeddingStore>> {
 pub struct EmbeddingEngine {
     settings: StoreSettings,
     caches: Arc<InstanceCaches>,
+    /// The GPU instance's output buffer (grown as batches grow).
+    device_rows: Option<crate::embedding::gpu::DeviceRows>,
     probe: bool,
     inputs: Vec<TensorSpec>,
     outputs: Vec<TensorSpec>,
@@ -225,7 +227,7 @@ impl EmbeddingEngine {
                 )
             }
         };
-        Ok(EmbeddingEngine { settings, caches, probe: options.probe, inputs, outputs, device: options.device })
+        Ok(EmbeddingEngine { settings, caches, device_rows: None, probe: options.probe, inputs, outputs, device: options.device })
     }
 
     fn store(&self) -> &Arc<EmbeddingStore> {
@@ -373,7 +375,28 @@ impl Engine for EmbeddingEngine {
                     at += n;
                 }
                 if wanted {
-                    sink(OutputView { name: &out_name, dtype: DataType::F32, shape: &[total as i64], bytes: bytemuck::cast_slice(&out) })?;
+                    sink(OutputView { name: &out_name, dtype: DataType::F32, shape: &[total as i64], data: OutputData::Host(bytemuck::cast_slice(&out)) })?;
+                }
+            }
+            Interface::Batched if matches!(self.device, Device::Gpu(_)) => {
+                let Device::Gpu(id) = self.device else { unreachable!() };
+                let keys = as_i64(host(0)?);
+                let tables = store.table_count();
+                let dim = store.dim(0);
+                let batch = keys.len() / tables;
+                let total = batch * tables * dim;
+                if self.device_rows.as_ref().is_none_or(|r| r.len() < total) {
+                    self.device_rows = Some(crate::embedding::gpu::DeviceRows::new(id, total.max(1))?);
+                }
+                let rows = self.device_rows.as_mut().expect("allocated above");
+                for t in 0..tables {
+                    let col: Vec<i64> = keys.iter().skip(t).step_by(tables).copied().collect();
+                    self.caches.lookup_device(t, &col, rows, t * dim, tables * dim)?;
+                }
+                if wanted {
+                    let shape = [batch as i64, tables as i64, dim as i64];
+                    let data = OutputData::Device { device: id as i64, addr: rows.addr(), len: total * 4 };
+                    sink(OutputView { name: &out_name, dtype: DataType::F32, shape: &shape, data })?;
                 }
             }
             Interface::Batched => {
@@ -393,7 +416,7 @@ impl Engine for EmbeddingEngine {
                 }
                 if wanted {
                     let shape = [batch as i64, tables as i64, dim as i64];
-                    sink(OutputView { name: &out_name, dtype: DataType::F32, shape: &shape, bytes: bytemuck::cast_slice(&out) })?;
+                    sink(OutputView { name: &out_name, dtype: DataType::F32, shape: &shape, data: OutputData::Host(bytemuck::cast_slice(&out)) })?;
                 }
             }
             Interface::Update => {
@@ -411,7 +434,7 @@ impl Engine for EmbeddingEngine {
                 }
                 if wanted {
                     let count = [keys.len() as i64];
-                    sink(OutputView { name: &out_name, dtype: DataType::I64, shape: &[1], bytes: bytemuck::cast_slice(&count) })?;
+                    sink(OutputView { name: &out_name, dtype: DataType::I64, shape: &[1], data: OutputData::Host(bytemuck::cast_slice(&count)) })?;
                 }
             }
         }

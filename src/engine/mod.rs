@@ -24,12 +24,20 @@ pub enum Device {
     Gpu(i32),
 }
 
+/// Where an output's bytes are, until the sink returns.
+pub enum OutputData<'a> {
+    Host(&'a [u8]),
+    /// GPU memory: the serving layer copies it device-to-device into a GPU response
+    /// buffer when Triton offers one (ensembles keep tensors on the GPU), else to host.
+    Device { device: i64, addr: u64, len: usize },
+}
+
 /// One output of a run, borrowed from the engine until the sink returns.
 pub struct OutputView<'a> {
     pub name: &'a str,
     pub dtype: DataType,
     pub shape: &'a [i64],
-    pub bytes: &'a [u8],
+    pub data: OutputData<'a>,
 }
 
 pub trait Engine: Send {

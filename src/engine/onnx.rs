@@ -17,7 +17,7 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{Session, SessionInputValue};
 use ort::value::{TensorElementType, TensorRef, ValueType};
 
-use super::{Device, Engine, EngineOptions, OutputView};
+use super::{Device, Engine, EngineOptions, OutputData, OutputView};
 use crate::batch::BatchTensor;
 use crate::config::TensorSpec;
 use crate::error::{Error, Result};
@@ -316,7 +316,7 @@ impl Engine for OnnxEngine {
                 ($ty:ty) => {{
                     let (shape, data) = value.try_extract_tensor::<$ty>().map_err(ort_err)?;
                     let shape: Vec<i64> = shape.iter().copied().collect();
-                    sink(OutputView { name, dtype, shape: &shape, bytes: bytemuck::cast_slice(data) })?
+                    sink(OutputView { name, dtype, shape: &shape, data: OutputData::Host(bytemuck::cast_slice(data)) })?
                 }};
             }
             match dtype {
@@ -336,7 +336,7 @@ impl Engine for OnnxEngine {
                     let (shape, data) = value.try_extract_tensor::<bool>().map_err(ort_err)?;
                     let shape: Vec<i64> = shape.iter().copied().collect();
                     let bytes: Vec<u8> = data.iter().map(|&b| b as u8).collect();
-                    sink(OutputView { name, dtype, shape: &shape, bytes: &bytes })?
+                    sink(OutputView { name, dtype, shape: &shape, data: OutputData::Host(&bytes) })?
                 }
                 DataType::Bytes => return Err(Error::unsupported(format!("output '{name}': BYTES outputs are not supported yet"))),
             }

@@ -20,7 +20,11 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::telemetry::MetricsSource;
 use crate::triton::metrics::MetricSet;
 use crate::triton::request::Timing;
+use crate::triton::request::OutputTarget;
 use crate::triton::{now_ns, Instance, Request, Response};
+use crate::cuda;
+use crate::engine::{OutputData, OutputView};
+use crate::tensor::Memory;
 
 /// Backend-wide settings from `--backend-config=rust,<key>=<value>`.
 #[derive(Debug, Clone, Default)]
@@ -172,6 +176,8 @@ pub struct InstanceContext {
 
 pub struct InstanceState {
     name: String,
+    /// Inputs already reported as arriving in GPU memory (logged once each).
+    device_inputs_seen: Mutex<Vec<String>>,
     config: ModelConfig,
     policy: InputPolicy,
     engine: Mutex<Box<dyn Engine>>,
@@ -195,7 +201,23 @@ impl InstanceState {
         let mut policy = model.policy.clone();
         policy.accepts_device_inputs = engine.accepts_device_inputs();
         crate::log_info!("instance '{}' of model '{}' ready on {:?}", ctx.name, model.name, ctx.device);
-        Ok(InstanceState { name: ctx.name, config: model.config.clone(), policy, engine: Mutex::new(engine) })
+        Ok(InstanceState { name: ctx.name, device_inputs_seen: Mutex::new(Vec::new()), config: model.config.clone(), policy, engine: Mutex::new(engine) })
+    }
+}
+
+impl InstanceState {
+    /// Logs, once per input, that it arrived in GPU memory and is used in place: the
+    /// evidence that an ensemble keeps a tensor on the GPU between its steps.
+    fn note_device_inputs(&self, request: &CheckedRequest<'_>) {
+        for t in &request.tensors {
+            if let Some(crate::batch::Chunk::Device { memory, .. }) = t.chunks.first() {
+                let Ok(mut seen) = self.device_inputs_seen.lock() else { return };
+                if !seen.contains(&t.name) {
+                    seen.push(t.name.clone());
+                    crate::log_info!("instance '{}': input '{}' arrived in GPU memory ({memory:?}) and is used in place", self.name, t.name);
+                }
+            }
+        }
     }
 }
 
@@ -240,6 +262,7 @@ pub fn execute(inst: &InstanceState, reporter: &Instance, requests: Vec<Request>
         responses.push(response);
         match prepared {
             Ok((c, outs)) => {
+                inst.note_device_inputs(&c);
                 checked.push(Some(c));
                 wanted.push(outs);
                 outcomes.push(Ok(()));
@@ -324,9 +347,7 @@ fn run_group(
             }
             let (shape, range) = &parts[k];
             let written = match responses[m].as_mut() {
-                Some(resp) => resp
-                    .output_buffer(out.name, out.dtype, shape, range.len())
-                    .map(|buf| buf.copy_from_slice(&out.bytes[range.clone()])),
+                Some(resp) => write_output(resp, &out, shape, range.clone()),
                 None => Ok(()),
             };
             if let Err(e) = written {
@@ -337,6 +358,28 @@ fn run_group(
         Ok(())
     })?;
     Ok(batch.total_rows)
+}
+
+/// Copies one request's part of an output into its response, from host or GPU memory,
+/// into the memory Triton offers (GPU for a GPU output when it can: ensembles keep
+/// tensors on the GPU between steps).
+fn write_output(resp: &mut Response, out: &OutputView<'_>, shape: &[i64], range: std::ops::Range<usize>) -> Result<()> {
+    let prefer = match out.data {
+        OutputData::Host(_) => Memory::Cpu,
+        OutputData::Device { device, .. } => Memory::Gpu(device),
+    };
+    let target = resp.output_buffer(out.name, out.dtype, shape, range.len(), prefer)?;
+    match (&out.data, target) {
+        (OutputData::Host(bytes), OutputTarget::Host(buf)) => buf.copy_from_slice(&bytes[range]),
+        (OutputData::Device { device, addr, .. }, OutputTarget::Device { device: to, addr: dst }) if *device == to => {
+            cuda::copy_device_to_device(to, dst, addr + range.start as u64, range.len())?
+        }
+        (OutputData::Device { device, addr, .. }, OutputTarget::Host(buf)) => cuda::copy_device_to_host(*device, buf, addr + range.start as u64)?,
+        (OutputData::Host(_), OutputTarget::Device { .. }) | (OutputData::Device { .. }, OutputTarget::Device { .. }) => {
+            return Err(Error::unsupported(format!("output '{}': Triton asked for GPU memory the backend cannot fill", out.name)))
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -101,6 +101,12 @@ impl Drop for Request {
     }
 }
 
+/// Where Triton put an output's buffer.
+pub enum OutputTarget<'a> {
+    Host(&'a mut [u8]),
+    Device { device: i64, addr: u64 },
+}
+
 pub struct Response {
     raw: *mut sys::TRITONBACKEND_Response,
 }
@@ -115,8 +121,16 @@ impl Response {
         Ok(Response { raw })
     }
 
-    /// Adds an output and returns its host buffer to fill.
-    pub fn output_buffer(&mut self, name: &str, dtype: crate::tensor::DataType, shape: &[i64], byte_size: usize) -> Result<&mut [u8]> {
+    /// Adds an output and returns its buffer, in `prefer`red memory when Triton can
+    /// (it may answer with host memory anyway, e.g. for a client over the network).
+    pub fn output_buffer(
+        &mut self,
+        name: &str,
+        dtype: crate::tensor::DataType,
+        shape: &[i64],
+        byte_size: usize,
+        prefer: Memory,
+    ) -> Result<OutputTarget<'_>> {
         let cname = c_string(name);
         let mut output = std::ptr::null_mut();
         check(unsafe {
@@ -124,18 +138,21 @@ impl Response {
         })
         .map_err(|e| e.context(format!("output '{name}'")))?;
         let mut buf = std::ptr::null_mut();
-        let mut mem = sys::TRITONSERVER_memorytype_enum_TRITONSERVER_MEMORY_CPU;
-        let mut mem_id = 0i64;
+        let (mut mem, mut mem_id) = match prefer {
+            Memory::Gpu(id) => (sys::TRITONSERVER_memorytype_enum_TRITONSERVER_MEMORY_GPU, id),
+            Memory::CpuPinned => (sys::TRITONSERVER_memorytype_enum_TRITONSERVER_MEMORY_CPU_PINNED, 0),
+            Memory::Cpu => (sys::TRITONSERVER_memorytype_enum_TRITONSERVER_MEMORY_CPU, 0),
+        };
         check(unsafe { sys::TRITONBACKEND_OutputBuffer(output, &mut buf, byte_size as u64, &mut mem, &mut mem_id) })
             .map_err(|e| e.context(format!("output '{name}'")))?;
-        if !memory_from_triton(mem, mem_id).is_host() {
-            return Err(Error::unsupported(format!("output '{name}': Triton gave GPU memory for a host output")));
-        }
         if byte_size == 0 {
-            return Ok(&mut []);
+            return Ok(OutputTarget::Host(&mut []));
         }
-        // SAFETY: Triton allocated `byte_size` host bytes for this output, alive with the response.
-        Ok(unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), byte_size) })
+        Ok(match memory_from_triton(mem, mem_id) {
+            Memory::Gpu(id) => OutputTarget::Device { device: id, addr: buf as u64 },
+            // SAFETY: Triton allocated `byte_size` host bytes for this output, alive with the response.
+            _ => OutputTarget::Host(unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), byte_size) }),
+        })
     }
 
     /// Sends the response as final, with the error if the request failed.

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use triton_rust_abi::dtype;
 
-use super::{Device, Engine, EngineOptions, OutputView};
+use super::{Device, Engine, EngineOptions, OutputData, OutputView};
 use crate::batch::{BatchData, BatchTensor};
 use crate::config::{ModelConfig, TensorConfig, TensorSpec};
 use crate::error::{Error, Result};
@@ -148,13 +148,20 @@ impl Engine for TorchEngine {
             refs.push(plugin::InputRef { name: &self.input_names[pos], dtype: to_abi(t.dtype)?, shape: &t.shape, host, device });
         }
         let names: Vec<String> = self.output_order.iter().map(|&i| self.outputs[i].name.clone()).collect();
-        self.model.run(&refs, &self.output_names, true, &mut |out| {
+        // On a GPU instance outputs stay where libtorch made them; the serving layer puts
+        // them in the memory the response asks for.
+        let host_outputs = self.device == Device::Cpu;
+        self.model.run(&refs, &self.output_names, host_outputs, &mut |out| {
             let name = &names[out.index];
             if !outputs.contains(&name.as_str()) {
                 return Ok(());
             }
-            let bytes = out.host.ok_or_else(|| Error::internal(format!("output '{name}' came back in GPU memory")))?;
-            sink(OutputView { name, dtype: from_abi(out.dtype)?, shape: out.shape, bytes })
+            let data = match (out.host, out.device) {
+                (Some(bytes), _) => OutputData::Host(bytes),
+                (None, Some((device, addr, len))) => OutputData::Device { device, addr, len },
+                (None, None) => return Err(Error::internal(format!("output '{name}' came back with no data"))),
+            };
+            sink(OutputView { name, dtype: from_abi(out.dtype)?, shape: out.shape, data })
         })
     }
 }

@@ -182,7 +182,6 @@ pub struct OutputRef<'a> {
     pub shape: &'a [i64],
     /// Host bytes, or None for device memory (then `device` = (device id, address, bytes)).
     pub host: Option<&'a [u8]>,
-    #[allow(dead_code)] // read once outputs may stay on the GPU (host_outputs = false)
     pub device: Option<(i64, u64, usize)>,
 }
 
