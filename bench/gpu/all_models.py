@@ -74,14 +74,14 @@ def tensor_cfg(name, dtype, dims):
     return f'{{ name: "{name}" data_type: {dtype} dims: [ {", ".join(str(d) for d in dims)} ] }}'
 
 
-def torch_config(name, max_batch, inputs, outputs, batching=True):
+def torch_config(name, max_batch, inputs, outputs, batching=True, count=1):
     return f"""name: "{name}"
 backend: "rust"
 max_batch_size: {max_batch}
 input [ {", ".join(inputs)} ]
 output [ {", ".join(outputs)} ]
 {"dynamic_batching { max_queue_delay_microseconds: 100 }" if batching else ""}
-instance_group [ {{ count: 1 kind: KIND_GPU gpus: [ 0 ] }} ]
+instance_group [ {{ count: {count} kind: KIND_GPU gpus: [ 0 ] }} ]
 parameters {{ key: "engine" value {{ string_value: "torch" }} }}
 """
 
@@ -142,8 +142,9 @@ def main():
     x = np.random.default_rng(0).standard_normal((64, 3, 224, 224)).astype(np.float32)
     for prec, mod, dt in [("fp32", rn, "TYPE_FP32"), ("fp16", Half(torch_models.make("resnet50_pt")).to(dev), "TYPE_FP32")]:
         name = f"resnet50_{prec}"
+        # two instances on the GPU, each with its own CUDA stream
         write(repo, name, torch_config(name, 128, [tensor_cfg("INPUT__0", dt, [3, 224, 224])],
-                                       [tensor_cfg("OUTPUT__0", "TYPE_FP32", [1000])]), mod)
+                                       [tensor_cfg("OUTPUT__0", "TYPE_FP32", [1000])], count=2), mod)
         cases.append(("ResNet50", prec, name, {"INPUT__0": x}, ["OUTPUT__0"],
                       (lambda m: lambda: [m(torch.from_numpy(x).to(dev))])(mod), 64))
     # BERT-large QA

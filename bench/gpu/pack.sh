@@ -12,4 +12,5 @@ mkdir -p .carry
 strip -o .carry/libtriton_rust.so target/release/libtriton_rust.so
 strip -o .carry/gpu_cache_check target/release/examples/gpu_cache_check
 strip -o .carry/libtriton_rust_torch.so target/release/libtriton_rust_torch.so
+strip -o .carry/libtriton_rust_torch_cuda.so target/release/libtriton_rust_torch_cuda.so
 ls -la .carry

@@ -12,9 +12,54 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use tch::{CModule, Device, IValue, Kind, Tensor};
 use triton_rust_abi::{self as abi, dtype, LoadOptions, OutputSink, PluginApi, TensorView};
 
+/// The per-instance CUDA stream helpers of libtriton_rust_torch_cuda.so, which the
+/// backend opens (with global symbols) before the first GPU model.
+struct StreamApi {
+    new: unsafe extern "C" fn(c_int) -> *mut c_void,
+    enter: unsafe extern "C" fn(*mut c_void) -> c_int,
+    sync: unsafe extern "C" fn(*mut c_void) -> c_int,
+    free: unsafe extern "C" fn(*mut c_void),
+}
+
+fn stream_api() -> Result<StreamApi, String> {
+    let find = |name: &CStr| {
+        // SAFETY: dlsym only looks the symbol up.
+        let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+        if p.is_null() {
+            Err(format!("{} not found: libtriton_rust_torch_cuda.so is not loaded", name.to_string_lossy()))
+        } else {
+            Ok(p)
+        }
+    };
+    // SAFETY: the shim defines these with exactly these signatures (src/stream_shim.cpp).
+    unsafe {
+        Ok(StreamApi {
+            new: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int) -> *mut c_void>(find(c"trt_stream_new")?),
+            enter: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void) -> c_int>(find(c"trt_stream_enter")?),
+            sync: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void) -> c_int>(find(c"trt_stream_sync")?),
+            free: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void)>(find(c"trt_stream_free")?),
+        })
+    }
+}
+
+/// A model instance's own CUDA stream (from libtorch's pool): its work does not queue
+/// behind other instances' on the device's default stream.
+struct InstanceStream {
+    api: StreamApi,
+    stream: *mut c_void,
+}
+
+impl Drop for InstanceStream {
+    fn drop(&mut self) {
+        // SAFETY: created by api.new, freed once.
+        unsafe { (self.api.free)(self.stream) };
+    }
+}
+
 struct Model {
     module: CModule,
     device: Device,
+    stream: Option<InstanceStream>,
 }
 
 static API: PluginApi = PluginApi { abi_version: abi::ABI_VERSION, runtime, load, run, free_model, free_error };
@@ -71,9 +116,21 @@ unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) ->
         if o.intra_op_threads > 0 {
             tch::set_num_threads(o.intra_op_threads);
         }
+        let stream = match device {
+            Device::Cuda(id) => {
+                let api = stream_api()?;
+                // SAFETY: a plain call into the shim.
+                let stream = unsafe { (api.new)(id as c_int) };
+                if stream.is_null() {
+                    return Err(format!("cannot get a CUDA stream on device {id}"));
+                }
+                Some(InstanceStream { api, stream })
+            }
+            _ => None,
+        };
         let mut module = CModule::load_on_device(&path, device).map_err(|e| format!("cannot load TorchScript file '{path}': {e}"))?;
         module.set_eval();
-        Ok(Model { module, device })
+        Ok(Model { module, device, stream })
     }));
     match result {
         Ok(Ok(m)) => Box::into_raw(Box::new(m)) as *mut c_void,
@@ -151,6 +208,12 @@ unsafe extern "C" fn run(
         let m = &*(model as *const Model);
         let views = std::slice::from_raw_parts(inputs, n_inputs);
         let _guard = tch::no_grad_guard();
+        if let Some(s) = &m.stream {
+            // Triton runs an instance on its own thread: make its stream current there.
+            if (s.api.enter)(s.stream) != 0 {
+                return Err("cannot make the instance's CUDA stream current".into());
+            }
+        }
         let mut args = Vec::with_capacity(views.len());
         for v in views {
             let shape = std::slice::from_raw_parts(v.shape, v.rank);
@@ -158,7 +221,14 @@ unsafe extern "C" fn run(
             let dev = if v.memory == abi::MEMORY_GPU { Device::Cuda(v.device_id as usize) } else { Device::Cpu };
             // Wrap the caller's buffer without copying; move it to the model's device if needed.
             let t = Tensor::f_from_blob(v.data as *const u8, shape, &[], kind, dev).map_err(|e| e.to_string())?;
-            args.push(IValue::Tensor(if dev == m.device { t } else { t.to_device(m.device) }));
+            let t = match (dev, m.device) {
+                (a, b) if a == b => t,
+                // host input to a GPU model: stage it in pinned memory (libtorch caches those
+                // blocks) and copy asynchronously on the instance's stream
+                (Device::Cpu, Device::Cuda(_)) => t.pin_memory(m.device).to_device_(m.device, kind, true, false),
+                _ => t.to_device(m.device),
+            };
+            args.push(IValue::Tensor(t));
         }
         let result = m.module.forward_is(&args).map_err(|e| format!("TorchScript forward failed: {e}"))?;
         let mut outs = Vec::new();
@@ -176,8 +246,11 @@ unsafe extern "C" fn run(
                 _ => (abi::MEMORY_CPU, 0),
             };
             if memory == abi::MEMORY_GPU {
-                // The sink may copy with another stream: finish this work first.
-                tch::Cuda::synchronize(device_id);
+                // The sink copies on another stream: finish this instance's work first.
+                match &m.stream {
+                    Some(s) if (s.api.sync)(s.stream) == 0 => {}
+                    _ => tch::Cuda::synchronize(device_id),
+                }
             }
             let numel: i64 = shape.iter().product();
             let view = TensorView {

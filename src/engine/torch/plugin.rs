@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::os::{open_global, own_library_dir};
 
 pub const PLUGIN_FILE: &str = "libtriton_rust_torch.so";
+pub const STREAM_SHIM_FILE: &str = "libtriton_rust_torch_cuda.so";
 pub const LIBTORCH_NEEDED: &str = "libtorch 2.11.0 (libc10.so, libtorch_cpu.so, libtorch.so; the PyPI torch==2.11.0 wheel's torch/lib works)";
 
 pub struct Plugin {
@@ -139,6 +140,9 @@ impl Plugin {
                 Error::unavailable(format!("a KIND_GPU TorchScript model needs libtorch's CUDA part: '{}': {e}", path.display()))
             })?);
         }
+        // per-instance CUDA streams (a small C++ library built with the plugin)
+        let shim = own_library_dir().ok_or_else(|| Error::internal("cannot find the rust backend's own directory"))?.join(STREAM_SHIM_FILE);
+        libs.push(open_global(&shim).map_err(|e| Error::unavailable(format!("cannot load '{}': {e}", shim.display())))?);
         *loaded = true;
         Ok(())
     }
