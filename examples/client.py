@@ -125,6 +125,30 @@ def query_bert(client: Client, model: str, seed: int):
           f"score {score:.4f}")
 
 
+def query_fastpitch(client: Client, model: str, seed: int):
+    """Two 'sentences' of symbol ids (padded with 0 to 128) -> mel spectrograms."""
+    rng = np.random.default_rng(seed)
+    ids = np.zeros((2, 128), dtype=np.int64)
+    for i, n in enumerate((40, 90)):
+        ids[i, :n] = rng.integers(1, 148, n)
+    out = client.infer(model, {"INPUT__0": ids}, ["OUTPUT__0", "OUTPUT__1", "OUTPUT__2"])
+    mel, lens, dur = out["OUTPUT__0"], out["OUTPUT__1"], out["OUTPUT__2"]
+    print(f"{model}: mel {tuple(mel.shape)} (batch, 80 mel bins, frames)")
+    for i in range(2):
+        n = int(lens[i, 0])
+        print(f"  item {i}: {int((ids[i] != 0).sum())} symbols -> {n} frames "
+              f"(mean duration {dur[i][ids[i] != 0].mean():.2f}), mel range [{mel[i, :, :n].min():.3f}, {mel[i, :, :n].max():.3f}]")
+
+
+def query_recommender(client: Client, model: str, seed: int):
+    """Four users: 13 dense features and 26 categorical ids -> click probability."""
+    rng = np.random.default_rng(seed)
+    dense = rng.standard_normal((4, 13)).astype(np.float32)
+    sparse = rng.integers(0, 1000, (4, 26)).astype(np.int64)
+    out = client.infer(model, {"dense": dense, "sparse": sparse}, ["prediction"])["prediction"]
+    print(f"{model}: click probabilities " + ", ".join(f"{p:.4f}" for p in out[:, 0]))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", default=None,
@@ -141,15 +165,20 @@ def main(argv=None) -> int:
 
     url = args.url or ("localhost:8001" if args.grpc else "localhost:8000")
     wanted = [m.strip() for m in args.models.split(",") if m.strip()]
-    bad = [m for m in wanted if m not in ("resnet50", "bert", "bert_large", "bert_small")]
+    known = ("resnet50", "bert", "bert_large", "bert_small", "fastpitch", "dlrm", "dcnv2", "wide_deep")
+    bad = [m for m in wanted if m not in known]
     if bad or not wanted:
-        ap.error(f"--models: unknown {bad}; use resnet50 and/or bert")
+        ap.error(f"--models: unknown {bad}; use some of {', '.join(known)}")
 
     try:
         client = Client(url, args.grpc, args.timeout)
         for m in wanted:
             if m == "resnet50":
                 query_resnet50(client, args.resnet, args.seed)
+            elif m == "fastpitch":
+                query_fastpitch(client, m, args.seed)
+            elif m in ("dlrm", "dcnv2", "wide_deep"):
+                query_recommender(client, m, args.seed)
             else:
                 query_bert(client, m if m != "bert" else args.bert, args.seed)
     except Exception as exc:  # any failure -> non-zero exit with a clear message

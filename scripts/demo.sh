@@ -8,12 +8,15 @@ bash scripts/setup.sh
 source scripts/env.sh
 bash scripts/build.sh
 python examples/export_models.py --repo models --models resnet50,bert_large,identity
+python examples/torch_models.py --repo models --models fastpitch
+python examples/recommenders.py --repo models --rows 10000
 
 export HTTP_PORT="${HTTP_PORT:-8000}" GRPC_PORT="${GRPC_PORT:-8001}" METRICS_PORT="${METRICS_PORT:-8002}"
 LOG="$(mktemp -t tritonserver-demo.XXXXXX.log)"
 echo "[demo] starting tritonserver (log: $LOG)"
 bash scripts/tritonserver.sh --model-control-mode=explicit \
-    --load-model=resnet50 --load-model=bert_large --load-model=identity >"$LOG" 2>&1 &
+    --load-model=resnet50 --load-model=bert_large --load-model=identity --load-model=fastpitch \
+    --load-model=dlrm --load-model=dcnv2 --load-model=wide_deep >"$LOG" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true; wait $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 300); do
@@ -22,12 +25,13 @@ for _ in $(seq 300); do
     sleep 1
 done
 curl -sf "localhost:$HTTP_PORT/v2/health/ready" >/dev/null || { tail -50 "$LOG"; exit 1; }
-grep -E "rust backend|ONNX Runtime loaded|successfully loaded" "$LOG" | sed 's/^/[server] /'
+grep -E "rust backend|ONNX Runtime loaded|torch plugin|successfully loaded|store '" "$LOG" | sed 's/^/[server] /'
 
+MODELS=resnet50,bert_large,fastpitch,dlrm,dcnv2,wide_deep
 echo "[demo] HTTP requests"
-python examples/client.py --url "localhost:$HTTP_PORT" --bert bert_large
+python examples/client.py --url "localhost:$HTTP_PORT" --models "$MODELS"
 echo "[demo] gRPC requests"
-python examples/client.py --grpc --url "localhost:$GRPC_PORT" --bert bert_large
+python examples/client.py --grpc --url "localhost:$GRPC_PORT" --models "$MODELS"
 echo "[demo] server statistics"
 curl -s "localhost:$HTTP_PORT/v2/models/resnet50/stats" | python -c \
     'import json,sys; s=json.load(sys.stdin)["model_stats"][0]; print("resnet50: inferences", s["inference_count"], "executions", s["execution_count"])'
