@@ -18,7 +18,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 
-use super::{Device, Engine, EngineOptions, OutputData, OutputView};
+use super::{Device, Engine, EngineOptions, OutputData, OutputView, Signature};
 use crate::batch::{BatchTensor, RequestTensor};
 use crate::config::{ModelConfig, TensorSpec};
 use crate::embedding::cache::{CacheTier, HostCache};
@@ -173,9 +173,7 @@ pub struct EmbeddingEngine {
     /// The GPU instance's output buffer (grown as batches grow).
     device_rows: Option<crate::embedding::gpu::DeviceRows>,
     probe: bool,
-    inputs: Vec<TensorSpec>,
-    outputs: Vec<TensorSpec>,
-    device: Device,
+    sig: Signature,
 }
 
 impl EmbeddingEngine {
@@ -227,7 +225,7 @@ impl EmbeddingEngine {
                 )
             }
         };
-        Ok(EmbeddingEngine { settings, caches, device_rows: None, probe: options.probe, inputs, outputs, device: options.device })
+        Ok(EmbeddingEngine { settings, caches, device_rows: None, probe: options.probe, sig: Signature { inputs, outputs, device: options.device } })
     }
 
     fn store(&self) -> &Arc<EmbeddingStore> {
@@ -237,7 +235,7 @@ impl EmbeddingEngine {
     /// Splits a request's KEYS by NUMKEYS, checking what only we can see.
     fn split<'k>(&self, keys: &'k [i64], numkeys: &[i32]) -> Result<Vec<&'k [i64]>> {
         let store = self.store();
-        let (kname, nname) = (&self.inputs[0].name, &self.inputs[1].name);
+        let (kname, nname) = (&self.sig.inputs[0].name, &self.sig.inputs[1].name);
         if numkeys.len() != store.table_count() {
             return Err(Error::invalid_arg(format!(
                 "input '{nname}' has {} entries but the store has {} tables",
@@ -272,7 +270,7 @@ impl EmbeddingEngine {
                 let name = self.store().tables().nth(table).map(|t| t.name.clone()).unwrap_or_default();
                 return Err(Error::invalid_arg(format!(
                     "input '{}': key {k} is out of range for table '{name}' (vocabulary size {size})",
-                    self.inputs[0].name
+                    self.sig.inputs[0].name
                 )));
             }
         }
@@ -291,14 +289,8 @@ fn as_f32(bytes: &[u8]) -> Vec<f32> {
 }
 
 impl Engine for EmbeddingEngine {
-    fn inputs(&self) -> &[TensorSpec] {
-        &self.inputs
-    }
-    fn outputs(&self) -> &[TensorSpec] {
-        &self.outputs
-    }
-    fn device(&self) -> Device {
-        self.device
+    fn signature(&self) -> &Signature {
+        &self.sig
     }
 
     fn is_probe(&self) -> bool {
@@ -327,12 +319,12 @@ impl Engine for EmbeddingEngine {
                     if got != want {
                         return Err(Error::invalid_arg(format!(
                             "input '{}' holds {got} values; the keys need {want} (Σ numkeys_i × dim_i)",
-                            self.inputs[2].name
+                            self.sig.inputs[2].name
                         )));
                     }
                     let vals = as_f32(&host(&inputs[2]));
                     if let Some(i) = vals.iter().position(|v| !v.is_finite()) {
-                        return Err(Error::invalid_arg(format!("input '{}' holds a NaN or infinite value at element {i}", self.inputs[2].name)));
+                        return Err(Error::invalid_arg(format!("input '{}' holds a NaN or infinite value at element {i}", self.sig.inputs[2].name)));
                     }
                 }
                 Ok(())
@@ -359,7 +351,7 @@ impl Engine for EmbeddingEngine {
             inputs[i].host_bytes().ok_or_else(|| Error::unsupported(format!("input '{}' in GPU memory is not supported by the embedding engine yet", inputs[i].name)))
         };
         let store = self.store().clone();
-        let out_name = self.outputs[0].name.clone();
+        let out_name = self.sig.outputs[0].name.clone();
         let wanted = outputs.iter().any(|o| *o == out_name);
         match self.settings.interface {
             Interface::Hps => {
@@ -378,8 +370,8 @@ impl Engine for EmbeddingEngine {
                     sink(OutputView { name: &out_name, dtype: DataType::F32, shape: &[total as i64], data: OutputData::Host(bytemuck::cast_slice(&out)) })?;
                 }
             }
-            Interface::Batched if matches!(self.device, Device::Gpu(_)) => {
-                let Device::Gpu(id) = self.device else { unreachable!() };
+            Interface::Batched if matches!(self.sig.device, Device::Gpu(_)) => {
+                let Device::Gpu(id) = self.sig.device else { unreachable!() };
                 let keys = as_i64(host(0)?);
                 let tables = store.table_count();
                 let dim = store.dim(0);

@@ -40,11 +40,25 @@ pub struct OutputView<'a> {
     pub data: OutputData<'a>,
 }
 
+/// What a loaded model takes and gives (full shapes, -1 where free), and where it runs.
+pub struct Signature {
+    pub inputs: Vec<TensorSpec>,
+    pub outputs: Vec<TensorSpec>,
+    pub device: Device,
+}
+
 pub trait Engine: Send {
+    fn signature(&self) -> &Signature;
     /// Inputs as the model file declares them (full shapes, -1 where free).
-    fn inputs(&self) -> &[TensorSpec];
-    fn outputs(&self) -> &[TensorSpec];
-    fn device(&self) -> Device;
+    fn inputs(&self) -> &[TensorSpec] {
+        &self.signature().inputs
+    }
+    fn outputs(&self) -> &[TensorSpec] {
+        &self.signature().outputs
+    }
+    fn device(&self) -> Device {
+        self.signature().device
+    }
     /// Whether `run` can take inputs that live in GPU memory.
     fn accepts_device_inputs(&self) -> bool {
         false

@@ -17,7 +17,7 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{Session, SessionInputValue};
 use ort::value::{TensorElementType, TensorRef, ValueType};
 
-use super::{Device, Engine, EngineOptions, OutputData, OutputView};
+use super::{Device, Engine, EngineOptions, OutputData, OutputView, Signature};
 use crate::batch::BatchTensor;
 use crate::config::TensorSpec;
 use crate::error::{Error, Result};
@@ -146,10 +146,8 @@ fn specs(outlets: &[ort::value::Outlet], what: &str) -> Result<Vec<TensorSpec>> 
 pub struct OnnxEngine {
     _runtime: Arc<Runtime>,
     session: Session,
-    inputs: Vec<TensorSpec>,
-    outputs: Vec<TensorSpec>,
+    sig: Signature,
     input_dims: Vec<(String, Vec<String>)>,
-    device: Device,
 }
 
 impl OnnxEngine {
@@ -182,7 +180,7 @@ impl OnnxEngine {
         let inputs = specs(session.inputs(), "input")?;
         let outputs = specs(session.outputs(), "output")?;
         let input_dims = dim_names(session.inputs());
-        Ok(OnnxEngine { _runtime: runtime, session, inputs, outputs, input_dims, device: options.device })
+        Ok(OnnxEngine { _runtime: runtime, session, sig: Signature { inputs, outputs, device: options.device }, input_dims })
     }
 }
 
@@ -274,14 +272,8 @@ fn input_value<'a>(t: &BatchTensor<'a>, bytes: &'a [u8], scratch: &'a mut Option
 }
 
 impl Engine for OnnxEngine {
-    fn inputs(&self) -> &[TensorSpec] {
-        &self.inputs
-    }
-    fn outputs(&self) -> &[TensorSpec] {
-        &self.outputs
-    }
-    fn device(&self) -> Device {
-        self.device
+    fn signature(&self) -> &Signature {
+        &self.sig
     }
 
     fn check_request(&self, inputs: &[crate::batch::RequestTensor<'_>]) -> Result<()> {

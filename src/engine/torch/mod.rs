@@ -10,7 +10,7 @@ use std::path::Path;
 
 use triton_rust_abi::dtype;
 
-use super::{Device, Engine, EngineOptions, OutputData, OutputView};
+use super::{Device, Engine, EngineOptions, OutputData, OutputView, Signature};
 use crate::batch::{BatchData, BatchTensor};
 use crate::config::{ModelConfig, TensorConfig, TensorSpec};
 use crate::error::{Error, Result};
@@ -75,13 +75,11 @@ fn specs(cfg: &ModelConfig, tensors: &[TensorConfig]) -> Vec<TensorSpec> {
 
 pub struct TorchEngine {
     model: plugin::PluginModel,
-    inputs: Vec<TensorSpec>,
-    outputs: Vec<TensorSpec>,
+    sig: Signature,
     input_order: Vec<usize>,
     input_names: Vec<CString>,
     output_order: Vec<usize>,
     output_names: Vec<CString>,
-    device: Device,
 }
 
 impl TorchEngine {
@@ -107,26 +105,18 @@ impl TorchEngine {
         let output_order = positional_order(&cfg.outputs);
         Ok(TorchEngine {
             model,
-            inputs: specs(cfg, &cfg.inputs),
-            outputs: specs(cfg, &cfg.outputs),
+            sig: Signature { inputs: specs(cfg, &cfg.inputs), outputs: specs(cfg, &cfg.outputs), device: options.device },
             input_names: input_order.iter().map(|&i| cstr(&cfg.inputs[i].name)).collect::<Result<_>>()?,
             output_names: output_order.iter().map(|&i| cstr(&cfg.outputs[i].name)).collect::<Result<_>>()?,
             input_order,
             output_order,
-            device: options.device,
         })
     }
 }
 
 impl Engine for TorchEngine {
-    fn inputs(&self) -> &[TensorSpec] {
-        &self.inputs
-    }
-    fn outputs(&self) -> &[TensorSpec] {
-        &self.outputs
-    }
-    fn device(&self) -> Device {
-        self.device
+    fn signature(&self) -> &Signature {
+        &self.sig
     }
     fn accepts_device_inputs(&self) -> bool {
         true
@@ -147,10 +137,10 @@ impl Engine for TorchEngine {
             };
             refs.push(plugin::InputRef { name: &self.input_names[pos], dtype: to_abi(t.dtype)?, shape: &t.shape, host, device });
         }
-        let names: Vec<String> = self.output_order.iter().map(|&i| self.outputs[i].name.clone()).collect();
+        let names: Vec<String> = self.output_order.iter().map(|&i| self.sig.outputs[i].name.clone()).collect();
         // On a GPU instance outputs stay where libtorch made them; the serving layer puts
         // them in the memory the response asks for.
-        let host_outputs = self.device == Device::Cpu;
+        let host_outputs = self.sig.device == Device::Cpu;
         self.model.run(&refs, &self.output_names, host_outputs, &mut |out| {
             let name = &names[out.index];
             if !outputs.contains(&name.as_str()) {
