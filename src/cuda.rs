@@ -58,3 +58,13 @@ pub fn copy_device_to_host(device: i64, dst: &mut [u8], src: u64) -> Result<()> 
     // SAFETY: the caller passes a device buffer of at least dst.len() bytes.
     unsafe { result::memcpy_dtoh_sync(dst, src) }.map_err(cuda_err)
 }
+
+/// Copies host bytes to device memory at `dst`, synchronously.
+pub fn copy_host_to_device(device: i64, dst: u64, src: &[u8]) -> Result<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    let _ctx = context(device)?;
+    // SAFETY: the caller passes a device buffer of at least src.len() bytes.
+    unsafe { result::memcpy_htod_sync(dst, src) }.map_err(cuda_err)
+}

@@ -74,6 +74,9 @@ def tensor_cfg(name, dtype, dims):
     return f'{{ name: "{name}" data_type: {dtype} dims: [ {", ".join(str(d) for d in dims)} ] }}'
 
 
+GPUS = "0"  # set from --gpus: the instance groups' device list
+
+
 def torch_config(name, max_batch, inputs, outputs, batching=True, count=1):
     return f"""name: "{name}"
 backend: "rust"
@@ -81,7 +84,7 @@ max_batch_size: {max_batch}
 input [ {", ".join(inputs)} ]
 output [ {", ".join(outputs)} ]
 {"dynamic_batching { max_queue_delay_microseconds: 100 }" if batching else ""}
-instance_group [ {{ count: {count} kind: KIND_GPU gpus: [ 0 ] }} ]
+instance_group [ {{ count: {count} kind: KIND_GPU gpus: [ {GPUS} ] }} ]
 parameters {{ key: "engine" value {{ string_value: "torch" }} }}
 """
 
@@ -124,7 +127,13 @@ def main():
     p.add_argument("--work", default="/tmp/all_models")
     p.add_argument("--rows", type=int, default=100_000, help="rows per recommender table")
     p.add_argument("--port", type=int, default=18600)
+    p.add_argument("--gpus", default="0", help="device ids of every instance group, e.g. 0,1 (count instances on each)")
+    p.add_argument("--only", default="", help="comma-separated subset: resnet50,bert,fastpitch,dlrm,dcnv2,wide_deep")
     a = p.parse_args()
+    global GPUS
+    GPUS = ", ".join(a.gpus.split(","))
+    only = set(filter(None, a.only.split(",")))
+    want = lambda m: not only or m in only  # noqa: E731
     dev = torch.device("cuda:0")
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip()
@@ -140,7 +149,7 @@ def main():
     # ResNet50
     rn = torch_models.make("resnet50_pt").to(dev)
     x = np.random.default_rng(0).standard_normal((64, 3, 224, 224)).astype(np.float32)
-    for prec, mod, dt in [("fp32", rn, "TYPE_FP32"), ("fp16", Half(torch_models.make("resnet50_pt")).to(dev), "TYPE_FP32")]:
+    for prec, mod, dt in [("fp32", rn, "TYPE_FP32"), ("fp16", Half(torch_models.make("resnet50_pt")).to(dev), "TYPE_FP32")] * want("resnet50"):
         name = f"resnet50_{prec}"
         # two instances on the GPU, each with its own CUDA stream
         write(repo, name, torch_config(name, 128, [tensor_cfg("INPUT__0", dt, [3, 224, 224])],
@@ -148,14 +157,14 @@ def main():
         cases.append(("ResNet50", prec, name, {"INPUT__0": x}, ["OUTPUT__0"],
                       (lambda m: lambda: [m(torch.from_numpy(x).to(dev))])(mod), 64))
     # BERT-large QA
-    bert = torch_models.make("bert_large_pt").to(dev)
+    bert = torch_models.make("bert_large_pt").to(dev) if want("bert") else None
     rng = np.random.default_rng(1)
     ids = rng.integers(1, 30522, (8, 384)).astype(np.int32)
     seg = np.zeros((8, 384), np.int32)
     seg[:, 192:] = 1
     mask = np.ones((8, 384), np.int32)
     mask[:, 320:] = 0
-    for prec, mod in [("fp32", bert), ("fp16", HalfBert(torch_models.make("bert_large_pt")).to(dev))]:
+    for prec, mod in [("fp32", bert), ("fp16", HalfBert(torch_models.make("bert_large_pt")).to(dev))] * want("bert"):
         name = f"bert_large_{prec}"
         write(repo, name, torch_config(name, 16, [tensor_cfg(f"input__{i}", "TYPE_INT32", [384]) for i in range(3)],
                                        [tensor_cfg(f"output__{i}", "TYPE_FP32", [384]) for i in range(2)]), mod)
@@ -165,7 +174,7 @@ def main():
     # FastPitch
     fp_ids = torch_models.fastpitch_inputs(8, seed=3).numpy()
     for prec, mod in [("fp32", torch_models.make("fastpitch").to(dev)),
-                      ("fp16", HalfFastPitch(torch_models.make("fastpitch")).to(dev))]:
+                      ("fp16", HalfFastPitch(torch_models.make("fastpitch")).to(dev))] * want("fastpitch"):
         name = f"fastpitch_{prec}"
         write(repo, name, torch_config(name, 8, [tensor_cfg("INPUT__0", "TYPE_INT64", [128])],
                                        [tensor_cfg("OUTPUT__0", "TYPE_FP32", [80, -1]), tensor_cfg("OUTPUT__1", "TYPE_INT64", [1]),
@@ -175,7 +184,7 @@ def main():
     # Recommenders: sparse step = embedding store on the GPU, dense step = TorchScript on the GPU
     batch = 4096
     tables = [f"t{i}" for i in range(26)]
-    for rname in ("dlrm", "dcnv2", "wide_deep"):
+    for rname in [r for r in ("dlrm", "dcnv2", "wide_deep") if want(r)]:
         model = recommenders.make(rname, [a.rows] * 26)
         dim = model.dim
         sparse = f"{rname}_sparse"
@@ -191,7 +200,7 @@ max_batch_size: {batch}
 input [ {tensor_cfg("KEYS", "TYPE_INT64", [26])} ]
 output [ {tensor_cfg("OUTPUT0", "TYPE_FP32", [26, dim])} ]
 dynamic_batching {{ max_queue_delay_microseconds: 100 }}
-instance_group [ {{ count: 1 kind: KIND_GPU gpus: [ 0 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_GPU gpus: [ {GPUS} ] }} ]
 parameters {{ key: "engine" value {{ string_value: "embedding" }} }}
 parameters {{ key: "embedding_interface" value {{ string_value: "batched" }} }}
 parameters {{ key: "embedding_table_names" value {{ string_value: "{','.join(tables)}" }} }}
@@ -260,6 +269,10 @@ ensemble_scheduling {{ step [
     print(f"{'model':<14} {'precision':<9} {'max abs diff':>12} {'tolerance':>9} {'batch':>6} {'server items/s':>15} {'bare torch items/s':>18} {'ratio':>6}")
     for label, prec, diff, b, srv, bare in rows:
         print(f"{label:<14} {prec:<9} {diff:>12.3e} {TOL[prec]:>9.0e} {b:>6} {srv:>15,.0f} {bare:>18,.0f} {srv / bare:>6.2f}")
+    placed = [l.strip() for l in open(log_path) if "ready on Gpu" in l]
+    print("\ninstances and their devices (server log):")
+    for l in placed:
+        print("  " + l[l.find("instance '"):][:120])
     gpu_lines = [l.strip() for l in open(log_path) if "arrived in GPU memory" in l]
     print("\nmemory the dense steps received their embeddings in (server log):")
     for l in gpu_lines[:6] or ["  (no input arrived in GPU memory)"]:

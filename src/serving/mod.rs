@@ -375,9 +375,13 @@ fn write_output(resp: &mut Response, out: &OutputView<'_>, shape: &[i64], range:
             cuda::copy_device_to_device(to, dst, addr + range.start as u64, range.len())?
         }
         (OutputData::Device { device, addr, .. }, OutputTarget::Host(buf)) => cuda::copy_device_to_host(*device, buf, addr + range.start as u64)?,
-        (OutputData::Host(_), OutputTarget::Device { .. }) | (OutputData::Device { .. }, OutputTarget::Device { .. }) => {
-            return Err(Error::unsupported(format!("output '{}': Triton asked for GPU memory the backend cannot fill", out.name)))
+        (OutputData::Device { device, addr, .. }, OutputTarget::Device { device: to, addr: dst }) => {
+            // another GPU: through the host (rare: Triton places a step's buffers on its device)
+            let mut staged = vec![0u8; range.len()];
+            cuda::copy_device_to_host(*device, &mut staged, addr + range.start as u64)?;
+            cuda::copy_host_to_device(to, dst, &staged)?
         }
+        (OutputData::Host(bytes), OutputTarget::Device { device: to, addr: dst }) => cuda::copy_host_to_device(to, dst, &bytes[range])?,
     }
     Ok(())
 }
