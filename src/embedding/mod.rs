@@ -332,7 +332,7 @@ impl crate::telemetry::MetricsSource for EmbeddingStore {
             push("rust_embedding_updates_total", "Update calls applied to the embedding store", Counter, table(), get(&c.updates));
             push("rust_embedding_updated_keys_total", "Rows written by updates", Counter, table(), get(&c.updated_keys));
             push("rust_embedding_update_lag_seconds_total", "Time from an update's arrival until it is visible in every tier, summed", Counter, table(), get(&c.update_ns) / 1e9);
-            push("rust_embedding_redis_errors_total", "Failed calls to the Redis tier", Counter, table(), get(&c.remote_errors));
+            push("rust_embedding_redis_errors_total", "Lookups and updates that could not reach the Redis tier (down, or backing off after a failure)", Counter, table(), get(&c.remote_errors));
             push("rust_embedding_cache_fills_dropped_total", "Cache fills skipped (queue full or raced with an update)", Counter, table(), get(&c.fills_dropped));
         }
         out
