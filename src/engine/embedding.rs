@@ -22,6 +22,7 @@ use super::{Device, Engine, EngineOptions, OutputData, OutputView, Signature};
 use crate::batch::{BatchTensor, RequestTensor};
 use crate::config::{ModelConfig, TensorSpec};
 use crate::embedding::cache::{CacheTier, HostCache};
+use crate::embedding::gpu::DeviceRows;
 use crate::embedding::{EmbeddingStore, InstanceCaches, StoreConfig, TableConfig};
 use crate::error::{Error, Result};
 use crate::tensor::DataType;
@@ -171,7 +172,7 @@ pub struct EmbeddingEngine {
     settings: StoreSettings,
     caches: Arc<InstanceCaches>,
     /// The GPU instance's output buffer (grown as batches grow).
-    device_rows: Option<crate::embedding::gpu::DeviceRows>,
+    device_rows: Option<DeviceRows>,
     probe: bool,
     sig: Signature,
 }
@@ -278,6 +279,14 @@ impl EmbeddingEngine {
     }
 }
 
+/// The GPU instance's output buffer, grown to hold `total` floats.
+fn device_rows(slot: &mut Option<DeviceRows>, device: i32, total: usize) -> Result<&mut DeviceRows> {
+    if slot.as_ref().is_none_or(|r| r.len() < total) {
+        *slot = Some(DeviceRows::new(device, total.max(1))?);
+    }
+    Ok(slot.as_mut().expect("allocated above"))
+}
+
 fn as_i64(bytes: &[u8]) -> Vec<i64> {
     bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()
 }
@@ -354,6 +363,28 @@ impl Engine for EmbeddingEngine {
         let out_name = self.sig.outputs[0].name.clone();
         let wanted = outputs.iter().any(|o| *o == out_name);
         match self.settings.interface {
+            Interface::Hps if matches!(self.sig.device, Device::Gpu(_)) => {
+                // Rows go straight into device memory, table after table; the serving layer
+                // then copies them once into the response buffer, wherever that is.
+                let Device::Gpu(id) = self.sig.device else { unreachable!() };
+                let keys = as_i64(host(0)?);
+                let numkeys = as_i32(host(1)?);
+                let parts: Vec<Vec<i64>> = self.split(&keys, &numkeys)?.into_iter().map(<[i64]>::to_vec).collect();
+                let total: usize = parts.iter().enumerate().map(|(t, p)| p.len() * store.dim(t)).sum();
+                let rows = device_rows(&mut self.device_rows, id, total)?;
+                let mut at = 0;
+                for (t, part) in parts.iter().enumerate() {
+                    let dim = store.dim(t);
+                    if !part.is_empty() {
+                        self.caches.lookup_device(t, part, rows, at, dim)?;
+                    }
+                    at += part.len() * dim;
+                }
+                if wanted {
+                    let data = OutputData::Device { device: id as i64, addr: rows.addr(), len: total * 4 };
+                    sink(OutputView { name: &out_name, dtype: DataType::F32, shape: &[total as i64], data })?;
+                }
+            }
             Interface::Hps => {
                 let keys = as_i64(host(0)?);
                 let numkeys = as_i32(host(1)?);
@@ -377,10 +408,7 @@ impl Engine for EmbeddingEngine {
                 let dim = store.dim(0);
                 let batch = keys.len() / tables;
                 let total = batch * tables * dim;
-                if self.device_rows.as_ref().is_none_or(|r| r.len() < total) {
-                    self.device_rows = Some(crate::embedding::gpu::DeviceRows::new(id, total.max(1))?);
-                }
-                let rows = self.device_rows.as_mut().expect("allocated above");
+                let rows = device_rows(&mut self.device_rows, id, total)?;
                 for t in 0..tables {
                     let col: Vec<i64> = keys.iter().skip(t).step_by(tables).copied().collect();
                     self.caches.lookup_device(t, &col, rows, t * dim, tables * dim)?;
