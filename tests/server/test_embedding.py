@@ -82,13 +82,15 @@ def hps3_config(name: str) -> str:
 class Redis:
     """A real redis-server on 127.0.0.1:port (no persistence), and a tiny RESP writer (no redis-py)."""
 
-    def __init__(self, port: int, workdir: str):
+    def __init__(self, port: int, workdir: str, extra_args=()):
         self.port, self.workdir, self.proc = port, workdir, None
+        self.extra_args = list(extra_args)
 
     def start(self) -> "Redis":
         self.proc = subprocess.Popen(
             ["/usr/bin/redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--daemonize", "no", "--dir", self.workdir, "--loglevel", "warning"],
+             "--appendonly", "no", "--daemonize", "no", "--dir", self.workdir, "--loglevel", "warning",
+             *self.extra_args],
             stdout=open(os.path.join(self.workdir, "redis.log"), "ab"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 10
         while True:
