@@ -196,25 +196,31 @@ pub fn check_shared_dims(tensors: &[RequestTensor<'_>], dims: &[(&str, &[String]
 /// for every input. Each group is a list of indices into `requests`, in order.
 /// A non-batching model runs every request alone.
 pub fn group_by_shape(cfg: &ModelConfig, requests: &[&CheckedRequest<'_>]) -> Vec<Vec<usize>> {
-    let mut groups: Vec<(Vec<&[i64]>, Vec<usize>)> = Vec::new();
+    // Requests batch together when every input has the same non-batch dims and lives in
+    // the same memory (host, or a given GPU): GPU inputs are then gathered on their GPU.
+    type Key<'k> = Vec<(&'k [i64], Option<Memory>)>;
+    let mut groups: Vec<(Key<'_>, Vec<usize>)> = Vec::new();
     for (i, r) in requests.iter().enumerate() {
         if !cfg.batching() {
             groups.push((Vec::new(), vec![i]));
             continue;
         }
-        // A request whose inputs are in GPU memory runs alone: its buffers are used in
-        // place, and several of them cannot be concatenated on the host.
-        if r.tensors.iter().any(|t| t.chunks.iter().any(|c| matches!(c, Chunk::Device { .. }))) {
-            groups.push((Vec::new(), vec![i]));
-            continue;
-        }
-        let key: Vec<&[i64]> = r.tensors.iter().map(|t| &t.shape[1..]).collect();
+        let key: Key<'_> = r.tensors.iter().map(|t| (&t.shape[1..], device_of(t))).collect();
         match groups.iter_mut().find(|(k, _)| !k.is_empty() && *k == key) {
             Some((_, members)) => members.push(i),
             None => groups.push((key, vec![i])),
         }
     }
     groups.into_iter().map(|(_, m)| m).collect()
+}
+
+/// The GPU an input's bytes are on, if they are on one (all chunks of a checked input
+/// are on the same side; a mixed input counts by its first device chunk).
+fn device_of(t: &RequestTensor<'_>) -> Option<Memory> {
+    t.chunks.iter().find_map(|c| match c {
+        Chunk::Device { memory, .. } => Some(*memory),
+        Chunk::Host(_) => None,
+    })
 }
 
 /// One input of an assembled batch.
@@ -225,6 +231,9 @@ pub enum BatchData<'a> {
     Owned(AlignedBuf),
     /// A single request's contiguous device buffer, used in place.
     Device { memory: Memory, addr: u64, len: usize },
+    /// Several device buffers that make up the input, in order: the serving layer
+    /// gathers them into one buffer on that GPU before the engine sees the batch.
+    DeviceParts { memory: Memory, parts: Vec<(u64, usize)> },
 }
 
 pub struct BatchTensor<'a> {
@@ -239,7 +248,7 @@ impl BatchTensor<'_> {
         match &self.data {
             BatchData::Borrowed(b) => Some(b),
             BatchData::Owned(b) => Some(b.as_slice()),
-            BatchData::Device { .. } => None,
+            BatchData::Device { .. } | BatchData::DeviceParts { .. } => None,
         }
     }
 }
@@ -270,6 +279,24 @@ pub fn assemble<'a>(cfg: &ModelConfig, group: &[&CheckedRequest<'a>]) -> Result<
         let data = match (group.len(), proto.chunks.as_slice()) {
             (1, [Chunk::Host(bytes)]) => BatchData::Borrowed(bytes),
             (1, [Chunk::Device { memory, addr, len }]) => BatchData::Device { memory: *memory, addr: *addr, len: *len },
+            _ if device_of(proto).is_some() => {
+                let memory = device_of(proto).expect("checked");
+                let mut parts = Vec::new();
+                for r in group {
+                    for chunk in &r.tensors[i].chunks {
+                        match chunk {
+                            Chunk::Device { memory: m, addr, len } if *m == memory => parts.push((*addr, *len)),
+                            _ => {
+                                return Err(Error::unsupported(format!(
+                                    "input '{}' is split between host and GPU memory; the rust backend takes one or the other",
+                                    proto.name
+                                )))
+                            }
+                        }
+                    }
+                }
+                BatchData::DeviceParts { memory, parts }
+            }
             _ => {
                 let size: usize = group.iter().map(|r| r.tensors[i].byte_size()).sum();
                 let mut buf = AlignedBuf::zeroed(size);
@@ -284,7 +311,7 @@ pub fn assemble<'a>(cfg: &ModelConfig, group: &[&CheckedRequest<'a>]) -> Result<
                             }
                             Chunk::Device { .. } => {
                                 return Err(Error::unsupported(format!(
-                                    "input '{}': gathering several GPU buffers into one batch is not supported yet",
+                                    "input '{}' is split between host and GPU memory; the rust backend takes one or the other",
                                     proto.name
                                 )))
                             }
@@ -413,6 +440,31 @@ mod tests {
         let r = check_request(&c, &p, vec![dev, t("B", DataType::I32, &[1, 2], vec![&b])]).unwrap();
         let batch = assemble(&c, &[&r]).unwrap();
         assert!(matches!(batch.tensors[0].data, BatchData::Device { addr: 0x1000, .. }));
+    }
+
+    #[test]
+    fn gpu_inputs_batch_together_as_device_parts() {
+        let c = cfg(8);
+        let p = InputPolicy { accepts_device_inputs: true, ..Default::default() };
+        let b = i32s(&[1, 2]);
+        let dev = |addr| RequestTensor { name: "A".into(), dtype: DataType::F32, shape: vec![1, 3], chunks: vec![Chunk::Device { memory: Memory::Gpu(0), addr, len: 12 }] };
+        let r1 = check_request(&c, &p, vec![dev(0x1000), t("B", DataType::I32, &[1, 2], vec![&b])]).unwrap();
+        let r2 = check_request(&c, &p, vec![dev(0x2000), t("B", DataType::I32, &[1, 2], vec![&b])]).unwrap();
+        let a = f32s(&[1.0, 2.0, 3.0]);
+        let host = check_request(&c, &p, vec![t("A", DataType::F32, &[1, 3], vec![&a]), t("B", DataType::I32, &[1, 2], vec![&b])]).unwrap();
+        let all = [&r1, &host, &r2];
+        // GPU requests batch with each other, not with the host one
+        assert_eq!(group_by_shape(&c, &all), vec![vec![0, 2], vec![1]]);
+        let batch = assemble(&c, &[&r1, &r2]).unwrap();
+        match &batch.tensors[0].data {
+            BatchData::DeviceParts { memory, parts } => {
+                assert_eq!(*memory, Memory::Gpu(0));
+                assert_eq!(parts, &vec![(0x1000, 12), (0x2000, 12)]);
+            }
+            _ => panic!("expected device parts"),
+        }
+        assert!(matches!(batch.tensors[1].data, BatchData::Owned(_)), "the host input is concatenated as usual");
+        assert_eq!(batch.tensors[0].shape, vec![2, 3]);
     }
 
     #[test]

@@ -68,3 +68,49 @@ pub fn copy_host_to_device(device: i64, dst: u64, src: &[u8]) -> Result<()> {
     // SAFETY: the caller passes a device buffer of at least src.len() bytes.
     unsafe { result::memcpy_htod_sync(dst, src) }.map_err(cuda_err)
 }
+
+/// A device buffer holding several device buffers copied one after another: a batch
+/// input gathered on the GPU from the requests' own GPU buffers.
+pub struct GatheredBuffer {
+    stream: Arc<cudarc::driver::CudaStream>,
+    buf: cudarc::driver::CudaSlice<u8>,
+}
+
+impl GatheredBuffer {
+    pub fn gather(device: i64, parts: &[(u64, usize)]) -> Result<GatheredBuffer> {
+        use cudarc::driver::DevicePtr;
+        let ctx = context(device)?;
+        let stream = ctx.new_stream().map_err(cuda_err)?;
+        let total: usize = parts.iter().map(|p| p.1).sum();
+        let buf = stream.alloc_zeros::<u8>(total.max(1)).map_err(cuda_err)?;
+        stream.synchronize().map_err(cuda_err)?;
+        let base = {
+            let (ptr, _sync) = buf.device_ptr(&stream);
+            ptr
+        };
+        let mut at = 0u64;
+        for &(addr, len) in parts {
+            if len > 0 {
+                // SAFETY: each part is a live device buffer of `len` bytes; the destination
+                // has room for all of them.
+                unsafe { result::memcpy_dtod_sync(base + at, addr, len) }.map_err(cuda_err)?;
+            }
+            at += len as u64;
+        }
+        Ok(GatheredBuffer { stream, buf })
+    }
+
+    pub fn addr(&self) -> u64 {
+        use cudarc::driver::DevicePtr;
+        let (ptr, _sync) = self.buf.device_ptr(&self.stream);
+        ptr
+    }
+
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf.len() == 0
+    }
+}

@@ -119,6 +119,36 @@ def server_rate(client, model, feeds, outputs, batch, seconds=3.0):
     return n * batch / (time.time() - t0)
 
 
+def concurrent_check(port, ensemble, feeds, eager, threads=8, per_thread=6, rows=512):
+    """Concurrent ensemble requests: the dense step's dynamic batcher merges requests whose
+    embeddings are in GPU memory (gathered on the GPU); every answer must stay exact."""
+    import threading
+    dense_model = ensemble.replace("_fp", "_dense_fp")
+    with torch.no_grad():
+        ref = eager()[0].float().cpu().numpy()
+    c = Client(f"localhost:{port}")
+    before = c.stats(dense_model)
+    worst = [0.0]
+    def work(i):
+        cl = Client(f"localhost:{port}")
+        for j in range(per_thread):
+            lo = ((i * per_thread + j) * rows) % (len(ref) - rows)
+            part = {k: v[lo:lo + rows] for k, v in feeds.items()}
+            got = cl.infer(ensemble, part, ["prediction"])["prediction"]
+            worst[0] = max(worst[0], float(np.abs(got - ref[lo:lo + rows]).max()))
+        cl.close()
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    after = c.stats(dense_model)
+    c.close()
+    print(f"    concurrent: {threads * per_thread} requests of {rows} -> {dense_model} ran "
+          f"{after['execution_count'] - before['execution_count']} executions for "
+          f"{after['inference_count'] - before['inference_count']} rows; max abs diff {worst[0]:.3e}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--server", required=True)
@@ -256,6 +286,8 @@ ensemble_scheduling {{ step [
                 srv = server_rate(c, name, feeds, outputs, b)
                 bare = bare_rate(eager, b)
             rows.append((label, prec, diff, b, srv, bare))
+            if name.startswith(("dlrm", "dcnv2", "wide_deep")):
+                concurrent_check(a.port, name, feeds, eager)
             ok = "ok" if diff <= TOL[prec] else "OVER TOLERANCE"
             print(f"  {label:<14} {prec}  max abs diff {diff:.3e} ({ok})  batch {b}: server {srv:,.0f}/s, bare torch {bare:,.0f}/s")
         c.close()

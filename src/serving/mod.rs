@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
-use crate::batch::{assemble, check_request, group_by_shape, scatter_ranges, CheckedRequest, InputPolicy};
+use crate::batch::{assemble, check_request, group_by_shape, scatter_ranges, BatchData, CheckedRequest, InputPolicy};
 use crate::config::{autocomplete, check_against_model, ModelConfig, DEFAULT_MAX_BATCH_SIZE};
 pub use crate::engine::Device;
 use crate::engine::{self, Engine, EngineKind, EngineOptions};
@@ -329,7 +329,16 @@ fn run_group(
     outcomes: &mut [Result<()>],
     sink_ns: &mut u64,
 ) -> Result<usize> {
-    let batch = assemble(cfg, group)?;
+    let mut batch = assemble(cfg, group)?;
+    // GPU inputs of several requests: gather them into one buffer on their GPU.
+    let mut gathered = Vec::new();
+    for t in &mut batch.tensors {
+        if let BatchData::DeviceParts { memory: Memory::Gpu(id), parts } = &t.data {
+            let buf = cuda::GatheredBuffer::gather(*id, parts)?;
+            t.data = BatchData::Device { memory: Memory::Gpu(*id), addr: buf.addr(), len: parts.iter().map(|p| p.1).sum() };
+            gathered.push(buf);
+        }
+    }
     let mut names: Vec<&str> = Vec::new();
     for &m in members {
         for w in &wanted[m] {
