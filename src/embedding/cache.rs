@@ -57,6 +57,13 @@ pub struct CacheCounters {
     pub occupied: u64,
 }
 
+impl CacheCounters {
+    pub fn new(hits: u64, misses: u64, insertions: u64, evictions: u64) -> CacheCounters {
+        // only an insert into an empty way adds a row without evicting one
+        CacheCounters { hits, misses, insertions, evictions, occupied: insertions.saturating_sub(evictions) }
+    }
+}
+
 /// A cache tier: the CPU one here, the GPU one in `gpu.rs`.
 pub trait CacheTier: Send + Sync {
     fn geometry(&self) -> CacheGeometry;
@@ -186,15 +193,12 @@ impl CacheTier for HostCache {
     }
 
     fn counters(&self) -> CacheCounters {
-        let (insertions, evictions) = (self.insertions.load(Ordering::Relaxed), self.evictions.load(Ordering::Relaxed));
-        CacheCounters {
-            hits: self.hits.load(Ordering::Relaxed),
-            misses: self.misses.load(Ordering::Relaxed),
-            insertions,
-            evictions,
-            // only an insert into an empty way adds a row without evicting one
-            occupied: insertions - evictions,
-        }
+        CacheCounters::new(
+            self.hits.load(Ordering::Relaxed),
+            self.misses.load(Ordering::Relaxed),
+            self.insertions.load(Ordering::Relaxed),
+            self.evictions.load(Ordering::Relaxed),
+        )
     }
 
     fn name(&self) -> &'static str {

@@ -333,13 +333,7 @@ impl CacheTier for GpuCache {
         let mut c = [0u64; 2];
         let ok = self.stream.memcpy_dtoh(&slots.counters, &mut c).is_ok() && self.stream.synchronize().is_ok();
         let (insertions, evictions) = if ok { (c[0], c[1]) } else { (0, 0) };
-        CacheCounters {
-            hits: self.hits.load(Ordering::Relaxed),
-            misses: self.misses.load(Ordering::Relaxed),
-            insertions,
-            evictions,
-            occupied: insertions - evictions,
-        }
+        CacheCounters::new(self.hits.load(Ordering::Relaxed), self.misses.load(Ordering::Relaxed), insertions, evictions)
     }
 
     fn name(&self) -> &'static str {
