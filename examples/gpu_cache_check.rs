@@ -9,7 +9,6 @@
 //!
 //!   cargo build --release --example gpu_cache_check
 //!   target/release/examples/gpu_cache_check [--rows N] [--dim D] [--batch B]
-use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::CudaContext;
@@ -114,5 +113,4 @@ fn main() {
         batch as f64 / secs / 1e9,
         bytes / secs / 1e9
     );
-    let _ = Arc::new(0);
 }

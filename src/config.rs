@@ -239,7 +239,7 @@ pub fn check_against_model(cfg: &ModelConfig, inputs: &[TensorSpec], outputs: &[
             full.extend(&c.dims);
             // Compatible when each model dim is free or equal to the config's.
             let ok = full.len() == m.shape.len()
-                && full.iter().zip(&m.shape).all(|(&c, &m)| m == -1 || c == m || (c == -1 && m == -1));
+                && full.iter().zip(&m.shape).all(|(&c, &m)| m == -1 || c == m);
             if !ok {
                 let batch_note = if cfg.batching() {
                     " (max_batch_size > 0 adds a leading batch dimension, so the model's first dimension must be free)"

@@ -105,12 +105,4 @@ impl GatheredBuffer {
         let (ptr, _sync) = self.buf.device_ptr(&self.stream);
         ptr
     }
-
-    pub fn len(&self) -> usize {
-        self.buf.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.buf.len() == 0
-    }
 }

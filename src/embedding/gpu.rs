@@ -357,7 +357,6 @@ pub struct DeviceRows {
     dev: Arc<Device>,
     stream: Arc<CudaStream>,
     buf: CudaSlice<f32>,
-    device: i32,
 }
 
 impl DeviceRows {
@@ -365,16 +364,13 @@ impl DeviceRows {
         let dev = self::device(device)?;
         let stream = dev.ctx.new_stream().map_err(cuda_err)?;
         let buf = stream.alloc_zeros::<f32>(len.max(1)).map_err(cuda_err)?;
-        Ok(DeviceRows { dev, stream, buf, device })
+        Ok(DeviceRows { dev, stream, buf })
     }
     pub fn len(&self) -> usize {
         self.buf.len()
     }
     pub fn is_empty(&self) -> bool {
         self.buf.len() == 0
-    }
-    pub fn device(&self) -> i32 {
-        self.device
     }
     /// The buffer's device address (valid while `self` lives).
     pub fn addr(&self) -> u64 {

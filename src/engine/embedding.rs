@@ -52,10 +52,7 @@ fn list(cfg: &ModelConfig, key: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn parse_list<T: std::str::FromStr>(cfg: &ModelConfig, key: &str, n: usize, default: Option<T>) -> Result<Vec<T>>
-where
-    T: Clone,
-{
+fn parse_list<T: std::str::FromStr + Clone>(cfg: &ModelConfig, key: &str, n: usize, default: Option<T>) -> Result<Vec<T>> {
     let items = list(cfg, key);
     if items.is_empty() {
         return default.map(|d| vec![d; n]).ok_or_else(|| Error::invalid_arg(format!("parameter '{key}' is required")));
@@ -287,6 +284,26 @@ fn device_rows(slot: &mut Option<DeviceRows>, device: i32, total: usize) -> Resu
     Ok(slot.as_mut().expect("allocated above"))
 }
 
+/// Decodes a request tensor's host bytes into values, straight from Triton's buffer
+/// when it is one chunk (device chunks never reach this engine: it takes no GPU inputs).
+fn from_chunks<T, const N: usize>(t: &RequestTensor<'_>, decode: fn([u8; N]) -> T) -> Vec<T> {
+    let joined: Vec<u8>;
+    let bytes: &[u8] = match t.chunks.as_slice() {
+        [crate::batch::Chunk::Host(b)] => b,
+        chunks => {
+            joined = chunks
+                .iter()
+                .flat_map(|c| match c {
+                    crate::batch::Chunk::Host(b) => b.to_vec(),
+                    crate::batch::Chunk::Device { .. } => Vec::new(),
+                })
+                .collect();
+            &joined
+        }
+    };
+    bytes.chunks_exact(N).map(|c| decode(c.try_into().expect("N bytes"))).collect()
+}
+
 fn as_i64(bytes: &[u8]) -> Vec<i64> {
     bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()
 }
@@ -311,16 +328,10 @@ impl Engine for EmbeddingEngine {
     }
 
     fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
-        let host = |t: &RequestTensor<'_>| -> Vec<u8> {
-            t.chunks.iter().flat_map(|c| match c {
-                crate::batch::Chunk::Host(b) => b.to_vec(),
-                crate::batch::Chunk::Device { .. } => Vec::new(),
-            }).collect()
-        };
         match self.settings.interface {
             Interface::Hps | Interface::Update => {
-                let keys = as_i64(&host(&inputs[0]));
-                let numkeys = as_i32(&host(&inputs[1]));
+                let keys = from_chunks(&inputs[0], i64::from_le_bytes);
+                let numkeys = from_chunks(&inputs[1], i32::from_le_bytes);
                 let parts = self.split(&keys, &numkeys)?;
                 if self.settings.interface == Interface::Update {
                     let want: usize = parts.iter().enumerate().map(|(t, p)| p.len() * self.store().dim(t)).sum();
@@ -331,7 +342,7 @@ impl Engine for EmbeddingEngine {
                             self.sig.inputs[2].name
                         )));
                     }
-                    let vals = as_f32(&host(&inputs[2]));
+                    let vals = from_chunks(&inputs[2], f32::from_le_bytes);
                     if let Some(i) = vals.iter().position(|v| !v.is_finite()) {
                         return Err(Error::invalid_arg(format!("input '{}' holds a NaN or infinite value at element {i}", self.sig.inputs[2].name)));
                     }
@@ -339,7 +350,7 @@ impl Engine for EmbeddingEngine {
                 Ok(())
             }
             Interface::Batched => {
-                let keys = as_i64(&host(&inputs[0]));
+                let keys = from_chunks(&inputs[0], i64::from_le_bytes);
                 let tables = self.store().table_count();
                 for t in 0..tables {
                     let col: Vec<i64> = keys.iter().skip(t).step_by(tables).copied().collect();
