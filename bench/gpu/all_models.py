@@ -11,7 +11,6 @@ same GPU, and prints: model, precision, max abs diff, throughput at one batch si
 through the server, the same model run bare in torch, and their ratio."""
 import argparse
 import os
-import re
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 import recommenders  # noqa: E402
 import torch_models  # noqa: E402
 from kserve_client import Client  # noqa: E402
+from tritonserver_process import serve  # noqa: E402
 
 TOL = {"fp32": 1e-3, "fp16": 5e-2}  # stated tolerances: |server - torch eager| per element
 
@@ -264,19 +264,9 @@ ensemble_scheduling {{ step [
     print(f"models generated in {time.time() - t0:.0f} s")
 
     log_path = os.path.join(a.work, "server.log")
-    server = subprocess.Popen([a.server, f"--model-repository={repo}", f"--backend-directory={a.backends}",
-                               f"--backend-config=rust,libtorch-dir={a.libtorch_dir}",
-                               f"--http-port={a.port}", f"--grpc-port={a.port + 1}", f"--metrics-port={a.port + 2}",
-                               "--exit-timeout-secs=5"], stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
     rows = []
-    try:
-        c = Client(f"localhost:{a.port}")
-        deadline = time.time() + 600
-        while not c.ready():
-            if server.poll() is not None or time.time() > deadline:
-                print(open(log_path).read()[-5000:])
-                raise SystemExit("tritonserver did not become ready")
-            time.sleep(1)
+    with serve(a.server, repo, a.backends, a.port, log_path,
+               extra=[f"--backend-config=rust,libtorch-dir={a.libtorch_dir}"]) as c:
         print(f"server ready after loading {len(cases)} models ({time.time() - t0:.0f} s)")
         for label, prec, name, feeds, outputs, eager, b in cases:
             with torch.no_grad():
@@ -290,13 +280,6 @@ ensemble_scheduling {{ step [
                 concurrent_check(a.port, name, feeds, eager)
             ok = "ok" if diff <= TOL[prec] else "OVER TOLERANCE"
             print(f"  {label:<14} {prec}  max abs diff {diff:.3e} ({ok})  batch {b}: server {srv:,.0f}/s, bare torch {bare:,.0f}/s")
-        c.close()
-    finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
     print()
     print(f"{'model':<14} {'precision':<9} {'max abs diff':>12} {'tolerance':>9} {'batch':>6} {'server items/s':>15} {'bare torch items/s':>18} {'ratio':>6}")
     for label, prec, diff, b, srv, bare in rows:

@@ -10,7 +10,6 @@ Prometheus metrics), and the effective GB/s of rows returned against the GPU's m
 bandwidth."""
 import argparse
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
 from kserve_client import Client  # noqa: E402
+from tritonserver_process import serve  # noqa: E402
 from make_tables import write_table  # noqa: E402
 
 # Peak memory bandwidth, GB/s (vendor figures), to put the effective rate in context.
@@ -82,18 +82,8 @@ parameters {{ key: "embedding_vecsize_per_table" value {{ string_value: "{a.dim}
 parameters {{ key: "gpucacheper" value {{ string_value: "{a.cache_ratio}" }} }}
 parameters {{ key: "hit_rate_threshold" value {{ string_value: "0.9" }} }}
 """)
-    log = open(os.path.join(a.work, "server.log"), "w")
-    server = subprocess.Popen([a.server, f"--model-repository={repo}", f"--backend-directory={a.backends}",
-                               f"--http-port={a.port}", f"--grpc-port={a.port + 1}", f"--metrics-port={a.port + 2}",
-                               "--log-verbose=0", "--exit-timeout-secs=5"], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        c = Client(f"localhost:{a.port}")
-        deadline = time.time() + 300
-        while not c.ready():
-            if server.poll() is not None or time.time() > deadline:
-                print(open(os.path.join(a.work, "server.log")).read()[-4000:])
-                raise SystemExit("tritonserver did not become ready")
-            time.sleep(0.5)
+    with serve(a.server, repo, a.backends, a.port, os.path.join(a.work, "server.log"),
+               extra=["--log-verbose=0"], timeout=300) as c:
         for line in open(os.path.join(a.work, "server.log")):
             if "store 'store'" in line or "ready on Gpu" in line:
                 print("[server]", line.strip()[-160:])
@@ -154,13 +144,6 @@ parameters {{ key: "hit_rate_threshold" value {{ string_value: "0.9" }} }}
         n = max(server_stats["success"]["count"], 1)
         print("  server time per request (ms): queue {:.2f}, compute_input {:.2f}, compute_infer {:.2f}, compute_output {:.2f}".format(
             *(server_stats[k]["ns"] / n / 1e6 for k in ("queue", "compute_input", "compute_infer", "compute_output"))))
-        c.close()
-    finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 def metric_sum(port):

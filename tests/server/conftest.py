@@ -54,12 +54,7 @@ def start_server(tmp_path_factory, example_models):
         log_dir = str(tmp_path_factory.mktemp("server-log"))
         srv = TritonServer(repo_dir, extra_args, log_dir=log_dir, **kw)
         servers.append(srv)
-        try:
-            srv.start()
-        except HarnessError as e:
-            pytest.fail(str(e), pytrace=False)
-        print(f"\n[server] pid {srv.pid} http {srv.http_url} grpc {srv.grpc_url} log {srv.log_path}")
-        return srv
+        return _start_or_fail(srv)
 
     yield _start
     for srv in servers:
@@ -70,6 +65,11 @@ def module_server(request, tmp_path_factory, repo: ModelRepo, *extra_args: str, 
     """Start a server for a module-scoped fixture; stopped by the fixture's finalizer."""
     srv = TritonServer(repo.root, extra_args, log_dir=str(tmp_path_factory.mktemp("server-log")), **kw)
     request.addfinalizer(srv.stop)
+    return _start_or_fail(srv)
+
+
+def _start_or_fail(srv: TritonServer) -> TritonServer:
+    """Starts the server; a failed start fails the test with the server's log."""
     try:
         srv.start()
     except HarnessError as e:

@@ -3,7 +3,6 @@ request in a merged batch fails alone."""
 
 from __future__ import annotations
 
-import queue
 import threading
 
 import numpy as np
@@ -11,6 +10,7 @@ import pytest
 
 from conftest import module_server
 from tritonserver_harness import ModelRepo, make_client, make_inputs
+from tritonserver_harness import fire_grpc as harness_fire_grpc
 
 N_REQUESTS = 64
 
@@ -63,18 +63,7 @@ def delta(after: dict, before: dict) -> dict:
 
 
 def fire_grpc(server, model, payloads):
-    """Send every payload at once with gRPC async_infer; returns [(ndarray or None, error or None)]."""
-    client = make_client(server, "grpc")
-    done: "queue.Queue" = queue.Queue()
-    for i, x in enumerate(payloads):
-        client.async_infer(model, make_inputs("grpc", {"INPUT0": x}),
-                           callback=lambda result, error, i=i: done.put((i, result, error)))
-    results = [None] * len(payloads)
-    for _ in payloads:
-        i, result, error = done.get(timeout=120)
-        results[i] = (None if error else result.as_numpy("OUTPUT0"), error)
-    client.close()
-    return results
+    return harness_fire_grpc(server, model, "INPUT0", payloads)
 
 
 def fire_http_threads(server, model, payloads):

@@ -14,7 +14,6 @@ Every comparison is exact (np.array_equal): the store hands out the stored float
 from __future__ import annotations
 
 import os
-import queue
 import random
 import socket
 import subprocess
@@ -26,12 +25,12 @@ import pytest
 
 from conftest import module_server
 from tritonserver_harness import (
+    fire_grpc,
     ModelRepo,
     error_status,
     free_ports,
     infer,
     make_client,
-    make_inputs,
     metric_sum,
     wait_metric,
 )
@@ -323,18 +322,7 @@ def stats_delta(server, before: dict, requests: int) -> dict:
 
 
 def fire_grpc_batched(server, payloads):
-    """Every payload at once through gRPC async_infer; returns [(ndarray or None, error or None)]."""
-    client = make_client(server, "grpc")
-    done: "queue.Queue" = queue.Queue()
-    for i, x in enumerate(payloads):
-        client.async_infer("emb_batched", make_inputs("grpc", {"KEYS": x}),
-                           callback=lambda result, error, i=i: done.put((i, result, error)))
-    results = [None] * len(payloads)
-    for _ in payloads:
-        i, result, error = done.get(timeout=120)
-        results[i] = (None if error else result.as_numpy("OUTPUT0"), error)
-    client.close()
-    return results
+    return fire_grpc(server, "emb_batched", "KEYS", payloads)
 
 
 def test_batched_interface_exact_and_concurrent(server, repo):

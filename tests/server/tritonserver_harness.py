@@ -412,3 +412,20 @@ def wait_metric(server: TritonServer, family: str, want: float, timeout: float =
         if got == want or time.monotonic() > deadline:
             return got
         time.sleep(0.25)
+
+
+def fire_grpc(server: "TritonServer", model: str, input_name: str, payloads, output_name: str = "OUTPUT0"):
+    """Sends every payload at once with gRPC async_infer (so the dynamic batcher can merge
+    them); returns [(ndarray or None, error or None)] in payload order."""
+    import queue
+    client = make_client(server, "grpc")
+    done: "queue.Queue" = queue.Queue()
+    for i, x in enumerate(payloads):
+        client.async_infer(model, make_inputs("grpc", {input_name: x}),
+                           callback=lambda result, error, i=i: done.put((i, result, error)))
+    results = [None] * len(payloads)
+    for _ in payloads:
+        i, result, error = done.get(timeout=120)
+        results[i] = (None if error else result.as_numpy(output_name), error)
+    client.close()
+    return results
