@@ -8,15 +8,36 @@ import time
 import numpy as np
 import pytest
 
-from tritonserver_harness import ModelRepo, free_ports, make_client, infer
+from tritonserver_harness import ModelRepo, make_client, infer
 from test_embedding import Redis, embedding_config, hps_io
 
 DIM = 8
 
 
+def cluster_ports(n: int):
+    """Free ports for cluster nodes: each node also listens on its port + 10000 (the cluster
+    bus), so the port must be at most 55535 and both must be free."""
+    import random
+    import socket
+    rng = random.Random()
+    ports = []
+    while len(ports) < n:
+        p = rng.randrange(20000, 55535)
+        if p in ports:
+            continue
+        try:
+            for q in (p, p + 10000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", q))
+        except OSError:
+            continue
+        ports.append(p)
+    return ports
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    ports = free_ports(3)
+    ports = cluster_ports(3)
     nodes = []
     for p in ports:
         d = str(tmp_path_factory.mktemp(f"redis-{p}"))
