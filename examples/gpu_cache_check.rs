@@ -11,11 +11,11 @@
 //!   target/release/examples/gpu_cache_check [--rows N] [--dim D] [--batch B]
 use std::time::Instant;
 
-use cudarc::driver::CudaContext;
 use rand::{Rng, SeedableRng};
-use triton_rust::embedding::cache::{CacheGeometry, CacheTier, HostCache};
-use triton_rust::embedding::gpu::GpuCache;
-use triton_rust::embedding::Zipf;
+use triton_rust_cuda::cache::{DeviceKeys, DeviceRows};
+use triton_rust_embedding::cache::{CacheGeometry, CacheTier, HostCache};
+use triton_rust_embedding::gpu::GpuCache;
+use triton_rust_embedding::Zipf;
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
@@ -82,26 +82,21 @@ fn main() {
         filled += part.len();
     }
     let resident = big.counters().occupied;
-    let ctx = CudaContext::new(0).unwrap();
-    let stream = ctx.default_stream();
     let zipf = Zipf::new(rows, 1.05);
     let keys: Vec<i64> = (0..batch).map(|_| zipf.rank(rng.gen()) as i64).collect();
-    let d_keys = stream.clone_htod(&keys).unwrap();
-    let mut d_out = stream.alloc_zeros::<f32>(batch * dim).unwrap();
-    let mut d_hit = stream.alloc_zeros::<u8>(batch).unwrap();
-    let mut view = d_out.slice_mut(..);
-    big.lookup_device(&d_keys, batch, &mut view, dim, &mut d_hit).unwrap(); // warm-up
-    ctx.synchronize().unwrap();
+    let mut d_keys = DeviceKeys::new(0, &keys).unwrap();
+    let mut d_out = DeviceRows::new(0, batch * dim).unwrap();
+    let slots = big.slots();
+    slots.launch_resident(&mut d_keys, big.next_epoch(), &mut d_out, dim).unwrap(); // warm-up
+    slots.synchronize().unwrap();
     let iters = 20;
     let t = Instant::now();
     for _ in 0..iters {
-        big.lookup_device(&d_keys, batch, &mut view, dim, &mut d_hit).unwrap();
+        slots.launch_resident(&mut d_keys, big.next_epoch(), &mut d_out, dim).unwrap();
     }
-    ctx.synchronize().unwrap();
+    slots.synchronize().unwrap();
     let secs = t.elapsed().as_secs_f64() / iters as f64;
-    let mut hit = vec![0u8; batch];
-    stream.memcpy_dtoh(&d_hit, &mut hit).unwrap();
-    stream.synchronize().unwrap();
+    let hit = d_keys.hits().unwrap();
     let hits = hit.iter().filter(|&&h| h == 1).count();
     let bytes = batch as f64 * (dim as f64 * 4.0 * 2.0 + 8.0 + 32.0 * 16.0 / 32.0);
     println!(

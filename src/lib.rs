@@ -1,22 +1,19 @@
 //! `libtriton_rust.so`: a Triton Inference Server backend written in Rust.
 //!
-//! The map (each room says in its module doc what it is for and what it must not touch):
-//! - [`triton`]: Triton's C API, the only room with Triton pointers and `unsafe`;
-//!   its `entry` submodule holds the `TRITONBACKEND_*` functions the server calls.
-//! - [`serving`]: models, instances and the execute path, in safe code.
-//! - [`batch`]: per-request checks, batch assembly and output scatter (pure logic).
-//! - [`config`]: the model config, auto-complete, and checks against the model file.
-//! - [`engine`]: the `Engine` trait and one room per engine (`onnx`).
-//! - [`tensor`], [`error`]: the shared vocabulary.
+//! This crate is the Triton room and nothing else: the only code that touches
+//! Triton's C API. Three layers, as cudarc does for CUDA: `sys` (the `triton-sys`
+//! bindings) and the conversions in [`ffi`]; the safe types whose `Drop`s encode who
+//! releases what ([`request`]: requests, responses, the instance's statistics;
+//! [`message`]; [`metrics`]; [`log`], the `log` facade's sink); and [`entry`], the
+//! `TRITONBACKEND_*` functions Triton calls, each catching panics. [`engines`] names
+//! the engine crates for the core's `EngineFactory`. The serving logic itself is
+//! `triton_rust_core::serve`, which reaches Triton only through the `Transport`
+//! implemented in [`request`]. README "Map" shows every room.
 
-pub mod batch;
-pub mod config;
-pub mod cuda;
-pub mod embedding;
-pub mod engine;
-pub mod error;
-pub mod os;
-pub mod serving;
-pub mod telemetry;
-pub mod tensor;
-pub mod triton;
+mod engines;
+mod entry;
+mod ffi;
+pub mod log;
+mod message;
+mod metrics;
+mod request;

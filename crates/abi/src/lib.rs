@@ -13,6 +13,10 @@
 
 use std::os::raw::{c_char, c_int, c_void};
 
+/// The backend's side of the ABI: find libtorch, open the plugin, call it (feature `loader`).
+#[cfg(feature = "loader")]
+pub mod plugin;
+
 pub const ABI_VERSION: u32 = 1;
 
 /// The symbol the plugin exports: `extern "C" fn() -> *const PluginApi`.

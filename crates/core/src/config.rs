@@ -1,0 +1,383 @@
+//! The model config as this backend reads it.
+//!
+//! Triton hands the backend the model's `config.pbtxt` as JSON. This room turns that
+//! JSON into [`ModelConfig`], checks it, and writes the auto-completed config back
+//! (inputs, outputs and `max_batch_size` filled from the model file). It knows no
+//! engine and no Triton pointer: it is plain data, unit-tested on strings.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+use crate::error::{Error, Result};
+use crate::tensor::{shape_matches, DataType};
+
+/// One input or output as the config declares it (dims exclude the batch dimension).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorConfig {
+    pub name: String,
+    pub dtype: DataType,
+    pub dims: Vec<i64>,
+}
+
+/// An execution accelerator named in `optimization.execution_accelerators`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Accelerator {
+    pub name: String,
+    pub parameters: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ModelConfig {
+    pub name: String,
+    pub max_batch_size: i64,
+    pub inputs: Vec<TensorConfig>,
+    pub outputs: Vec<TensorConfig>,
+    /// `parameters { key: .. value { string_value: .. } }`
+    pub parameters: BTreeMap<String, String>,
+    pub default_model_filename: Option<String>,
+    /// `optimization { graph { level: N } }`, if given.
+    pub graph_optimization_level: Option<i64>,
+    pub gpu_accelerators: Vec<Accelerator>,
+    pub cpu_accelerators: Vec<Accelerator>,
+    /// `instance_group [ { kind: .. } ]`, as Triton completed them (`KIND_CPU`, `KIND_GPU`, ..).
+    pub instance_kinds: Vec<String>,
+}
+
+/// Reads an integer that protobuf's JSON mapping may have written as a string.
+fn as_i64(v: &Value) -> Option<i64> {
+    v.as_i64().or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+}
+
+fn string_map(v: Option<&Value>) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    if let Some(Value::Object(map)) = v {
+        for (k, v) in map {
+            let s = match v {
+                Value::String(s) => s.clone(),
+                Value::Object(o) => o.get("string_value").and_then(Value::as_str).unwrap_or_default().to_string(),
+                other => other.to_string(),
+            };
+            out.insert(k.clone(), s);
+        }
+    }
+    out
+}
+
+fn tensors(v: Option<&Value>, what: &str) -> Result<Vec<TensorConfig>> {
+    let Some(list) = v.and_then(Value::as_array) else { return Ok(Vec::new()) };
+    list.iter()
+        .map(|t| {
+            let name = t.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+            if name.is_empty() {
+                return Err(Error::invalid_arg(format!("an {what} in the model config has no name")));
+            }
+            let dtype_name = t.get("data_type").and_then(Value::as_str).unwrap_or("TYPE_INVALID");
+            let dtype = DataType::from_config_name(dtype_name)
+                .map_err(|e| Error::invalid_arg(format!("{what} '{name}': {e}")))?;
+            let dims = match t.get("dims").and_then(Value::as_array) {
+                Some(d) => d
+                    .iter()
+                    .map(|x| as_i64(x).ok_or_else(|| Error::invalid_arg(format!("{what} '{name}': bad dims"))))
+                    .collect::<Result<Vec<_>>>()?,
+                None => Vec::new(),
+            };
+            if t.get("reshape").is_some() {
+                return Err(Error::unsupported(format!("{what} '{name}': 'reshape' is not supported by the rust backend")));
+            }
+            Ok(TensorConfig { name, dtype, dims })
+        })
+        .collect()
+}
+
+fn accelerators(v: Option<&Value>) -> Vec<Accelerator> {
+    v.and_then(Value::as_array)
+        .map(|list| {
+            list.iter()
+                .map(|a| Accelerator {
+                    name: a.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
+                    parameters: string_map(a.get("parameters")),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl ModelConfig {
+    pub fn from_json(text: &str) -> Result<ModelConfig> {
+        let v: Value = serde_json::from_str(text).map_err(|e| Error::invalid_arg(format!("model config is not JSON: {e}")))?;
+        Self::from_value(&v)
+    }
+
+    pub fn from_value(v: &Value) -> Result<ModelConfig> {
+        let opt = v.get("optimization");
+        let accel = opt.and_then(|o| o.get("execution_accelerators"));
+        let cfg = ModelConfig {
+            name: v.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
+            max_batch_size: v.get("max_batch_size").and_then(as_i64).unwrap_or(0),
+            inputs: tensors(v.get("input"), "input")?,
+            outputs: tensors(v.get("output"), "output")?,
+            parameters: string_map(v.get("parameters")),
+            default_model_filename: v
+                .get("default_model_filename")
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string),
+            graph_optimization_level: opt.and_then(|o| o.get("graph")).and_then(|g| g.get("level")).and_then(as_i64),
+            gpu_accelerators: accelerators(accel.and_then(|a| a.get("gpu_execution_accelerator"))),
+            cpu_accelerators: accelerators(accel.and_then(|a| a.get("cpu_execution_accelerator"))),
+            instance_kinds: v
+                .get("instance_group")
+                .and_then(Value::as_array)
+                .map(|groups| groups.iter().filter_map(|g| g.get("kind").and_then(Value::as_str).map(str::to_string)).collect())
+                .unwrap_or_default(),
+        };
+        if cfg.max_batch_size < 0 {
+            return Err(Error::invalid_arg(format!("max_batch_size {} is negative", cfg.max_batch_size)));
+        }
+        Ok(cfg)
+    }
+
+    pub fn batching(&self) -> bool {
+        self.max_batch_size > 0
+    }
+
+    /// A model parameter parsed as a number, with a clear error naming the key.
+    pub fn parameter_usize(&self, key: &str) -> Result<Option<usize>> {
+        match self.parameters.get(key) {
+            None => Ok(None),
+            Some(s) => s.trim().parse().map(Some).map_err(|_| {
+                Error::invalid_arg(format!("parameter '{key}' must be a non-negative integer, got '{s}'"))
+            }),
+        }
+    }
+
+    /// A model parameter parsed as a boolean (`true/false/1/0/yes/no`).
+    pub fn parameter_bool(&self, key: &str) -> Result<Option<bool>> {
+        match self.parameters.get(key).map(|s| s.trim().to_ascii_lowercase()) {
+            None => Ok(None),
+            Some(s) => match s.as_str() {
+                "true" | "1" | "yes" | "on" => Ok(Some(true)),
+                "false" | "0" | "no" | "off" => Ok(Some(false)),
+                _ => Err(Error::invalid_arg(format!("parameter '{key}' must be true or false, got '{s}'"))),
+            },
+        }
+    }
+}
+
+/// A tensor as the model file declares it: full shape including any batch dimension,
+/// -1 where the size is free.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorSpec {
+    pub name: String,
+    pub dtype: DataType,
+    pub shape: Vec<i64>,
+}
+
+/// Batch size the auto-completer picks for a model that can batch and whose config
+/// gives none, unless the server's `--backend-config=default-max-batch-size` says otherwise.
+pub const DEFAULT_MAX_BATCH_SIZE: i64 = 4;
+
+/// Fills what the config leaves out from what the model file declares, the way
+/// Triton's own backends auto-complete: inputs and outputs when absent, and
+/// `max_batch_size` (with dynamic batching) when every tensor has a free first dim.
+/// Returns the new config JSON, or `None` when nothing needed filling.
+pub fn autocomplete(
+    config: &Value,
+    inputs: &[TensorSpec],
+    outputs: &[TensorSpec],
+    default_max_batch_size: i64,
+) -> Result<Option<Value>> {
+    let mut cfg = config.clone();
+    let parsed = ModelConfig::from_value(config)?;
+    let mut changed = false;
+    let all_batchable = inputs.iter().chain(outputs).all(|t| t.shape.first() == Some(&-1));
+    let mut max_batch = parsed.max_batch_size;
+    let io_missing = parsed.inputs.is_empty() || parsed.outputs.is_empty();
+    if max_batch == 0 && io_missing && all_batchable && !inputs.is_empty() {
+        max_batch = default_max_batch_size;
+        cfg["max_batch_size"] = json!(max_batch);
+        if cfg.get("dynamic_batching").is_none() && cfg.get("sequence_batching").is_none() {
+            cfg["dynamic_batching"] = json!({});
+        }
+        changed = true;
+    }
+    let to_json = |t: &TensorSpec| -> Value {
+        let dims: Vec<i64> = if max_batch > 0 { t.shape[1..].to_vec() } else { t.shape.clone() };
+        json!({ "name": t.name, "data_type": t.dtype.config_name(), "dims": dims })
+    };
+    if parsed.inputs.is_empty() {
+        cfg["input"] = Value::Array(inputs.iter().map(to_json).collect());
+        changed = true;
+    }
+    if parsed.outputs.is_empty() {
+        cfg["output"] = Value::Array(outputs.iter().map(to_json).collect());
+        changed = true;
+    }
+    Ok(changed.then_some(cfg))
+}
+
+/// Checks that the config's tensors agree with the model file's, naming the first
+/// tensor that does not. Config tensors must exist in the model with the same type
+/// and a compatible shape; every model input must be fed by the config.
+pub fn check_against_model(cfg: &ModelConfig, inputs: &[TensorSpec], outputs: &[TensorSpec]) -> Result<()> {
+    let check = |what: &str, declared: &[TensorConfig], actual: &[TensorSpec]| -> Result<()> {
+        for c in declared {
+            let Some(m) = actual.iter().find(|m| m.name == c.name) else {
+                let names: Vec<&str> = actual.iter().map(|m| m.name.as_str()).collect();
+                let article = if what.starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" };
+                return Err(Error::invalid_arg(format!(
+                    "config {what} '{}' is not {article} {what} of the model (the model's {what}s are {names:?})",
+                    c.name
+                )));
+            };
+            if m.dtype != c.dtype {
+                return Err(Error::invalid_arg(format!(
+                    "config {what} '{}' has data_type {} but the model's is {}",
+                    c.name,
+                    c.dtype.config_name(),
+                    m.dtype.config_name()
+                )));
+            }
+            let mut full: Vec<i64> = Vec::with_capacity(c.dims.len() + 1);
+            if cfg.batching() {
+                full.push(-1);
+            }
+            full.extend(&c.dims);
+            // Compatible when each model dim is free or equal to the config's.
+            let ok = full.len() == m.shape.len()
+                && full.iter().zip(&m.shape).all(|(&c, &m)| m == -1 || c == m);
+            if !ok {
+                let batch_note = if cfg.batching() {
+                    " (max_batch_size > 0 adds a leading batch dimension, so the model's first dimension must be free)"
+                } else {
+                    ""
+                };
+                return Err(Error::invalid_arg(format!(
+                    "config {what} '{}' has dims {:?} but the model's shape is {:?}{batch_note}",
+                    c.name, c.dims, m.shape
+                )));
+            }
+        }
+        Ok(())
+    };
+    check("input", &cfg.inputs, inputs)?;
+    check("output", &cfg.outputs, outputs)?;
+    for m in inputs {
+        if !cfg.inputs.iter().any(|c| c.name == m.name) {
+            return Err(Error::invalid_arg(format!("model input '{}' is missing from the config", m.name)));
+        }
+    }
+    Ok(())
+}
+
+/// Shape check used per request: does `shape` (with batch dim when batching) fit the config dims?
+pub fn request_shape_fits(cfg: &ModelConfig, t: &TensorConfig, shape: &[i64]) -> bool {
+    if cfg.batching() {
+        !shape.is_empty() && shape_matches(&t.dims, &shape[1..])
+    } else {
+        shape_matches(&t.dims, shape)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RESNET: &str = r#"{
+        "name": "resnet50", "max_batch_size": 128,
+        "input": [{"name": "INPUT__0", "data_type": "TYPE_FP32", "dims": ["3", "224", "224"]}],
+        "output": [{"name": "OUTPUT__0", "data_type": "TYPE_FP32", "dims": [1000]}],
+        "parameters": {"intra_op_thread_count": {"string_value": "2"}},
+        "optimization": {"graph": {"level": "1"},
+            "execution_accelerators": {"gpu_execution_accelerator": [{"name": "tensorrt", "parameters": {"precision_mode": "FP16"}}]}},
+        "default_model_filename": ""
+    }"#;
+
+    fn spec(name: &str, dtype: DataType, shape: &[i64]) -> TensorSpec {
+        TensorSpec { name: name.into(), dtype, shape: shape.to_vec() }
+    }
+
+    #[test]
+    fn parses_triton_json() {
+        let c = ModelConfig::from_json(RESNET).unwrap();
+        assert_eq!(c.max_batch_size, 128);
+        assert_eq!(c.inputs[0].dims, vec![3, 224, 224]);
+        assert_eq!(c.outputs[0].dtype, DataType::F32);
+        assert_eq!(c.parameter_usize("intra_op_thread_count").unwrap(), Some(2));
+        assert_eq!(c.graph_optimization_level, Some(1));
+        assert_eq!(c.gpu_accelerators[0].name, "tensorrt");
+        assert_eq!(c.gpu_accelerators[0].parameters["precision_mode"], "FP16");
+        assert_eq!(c.default_model_filename, None);
+    }
+
+    #[test]
+    fn bad_parameter_is_named() {
+        let mut c = ModelConfig::from_json(RESNET).unwrap();
+        c.parameters.insert("intra_op_thread_count".into(), "two".into());
+        let e = c.parameter_usize("intra_op_thread_count").unwrap_err();
+        assert!(e.message().contains("intra_op_thread_count"), "{e}");
+    }
+
+    #[test]
+    fn bad_dtype_is_named() {
+        let e = ModelConfig::from_json(r#"{"input":[{"name":"A","data_type":"TYPE_FP8","dims":[1]}]}"#).unwrap_err();
+        assert!(e.message().contains("'A'") && e.message().contains("TYPE_FP8"), "{e}");
+    }
+
+    #[test]
+    fn autocomplete_fills_batching_model() {
+        let cfg: Value = serde_json::from_str(r#"{"name":"m","backend":"rust"}"#).unwrap();
+        let ins = [spec("x", DataType::F32, &[-1, 16])];
+        let outs = [spec("y", DataType::F32, &[-1, 4])];
+        let out = autocomplete(&cfg, &ins, &outs, DEFAULT_MAX_BATCH_SIZE).unwrap().unwrap();
+        let c = ModelConfig::from_value(&out).unwrap();
+        assert_eq!(c.max_batch_size, DEFAULT_MAX_BATCH_SIZE);
+        assert_eq!(c.inputs, vec![TensorConfig { name: "x".into(), dtype: DataType::F32, dims: vec![16] }]);
+        assert_eq!(c.outputs[0].dims, vec![4]);
+        assert!(out.get("dynamic_batching").is_some());
+        check_against_model(&c, &ins, &outs).unwrap();
+    }
+
+    #[test]
+    fn autocomplete_fixed_shape_model_does_not_batch() {
+        let cfg: Value = serde_json::from_str(r#"{"name":"m"}"#).unwrap();
+        let ins = [spec("x", DataType::I64, &[2, 3])];
+        let outs = [spec("y", DataType::I64, &[2, 3])];
+        let out = autocomplete(&cfg, &ins, &outs, DEFAULT_MAX_BATCH_SIZE).unwrap().unwrap();
+        let c = ModelConfig::from_value(&out).unwrap();
+        assert_eq!(c.max_batch_size, 0);
+        assert_eq!(c.inputs[0].dims, vec![2, 3]);
+    }
+
+    #[test]
+    fn autocomplete_leaves_complete_config_alone() {
+        let cfg: Value = serde_json::from_str(RESNET).unwrap();
+        let ins = [spec("INPUT__0", DataType::F32, &[-1, 3, 224, 224])];
+        let outs = [spec("OUTPUT__0", DataType::F32, &[-1, 1000])];
+        assert!(autocomplete(&cfg, &ins, &outs, DEFAULT_MAX_BATCH_SIZE).unwrap().is_none());
+        check_against_model(&ModelConfig::from_value(&cfg).unwrap(), &ins, &outs).unwrap();
+    }
+
+    #[test]
+    fn mismatches_name_the_tensor() {
+        let c = ModelConfig::from_json(RESNET).unwrap();
+        let outs = [spec("OUTPUT__0", DataType::F32, &[-1, 1000])];
+        let e = check_against_model(&c, &[spec("INPUT__0", DataType::F16, &[-1, 3, 224, 224])], &outs).unwrap_err();
+        assert!(e.message().contains("INPUT__0") && e.message().contains("TYPE_FP16"), "{e}");
+        let e = check_against_model(&c, &[spec("INPUT__0", DataType::F32, &[-1, 3, 256, 256])], &outs).unwrap_err();
+        assert!(e.message().contains("dims"), "{e}");
+        let e = check_against_model(&c, &[spec("image", DataType::F32, &[-1, 3, 224, 224])], &outs).unwrap_err();
+        assert!(e.message().contains("INPUT__0") && e.message().contains("image"), "{e}");
+        // a model whose first dim is fixed cannot take a batch
+        let e = check_against_model(&c, &[spec("INPUT__0", DataType::F32, &[1, 3, 224, 224])], &outs).unwrap_err();
+        assert!(e.message().contains("batch"), "{e}");
+    }
+
+    #[test]
+    fn request_shapes() {
+        let c = ModelConfig::from_json(RESNET).unwrap();
+        assert!(request_shape_fits(&c, &c.inputs[0], &[4, 3, 224, 224]));
+        assert!(!request_shape_fits(&c, &c.inputs[0], &[3, 224, 224]));
+    }
+}

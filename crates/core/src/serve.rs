@@ -1,0 +1,416 @@
+//! Serving: where the server's view (models, instances, requests) meets the engines.
+//!
+//! `ModelState` reads the config, picks the engine, auto-completes and checks the
+//! config against a load-time probe of the model; `InstanceState` owns one engine;
+//! [`execute`] is the batch path: check each request, group, assemble, run once per
+//! group, scatter outputs into the responses, report statistics. A request's own
+//! problem fails that request only.
+//!
+//! The server is reached only through the [`Transport`] traits, which the Triton crate
+//! implements over Triton's C API and the tests here implement in memory (with a fake
+//! device for GPU-resident inputs), so the whole path is unit-tested in-process.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+
+use crate::batch::{assemble, check_request, group_by_shape, scatter_ranges, BatchData, CheckedRequest, InputPolicy, RequestTensor};
+use crate::config::{autocomplete, check_against_model, ModelConfig, DEFAULT_MAX_BATCH_SIZE};
+use crate::engine::{self, Device, Engine, EngineFactory, EngineKind, EngineOptions, OutputView};
+use crate::error::{Error, ErrorKind, Result};
+use crate::telemetry::MetricsSource;
+use crate::tensor::{Bytes, BytesMut, DataType, DeviceOps};
+
+/// Timestamps of one execution, in the server's clock (CLOCK_MONOTONIC ns for Triton), in order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timing {
+    pub exec_start: u64,
+    pub compute_start: u64,
+    pub compute_end: u64,
+    pub exec_end: u64,
+}
+
+/// One inference request as the server hands it over. Dropping it releases it.
+pub trait InferRequest {
+    fn id(&self) -> String;
+    fn is_cancelled(&self) -> bool;
+    /// Every input with its bytes (host slices, or views of GPU memory).
+    fn inputs(&self) -> Result<Vec<RequestTensor<'_>>>;
+    /// Names of the outputs the client asked for.
+    fn requested_outputs(&self) -> Result<Vec<String>>;
+}
+
+/// A response; sent exactly once.
+pub trait InferResponse {
+    /// Adds an output and returns its buffer, on `prefer` when the server can (it may
+    /// answer with host memory anyway, e.g. for a client over the network).
+    fn output_buffer(&mut self, name: &str, dtype: DataType, shape: &[i64], byte_size: usize, prefer: Device) -> Result<BytesMut<'_>>;
+    /// Sends the response as final, with the error if the request failed.
+    fn send(self, outcome: &Result<()>);
+}
+
+/// The server side of one execute call: responses, statistics, clock and device.
+pub trait Transport {
+    type Request: InferRequest;
+    type Response: InferResponse;
+    fn respond(&self, request: &Self::Request) -> Result<Self::Response>;
+    /// One request's statistics; called before the request is released.
+    fn report(&self, request: &Self::Request, success: bool, timing: Timing);
+    fn report_batch(&self, rows: u64, timing: Timing);
+    fn now_ns(&self) -> u64;
+    /// Copies and gathers of device memory.
+    fn device_ops(&self) -> &dyn DeviceOps;
+}
+
+/// Backend-wide settings from `--backend-config=rust,<key>=<value>`.
+#[derive(Debug, Clone, Default)]
+pub struct BackendSettings {
+    pub cmdline: BTreeMap<String, String>,
+    pub default_max_batch_size: i64,
+}
+
+impl BackendSettings {
+    pub fn from_json(json: &str) -> Result<Self> {
+        let v: Value = if json.trim().is_empty() { Value::Null } else {
+            serde_json::from_str(json).map_err(|e| Error::invalid_arg(format!("backend config is not JSON: {e}")))?
+        };
+        let mut cmdline = BTreeMap::new();
+        if let Some(Value::Object(m)) = v.get("cmdline") {
+            for (k, v) in m {
+                cmdline.insert(k.clone(), v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()));
+            }
+        }
+        let default_max_batch_size = match cmdline.get("default-max-batch-size") {
+            Some(s) => s.parse().map_err(|_| Error::invalid_arg(format!("default-max-batch-size '{s}' is not an integer")))?,
+            None => DEFAULT_MAX_BATCH_SIZE,
+        };
+        Ok(BackendSettings { cmdline, default_max_batch_size })
+    }
+}
+
+pub struct ModelContext<'a> {
+    pub name: String,
+    pub version: u64,
+    pub repository: PathBuf,
+    pub config_json: String,
+    pub autocomplete: bool,
+    pub backend: &'a BackendSettings,
+    pub engines: Arc<dyn EngineFactory>,
+}
+
+pub struct ModelState {
+    name: String,
+    config: ModelConfig,
+    kind: EngineKind,
+    model_file: PathBuf,
+    backend: BTreeMap<String, String>,
+    policy: InputPolicy,
+    engines: Arc<dyn EngineFactory>,
+    /// The load-time probe, kept only when a CPU instance will take it over (a GPU-only
+    /// model keeps no CPU copy of itself).
+    spare: Mutex<Option<Box<dyn Engine>>>,
+    metrics: Option<Arc<dyn MetricsSource>>,
+}
+
+impl ModelState {
+    /// Loads a model. Returns the state and, when auto-complete filled something in,
+    /// the completed config JSON for the server.
+    pub fn load(ctx: ModelContext<'_>) -> Result<(ModelState, Option<String>)> {
+        let mut raw: Value = serde_json::from_str(&ctx.config_json)
+            .map_err(|e| Error::invalid_arg(format!("model config is not JSON: {e}")))?;
+        let mut config = ModelConfig::from_value(&raw)?;
+        let version_dir = ctx.repository.join(ctx.version.to_string());
+        let (kind, model_file) = engine::select(&config, &version_dir)?;
+        let probe = ctx.engines.create(kind, &model_file, &EngineOptions { config: &config, backend: &ctx.backend.cmdline, device: Device::Cpu, probe: true })?;
+        let mut completed = None;
+        if ctx.autocomplete {
+            if let Some(v) = autocomplete(&raw, probe.inputs(), probe.outputs(), ctx.backend.default_max_batch_size)? {
+                raw = v;
+                config = ModelConfig::from_value(&raw)?;
+                completed = Some(raw.to_string());
+                log::info!("model '{}': config auto-completed from '{}'", ctx.name, model_file.display());
+            }
+        }
+        check_against_model(&config, probe.inputs(), probe.outputs())
+            .map_err(|e| e.context(format!("model file '{}'", model_file.display())))?;
+        let policy = InputPolicy {
+            reject_nonfinite: config.parameter_bool("reject_nonfinite")?.unwrap_or(false),
+            accepts_device_inputs: false,
+        };
+        log::info!("model '{}' version {} loaded from '{}' ({:?} engine)", ctx.name, ctx.version, model_file.display(), kind);
+        let metrics = probe.metrics_source();
+        // Triton completes instance_group before the model is loaded; with none given
+        // (a config read outside Triton) a CPU instance may come.
+        let cpu_instance = config.instance_kinds.is_empty() || config.instance_kinds.iter().any(|k| k == "KIND_CPU");
+        let spare = if cpu_instance && kind != EngineKind::Embedding {
+            Some(probe)
+        } else {
+            drop(probe);
+            None
+        };
+        let state = ModelState {
+            name: ctx.name,
+            config,
+            kind,
+            model_file,
+            backend: ctx.backend.cmdline.clone(),
+            policy,
+            engines: ctx.engines,
+            spare: Mutex::new(spare),
+            metrics,
+        };
+        Ok((state, completed))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// What the model's engine publishes (e.g. the embedding store's counters).
+    pub fn metrics_source(&self) -> Option<Arc<dyn MetricsSource>> {
+        self.metrics.clone()
+    }
+
+    /// Whether the load-time probe is still held for a CPU instance.
+    pub fn holds_spare_engine(&self) -> bool {
+        self.spare.lock().map(|s| s.is_some()).unwrap_or(false)
+    }
+}
+
+pub struct InstanceContext {
+    pub name: String,
+    pub device: Device,
+}
+
+pub struct InstanceState {
+    name: String,
+    /// Inputs already reported as arriving in GPU memory (logged once each).
+    device_inputs_seen: Mutex<Vec<String>>,
+    config: ModelConfig,
+    policy: InputPolicy,
+    engine: Mutex<Box<dyn Engine>>,
+}
+
+impl InstanceState {
+    pub fn new(model: &ModelState, ctx: InstanceContext) -> Result<InstanceState> {
+        let spare = if ctx.device == Device::Cpu { model.spare.lock().ok().and_then(|mut s| s.take()) } else { None };
+        let engine = match spare {
+            Some(e) => e,
+            None => model.engines.create(
+                model.kind,
+                &model.model_file,
+                &EngineOptions { config: &model.config, backend: &model.backend, device: ctx.device, probe: false },
+            )?,
+        };
+        Ok(Self::with_engine(model, ctx, engine))
+    }
+
+    /// An instance around an engine made elsewhere (tests).
+    pub fn with_engine(model: &ModelState, ctx: InstanceContext, engine: Box<dyn Engine>) -> InstanceState {
+        let mut policy = model.policy.clone();
+        policy.accepts_device_inputs = engine.accepts_device_inputs();
+        log::info!("instance '{}' of model '{}' ready on {:?}", ctx.name, model.name, ctx.device);
+        InstanceState { name: ctx.name, device_inputs_seen: Mutex::new(Vec::new()), config: model.config.clone(), policy, engine: Mutex::new(engine) }
+    }
+
+    /// Logs, once per input, that it arrived in GPU memory and is used in place: the
+    /// evidence that an ensemble keeps a tensor on the GPU between its steps.
+    fn note_device_inputs(&self, request: &CheckedRequest<'_>) {
+        for t in &request.tensors {
+            if let Some(Bytes::Device(v)) = t.chunks.first() {
+                let Ok(mut seen) = self.device_inputs_seen.lock() else { return };
+                if !seen.contains(&t.name) {
+                    seen.push(t.name.clone());
+                    log::info!("instance '{}': input '{}' arrived in GPU memory (Gpu({})) and is used in place", self.name, t.name, v.device());
+                }
+            }
+        }
+    }
+}
+
+/// Answers every request with the same error (used when the instance itself is unusable).
+pub fn fail_all<T: Transport>(transport: &T, requests: Vec<T::Request>, error: &Error) {
+    for r in &requests {
+        if let Ok(resp) = transport.respond(r) {
+            resp.send(&Err(error.clone()));
+        }
+    }
+}
+
+/// Runs one execute call: every request is answered, reported and released.
+pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<T::Request>) {
+    let exec_start = transport.now_ns();
+    let cfg = &inst.config;
+    let n = requests.len();
+    let mut responses: Vec<Option<T::Response>> = Vec::with_capacity(n);
+    let mut outcomes: Vec<Result<()>> = Vec::with_capacity(n);
+    let mut checked: Vec<Option<CheckedRequest<'_>>> = Vec::with_capacity(n);
+    let mut wanted: Vec<Vec<String>> = Vec::with_capacity(n);
+
+    let mut engine = match inst.engine.lock() {
+        Ok(e) => e,
+        Err(_) => {
+            fail_all(transport, requests, &Error::internal("engine lock poisoned by an earlier panic"));
+            return;
+        }
+    };
+    for req in &requests {
+        let response = transport.respond(req).map_err(|e| log::error!("cannot create a response: {e}")).ok();
+        let prepared = if response.is_none() {
+            Err(Error::internal("could not create a response"))
+        } else if req.is_cancelled() {
+            Err(Error::new(ErrorKind::Cancelled, "request was cancelled"))
+        } else {
+            req.inputs()
+                .and_then(|t| check_request(cfg, &inst.policy, t))
+                .and_then(|c| engine.check_request(&c.tensors).map(|()| c))
+                .and_then(|c| Ok((c, req.requested_outputs()?)))
+        };
+        responses.push(response);
+        match prepared {
+            Ok((c, outs)) => {
+                inst.note_device_inputs(&c);
+                checked.push(Some(c));
+                wanted.push(outs);
+                outcomes.push(Ok(()));
+            }
+            Err(e) => {
+                if e.kind() != ErrorKind::Cancelled {
+                    log::debug!("instance '{}': request '{}' rejected: {e}", inst.name, req.id());
+                }
+                checked.push(None);
+                wanted.push(Vec::new());
+                outcomes.push(Err(e));
+            }
+        }
+    }
+
+    // Requests that passed, by their index in `requests`, grouped by shape and memory.
+    let valid: Vec<usize> = (0..n).filter(|&i| checked[i].is_some()).collect();
+    let refs: Vec<&CheckedRequest<'_>> = valid.iter().filter_map(|&i| checked[i].as_ref()).collect();
+    let groups: Vec<Vec<usize>> = group_by_shape(cfg, &refs).into_iter().map(|g| g.into_iter().map(|k| valid[k]).collect()).collect();
+    let compute_start = transport.now_ns();
+    let mut sink_ns = 0u64;
+    let mut rows_run = 0u64;
+    for members in &groups {
+        let group: Vec<&CheckedRequest<'_>> = members.iter().filter_map(|&i| checked[i].as_ref()).collect();
+        let mut out = GroupOutput { members, wanted: &wanted, responses: &mut responses, outcomes: &mut outcomes, sink_ns: &mut sink_ns };
+        match run_group(&mut **engine, cfg, transport, &group, &mut out) {
+            Ok(rows) => rows_run += rows as u64,
+            Err(e) => {
+                log::error!("instance '{}': batch of {} requests failed: {e}", inst.name, members.len());
+                for &i in members {
+                    outcomes[i] = Err(e.clone());
+                }
+            }
+        }
+    }
+    drop(engine);
+    let run_end = transport.now_ns();
+    let compute_end = run_end.saturating_sub(sink_ns).max(compute_start);
+    let exec_end = transport.now_ns();
+    let timing = Timing { exec_start, compute_start, compute_end, exec_end };
+    drop(checked);
+    for (i, req) in requests.iter().enumerate() {
+        if let Some(r) = responses[i].take() {
+            r.send(&outcomes[i]);
+        }
+        transport.report(req, outcomes[i].is_ok(), timing);
+    }
+    if rows_run > 0 {
+        transport.report_batch(rows_run, timing);
+    }
+    drop(requests); // releases every request, after its statistics
+}
+
+/// Where one group's outputs go: its members (indices into the execute call's
+/// requests), what each asked for, and their responses and outcomes.
+struct GroupOutput<'g, R> {
+    members: &'g [usize],
+    wanted: &'g [Vec<String>],
+    responses: &'g mut [Option<R>],
+    outcomes: &'g mut [Result<()>],
+    sink_ns: &'g mut u64,
+}
+
+/// Runs one same-shape group and writes each member's outputs into its response.
+/// Returns the number of rows run. A member whose own output fails gets its own error.
+fn run_group<T: Transport>(
+    engine: &mut dyn Engine,
+    cfg: &ModelConfig,
+    transport: &T,
+    group: &[&CheckedRequest<'_>],
+    out: &mut GroupOutput<'_, T::Response>,
+) -> Result<usize> {
+    let mut batch = assemble(cfg, group)?;
+    // GPU inputs of several requests: gathered into one buffer on their GPU.
+    for t in &mut batch.tensors {
+        if let BatchData::DeviceParts(parts) = &t.data {
+            let device = parts.first().map_or(0, |p| p.device());
+            t.data = BatchData::Gathered(transport.device_ops().gather(device, parts)?);
+        }
+    }
+    let mut names: Vec<&str> = Vec::new();
+    for &m in out.members {
+        for w in &out.wanted[m] {
+            if !names.contains(&w.as_str()) {
+                names.push(w);
+            }
+        }
+    }
+    let ops = transport.device_ops();
+    engine.run(&batch.tensors, &names, &mut |view| {
+        let t0 = transport.now_ns();
+        let parts = scatter_ranges(cfg, &batch, view.name, view.dtype, view.shape)?;
+        for (k, &m) in out.members.iter().enumerate() {
+            if !out.wanted[m].iter().any(|w| w == view.name) || out.outcomes[m].is_err() {
+                continue;
+            }
+            let (shape, range) = &parts[k];
+            let written = match out.responses[m].as_mut() {
+                Some(resp) => write_output(ops, resp, &view, shape, range.clone()),
+                None => Ok(()),
+            };
+            if let Err(e) = written {
+                out.outcomes[m] = Err(e);
+            }
+        }
+        *out.sink_ns += transport.now_ns().saturating_sub(t0);
+        Ok(())
+    })?;
+    Ok(batch.total_rows)
+}
+
+/// Copies one request's part of an output into its response, from host or GPU memory,
+/// into the memory the server offers (GPU for a GPU output when it can: ensembles keep
+/// tensors on the GPU between steps).
+fn write_output<R: InferResponse>(ops: &dyn DeviceOps, resp: &mut R, out: &OutputView<'_>, shape: &[i64], range: std::ops::Range<usize>) -> Result<()> {
+    let src = out.data.slice(range.clone()).ok_or_else(|| {
+        Error::internal(format!("output '{}': rows {range:?} are outside the engine's {} bytes", out.name, out.data.len()))
+    })?;
+    let dst = resp.output_buffer(out.name, out.dtype, shape, range.len(), src.device())?;
+    ops.copy(src, dst).map_err(|e| Error::from(e).context(format!("output '{}'", out.name)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_settings_from_triton_json() {
+        let s = BackendSettings::from_json(
+            r#"{"cmdline":{"onnxruntime-library":"/x/libonnxruntime.so","default-max-batch-size":"8","auto-complete-config":"true"}}"#,
+        )
+        .unwrap();
+        assert_eq!(s.cmdline["onnxruntime-library"], "/x/libonnxruntime.so");
+        assert_eq!(s.default_max_batch_size, 8);
+        assert_eq!(BackendSettings::from_json("").unwrap().default_max_batch_size, DEFAULT_MAX_BATCH_SIZE);
+        assert!(BackendSettings::from_json(r#"{"cmdline":{"default-max-batch-size":"x"}}"#).is_err());
+    }
+}

@@ -1,0 +1,400 @@
+//! The GPU embedding cache's device side: its slots (keys, stamps, rows) in device
+//! memory and the NVRTC kernels that read and write them. The policy (geometry,
+//! epochs, counters of hits and misses, grouping inserts by set) belongs to the store
+//! (`triton_rust_embedding::gpu`); this module only runs what it is told on the GPU.
+//!
+//! A lookup is one warp per key: the 32 lanes read the set's 32 keys at once, a
+//! ballot finds the way, and the warp copies the row (float4 when `dim % 4 == 0`).
+//! Empty slots hold `EMPTY_KEY`, so a lookup reads only the set's 32 keys (256 bytes
+//! of tags for a row of `dim × 4`), never the stamps. One warp handles one set's
+//! inserts in order, so two inserts never race for a victim. All of a cache's calls
+//! go through its own stream, so a lookup and an insert never overlap.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use parking_lot::Mutex;
+
+use crate::driver::{cuda_err, gpu, GpuState};
+use crate::mem::DeviceView;
+use crate::{CudaError, Result};
+
+/// Ways per set: the kernels use one warp per set.
+pub const WAYS: usize = 32;
+
+const KERNELS: &str = r#"
+typedef long long i64;
+typedef unsigned long long u64;
+#define FULL 0xffffffffu
+#define EMPTY_KEY ((i64)0x8000000000000000ULL)
+
+__device__ __forceinline__ u64 mix64(u64 k) {
+    k ^= k >> 33; k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33; k *= 0xc4ceb9fe1a85ec53ULL;
+    k ^= k >> 33; return k;
+}
+
+__device__ __forceinline__ void copy_row(float* __restrict__ dst, const float* __restrict__ src, int dim, int lane) {
+    if ((dim & 3) == 0 && ((((size_t)dst) | ((size_t)src)) & 15) == 0) {
+        const float4* s = (const float4*)src; float4* d = (float4*)dst;
+        for (int j = lane; j < (dim >> 2); j += 32) d[j] = s[j];
+    } else {
+        for (int j = lane; j < dim; j += 32) dst[j] = src[j];
+    }
+}
+
+// One warp per key: hits copy their row to out and stamp the slot with epoch.
+extern "C" __global__ void cache_lookup(const i64* __restrict__ keys, int n,
+        const i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps,
+        const float* __restrict__ rows, long long sets, int dim, u64 epoch,
+        float* __restrict__ out, long long out_stride, unsigned char* __restrict__ hit) {
+    long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (warp >= n) return;
+    i64 key = keys[warp];
+    u64 set = mix64((u64)key) % (u64)sets;
+    size_t slot = set * 32 + lane;
+    // Empty slots hold EMPTY_KEY, which is never inserted: only the tags are read.
+    bool match = key != EMPTY_KEY && slot_keys[slot] == key;
+    unsigned m = __ballot_sync(FULL, match);
+    if (m == 0) { if (lane == 0) hit[warp] = 0; return; }
+    int way = __ffs(m) - 1;
+    copy_row(out + (size_t)warp * out_stride, rows + (set * 32 + way) * (size_t)dim, dim, lane);
+    if (lane == 0) { hit[warp] = 1; slot_stamps[set * 32 + way] = epoch; }
+}
+
+// One warp per row: writes rows[i] to out + idx[i] * out_stride (rows fetched below the cache).
+extern "C" __global__ void scatter_rows(const float* __restrict__ rows, const int* __restrict__ idx, int n,
+        float* __restrict__ out, long long out_stride, int dim) {
+    long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (warp >= n) return;
+    copy_row(out + (size_t)idx[warp] * out_stride, rows + (size_t)warp * dim, dim, lane);
+}
+
+// One warp per set: inserts (or, with only_if_present, refreshes) that set's keys in order.
+extern "C" __global__ void cache_insert(const i64* __restrict__ keys, const float* __restrict__ vecs,
+        const int* __restrict__ order, const int* __restrict__ group_start,
+        const long long* __restrict__ group_set, int groups,
+        i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps, float* __restrict__ rows,
+        int dim, u64 epoch, int only_if_present, u64* __restrict__ counters) {
+    long long g = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (g >= groups) return;
+    u64 set = (u64)group_set[g];
+    size_t slot = set * 32 + lane;
+    for (int idx = group_start[g]; idx < group_start[g + 1]; ++idx) {
+        int i = order[idx];
+        i64 key = keys[i];
+        if (key == EMPTY_KEY) continue;
+        u64 st = slot_stamps[slot];
+        i64 sk = slot_keys[slot];
+        unsigned m = __ballot_sync(FULL, st != 0 && sk == key);
+        int way;
+        if (m != 0) {
+            way = __ffs(m) - 1;
+        } else {
+            if (only_if_present) continue;
+            u64 best = st; int bl = lane;
+            for (int off = 16; off > 0; off >>= 1) {
+                u64 os = __shfl_down_sync(FULL, best, off);
+                int ol = __shfl_down_sync(FULL, bl, off);
+                if (os < best || (os == best && ol < bl)) { best = os; bl = ol; }
+            }
+            way = __shfl_sync(FULL, bl, 0);
+            u64 victim_stamp = __shfl_sync(FULL, best, 0);
+            if (lane == 0) {
+                atomicAdd(&counters[0], 1ULL);
+                if (victim_stamp != 0) atomicAdd(&counters[1], 1ULL);
+                slot_keys[set * 32 + way] = key;
+            }
+        }
+        copy_row(rows + (set * 32 + way) * (size_t)dim, vecs + (size_t)i * dim, dim, lane);
+        __syncwarp();
+        if (lane == 0) slot_stamps[set * 32 + way] = epoch;
+        __syncwarp();
+    }
+}
+"#;
+
+/// The cache kernels of one device, compiled once.
+pub(crate) struct Kernels {
+    lookup: CudaFunction,
+    insert: CudaFunction,
+    scatter: CudaFunction,
+}
+
+fn kernels(g: &GpuState) -> Result<Arc<Kernels>> {
+    g.kernels
+        .get_or_init(|| {
+            // cudarc loads libnvrtc on first use and panics when it is absent.
+            catch_unwind(AssertUnwindSafe(|| -> Result<Arc<Kernels>> {
+                let ptx = cudarc::nvrtc::compile_ptx(KERNELS).map_err(|e| CudaError::internal(format!("NVRTC: {e:?}")))?;
+                let module = g.ctx.load_module(ptx).map_err(cuda_err)?;
+                Ok(Arc::new(Kernels {
+                    lookup: module.load_function("cache_lookup").map_err(cuda_err)?,
+                    insert: module.load_function("cache_insert").map_err(cuda_err)?,
+                    scatter: module.load_function("scatter_rows").map_err(cuda_err)?,
+                }))
+            }))
+            .unwrap_or_else(|p| {
+                let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+                Err(CudaError::unavailable(format!("the GPU embedding cache needs the CUDA driver and NVRTC libraries: {msg}")))
+            })
+        })
+        .clone()
+}
+
+/// State of one device and its kernels, or the reason there is none.
+fn device(id: i32) -> Result<(Arc<GpuState>, Arc<Kernels>)> {
+    let g = gpu(id).map_err(|e| if e.unavailable { CudaError::unavailable(format!("the GPU embedding cache needs the CUDA driver and NVRTC libraries: {e}")) } else { e })?;
+    let k = kernels(&g)?;
+    Ok((g, k))
+}
+
+fn warps_config(warps: usize) -> LaunchConfig {
+    let threads = warps as u64 * 32;
+    let block = 256u64;
+    LaunchConfig { grid_dim: (threads.div_ceil(block) as u32, 1, 1), block_dim: (block as u32, 1, 1), shared_mem_bytes: 0 }
+}
+
+struct Slots {
+    keys: CudaSlice<i64>,
+    stamps: CudaSlice<u64>,
+    rows: CudaSlice<f32>,
+    counters: CudaSlice<u64>,
+}
+
+/// One table's cache slots on one GPU: `sets × WAYS` keys, stamps and rows of `dim`.
+pub struct CacheSlots {
+    kernels: Arc<Kernels>,
+    _gpu: Arc<GpuState>,
+    stream: Arc<CudaStream>,
+    sets: usize,
+    dim: usize,
+    slots: Mutex<Slots>,
+}
+
+/// Host-side description of an insert: key indices grouped by set (see `cache_insert`).
+pub struct InsertPlan<'a> {
+    pub order: &'a [i32],
+    pub group_start: &'a [i32],
+    pub group_set: &'a [i64],
+}
+
+impl CacheSlots {
+    /// Empty slots hold `empty_key`, which must never be inserted.
+    pub fn new(device: i32, sets: usize, dim: usize, empty_key: i64) -> Result<CacheSlots> {
+        let (g, kernels) = self::device(device)?;
+        let stream = g.new_stream()?;
+        let capacity = sets * WAYS;
+        let slots = Slots {
+            keys: stream.clone_htod(&vec![empty_key; capacity]).map_err(cuda_err)?,
+            stamps: stream.alloc_zeros::<u64>(capacity).map_err(cuda_err)?,
+            rows: stream.alloc_zeros::<f32>(capacity * dim).map_err(cuda_err)?,
+            counters: stream.alloc_zeros::<u64>(2).map_err(cuda_err)?,
+        };
+        stream.synchronize().map_err(cuda_err)?;
+        Ok(CacheSlots { kernels, _gpu: g, stream, sets, dim, slots: Mutex::new(slots) })
+    }
+
+    fn launch_lookup(&self, keys: &CudaSlice<i64>, n: usize, out: &mut cudarc::driver::CudaViewMut<'_, f32>, out_stride: usize, hit: &mut CudaSlice<u8>, epoch: u64) -> Result<()> {
+        let slots = self.slots.lock();
+        let (n_i, sets, dim, stride) = (n as i32, self.sets as i64, self.dim as i32, out_stride as i64);
+        let mut b = self.stream.launch_builder(&self.kernels.lookup);
+        b.arg(keys).arg(&n_i).arg(&slots.keys).arg(&slots.stamps).arg(&slots.rows).arg(&sets).arg(&dim).arg(&epoch).arg(out).arg(&stride).arg(hit);
+        // SAFETY: argument types and order match cache_lookup; out holds n rows at out_stride.
+        unsafe { b.launch(warps_config(n)) }.map_err(cuda_err)?;
+        Ok(())
+    }
+
+    /// Looks host `keys` up into `rows`: row i at `offset + i * stride` floats. Returns
+    /// a hit flag per key (rows of misses are left as they were).
+    pub fn lookup_into(&self, keys: &[i64], epoch: u64, rows: &mut DeviceRows, offset: usize, stride: usize) -> Result<Vec<u8>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let need = offset + (keys.len() - 1) * stride + self.dim;
+        if rows.len() < need {
+            return Err(CudaError::internal(format!("device rows buffer of {} floats is too small ({need})", rows.len())));
+        }
+        let s = &self.stream;
+        let d_keys = s.clone_htod(keys).map_err(cuda_err)?;
+        let mut d_hit = s.alloc_zeros::<u8>(keys.len()).map_err(cuda_err)?;
+        // rows was written on its own stream: finish that first
+        rows.stream.synchronize().map_err(cuda_err)?;
+        let mut view = rows.buf.slice_mut(offset..);
+        self.launch_lookup(&d_keys, keys.len(), &mut view, stride, &mut d_hit, epoch)?;
+        let mut hit = vec![0u8; keys.len()];
+        s.memcpy_dtoh(&d_hit, &mut hit).map_err(cuda_err)?;
+        s.synchronize().map_err(cuda_err)?;
+        Ok(hit)
+    }
+
+    /// Looks host `keys` up into host `out` (row i at `i * dim`). Returns a hit flag per key.
+    pub fn lookup_to_host(&self, keys: &[i64], epoch: u64, out: &mut [f32]) -> Result<Vec<u8>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let s = &self.stream;
+        let d_keys = s.clone_htod(keys).map_err(cuda_err)?;
+        let mut d_out = s.alloc_zeros::<f32>(keys.len() * self.dim).map_err(cuda_err)?;
+        let mut d_hit = s.alloc_zeros::<u8>(keys.len()).map_err(cuda_err)?;
+        let mut view = d_out.slice_mut(..);
+        self.launch_lookup(&d_keys, keys.len(), &mut view, self.dim, &mut d_hit, epoch)?;
+        let mut hit = vec![0u8; keys.len()];
+        s.memcpy_dtoh(&d_hit, &mut hit).map_err(cuda_err)?;
+        s.memcpy_dtoh(&d_out, out).map_err(cuda_err)?;
+        s.synchronize().map_err(cuda_err)?;
+        Ok(hit)
+    }
+
+    /// Inserts (or, with `only_if_present`, refreshes) rows, set by set as `plan` says.
+    pub fn write(&self, keys: &[i64], vectors: &[f32], plan: &InsertPlan<'_>, epoch: u64, only_if_present: bool) -> Result<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        if vectors.len() != keys.len() * self.dim || plan.order.len() != keys.len() || plan.group_start.len() != plan.group_set.len() + 1 {
+            return Err(CudaError::internal("gpu cache: the insert does not match its keys"));
+        }
+        let mut slots = self.slots.lock();
+        let s = &self.stream;
+        let d_keys = s.clone_htod(keys).map_err(cuda_err)?;
+        let d_vecs = s.clone_htod(vectors).map_err(cuda_err)?;
+        let d_order = s.clone_htod(plan.order).map_err(cuda_err)?;
+        let d_starts = s.clone_htod(plan.group_start).map_err(cuda_err)?;
+        let d_sets = s.clone_htod(plan.group_set).map_err(cuda_err)?;
+        let (groups, dim, flag) = (plan.group_set.len() as i32, self.dim as i32, only_if_present as i32);
+        let Slots { keys: sk, stamps, rows, counters } = &mut *slots;
+        let mut b = s.launch_builder(&self.kernels.insert);
+        b.arg(&d_keys).arg(&d_vecs).arg(&d_order).arg(&d_starts).arg(&d_sets).arg(&groups);
+        b.arg(sk).arg(stamps).arg(rows).arg(&dim).arg(&epoch).arg(&flag).arg(counters);
+        // SAFETY: argument types and order match cache_insert; the plan's sets are < sets.
+        unsafe { b.launch(warps_config(plan.group_set.len())) }.map_err(cuda_err)?;
+        s.synchronize().map_err(cuda_err)?;
+        Ok(())
+    }
+
+    /// Launches a lookup of keys already on the GPU into `rows` (row i at `i * stride`
+    /// floats) and returns without waiting: the kernel alone, for the hit-path benchmark.
+    pub fn launch_resident(&self, keys: &mut DeviceKeys, epoch: u64, rows: &mut DeviceRows, stride: usize) -> Result<()> {
+        let n = keys.len;
+        if n == 0 {
+            return Ok(());
+        }
+        if rows.len() < (n - 1) * stride + self.dim {
+            return Err(CudaError::internal("device rows buffer is too small"));
+        }
+        keys.stream.synchronize().map_err(cuda_err)?;
+        rows.stream.synchronize().map_err(cuda_err)?;
+        let mut view = rows.buf.slice_mut(..);
+        self.launch_lookup(&keys.keys, n, &mut view, stride, &mut keys.hit, epoch)
+    }
+
+    /// Waits for everything launched on this cache's stream.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(cuda_err)
+    }
+
+    /// The device counters: (insertions, evictions).
+    pub fn counters(&self) -> Result<(u64, u64)> {
+        let slots = self.slots.lock();
+        let mut c = [0u64; 2];
+        self.stream.memcpy_dtoh(&slots.counters, &mut c).map_err(cuda_err)?;
+        self.stream.synchronize().map_err(cuda_err)?;
+        Ok((c[0], c[1]))
+    }
+}
+
+impl Drop for CacheSlots {
+    fn drop(&mut self) {
+        let _ = self.stream.synchronize();
+    }
+}
+
+/// Keys copied to the GPU once, with the hit flags of their last lookup.
+pub struct DeviceKeys {
+    stream: Arc<CudaStream>,
+    keys: CudaSlice<i64>,
+    hit: CudaSlice<u8>,
+    len: usize,
+}
+
+impl DeviceKeys {
+    pub fn new(device: i32, keys: &[i64]) -> Result<DeviceKeys> {
+        let stream = gpu(device)?.new_stream()?;
+        let d_keys = stream.clone_htod(keys).map_err(cuda_err)?;
+        let hit = stream.alloc_zeros::<u8>(keys.len().max(1)).map_err(cuda_err)?;
+        stream.synchronize().map_err(cuda_err)?;
+        Ok(DeviceKeys { stream, keys: d_keys, hit, len: keys.len() })
+    }
+    /// Hit flag per key of the last lookup.
+    pub fn hits(&self) -> Result<Vec<u8>> {
+        let mut hit = vec![0u8; self.hit.len()];
+        self.stream.memcpy_dtoh(&self.hit, &mut hit).map_err(cuda_err)?;
+        self.stream.synchronize().map_err(cuda_err)?;
+        hit.truncate(self.len);
+        Ok(hit)
+    }
+}
+
+/// A buffer of f32 rows in GPU memory that lookups write into (an embedding engine's
+/// output on a GPU instance), with the copy-in of rows found below the cache.
+pub struct DeviceRows {
+    device: i32,
+    kernels: Arc<Kernels>,
+    stream: Arc<CudaStream>,
+    buf: CudaSlice<f32>,
+}
+
+impl DeviceRows {
+    pub fn new(device: i32, len: usize) -> Result<DeviceRows> {
+        let (g, kernels) = self::device(device)?;
+        let stream = g.new_stream()?;
+        let buf = stream.alloc_zeros::<f32>(len.max(1)).map_err(cuda_err)?;
+        stream.synchronize().map_err(cuda_err)?;
+        Ok(DeviceRows { device, kernels, stream, buf })
+    }
+    /// Length in floats.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.buf.len() == 0
+    }
+    /// The first `floats` floats as a byte view.
+    pub fn view(&self, floats: usize) -> Option<DeviceView<'_>> {
+        if floats > self.buf.len() {
+            return None;
+        }
+        let (ptr, _sync) = self.buf.device_ptr(&self.stream);
+        // SAFETY: our allocation, alive and unwritten while `&self` is borrowed.
+        Some(unsafe { DeviceView::from_raw(self.device, ptr, floats * 4) })
+    }
+    /// Writes host rows (`dim` floats each) to rows `idx[i]` at `offset + idx[i] * stride`.
+    pub fn scatter(&mut self, rows: &[f32], idx: &[usize], dim: usize, offset: usize, stride: usize) -> Result<()> {
+        if idx.is_empty() {
+            return Ok(());
+        }
+        if rows.len() != idx.len() * dim {
+            return Err(CudaError::internal("device rows: scatter rows do not match their indices"));
+        }
+        let max = idx.iter().copied().max().unwrap_or(0);
+        if offset + max * stride + dim > self.buf.len() {
+            return Err(CudaError::internal("device rows: scatter past the end of the buffer"));
+        }
+        let s = &self.stream;
+        let d_rows = s.clone_htod(rows).map_err(cuda_err)?;
+        let idx32: Vec<i32> = idx.iter().map(|&i| i as i32).collect();
+        let d_idx = s.clone_htod(&idx32).map_err(cuda_err)?;
+        let (n, stride, dim_i) = (idx.len() as i32, stride as i64, dim as i32);
+        let mut view = self.buf.slice_mut(offset..);
+        let mut b = s.launch_builder(&self.kernels.scatter);
+        b.arg(&d_rows).arg(&d_idx).arg(&n).arg(&mut view).arg(&stride).arg(&dim_i);
+        // SAFETY: argument types and order match scatter_rows; indices were checked against the buffer.
+        unsafe { b.launch(warps_config(idx.len())) }.map_err(cuda_err)?;
+        s.synchronize().map_err(cuda_err)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,333 @@
+//! The cache tier's policy, and its CPU implementation.
+//!
+//! Layout (the same on the GPU, see `gpu.rs`): a set-associative table of
+//! `sets × WAYS` slots. A key lives only in set `mix64(key) % sets`, in any of its 32
+//! ways (one warp's width, so the GPU checks a whole set in one instruction). Each
+//! slot has a key, a stamp (0 = empty) and a row of `dim` floats.
+//!
+//! Eviction is LRU at batch granularity: every lookup call takes a new epoch from a
+//! global clock and stamps the slots it hits; an insert fills an empty way, else
+//! replaces the way with the oldest stamp (lowest way on ties). Capacity never grows:
+//! a set holds at most 32 keys and an insert into a full set evicts exactly one.
+//!
+//! Concurrency (CPU): each set has its own mutex; a row is copied in or out whole
+//! under it, so a reader never sees a torn row.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use super::mix64;
+use triton_rust_core::error::{Error, Result};
+
+pub const WAYS: usize = 32;
+
+/// The key that marks an empty slot on the GPU; it is never cached (on either device,
+/// so both keep the same policy) and is always served from the tiers below.
+pub const EMPTY_KEY: i64 = i64::MIN;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheGeometry {
+    pub sets: usize,
+    pub dim: usize,
+}
+
+impl CacheGeometry {
+    /// The smallest geometry holding at least `rows` rows (at least one set).
+    pub fn for_rows(rows: usize, dim: usize) -> CacheGeometry {
+        CacheGeometry { sets: rows.div_ceil(WAYS).max(1), dim }
+    }
+    pub fn capacity(&self) -> usize {
+        self.sets * WAYS
+    }
+    pub fn set_of(&self, key: i64) -> usize {
+        (mix64(key) % self.sets as u64) as usize
+    }
+    pub fn bytes(&self) -> usize {
+        self.capacity() * (8 + 8 + self.dim * 4)
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheCounters {
+    pub hits: u64,
+    pub misses: u64,
+    pub insertions: u64,
+    pub evictions: u64,
+    pub occupied: u64,
+}
+
+impl CacheCounters {
+    pub fn new(hits: u64, misses: u64, insertions: u64, evictions: u64) -> CacheCounters {
+        // only an insert into an empty way adds a row without evicting one
+        CacheCounters { hits, misses, insertions, evictions, occupied: insertions.saturating_sub(evictions) }
+    }
+}
+
+/// A cache tier: the CPU one here, the GPU one in `gpu.rs`.
+pub trait CacheTier: Send + Sync {
+    fn geometry(&self) -> CacheGeometry;
+    /// Writes the rows of cached keys into `out` (row i for key i) and returns the
+    /// indices of the keys that missed, in order.
+    fn lookup(&self, keys: &[i64], out: &mut [f32]) -> Result<Vec<usize>>;
+    /// Inserts rows (evicting per the policy).
+    fn insert(&self, keys: &[i64], vectors: &[f32]) -> Result<()>;
+    /// Overwrites the rows of keys that are cached; leaves the others out.
+    fn refresh(&self, keys: &[i64], vectors: &[f32]) -> Result<()>;
+    fn counters(&self) -> CacheCounters;
+    fn name(&self) -> &'static str;
+    /// The GPU cache, for lookups straight into device memory.
+    #[cfg(feature = "gpu")]
+    fn as_gpu(&self) -> Option<&crate::gpu::GpuCache> {
+        None
+    }
+}
+
+struct Set {
+    keys: [i64; WAYS],
+    stamps: [u64; WAYS],
+    rows: Box<[f32]>,
+}
+
+pub struct HostCache {
+    geo: CacheGeometry,
+    sets: Vec<Mutex<Set>>,
+    clock: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    insertions: AtomicU64,
+    evictions: AtomicU64,
+}
+
+impl HostCache {
+    pub fn new(geo: CacheGeometry) -> HostCache {
+        HostCache {
+            geo,
+            sets: (0..geo.sets)
+                .map(|_| Mutex::new(Set { keys: [0; WAYS], stamps: [0; WAYS], rows: vec![0f32; WAYS * geo.dim].into() }))
+                .collect(),
+            clock: AtomicU64::new(1),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            insertions: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts occupied slots by looking at every set (tests check the counters against it).
+    pub fn scan_occupied(&self) -> u64 {
+        self.sets.iter().map(|s| s.lock().stamps.iter().filter(|&&t| t != 0).count() as u64).sum()
+    }
+
+    fn check_len(&self, keys: &[i64], values: &[f32]) -> Result<()> {
+        if values.len() != keys.len() * self.geo.dim {
+            return Err(Error::internal(format!("cache: {} keys need {} values, got {}", keys.len(), keys.len() * self.geo.dim, values.len())));
+        }
+        Ok(())
+    }
+
+    fn put(&self, key: i64, row: &[f32], stamp: u64, only_if_present: bool) {
+        if key == EMPTY_KEY {
+            return;
+        }
+        let dim = self.geo.dim;
+        let mut set = self.sets[self.geo.set_of(key)].lock();
+        let way = match (0..WAYS).find(|&w| set.stamps[w] != 0 && set.keys[w] == key) {
+            Some(w) => w,
+            None if only_if_present => return,
+            None => {
+                let victim = (0..WAYS).min_by_key(|&w| (set.stamps[w], w)).expect("WAYS > 0");
+                if set.stamps[victim] != 0 {
+                    self.evictions.fetch_add(1, Ordering::Relaxed);
+                }
+                self.insertions.fetch_add(1, Ordering::Relaxed);
+                set.keys[victim] = key;
+                victim
+            }
+        };
+        set.stamps[way] = stamp;
+        set.rows[way * dim..(way + 1) * dim].copy_from_slice(row);
+    }
+}
+
+impl CacheTier for HostCache {
+    fn geometry(&self) -> CacheGeometry {
+        self.geo
+    }
+
+    fn lookup(&self, keys: &[i64], out: &mut [f32]) -> Result<Vec<usize>> {
+        self.check_len(keys, out)?;
+        let dim = self.geo.dim;
+        let epoch = self.clock.fetch_add(1, Ordering::Relaxed);
+        let mut missed = Vec::new();
+        for (i, (&k, row)) in keys.iter().zip(out.chunks_exact_mut(dim)).enumerate() {
+            let mut set = self.sets[self.geo.set_of(k)].lock();
+            match (0..WAYS).find(|&w| set.stamps[w] != 0 && set.keys[w] == k) {
+                Some(w) => {
+                    set.stamps[w] = set.stamps[w].max(epoch);
+                    row.copy_from_slice(&set.rows[w * dim..(w + 1) * dim]);
+                }
+                None => missed.push(i),
+            }
+        }
+        self.hits.fetch_add((keys.len() - missed.len()) as u64, Ordering::Relaxed);
+        self.misses.fetch_add(missed.len() as u64, Ordering::Relaxed);
+        Ok(missed)
+    }
+
+    fn insert(&self, keys: &[i64], vectors: &[f32]) -> Result<()> {
+        self.check_len(keys, vectors)?;
+        let epoch = self.clock.fetch_add(1, Ordering::Relaxed);
+        for (&k, row) in keys.iter().zip(vectors.chunks_exact(self.geo.dim)) {
+            self.put(k, row, epoch, false);
+        }
+        Ok(())
+    }
+
+    fn refresh(&self, keys: &[i64], vectors: &[f32]) -> Result<()> {
+        self.check_len(keys, vectors)?;
+        let epoch = self.clock.fetch_add(1, Ordering::Relaxed);
+        for (&k, row) in keys.iter().zip(vectors.chunks_exact(self.geo.dim)) {
+            self.put(k, row, epoch, true);
+        }
+        Ok(())
+    }
+
+    fn counters(&self) -> CacheCounters {
+        CacheCounters::new(
+            self.hits.load(Ordering::Relaxed),
+            self.misses.load(Ordering::Relaxed),
+            self.insertions.load(Ordering::Relaxed),
+            self.evictions.load(Ordering::Relaxed),
+        )
+    }
+
+    fn name(&self) -> &'static str {
+        "cpu_cache"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(key: i64, version: u32, dim: usize) -> Vec<f32> {
+        (0..dim).map(|j| key as f32 * 1000.0 + version as f32 + j as f32 * 1e-3).collect()
+    }
+
+    #[test]
+    fn hit_miss_and_capacity() {
+        let geo = CacheGeometry::for_rows(64, 4);
+        assert_eq!(geo.capacity(), 64);
+        let c = HostCache::new(geo);
+        let keys: Vec<i64> = (0..200).collect();
+        let vals: Vec<f32> = keys.iter().flat_map(|&k| row(k, 0, 4)).collect();
+        let mut out = vec![0f32; keys.len() * 4];
+        assert_eq!(c.lookup(&keys, &mut out).unwrap().len(), 200);
+        c.insert(&keys, &vals).unwrap();
+        let cnt = c.counters();
+        assert_eq!(cnt.occupied, c.scan_occupied());
+        assert!(cnt.occupied <= geo.capacity() as u64);
+        assert_eq!(cnt.insertions - cnt.evictions, cnt.occupied);
+        let missed = c.lookup(&keys, &mut out).unwrap();
+        assert_eq!(keys.len() - missed.len(), cnt.occupied as usize);
+        for i in 0..keys.len() {
+            if !missed.contains(&i) {
+                assert_eq!(out[i * 4..i * 4 + 4], row(keys[i], 0, 4)[..]);
+            }
+        }
+    }
+
+    #[test]
+    fn evicts_least_recent_in_a_set() {
+        let c = HostCache::new(CacheGeometry { sets: 1, dim: 1 });
+        let keys: Vec<i64> = (0..WAYS as i64).collect();
+        c.insert(&keys, &keys.iter().map(|&k| k as f32).collect::<Vec<_>>()).unwrap();
+        // touch every key but 5
+        let touched: Vec<i64> = keys.iter().copied().filter(|&k| k != 5).collect();
+        let mut out = vec![0f32; touched.len()];
+        assert!(c.lookup(&touched, &mut out).unwrap().is_empty());
+        c.insert(&[100], &[100.0]).unwrap();
+        let mut one = [0f32];
+        assert_eq!(c.lookup(&[5], &mut one).unwrap(), vec![0], "5 was the least recent and must be gone");
+        assert!(c.lookup(&[100], &mut one).unwrap().is_empty());
+        assert_eq!(one[0], 100.0);
+        assert_eq!(c.counters().evictions, 1);
+    }
+
+    #[test]
+    fn the_empty_key_is_never_cached() {
+        let c = HostCache::new(CacheGeometry::for_rows(32, 1));
+        c.insert(&[EMPTY_KEY, 3], &[1.0, 2.0]).unwrap();
+        let mut out = [0f32; 2];
+        assert_eq!(c.lookup(&[EMPTY_KEY, 3], &mut out).unwrap(), vec![0]);
+        assert_eq!(c.counters().insertions, 1);
+    }
+
+    #[test]
+    fn refresh_only_touches_cached_keys() {
+        let c = HostCache::new(CacheGeometry::for_rows(32, 2));
+        c.insert(&[1], &[1.0, 1.0]).unwrap();
+        c.refresh(&[1, 2], &[5.0, 5.0, 6.0, 6.0]).unwrap();
+        let mut out = [0f32; 4];
+        assert_eq!(c.lookup(&[1, 2], &mut out).unwrap(), vec![1]);
+        assert_eq!(out[..2], [5.0, 5.0]);
+    }
+
+    /// Many threads look up, insert and refresh random keys; every row read back must be
+    /// a whole row of that key (no mixing of keys or versions), and never older than the
+    /// newest version committed before the lookup began.
+    #[test]
+    fn concurrent_lookups_and_updates_never_return_a_wrong_row() {
+        use rand::{Rng, SeedableRng};
+        use std::sync::atomic::AtomicU32;
+        use std::sync::Arc;
+        const KEYS: usize = 512;
+        const DIM: usize = 16;
+        let cache = Arc::new(HostCache::new(CacheGeometry::for_rows(128, DIM)));
+        let committed: Arc<Vec<AtomicU32>> = Arc::new((0..KEYS).map(|_| AtomicU32::new(0)).collect());
+        let truth_lock: Arc<Vec<parking_lot::Mutex<()>>> = Arc::new((0..KEYS).map(|_| parking_lot::Mutex::new(())).collect());
+        let mut handles = Vec::new();
+        for t in 0..8u64 {
+            let (cache, committed, truth_lock) = (cache.clone(), committed.clone(), truth_lock.clone());
+            handles.push(std::thread::spawn(move || {
+                let mut rng = rand::rngs::SmallRng::seed_from_u64(t);
+                let mut checked = 0;
+                for _ in 0..3000 {
+                    let k = rng.gen_range(0..KEYS);
+                    match rng.gen_range(0..10) {
+                        0 => {
+                            // an update: bump the version, write through to the cache
+                            let _g = truth_lock[k].lock();
+                            let v = committed[k].load(Ordering::SeqCst) + 1;
+                            cache.refresh(&[k as i64], &row(k as i64, v, DIM)).unwrap();
+                            committed[k].store(v, Ordering::SeqCst);
+                        }
+                        1..=3 => {
+                            // a fill after a miss: insert the current version
+                            let _g = truth_lock[k].lock();
+                            let v = committed[k].load(Ordering::SeqCst);
+                            cache.insert(&[k as i64], &row(k as i64, v, DIM)).unwrap();
+                        }
+                        _ => {
+                            let floor = committed[k].load(Ordering::SeqCst);
+                            let mut out = [0f32; DIM];
+                            if cache.lookup(&[k as i64], &mut out).unwrap().is_empty() {
+                                let v = (out[0] - k as f32 * 1000.0).round();
+                                assert!(v >= floor as f32, "stale row for {k}: version {v} < {floor}");
+                                assert_eq!(out[..], row(k as i64, v as u32, DIM)[..], "torn or wrong row for key {k}");
+                                checked += 1;
+                            }
+                        }
+                    }
+                }
+                checked
+            }));
+        }
+        let checked: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        assert!(checked > 1000, "too few hits to mean anything: {checked}");
+        let c = cache.counters();
+        assert_eq!(c.occupied, cache.scan_occupied());
+        assert!(c.occupied <= cache.geometry().capacity() as u64);
+    }
+}

@@ -1,0 +1,157 @@
+//! The GPU cache tier: the policy of `cache.rs` (same layout, same LRU at batch
+//! granularity, same counters) over slots in GPU memory. The device side — slots,
+//! kernels, the rows buffer a GPU instance looks up into — is the CUDA crate's
+//! (`triton_rust_cuda::cache`); this module decides what runs there. Built with the
+//! `gpu` feature; `group_by_set`, the host logic of an insert, is unit-tested on CPUs.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use triton_rust_core::error::{Error, Result};
+use triton_rust_cuda::cache::{CacheSlots, InsertPlan, WAYS as DEVICE_WAYS};
+pub use triton_rust_cuda::cache::DeviceRows;
+
+use crate::cache::{CacheCounters, CacheGeometry, CacheTier, EMPTY_KEY, WAYS};
+
+const _: () = assert!(WAYS == DEVICE_WAYS, "the kernels assume one warp per set");
+
+/// Groups insert keys by set: (order of key indices, start offset per group, set per group).
+/// Keys keep their order within a set, as the CPU cache applies them.
+pub fn group_by_set(geo: &CacheGeometry, keys: &[i64]) -> (Vec<i32>, Vec<i32>, Vec<i64>) {
+    let mut idx: Vec<(usize, usize)> = keys.iter().enumerate().map(|(i, &k)| (geo.set_of(k), i)).collect();
+    idx.sort_by_key(|&(s, i)| (s, i));
+    let order: Vec<i32> = idx.iter().map(|&(_, i)| i as i32).collect();
+    let mut starts = Vec::new();
+    let mut sets = Vec::new();
+    for (pos, &(s, _)) in idx.iter().enumerate() {
+        if sets.last() != Some(&(s as i64)) {
+            starts.push(pos as i32);
+            sets.push(s as i64);
+        }
+    }
+    starts.push(idx.len() as i32);
+    (order, starts, sets)
+}
+
+pub struct GpuCache {
+    slots: CacheSlots,
+    geo: CacheGeometry,
+    clock: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+/// Creates a GPU cache on device `id` (one per table per GPU instance).
+pub fn new_cache(id: i32, geo: CacheGeometry) -> Result<Arc<dyn CacheTier>> {
+    Ok(Arc::new(GpuCache::new(id, geo)?))
+}
+
+impl GpuCache {
+    pub fn new(id: i32, geo: CacheGeometry) -> Result<GpuCache> {
+        let slots = CacheSlots::new(id, geo.sets, geo.dim, EMPTY_KEY)?;
+        Ok(GpuCache { slots, geo, clock: AtomicU64::new(1), hits: AtomicU64::new(0), misses: AtomicU64::new(0) })
+    }
+
+    /// The device side, for measuring the kernels alone.
+    pub fn slots(&self) -> &CacheSlots {
+        &self.slots
+    }
+
+    /// The next lookup epoch (a lookup stamps the slots it hits with it).
+    pub fn next_epoch(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn count(&self, hit: &[u8]) -> Vec<usize> {
+        let missed: Vec<usize> = (0..hit.len()).filter(|&i| hit[i] == 0).collect();
+        self.hits.fetch_add((hit.len() - missed.len()) as u64, Ordering::Relaxed);
+        self.misses.fetch_add(missed.len() as u64, Ordering::Relaxed);
+        missed
+    }
+
+    /// Looks host `keys` up into a device buffer: row i at `offset + i * stride` floats.
+    /// Returns the indices that missed (their rows are left as they were).
+    pub fn lookup_into(&self, keys: &[i64], rows: &mut DeviceRows, offset: usize, stride: usize) -> Result<Vec<usize>> {
+        let epoch = self.clock.fetch_add(1, Ordering::Relaxed);
+        let hit = self.slots.lookup_into(keys, epoch, rows, offset, stride)?;
+        Ok(self.count(&hit))
+    }
+
+    fn write(&self, keys: &[i64], vectors: &[f32], only_if_present: bool) -> Result<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        if vectors.len() != keys.len() * self.geo.dim {
+            return Err(Error::internal("gpu cache: vectors do not match keys"));
+        }
+        let (order, group_start, group_set) = group_by_set(&self.geo, keys);
+        let epoch = self.clock.fetch_add(1, Ordering::Relaxed);
+        let plan = InsertPlan { order: &order, group_start: &group_start, group_set: &group_set };
+        Ok(self.slots.write(keys, vectors, &plan, epoch, only_if_present)?)
+    }
+}
+
+impl CacheTier for GpuCache {
+    fn geometry(&self) -> CacheGeometry {
+        self.geo
+    }
+
+    fn lookup(&self, keys: &[i64], out: &mut [f32]) -> Result<Vec<usize>> {
+        let epoch = self.clock.fetch_add(1, Ordering::Relaxed);
+        let hit = self.slots.lookup_to_host(keys, epoch, out)?;
+        Ok(self.count(&hit))
+    }
+
+    fn insert(&self, keys: &[i64], vectors: &[f32]) -> Result<()> {
+        self.write(keys, vectors, false)
+    }
+
+    fn refresh(&self, keys: &[i64], vectors: &[f32]) -> Result<()> {
+        self.write(keys, vectors, true)
+    }
+
+    fn counters(&self) -> CacheCounters {
+        let (insertions, evictions) = self.slots.counters().unwrap_or((0, 0));
+        CacheCounters::new(self.hits.load(Ordering::Relaxed), self.misses.load(Ordering::Relaxed), insertions, evictions)
+    }
+
+    fn name(&self) -> &'static str {
+        "gpu_cache"
+    }
+
+    fn as_gpu(&self) -> Option<&GpuCache> {
+        Some(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inserts_are_grouped_by_set_in_order() {
+        let geo = CacheGeometry { sets: 7, dim: 1 };
+        let keys: Vec<i64> = (0..100).map(|i| i * 13 - 40).collect();
+        let (order, starts, sets) = group_by_set(&geo, &keys);
+        assert_eq!(order.len(), keys.len());
+        assert_eq!(*starts.last().unwrap() as usize, keys.len());
+        assert_eq!(starts.len(), sets.len() + 1);
+        for g in 0..sets.len() {
+            let members = &order[starts[g] as usize..starts[g + 1] as usize];
+            assert!(members.windows(2).all(|w| w[0] < w[1]), "keys keep their order within a set");
+            assert!(members.iter().all(|&i| geo.set_of(keys[i as usize]) as i64 == sets[g]));
+        }
+        let mut seen = order.clone();
+        seen.sort();
+        assert_eq!(seen, (0..100).collect::<Vec<i32>>());
+    }
+
+    #[test]
+    fn no_gpu_is_a_clear_error() {
+        if std::path::Path::new("/dev/nvidia0").exists() {
+            return; // this check is for machines without a GPU
+        }
+        let e = new_cache(0, CacheGeometry { sets: 1, dim: 4 }).err().expect("no GPU here");
+        assert!(e.message().contains("CUDA") || e.message().contains("cuda"), "{e}");
+    }
+}

@@ -1,0 +1,213 @@
+//! The host tier: every row of a table in host memory.
+//!
+//! Rows loaded from disk stay in the memory-mapped file (no copy); an index maps each
+//! key to its row. The index is sharded (64 read-write-locked hash maps) so lookups
+//! from many instances do not contend. Online updates never write a row in place:
+//! the new vector is appended to an overlay and the key's index entry is switched
+//! under the shard's write lock, so a reader sees either the old row or the new one,
+//! never a mix. Superseded overlay rows are kept (memory grows with the number of
+//! updates, not with lookups); see docs/embedding-store.md.
+//!
+//! Memory: the mapped vectors and keys, plus about 20-36 bytes of index per key
+//! (hashbrown buckets of (i64, u32)), i.e. ≤ 1.1× the raw bytes at dim 128.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use parking_lot::RwLock;
+
+use super::mix64;
+use super::table::TableFiles;
+use triton_rust_core::error::{Error, Result};
+
+const SHARDS: usize = 64;
+const OVERLAY: u32 = 1 << 31;
+
+/// Hashes an i64 key with the murmur3 finalizer: fast, and good on sequential ids.
+#[derive(Default)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = mix64((self.0 << 8 | b as u64) as i64);
+        }
+    }
+    fn write_i64(&mut self, k: i64) {
+        self.0 = mix64(k);
+    }
+}
+
+type Index = HashMap<i64, u32, BuildHasherDefault<KeyHasher>>;
+
+pub struct HostTier {
+    dim: usize,
+    base: Option<TableFiles>,
+    shards: Vec<RwLock<Index>>,
+    overlay: RwLock<Vec<f32>>,
+}
+
+fn shard_of(key: i64) -> usize {
+    // The index's own hash uses the low bits; shard on the high ones.
+    (mix64(key) >> 58) as usize % SHARDS
+}
+
+impl HostTier {
+    pub fn empty(dim: usize) -> HostTier {
+        HostTier { dim, base: None, shards: (0..SHARDS).map(|_| RwLock::new(Index::default())).collect(), overlay: RwLock::new(Vec::new()) }
+    }
+
+    /// Indexes a table's mapped rows. Duplicate keys: the last row wins (counted in the result).
+    pub fn from_files(files: TableFiles) -> Result<(HostTier, usize)> {
+        if files.rows >= OVERLAY as usize {
+            return Err(Error::unsupported(format!("a table of {} rows is above the 2^31 rows one host tier indexes", files.rows)));
+        }
+        let mut tier = HostTier::empty(files.dim);
+        let mut duplicates = 0;
+        let mut per_shard = vec![0usize; SHARDS];
+        for &k in files.keys() {
+            per_shard[shard_of(k)] += 1;
+        }
+        for (s, n) in tier.shards.iter_mut().zip(per_shard) {
+            s.get_mut().reserve(n);
+        }
+        for (row, &k) in files.keys().iter().enumerate() {
+            if tier.shards[shard_of(k)].get_mut().insert(k, row as u32).is_some() {
+                duplicates += 1;
+            }
+        }
+        tier.base = Some(files);
+        Ok((tier, duplicates))
+    }
+
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.read().len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies the row of `key` into `out`; false if the key is not here.
+    pub fn get(&self, key: i64, out: &mut [f32]) -> bool {
+        let loc = match self.shards[shard_of(key)].read().get(&key) {
+            Some(&l) => l,
+            None => return false,
+        };
+        self.read_loc(loc, out);
+        true
+    }
+
+    fn read_loc(&self, loc: u32, out: &mut [f32]) {
+        if loc & OVERLAY != 0 {
+            let i = (loc & !OVERLAY) as usize * self.dim;
+            out.copy_from_slice(&self.overlay.read()[i..i + self.dim]);
+        } else if let Some(base) = &self.base {
+            base.read_row(loc as usize, out);
+        }
+    }
+
+    /// Looks up many keys; `found[i]` says whether row i of `out` was written.
+    pub fn get_many(&self, keys: &[i64], out: &mut [f32], found: &mut [bool]) {
+        for ((k, row), f) in keys.iter().zip(out.chunks_exact_mut(self.dim)).zip(found.iter_mut()) {
+            *f = self.get(*k, row);
+        }
+    }
+
+    /// Inserts or overwrites rows. `vectors` holds `keys.len() * dim` values.
+    pub fn upsert(&self, keys: &[i64], vectors: &[f32]) -> Result<()> {
+        if vectors.len() != keys.len() * self.dim {
+            return Err(Error::invalid_arg(format!(
+                "{} keys of dim {} need {} values; got {}",
+                keys.len(),
+                self.dim,
+                keys.len() * self.dim,
+                vectors.len()
+            )));
+        }
+        let first = {
+            let mut ov = self.overlay.write();
+            let first = ov.len() / self.dim;
+            if first + keys.len() >= OVERLAY as usize {
+                return Err(Error::unavailable("the host tier's update overlay is full; reload the model to compact it"));
+            }
+            ov.extend_from_slice(vectors);
+            first
+        };
+        // Rows are complete before any index entry points at them.
+        for (i, &k) in keys.iter().enumerate() {
+            self.shards[shard_of(k)].write().insert(k, OVERLAY | (first + i) as u32);
+        }
+        Ok(())
+    }
+
+    /// Bytes this tier holds beyond the raw rows and keys: index and superseded overlay rows.
+    pub fn memory(&self) -> HostMemory {
+        let index: usize = self
+            .shards
+            .iter()
+            .map(|s| {
+                let cap = s.read().capacity();
+                // hashbrown: one control byte plus one (i64, u32) bucket per slot.
+                cap * (1 + std::mem::size_of::<(i64, u32)>())
+            })
+            .sum();
+        let rows = self.len();
+        let raw = rows * (8 + self.dim * self.base.as_ref().map_or(4, |b| b.vector_type.size()));
+        let overlay = self.overlay.read().capacity() * 4;
+        HostMemory { raw, index, overlay }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct HostMemory {
+    /// Keys and vectors as stored on disk.
+    pub raw: usize,
+    pub index: usize,
+    pub overlay: usize,
+}
+
+impl HostMemory {
+    /// (raw + index + overlay) / raw.
+    pub fn ratio(&self) -> f64 {
+        (self.raw + self.index + self.overlay) as f64 / self.raw.max(1) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::{write_table, VectorType};
+
+    #[test]
+    fn serves_file_rows_and_updates() {
+        let d = std::env::temp_dir().join(format!("trt-host-{}", std::process::id()));
+        let keys: Vec<i64> = (0..1000).map(|i| i * 7 - 300).collect();
+        let dim = 4;
+        let vecs: Vec<f32> = (0..keys.len() * dim).map(|i| i as f32).collect();
+        write_table(&d, &keys, bytemuck::cast_slice(&vecs), dim, VectorType::F32).unwrap();
+        let (tier, dups) = HostTier::from_files(TableFiles::open_npy(&d).unwrap()).unwrap();
+        assert_eq!((dups, tier.len()), (0, 1000));
+        let mut row = vec![0f32; dim];
+        assert!(tier.get(keys[10], &mut row));
+        assert_eq!(row, vecs[40..44]);
+        assert!(!tier.get(2, &mut row));
+        tier.upsert(&[keys[10], 2], &[9.0, 9.0, 9.0, 9.0, 1.0, 1.0, 1.0, 1.0]).unwrap();
+        assert!(tier.get(keys[10], &mut row));
+        assert_eq!(row, [9.0; 4]);
+        assert!(tier.get(2, &mut row));
+        assert_eq!(row, [1.0; 4]);
+        assert_eq!(tier.len(), 1001);
+        assert!(tier.upsert(&[5], &[1.0]).is_err());
+        let m = tier.memory();
+        assert!(m.ratio() > 1.0, "{m:?}");
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}

@@ -1,0 +1,719 @@
+//! The hierarchical embedding store: the replacement for Merlin's HPS.
+//!
+//! Tiers, fastest first: a cache per instance (GPU memory on a GPU instance, host
+//! memory on a CPU one, same policy: `cache.rs`), the host tier holding every row
+//! loaded from disk (`host.rs`, memory-mapped), an optional Redis tier for rows beyond
+//! one machine (`redis.rs`), and the table's default vector for keys found nowhere.
+//! A lookup that misses the cache is filled from below and the rows are inserted into
+//! the cache — before the lookup returns when the batch's hit rate is under
+//! `hit_rate_threshold`, by a background thread otherwise (HPS's semantics).
+//!
+//! Updates go to the host tier (and Redis), then overwrite the row in every cache that
+//! holds it. A cache fill that raced with an update is dropped rather than inserted, so
+//! no cache keeps a superseded row (the update gate below). Visible in every tier when
+//! `update` returns.
+//!
+//! Nothing here knows Triton; `triton_rust_engine_embedding` adapts it to the `Engine` trait.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Weak};
+use std::time::Instant;
+
+use parking_lot::{Mutex, RwLock};
+
+use triton_rust_core::error::{Error, Result};
+
+pub mod cache;
+#[cfg(feature = "gpu")]
+pub mod gpu;
+pub mod host;
+pub mod redis;
+pub mod table;
+
+use cache::{CacheGeometry, CacheTier};
+use host::HostTier;
+use table::TableFiles;
+
+/// murmur3's 64-bit finalizer: the key hash used by every tier (and the GPU kernel).
+pub fn mix64(key: i64) -> u64 {
+    let mut k = key as u64;
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xff51afd7ed558ccd);
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xc4ceb9fe1a85ec53);
+    k ^= k >> 33;
+    k
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableFormat {
+    /// `keys.npy` + `vectors.npy` (ours).
+    Npy,
+    /// HugeCTR/HPS `key` + `emb_vector`.
+    HugeCtr,
+}
+
+#[derive(Debug, Clone)]
+pub struct TableConfig {
+    pub name: String,
+    pub dim: usize,
+    /// Directory holding the table's files; `None` for a table filled only by updates/Redis.
+    pub path: Option<PathBuf>,
+    pub format: Option<TableFormat>,
+    pub default_value: f32,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub tables: Vec<TableConfig>,
+    /// Fraction of each table's rows the cache holds (HPS `gpucacheper`).
+    pub cache_ratio: f64,
+    /// HPS `hit_rate_threshold`: below it, misses are inserted before the lookup returns.
+    pub hit_rate_threshold: f64,
+}
+
+/// Rows that live outside this machine (Redis). Misses are `found[i] = false`.
+pub trait RemoteTier: Send + Sync {
+    fn get_many(&self, table: &str, dim: usize, keys: &[i64], out: &mut [f32], found: &mut [bool]) -> Result<()>;
+    fn set_many(&self, table: &str, dim: usize, keys: &[i64], vectors: &[f32]) -> Result<()>;
+    fn name(&self) -> &'static str;
+}
+
+/// Per-table counters, for metrics. Latencies are summed nanoseconds.
+#[derive(Default)]
+pub struct TableCounters {
+    pub lookups: AtomicU64,
+    pub keys: AtomicU64,
+    pub cache_hits: AtomicU64,
+    pub host_hits: AtomicU64,
+    pub remote_hits: AtomicU64,
+    pub remote_errors: AtomicU64,
+    pub defaults: AtomicU64,
+    pub cache_ns: AtomicU64,
+    pub host_ns: AtomicU64,
+    pub remote_ns: AtomicU64,
+    pub updates: AtomicU64,
+    pub updated_keys: AtomicU64,
+    pub update_ns: AtomicU64,
+    pub fills_dropped: AtomicU64,
+}
+
+struct Table {
+    config: TableConfig,
+    host: HostTier,
+    counters: TableCounters,
+    /// Bumped by every update; a cache fill checks it did not change under it.
+    version: AtomicU64,
+}
+
+/// The model-wide part of the store: host tiers, the remote tier, the update gate, and
+/// the caches of every instance (so updates reach them all).
+pub struct EmbeddingStore {
+    config: StoreConfig,
+    tables: Vec<Table>,
+    remote: Option<Arc<dyn RemoteTier>>,
+    /// Updates hold it for writing; cache fills for reading (see module docs).
+    gate: RwLock<()>,
+    caches: Mutex<Vec<Weak<InstanceCaches>>>,
+}
+
+fn ns_since(t: Instant) -> u64 {
+    t.elapsed().as_nanos() as u64
+}
+
+impl EmbeddingStore {
+    pub fn open(config: StoreConfig, remote: Option<Arc<dyn RemoteTier>>) -> Result<Arc<EmbeddingStore>> {
+        if !(0.0..=1.0).contains(&config.cache_ratio) {
+            return Err(Error::invalid_arg(format!("gpucacheper must be in [0, 1]; got {}", config.cache_ratio)));
+        }
+        if config.tables.is_empty() {
+            return Err(Error::invalid_arg("the embedding store needs at least one table"));
+        }
+        let mut tables = Vec::with_capacity(config.tables.len());
+        for t in &config.tables {
+            if t.dim == 0 {
+                return Err(Error::invalid_arg(format!("table '{}': dim must be positive", t.name)));
+            }
+            let host = match &t.path {
+                None => HostTier::empty(t.dim),
+                Some(dir) => {
+                    let format = t.format.unwrap_or(if dir.join("emb_vector").exists() { TableFormat::HugeCtr } else { TableFormat::Npy });
+                    let files = match format {
+                        TableFormat::Npy => TableFiles::open_npy(dir),
+                        TableFormat::HugeCtr => TableFiles::open_hugectr(dir, t.dim),
+                    }
+                    .map_err(|e| e.context(format!("table '{}'", t.name)))?;
+                    if files.dim != t.dim {
+                        return Err(Error::invalid_arg(format!(
+                            "table '{}': the config says dim {} but '{}' holds vectors of dim {}",
+                            t.name,
+                            t.dim,
+                            dir.display(),
+                            files.dim
+                        )));
+                    }
+                    let (host, dups) = HostTier::from_files(files)?;
+                    if dups > 0 {
+                        log::warn!("table '{}': {dups} duplicate keys; the last row of each wins", t.name);
+                    }
+                    host
+                }
+            };
+            tables.push(Table { config: t.clone(), host, counters: TableCounters::default(), version: AtomicU64::new(0) });
+        }
+        Ok(Arc::new(EmbeddingStore { config, tables, remote, gate: RwLock::new(()), caches: Mutex::new(Vec::new()) }))
+    }
+
+    pub fn tables(&self) -> impl Iterator<Item = &TableConfig> {
+        self.tables.iter().map(|t| &t.config)
+    }
+
+    pub fn table_count(&self) -> usize {
+        self.tables.len()
+    }
+
+    pub fn dim(&self, table: usize) -> usize {
+        self.tables[table].config.dim
+    }
+
+    pub fn counters(&self, table: usize) -> &TableCounters {
+        &self.tables[table].counters
+    }
+
+    pub fn host_rows(&self, table: usize) -> usize {
+        self.tables[table].host.len()
+    }
+
+    pub fn host_memory(&self, table: usize) -> host::HostMemory {
+        self.tables[table].host.memory()
+    }
+
+    /// The cache geometry for a table under this store's `cache_ratio`.
+    pub fn cache_geometry(&self, table: usize) -> CacheGeometry {
+        let t = &self.tables[table];
+        let rows = (t.host.len() as f64 * self.config.cache_ratio).ceil() as usize;
+        CacheGeometry::for_rows(rows, t.config.dim)
+    }
+
+    /// Creates one instance's caches with `make` (CPU or GPU) and registers them for updates.
+    pub fn attach_caches(
+        self: &Arc<Self>,
+        make: &dyn Fn(CacheGeometry) -> Result<Arc<dyn CacheTier>>,
+    ) -> Result<Arc<InstanceCaches>> {
+        let caches = if self.config.cache_ratio > 0.0 {
+            (0..self.tables.len()).map(|t| make(self.cache_geometry(t))).collect::<Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
+        let inst = Arc::new(InstanceCaches::new(self.clone(), caches));
+        let mut reg = self.caches.lock();
+        reg.retain(|w| w.strong_count() > 0);
+        reg.push(Arc::downgrade(&inst));
+        Ok(inst)
+    }
+
+    /// A view of the store with no caches (lookups go straight to the host tier).
+    pub fn attach_caches_none(self: &Arc<Self>) -> Arc<InstanceCaches> {
+        Arc::new(InstanceCaches::new(self.clone(), Vec::new()))
+    }
+
+    /// Reads rows below the cache: host, then remote, then the default vector.
+    /// Returns which keys were found (defaults are not worth caching).
+    fn fetch_below_cache(&self, table: usize, keys: &[i64], out: &mut [f32]) -> Vec<bool> {
+        let t = &self.tables[table];
+        let dim = t.config.dim;
+        let mut found = vec![false; keys.len()];
+        let t0 = Instant::now();
+        t.host.get_many(keys, out, &mut found);
+        t.counters.host_ns.fetch_add(ns_since(t0), Ordering::Relaxed);
+        let host_hits = found.iter().filter(|&&f| f).count();
+        t.counters.host_hits.fetch_add(host_hits as u64, Ordering::Relaxed);
+        let mut missing: Vec<usize> = (0..keys.len()).filter(|&i| !found[i]).collect();
+        if let (Some(remote), false) = (&self.remote, missing.is_empty()) {
+            let mkeys: Vec<i64> = missing.iter().map(|&i| keys[i]).collect();
+            let mut mout = vec![0f32; mkeys.len() * dim];
+            let mut mfound = vec![false; mkeys.len()];
+            let t0 = Instant::now();
+            match remote.get_many(&t.config.name, dim, &mkeys, &mut mout, &mut mfound) {
+                Ok(()) => {
+                    let mut still = Vec::new();
+                    for (j, &i) in missing.iter().enumerate() {
+                        if mfound[j] {
+                            found[i] = true;
+                            out[i * dim..(i + 1) * dim].copy_from_slice(&mout[j * dim..(j + 1) * dim]);
+                        } else {
+                            still.push(i);
+                        }
+                    }
+                    t.counters.remote_hits.fetch_add((missing.len() - still.len()) as u64, Ordering::Relaxed);
+                    missing = still;
+                }
+                Err(e) => {
+                    let n = t.counters.remote_errors.fetch_add(1, Ordering::Relaxed);
+                    if n % 1000 == 0 {
+                        log::warn!("table '{}': {} unreachable, serving default vectors: {e}", t.config.name, remote.name());
+                    }
+                }
+            }
+            t.counters.remote_ns.fetch_add(ns_since(t0), Ordering::Relaxed);
+        }
+        for &i in &missing {
+            out[i * dim..(i + 1) * dim].fill(t.config.default_value);
+            t.counters.defaults.fetch_add(1, Ordering::Relaxed);
+            found[i] = false;
+        }
+        found
+    }
+
+    /// Inserts or overwrites rows while serving. Visible in the host tier, Redis and
+    /// every instance's cache when this returns.
+    pub fn update(&self, table: usize, keys: &[i64], vectors: &[f32]) -> Result<()> {
+        let t = self.tables.get(table).ok_or_else(|| Error::invalid_arg(format!("no table {table}")))?;
+        let start = Instant::now();
+        let _gate = self.gate.write();
+        t.host.upsert(keys, vectors)?;
+        if let Some(remote) = &self.remote {
+            if let Err(e) = remote.set_many(&t.config.name, t.config.dim, keys, vectors) {
+                t.counters.remote_errors.fetch_add(1, Ordering::Relaxed);
+                log::warn!("table '{}': update not written to {}: {e}", t.config.name, remote.name());
+            }
+        }
+        let caches: Vec<Arc<InstanceCaches>> = self.caches.lock().iter().filter_map(Weak::upgrade).collect();
+        for c in caches {
+            if let Some(cache) = c.caches.get(table) {
+                cache.refresh(keys, vectors)?;
+            }
+        }
+        // Bumped last, still under the gate: a fill that read its version before this
+        // point (its rows may predate the update) now fails its check; one that reads
+        // the new version afterwards reads the new rows.
+        t.version.fetch_add(1, Ordering::SeqCst);
+        t.counters.updates.fetch_add(1, Ordering::Relaxed);
+        t.counters.updated_keys.fetch_add(keys.len() as u64, Ordering::Relaxed);
+        t.counters.update_ns.fetch_add(ns_since(start), Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl triton_rust_core::telemetry::MetricsSource for EmbeddingStore {
+    fn samples(&self) -> Vec<triton_rust_core::telemetry::MetricSample> {
+        use triton_rust_core::telemetry::{MetricKind::*, MetricSample};
+        let caches: Vec<Arc<InstanceCaches>> = self.caches.lock().iter().filter_map(Weak::upgrade).collect();
+        let mut out = Vec::new();
+        for (i, t) in self.tables.iter().enumerate() {
+            let c = &t.counters;
+            let get = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+            let table = || vec![("table", t.config.name.clone())];
+            let tier = |tier: &str| vec![("table", t.config.name.clone()), ("tier", tier.to_string())];
+            let mut push = |family, help, kind, labels, value| out.push(MetricSample { family, help, kind, labels, value });
+            push("rust_embedding_lookup_keys_total", "Keys looked up in the embedding store", Counter, table(), get(&c.keys));
+            push("rust_embedding_lookups_total", "Lookup calls to the embedding store", Counter, table(), get(&c.lookups));
+            for (name, hits, ns) in [
+                ("cache", &c.cache_hits, &c.cache_ns),
+                ("host", &c.host_hits, &c.host_ns),
+                ("redis", &c.remote_hits, &c.remote_ns),
+            ] {
+                push("rust_embedding_hits_total", "Keys answered by each tier of the embedding store", Counter, tier(name), get(hits));
+                push("rust_embedding_tier_seconds_total", "Time spent in each tier of the embedding store", Counter, tier(name), get(ns) / 1e9);
+            }
+            push("rust_embedding_hits_total", "Keys answered by each tier of the embedding store", Counter, tier("default"), get(&c.defaults));
+            let keys = get(&c.keys);
+            push("rust_embedding_cache_hit_rate", "Cache hits / keys looked up since load", Gauge, table(), if keys > 0.0 { get(&c.cache_hits) / keys } else { 0.0 });
+            let (mut evictions, mut occupied) = (0u64, 0u64);
+            for inst in &caches {
+                if let Some(cache) = inst.cache(i) {
+                    let cc = cache.counters();
+                    evictions += cc.evictions;
+                    occupied += cc.occupied;
+                }
+            }
+            push("rust_embedding_cache_evictions_total", "Rows evicted from the embedding caches", Counter, table(), evictions as f64);
+            push("rust_embedding_cache_rows", "Rows held by the embedding caches (all instances)", Gauge, table(), occupied as f64);
+            push("rust_embedding_updates_total", "Update calls applied to the embedding store", Counter, table(), get(&c.updates));
+            push("rust_embedding_updated_keys_total", "Rows written by updates", Counter, table(), get(&c.updated_keys));
+            push("rust_embedding_update_lag_seconds_total", "Time from an update's arrival until it is visible in every tier, summed", Counter, table(), get(&c.update_ns) / 1e9);
+            push("rust_embedding_redis_errors_total", "Lookups and updates that could not reach the Redis tier (down, or backing off after a failure)", Counter, table(), get(&c.remote_errors));
+            push("rust_embedding_cache_fills_dropped_total", "Cache fills skipped (queue full or raced with an update)", Counter, table(), get(&c.fills_dropped));
+        }
+        out
+    }
+}
+
+struct Fill {
+    table: usize,
+    version: u64,
+    keys: Vec<i64>,
+    vectors: Vec<f32>,
+}
+
+enum Job {
+    Fill(Fill),
+    Barrier(mpsc::SyncSender<()>),
+}
+
+/// One instance's view of the store: its caches (one per table) and its background filler.
+pub struct InstanceCaches {
+    store: Arc<EmbeddingStore>,
+    caches: Vec<Arc<dyn CacheTier>>,
+    filler: Mutex<Option<mpsc::SyncSender<Job>>>,
+    worker: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl InstanceCaches {
+    fn new(store: Arc<EmbeddingStore>, caches: Vec<Arc<dyn CacheTier>>) -> InstanceCaches {
+        let (tx, rx) = mpsc::sync_channel::<Job>(256);
+        let (s, c) = (store.clone(), caches.clone());
+        let worker = std::thread::Builder::new()
+            .name("embedding-fill".into())
+            .spawn(move || {
+                for job in rx {
+                    match job {
+                        Job::Fill(fill) => {
+                            if let Err(e) = fill_cache(&s, &c, fill) {
+                                log::error!("embedding cache fill failed: {e}");
+                            }
+                        }
+                        Job::Barrier(ack) => {
+                            let _ = ack.send(());
+                        }
+                    }
+                }
+            })
+            .ok();
+        InstanceCaches { store, caches, filler: Mutex::new(worker.as_ref().map(|_| tx)), worker: Mutex::new(worker) }
+    }
+
+    pub fn store(&self) -> &Arc<EmbeddingStore> {
+        &self.store
+    }
+
+    pub fn cache(&self, table: usize) -> Option<&Arc<dyn CacheTier>> {
+        self.caches.get(table)
+    }
+
+    /// Looks up `keys` of one table into `out` (`keys.len() * dim` floats).
+    pub fn lookup(&self, table: usize, keys: &[i64], out: &mut [f32]) -> Result<()> {
+        let store = &self.store;
+        let t = store.tables.get(table).ok_or_else(|| Error::invalid_arg(format!("no table {table}")))?;
+        let dim = t.config.dim;
+        if out.len() != keys.len() * dim {
+            return Err(Error::internal(format!("lookup: {} keys of dim {dim} need {} floats", keys.len(), keys.len() * dim)));
+        }
+        t.counters.lookups.fetch_add(1, Ordering::Relaxed);
+        t.counters.keys.fetch_add(keys.len() as u64, Ordering::Relaxed);
+        let Some(cache) = self.caches.get(table) else {
+            store.fetch_below_cache(table, keys, out);
+            return Ok(());
+        };
+        let version = t.version.load(Ordering::SeqCst);
+        let t0 = Instant::now();
+        let missed = cache.lookup(keys, out)?;
+        t.counters.cache_ns.fetch_add(ns_since(t0), Ordering::Relaxed);
+        t.counters.cache_hits.fetch_add((keys.len() - missed.len()) as u64, Ordering::Relaxed);
+        if missed.is_empty() {
+            return Ok(());
+        }
+        let mkeys: Vec<i64> = missed.iter().map(|&i| keys[i]).collect();
+        let mut mout = vec![0f32; mkeys.len() * dim];
+        let found = store.fetch_below_cache(table, &mkeys, &mut mout);
+        for (j, &i) in missed.iter().enumerate() {
+            out[i * dim..(i + 1) * dim].copy_from_slice(&mout[j * dim..(j + 1) * dim]);
+        }
+        self.fill_after_miss(table, version, keys.len(), &mkeys, &mout, &found)
+    }
+
+    /// Looks `keys` of one table up straight into GPU memory: row i lands at
+    /// `offset + i * stride` floats of `rows`. Hits come from the GPU cache; misses
+    /// are fetched below it and copied in. The GPU instance's output path, so an
+    /// ensemble's dense step receives the embeddings without a trip through the host.
+    #[cfg(feature = "gpu")]
+    pub fn lookup_device(&self, table: usize, keys: &[i64], rows: &mut gpu::DeviceRows, offset: usize, stride: usize) -> Result<()> {
+        let store = &self.store;
+        let t = store.tables.get(table).ok_or_else(|| Error::invalid_arg(format!("no table {table}")))?;
+        let dim = t.config.dim;
+        t.counters.lookups.fetch_add(1, Ordering::Relaxed);
+        t.counters.keys.fetch_add(keys.len() as u64, Ordering::Relaxed);
+        let version = t.version.load(Ordering::SeqCst);
+        let cache = self.caches.get(table).and_then(|c| c.as_gpu());
+        let missed = match cache {
+            Some(g) => {
+                let t0 = Instant::now();
+                let missed = g.lookup_into(keys, rows, offset, stride)?;
+                t.counters.cache_ns.fetch_add(ns_since(t0), Ordering::Relaxed);
+                t.counters.cache_hits.fetch_add((keys.len() - missed.len()) as u64, Ordering::Relaxed);
+                missed
+            }
+            None => (0..keys.len()).collect(),
+        };
+        if missed.is_empty() {
+            return Ok(());
+        }
+        let mkeys: Vec<i64> = missed.iter().map(|&i| keys[i]).collect();
+        let mut mout = vec![0f32; mkeys.len() * dim];
+        let found = store.fetch_below_cache(table, &mkeys, &mut mout);
+        rows.scatter(&mout, &missed, dim, offset, stride)?;
+        if cache.is_some() {
+            self.fill_after_miss(table, version, keys.len(), &mkeys, &mout, &found)?;
+        }
+        Ok(())
+    }
+
+    /// Inserts rows found below the cache: now if the batch's hit rate was under the
+    /// threshold, else through the background filler.
+    fn fill_after_miss(&self, table: usize, version: u64, total: usize, mkeys: &[i64], mout: &[f32], found: &[bool]) -> Result<()> {
+        let store = &self.store;
+        let t = &store.tables[table];
+        let dim = t.config.dim;
+        let hit_rate = 1.0 - mkeys.len() as f64 / total as f64;
+        let (mut fkeys, mut fvecs) = (Vec::with_capacity(mkeys.len()), Vec::with_capacity(mout.len()));
+        for (j, &k) in mkeys.iter().enumerate() {
+            if found[j] {
+                fkeys.push(k);
+                fvecs.extend_from_slice(&mout[j * dim..(j + 1) * dim]);
+            }
+        }
+        if fkeys.is_empty() {
+            return Ok(());
+        }
+        let fill = Fill { table, version, keys: fkeys, vectors: fvecs };
+        if hit_rate < store.config.hit_rate_threshold {
+            fill_cache(store, &self.caches, fill)
+        } else {
+            let sent = self.filler.lock().as_ref().map(|tx| tx.try_send(Job::Fill(fill)).is_ok()).unwrap_or(false);
+            if !sent {
+                t.counters.fills_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        }
+    }
+
+    /// Waits until the background filler has inserted everything queued so far (tests, benchmarks).
+    pub fn flush(&self) {
+        let (ack_tx, ack_rx) = mpsc::sync_channel::<()>(1);
+        let sent = self.filler.lock().as_ref().map(|tx| tx.send(Job::Barrier(ack_tx)).is_ok()).unwrap_or(false);
+        if sent {
+            let _ = ack_rx.recv();
+        }
+    }
+}
+
+impl Drop for InstanceCaches {
+    fn drop(&mut self) {
+        self.filler.lock().take(); // closes the channel; the worker drains and exits
+        if let Some(w) = self.worker.lock().take() {
+            let _ = w.join();
+        }
+    }
+}
+
+fn fill_cache(store: &EmbeddingStore, caches: &[Arc<dyn CacheTier>], fill: Fill) -> Result<()> {
+    let (Some(t), Some(cache)) = (store.tables.get(fill.table), caches.get(fill.table)) else { return Ok(()) };
+    let _gate = store.gate.read();
+    if t.version.load(Ordering::SeqCst) != fill.version {
+        // An update ran since these rows were read: they may be stale. Skip; the next
+        // miss fills the fresh rows.
+        t.counters.fills_dropped.fetch_add(1, Ordering::Relaxed);
+        return Ok(());
+    }
+    cache.insert(&fill.keys, &fill.vectors)
+}
+
+/// Draws keys from a Zipf distribution over `0..n` (rank 0 most frequent): the skew of
+/// real recommender traffic, for tests and benchmarks.
+pub struct Zipf {
+    cdf: Vec<f64>,
+}
+
+impl Zipf {
+    pub fn new(n: usize, exponent: f64) -> Zipf {
+        let mut acc = 0.0;
+        let mut cdf: Vec<f64> = (1..=n)
+            .map(|r| {
+                acc += 1.0 / (r as f64).powf(exponent);
+                acc
+            })
+            .collect();
+        for c in &mut cdf {
+            *c /= acc;
+        }
+        Zipf { cdf }
+    }
+    /// Maps a uniform sample in [0, 1) to a rank.
+    pub fn rank(&self, u: f64) -> usize {
+        self.cdf.partition_point(|&c| c < u).min(self.cdf.len() - 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cache::HostCache;
+    use super::table::{write_table, VectorType};
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn row(key: i64, version: u32, dim: usize) -> Vec<f32> {
+        (0..dim).map(|j| key as f32 * 100.0 + version as f32 + j as f32 * 1e-3).collect()
+    }
+
+    fn make_store(name: &str, rows: usize, dim: usize, ratio: f64, threshold: f64) -> (Arc<EmbeddingStore>, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("trt-store-{name}-{}", std::process::id()));
+        let keys: Vec<i64> = (0..rows as i64).collect();
+        let vecs: Vec<f32> = keys.iter().flat_map(|&k| row(k, 0, dim)).collect();
+        write_table(&dir.join("t0"), &keys, bytemuck::cast_slice(&vecs), dim, VectorType::F32).unwrap();
+        let cfg = StoreConfig {
+            tables: vec![
+                TableConfig { name: "t0".into(), dim, path: Some(dir.join("t0")), format: None, default_value: 0.0 },
+                TableConfig { name: "empty".into(), dim: 2, path: None, format: None, default_value: -1.0 },
+            ],
+            cache_ratio: ratio,
+            hit_rate_threshold: threshold,
+        };
+        (EmbeddingStore::open(cfg, None).unwrap(), dir)
+    }
+
+    fn cpu(geo: CacheGeometry) -> Result<Arc<dyn CacheTier>> {
+        Ok(Arc::new(HostCache::new(geo)))
+    }
+
+    #[test]
+    fn lookups_go_through_the_tiers() {
+        let (store, dir) = make_store("tiers", 1000, 4, 0.1, 1.1);
+        let inst = store.attach_caches(&cpu).unwrap();
+        let keys = [5i64, 999, 5000, 5];
+        let mut out = vec![0f32; 16];
+        inst.lookup(0, &keys, &mut out).unwrap();
+        assert_eq!(out[..4], row(5, 0, 4)[..]);
+        assert_eq!(out[4..8], row(999, 0, 4)[..]);
+        assert_eq!(out[8..12], [0.0; 4], "unknown key gets the default vector");
+        // threshold 1.1 > any hit rate: fills are synchronous, so the second lookup hits
+        inst.lookup(0, &keys, &mut out).unwrap();
+        let c = store.counters(0);
+        assert_eq!(c.keys.load(Ordering::Relaxed), 8);
+        assert!(c.cache_hits.load(Ordering::Relaxed) >= 3, "{}", c.cache_hits.load(Ordering::Relaxed));
+        assert_eq!(c.defaults.load(Ordering::Relaxed), 2);
+        let mut two = [0f32; 2];
+        inst.lookup(1, &[3], &mut two).unwrap();
+        assert_eq!(two, [-1.0, -1.0]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn updates_reach_every_instance_cache() {
+        let (store, dir) = make_store("upd", 100, 4, 1.0, 1.1);
+        let a = store.attach_caches(&cpu).unwrap();
+        let b = store.attach_caches(&cpu).unwrap();
+        let mut out = vec![0f32; 4];
+        a.lookup(0, &[7], &mut out).unwrap();
+        b.lookup(0, &[7], &mut out).unwrap();
+        store.update(0, &[7, 1000], &[row(7, 3, 4), row(1000, 1, 4)].concat()).unwrap();
+        for inst in [&a, &b] {
+            inst.lookup(0, &[7], &mut out).unwrap();
+            assert_eq!(out, row(7, 3, 4));
+            inst.lookup(0, &[1000], &mut out).unwrap();
+            assert_eq!(out, row(1000, 1, 4), "a new key is served after the update");
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn async_fills_land_after_flush() {
+        let (store, dir) = make_store("async", 1000, 4, 0.5, 0.0);
+        let inst = store.attach_caches(&cpu).unwrap();
+        let keys: Vec<i64> = (0..50).collect();
+        let mut out = vec![0f32; 200];
+        inst.lookup(0, &keys, &mut out).unwrap();
+        inst.flush();
+        let before = store.counters(0).cache_hits.load(Ordering::Relaxed);
+        inst.lookup(0, &keys, &mut out).unwrap();
+        assert_eq!(store.counters(0).cache_hits.load(Ordering::Relaxed) - before, 50);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Readers on two instances and writers updating random keys, through the whole store:
+    /// every row returned is a whole row of its key and never older than what was
+    /// committed before the lookup began (a fill racing an update must not leave a
+    /// superseded row in a cache).
+    #[test]
+    fn concurrent_lookups_and_updates_through_the_store() {
+        use std::sync::atomic::AtomicU32;
+        const ROWS: usize = 400;
+        const DIM: usize = 8;
+        let (store, dir) = make_store("conc", ROWS, DIM, 0.25, 0.5);
+        let insts = [store.attach_caches(&cpu).unwrap(), store.attach_caches(&cpu).unwrap()];
+        let committed: Arc<Vec<AtomicU32>> = Arc::new((0..ROWS).map(|_| AtomicU32::new(0)).collect());
+        let key_locks: Arc<Vec<parking_lot::Mutex<()>>> = Arc::new((0..ROWS).map(|_| parking_lot::Mutex::new(())).collect());
+        let zipf = Arc::new(Zipf::new(ROWS, 1.1));
+        let mut handles = Vec::new();
+        for t in 0..6u64 {
+            let (store, inst, committed, key_locks, zipf) =
+                (store.clone(), insts[t as usize % 2].clone(), committed.clone(), key_locks.clone(), zipf.clone());
+            handles.push(std::thread::spawn(move || {
+                let mut rng = rand::rngs::SmallRng::seed_from_u64(t);
+                let mut checked = 0usize;
+                for _ in 0..2000 {
+                    if t == 0 || t == 1 {
+                        let k = zipf.rank(rng.gen());
+                        let _g = key_locks[k].lock();
+                        let v = committed[k].load(Ordering::SeqCst) + 1;
+                        store.update(0, &[k as i64], &row(k as i64, v, DIM)).unwrap();
+                        committed[k].store(v, Ordering::SeqCst);
+                    } else {
+                        let keys: Vec<i64> = (0..16).map(|_| zipf.rank(rng.gen()) as i64).collect();
+                        let floors: Vec<u32> = keys.iter().map(|&k| committed[k as usize].load(Ordering::SeqCst)).collect();
+                        let mut out = vec![0f32; keys.len() * DIM];
+                        inst.lookup(0, &keys, &mut out).unwrap();
+                        for (i, &k) in keys.iter().enumerate() {
+                            let got = &out[i * DIM..(i + 1) * DIM];
+                            let v = (got[0] - k as f32 * 100.0).round();
+                            assert!(v >= floors[i] as f32, "stale row for key {k}: version {v} < {}", floors[i]);
+                            assert_eq!(got, &row(k, v as u32, DIM)[..], "wrong or torn row for key {k}");
+                            checked += 1;
+                        }
+                    }
+                }
+                checked
+            }));
+        }
+        let checked: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        assert!(checked > 10_000);
+        let c = store.counters(0);
+        assert!(c.cache_hits.load(Ordering::Relaxed) > 0);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn zipf_hit_rate_is_reported() {
+        let (store, dir) = make_store("zipf", 20_000, 4, 0.05, 1.1);
+        let inst = store.attach_caches(&cpu).unwrap();
+        let zipf = Zipf::new(20_000, 1.05);
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+        let mut out = vec![0f32; 256 * 4];
+        for _ in 0..200 {
+            let keys: Vec<i64> = (0..256).map(|_| zipf.rank(rng.gen()) as i64).collect();
+            inst.lookup(0, &keys, &mut out).unwrap();
+        }
+        let c = store.counters(0);
+        let rate = c.cache_hits.load(Ordering::Relaxed) as f64 / c.keys.load(Ordering::Relaxed) as f64;
+        println!("Zipf(1.05) over 20000 keys, cache 5% of rows: hit rate {rate:.3}");
+        // the 1000 hottest of 20000 Zipf(1.05) keys carry well over half the traffic
+        assert!(rate > 0.5 && rate < 1.0, "hit rate {rate}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn config_errors_name_the_table() {
+        let dir = std::env::temp_dir().join(format!("trt-store-bad-{}", std::process::id()));
+        write_table(&dir, &[1, 2], bytemuck::cast_slice(&[0f32; 6]), 3, VectorType::F32).unwrap();
+        let cfg = |dim| StoreConfig {
+            tables: vec![TableConfig { name: "users".into(), dim, path: Some(dir.clone()), format: None, default_value: 0.0 }],
+            cache_ratio: 0.1,
+            hit_rate_threshold: 0.9,
+        };
+        let e = EmbeddingStore::open(cfg(4), None).err().unwrap();
+        assert!(e.message().contains("'users'") && e.message().contains("dim 3"), "{e}");
+        assert!(EmbeddingStore::open(cfg(3), None).is_ok());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

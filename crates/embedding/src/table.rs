@@ -1,0 +1,315 @@
+//! Embedding tables on disk.
+//!
+//! Our format (docs/embedding-store.md): one directory per table holding
+//! `keys.npy` (int64, shape `[rows]`) and `vectors.npy` (float32 or float16, shape
+//! `[rows, dim]`), little-endian, C order — readable by numpy, written by any tool,
+//! and memory-mapped here rather than copied. HugeCTR/HPS sparse model folders (raw
+//! `key` int64 and `emb_vector` float32 files) are read the same way and can be
+//! converted with [`import_hugectr`].
+
+use std::path::Path;
+
+use triton_rust_core::error::{Error, Result};
+use triton_rust_os::MappedFile;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VectorType {
+    F32,
+    F16,
+}
+
+impl VectorType {
+    pub fn size(self) -> usize {
+        match self {
+            VectorType::F32 => 4,
+            VectorType::F16 => 2,
+        }
+    }
+    fn npy_descr(self) -> &'static str {
+        match self {
+            VectorType::F32 => "<f4",
+            VectorType::F16 => "<f2",
+        }
+    }
+}
+
+/// A parsed `.npy` header: element descriptor, shape, and where the data starts.
+#[derive(Debug, PartialEq)]
+pub struct NpyHeader {
+    pub descr: String,
+    pub shape: Vec<usize>,
+    pub data_offset: usize,
+}
+
+fn header_field<'a>(dict: &'a str, key: &str) -> Option<&'a str> {
+    let at = dict.find(&format!("'{key}'"))? + key.len() + 2;
+    let rest = dict[at..].trim_start().strip_prefix(':')?.trim_start();
+    Some(rest)
+}
+
+/// Parses the header of an `.npy` file (format versions 1–3).
+pub fn parse_npy_header(bytes: &[u8]) -> Result<NpyHeader> {
+    let bad = |why: &str| Error::invalid_arg(format!("not a .npy file: {why}"));
+    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
+        return Err(bad("missing magic"));
+    }
+    let (len, start) = match bytes[6] {
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        2 | 3 if bytes.len() >= 12 => (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12),
+        v => return Err(bad(&format!("unsupported version {v}"))),
+    };
+    let dict = std::str::from_utf8(bytes.get(start..start + len).ok_or_else(|| bad("truncated header"))?)
+        .map_err(|_| bad("header is not text"))?;
+    let descr = header_field(dict, "descr")
+        .and_then(|r| r.strip_prefix('\''))
+        .and_then(|r| r.split('\'').next())
+        .ok_or_else(|| bad("no descr"))?
+        .to_string();
+    if header_field(dict, "fortran_order").is_some_and(|r| r.starts_with("True")) {
+        return Err(bad("Fortran order is not supported; save with C order"));
+    }
+    let shape_text = header_field(dict, "shape")
+        .and_then(|r| r.strip_prefix('('))
+        .and_then(|r| r.split(')').next())
+        .ok_or_else(|| bad("no shape"))?;
+    let shape = shape_text
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<usize>().map_err(|_| bad("bad shape")))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(NpyHeader { descr, shape, data_offset: start + len })
+}
+
+/// Writes an `.npy` file (version 1, data aligned to 64 bytes).
+pub fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) -> Result<()> {
+    let shape_text = match shape {
+        [n] => format!("({n},)"),
+        dims => format!("({})", dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+    };
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_text}, }}");
+    let unpadded = 10 + header.len() + 1;
+    header.push_str(&" ".repeat(unpadded.next_multiple_of(64) - unpadded));
+    header.push('\n');
+    let mut out = Vec::with_capacity(10 + header.len() + data.len());
+    out.extend_from_slice(b"\x93NUMPY\x01\x00");
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(data);
+    std::fs::write(path, out).map_err(|e| Error::internal(format!("cannot write '{}': {e}", path.display())))
+}
+
+/// One table's keys and vectors, memory-mapped.
+pub struct TableFiles {
+    keys_file: MappedFile,
+    keys_range: std::ops::Range<usize>,
+    vectors_file: MappedFile,
+    vectors_range: std::ops::Range<usize>,
+    pub rows: usize,
+    pub dim: usize,
+    pub vector_type: VectorType,
+}
+
+impl TableFiles {
+    /// Opens a table in our format: `<dir>/keys.npy` and `<dir>/vectors.npy`.
+    pub fn open_npy(dir: &Path) -> Result<TableFiles> {
+        let keys_path = dir.join("keys.npy");
+        let vectors_path = dir.join("vectors.npy");
+        let keys_file = MappedFile::open(&keys_path)?;
+        let vectors_file = MappedFile::open(&vectors_path)?;
+        let kh = parse_npy_header(keys_file.bytes()).map_err(|e| e.context(keys_path.display()))?;
+        let vh = parse_npy_header(vectors_file.bytes()).map_err(|e| e.context(vectors_path.display()))?;
+        if kh.descr != "<i8" || kh.shape.len() != 1 {
+            return Err(Error::invalid_arg(format!(
+                "'{}' must hold int64 keys of shape [rows]; it has {} {:?}",
+                keys_path.display(),
+                kh.descr,
+                kh.shape
+            )));
+        }
+        let vector_type = match vh.descr.as_str() {
+            "<f4" => VectorType::F32,
+            "<f2" => VectorType::F16,
+            other => {
+                return Err(Error::invalid_arg(format!("'{}' must hold float32 or float16 vectors; it has {other}", vectors_path.display())))
+            }
+        };
+        let rows = kh.shape[0];
+        if vh.shape.len() != 2 || vh.shape[0] != rows {
+            return Err(Error::invalid_arg(format!(
+                "'{}' has shape {:?}; expected [{rows}, dim] to match {} keys",
+                vectors_path.display(),
+                vh.shape,
+                rows
+            )));
+        }
+        let dim = vh.shape[1];
+        Self::checked(keys_file, kh.data_offset, vectors_file, vh.data_offset, rows, dim, vector_type, dir)
+    }
+
+    /// Opens a HugeCTR/HPS sparse model folder: raw `key` (int64) and `emb_vector`
+    /// (float32, `dim` per key) files.
+    pub fn open_hugectr(dir: &Path, dim: usize) -> Result<TableFiles> {
+        if dim == 0 {
+            return Err(Error::invalid_arg("embedding dim must be positive"));
+        }
+        let keys_file = MappedFile::open(&dir.join("key"))?;
+        let vectors_file = MappedFile::open(&dir.join("emb_vector"))?;
+        if keys_file.bytes().len() % 8 != 0 {
+            return Err(Error::invalid_arg(format!("'{}/key' is not a whole number of int64 keys", dir.display())));
+        }
+        let rows = keys_file.bytes().len() / 8;
+        if vectors_file.bytes().len() != rows * dim * 4 {
+            return Err(Error::invalid_arg(format!(
+                "'{}/emb_vector' holds {} bytes; {rows} keys of dim {dim} need {}",
+                dir.display(),
+                vectors_file.bytes().len(),
+                rows * dim * 4
+            )));
+        }
+        Self::checked(keys_file, 0, vectors_file, 0, rows, dim, VectorType::F32, dir)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn checked(
+        keys_file: MappedFile,
+        keys_at: usize,
+        vectors_file: MappedFile,
+        vectors_at: usize,
+        rows: usize,
+        dim: usize,
+        vector_type: VectorType,
+        dir: &Path,
+    ) -> Result<TableFiles> {
+        let keys_range = keys_at..keys_at + rows * 8;
+        let vectors_range = vectors_at..vectors_at + rows * dim * vector_type.size();
+        if keys_file.bytes().len() < keys_range.end || vectors_file.bytes().len() < vectors_range.end {
+            return Err(Error::invalid_arg(format!("table files in '{}' are truncated", dir.display())));
+        }
+        if keys_at % 8 != 0 || vectors_at % vector_type.size() != 0 {
+            return Err(Error::invalid_arg(format!("table files in '{}' have misaligned data", dir.display())));
+        }
+        Ok(TableFiles { keys_file, keys_range, vectors_file, vectors_range, rows, dim, vector_type })
+    }
+
+    pub fn keys(&self) -> &[i64] {
+        bytemuck::cast_slice(&self.keys_file.bytes()[self.keys_range.clone()])
+    }
+
+    /// The raw bytes of row `i` (dim elements of `vector_type`).
+    pub fn row_bytes(&self, i: usize) -> &[u8] {
+        let w = self.dim * self.vector_type.size();
+        &self.vectors_file.bytes()[self.vectors_range.start + i * w..self.vectors_range.start + (i + 1) * w]
+    }
+
+    /// Row `i` as f32 into `out` (converting from fp16 when stored so).
+    pub fn read_row(&self, i: usize, out: &mut [f32]) {
+        decode_row(self.vector_type, self.row_bytes(i), out);
+    }
+
+    pub fn vector_bytes(&self) -> &[u8] {
+        &self.vectors_file.bytes()[self.vectors_range.clone()]
+    }
+}
+
+pub fn decode_row(t: VectorType, bytes: &[u8], out: &mut [f32]) {
+    match t {
+        VectorType::F32 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        VectorType::F16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+    }
+}
+
+/// Converts a HugeCTR/HPS sparse model folder into our format in `dst`.
+pub fn import_hugectr(src: &Path, dim: usize, dst: &Path) -> Result<usize> {
+    let t = TableFiles::open_hugectr(src, dim)?;
+    std::fs::create_dir_all(dst).map_err(|e| Error::internal(format!("cannot create '{}': {e}", dst.display())))?;
+    write_npy(&dst.join("keys.npy"), "<i8", &[t.rows], bytemuck::cast_slice(t.keys()))?;
+    write_npy(&dst.join("vectors.npy"), VectorType::F32.npy_descr(), &[t.rows, dim], t.vector_bytes())?;
+    Ok(t.rows)
+}
+
+/// Writes a table in our format (used by the generator and tests).
+pub fn write_table(dir: &Path, keys: &[i64], vectors: &[u8], dim: usize, t: VectorType) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::internal(format!("cannot create '{}': {e}", dir.display())))?;
+    write_npy(&dir.join("keys.npy"), "<i8", &[keys.len()], bytemuck::cast_slice(keys))?;
+    write_npy(&dir.join("vectors.npy"), t.npy_descr(), &[keys.len(), dim], vectors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn tmp(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("trt-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn npy_header_round_trip() {
+        let d = tmp("npy");
+        write_npy(&d.join("a.npy"), "<f4", &[3, 2], &[0u8; 24]).unwrap();
+        let bytes = std::fs::read(d.join("a.npy")).unwrap();
+        let h = parse_npy_header(&bytes).unwrap();
+        assert_eq!((h.descr.as_str(), h.shape.as_slice()), ("<f4", &[3usize, 2][..]));
+        assert_eq!(h.data_offset % 64, 0);
+        assert_eq!(bytes.len(), h.data_offset + 24);
+        // numpy's own spelling of a header
+        let mut np = b"\x93NUMPY\x01\x00".to_vec();
+        let dict = "{'descr': '<i8', 'fortran_order': False, 'shape': (5,), }          \n";
+        np.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+        np.extend_from_slice(dict.as_bytes());
+        assert_eq!(parse_npy_header(&np).unwrap().shape, vec![5]);
+        assert!(parse_npy_header(b"garbage!!!!!").is_err());
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn hugectr_import_round_trips() {
+        let d = tmp("hugectr");
+        let src = d.join("table0_sparse_0.model");
+        std::fs::create_dir_all(&src).unwrap();
+        let keys: Vec<i64> = vec![7, -3, 1 << 40, 0, 12];
+        let dim = 3;
+        let vecs: Vec<f32> = (0..keys.len() * dim).map(|i| i as f32 * 0.5 - 1.0).collect();
+        std::fs::write(src.join("key"), bytemuck::cast_slice::<i64, u8>(&keys)).unwrap();
+        std::fs::write(src.join("emb_vector"), bytemuck::cast_slice::<f32, u8>(&vecs)).unwrap();
+        let dst = d.join("ours");
+        assert_eq!(import_hugectr(&src, dim, &dst).unwrap(), 5);
+        let t = TableFiles::open_npy(&dst).unwrap();
+        assert_eq!(t.keys(), &keys[..]);
+        assert_eq!((t.rows, t.dim, t.vector_type), (5, 3, VectorType::F32));
+        let mut row = vec![0f32; dim];
+        for i in 0..keys.len() {
+            t.read_row(i, &mut row);
+            assert_eq!(row, vecs[i * dim..(i + 1) * dim]);
+        }
+        // and back: our vectors are byte-identical to HugeCTR's emb_vector
+        assert_eq!(t.vector_bytes(), std::fs::read(src.join("emb_vector")).unwrap());
+        // a wrong dim is caught
+        let e = TableFiles::open_hugectr(&src, 4).err().unwrap();
+        assert!(e.message().contains("emb_vector"), "{e}");
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn fp16_tables_decode() {
+        let d = tmp("fp16");
+        let vals = [half::f16::from_f32(1.5), half::f16::from_f32(-2.0)];
+        write_table(&d, &[42], bytemuck::cast_slice(&vals), 2, VectorType::F16).unwrap();
+        let t = TableFiles::open_npy(&d).unwrap();
+        let mut row = [0f32; 2];
+        t.read_row(0, &mut row);
+        assert_eq!(row, [1.5, -2.0]);
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}

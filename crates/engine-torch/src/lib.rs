@@ -1,0 +1,168 @@
+//! The TorchScript engine: libtorch through the `libtriton_rust_torch.so` plugin.
+//!
+//! TorchScript files carry no input/output signature, so the config must list the
+//! inputs and outputs (no auto-complete). Arguments follow Triton's PyTorch-backend
+//! convention: names ending in `__<i>` (INPUT__0, OUTPUT__1) give the position; other
+//! names keep the config's order. Parameters: `intra_op_thread_count`, `DISABLE_CUDNN`.
+//! The plugin's FFI (finding libtorch, opening the plugin, calling it) is
+//! `triton_rust_abi::plugin`; this crate is safe code.
+#![forbid(unsafe_code)]
+
+use std::ffi::CString;
+use std::path::Path;
+
+use triton_rust_abi::dtype;
+
+use triton_rust_abi::plugin;
+use triton_rust_core::batch::BatchTensor;
+use triton_rust_core::config::{ModelConfig, TensorConfig, TensorSpec};
+use triton_rust_core::engine::{Device, Engine, EngineOptions, OutputView, Signature};
+use triton_rust_core::error::{Error, Result};
+use triton_rust_core::tensor::DataType;
+
+
+pub use plugin::{LIBTORCH_NEEDED, PLUGIN_FILE};
+
+fn to_abi(t: DataType) -> Result<i32> {
+    Ok(match t {
+        DataType::Bool => dtype::BOOL,
+        DataType::U8 => dtype::U8,
+        DataType::I8 => dtype::I8,
+        DataType::I16 => dtype::I16,
+        DataType::I32 => dtype::I32,
+        DataType::I64 => dtype::I64,
+        DataType::F16 => dtype::F16,
+        DataType::F32 => dtype::F32,
+        DataType::F64 => dtype::F64,
+        DataType::Bf16 => dtype::BF16,
+        other => return Err(Error::unsupported(format!("{} tensors are not supported by the torch engine", other.wire_name()))),
+    })
+}
+
+fn from_abi(d: i32) -> Result<DataType> {
+    Ok(match d {
+        dtype::BOOL => DataType::Bool,
+        dtype::U8 => DataType::U8,
+        dtype::I8 => DataType::I8,
+        dtype::I16 => DataType::I16,
+        dtype::I32 => DataType::I32,
+        dtype::I64 => DataType::I64,
+        dtype::F16 => DataType::F16,
+        dtype::F32 => DataType::F32,
+        dtype::F64 => DataType::F64,
+        dtype::BF16 => DataType::Bf16,
+        other => return Err(Error::internal(format!("the torch plugin returned element type {other}"))),
+    })
+}
+
+/// Positions of the config's tensors in the model's argument (or result) order.
+pub fn positional_order(tensors: &[TensorConfig]) -> Vec<usize> {
+    let index = |n: &str| n.rsplit_once("__").and_then(|(_, i)| i.parse::<usize>().ok());
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    if tensors.iter().all(|t| index(&t.name).is_some()) {
+        order.sort_by_key(|&i| index(&tensors[i].name));
+    }
+    order
+}
+
+fn specs(cfg: &ModelConfig, tensors: &[TensorConfig]) -> Vec<TensorSpec> {
+    tensors
+        .iter()
+        .map(|t| {
+            let mut shape = if cfg.batching() { vec![-1] } else { Vec::new() };
+            shape.extend(&t.dims);
+            TensorSpec { name: t.name.clone(), dtype: t.dtype, shape }
+        })
+        .collect()
+}
+
+pub struct TorchEngine {
+    model: plugin::PluginModel,
+    sig: Signature,
+    input_order: Vec<usize>,
+    input_names: Vec<CString>,
+    output_order: Vec<usize>,
+    output_names: Vec<CString>,
+}
+
+impl TorchEngine {
+    pub fn load(model_file: &Path, options: &EngineOptions<'_>) -> Result<TorchEngine> {
+        let cfg = options.config;
+        if cfg.inputs.is_empty() || cfg.outputs.is_empty() {
+            return Err(Error::invalid_arg(
+                "a TorchScript model carries no input/output signature: list every input and output in config.pbtxt",
+            ));
+        }
+        let plugin = plugin::plugin(options.backend)?;
+        let model = plugin.load(&plugin::LoadSpec {
+            path: model_file,
+            gpu: match options.device {
+                Device::Gpu(id) => Some(id),
+                Device::Cpu => None,
+            },
+            intra_op_threads: cfg.parameter_usize("intra_op_thread_count")?.unwrap_or(0) as i32,
+            cudnn: !cfg.parameter_bool("DISABLE_CUDNN")?.unwrap_or(false),
+        })?;
+        let cstr = |s: &str| CString::new(s).map_err(|_| Error::invalid_arg("tensor name has a NUL"));
+        let input_order = positional_order(&cfg.inputs);
+        let output_order = positional_order(&cfg.outputs);
+        Ok(TorchEngine {
+            model,
+            sig: Signature { inputs: specs(cfg, &cfg.inputs), outputs: specs(cfg, &cfg.outputs), device: options.device },
+            input_names: input_order.iter().map(|&i| cstr(&cfg.inputs[i].name)).collect::<Result<_>>()?,
+            output_names: output_order.iter().map(|&i| cstr(&cfg.outputs[i].name)).collect::<Result<_>>()?,
+            input_order,
+            output_order,
+        })
+    }
+}
+
+impl Engine for TorchEngine {
+    fn signature(&self) -> &Signature {
+        &self.sig
+    }
+    fn accepts_device_inputs(&self) -> bool {
+        true
+    }
+
+    fn run(
+        &mut self,
+        inputs: &[BatchTensor<'_>],
+        outputs: &[&str],
+        sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let mut refs = Vec::with_capacity(inputs.len());
+        for (pos, &i) in self.input_order.iter().enumerate() {
+            let t = &inputs[i];
+            let data = t.bytes().ok_or_else(|| Error::internal(format!("input '{}' was not assembled", t.name)))?;
+            refs.push(plugin::InputRef { name: &self.input_names[pos], dtype: to_abi(t.dtype)?, shape: &t.shape, data });
+        }
+        let names: Vec<String> = self.output_order.iter().map(|&i| self.sig.outputs[i].name.clone()).collect();
+        // On a GPU instance outputs stay where libtorch made them; the serving layer puts
+        // them in the memory the response asks for.
+        let host_outputs = self.sig.device == Device::Cpu;
+        self.model.run(&refs, &self.output_names, host_outputs, &mut |out| {
+            let name = &names[out.index];
+            if !outputs.contains(&name.as_str()) {
+                return Ok(());
+            }
+            sink(OutputView { name, dtype: from_abi(out.dtype)?, shape: out.shape, data: out.data })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(name: &str) -> TensorConfig {
+        TensorConfig { name: name.into(), dtype: DataType::F32, dims: vec![1] }
+    }
+
+    #[test]
+    fn argument_order_follows_the_index_suffix() {
+        assert_eq!(positional_order(&[t("OUTPUT__1"), t("OUTPUT__0"), t("OUTPUT__2")]), vec![1, 0, 2]);
+        assert_eq!(positional_order(&[t("b"), t("a")]), vec![0, 1], "other names keep the config's order");
+        assert_eq!(positional_order(&[t("INPUT__0"), t("mask")]), vec![0, 1]);
+    }
+}

@@ -1,0 +1,61 @@
+//! The OS room: memory-mapped files, dladdr, dlopen. Like the Triton and CUDA crates it holds `unsafe`
+//! (mapping a file is unsafe because another process could change it under us), and
+//! hands the other crates safe types (a plain `&[u8]`, a path, a `Library`).
+
+use std::fs::File;
+use std::path::Path;
+
+use triton_rust_core::error::{Error, Result};
+
+/// A read-only file mapping. Table files are written once and never modified while
+/// served; updates go to memory, never to the mapped file.
+pub struct MappedFile {
+    map: Option<memmap2::Mmap>,
+}
+
+impl MappedFile {
+    pub fn open(path: &Path) -> Result<MappedFile> {
+        let file = File::open(path).map_err(|e| Error::not_found(format!("cannot open '{}': {e}", path.display())))?;
+        let len = file.metadata().map_err(|e| Error::internal(format!("'{}': {e}", path.display())))?.len();
+        if len == 0 {
+            return Ok(MappedFile { map: None });
+        }
+        // SAFETY: the file is opened read-only and the project's contract is that
+        // table files are not modified while a server maps them (docs/embedding-store.md).
+        let map = unsafe { memmap2::Mmap::map(&file) }
+            .map_err(|e| Error::internal(format!("cannot map '{}': {e}", path.display())))?;
+        Ok(MappedFile { map: Some(map) })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        self.map.as_deref().unwrap_or(&[])
+    }
+}
+
+/// The directory holding the shared library this code was loaded from
+/// (`<backends>/rust/` inside tritonserver), found with `dladdr`.
+pub fn own_library_dir() -> Option<std::path::PathBuf> {
+    let mut info = libc::Dl_info {
+        dli_fname: std::ptr::null(),
+        dli_fbase: std::ptr::null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: std::ptr::null_mut(),
+    };
+    let here = own_library_dir as *const libc::c_void;
+    // SAFETY: dladdr only reads the loader's tables for an address inside this library.
+    if unsafe { libc::dladdr(here, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dli_fname is a NUL-terminated path owned by the loader.
+    let path = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
+    std::path::Path::new(&path).parent().map(|p| p.to_path_buf())
+}
+
+/// Opens a shared library with its symbols made global (so libraries opened after it
+/// resolve against it), as libtorch's pieces need.
+pub fn open_global(path: &Path) -> std::result::Result<libloading::Library, String> {
+    // SAFETY: opening a library runs its initialisers; these are libtorch's and our plugin's.
+    unsafe { libloading::os::unix::Library::open(Some(path), libc::RTLD_NOW | libc::RTLD_GLOBAL) }
+        .map(libloading::Library::from)
+        .map_err(|e| e.to_string())
+}

@@ -1,0 +1,235 @@
+//! Requests, responses and the instance's statistics, with Triton's ownership rules
+//! in their types:
+//! - a [`Request`] handed to `execute` is ours; dropping it releases it to Triton;
+//! - a [`Response`] must be sent exactly once; dropping an unsent one sends an error,
+//!   so no client is ever left waiting;
+//! - `TRITONBACKEND_ResponseSend` does not take the error passed to it: we delete it.
+//!
+//! Together they are the core's `Transport`: `triton_rust_core::serve::execute` runs on
+//! them. Buffers Triton hands over in GPU memory become `DeviceView`s here, the one
+//! place their addresses are vouched for.
+
+use triton_rust_core::batch::RequestTensor;
+use triton_rust_core::error::{Error, Result};
+use triton_rust_core::serve::{InferRequest, InferResponse, Timing, Transport};
+use triton_rust_core::tensor::{Bytes, BytesMut, DataType, Device, DeviceOps, DeviceView, DeviceViewMut};
+use triton_rust_cuda::Cuda;
+
+use crate::ffi::{c_string, check, device_from_triton, device_to_triton, dtype_from_triton, dtype_to_triton, from_c, now_ns, sys, to_triton_error};
+
+pub struct Request {
+    raw: *mut sys::TRITONBACKEND_Request,
+}
+
+// SAFETY: a request may be handled from any thread; Triton does not touch it while we own it.
+unsafe impl Send for Request {}
+
+impl Request {
+    /// # Safety
+    /// `raw` must be a request Triton handed to `execute`, not yet released.
+    pub(crate) unsafe fn from_raw(raw: *mut sys::TRITONBACKEND_Request) -> Self {
+        Request { raw }
+    }
+
+}
+
+impl InferRequest for Request {
+    fn id(&self) -> String {
+        let mut p = std::ptr::null();
+        // SAFETY: the id string is owned by the request and copied at once.
+        match check(unsafe { sys::TRITONBACKEND_RequestId(self.raw, &mut p) }) {
+            Ok(()) => unsafe { from_c(p) },
+            Err(_) => String::new(),
+        }
+    }
+
+    fn is_cancelled(&self) -> bool {
+        let mut c = false;
+        // SAFETY: a query on a live request.
+        check(unsafe { sys::TRITONBACKEND_RequestIsCancelled(self.raw, &mut c) }).is_ok() && c
+    }
+
+    /// Every input of the request, with its buffers. Host memory is asked for; a
+    /// buffer Triton holds in GPU memory comes back as a [`DeviceView`].
+    fn inputs(&self) -> Result<Vec<RequestTensor<'_>>> {
+        let mut count = 0u32;
+        check(unsafe { sys::TRITONBACKEND_RequestInputCount(self.raw, &mut count) })?;
+        let mut out = Vec::with_capacity(count as usize);
+        for i in 0..count {
+            let mut input = std::ptr::null_mut();
+            check(unsafe { sys::TRITONBACKEND_RequestInputByIndex(self.raw, i, &mut input) })?;
+            let (mut name, mut dtype, mut shape, mut dims, mut bytes, mut buffers) =
+                (std::ptr::null(), 0, std::ptr::null(), 0u32, 0u64, 0u32);
+            // SAFETY: all out-pointers are valid; strings and shape are owned by the input.
+            check(unsafe {
+                sys::TRITONBACKEND_InputProperties(input, &mut name, &mut dtype, &mut shape, &mut dims, &mut bytes, &mut buffers)
+            })?;
+            let name = unsafe { from_c(name) };
+            let shape = if dims == 0 { Vec::new() } else { unsafe { std::slice::from_raw_parts(shape, dims as usize) }.to_vec() };
+            let dtype = dtype_from_triton(dtype).map_err(|e| e.context(format!("input '{name}'")))?;
+            let mut chunks = Vec::with_capacity(buffers as usize);
+            for b in 0..buffers {
+                let (mut ptr, mut size) = (std::ptr::null(), 0u64);
+                let mut mem = sys::TRITONSERVER_memorytype_enum_TRITONSERVER_MEMORY_CPU;
+                let mut mem_id = 0i64;
+                check(unsafe { sys::TRITONBACKEND_InputBuffer(input, b, &mut ptr, &mut size, &mut mem, &mut mem_id) })
+                    .map_err(|e| e.context(format!("input '{name}' buffer {b}")))?;
+                let size = size as usize;
+                chunks.push(match device_from_triton(mem, mem_id) {
+                    // SAFETY: GPU memory owned by the request, valid and unchanged while `self` is borrowed.
+                    Device::Gpu(id) => Bytes::Device(unsafe { DeviceView::from_raw(id, ptr as u64, size) }),
+                    _ if size == 0 || ptr.is_null() => Bytes::Host(&[]),
+                    // SAFETY: host memory owned by the request, valid while `self` is borrowed.
+                    _ => Bytes::Host(unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), size) }),
+                });
+            }
+            out.push(RequestTensor { name, dtype, shape, chunks });
+        }
+        Ok(out)
+    }
+
+    /// Names of the outputs the client asked for.
+    fn requested_outputs(&self) -> Result<Vec<String>> {
+        let mut count = 0u32;
+        check(unsafe { sys::TRITONBACKEND_RequestOutputCount(self.raw, &mut count) })?;
+        (0..count)
+            .map(|i| {
+                let mut p = std::ptr::null();
+                check(unsafe { sys::TRITONBACKEND_RequestOutputName(self.raw, i, &mut p) })?;
+                Ok(unsafe { from_c(p) })
+            })
+            .collect()
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        // SAFETY: we own the request and release it exactly once.
+        let flag = sys::tritonserver_requestreleaseflag_enum_TRITONSERVER_REQUEST_RELEASE_ALL;
+        if let Err(e) = check(unsafe { sys::TRITONBACKEND_RequestRelease(self.raw, flag) }) {
+            log::error!("failed to release request: {e}");
+        }
+    }
+}
+
+pub struct Response {
+    raw: *mut sys::TRITONBACKEND_Response,
+}
+
+// SAFETY: a response is only used by the thread that owns it.
+unsafe impl Send for Response {}
+
+impl Response {
+    pub fn new(request: &Request) -> Result<Response> {
+        let mut raw = std::ptr::null_mut();
+        check(unsafe { sys::TRITONBACKEND_ResponseNew(&mut raw, request.raw) })?;
+        Ok(Response { raw })
+    }
+
+    fn send_inner(&mut self, outcome: &Result<()>) {
+        if self.raw.is_null() {
+            return;
+        }
+        let err = match outcome {
+            Ok(()) => std::ptr::null_mut(),
+            Err(e) => to_triton_error(e),
+        };
+        let flag = sys::tritonserver_responsecompleteflag_enum_TRITONSERVER_RESPONSE_COMPLETE_FINAL;
+        // SAFETY: the response is live; Send consumes it whether or not it succeeds.
+        let sent = check(unsafe { sys::TRITONBACKEND_ResponseSend(self.raw, flag, err) });
+        if !err.is_null() {
+            // SAFETY: ResponseSend does not take ownership of the error.
+            unsafe { sys::TRITONSERVER_ErrorDelete(err) };
+        }
+        if let Err(e) = sent {
+            log::error!("failed to send response: {e}");
+        }
+        self.raw = std::ptr::null_mut();
+    }
+}
+
+impl InferResponse for Response {
+    fn output_buffer(&mut self, name: &str, dtype: DataType, shape: &[i64], byte_size: usize, prefer: Device) -> Result<BytesMut<'_>> {
+        let cname = c_string(name);
+        let mut output = std::ptr::null_mut();
+        check(unsafe {
+            sys::TRITONBACKEND_ResponseOutput(self.raw, &mut output, cname.as_ptr(), dtype_to_triton(dtype), shape.as_ptr(), shape.len() as u32)
+        })
+        .map_err(|e| e.context(format!("output '{name}'")))?;
+        let mut buf = std::ptr::null_mut();
+        let (mut mem, mut mem_id) = device_to_triton(prefer);
+        check(unsafe { sys::TRITONBACKEND_OutputBuffer(output, &mut buf, byte_size as u64, &mut mem, &mut mem_id) })
+            .map_err(|e| e.context(format!("output '{name}'")))?;
+        if byte_size == 0 {
+            return Ok(BytesMut::Host(&mut []));
+        }
+        Ok(match device_from_triton(mem, mem_id) {
+            // SAFETY: Triton allocated `byte_size` bytes on that GPU for this output, ours until the response is sent.
+            Device::Gpu(id) => BytesMut::Device(unsafe { DeviceViewMut::from_raw(id, buf as u64, byte_size) }),
+            // SAFETY: Triton allocated `byte_size` host bytes for this output, alive with the response.
+            Device::Cpu => BytesMut::Host(unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), byte_size) }),
+        })
+    }
+
+    fn send(mut self, outcome: &Result<()>) {
+        self.send_inner(outcome);
+    }
+}
+
+impl Drop for Response {
+    fn drop(&mut self) {
+        self.send_inner(&Err(Error::internal("the rust backend dropped this response without an answer")));
+    }
+}
+
+/// The model instance as `execute` sees it: where statistics are reported.
+pub struct Instance {
+    raw: *mut sys::TRITONBACKEND_ModelInstance,
+}
+
+impl Instance {
+    pub(crate) fn from_raw(raw: *mut sys::TRITONBACKEND_ModelInstance) -> Self {
+        Instance { raw }
+    }
+
+}
+
+impl Transport for Instance {
+    type Request = Request;
+    type Response = Response;
+
+    fn respond(&self, request: &Request) -> Result<Response> {
+        Response::new(request)
+    }
+
+    /// Reports one request's statistics. Must come before the request is released.
+    fn report(&self, request: &Request, success: bool, t: Timing) {
+        let r = check(unsafe {
+            sys::TRITONBACKEND_ModelInstanceReportStatistics(
+                self.raw, request.raw, success, t.exec_start, t.compute_start, t.compute_end, t.exec_end,
+            )
+        });
+        if let Err(e) = r {
+            log::error!("failed to report request statistics: {e}");
+        }
+    }
+
+    fn report_batch(&self, batch_size: u64, t: Timing) {
+        let r = check(unsafe {
+            sys::TRITONBACKEND_ModelInstanceReportBatchStatistics(
+                self.raw, batch_size, t.exec_start, t.compute_start, t.compute_end, t.exec_end,
+            )
+        });
+        if let Err(e) = r {
+            log::error!("failed to report batch statistics: {e}");
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        now_ns()
+    }
+
+    fn device_ops(&self) -> &dyn DeviceOps {
+        &Cuda
+    }
+}
