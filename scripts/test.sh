@@ -6,6 +6,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 source scripts/env.sh
 bash scripts/build.sh
+echo "[test] architecture rules (unsafe only in FFI/CUDA crates, no engine on Triton, no cycle)"
+python scripts/check_architecture.py
 echo "[test] cargo test"
 cargo test --release
 echo "[test] exporting test models"

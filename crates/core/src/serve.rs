@@ -413,4 +413,281 @@ mod tests {
         assert_eq!(BackendSettings::from_json("").unwrap().default_max_batch_size, DEFAULT_MAX_BATCH_SIZE);
         assert!(BackendSettings::from_json(r#"{"cmdline":{"default-max-batch-size":"x"}}"#).is_err());
     }
+
+    // ---- the execute path in-process: a fake server and a fake device ----
+
+    use std::cell::{Cell, RefCell};
+    use std::rc::Rc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use crate::batch::BatchTensor;
+    use crate::config::TensorSpec;
+    use crate::engine::Signature;
+    use crate::tensor::{DeviceBuffer, DeviceView, DeviceViewMut};
+
+    type Sent = (String, Result<()>, Vec<(String, Vec<i64>, Vec<u8>, Device)>);
+
+    struct FakeRequest {
+        id: String,
+        /// (name, shape, values, on GPU)
+        inputs: Vec<(String, Vec<i64>, Vec<u8>, Option<i32>)>,
+        outputs: Vec<String>,
+    }
+
+    impl InferRequest for FakeRequest {
+        fn id(&self) -> String {
+            self.id.clone()
+        }
+        fn is_cancelled(&self) -> bool {
+            false
+        }
+        fn inputs(&self) -> Result<Vec<RequestTensor<'_>>> {
+            Ok(self
+                .inputs
+                .iter()
+                .map(|(name, shape, bytes, gpu)| RequestTensor {
+                    name: name.clone(),
+                    dtype: DataType::F32,
+                    shape: shape.clone(),
+                    chunks: vec![match gpu {
+                        Some(id) => Bytes::Device(DeviceView::simulated(*id, bytes)),
+                        None => Bytes::Host(bytes),
+                    }],
+                })
+                .collect())
+        }
+        fn requested_outputs(&self) -> Result<Vec<String>> {
+            Ok(self.outputs.clone())
+        }
+    }
+
+    struct FakeResponse {
+        id: String,
+        outputs: Vec<(String, Vec<i64>, Vec<u8>, Device)>,
+        sent: Rc<RefCell<Vec<Sent>>>,
+    }
+
+    impl InferResponse for FakeResponse {
+        fn output_buffer(&mut self, name: &str, _dtype: DataType, shape: &[i64], byte_size: usize, prefer: Device) -> Result<BytesMut<'_>> {
+            // like Triton for an ensemble step: the memory asked for
+            self.outputs.push((name.to_string(), shape.to_vec(), vec![0u8; byte_size], prefer));
+            let last = self.outputs.last_mut().expect("pushed");
+            Ok(match prefer {
+                Device::Gpu(id) => BytesMut::Device(DeviceViewMut::simulated(id, &mut last.2)),
+                Device::Cpu => BytesMut::Host(&mut last.2),
+            })
+        }
+        fn send(self, outcome: &Result<()>) {
+            self.sent.borrow_mut().push((self.id, outcome.clone(), self.outputs));
+        }
+    }
+
+    /// A GPU made of host memory: copies between simulated views, gathers counted.
+    #[derive(Default)]
+    struct FakeDevice {
+        gathers: AtomicUsize,
+    }
+
+    impl DeviceOps for FakeDevice {
+        fn copy(&self, src: Bytes<'_>, dst: BytesMut<'_>) -> triton_rust_cuda::Result<()> {
+            let from = match src {
+                Bytes::Host(b) => b,
+                Bytes::Device(v) => v.simulated_bytes().expect("fake device memory"),
+            };
+            match dst {
+                BytesMut::Host(d) => triton_rust_cuda::copy_host(from, d),
+                BytesMut::Device(mut v) => triton_rust_cuda::copy_host(from, v.simulated_bytes().expect("fake device memory")),
+            }
+        }
+        fn gather(&self, device: i32, parts: &[DeviceView<'_>]) -> triton_rust_cuda::Result<DeviceBuffer> {
+            self.gathers.fetch_add(1, Ordering::Relaxed);
+            let bytes = parts.iter().flat_map(|p| p.simulated_bytes().expect("fake device memory").iter().copied()).collect();
+            Ok(DeviceBuffer::simulated(device, bytes))
+        }
+    }
+
+    #[derive(Default)]
+    struct FakeServer {
+        sent: Rc<RefCell<Vec<Sent>>>,
+        reports: RefCell<Vec<(String, bool)>>,
+        batches: RefCell<Vec<u64>>,
+        clock: Cell<u64>,
+        device: FakeDevice,
+    }
+
+    impl Transport for FakeServer {
+        type Request = FakeRequest;
+        type Response = FakeResponse;
+        fn respond(&self, request: &FakeRequest) -> Result<FakeResponse> {
+            Ok(FakeResponse { id: request.id.clone(), outputs: Vec::new(), sent: self.sent.clone() })
+        }
+        fn report(&self, request: &FakeRequest, success: bool, _timing: Timing) {
+            self.reports.borrow_mut().push((request.id.clone(), success));
+        }
+        fn report_batch(&self, rows: u64, _timing: Timing) {
+            self.batches.borrow_mut().push(rows);
+        }
+        fn now_ns(&self) -> u64 {
+            self.clock.set(self.clock.get() + 1);
+            self.clock.get()
+        }
+        fn device_ops(&self) -> &dyn DeviceOps {
+            &self.device
+        }
+    }
+
+    /// Y = 2 X on [batch, 2] floats; refuses a request holding 13 (a check only the
+    /// engine can make); reads GPU inputs (simulated) and answers on the same side.
+    struct Doubler {
+        sig: Signature,
+        runs: Arc<Mutex<Vec<(usize, Device)>>>,
+    }
+
+    fn floats(b: &[u8]) -> Vec<f32> {
+        b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+    }
+    fn to_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    impl Engine for Doubler {
+        fn signature(&self) -> &Signature {
+            &self.sig
+        }
+        fn accepts_device_inputs(&self) -> bool {
+            true
+        }
+        fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
+            let bytes = match inputs[0].chunks[0] {
+                Bytes::Host(b) => b,
+                Bytes::Device(v) => v.simulated_bytes().unwrap(),
+            };
+            if floats(bytes).contains(&13.0) {
+                return Err(Error::invalid_arg("input 'X' holds 13, which this model refuses"));
+            }
+            Ok(())
+        }
+        fn run(&mut self, inputs: &[BatchTensor<'_>], _outputs: &[&str], sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>) -> Result<()> {
+            let data = inputs[0].bytes().expect("assembled");
+            let (src, device) = match data {
+                Bytes::Host(b) => (b, Device::Cpu),
+                Bytes::Device(v) => (v.simulated_bytes().unwrap(), Device::Gpu(v.device())),
+            };
+            self.runs.lock().unwrap().push((inputs[0].shape[0] as usize, device));
+            let y = to_bytes(&floats(src).iter().map(|x| x * 2.0).collect::<Vec<_>>());
+            let data = match device {
+                Device::Gpu(id) => Bytes::Device(DeviceView::simulated(id, &y)),
+                Device::Cpu => Bytes::Host(&y),
+            };
+            sink(OutputView { name: "Y", dtype: DataType::F32, shape: &inputs[0].shape, data })
+        }
+    }
+
+    struct Factory {
+        runs: Arc<Mutex<Vec<(usize, Device)>>>,
+        created: AtomicUsize,
+    }
+
+    impl EngineFactory for Factory {
+        fn create(&self, _kind: EngineKind, _file: &std::path::Path, options: &EngineOptions<'_>) -> Result<Box<dyn Engine>> {
+            self.created.fetch_add(1, Ordering::Relaxed);
+            let spec = |name: &str| TensorSpec { name: name.into(), dtype: DataType::F32, shape: vec![-1, 2] };
+            Ok(Box::new(Doubler { sig: Signature { inputs: vec![spec("X")], outputs: vec![spec("Y")], device: options.device }, runs: self.runs.clone() }))
+        }
+    }
+
+    fn model(instance_kind: &str) -> (ModelState, Arc<Factory>) {
+        let dir = std::env::temp_dir().join(format!("trt-serve-{}-{instance_kind}", std::process::id()));
+        std::fs::create_dir_all(dir.join("1")).unwrap();
+        std::fs::write(dir.join("1/model.onnx"), b"stands in for a model file").unwrap();
+        let config = format!(
+            r#"{{"name": "doubler", "max_batch_size": 8,
+                "input": [{{"name": "X", "data_type": "TYPE_FP32", "dims": [2]}}],
+                "output": [{{"name": "Y", "data_type": "TYPE_FP32", "dims": [2]}}],
+                "instance_group": [{{"kind": "{instance_kind}", "count": 1}}]}}"#
+        );
+        let factory = Arc::new(Factory { runs: Arc::default(), created: AtomicUsize::new(0) });
+        let settings = BackendSettings::default();
+        let ctx = ModelContext { name: "doubler".into(), version: 1, repository: dir.clone(), config_json: config, autocomplete: false, backend: &settings, engines: factory.clone() };
+        let (state, _) = ModelState::load(ctx).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        (state, factory)
+    }
+
+    fn request(id: &str, shape: &[i64], values: &[f32], gpu: Option<i32>) -> FakeRequest {
+        FakeRequest { id: id.into(), inputs: vec![("X".into(), shape.to_vec(), to_bytes(values), gpu)], outputs: vec!["Y".into()] }
+    }
+
+    #[test]
+    fn a_mixed_batch_answers_each_request_and_runs_the_good_ones_once() {
+        let (m, factory) = model("KIND_CPU");
+        let inst = InstanceState::new(&m, InstanceContext { name: "doubler_0".into(), device: Device::Cpu }).unwrap();
+        let server = FakeServer::default();
+        let requests = vec![
+            request("good-1", &[1, 2], &[1.0, 2.0], None),
+            request("bad-shape", &[1, 3], &[1.0, 2.0, 3.0], None),
+            request("good-2", &[2, 2], &[3.0, 4.0, 5.0, 6.0], None),
+            request("engine-refuses", &[1, 2], &[13.0, 0.0], None),
+        ];
+        execute(&inst, &server, requests);
+
+        let sent = server.sent.borrow();
+        assert_eq!(sent.len(), 4, "every request is answered");
+        let by_id = |id: &str| sent.iter().find(|s| s.0 == id).unwrap();
+        let out = |id: &str| floats(&by_id(id).2[0].2);
+        assert_eq!(out("good-1"), vec![2.0, 4.0]);
+        assert_eq!(out("good-2"), vec![6.0, 8.0, 10.0, 12.0]);
+        assert_eq!(by_id("good-2").2[0].1, vec![2, 2], "each response gets its own rows' shape");
+        let err = by_id("bad-shape").1.clone().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArg);
+        assert!(err.message().contains("input 'X'") && err.message().contains("shape"), "{err}");
+        assert!(by_id("bad-shape").2.is_empty(), "a refused request gets no outputs");
+        assert!(by_id("engine-refuses").1.as_ref().unwrap_err().message().contains("13"));
+        // the two good requests ran together, once, as 3 rows; the probe engine was reused
+        assert_eq!(*factory.runs.lock().unwrap(), vec![(3, Device::Cpu)]);
+        assert_eq!(factory.created.load(Ordering::Relaxed), 1, "the first CPU instance takes the load-time probe");
+        let reports = server.reports.borrow();
+        assert_eq!(reports.len(), 4, "statistics for every request");
+        assert_eq!(reports.iter().filter(|r| r.1).count(), 2);
+        assert_eq!(*server.batches.borrow(), vec![3]);
+    }
+
+    #[test]
+    fn gpu_resident_inputs_are_gathered_on_their_device_and_answered_there() {
+        let (m, factory) = model("KIND_GPU");
+        assert!(!m.holds_spare_engine(), "a GPU-only model keeps no CPU probe");
+        let inst = InstanceState::new(&m, InstanceContext { name: "doubler_gpu".into(), device: Device::Gpu(0) }).unwrap();
+        assert_eq!(factory.created.load(Ordering::Relaxed), 2, "probe dropped at load, the GPU instance made its own");
+        let server = FakeServer::default();
+        let requests = vec![
+            request("gpu-1", &[1, 2], &[1.0, 2.0], Some(0)),
+            request("host", &[1, 2], &[7.0, 8.0], None),
+            request("gpu-2", &[2, 2], &[3.0, 4.0, 5.0, 6.0], Some(0)),
+        ];
+        execute(&inst, &server, requests);
+
+        // the two GPU requests form one batch gathered on GPU 0; the host one runs apart
+        assert_eq!(server.device.gathers.load(Ordering::Relaxed), 1);
+        let mut runs = factory.runs.lock().unwrap().clone();
+        runs.sort_by_key(|r| r.0);
+        assert_eq!(runs, vec![(1, Device::Cpu), (3, Device::Gpu(0))]);
+        let sent = server.sent.borrow();
+        let by_id = |id: &str| sent.iter().find(|s| s.0 == id).unwrap();
+        for (id, want, device) in [("gpu-1", vec![2.0, 4.0], Device::Gpu(0)), ("gpu-2", vec![6.0, 8.0, 10.0, 12.0], Device::Gpu(0)), ("host", vec![14.0, 16.0], Device::Cpu)] {
+            let s = by_id(id);
+            assert!(s.1.is_ok(), "{id}: {:?}", s.1);
+            assert_eq!(floats(&s.2[0].2), want, "{id}");
+            assert_eq!(s.2[0].3, device, "{id}: the output stays where the engine made it");
+        }
+    }
+
+    #[test]
+    fn a_cpu_model_hands_its_probe_to_the_first_instance_only() {
+        let (m, factory) = model("KIND_CPU");
+        assert!(m.holds_spare_engine());
+        let _a = InstanceState::new(&m, InstanceContext { name: "a".into(), device: Device::Cpu }).unwrap();
+        assert!(!m.holds_spare_engine());
+        let _b = InstanceState::new(&m, InstanceContext { name: "b".into(), device: Device::Cpu }).unwrap();
+        assert_eq!(factory.created.load(Ordering::Relaxed), 2);
+    }
 }

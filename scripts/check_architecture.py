@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""The architecture's rules, checked on the workspace (run by scripts/test.sh, so by CI).
+
+1. `unsafe` only in the FFI and CUDA crates: every other crate declares
+   `#![forbid(unsafe_code)]` at its root (the compiler then refuses any `unsafe`), and
+   no file of theirs says `unsafe` outside comments.
+2. No engine crate, and not the store or the core, depends on the Triton crate
+   (`triton_rust`, `triton-sys`); the core depends on no engine runtime or CUDA library
+   (`ort`, `tch`, `cudarc`) — checked on each crate's own resolved dependency tree.
+3. No dependency cycle among the workspace's crates (normal and build dependencies).
+"""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# The rooms allowed to hold `unsafe`: Triton's C API (the cdylib), CUDA, the OS
+# (mmap, dlopen), and the plugin ABI with the libtorch plugin behind it.
+FFI_AND_CUDA = {"triton_rust", "triton_rust_cuda", "triton_rust_os", "triton_rust_abi", "triton_rust_torch"}
+TRITON = {"triton_rust", "triton-sys"}
+RUNTIMES = {"ort", "tch", "cudarc", "triton_rust_abi", "libloading"}
+
+failures = []
+
+
+def fail(msg):
+    failures.append(msg)
+    print(f"FAIL {msg}")
+
+
+meta = json.loads(subprocess.run(["cargo", "metadata", "--format-version", "1", "--no-deps"], cwd=ROOT,
+                                 check=True, capture_output=True, text=True).stdout)
+members = {p["name"]: p for p in meta["packages"]}
+
+# 1. unsafe
+for name, pkg in sorted(members.items()):
+    src = Path(pkg["manifest_path"]).parent / "src"
+    if name in FFI_AND_CUDA:
+        continue
+    lib = src / "lib.rs"
+    if "#![forbid(unsafe_code)]" not in lib.read_text():
+        fail(f"{name}: {lib.relative_to(ROOT)} does not declare #![forbid(unsafe_code)]")
+    for f in src.rglob("*.rs"):
+        for n, line in enumerate(f.read_text().splitlines(), 1):
+            code = line.split("//", 1)[0]
+            if re.search(r"\bunsafe\b", code):
+                fail(f"{name}: {f.relative_to(ROOT)}:{n} uses unsafe")
+print(f"unsafe: only in {sorted(FFI_AND_CUDA & set(members))}; "
+      f"forbidden in {sorted(set(members) - FFI_AND_CUDA)}")
+
+
+# 2. who depends on what, per crate, with that crate's own features
+def deps_of(name):
+    out = subprocess.run(["cargo", "tree", "-p", name, "-e", "normal,build", "--prefix", "none", "--format", "{p}"],
+                         cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()} - {name}
+
+
+for name in sorted(members):
+    deps = deps_of(name)
+    if name != "triton_rust" and deps & TRITON:
+        fail(f"{name} depends on the Triton crate: {sorted(deps & TRITON)}")
+    if name == "triton_rust_core" and deps & RUNTIMES:
+        fail(f"the core depends on {sorted(deps & RUNTIMES)}")
+    if name.startswith("triton_rust_engine_") and any(d.startswith("triton_rust_engine_") for d in deps):
+        fail(f"{name} depends on another engine crate")
+print("dependencies: no crate but the cdylib reaches triton-sys; the core reaches no ort, tch, cudarc or plugin ABI")
+
+# 3. cycles among workspace crates
+graph = {n: {d["name"] for d in p["dependencies"] if d["name"] in members and d.get("kind") in (None, "build")}
+         for n, p in members.items()}
+state = {}
+
+
+def visit(n, path):
+    if state.get(n) == 1:
+        fail("dependency cycle: " + " -> ".join(path + [n]))
+        return
+    if state.get(n) == 2:
+        return
+    state[n] = 1
+    for d in sorted(graph[n]):
+        visit(d, path + [n])
+    state[n] = 2
+
+
+for n in sorted(graph):
+    visit(n, [])
+order = []
+done = set()
+while len(done) < len(graph) and not failures:
+    layer = sorted(n for n in graph if n not in done and graph[n] <= done)
+    if not layer:
+        break
+    order.append(layer)
+    done |= set(layer)
+print("layers, bottom up: " + " | ".join(", ".join(layer) for layer in order))
+
+if failures:
+    sys.exit(f"{len(failures)} architecture rule(s) broken")
+print("architecture rules hold")
