@@ -243,16 +243,21 @@ pub fn fail_all<T: Transport>(transport: &T, requests: Vec<T::Request>, error: &
     }
 }
 
+/// One request's way through an execute call; everything is indexed by the request's
+/// position in the call.
+struct Slot<'r, R> {
+    response: Option<R>,
+    outcome: Result<()>,
+    /// The checked inputs, while the request is still in the running.
+    checked: Option<CheckedRequest<'r>>,
+    /// The outputs the client asked for.
+    wanted: Vec<String>,
+}
+
 /// Runs one execute call: every request is answered, reported and released.
 pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<T::Request>) {
     let exec_start = transport.now_ns();
     let cfg = &inst.config;
-    let n = requests.len();
-    let mut responses: Vec<Option<T::Response>> = Vec::with_capacity(n);
-    let mut outcomes: Vec<Result<()>> = Vec::with_capacity(n);
-    let mut checked: Vec<Option<CheckedRequest<'_>>> = Vec::with_capacity(n);
-    let mut wanted: Vec<Vec<String>> = Vec::with_capacity(n);
-
     let mut engine = match inst.engine.lock() {
         Ok(e) => e,
         Err(_) => {
@@ -260,53 +265,24 @@ pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<
             return;
         }
     };
-    for req in &requests {
-        let response = transport.respond(req).map_err(|e| log::error!("cannot create a response: {e}")).ok();
-        let prepared = if response.is_none() {
-            Err(Error::internal("could not create a response"))
-        } else if req.is_cancelled() {
-            Err(Error::new(ErrorKind::Cancelled, "request was cancelled"))
-        } else {
-            req.inputs()
-                .and_then(|t| check_request(cfg, &inst.policy, t))
-                .and_then(|c| engine.check_request(&c.tensors).map(|()| c))
-                .and_then(|c| Ok((c, req.requested_outputs()?)))
-        };
-        responses.push(response);
-        match prepared {
-            Ok((c, outs)) => {
-                inst.note_device_inputs(&c);
-                checked.push(Some(c));
-                wanted.push(outs);
-                outcomes.push(Ok(()));
-            }
-            Err(e) => {
-                if e.kind() != ErrorKind::Cancelled {
-                    log::debug!("instance '{}': request '{}' rejected: {e}", inst.name, req.id());
-                }
-                checked.push(None);
-                wanted.push(Vec::new());
-                outcomes.push(Err(e));
-            }
-        }
-    }
+    let mut slots: Vec<Slot<'_, T::Response>> = requests.iter().map(|req| inst.prepare(&**engine, transport, req)).collect();
 
-    // Requests that passed, by their index in `requests`, grouped by shape and memory.
-    let valid: Vec<usize> = (0..n).filter(|&i| checked[i].is_some()).collect();
-    let refs: Vec<&CheckedRequest<'_>> = valid.iter().filter_map(|&i| checked[i].as_ref()).collect();
-    let groups: Vec<Vec<usize>> = group_by_shape(cfg, &refs).into_iter().map(|g| g.into_iter().map(|k| valid[k]).collect()).collect();
+    // Requests that passed, grouped by shape and memory (positions in `slots`).
+    let passed: Vec<usize> = (0..slots.len()).filter(|&i| slots[i].checked.is_some()).collect();
+    let groups: Vec<Vec<usize>> = {
+        let refs: Vec<&CheckedRequest<'_>> = passed.iter().filter_map(|&i| slots[i].checked.as_ref()).collect();
+        group_by_shape(cfg, &refs).into_iter().map(|g| g.into_iter().map(|k| passed[k]).collect()).collect()
+    };
     let compute_start = transport.now_ns();
     let mut sink_ns = 0u64;
     let mut rows_run = 0u64;
     for members in &groups {
-        let group: Vec<&CheckedRequest<'_>> = members.iter().filter_map(|&i| checked[i].as_ref()).collect();
-        let mut out = GroupOutput { members, wanted: &wanted, responses: &mut responses, outcomes: &mut outcomes, sink_ns: &mut sink_ns };
-        match run_group(&mut **engine, cfg, transport, &group, &mut out) {
+        match run_group(&mut **engine, cfg, transport, members, &mut slots, &mut sink_ns) {
             Ok(rows) => rows_run += rows as u64,
             Err(e) => {
                 log::error!("instance '{}': batch of {} requests failed: {e}", inst.name, members.len());
                 for &i in members {
-                    outcomes[i] = Err(e.clone());
+                    slots[i].outcome = Err(e.clone());
                 }
             }
         }
@@ -316,12 +292,11 @@ pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<
     let compute_end = run_end.saturating_sub(sink_ns).max(compute_start);
     let exec_end = transport.now_ns();
     let timing = Timing { exec_start, compute_start, compute_end, exec_end };
-    drop(checked);
-    for (i, req) in requests.iter().enumerate() {
-        if let Some(r) = responses[i].take() {
-            r.send(&outcomes[i]);
+    for (slot, req) in slots.into_iter().zip(&requests) {
+        if let Some(r) = slot.response {
+            r.send(&slot.outcome);
         }
-        transport.report(req, outcomes[i].is_ok(), timing);
+        transport.report(req, slot.outcome.is_ok(), timing);
     }
     if rows_run > 0 {
         transport.report_batch(rows_run, timing);
@@ -329,26 +304,52 @@ pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<
     drop(requests); // releases every request, after its statistics
 }
 
-/// Where one group's outputs go: its members (indices into the execute call's
-/// requests), what each asked for, and their responses and outcomes.
-struct GroupOutput<'g, R> {
-    members: &'g [usize],
-    wanted: &'g [Vec<String>],
-    responses: &'g mut [Option<R>],
-    outcomes: &'g mut [Result<()>],
-    sink_ns: &'g mut u64,
+impl InstanceState {
+    /// Makes a request's response and checks it (the server's view, the config, then
+    /// the engine); a failure stays this request's own.
+    fn prepare<'r, T: Transport>(&self, engine: &dyn Engine, transport: &T, req: &'r T::Request) -> Slot<'r, T::Response> {
+        let response = transport.respond(req).map_err(|e| log::error!("cannot create a response: {e}")).ok();
+        let prepared = if response.is_none() {
+            Err(Error::internal("could not create a response"))
+        } else if req.is_cancelled() {
+            Err(Error::new(ErrorKind::Cancelled, "request was cancelled"))
+        } else {
+            req.inputs()
+                .and_then(|t| check_request(&self.config, &self.policy, t))
+                .and_then(|c| engine.check_request(&c.tensors).map(|()| c))
+                .and_then(|c| Ok((c, req.requested_outputs()?)))
+        };
+        match prepared {
+            Ok((c, wanted)) => {
+                self.note_device_inputs(&c);
+                Slot { response, outcome: Ok(()), checked: Some(c), wanted }
+            }
+            Err(e) => {
+                if e.kind() != ErrorKind::Cancelled {
+                    log::debug!("instance '{}': request '{}' rejected: {e}", self.name, req.id());
+                }
+                Slot { response, outcome: Err(e), checked: None, wanted: Vec::new() }
+            }
+        }
+    }
 }
 
-/// Runs one same-shape group and writes each member's outputs into its response.
-/// Returns the number of rows run. A member whose own output fails gets its own error.
+/// Runs one same-shape group (`members`: positions in `slots`) and writes each
+/// member's outputs into its response. Returns the number of rows run. A member whose
+/// own output fails gets its own error.
 fn run_group<T: Transport>(
     engine: &mut dyn Engine,
     cfg: &ModelConfig,
     transport: &T,
-    group: &[&CheckedRequest<'_>],
-    out: &mut GroupOutput<'_, T::Response>,
+    members: &[usize],
+    slots: &mut [Slot<'_, T::Response>],
+    sink_ns: &mut u64,
 ) -> Result<usize> {
-    let mut batch = assemble(cfg, group)?;
+    // The batch borrows the requests' buffers, not the slots.
+    let mut batch = {
+        let group: Vec<&CheckedRequest<'_>> = members.iter().filter_map(|&i| slots[i].checked.as_ref()).collect();
+        assemble(cfg, &group)?
+    };
     // GPU inputs of several requests: gathered into one buffer on their GPU.
     for t in &mut batch.tensors {
         if let BatchData::DeviceParts(parts) = &t.data {
@@ -356,32 +357,32 @@ fn run_group<T: Transport>(
             t.data = BatchData::Gathered(transport.device_ops().gather(device, parts)?);
         }
     }
-    let mut names: Vec<&str> = Vec::new();
-    for &m in out.members {
-        for w in &out.wanted[m] {
-            if !names.contains(&w.as_str()) {
-                names.push(w);
+    let mut names: Vec<String> = Vec::new();
+    for &m in members {
+        for w in &slots[m].wanted {
+            if !names.contains(w) {
+                names.push(w.clone());
             }
         }
     }
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let ops = transport.device_ops();
     engine.run(&batch.tensors, &names, &mut |view| {
         let t0 = transport.now_ns();
         let parts = scatter_ranges(cfg, &batch, view.name, view.dtype, view.shape)?;
-        for (k, &m) in out.members.iter().enumerate() {
-            if !out.wanted[m].iter().any(|w| w == view.name) || out.outcomes[m].is_err() {
+        for (k, &m) in members.iter().enumerate() {
+            let slot = &mut slots[m];
+            if !slot.wanted.iter().any(|w| w == view.name) || slot.outcome.is_err() {
                 continue;
             }
             let (shape, range) = &parts[k];
-            let written = match out.responses[m].as_mut() {
-                Some(resp) => write_output(ops, resp, &view, shape, range.clone()),
-                None => Ok(()),
-            };
-            if let Err(e) = written {
-                out.outcomes[m] = Err(e);
+            if let Some(resp) = slot.response.as_mut() {
+                if let Err(e) = write_output(ops, resp, &view, shape, range.clone()) {
+                    slot.outcome = Err(e);
+                }
             }
         }
-        *out.sink_ns += transport.now_ns().saturating_sub(t0);
+        *sink_ns += transport.now_ns().saturating_sub(t0);
         Ok(())
     })?;
     Ok(batch.total_rows)

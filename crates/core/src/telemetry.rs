@@ -1,6 +1,6 @@
 //! Metrics vocabulary shared by engines and the Triton layer: an engine (or the store
 //! behind it) describes its cumulative counters and current gauges as samples; the
-//! serving layer publishes them on Triton's Prometheus endpoint. Neither side knows
+//! Triton crate publishes them on Triton's Prometheus endpoint. Neither side knows
 //! the other.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

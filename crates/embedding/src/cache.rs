@@ -1,6 +1,6 @@
 //! The cache tier's policy, and its CPU implementation.
 //!
-//! Layout (the same on the GPU, see `gpu.rs`): a set-associative table of
+//! Layout (the same on the GPU, `gpu.rs` and the CUDA crate): a set-associative table of
 //! `sets × WAYS` slots. A key lives only in set `mix64(key) % sets`, in any of its 32
 //! ways (one warp's width, so the GPU checks a whole set in one instruction). Each
 //! slot has a key, a stamp (0 = empty) and a row of `dim` floats.
@@ -76,11 +76,9 @@ pub trait CacheTier: Send + Sync {
     fn refresh(&self, keys: &[i64], vectors: &[f32]) -> Result<()>;
     fn counters(&self) -> CacheCounters;
     fn name(&self) -> &'static str;
-    /// The GPU cache, for lookups straight into device memory.
-    #[cfg(feature = "gpu")]
-    fn as_gpu(&self) -> Option<&crate::gpu::GpuCache> {
-        None
-    }
+    /// The concrete tier (the store looks for the GPU cache to look up straight into
+    /// device memory).
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 struct Set {
@@ -200,6 +198,10 @@ impl CacheTier for HostCache {
             self.insertions.load(Ordering::Relaxed),
             self.evictions.load(Ordering::Relaxed),
         )
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 
     fn name(&self) -> &'static str {

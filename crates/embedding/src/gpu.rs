@@ -119,8 +119,8 @@ impl CacheTier for GpuCache {
         "gpu_cache"
     }
 
-    fn as_gpu(&self) -> Option<&GpuCache> {
-        Some(self)
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

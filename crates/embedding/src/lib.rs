@@ -436,7 +436,7 @@ impl InstanceCaches {
         t.counters.lookups.fetch_add(1, Ordering::Relaxed);
         t.counters.keys.fetch_add(keys.len() as u64, Ordering::Relaxed);
         let version = t.version.load(Ordering::SeqCst);
-        let cache = self.caches.get(table).and_then(|c| c.as_gpu());
+        let cache = self.caches.get(table).and_then(|c| c.as_any().downcast_ref::<gpu::GpuCache>());
         let missed = match cache {
             Some(g) => {
                 let t0 = Instant::now();
