@@ -20,6 +20,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tritonserver_process import serve  # noqa: E402
 
 
+def server_pid(port):
+    """The tritonserver serving HTTP on `port` (found in /proc: the image has no pgrep)."""
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                cmd = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if cmd and cmd[0].endswith(b"tritonserver") and f"--http-port={port}".encode() in cmd:
+                return int(d)
+    raise SystemExit(f"no tritonserver on port {port}")
+
+
 def rss_mib(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -56,7 +69,7 @@ def main():
             a.libtorch_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
         extra = ["--model-control-mode=explicit", f"--load-model={a.model}", f"--backend-config=rust,libtorch-dir={a.libtorch_dir}"]
         with serve(a.server, a.repo, path, a.port, log, extra=extra) as client:
-            pid = int(subprocess.run(["pgrep", "-n", "-f", f"--http-port={a.port}"], capture_output=True, text=True).stdout.split()[0])
+            pid = server_pid(a.port)
             time.sleep(3)  # let allocator caches settle
             rows.append((label, rss_mib(pid), gpu_mib(pid)))
         time.sleep(2)

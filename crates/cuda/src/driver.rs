@@ -81,7 +81,12 @@ impl CudaBytes {
     }
 }
 
-/// Copies `len` bytes between device addresses (same device), synchronously.
+// The copies below are queued on the device's copy stream and waited for before they
+// return. (The driver's "synchronous" cuMemcpyDtoD may return before the copy is done,
+// and our streams do not wait on the legacy default stream: a buffer reused by the next
+// execution could be overwritten while still being read.)
+
+/// Copies `len` bytes between device addresses (same device); done when it returns.
 ///
 /// # Safety
 /// Both ranges must be live device memory on `device`, and must not overlap.
@@ -89,12 +94,13 @@ pub unsafe fn copy_dtod_raw(device: i32, dst: u64, src: u64, len: usize) -> Resu
     if len == 0 {
         return Ok(());
     }
-    gpu(device)?;
-    // SAFETY: the caller's contract.
-    unsafe { result::memcpy_dtod_sync(dst, src, len) }.map_err(cuda_err)
+    let g = gpu(device)?;
+    // SAFETY: the caller's contract; the stream is this device's.
+    unsafe { result::memcpy_dtod_async(dst, src, len, g.copy_stream.cu_stream()) }.map_err(cuda_err)?;
+    g.copy_stream.synchronize().map_err(cuda_err)
 }
 
-/// Copies device memory at `src` into host memory, synchronously.
+/// Copies device memory at `src` into host memory; done when it returns.
 ///
 /// # Safety
 /// `src .. src + dst.len()` must be live device memory on `device`.
@@ -102,12 +108,13 @@ pub unsafe fn copy_dtoh_raw(device: i32, dst: &mut [u8], src: u64) -> Result<()>
     if dst.is_empty() {
         return Ok(());
     }
-    gpu(device)?;
-    // SAFETY: the caller's contract.
-    unsafe { result::memcpy_dtoh_sync(dst, src) }.map_err(cuda_err)
+    let g = gpu(device)?;
+    // SAFETY: the caller's contract; `dst` outlives the wait below.
+    unsafe { result::memcpy_dtoh_async(dst, src, g.copy_stream.cu_stream()) }.map_err(cuda_err)?;
+    g.copy_stream.synchronize().map_err(cuda_err)
 }
 
-/// Copies host bytes to device memory at `dst`, synchronously.
+/// Copies host bytes to device memory at `dst`; done when it returns.
 ///
 /// # Safety
 /// `dst .. dst + src.len()` must be live device memory on `device`, not in use elsewhere.
@@ -115,9 +122,10 @@ pub unsafe fn copy_htod_raw(device: i32, dst: u64, src: &[u8]) -> Result<()> {
     if src.is_empty() {
         return Ok(());
     }
-    gpu(device)?;
-    // SAFETY: the caller's contract.
-    unsafe { result::memcpy_htod_sync(dst, src) }.map_err(cuda_err)
+    let g = gpu(device)?;
+    // SAFETY: the caller's contract; `src` outlives the wait below.
+    unsafe { result::memcpy_htod_async(dst, src, g.copy_stream.cu_stream()) }.map_err(cuda_err)?;
+    g.copy_stream.synchronize().map_err(cuda_err)
 }
 
 fn real(addr: Option<u64>) -> Result<u64> {
@@ -166,10 +174,13 @@ impl DeviceOps for Cuda {
             if p.device() != device {
                 return Err(CudaError::internal(format!("gather on GPU {device} was given a buffer on GPU {}", p.device())));
             }
-            // SAFETY: each part is a live view on `device`; the new buffer has room for all.
-            unsafe { copy_dtod_raw(device, base + at, real(p.raw_addr())?, p.len())? };
+            if p.len() > 0 {
+                // SAFETY: each part is a live view on `device`; the new buffer has room for all.
+                unsafe { result::memcpy_dtod_async(base + at, real(p.raw_addr())?, p.len(), out.stream.cu_stream()) }.map_err(cuda_err)?;
+            }
             at += p.len() as u64;
         }
+        out.stream.synchronize().map_err(cuda_err)?;
         Ok(DeviceBuffer::cuda(out))
     }
 }
