@@ -31,6 +31,12 @@ recommenders-before)
     ;;
 embedding)
     bash bench/gpu/run_embedding.sh "$@" 2>&1 | tee "$out/embedding_store.log"
+    if [ -f .carry/before/libtriton_rust.so ]; then
+        echo "== the same, with the previous build's library"
+        mkdir -p /tmp/before_backends/rust
+        cp .carry/before/libtriton_rust.so /tmp/before_backends/rust/
+        python3 bench/gpu/embedding_store.py --server "$PYT/pytriton/tritonserver/bin/tritonserver" --backends /tmp/before_backends 2>&1 | tee "$out/embedding_store_before.log"
+    fi
     if [ -f .carry/before/libtriton_rust.so ] && [ -d /tmp/all_models/repo/bert_large_fp32 ]; then
         # the models part left its repository on this (still warm) machine: measure again
         mkdir -p /tmp/before_backends/rust

@@ -81,10 +81,12 @@ impl CudaBytes {
     }
 }
 
-// The copies below are queued on the device's copy stream and waited for before they
-// return. (The driver's "synchronous" cuMemcpyDtoD may return before the copy is done,
-// and our streams do not wait on the legacy default stream: a buffer reused by the next
-// execution could be overwritten while still being read.)
+// Every copy below is complete when it returns. The driver's "synchronous" cuMemcpyDtoD
+// and cuMemcpyHtoD (from pageable memory) may return before the data has landed, and our
+// streams do not wait on the legacy default stream, so a buffer reused by the next
+// execution could be overwritten while still being read: those two are queued on the
+// device's copy stream and waited for. cuMemcpyDtoH into pageable memory does return
+// only once done, and is kept.
 
 /// Copies `len` bytes between device addresses (same device); done when it returns.
 ///
@@ -108,10 +110,9 @@ pub unsafe fn copy_dtoh_raw(device: i32, dst: &mut [u8], src: u64) -> Result<()>
     if dst.is_empty() {
         return Ok(());
     }
-    let g = gpu(device)?;
-    // SAFETY: the caller's contract; `dst` outlives the wait below.
-    unsafe { result::memcpy_dtoh_async(dst, src, g.copy_stream.cu_stream()) }.map_err(cuda_err)?;
-    g.copy_stream.synchronize().map_err(cuda_err)
+    gpu(device)?;
+    // SAFETY: the caller's contract.
+    unsafe { result::memcpy_dtoh_sync(dst, src) }.map_err(cuda_err)
 }
 
 /// Copies host bytes to device memory at `dst`; done when it returns.
