@@ -175,7 +175,7 @@ impl DeviceOps for Cuda {
             if p.device() != device {
                 return Err(CudaError::internal(format!("gather on GPU {device} was given a buffer on GPU {}", p.device())));
             }
-            if p.len() > 0 {
+            if !p.is_empty() {
                 // SAFETY: each part is a live view on `device`; the new buffer has room for all.
                 unsafe { result::memcpy_dtod_async(base + at, real(p.raw_addr())?, p.len(), out.stream.cu_stream()) }.map_err(cuda_err)?;
             }
