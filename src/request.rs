@@ -89,6 +89,30 @@ impl InferRequest for Request {
     }
 
     /// Names of the outputs the client asked for.
+    fn parameters(&self) -> Result<Vec<(String, String)>> {
+        let mut count = 0u32;
+        check(unsafe { sys::TRITONBACKEND_RequestParameterCount(self.raw, &mut count) })?;
+        let mut out = Vec::with_capacity(count as usize);
+        for i in 0..count {
+            let (mut key, mut kind, mut value) = (std::ptr::null(), 0, std::ptr::null());
+            check(unsafe { sys::TRITONBACKEND_RequestParameter(self.raw, i, &mut key, &mut kind, &mut value) })?;
+            // SAFETY: key and value are owned by the request and read at once; the value
+            // points at the type Triton says it is.
+            let key = unsafe { from_c(key) };
+            let value = unsafe {
+                match kind {
+                    _ if value.is_null() => String::new(),
+                    sys::TRITONSERVER_parametertype_enum_TRITONSERVER_PARAMETER_STRING => from_c(value.cast()),
+                    sys::TRITONSERVER_parametertype_enum_TRITONSERVER_PARAMETER_INT => (*value.cast::<i64>()).to_string(),
+                    sys::TRITONSERVER_parametertype_enum_TRITONSERVER_PARAMETER_BOOL => (*value.cast::<bool>()).to_string(),
+                    _ => continue,
+                }
+            };
+            out.push((key, value));
+        }
+        Ok(out)
+    }
+
     fn requested_outputs(&self) -> Result<Vec<String>> {
         let mut count = 0u32;
         check(unsafe { sys::TRITONBACKEND_RequestOutputCount(self.raw, &mut count) })?;

@@ -51,6 +51,11 @@ pub trait Engine: Send {
     fn metrics_source(&self) -> Option<std::sync::Arc<dyn crate::telemetry::MetricsSource>> {
         None
     }
+    /// Checks who is asking, from the request's parameters (key, value as text), before
+    /// anything else is looked at; the error fails that request only.
+    fn authorize(&self, _parameters: &[(String, String)]) -> Result<()> {
+        Ok(())
+    }
     /// Checks one request's inputs (already in config order and checked against the
     /// config) for what only this engine can see; the error fails that request only.
     fn check_request(&self, _inputs: &[RequestTensor<'_>]) -> Result<()> {

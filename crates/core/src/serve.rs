@@ -40,6 +40,10 @@ pub trait InferRequest {
     fn inputs(&self) -> Result<Vec<RequestTensor<'_>>>;
     /// Names of the outputs the client asked for.
     fn requested_outputs(&self) -> Result<Vec<String>>;
+    /// The request's parameters (and headers the server forwards as parameters), values as text.
+    fn parameters(&self) -> Result<Vec<(String, String)>> {
+        Ok(Vec::new())
+    }
 }
 
 /// A response; sent exactly once.
@@ -314,7 +318,9 @@ impl InstanceState {
         } else if req.is_cancelled() {
             Err(Error::new(ErrorKind::Cancelled, "request was cancelled"))
         } else {
-            req.inputs()
+            req.parameters()
+                .and_then(|p| engine.authorize(&p))
+                .and_then(|()| req.inputs())
                 .and_then(|t| check_request(&self.config, &self.policy, t))
                 .and_then(|c| engine.check_request(&c.tensors).map(|()| c))
                 .and_then(|c| Ok((c, req.requested_outputs()?)))

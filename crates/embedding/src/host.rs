@@ -5,8 +5,8 @@
 //! from many instances do not contend. Online updates never write a row in place:
 //! the new vector is appended to an overlay and the key's index entry is switched
 //! under the shard's write lock, so a reader sees either the old row or the new one,
-//! never a mix. Superseded overlay rows are kept (memory grows with the number of
-//! updates, not with lookups); see docs/embedding-store.md.
+//! never a mix. Superseded overlay rows are kept until a compaction (`durable.rs`)
+//! replaces the tier with one built from a snapshot; see docs/embedding-store.md.
 //!
 //! Memory: the mapped vectors and keys, plus about 20-36 bytes of index per key
 //! (hashbrown buckets of (i64, u32)), i.e. ≤ 1.1× the raw bytes at dim 128.
@@ -136,7 +136,7 @@ impl HostTier {
             let mut ov = self.overlay.write();
             let first = ov.len() / self.dim;
             if first + keys.len() >= OVERLAY as usize {
-                return Err(Error::unavailable("the host tier's update overlay is full; reload the model to compact it"));
+                return Err(Error::unavailable("the host tier's update overlay is full; lower update_compaction_rows so compactions reclaim it"));
             }
             ov.extend_from_slice(vectors);
             first
@@ -146,6 +146,27 @@ impl HostTier {
             self.shards[shard_of(k)].write().insert(k, OVERLAY | (first + i) as u32);
         }
         Ok(())
+    }
+
+    /// Rows written by updates since the tier was built (superseded ones included).
+    pub fn overlay_rows(&self) -> usize {
+        self.overlay.read().len() / self.dim
+    }
+
+    /// Every key and its current row (a compaction's snapshot), in no particular order.
+    pub fn entries(&self) -> (Vec<i64>, Vec<f32>) {
+        let mut keys = Vec::with_capacity(self.len());
+        let mut rows = Vec::with_capacity(self.len() * self.dim);
+        let mut row = vec![0f32; self.dim];
+        for shard in &self.shards {
+            let index = shard.read();
+            for (&k, &loc) in index.iter() {
+                self.read_loc(loc, &mut row);
+                keys.push(k);
+                rows.extend_from_slice(&row);
+            }
+        }
+        (keys, rows)
     }
 
     /// Bytes this tier holds beyond the raw rows and keys: index and superseded overlay rows.

@@ -16,7 +16,7 @@
 //! Nothing here knows Triton; `triton_rust_engine_embedding` adapts it to the `Engine` trait.
 #![forbid(unsafe_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Weak};
 use std::time::Instant;
@@ -26,6 +26,7 @@ use parking_lot::{Mutex, RwLock};
 use triton_rust_core::error::{Error, Result};
 
 pub mod cache;
+pub mod durable;
 #[cfg(feature = "gpu")]
 pub mod gpu;
 pub mod host;
@@ -33,6 +34,7 @@ pub mod redis;
 pub mod table;
 
 use cache::{CacheGeometry, CacheTier};
+use durable::UpdateLog;
 use host::HostTier;
 use table::TableFiles;
 
@@ -72,6 +74,22 @@ pub struct StoreConfig {
     pub cache_ratio: f64,
     /// HPS `hit_rate_threshold`: below it, misses are inserted before the lookup returns.
     pub hit_rate_threshold: f64,
+    /// Where the update logs of tables without files live (`<dir>/<table>/`); tables with
+    /// files keep theirs in `<table files>/updates/`.
+    pub update_log_dir: Option<PathBuf>,
+    /// Rows written by updates after which a table is compacted (0: never).
+    pub compaction_rows: usize,
+}
+
+impl StoreConfig {
+    /// The directory of a table's update log, if it has one.
+    pub fn log_dir(&self, table: &TableConfig) -> Option<PathBuf> {
+        match (&self.update_log_dir, &table.path) {
+            (Some(dir), _) => Some(dir.join(&table.name)),
+            (None, Some(files)) => Some(files.join("updates")),
+            (None, None) => None,
+        }
+    }
 }
 
 /// Rows that live outside this machine (Redis). Misses are `found[i] = false`.
@@ -98,11 +116,17 @@ pub struct TableCounters {
     pub updated_keys: AtomicU64,
     pub update_ns: AtomicU64,
     pub fills_dropped: AtomicU64,
+    /// Updates replayed from the log at load.
+    pub replayed_rows: AtomicU64,
+    pub compactions: AtomicU64,
 }
 
 struct Table {
     config: TableConfig,
-    host: HostTier,
+    /// Swapped whole by a compaction; readers hold the tier they started with.
+    host: RwLock<Arc<HostTier>>,
+    /// The update log; updates of this table are serialised on it.
+    log: Option<Mutex<UpdateLog>>,
     counters: TableCounters,
     /// Bumped by every update; a cache fill checks it did not change under it.
     version: AtomicU64,
@@ -117,6 +141,45 @@ pub struct EmbeddingStore {
     /// Updates hold it for writing; cache fills for reading (see module docs).
     gate: RwLock<()>,
     caches: Mutex<Vec<Weak<InstanceCaches>>>,
+    /// Update requests refused for a missing or wrong credential.
+    pub refused_updates: AtomicU64,
+    /// Stops the compactor when the store goes.
+    compactor: Option<Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>>,
+}
+
+impl Drop for EmbeddingStore {
+    fn drop(&mut self) {
+        if let Some(stop) = &self.compactor {
+            if let Ok(mut g) = stop.0.lock() {
+                *g = true;
+            }
+            stop.1.notify_all();
+        }
+    }
+}
+
+/// Loads a table's rows from its files (or a compaction's snapshot of them).
+fn load_files(t: &TableConfig, dir: &Path, format: Option<TableFormat>) -> Result<HostTier> {
+    let format = format.unwrap_or(if dir.join("emb_vector").exists() { TableFormat::HugeCtr } else { TableFormat::Npy });
+    let files = match format {
+        TableFormat::Npy => TableFiles::open_npy(dir),
+        TableFormat::HugeCtr => TableFiles::open_hugectr(dir, t.dim),
+    }
+    .map_err(|e| e.context(format!("table '{}'", t.name)))?;
+    if files.dim != t.dim {
+        return Err(Error::invalid_arg(format!(
+            "table '{}': the config says dim {} but '{}' holds vectors of dim {}",
+            t.name,
+            t.dim,
+            dir.display(),
+            files.dim
+        )));
+    }
+    let (host, dups) = HostTier::from_files(files)?;
+    if dups > 0 {
+        log::warn!("table '{}': {dups} duplicate keys; the last row of each wins", t.name);
+    }
+    Ok(host)
 }
 
 fn ns_since(t: Instant) -> u64 {
@@ -136,34 +199,89 @@ impl EmbeddingStore {
             if t.dim == 0 {
                 return Err(Error::invalid_arg(format!("table '{}': dim must be positive", t.name)));
             }
-            let host = match &t.path {
-                None => HostTier::empty(t.dim),
+            let log_dir = config.log_dir(t);
+            // A compaction's snapshot replaces the configured files.
+            let base_gen = match &log_dir {
+                Some(dir) => durable::manifest_gen(dir).map_err(|e| e.context(format!("table '{}'", t.name)))?,
+                None => None,
+            };
+            let host = match (base_gen, &log_dir, &t.path) {
+                (Some(g), Some(dir), _) => load_files(t, &durable::base_path(dir, g), Some(TableFormat::Npy))?,
+                (_, _, Some(dir)) => load_files(t, dir, t.format)?,
+                (_, _, None) => HostTier::empty(t.dim),
+            };
+            let counters = TableCounters::default();
+            let log = match log_dir {
+                None => None,
                 Some(dir) => {
-                    let format = t.format.unwrap_or(if dir.join("emb_vector").exists() { TableFormat::HugeCtr } else { TableFormat::Npy });
-                    let files = match format {
-                        TableFormat::Npy => TableFiles::open_npy(dir),
-                        TableFormat::HugeCtr => TableFiles::open_hugectr(dir, t.dim),
+                    let (log, replayed) = UpdateLog::recover(&dir, t.dim, base_gen.unwrap_or(0), &mut |k, v| host.upsert(k, v))
+                        .map_err(|e| e.context(format!("table '{}'", t.name)))?;
+                    if replayed.records > 0 {
+                        log::info!("table '{}': {} logged updates ({} rows) replayed from '{}'", t.name, replayed.records, replayed.rows, dir.display());
                     }
-                    .map_err(|e| e.context(format!("table '{}'", t.name)))?;
-                    if files.dim != t.dim {
-                        return Err(Error::invalid_arg(format!(
-                            "table '{}': the config says dim {} but '{}' holds vectors of dim {}",
-                            t.name,
-                            t.dim,
-                            dir.display(),
-                            files.dim
-                        )));
-                    }
-                    let (host, dups) = HostTier::from_files(files)?;
-                    if dups > 0 {
-                        log::warn!("table '{}': {dups} duplicate keys; the last row of each wins", t.name);
-                    }
-                    host
+                    counters.replayed_rows.store(replayed.rows, Ordering::Relaxed);
+                    Some(Mutex::new(log))
                 }
             };
-            tables.push(Table { config: t.clone(), host, counters: TableCounters::default(), version: AtomicU64::new(0) });
+            tables.push(Table { config: t.clone(), host: RwLock::new(Arc::new(host)), log, counters, version: AtomicU64::new(0) });
         }
-        Ok(Arc::new(EmbeddingStore { config, tables, remote, gate: RwLock::new(()), caches: Mutex::new(Vec::new()) }))
+        let compactor = (config.compaction_rows > 0 && tables.iter().any(|t| t.log.is_some()))
+            .then(|| Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new())));
+        let store = Arc::new(EmbeddingStore {
+            config,
+            tables,
+            remote,
+            gate: RwLock::new(()),
+            caches: Mutex::new(Vec::new()),
+            refused_updates: AtomicU64::new(0),
+            compactor: compactor.clone(),
+        });
+        if let Some(stop) = compactor {
+            let weak = Arc::downgrade(&store);
+            std::thread::Builder::new()
+                .name("embedding-compactor".into())
+                .spawn(move || compactor_loop(weak, stop))
+                .map_err(|e| Error::internal(format!("cannot start the compaction thread: {e}")))?;
+        }
+        Ok(store)
+    }
+
+    /// Whether every table's updates can be made durable (each has an update log).
+    pub fn durable(&self) -> std::result::Result<(), String> {
+        match self.tables.iter().find(|t| t.log.is_none()) {
+            None => Ok(()),
+            Some(t) => Err(t.config.name.clone()),
+        }
+    }
+
+    fn host(&self, table: usize) -> Arc<HostTier> {
+        self.tables[table].host.read().clone()
+    }
+
+    /// Writes a snapshot of a table as its new base and swaps it in, reclaiming the
+    /// overlay. Updates continue into the next log generation meanwhile.
+    pub fn compact(&self, table: usize) -> Result<()> {
+        let t = self.tables.get(table).ok_or_else(|| Error::invalid_arg(format!("no table {table}")))?;
+        let Some(log) = &t.log else { return Ok(()) };
+        let start = Instant::now();
+        let (dir, gen) = {
+            let mut log = log.lock();
+            (log.dir().to_path_buf(), log.rotate()?)
+        };
+        // Everything before the rotation is in the tier; later updates are in log.<gen>
+        // and replayed on top (re-applying one that is also in the snapshot is harmless).
+        let (keys, rows) = self.host(table).entries();
+        let base = durable::commit_base(&dir, gen, &keys, &rows, t.config.dim)?;
+        let fresh = load_files(&t.config, &base, Some(TableFormat::Npy))?;
+        {
+            let log = log.lock();
+            log.replay(gen, &mut |k, v| fresh.upsert(k, v))?;
+            *t.host.write() = Arc::new(fresh);
+        }
+        durable::remove_before(&dir, gen);
+        t.counters.compactions.fetch_add(1, Ordering::Relaxed);
+        log::info!("table '{}': compacted {} rows into '{}' in {:.2} s", t.config.name, keys.len(), base.display(), start.elapsed().as_secs_f64());
+        Ok(())
     }
 
     pub fn tables(&self) -> impl Iterator<Item = &TableConfig> {
@@ -183,17 +301,17 @@ impl EmbeddingStore {
     }
 
     pub fn host_rows(&self, table: usize) -> usize {
-        self.tables[table].host.len()
+        self.host(table).len()
     }
 
     pub fn host_memory(&self, table: usize) -> host::HostMemory {
-        self.tables[table].host.memory()
+        self.host(table).memory()
     }
 
     /// The cache geometry for a table under this store's `cache_ratio`.
     pub fn cache_geometry(&self, table: usize) -> CacheGeometry {
         let t = &self.tables[table];
-        let rows = (t.host.len() as f64 * self.config.cache_ratio).ceil() as usize;
+        let rows = (t.host.read().len() as f64 * self.config.cache_ratio).ceil() as usize;
         CacheGeometry::for_rows(rows, t.config.dim)
     }
 
@@ -226,7 +344,7 @@ impl EmbeddingStore {
         let dim = t.config.dim;
         let mut found = vec![false; keys.len()];
         let t0 = Instant::now();
-        t.host.get_many(keys, out, &mut found);
+        self.host(table).get_many(keys, out, &mut found);
         t.counters.host_ns.fetch_add(ns_since(t0), Ordering::Relaxed);
         let host_hits = found.iter().filter(|&&f| f).count();
         t.counters.host_hits.fetch_add(host_hits as u64, Ordering::Relaxed);
@@ -272,8 +390,16 @@ impl EmbeddingStore {
     pub fn update(&self, table: usize, keys: &[i64], vectors: &[f32]) -> Result<()> {
         let t = self.tables.get(table).ok_or_else(|| Error::invalid_arg(format!("no table {table}")))?;
         let start = Instant::now();
+        if vectors.len() != keys.len() * t.config.dim {
+            return Err(Error::invalid_arg(format!("table '{}': {} keys of dim {} need {} values; got {}", t.config.name, keys.len(), t.config.dim, keys.len() * t.config.dim, vectors.len())));
+        }
+        // Durable first: once logged, a restart replays it; only then is it applied.
+        let mut log = t.log.as_ref().map(|l| l.lock());
+        if let Some(log) = log.as_mut() {
+            log.append(keys, vectors).map_err(|e| e.context(format!("table '{}': the update was not applied", t.config.name)))?;
+        }
         let _gate = self.gate.write();
-        t.host.upsert(keys, vectors)?;
+        t.host.read().upsert(keys, vectors)?;
         if let Some(remote) = &self.remote {
             if let Err(e) = remote.set_many(&t.config.name, t.config.dim, keys, vectors) {
                 t.counters.remote_errors.fetch_add(1, Ordering::Relaxed);
@@ -294,6 +420,33 @@ impl EmbeddingStore {
         t.counters.updated_keys.fetch_add(keys.len() as u64, Ordering::Relaxed);
         t.counters.update_ns.fetch_add(ns_since(start), Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Whether a table has enough overlay rows to be compacted.
+    fn wants_compaction(&self, table: usize) -> bool {
+        let t = &self.tables[table];
+        t.log.is_some() && self.config.compaction_rows > 0 && t.host.read().overlay_rows() >= self.config.compaction_rows
+    }
+}
+
+/// Compacts tables whose overlay has grown past `compaction_rows`, until the store goes.
+fn compactor_loop(store: Weak<EmbeddingStore>, stop: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>) {
+    loop {
+        {
+            let Ok(g) = stop.0.lock() else { return };
+            let Ok((g, _)) = stop.1.wait_timeout(g, std::time::Duration::from_millis(200)) else { return };
+            if *g {
+                return;
+            }
+        }
+        let Some(store) = store.upgrade() else { return };
+        for table in 0..store.tables.len() {
+            if store.wants_compaction(table) {
+                if let Err(e) = store.compact(table) {
+                    log::error!("table '{}': compaction failed (updates stay in the log): {e}", store.tables[table].config.name);
+                }
+            }
+        }
     }
 }
 
@@ -336,7 +489,17 @@ impl triton_rust_core::telemetry::MetricsSource for EmbeddingStore {
             push("rust_embedding_update_lag_seconds_total", "Time from an update's arrival until it is visible in every tier, summed", Counter, table(), get(&c.update_ns) / 1e9);
             push("rust_embedding_redis_errors_total", "Lookups and updates that could not reach the Redis tier (down, or backing off after a failure)", Counter, table(), get(&c.remote_errors));
             push("rust_embedding_cache_fills_dropped_total", "Cache fills skipped (queue full or raced with an update)", Counter, table(), get(&c.fills_dropped));
+            push("rust_embedding_replayed_rows", "Rows replayed from the update log when the table was loaded", Gauge, table(), get(&c.replayed_rows));
+            push("rust_embedding_compactions_total", "Compactions of the update log into new table files", Counter, table(), get(&c.compactions));
+            push("rust_embedding_overlay_rows", "Rows written by updates since the table's last compaction (host memory beyond the files)", Gauge, table(), t.host.read().overlay_rows() as f64);
         }
+        out.push(MetricSample {
+            family: "rust_embedding_updates_refused_total",
+            help: "Update requests refused for a missing or wrong credential",
+            kind: Counter,
+            labels: Vec::new(),
+            value: self.refused_updates.load(Ordering::Relaxed) as f64,
+        });
         out
     }
 }
@@ -559,6 +722,7 @@ mod tests {
 
     fn make_store(name: &str, rows: usize, dim: usize, ratio: f64, threshold: f64) -> (Arc<EmbeddingStore>, PathBuf) {
         let dir = std::env::temp_dir().join(format!("trt-store-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         let keys: Vec<i64> = (0..rows as i64).collect();
         let vecs: Vec<f32> = keys.iter().flat_map(|&k| row(k, 0, dim)).collect();
         write_table(&dir.join("t0"), &keys, bytemuck::cast_slice(&vecs), dim, VectorType::F32).unwrap();
@@ -569,6 +733,8 @@ mod tests {
             ],
             cache_ratio: ratio,
             hit_rate_threshold: threshold,
+            update_log_dir: None,
+            compaction_rows: 0,
         };
         (EmbeddingStore::open(cfg, None).unwrap(), dir)
     }
@@ -710,10 +876,67 @@ mod tests {
             tables: vec![TableConfig { name: "users".into(), dim, path: Some(dir.clone()), format: None, default_value: 0.0 }],
             cache_ratio: 0.1,
             hit_rate_threshold: 0.9,
+            update_log_dir: None,
+            compaction_rows: 0,
         };
         let e = EmbeddingStore::open(cfg(4), None).err().unwrap();
         assert!(e.message().contains("'users'") && e.message().contains("dim 3"), "{e}");
         assert!(EmbeddingStore::open(cfg(3), None).is_ok());
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn acknowledged_updates_survive_a_reopen_and_a_compaction() {
+        let (store, dir) = make_store("durable", 100, 4, 0.0, 0.9);
+        let cfg = store.config.clone();
+        let read = |store: &Arc<EmbeddingStore>, keys: &[i64]| {
+            let mut out = vec![0f32; keys.len() * 4];
+            store.attach_caches_none().lookup(0, keys, &mut out).unwrap();
+            out
+        };
+        store.update(0, &[1, 500], &[row(1, 1, 4), row(500, 1, 4)].concat()).unwrap();
+        assert!(store.durable().is_err(), "the table with no files and no update_log_dir has no log");
+        drop(store);
+        // a restart: the files still hold version 0, the log version 1
+        let store = EmbeddingStore::open(cfg.clone(), None).unwrap();
+        assert_eq!(read(&store, &[1, 500, 2]), [row(1, 1, 4), row(500, 1, 4), row(2, 0, 4)].concat());
+        assert_eq!(store.counters(0).replayed_rows.load(Ordering::Relaxed), 2);
+        store.compact(0).unwrap();
+        assert_eq!(store.host(0).overlay_rows(), 0, "the compaction reclaims the overlay");
+        assert_eq!(store.host_rows(0), 101);
+        assert_eq!(read(&store, &[1, 500, 2]), [row(1, 1, 4), row(500, 1, 4), row(2, 0, 4)].concat());
+        store.update(0, &[2], &row(2, 2, 4)).unwrap();
+        drop(store);
+        // a restart after the compaction: the snapshot, then the newer log
+        let store = EmbeddingStore::open(cfg, None).unwrap();
+        assert_eq!(read(&store, &[1, 500, 2]), [row(1, 1, 4), row(500, 1, 4), row(2, 2, 4)].concat());
+        assert_eq!(store.counters(0).replayed_rows.load(Ordering::Relaxed), 1, "only what came after the snapshot");
+        drop(store);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_compactor_keeps_the_overlay_bounded() {
+        let (store, dir) = make_store("compactor", 50, 2, 0.0, 0.9);
+        let mut cfg = store.config.clone();
+        drop(store);
+        cfg.compaction_rows = 100;
+        let store = EmbeddingStore::open(cfg, None).unwrap();
+        for round in 0..20i64 {
+            let keys: Vec<i64> = (0..50).collect();
+            let vals: Vec<f32> = keys.iter().flat_map(|&k| row(k, round as u32, 2)).collect();
+            store.update(0, &keys, &vals).unwrap();
+        }
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while store.host(0).overlay_rows() >= 100 && Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert!(store.counters(0).compactions.load(Ordering::Relaxed) > 0);
+        assert!(store.host(0).overlay_rows() < 100 + 50, "overlay {}", store.host(0).overlay_rows());
+        let mut out = vec![0f32; 2];
+        store.attach_caches_none().lookup(0, &[7], &mut out).unwrap();
+        assert_eq!(out, row(7, 19, 2));
+        drop(store);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
