@@ -47,6 +47,7 @@ HPS_TABLES = {
 BATCHED_TABLES = ["x", "y", "z"]
 BATCHED_ROWS, BATCHED_DIM, BATCHED_DEFAULT, BATCHED_VOCAB = 200, 8, 0.75, 250
 LIVE_ROWS, LIVE_DIM, LIVE_DEFAULT = 1000, 4, -2.0
+LIVE_TOKEN = "live-update-token-for-tests"
 REDIS_DIM, REDIS_DEFAULT, REDIS_ROWS = 8, 7.0, 200
 
 
@@ -181,13 +182,17 @@ def repo(tmp_path_factory, example_models, redis):
                 default_value_for_each_table=LIVE_DEFAULT, gpucacheper="0.25")
     r.write_config("live_lookup", embedding_config("live_lookup", hps_io(), **live))
     os.makedirs(os.path.join(r.root, "live_update", "1"))
+    token_file = os.path.join(r.root, "live_update.token")
+    with open(token_file, "w") as f:
+        f.write(LIVE_TOKEN + "\n")
     r.write_config("live_update", embedding_config(
         "live_update",
         'input [ { name: "KEYS" data_type: TYPE_INT64 dims: [ -1 ] },\n'
         '        { name: "NUMKEYS" data_type: TYPE_INT32 dims: [ -1 ] },\n'
         '        { name: "VECTORS" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
         'output [ { name: "UPDATED" data_type: TYPE_INT64 dims: [ 1 ] } ]\n',
-        embedding_interface="update", sparse_files="../../live_lookup/1/tables/u", **live))
+        embedding_interface="update", sparse_files="../../live_lookup/1/tables/u",
+        update_credential_file=token_file, **live))
 
     # redis_*: a table with no file; rows only from redis
     for name, ratio in (("redis_nocache", "0"), ("redis_cached", "0.1")):
@@ -464,7 +469,8 @@ def live_update(client, keys, rows):
     keys = np.asarray(keys, dtype=np.int64)
     out = infer(client, "http", "live_update",
                 {"KEYS": keys, "NUMKEYS": np.array([len(keys)], np.int32),
-                 "VECTORS": np.ascontiguousarray(rows, dtype=np.float32).ravel()}, ["UPDATED"])["UPDATED"]
+                 "VECTORS": np.ascontiguousarray(rows, dtype=np.float32).ravel()}, ["UPDATED"],
+                parameters={"embedding-update-token": LIVE_TOKEN})["UPDATED"]
     assert out.tolist() == [len(keys)], out
     return len(keys)
 

@@ -59,6 +59,7 @@ fn main() {
             hit_rate_threshold: 0.9, // HPS default: synchronous fills only while the hit rate is low
             update_log_dir: None,
             compaction_rows: 0,
+            update_stream: None,
         },
         None,
     )

@@ -31,6 +31,7 @@ pub mod durable;
 pub mod gpu;
 pub mod host;
 pub mod redis;
+pub mod stream;
 pub mod table;
 
 use cache::{CacheGeometry, CacheTier};
@@ -79,6 +80,8 @@ pub struct StoreConfig {
     pub update_log_dir: Option<PathBuf>,
     /// Rows written by updates after which a table is compacted (0: never).
     pub compaction_rows: usize,
+    /// A Redis Stream of updates this store follows.
+    pub update_stream: Option<stream::StreamSpec>,
 }
 
 impl StoreConfig {
@@ -145,6 +148,8 @@ pub struct EmbeddingStore {
     pub refused_updates: AtomicU64,
     /// Stops the compactor when the store goes.
     compactor: Option<Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>>,
+    /// The update stream's follower (stops with the store).
+    follower: Mutex<Option<stream::StreamFollower>>,
 }
 
 impl Drop for EmbeddingStore {
@@ -235,7 +240,12 @@ impl EmbeddingStore {
             caches: Mutex::new(Vec::new()),
             refused_updates: AtomicU64::new(0),
             compactor: compactor.clone(),
+            follower: Mutex::new(None),
         });
+        if let Some(spec) = store.config.update_stream.clone() {
+            log::info!("store follows update stream '{}' on {} as group '{}'", spec.stream, spec.addr, spec.group);
+            *store.follower.lock() = Some(stream::StreamFollower::start(spec, Arc::downgrade(&store))?);
+        }
         if let Some(stop) = compactor {
             let weak = Arc::downgrade(&store);
             std::thread::Builder::new()
@@ -493,6 +503,18 @@ impl triton_rust_core::telemetry::MetricsSource for EmbeddingStore {
             push("rust_embedding_compactions_total", "Compactions of the update log into new table files", Counter, table(), get(&c.compactions));
             push("rust_embedding_overlay_rows", "Rows written by updates since the table's last compaction (host memory beyond the files)", Gauge, table(), t.host.read().overlay_rows() as f64);
         }
+        if let Some(f) = self.follower.lock().as_ref() {
+            let c = &f.counters;
+            let get = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+            let mut push = |family, help, kind, value| out.push(MetricSample { family, help, kind, labels: Vec::new(), value });
+            push("rust_embedding_stream_applied_total", "Update stream entries applied (durably) and acknowledged", Counter, get(&c.applied_entries));
+            push("rust_embedding_stream_applied_rows_total", "Rows written by update stream entries", Counter, get(&c.applied_rows));
+            push("rust_embedding_stream_rejected_total", "Update stream entries skipped as malformed", Counter, get(&c.rejected_entries));
+            push("rust_embedding_stream_errors_total", "Failures reaching the update stream (reconnected after a back-off)", Counter, get(&c.errors));
+            push("rust_embedding_stream_lag", "Update stream entries not yet delivered to this node", Gauge, get(&c.lag));
+            push("rust_embedding_stream_pending", "Update stream entries delivered and not yet acknowledged", Gauge, get(&c.pending));
+            push("rust_embedding_stream_connected", "1 while the update stream is reachable", Gauge, c.connected.load(Ordering::Relaxed) as u8 as f64);
+        }
         out.push(MetricSample {
             family: "rust_embedding_updates_refused_total",
             help: "Update requests refused for a missing or wrong credential",
@@ -735,6 +757,7 @@ mod tests {
             hit_rate_threshold: threshold,
             update_log_dir: None,
             compaction_rows: 0,
+            update_stream: None,
         };
         (EmbeddingStore::open(cfg, None).unwrap(), dir)
     }
@@ -878,6 +901,7 @@ mod tests {
             hit_rate_threshold: 0.9,
             update_log_dir: None,
             compaction_rows: 0,
+            update_stream: None,
         };
         let e = EmbeddingStore::open(cfg(4), None).err().unwrap();
         assert!(e.message().contains("'users'") && e.message().contains("dim 3"), "{e}");

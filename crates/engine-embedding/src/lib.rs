@@ -29,6 +29,7 @@ use triton_rust_core::tensor::{Bytes, DataType};
 use triton_rust_embedding::cache::{CacheTier, HostCache};
 #[cfg(feature = "gpu")]
 use triton_rust_embedding::gpu::DeviceRows;
+use triton_rust_embedding::stream::StreamSpec;
 use triton_rust_embedding::{EmbeddingStore, InstanceCaches, StoreConfig, TableConfig};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +48,79 @@ pub struct StoreSettings {
     /// Keys must lie in [0, size) when given (per table).
     pub vocabulary: Vec<Option<u64>>,
     pub volatile_db: Option<String>,
+    /// Who may update (the update interface only).
+    pub credential: Credential,
+}
+
+/// Where an update model's credential comes from. The secret itself never sits in the
+/// config (any client may read a model's config through the config API).
+#[derive(Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// Not an update model.
+    NotNeeded,
+    /// `allow_unauthenticated_updates: true`, said explicitly.
+    Open,
+    /// The secret, read at load from `update_credential_file` or `update_credential_env`.
+    Secret { source: String, secret: Vec<u8> },
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credential::NotNeeded => f.write_str("NotNeeded"),
+            Credential::Open => f.write_str("Open"),
+            Credential::Secret { source, .. } => write!(f, "Secret(from {source})"),
+        }
+    }
+}
+
+/// The request parameter (or forwarded header) that carries the credential.
+pub const TOKEN_PARAMETER: &str = "embedding-update-token";
+
+impl Credential {
+    fn from_config(cfg: &ModelConfig) -> Result<Credential> {
+        let file = cfg.parameters.get("update_credential_file").map(|s| s.trim()).filter(|s| !s.is_empty());
+        let env = cfg.parameters.get("update_credential_env").map(|s| s.trim()).filter(|s| !s.is_empty());
+        let open = cfg.parameter_bool("allow_unauthenticated_updates")?.unwrap_or(false);
+        let (source, secret) = match (file, env) {
+            (Some(_), Some(_)) => return Err(Error::invalid_arg("set one of update_credential_file and update_credential_env, not both")),
+            (Some(path), None) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| Error::invalid_arg(format!("update_credential_file '{path}' cannot be read: {e}")))?;
+                (format!("file '{path}'"), text.trim().as_bytes().to_vec())
+            }
+            (None, Some(var)) => {
+                let text = std::env::var(var).map_err(|_| Error::invalid_arg(format!("update_credential_env names '{var}', which is not set in the server's environment")))?;
+                (format!("environment variable '{var}'"), text.trim().as_bytes().to_vec())
+            }
+            (None, None) if open => {
+                log::warn!("model '{}': updates are NOT authenticated (allow_unauthenticated_updates): anyone who can reach the server can rewrite the embeddings", cfg.name);
+                return Ok(Credential::Open);
+            }
+            (None, None) => {
+                return Err(Error::invalid_arg(
+                    "an update model needs a credential: set parameters update_credential_file or update_credential_env \
+                     (a path or a variable name, never the secret itself), or allow_unauthenticated_updates: true",
+                ))
+            }
+        };
+        if secret.is_empty() {
+            return Err(Error::invalid_arg(format!("the update credential from {source} is empty")));
+        }
+        if open {
+            return Err(Error::invalid_arg("allow_unauthenticated_updates is set together with a credential; choose one"));
+        }
+        Ok(Credential::Secret { source, secret })
+    }
+}
+
+/// Equal in time that depends on the lengths only, not on where the bytes differ.
+fn same_secret(given: &[u8], secret: &[u8]) -> bool {
+    let mut diff = given.len() ^ secret.len();
+    for (i, &s) in secret.iter().enumerate() {
+        diff |= (s ^ given.get(i).copied().unwrap_or(!s)) as usize;
+    }
+    diff == 0
 }
 
 fn list(cfg: &ModelConfig, key: &str) -> Vec<String> {
@@ -75,7 +149,7 @@ fn parse_list<T: std::str::FromStr + Clone>(cfg: &ModelConfig, key: &str, n: usi
 }
 
 impl StoreSettings {
-    pub fn from_config(cfg: &ModelConfig, version_dir: &Path) -> Result<StoreSettings> {
+    pub fn from_config(cfg: &ModelConfig, version_dir: &Path, backend: &std::collections::BTreeMap<String, String>) -> Result<StoreSettings> {
         let interface = match cfg.parameters.get("embedding_interface").map(|s| s.trim()) {
             None | Some("hps") => Interface::Hps,
             Some("batched") => Interface::Batched,
@@ -122,14 +196,40 @@ impl StoreSettings {
                 }
             })
             .collect();
+        let name = cfg.parameters.get("store_name").cloned().unwrap_or_else(|| cfg.name.clone());
+        let update_stream = match cfg.parameters.get("update_stream").map(|s| s.trim()).filter(|s| !s.is_empty()) {
+            None => None,
+            Some(spec) => {
+                let group = match cfg.parameters.get("update_stream_group") {
+                    Some(g) => g.trim().to_string(),
+                    None => format!("triton-rust:{}:{name}", node_name(backend)),
+                };
+                let start = cfg.parameters.get("update_stream_start").map(|s| s.trim().to_string()).unwrap_or_else(|| "0".into());
+                Some(StreamSpec::parse(spec, group, start)?)
+            }
+        };
         let store = StoreConfig {
             tables,
             cache_ratio: number("gpucacheper", 0.1)?,
             hit_rate_threshold: number("hit_rate_threshold", 0.9)?,
+            update_log_dir: cfg.parameters.get("update_log_dir").map(|d| version_dir.join(d.trim())),
+            compaction_rows: number("update_compaction_rows", 1_000_000.0)? as usize,
+            update_stream,
         };
-        let name = cfg.parameters.get("store_name").cloned().unwrap_or_else(|| cfg.name.clone());
-        Ok(StoreSettings { name, interface, store, vocabulary, volatile_db: cfg.parameters.get("volatile_db").cloned() })
+        let credential = if interface == Interface::Update { Credential::from_config(cfg)? } else { Credential::NotNeeded };
+        Ok(StoreSettings { name, interface, store, vocabulary, volatile_db: cfg.parameters.get("volatile_db").cloned(), credential })
     }
+}
+
+/// This server's name among the nodes following a stream: `--backend-config=rust,node-name=…`,
+/// else the host name.
+fn node_name(backend: &std::collections::BTreeMap<String, String>) -> String {
+    backend
+        .get("node-name")
+        .cloned()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_string()))
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "node".into())
 }
 
 /// Stores shared by name across the models of one server process.
@@ -179,8 +279,17 @@ pub struct EmbeddingEngine {
 
 impl EmbeddingEngine {
     pub fn load(version_dir: &Path, options: &EngineOptions<'_>) -> Result<EmbeddingEngine> {
-        let settings = StoreSettings::from_config(options.config, version_dir)?;
+        let settings = StoreSettings::from_config(options.config, version_dir, options.backend)?;
         let store = shared_store(&settings)?;
+        if settings.interface == Interface::Update {
+            // acknowledged means durable
+            if let Err(table) = store.durable() {
+                return Err(Error::invalid_arg(format!(
+                    "table '{table}' has no update log, so updates to it could not be made durable: give it table files \
+                     (its log is then kept beside them) or set parameters update_log_dir"
+                )));
+            }
+        }
         let caches = match options.device {
             _ if options.probe => store.attach_caches_none(),
             Device::Cpu => store.attach_caches(&|geo| Ok(Arc::new(HostCache::new(geo)) as Arc<dyn CacheTier>))?,
@@ -383,6 +492,29 @@ impl Engine for EmbeddingEngine {
         Some(self.store().clone())
     }
 
+    fn authorize(&self, parameters: &[(String, String)]) -> Result<()> {
+        let Credential::Secret { secret, .. } = &self.settings.credential else { return Ok(()) };
+        let given = parameters.iter().find_map(|(k, v)| {
+            if k.eq_ignore_ascii_case(TOKEN_PARAMETER) {
+                Some(v.trim())
+            } else if k.eq_ignore_ascii_case("authorization") {
+                v.trim().strip_prefix("Bearer ").map(str::trim)
+            } else {
+                None
+            }
+        });
+        match given {
+            Some(token) if same_secret(token.as_bytes(), secret) => Ok(()),
+            _ => {
+                self.store().refused_updates.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Err(Error::invalid_arg(format!(
+                    "update refused: missing or wrong credential (send it as the request parameter '{TOKEN_PARAMETER}', \
+                     or as that header or 'authorization: Bearer …' with the server's header forwarding on)"
+                )))
+            }
+        }
+    }
+
     fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
         match self.settings.interface {
             Interface::Hps | Interface::Update => {
@@ -486,3 +618,39 @@ impl Engine for EmbeddingEngine {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret(b"s3cret", b"s3cret"));
+        assert!(!same_secret(b"s3cre", b"s3cret"));
+        assert!(!same_secret(b"s3cretX", b"s3cret"));
+        assert!(!same_secret(b"", b"s3cret"));
+        assert!(!same_secret(b"s3creT", b"s3cret"));
+    }
+
+    fn cfg(params: &[(&str, &str)]) -> ModelConfig {
+        let mut c = ModelConfig { name: "upd".into(), ..Default::default() };
+        for (k, v) in params {
+            c.parameters.insert(k.to_string(), v.to_string());
+        }
+        c
+    }
+
+    #[test]
+    fn an_update_model_needs_a_credential_or_says_it_is_open() {
+        let e = Credential::from_config(&cfg(&[])).unwrap_err();
+        assert!(e.message().contains("update_credential_file") && e.message().contains("allow_unauthenticated_updates"), "{e}");
+        assert_eq!(Credential::from_config(&cfg(&[("allow_unauthenticated_updates", "true")])).unwrap(), Credential::Open);
+        std::env::set_var("TRT_TEST_UPDATE_SECRET", " tok3n \n");
+        let c = Credential::from_config(&cfg(&[("update_credential_env", "TRT_TEST_UPDATE_SECRET")])).unwrap();
+        assert!(matches!(&c, Credential::Secret { secret, .. } if secret == b"tok3n"));
+        assert!(!format!("{c:?}").contains("tok3n"), "the secret never appears in debug output");
+        let e = Credential::from_config(&cfg(&[("update_credential_env", "TRT_TEST_NOT_SET_ANYWHERE")])).unwrap_err();
+        assert!(e.message().contains("TRT_TEST_NOT_SET_ANYWHERE"), "{e}");
+        let e = Credential::from_config(&cfg(&[("update_credential_file", "/nonexistent/secret")])).unwrap_err();
+        assert!(e.message().contains("/nonexistent/secret"), "{e}");
+    }
+}
