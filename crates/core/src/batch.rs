@@ -11,7 +11,7 @@
 
 use std::ops::Range;
 
-use crate::config::{request_shape_fits, ModelConfig, TensorConfig};
+use crate::config::{request_shape_fits, resolve_shape, ModelConfig, TensorConfig};
 use crate::error::{Error, Result};
 use crate::tensor::{element_count, first_non_finite, AlignedBuf, Bytes, DataType, Device, DeviceBuffer, DeviceView};
 
@@ -156,10 +156,16 @@ pub fn check_shared_dims(tensors: &[RequestTensor<'_>], dims: &[(&str, &[String]
             continue;
         }
         for (sym, &size) in names.iter().zip(&t.shape) {
-            if sym.is_empty() {
+            // ONNX Runtime reports an unnamed dynamic dimension as "" or "?": shared by nothing
+            if sym.is_empty() || sym == "?" {
                 continue;
             }
             match seen.iter().find(|(n, _, _)| n == sym) {
+                Some((_, first, other)) if *first != size && other == input => {
+                    return Err(Error::invalid_arg(format!(
+                        "input '{input}' must have the same size in every dimension named '{sym}': {first} vs {size}"
+                    )))
+                }
                 Some((_, first, other)) if *first != size => {
                     return Err(Error::invalid_arg(format!(
                         "inputs '{other}' and '{input}' must agree on dimension '{sym}': {first} vs {size}"
@@ -259,6 +265,16 @@ pub fn assemble<'a>(cfg: &ModelConfig, group: &[&CheckedRequest<'a>]) -> Result<
         if cfg.batching() {
             shape[0] = total as i64;
         }
+        // `reshape`: the engine sees the model's shape, not the one clients send
+        if let Some(r) = cfg.inputs.iter().find(|c| c.name == proto.name).and_then(|c| c.reshape.as_ref()) {
+            let lead = usize::from(cfg.batching());
+            let per_row = element_count(&shape[lead..])?;
+            let dims = resolve_shape(r, per_row).ok_or_else(|| {
+                Error::invalid_arg(format!("input '{}': shape {:?} does not fit reshape {r:?}", proto.name, &shape[lead..]))
+            })?;
+            shape.truncate(lead);
+            shape.extend(dims);
+        }
         let mixed = || {
             Error::unsupported(format!(
                 "input '{}' is split between host and GPU memory; the rust backend takes one or the other",
@@ -310,8 +326,23 @@ pub fn scatter_ranges(
 ) -> Result<Vec<(Vec<i64>, Range<usize>)>> {
     let size = dtype.size().ok_or_else(|| Error::unsupported(format!("output '{name}': BYTES outputs are not supported yet")))?;
     let total_bytes = element_count(shape)? * size;
+    // `reshape`: clients get the config's dims back, not the model's shape
+    let reshaped = cfg.outputs.iter().find(|c| c.name == name).filter(|c| c.reshape.is_some());
+    let client_shape = |rows: Option<usize>, elements: usize| -> Result<Vec<i64>> {
+        let Some(c) = reshaped else {
+            let mut s = shape.to_vec();
+            if let Some(r) = rows {
+                s[0] = r as i64;
+            }
+            return Ok(s);
+        };
+        let per_row = rows.map_or(elements, |r| if r == 0 { 0 } else { elements / r });
+        let dims = resolve_shape(&c.dims, per_row)
+            .ok_or_else(|| Error::internal(format!("output '{name}' of shape {shape:?} does not fit the config's dims {:?}", c.dims)))?;
+        Ok(rows.map(|r| r as i64).into_iter().chain(dims).collect())
+    };
     if !cfg.batching() {
-        return Ok(vec![(shape.to_vec(), 0..total_bytes)]);
+        return Ok(vec![(client_shape(None, element_count(shape)?)?, 0..total_bytes)]);
     }
     if shape.first().copied() != Some(batch.total_rows as i64) {
         return Err(Error::internal(format!(
@@ -319,16 +350,12 @@ pub fn scatter_ranges(
             batch.total_rows
         )));
     }
-    let row_bytes = if batch.total_rows == 0 { 0 } else { total_bytes / batch.total_rows };
-    Ok(batch
+    let row_bytes = total_bytes.checked_div(batch.total_rows).unwrap_or(0);
+    batch
         .rows
         .iter()
-        .map(|r| {
-            let mut s = shape.to_vec();
-            s[0] = r.len() as i64;
-            (s, r.start * row_bytes..r.end * row_bytes)
-        })
-        .collect())
+        .map(|r| Ok((client_shape(Some(r.len()), r.len() * row_bytes / size)?, r.start * row_bytes..r.end * row_bytes)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -388,6 +415,39 @@ mod tests {
     }
 
     #[test]
+    fn reshape_gives_the_engine_the_models_shape_and_clients_the_configs() {
+        // a scalar input and output, as auto-complete writes them: dims [1], reshape []
+        let c = ModelConfig::from_json(
+            r#"{"max_batch_size": 0,
+            "input": [{"name": "sr", "data_type": "TYPE_INT64", "dims": [1], "reshape": {}}],
+            "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1], "reshape": {"shape": []}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.inputs[0].reshape, Some(vec![]));
+        let sr = 16000i64.to_le_bytes();
+        let r = check_request(&c, &InputPolicy::default(), vec![t("sr", DataType::I64, &[1], vec![&sr])]).unwrap();
+        let batch = assemble(&c, &[&r]).unwrap();
+        assert_eq!(batch.tensors[0].shape, Vec::<i64>::new(), "the engine gets a rank-0 tensor");
+        let parts = scatter_ranges(&c, &batch, "y", DataType::F32, &[]).unwrap();
+        assert_eq!(parts, vec![(vec![1], 0..4)], "the client gets dims [1] back");
+        // batching: [batch, 1] on the wire, [batch] in the model
+        let c = ModelConfig::from_json(
+            r#"{"max_batch_size": 8,
+            "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1], "reshape": {}}],
+            "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [2, 2], "reshape": {"shape": [4]}}]}"#,
+        )
+        .unwrap();
+        let (a, b) = (f32s(&[1.0]), f32s(&[2.0, 3.0]));
+        let r1 = check_request(&c, &InputPolicy::default(), vec![t("x", DataType::F32, &[1, 1], vec![&a])]).unwrap();
+        let r2 = check_request(&c, &InputPolicy::default(), vec![t("x", DataType::F32, &[2, 1], vec![&b])]).unwrap();
+        let batch = assemble(&c, &[&r1, &r2]).unwrap();
+        assert_eq!(batch.tensors[0].shape, vec![3]);
+        let parts = scatter_ranges(&c, &batch, "y", DataType::F32, &[3, 4]).unwrap();
+        assert_eq!(parts, vec![(vec![1, 2, 2], 0..16), (vec![2, 2, 2], 16..48)]);
+        assert!(ModelConfig::from_json(r#"{"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [2], "reshape": {"shape": [3]}}]}"#).is_err());
+    }
+
+    #[test]
     fn shared_named_dims_must_agree() {
         let a = f32s(&[0.0; 16]);
         let b = f32s(&[0.0; 8]);
@@ -400,6 +460,13 @@ mod tests {
         // unnamed dims are free
         let free: Vec<String> = vec![String::new(), String::new()];
         check_shared_dims(&bad, &[("X", &free), ("Y", &free)]).unwrap();
+        // ONNX Runtime's "?" is unnamed too, even when one input has several of them
+        let q: Vec<String> = vec!["?".into(), "?".into()];
+        check_shared_dims(&bad, &[("X", &q), ("Y", &q)]).unwrap();
+        // a name repeated within one input (a square matrix) binds that input to itself
+        let sq: Vec<String> = vec!["m".into(), "m".into()];
+        let e = check_shared_dims(&bad, &[("X", &sq)]).unwrap_err();
+        assert_eq!(e.message(), "input 'X' must have the same size in every dimension named 'm': 1 vs 16");
     }
 
     #[test]

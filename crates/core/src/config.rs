@@ -18,6 +18,30 @@ pub struct TensorConfig {
     pub name: String,
     pub dtype: DataType,
     pub dims: Vec<i64>,
+    /// `reshape { shape: [...] }`: the shape the model sees (without the batch dimension)
+    /// when it differs from what clients send, e.g. `dims: [1]` for a rank-0 model input.
+    pub reshape: Option<Vec<i64>>,
+}
+
+impl TensorConfig {
+    /// The dims the model file declares (without the batch dimension).
+    pub fn model_dims(&self) -> &[i64] {
+        self.reshape.as_deref().unwrap_or(&self.dims)
+    }
+}
+
+/// `template` (which may hold one -1) made concrete for `count` elements; `None` when it
+/// cannot hold them.
+pub fn resolve_shape(template: &[i64], count: usize) -> Option<Vec<i64>> {
+    let known: i64 = template.iter().filter(|&&d| d != -1).product();
+    let free = template.iter().filter(|&&d| d == -1).count();
+    match free {
+        0 if known as usize == count => Some(template.to_vec()),
+        1 if known > 0 && count as i64 % known == 0 => {
+            Some(template.iter().map(|&d| if d == -1 { count as i64 / known } else { d }).collect())
+        }
+        _ => None,
+    }
 }
 
 /// An execution accelerator named in `optimization.execution_accelerators`.
@@ -82,10 +106,24 @@ fn tensors(v: Option<&Value>, what: &str) -> Result<Vec<TensorConfig>> {
                     .collect::<Result<Vec<_>>>()?,
                 None => Vec::new(),
             };
-            if t.get("reshape").is_some() {
-                return Err(Error::unsupported(format!("{what} '{name}': 'reshape' is not supported by the rust backend")));
+            // protobuf's JSON leaves an empty repeated field out: `reshape: { shape: [ ] }` is `{}`
+            let reshape: Option<Vec<i64>> = match t.get("reshape") {
+                None => None,
+                Some(r) => Some(
+                    r.get("shape")
+                        .and_then(Value::as_array)
+                        .map(|d| d.iter().map(|x| as_i64(x).ok_or_else(|| Error::invalid_arg(format!("{what} '{name}': bad reshape")))).collect::<Result<Vec<i64>>>())
+                        .transpose()?
+                        .unwrap_or_default(),
+                ),
+            };
+            if let Some(r) = &reshape {
+                let fixed = |d: &[i64]| d.iter().all(|&x| x >= 0);
+                if r.iter().filter(|&&d| d == -1).count() > 1 || (fixed(r) && fixed(&dims) && r.iter().product::<i64>() != dims.iter().product::<i64>()) {
+                    return Err(Error::invalid_arg(format!("{what} '{name}': reshape {r:?} cannot hold dims {dims:?}")));
+                }
             }
-            Ok(TensorConfig { name, dtype, dims })
+            Ok(TensorConfig { name, dtype, dims, reshape })
         })
         .collect()
 }
@@ -204,6 +242,10 @@ pub fn autocomplete(
     }
     let to_json = |t: &TensorSpec| -> Value {
         let dims: Vec<i64> = if max_batch > 0 { t.shape[1..].to_vec() } else { t.shape.clone() };
+        if dims.is_empty() {
+            // a scalar (per sample): Triton needs a dim; clients send [1], the model gets []
+            return json!({ "name": t.name, "data_type": t.dtype.config_name(), "dims": [1], "reshape": { "shape": [] } });
+        }
         json!({ "name": t.name, "data_type": t.dtype.config_name(), "dims": dims })
     };
     if parsed.inputs.is_empty() {
@@ -243,7 +285,7 @@ pub fn check_against_model(cfg: &ModelConfig, inputs: &[TensorSpec], outputs: &[
             if cfg.batching() {
                 full.push(-1);
             }
-            full.extend(&c.dims);
+            full.extend(c.model_dims());
             // Compatible when each model dim is free or equal to the config's.
             let ok = full.len() == m.shape.len()
                 && full.iter().zip(&m.shape).all(|(&c, &m)| m == -1 || c == m);
@@ -253,9 +295,13 @@ pub fn check_against_model(cfg: &ModelConfig, inputs: &[TensorSpec], outputs: &[
                 } else {
                     ""
                 };
+                let dims = match &c.reshape {
+                    Some(r) => format!("reshape {r:?}"),
+                    None => format!("dims {:?}", c.dims),
+                };
                 return Err(Error::invalid_arg(format!(
-                    "config {what} '{}' has dims {:?} but the model's shape is {:?}{batch_note}",
-                    c.name, c.dims, m.shape
+                    "config {what} '{}' has {dims} but the model's shape is {:?}{batch_note}",
+                    c.name, m.shape
                 )));
             }
         }
@@ -326,6 +372,17 @@ mod tests {
     }
 
     #[test]
+    fn autocomplete_writes_scalars_with_a_reshape() {
+        let cfg: Value = serde_json::from_str(r#"{"name":"vad","backend":"rust"}"#).unwrap();
+        let inputs = [spec("input", DataType::F32, &[-1, -1]), spec("sr", DataType::I64, &[])];
+        let out = autocomplete(&cfg, &inputs, &[spec("output", DataType::F32, &[-1, 1])], 4).unwrap().unwrap();
+        let c = ModelConfig::from_value(&out).unwrap();
+        assert_eq!(c.max_batch_size, 0, "a rank-0 input cannot batch");
+        assert_eq!((c.inputs[1].dims.clone(), c.inputs[1].reshape.clone()), (vec![1], Some(vec![])));
+        check_against_model(&c, &inputs, &[spec("output", DataType::F32, &[-1, 1])]).unwrap();
+    }
+
+    #[test]
     fn autocomplete_fills_batching_model() {
         let cfg: Value = serde_json::from_str(r#"{"name":"m","backend":"rust"}"#).unwrap();
         let ins = [spec("x", DataType::F32, &[-1, 16])];
@@ -333,7 +390,7 @@ mod tests {
         let out = autocomplete(&cfg, &ins, &outs, DEFAULT_MAX_BATCH_SIZE).unwrap().unwrap();
         let c = ModelConfig::from_value(&out).unwrap();
         assert_eq!(c.max_batch_size, DEFAULT_MAX_BATCH_SIZE);
-        assert_eq!(c.inputs, vec![TensorConfig { name: "x".into(), dtype: DataType::F32, dims: vec![16] }]);
+        assert_eq!(c.inputs, vec![TensorConfig { name: "x".into(), dtype: DataType::F32, dims: vec![16], reshape: None }]);
         assert_eq!(c.outputs[0].dims, vec![4]);
         assert!(out.get("dynamic_batching").is_some());
         check_against_model(&c, &ins, &outs).unwrap();

@@ -604,7 +604,8 @@ mod tests {
     }
 
     fn model(instance_kind: &str) -> (ModelState, Arc<Factory>) {
-        let dir = std::env::temp_dir().join(format!("trt-serve-{}-{instance_kind}", std::process::id()));
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!("trt-serve-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
         std::fs::create_dir_all(dir.join("1")).unwrap();
         std::fs::write(dir.join("1/model.onnx"), b"stands in for a model file").unwrap();
         let config = format!(

@@ -156,7 +156,7 @@ mod tests {
     use super::*;
 
     fn t(name: &str) -> TensorConfig {
-        TensorConfig { name: name.into(), dtype: DataType::F32, dims: vec![1] }
+        TensorConfig { name: name.into(), dtype: DataType::F32, dims: vec![1], reshape: None }
     }
 
     #[test]
