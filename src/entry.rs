@@ -75,6 +75,21 @@ pub extern "C" fn TRITONBACKEND_Initialize(backend: *mut sys::TRITONBACKEND_Back
         let mut msg = std::ptr::null_mut();
         check(unsafe { sys::TRITONBACKEND_BackendConfig(backend, &mut msg) })?;
         let settings = BackendSettings::from_json(&read_json(msg)?)?;
+        // Flat memory across model reloads (issue 10): large buffers get their own
+        // mappings. `--backend-config=rust,malloc-mmap-threshold=default` leaves glibc's
+        // adaptive threshold; a number of bytes sets another fixed one.
+        match settings.cmdline.get("malloc-mmap-threshold").map(String::as_str) {
+            Some("default") => {}
+            other => {
+                let bytes = match other {
+                    None => 128 * 1024,
+                    Some(s) => s.parse().map_err(|_| Error::invalid_arg(format!("malloc-mmap-threshold '{s}' is not a number of bytes or 'default'")))?,
+                };
+                if !triton_rust_os::fix_mmap_threshold(bytes) {
+                    log::warn!("could not fix the allocator's mmap threshold at {bytes} bytes");
+                }
+            }
+        }
         log::info!(
             "rust backend {} initialized (Triton backend API {major}.{minor}); settings: {:?}",
             env!("CARGO_PKG_VERSION"),
@@ -136,6 +151,7 @@ pub extern "C" fn TRITONBACKEND_ModelInitialize(model: *mut sys::TRITONBACKEND_M
 pub extern "C" fn TRITONBACKEND_ModelFinalize(model: *mut sys::TRITONBACKEND_Model) -> *mut sys::TRITONSERVER_Error {
     guard("TRITONBACKEND_ModelFinalize", || {
         drop(unsafe { take_state::<TritonModel, _>(model, sys::TRITONBACKEND_ModelState)? });
+        triton_rust_os::release_free_heap();
         Ok(())
     })
 }

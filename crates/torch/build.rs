@@ -31,7 +31,7 @@ fn main() {
     }
     cmd.arg("src/stream_shim.cpp");
     cmd.arg(format!("-L{}", libtorch.join("lib").display()));
-    cmd.args(["-lc10_cuda", "-lc10", "-o"]).arg(&output);
+    cmd.args(["-ltorch_cuda", "-lc10_cuda", "-lc10", "-o"]).arg(&output);
     let status = cmd.status().expect("running the C++ compiler");
     assert!(status.success(), "building libtriton_rust_torch_cuda.so failed");
 }

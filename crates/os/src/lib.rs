@@ -59,3 +59,23 @@ pub fn open_global(path: &Path) -> std::result::Result<libloading::Library, Stri
         .map(libloading::Library::from)
         .map_err(|e| e.to_string())
 }
+
+/// Returns the C heap's free pages to the OS (glibc keeps them otherwise, and a server
+/// that loads and unloads models all day would grow for nothing). Called after a model
+/// is unloaded.
+pub fn release_free_heap() {
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Fixes glibc's mmap threshold: allocations of at least `bytes` get their own mapping,
+/// returned to the OS when freed. glibc otherwise raises the threshold each time a large
+/// mapped block is freed (up to 32 MiB), after which large buffers are carved from the
+/// heap arenas and a server that loads and unloads models keeps growing. Returns false
+/// where the allocator refused (or is not glibc's).
+pub fn fix_mmap_threshold(bytes: usize) -> bool {
+    // SAFETY: mallopt only changes the allocator's tuning parameters.
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, bytes.min(i32::MAX as usize) as libc::c_int) == 1 }
+}

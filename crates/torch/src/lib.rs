@@ -19,6 +19,7 @@ struct StreamApi {
     enter: unsafe extern "C" fn(*mut c_void) -> c_int,
     sync: unsafe extern "C" fn(*mut c_void) -> c_int,
     free: unsafe extern "C" fn(*mut c_void),
+    release: unsafe extern "C" fn() -> c_int,
 }
 
 fn stream_api() -> Result<StreamApi, String> {
@@ -38,6 +39,7 @@ fn stream_api() -> Result<StreamApi, String> {
             enter: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void) -> c_int>(find(c"trt_stream_enter")?),
             sync: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void) -> c_int>(find(c"trt_stream_sync")?),
             free: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void)>(find(c"trt_stream_free")?),
+            release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> c_int>(find(c"trt_release_cached")?),
         })
     }
 }
@@ -96,7 +98,16 @@ unsafe extern "C" fn free_error(err: *mut c_char) {
 
 unsafe extern "C" fn free_model(model: *mut c_void) {
     if !model.is_null() {
-        let _ = catch_unwind(AssertUnwindSafe(|| drop(Box::from_raw(model as *mut Model))));
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            let model = Box::from_raw(model as *mut Model);
+            let release = model.stream.as_ref().map(|s| s.api.release);
+            drop(model);
+            // a GPU model: what libtorch cached for it goes back to the device (flat GPU
+            // memory across reloads)
+            if let Some(release) = release {
+                release();
+            }
+        }));
     }
 }
 

@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Load -> infer -> unload, many times, on KIND_GPU: does the server's memory stay flat?
+(issue 10: reloads all day must not grow GPU memory or RSS).
+
+One model kind per run (`--kind torch|onnx|embedding`): ResNet50 as TorchScript, ResNet50
+as ONNX on ONNX Runtime's CUDA provider (needs `--ort-lib`, onnxruntime-gpu's library),
+or an embedding store with a GPU cache (4 tables x 200k rows x 128). The server runs with
+`--model-control-mode=explicit`; each cycle loads the model through the repository API,
+checks one inference, unloads it and waits until it is gone. Every `--every` cycles it
+prints the server's GPU memory (nvidia-smi, this process) and RSS, and at the end the
+growth after cycle 20 (the issue's bound: 64 MiB each).
+
+    python3 bench/gpu/reload_cycles.py --server $PYT/pytriton/tritonserver/bin/tritonserver \\
+        --backends /tmp/rust_backends --kind torch --cycles 200
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..", "..")
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+from kserve_client import Client  # noqa: E402
+from tritonserver_process import serve  # noqa: E402
+
+
+def post(port, path):
+    req = urllib.request.Request(f"http://localhost:{port}{path}", data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def model_ready(port, model):
+    try:
+        with urllib.request.urlopen(f"http://localhost:{port}/v2/models/{model}/ready", timeout=10) as r:
+            return r.status == 200
+    except urllib.error.URLError:
+        return False
+
+
+def server_pid(port):
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                cmd = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if cmd and cmd[0].endswith(b"tritonserver") and f"--http-port={port}".encode() in cmd:
+                return int(d)
+    raise SystemExit(f"no tritonserver on port {port}")
+
+
+def rss_mib(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def gpu_mib(pid):
+    if not os.path.exists("/dev/nvidiactl"):
+        return 0.0
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True).stdout
+    return sum(float(m) for p, m in (line.split(",") for line in out.splitlines() if line.strip()) if int(p) == pid)
+
+
+def make_model(kind, repo, gpu):
+    """Writes the model; returns (name, feeds, output name, expected output shape)."""
+    group = (f"instance_group [ {{ count: 1 kind: KIND_GPU gpus: [ {gpu} ] }} ]" if gpu != "cpu"
+             else "instance_group [ { count: 1 kind: KIND_CPU } ]")
+    rng = np.random.default_rng(0)
+    if kind in ("torch", "onnx"):
+        name = f"resnet50_{kind}"
+        os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
+        if kind == "torch":
+            import torch
+            import torch_models
+            torch.jit.script(torch_models.make("resnet50_pt").eval()).save(os.path.join(repo, name, "1", "model.pt"))
+            engine, inp, out = "torch", "INPUT__0", "OUTPUT__0"
+        else:
+            import export_models
+            export_models.save_model(export_models.build_resnet50(), os.path.join(repo, name, "1", "model.onnx"))
+            engine, inp, out = "onnx", "INPUT__0", "OUTPUT__0"
+        with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
+            f.write(f'name: "{name}"\nbackend: "rust"\nmax_batch_size: 8\n'
+                    f'input [ {{ name: "{inp}" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] }} ]\n'
+                    f'output [ {{ name: "{out}" data_type: TYPE_FP32 dims: [ 1000 ] }} ]\n{group}\n'
+                    f'parameters {{ key: "engine" value {{ string_value: "{engine}" }} }}\n')
+        return name, {inp: rng.standard_normal((2, 3, 224, 224)).astype(np.float32)}, out, (2, 1000)
+    name, tables, rows, dim = "store_gpu", 4, 200_000, 128
+    for t in range(tables):
+        d = os.path.join(repo, name, "1", "tables", f"t{t}")
+        os.makedirs(d, exist_ok=True)
+        np.save(os.path.join(d, "keys.npy"), np.arange(rows, dtype=np.int64))
+        np.save(os.path.join(d, "vectors.npy"), rng.standard_normal((rows, dim)).astype(np.float32))
+    params = dict(engine="embedding", embedding_table_names=",".join(f"t{t}" for t in range(tables)),
+                  embedding_vecsize_per_table=dim, gpucacheper=0.1)
+    with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
+        f.write(f'name: "{name}"\nbackend: "rust"\nmax_batch_size: 0\n'
+                'input [ { name: "KEYS" data_type: TYPE_INT64 dims: [ -1 ] },\n'
+                '        { name: "NUMKEYS" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+                'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n' + group + "\n"
+                + "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in params.items()))
+    keys = rng.integers(0, rows, 4096 * tables).astype(np.int64)
+    return name, {"KEYS": keys, "NUMKEYS": np.full(tables, 4096, np.int32)}, "OUTPUT0", (4096 * tables * dim,)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--server", required=True)
+    p.add_argument("--backends", required=True)
+    p.add_argument("--kind", choices=["torch", "onnx", "embedding"], required=True)
+    p.add_argument("--cycles", type=int, default=200)
+    p.add_argument("--every", type=int, default=20)
+    p.add_argument("--work", default="/tmp/reload_cycles")
+    p.add_argument("--port", type=int, default=18800)
+    p.add_argument("--gpu", default="0", help="device id, or cpu (a dry run of this script on a machine without one)")
+    p.add_argument("--ort-lib", default="", help="libonnxruntime.so with the CUDA provider (onnx)")
+    p.add_argument("--libtorch-dir", default="")
+    a = p.parse_args()
+    repo = os.path.join(a.work, a.kind)
+    os.makedirs(repo, exist_ok=True)
+    name, feeds, out, shape = make_model(a.kind, repo, a.gpu)
+    extra = ["--model-control-mode=explicit"]
+    if a.kind == "torch":
+        if not a.libtorch_dir:
+            import torch
+            a.libtorch_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
+        extra.append(f"--backend-config=rust,libtorch-dir={a.libtorch_dir}")
+    if a.kind == "onnx":
+        extra.append(f"--backend-config=rust,onnxruntime-library={a.ort_lib}")
+    smi = (subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+           if os.path.exists("/dev/nvidiactl") else "none (dry run)")
+    print(f"GPU: {smi}; {a.kind}: model '{name}' on KIND_GPU, {a.cycles} load/infer/unload cycles")
+    rows = []
+    t0 = time.time()
+    with serve(a.server, repo, a.backends, a.port, f"/tmp/reload_{a.kind}.log", extra=extra) as client:
+        pid = server_pid(a.port)
+        rows.append((0, gpu_mib(pid), rss_mib(pid)))
+        print(f"{'cycle':>6} {'GPU MiB':>9} {'RSS MiB':>9} {'s/cycle':>8}")
+        print(f"{0:>6} {rows[0][1]:>9.0f} {rows[0][2]:>9.0f}")
+        last = time.time()
+        for cycle in range(1, a.cycles + 1):
+            status, body = post(a.port, f"/v2/repository/models/{name}/load")
+            if status != 200:
+                raise SystemExit(f"cycle {cycle}: load failed: {body}")
+            got = client.infer(name, feeds, [out])[out]
+            if tuple(got.shape) != shape or not np.isfinite(got).all():
+                raise SystemExit(f"cycle {cycle}: bad output {got.shape}")
+            status, body = post(a.port, f"/v2/repository/models/{name}/unload")
+            if status != 200:
+                raise SystemExit(f"cycle {cycle}: unload failed: {body}")
+            deadline = time.time() + 60
+            while model_ready(a.port, name) and time.time() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.3)  # the backend's finalize runs after the model is marked unavailable
+            if cycle % a.every == 0:
+                rows.append((cycle, gpu_mib(pid), rss_mib(pid)))
+                now = time.time()
+                print(f"{cycle:>6} {rows[-1][1]:>9.0f} {rows[-1][2]:>9.0f} {(now - last) / a.every:>8.2f}", flush=True)
+                last = now
+    base = next((r for r in rows if r[0] >= 20), rows[0])
+    end = rows[-1]
+    dg, dr = end[1] - base[1], end[2] - base[2]
+    ok = dg <= 64 and dr <= 64
+    print(f"after cycle {base[0]}: GPU {dg:+.0f} MiB, RSS {dr:+.0f} MiB over {end[0] - base[0]} cycles "
+          f"({'within' if ok else 'OVER'} the 64 MiB bound); {time.time() - t0:.0f} s")
+    print(json.dumps({"kind": a.kind, "rows": rows, "gpu_growth_mib": dg, "rss_growth_mib": dr, "ok": ok}))
+
+
+if __name__ == "__main__":
+    main()
