@@ -38,6 +38,49 @@ pub struct InputPolicy {
     pub reject_nonfinite: bool,
     /// The engine can read inputs that live in GPU memory.
     pub accepts_device_inputs: bool,
+    /// Integer inputs whose values must lie in `[lo, hi]` (`parameters { key:
+    /// "valid_range" value: "input__0:0:30521,..." }`): an id past a model's vocabulary
+    /// is refused here instead of tripping a device-side assert that breaks the GPU for
+    /// every model in the process.
+    pub valid_range: Vec<(String, i64, i64)>,
+}
+
+/// Parses `valid_range`: `name:lo:hi` items, comma-separated.
+pub fn parse_valid_range(spec: &str) -> Result<Vec<(String, i64, i64)>> {
+    spec.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|item| {
+            let bad = || Error::invalid_arg(format!("parameter 'valid_range': '{item}' is not <input>:<lo>:<hi>"));
+            let mut parts = item.rsplitn(3, ':');
+            let hi: i64 = parts.next().and_then(|x| x.trim().parse().ok()).ok_or_else(bad)?;
+            let lo: i64 = parts.next().and_then(|x| x.trim().parse().ok()).ok_or_else(bad)?;
+            let name = parts.next().map(str::trim).filter(|n| !n.is_empty()).ok_or_else(bad)?;
+            if lo > hi {
+                return Err(bad());
+            }
+            Ok((name.to_string(), lo, hi))
+        })
+        .collect()
+}
+
+/// The first element of integer `bytes` outside `[lo, hi]`, as (index, value).
+fn first_out_of_range(dtype: DataType, bytes: &[u8], lo: i64, hi: i64) -> Option<(usize, i64)> {
+    let check = |i: usize, v: i64| (v < lo || v > hi).then_some((i, v));
+    match dtype {
+        DataType::I64 => bytes.chunks_exact(8).enumerate().find_map(|(i, c)| check(i, i64::from_le_bytes(c.try_into().expect("8")))),
+        DataType::I32 => bytes.chunks_exact(4).enumerate().find_map(|(i, c)| check(i, i32::from_le_bytes(c.try_into().expect("4")) as i64)),
+        DataType::I16 => bytes.chunks_exact(2).enumerate().find_map(|(i, c)| check(i, i16::from_le_bytes([c[0], c[1]]) as i64)),
+        DataType::I8 => bytes.iter().enumerate().find_map(|(i, &b)| check(i, b as i8 as i64)),
+        DataType::U8 | DataType::Bool => bytes.iter().enumerate().find_map(|(i, &b)| check(i, b as i64)),
+        DataType::U16 => bytes.chunks_exact(2).enumerate().find_map(|(i, c)| check(i, u16::from_le_bytes([c[0], c[1]]) as i64)),
+        DataType::U32 => bytes.chunks_exact(4).enumerate().find_map(|(i, c)| check(i, u32::from_le_bytes(c.try_into().expect("4")) as i64)),
+        DataType::U64 => bytes.chunks_exact(8).enumerate().find_map(|(i, c)| {
+            let v = u64::from_le_bytes(c.try_into().expect("8"));
+            check(i, v.min(i64::MAX as u64) as i64)
+        }),
+        _ => None,
+    }
 }
 
 /// A request that passed validation: its inputs in config order, and its batch size.
@@ -126,6 +169,23 @@ fn check_tensor(cfg: &ModelConfig, c: &TensorConfig, policy: &InputPolicy, t: &R
     let on_device = t.chunks.iter().any(|c| !c.device().is_host());
     if on_device && !policy.accepts_device_inputs {
         return Err(Error::invalid_arg(format!("input '{name}' is in GPU memory but this model instance runs on the CPU")));
+    }
+    if let Some((_, lo, hi)) = policy.valid_range.iter().find(|r| r.0 == *name) {
+        if on_device {
+            return Err(Error::invalid_arg(format!("input '{name}' is in GPU memory, where its valid_range cannot be checked; send it in host memory")));
+        }
+        let mut offset = 0usize;
+        for chunk in &t.chunks {
+            if let Bytes::Host(bytes) = chunk {
+                if let Some((i, v)) = first_out_of_range(t.dtype, bytes, *lo, *hi) {
+                    return Err(Error::invalid_arg(format!(
+                        "input '{name}' holds {v} at element {}, outside the model's valid range [{lo}, {hi}]",
+                        offset + i
+                    )));
+                }
+                offset += bytes.len() / t.dtype.size().unwrap_or(1);
+            }
+        }
     }
     if policy.reject_nonfinite && t.dtype.is_float() && !on_device {
         let mut offset = 0usize;
@@ -445,6 +505,21 @@ mod tests {
         let parts = scatter_ranges(&c, &batch, "y", DataType::F32, &[3, 4]).unwrap();
         assert_eq!(parts, vec![(vec![1, 2, 2], 0..16), (vec![2, 2, 2], 16..48)]);
         assert!(ModelConfig::from_json(r#"{"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [2], "reshape": {"shape": [3]}}]}"#).is_err());
+    }
+
+    #[test]
+    fn valid_range_refuses_ids_past_the_vocabulary() {
+        let c = ModelConfig::from_json(r#"{"max_batch_size": 4, "input": [{"name": "ids", "data_type": "TYPE_INT32", "dims": [3]}]}"#).unwrap();
+        let p = InputPolicy { valid_range: parse_valid_range("ids:0:30521").unwrap(), ..Default::default() };
+        let ok = i32s(&[0, 101, 30521]);
+        check_request(&c, &p, vec![t("ids", DataType::I32, &[1, 3], vec![&ok])]).unwrap();
+        let bad = i32s(&[5, 30522, 7]);
+        let e = check_request(&c, &p, vec![t("ids", DataType::I32, &[1, 3], vec![&bad])]).unwrap_err();
+        assert_eq!(e.message(), "input 'ids' holds 30522 at element 1, outside the model's valid range [0, 30521]");
+        let neg = i32s(&[-1, 0, 0]);
+        assert!(check_request(&c, &p, vec![t("ids", DataType::I32, &[1, 3], vec![&neg])]).is_err());
+        assert_eq!(parse_valid_range(" a:0:9 , b:-3:3").unwrap(), vec![("a".into(), 0, 9), ("b".into(), -3, 3)]);
+        assert!(parse_valid_range("a:9:0").is_err() && parse_valid_range("a:x:1").is_err() && parse_valid_range(":0:1").is_err());
     }
 
     #[test]

@@ -142,6 +142,16 @@ impl ModelState {
         let policy = InputPolicy {
             reject_nonfinite: config.parameter_bool("reject_nonfinite")?.unwrap_or(false),
             accepts_device_inputs: false,
+            valid_range: match config.parameters.get("valid_range") {
+                None => Vec::new(),
+                Some(spec) => {
+                    let ranges = crate::batch::parse_valid_range(spec)?;
+                    if let Some((name, ..)) = ranges.iter().find(|r| !config.inputs.iter().any(|c| c.name == r.0)) {
+                        return Err(Error::invalid_arg(format!("parameter 'valid_range' names '{name}', which is not an input of the model")));
+                    }
+                    ranges
+                }
+            },
         };
         log::info!("model '{}' version {} loaded from '{}' ({:?} engine)", ctx.name, ctx.version, model_file.display(), kind);
         let metrics = probe.metrics_source();
@@ -194,6 +204,8 @@ pub struct InstanceContext {
 
 pub struct InstanceState {
     name: String,
+    model: String,
+    device: Device,
     /// Inputs already reported as arriving in GPU memory (logged once each).
     device_inputs_seen: Mutex<Vec<String>>,
     config: ModelConfig,
@@ -220,7 +232,15 @@ impl InstanceState {
         let mut policy = model.policy.clone();
         policy.accepts_device_inputs = engine.accepts_device_inputs();
         log::info!("instance '{}' of model '{}' ready on {:?}", ctx.name, model.name, ctx.device);
-        InstanceState { name: ctx.name, device_inputs_seen: Mutex::new(Vec::new()), config: model.config.clone(), policy, engine: Mutex::new(engine) }
+        InstanceState {
+            name: ctx.name,
+            model: model.name.clone(),
+            device: ctx.device,
+            device_inputs_seen: Mutex::new(Vec::new()),
+            config: model.config.clone(),
+            policy,
+            engine: Mutex::new(engine),
+        }
     }
 
     /// Logs, once per input, that it arrived in GPU memory and is used in place: the
@@ -236,6 +256,38 @@ impl InstanceState {
             }
         }
     }
+}
+
+/// GPUs that hit an unrecoverable CUDA error (a device-side assert, an illegal address):
+/// the error is sticky for the whole process's context on that device, so every model
+/// there is refused clearly from then on instead of failing in confusing ways.
+static GPU_FAULTS: Mutex<Vec<(i32, String)>> = Mutex::new(Vec::new());
+
+/// What CUDA reports for errors that leave the device's context unusable.
+const STICKY_CUDA_ERRORS: [&str; 5] =
+    ["device-side assert", "illegal memory access", "unspecified launch failure", "illegal instruction", "misaligned address"];
+
+/// Records a sticky CUDA fault on `device` seen by `model`'s engine, if `error` is one.
+fn note_gpu_fault(device: Device, model: &str, error: &Error) {
+    let Device::Gpu(id) = device else { return };
+    let msg = error.message();
+    if !STICKY_CUDA_ERRORS.iter().any(|m| msg.contains(m)) {
+        return;
+    }
+    let Ok(mut faults) = GPU_FAULTS.lock() else { return };
+    if faults.iter().any(|f| f.0 == id) {
+        return;
+    }
+    let first_line = msg.lines().next().unwrap_or(msg);
+    let reason = format!("model '{model}' hit an unrecoverable CUDA error on GPU {id} ({first_line})");
+    log::error!("{reason}; CUDA keeps this error for the whole server process, so every model on GPU {id} is refused until the server restarts");
+    faults.push((id, reason));
+}
+
+/// The fault recorded on `device`, if any.
+pub fn gpu_fault(device: Device) -> Option<String> {
+    let Device::Gpu(id) = device else { return None };
+    GPU_FAULTS.lock().ok()?.iter().find(|f| f.0 == id).map(|f| f.1.clone())
 }
 
 /// Answers every request with the same error (used when the instance itself is unusable).
@@ -262,6 +314,11 @@ struct Slot<'r, R> {
 pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<T::Request>) {
     let exec_start = transport.now_ns();
     let cfg = &inst.config;
+    if let Some(fault) = gpu_fault(inst.device) {
+        let e = Error::unavailable(format!("{fault}; every model on that GPU is unusable until the server restarts"));
+        fail_all(transport, requests, &e);
+        return;
+    }
     let mut engine = match inst.engine.lock() {
         Ok(e) => e,
         Err(_) => {
@@ -285,6 +342,7 @@ pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<
             Ok(rows) => rows_run += rows as u64,
             Err(e) => {
                 log::error!("instance '{}': batch of {} requests failed: {e}", inst.name, members.len());
+                note_gpu_fault(inst.device, &inst.model, &e);
                 for &i in members {
                     slots[i].outcome = Err(e.clone());
                 }
@@ -687,6 +745,27 @@ mod tests {
             assert_eq!(floats(&s.2[0].2), want, "{id}");
             assert_eq!(s.2[0].3, device, "{id}: the output stays where the engine made it");
         }
+    }
+
+    #[test]
+    fn a_sticky_cuda_error_refuses_that_gpu_clearly_and_spares_the_others() {
+        let e = Error::internal("TorchScript forward failed: CUDA error: device-side assert triggered\nCompile with TORCH_USE_CUDA_DSA");
+        note_gpu_fault(Device::Gpu(7), "bert", &Error::internal("out of memory"));
+        assert_eq!(gpu_fault(Device::Gpu(7)), None, "an ordinary failure is not sticky");
+        note_gpu_fault(Device::Cpu, "bert", &e);
+        note_gpu_fault(Device::Gpu(7), "bert", &e);
+        let f = gpu_fault(Device::Gpu(7)).unwrap();
+        assert!(f.contains("'bert'") && f.contains("GPU 7") && f.contains("device-side assert"), "{f}");
+        assert_eq!(gpu_fault(Device::Gpu(6)), None);
+        assert_eq!(gpu_fault(Device::Cpu), None);
+        let (m, _) = model("KIND_GPU");
+        let inst = InstanceState::new(&m, InstanceContext { name: "on7".into(), device: Device::Gpu(7) }).unwrap();
+        let server = FakeServer::default();
+        execute(&inst, &server, vec![request("r", &[1, 2], &[1.0, 2.0], None)]);
+        let sent = server.sent.borrow();
+        let err = sent[0].1.clone().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unavailable);
+        assert!(err.message().contains("until the server restarts"), "{err}");
     }
 
     #[test]
