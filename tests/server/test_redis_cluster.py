@@ -68,7 +68,8 @@ def server(request, tmp_path_factory, example_models, cluster):
                  '        { name: "NUMKEYS" data_type: TYPE_INT32 dims: [ -1 ] },\n'
                  '        { name: "VECTORS" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
                  'output [ { name: "UPDATED" data_type: TYPE_INT64 dims: [ 1 ] } ]\n')
-    for name, io, extra in [("cluster_writer", update_io, dict(embedding_interface="update", store_name="writer")),
+    for name, io, extra in [("cluster_writer", update_io, dict(embedding_interface="update", store_name="writer",
+                                                                      allow_unauthenticated_updates="true")),
                             ("cluster_reader", hps_io(), dict(store_name="reader"))]:
         os.makedirs(os.path.join(repo.root, name, "1"), exist_ok=True)
         repo.write_config(name, embedding_config(name, io, **common, **extra))

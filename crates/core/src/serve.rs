@@ -158,7 +158,8 @@ impl ModelState {
         // Triton completes instance_group before the model is loaded; with none given
         // (a config read outside Triton) a CPU instance may come.
         let cpu_instance = config.instance_kinds.is_empty() || config.instance_kinds.iter().any(|k| k == "KIND_CPU");
-        let spare = if cpu_instance && kind != EngineKind::Embedding {
+        // only an ONNX probe is a whole engine (the embedding and torch probes are not)
+        let spare = if cpu_instance && kind == EngineKind::Onnx {
             Some(probe)
         } else {
             drop(probe);

@@ -256,9 +256,10 @@ impl EmbeddingStore {
         Ok(store)
     }
 
-    /// Whether every table's updates can be made durable (each has an update log).
+    /// Whether every table's updates can be made durable: an update log, or a Redis tier
+    /// written through before the update is acknowledged.
     pub fn durable(&self) -> std::result::Result<(), String> {
-        match self.tables.iter().find(|t| t.log.is_none()) {
+        match self.tables.iter().find(|t| t.log.is_none() && self.remote.is_none()) {
             None => Ok(()),
             Some(t) => Err(t.config.name.clone()),
         }
@@ -409,13 +410,21 @@ impl EmbeddingStore {
             log.append(keys, vectors).map_err(|e| e.context(format!("table '{}': the update was not applied", t.config.name)))?;
         }
         let _gate = self.gate.write();
-        t.host.read().upsert(keys, vectors)?;
-        if let Some(remote) = &self.remote {
-            if let Err(e) = remote.set_many(&t.config.name, t.config.dim, keys, vectors) {
+        match (&self.remote, log.is_some()) {
+            // no log: the write-through to Redis is what makes it durable, so it must succeed first
+            (Some(remote), false) => remote.set_many(&t.config.name, t.config.dim, keys, vectors).map_err(|e| {
                 t.counters.remote_errors.fetch_add(1, Ordering::Relaxed);
-                log::warn!("table '{}': update not written to {}: {e}", t.config.name, remote.name());
+                e.context(format!("table '{}': the update could not be written to {} and was not applied", t.config.name, remote.name()))
+            })?,
+            (Some(remote), true) => {
+                if let Err(e) = remote.set_many(&t.config.name, t.config.dim, keys, vectors) {
+                    t.counters.remote_errors.fetch_add(1, Ordering::Relaxed);
+                    log::warn!("table '{}': update not written to {} (it is in the update log): {e}", t.config.name, remote.name());
+                }
             }
+            (None, _) => {}
         }
+        t.host.read().upsert(keys, vectors)?;
         let caches: Vec<Arc<InstanceCaches>> = self.caches.lock().iter().filter_map(Weak::upgrade).collect();
         for c in caches {
             if let Some(cache) = c.caches.get(table) {

@@ -286,7 +286,7 @@ impl EmbeddingEngine {
             if let Err(table) = store.durable() {
                 return Err(Error::invalid_arg(format!(
                     "table '{table}' has no update log, so updates to it could not be made durable: give it table files \
-                     (its log is then kept beside them) or set parameters update_log_dir"
+                     (its log is then kept beside them), set parameters update_log_dir, or a volatile_db to write through to"
                 )));
             }
         }

@@ -77,7 +77,8 @@ fn specs(cfg: &ModelConfig, tensors: &[TensorConfig]) -> Vec<TensorSpec> {
 }
 
 pub struct TorchEngine {
-    model: plugin::PluginModel,
+    /// `None` for the load-time probe.
+    model: Option<plugin::PluginModel>,
     sig: Signature,
     input_order: Vec<usize>,
     input_names: Vec<CString>,
@@ -94,7 +95,10 @@ impl TorchEngine {
             ));
         }
         let plugin = plugin::plugin(options.backend)?;
-        let model = plugin.load(&plugin::LoadSpec {
+        // The load-time probe only needs the signature, which comes from the config: it
+        // checks that libtorch loads and does not load the module (each TorchScript load
+        // registers classes libtorch never frees).
+        let model = if options.probe { None } else { Some(plugin.load(&plugin::LoadSpec {
             path: model_file,
             gpu: match options.device {
                 Device::Gpu(id) => Some(id),
@@ -102,7 +106,7 @@ impl TorchEngine {
             },
             intra_op_threads: cfg.parameter_usize("intra_op_thread_count")?.unwrap_or(0) as i32,
             cudnn: !cfg.parameter_bool("DISABLE_CUDNN")?.unwrap_or(false),
-        })?;
+        })?) };
         let cstr = |s: &str| CString::new(s).map_err(|_| Error::invalid_arg("tensor name has a NUL"));
         let input_order = positional_order(&cfg.inputs);
         let output_order = positional_order(&cfg.outputs);
@@ -141,7 +145,8 @@ impl Engine for TorchEngine {
         // On a GPU instance outputs stay where libtorch made them; the serving layer puts
         // them in the memory the response asks for.
         let host_outputs = self.sig.device == Device::Cpu;
-        self.model.run(&refs, &self.output_names, host_outputs, &mut |out| {
+        let model = self.model.as_mut().ok_or_else(|| Error::internal("the load-time probe of a TorchScript model cannot run"))?;
+        model.run(&refs, &self.output_names, host_outputs, &mut |out| {
             let name = &names[out.index];
             if !outputs.contains(&name.as_str()) {
                 return Ok(());

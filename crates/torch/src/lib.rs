@@ -236,8 +236,11 @@ unsafe extern "C" fn run(
                 (a, b) if a == b => t,
                 // host input to a GPU model: stage it in pinned memory (libtorch caches those
                 // blocks) and copy asynchronously on the instance's stream
-                (Device::Cpu, Device::Cuda(_)) => t.pin_memory(m.device).to_device_(m.device, kind, true, false),
-                _ => t.to_device(m.device),
+                (Device::Cpu, Device::Cuda(_)) => t
+                    .f_pin_memory(m.device)
+                    .and_then(|p| p.f_to_device_(m.device, kind, true, false))
+                    .map_err(|e| format!("staging an input on {:?}: {e}", m.device))?,
+                _ => t.f_to_device(m.device).map_err(|e| format!("moving an input to {:?}: {e}", m.device))?,
             };
             args.push(IValue::Tensor(t));
         }
@@ -249,8 +252,9 @@ unsafe extern "C" fn run(
         }
         let names = std::slice::from_raw_parts(output_names, n_outputs);
         for (t, &name) in outs.into_iter().zip(names) {
-            let t = if host_outputs != 0 { t.to_device(Device::Cpu) } else { t };
-            let t = t.contiguous();
+            // the f_ forms return CUDA errors (a device-side assert surfaces here) instead of panicking
+            let t = if host_outputs != 0 { t.f_to_device(Device::Cpu).map_err(|e| e.to_string())? } else { t };
+            let t = t.f_contiguous().map_err(|e| e.to_string())?;
             let shape = t.size();
             let (memory, device_id) = match t.device() {
                 Device::Cuda(i) => (abi::MEMORY_GPU, i as i64),
