@@ -120,7 +120,7 @@ def main():
     import torch
     libtorch = os.path.join(os.path.dirname(torch.__file__), "lib")
     models = ["resnet50_fp32", "bert_large_fp32", "fastpitch_fp32", "dlrm_sparse", "dcnv2_sparse", "wide_deep_sparse",
-              "dlrm_dense_fp16", "dcnv2_dense_fp16", "wide_deep_dense_fp16", "dlrm_fp16", "dcnv2_fp16", "wide_deep_fp16"]
+              "dlrm_dense_fp32", "dcnv2_dense_fp32", "wide_deep_dense_fp32", "dlrm_fp32", "dcnv2_fp32", "wide_deep_fp32"]
     extra = ["--model-control-mode=explicit", f"--backend-config=rust,libtorch-dir={libtorch}",
              "--http-thread-count=32"] + [f"--load-model={m}" for m in models]
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
@@ -177,7 +177,7 @@ def main():
             cl.close()
 
         def reloader():
-            names = ["resnet50_fp32", "bert_large_fp32", "dlrm_dense_fp16", "fastpitch_fp32"]
+            names = ["resnet50_fp32", "bert_large_fp32", "dlrm_dense_fp32", "fastpitch_fp32"]
             n = 0
             while time.time() + a.reload_every < stop:
                 time.sleep(a.reload_every)
