@@ -156,6 +156,20 @@ if ldd "$TRITONSERVER" | grep -q "not found"; then
 fi
 log "tritonserver OK"
 
+# ---------------------------------------------------------------- 5. real-world ONNX models
+# ONNX models written outside this project, as PyPI packages ship them (tests/server/
+# test_real_onnx.py serves them against ONNX Runtime's own results). Downloaded, not installed.
+MODEL_WHEELS="$DEPS_DIR/model-wheels"
+mkdir -p "$MODEL_WHEELS"
+for spec in silero-vad==6.2.3 rapidocr-onnxruntime==1.4.4 pipecat-ai==1.14.0; do
+    name="${spec%%==*}"; version="${spec##*==}"
+    if ! ls "$MODEL_WHEELS/${name//-/_}-$version-"*.whl >/dev/null 2>&1; then
+        log "downloading $spec (its ONNX models)"
+        "$VENV_DIR/bin/python" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+            "$spec" -d "$MODEL_WHEELS" </dev/null
+    fi
+done
+
 # shellcheck source=scripts/env.sh
 . "$REPO_ROOT/scripts/env.sh"
 if [ -x "$PERF_ANALYZER" ]; then

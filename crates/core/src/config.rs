@@ -190,6 +190,24 @@ impl ModelConfig {
         }
     }
 
+    /// Config tensors of `dims: [1]` whose model tensor is a scalar (rank 0, per sample
+    /// when batching) are served as such: the engine sees rank 0, clients send and get [1].
+    pub fn adopt_scalars(&mut self, inputs: &[TensorSpec], outputs: &[TensorSpec]) {
+        let batching = self.batching();
+        let adopt = |declared: &mut Vec<TensorConfig>, actual: &[TensorSpec]| {
+            for c in declared.iter_mut().filter(|c| c.reshape.is_none() && c.dims == [1]) {
+                if let Some(m) = actual.iter().find(|m| m.name == c.name) {
+                    let model_dims = if batching { m.shape.get(1..).unwrap_or(&[]) } else { &m.shape[..] };
+                    if model_dims.is_empty() && (!batching || !m.shape.is_empty()) {
+                        c.reshape = Some(Vec::new());
+                    }
+                }
+            }
+        };
+        adopt(&mut self.inputs, inputs);
+        adopt(&mut self.outputs, outputs);
+    }
+
     /// A model parameter parsed as a boolean (`true/false/1/0/yes/no`).
     pub fn parameter_bool(&self, key: &str) -> Result<Option<bool>> {
         match self.parameters.get(key).map(|s| s.trim().to_ascii_lowercase()) {
@@ -243,8 +261,15 @@ pub fn autocomplete(
     let to_json = |t: &TensorSpec| -> Value {
         let dims: Vec<i64> = if max_batch > 0 { t.shape[1..].to_vec() } else { t.shape.clone() };
         if dims.is_empty() {
-            // a scalar (per sample): Triton needs a dim; clients send [1], the model gets []
-            return json!({ "name": t.name, "data_type": t.dtype.config_name(), "dims": [1], "reshape": { "shape": [] } });
+            // A scalar (per sample): Triton needs a dim, so clients send [1]. A batching
+            // model says so with an empty reshape; Triton 2.51 refuses an empty reshape on a
+            // non-batching model, so there the backend maps dims [1] to the model's rank 0
+            // itself (ModelConfig::adopt_scalars).
+            return if max_batch > 0 {
+                json!({ "name": t.name, "data_type": t.dtype.config_name(), "dims": [1], "reshape": { "shape": [] } })
+            } else {
+                json!({ "name": t.name, "data_type": t.dtype.config_name(), "dims": [1] })
+            };
         }
         json!({ "name": t.name, "data_type": t.dtype.config_name(), "dims": dims })
     };
@@ -376,10 +401,18 @@ mod tests {
         let cfg: Value = serde_json::from_str(r#"{"name":"vad","backend":"rust"}"#).unwrap();
         let inputs = [spec("input", DataType::F32, &[-1, -1]), spec("sr", DataType::I64, &[])];
         let out = autocomplete(&cfg, &inputs, &[spec("output", DataType::F32, &[-1, 1])], 4).unwrap().unwrap();
-        let c = ModelConfig::from_value(&out).unwrap();
+        let mut c = ModelConfig::from_value(&out).unwrap();
         assert_eq!(c.max_batch_size, 0, "a rank-0 input cannot batch");
-        assert_eq!((c.inputs[1].dims.clone(), c.inputs[1].reshape.clone()), (vec![1], Some(vec![])));
+        assert_eq!((c.inputs[1].dims.clone(), c.inputs[1].reshape.clone()), (vec![1], None), "Triton refuses an empty reshape here");
+        assert!(check_against_model(&c, &inputs, &[spec("output", DataType::F32, &[-1, 1])]).is_err());
+        c.adopt_scalars(&inputs, &[spec("output", DataType::F32, &[-1, 1])]);
+        assert_eq!(c.inputs[1].reshape, Some(vec![]));
+        assert_eq!(c.inputs[0].reshape, None);
         check_against_model(&c, &inputs, &[spec("output", DataType::F32, &[-1, 1])]).unwrap();
+        // batching, one scalar per sample: the empty reshape is written out
+        let out = autocomplete(&cfg, &[spec("x", DataType::F32, &[-1])], &[spec("y", DataType::F32, &[-1, 4])], 8).unwrap().unwrap();
+        let c = ModelConfig::from_value(&out).unwrap();
+        assert_eq!((c.max_batch_size, c.inputs[0].reshape.clone()), (8, Some(vec![])));
     }
 
     #[test]

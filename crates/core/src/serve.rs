@@ -137,6 +137,7 @@ impl ModelState {
                 log::info!("model '{}': config auto-completed from '{}'", ctx.name, model_file.display());
             }
         }
+        config.adopt_scalars(probe.inputs(), probe.outputs());
         check_against_model(&config, probe.inputs(), probe.outputs())
             .map_err(|e| e.context(format!("model file '{}'", model_file.display())))?;
         let policy = InputPolicy {
