@@ -520,8 +520,10 @@ impl triton_rust_core::telemetry::MetricsSource for EmbeddingStore {
             push("rust_embedding_stream_applied_rows_total", "Rows written by update stream entries", Counter, get(&c.applied_rows));
             push("rust_embedding_stream_rejected_total", "Update stream entries skipped as malformed", Counter, get(&c.rejected_entries));
             push("rust_embedding_stream_errors_total", "Failures reaching the update stream (reconnected after a back-off)", Counter, get(&c.errors));
-            push("rust_embedding_stream_lag", "Update stream entries not yet delivered to this node", Gauge, get(&c.lag));
-            push("rust_embedding_stream_pending", "Update stream entries delivered and not yet acknowledged", Gauge, get(&c.pending));
+            if c.measured.load(Ordering::Relaxed) {
+                push("rust_embedding_stream_lag", "Update stream entries not yet delivered to this node", Gauge, get(&c.lag));
+                push("rust_embedding_stream_pending", "Update stream entries delivered and not yet acknowledged", Gauge, get(&c.pending));
+            }
             push("rust_embedding_stream_connected", "1 while the update stream is reachable", Gauge, c.connected.load(Ordering::Relaxed) as u8 as f64);
         }
         out.push(MetricSample {

@@ -59,6 +59,9 @@ pub struct StreamCounters {
     /// Delivered, not yet acknowledged.
     pub pending: AtomicU64,
     pub connected: AtomicBool,
+    /// `lag` and `pending` have been read from Redis at least once (until then they are
+    /// unknown, not 0).
+    pub measured: AtomicBool,
 }
 
 /// The follower thread; stops when dropped (or when the store goes).
@@ -156,6 +159,7 @@ fn session(spec: &StreamSpec, store: &Weak<EmbeddingStore>, stop: &AtomicBool, c
         if let Some((lag, pending)) = group_state(&info, &spec.group) {
             c.lag.store(lag, Ordering::Relaxed);
             c.pending.store(pending, Ordering::Relaxed);
+            c.measured.store(true, Ordering::Relaxed);
         }
     }
     Ok(())
