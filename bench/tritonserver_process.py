@@ -2,6 +2,7 @@
 ports, waited for until ready (its log's tail printed if it dies or times out), and
 stopped on exit."""
 import contextlib
+import os
 import subprocess
 import time
 
@@ -31,3 +32,33 @@ def serve(server: str, repo: str, backends: str, port: int, log_path: str, extra
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def server_pid(port: int) -> int:
+    """The tritonserver serving HTTP on `port` (found in /proc: the GPU machine has no pgrep)."""
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                cmd = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if cmd and cmd[0].endswith(b"tritonserver") and f"--http-port={port}".encode() in cmd:
+                return int(d)
+    raise SystemExit(f"no tritonserver on port {port}")
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def gpu_mib(pid: int) -> float:
+    """GPU memory nvidia-smi counts for the process (0 on a machine without a GPU)."""
+    if not os.path.exists("/dev/nvidiactl"):
+        return 0.0
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True).stdout
+    return sum(float(m) for p, m in (line.split(",") for line in out.splitlines() if line.strip()) if int(p) == pid)

@@ -12,43 +12,11 @@ the model is ready, for each backend directory given.
 """
 import argparse
 import os
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from tritonserver_process import serve  # noqa: E402
-
-
-def server_pid(port):
-    """The tritonserver serving HTTP on `port` (found in /proc: the image has no pgrep)."""
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                cmd = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
-            except OSError:
-                continue
-            if cmd and cmd[0].endswith(b"tritonserver") and f"--http-port={port}".encode() in cmd:
-                return int(d)
-    raise SystemExit(f"no tritonserver on port {port}")
-
-
-def rss_mib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def gpu_mib(pid):
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        p, mem = [x.strip() for x in line.split(",")]
-        if int(p) == pid:
-            return float(mem)
-    return float("nan")
+from tritonserver_process import gpu_mib, rss_mib, serve, server_pid  # noqa: E402
 
 
 def main():
@@ -68,7 +36,7 @@ def main():
             import torch
             a.libtorch_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
         extra = ["--model-control-mode=explicit", f"--load-model={a.model}", f"--backend-config=rust,libtorch-dir={a.libtorch_dir}"]
-        with serve(a.server, a.repo, path, a.port, log, extra=extra) as client:
+        with serve(a.server, a.repo, path, a.port, log, extra=extra):
             pid = server_pid(a.port)
             time.sleep(3)  # let allocator caches settle
             rows.append((label, rss_mib(pid), gpu_mib(pid)))

@@ -27,8 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
-from kserve_client import Client  # noqa: E402
-from tritonserver_process import serve  # noqa: E402
+from tritonserver_process import gpu_mib, rss_mib, serve, server_pid  # noqa: E402
 
 
 def post(port, path):
@@ -46,33 +45,6 @@ def model_ready(port, model):
             return r.status == 200
     except urllib.error.URLError:
         return False
-
-
-def server_pid(port):
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                cmd = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
-            except OSError:
-                continue
-            if cmd and cmd[0].endswith(b"tritonserver") and f"--http-port={port}".encode() in cmd:
-                return int(d)
-    raise SystemExit(f"no tritonserver on port {port}")
-
-
-def rss_mib(pid):
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def gpu_mib(pid):
-    if not os.path.exists("/dev/nvidiactl"):
-        return 0.0
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True).stdout
-    return sum(float(m) for p, m in (line.split(",") for line in out.splitlines() if line.strip()) if int(p) == pid)
 
 
 def make_model(kind, repo, gpu):

@@ -30,7 +30,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 from kserve_client import Client, InferError  # noqa: E402
-from tritonserver_process import serve  # noqa: E402
+from tritonserver_process import gpu_mib, rss_mib, serve, server_pid  # noqa: E402
 
 TOL = 1e-3
 
@@ -65,24 +65,8 @@ def bad_requests():
     ]
 
 
-def server_pid(port):
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                cmd = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
-            except OSError:
-                continue
-            if cmd and cmd[0].endswith(b"tritonserver") and f"--http-port={port}".encode() in cmd:
-                return int(d)
-    raise SystemExit("no tritonserver")
-
-
 def memory(pid):
-    rss = next((int(l.split()[1]) / 1024 for l in open(f"/proc/{pid}/status") if l.startswith("VmRSS:")), 0.0)
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True).stdout
-    gpu = sum(float(m) for p, m in (l.split(",") for l in out.splitlines() if l.strip()) if int(p) == pid)
-    return rss, gpu
+    return rss_mib(pid), gpu_mib(pid)
 
 
 class Window:

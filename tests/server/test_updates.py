@@ -16,7 +16,6 @@ emb_lookup serves HPS lookups, emb_update writes rows.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
