@@ -6,10 +6,13 @@ sparse step is the GPU embedding store), with bad requests and model reloads mix
 Prints per 1-minute window: requests and items per second, p50/p99 latency of the good
 requests, errors by kind (expected 4xx for the bad requests; anything else is counted
 as unexpected), wrong answers, and the server's RSS and GPU memory. Every good answer is
-compared with the first answer to the same input (tolerance 1e-3: FP32, where the batch a
-request lands in changes results by ~1e-6; FP16 results move by more with the batch's
-kernels). A reload rewrites the model's config and loads it: Triton loads the new copy
-before it retires the old one, so clients see no gap.
+compared with the first answer to the same input, within 1e-3 of the output's largest
+magnitude (at least 1e-3): FP32, where the batch a request lands in changes results by
+~1e-6 for most models; FastPitch's convolutions move by up to 3.4e-3 on values of a few
+units on an H100 (bench/gpu/results/soak_h100.log, an absolute 1e-3 then). A reload
+changes a parameter in the model's config and loads it: Triton loads the new copy before
+it retires the old one, so clients see no gap (a comment-only change is no change to
+Triton and does not reload).
 
 Uses the repository bench/gpu/all_models.py leaves in /tmp/all_models/repo (run
 run_all_models.sh first on the same machine).
@@ -152,7 +155,8 @@ def main():
                     cl = Client(f"localhost:{a.port}")
                     continue
                 ms = (time.time() - t0) * 1e3
-                diff = max(float(np.abs(got[n].astype(np.float64) - refs[k][n].astype(np.float64)).max()) for n in o)
+                diff = max(float(np.abs(got[n].astype(np.float64) - refs[k][n].astype(np.float64)).max())
+                           / max(1.0, float(np.abs(refs[k][n]).max())) for n in o)
                 if diff > TOL:
                     w.err(f"WRONG ANSWER {m}")
                     wrong.append((m, diff))
@@ -167,8 +171,10 @@ def main():
                 time.sleep(a.reload_every)
                 m = names[n % len(names)]
                 n += 1
-                with open(os.path.join(a.repo, m, "config.pbtxt"), "a") as f:
-                    f.write(f"# soak reload {n}\n")  # a changed config: Triton really reloads
+                path = os.path.join(a.repo, m, "config.pbtxt")
+                text = "".join(l for l in open(path) if "soak_reload" not in l and not l.startswith("# soak reload"))
+                with open(path, "w") as f:  # a changed parameter: Triton really reloads the model
+                    f.write(text + f'parameters {{ key: "soak_reload" value {{ string_value: "{n}" }} }}\n')
                 req = urllib.request.Request(f"http://localhost:{a.port}/v2/repository/models/{m}/load", data=b"", method="POST")
                 t0 = time.time()
                 try:
@@ -200,7 +206,7 @@ def main():
     p99 = [np.percentile(w.lat, 99) for w in windows if w.lat]
     unexpected = sum(v for w in windows for k, v in w.errors.items() if k != "expected 4xx")
     for m in sorted({m for m, _ in wrong}):
-        print(f"  wrong answers from {m}: {sum(1 for x, _ in wrong if x == m)}, max diff {max(d for x, d in wrong if x == m):.3e}")
+        print(f"  wrong answers from {m}: {sum(1 for x, _ in wrong if x == m)}, max relative diff {max(d for x, d in wrong if x == m):.3e}")
     print(f"server alive and ready at the end: {alive}; wrong answers: {len(wrong)}; unexpected errors: {unexpected}; "
           f"p99 last/first window: {p99[-1] / p99[0]:.2f} (bound 1.5); RSS {mem[0][0]:.0f} -> {mem[-1][0]:.0f} MiB, "
           f"GPU {mem[0][1]:.0f} -> {mem[-1][1]:.0f} MiB")
