@@ -396,7 +396,7 @@ pub fn scatter_ranges(
             }
             return Ok(s);
         };
-        let per_row = rows.map_or(elements, |r| if r == 0 { 0 } else { elements / r });
+        let per_row = rows.map_or(elements, |r| elements.checked_div(r).unwrap_or(0));
         let dims = resolve_shape(&c.dims, per_row)
             .ok_or_else(|| Error::internal(format!("output '{name}' of shape {shape:?} does not fit the config's dims {:?}", c.dims)))?;
         Ok(rows.map(|r| r as i64).into_iter().chain(dims).collect())

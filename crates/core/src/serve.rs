@@ -494,10 +494,12 @@ mod tests {
 
     type Sent = (String, Result<()>, Vec<(String, Vec<i64>, Vec<u8>, Device)>);
 
+    /// (name, shape, values, the GPU it is on)
+    type FakeInput = (String, Vec<i64>, Vec<u8>, Option<i32>);
+
     struct FakeRequest {
         id: String,
-        /// (name, shape, values, on GPU)
-        inputs: Vec<(String, Vec<i64>, Vec<u8>, Option<i32>)>,
+        inputs: Vec<FakeInput>,
         outputs: Vec<String>,
     }
 

@@ -24,6 +24,9 @@ use triton_rust_core::error::{Error, Result};
 use crate::table::{write_table, VectorType};
 
 const MAGIC: u32 = 0x5550_4454;
+
+/// Where replayed updates go: called with each record's keys and rows, in order.
+pub type Apply<'a> = dyn FnMut(&[i64], &[f32]) -> Result<()> + 'a;
 const HEADER: usize = 8;
 
 fn io(what: &str, path: &Path, e: std::io::Error) -> Error {
@@ -76,7 +79,7 @@ fn generations(dir: &Path) -> Result<Vec<u64>> {
 }
 
 /// Replays one log file; cuts a torn or corrupt tail. Returns (records, rows) applied.
-fn replay_file(path: &Path, dim: usize, apply: &mut dyn FnMut(&[i64], &[f32]) -> Result<()>) -> Result<(u64, u64)> {
+fn replay_file(path: &Path, dim: usize, apply: &mut Apply<'_>) -> Result<(u64, u64)> {
     let mut bytes = Vec::new();
     match File::open(path) {
         Ok(mut f) => f.read_to_end(&mut bytes).map_err(|e| io("read", path, e))?,
@@ -133,7 +136,7 @@ impl UpdateLog {
     /// The log of a table whose snapshot generation is `base_gen` (0 without a MANIFEST).
     /// Replays every log from `base_gen` on, in order, through `apply`. Creates nothing:
     /// the directory and file appear with the first append.
-    pub fn recover(dir: &Path, dim: usize, base_gen: u64, apply: &mut dyn FnMut(&[i64], &[f32]) -> Result<()>) -> Result<(UpdateLog, Replayed)> {
+    pub fn recover(dir: &Path, dim: usize, base_gen: u64, apply: &mut Apply<'_>) -> Result<(UpdateLog, Replayed)> {
         let gens: Vec<u64> = generations(dir)?.into_iter().filter(|&g| g >= base_gen).collect();
         let mut replayed = Replayed { records: 0, rows: 0 };
         for &g in &gens {
@@ -196,7 +199,7 @@ impl UpdateLog {
     }
 
     /// Replays one generation (a compaction brings the new snapshot up to date with it).
-    pub fn replay(&self, gen: u64, apply: &mut dyn FnMut(&[i64], &[f32]) -> Result<()>) -> Result<u64> {
+    pub fn replay(&self, gen: u64, apply: &mut Apply<'_>) -> Result<u64> {
         Ok(replay_file(&log_path(&self.dir, gen), self.dim, apply)?.1)
     }
 }
@@ -249,7 +252,9 @@ mod tests {
         d
     }
 
-    fn collect(dir: &Path, dim: usize, base: u64) -> (UpdateLog, Vec<(Vec<i64>, Vec<f32>)>) {
+    type Records = Vec<(Vec<i64>, Vec<f32>)>;
+
+    fn collect(dir: &Path, dim: usize, base: u64) -> (UpdateLog, Records) {
         let mut seen = Vec::new();
         let (log, _) = UpdateLog::recover(dir, dim, base, &mut |k, v| {
             seen.push((k.to_vec(), v.to_vec()));

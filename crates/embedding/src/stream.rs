@@ -182,8 +182,11 @@ fn pairs(v: &Value) -> Vec<(&Value, &Value)> {
     }
 }
 
+/// A stream entry: its id and its (field, value) pairs.
+type Entry = (String, Vec<(String, Vec<u8>)>);
+
 /// (id, fields) of every entry in an XREADGROUP reply (RESP2 arrays or RESP3 maps).
-fn entries_of(reply: &Value) -> Vec<(String, Vec<(String, Vec<u8>)>)> {
+fn entries_of(reply: &Value) -> Vec<Entry> {
     let streams: Vec<&Value> = match reply {
         Value::Array(s) => s.iter().filter_map(|s| if let Value::Array(p) = s { p.get(1) } else { None }).collect(),
         Value::Map(m) => m.iter().map(|(_, v)| v).collect(),
