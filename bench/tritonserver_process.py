@@ -5,6 +5,8 @@ import contextlib
 import os
 import subprocess
 import time
+import urllib.error
+import urllib.request
 
 from kserve_client import Client
 
@@ -62,3 +64,13 @@ def gpu_mib(pid: int) -> float:
     out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
                          capture_output=True, text=True).stdout
     return sum(float(m) for p, m in (line.split(",") for line in out.splitlines() if line.strip()) if int(p) == pid)
+
+
+def post(port: int, path: str, timeout: float = 900):
+    """POST with an empty body (the repository API: load, unload); returns (status, body)."""
+    req = urllib.request.Request(f"http://localhost:{port}{path}", data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()

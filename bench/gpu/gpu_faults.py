@@ -17,7 +17,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 
 import numpy as np
 import torch
@@ -28,18 +27,9 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import torch_models  # noqa: E402
 from kserve_client import InferError  # noqa: E402
-from tritonserver_process import serve  # noqa: E402
+from tritonserver_process import post, serve  # noqa: E402
 
 VOCAB = 30522
-
-
-def post(port, path, timeout=900):
-    req = urllib.request.Request(f"http://localhost:{port}{path}", data=b"", method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 def gpu_used_mib():

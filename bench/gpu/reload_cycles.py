@@ -27,16 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
-from tritonserver_process import gpu_mib, rss_mib, serve, server_pid  # noqa: E402
-
-
-def post(port, path):
-    req = urllib.request.Request(f"http://localhost:{port}{path}", data=b"", method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=300) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+from tritonserver_process import gpu_mib, post, rss_mib, serve, server_pid  # noqa: E402
 
 
 def model_ready(port, model):
