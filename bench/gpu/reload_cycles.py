@@ -38,7 +38,27 @@ def model_ready(port, model):
         return False
 
 
-def make_model(kind, repo, gpu):
+def memory_map(pid):
+    """RSS of the process by kind of mapping (/proc/pid/smaps), in MiB, and its thread count:
+    where a growth goes (heap, anonymous mmaps such as pinned or arena memory, driver
+    mappings, libraries)."""
+    by = {}
+    kind = None
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5 and not line.startswith(("Rss:", "Size:")):
+                path = head[5] if len(head) >= 6 else ""
+                kind = ("heap" if path == "[heap]" else "anon" if not path else "stack" if path.startswith("[stack")
+                        else "nvidia" if path.startswith("/dev/nvidia") else "shm" if path.startswith("/dev/shm")
+                        else "other" if path.startswith("[") else "files")
+            elif line.startswith("Rss:") and kind:
+                by[kind] = by.get(kind, 0) + int(head[1]) / 1024
+    by["threads"] = len(os.listdir(f"/proc/{pid}/task"))
+    return by
+
+
+def make_model(kind, repo, gpu, params=()):
     """Writes the model; returns (name, feeds, output name, expected output shape)."""
     group = (f"instance_group [ {{ count: 1 kind: KIND_GPU gpus: [ {gpu} ] }} ]" if gpu != "cpu"
              else "instance_group [ { count: 1 kind: KIND_CPU } ]")
@@ -59,7 +79,8 @@ def make_model(kind, repo, gpu):
             f.write(f'name: "{name}"\nbackend: "rust"\nmax_batch_size: 8\n'
                     f'input [ {{ name: "{inp}" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] }} ]\n'
                     f'output [ {{ name: "{out}" data_type: TYPE_FP32 dims: [ 1000 ] }} ]\n{group}\n'
-                    f'parameters {{ key: "engine" value {{ string_value: "{engine}" }} }}\n')
+                    f'parameters {{ key: "engine" value {{ string_value: "{engine}" }} }}\n'
+                    + "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in params))
         return name, {inp: rng.standard_normal((2, 3, 224, 224)).astype(np.float32)}, out, (2, 1000)
     name, tables, rows, dim = "store_gpu", 4, 200_000, 128
     for t in range(tables):
@@ -91,10 +112,14 @@ def main():
     p.add_argument("--gpu", default="0", help="device id, or cpu (a dry run of this script on a machine without one)")
     p.add_argument("--ort-lib", default="", help="libonnxruntime.so with the CUDA provider (onnx)")
     p.add_argument("--libtorch-dir", default="")
+    p.add_argument("--infers", type=int, default=1, help="inferences per cycle (does a growth follow loads or runs?)")
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="a model parameter (torch, onnx), e.g. ENABLE_TENSOR_FUSER=false; repeatable")
     a = p.parse_args()
     repo = os.path.join(a.work, a.kind)
     os.makedirs(repo, exist_ok=True)
-    name, feeds, out, shape = make_model(a.kind, repo, a.gpu)
+    params = [tuple(kv.split("=", 1)) for kv in a.param]
+    name, feeds, out, shape = make_model(a.kind, repo, a.gpu, params)
     extra = ["--model-control-mode=explicit"]
     if a.kind == "torch":
         if not a.libtorch_dir:
@@ -105,12 +130,15 @@ def main():
         extra.append(f"--backend-config=rust,onnxruntime-library={a.ort_lib}")
     smi = (subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
            if os.path.exists("/dev/nvidiactl") else "none (dry run)")
-    print(f"GPU: {smi}; {a.kind}: model '{name}' on KIND_GPU, {a.cycles} load/infer/unload cycles")
+    print(f"GPU: {smi}; {a.kind}: model '{name}' on KIND_GPU, {a.cycles} load/infer/unload cycles"
+          + (f"; parameters {dict(params)}" if params else "") + (f"; {a.infers} inferences a cycle" if a.infers != 1 else "")
+          + (f"; MALLOC_ARENA_MAX={os.environ['MALLOC_ARENA_MAX']}" if os.environ.get("MALLOC_ARENA_MAX") else ""))
     rows = []
     t0 = time.time()
     with serve(a.server, repo, a.backends, a.port, f"/tmp/reload_{a.kind}.log", extra=extra) as client:
         pid = server_pid(a.port)
         rows.append((0, gpu_mib(pid), rss_mib(pid)))
+        maps = {}
         print(f"{'cycle':>6} {'GPU MiB':>9} {'RSS MiB':>9} {'s/cycle':>8}")
         print(f"{0:>6} {rows[0][1]:>9.0f} {rows[0][2]:>9.0f}")
         last = time.time()
@@ -118,7 +146,8 @@ def main():
             status, body = post(a.port, f"/v2/repository/models/{name}/load")
             if status != 200:
                 raise SystemExit(f"cycle {cycle}: load failed: {body}")
-            got = client.infer(name, feeds, [out])[out]
+            for _ in range(a.infers):
+                got = client.infer(name, feeds, [out])[out]
             if tuple(got.shape) != shape or not np.isfinite(got).all():
                 raise SystemExit(f"cycle {cycle}: bad output {got.shape}")
             status, body = post(a.port, f"/v2/repository/models/{name}/unload")
@@ -130,11 +159,16 @@ def main():
             time.sleep(0.3)  # the backend's finalize runs after the model is marked unavailable
             if cycle % a.every == 0:
                 rows.append((cycle, gpu_mib(pid), rss_mib(pid)))
+                maps[cycle] = memory_map(pid)
                 now = time.time()
                 print(f"{cycle:>6} {rows[-1][1]:>9.0f} {rows[-1][2]:>9.0f} {(now - last) / a.every:>8.2f}", flush=True)
                 last = now
     base = next((r for r in rows if r[0] >= 20), rows[0])
     end = rows[-1]
+    if base[0] in maps and end[0] in maps:
+        m0, m1 = maps[base[0]], maps[end[0]]
+        print(f"RSS by mapping, cycle {base[0]} -> {end[0]} (MiB; threads as a count): " + ", ".join(
+            f"{k} {m0.get(k, 0):.0f}->{m1.get(k, 0):.0f}" for k in sorted(set(m0) | set(m1))))
     dg, dr = end[1] - base[1], end[2] - base[2]
     ok = dg <= 64 and dr <= 64
     print(f"after cycle {base[0]}: GPU {dg:+.0f} MiB, RSS {dr:+.0f} MiB over {end[0] - base[0]} cycles "

@@ -17,7 +17,7 @@ use std::os::raw::{c_char, c_int, c_void};
 #[cfg(feature = "loader")]
 pub mod plugin;
 
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// The symbol the plugin exports: `extern "C" fn() -> *const PluginApi`.
 pub const ENTRY_SYMBOL: &[u8] = b"triton_rust_plugin_api\0";
@@ -57,6 +57,16 @@ pub struct TensorView {
 /// then returns an error). The data is valid only during the call.
 pub type OutputSink = unsafe extern "C" fn(ctx: *mut c_void, output: *const TensorView) -> c_int;
 
+/// Log levels of [`LogFn`].
+pub const LOG_INFO: c_int = 0;
+pub const LOG_WARN: c_int = 1;
+/// Shown with `--log-verbose=1` only.
+pub const LOG_VERBOSE: c_int = 2;
+
+/// The backend's logger, for what the plugin has to say outside a call's result
+/// (e.g. a CUDA graph that could not be captured). The message is borrowed.
+pub type LogFn = unsafe extern "C" fn(level: c_int, message: *const c_char);
+
 /// Options for loading a model.
 #[repr(C)]
 pub struct LoadOptions {
@@ -71,6 +81,25 @@ pub struct LoadOptions {
     pub inference_mode: i32,
     /// Allow cuDNN (1) or disable it (0).
     pub cudnn: i32,
+    /// TorchScript's optimizing graph executor (1) or the plain interpreter (0)
+    /// (Triton's `DISABLE_OPTIMIZED_EXECUTION`).
+    pub optimized_execution: i32,
+    /// TorchScript's tensor-expression fuser: 1 on, 0 off, -1 libtorch's default
+    /// (Triton's `ENABLE_TENSOR_FUSER`). Process-wide in libtorch.
+    pub tensor_fuser: i32,
+    /// CUDA graphs on a GPU instance (Triton's `optimization { cuda { graphs: true } }`):
+    /// 0 off, 1 on.
+    pub cuda_graphs: i32,
+    /// Batch-size buckets graphs are captured for (ascending); a batch is padded to the
+    /// smallest bucket that holds it. Empty: one graph per distinct input shape (a model
+    /// without batching).
+    pub graph_buckets: *const i64,
+    pub n_graph_buckets: usize,
+    /// Where the plugin logs; may be null.
+    pub log: Option<LogFn>,
+    /// Non-zero: the backend logs at verbose level, so the plugin may say where each
+    /// run's time goes.
+    pub verbose: i32,
 }
 
 #[repr(C)]

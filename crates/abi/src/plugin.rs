@@ -126,6 +126,26 @@ pub struct LoadSpec<'a> {
     pub gpu: Option<i32>,
     pub intra_op_threads: i32,
     pub cudnn: bool,
+    pub optimized_execution: bool,
+    /// `None`: libtorch's default.
+    pub tensor_fuser: Option<bool>,
+    /// CUDA graphs (GPU instances): `None` off; `Some(buckets)` on, with the batch-size
+    /// buckets (empty: one graph per input shape).
+    pub cuda_graphs: Option<&'a [i64]>,
+}
+
+/// The plugin's log lines go to the backend's log (Triton's).
+unsafe extern "C" fn plugin_log(level: c_int, message: *const c_char) {
+    if message.is_null() {
+        return;
+    }
+    // SAFETY: the plugin passes a NUL-terminated string valid for the call.
+    let text = unsafe { CStr::from_ptr(message) }.to_string_lossy();
+    match level {
+        abi::LOG_WARN => log::warn!("{text}"),
+        abi::LOG_VERBOSE => log::debug!("{text}"),
+        _ => log::info!("{text}"),
+    }
 }
 
 impl Plugin {
@@ -160,6 +180,13 @@ impl Plugin {
             intra_op_threads: spec.intra_op_threads,
             inference_mode: 1,
             cudnn: spec.cudnn as i32,
+            optimized_execution: spec.optimized_execution as i32,
+            tensor_fuser: spec.tensor_fuser.map_or(-1, i32::from),
+            cuda_graphs: spec.cuda_graphs.is_some() as i32,
+            graph_buckets: spec.cuda_graphs.map_or(std::ptr::null(), <[i64]>::as_ptr),
+            n_graph_buckets: spec.cuda_graphs.map_or(0, <[i64]>::len),
+            log: Some(plugin_log),
+            verbose: log::log_enabled!(log::Level::Debug) as i32,
         };
         let mut err = std::ptr::null_mut();
         // SAFETY: opts and its strings outlive the call.

@@ -66,6 +66,10 @@ pub struct ModelConfig {
     pub cpu_accelerators: Vec<Accelerator>,
     /// `instance_group [ { kind: .. } ]`, as Triton completed them (`KIND_CPU`, `KIND_GPU`, ..).
     pub instance_kinds: Vec<String>,
+    /// `optimization { cuda { graphs: true } }`
+    pub cuda_graphs: bool,
+    /// The batch sizes of `optimization { cuda { graph_spec [ { batch_size: N } ] } }`.
+    pub cuda_graph_batches: Vec<i64>,
 }
 
 /// Reads an integer that protobuf's JSON mapping may have written as a string.
@@ -169,6 +173,13 @@ impl ModelConfig {
                 .and_then(Value::as_array)
                 .map(|groups| groups.iter().filter_map(|g| g.get("kind").and_then(Value::as_str).map(str::to_string)).collect())
                 .unwrap_or_default(),
+            cuda_graphs: opt.and_then(|o| o.get("cuda")).and_then(|c| c.get("graphs")).and_then(Value::as_bool).unwrap_or(false),
+            cuda_graph_batches: opt
+                .and_then(|o| o.get("cuda"))
+                .and_then(|c| c.get("graph_spec"))
+                .and_then(Value::as_array)
+                .map(|specs| specs.iter().map(|g| g.get("batch_size").and_then(as_i64).unwrap_or(0)).collect())
+                .unwrap_or_default(),
         };
         if cfg.max_batch_size < 0 {
             return Err(Error::invalid_arg(format!("max_batch_size {} is negative", cfg.max_batch_size)));
@@ -178,6 +189,35 @@ impl ModelConfig {
 
     pub fn batching(&self) -> bool {
         self.max_batch_size > 0
+    }
+
+    /// The batch sizes CUDA graphs are captured for when `optimization.cuda.graphs` is
+    /// on (`None` when off): `graph_spec`'s batch sizes, or else the powers of two up to
+    /// `max_batch_size` and `max_batch_size` itself. Empty for a model without batching
+    /// (one graph per input shape). A batch is padded to the smallest bucket holding it.
+    pub fn cuda_graph_buckets(&self) -> Result<Option<Vec<i64>>> {
+        if !self.cuda_graphs {
+            return Ok(None);
+        }
+        if !self.batching() {
+            return Ok(Some(Vec::new()));
+        }
+        let mut buckets = if self.cuda_graph_batches.is_empty() {
+            let mut b: Vec<i64> = std::iter::successors(Some(1i64), |&x| x.checked_mul(2)).take_while(|&x| x < self.max_batch_size).collect();
+            b.push(self.max_batch_size);
+            b
+        } else {
+            if let Some(&bad) = self.cuda_graph_batches.iter().find(|&&b| b < 1 || b > self.max_batch_size) {
+                return Err(Error::invalid_arg(format!(
+                    "optimization.cuda.graph_spec batch_size {bad} is outside 1..={} (max_batch_size)",
+                    self.max_batch_size
+                )));
+            }
+            self.cuda_graph_batches.clone()
+        };
+        buckets.sort_unstable();
+        buckets.dedup();
+        Ok(Some(buckets))
     }
 
     /// A model parameter parsed as a number, with a clear error naming the key.
@@ -367,6 +407,20 @@ mod tests {
 
     fn spec(name: &str, dtype: DataType, shape: &[i64]) -> TensorSpec {
         TensorSpec { name: name.into(), dtype, shape: shape.to_vec() }
+    }
+
+    #[test]
+    fn cuda_graph_buckets() {
+        let cfg = |json: &str| ModelConfig::from_json(json).unwrap();
+        assert_eq!(cfg(r#"{"max_batch_size": 8}"#).cuda_graph_buckets().unwrap(), None, "off unless asked for");
+        let on = r#"{"max_batch_size": 12, "optimization": {"cuda": {"graphs": true}}}"#;
+        assert_eq!(cfg(on).cuda_graph_buckets().unwrap(), Some(vec![1, 2, 4, 8, 12]));
+        let spec = r#"{"max_batch_size": 64, "optimization": {"cuda": {"graphs": true, "graph_spec": [{"batch_size": 32}, {"batch_size": "1"}]}}}"#;
+        assert_eq!(cfg(spec).cuda_graph_buckets().unwrap(), Some(vec![1, 32]));
+        let bad = r#"{"max_batch_size": 4, "optimization": {"cuda": {"graphs": true, "graph_spec": [{"batch_size": 8}]}}}"#;
+        assert!(cfg(bad).cuda_graph_buckets().unwrap_err().to_string().contains("batch_size 8"));
+        let unbatched = r#"{"max_batch_size": 0, "optimization": {"cuda": {"graphs": true}}}"#;
+        assert_eq!(cfg(unbatched).cuda_graph_buckets().unwrap(), Some(vec![]));
     }
 
     #[test]

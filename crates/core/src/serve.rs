@@ -411,6 +411,8 @@ fn run_group<T: Transport>(
     slots: &mut [Slot<'_, T::Response>],
     sink_ns: &mut u64,
 ) -> Result<usize> {
+    let t_start = transport.now_ns();
+    let sink_before = *sink_ns;
     // The batch borrows the requests' buffers, not the slots.
     let mut batch = {
         let group: Vec<&CheckedRequest<'_>> = members.iter().filter_map(|&i| slots[i].checked.as_ref()).collect();
@@ -433,6 +435,7 @@ fn run_group<T: Transport>(
     }
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let ops = transport.device_ops();
+    let t_run = transport.now_ns();
     engine.run(&batch.tensors, &names, &mut |view| {
         let t0 = transport.now_ns();
         let parts = scatter_ranges(cfg, &batch, view.name, view.dtype, view.shape)?;
@@ -451,6 +454,18 @@ fn run_group<T: Transport>(
         *sink_ns += transport.now_ns().saturating_sub(t0);
         Ok(())
     })?;
+    if log::log_enabled!(log::Level::Debug) {
+        // where a batch's time goes (`--log-verbose=1`): measure before tuning
+        let (end, outputs) = (transport.now_ns(), *sink_ns - sink_before);
+        log::debug!(
+            "timing: requests {}, rows {}, assemble {} us, engine {} us, outputs into responses {} us",
+            members.len(),
+            batch.total_rows,
+            t_run.saturating_sub(t_start) / 1000,
+            end.saturating_sub(t_run).saturating_sub(outputs) / 1000,
+            outputs / 1000
+        );
+    }
     Ok(batch.total_rows)
 }
 

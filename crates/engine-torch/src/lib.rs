@@ -3,7 +3,11 @@
 //! TorchScript files carry no input/output signature, so the config must list the
 //! inputs and outputs (no auto-complete). Arguments follow Triton's PyTorch-backend
 //! convention: names ending in `__<i>` (INPUT__0, OUTPUT__1) give the position; other
-//! names keep the config's order. Parameters: `intra_op_thread_count`, `DISABLE_CUDNN`.
+//! names keep the config's order. Parameters (Triton's PyTorch-backend spellings):
+//! `intra_op_thread_count`, `DISABLE_CUDNN`, `DISABLE_OPTIMIZED_EXECUTION`,
+//! `ENABLE_TENSOR_FUSER`. On a GPU instance, `optimization { cuda { graphs: true } }`
+//! captures a CUDA graph per batch-size bucket at the bucket's first batch and replays
+//! it (see `ModelConfig::cuda_graph_buckets`; Triton's `model_warmup` captures at load).
 //! The plugin's FFI (finding libtorch, opening the plugin, calling it) is
 //! `triton_rust_abi::plugin`; this crate is safe code.
 #![forbid(unsafe_code)]
@@ -98,15 +102,27 @@ impl TorchEngine {
         // The load-time probe only needs the signature, which comes from the config: it
         // checks that libtorch loads and does not load the module (each TorchScript load
         // registers classes libtorch never frees).
-        let model = if options.probe { None } else { Some(plugin.load(&plugin::LoadSpec {
-            path: model_file,
-            gpu: match options.device {
-                Device::Gpu(id) => Some(id),
-                Device::Cpu => None,
-            },
-            intra_op_threads: cfg.parameter_usize("intra_op_thread_count")?.unwrap_or(0) as i32,
-            cudnn: !cfg.parameter_bool("DISABLE_CUDNN")?.unwrap_or(false),
-        })?) };
+        let gpu = match options.device {
+            Device::Gpu(id) => Some(id),
+            Device::Cpu => None,
+        };
+        let buckets = cfg.cuda_graph_buckets()?;
+        if buckets.is_some() && gpu.is_none() {
+            log::info!("model '{}': optimization.cuda.graphs applies to KIND_GPU instances; this KIND_CPU one runs without", cfg.name);
+        }
+        let model = if options.probe {
+            None
+        } else {
+            Some(plugin.load(&plugin::LoadSpec {
+                path: model_file,
+                gpu,
+                intra_op_threads: cfg.parameter_usize("intra_op_thread_count")?.unwrap_or(0) as i32,
+                cudnn: !cfg.parameter_bool("DISABLE_CUDNN")?.unwrap_or(false),
+                optimized_execution: !cfg.parameter_bool("DISABLE_OPTIMIZED_EXECUTION")?.unwrap_or(false),
+                tensor_fuser: cfg.parameter_bool("ENABLE_TENSOR_FUSER")?,
+                cuda_graphs: if gpu.is_some() { buckets.as_deref() } else { None },
+            })?)
+        };
         let cstr = |s: &str| CString::new(s).map_err(|_| Error::invalid_arg("tensor name has a NUL"));
         let input_order = positional_order(&cfg.inputs);
         let output_order = positional_order(&cfg.outputs);

@@ -12,17 +12,23 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use tch::{CModule, Device, IValue, Kind, Tensor};
 use triton_rust_abi::{self as abi, dtype, LoadOptions, OutputSink, PluginApi, TensorView};
 
-/// The per-instance CUDA stream helpers of libtriton_rust_torch_cuda.so, which the
-/// backend opens (with global symbols) before the first GPU model.
-struct StreamApi {
+/// The CUDA helpers of libtriton_rust_torch_cuda.so (per-instance streams, CUDA
+/// graphs), which the backend opens (with global symbols) before the first GPU model.
+#[derive(Clone, Copy)]
+struct CudaApi {
     new: unsafe extern "C" fn(c_int) -> *mut c_void,
     enter: unsafe extern "C" fn(*mut c_void) -> c_int,
     sync: unsafe extern "C" fn(*mut c_void) -> c_int,
     free: unsafe extern "C" fn(*mut c_void),
     release: unsafe extern "C" fn() -> c_int,
+    graph_pool: unsafe extern "C" fn(*mut u64, *mut u64),
+    graph_begin: unsafe extern "C" fn(u64, u64, *mut c_char, usize) -> *mut c_void,
+    graph_end: unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int,
+    graph_replay: unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int,
+    graph_free: unsafe extern "C" fn(*mut c_void),
 }
 
-fn stream_api() -> Result<StreamApi, String> {
+fn cuda_api() -> Result<CudaApi, String> {
     let find = |name: &CStr| {
         // SAFETY: dlsym only looks the symbol up.
         let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
@@ -34,12 +40,23 @@ fn stream_api() -> Result<StreamApi, String> {
     };
     // SAFETY: the shim defines these with exactly these signatures (src/stream_shim.cpp).
     unsafe {
-        Ok(StreamApi {
+        Ok(CudaApi {
             new: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int) -> *mut c_void>(find(c"trt_stream_new")?),
             enter: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void) -> c_int>(find(c"trt_stream_enter")?),
             sync: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void) -> c_int>(find(c"trt_stream_sync")?),
             free: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void)>(find(c"trt_stream_free")?),
             release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> c_int>(find(c"trt_release_cached")?),
+            graph_pool: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut u64, *mut u64)>(find(c"trt_graph_pool")?),
+            graph_begin: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(u64, u64, *mut c_char, usize) -> *mut c_void>(
+                find(c"trt_graph_begin")?,
+            ),
+            graph_end: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int>(
+                find(c"trt_graph_end")?,
+            ),
+            graph_replay: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int>(
+                find(c"trt_graph_replay")?,
+            ),
+            graph_free: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void)>(find(c"trt_graph_free")?),
         })
     }
 }
@@ -47,7 +64,7 @@ fn stream_api() -> Result<StreamApi, String> {
 /// A model instance's own CUDA stream (from libtorch's pool): its work does not queue
 /// behind other instances' on the device's default stream.
 struct InstanceStream {
-    api: StreamApi,
+    api: CudaApi,
     stream: *mut c_void,
 }
 
@@ -62,7 +79,18 @@ struct Model {
     module: CModule,
     device: Device,
     stream: Option<InstanceStream>,
+    optimized_execution: bool,
+    /// CUDA graphs (a GPU instance with `optimization.cuda.graphs`); dropped before the
+    /// stream (field order).
+    graphs: Option<graphs::Graphs>,
+    log: Option<abi::LogFn>,
+    verbose: bool,
+    /// The long-lived thread a GPU instance runs on (see `worker`).
+    worker: Option<worker::Worker>,
 }
+
+mod graphs;
+mod worker;
 
 static API: PluginApi = PluginApi { abi_version: abi::ABI_VERSION, runtime, load, run, free_model, free_error };
 
@@ -99,13 +127,19 @@ unsafe extern "C" fn free_error(err: *mut c_char) {
 unsafe extern "C" fn free_model(model: *mut c_void) {
     if !model.is_null() {
         let _ = catch_unwind(AssertUnwindSafe(|| {
-            let model = Box::from_raw(model as *mut Model);
+            let mut model = Box::from_raw(model as *mut Model);
+            // graphs (and their memory pool) go before the module and the stream
+            model.graphs = None;
             let release = model.stream.as_ref().map(|s| s.api.release);
+            let worker = model.worker.take();
             drop(model);
             // a GPU model: what libtorch cached for it goes back to the device (flat GPU
             // memory across reloads)
             if let Some(release) = release {
                 release();
+            }
+            if let Some(w) = worker {
+                w.give_back();
             }
         }));
     }
@@ -127,9 +161,12 @@ unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) ->
         if o.intra_op_threads > 0 {
             tch::set_num_threads(o.intra_op_threads);
         }
+        if o.tensor_fuser >= 0 {
+            tch::jit::f_set_tensor_expr_fuser_enabled(o.tensor_fuser != 0).map_err(|e| e.to_string())?;
+        }
         let stream = match device {
             Device::Cuda(id) => {
-                let api = stream_api()?;
+                let api = cuda_api()?;
                 // SAFETY: a plain call into the shim.
                 let stream = unsafe { (api.new)(id as c_int) };
                 if stream.is_null() {
@@ -139,9 +176,18 @@ unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) ->
             }
             _ => None,
         };
+        let worker = if device.is_cuda() { Some(worker::Worker::take()?) } else { None };
         let mut module = CModule::load_on_device(&path, device).map_err(|e| format!("cannot load TorchScript file '{path}': {e}"))?;
         module.set_eval();
-        Ok(Model { module, device, stream })
+        let graphs = match (&stream, o.cuda_graphs != 0) {
+            (Some(s), true) => {
+                let buckets =
+                    if o.n_graph_buckets == 0 { Vec::new() } else { std::slice::from_raw_parts(o.graph_buckets, o.n_graph_buckets).to_vec() };
+                Some(graphs::Graphs::new(s.api, buckets))
+            }
+            _ => None,
+        };
+        Ok(Model { module, device, stream, optimized_execution: o.optimized_execution != 0, graphs, log: o.log, verbose: o.verbose != 0, worker })
     }));
     match result {
         Ok(Ok(m)) => Box::into_raw(Box::new(m)) as *mut c_void,
@@ -204,6 +250,99 @@ fn tensors(v: IValue, out: &mut Vec<Tensor>) -> Result<(), String> {
 }
 
 #[allow(clippy::too_many_arguments)]
+/// Where a run's time went (`--log-verbose=1`).
+struct RunTimes {
+    staged: std::time::Duration,
+    launched: std::time::Duration,
+    synced: Option<std::time::Duration>,
+    replayed: bool,
+}
+
+/// Stages the inputs, runs the module (or replays its CUDA graph) and returns the
+/// outputs ready to hand over: on the host when `host_outputs`, else where they were
+/// made, with the instance's GPU work finished. On a GPU instance this runs on the
+/// instance's worker thread.
+unsafe fn compute(m: &mut Model, views: &[TensorView], n_outputs: usize, host_outputs: bool) -> Result<(Vec<Tensor>, RunTimes), String> {
+    let _guard = tch::no_grad_guard();
+    if !m.optimized_execution {
+        // thread-local in libtorch: set on the running thread for each run
+        tch::jit::f_set_graph_executor_optimize(false).map_err(|e| e.to_string())?;
+    }
+    if let Some(s) = &m.stream {
+        // make the instance's stream current on the running thread
+        if (s.api.enter)(s.stream) != 0 {
+            return Err("cannot make the instance's CUDA stream current".into());
+        }
+    }
+    let t0 = std::time::Instant::now();
+    let mut args = Vec::with_capacity(views.len());
+    for v in views {
+        let shape = std::slice::from_raw_parts(v.shape, v.rank);
+        let kind = kind_of(v.dtype)?;
+        let dev = if v.memory == abi::MEMORY_GPU { Device::Cuda(v.device_id as usize) } else { Device::Cpu };
+        // Wrap the caller's buffer without copying; move it to the model's device if needed.
+        let t = Tensor::f_from_blob(v.data as *const u8, shape, &[], kind, dev).map_err(|e| e.to_string())?;
+        let t = match (dev, m.device) {
+            (a, b) if a == b => t,
+            // host input to a GPU model: stage it in pinned memory (libtorch caches those
+            // blocks) and copy asynchronously on the instance's stream
+            (Device::Cpu, Device::Cuda(_)) => t
+                .f_pin_memory(m.device)
+                .and_then(|p| p.f_to_device_(m.device, kind, true, false))
+                .map_err(|e| format!("staging an input on {:?}: {e}", m.device))?,
+            _ => t.f_to_device(m.device).map_err(|e| format!("moving an input to {:?}: {e}", m.device))?,
+        };
+        args.push(IValue::Tensor(t));
+    }
+    let staged = t0.elapsed();
+    let mut outs = Vec::new();
+    let log = m.log;
+    let replayed = match m.graphs.as_mut() {
+        Some(g) => {
+            let inputs: Vec<&Tensor> = args
+                .iter()
+                .map(|a| match a {
+                    IValue::Tensor(t) => t,
+                    _ => unreachable!("inputs are tensors"),
+                })
+                .collect();
+            let mut note = |level: c_int, msg: String| {
+                if let (Some(log), Ok(c)) = (log, CString::new(msg.replace('\0', " "))) {
+                    log(level, c.as_ptr());
+                }
+            };
+            g.run(&m.module, &inputs, &mut outs, &mut note)?
+        }
+        None => false,
+    };
+    if !replayed {
+        let result = m.module.forward_is(&args).map_err(|e| format!("TorchScript forward failed: {e}"))?;
+        tensors(result, &mut outs)?;
+    }
+    if outs.len() < n_outputs {
+        return Err(format!("the model returned {} tensors; the config asks for {n_outputs} outputs", outs.len()));
+    }
+    outs.truncate(n_outputs);
+    let launched = t0.elapsed();
+    let mut ready = Vec::with_capacity(outs.len());
+    for t in outs {
+        // the f_ forms return CUDA errors (a device-side assert surfaces here) instead of panicking
+        let t = if host_outputs { t.f_to_device(Device::Cpu).map_err(|e| e.to_string())? } else { t };
+        ready.push(t.f_contiguous().map_err(|e| e.to_string())?);
+    }
+    let mut synced = None;
+    if let Some(Device::Cuda(id)) = ready.iter().map(Tensor::device).find(|d| d.is_cuda()) {
+        // The caller copies on another stream: finish this instance's work first.
+        match &m.stream {
+            Some(s) if (s.api.sync)(s.stream) == 0 => {}
+            _ => tch::Cuda::synchronize(id as i64),
+        }
+        synced = Some(t0.elapsed());
+    }
+    Ok((ready, RunTimes { staged, launched, synced, replayed }))
+}
+
+#[allow(clippy::too_many_arguments)]
 unsafe extern "C" fn run(
     model: *mut c_void,
     inputs: *const TensorView,
@@ -216,57 +355,24 @@ unsafe extern "C" fn run(
     err: *mut *mut c_char,
 ) -> c_int {
     let result = catch_unwind(AssertUnwindSafe(|| -> Result<(), String> {
-        let m = &*(model as *const Model);
+        let m = &mut *(model as *mut Model);
         let views = std::slice::from_raw_parts(inputs, n_inputs);
-        let _guard = tch::no_grad_guard();
-        if let Some(s) = &m.stream {
-            // Triton runs an instance on its own thread: make its stream current there.
-            if (s.api.enter)(s.stream) != 0 {
-                return Err("cannot make the instance's CUDA stream current".into());
+        let t0 = std::time::Instant::now();
+        let (outs, times) = match m.worker.take() {
+            Some(w) => {
+                let r = w.run(|| compute(m, views, n_outputs, host_outputs != 0));
+                m.worker = Some(w);
+                r??
             }
-        }
-        let mut args = Vec::with_capacity(views.len());
-        for v in views {
-            let shape = std::slice::from_raw_parts(v.shape, v.rank);
-            let kind = kind_of(v.dtype)?;
-            let dev = if v.memory == abi::MEMORY_GPU { Device::Cuda(v.device_id as usize) } else { Device::Cpu };
-            // Wrap the caller's buffer without copying; move it to the model's device if needed.
-            let t = Tensor::f_from_blob(v.data as *const u8, shape, &[], kind, dev).map_err(|e| e.to_string())?;
-            let t = match (dev, m.device) {
-                (a, b) if a == b => t,
-                // host input to a GPU model: stage it in pinned memory (libtorch caches those
-                // blocks) and copy asynchronously on the instance's stream
-                (Device::Cpu, Device::Cuda(_)) => t
-                    .f_pin_memory(m.device)
-                    .and_then(|p| p.f_to_device_(m.device, kind, true, false))
-                    .map_err(|e| format!("staging an input on {:?}: {e}", m.device))?,
-                _ => t.f_to_device(m.device).map_err(|e| format!("moving an input to {:?}: {e}", m.device))?,
-            };
-            args.push(IValue::Tensor(t));
-        }
-        let result = m.module.forward_is(&args).map_err(|e| format!("TorchScript forward failed: {e}"))?;
-        let mut outs = Vec::new();
-        tensors(result, &mut outs)?;
-        if outs.len() < n_outputs {
-            return Err(format!("the model returned {} tensors; the config asks for {n_outputs} outputs", outs.len()));
-        }
+            None => compute(m, views, n_outputs, host_outputs != 0)?,
+        };
         let names = std::slice::from_raw_parts(output_names, n_outputs);
-        for (t, &name) in outs.into_iter().zip(names) {
-            // the f_ forms return CUDA errors (a device-side assert surfaces here) instead of panicking
-            let t = if host_outputs != 0 { t.f_to_device(Device::Cpu).map_err(|e| e.to_string())? } else { t };
-            let t = t.f_contiguous().map_err(|e| e.to_string())?;
+        for (t, &name) in outs.iter().zip(names) {
             let shape = t.size();
             let (memory, device_id) = match t.device() {
                 Device::Cuda(i) => (abi::MEMORY_GPU, i as i64),
                 _ => (abi::MEMORY_CPU, 0),
             };
-            if memory == abi::MEMORY_GPU {
-                // The sink copies on another stream: finish this instance's work first.
-                match &m.stream {
-                    Some(s) if (s.api.sync)(s.stream) == 0 => {}
-                    _ => tch::Cuda::synchronize(device_id),
-                }
-            }
             let numel: i64 = shape.iter().product();
             let view = TensorView {
                 name,
@@ -280,6 +386,22 @@ unsafe extern "C" fn run(
             };
             if sink(sink_ctx, &view) != 0 {
                 return Err(format!("could not deliver output '{}'", CStr::from_ptr(name).to_string_lossy()));
+            }
+        }
+        if m.verbose {
+            let launch = times.launched - times.staged;
+            if let (Some(log), Ok(c)) = (
+                m.log,
+                CString::new(format!(
+                    "timing: torch run: inputs staged {} us, {} {} us, gpu done {} us, outputs delivered {} us",
+                    times.staged.as_micros(),
+                    if times.replayed { "graph replayed" } else { "forward queued" },
+                    launch.as_micros(),
+                    times.synced.map_or(0, |t| (t - times.launched).as_micros()),
+                    t0.elapsed().as_micros()
+                )),
+            ) {
+                log(abi::LOG_VERBOSE, c.as_ptr());
             }
         }
         Ok(())

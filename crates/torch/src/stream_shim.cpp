@@ -1,11 +1,19 @@
-// libtriton_rust_torch_cuda.so: per-instance CUDA streams for the torch plugin.
+// libtriton_rust_torch_cuda.so: per-instance CUDA streams and CUDA graphs for the
+// torch plugin.
 //
-// tch exposes no CUDA stream API, so this small C++ library (ours, built by build.rs
-// against libtorch's c10_cuda) gives the plugin a stream from libtorch's pool per
-// model instance and makes it the calling thread's current stream around each run.
-// It is opened only for GPU instances, so CPU-only machines never load c10_cuda.
+// tch exposes no CUDA stream or graph API, so this small C++ library (ours, built by
+// build.rs against libtorch's CUDA libraries) gives the plugin a stream from libtorch's
+// pool per model instance, makes it the calling thread's current stream around each
+// run, and wraps at::cuda::CUDAGraph for capture and replay. It is opened only for GPU
+// instances, so CPU-only machines never load c10_cuda.
+#include <ATen/cuda/CUDAGraph.h>
+#include <ATen/cuda/CachingHostAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
+
+#include <cstdio>
+#include <cstring>
+#include <exception>
 
 // Declared in ATen/cuda/CUDAContextLight.h (libtorch_cuda), whose includes need CUDA
 // library headers the torch wheel does not ship; the declaration is all we need.
@@ -46,14 +54,90 @@ void trt_stream_free(void* stream) { delete static_cast<c10::cuda::CUDAStream*>(
 // After a GPU model is freed: give back what libtorch keeps for reuse. cuBLAS keeps a
 // workspace per (handle, stream) pair and never frees it; instances take a new pool
 // stream at every load, so each reload would otherwise add workspaces. The caching
-// allocator's unused blocks (the freed weights) go back to the device too.
+// allocator's unused blocks (the freed weights) go back to the device, and the unused
+// pinned host blocks (input staging) back to the OS.
 int trt_release_cached() {
   try {
     at::cuda::clearCublasWorkspaces();
     c10::cuda::CUDACachingAllocator::emptyCache();
+    at::cuda::CachingHostAllocator_emptyCache();
     return 0;
   } catch (...) {
     return 1;
+  }
+}
+
+// ---- CUDA graphs ----
+// A model instance captures one graph per input shape (batch buckets) on its own
+// stream, all drawing intermediates from one private memory pool (they replay one at
+// a time on that stream, so they may share it). Errors come back as text in `err`
+// (`len` bytes, NUL-terminated).
+
+static void put_error(char* err, size_t len, const char* what) {
+  if (err && len) {
+    std::snprintf(err, len, "%s", what);
+  }
+}
+
+// A fresh pool id for an instance's graphs.
+void trt_graph_pool(unsigned long long* first, unsigned long long* second) {
+  auto id = at::cuda::graph_pool_handle();
+  *first = id.first;
+  *second = id.second;
+}
+
+// Starts capturing the calling thread's current stream (the instance's). Capture mode
+// is thread-local: other threads of the server (other models) go on using CUDA.
+void* trt_graph_begin(unsigned long long pool_first, unsigned long long pool_second, char* err, size_t len) {
+  auto* graph = new at::cuda::CUDAGraph();
+  try {
+    graph->capture_begin({pool_first, pool_second}, cudaStreamCaptureModeThreadLocal);
+    return graph;
+  } catch (const std::exception& e) {
+    put_error(err, len, e.what());
+  } catch (...) {
+    put_error(err, len, "capture_begin failed");
+  }
+  delete graph;
+  return nullptr;
+}
+
+// Ends the capture and instantiates the graph. On failure (the model did something a
+// graph cannot hold: a host sync, a data-dependent shape) the graph is destroyed and
+// the stream leaves capture mode; returns 1.
+int trt_graph_end(void* graph, char* err, size_t len) {
+  auto* g = static_cast<at::cuda::CUDAGraph*>(graph);
+  try {
+    g->capture_end();
+    return 0;
+  } catch (const std::exception& e) {
+    put_error(err, len, e.what());
+  } catch (...) {
+    put_error(err, len, "capture_end failed");
+  }
+  delete g;
+  // a failed capture leaves its error as the thread's last CUDA error: clear it, it is
+  // not sticky and must not be reported by the next unrelated call
+  (void)cudaGetLastError();
+  return 1;
+}
+
+int trt_graph_replay(void* graph, char* err, size_t len) {
+  try {
+    static_cast<at::cuda::CUDAGraph*>(graph)->replay();
+    return 0;
+  } catch (const std::exception& e) {
+    put_error(err, len, e.what());
+  } catch (...) {
+    put_error(err, len, "replay failed");
+  }
+  return 1;
+}
+
+void trt_graph_free(void* graph) {
+  try {
+    delete static_cast<at::cuda::CUDAGraph*>(graph);
+  } catch (...) {
   }
 }
 }

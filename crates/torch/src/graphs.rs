@@ -1,0 +1,200 @@
+//! CUDA graphs for a GPU instance: one graph per padded input shape, captured on the
+//! instance's stream at the first batch of that shape and replayed after.
+//!
+//! A batch of n is padded to the smallest bucket b >= n: its rows are copied into the
+//! first n rows of the graph's static inputs (the rest keep whatever they held), the
+//! graph replays, and the first n rows of its static outputs are the answer. That
+//! needs rows to be independent, which Triton's batching already assumes, and outputs
+//! that are batch-major; a model whose capture fails (a host sync, a data-dependent
+//! shape, outputs not batch-major) runs eagerly for that shape, logged once.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+use tch::{CModule, IValue, Tensor};
+
+use super::{dtype_of, tensors, CudaApi};
+
+/// More distinct shapes than this run eagerly (logged once): each graph holds its
+/// static inputs and outputs.
+const MAX_GRAPHS: usize = 64;
+/// Eager runs of a new shape before its capture: the TorchScript executor profiles and
+/// optimizes the first runs of a shape, and cuBLAS/cuDNN set up their workspaces.
+const WARMUP_RUNS: usize = 3;
+
+/// Input element types and padded shapes.
+type Key = Vec<(i32, Vec<i64>)>;
+
+struct Captured {
+    api: CudaApi,
+    graph: *mut c_void,
+    inputs: Vec<Tensor>,
+    outputs: Vec<Tensor>,
+}
+
+impl Drop for Captured {
+    fn drop(&mut self) {
+        // SAFETY: made by graph_begin/graph_end, freed once.
+        unsafe { (self.api.graph_free)(self.graph) };
+    }
+}
+
+pub(crate) struct Graphs {
+    api: CudaApi,
+    /// Ascending; empty for a model without batching (exact shapes).
+    buckets: Vec<i64>,
+    pool: Option<(u64, u64)>,
+    captured: HashMap<Key, Captured>,
+    refused: HashSet<Key>,
+    said_full: bool,
+}
+
+fn call_err(buf: &[c_char]) -> String {
+    // SAFETY: the shim writes a NUL-terminated string into the buffer (zeroed first).
+    unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
+}
+
+impl Graphs {
+    pub(crate) fn new(api: CudaApi, buckets: Vec<i64>) -> Graphs {
+        Graphs { api, buckets, pool: None, captured: HashMap::new(), refused: HashSet::new(), said_full: false }
+    }
+
+    /// The key of a batch and its row count (None for a model without batching), or
+    /// None when it fits no bucket.
+    fn plan(&self, inputs: &[&Tensor]) -> Result<Option<(Key, Option<i64>)>, String> {
+        let mut key = Vec::with_capacity(inputs.len());
+        let mut rows = None;
+        for t in inputs {
+            let mut shape = t.size();
+            if !self.buckets.is_empty() {
+                let Some(&n) = shape.first() else { return Ok(None) };
+                if *rows.get_or_insert(n) != n {
+                    return Ok(None); // inputs disagree on the batch: eager says why
+                }
+                let Some(&b) = self.buckets.iter().find(|&&b| b >= n) else { return Ok(None) };
+                shape[0] = b;
+            }
+            key.push((dtype_of(t.kind())?, shape));
+        }
+        Ok(Some((key, rows)))
+    }
+
+    /// Runs the batch through its shape's graph, capturing it first if new; outputs go
+    /// to `outs`. Returns false when the batch should run eagerly instead.
+    pub(crate) fn run(
+        &mut self,
+        module: &CModule,
+        inputs: &[&Tensor],
+        outs: &mut Vec<Tensor>,
+        note: &mut dyn FnMut(c_int, String),
+    ) -> Result<bool, String> {
+        let Some((key, rows)) = self.plan(inputs)? else { return Ok(false) };
+        if self.refused.contains(&key) {
+            return Ok(false);
+        }
+        if !self.captured.contains_key(&key) {
+            if self.captured.len() >= MAX_GRAPHS {
+                if !self.said_full {
+                    self.said_full = true;
+                    note(triton_rust_abi::LOG_WARN, format!("{MAX_GRAPHS} CUDA graphs captured; batches of other shapes run eagerly"));
+                }
+                return Ok(false);
+            }
+            let started = std::time::Instant::now();
+            match self.capture(module, &key, inputs, rows) {
+                Ok(c) => {
+                    note(
+                        triton_rust_abi::LOG_INFO,
+                        format!("CUDA graph captured for inputs {:?} in {} ms", shapes(&key), started.elapsed().as_millis()),
+                    );
+                    self.captured.insert(key.clone(), c);
+                }
+                Err(e) => {
+                    note(
+                        triton_rust_abi::LOG_WARN,
+                        format!("no CUDA graph for inputs {:?}: {e}; batches of this shape run eagerly", shapes(&key)),
+                    );
+                    self.refused.insert(key);
+                    return Ok(false);
+                }
+            }
+        }
+        let c = &self.captured[&key];
+        for (dst, src) in c.inputs.iter().zip(inputs) {
+            let mut dst = match rows {
+                Some(n) => dst.f_narrow(0, 0, n).map_err(|e| e.to_string())?,
+                None => dst.shallow_clone(),
+            };
+            dst.f_copy_(src).map_err(|e| format!("copying an input into the CUDA graph: {e}"))?;
+        }
+        let mut err = [0 as c_char; 512];
+        // SAFETY: a graph made by this shim; the buffer outlives the call.
+        if unsafe { (self.api.graph_replay)(c.graph, err.as_mut_ptr(), err.len()) } != 0 {
+            return Err(format!("CUDA graph replay failed: {}", call_err(&err)));
+        }
+        for o in &c.outputs {
+            outs.push(match rows {
+                Some(n) => o.f_narrow(0, 0, n).map_err(|e| e.to_string())?,
+                None => o.shallow_clone(),
+            });
+        }
+        Ok(true)
+    }
+
+    fn capture(&mut self, module: &CModule, key: &Key, inputs: &[&Tensor], rows: Option<i64>) -> Result<Captured, String> {
+        // static inputs of the padded shape, holding this batch in their first rows
+        let mut statics = Vec::with_capacity(inputs.len());
+        for ((_, shape), src) in key.iter().zip(inputs) {
+            let t = Tensor::f_zeros(shape.as_slice(), (src.kind(), src.device())).map_err(|e| e.to_string())?;
+            let mut head = match rows {
+                Some(n) => t.f_narrow(0, 0, n).map_err(|e| e.to_string())?,
+                None => t.shallow_clone(),
+            };
+            head.f_copy_(src).map_err(|e| e.to_string())?;
+            statics.push(t);
+        }
+        let args: Vec<IValue> = statics.iter().map(|t| IValue::Tensor(t.shallow_clone())).collect();
+        for _ in 0..WARMUP_RUNS {
+            module.forward_is(&args).map_err(|e| format!("warm-up run failed: {e}"))?;
+        }
+        let (first, second) = match self.pool {
+            Some(p) => p,
+            None => {
+                let (mut a, mut b) = (0u64, 0u64);
+                // SAFETY: plain out-parameters.
+                unsafe { (self.api.graph_pool)(&mut a, &mut b) };
+                self.pool = Some((a, b));
+                (a, b)
+            }
+        };
+        let mut err = [0 as c_char; 512];
+        // SAFETY: the instance's stream is current on this thread (run entered it).
+        let graph = unsafe { (self.api.graph_begin)(first, second, err.as_mut_ptr(), err.len()) };
+        if graph.is_null() {
+            return Err(format!("capture did not start: {}", call_err(&err)));
+        }
+        let result = module.forward_is(&args);
+        // the capture must end whatever happened, so that the stream leaves capture mode
+        // SAFETY: graph came from graph_begin; on failure graph_end frees it.
+        let ended = unsafe { (self.api.graph_end)(graph, err.as_mut_ptr(), err.len()) };
+        if ended != 0 {
+            let why = match &result {
+                Err(e) => format!("{e}"),
+                Ok(_) => call_err(&err),
+            };
+            return Err(format!("the model cannot be captured ({why})"));
+        }
+        let mut captured = Captured { api: self.api, graph, inputs: statics, outputs: Vec::new() };
+        tensors(result.map_err(|e| format!("the captured run failed: {e}"))?, &mut captured.outputs)?;
+        if let Some(bucket) = key.first().and_then(|(_, s)| s.first()).filter(|_| rows.is_some()) {
+            if let Some(o) = captured.outputs.iter().find(|o| o.size().first() != Some(bucket)) {
+                return Err(format!("output of shape {:?} is not batch-major (batch {bucket})", o.size()));
+            }
+        }
+        Ok(captured)
+    }
+}
+
+fn shapes(key: &Key) -> Vec<&[i64]> {
+    key.iter().map(|(_, s)| s.as_slice()).collect()
+}
