@@ -26,6 +26,7 @@ struct CudaApi {
     graph_end: unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int,
     graph_replay: unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int,
     graph_free: unsafe extern "C" fn(*mut c_void),
+    copy_h2d: unsafe extern "C" fn(*mut c_void, *mut c_void, *const c_void, usize, *mut c_char, usize) -> c_int,
 }
 
 fn cuda_api() -> Result<CudaApi, String> {
@@ -57,6 +58,10 @@ fn cuda_api() -> Result<CudaApi, String> {
                 find(c"trt_graph_replay")?,
             ),
             graph_free: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void)>(find(c"trt_graph_free")?),
+            copy_h2d: std::mem::transmute::<
+                *mut c_void,
+                unsafe extern "C" fn(*mut c_void, *mut c_void, *const c_void, usize, *mut c_char, usize) -> c_int,
+            >(find(c"trt_copy_h2d")?),
         })
     }
 }
@@ -87,9 +92,12 @@ struct Model {
     verbose: bool,
     /// The long-lived thread a GPU instance runs on (see `worker`).
     worker: Option<worker::Worker>,
+    /// Host inputs to a GPU instance go through this pinned buffer (see `staging`).
+    staging: staging::Staging,
 }
 
 mod graphs;
+mod staging;
 mod worker;
 
 static API: PluginApi = PluginApi { abi_version: abi::ABI_VERSION, runtime, load, run, free_model, free_error };
@@ -187,7 +195,12 @@ unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) ->
             }
             _ => None,
         };
-        Ok(Model { module, device, stream, optimized_execution: o.optimized_execution != 0, graphs, log: o.log, verbose: o.verbose != 0, worker })
+        Ok(Model { module, device, stream, optimized_execution: o.optimized_execution != 0, graphs,
+            log: o.log,
+            verbose: o.verbose != 0,
+            worker,
+            staging: staging::Staging::new(),
+        })
     }));
     match result {
         Ok(Ok(m)) => Box::into_raw(Box::new(m)) as *mut c_void,
@@ -275,24 +288,35 @@ unsafe fn compute(m: &mut Model, views: &[TensorView], n_outputs: usize, host_ou
         }
     }
     let t0 = std::time::Instant::now();
+    // host inputs of a GPU instance, staged together (their positions in `views`)
+    let mut host = Vec::new();
+    let mut host_at = Vec::new();
     let mut args = Vec::with_capacity(views.len());
-    for v in views {
+    for (i, v) in views.iter().enumerate() {
         let shape = std::slice::from_raw_parts(v.shape, v.rank);
         let kind = kind_of(v.dtype)?;
         let dev = if v.memory == abi::MEMORY_GPU { Device::Cuda(v.device_id as usize) } else { Device::Cpu };
+        if let (Device::Cpu, Device::Cuda(_), Some(_)) = (dev, m.device, &m.stream) {
+            let want = shape.iter().product::<i64>() as usize * kind.elt_size_in_bytes();
+            if v.bytes != want {
+                return Err(format!("an input of shape {shape:?} holds {} bytes, not {want}", v.bytes));
+            }
+            host.push(staging::HostInput { bytes: std::slice::from_raw_parts(v.data as *const u8, v.bytes), shape, kind });
+            host_at.push(i);
+            args.push(IValue::None);
+            continue;
+        }
         // Wrap the caller's buffer without copying; move it to the model's device if needed.
         let t = Tensor::f_from_blob(v.data as *const u8, shape, &[], kind, dev).map_err(|e| e.to_string())?;
-        let t = match (dev, m.device) {
-            (a, b) if a == b => t,
-            // host input to a GPU model: stage it in pinned memory (libtorch caches those
-            // blocks) and copy asynchronously on the instance's stream
-            (Device::Cpu, Device::Cuda(_)) => t
-                .f_pin_memory(m.device)
-                .and_then(|p| p.f_to_device_(m.device, kind, true, false))
-                .map_err(|e| format!("staging an input on {:?}: {e}", m.device))?,
-            _ => t.f_to_device(m.device).map_err(|e| format!("moving an input to {:?}: {e}", m.device))?,
-        };
+        let t = if dev == m.device { t } else { t.f_to_device(m.device).map_err(|e| format!("moving an input to {:?}: {e}", m.device))? };
         args.push(IValue::Tensor(t));
+    }
+    if let Some(s) = &m.stream {
+        if !host.is_empty() {
+            for (t, i) in m.staging.stage(&host, m.device, s)?.into_iter().zip(host_at) {
+                args[i] = IValue::Tensor(t);
+            }
+        }
     }
     let staged = t0.elapsed();
     let mut outs = Vec::new();

@@ -10,6 +10,7 @@
 #include <ATen/cuda/CachingHostAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 
 #include <cstdio>
 #include <cstring>
@@ -47,6 +48,15 @@ int trt_stream_sync(void* stream) {
   } catch (...) {
     return 1;
   }
+}
+
+// Queues a host-to-device copy of n bytes on the instance's stream (from pinned memory
+// it is a DMA the CPU does not wait for). Returns 0, or 1 with the CUDA error in err.
+int trt_copy_h2d(void* stream, void* dst, const void* src, size_t n, char* err, size_t len) {
+  cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, static_cast<c10::cuda::CUDAStream*>(stream)->stream());
+  if (e == cudaSuccess) return 0;
+  std::snprintf(err, len, "%s", cudaGetErrorString(e));
+  return 1;
 }
 
 void trt_stream_free(void* stream) { delete static_cast<c10::cuda::CUDAStream*>(stream); }
