@@ -1,23 +1,32 @@
 #!/usr/bin/env python3
 """Dense models served with and without CUDA graphs, against the bare engine (issue 9).
 
-For ResNet50 and BERT-large QA in FP16 (TorchScript, fp16 inputs and outputs as the seeds
-deploy them; BERT's ids stay int32), writes two server models each: `<m>_eager` and
-`<m>_graphs` (`optimization { cuda { graphs: true } }`), and measures, in one run on one GPU:
+ResNet50, BERT-large QA and FastPitch in FP16 (TorchScript; fp16 inputs and outputs as the
+seeds deploy them; BERT's ids stay int32). Writes server models `<m>_eager` and
+`<m>_graphs` (`optimization { cuda { graphs: true } }`; FastPitch has no graphs mode: its
+output length is decided on the host), one instance and no queue delay (offline), plus
+`resnet50_online` (graphs, two instances, 200 us queue delay), and measures in one run
+on one GPU:
 
-- bare: the very model.pt the server loads, in torch with inputs already on the GPU:
-  eager and CUDA-graphed, batch 1 latency (median) and largest-batch throughput;
-- correctness: the served outputs (graphs, a batch padded into a larger bucket too) against
-  torch eager within the fp16 tolerance;
-- served: NVIDIA's perf_analyzer (gRPC, system shared memory, concurrency 1) at batch 1
-  and the largest batch, and ResNet50 online (requests of batch 1, dynamic batching,
-  concurrency 64). perf_analyzer's CSV files go to $OUT/perf/.
+- bare: the very model.pt the server loads, in torch with inputs already on the GPU,
+  eager and CUDA-graphed, at every batch measured (median latency, items/s);
+- correctness: every mode's served outputs against torch eager within the fp16
+  tolerance (batch 3 is padded into the graph of 4);
+- offline: NVIDIA's perf_analyzer, gRPC, system shared memory, concurrency 1, at batch 1
+  and the largest (`--sweep`: every power of two between; `--cuda-shm`: the largest
+  batch with CUDA shared memory too);
+- online: ResNet50, requests of batch 1 with dynamic batching, at the `--concurrency`
+  values, against the bare engine at batch 64.
+
+perf_analyzer's CSV files and the bare figures (refs.json) go to $OUT/perf/;
+bench/gpu/report.py turns them into seed-style tables and plots.
 
     python3 bench/gpu/dense_perf.py --server $PYT/pytriton/tritonserver/bin/tritonserver \\
         --backends /tmp/rust_backends --perf-analyzer /tmp/pa/perf_analyzer/bin/perf_analyzer
 """
 import argparse
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -60,7 +69,9 @@ class Bert16(torch.nn.Module):
 
 
 def bare(module, make_inputs, batch, iters):
-    """(eager median ms, graph median ms, eager items/s, graph items/s) at `batch`."""
+    """(eager median ms, graph median ms, eager items/s, graph items/s) at `batch`; the
+    graph figures are None for a model that cannot be captured (FastPitch's durations
+    decide its output length on the host)."""
     xs = make_inputs(batch)
     with torch.inference_mode():
         for _ in range(5):
@@ -73,26 +84,31 @@ def bare(module, make_inputs, batch, iters):
             torch.cuda.synchronize()
             ts.append(time.perf_counter() - t0)
     eager = float(np.median(ts))
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.no_grad():
-        with torch.cuda.stream(s):
-            for _ in range(3):
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.no_grad():
+            with torch.cuda.stream(s):
+                for _ in range(3):
+                    module(*xs)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
                 module(*xs)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            module(*xs)
-        for _ in range(3):
-            g.replay()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            g.replay()
+            for _ in range(3):
+                g.replay()
             torch.cuda.synchronize()
-            ts.append(time.perf_counter() - t0)
-    graph = float(np.median(ts))
+            ts = []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                g.replay()
+                torch.cuda.synchronize()
+                ts.append(time.perf_counter() - t0)
+        graph = float(np.median(ts))
+    except Exception as e:  # noqa: BLE001 - capture refused: report eager only
+        print(f"  (no bare CUDA graph at batch {batch}: {str(e).splitlines()[0][:120]})")
+        torch.cuda.synchronize()
+        return eager * 1e3, None, batch / eager, None
     return eager * 1e3, graph * 1e3, batch / eager, batch / graph
 
 
@@ -150,7 +166,10 @@ def main():
     p.add_argument("--libtorch-dir", default=os.path.join(os.path.dirname(torch.__file__), "lib"))
     p.add_argument("--work", default="/tmp/dense_perf")
     p.add_argument("--port", type=int, default=18900)
-    p.add_argument("--only", default="", help="resnet50,bert")
+    p.add_argument("--only", default="", help="resnet50,bert,fastpitch")
+    p.add_argument("--sweep", action="store_true", help="offline: every power-of-two batch up to the largest (else 1 and the largest)")
+    p.add_argument("--concurrency", type=lambda v: [int(c) for c in v.split(",")], default=[64],
+                   help="online concurrencies for ResNet50 (comma-separated; default 64)")
     p.add_argument("--timing", action="store_true",
                    help="serve with --log-verbose=1 and print the backend's own time breakdown after each measurement")
     p.add_argument("--cuda-shm", action="store_true", help="also measure the largest batch with CUDA shared memory")
@@ -165,126 +184,156 @@ def main():
     print(f"GPU: {smi}; torch {torch.__version__}")
     only = set(filter(None, a.only.split(",")))
 
-    models = []  # (label, base name, max batch, feeds(batch) -> dict, torch inputs(batch), outputs, pa extra)
+    def batches(mb):
+        sweep = [b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b < mb] + [mb]
+        return sweep if a.sweep else [1, mb]
+
+    def save(module, base):
+        path = os.path.join(repo, f"{base}_eager", "1", "model.pt")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.jit.script(module.eval()).save(path)
+
+    models = []
     if not only or "resnet50" in only:
         torch.manual_seed(0)
-        path = os.path.join(repo, "resnet50_eager", "1", "model.pt")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        torch.jit.script(torch_models.make("resnet50_pt").half().eval()).save(path)
-        ins, outs = [tensor("INPUT__0", "TYPE_FP16", [3, 224, 224])], [tensor("OUTPUT__0", "TYPE_FP16", [1000])]
+        save(torch_models.make("resnet50_pt").half(), "resnet50")
         rng = np.random.default_rng(0)
-        feeds = lambda b: {"INPUT__0": rng.standard_normal((b, 3, 224, 224)).astype(np.float16)}  # noqa: E731
-        models.append(("ResNet50 FP16", "resnet50", 128, ins, outs, feeds, ["OUTPUT__0"], []))
+        models.append(dict(
+            label="ResNet50 FP16", base="resnet50", mb=128, batches=batches(128), online=True,
+            ins=[tensor("INPUT__0", "TYPE_FP16", [3, 224, 224])], outs=[tensor("OUTPUT__0", "TYPE_FP16", [1000])],
+            feeds=lambda b, rng=rng: {"INPUT__0": rng.standard_normal((b, 3, 224, 224)).astype(np.float16)},
+            onames=["OUTPUT__0"], pa_extra=[], modes=("eager", "graphs")))
     if not only or "bert" in only:
         torch.manual_seed(0)
-        path = os.path.join(repo, "bert_eager", "1", "model.pt")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        torch.jit.script(Bert16(torch_models.make("bert_large_pt")).eval()).save(path)
-        ins = [tensor(f"input__{i}", "TYPE_INT32", [384]) for i in range(3)]
-        outs = [tensor(f"output__{i}", "TYPE_FP16", [384]) for i in range(2)]
+        save(Bert16(torch_models.make("bert_large_pt")), "bert")
         rng = np.random.default_rng(1)
 
-        def bert_feeds(b):
+        def bert_feeds(b, rng=rng):
             seg = np.zeros((b, 384), np.int32)
             seg[:, 192:] = 1
             mask = np.ones((b, 384), np.int32)
             mask[:, 320:] = 0
             return {"input__0": rng.integers(1, 30522, (b, 384)).astype(np.int32), "input__1": seg, "input__2": mask}
-        models.append(("BERT-large QA FP16", "bert", 16, ins, outs, bert_feeds, ["output__0", "output__1"],
-                       ["--input-data", "zero"]))
-    for _, base, mb, ins, outs, *_ in models:
+        models.append(dict(
+            label="BERT-large QA FP16", base="bert", mb=16, batches=batches(16), online=False,
+            ins=[tensor(f"input__{i}", "TYPE_INT32", [384]) for i in range(3)],
+            outs=[tensor(f"output__{i}", "TYPE_FP16", [384]) for i in range(2)],
+            feeds=bert_feeds, onames=["output__0", "output__1"], pa_extra=["--input-data", "zero"],
+            modes=("eager", "graphs")))
+    if not only or "fastpitch" in only:
+        torch.manual_seed(0)
+        save(torch_models.make("fastpitch").half(), "fastpitch")
+        # perf_analyzer sends one real utterance (ids 1..147, padded with 0) in every row
+        ids = torch_models.fastpitch_inputs(1, seed=5).numpy()[0]
+        data = os.path.join(a.work, "fastpitch_input.json")
+        with open(data, "w") as f:
+            json.dump({"data": [{"INPUT__0": {"content": ids.tolist(), "shape": [128]}}]}, f)
+        models.append(dict(
+            label="FastPitch FP16", base="fastpitch", mb=8, batches=batches(8), online=False,
+            ins=[tensor("INPUT__0", "TYPE_INT64", [128])],
+            outs=[tensor("OUTPUT__0", "TYPE_FP16", [80, -1]), tensor("OUTPUT__1", "TYPE_INT64", [1]),
+                  tensor("OUTPUT__2", "TYPE_FP16", [128]), tensor("OUTPUT__3", "TYPE_FP16", [128])],
+            feeds=lambda b: {"INPUT__0": torch_models.fastpitch_inputs(b, seed=3).numpy()},
+            onames=["OUTPUT__0", "OUTPUT__1", "OUTPUT__2", "OUTPUT__3"], pa_extra=["--input-data", data],
+            # the mel length comes from predicted durations (a host decision): no CUDA graph
+            modes=("eager",)))
+    for m in models:
         # offline (clients send whole batches): one instance, no queue delay; online
         # (ResNet50, requests of batch 1): two instances, so one stages a batch while
         # the other computes, and 200 us for a batch to gather
-        modes = ("eager", "graphs") + (("online",) if base == "resnet50" else ())
-        for mode in modes:
-            name = f"{base}_{mode}"
+        for mode in m["modes"] + (("online",) if m["online"] else ()):
+            name = f"{m['base']}_{mode}"
             os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
             if mode != "eager":
-                src, dst = os.path.join(repo, f"{base}_eager", "1", "model.pt"), os.path.join(repo, name, "1", "model.pt")
+                src, dst = os.path.join(repo, f"{m['base']}_eager", "1", "model.pt"), os.path.join(repo, name, "1", "model.pt")
                 if not os.path.exists(dst):
                     os.link(src, dst)
             with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
                 if mode == "online":
-                    f.write(config(name, mb, ins, outs, True, delay_us=200, count=2))
+                    f.write(config(name, m["mb"], m["ins"], m["outs"], True, delay_us=200, count=2))
                 else:
-                    f.write(config(name, mb, ins, outs, mode == "graphs"))
+                    f.write(config(name, m["mb"], m["ins"], m["outs"], mode == "graphs"))
 
-    # bare references: the files the server loads
-    refs = {}
-    for label, base, mb, ins, outs, feeds, onames, _ in models:
-        module = torch.jit.load(os.path.join(repo, f"{base}_eager", "1", "model.pt"), map_location=dev).eval()
-        to_dev = lambda b: [torch.from_numpy(v).to(dev) for v in feeds(b).values()]  # noqa: E731
-        b1 = bare(module, to_dev, 1, 300)
-        bl = bare(module, to_dev, mb, 30)
-        b64 = bare(module, to_dev, 64, 30) if base == "resnet50" else None
-        refs[base] = (b1, bl, module, b64)
-        print(f"bare {label}: batch 1 eager {b1[0]:.2f} ms, CUDA graph {b1[1]:.2f} ms; "
-              f"batch {mb} eager {bl[2]:.0f}/s, CUDA graph {bl[3]:.0f}/s"
-              + (f"; batch 64 eager {b64[2]:.0f}/s" if b64 else ""))
+    # bare references: the files the server loads, at every batch measured
+    refs, modules = {}, {}
+    for m in models:
+        module = torch.jit.load(os.path.join(repo, f"{m['base']}_eager", "1", "model.pt"), map_location=dev).eval()
+        modules[m["base"]] = module
+        to_dev = lambda b, m=m: [torch.from_numpy(v).to(dev) for v in m["feeds"](b).values()]  # noqa: E731
+        bare_at = {}
+        for b in sorted(set(m["batches"]) | ({64} if m["online"] else set())):
+            e_ms, g_ms, e_ips, g_ips = bare(module, to_dev, b, 300 if b == 1 else 30)
+            bare_at[b] = {"eager_ms": e_ms, "graph_ms": g_ms, "eager_ips": e_ips, "graph_ips": g_ips}
+            print(f"bare {m['label']} batch {b}: eager {e_ms:.2f} ms ({e_ips:.0f}/s)"
+                  + (f", CUDA graph {g_ms:.2f} ms ({g_ips:.0f}/s)" if g_ms else ""), flush=True)
+        refs[m["base"]] = {"label": m["label"], "max_batch": m["mb"], "modes": list(m["modes"]), "bare": bare_at}
+    with open(os.path.join(out_dir, "refs.json"), "w") as f:
+        json.dump({"gpu": smi, "torch": torch.__version__, "models": refs}, f, indent=1)
 
     extra = ["--model-control-mode=none", f"--backend-config=rust,libtorch-dir={a.libtorch_dir}"]
     if a.timing:
         extra.append("--log-verbose=1")
     timing = Timing("/tmp/dense_perf_server.log")
-    rows = []
     with serve(a.server, repo, a.backends, a.port, "/tmp/dense_perf_server.log", extra=extra) as client:
-        # correctness: graphs (batch 3 is padded into the bucket of 4) and eager against torch eager
-        for label, base, mb, ins, outs, feeds, onames, _ in models:
-            module = refs[base][2]
+        # correctness: every mode against torch eager (batch 3 is padded into the bucket of 4)
+        for m in models:
+            module = modules[m["base"]]
             for b in (1, 3):
-                f = feeds(b)
+                f = m["feeds"](b)
                 with torch.inference_mode():
                     want = module(*[torch.from_numpy(v).to(dev) for v in f.values()])
                 want = [want] if isinstance(want, torch.Tensor) else list(want)
-                for mode in ("eager", "graphs"):
-                    got = client.infer(f"{base}_{mode}", f, onames)
+                for mode in m["modes"]:
+                    got = client.infer(f"{m['base']}_{mode}", f, m["onames"])
                     diff = max(float(np.abs(got[n].astype(np.float32) - w.float().cpu().numpy()).max())
-                               for n, w in zip(onames, want))
+                               for n, w in zip(m["onames"], want))
                     ok = diff <= TOL
-                    print(f"check {label} {mode} batch {b}: max abs diff {diff:.2e} "
+                    print(f"check {m['label']} {mode} batch {b}: max abs diff {diff:.2e} "
                           f"({'within' if ok else 'OVER'} {TOL})")
                     if not ok:
                         raise SystemExit("wrong answer")
         print()
         print(f"{'model':<20} {'mode':<7} {'batch':>5} {'conc':>4} {'infer/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
-              f"{'avg ms':>7} {'infer ms':>8} {'bare eager':>10} {'bare graph':>10} {'served/bare graph':>17}")
+              f"{'avg ms':>7} {'infer ms':>8} {'bare eager':>10} {'bare graph':>10} {'served/bare':>11}")
         timing.since_last()
-        for label, base, mb, ins, outs, feeds, onames, pa_extra in models:
-            b1, bl, _, _ = refs[base]
-            runs = [(1, "system"), (mb, "system")] + [(mb, "cuda")] * a.cuda_shm
-            for batch, shm in runs:
-                for mode in ("eager", "graphs"):
-                    r = perf(a.perf_analyzer, a.port, f"{base}_{mode}", batch, 1, out_dir, pa_extra, shm)
-                    rows.append((label, mode, batch, 1, r))
-                    if batch == 1:
-                        ref_e, ref_g, ratio = f"{b1[0]:.2f} ms", f"{b1[1]:.2f} ms", r["p50 latency"] / 1e3 / b1[1]
-                    else:
-                        ref_e, ref_g, ratio = f"{bl[2]:.0f}/s", f"{bl[3]:.0f}/s", r["Inferences/Second"] / bl[3]
-                    print(f"{label:<20} {mode:<7} {batch:>5} {1:>4} {r['Inferences/Second']:>9.0f} "
-                          f"{r['p50 latency'] / 1e3:>7.2f} {r['p99 latency'] / 1e3:>7.2f} {r['Avg latency'] / 1e3:>7.2f} "
-                          f"{r['Server Compute Infer'] / 1e3:>8.2f} {ref_e:>10} {ref_g:>10} {ratio:>17.2f}"
-                          + (" (CUDA shared memory)" if shm == "cuda" else ""), flush=True)
-                    if a.timing:
-                        print(f"    backend timing (mean): {timing.since_last()}")
-        # online: requests of batch 1, dynamic batching
-        for label, base, mb, ins, outs, feeds, onames, pa_extra in models:
-            if base != "resnet50":
+
+        def show(m, mode, batch, conc, r, ref, note=""):
+            if batch == 1 and conc == 1:
+                best = ref["graph_ms"] or ref["eager_ms"]
+                ref_e, ref_g = f"{ref['eager_ms']:.2f} ms", f"{ref['graph_ms']:.2f} ms" if ref["graph_ms"] else "-"
+                ratio = f"{r['p50 latency'] / 1e3 / best:.2f}x lat"
+            else:
+                best = ref["graph_ips"] or ref["eager_ips"]
+                ref_e, ref_g = f"{ref['eager_ips']:.0f}/s", f"{ref['graph_ips']:.0f}/s" if ref["graph_ips"] else "-"
+                ratio = f"{r['Inferences/Second'] / best:.2f}"
+            print(f"{m['label']:<20} {mode:<7} {batch:>5} {conc:>4} {r['Inferences/Second']:>9.0f} "
+                  f"{r['p50 latency'] / 1e3:>7.2f} {r['p99 latency'] / 1e3:>7.2f} {r['Avg latency'] / 1e3:>7.2f} "
+                  f"{r['Server Compute Infer'] / 1e3:>8.2f} {ref_e:>10} {ref_g:>10} {ratio:>11}{note}", flush=True)
+            if a.timing:
+                print(f"    backend timing (mean): {timing.since_last()}")
+
+        # offline: whole batches, concurrency 1
+        for m in models:
+            for batch in m["batches"]:
+                shms = ["system"] + ["cuda"] * (a.cuda_shm and batch == m["mb"])
+                for shm in shms:
+                    for mode in m["modes"]:
+                        r = perf(a.perf_analyzer, a.port, f"{m['base']}_{mode}", batch, 1, out_dir, m["pa_extra"], shm)
+                        show(m, mode, batch, 1, r, refs[m["base"]]["bare"][batch],
+                             " (CUDA shared memory)" if shm == "cuda" else "")
+        # online: requests of batch 1, dynamic batching, against the bare engine at batch 64
+        for m in models:
+            if not m["online"]:
                 continue
-            b64 = refs[base][3]
-            for mode in ("eager", "graphs", "online"):
-                # online load does not always settle within perf_analyzer's trials; a
-                # missing figure is reported, not fatal
-                r = perf(a.perf_analyzer, a.port, f"{base}_{mode}", 1, 64, out_dir, [*pa_extra, "--max-trials", "20"], must=False)
-                if r is None:
-                    continue
-                rows.append((label, mode, 1, 64, r))
-                print(f"{label:<20} {mode:<7} {1:>5} {64:>4} {r['Inferences/Second']:>9.0f} "
-                      f"{r['p50 latency'] / 1e3:>7.2f} {r['p99 latency'] / 1e3:>7.2f} {r['Avg latency'] / 1e3:>7.2f} "
-                      f"{r['Server Compute Infer'] / 1e3:>8.2f} {b64[2]:>8.0f}/s {b64[3]:>8.0f}/s "
-                      f"{r['Inferences/Second'] / b64[2]:>13.2f} (vs bare eager, batch 64)", flush=True)
-                if a.timing:
-                    print(f"    backend timing (mean): {timing.since_last()}")
+            ref64 = refs[m["base"]]["bare"][64]
+            for mode, concs in (("graphs", [64]), ("online", a.concurrency)):
+                for conc in concs:
+                    # online load does not always settle within perf_analyzer's trials; a
+                    # missing figure is reported, not fatal
+                    r = perf(a.perf_analyzer, a.port, f"{m['base']}_{mode}", 1, conc, out_dir,
+                             [*m["pa_extra"], "--max-trials", "20"], must=False)
+                    if r is not None:
+                        show(m, mode, 1, conc, r, ref64, " (vs bare, batch 64)")
     print("\nserver log lines about CUDA graphs:")
     with open("/tmp/dense_perf_server.log") as f:
         for line in f:
