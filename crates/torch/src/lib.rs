@@ -18,7 +18,7 @@ use triton_rust_abi::{self as abi, dtype, LoadOptions, OutputSink, PluginApi, Te
 struct CudaApi {
     new: unsafe extern "C" fn(c_int) -> *mut c_void,
     enter: unsafe extern "C" fn(*mut c_void) -> c_int,
-    sync: unsafe extern "C" fn(*mut c_void) -> c_int,
+    sync: unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int,
     free: unsafe extern "C" fn(*mut c_void),
     release: unsafe extern "C" fn() -> c_int,
     graph_pool: unsafe extern "C" fn(*mut u64, *mut u64),
@@ -44,7 +44,7 @@ fn cuda_api() -> Result<CudaApi, String> {
         Ok(CudaApi {
             new: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int) -> *mut c_void>(find(c"trt_stream_new")?),
             enter: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void) -> c_int>(find(c"trt_stream_enter")?),
-            sync: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void) -> c_int>(find(c"trt_stream_sync")?),
+            sync: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int>(find(c"trt_stream_sync")?),
             free: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void)>(find(c"trt_stream_free")?),
             release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> c_int>(find(c"trt_release_cached")?),
             graph_pool: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut u64, *mut u64)>(find(c"trt_graph_pool")?),
@@ -71,6 +71,20 @@ fn cuda_api() -> Result<CudaApi, String> {
 struct InstanceStream {
     api: CudaApi,
     stream: *mut c_void,
+}
+
+impl InstanceStream {
+    /// Waits for the stream's work; a CUDA error from it (a device-side assert, say)
+    /// comes back as CUDA words it, for the caller to recognise.
+    fn sync(&self) -> Result<(), String> {
+        let mut err = [0 as c_char; 1024];
+        // SAFETY: the stream is alive while self is; the buffer outlives the call.
+        if unsafe { (self.api.sync)(self.stream, err.as_mut_ptr(), err.len()) } == 0 {
+            return Ok(());
+        }
+        // SAFETY: the shim wrote a NUL-terminated message into the zeroed buffer.
+        Err(unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned())
+    }
 }
 
 impl Drop for InstanceStream {
@@ -358,8 +372,8 @@ unsafe fn compute(m: &mut Model, views: &[TensorView], n_outputs: usize, host_ou
     if let Some(Device::Cuda(id)) = ready.iter().map(Tensor::device).find(|d| d.is_cuda()) {
         // The caller copies on another stream: finish this instance's work first.
         match &m.stream {
-            Some(s) if (s.api.sync)(s.stream) == 0 => {}
-            _ => tch::Cuda::synchronize(id as i64),
+            Some(s) => s.sync()?,
+            None => tch::Cuda::synchronize(id as i64),
         }
         synced = Some(t0.elapsed());
     }

@@ -57,10 +57,7 @@ impl Staging {
     /// the stream's earlier work, which may still read the pinned buffer.
     pub(crate) fn stage(&mut self, inputs: &[HostInput], device: Device, s: &InstanceStream) -> Result<Vec<Tensor>, String> {
         let total: usize = inputs.iter().map(|i| i.bytes.len().next_multiple_of(256)).sum();
-        // SAFETY: the instance's stream, alive for the call.
-        if unsafe { (s.api.sync)(s.stream) } != 0 {
-            return Err("the instance's CUDA stream failed before staging the inputs".into());
-        }
+        s.sync()?;
         let base = self.reserve(total, device)?;
         let mut out = Vec::with_capacity(inputs.len());
         let mut offset = 0;

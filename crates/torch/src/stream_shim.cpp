@@ -41,11 +41,17 @@ int trt_stream_enter(void* stream) {
   }
 }
 
-int trt_stream_sync(void* stream) {
+// Waits for the instance's stream. Returns 0, or 1 with the CUDA error (a device-side
+// assert in the model's kernels surfaces here) in err.
+int trt_stream_sync(void* stream, char* err, size_t len) {
   try {
     static_cast<c10::cuda::CUDAStream*>(stream)->synchronize();
     return 0;
+  } catch (const std::exception& e) {
+    std::snprintf(err, len, "%s", e.what());
+    return 1;
   } catch (...) {
+    std::snprintf(err, len, "unknown error while waiting for the CUDA stream");
     return 1;
   }
 }
