@@ -75,7 +75,7 @@ struct InstanceStream {
 
 impl InstanceStream {
     /// Waits for the stream's work; a CUDA error from it (a device-side assert, say)
-    /// comes back as CUDA words it, for the caller to recognise.
+    /// comes back in CUDA's words, which the caller recognises.
     fn sync(&self) -> Result<(), String> {
         let mut err = [0 as c_char; 1024];
         // SAFETY: the stream is alive while self is; the buffer outlives the call.
