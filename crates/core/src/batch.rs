@@ -357,7 +357,8 @@ pub fn assemble<'a>(cfg: &ModelConfig, group: &[&CheckedRequest<'a>]) -> Result<
             }
             (_, _, Device::Cpu) => {
                 let size: usize = group.iter().map(|r| r.tensors[i].byte_size()).sum();
-                let mut buf = AlignedBuf::zeroed(size);
+                // every byte is written below
+                let mut buf = AlignedBuf::for_overwrite(size);
                 let out = buf.as_mut_slice();
                 let mut at = 0;
                 for r in group {
@@ -366,6 +367,9 @@ pub fn assemble<'a>(cfg: &ModelConfig, group: &[&CheckedRequest<'a>]) -> Result<
                         out[at..at + b.len()].copy_from_slice(b);
                         at += b.len();
                     }
+                }
+                if at != size {
+                    return Err(Error::internal(format!("input '{}': {at} bytes assembled, {size} expected", proto.name)));
                 }
                 BatchData::Owned(buf)
             }

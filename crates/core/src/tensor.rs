@@ -99,14 +99,54 @@ pub fn shape_matches(pattern: &[i64], shape: &[i64]) -> bool {
 }
 
 /// A byte buffer aligned for any element type, so engines may read it as `f64`/`i64`.
+///
+/// Large buffers go back to a small per-thread store when dropped and are handed out
+/// again by [`AlignedBuf::for_overwrite`]: a batch assembled on a model instance's
+/// thread then reuses the pages of the previous batch instead of faulting in fresh ones
+/// (glibc maps every allocation above `malloc-mmap-threshold` anew). The store goes
+/// with the thread, so an unloaded instance leaves nothing behind.
 pub struct AlignedBuf {
     words: Vec<u64>,
     len: usize,
 }
 
+/// Buffers at least this large are kept for reuse...
+const REUSE_MIN: usize = 256 << 10;
+/// ...up to this size...
+const REUSE_MAX: usize = 512 << 20;
+/// ...and this many per thread.
+const REUSE_COUNT: usize = 4;
+
+thread_local! {
+    static SPARE: std::cell::RefCell<Vec<Vec<u64>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl AlignedBuf {
     pub fn zeroed(len: usize) -> Self {
         AlignedBuf { words: vec![0u64; len.div_ceil(8)], len }
+    }
+
+    /// A buffer of `len` bytes that the caller overwrites entirely: its contents are
+    /// unspecified (a reused buffer keeps what it held; it is never uninitialised).
+    pub fn for_overwrite(len: usize) -> Self {
+        let n = len.div_ceil(8);
+        if len >= REUSE_MIN {
+            let reused = SPARE
+                .try_with(|s| {
+                    let mut s = s.borrow_mut();
+                    // the smallest kept buffer that is large enough
+                    let best = s.iter().enumerate().filter(|(_, w)| w.capacity() >= n).min_by_key(|(_, w)| w.capacity()).map(|(i, _)| i);
+                    best.map(|i| s.swap_remove(i))
+                })
+                .ok()
+                .flatten();
+            if let Some(mut words) = reused {
+                // within capacity: no reallocation; only words past the old length are written
+                words.resize(n, 0);
+                return AlignedBuf { words, len };
+            }
+        }
+        Self::zeroed(len)
     }
     pub fn as_slice(&self) -> &[u8] {
         &bytemuck::cast_slice(&self.words)[..self.len]
@@ -119,6 +159,27 @@ impl AlignedBuf {
     }
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        let bytes = self.words.capacity() * 8;
+        if !(REUSE_MIN..=REUSE_MAX).contains(&bytes) {
+            return;
+        }
+        let words = std::mem::take(&mut self.words);
+        let _ = SPARE.try_with(|s| {
+            let mut s = s.borrow_mut();
+            s.push(words);
+            if s.len() > REUSE_COUNT {
+                // keep the largest
+                let smallest = s.iter().enumerate().min_by_key(|(_, w)| w.capacity()).map(|(i, _)| i);
+                if let Some(i) = smallest {
+                    s.swap_remove(i);
+                }
+            }
+        });
     }
 }
 
@@ -140,6 +201,23 @@ pub fn first_non_finite(dtype: DataType, bytes: &[u8]) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn large_buffers_are_reused_on_their_thread() {
+        let a = AlignedBuf::for_overwrite(1 << 20);
+        let at = a.as_slice().as_ptr();
+        drop(a);
+        let b = AlignedBuf::for_overwrite(600 << 10);
+        assert_eq!(b.as_slice().as_ptr(), at, "the freed 1 MiB buffer serves a smaller request");
+        assert_eq!(b.len(), 600 << 10);
+        // another thread has its own store
+        let other = std::thread::spawn(move || AlignedBuf::for_overwrite(600 << 10).as_slice().as_ptr() as usize).join().unwrap();
+        assert_ne!(other, at as usize);
+        drop(b);
+        // small buffers are not kept
+        let c = AlignedBuf::for_overwrite(1000);
+        assert!(c.as_slice().iter().all(|&x| x == 0));
+    }
+
     use super::*;
 
     #[test]
