@@ -88,11 +88,7 @@ def plots(base, label, gpu, offline, online, bare, out, plt):
             ax.set_xticks(batches, [str(b) for b in batches])
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-        fig.suptitle(gpu, fontsize=9)
-        fig.tight_layout()
-        files.append(f"{base}_offline.png")
-        fig.savefig(os.path.join(out, files[-1]), dpi=110)
-        plt.close(fig)
+        files.append(save(plt, fig, gpu, out, f"{base}_offline.png"))
         files.append(breakdown(plt, [(str(b), r) for m, b, _, shm, r in sorted(offline, key=lambda x: x[1])
                                      if shm == "system" and m == ("graphs" if any(x[0] == "graphs" for x in offline) else "eager")],
                                "client batch size", f"{label}: where a request's time goes (offline)", gpu, out, f"{base}_offline_breakdown.png"))
@@ -110,11 +106,7 @@ def plots(base, label, gpu, offline, online, bare, out, plt):
         more = ax2.get_legend_handles_labels()
         ax1.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="upper left")
         ax1.grid(alpha=0.3)
-        fig.suptitle(gpu, fontsize=9)
-        fig.tight_layout()
-        files.append(f"{base}_online.png")
-        fig.savefig(os.path.join(out, files[-1]), dpi=110)
-        plt.close(fig)
+        files.append(save(plt, fig, gpu, out, f"{base}_online.png"))
         files.append(breakdown(plt, [(str(c), r) for c, r in pts], "concurrent client requests",
                                f"{label}: where a request's time goes (online)", gpu, out, f"{base}_online_breakdown.png"))
     return files
@@ -134,6 +126,11 @@ def breakdown(plt, bars, xlabel, title, gpu, out, name):
         ax.annotate(f"{t:.2f} ms", (x, 100), ha="center", va="bottom", fontsize=8)
     ax.set(xlabel=xlabel, ylabel="% of the average latency", title=title, ylim=(0, 112))
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return save(plt, fig, gpu, out, name)
+
+
+def save(plt, fig, gpu, out, name):
+    """Titles the figure with the GPU, writes out/name and returns name."""
     fig.suptitle(gpu, fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(out, name), dpi=110)

@@ -6,13 +6,7 @@
 # Expects $PYT, .carry/ (pack.sh) and, for onnx, /tmp/ort (unpack_ort_gpu.sh). Logs go to $OUT too.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-out="${OUT:-/tmp/out}"; mkdir -p "$out"
-TORCH_DIR=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')
-SITE=$(dirname "$TORCH_DIR")
-# CUDA 13 libraries of the machine's torch (cuBLAS, cuDNN), which onnxruntime-gpu also needs
-export LD_LIBRARY_PATH="/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/nvidia/lib64:$TORCH_DIR/lib:$SITE/nvidia/cu13/lib:$SITE/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}"
-mkdir -p /tmp/rust_backends/rust
-cp .carry/libtriton_rust.so .carry/libtriton_rust_torch.so .carry/libtriton_rust_torch_cuda.so /tmp/rust_backends/rust/
+. bench/gpu/gpu_env.sh
 server="$PYT/pytriton/tritonserver/bin/tritonserver"
 case "${1:-}" in
 reload)
