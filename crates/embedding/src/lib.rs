@@ -27,6 +27,7 @@ use triton_rust_core::error::{Error, Result};
 
 pub mod cache;
 pub mod durable;
+pub mod fixture;
 #[cfg(feature = "gpu")]
 pub mod gpu;
 pub mod host;

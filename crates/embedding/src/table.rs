@@ -81,8 +81,8 @@ pub fn parse_npy_header(bytes: &[u8]) -> Result<NpyHeader> {
     Ok(NpyHeader { descr, shape, data_offset: start + len })
 }
 
-/// Writes an `.npy` file (version 1, data aligned to 64 bytes).
-pub fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) -> Result<()> {
+/// The header of an `.npy` file (version 1) whose data starts 64-byte aligned after it.
+pub fn npy_header(descr: &str, shape: &[usize]) -> Vec<u8> {
     let shape_text = match shape {
         [n] => format!("({n},)"),
         dims => format!("({})", dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
@@ -91,10 +91,16 @@ pub fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) -> Resu
     let unpadded = 10 + header.len() + 1;
     header.push_str(&" ".repeat(unpadded.next_multiple_of(64) - unpadded));
     header.push('\n');
-    let mut out = Vec::with_capacity(10 + header.len() + data.len());
+    let mut out = Vec::with_capacity(10 + header.len());
     out.extend_from_slice(b"\x93NUMPY\x01\x00");
     out.extend_from_slice(&(header.len() as u16).to_le_bytes());
     out.extend_from_slice(header.as_bytes());
+    out
+}
+
+/// Writes an `.npy` file (version 1, data aligned to 64 bytes).
+pub fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) -> Result<()> {
+    let mut out = npy_header(descr, shape);
     out.extend_from_slice(data);
     std::fs::write(path, out).map_err(|e| Error::internal(format!("cannot write '{}': {e}", path.display())))
 }
