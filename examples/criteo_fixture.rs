@@ -56,7 +56,7 @@ fn parse() -> Result<Args, String> {
     if a.out.as_os_str().is_empty() {
         return Err("--out DIR is required".into());
     }
-    if !(a.scale > 0.0) || a.dim == 0 || a.threads == 0 || !(0.0..=1.0).contains(&a.cache_share) {
+    if a.scale.is_nan() || a.scale <= 0.0 || a.dim == 0 || a.threads == 0 || !(0.0..=1.0).contains(&a.cache_share) {
         return Err("--scale > 0, --dim > 0, --threads > 0 and 0 <= --cache-share <= 1".into());
     }
     Ok(a)
