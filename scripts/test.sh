@@ -18,4 +18,4 @@ python examples/export_models.py --repo models --models resnet50,bert_small,iden
 python examples/torch_models.py --repo models --models fastpitch,resnet50_pt,bert_small_pt
 python examples/recommenders.py --repo models --rows 1000
 echo "[test] integration tests against the real tritonserver"
-python -m pytest tests/server -v "$@"
+python -m pytest tests/server tests/tools -v "$@"
