@@ -129,3 +129,36 @@ def test_without_libtorch_onnx_serves_and_torchscript_fails_clearly(start_server
     assert not srv.model_ready("fastpitch")
     assert np.array_equal(infer(client, "http", "identity", {"INPUT0": x}, ["OUTPUT0"])["OUTPUT0"], x)
     assert srv.alive()
+
+
+def test_pytorch_backend_parameters_and_cuda_graph_settings(start_server, torch_repo, tmp_path):
+    """Triton's PyTorch-backend parameters are honoured; `optimization.cuda.graphs` on a
+    KIND_CPU instance is said in the log and the model serves as usual; a graph_spec batch
+    size past max_batch_size fails that model's load, naming it, and the server goes on."""
+    with open(os.path.join(REPO_ROOT, "models", "bert_small_pt", "config.pbtxt")) as f:
+        base = f.read()
+
+    def variant(name, graph_batch):
+        return (base.replace('name: "bert_small_pt"', f'name: "{name}"')
+                + f'optimization {{ cuda {{ graphs: true graph_spec [ {{ batch_size: {graph_batch} }} ] }} }}\n'
+                + 'parameters { key: "DISABLE_OPTIMIZED_EXECUTION" value { string_value: "true" } }\n'
+                + 'parameters { key: "ENABLE_TENSOR_FUSER" value { string_value: "false" } }\n')
+    repo = ModelRepo(str(tmp_path / "repo"))
+    repo.add_example("bert_small_pt", as_name="bert_opts", config=variant("bert_opts", 4))
+    repo.add_example("bert_small_pt", as_name="bert_bad_graphs", config=variant("bert_bad_graphs", 99))
+    srv = start_server(repo.root, "--model-control-mode=explicit", "--load-model=bert_opts")
+    rng = np.random.default_rng(3)
+    ids = rng.integers(1, 30522, (3, 384)).astype(np.int32)
+    seg = np.zeros((3, 384), np.int32)
+    mask = np.ones((3, 384), np.int32)
+    client = make_client(srv, "http")
+    got = infer(client, "http", "bert_opts", {"input__0": ids, "input__1": seg, "input__2": mask}, ["output__0", "output__1"])
+    ref = reference("bert_small_pt", ids, seg, mask)
+    for i, name in enumerate(["output__0", "output__1"]):
+        assert float(np.abs(got[name] - ref[i]).max()) <= 1e-4
+    assert "optimization.cuda.graphs applies to KIND_GPU instances" in srv.log_text()
+    r = srv.load("bert_bad_graphs")
+    msg = r.json().get("error", "")
+    print(f"\nbad graph_spec: {r.status_code} {msg}")
+    assert r.status_code == 400 and "graph_spec batch_size 99 is outside 1..=16" in msg
+    assert srv.alive() and srv.model_ready("bert_opts")
