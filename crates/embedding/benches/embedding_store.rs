@@ -125,6 +125,25 @@ fn main() {
             r / host_rate
         );
     }
+    // Zipf keys (recommender traffic: hot keys repeat within a batch, so each distinct
+    // missed key is fetched once), without a cache and with one
+    let zipf = triton_rust_embedding::Zipf::new(rows, 1.05);
+    for (label, with_cache) in [("host only, Zipf 1.05 keys", false), ("cpu cache + host, Zipf 1.05 keys", true)] {
+        let r = rate(
+            threads,
+            secs,
+            batch,
+            |rng, k, out| {
+                for x in k.iter_mut() {
+                    // spread the hot ranks over the table (a coprime multiplier)
+                    *x = (zipf.rank(rng.gen::<f64>()) as i64 * 2_654_435_761) % rows as i64;
+                }
+                if with_cache { inst.lookup(0, k, out) } else { no_cache.lookup(0, k, out) }.unwrap();
+            },
+            dim,
+        );
+        println!("{:<38} {:>14.0} {:>10.2} {:>8.2}x", label, r, gbs(r), r / host_rate);
+    }
     drop(inst);
     drop(no_cache);
     drop(store);
