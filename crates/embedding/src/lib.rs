@@ -16,8 +16,6 @@
 //! Nothing here knows Triton; `triton_rust_engine_embedding` adapts it to the `Engine` trait.
 #![forbid(unsafe_code)]
 
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Weak};
@@ -353,19 +351,15 @@ impl EmbeddingStore {
 
     /// Reads rows below the cache: host, then remote, then the default vector.
     /// Returns which keys were found (defaults are not worth caching).
-    /// Fetches distinct `keys` from the host tier, then Redis, else the default vector.
-    /// `counts[i]` is how many of the batch's keys key i stands for: the tier counters
-    /// count keys looked up, not distinct ones.
-    fn fetch_below_cache(&self, table: usize, keys: &[i64], out: &mut [f32], counts: &[u32]) -> Vec<bool> {
+    fn fetch_below_cache(&self, table: usize, keys: &[i64], out: &mut [f32]) -> Vec<bool> {
         let t = &self.tables[table];
         let dim = t.config.dim;
-        let weight = |idx: &mut dyn Iterator<Item = usize>| idx.map(|i| counts[i] as u64).sum::<u64>();
         let mut found = vec![false; keys.len()];
         let t0 = Instant::now();
         self.host(table).get_many(keys, out, &mut found);
         t.counters.host_ns.fetch_add(ns_since(t0), Ordering::Relaxed);
-        let host_hits = weight(&mut (0..keys.len()).filter(|&i| found[i]));
-        t.counters.host_hits.fetch_add(host_hits, Ordering::Relaxed);
+        let host_hits = found.iter().filter(|&&f| f).count();
+        t.counters.host_hits.fetch_add(host_hits as u64, Ordering::Relaxed);
         let mut missing: Vec<usize> = (0..keys.len()).filter(|&i| !found[i]).collect();
         if let (Some(remote), false) = (&self.remote, missing.is_empty()) {
             let mkeys: Vec<i64> = missing.iter().map(|&i| keys[i]).collect();
@@ -375,17 +369,15 @@ impl EmbeddingStore {
             match remote.get_many(&t.config.name, dim, &mkeys, &mut mout, &mut mfound) {
                 Ok(()) => {
                     let mut still = Vec::new();
-                    let mut hits = 0;
                     for (j, &i) in missing.iter().enumerate() {
                         if mfound[j] {
                             found[i] = true;
-                            hits += counts[i] as u64;
                             out[i * dim..(i + 1) * dim].copy_from_slice(&mout[j * dim..(j + 1) * dim]);
                         } else {
                             still.push(i);
                         }
                     }
-                    t.counters.remote_hits.fetch_add(hits, Ordering::Relaxed);
+                    t.counters.remote_hits.fetch_add((missing.len() - still.len()) as u64, Ordering::Relaxed);
                     missing = still;
                 }
                 Err(e) => {
@@ -399,7 +391,7 @@ impl EmbeddingStore {
         }
         for &i in &missing {
             out[i * dim..(i + 1) * dim].fill(t.config.default_value);
-            t.counters.defaults.fetch_add(counts[i] as u64, Ordering::Relaxed);
+            t.counters.defaults.fetch_add(1, Ordering::Relaxed);
             found[i] = false;
         }
         found
@@ -566,40 +558,6 @@ pub struct InstanceCaches {
     worker: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
-/// The distinct keys among some positions of a batch (first-seen order), how many
-/// positions each stands for, and which distinct key each position is.
-struct Distinct {
-    keys: Vec<i64>,
-    counts: Vec<u32>,
-    /// (position in the batch, index into `keys`), in the order the positions were given.
-    slots: Vec<(usize, u32)>,
-}
-
-impl Distinct {
-    fn of(keys: &[i64], positions: &[usize]) -> Distinct {
-        let mut index: HashMap<i64, u32, BuildHasherDefault<host::KeyHasher>> = HashMap::with_capacity_and_hasher(positions.len(), Default::default());
-        let mut d = Distinct { keys: Vec::new(), counts: Vec::new(), slots: Vec::with_capacity(positions.len()) };
-        for &i in positions {
-            let u = *index.entry(keys[i]).or_insert_with(|| {
-                d.keys.push(keys[i]);
-                d.counts.push(0);
-                (d.keys.len() - 1) as u32
-            });
-            d.counts[u as usize] += 1;
-            d.slots.push((i, u));
-        }
-        d
-    }
-
-    /// Calls `put(position, row)` for every position, with its distinct key's row of `rows`.
-    fn spread(&self, rows: &[f32], dim: usize, mut put: impl FnMut(usize, &[f32])) {
-        for &(i, u) in &self.slots {
-            let u = u as usize;
-            put(i, &rows[u * dim..(u + 1) * dim]);
-        }
-    }
-}
-
 impl InstanceCaches {
     fn new(store: Arc<EmbeddingStore>, caches: Vec<Arc<dyn CacheTier>>) -> InstanceCaches {
         let (tx, rx) = mpsc::sync_channel::<Job>(256);
@@ -643,11 +601,7 @@ impl InstanceCaches {
         t.counters.lookups.fetch_add(1, Ordering::Relaxed);
         t.counters.keys.fetch_add(keys.len() as u64, Ordering::Relaxed);
         let Some(cache) = self.caches.get(table) else {
-            let all: Vec<usize> = (0..keys.len()).collect();
-            let d = Distinct::of(keys, &all);
-            let mut uout = vec![0f32; d.keys.len() * dim];
-            store.fetch_below_cache(table, &d.keys, &mut uout, &d.counts);
-            d.spread(&uout, dim, |i, row| out[i * dim..(i + 1) * dim].copy_from_slice(row));
+            store.fetch_below_cache(table, keys, out);
             return Ok(());
         };
         let version = t.version.load(Ordering::SeqCst);
@@ -658,12 +612,13 @@ impl InstanceCaches {
         if missed.is_empty() {
             return Ok(());
         }
-        // each distinct missed key is fetched (and filled) once
-        let d = Distinct::of(keys, &missed);
-        let mut uout = vec![0f32; d.keys.len() * dim];
-        let found = store.fetch_below_cache(table, &d.keys, &mut uout, &d.counts);
-        d.spread(&uout, dim, |i, row| out[i * dim..(i + 1) * dim].copy_from_slice(row));
-        self.fill_after_miss(table, version, keys.len(), missed.len(), &d.keys, &uout, &found)
+        let mkeys: Vec<i64> = missed.iter().map(|&i| keys[i]).collect();
+        let mut mout = vec![0f32; mkeys.len() * dim];
+        let found = store.fetch_below_cache(table, &mkeys, &mut mout);
+        for (j, &i) in missed.iter().enumerate() {
+            out[i * dim..(i + 1) * dim].copy_from_slice(&mout[j * dim..(j + 1) * dim]);
+        }
+        self.fill_after_miss(table, version, keys.len(), &mkeys, &mout, &found)
     }
 
     /// Looks `keys` of one table up straight into GPU memory: row i lands at
@@ -692,31 +647,23 @@ impl InstanceCaches {
         if missed.is_empty() {
             return Ok(());
         }
-        let d = Distinct::of(keys, &missed);
-        let mut uout = vec![0f32; d.keys.len() * dim];
-        let found = store.fetch_below_cache(table, &d.keys, &mut uout, &d.counts);
-        // one host row per missed position for the scatter to the GPU
-        let mut mout = vec![0f32; missed.len() * dim];
-        let mut j = 0;
-        d.spread(&uout, dim, |_, row| {
-            mout[j * dim..(j + 1) * dim].copy_from_slice(row);
-            j += 1;
-        });
+        let mkeys: Vec<i64> = missed.iter().map(|&i| keys[i]).collect();
+        let mut mout = vec![0f32; mkeys.len() * dim];
+        let found = store.fetch_below_cache(table, &mkeys, &mut mout);
         rows.scatter(&mout, &missed, dim, offset, stride)?;
         if cache.is_some() {
-            self.fill_after_miss(table, version, keys.len(), missed.len(), &d.keys, &uout, &found)?;
+            self.fill_after_miss(table, version, keys.len(), &mkeys, &mout, &found)?;
         }
         Ok(())
     }
 
     /// Inserts rows found below the cache: now if the batch's hit rate was under the
     /// threshold, else through the background filler.
-    #[allow(clippy::too_many_arguments)]
-    fn fill_after_miss(&self, table: usize, version: u64, total: usize, misses: usize, mkeys: &[i64], mout: &[f32], found: &[bool]) -> Result<()> {
+    fn fill_after_miss(&self, table: usize, version: u64, total: usize, mkeys: &[i64], mout: &[f32], found: &[bool]) -> Result<()> {
         let store = &self.store;
         let t = &store.tables[table];
         let dim = t.config.dim;
-        let hit_rate = 1.0 - misses as f64 / total as f64;
+        let hit_rate = 1.0 - mkeys.len() as f64 / total as f64;
         let (mut fkeys, mut fvecs) = (Vec::with_capacity(mkeys.len()), Vec::with_capacity(mout.len()));
         for (j, &k) in mkeys.iter().enumerate() {
             if found[j] {
@@ -850,31 +797,6 @@ mod tests {
         let mut two = [0f32; 2];
         inst.lookup(1, &[3], &mut two).unwrap();
         assert_eq!(two, [-1.0, -1.0]);
-        std::fs::remove_dir_all(dir).unwrap();
-    }
-
-    #[test]
-    fn repeated_keys_are_fetched_once_and_counted_per_key() {
-        let d = Distinct::of(&[3, 3, 9, 7, 3, 5000, 5000], &[0, 1, 3, 4, 5, 6]);
-        assert_eq!((d.keys.clone(), d.counts.clone()), (vec![3, 7, 5000], vec![3, 1, 2]));
-        let mut seen = Vec::new();
-        d.spread(&[0.0, 1.0, 2.0], 1, |i, row| seen.push((i, row[0])));
-        assert_eq!(seen, [(0, 0.0), (1, 0.0), (3, 1.0), (4, 0.0), (5, 2.0), (6, 2.0)]);
-
-        let (store, dir) = make_store("dup", 1000, 4, 0.1, 1.1);
-        for inst in [store.attach_caches(&cpu).unwrap(), store.attach_caches_none()] {
-            let keys = [3i64, 3, 3, 7, 5000, 5000];
-            let mut out = vec![0f32; keys.len() * 4];
-            inst.lookup(0, &keys, &mut out).unwrap();
-            for (i, &k) in keys.iter().enumerate() {
-                let want = if k < 1000 { row(k, 0, 4) } else { vec![0.0; 4] };
-                assert_eq!(out[i * 4..i * 4 + 4], want[..], "position {i}");
-            }
-        }
-        let c = store.counters(0);
-        // every position counts, in both passes (cache empty at first, so all went below it)
-        assert_eq!(c.host_hits.load(Ordering::Relaxed), 8);
-        assert_eq!(c.defaults.load(Ordering::Relaxed), 4);
         std::fs::remove_dir_all(dir).unwrap();
     }
 
