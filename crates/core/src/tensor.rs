@@ -113,9 +113,10 @@ pub struct AlignedBuf {
 /// Buffers at least this large are kept for reuse...
 const REUSE_MIN: usize = 256 << 10;
 /// ...up to this size...
-const REUSE_MAX: usize = 512 << 20;
-/// ...and this many per thread.
-const REUSE_COUNT: usize = 4;
+const REUSE_MAX: usize = 256 << 20;
+/// ...and this many per thread (a batch assembles one buffer per host input that several
+/// requests share; models with more large inputs fall back to fresh allocations).
+const REUSE_COUNT: usize = 2;
 
 thread_local! {
     static SPARE: std::cell::RefCell<Vec<Vec<u64>>> = const { std::cell::RefCell::new(Vec::new()) };
