@@ -89,13 +89,16 @@ pub enum EngineKind {
     Embedding,
     /// TorchScript through libtorch (the optional plugin).
     Torch,
+    /// The embedding lookup feeding a dense network in one model (`chain.rs`); its
+    /// "model file" is the version directory.
+    Recommender,
 }
 
 impl EngineKind {
     fn default_file(self) -> &'static str {
         match self {
             EngineKind::Onnx => "model.onnx",
-            EngineKind::Embedding => "",
+            EngineKind::Embedding | EngineKind::Recommender => "",
             EngineKind::Torch => "model.pt",
         }
     }
@@ -109,9 +112,10 @@ pub fn select(config: &ModelConfig, version_dir: &Path) -> Result<(EngineKind, P
         Some(e) if e == "onnx" || e == "onnxruntime" => EngineKind::Onnx,
         Some(e) if e == "embedding" || e == "hps" => EngineKind::Embedding,
         Some(e) if e == "torch" || e == "torchscript" || e == "pytorch" => EngineKind::Torch,
+        Some(e) if e == "recommender" => EngineKind::Recommender,
         Some(other) => {
             return Err(Error::unsupported(format!(
-                "parameter 'engine' is '{other}'; this build of the rust backend has the engines: onnx, torch, embedding"
+                "parameter 'engine' is '{other}'; this build of the rust backend has the engines: onnx, torch, embedding, recommender"
             )))
         }
         None => match config.default_model_filename.as_deref() {
@@ -127,7 +131,7 @@ pub fn select(config: &ModelConfig, version_dir: &Path) -> Result<(EngineKind, P
             None => EngineKind::Onnx,
         },
     };
-    if kind == EngineKind::Embedding {
+    if matches!(kind, EngineKind::Embedding | EngineKind::Recommender) {
         if !version_dir.is_dir() {
             return Err(Error::not_found(format!("model version directory '{}' not found", version_dir.display())));
         }

@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod batch;
+pub mod chain;
 pub mod config;
 pub mod engine;
 pub mod error;

@@ -1,0 +1,233 @@
+//! Two engines as one model: the recommender's single-model path. The embedding store's
+//! lookup (the first engine, `embedding_interface: batched`) writes the embeddings the
+//! dense network (the second engine, ONNX or TorchScript) reads, inside the backend: no
+//! trip through Triton between them, one model to configure, load and version.
+//!
+//! A model with `parameters { key: "engine" value { string_value: "recommender" } }`
+//! holds its tables under `<version>/tables/` (as an embedding model) and its dense
+//! network as `<version>/dense.onnx` or `<version>/dense.pt`. Its config lists the
+//! clients' inputs (the keys, `recommender_sparse_input`, default `sparse`, INT64
+//! `[tables]`, and the dense features) and the network's outputs; the network's input
+//! that takes the embeddings is `recommender_embeddings_input` (default `embeddings`,
+//! FP32 `[tables, dim]`). Every embedding-store parameter applies as for an embedding
+//! model. CPU instances for now; the GPU path (rows straight into the network's input on
+//! the GPU) is the next step.
+
+use std::path::{Path, PathBuf};
+
+use crate::batch::{BatchData, BatchTensor, RequestTensor};
+use crate::config::{ModelConfig, TensorConfig, TensorSpec};
+use crate::engine::{Device, Engine, EngineKind, OutputView, Signature};
+use crate::error::{Error, Result};
+use crate::tensor::{AlignedBuf, Bytes, DataType};
+
+/// How a recommender model splits into its two engines.
+#[derive(Debug)]
+pub struct ChainPlan {
+    pub lookup_config: ModelConfig,
+    pub dense_config: ModelConfig,
+    pub dense_kind: EngineKind,
+    pub dense_file: PathBuf,
+    sparse_input: String,
+    embeddings_input: String,
+}
+
+/// The embedding engine's output name inside the chain.
+const LOOKUP_OUTPUT: &str = "OUTPUT0";
+
+fn param<'a>(config: &'a ModelConfig, key: &str, default: &'a str) -> &'a str {
+    config.parameters.get(key).map(|s| s.trim()).filter(|s| !s.is_empty()).unwrap_or(default)
+}
+
+/// Splits a recommender model's config into the lookup's and the dense network's.
+pub fn plan(config: &ModelConfig, version_dir: &Path) -> Result<ChainPlan> {
+    let sparse_input = param(config, "recommender_sparse_input", "sparse").to_string();
+    let embeddings_input = param(config, "recommender_embeddings_input", "embeddings").to_string();
+    let sparse = config.inputs.iter().find(|t| t.name == sparse_input).ok_or_else(|| {
+        Error::invalid_arg(format!(
+            "the recommender engine takes the keys from input '{sparse_input}' (parameter recommender_sparse_input), which the config does not list"
+        ))
+    })?;
+    if sparse.dtype != DataType::I64 {
+        return Err(Error::invalid_arg(format!("input '{sparse_input}' holds the keys: it must be TYPE_INT64")));
+    }
+    if config.inputs.iter().any(|t| t.name == embeddings_input) {
+        return Err(Error::invalid_arg(format!(
+            "input '{embeddings_input}' is filled by the embedding lookup inside the model; clients do not send it (remove it from the config)"
+        )));
+    }
+    let tables = config.parameters.get("embedding_table_names").map_or(0, |s| s.split(',').filter(|t| !t.trim().is_empty()).count());
+    let dims: Vec<i64> = config
+        .parameters
+        .get("embedding_vecsize_per_table")
+        .map(|s| s.split(',').filter_map(|d| d.trim().parse().ok()).collect())
+        .unwrap_or_default();
+    let dim = match dims.as_slice() {
+        [d] => *d,
+        [d, rest @ ..] if rest.iter().all(|x| x == d) => *d,
+        _ => return Err(Error::invalid_arg("the recommender engine needs one embedding_vecsize_per_table shared by every table")),
+    };
+    if tables == 0 {
+        return Err(Error::invalid_arg("the recommender engine needs parameter embedding_table_names"));
+    }
+    if sparse.dims != [tables as i64] {
+        return Err(Error::invalid_arg(format!("input '{sparse_input}' must have dims [ {tables} ] (one key per table); it has {:?}", sparse.dims)));
+    }
+    let named = config.parameters.get("recommender_dense_model").map(|s| version_dir.join(s.trim()));
+    let dense_file = match named {
+        Some(f) => f,
+        None if version_dir.join("dense.onnx").exists() => version_dir.join("dense.onnx"),
+        None => version_dir.join("dense.pt"),
+    };
+    if !dense_file.is_file() {
+        return Err(Error::not_found(format!("the recommender's dense network '{}' not found (dense.onnx or dense.pt)", dense_file.display())));
+    }
+    let file_name = dense_file.to_string_lossy();
+    let dense_kind = if file_name.ends_with(".onnx") {
+        EngineKind::Onnx
+    } else if file_name.ends_with(".pt") || file_name.ends_with(".pth") {
+        EngineKind::Torch
+    } else {
+        return Err(Error::invalid_arg(format!("cannot tell the dense network's engine from '{file_name}' (.onnx or .pt)")));
+    };
+
+    let mut lookup_config = config.clone();
+    lookup_config.inputs = vec![sparse.clone()];
+    lookup_config.outputs = vec![TensorConfig { name: LOOKUP_OUTPUT.into(), dtype: DataType::F32, dims: vec![tables as i64, dim], reshape: None }];
+    lookup_config.parameters.insert("embedding_interface".into(), "batched".into());
+    let mut dense_config = config.clone();
+    dense_config.inputs.retain(|t| t.name != sparse_input);
+    dense_config.inputs.push(TensorConfig { name: embeddings_input.clone(), dtype: DataType::F32, dims: vec![tables as i64, dim], reshape: None });
+    dense_config.cuda_graphs = false;
+    Ok(ChainPlan { lookup_config, dense_config, dense_kind, dense_file, sparse_input, embeddings_input })
+}
+
+pub struct Chain {
+    lookup: Box<dyn Engine>,
+    dense: Box<dyn Engine>,
+    sparse_input: String,
+    embeddings_input: String,
+    sig: Signature,
+}
+
+impl Chain {
+    pub fn new(lookup: Box<dyn Engine>, dense: Box<dyn Engine>, plan: &ChainPlan, device: Device) -> Result<Chain> {
+        if device != Device::Cpu {
+            return Err(Error::unsupported("the recommender engine runs on KIND_CPU instances for now (use the ensemble on a GPU)"));
+        }
+        let emb = dense.inputs().iter().find(|t| t.name == plan.embeddings_input).ok_or_else(|| {
+            Error::invalid_arg(format!(
+                "the dense network '{}' has no input '{}' to take the embeddings (parameter recommender_embeddings_input)",
+                plan.dense_file.display(),
+                plan.embeddings_input
+            ))
+        })?;
+        let rows = &lookup.outputs()[0];
+        let fits = emb.dtype == DataType::F32
+            && emb.shape.len() == rows.shape.len()
+            && emb.shape.iter().zip(&rows.shape).all(|(&a, &b)| a == -1 || b == -1 || a == b);
+        if !fits {
+            return Err(Error::invalid_arg(format!(
+                "the dense network's input '{}' is {:?} {:?}; the lookup gives FP32 {:?}",
+                emb.name, emb.dtype, emb.shape, rows.shape
+            )));
+        }
+        let mut inputs: Vec<TensorSpec> = dense.inputs().iter().filter(|t| t.name != plan.embeddings_input).cloned().collect();
+        inputs.push(lookup.inputs()[0].clone());
+        let sig = Signature { inputs, outputs: dense.outputs().to_vec(), device };
+        Ok(Chain { lookup, dense, sparse_input: plan.sparse_input.clone(), embeddings_input: plan.embeddings_input.clone(), sig })
+    }
+}
+
+impl Engine for Chain {
+    fn signature(&self) -> &Signature {
+        &self.sig
+    }
+
+    fn metrics_source(&self) -> Option<std::sync::Arc<dyn crate::telemetry::MetricsSource>> {
+        self.lookup.metrics_source()
+    }
+
+    fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
+        match inputs.iter().position(|t| t.name == self.sparse_input) {
+            Some(i) => self.lookup.check_request(&inputs[i..=i]),
+            None => Ok(()),
+        }
+    }
+
+    fn run(&mut self, inputs: &[BatchTensor<'_>], outputs: &[&str], sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>) -> Result<()> {
+        let keys = inputs
+            .iter()
+            .find(|t| t.name == self.sparse_input)
+            .ok_or_else(|| Error::internal(format!("input '{}' missing from the batch", self.sparse_input)))?;
+        let key_bytes = keys.bytes().ok_or_else(|| Error::unsupported(format!("input '{}' in GPU memory", self.sparse_input)))?;
+        let lookup_in = [BatchTensor { name: keys.name.clone(), dtype: keys.dtype, shape: keys.shape.clone(), data: BatchData::Borrowed(key_bytes) }];
+        let mut rows: Option<(Vec<i64>, AlignedBuf)> = None;
+        self.lookup.run(&lookup_in, &[LOOKUP_OUTPUT], &mut |o: OutputView<'_>| {
+            let Bytes::Host(b) = o.data else {
+                return Err(Error::unsupported("the embedding lookup gave rows in GPU memory; the recommender engine takes host rows for now"));
+            };
+            let mut buf = AlignedBuf::for_overwrite(b.len());
+            buf.as_mut_slice().copy_from_slice(b);
+            rows = Some((o.shape.to_vec(), buf));
+            Ok(())
+        })?;
+        let (shape, buf) = rows.ok_or_else(|| Error::internal("the embedding lookup gave no rows"))?;
+        let mut dense_in = Vec::with_capacity(self.dense.inputs().len());
+        let mut embeddings = Some(BatchTensor { name: self.embeddings_input.clone(), dtype: DataType::F32, shape, data: BatchData::Owned(buf) });
+        for spec in self.dense.inputs() {
+            if spec.name == self.embeddings_input {
+                dense_in.push(embeddings.take().ok_or_else(|| Error::internal("embeddings input twice"))?);
+                continue;
+            }
+            let t = inputs
+                .iter()
+                .find(|t| t.name == spec.name)
+                .ok_or_else(|| Error::internal(format!("input '{}' of the dense network missing from the batch", spec.name)))?;
+            let bytes = t.bytes().ok_or_else(|| Error::unsupported(format!("input '{}' in GPU memory", t.name)))?;
+            dense_in.push(BatchTensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data: BatchData::Borrowed(bytes) });
+        }
+        self.dense.run(&dense_in, outputs, sink)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &str) -> ModelConfig {
+        ModelConfig::from_json(&format!(
+            r#"{{"name": "r", "max_batch_size": 8,
+                "input": [{{"name": "dense", "data_type": "TYPE_FP32", "dims": [13]}},
+                          {{"name": "sparse", "data_type": "TYPE_INT64", "dims": [3]}}{extra}],
+                "output": [{{"name": "prediction", "data_type": "TYPE_FP32", "dims": [1]}}],
+                "parameters": {{"embedding_table_names": {{"string_value": "a,b,c"}},
+                                "embedding_vecsize_per_table": {{"string_value": "4"}}}}}}"#
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn plans_the_two_engines_and_names_what_is_wrong() {
+        let dir = std::env::temp_dir().join(format!("trt-chain-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let e = plan(&config(""), &dir).unwrap_err();
+        assert!(e.message().contains("dense.onnx or dense.pt"), "{e}");
+        std::fs::write(dir.join("dense.onnx"), b"x").unwrap();
+        let p = plan(&config(""), &dir).unwrap();
+        assert_eq!(p.dense_kind, EngineKind::Onnx);
+        assert_eq!(p.lookup_config.inputs.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["sparse"]);
+        assert_eq!(p.lookup_config.parameters["embedding_interface"], "batched");
+        let dense: Vec<_> = p.dense_config.inputs.iter().map(|t| (t.name.as_str(), t.dims.clone())).collect();
+        assert_eq!(dense, [("dense", vec![13]), ("embeddings", vec![3, 4])]);
+        let e = plan(&config(r#", {"name": "embeddings", "data_type": "TYPE_FP32", "dims": [3, 4]}"#), &dir).unwrap_err();
+        assert!(e.message().contains("clients do not send it"), "{e}");
+        let mut c = config("");
+        c.parameters.insert("recommender_sparse_input".into(), "ids".into());
+        assert!(plan(&c, &dir).unwrap_err().message().contains("'ids'"));
+        let mut c = config("");
+        c.parameters.insert("embedding_vecsize_per_table".into(), "4,8,4".into());
+        assert!(plan(&c, &dir).unwrap_err().message().contains("shared by every table"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
