@@ -125,8 +125,8 @@ fn main() {
             r / host_rate
         );
     }
-    // Zipf keys (recommender traffic: hot keys repeat within a batch, so each distinct
-    // missed key is fetched once), without a cache and with one
+    // Zipf keys (recommender traffic: hot keys repeat within a batch), without a cache
+    // and with one; the key generation (a search of the Zipf table) is part of the figure
     let zipf = triton_rust_embedding::Zipf::new(rows, 1.05);
     for (label, with_cache) in [("host only, Zipf 1.05 keys", false), ("cpu cache + host, Zipf 1.05 keys", true)] {
         let r = rate(
