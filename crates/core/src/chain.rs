@@ -19,7 +19,7 @@ use crate::batch::{BatchData, BatchTensor, RequestTensor};
 use crate::config::{ModelConfig, TensorConfig, TensorSpec};
 use crate::engine::{Device, Engine, EngineKind, OutputView, Signature};
 use crate::error::{Error, Result};
-use crate::tensor::{AlignedBuf, Bytes, DataType};
+use crate::tensor::{Bytes, DataType};
 
 /// How a recommender model splits into its two engines.
 #[derive(Debug)]
@@ -162,32 +162,34 @@ impl Engine for Chain {
             .ok_or_else(|| Error::internal(format!("input '{}' missing from the batch", self.sparse_input)))?;
         let key_bytes = keys.bytes().ok_or_else(|| Error::unsupported(format!("input '{}' in GPU memory", self.sparse_input)))?;
         let lookup_in = [BatchTensor { name: keys.name.clone(), dtype: keys.dtype, shape: keys.shape.clone(), data: BatchData::Borrowed(key_bytes) }];
-        let mut rows: Option<(Vec<i64>, AlignedBuf)> = None;
+        // The dense network runs inside the lookup's sink, on the lookup's own buffer of
+        // rows: nothing is copied between the two.
+        let (dense, embeddings_input) = (&mut self.dense, &self.embeddings_input);
+        let mut ran = false;
         self.lookup.run(&lookup_in, &[LOOKUP_OUTPUT], &mut |o: OutputView<'_>| {
-            let Bytes::Host(b) = o.data else {
+            if !matches!(o.data, Bytes::Host(_)) {
                 return Err(Error::unsupported("the embedding lookup gave rows in GPU memory; the recommender engine takes host rows for now"));
-            };
-            let mut buf = AlignedBuf::for_overwrite(b.len());
-            buf.as_mut_slice().copy_from_slice(b);
-            rows = Some((o.shape.to_vec(), buf));
-            Ok(())
-        })?;
-        let (shape, buf) = rows.ok_or_else(|| Error::internal("the embedding lookup gave no rows"))?;
-        let mut dense_in = Vec::with_capacity(self.dense.inputs().len());
-        let mut embeddings = Some(BatchTensor { name: self.embeddings_input.clone(), dtype: DataType::F32, shape, data: BatchData::Owned(buf) });
-        for spec in self.dense.inputs() {
-            if spec.name == self.embeddings_input {
-                dense_in.push(embeddings.take().ok_or_else(|| Error::internal("embeddings input twice"))?);
-                continue;
             }
-            let t = inputs
-                .iter()
-                .find(|t| t.name == spec.name)
-                .ok_or_else(|| Error::internal(format!("input '{}' of the dense network missing from the batch", spec.name)))?;
-            let bytes = t.bytes().ok_or_else(|| Error::unsupported(format!("input '{}' in GPU memory", t.name)))?;
-            dense_in.push(BatchTensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data: BatchData::Borrowed(bytes) });
+            let mut dense_in = Vec::with_capacity(dense.inputs().len());
+            for spec in dense.inputs() {
+                if spec.name == *embeddings_input {
+                    dense_in.push(BatchTensor { name: spec.name.clone(), dtype: DataType::F32, shape: o.shape.to_vec(), data: BatchData::Borrowed(o.data) });
+                    continue;
+                }
+                let t = inputs
+                    .iter()
+                    .find(|t| t.name == spec.name)
+                    .ok_or_else(|| Error::internal(format!("input '{}' of the dense network missing from the batch", spec.name)))?;
+                let bytes = t.bytes().ok_or_else(|| Error::unsupported(format!("input '{}' in GPU memory", t.name)))?;
+                dense_in.push(BatchTensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data: BatchData::Borrowed(bytes) });
+            }
+            ran = true;
+            dense.run(&dense_in, outputs, sink)
+        })?;
+        if !ran {
+            return Err(Error::internal("the embedding lookup gave no rows"));
         }
-        self.dense.run(&dense_in, outputs, sink)
+        Ok(())
     }
 }
 
