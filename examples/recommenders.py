@@ -260,6 +260,36 @@ def reference_predict(model: Recommender, dense: np.ndarray, sparse: np.ndarray)
         return model.dense_part(torch.from_numpy(dense), torch.stack(embs, dim=1)).numpy()
 
 
+def single_model(repo: str, name: str, dst_repo: str, extra_parameters=()) -> str:
+    """Writes `<name>_single` into dst_repo: the recommender as one backend model (engine
+    "recommender"), its tables and dense ONNX linked from repo's `<name>_sparse` and
+    `<name>_dense`, the ensemble's inputs and output, the sparse step's store parameters."""
+    import re
+
+    with open(os.path.join(repo, name, "config.pbtxt")) as f:
+        ensemble = f.read()
+    with open(os.path.join(repo, f"{name}_sparse", "config.pbtxt")) as f:
+        params = [line for line in f.read().splitlines()
+                  if line.startswith("parameters") and '"engine"' not in line and "embedding_interface" not in line]
+    max_batch = re.search(r"max_batch_size: (\d+)", ensemble).group(1)
+    inputs = re.search(r"input \[.*?\n\]", ensemble, re.S).group(0)
+    output = next(line for line in ensemble.splitlines() if line.startswith("output"))
+    single = f"{name}_single"
+    d = os.path.join(dst_repo, single, "1")
+    os.makedirs(d, exist_ok=True)
+    for link, target in (("tables", os.path.join(repo, f"{name}_sparse", "1", "tables")),
+                         ("dense.onnx", os.path.join(repo, f"{name}_dense", "1", "model.onnx"))):
+        if not os.path.lexists(os.path.join(d, link)):
+            os.symlink(os.path.abspath(target), os.path.join(d, link))
+    with open(os.path.join(dst_repo, single, "config.pbtxt"), "w") as f:
+        f.write("\n".join([f'name: "{single}"', 'backend: "rust"', f"max_batch_size: {max_batch}", inputs, output,
+                           "dynamic_batching { max_queue_delay_microseconds: 100 }",
+                           "instance_group [ { count: 1 kind: KIND_CPU } ]",
+                           'parameters { key: "engine" value { string_value: "recommender" } }',
+                           *params, *extra_parameters, ""]))
+    return single
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repo", default="models")
