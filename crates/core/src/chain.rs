@@ -139,6 +139,12 @@ impl Chain {
     }
 }
 
+/// A view of a batch input for one of the chain's engines (host memory for now).
+fn borrowed<'a>(t: &'a BatchTensor<'_>) -> Result<BatchTensor<'a>> {
+    let bytes = t.bytes().ok_or_else(|| Error::unsupported(format!("input '{}' in GPU memory", t.name)))?;
+    Ok(BatchTensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data: BatchData::Borrowed(bytes) })
+}
+
 impl Engine for Chain {
     fn signature(&self) -> &Signature {
         &self.sig
@@ -160,8 +166,7 @@ impl Engine for Chain {
             .iter()
             .find(|t| t.name == self.sparse_input)
             .ok_or_else(|| Error::internal(format!("input '{}' missing from the batch", self.sparse_input)))?;
-        let key_bytes = keys.bytes().ok_or_else(|| Error::unsupported(format!("input '{}' in GPU memory", self.sparse_input)))?;
-        let lookup_in = [BatchTensor { name: keys.name.clone(), dtype: keys.dtype, shape: keys.shape.clone(), data: BatchData::Borrowed(key_bytes) }];
+        let lookup_in = [borrowed(keys)?];
         // The dense network runs inside the lookup's sink, on the lookup's own buffer of
         // rows: nothing is copied between the two.
         let (dense, embeddings_input) = (&mut self.dense, &self.embeddings_input);
@@ -180,8 +185,7 @@ impl Engine for Chain {
                     .iter()
                     .find(|t| t.name == spec.name)
                     .ok_or_else(|| Error::internal(format!("input '{}' of the dense network missing from the batch", spec.name)))?;
-                let bytes = t.bytes().ok_or_else(|| Error::unsupported(format!("input '{}' in GPU memory", t.name)))?;
-                dense_in.push(BatchTensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data: BatchData::Borrowed(bytes) });
+                dense_in.push(borrowed(t)?);
             }
             ran = true;
             dense.run(&dense_in, outputs, sink)

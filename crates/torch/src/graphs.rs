@@ -9,11 +9,11 @@
 //! shape, outputs not batch-major) runs eagerly for that shape, logged once.
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_int, c_void};
 
 use tch::{CModule, IValue, Tensor};
 
-use super::{dtype_of, tensors, CudaApi};
+use super::{dtype_of, shim_call, tensors, CudaApi};
 
 /// More distinct shapes than this run eagerly (logged once): each graph holds its
 /// static inputs and outputs.
@@ -47,11 +47,6 @@ pub(crate) struct Graphs {
     captured: HashMap<Key, Captured>,
     refused: HashSet<Key>,
     said_full: bool,
-}
-
-fn call_err(buf: &[c_char]) -> String {
-    // SAFETY: the shim writes a NUL-terminated string into the buffer (zeroed first).
-    unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
 }
 
 impl Graphs {
@@ -127,11 +122,8 @@ impl Graphs {
             };
             dst.f_copy_(src).map_err(|e| format!("copying an input into the CUDA graph: {e}"))?;
         }
-        let mut err = [0 as c_char; 512];
         // SAFETY: a graph made by this shim; the buffer outlives the call.
-        if unsafe { (self.api.graph_replay)(c.graph, err.as_mut_ptr(), err.len()) } != 0 {
-            return Err(format!("CUDA graph replay failed: {}", call_err(&err)));
-        }
+        shim_call(|err, len| unsafe { (self.api.graph_replay)(c.graph, err, len) }).map_err(|e| format!("CUDA graph replay failed: {e}"))?;
         for o in &c.outputs {
             outs.push(match rows {
                 Some(n) => o.f_narrow(0, 0, n).map_err(|e| e.to_string())?,
@@ -167,20 +159,20 @@ impl Graphs {
                 (a, b)
             }
         };
-        let mut err = [0 as c_char; 512];
+        let mut graph = std::ptr::null_mut();
         // SAFETY: the instance's stream is current on this thread (run entered it).
-        let graph = unsafe { (self.api.graph_begin)(first, second, err.as_mut_ptr(), err.len()) };
-        if graph.is_null() {
-            return Err(format!("capture did not start: {}", call_err(&err)));
-        }
+        shim_call(|err, len| {
+            graph = unsafe { (self.api.graph_begin)(first, second, err, len) };
+            c_int::from(graph.is_null())
+        })
+        .map_err(|e| format!("capture did not start: {e}"))?;
         let result = module.forward_is(&args);
         // the capture must end whatever happened, so that the stream leaves capture mode
         // SAFETY: graph came from graph_begin; on failure graph_end frees it.
-        let ended = unsafe { (self.api.graph_end)(graph, err.as_mut_ptr(), err.len()) };
-        if ended != 0 {
+        if let Err(ended) = shim_call(|err, len| unsafe { (self.api.graph_end)(graph, err, len) }) {
             let why = match &result {
                 Err(e) => format!("{e}"),
-                Ok(_) => call_err(&err),
+                Ok(_) => ended,
             };
             return Err(format!("the model cannot be captured ({why})"));
         }

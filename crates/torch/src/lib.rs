@@ -73,17 +73,24 @@ struct InstanceStream {
     stream: *mut c_void,
 }
 
+/// Calls a shim function that reports failure by a nonzero return and a message in the
+/// error buffer it is given; the message comes back in CUDA's own words.
+fn shim_call(call: impl FnOnce(*mut c_char, usize) -> c_int) -> Result<(), String> {
+    let mut err = [0 as c_char; 1024];
+    if call(err.as_mut_ptr(), err.len()) == 0 {
+        return Ok(());
+    }
+    // SAFETY: the shim writes a NUL-terminated message into the buffer, which was zeroed
+    // (so it is NUL-terminated even if the shim wrote nothing).
+    Err(unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned())
+}
+
 impl InstanceStream {
     /// Waits for the stream's work; a CUDA error from it (a device-side assert, say)
     /// comes back in CUDA's words, which the caller recognises.
     fn sync(&self) -> Result<(), String> {
-        let mut err = [0 as c_char; 1024];
         // SAFETY: the stream is alive while self is; the buffer outlives the call.
-        if unsafe { (self.api.sync)(self.stream, err.as_mut_ptr(), err.len()) } == 0 {
-            return Ok(());
-        }
-        // SAFETY: the shim wrote a NUL-terminated message into the zeroed buffer.
-        Err(unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned())
+        shim_call(|err, len| unsafe { (self.api.sync)(self.stream, err, len) })
     }
 }
 
@@ -209,7 +216,12 @@ unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) ->
             }
             _ => None,
         };
-        Ok(Model { module, device, stream, optimized_execution: o.optimized_execution != 0, graphs,
+        Ok(Model {
+            module,
+            device,
+            stream,
+            optimized_execution: o.optimized_execution != 0,
+            graphs,
             log: o.log,
             verbose: o.verbose != 0,
             worker,
@@ -276,7 +288,6 @@ fn tensors(v: IValue, out: &mut Vec<Tensor>) -> Result<(), String> {
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
 /// Where a run's time went (`--log-verbose=1`).
 struct RunTimes {
     staged: std::time::Duration,

@@ -1,5 +1,6 @@
 //! Host inputs to a GPU instance: staged through one pinned buffer the instance keeps,
-//! in chunks, so that copying chunk k+1 into pinned memory (on the CPU) overlaps the DMA of chunk k to the GPU.
+//! in chunks, so that copying chunk k+1 into pinned memory (on the CPU) overlaps the
+//! DMA of chunk k to the GPU.
 //!
 //! Measured on an H100 (bench/gpu/results/dense_perf_h100_timing.log): staging a
 //! ResNet50 input through a fresh `pin_memory()` per run took 379 us at batch 1 (301 KB)
@@ -9,11 +10,9 @@
 //! whatever earlier copies from it may still be in flight (nothing, after a run that
 //! completed: every run ends synchronised).
 
-use std::ffi::{c_char, CStr};
-
 use tch::{Device, Kind, Tensor};
 
-use super::InstanceStream;
+use super::{shim_call, InstanceStream};
 
 /// Bytes per chunk: large enough that a copy's launch cost is small, small enough that
 /// the first DMA starts early.
@@ -70,17 +69,13 @@ impl Staging {
                 // SAFETY: offset + done + len <= total <= capacity.
                 let host = unsafe { base.add(offset + done) };
                 copy_in(&input.bytes[done..done + len], host)?;
-                let mut err = [0 as c_char; 256];
+                let to = (dst.data_ptr() as *mut u8).wrapping_add(done);
                 // SAFETY: len bytes from the pinned range just written into dst's
                 // storage (at least n bytes; alive until returned), queued on the
                 // instance's stream; the range is not rewritten before that stream has
                 // passed the copy (the sync above, at the next run).
-                let rc = unsafe { (s.api.copy_h2d)(s.stream, (dst.data_ptr() as *mut u8).add(done).cast(), host.cast(), len, err.as_mut_ptr(), err.len()) };
-                if rc != 0 {
-                    // SAFETY: the shim wrote a NUL-terminated message into the zeroed buffer.
-                    let why = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy();
-                    return Err(format!("copying an input to {device:?}: {why}"));
-                }
+                shim_call(|err, elen| unsafe { (s.api.copy_h2d)(s.stream, to.cast(), host.cast(), len, err, elen) })
+                    .map_err(|why| format!("copying an input to {device:?}: {why}"))?;
                 done += len;
             }
             offset += n.next_multiple_of(256);

@@ -22,6 +22,13 @@ namespace at::cuda {
 void clearCublasWorkspaces();
 }
 
+// Writes `what` into the caller's error buffer (`len` bytes, NUL-terminated).
+static void put_error(char* err, size_t len, const char* what) {
+  if (err && len) {
+    std::snprintf(err, len, "%s", what);
+  }
+}
+
 extern "C" {
 
 void* trt_stream_new(int device) {
@@ -48,10 +55,10 @@ int trt_stream_sync(void* stream, char* err, size_t len) {
     static_cast<c10::cuda::CUDAStream*>(stream)->synchronize();
     return 0;
   } catch (const std::exception& e) {
-    std::snprintf(err, len, "%s", e.what());
+    put_error(err, len, e.what());
     return 1;
   } catch (...) {
-    std::snprintf(err, len, "unknown error while waiting for the CUDA stream");
+    put_error(err, len, "unknown error while waiting for the CUDA stream");
     return 1;
   }
 }
@@ -61,7 +68,7 @@ int trt_stream_sync(void* stream, char* err, size_t len) {
 int trt_copy_h2d(void* stream, void* dst, const void* src, size_t n, char* err, size_t len) {
   cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, static_cast<c10::cuda::CUDAStream*>(stream)->stream());
   if (e == cudaSuccess) return 0;
-  std::snprintf(err, len, "%s", cudaGetErrorString(e));
+  put_error(err, len, cudaGetErrorString(e));
   return 1;
 }
 
@@ -86,14 +93,7 @@ int trt_release_cached() {
 // ---- CUDA graphs ----
 // A model instance captures one graph per input shape (batch buckets) on its own
 // stream, all drawing intermediates from one private memory pool (they replay one at
-// a time on that stream, so they may share it). Errors come back as text in `err`
-// (`len` bytes, NUL-terminated).
-
-static void put_error(char* err, size_t len, const char* what) {
-  if (err && len) {
-    std::snprintf(err, len, "%s", what);
-  }
-}
+// a time on that stream, so they may share it). Errors come back as text in `err`.
 
 // A fresh pool id for an instance's graphs.
 void trt_graph_pool(unsigned long long* first, unsigned long long* second) {
