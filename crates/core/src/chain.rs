@@ -10,8 +10,9 @@
 //! `[tables]`, and the dense features) and the network's outputs; the network's input
 //! that takes the embeddings is `recommender_embeddings_input` (default `embeddings`,
 //! FP32 `[tables, dim]`). Every embedding-store parameter applies as for an embedding
-//! model. CPU instances for now; the GPU path (rows straight into the network's input on
-//! the GPU) is the next step.
+//! model. On a GPU instance the lookup writes the rows into its own device buffer (every
+//! table in one pass) and the network reads that buffer as its input, in place: the
+//! embeddings never leave the GPU and never pass through Triton.
 
 use std::path::{Path, PathBuf};
 
@@ -70,9 +71,13 @@ pub fn plan(config: &ModelConfig, version_dir: &Path) -> Result<ChainPlan> {
     if tables == 0 {
         return Err(Error::invalid_arg("the recommender engine needs parameter embedding_table_names"));
     }
-    if sparse.dims != [tables as i64] {
-        return Err(Error::invalid_arg(format!("input '{sparse_input}' must have dims [ {tables} ] (one key per table); it has {:?}", sparse.dims)));
+    // With max_batch_size 0 the batch dimension is the config's own first dim.
+    let lead: Vec<i64> = if config.batching() { vec![] } else { vec![-1] };
+    let want: Vec<i64> = lead.iter().copied().chain([tables as i64]).collect();
+    if sparse.dims != want {
+        return Err(Error::invalid_arg(format!("input '{sparse_input}' must have dims {want:?} (one key per table); it has {:?}", sparse.dims)));
     }
+    let rows_dims: Vec<i64> = lead.iter().copied().chain([tables as i64, dim]).collect();
     let named = config.parameters.get("recommender_dense_model").map(|s| version_dir.join(s.trim()));
     let dense_file = match named {
         Some(f) => f,
@@ -93,11 +98,11 @@ pub fn plan(config: &ModelConfig, version_dir: &Path) -> Result<ChainPlan> {
 
     let mut lookup_config = config.clone();
     lookup_config.inputs = vec![sparse.clone()];
-    lookup_config.outputs = vec![TensorConfig { name: LOOKUP_OUTPUT.into(), dtype: DataType::F32, dims: vec![tables as i64, dim], reshape: None }];
+    lookup_config.outputs = vec![TensorConfig { name: LOOKUP_OUTPUT.into(), dtype: DataType::F32, dims: rows_dims.clone(), reshape: None }];
     lookup_config.parameters.insert("embedding_interface".into(), "batched".into());
     let mut dense_config = config.clone();
     dense_config.inputs.retain(|t| t.name != sparse_input);
-    dense_config.inputs.push(TensorConfig { name: embeddings_input.clone(), dtype: DataType::F32, dims: vec![tables as i64, dim], reshape: None });
+    dense_config.inputs.push(TensorConfig { name: embeddings_input.clone(), dtype: DataType::F32, dims: rows_dims, reshape: None });
     dense_config.cuda_graphs = false;
     Ok(ChainPlan { lookup_config, dense_config, dense_kind, dense_file, sparse_input, embeddings_input })
 }
@@ -112,9 +117,6 @@ pub struct Chain {
 
 impl Chain {
     pub fn new(lookup: Box<dyn Engine>, dense: Box<dyn Engine>, plan: &ChainPlan, device: Device) -> Result<Chain> {
-        if device != Device::Cpu {
-            return Err(Error::unsupported("the recommender engine runs on KIND_CPU instances for now (use the ensemble on a GPU)"));
-        }
         let emb = dense.inputs().iter().find(|t| t.name == plan.embeddings_input).ok_or_else(|| {
             Error::invalid_arg(format!(
                 "the dense network '{}' has no input '{}' to take the embeddings (parameter recommender_embeddings_input)",
@@ -139,7 +141,7 @@ impl Chain {
     }
 }
 
-/// A view of a batch input for one of the chain's engines (host memory for now).
+/// A view of a batch input for one of the chain's engines (the chain takes host inputs).
 fn borrowed<'a>(t: &'a BatchTensor<'_>) -> Result<BatchTensor<'a>> {
     let bytes = t.bytes().ok_or_else(|| Error::unsupported(format!("input '{}' in GPU memory", t.name)))?;
     Ok(BatchTensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data: BatchData::Borrowed(bytes) })
@@ -172,8 +174,10 @@ impl Engine for Chain {
         let (dense, embeddings_input) = (&mut self.dense, &self.embeddings_input);
         let mut ran = false;
         self.lookup.run(&lookup_in, &[LOOKUP_OUTPUT], &mut |o: OutputView<'_>| {
-            if !matches!(o.data, Bytes::Host(_)) {
-                return Err(Error::unsupported("the embedding lookup gave rows in GPU memory; the recommender engine takes host rows for now"));
+            // Host rows on a CPU instance; on a GPU instance the lookup's own device
+            // buffer, which the network reads in place.
+            if matches!(o.data, Bytes::Device(_)) && !dense.accepts_device_inputs() {
+                return Err(Error::unsupported("the dense network's engine cannot read inputs in GPU memory"));
             }
             let mut dense_in = Vec::with_capacity(dense.inputs().len());
             for spec in dense.inputs() {
@@ -231,6 +235,14 @@ mod tests {
         let mut c = config("");
         c.parameters.insert("recommender_sparse_input".into(), "ids".into());
         assert!(plan(&c, &dir).unwrap_err().message().contains("'ids'"));
+        let mut c = config("");
+        c.max_batch_size = 0;
+        assert!(plan(&c, &dir).unwrap_err().message().contains("[-1, 3]"), "without batching the keys carry their own batch dim");
+        c.inputs[1].dims = vec![-1, 3];
+        c.inputs[0].dims = vec![-1, 13];
+        let p = plan(&c, &dir).unwrap();
+        assert_eq!(p.lookup_config.outputs[0].dims, [-1, 3, 4]);
+        assert_eq!(p.dense_config.inputs[1].dims, [-1, 3, 4]);
         let mut c = config("");
         c.parameters.insert("embedding_vecsize_per_table".into(), "4,8,4".into());
         assert!(plan(&c, &dir).unwrap_err().message().contains("shared by every table"));

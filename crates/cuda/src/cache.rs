@@ -13,7 +13,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{result, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use parking_lot::Mutex;
 
 use crate::driver::{cuda_err, gpu, GpuState};
@@ -62,6 +62,41 @@ extern "C" __global__ void cache_lookup(const i64* __restrict__ keys, int n,
     int way = __ffs(m) - 1;
     copy_row(out + (size_t)warp * out_stride, rows + (set * 32 + way) * (size_t)dim, dim, lane);
     if (lane == 0) { hit[warp] = 1; slot_stamps[set * 32 + way] = epoch; }
+}
+
+// All tables of a batch in one launch, one warp per key. Table t's slots are described by
+// desc[t*4 .. t*4+4] = (slot keys, slot stamps, slot rows, sets). Key i belongs to table
+// i % tables (interleaved: keys [batch, tables]) or to the t with key_start[t] <= i <
+// key_start[t+1] (blocked: table after table); its row lands at out + i * dim either way.
+// Hits copy their row and stamp the slot; misses append i to miss[] (order not kept).
+extern "C" __global__ void batch_lookup(const i64* __restrict__ keys, int n, int tables, int interleaved,
+        const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
+        float* __restrict__ out, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
+    long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (warp >= n) return;
+    int t;
+    if (interleaved) { t = (int)(warp % tables); }
+    else { t = 0; while (t + 1 < tables && warp >= key_start[t + 1]) ++t; }
+    const i64* slot_keys = (const i64*)desc[t * 4];
+    u64* slot_stamps = (u64*)desc[t * 4 + 1];
+    const float* rows = (const float*)desc[t * 4 + 2];
+    long long sets = desc[t * 4 + 3];
+    i64 key = keys[warp];
+    bool match = false;
+    u64 set = 0;
+    if (sets > 0 && key != EMPTY_KEY) {
+        set = mix64((u64)key) % (u64)sets;
+        match = slot_keys[set * 32 + lane] == key;
+    }
+    unsigned m = __ballot_sync(FULL, match);
+    if (m == 0) {
+        if (lane == 0) miss[atomicAdd(miss_count, 1u)] = (int)warp;
+        return;
+    }
+    int way = __ffs(m) - 1;
+    copy_row(out + (size_t)warp * dim, rows + (set * 32 + way) * (size_t)dim, dim, lane);
+    if (lane == 0) slot_stamps[set * 32 + way] = epoch;
 }
 
 // One warp per row: writes rows[i] to out + idx[i] * out_stride (rows fetched below the cache).
@@ -123,6 +158,7 @@ pub(crate) struct Kernels {
     lookup: CudaFunction,
     insert: CudaFunction,
     scatter: CudaFunction,
+    batch: CudaFunction,
 }
 
 fn kernels(g: &GpuState) -> Result<Arc<Kernels>> {
@@ -136,6 +172,7 @@ fn kernels(g: &GpuState) -> Result<Arc<Kernels>> {
                     lookup: module.load_function("cache_lookup").map_err(cuda_err)?,
                     insert: module.load_function("cache_insert").map_err(cuda_err)?,
                     scatter: module.load_function("scatter_rows").map_err(cuda_err)?,
+                    batch: module.load_function("batch_lookup").map_err(cuda_err)?,
                 }))
             }))
             .unwrap_or_else(|p| {
@@ -183,11 +220,30 @@ pub struct InsertPlan<'a> {
     pub group_set: &'a [i64],
 }
 
+/// One instance's GPU work queue: its caches' lookups, fills and refreshes all go
+/// through it, in order, so an insert never overlaps a lookup of the same slots.
+#[derive(Clone)]
+pub struct Queue {
+    device: i32,
+    stream: Arc<CudaStream>,
+}
+
+impl Queue {
+    pub fn new(device: i32) -> Result<Queue> {
+        let (g, _) = self::device(device)?;
+        Ok(Queue { device, stream: g.new_stream()? })
+    }
+    pub fn device(&self) -> i32 {
+        self.device
+    }
+}
+
 impl CacheSlots {
-    /// Empty slots hold `empty_key`, which must never be inserted.
-    pub fn new(device: i32, sets: usize, dim: usize, empty_key: i64) -> Result<CacheSlots> {
-        let (g, kernels) = self::device(device)?;
-        let stream = g.new_stream()?;
+    /// Empty slots hold `empty_key`, which must never be inserted. The slots' work goes
+    /// through `queue`.
+    pub fn new(queue: &Queue, sets: usize, dim: usize, empty_key: i64) -> Result<CacheSlots> {
+        let (g, kernels) = self::device(queue.device)?;
+        let stream = queue.stream.clone();
         let capacity = sets * WAYS;
         let slots = Slots {
             keys: stream.clone_htod(&vec![empty_key; capacity]).map_err(cuda_err)?,
@@ -197,6 +253,21 @@ impl CacheSlots {
         };
         stream.synchronize().map_err(cuda_err)?;
         Ok(CacheSlots { kernels, _gpu: g, stream, sets, dim, slots: Mutex::new(slots) })
+    }
+
+    /// The slots' device addresses for [`BatchLookup`]: (keys, stamps, rows, sets). They
+    /// stay valid while `self` lives (the slots are never reallocated).
+    fn raw(&self) -> [i64; 4] {
+        let slots = self.slots.lock();
+        let addr = |p: u64| p as i64;
+        let (k, _a) = slots.keys.device_ptr(&self.stream);
+        let (st, _b) = slots.stamps.device_ptr(&self.stream);
+        let (r, _c) = slots.rows.device_ptr(&self.stream);
+        [addr(k), addr(st), addr(r), self.sets as i64]
+    }
+
+    pub fn dim(&self) -> usize {
+        self.dim
     }
 
     fn launch_lookup(&self, keys: &CudaSlice<i64>, n: usize, out: &mut cudarc::driver::CudaViewMut<'_, f32>, out_stride: usize, hit: &mut CudaSlice<u8>, epoch: u64) -> Result<()> {
@@ -396,5 +467,262 @@ impl DeviceRows {
         unsafe { b.launch(warps_config(idx.len())) }.map_err(cuda_err)?;
         s.synchronize().map_err(cuda_err)?;
         Ok(())
+    }
+}
+
+/// Device memory that grows and is never shrunk (a [`BatchLookup`]'s working buffers).
+struct DevBuf {
+    device: i32,
+    addr: u64,
+    bytes: usize,
+}
+
+impl DevBuf {
+    fn new(device: i32) -> DevBuf {
+        DevBuf { device, addr: 0, bytes: 0 }
+    }
+    /// Makes room for `bytes` (old contents are not kept) and returns the address.
+    fn reserve(&mut self, bytes: usize) -> Result<u64> {
+        if bytes > self.bytes {
+            self.release();
+            let want = bytes.next_power_of_two().max(256);
+            gpu(self.device)?;
+            // SAFETY: a plain allocation in the bound context; freed in `release`.
+            self.addr = unsafe { result::malloc_sync(want) }.map_err(cuda_err)?;
+            self.bytes = want;
+        }
+        Ok(self.addr)
+    }
+    fn release(&mut self) {
+        if self.bytes > 0 && gpu(self.device).is_ok() {
+            // SAFETY: our allocation; every use of it was waited for (BatchLookup syncs
+            // its queue before returning).
+            let _ = unsafe { result::free_sync(self.addr) };
+        }
+        self.addr = 0;
+        self.bytes = 0;
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// Page-locked host memory that grows (the copies to and from a [`BatchLookup`]).
+struct HostBuf<T: Copy> {
+    device: i32,
+    ptr: *mut T,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain memory owned by its `BatchLookup`, used under `&mut`.
+unsafe impl<T: Copy> Send for HostBuf<T> {}
+
+impl<T: Copy> HostBuf<T> {
+    fn new(device: i32) -> HostBuf<T> {
+        HostBuf { device, ptr: std::ptr::null_mut(), len: 0 }
+    }
+    /// The first `len` elements (contents unspecified after a growth).
+    fn slice(&mut self, len: usize) -> Result<&mut [T]> {
+        if len > self.len {
+            self.release();
+            let want = len.next_power_of_two().max(64);
+            gpu(self.device)?;
+            // SAFETY: a page-locked allocation of `want` elements; freed in `release`.
+            let p = unsafe { result::malloc_host(want * std::mem::size_of::<T>(), 0) }.map_err(cuda_err)?;
+            // zeroed once so the slice never exposes uninitialised memory
+            // SAFETY: `p` points to `want * size_of::<T>()` writable bytes.
+            unsafe { std::ptr::write_bytes(p as *mut u8, 0, want * std::mem::size_of::<T>()) };
+            self.ptr = p as *mut T;
+            self.len = want;
+        }
+        // SAFETY: `ptr` holds `self.len >= len` initialised elements, borrowed mutably via `&mut self`.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, len) })
+    }
+    fn release(&mut self) {
+        if !self.ptr.is_null() && gpu(self.device).is_ok() {
+            // SAFETY: our allocation; no copy into or out of it is in flight (see DevBuf).
+            let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
+        }
+        self.ptr = std::ptr::null_mut();
+        self.len = 0;
+    }
+}
+
+impl<T: Copy> Drop for HostBuf<T> {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// What [`BatchLookup::run`] calls with the missed indices and the rows to fill.
+pub type FetchMisses<'f, E> = dyn FnMut(&mut [i32], &mut [f32]) -> std::result::Result<(), E> + 'f;
+
+/// Which table each key of a batch belongs to.
+#[derive(Debug, Clone, Copy)]
+pub enum KeyLayout<'a> {
+    /// `[batch, tables]`: key i is table `i % tables`'s.
+    Interleaved,
+    /// Table after table: `counts[t]` keys of table t.
+    Blocked(&'a [usize]),
+}
+
+/// One instance's lookup of a whole batch, every table at once: the keys go to the GPU
+/// once (from page-locked memory), one kernel serves every hit of every table and lists
+/// the misses, the misses come back in one copy, are read below the cache by the
+/// caller, go back in one copy and are scattered into place by one more kernel. Rows
+/// land in this lookup's own output buffer (row i at `i * dim` floats). Every buffer is
+/// kept and reused; nothing is allocated per batch once the largest batch was seen, and
+/// the queue is waited on twice per batch (after the miss count, and at the end).
+pub struct BatchLookup {
+    queue: Queue,
+    kernels: Arc<Kernels>,
+    tables: usize,
+    dim: usize,
+    desc: DevBuf,
+    keys: (HostBuf<i64>, DevBuf),
+    starts: (HostBuf<i32>, DevBuf),
+    miss: (HostBuf<i32>, DevBuf),
+    count: (HostBuf<u32>, DevBuf),
+    fetched: (HostBuf<f32>, DevBuf),
+    out: DevBuf,
+}
+
+fn htod<T: Copy>(queue: &Queue, dst: u64, src: &[T]) -> Result<()> {
+    // SAFETY (callers): `dst` has room for `src`; `src` is page-locked and outlives the
+    // queue's next synchronisation, which every caller reaches before touching it again.
+    unsafe { result::memcpy_htod_async(dst, src, queue.stream.cu_stream()) }.map_err(cuda_err)
+}
+
+fn dtoh<T: Copy>(queue: &Queue, dst: &mut [T], src: u64) -> Result<()> {
+    // SAFETY (callers): `src` holds `dst.len()` elements; `dst` is page-locked and is
+    // read only after the queue is synchronised.
+    unsafe { result::memcpy_dtoh_async(dst, src, queue.stream.cu_stream()) }.map_err(cuda_err)
+}
+
+impl BatchLookup {
+    /// A lookup over `caches` (one per table, `None` for a table without a cache), all on
+    /// `queue`, every table of dim `dim`.
+    pub fn new(queue: &Queue, caches: &[Option<&CacheSlots>], dim: usize) -> Result<BatchLookup> {
+        let (_, kernels) = self::device(queue.device)?;
+        let d = queue.device;
+        if let Some(c) = caches.iter().flatten().find(|c| c.dim != dim) {
+            return Err(CudaError::internal(format!("batch lookup: a cache of dim {} in a lookup of dim {dim}", c.dim)));
+        }
+        let table_desc: Vec<i64> = caches.iter().flat_map(|c| c.map_or([0; 4], |c| c.raw())).collect();
+        let mut desc = DevBuf::new(d);
+        let at = desc.reserve(table_desc.len().max(1) * 8)?;
+        gpu(d)?;
+        // SAFETY: `desc` has room for the table descriptors; a synchronous copy.
+        unsafe { result::memcpy_htod_sync(at, &table_desc) }.map_err(cuda_err)?;
+        Ok(BatchLookup {
+            queue: queue.clone(),
+            kernels,
+            tables: caches.len(),
+            dim,
+            desc,
+            keys: (HostBuf::new(d), DevBuf::new(d)),
+            starts: (HostBuf::new(d), DevBuf::new(d)),
+            miss: (HostBuf::new(d), DevBuf::new(d)),
+            count: (HostBuf::new(d), DevBuf::new(d)),
+            fetched: (HostBuf::new(d), DevBuf::new(d)),
+            out: DevBuf::new(d),
+        })
+    }
+
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// Looks `keys` up (table of each key as `layout` says), stamping hits with `epoch`.
+    /// `fetch(missed, rows)` is given the indices that missed, in no particular order (it
+    /// may reorder them), and a page-locked buffer of `missed.len() * dim` floats to fill
+    /// with their rows (row j for `missed[j]` as it leaves them). Returns when every row
+    /// is in place in [`BatchLookup::rows`].
+    pub fn run<E: From<CudaError>>(
+        &mut self,
+        keys: &[i64],
+        layout: KeyLayout<'_>,
+        epoch: u64,
+        fetch: &mut FetchMisses<'_, E>,
+    ) -> std::result::Result<(), E> {
+        let n = keys.len();
+        if n == 0 {
+            return Ok(());
+        }
+        if n > i32::MAX as usize {
+            return Err(CudaError::internal("batch lookup: more than 2^31 keys in one batch").into());
+        }
+        let (q, dim) = (self.queue.clone(), self.dim);
+        gpu(q.device)?;
+        let out = self.out.reserve(n * dim * 4)?;
+        let d_keys = self.keys.1.reserve(n * 8)?;
+        let h_keys = self.keys.0.slice(n)?;
+        h_keys.copy_from_slice(keys);
+        htod(&q, d_keys, h_keys)?;
+        let (interleaved, d_starts) = match layout {
+            KeyLayout::Interleaved => {
+                if self.tables == 0 || n % self.tables != 0 {
+                    return Err(CudaError::internal(format!("batch lookup: {n} keys are not whole rows of {} tables", self.tables)).into());
+                }
+                (1i32, self.starts.1.reserve(8)?)
+            }
+            KeyLayout::Blocked(counts) => {
+                if counts.len() != self.tables || counts.iter().sum::<usize>() != n {
+                    return Err(CudaError::internal("batch lookup: the per-table counts do not match the keys").into());
+                }
+                let h = self.starts.0.slice(counts.len() + 1)?;
+                h[0] = 0;
+                for (t, c) in counts.iter().enumerate() {
+                    h[t + 1] = h[t] + *c as i32;
+                }
+                let d = self.starts.1.reserve(h.len() * 4)?;
+                htod(&q, d, h)?;
+                (0i32, d)
+            }
+        };
+        let d_miss = self.miss.1.reserve(n * 4)?;
+        let d_count = self.count.1.reserve(4)?;
+        // SAFETY: `d_count` holds at least 4 bytes.
+        unsafe { result::memset_d8_async(d_count, 0, 4, q.stream.cu_stream()) }.map_err(cuda_err)?;
+        let (n_i, tables, dim_i, desc) = (n as i32, self.tables as i32, dim as i32, self.desc.addr);
+        let mut b = q.stream.launch_builder(&self.kernels.batch);
+        b.arg(&d_keys).arg(&n_i).arg(&tables).arg(&interleaved).arg(&d_starts).arg(&desc).arg(&dim_i).arg(&epoch);
+        b.arg(&out).arg(&d_miss).arg(&d_count);
+        // SAFETY: argument types and order match batch_lookup; every buffer was sized above
+        // for n keys and n rows, and the descriptors name live cache slots.
+        unsafe { b.launch(warps_config(n)) }.map_err(cuda_err)?;
+        let h_count = self.count.0.slice(1)?;
+        dtoh(&q, h_count, d_count)?;
+        q.stream.synchronize().map_err(cuda_err)?;
+        let m = (h_count[0] as usize).min(n);
+        if m > 0 {
+            let h_miss = self.miss.0.slice(m)?;
+            dtoh(&q, h_miss, d_miss)?;
+            q.stream.synchronize().map_err(cuda_err)?;
+            let rows = self.fetched.0.slice(m * dim)?;
+            fetch(h_miss, rows)?;
+            let d_rows = self.fetched.1.reserve(m * dim * 4)?;
+            htod(&q, d_rows, rows)?;
+            // the miss list, in the fetcher's order, goes back as the scatter's indices
+            htod(&q, d_miss, h_miss)?;
+            let (m_i, stride, dim_i) = (m as i32, dim as i64, dim as i32);
+            let mut b = q.stream.launch_builder(&self.kernels.scatter);
+            b.arg(&d_rows).arg(&d_miss).arg(&m_i).arg(&out).arg(&stride).arg(&dim_i);
+            // SAFETY: argument types and order match scatter_rows; every index is < n.
+            unsafe { b.launch(warps_config(m)) }.map_err(cuda_err)?;
+        }
+        Ok(q.stream.synchronize().map_err(cuda_err)?)
+    }
+
+    /// The first `floats` floats of the output, as bytes.
+    pub fn rows(&self, floats: usize) -> Option<DeviceView<'_>> {
+        if floats * 4 > self.out.bytes {
+            return None;
+        }
+        // SAFETY: our allocation, complete (run synchronised) and only written through `&mut self`.
+        Some(unsafe { DeviceView::from_raw(self.queue.device, self.out.addr, floats * 4) })
     }
 }

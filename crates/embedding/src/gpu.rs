@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use triton_rust_core::error::{Error, Result};
-use triton_rust_cuda::cache::{CacheSlots, InsertPlan, WAYS as DEVICE_WAYS};
-pub use triton_rust_cuda::cache::DeviceRows;
+use triton_rust_cuda::cache::{CacheSlots, InsertPlan, Queue, WAYS as DEVICE_WAYS};
+pub use triton_rust_cuda::cache::{BatchLookup, DeviceRows, KeyLayout};
 
 use crate::cache::{CacheCounters, CacheGeometry, CacheTier, EMPTY_KEY, WAYS};
 
@@ -36,20 +36,61 @@ pub fn group_by_set(geo: &CacheGeometry, keys: &[i64]) -> (Vec<i32>, Vec<i32>, V
 pub struct GpuCache {
     slots: CacheSlots,
     geo: CacheGeometry,
-    clock: AtomicU64,
+    clock: Arc<AtomicU64>,
     hits: AtomicU64,
     misses: AtomicU64,
 }
 
-/// Creates a GPU cache on device `id` (one per table per GPU instance).
+/// One GPU instance's side of the store: the queue all its caches' work goes through
+/// (so a fill never overlaps a lookup) and the clock their LRU stamps come from (one
+/// clock, so a batch that looks up every table at once stamps them all alike).
+pub struct GpuInstance {
+    queue: Queue,
+    clock: Arc<AtomicU64>,
+}
+
+impl GpuInstance {
+    pub fn new(device: i32) -> Result<GpuInstance> {
+        Ok(GpuInstance { queue: Queue::new(device)?, clock: Arc::new(AtomicU64::new(1)) })
+    }
+
+    /// A cache for one table of this instance.
+    pub fn new_cache(&self, geo: CacheGeometry) -> Result<Arc<dyn CacheTier>> {
+        Ok(Arc::new(GpuCache::with_queue(&self.queue, geo, self.clock.clone())?))
+    }
+
+    /// The next lookup epoch.
+    pub fn next_epoch(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The whole-batch lookup over `caches` (one per table, each this instance's).
+    pub fn batch_lookup(&self, caches: &[Option<&GpuCache>], dim: usize) -> Result<BatchLookup> {
+        let slots: Vec<Option<&CacheSlots>> = caches.iter().map(|c| c.map(|c| &c.slots)).collect();
+        Ok(BatchLookup::new(&self.queue, &slots, dim)?)
+    }
+}
+
+/// Creates a GPU cache on device `id` with its own queue and clock (tests, tools).
 pub fn new_cache(id: i32, geo: CacheGeometry) -> Result<Arc<dyn CacheTier>> {
-    Ok(Arc::new(GpuCache::new(id, geo)?))
+    GpuInstance::new(id)?.new_cache(geo)
 }
 
 impl GpuCache {
-    pub fn new(id: i32, geo: CacheGeometry) -> Result<GpuCache> {
-        let slots = CacheSlots::new(id, geo.sets, geo.dim, EMPTY_KEY)?;
-        Ok(GpuCache { slots, geo, clock: AtomicU64::new(1), hits: AtomicU64::new(0), misses: AtomicU64::new(0) })
+    /// A cache with its own queue and clock (tools that measure one table's cache).
+    pub fn new(device: i32, geo: CacheGeometry) -> Result<GpuCache> {
+        GpuCache::with_queue(&Queue::new(device)?, geo, Arc::new(AtomicU64::new(1)))
+    }
+
+    fn with_queue(queue: &Queue, geo: CacheGeometry, clock: Arc<AtomicU64>) -> Result<GpuCache> {
+        let slots = CacheSlots::new(queue, geo.sets, geo.dim, EMPTY_KEY)?;
+        Ok(GpuCache { slots, geo, clock, hits: AtomicU64::new(0), misses: AtomicU64::new(0) })
+    }
+
+    /// Counts a whole-batch lookup's hits and misses against this table.
+    pub fn count_batch(&self, keys: usize, missed: usize) {
+        self.hits.fetch_add((keys - missed) as u64, Ordering::Relaxed);
+        self.misses.fetch_add(missed as u64, Ordering::Relaxed);
     }
 
     /// The device side, for measuring the kernels alone.

@@ -657,6 +657,92 @@ impl InstanceCaches {
         Ok(())
     }
 
+    /// The whole-batch GPU lookup over this instance's caches (every table of dim `dim`).
+    #[cfg(feature = "gpu")]
+    pub fn batch_lookup(&self, gpu: &gpu::GpuInstance) -> Result<gpu::BatchLookup> {
+        let store = &self.store;
+        let dim = store.dim(0);
+        if (0..store.table_count()).any(|t| store.dim(t) != dim) {
+            return Err(Error::unsupported("the whole-batch GPU lookup needs every table to have the same dim"));
+        }
+        let caches: Vec<Option<&gpu::GpuCache>> = (0..store.table_count())
+            .map(|t| self.caches.get(t).and_then(|c| c.as_any().downcast_ref::<gpu::GpuCache>()))
+            .collect();
+        gpu.batch_lookup(&caches, dim)
+    }
+
+    /// Looks a whole batch up on the GPU, every table at once (see
+    /// `triton_rust_cuda::cache::BatchLookup`): row i of `keys` lands at `i * dim` floats
+    /// of `lookup`'s rows. Misses are read below the cache grouped by table, on several
+    /// threads when there are many, straight into the page-locked buffer that goes to the
+    /// GPU; their cache fills go to the background filler (or are made now when the
+    /// batch's hit rate is under the threshold), never a per-table round trip.
+    #[cfg(feature = "gpu")]
+    pub fn lookup_batch_device(&self, keys: &[i64], layout: gpu::KeyLayout<'_>, gpu: &gpu::GpuInstance, lookup: &mut gpu::BatchLookup) -> Result<()> {
+        let store = &self.store;
+        let tables = store.tables.len();
+        let dim = lookup.dim();
+        let counts: Vec<usize> = match layout {
+            gpu::KeyLayout::Interleaved => vec![keys.len() / tables.max(1); tables],
+            gpu::KeyLayout::Blocked(c) => c.to_vec(),
+        };
+        let starts: Vec<usize> = counts.iter().scan(0, |at, &c| { let s = *at; *at += c; Some(s) }).collect();
+        let table_of = |i: usize| -> usize {
+            match layout {
+                gpu::KeyLayout::Interleaved => i % tables,
+                gpu::KeyLayout::Blocked(_) => starts.partition_point(|&s| s <= i) - 1,
+            }
+        };
+        let versions: Vec<u64> = store.tables.iter().map(|t| t.version.load(Ordering::SeqCst)).collect();
+        for (t, &c) in counts.iter().enumerate() {
+            if c > 0 {
+                store.tables[t].counters.lookups.fetch_add(1, Ordering::Relaxed);
+                store.tables[t].counters.keys.fetch_add(c as u64, Ordering::Relaxed);
+            }
+        }
+        let t0 = Instant::now();
+        let mut missed_per_table = vec![0usize; tables];
+        let mut fills: Vec<Fetched> = Vec::new();
+        lookup.run::<Error>(keys, layout, gpu.next_epoch(), &mut |missed: &mut [i32], rows: &mut [f32]| {
+            // group the misses by table (stable), so each table is read in one call
+            missed.sort_unstable_by_key(|&i| (table_of(i as usize), i));
+            let mut groups: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+            for (j, &i) in missed.iter().enumerate() {
+                let t = table_of(i as usize);
+                match groups.last_mut() {
+                    Some((gt, r)) if *gt == t => r.end = j + 1,
+                    _ => groups.push((t, j..j + 1)),
+                }
+            }
+            for (t, r) in &groups {
+                missed_per_table[*t] = r.len();
+            }
+            let mkeys: Vec<i64> = missed.iter().map(|&i| keys[i as usize]).collect();
+            let found = fetch_parallel(store, &groups, &mkeys, rows, dim);
+            for (t, r) in groups {
+                if self.caches.get(t).is_some() {
+                    let (a, b) = (r.start * dim, r.end * dim);
+                    fills.push(Fetched { table: t, keys: mkeys[r.clone()].to_vec(), rows: rows[a..b].to_vec(), found: found[r].to_vec() });
+                }
+            }
+            Ok(())
+        })?;
+        let elapsed = ns_since(t0);
+        let total = keys.len().max(1) as u64;
+        for (t, &c) in counts.iter().enumerate() {
+            let tc = &store.tables[t].counters;
+            tc.cache_ns.fetch_add(elapsed * c as u64 / total, Ordering::Relaxed);
+            if let Some(g) = self.caches.get(t).and_then(|c| c.as_any().downcast_ref::<gpu::GpuCache>()) {
+                tc.cache_hits.fetch_add((c - missed_per_table[t]) as u64, Ordering::Relaxed);
+                g.count_batch(c, missed_per_table[t]);
+            }
+        }
+        for f in fills {
+            self.fill_after_miss(f.table, versions[f.table], counts[f.table], &f.keys, &f.rows, &f.found)?;
+        }
+        Ok(())
+    }
+
     /// Inserts rows found below the cache: now if the batch's hit rate was under the
     /// threshold, else through the background filler.
     fn fill_after_miss(&self, table: usize, version: u64, total: usize, mkeys: &[i64], mout: &[f32], found: &[bool]) -> Result<()> {
@@ -703,6 +789,67 @@ impl Drop for InstanceCaches {
             let _ = w.join();
         }
     }
+}
+
+/// One table's rows read below the cache during a whole-batch lookup, to fill its cache with.
+#[cfg(feature = "gpu")]
+struct Fetched {
+    table: usize,
+    keys: Vec<i64>,
+    rows: Vec<f32>,
+    found: Vec<bool>,
+}
+
+/// Reads the missed rows of several tables below the cache into `rows` (`groups` say
+/// which part of `keys` is which table's), split over threads when there are many.
+#[cfg(feature = "gpu")]
+fn fetch_parallel(store: &EmbeddingStore, groups: &[(usize, std::ops::Range<usize>)], keys: &[i64], rows: &mut [f32], dim: usize) -> Vec<bool> {
+    const PER_THREAD: usize = 4096;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8);
+    // work items of at most `chunk` keys, each inside one table
+    let chunk = keys.len().div_ceil(threads).max(PER_THREAD);
+    let mut items: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+    for (t, r) in groups {
+        let mut at = r.start;
+        while at < r.end {
+            let end = (at + chunk).min(r.end);
+            items.push((*t, at..end));
+            at = end;
+        }
+    }
+    let mut found = vec![false; keys.len()];
+    if items.len() <= 1 || keys.len() <= PER_THREAD {
+        for (t, r) in items {
+            let f = store.fetch_below_cache(t, &keys[r.clone()], &mut rows[r.start * dim..r.end * dim]);
+            found[r].copy_from_slice(&f);
+        }
+        return found;
+    }
+    // hand each thread a run of consecutive items (their row ranges are disjoint and in order)
+    let per = items.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let mut rest_rows = &mut rows[..];
+        let mut rest_found = &mut found[..];
+        let mut consumed = 0usize;
+        for run in items.chunks(per) {
+            let (first, last) = (run[0].1.start, run[run.len() - 1].1.end);
+            let (_, r) = std::mem::take(&mut rest_rows).split_at_mut((first - consumed) * dim);
+            let (mine, r) = r.split_at_mut((last - first) * dim);
+            rest_rows = r;
+            let (_, f) = std::mem::take(&mut rest_found).split_at_mut(first - consumed);
+            let (mine_found, f) = f.split_at_mut(last - first);
+            rest_found = f;
+            consumed = last;
+            s.spawn(move || {
+                for (t, r) in run {
+                    let (a, b) = (r.start - first, r.end - first);
+                    let f = store.fetch_below_cache(*t, &keys[r.clone()], &mut mine[a * dim..b * dim]);
+                    mine_found[a..b].copy_from_slice(&f);
+                }
+            });
+        }
+    });
+    found
 }
 
 fn fill_cache(store: &EmbeddingStore, caches: &[Arc<dyn CacheTier>], fill: Fill) -> Result<()> {

@@ -28,7 +28,7 @@ use triton_rust_core::telemetry::MetricsSource;
 use triton_rust_core::tensor::{Bytes, DataType};
 use triton_rust_embedding::cache::{CacheTier, HostCache};
 #[cfg(feature = "gpu")]
-use triton_rust_embedding::gpu::DeviceRows;
+use triton_rust_embedding::gpu::{BatchLookup, DeviceRows, GpuInstance, KeyLayout};
 use triton_rust_embedding::stream::StreamSpec;
 use triton_rust_embedding::{EmbeddingStore, InstanceCaches, StoreConfig, TableConfig};
 
@@ -272,8 +272,11 @@ fn shared_store(settings: &StoreSettings) -> Result<Arc<EmbeddingStore>> {
 pub struct EmbeddingEngine {
     settings: StoreSettings,
     caches: Arc<InstanceCaches>,
-    /// The GPU instance's output buffer (grown as batches grow).
+    /// The GPU instance's output buffer for tables of different dims (grown as batches grow).
     device_rows: Option<DeviceRows>,
+    /// A GPU instance's whole-batch lookup (tables of one dim: every table in one pass).
+    #[cfg(feature = "gpu")]
+    gpu: Option<(GpuInstance, BatchLookup)>,
     sig: Signature,
 }
 
@@ -290,11 +293,22 @@ impl EmbeddingEngine {
                 )));
             }
         }
+        #[cfg(feature = "gpu")]
+        let mut gpu = None;
         let caches = match options.device {
             _ if options.probe => store.attach_caches_none(),
             Device::Cpu => store.attach_caches(&|geo| Ok(Arc::new(HostCache::new(geo)) as Arc<dyn CacheTier>))?,
             #[cfg(feature = "gpu")]
-            Device::Gpu(id) => store.attach_caches(&|geo| triton_rust_embedding::gpu::new_cache(id, geo))?,
+            Device::Gpu(id) => {
+                let instance = GpuInstance::new(id)?;
+                let caches = store.attach_caches(&|geo| instance.new_cache(geo))?;
+                let same_dim = (0..store.table_count()).all(|t| store.dim(t) == store.dim(0));
+                if same_dim && settings.interface != Interface::Update {
+                    let lookup = caches.batch_lookup(&instance)?;
+                    gpu = Some((instance, lookup));
+                }
+                caches
+            }
             #[cfg(not(feature = "gpu"))]
             Device::Gpu(_) => return Err(Error::unsupported("this build of the embedding engine has no GPU cache (feature `gpu`)")),
         };
@@ -338,7 +352,14 @@ impl EmbeddingEngine {
                 )
             }
         };
-        Ok(EmbeddingEngine { settings, caches, device_rows: None, sig: Signature { inputs, outputs, device: options.device } })
+        Ok(EmbeddingEngine {
+            settings,
+            caches,
+            device_rows: None,
+            #[cfg(feature = "gpu")]
+            gpu,
+            sig: Signature { inputs, outputs, device: options.device },
+        })
     }
 
     fn store(&self) -> &Arc<EmbeddingStore> {
@@ -347,6 +368,20 @@ impl EmbeddingEngine {
 
     /// Splits a request's KEYS by NUMKEYS, checking what only we can see.
     fn split<'k>(&self, keys: &'k [i64], numkeys: &[i32]) -> Result<Vec<&'k [i64]>> {
+        self.check_counts(numkeys, keys.len())?;
+        let mut out = Vec::with_capacity(numkeys.len());
+        let mut at = 0usize;
+        for (t, &n) in numkeys.iter().enumerate() {
+            let part = &keys[at..at + n as usize];
+            self.check_vocabulary(t, part)?;
+            out.push(part);
+            at += n as usize;
+        }
+        Ok(out)
+    }
+
+    /// Checks NUMKEYS against the store and the number of keys sent.
+    fn check_counts(&self, numkeys: &[i32], keys: usize) -> Result<()> {
         let store = self.store();
         let (kname, nname) = (&self.sig.inputs[0].name, &self.sig.inputs[1].name);
         if numkeys.len() != store.table_count() {
@@ -360,21 +395,29 @@ impl EmbeddingEngine {
             return Err(Error::invalid_arg(format!("input '{nname}' has a negative count {n} for table {t}")));
         }
         let total: i64 = numkeys.iter().map(|&n| n as i64).sum();
-        if total != keys.len() as i64 {
-            return Err(Error::invalid_arg(format!(
-                "input '{nname}' sums to {total} but input '{kname}' holds {} keys",
-                keys.len()
-            )));
+        if total != keys as i64 {
+            return Err(Error::invalid_arg(format!("input '{nname}' sums to {total} but input '{kname}' holds {keys} keys")));
         }
-        let mut out = Vec::with_capacity(numkeys.len());
-        let mut at = 0usize;
-        for (t, &n) in numkeys.iter().enumerate() {
-            let part = &keys[at..at + n as usize];
-            self.check_vocabulary(t, part)?;
-            out.push(part);
-            at += n as usize;
+        Ok(())
+    }
+
+    /// Whether any table has a vocabulary size to check keys against.
+    fn checks_vocabulary(&self) -> bool {
+        self.settings.vocabulary.iter().any(Option::is_some)
+    }
+
+    /// Looks a batch up on the GPU in one pass when this instance has the whole-batch
+    /// lookup, and hands the rows to `sink`. `Ok(false)` when it has not.
+    #[cfg(feature = "gpu")]
+    fn run_batch_on_gpu(&mut self, keys: &[i64], layout: KeyLayout<'_>, out: Option<(&str, &[i64])>, sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>) -> Result<bool> {
+        let Some((instance, lookup)) = self.gpu.as_mut() else { return Ok(false) };
+        self.caches.lookup_batch_device(keys, layout, instance, lookup)?;
+        if let Some((name, shape)) = out {
+            let floats = keys.len() * lookup.dim();
+            let rows = lookup.rows(floats).ok_or_else(|| Error::internal("batch lookup: rows buffer too small"))?;
+            sink(OutputView { name, dtype: DataType::F32, shape, data: Bytes::Device(rows) })?;
         }
-        Ok(out)
+        Ok(true)
     }
 
     fn check_vocabulary(&self, table: usize, keys: &[i64]) -> Result<()> {
@@ -473,8 +516,12 @@ fn from_chunks<T, const N: usize>(t: &RequestTensor<'_>, decode: fn([u8; N]) -> 
     bytes.chunks_exact(N).map(|c| decode(c.try_into().expect("N bytes"))).collect()
 }
 
-fn as_i64(bytes: &[u8]) -> Vec<i64> {
-    bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()
+fn as_i64(bytes: &[u8]) -> std::borrow::Cow<'_, [i64]> {
+    match bytemuck::try_cast_slice::<u8, i64>(bytes) {
+        // in place when aligned (always on a little-endian host: the bytes are LE)
+        Ok(keys) if cfg!(target_endian = "little") => std::borrow::Cow::Borrowed(keys),
+        _ => bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect(),
+    }
 }
 fn as_i32(bytes: &[u8]) -> Vec<i32> {
     bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()
@@ -517,6 +564,10 @@ impl Engine for EmbeddingEngine {
 
     fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
         match self.settings.interface {
+            Interface::Hps if !self.checks_vocabulary() => {
+                // nothing to read in the keys themselves: check their count only
+                self.check_counts(&from_chunks(&inputs[1], i32::from_le_bytes), inputs[0].byte_size() / 8)
+            }
             Interface::Hps | Interface::Update => {
                 let keys = from_chunks(&inputs[0], i64::from_le_bytes);
                 let numkeys = from_chunks(&inputs[1], i32::from_le_bytes);
@@ -537,6 +588,7 @@ impl Engine for EmbeddingEngine {
                 }
                 Ok(())
             }
+            Interface::Batched if !self.checks_vocabulary() => Ok(()),
             Interface::Batched => {
                 let keys = from_chunks(&inputs[0], i64::from_le_bytes);
                 let tables = self.store().table_count();
@@ -567,6 +619,15 @@ impl Engine for EmbeddingEngine {
                 let numkeys = as_i32(host(1)?);
                 let parts = self.split(&keys, &numkeys)?;
                 let total: usize = parts.iter().enumerate().map(|(t, p)| p.len() * store.dim(t)).sum();
+                #[cfg(feature = "gpu")]
+                {
+                    let counts: Vec<usize> = parts.iter().map(|p| p.len()).collect();
+                    let shape = [total as i64];
+                    let out = wanted.then_some((out_name.as_str(), &shape[..]));
+                    if self.run_batch_on_gpu(&keys, KeyLayout::Blocked(&counts), out, sink)? {
+                        return Ok(());
+                    }
+                }
                 // table after table, each table's rows contiguous
                 let mut rows = RowSink::new(&mut self.device_rows, self.sig.device, total)?;
                 let mut at = 0;
@@ -584,6 +645,14 @@ impl Engine for EmbeddingEngine {
                 let dim = store.dim(0);
                 let batch = keys.len() / tables;
                 let total = batch * tables * dim;
+                #[cfg(feature = "gpu")]
+                {
+                    let shape = [batch as i64, tables as i64, dim as i64];
+                    let out = wanted.then_some((out_name.as_str(), &shape[..]));
+                    if self.run_batch_on_gpu(&keys, KeyLayout::Interleaved, out, sink)? {
+                        return Ok(());
+                    }
+                }
                 // [batch, tables, dim]: table t's row of sample b at (b * tables + t) * dim
                 let mut rows = RowSink::new(&mut self.device_rows, self.sig.device, total)?;
                 for t in 0..tables {
