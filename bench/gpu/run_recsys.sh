@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Issue 8 on the GPU machine: DLRM and DCNv2 at Criteo scale through the real tritonserver,
+# ensemble and single model, against the all-in-HBM ceiling (bench/gpu/recsys_perf.py).
+# Expects $PYT (the unpacked nvidia-pytriton wheel), .carry/ (pack.sh: the backend and
+# criteo_fixture) and .carry_pa/ (the perf-analyzer 2.60.0 wheel). Extra arguments go to
+# recsys_perf.py; results land in $OUT/recsys.tgz.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+. bench/gpu/gpu_env.sh
+if [ ! -x /tmp/pa/perf_analyzer/bin/perf_analyzer ]; then
+    pip install --quiet --no-index --no-deps --target /tmp/pa .carry_pa/perf_analyzer-*.whl
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+free -g | head -2; df -h /dev/shm /tmp | tail -2
+set +e
+python3 bench/gpu/recsys_perf.py --server "$PYT/pytriton/tritonserver/bin/tritonserver" --backends /tmp/rust_backends \
+    --perf-analyzer /tmp/pa/perf_analyzer/bin/perf_analyzer --fixture-bin .carry/criteo_fixture \
+    --libtorch-dir "$TORCH_DIR/lib" "$@" 2>&1 | tee "$out/recsys.log"
+rc=${PIPESTATUS[0]}
+tar -C "$out" -czf "$out/recsys.tgz" recsys && rm -rf "$out/recsys"
+exit "$rc"
