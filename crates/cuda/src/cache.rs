@@ -23,6 +23,9 @@ use crate::{CudaError, Result};
 /// Ways per set: the kernels use one warp per set.
 pub const WAYS: usize = 32;
 
+/// Fields of a table's descriptor for the whole-batch kernels (see `batch_lookup`).
+const DESC: usize = 6;
+
 const KERNELS: &str = r#"
 typedef long long i64;
 typedef unsigned long long u64;
@@ -64,24 +67,30 @@ extern "C" __global__ void cache_lookup(const i64* __restrict__ keys, int n,
     if (lane == 0) { hit[warp] = 1; slot_stamps[set * 32 + way] = epoch; }
 }
 
-// All tables of a batch in one launch, one warp per key. Table t's slots are described by
-// desc[t*4 .. t*4+4] = (slot keys, slot stamps, slot rows, sets). Key i belongs to table
+// The whole-batch kernels. Table t's slots are described by desc[t*6 .. t*6+6] = (slot
+// keys, slot stamps, slot rows, sets, set locks, counters). Key i belongs to table
 // i % tables (interleaved: keys [batch, tables]) or to the t with key_start[t] <= i <
 // key_start[t+1] (blocked: table after table); its row lands at out + i * dim either way.
-// Hits copy their row and stamp the slot; misses append i to miss[] (order not kept).
+__device__ __forceinline__ int table_of(long long i, int tables, int interleaved, const int* key_start) {
+    if (interleaved) return (int)(i % tables);
+    int t = 0;
+    while (t + 1 < tables && i >= key_start[t + 1]) ++t;
+    return t;
+}
+
+// One warp per key: hits copy their row and stamp the slot; misses append i to miss[]
+// (order not kept).
 extern "C" __global__ void batch_lookup(const i64* __restrict__ keys, int n, int tables, int interleaved,
         const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
         float* __restrict__ out, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
     long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (warp >= n) return;
-    int t;
-    if (interleaved) { t = (int)(warp % tables); }
-    else { t = 0; while (t + 1 < tables && warp >= key_start[t + 1]) ++t; }
-    const i64* slot_keys = (const i64*)desc[t * 4];
-    u64* slot_stamps = (u64*)desc[t * 4 + 1];
-    const float* rows = (const float*)desc[t * 4 + 2];
-    long long sets = desc[t * 4 + 3];
+    int t = table_of(warp, tables, interleaved, key_start);
+    const i64* slot_keys = (const i64*)desc[t * 6];
+    u64* slot_stamps = (u64*)desc[t * 6 + 1];
+    const float* rows = (const float*)desc[t * 6 + 2];
+    long long sets = desc[t * 6 + 3];
     i64 key = keys[warp];
     bool match = false;
     u64 set = 0;
@@ -97,6 +106,66 @@ extern "C" __global__ void batch_lookup(const i64* __restrict__ keys, int n, int
     int way = __ffs(m) - 1;
     copy_row(out + (size_t)warp * dim, rows + (set * 32 + way) * (size_t)dim, dim, lane);
     if (lane == 0) slot_stamps[set * 32 + way] = epoch;
+}
+
+// One warp per missed key of the last batch_lookup: inserts row j (fetched below the
+// cache, already on the GPU) for key keys[miss[j]] when found[j]. Warps of one set take
+// the set's lock in turn (all lanes spin together, so no lane waits on another), read
+// the set's tags past L1, and replace the way holding the key or the least recently
+// stamped one, as cache_insert does.
+extern "C" __global__ void batch_fill(const i64* __restrict__ keys, const int* __restrict__ miss,
+        const unsigned char* __restrict__ found, int m, int tables, int interleaved,
+        const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
+        const float* __restrict__ rows) {
+    long long j = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (j >= m || !found[j]) return;
+    int i = miss[j];
+    int t = table_of(i, tables, interleaved, key_start);
+    long long sets = desc[t * 6 + 3];
+    i64 key = keys[i];
+    if (sets <= 0 || key == EMPTY_KEY) return;
+    i64* slot_keys = (i64*)desc[t * 6];
+    u64* slot_stamps = (u64*)desc[t * 6 + 1];
+    float* slot_rows = (float*)desc[t * 6 + 2];
+    unsigned* locks = (unsigned*)desc[t * 6 + 4];
+    u64* counters = (u64*)desc[t * 6 + 5];
+    u64 set = mix64((u64)key) % (u64)sets;
+    for (;;) {
+        unsigned got = 0;
+        if (lane == 0) got = atomicCAS(&locks[set], 0u, 1u) == 0u;
+        if (__shfl_sync(FULL, got, 0)) break;
+    }
+    __threadfence();
+    size_t slot = set * 32 + lane;
+    u64 st = __ldcg(&slot_stamps[slot]);
+    i64 sk = __ldcg(&slot_keys[slot]);
+    unsigned hit = __ballot_sync(FULL, st != 0 && sk == key);
+    int way;
+    if (hit != 0) {
+        way = __ffs(hit) - 1;
+    } else {
+        u64 best = st; int bl = lane;
+        for (int off = 16; off > 0; off >>= 1) {
+            u64 os = __shfl_down_sync(FULL, best, off);
+            int ol = __shfl_down_sync(FULL, bl, off);
+            if (os < best || (os == best && ol < bl)) { best = os; bl = ol; }
+        }
+        way = __shfl_sync(FULL, bl, 0);
+        u64 victim_stamp = __shfl_sync(FULL, best, 0);
+        if (lane == 0) {
+            atomicAdd(&counters[0], 1ULL);
+            if (victim_stamp != 0) atomicAdd(&counters[1], 1ULL);
+            slot_keys[set * 32 + way] = key;
+        }
+    }
+    copy_row(slot_rows + (set * 32 + way) * (size_t)dim, rows + (size_t)j * dim, dim, lane);
+    __syncwarp();
+    if (lane == 0) {
+        slot_stamps[set * 32 + way] = epoch;
+        __threadfence();
+        atomicExch(&locks[set], 0u);
+    }
 }
 
 // One warp per row: writes rows[i] to out + idx[i] * out_stride (rows fetched below the cache).
@@ -159,6 +228,7 @@ pub(crate) struct Kernels {
     insert: CudaFunction,
     scatter: CudaFunction,
     batch: CudaFunction,
+    fill: CudaFunction,
 }
 
 fn kernels(g: &GpuState) -> Result<Arc<Kernels>> {
@@ -173,6 +243,7 @@ fn kernels(g: &GpuState) -> Result<Arc<Kernels>> {
                     insert: module.load_function("cache_insert").map_err(cuda_err)?,
                     scatter: module.load_function("scatter_rows").map_err(cuda_err)?,
                     batch: module.load_function("batch_lookup").map_err(cuda_err)?,
+                    fill: module.load_function("batch_fill").map_err(cuda_err)?,
                 }))
             }))
             .unwrap_or_else(|p| {
@@ -201,6 +272,8 @@ struct Slots {
     stamps: CudaSlice<u64>,
     rows: CudaSlice<f32>,
     counters: CudaSlice<u64>,
+    /// One lock word per set, for `batch_fill` (warps of one launch filling one set).
+    locks: CudaSlice<u32>,
 }
 
 /// One table's cache slots on one GPU: `sets × WAYS` keys, stamps and rows of `dim`.
@@ -250,6 +323,7 @@ impl CacheSlots {
             stamps: stream.alloc_zeros::<u64>(capacity).map_err(cuda_err)?,
             rows: stream.alloc_zeros::<f32>(capacity * dim).map_err(cuda_err)?,
             counters: stream.alloc_zeros::<u64>(2).map_err(cuda_err)?,
+            locks: stream.alloc_zeros::<u32>(sets.max(1)).map_err(cuda_err)?,
         };
         stream.synchronize().map_err(cuda_err)?;
         Ok(CacheSlots { kernels, _gpu: g, stream, sets, dim, slots: Mutex::new(slots) })
@@ -257,13 +331,15 @@ impl CacheSlots {
 
     /// The slots' device addresses for [`BatchLookup`]: (keys, stamps, rows, sets). They
     /// stay valid while `self` lives (the slots are never reallocated).
-    fn raw(&self) -> [i64; 4] {
+    fn raw(&self) -> [i64; DESC] {
         let slots = self.slots.lock();
         let addr = |p: u64| p as i64;
         let (k, _a) = slots.keys.device_ptr(&self.stream);
         let (st, _b) = slots.stamps.device_ptr(&self.stream);
         let (r, _c) = slots.rows.device_ptr(&self.stream);
-        [addr(k), addr(st), addr(r), self.sets as i64]
+        let (l, _d) = slots.locks.device_ptr(&self.stream);
+        let (c, _e) = slots.counters.device_ptr(&self.stream);
+        [addr(k), addr(st), addr(r), self.sets as i64, addr(l), addr(c)]
     }
 
     pub fn dim(&self) -> usize {
@@ -337,7 +413,7 @@ impl CacheSlots {
         let d_starts = s.clone_htod(plan.group_start).map_err(cuda_err)?;
         let d_sets = s.clone_htod(plan.group_set).map_err(cuda_err)?;
         let (groups, dim, flag) = (plan.group_set.len() as i32, self.dim as i32, only_if_present as i32);
-        let Slots { keys: sk, stamps, rows, counters } = &mut *slots;
+        let Slots { keys: sk, stamps, rows, counters, .. } = &mut *slots;
         let mut b = s.launch_builder(&self.kernels.insert);
         b.arg(&d_keys).arg(&d_vecs).arg(&d_order).arg(&d_starts).arg(&d_sets).arg(&groups);
         b.arg(sk).arg(stamps).arg(rows).arg(&dim).arg(&epoch).arg(&flag).arg(counters);
@@ -557,8 +633,9 @@ impl<T: Copy> Drop for HostBuf<T> {
     }
 }
 
-/// What [`BatchLookup::run`] calls with the missed indices and the rows to fill.
-pub type FetchMisses<'f, E> = dyn FnMut(&mut [i32], &mut [f32]) -> std::result::Result<(), E> + 'f;
+/// What [`BatchLookup::run`] calls with the missed indices, the rows to fill, and a flag
+/// per row to set when the row was found (rows not found, defaults, are not cached).
+pub type FetchMisses<'f, E> = dyn FnMut(&mut [i32], &mut [f32], &mut [u8]) -> std::result::Result<(), E> + 'f;
 
 /// Which table each key of a batch belongs to.
 #[derive(Debug, Clone, Copy)]
@@ -573,9 +650,12 @@ pub enum KeyLayout<'a> {
 /// once (from page-locked memory), one kernel serves every hit of every table and lists
 /// the misses, the misses come back in one copy, are read below the cache by the
 /// caller, go back in one copy and are scattered into place by one more kernel. Rows
-/// land in this lookup's own output buffer (row i at `i * dim` floats). Every buffer is
-/// kept and reused; nothing is allocated per batch once the largest batch was seen, and
-/// the queue is waited on twice per batch (after the miss count, and at the end).
+/// land in this lookup's own output buffer (row i at `i * dim` floats). The rows read
+/// below the cache are already on the GPU afterwards, so [`BatchLookup::fill_last`]
+/// inserts them into the caches with one more kernel, queued after the response's rows
+/// are complete and never waited for. Every buffer is kept and reused; nothing is
+/// allocated per batch once the largest batch was seen, and the queue is waited on twice
+/// per batch (after the miss count, and when the rows are in place).
 pub struct BatchLookup {
     queue: Queue,
     kernels: Arc<Kernels>,
@@ -587,7 +667,14 @@ pub struct BatchLookup {
     miss: (HostBuf<i32>, DevBuf),
     count: (HostBuf<u32>, DevBuf),
     fetched: (HostBuf<f32>, DevBuf),
+    found: (HostBuf<u8>, DevBuf),
     out: DevBuf,
+    /// The last run's misses, which `fill_last` may insert: (count, interleaved).
+    last: Option<(usize, i32)>,
+    /// A fill is queued and may still run (buffers it reads must not be freed).
+    fill_queued: bool,
+    /// The most keys a run has had room for.
+    max_keys: usize,
 }
 
 fn htod<T: Copy>(queue: &Queue, dst: u64, src: &[T]) -> Result<()> {
@@ -611,7 +698,7 @@ impl BatchLookup {
         if let Some(c) = caches.iter().flatten().find(|c| c.dim != dim) {
             return Err(CudaError::internal(format!("batch lookup: a cache of dim {} in a lookup of dim {dim}", c.dim)));
         }
-        let table_desc: Vec<i64> = caches.iter().flat_map(|c| c.map_or([0; 4], |c| c.raw())).collect();
+        let table_desc: Vec<i64> = caches.iter().flat_map(|c| c.map_or([0; DESC], |c| c.raw())).collect();
         let mut desc = DevBuf::new(d);
         let at = desc.reserve(table_desc.len().max(1) * 8)?;
         gpu(d)?;
@@ -628,7 +715,11 @@ impl BatchLookup {
             miss: (HostBuf::new(d), DevBuf::new(d)),
             count: (HostBuf::new(d), DevBuf::new(d)),
             fetched: (HostBuf::new(d), DevBuf::new(d)),
+            found: (HostBuf::new(d), DevBuf::new(d)),
             out: DevBuf::new(d),
+            last: None,
+            fill_queued: false,
+            max_keys: 0,
         })
     }
 
@@ -637,10 +728,11 @@ impl BatchLookup {
     }
 
     /// Looks `keys` up (table of each key as `layout` says), stamping hits with `epoch`.
-    /// `fetch(missed, rows)` is given the indices that missed, in no particular order (it
-    /// may reorder them), and a page-locked buffer of `missed.len() * dim` floats to fill
-    /// with their rows (row j for `missed[j]` as it leaves them). Returns when every row
-    /// is in place in [`BatchLookup::rows`].
+    /// `fetch(missed, rows, found)` is given the indices that missed, in no particular
+    /// order (it may reorder them), a page-locked buffer of `missed.len() * dim` floats to
+    /// fill with their rows (row j for `missed[j]` as it leaves them), and a flag per row
+    /// to set when the row is worth caching. Returns when every row is in place in
+    /// [`BatchLookup::rows`].
     pub fn run<E: From<CudaError>>(
         &mut self,
         keys: &[i64],
@@ -657,6 +749,13 @@ impl BatchLookup {
         }
         let (q, dim) = (self.queue.clone(), self.dim);
         gpu(q.device)?;
+        self.last = None;
+        if self.fill_queued && n > self.max_keys {
+            // buffers are about to grow (be freed): the queued fill reads them
+            q.stream.synchronize().map_err(cuda_err)?;
+        }
+        self.fill_queued = false;
+        self.max_keys = self.max_keys.max(n);
         let out = self.out.reserve(n * dim * 4)?;
         let d_keys = self.keys.1.reserve(n * 8)?;
         let h_keys = self.keys.0.slice(n)?;
@@ -703,9 +802,13 @@ impl BatchLookup {
             dtoh(&q, h_miss, d_miss)?;
             q.stream.synchronize().map_err(cuda_err)?;
             let rows = self.fetched.0.slice(m * dim)?;
-            fetch(h_miss, rows)?;
+            let found = self.found.0.slice(m)?;
+            found.fill(0);
+            fetch(h_miss, rows, found)?;
             let d_rows = self.fetched.1.reserve(m * dim * 4)?;
             htod(&q, d_rows, rows)?;
+            let d_found = self.found.1.reserve(m)?;
+            htod(&q, d_found, found)?;
             // the miss list, in the fetcher's order, goes back as the scatter's indices
             htod(&q, d_miss, h_miss)?;
             let (m_i, stride, dim_i) = (m as i32, dim as i64, dim as i32);
@@ -713,16 +816,45 @@ impl BatchLookup {
             b.arg(&d_rows).arg(&d_miss).arg(&m_i).arg(&out).arg(&stride).arg(&dim_i);
             // SAFETY: argument types and order match scatter_rows; every index is < n.
             unsafe { b.launch(warps_config(m)) }.map_err(cuda_err)?;
+            self.last = Some((m, interleaved));
         }
         Ok(q.stream.synchronize().map_err(cuda_err)?)
     }
 
-    /// The first `floats` floats of the output, as bytes.
+    /// Queues the insertion of the last run's rows found below the cache into the caches
+    /// (stamped with `epoch`) and returns without waiting: the next run's work queues
+    /// behind it. At most once per run; nothing to do when the last run had no misses.
+    pub fn fill_last(&mut self, epoch: u64) -> Result<()> {
+        let Some((m, interleaved)) = self.last.take() else { return Ok(()) };
+        let q = self.queue.clone();
+        gpu(q.device)?;
+        let (keys, miss, found, starts, rows) = (self.keys.1.addr, self.miss.1.addr, self.found.1.addr, self.starts.1.addr, self.fetched.1.addr);
+        let (m_i, tables, dim_i, desc) = (m as i32, self.tables as i32, self.dim as i32, self.desc.addr);
+        let mut b = q.stream.launch_builder(&self.kernels.fill);
+        b.arg(&keys).arg(&miss).arg(&found).arg(&m_i).arg(&tables).arg(&interleaved).arg(&starts).arg(&desc).arg(&dim_i).arg(&epoch).arg(&rows);
+        // SAFETY: argument types and order match batch_fill; the buffers hold the last
+        // run's keys, misses, flags and rows (m of each), untouched since, and stay
+        // allocated until the queue has passed this kernel (see `run` and `Drop`).
+        unsafe { b.launch(warps_config(m)) }.map_err(cuda_err)?;
+        self.fill_queued = true;
+        Ok(())
+    }
+
+    /// The first `floats` floats of the output, as bytes (valid until the next run).
     pub fn rows(&self, floats: usize) -> Option<DeviceView<'_>> {
         if floats * 4 > self.out.bytes {
             return None;
         }
         // SAFETY: our allocation, complete (run synchronised) and only written through `&mut self`.
         Some(unsafe { DeviceView::from_raw(self.queue.device, self.out.addr, floats * 4) })
+    }
+}
+
+impl Drop for BatchLookup {
+    fn drop(&mut self) {
+        // a queued fill may still read the buffers freed below
+        if gpu(self.queue.device).is_ok() {
+            let _ = self.queue.stream.synchronize();
+        }
     }
 }

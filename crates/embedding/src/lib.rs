@@ -675,8 +675,11 @@ impl InstanceCaches {
     /// `triton_rust_cuda::cache::BatchLookup`): row i of `keys` lands at `i * dim` floats
     /// of `lookup`'s rows. Misses are read below the cache grouped by table, on several
     /// threads when there are many, straight into the page-locked buffer that goes to the
-    /// GPU; their cache fills go to the background filler (or are made now when the
-    /// batch's hit rate is under the threshold), never a per-table round trip.
+    /// GPU. Those rows then fill the caches on the GPU itself, by a kernel queued after
+    /// the rows are in place and never waited for: no copy back, no per-table call, no
+    /// wait on the request's path (the CPU path's `hit_rate_threshold` choice between a
+    /// fill now and a background fill has nothing left to choose here). A fill is
+    /// skipped when an update ran during the lookup (its rows may be stale).
     #[cfg(feature = "gpu")]
     pub fn lookup_batch_device(&self, keys: &[i64], layout: gpu::KeyLayout<'_>, gpu: &gpu::GpuInstance, lookup: &mut gpu::BatchLookup) -> Result<()> {
         let store = &self.store;
@@ -702,10 +705,9 @@ impl InstanceCaches {
         }
         let t0 = Instant::now();
         let mut missed_per_table = vec![0usize; tables];
-        let mut fills: Vec<Fetched> = Vec::new();
         let mut fetch_ns = 0u64;
-        lookup.run::<Error>(keys, layout, gpu.next_epoch(), &mut |missed: &mut [i32], rows: &mut [f32]| {
-            // group the misses by table (stable), so each table is read in one call
+        lookup.run::<Error>(keys, layout, gpu.next_epoch(), &mut |missed: &mut [i32], rows: &mut [f32], found: &mut [u8]| {
+            // group the misses by table, so each table is read in one call
             missed.sort_unstable_by_key(|&i| (table_of(i as usize), i));
             let mut groups: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
             for (j, &i) in missed.iter().enumerate() {
@@ -720,13 +722,10 @@ impl InstanceCaches {
             }
             let mkeys: Vec<i64> = missed.iter().map(|&i| keys[i as usize]).collect();
             let tf = Instant::now();
-            let found = fetch_parallel(store, &groups, &mkeys, rows, dim);
+            let f = fetch_parallel(store, &groups, &mkeys, rows, dim);
             fetch_ns = ns_since(tf);
-            for (t, r) in groups {
-                if self.caches.get(t).is_some() {
-                    let (a, b) = (r.start * dim, r.end * dim);
-                    fills.push(Fetched { table: t, keys: mkeys[r.clone()].to_vec(), rows: rows[a..b].to_vec(), found: found[r].to_vec() });
-                }
+            for (dst, src) in found.iter_mut().zip(f) {
+                *dst = src as u8;
             }
             Ok(())
         })?;
@@ -742,10 +741,21 @@ impl InstanceCaches {
                 g.count_batch(c, missed_per_table[t]);
             }
         }
-        for f in fills {
-            self.fill_after_miss(f.table, versions[f.table], counts[f.table], &f.keys, &f.rows, &f.found)?;
+        if self.caches.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        // Under the update gate: an update's cache refresh is queued either before this
+        // fill (and then its version bump is seen here) or after it (and overwrites it).
+        let _gate = store.gate.read();
+        if store.tables.iter().zip(&versions).any(|(t, &v)| t.version.load(Ordering::SeqCst) != v) {
+            for (t, &m) in missed_per_table.iter().enumerate() {
+                if m > 0 {
+                    store.tables[t].counters.fills_dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            return Ok(());
+        }
+        Ok(lookup.fill_last(gpu.next_epoch())?)
     }
 
     /// Inserts rows found below the cache: now if the batch's hit rate was under the
@@ -794,15 +804,6 @@ impl Drop for InstanceCaches {
             let _ = w.join();
         }
     }
-}
-
-/// One table's rows read below the cache during a whole-batch lookup, to fill its cache with.
-#[cfg(feature = "gpu")]
-struct Fetched {
-    table: usize,
-    keys: Vec<i64>,
-    rows: Vec<f32>,
-    found: Vec<bool>,
 }
 
 /// Reads the missed rows of several tables below the cache into `rows` (`groups` say
