@@ -230,6 +230,25 @@ def scrape(port, model):
     return keys, hits
 
 
+def model_stats(client, models):
+    """{model: (count, compute_input_ns, compute_infer_ns, compute_output_ns, queue_ns)} from Triton."""
+    out = {}
+    for m in models:
+        st = client.stats(m)["inference_stats"]
+        out[m] = [st["success"]["count"]] + [st[k]["ns"] for k in ("compute_input", "compute_infer", "compute_output", "queue")]
+    return out
+
+
+def per_model(before, after):
+    """Average per-execution times (ms) of each model between two model_stats calls."""
+    res = {}
+    for m in after:
+        n = after[m][0] - before[m][0]
+        if n > 0:
+            res[m] = {k: (after[m][i] - before[m][i]) / n / 1e6 for i, k in enumerate(("input", "infer", "output", "queue"), 1)}
+    return res
+
+
 def perf(pa, port, model, batch, conc, data, out_dir, tag, metrics_model, interval_ms):
     raw = os.path.join(out_dir, "raw", f"{tag}_b{batch}_c{conc}.csv")
     os.makedirs(os.path.dirname(raw), exist_ok=True)
@@ -312,6 +331,7 @@ def main():
     p.add_argument("--interval-ms", type=int, default=3000)
     p.add_argument("--port", type=int, default=18900)
     p.add_argument("--libtorch-dir", default="")
+    p.add_argument("--verbose", action="store_true", help="server --log-verbose=1: per-batch timing lines in server.log")
     p.add_argument("--cuda-pool-gb", type=int, default=4, help="tritonserver --cuda-memory-pool-byte-size for GPU 0")
     a = p.parse_args()
 
@@ -385,6 +405,8 @@ def main():
     # Triton's GPU memory pool holds the ensemble's intermediate tensors (the embeddings,
     # 872 MB per request at batch 65536); its 64 MB default sends them through host memory
     extra = [f"--cuda-memory-pool-byte-size=0:{a.cuda_pool_gb << 30}"] if device == "cuda" else []
+    if a.verbose:
+        extra.append("--log-verbose=1")
     if a.libtorch_dir:
         extra.append(f"--backend-config=rust,libtorch-dir={a.libtorch_dir}")
     t0 = time.time()
@@ -415,10 +437,13 @@ def main():
                     data = data_file(batch, alpha)
                     for path in a.paths.split(","):
                         model = f"{m}_{path}"
+                        composing = [f"{m}_sparse", f"{m}_dense"] if path == "ens" else [model]
+                        st0 = model_stats(client, composing)
                         r = perf(a.perf_analyzer, a.port, model, batch, conc, data, out_dir, f"{m}_{path}_a{alpha}",
                                  f"{m}_sparse", a.interval_ms)
                         if r is None:
                             continue
+                        r["per_model_ms"] = per_model(st0, model_stats(client, composing))
                         ceil = ceilings.get(m, {}).get(batch) or ceilings.get(m, {}).get(str(batch))
                         best = max(x for x in (ceil or {}).values() if x) if ceil else None
                         r.update({"model": m, "path": path, "alpha": alpha, "batch": batch, "concurrency": conc,
@@ -429,6 +454,8 @@ def main():
                         print(f"  {model:<10} a={alpha:<4} b={batch:<6} c={conc:<2} {r['Inferences/Second'] / 1e6:7.2f} M inf/s  "
                               f"p99 {r['p99 latency'] / 1e3:8.2f} ms  hit rate {hr}  {r['keys_per_s'] / 1e6:7.1f} M keys/s  "
                               f"served/ceiling {ratio}", flush=True)
+                        print("      per execution (ms): " + "; ".join(
+                            f"{k}: " + ", ".join(f"{x} {v:.2f}" for x, v in d.items()) for k, d in r["per_model_ms"].items()), flush=True)
                         with open(os.path.join(out_dir, "runs.json"), "w") as f:
                             json.dump(runs, f, indent=1)
         exact = {}

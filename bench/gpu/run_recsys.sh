@@ -17,5 +17,8 @@ python3 bench/gpu/recsys_perf.py --server "$PYT/pytriton/tritonserver/bin/triton
     --perf-analyzer /tmp/pa/perf_analyzer/bin/perf_analyzer --fixture-bin .carry/criteo_fixture \
     --libtorch-dir "$TORCH_DIR/lib" "$@" 2>&1 | tee "$out/recsys.log"
 rc=${PIPESTATUS[0]}
+if grep -q "timing:" "$out/recsys/server.log" 2>/dev/null; then
+    python3 bench/gpu/timing_summary.py "$out/recsys/server.log" | tee "$out/recsys/timing_summary.txt"
+fi
 tar -C "$out" -czf "$out/recsys.tgz" recsys && rm -rf "$out/recsys"
 exit "$rc"

@@ -637,6 +637,19 @@ impl<T: Copy> Drop for HostBuf<T> {
 /// per row to set when the row was found (rows not found, defaults, are not cached).
 pub type FetchMisses<'f, E> = dyn FnMut(&mut [i32], &mut [f32], &mut [u8]) -> std::result::Result<(), E> + 'f;
 
+/// Where one [`BatchLookup::run`] spent its time, in microseconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BatchTimes {
+    pub keys: usize,
+    pub misses: usize,
+    /// Keys to the GPU, the lookup kernel and the miss count back.
+    pub lookup_us: u64,
+    /// The miss list back and the caller's reads below the cache.
+    pub fetch_us: u64,
+    /// The fetched rows to the GPU, the scatter, and the wait for the rows.
+    pub scatter_us: u64,
+}
+
 /// Which table each key of a batch belongs to.
 #[derive(Debug, Clone, Copy)]
 pub enum KeyLayout<'a> {
@@ -739,11 +752,14 @@ impl BatchLookup {
         layout: KeyLayout<'_>,
         epoch: u64,
         fetch: &mut FetchMisses<'_, E>,
-    ) -> std::result::Result<(), E> {
+    ) -> std::result::Result<BatchTimes, E> {
         let n = keys.len();
+        let mut times = BatchTimes { keys: n, ..BatchTimes::default() };
         if n == 0 {
-            return Ok(());
+            return Ok(times);
         }
+        let t0 = std::time::Instant::now();
+        let us = |t: std::time::Instant| t.elapsed().as_micros() as u64;
         if n > i32::MAX as usize {
             return Err(CudaError::internal("batch lookup: more than 2^31 keys in one batch").into());
         }
@@ -797,6 +813,9 @@ impl BatchLookup {
         dtoh(&q, h_count, d_count)?;
         q.stream.synchronize().map_err(cuda_err)?;
         let m = (h_count[0] as usize).min(n);
+        times.misses = m;
+        times.lookup_us = us(t0);
+        let t1 = std::time::Instant::now();
         if m > 0 {
             let h_miss = self.miss.0.slice(m)?;
             dtoh(&q, h_miss, d_miss)?;
@@ -805,6 +824,7 @@ impl BatchLookup {
             let found = self.found.0.slice(m)?;
             found.fill(0);
             fetch(h_miss, rows, found)?;
+            times.fetch_us = us(t1);
             let d_rows = self.fetched.1.reserve(m * dim * 4)?;
             htod(&q, d_rows, rows)?;
             let d_found = self.found.1.reserve(m)?;
@@ -818,7 +838,9 @@ impl BatchLookup {
             unsafe { b.launch(warps_config(m)) }.map_err(cuda_err)?;
             self.last = Some((m, interleaved));
         }
-        Ok(q.stream.synchronize().map_err(cuda_err)?)
+        q.stream.synchronize().map_err(cuda_err)?;
+        times.scatter_us = us(t1).saturating_sub(times.fetch_us);
+        Ok(times)
     }
 
     /// Queues the insertion of the last run's rows found below the cache into the caches

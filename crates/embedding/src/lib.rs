@@ -706,7 +706,7 @@ impl InstanceCaches {
         let t0 = Instant::now();
         let mut missed_per_table = vec![0usize; tables];
         let mut fetch_ns = 0u64;
-        lookup.run::<Error>(keys, layout, gpu.next_epoch(), &mut |missed: &mut [i32], rows: &mut [f32], found: &mut [u8]| {
+        let times = lookup.run::<Error>(keys, layout, gpu.next_epoch(), &mut |missed: &mut [i32], rows: &mut [f32], found: &mut [u8]| {
             // group the misses by table, so each table is read in one call
             missed.sort_unstable_by_key(|&i| (table_of(i as usize), i));
             let mut groups: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
@@ -755,7 +755,20 @@ impl InstanceCaches {
             }
             return Ok(());
         }
-        Ok(lookup.fill_last(gpu.next_epoch())?)
+        let tf = Instant::now();
+        lookup.fill_last(gpu.next_epoch())?;
+        if log::log_enabled!(log::Level::Debug) {
+            log::debug!(
+                "timing: batch lookup: keys {}, misses {}, lookup {} us, below cache {} us, scatter {} us, fill queued {} us",
+                times.keys,
+                times.misses,
+                times.lookup_us,
+                times.fetch_us,
+                times.scatter_us,
+                tf.elapsed().as_micros()
+            );
+        }
+        Ok(())
     }
 
     /// Inserts rows found below the cache: now if the batch's hit rate was under the

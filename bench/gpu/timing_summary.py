@@ -1,0 +1,27 @@
+#!/usr/bin/env python3
+"""Averages the backend's verbose `timing:` lines in a server log, per kind of line
+(server run with --log-verbose=1): where a batch's time goes inside the server.
+
+    python3 bench/gpu/timing_summary.py server.log
+"""
+import re
+import sys
+
+
+def summarize(path):
+    sums, counts = {}, {}
+    for line in open(path, errors="replace"):
+        if "timing:" not in line:
+            continue
+        body = line.split("timing:", 1)[1].strip().rstrip('"')
+        kind, _, rest = body.partition(":") if body.startswith(("batch lookup", "torch run")) else ("serve", "", body)
+        for label, value in re.findall(r"([a-z][a-z ]*?) (\d+)(?: us)?(?:,|$)", rest):
+            key = (kind.strip(), label.strip())
+            sums[key] = sums.get(key, 0) + int(value)
+            counts[key] = counts.get(key, 0) + 1
+    return {k: (sums[k] / counts[k], counts[k]) for k in sums}
+
+
+if __name__ == "__main__":
+    for (kind, label), (avg, n) in sorted(summarize(sys.argv[1]).items()):
+        print(f"{kind:<14} {label:<28} {avg:>12.1f}  (n={n})")
