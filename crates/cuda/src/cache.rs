@@ -109,10 +109,12 @@ extern "C" __global__ void batch_lookup(const i64* __restrict__ keys, int n, int
 }
 
 // One warp per missed key of the last batch_lookup: inserts row j (fetched below the
-// cache, already on the GPU) for key keys[miss[j]] when found[j]. Warps of one set take
-// the set's lock in turn (all lanes spin together, so no lane waits on another), read
-// the set's tags past L1, and replace the way holding the key or the least recently
-// stamped one, as cache_insert does.
+// cache, already on the GPU) for key keys[miss[j]] when found[j]. A set takes at most 32
+// of a fill's rows (a ticket per warp; more could not all stay, and warps queueing on one
+// lock would hold SMs the network's kernels need). Those warps take the set's lock in
+// turn (all lanes spin together, so no lane waits on another), read the set's tags past
+// L1, and replace the way holding the key or the least recently stamped one, as
+// cache_insert does.
 extern "C" __global__ void batch_fill(const i64* __restrict__ keys, const int* __restrict__ miss,
         const unsigned char* __restrict__ found, int m, int tables, int interleaved,
         const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
@@ -131,6 +133,9 @@ extern "C" __global__ void batch_fill(const i64* __restrict__ keys, const int* _
     unsigned* locks = (unsigned*)desc[t * 6 + 4];
     u64* counters = (u64*)desc[t * 6 + 5];
     u64 set = mix64((u64)key) % (u64)sets;
+    unsigned ticket = 0;
+    if (lane == 0) ticket = atomicAdd(&locks[sets + set], 1u);
+    if (__shfl_sync(FULL, ticket, 0) >= 32u) return;
     for (;;) {
         unsigned got = 0;
         if (lane == 0) got = atomicCAS(&locks[set], 0u, 1u) == 0u;
@@ -272,7 +277,9 @@ struct Slots {
     stamps: CudaSlice<u64>,
     rows: CudaSlice<f32>,
     counters: CudaSlice<u64>,
-    /// One lock word per set, for `batch_fill` (warps of one launch filling one set).
+    /// Per set, for `batch_fill`: a lock word (warps of one launch filling one set take
+    /// it in turn), then after all sets' locks, a ticket count (how many of this fill's
+    /// warps came for the set; only the first WAYS insert).
     locks: CudaSlice<u32>,
 }
 
@@ -323,7 +330,7 @@ impl CacheSlots {
             stamps: stream.alloc_zeros::<u64>(capacity).map_err(cuda_err)?,
             rows: stream.alloc_zeros::<f32>(capacity * dim).map_err(cuda_err)?,
             counters: stream.alloc_zeros::<u64>(2).map_err(cuda_err)?,
-            locks: stream.alloc_zeros::<u32>(sets.max(1)).map_err(cuda_err)?,
+            locks: stream.alloc_zeros::<u32>(2 * sets.max(1)).map_err(cuda_err)?,
         };
         stream.synchronize().map_err(cuda_err)?;
         Ok(CacheSlots { kernels, _gpu: g, stream, sets, dim, slots: Mutex::new(slots) })
@@ -688,6 +695,8 @@ pub struct BatchLookup {
     fill_queued: bool,
     /// The most keys a run has had room for.
     max_keys: usize,
+    /// Each cached table's fill tickets (address, sets), zeroed before a fill.
+    tickets: Vec<(u64, usize)>,
 }
 
 fn htod<T: Copy>(queue: &Queue, dst: u64, src: &[T]) -> Result<()> {
@@ -712,6 +721,11 @@ impl BatchLookup {
             return Err(CudaError::internal(format!("batch lookup: a cache of dim {} in a lookup of dim {dim}", c.dim)));
         }
         let table_desc: Vec<i64> = caches.iter().flat_map(|c| c.map_or([0; DESC], |c| c.raw())).collect();
+        let tickets = table_desc
+            .chunks(DESC)
+            .filter(|d| d[3] > 0)
+            .map(|d| (d[4] as u64 + d[3] as u64 * 4, d[3] as usize))
+            .collect();
         let mut desc = DevBuf::new(d);
         let at = desc.reserve(table_desc.len().max(1) * 8)?;
         gpu(d)?;
@@ -733,6 +747,7 @@ impl BatchLookup {
             last: None,
             fill_queued: false,
             max_keys: 0,
+            tickets,
         })
     }
 
@@ -852,6 +867,10 @@ impl BatchLookup {
         gpu(q.device)?;
         let (keys, miss, found, starts, rows) = (self.keys.1.addr, self.miss.1.addr, self.found.1.addr, self.starts.1.addr, self.fetched.1.addr);
         let (m_i, tables, dim_i, desc) = (m as i32, self.tables as i32, self.dim as i32, self.desc.addr);
+        for &(addr, sets) in &self.tickets {
+            // SAFETY: `addr` is the ticket half of a live cache's lock array, `sets` words.
+            unsafe { result::memset_d8_async(addr, 0, sets * 4, q.stream.cu_stream()) }.map_err(cuda_err)?;
+        }
         let mut b = q.stream.launch_builder(&self.kernels.fill);
         b.arg(&keys).arg(&miss).arg(&found).arg(&m_i).arg(&tables).arg(&interleaved).arg(&starts).arg(&desc).arg(&dim_i).arg(&epoch).arg(&rows);
         // SAFETY: argument types and order match batch_fill; the buffers hold the last

@@ -707,19 +707,20 @@ impl InstanceCaches {
         let mut missed_per_table = vec![0usize; tables];
         let mut fetch_ns = 0u64;
         let times = lookup.run::<Error>(keys, layout, gpu.next_epoch(), &mut |missed: &mut [i32], rows: &mut [f32], found: &mut [u8]| {
-            // group the misses by table, so each table is read in one call
-            missed.sort_unstable_by_key(|&i| (table_of(i as usize), i));
-            let mut groups: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
-            for (j, &i) in missed.iter().enumerate() {
-                let t = table_of(i as usize);
-                match groups.last_mut() {
-                    Some((gt, r)) if *gt == t => r.end = j + 1,
-                    _ => groups.push((t, j..j + 1)),
-                }
+            // group the misses by table (a counting sort), so each table is read in one call
+            let of: Vec<u32> = missed.iter().map(|&i| table_of(i as usize) as u32).collect();
+            for &t in &of {
+                missed_per_table[t as usize] += 1;
             }
-            for (t, r) in &groups {
-                missed_per_table[*t] = r.len();
+            let mut at: Vec<usize> = missed_per_table.iter().scan(0, |a, &c| { let s = *a; *a += c; Some(s) }).collect();
+            let groups: Vec<(usize, std::ops::Range<usize>)> =
+                missed_per_table.iter().enumerate().filter(|(_, &c)| c > 0).map(|(t, &c)| (t, at[t]..at[t] + c)).collect();
+            let mut sorted = vec![0i32; missed.len()];
+            for (&i, &t) in missed.iter().zip(&of) {
+                sorted[at[t as usize]] = i;
+                at[t as usize] += 1;
             }
+            missed.copy_from_slice(&sorted);
             let mkeys: Vec<i64> = missed.iter().map(|&i| keys[i as usize]).collect();
             let tf = Instant::now();
             let f = fetch_parallel(store, &groups, &mkeys, rows, dim);
