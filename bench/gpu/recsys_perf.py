@@ -86,13 +86,45 @@ def synthetic_rows(seed, table, keys, dim):
     return v.astype(np.uint16).view(np.float16).astype(np.float32)
 
 
+# ------------------------------------------------------------------ the cache
+
+def cache_rows(rows, share, allocation):
+    """Cache rows per table, as triton_rust_embedding::cache_rows computes them."""
+    if allocation == "per_table":
+        return [int(np.ceil(r * share)) for r in rows]
+    budget = int(np.floor(sum(rows) * share))
+    out = [0] * len(rows)
+    for k, t in enumerate(sorted(range(len(rows)), key=lambda t: rows[t])):
+        out[t] = min(rows[t], budget // (len(rows) - k))
+        budget -= out[t]
+    return out
+
+
+def stationary_hit_rate(rows, cached, alpha):
+    """The hit rate a cache holding each table's `cached` hottest keys would have on an
+    endless stream of this Zipf law (each table's share of the top ranks' mass, averaged
+    over tables: every sample has one key per table). The benchmark's key pool repeats, so
+    its measured rate can be above this; this is what production traffic would give."""
+    rates = []
+    for n, c in zip(rows, cached):
+        cdf, head, tail = zipf_keys._law(n, alpha)
+        c = min(c, n)
+        if c <= len(cdf):
+            top = cdf[c - 1] if c > 0 else 0.0
+        else:
+            lo, hi = len(cdf) + 0.5, c + 0.5
+            top = head + ((np.log(hi / lo)) if abs(alpha - 1) < 1e-12 else (hi ** (1 - alpha) - lo ** (1 - alpha)) / (1 - alpha))
+        rates.append(top / (head + tail))
+    return float(np.mean(rates))
+
+
 # ------------------------------------------------------------------ models
 
 def tensor(name, dtype, dims):
     return f'{{ name: "{name}" data_type: {dtype} dims: [ {", ".join(str(d) for d in dims)} ] }}'
 
 
-def write_models(repo, name, dense_pt, fixture, dim, share, kind):
+def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation):
     """<name>_sparse, <name>_dense, <name>_ens and <name>_one, all without batching."""
     files = ",".join(os.path.join(fixture, f"t{i}") for i in range(TABLES))
     store = [
@@ -100,6 +132,7 @@ def write_models(repo, name, dense_pt, fixture, dim, share, kind):
         f'parameters {{ key: "embedding_vecsize_per_table" value {{ string_value: "{dim}" }} }}',
         f'parameters {{ key: "sparse_files" value {{ string_value: "{files}" }} }}',
         f'parameters {{ key: "gpucacheper" value {{ string_value: "{share}" }} }}',
+        f'parameters {{ key: "gpucache_allocation" value {{ string_value: "{allocation}" }} }}',
         f'parameters {{ key: "store_name" value {{ string_value: "{name}" }} }}',
     ]
     group = f"instance_group [ {{ count: 1 kind: {kind} }} ]"
@@ -316,6 +349,8 @@ def main():
     p.add_argument("--scale", type=float, default=0.8)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--cache-share", type=float, default=0.1)
+    p.add_argument("--allocation", default="store", choices=["store", "per_table"],
+                   help="gpucache_allocation: the share of the store's rows (small tables whole) or of each table's")
     p.add_argument("--models", default="dlrm,dcnv2")
     p.add_argument("--batches", default="256,1024,4096,16384,65536")
     p.add_argument("--conc-batch", type=int, default=4096)
@@ -359,10 +394,15 @@ def main():
                         "--seed", str(SEED), "--cache-share", str(a.cache_share)], check=True)
     setup = {"tables": TABLES, "rows": sum(rows), "rows_per_table": rows, "dim": a.dim, "parameters": params,
              "table_gb_fp16": sum(rows) * a.dim * 2 / 1e9, "cache_share": a.cache_share,
-             "cached_rows": sum(int(np.ceil(r * a.cache_share)) for r in rows), "fixture": fixture,
+             "allocation": a.allocation, "cached_rows_per_table": cache_rows(rows, a.cache_share, a.allocation),
+             "cached_rows": sum(cache_rows(rows, a.cache_share, a.allocation)), "fixture": fixture,
+             "stationary_hit_rate": {str(x): stationary_hit_rate(rows, cache_rows(rows, a.cache_share, a.allocation), x) for x in alphas},
              "fixture_seconds": time.time() - t0, "precision": a.precision, "requests_per_pool": a.requests}
     print(f"store: {TABLES} tables, {sum(rows):,} rows, {params / 1e9:.1f} B parameters, dim {a.dim}, "
-          f"{setup['table_gb_fp16']:.1f} GB fp16 in {fixture}; GPU cache {a.cache_share:.0%} of each table's rows", flush=True)
+          f"{setup['table_gb_fp16']:.1f} GB fp16 in {fixture}; GPU cache {setup['cached_rows']:,} rows "
+          f"({setup['cached_rows'] / sum(rows):.1%}, {a.allocation}): {setup['cached_rows_per_table']}", flush=True)
+    for x, h in setup["stationary_hit_rate"].items():
+        print(f"  stationary hit rate at alpha {x} (an endless stream, this cache holding the hottest keys): {h:.4f}", flush=True)
 
     # 2. keys: a pool of distinct requests per (batch, alpha)
     pools = {}
@@ -390,7 +430,7 @@ def main():
         mod = dense_module(m, a.precision, device)
         pt = os.path.join(a.work, f"{m}_dense.pt")
         mod.save(pt)
-        write_models(repo, m, pt, fixture, a.dim, a.cache_share, a.kind)
+        write_models(repo, m, pt, fixture, a.dim, a.cache_share, a.kind, a.allocation)
         if device == "cuda" and not a.no_ceiling:
             print(f"ceiling: {m} bare in torch, every table in HBM ({setup['table_gb_fp16']:.1f} GB fp16)", flush=True)
             all_batches = [a.wide_deep_batch] if m == "wide_deep" else sorted(set(batches) | {a.conc_batch})

@@ -20,5 +20,9 @@ rc=${PIPESTATUS[0]}
 if grep -q "timing:" "$out/recsys/server.log" 2>/dev/null; then
     python3 bench/gpu/timing_summary.py "$out/recsys/server.log" | tee "$out/recsys/timing_summary.txt"
 fi
+# a verbose log is too big to come back whole: keep its end
+if [ "$(stat -c %s "$out/recsys/server.log" 2>/dev/null || echo 0)" -gt 4000000 ]; then
+    tail -c 2000000 "$out/recsys/server.log" > "$out/recsys/server_tail.log" && rm "$out/recsys/server.log"
+fi
 tar -C "$out" -czf "$out/recsys.tgz" recsys && rm -rf "$out/recsys"
 exit "$rc"

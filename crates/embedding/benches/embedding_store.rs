@@ -56,6 +56,7 @@ fn main() {
         StoreConfig {
             tables: vec![TableConfig { name: "t".into(), dim, path: Some(dir.clone()), format: None, default_value: 0.0 }],
             cache_ratio,
+            cache_allocation: triton_rust_embedding::CacheAllocation::PerTable,
             hit_rate_threshold: 0.9, // HPS default: synchronous fills only while the hit rate is low
             update_log_dir: None,
             compaction_rows: 0,

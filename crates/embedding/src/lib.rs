@@ -72,8 +72,10 @@ pub struct TableConfig {
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
     pub tables: Vec<TableConfig>,
-    /// Fraction of each table's rows the cache holds (HPS `gpucacheper`).
+    /// Fraction of the rows the cache holds (HPS `gpucacheper`), per table or of the
+    /// whole store as `cache_allocation` says.
     pub cache_ratio: f64,
+    pub cache_allocation: CacheAllocation,
     /// HPS `hit_rate_threshold`: below it, misses are inserted before the lookup returns.
     pub hit_rate_threshold: f64,
     /// Where the update logs of tables without files live (`<dir>/<table>/`); tables with
@@ -83,6 +85,49 @@ pub struct StoreConfig {
     pub compaction_rows: usize,
     /// A Redis Stream of updates this store follows.
     pub update_stream: Option<stream::StreamSpec>,
+}
+
+/// How `cache_ratio` becomes each table's cache size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheAllocation {
+    /// `cache_ratio` of every table's rows (HPS's meaning of `gpucacheper`).
+    #[default]
+    PerTable,
+    /// `cache_ratio` of the store's rows in all, shared out by water-filling: every table
+    /// gets `min(rows, level)` with the level set so the total is the budget. Small
+    /// tables (which a per-table share leaves thrashing in a few sets) are cached whole
+    /// for a sliver of the budget; the large ones share the rest equally.
+    Store,
+}
+
+impl CacheAllocation {
+    pub fn parse(s: &str) -> Result<CacheAllocation> {
+        match s.trim() {
+            "" | "per_table" => Ok(CacheAllocation::PerTable),
+            "store" => Ok(CacheAllocation::Store),
+            other => Err(Error::invalid_arg(format!("gpucache_allocation must be per_table or store; got '{other}'"))),
+        }
+    }
+}
+
+/// Cache rows per table for tables of `rows` rows under `ratio` and `allocation`.
+pub fn cache_rows(rows: &[usize], ratio: f64, allocation: CacheAllocation) -> Vec<usize> {
+    match allocation {
+        CacheAllocation::PerTable => rows.iter().map(|&r| (r as f64 * ratio).ceil() as usize).collect(),
+        CacheAllocation::Store => {
+            let mut budget = (rows.iter().sum::<usize>() as f64 * ratio).floor() as usize;
+            let mut order: Vec<usize> = (0..rows.len()).collect();
+            order.sort_by_key(|&t| rows[t]);
+            let mut out = vec![0; rows.len()];
+            for (k, &t) in order.iter().enumerate() {
+                // the level if every table from here on got an equal share of what is left
+                let level = budget / (rows.len() - k);
+                out[t] = rows[t].min(level);
+                budget -= out[t];
+            }
+            out
+        }
+    }
 }
 
 impl StoreConfig {
@@ -320,11 +365,11 @@ impl EmbeddingStore {
         self.host(table).memory()
     }
 
-    /// The cache geometry for a table under this store's `cache_ratio`.
+    /// The cache geometry for a table under this store's `cache_ratio` and `cache_allocation`.
     pub fn cache_geometry(&self, table: usize) -> CacheGeometry {
-        let t = &self.tables[table];
-        let rows = (t.host.read().len() as f64 * self.config.cache_ratio).ceil() as usize;
-        CacheGeometry::for_rows(rows, t.config.dim)
+        let rows: Vec<usize> = self.tables.iter().map(|t| t.host.read().len()).collect();
+        let cached = cache_rows(&rows, self.config.cache_ratio, self.config.cache_allocation);
+        CacheGeometry::for_rows(cached[table], self.tables[table].config.dim)
     }
 
     /// Creates one instance's caches with `make` (CPU or GPU) and registers them for updates.
@@ -933,6 +978,7 @@ mod tests {
                 TableConfig { name: "empty".into(), dim: 2, path: None, format: None, default_value: -1.0 },
             ],
             cache_ratio: ratio,
+            cache_allocation: CacheAllocation::PerTable,
             hit_rate_threshold: threshold,
             update_log_dir: None,
             compaction_rows: 0,
@@ -1071,12 +1117,28 @@ mod tests {
     }
 
     #[test]
+    fn a_store_wide_cache_share_caches_small_tables_whole() {
+        let rows = [3, 1_000, 40_000, 1_000_000, 1_000_000];
+        let per = cache_rows(&rows, 0.1, CacheAllocation::PerTable);
+        assert_eq!(per, [1, 100, 4_000, 100_000, 100_000]);
+        let store = cache_rows(&rows, 0.1, CacheAllocation::Store);
+        let budget = (rows.iter().sum::<usize>() as f64 * 0.1).floor() as usize;
+        assert!(store.iter().sum::<usize>() <= budget, "never above the budget: {store:?}");
+        assert!(budget - store.iter().sum::<usize>() < rows.len(), "the budget is used: {store:?}");
+        assert_eq!(&store[..3], &rows[..3], "small tables whole");
+        assert!(store[3].abs_diff(store[4]) <= 1, "large tables share the rest equally: {store:?}");
+        assert_eq!(CacheAllocation::parse("store").unwrap(), CacheAllocation::Store);
+        assert!(CacheAllocation::parse("most").unwrap_err().message().contains("per_table or store"));
+    }
+
+    #[test]
     fn config_errors_name_the_table() {
         let dir = std::env::temp_dir().join(format!("trt-store-bad-{}", std::process::id()));
         write_table(&dir, &[1, 2], bytemuck::cast_slice(&[0f32; 6]), 3, VectorType::F32).unwrap();
         let cfg = |dim| StoreConfig {
             tables: vec![TableConfig { name: "users".into(), dim, path: Some(dir.clone()), format: None, default_value: 0.0 }],
             cache_ratio: 0.1,
+            cache_allocation: CacheAllocation::PerTable,
             hit_rate_threshold: 0.9,
             update_log_dir: None,
             compaction_rows: 0,

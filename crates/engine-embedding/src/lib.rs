@@ -13,7 +13,9 @@
 //! the process, which is how an update model reaches the tables a lookup model serves.
 //! Store settings use HPS's names: `embedding_table_names`,
 //! `embedding_vecsize_per_table`, `sparse_files`, `default_value_for_each_table`,
-//! `gpucacheper`, `hit_rate_threshold`, `vocabulary_size_per_table`, `volatile_db`.
+//! `gpucacheper`, `hit_rate_threshold`, `vocabulary_size_per_table`, `volatile_db`; and
+//! ours, `gpucache_allocation` (`per_table`, HPS's meaning, or `store`: the share is of all
+//! the store's rows, small tables cached whole).
 
 #![forbid(unsafe_code)]
 
@@ -30,7 +32,7 @@ use triton_rust_embedding::cache::{CacheTier, HostCache};
 #[cfg(feature = "gpu")]
 use triton_rust_embedding::gpu::{BatchLookup, DeviceRows, GpuInstance, KeyLayout};
 use triton_rust_embedding::stream::StreamSpec;
-use triton_rust_embedding::{EmbeddingStore, InstanceCaches, StoreConfig, TableConfig};
+use triton_rust_embedding::{CacheAllocation, EmbeddingStore, InstanceCaches, StoreConfig, TableConfig};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Interface {
@@ -211,6 +213,7 @@ impl StoreSettings {
         let store = StoreConfig {
             tables,
             cache_ratio: number("gpucacheper", 0.1)?,
+            cache_allocation: CacheAllocation::parse(cfg.parameters.get("gpucache_allocation").map_or("", |s| s.as_str()))?,
             hit_rate_threshold: number("hit_rate_threshold", 0.9)?,
             update_log_dir: cfg.parameters.get("update_log_dir").map(|d| version_dir.join(d.trim())),
             compaction_rows: number("update_compaction_rows", 1_000_000.0)? as usize,
