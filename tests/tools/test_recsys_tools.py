@@ -1,0 +1,64 @@
+"""bench/gpu/recsys_perf.py's own arithmetic: the fixture's rows recomputed from the seed
+(what the exactness check compares served rows with) equal the rows criteo_fixture writes,
+the cache's allocation stays within its budget, and the stationary hit rate is the Zipf
+law's mass of the cached keys."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
+import recsys_perf  # noqa: E402
+
+
+def fixture_bin():
+    subprocess.run(["cargo", "build", "--release", "-q", "--example", "criteo_fixture"], cwd=ROOT, check=True)
+    return os.path.join(ROOT, "target", "release", "examples", "criteo_fixture")
+
+
+def test_recomputed_rows_equal_the_written_fixture(tmp_path):
+    out = tmp_path / "fx"
+    # scale 0.0001: 26 tables of 1 .. 4000 rows; dims with and without a whole number of quads
+    for dim in (128, 65):
+        subprocess.run([fixture_bin(), "--out", str(out / str(dim)), "--scale", "0.0001", "--dim", str(dim), "--seed", "7"],
+                       check=True, capture_output=True)
+        rows = recsys_perf.fixture_rows(0.0001)
+        for t in (0, 5, 10, 25):
+            written = np.load(out / str(dim) / f"t{t}" / "vectors.npy")
+            assert written.shape == (rows[t], dim)
+            keys = np.arange(rows[t])
+            assert np.array_equal(written.astype(np.float32), recsys_perf.synthetic_rows(7, t, keys, dim)), (dim, t)
+        # and another seed gives other rows
+        assert not np.array_equal(np.load(out / str(dim) / "t0" / "vectors.npy").astype(np.float32),
+                                  recsys_perf.synthetic_rows(8, 0, np.arange(rows[0]), dim))
+
+
+def test_store_allocation_caches_small_tables_whole_within_the_budget():
+    rows = recsys_perf.fixture_rows(0.8)
+    per_table = recsys_perf.cache_rows(rows, 0.1, "per_table")
+    store = recsys_perf.cache_rows(rows, 0.1, "store")
+    budget = int(sum(rows) * 0.1)
+    assert sum(store) <= budget and budget - sum(store) < len(rows)
+    assert sum(per_table) >= budget
+    small = [t for t, r in enumerate(rows) if r < 1_000_000]
+    assert all(store[t] == rows[t] for t in small), "small tables whole"
+    big = [store[t] for t, r in enumerate(rows) if r >= 30_000_000]
+    assert max(big) - min(big) <= 1 and max(big) < 0.1 * 32_000_000, "the large tables share what is left"
+
+
+def test_stationary_hit_rate_is_the_cached_keys_mass():
+    rows = [1000, 5_000_000]
+    # everything cached: every key hits
+    assert abs(recsys_perf.stationary_hit_rate(rows, rows, 1.2) - 1.0) < 1e-12
+    # the exact mass of the top 100 of 1000 ranks, and the continuous tail past 2^20 ranks
+    w = np.arange(1, 1001, dtype=np.float64) ** -1.2
+    small = w[:100].sum() / w.sum()
+    w = np.arange(1, 5_000_001, dtype=np.float64) ** -1.2
+    big = w[:2_000_000].sum() / w.sum()
+    got = recsys_perf.stationary_hit_rate(rows, [100, 2_000_000], 1.2)
+    assert abs(got - (small + big) / 2) < 1e-6, (got, small, big)
+    # a flatter law hits less
+    assert recsys_perf.stationary_hit_rate(rows, [100, 2_000_000], 1.05) < got
