@@ -117,6 +117,12 @@ pub struct Chain {
 
 impl Chain {
     pub fn new(lookup: Box<dyn Engine>, dense: Box<dyn Engine>, plan: &ChainPlan, device: Device) -> Result<Chain> {
+        if device != Device::Cpu && !dense.accepts_device_inputs() {
+            return Err(Error::unsupported(format!(
+                "on a KIND_GPU instance the recommender's network reads the embeddings in GPU memory, which the engine of '{}' cannot; use a TorchScript dense.pt (or KIND_CPU)",
+                plan.dense_file.display()
+            )));
+        }
         let emb = dense.inputs().iter().find(|t| t.name == plan.embeddings_input).ok_or_else(|| {
             Error::invalid_arg(format!(
                 "the dense network '{}' has no input '{}' to take the embeddings (parameter recommender_embeddings_input)",
