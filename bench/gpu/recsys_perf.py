@@ -124,7 +124,7 @@ def tensor(name, dtype, dims):
     return f'{{ name: "{name}" data_type: {dtype} dims: [ {", ".join(str(d) for d in dims)} ] }}'
 
 
-def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation):
+def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, graphs=False):
     """<name>_sparse, <name>_dense, <name>_ens and <name>_one, all without batching."""
     files = ",".join(os.path.join(fixture, f"t{i}") for i in range(TABLES))
     store = [
@@ -136,6 +136,8 @@ def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation):
         f'parameters {{ key: "store_name" value {{ string_value: "{name}" }} }}',
     ]
     group = f"instance_group [ {{ count: 1 kind: {kind} }} ]"
+    # the network's CUDA graphs: one per request shape (no batching), captured at its first request
+    opt = ["optimization { cuda { graphs: true } }"] if graphs else []
     dense_in = tensor("dense", "TYPE_FP32", [-1, 13])
     sparse_in = tensor("sparse", "TYPE_INT64", [-1, TABLES])
     pred = tensor("prediction", "TYPE_FP32", [-1, 1])
@@ -155,7 +157,7 @@ def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation):
                            'parameters { key: "embedding_interface" value { string_value: "batched" } }', *store])
     put(f"{name}_dense", ['backend: "rust"', "max_batch_size: 0",
                           f'input [ {dense_in}, {tensor("embeddings", "TYPE_FP32", [-1, TABLES, dim])} ]',
-                          f"output [ {pred} ]", group,
+                          f"output [ {pred} ]", group, *opt,
                           'parameters { key: "engine" value { string_value: "torch" } }'], [("model.pt", dense_pt)])
     put(f"{name}_ens", ['platform: "ensemble"', "max_batch_size: 0", f"input [ {dense_in}, {sparse_in} ]", f"output [ {pred} ]",
                         "ensemble_scheduling { step [",
@@ -164,7 +166,7 @@ def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation):
                         f'  {{ model_name: "{name}_dense" model_version: -1 input_map {{ key: "dense" value: "dense" }} '
                         'input_map { key: "embeddings" value: "embeddings" } output_map { key: "prediction" value: "prediction" } }',
                         "] }"])
-    put(f"{name}_one", ['backend: "rust"', "max_batch_size: 0", f"input [ {dense_in}, {sparse_in} ]", f"output [ {pred} ]", group,
+    put(f"{name}_one", ['backend: "rust"', "max_batch_size: 0", f"input [ {dense_in}, {sparse_in} ]", f"output [ {pred} ]", group, *opt,
                         'parameters { key: "engine" value { string_value: "recommender" } }', *store], [("dense.pt", dense_pt)])
 
 
@@ -363,6 +365,7 @@ def main():
     p.add_argument("--kind", default="KIND_GPU")
     p.add_argument("--precision", default="fp16")
     p.add_argument("--no-ceiling", action="store_true")
+    p.add_argument("--graphs", action="store_true", help="CUDA graphs for the dense network (ensemble step and single model)")
     p.add_argument("--interval-ms", type=int, default=3000)
     p.add_argument("--port", type=int, default=18900)
     p.add_argument("--libtorch-dir", default="")
@@ -396,6 +399,7 @@ def main():
              "table_gb_fp16": sum(rows) * a.dim * 2 / 1e9, "cache_share": a.cache_share,
              "allocation": a.allocation, "cached_rows_per_table": cache_rows(rows, a.cache_share, a.allocation),
              "cached_rows": sum(cache_rows(rows, a.cache_share, a.allocation)), "fixture": fixture,
+             "graphs": a.graphs,
              "stationary_hit_rate": {str(x): stationary_hit_rate(rows, cache_rows(rows, a.cache_share, a.allocation), x) for x in alphas},
              "fixture_seconds": time.time() - t0, "precision": a.precision, "requests_per_pool": a.requests}
     print(f"store: {TABLES} tables, {sum(rows):,} rows, {params / 1e9:.1f} B parameters, dim {a.dim}, "
@@ -430,7 +434,7 @@ def main():
         mod = dense_module(m, a.precision, device)
         pt = os.path.join(a.work, f"{m}_dense.pt")
         mod.save(pt)
-        write_models(repo, m, pt, fixture, a.dim, a.cache_share, a.kind, a.allocation)
+        write_models(repo, m, pt, fixture, a.dim, a.cache_share, a.kind, a.allocation, a.graphs)
         if device == "cuda" and not a.no_ceiling:
             print(f"ceiling: {m} bare in torch, every table in HBM ({setup['table_gb_fp16']:.1f} GB fp16)", flush=True)
             all_batches = [a.wide_deep_batch] if m == "wide_deep" else sorted(set(batches) | {a.conc_batch})

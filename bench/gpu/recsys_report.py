@@ -136,6 +136,7 @@ def main():
                    f"{setup['requests_per_pool']} distinct requests at batch ≤ 4096 (fewer above) that perf_analyzer cycles. "
                    "Stationary hit rate (an endless stream of this law, the cache holding each table's hottest keys): "
                    + ", ".join(f"α {x}: {h:.4f}" for x, h in setup.get("stationary_hit_rate", {}).items()) + ".", "",
+                   f"Served network: {'CUDA graphs (one per request shape)' if setup.get('graphs') else 'eager'}. "
                    "Ceiling: the same TorchScript network in torch with every table in HBM (one fp16 tensor, one gather), "
                    "keys already on the GPU, best of eager and CUDA graph; served/ceiling divides by it.", ""]
             offline = sorted([r for r in rs if r["alpha"] == first_alpha and r["concurrency"] == 1], key=lambda r: (r["batch"], r["path"]))

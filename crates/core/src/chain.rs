@@ -103,7 +103,9 @@ pub fn plan(config: &ModelConfig, version_dir: &Path) -> Result<ChainPlan> {
     let mut dense_config = config.clone();
     dense_config.inputs.retain(|t| t.name != sparse_input);
     dense_config.inputs.push(TensorConfig { name: embeddings_input.clone(), dtype: DataType::F32, dims: rows_dims, reshape: None });
-    dense_config.cuda_graphs = false;
+    // `optimization { cuda { graphs: true } }` in the recommender's config is the network's
+    // (a TorchScript network on a GPU instance: one graph per batch bucket, or per shape
+    // without batching; the lookup has nothing to capture)
     Ok(ChainPlan { lookup_config, dense_config, dense_kind, dense_file, sparse_input, embeddings_input })
 }
 
