@@ -13,7 +13,8 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 free -g | head -2; df -h /dev/shm /tmp | tail -2
 set +e
-python3 bench/gpu/recsys_perf.py --server "$PYT/pytriton/tritonserver/bin/tritonserver" --backends /tmp/rust_backends \
+# RECSYS_TIMEOUT=seconds stops the benchmark (not the packing of what it wrote) in time
+${RECSYS_TIMEOUT:+timeout "$RECSYS_TIMEOUT"} python3 bench/gpu/recsys_perf.py --server "$PYT/pytriton/tritonserver/bin/tritonserver" --backends /tmp/rust_backends \
     --perf-analyzer /tmp/pa/perf_analyzer/bin/perf_analyzer --fixture-bin .carry/criteo_fixture \
     --libtorch-dir "$TORCH_DIR/lib" "$@" 2>&1 | tee "$out/recsys.log"
 rc=${PIPESTATUS[0]}
