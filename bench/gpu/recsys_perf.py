@@ -174,14 +174,7 @@ def dense_module(name, precision, device):
     import torch
 
     import recommenders
-
-    class HalfDense(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m.half()
-
-        def forward(self, dense, embeddings):
-            return self.m(dense.half(), embeddings.half()).float()
+    from all_models import HalfDense  # the fp16 network behind fp32 inputs, as the six-model run serves it
 
     # the dense part does not depend on the tables' sizes: one-row tables keep it small
     part = recommenders.DensePart(recommenders.make(name, [1] * TABLES))
