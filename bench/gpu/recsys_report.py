@@ -143,7 +143,8 @@ def main():
             conc = sorted([r for r in rs if r["alpha"] == first_alpha and r["batch"] == 4096], key=lambda r: (r["concurrency"], r["path"]))
             other = sorted([r for r in rs if r["alpha"] != first_alpha], key=lambda r: (r["alpha"], r["batch"], r["path"]))
             md += [f"### Batch sweep, concurrency 1, Zipf α {first_alpha}", "", table(offline, "Batch", lambda r: r["batch"]), ""]
-            md += [f"### Batch 4096, concurrency sweep, Zipf α {first_alpha}", "", table(conc, "Concurrency", lambda r: r["concurrency"]), ""]
+            if len({r["concurrency"] for r in conc}) > 1:
+                md += [f"### Batch 4096, concurrency sweep, Zipf α {first_alpha}", "", table(conc, "Concurrency", lambda r: r["concurrency"]), ""]
             if other:
                 md += ["### Other Zipf exponents, concurrency 1", "", table(other, "Batch (α)", lambda r: f"{r['batch']} (α {r['alpha']})"), ""]
             hps = HPS_A100.get(m)
@@ -165,7 +166,9 @@ def main():
                        f"rows recomputed from its seed, max abs diff {e['rows_max_abs_diff']}; single model against the "
                        f"ensemble, max abs diff {e['single_vs_ensemble_max_abs_diff']}.", ""]
             if plt is not None:
-                files = [plot_batches(plt, m, offline, ceiling, gpu, a.out), plot_concurrency(plt, m, conc, gpu, a.out)]
+                files = [plot_batches(plt, m, offline, ceiling, gpu, a.out)]
+                if len({r["concurrency"] for r in conc}) > 1:
+                    files.append(plot_concurrency(plt, m, conc, gpu, a.out))
                 for path in ("one", "ens"):
                     bars = [(str(r["batch"]), {k: ms(r, k) for k in PARTS}) for r in offline if r["path"] == path]
                     if bars:
