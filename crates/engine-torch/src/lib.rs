@@ -107,7 +107,8 @@ impl TorchEngine {
             Device::Cpu => None,
         };
         let buckets = cfg.cuda_graph_buckets()?;
-        if buckets.is_some() && gpu.is_none() {
+        // (not for the probe, which runs on the CPU whatever the instances' kind)
+        if buckets.is_some() && gpu.is_none() && !options.probe {
             log::info!("model '{}': optimization.cuda.graphs applies to KIND_GPU instances; this KIND_CPU one runs without", cfg.name);
         }
         let model = if options.probe {
