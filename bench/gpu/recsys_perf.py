@@ -289,8 +289,10 @@ def perf(pa, port, model, batch, conc, data, out_dir, tag, metrics_model, interv
     if p.returncode != 0 and "stable" in p.stdout:
         # a window's throughput moved by more than perf_analyzer's 10%: longer windows,
         # and a looser bound (said in the CSV's name folder: raw/ keeps both attempts' logs)
-        print(f"  ({model} b={batch} c={conc}: unstable at {interval_ms} ms windows; retrying with -s 25)", flush=True)
-        p = subprocess.run(cmd[:-2] + ["-s", "25", "-f", raw], capture_output=True, text=True, timeout=900)
+        print(f"  ({model} b={batch} c={conc}: unstable at {interval_ms} ms windows; retrying with windows twice as long "
+              "and -s 25)", flush=True)
+        retry = [x if x != str(interval_ms) else str(2 * interval_ms) for x in cmd[:-2]]
+        p = subprocess.run(retry + ["-s", "25", "-f", raw], capture_output=True, text=True, timeout=900)
     secs = time.time() - t0
     k1, h1 = scrape(port, metrics_model)
     if p.returncode != 0:
