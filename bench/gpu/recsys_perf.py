@@ -287,8 +287,8 @@ def perf(pa, port, model, batch, conc, data, out_dir, tag, metrics_model, interv
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if p.returncode != 0 and "stable" in p.stdout:
-        # a window's throughput moved by more than perf_analyzer's 10%: longer windows,
-        # and a looser bound (said in the CSV's name folder: raw/ keeps both attempts' logs)
+        # a window's throughput moved by more than perf_analyzer's 10%: longer windows and a
+        # looser bound (the console line below says which runs were retried)
         print(f"  ({model} b={batch} c={conc}: unstable at {interval_ms} ms windows; retrying with windows twice as long "
               "and -s 25)", flush=True)
         retry = [x if x != str(interval_ms) else str(2 * interval_ms) for x in cmd[:-2]]
