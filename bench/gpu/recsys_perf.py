@@ -291,7 +291,8 @@ def perf(pa, port, model, batch, conc, data, out_dir, tag, metrics_model, interv
         # looser bound (the console line below says which runs were retried)
         print(f"  ({model} b={batch} c={conc}: unstable at {interval_ms} ms windows; retrying with windows twice as long "
               "and -s 25)", flush=True)
-        retry = [x if x != str(interval_ms) else str(2 * interval_ms) for x in cmd[:-2]]
+        retry = cmd[:-2]
+        retry[retry.index("--measurement-interval") + 1] = str(2 * interval_ms)
         p = subprocess.run(retry + ["-s", "25", "-f", raw], capture_output=True, text=True, timeout=900)
     secs = time.time() - t0
     k1, h1 = scrape(port, metrics_model)
