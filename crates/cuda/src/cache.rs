@@ -336,8 +336,8 @@ impl CacheSlots {
         Ok(CacheSlots { kernels, _gpu: g, stream, sets, dim, slots: Mutex::new(slots) })
     }
 
-    /// The slots' device addresses for [`BatchLookup`]: (keys, stamps, rows, sets). They
-    /// stay valid while `self` lives (the slots are never reallocated).
+    /// The slots' descriptor for [`BatchLookup`]: (keys, stamps, rows, sets, locks,
+    /// counters). The addresses stay valid while `self` lives (never reallocated).
     fn raw(&self) -> [i64; DESC] {
         let slots = self.slots.lock();
         let addr = |p: u64| p as i64;
@@ -578,8 +578,9 @@ impl DevBuf {
     }
     fn release(&mut self) {
         if self.bytes > 0 && gpu(self.device).is_ok() {
-            // SAFETY: our allocation; every use of it was waited for (BatchLookup syncs
-            // its queue before returning).
+            // SAFETY: our allocation, and nothing queued still uses it: `BatchLookup::run`
+            // waits for its queue before a buffer can grow while a fill is queued, and
+            // `BatchLookup`'s drop waits for it before the buffers go.
             let _ = unsafe { result::free_sync(self.addr) };
         }
         self.addr = 0;
