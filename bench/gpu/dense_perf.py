@@ -120,21 +120,12 @@ class Timing:
         self.log_path, self.offset = log_path, 0
 
     def since_last(self):
-        import re
+        from timing_summary import averages
         with open(self.log_path) as f:
             f.seek(self.offset)
             text = f.read()
             self.offset = f.tell()
-        sums, counts = {}, {}
-        for line in text.splitlines():
-            if "timing:" not in line:
-                continue
-            body = line.split("timing:", 1)[1].rstrip().rstrip('"')
-            for label, value in re.findall(r"([a-z][a-z ]*?) (\d+)(?: us)?(?:,|$)", body):
-                key = label.strip().split(",")[-1].strip()
-                sums[key] = sums.get(key, 0) + int(value)
-                counts[key] = counts.get(key, 0) + 1
-        return ", ".join(f"{k} {sums[k] / counts[k]:.0f}" for k in sums)
+        return ", ".join(f"{label} {avg:.0f}" for (_, label), (avg, _) in averages(text.splitlines()).items())
 
 
 def perf(pa, port, model, batch, conc, out_dir, extra=(), shm="system", must=True):

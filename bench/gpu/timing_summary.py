@@ -8,9 +8,11 @@ import re
 import sys
 
 
-def summarize(path):
+def averages(lines):
+    """{(kind, label): (mean, count)} over the `timing:` lines among `lines`, in the order
+    first seen; kind is the line's own prefix (`batch lookup`, `torch run`) or `serve`."""
     sums, counts = {}, {}
-    for line in open(path, errors="replace"):
+    for line in lines:
         if "timing:" not in line:
             continue
         body = line.split("timing:", 1)[1].strip().rstrip('"')
@@ -20,6 +22,11 @@ def summarize(path):
             sums[key] = sums.get(key, 0) + int(value)
             counts[key] = counts.get(key, 0) + 1
     return {k: (sums[k] / counts[k], counts[k]) for k in sums}
+
+
+def summarize(path):
+    with open(path, errors="replace") as f:
+        return averages(f)
 
 
 if __name__ == "__main__":
