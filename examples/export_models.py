@@ -345,11 +345,40 @@ def save_model(model: onnx.ModelProto, path: str) -> None:
     os.replace(tmp, path)
 
 
+def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The same graph in FP16, as the seeds deploy it: every FLOAT initializer rounded to
+    FLOAT16, FLOAT graph inputs and outputs declared FLOAT16, and `Cast(to=FLOAT)` made
+    `Cast(to=FLOAT16)`. Integer tensors (ids, shapes, axes) are left alone. The weights are
+    the FP32 model's, rounded, so the FP32 model run by ONNX Runtime on the CPU is the
+    reference for the FP16 one (within FP16 tolerance)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    for i, init in enumerate(g.initializer):
+        if init.data_type == TensorProto.FLOAT:
+            a = numpy_helper.to_array(init).astype(np.float16)
+            g.initializer[i].CopyFrom(numpy_helper.from_array(a, init.name))
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
+            vi.type.tensor_type.elem_type = TensorProto.FLOAT16
+    for node in g.node:
+        for attr in node.attribute:
+            if node.op_type == "Cast" and attr.name == "to" and attr.i == TensorProto.FLOAT:
+                attr.i = TensorProto.FLOAT16
+            if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == TensorProto.FLOAT:
+                attr.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attr.t).astype(np.float16), attr.t.name))
+    return m
+
+
 def build_model(name: str, path: str) -> str:
     """Build model `name` and write it to `path` (a .onnx file). Returns the path."""
-    if name not in BUILDERS:
-        raise KeyError(f"unknown model {name!r}; known: {', '.join(BUILDERS)}")
-    model = BUILDERS[name]()
+    fp16 = name.endswith("_fp16")
+    base = name[: -len("_fp16")] if fp16 else name
+    if base not in BUILDERS:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join(BUILDERS)} (each also as <name>_fp16)")
+    model = BUILDERS[base]()
+    if fp16:
+        model = to_fp16(model)
     save_model(model, path)
     return path
 

@@ -16,7 +16,14 @@ on one GPU:
   and the largest (`--sweep`: every power of two between; `--cuda-shm`: the largest
   batch with CUDA shared memory too);
 - online: ResNet50, requests of batch 1 with dynamic batching, at the `--concurrency`
-  values, against the bare engine at batch 64.
+  values, against the bare engine at batch 64 (`resnet50_online`: two instances, a CUDA
+  graph every 8 rows up to 64 which the batcher prefers, captured at load by model_warmup);
+- ONNX (`--ort-lib`, onnxruntime-gpu's library, and `--ort-bare`, the ort_bare example):
+  ResNet50 and BERT-large QA in FP16 built by examples/export_models.py, served by the ONNX
+  engine on KIND_GPU (inputs and outputs bound in GPU memory; `_graphs`: ONNX Runtime's
+  CUDA graphs), checked against ONNX Runtime on the CPU running the same file, measured
+  like the TorchScript ones against bare ONNX Runtime (ort_bare: the same library and
+  file, inputs and outputs already on the GPU).
 
 perf_analyzer's CSV files and the bare figures (refs.json) go to $OUT/perf/;
 bench/gpu/report.py turns them into seed-style tables and plots.
@@ -45,13 +52,25 @@ from tritonserver_process import serve  # noqa: E402
 TOL = 5e-2  # fp16: |served - torch eager| per element
 
 
-def config(name, max_batch, inputs, outputs, graphs, delay_us=0, count=1):
-    opt = "optimization { cuda { graphs: true } }\n" if graphs else ""
+def config(name, max_batch, inputs, outputs, graphs, delay_us=0, count=1, engine="torch", buckets=(), warmup=""):
+    """A GPU model's config.pbtxt. `buckets`: CUDA graph batch sizes (graph_spec), also the
+    dynamic batcher's preferred sizes, so that batches land on a graph without padding;
+    `warmup`: a model_warmup block (Triton runs it at load: graphs are captured then)."""
+    spec = "".join(f" graph_spec {{ batch_size: {b} }}" for b in buckets)
+    opt = f"optimization {{ cuda {{ graphs: true{spec} }} }}\n" if graphs else ""
+    preferred = f" preferred_batch_size: [ {', '.join(str(b) for b in buckets if b >= 8)} ]" if buckets else ""
     return (f'name: "{name}"\nbackend: "rust"\nmax_batch_size: {max_batch}\n'
             f'input [ {", ".join(inputs)} ]\noutput [ {", ".join(outputs)} ]\n'
-            f'dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}\n'
-            f'instance_group [ {{ count: {count} kind: KIND_GPU gpus: [ 0 ] }} ]\n{opt}'
-            'parameters { key: "engine" value { string_value: "torch" } }\n')
+            f'dynamic_batching {{ max_queue_delay_microseconds: {delay_us}{preferred} }}\n'
+            f'instance_group [ {{ count: {count} kind: KIND_GPU gpus: [ 0 ] }} ]\n{opt}{warmup}'
+            f'parameters {{ key: "engine" value {{ string_value: "{engine}" }} }}\n')
+
+
+def warmup_block(buckets, name, dtype, dims, runs):
+    """model_warmup: `runs` requests of each bucket's batch size (zeros)."""
+    items = [f'{{ name: "b{b}" batch_size: {b} count: {runs} inputs {{ key: "{name}" value {{ data_type: {dtype} '
+             f'dims: [ {", ".join(map(str, dims))} ] zero_data: true }} }} }}' for b in buckets]
+    return f"model_warmup [ {', '.join(items)} ]\n"
 
 
 def tensor(name, dtype, dims):
@@ -164,6 +183,9 @@ def main():
     p.add_argument("--timing", action="store_true",
                    help="serve with --log-verbose=1 and print the backend's own time breakdown after each measurement")
     p.add_argument("--cuda-shm", action="store_true", help="also measure the largest batch with CUDA shared memory")
+    p.add_argument("--ort-lib", default="", help="onnxruntime-gpu's libonnxruntime.so: also serve the ONNX models "
+                   "(resnet50_onnx, bert_onnx) on KIND_GPU, against CPU ONNX Runtime and bare ONNX Runtime")
+    p.add_argument("--ort-bare", default="", help="the ort_bare binary (bare ONNX Runtime reference)")
     a = p.parse_args()
     out_dir = os.path.join(os.environ.get("OUT", "/tmp/out"), "perf")
     os.makedirs(out_dir, exist_ok=True)
@@ -184,33 +206,37 @@ def main():
         os.makedirs(os.path.dirname(path), exist_ok=True)
         torch.jit.script(module.eval()).save(path)
 
-    models = []
-    if not only or "resnet50" in only:
-        torch.manual_seed(0)
-        save(torch_models.make("resnet50_pt").half(), "resnet50")
-        rng = np.random.default_rng(0)
-        models.append(dict(
+    rng_resnet, rng_bert = np.random.default_rng(0), np.random.default_rng(1)
+
+    def bert_feeds(b, rng=rng_bert):
+        seg = np.zeros((b, 384), np.int32)
+        seg[:, 192:] = 1
+        mask = np.ones((b, 384), np.int32)
+        mask[:, 320:] = 0
+        return {"input__0": rng.integers(1, 30522, (b, 384)).astype(np.int32), "input__1": seg, "input__2": mask}
+    # what a model is served as; the TorchScript and ONNX files share these
+    models_by_base = {
+        "resnet50": dict(
             label="ResNet50 FP16", base="resnet50", mb=128, batches=batches(128), online=True,
             ins=[tensor("INPUT__0", "TYPE_FP16", [3, 224, 224])], outs=[tensor("OUTPUT__0", "TYPE_FP16", [1000])],
-            feeds=lambda b, rng=rng: {"INPUT__0": rng.standard_normal((b, 3, 224, 224)).astype(np.float16)},
-            onames=["OUTPUT__0"], pa_extra=[], modes=("eager", "graphs")))
-    if not only or "bert" in only:
-        torch.manual_seed(0)
-        save(Bert16(torch_models.make("bert_large_pt")), "bert")
-        rng = np.random.default_rng(1)
-
-        def bert_feeds(b, rng=rng):
-            seg = np.zeros((b, 384), np.int32)
-            seg[:, 192:] = 1
-            mask = np.ones((b, 384), np.int32)
-            mask[:, 320:] = 0
-            return {"input__0": rng.integers(1, 30522, (b, 384)).astype(np.int32), "input__1": seg, "input__2": mask}
-        models.append(dict(
+            feeds=lambda b, rng=rng_resnet: {"INPUT__0": rng.standard_normal((b, 3, 224, 224)).astype(np.float16)},
+            onames=["OUTPUT__0"], pa_extra=[], modes=("eager", "graphs")),
+        "bert": dict(
             label="BERT-large QA FP16", base="bert", mb=16, batches=batches(16), online=False,
             ins=[tensor(f"input__{i}", "TYPE_INT32", [384]) for i in range(3)],
             outs=[tensor(f"output__{i}", "TYPE_FP16", [384]) for i in range(2)],
             feeds=bert_feeds, onames=["output__0", "output__1"], pa_extra=["--input-data", "zero"],
-            modes=("eager", "graphs")))
+            modes=("eager", "graphs")),
+    }
+    models = []
+    if not only or "resnet50" in only:
+        torch.manual_seed(0)
+        save(torch_models.make("resnet50_pt").half(), "resnet50")
+        models.append(models_by_base["resnet50"])
+    if not only or "bert" in only:
+        torch.manual_seed(0)
+        save(Bert16(torch_models.make("bert_large_pt")), "bert")
+        models.append(models_by_base["bert"])
     if not only or "fastpitch" in only:
         torch.manual_seed(0)
         save(torch_models.make("fastpitch").half(), "fastpitch")
@@ -228,6 +254,25 @@ def main():
             onames=["OUTPUT__0", "OUTPUT__1", "OUTPUT__2", "OUTPUT__3"], pa_extra=["--input-data", data],
             # the mel length comes from predicted durations (a host decision): no CUDA graph
             modes=("eager",), frames=1, skip=("OUTPUT__0", "OUTPUT__1")))
+    want_onnx = [b for b in ("resnet50_onnx", "bert_onnx") if not only or b in only]
+    if want_onnx and not a.ort_lib:
+        print(f"(no --ort-lib: the ONNX models {want_onnx} are not served)")
+    elif want_onnx:
+        import export_models
+        onnx_specs = {
+            # the seeds' FP16 deployments, built by examples/export_models.py (own weights)
+            "resnet50_onnx": ("resnet50_fp16", "ResNet50 FP16 ONNX", models_by_base["resnet50"]),
+            "bert_onnx": ("bert_large_fp16", "BERT-large QA FP16 ONNX", models_by_base["bert"]),
+        }
+        for base in want_onnx:
+            builder, label, like = onnx_specs[base]
+            path = os.path.join(repo, f"{base}_eager", "1", "model.onnx")
+            if not os.path.exists(path):
+                t0 = time.time()
+                export_models.build_model(builder, path)
+                print(f"built {builder} -> {path} ({os.path.getsize(path) / 1e6:.0f} MB, {time.time() - t0:.0f} s)", flush=True)
+            models.append(dict(like, label=label, base=base, online=False, engine="onnx", file="model.onnx",
+                               modes=("eager", "graphs")))
     for m in models:
         # offline (clients send whole batches): one instance, no queue delay; online
         # (ResNet50, requests of batch 1): two instances, so one stages a batch while
@@ -235,48 +280,79 @@ def main():
         for mode in m["modes"] + (("online",) if m["online"] else ()):
             name = f"{m['base']}_{mode}"
             os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
+            file, engine = m.get("file", "model.pt"), m.get("engine", "torch")
             if mode != "eager":
-                src, dst = os.path.join(repo, f"{m['base']}_eager", "1", "model.pt"), os.path.join(repo, name, "1", "model.pt")
+                src, dst = os.path.join(repo, f"{m['base']}_eager", "1", file), os.path.join(repo, name, "1", file)
                 if not os.path.exists(dst):
                     os.link(src, dst)
             with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
                 if mode == "online":
-                    f.write(config(name, m["mb"], m["ins"], m["outs"], True, delay_us=200, count=2))
+                    # a graph every 8 rows up to 64, which the batcher prefers, all captured
+                    # at load by model_warmup (3 eager runs, then the capture)
+                    buckets = [1, 2, 4, *range(8, 65, 8), 96, 128]
+                    warm = warmup_block(buckets, "INPUT__0", "TYPE_FP16", [3, 224, 224], 4)
+                    f.write(config(name, m["mb"], m["ins"], m["outs"], True, delay_us=200, count=2, engine=engine,
+                                   buckets=buckets, warmup=warm))
                 else:
-                    f.write(config(name, m["mb"], m["ins"], m["outs"], mode == "graphs"))
+                    f.write(config(name, m["mb"], m["ins"], m["outs"], mode == "graphs", engine=engine))
 
     # bare references: the files the server loads, at every batch measured
     refs, modules = {}, {}
     for m in models:
-        module = torch.jit.load(os.path.join(repo, f"{m['base']}_eager", "1", "model.pt"), map_location=dev).eval()
-        modules[m["base"]] = module
-        to_dev = lambda b, m=m: [torch.from_numpy(v).to(dev) for v in m["feeds"](b).values()]  # noqa: E731
         bare_at = {}
-        for b in sorted(set(m["batches"]) | ({64} if m["online"] else set())):
-            e_ms, g_ms, e_ips, g_ips = bare(module, to_dev, b, 300 if b == 1 else 30)
-            bare_at[b] = {"eager_ms": e_ms, "graph_ms": g_ms, "eager_ips": e_ips, "graph_ips": g_ips}
-            print(f"bare {m['label']} batch {b}: eager {e_ms:.2f} ms ({e_ips:.0f}/s)"
-                  + (f", CUDA graph {g_ms:.2f} ms ({g_ips:.0f}/s)" if g_ms else ""), flush=True)
-        refs[m["base"]] = {"label": m["label"], "max_batch": m["mb"], "modes": list(m["modes"]), "bare": bare_at}
+        batches_m = sorted(set(m["batches"]) | ({64} if m["online"] else set()))
+        if m.get("engine") == "onnx":
+            # bare ONNX Runtime (the same library and file, no server): ort_bare
+            model_file = os.path.join(repo, f"{m['base']}_eager", "1", "model.onnx")
+            modules[m["base"]] = model_file
+            p = subprocess.run([a.ort_bare, "--lib", a.ort_lib, "--model", model_file,
+                                "--batches", ",".join(map(str, batches_m)), "--iters", "50"],
+                               capture_output=True, text=True, timeout=900)
+            if p.returncode != 0:
+                raise SystemExit(f"ort_bare failed: {p.stderr[-3000:]}")
+            if p.stderr.strip():
+                print("  ort_bare: " + p.stderr.strip()[-600:])
+            found = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+            for r in found:
+                bare_at[r["batch"]] = {k: r[k] for k in ("eager_ms", "graph_ms", "eager_ips", "graph_ips")}
+        else:
+            module = torch.jit.load(os.path.join(repo, f"{m['base']}_eager", "1", "model.pt"), map_location=dev).eval()
+            modules[m["base"]] = module
+            to_dev = lambda b, m=m: [torch.from_numpy(v).to(dev) for v in m["feeds"](b).values()]  # noqa: E731
+            for b in batches_m:
+                e_ms, g_ms, e_ips, g_ips = bare(module, to_dev, b, 300 if b == 1 else 30)
+                bare_at[b] = {"eager_ms": e_ms, "graph_ms": g_ms, "eager_ips": e_ips, "graph_ips": g_ips}
+        for b, r in sorted(bare_at.items()):
+            print(f"bare {m['label']} batch {b}: eager {r['eager_ms']:.2f} ms ({r['eager_ips']:.0f}/s)"
+                  + (f", CUDA graph {r['graph_ms']:.2f} ms ({r['graph_ips']:.0f}/s)" if r["graph_ms"] else ""), flush=True)
+        refs[m["base"]] = {"label": m["label"], "max_batch": m["mb"], "modes": list(m["modes"]), "bare": bare_at,
+                           "engine": m.get("engine", "torch")}
     with open(os.path.join(out_dir, "refs.json"), "w") as f:
         json.dump({"gpu": smi, "torch": torch.__version__, "models": refs}, f, indent=1)
 
     extra = ["--model-control-mode=none", f"--backend-config=rust,libtorch-dir={a.libtorch_dir}"]
+    if a.ort_lib:
+        extra.append(f"--backend-config=rust,onnxruntime-library={a.ort_lib}")
     if a.timing:
         extra.append("--log-verbose=1")
     timing = Timing("/tmp/dense_perf_server.log")
     with serve(a.server, repo, a.backends, a.port, "/tmp/dense_perf_server.log", extra=extra) as client:
-        # correctness: every mode against torch eager (batch 3 is padded into the bucket of 4)
+        # correctness: every mode against torch eager, and the ONNX models against ONNX
+        # Runtime on the CPU running the same file (batch 3 is padded into the bucket of 4)
         for m in models:
             module = modules[m["base"]]
             for b in (1, 3):
                 f = m["feeds"](b)
-                with torch.inference_mode():
-                    want = module(*[torch.from_numpy(v).to(dev) for v in f.values()])
-                want = [want] if isinstance(want, torch.Tensor) else list(want)
+                if m.get("engine") == "onnx":
+                    cpu = export_models.run_onnxruntime(module, f)
+                    want = [cpu[n] for n in m["onames"]]
+                else:
+                    with torch.inference_mode():
+                        want = module(*[torch.from_numpy(v).to(dev) for v in f.values()])
+                    want = [w.cpu().numpy() for w in ([want] if isinstance(want, torch.Tensor) else want)]
                 for mode in m["modes"]:
                     got = client.infer(f"{m['base']}_{mode}", f, m["onames"])
-                    pairs = [(n, got[n], w.cpu().numpy()) for n, w in zip(m["onames"], want)]
+                    pairs = [(n, got[n], w) for n, w in zip(m["onames"], want)]
                     # FastPitch: the mel length (OUTPUT__1) is the sum of rounded fp16 durations, so a
                     # duration at a rounding edge moves it by a frame (and shifts every
                     # frame after it); its durations and pitch are compared, and the
@@ -288,7 +364,8 @@ def main():
                     diff = max(float(np.abs(g.astype(np.float32) - w.astype(np.float32)).max())
                                for n, g, w in pairs if g.shape == w.shape and n not in m.get("skip", ()))
                     ok = diff <= TOL
-                    print(f"check {m['label']} {mode} batch {b}: max abs diff {diff:.2e} "
+                    versus = "CPU ONNX Runtime" if m.get("engine") == "onnx" else "torch eager"
+                    print(f"check {m['label']} {mode} batch {b} vs {versus}: max abs diff {diff:.2e} "
                           f"({'within' if ok else 'OVER'} {TOL})"
                           + (f"; lengths {[(n, gs[-1], ws[-1]) for n, gs, ws in slack]} (within a frame)" if slack else ""))
                     if not ok:

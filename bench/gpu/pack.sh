@@ -8,10 +8,12 @@ if [ -z "${LIBTORCH:-}" ]; then
     for d in .venv/lib/python3*/site-packages/torch; do [ -f "$d/lib/libtorch_cpu.so" ] && export LIBTORCH="$PWD/$d"; done
 fi
 cargo build --release -p triton_rust_torch
+cargo build --release -p triton_rust_engine_onnx --example ort_bare
 mkdir -p .carry
 strip -o .carry/libtriton_rust.so target/release/libtriton_rust.so
 strip -o .carry/gpu_cache_check target/release/examples/gpu_cache_check
 strip -o .carry/criteo_fixture target/release/examples/criteo_fixture
+strip -o .carry/ort_bare target/release/examples/ort_bare
 strip -o .carry/libtriton_rust_torch.so target/release/libtriton_rust_torch.so
 strip -o .carry/libtriton_rust_torch_cuda.so target/release/libtriton_rust_torch_cuda.so
 ls -la .carry

@@ -24,7 +24,7 @@ import re
 PARTS = ["Client Send", "Network+Server Send/Recv", "Server Queue", "Server Compute Input",
          "Server Compute Infer", "Server Compute Output", "Client Recv"]
 PCTS = ["p50 latency", "p90 latency", "p95 latency", "p99 latency"]
-NAME = re.compile(r"^(?P<base>[a-z0-9]+)_(?P<mode>[a-z]+)_b(?P<batch>\d+)_c(?P<conc>\d+)(?P<cuda>_cudashm)?\.csv$")
+NAME = re.compile(r"^(?P<base>[a-z0-9_]+?)_(?P<mode>eager|graphs|online)_b(?P<batch>\d+)_c(?P<conc>\d+)(?P<cuda>_cudashm)?\.csv$")
 
 
 def read(folder):
@@ -67,7 +67,7 @@ def table(rows, key_label, key, refs=None, ref_key=None):
     return "\n".join(out)
 
 
-def plots(base, label, gpu, offline, online, bare, out, plt):
+def plots(base, label, gpu, offline, online, bare, out, plt, engine="torch"):
     files = []
     colors = {"eager": "tab:blue", "graphs": "tab:orange", "online": "tab:green"}
     if offline:
@@ -81,7 +81,7 @@ def plots(base, label, gpu, offline, online, bare, out, plt):
         for kind, style in (("eager", ":"), ("graph", "-.")):
             pts = [(b, bare[str(b)][f"{kind}_ips"]) for b in batches if str(b) in bare and bare[str(b)][f"{kind}_ips"]]
             if pts:
-                ax1.plot([b for b, _ in pts], [v for _, v in pts], style, color="gray", label=f"bare torch, {kind}")
+                ax1.plot([b for b, _ in pts], [v for _, v in pts], style, color="gray", label=f"bare {'ONNX Runtime' if engine == 'onnx' else 'torch'}, {kind}")
         ax1.set(xscale="log", xlabel="client batch size", ylabel="inferences / second", title=f"{label}: throughput (concurrency 1)")
         ax2.set(xscale="log", xlabel="client batch size", ylabel="ms", title=f"{label}: latency (concurrency 1)")
         for ax in (ax1, ax2):
@@ -180,7 +180,7 @@ def main():
             md += ["### Online: requests of batch 1, dynamic batching", "",
                    table(online + online_other, "Concurrency", lambda b, c: c, bare, lambda b, c: 64), ""]
         if plt is not None:
-            for f in plots(base, label, gpu, offline, online, bare, a.out, plt):
+            for f in plots(base, label, gpu, offline, online, bare, a.out, plt, info.get("engine", "torch")):
                 md += [f"![{f}]({f})", ""]
     with open(os.path.join(a.out, "report.md"), "w") as f:
         f.write("\n".join(md))

@@ -9,8 +9,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 if [ ! -x /tmp/pa/perf_analyzer/bin/perf_analyzer ]; then
     pip install --quiet --no-index --no-deps --target /tmp/pa .carry_pa/perf_analyzer-*.whl
 fi
+# the ONNX models too when onnxruntime-gpu was unpacked (pack_ort_gpu.sh / unpack_ort_gpu.sh)
+ort=()
+if [ -f /tmp/ort/libonnxruntime.so.1.31.1 ]; then
+    ort=(--ort-lib /tmp/ort/libonnxruntime.so.1.31.1 --ort-bare .carry/ort_bare)
+fi
 set +e
-python3 bench/gpu/dense_perf.py --server "$PYT/pytriton/tritonserver/bin/tritonserver" --backends /tmp/rust_backends \
+python3 bench/gpu/dense_perf.py "${ort[@]}" --server "$PYT/pytriton/tritonserver/bin/tritonserver" --backends /tmp/rust_backends \
     --perf-analyzer /tmp/pa/perf_analyzer/bin/perf_analyzer "$@" 2>&1 | tee "$out/dense_perf.log"
 rc=${PIPESTATUS[0]}
 # one archive: a device call brings back only a few files

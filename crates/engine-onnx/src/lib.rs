@@ -6,9 +6,12 @@
 //! `TRITON_RUST_ONNXRUNTIME_LIBRARY` and `ORT_DYLIB_PATH`, and the stock Triton image's
 //! `/opt/tritonserver/backends/onnxruntime/libonnxruntime.so`. A model whose library
 //! cannot be loaded fails to load and names what was tried; other models go on.
-//! One `Session` per instance. Inputs are handed to ONNX Runtime in place when they are
-//! aligned; outputs are handed to the sink in place.
-#![forbid(unsafe_code)]
+//! One `Session` per instance. On the CPU, inputs are handed to ONNX Runtime in place when
+//! they are aligned and outputs are handed to the sink in place. On a GPU instance inputs
+//! and outputs are bound in GPU memory, with CUDA graphs on request (`gpu.rs`).
+#![deny(unsafe_code)]
+
+mod gpu;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -149,45 +152,78 @@ pub struct OnnxEngine {
     session: Session,
     sig: Signature,
     input_dims: Vec<(String, Vec<String>)>,
+    /// GPU instances: inputs and outputs bound in GPU memory.
+    gpu: Option<gpu::GpuIo>,
 }
 
 impl OnnxEngine {
     pub fn load(model_file: &Path, options: &EngineOptions<'_>) -> Result<OnnxEngine> {
         let runtime = runtime(options)?;
         let cfg = options.config;
-        let mut builder = Session::builder(&runtime.env).map_err(ort_err)?;
-        let level = match cfg.graph_optimization_level {
-            Some(-1) => GraphOptimizationLevel::Level1,
-            Some(1) => GraphOptimizationLevel::Level2,
-            _ => GraphOptimizationLevel::Level3,
+        // CUDA graphs: ONNX Runtime's CUDA provider on a GPU instance (not for the
+        // load-time probe, which only reads the signature on the CPU)
+        let mut buckets = match options.device {
+            Device::Gpu(_) if !options.probe => cfg.cuda_graph_buckets()?,
+            _ => None,
         };
-        builder = builder.with_optimization_level(level).map_err(ort_err)?;
-        if let Some(n) = cfg.parameter_usize("intra_op_thread_count")? {
-            builder = builder.with_intra_threads(n).map_err(ort_err)?;
+        if buckets.is_some() && !cfg.gpu_accelerators.is_empty() {
+            log::info!("model '{}': optimization.cuda.graphs applies to the CUDA execution provider; with a GPU accelerator it runs without", cfg.name);
+            buckets = None;
         }
-        if let Some(n) = cfg.parameter_usize("inter_op_thread_count")? {
-            builder = builder.with_inter_threads(n).map_err(ort_err)?;
+        if cfg.cuda_graphs && options.device == Device::Cpu && !options.probe {
+            log::info!("model '{}': optimization.cuda.graphs applies to KIND_GPU instances; this KIND_CPU one runs without", cfg.name);
         }
-        if let Some(mode) = cfg.parameter_usize("execution_mode")? {
-            builder = builder.with_parallel_execution(mode == 1).map_err(ort_err)?;
-        }
-        let providers = execution_providers(options)?;
-        if !providers.is_empty() {
-            builder = builder.with_execution_providers(providers).map_err(ort_err)?;
-        }
-        let session = builder.commit_from_file(model_file).map_err(|e| {
-            Error::invalid_arg(format!("ONNX Runtime cannot load model file '{}': {e}", model_file.display()))
-        })?;
+        let session = match build_session(&runtime, model_file, options, buckets.is_some()) {
+            Ok(s) => s,
+            Err(e) if buckets.is_some() => {
+                // ONNX Runtime refuses a graph when a node runs outside the CUDA provider
+                log::warn!("model '{}': ONNX Runtime cannot capture this model in CUDA graphs ({e}); it runs without", cfg.name);
+                buckets = None;
+                build_session(&runtime, model_file, options, false)?
+            }
+            Err(e) => return Err(e),
+        };
         let inputs = specs(session.inputs(), "input")?;
         let outputs = specs(session.outputs(), "output")?;
         let input_dims = dim_names(session.inputs());
-        Ok(OnnxEngine { _runtime: runtime, session, sig: Signature { inputs, outputs, device: options.device }, input_dims })
+        let gpu = match options.device {
+            Device::Gpu(id) if !options.probe => Some(gpu::GpuIo::new(&session, id, cfg.batching(), buckets, &outputs)?),
+            _ => None,
+        };
+        Ok(OnnxEngine { _runtime: runtime, session, sig: Signature { inputs, outputs, device: options.device }, input_dims, gpu })
     }
+}
+
+fn build_session(runtime: &Runtime, model_file: &Path, options: &EngineOptions<'_>, cuda_graphs: bool) -> Result<Session> {
+    let cfg = options.config;
+    let mut builder = Session::builder(&runtime.env).map_err(ort_err)?;
+    let level = match cfg.graph_optimization_level {
+        Some(-1) => GraphOptimizationLevel::Level1,
+        Some(1) => GraphOptimizationLevel::Level2,
+        _ => GraphOptimizationLevel::Level3,
+    };
+    builder = builder.with_optimization_level(level).map_err(ort_err)?;
+    if let Some(n) = cfg.parameter_usize("intra_op_thread_count")? {
+        builder = builder.with_intra_threads(n).map_err(ort_err)?;
+    }
+    if let Some(n) = cfg.parameter_usize("inter_op_thread_count")? {
+        builder = builder.with_inter_threads(n).map_err(ort_err)?;
+    }
+    if let Some(mode) = cfg.parameter_usize("execution_mode")? {
+        builder = builder.with_parallel_execution(mode == 1).map_err(ort_err)?;
+    }
+    let providers = execution_providers(options, cuda_graphs)?;
+    if !providers.is_empty() {
+        builder = builder.with_execution_providers(providers).map_err(ort_err)?;
+    }
+    builder
+        .commit_from_file(model_file)
+        .map_err(|e| Error::invalid_arg(format!("ONNX Runtime cannot load model file '{}': {e}", model_file.display())))
 }
 
 /// The execution providers an instance asks for, each checked against the loaded
 /// ONNX Runtime so that a missing one is a clear load error, not a silent CPU run.
-fn execution_providers(options: &EngineOptions<'_>) -> Result<Vec<ep::ExecutionProviderDispatch>> {
+fn execution_providers(options: &EngineOptions<'_>, cuda_graphs: bool) -> Result<Vec<ep::ExecutionProviderDispatch>> {
     let mut out = Vec::new();
     let available = |ok: ort::Result<bool>, name: &str| -> Result<()> {
         if ok.map_err(ort_err)? {
@@ -217,7 +253,7 @@ fn execution_providers(options: &EngineOptions<'_>) -> Result<Vec<ep::ExecutionP
             }
         }
         available(ep::CUDA::is_available(), "the CUDA execution provider (instance group KIND_GPU)")?;
-        out.push(ep::CUDA::default().with_device_id(id).build().error_on_failure());
+        out.push(ep::CUDA::default().with_device_id(id).with_cuda_graph(cuda_graphs).build().error_on_failure());
     }
     for acc in &cfg.cpu_accelerators {
         match acc.name.as_str() {
@@ -277,6 +313,10 @@ impl Engine for OnnxEngine {
         &self.sig
     }
 
+    fn accepts_device_inputs(&self) -> bool {
+        self.gpu.is_some()
+    }
+
     fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
         let dims: Vec<(&str, &[String])> = self.input_dims.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect();
         check_shared_dims(inputs, &dims)
@@ -288,6 +328,9 @@ impl Engine for OnnxEngine {
         outputs: &[&str],
         sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
     ) -> Result<()> {
+        if let Some(gpu) = self.gpu.as_mut() {
+            return gpu.run(&mut self.session, inputs, outputs, &self.sig.outputs, sink);
+        }
         let mut scratch: Vec<Option<AlignedBuf>> = (0..inputs.len()).map(|_| None).collect();
         let mut values: Vec<(String, SessionInputValue<'_>)> = Vec::with_capacity(inputs.len());
         for (t, s) in inputs.iter().zip(scratch.iter_mut()) {

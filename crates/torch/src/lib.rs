@@ -293,6 +293,10 @@ struct RunTimes {
     staged: std::time::Duration,
     launched: std::time::Duration,
     synced: Option<std::time::Duration>,
+    /// The whole of `compute`.
+    total: std::time::Duration,
+    /// From the call until `compute` began (the hand-off to the worker thread).
+    began: std::time::Duration,
     replayed: bool,
 }
 
@@ -388,7 +392,7 @@ unsafe fn compute(m: &mut Model, views: &[TensorView], n_outputs: usize, host_ou
         }
         synced = Some(t0.elapsed());
     }
-    Ok((ready, RunTimes { staged, launched, synced, replayed }))
+    Ok((ready, RunTimes { staged, launched, synced, total: t0.elapsed(), began: Default::default(), replayed }))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -409,12 +413,16 @@ unsafe extern "C" fn run(
         let t0 = std::time::Instant::now();
         let (outs, times) = match m.worker.take() {
             Some(w) => {
-                let r = w.run(|| compute(m, views, n_outputs, host_outputs != 0));
+                let r = w.run(|| {
+                    let began = t0.elapsed();
+                    compute(m, views, n_outputs, host_outputs != 0).map(|(o, t)| (o, RunTimes { began, ..t }))
+                });
                 m.worker = Some(w);
                 r??
             }
             None => compute(m, views, n_outputs, host_outputs != 0)?,
         };
+        let returned = t0.elapsed();
         let names = std::slice::from_raw_parts(output_names, n_outputs);
         for (t, &name) in outs.iter().zip(names) {
             let shape = t.size();
@@ -442,11 +450,13 @@ unsafe extern "C" fn run(
             if let (Some(log), Ok(c)) = (
                 m.log,
                 CString::new(format!(
-                    "timing: torch run: inputs staged {} us, {} {} us, gpu done {} us, outputs delivered {} us",
+                    "timing: torch run: handed over {} us, inputs staged {} us, {} {} us, gpu done {} us, handed back {} us, outputs delivered {} us",
+                    times.began.as_micros(),
                     times.staged.as_micros(),
                     if times.replayed { "graph replayed" } else { "forward queued" },
                     launch.as_micros(),
                     times.synced.map_or(0, |t| (t - times.launched).as_micros()),
+                    returned.saturating_sub(times.began + times.total).as_micros(),
                     t0.elapsed().as_micros()
                 )),
             ) {

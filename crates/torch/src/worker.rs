@@ -9,10 +9,35 @@
 //! load takes an idle worker (or starts one), an unload gives it back, and the next
 //! model on it finds libtorch's per-thread state already built. There are as many
 //! workers as GPU instances were ever loaded at once.
+//!
+//! Handing a run to a worker and its answer back costs two thread wake-ups when each side
+//! sleeps. Both sides spin first: the worker for a while after each job (the next batch
+//! usually comes sooner), the caller for as long as a run usually takes (its thread has
+//! nothing else to do, and the worker is spinning in the CUDA wait anyway); each falls
+//! back to blocking after that.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc;
+use std::sync::mpsc::{self, TryRecvError};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long an idle worker spins for its next job before it blocks.
+const SPIN_FOR_JOB: Duration = Duration::from_millis(2);
+/// How long a caller spins for its answer before it blocks (longer than most runs).
+const SPIN_FOR_ANSWER: Duration = Duration::from_millis(25);
+
+/// Receives from `rx`, spinning up to `spin` before blocking.
+fn recv_spinning<T>(rx: &mpsc::Receiver<T>, spin: Duration) -> Result<T, mpsc::RecvError> {
+    let start = Instant::now();
+    loop {
+        match rx.try_recv() {
+            Ok(v) => return Ok(v),
+            Err(TryRecvError::Disconnected) => return Err(mpsc::RecvError),
+            Err(TryRecvError::Empty) if start.elapsed() < spin => std::hint::spin_loop(),
+            Err(TryRecvError::Empty) => return rx.recv(),
+        }
+    }
+}
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
@@ -34,7 +59,7 @@ impl Worker {
         std::thread::Builder::new()
             .name(format!("torch-gpu-{}", *started))
             .spawn(move || {
-                for job in rx {
+                while let Ok(job) = recv_spinning(&rx, SPIN_FOR_JOB) {
                     job();
                 }
             })
@@ -62,7 +87,7 @@ impl Worker {
         // at a time (the caller is blocked).
         let job: Job = unsafe { std::mem::transmute::<Box<dyn FnOnce() + '_>, Box<dyn FnOnce() + Send + 'static>>(job) };
         self.jobs.send(job).map_err(|_| "the torch worker thread is gone".to_string())?;
-        match done_rx.recv() {
+        match recv_spinning(&done_rx, SPIN_FOR_ANSWER) {
             Ok(Ok(r)) => Ok(r),
             Ok(Err(p)) => Err(format!("libtorch panicked: {}", crate::panic_text(p))),
             Err(_) => Err("the torch worker thread is gone".into()),
