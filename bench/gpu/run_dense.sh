@@ -15,7 +15,7 @@ if [ -f /tmp/ort/libonnxruntime.so.1.31.1 ]; then
     ort=(--ort-lib /tmp/ort/libonnxruntime.so.1.31.1 --ort-bare .carry/ort_bare)
 fi
 set +e
-python3 bench/gpu/dense_perf.py "${ort[@]}" --server "$PYT/pytriton/tritonserver/bin/tritonserver" --backends /tmp/rust_backends \
+timeout "${DENSE_TIMEOUT:-3600}" python3 bench/gpu/dense_perf.py "${ort[@]}" --server "$PYT/pytriton/tritonserver/bin/tritonserver" --backends /tmp/rust_backends \
     --perf-analyzer /tmp/pa/perf_analyzer/bin/perf_analyzer "$@" 2>&1 | tee "$out/dense_perf.log"
 rc=${PIPESTATUS[0]}
 # one archive: a device call brings back only a few files

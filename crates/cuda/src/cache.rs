@@ -309,6 +309,10 @@ pub struct Queue {
 }
 
 impl Queue {
+    /// Waits for everything queued so far.
+    pub(crate) fn wait(&self) -> Result<()> {
+        self.stream.synchronize().map_err(cuda_err)
+    }
     pub fn new(device: i32) -> Result<Queue> {
         let (g, _) = self::device(device)?;
         Ok(Queue { device, stream: g.new_stream()? })
@@ -595,7 +599,7 @@ impl Drop for DevBuf {
 }
 
 /// Page-locked host memory that grows (the copies to and from a [`BatchLookup`]).
-struct HostBuf<T: Copy> {
+pub(crate) struct HostBuf<T: Copy> {
     device: i32,
     ptr: *mut T,
     len: usize,
@@ -605,11 +609,11 @@ struct HostBuf<T: Copy> {
 unsafe impl<T: Copy> Send for HostBuf<T> {}
 
 impl<T: Copy> HostBuf<T> {
-    fn new(device: i32) -> HostBuf<T> {
+    pub(crate) fn new(device: i32) -> HostBuf<T> {
         HostBuf { device, ptr: std::ptr::null_mut(), len: 0 }
     }
     /// The first `len` elements (contents unspecified after a growth).
-    fn slice(&mut self, len: usize) -> Result<&mut [T]> {
+    pub(crate) fn slice(&mut self, len: usize) -> Result<&mut [T]> {
         if len > self.len {
             self.release();
             let want = len.next_power_of_two().max(64);
@@ -718,7 +722,7 @@ fn copy_parallel<T: Copy + Send + Sync>(src: &[T], dst: &mut [T]) {
     });
 }
 
-fn htod<T: Copy>(queue: &Queue, dst: u64, src: &[T]) -> Result<()> {
+pub(crate) fn htod<T: Copy>(queue: &Queue, dst: u64, src: &[T]) -> Result<()> {
     // SAFETY (callers): `dst` has room for `src`; `src` is page-locked and outlives the
     // queue's next synchronisation, which every caller reaches before touching it again.
     unsafe { result::memcpy_htod_async(dst, src, queue.stream.cu_stream()) }.map_err(cuda_err)

@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::{result, CudaContext, CudaSlice, CudaStream, DevicePtr};
 use parking_lot::Mutex;
 
-use crate::mem::{copy_host, Bytes, BytesMut, DeviceBuffer, DeviceOps, DeviceView};
+use crate::mem::{copy_host, Bytes, BytesMut, DeviceBuffer, DeviceOps, DeviceView, DeviceViewMut};
 use crate::{CudaError, Result};
 
 pub(crate) fn cuda_err(e: impl std::fmt::Debug) -> CudaError {
@@ -88,6 +88,51 @@ impl CudaBytes {
 // device's copy stream and waited for. cuMemcpyDtoH into pageable memory does return
 // only once done, and is kept.
 
+/// Asks the driver whether `addr .. addr + len` lies inside one live allocation on GPU
+/// `device`.
+fn check_allocated(device: i32, addr: u64, len: usize) -> Result<()> {
+    use cudarc::driver::sys::{cuPointerGetAttribute, CUpointer_attribute as A, CUresult};
+    gpu(device)?;
+    let (mut start, mut size, mut ordinal) = (0u64, 0usize, -1i32);
+    let ask = |out: *mut std::ffi::c_void, what: A| -> Result<()> {
+        // SAFETY: `out` points at a live value of the type the driver writes for `what`
+        // (CUdeviceptr, size_t, int); the driver only reads `addr` as a number.
+        match unsafe { cuPointerGetAttribute(out, what, addr) } {
+            CUresult::CUDA_SUCCESS => Ok(()),
+            e => Err(CudaError::internal(format!("address {addr:#x} is not device memory the driver knows ({e:?})"))),
+        }
+    };
+    ask((&mut start as *mut u64).cast(), A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)?;
+    ask((&mut size as *mut usize).cast(), A::CU_POINTER_ATTRIBUTE_RANGE_SIZE)?;
+    ask((&mut ordinal as *mut i32).cast(), A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)?;
+    let end = addr.checked_add(len as u64).ok_or_else(|| CudaError::internal("device range overflows"))?;
+    if ordinal != device || addr < start || end > start + size as u64 {
+        return Err(CudaError::internal(format!(
+            "{len} bytes at {addr:#x} on GPU {device} are not inside one allocation (the driver has {size} bytes at {start:#x} on GPU {ordinal})"
+        )));
+    }
+    Ok(())
+}
+
+/// A view of `len` bytes at `addr` in a device allocation that `owner` keeps alive (an
+/// engine's output tensor, say), for as long as `owner` is borrowed. The range is checked
+/// against the driver's own record of live allocations first, so a wrong address or
+/// length is an error, not a wild copy.
+pub fn view_in<'a, O: ?Sized>(_owner: &'a O, device: i32, addr: u64, len: usize) -> Result<DeviceView<'a>> {
+    check_allocated(device, addr, len)?;
+    // SAFETY: the driver has just confirmed the range is allocated on `device`; the
+    // borrow of its owner keeps it so for 'a.
+    Ok(unsafe { DeviceView::from_raw(device, addr, len) })
+}
+
+/// The writable form of [`view_in`]: `owner` is borrowed mutably, so nothing else reads
+/// or writes the allocation through it while the view lives.
+pub fn view_mut_in<'a, O: ?Sized>(_owner: &'a mut O, device: i32, addr: u64, len: usize) -> Result<DeviceViewMut<'a>> {
+    check_allocated(device, addr, len)?;
+    // SAFETY: as in view_in, with the owner borrowed exclusively for 'a.
+    Ok(unsafe { DeviceViewMut::from_raw(device, addr, len) })
+}
+
 /// Copies `len` bytes between device addresses (same device); done when it returns.
 ///
 /// # Safety
@@ -129,7 +174,7 @@ pub unsafe fn copy_htod_raw(device: i32, dst: u64, src: &[u8]) -> Result<()> {
     g.copy_stream.synchronize().map_err(cuda_err)
 }
 
-fn real(addr: Option<u64>) -> Result<u64> {
+pub(crate) fn real(addr: Option<u64>) -> Result<u64> {
     addr.ok_or_else(|| CudaError::internal("a simulated device buffer reached the CUDA driver"))
 }
 

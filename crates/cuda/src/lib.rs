@@ -21,7 +21,9 @@ pub mod cache;
 #[cfg(feature = "driver")]
 pub mod driver;
 #[cfg(feature = "driver")]
-pub use driver::Cuda;
+pub use driver::{view_in, view_mut_in, Cuda};
+#[cfg(feature = "driver")]
+pub mod upload;
 
 /// A CUDA failure, or CUDA not being there.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,7 +9,7 @@
 //!
 //! Inputs: floats uniform in [-1, 1), integers 0 or 1 (valid ids, segment ids and masks for
 //! BERT). Every dimension but the first (the batch) must be fixed in the model.
-#![allow(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use std::time::Instant;
 
@@ -17,7 +17,7 @@ use ort::ep;
 use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
 use ort::session::{RunOptions, Session};
 use ort::value::{DynTensor, TensorElementType, ValueType};
-use triton_rust_cuda::{Bytes, BytesMut, Cuda, DeviceOps, DeviceViewMut};
+use triton_rust_cuda::{view_mut_in, Bytes, BytesMut, Cuda, DeviceOps};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -64,9 +64,8 @@ fn time_runs(session: &mut Session, model: &str, batch: i64, iters: usize, graph
         let mut t = DynTensor::new(&alloc, *ty, shape.clone())?;
         let count = shape.iter().product::<i64>() as usize;
         let bytes = host_bytes(*ty, count, i as u64 + 1)?;
-        // SAFETY: the tensor was just allocated on GPU 0 with room for `count` elements of
-        // its type, which is `bytes.len()` bytes.
-        let view = unsafe { DeviceViewMut::from_raw(0, t.data_ptr_mut() as u64, bytes.len()) };
+        let addr = t.data_ptr_mut() as u64;
+        let view = view_mut_in(&mut t, 0, addr, bytes.len())?;
         Cuda.copy(Bytes::Host(&bytes), BytesMut::Device(view))?;
         binding.bind_input(input.name(), &t)?;
         held.push(t);

@@ -18,8 +18,6 @@
 //! before it captures it. A batch that fits no bucket, and a model whose outputs have a
 //! free dimension other than the batch, run without a graph (`gpu_graph_id` -1), logged
 //! once.
-#![allow(unsafe_code)]
-
 use std::collections::{HashMap, HashSet};
 
 use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
@@ -30,8 +28,9 @@ use triton_rust_core::batch::BatchTensor;
 use triton_rust_core::config::TensorSpec;
 use triton_rust_core::engine::OutputView;
 use triton_rust_core::error::{Error, Result};
-use triton_rust_core::tensor::{Bytes, BytesMut, DataType, DeviceOps, DeviceView, DeviceViewMut};
-use triton_rust_cuda::Cuda;
+use triton_rust_core::tensor::{Bytes, BytesMut, DataType, DeviceOps};
+use triton_rust_cuda::upload::Uploader;
+use triton_rust_cuda::{view_in, view_mut_in, Cuda};
 
 use crate::{dtype_from_ort, ort_err};
 
@@ -86,6 +85,8 @@ pub(crate) struct GpuIo {
     /// Run options of a graph-enabled session's runs that take no graph.
     no_graph: Option<RunOptions<NoSelectedOutputs>>,
     said: HashSet<String>,
+    /// Host inputs go to the GPU through its page-locked buffer.
+    uploader: Uploader,
 }
 
 impl GpuIo {
@@ -102,7 +103,19 @@ impl GpuIo {
             }
             None => None,
         };
-        Ok(GpuIo { device, allocator, on_gpu, batching, buckets, static_outputs, graphs: HashMap::new(), no_graph, said: HashSet::new() })
+        let uploader = Uploader::new(device).map_err(|e| Error::unavailable(format!("GPU {device}: {e}")))?;
+        Ok(GpuIo {
+            device,
+            allocator,
+            on_gpu,
+            batching,
+            buckets,
+            static_outputs,
+            graphs: HashMap::new(),
+            no_graph,
+            said: HashSet::new(),
+            uploader,
+        })
     }
 
     fn say_once(&mut self, key: &str, message: impl FnOnce() -> String) {
@@ -147,19 +160,21 @@ impl GpuIo {
     }
 
     /// Copies `t`'s bytes into the start of the GPU tensor `dst`.
-    fn copy_in(&self, t: &BatchTensor<'_>, dst: &mut DynTensor) -> Result<()> {
+    fn copy_in(&mut self, t: &BatchTensor<'_>, dst: &mut DynTensor) -> Result<()> {
         let src = t.bytes().ok_or_else(|| Error::internal(format!("input '{}' was not assembled", t.name)))?;
         let room = dst.memory_info().is_cpu_accessible();
         if room {
             return Err(Error::internal(format!("input '{}': ONNX Runtime gave host memory for a GPU input", t.name)));
         }
-        let len = src.len();
-        // SAFETY: `dst` was allocated on `self.device` by ONNX Runtime's CUDA allocator with
-        // at least as many rows as `t` (same row shape and element type), so its first
-        // `len` bytes are live device memory, written only here while no run is in flight
-        // (runs end synchronised).
-        let view = unsafe { DeviceViewMut::from_raw(self.device, dst.data_ptr_mut() as u64, len) };
-        Cuda.copy(src, BytesMut::Device(view)).map_err(|e| Error::internal(format!("copying input '{}' to GPU {}: {e}", t.name, self.device)))
+        let (len, addr) = (src.len(), dst.data_ptr_mut() as u64);
+        // `dst` has at least as many rows as `t` (same row shape and element type); the
+        // driver checks the range
+        let view = view_mut_in(dst, self.device, addr, len).map_err(|e| Error::internal(format!("input '{}': {e}", t.name)))?;
+        let copied = match src {
+            Bytes::Host(h) => self.uploader.upload(h, view),
+            Bytes::Device(_) => Cuda.copy(src, BytesMut::Device(view)),
+        };
+        copied.map_err(|e| Error::internal(format!("copying input '{}' to GPU {}: {e}", t.name, self.device)))
     }
 
     fn tensor_for(&self, t: &BatchTensor<'_>, shape: Vec<i64>) -> Result<DynTensor> {
@@ -184,13 +199,14 @@ impl GpuIo {
                     self.graphs.insert(key.clone(), graph);
                 }
                 let mut graph = self.graphs.remove(&key).expect("inserted above");
-                let result = (|| {
-                    for (t, dst) in inputs.iter().zip(graph.inputs.iter_mut()) {
-                        self.copy_in(t, dst)?;
-                    }
+                let mut result = Ok(());
+                for (t, dst) in inputs.iter().zip(graph.inputs.iter_mut()) {
+                    result = result.and_then(|()| self.copy_in(t, dst));
+                }
+                let result = result.and_then(|()| {
                     let out = session.run_binding_with_options(&graph.binding, &graph.options).map_err(run_err)?;
                     self.emit(&out, outputs, rows, sink)
-                })();
+                });
                 self.graphs.insert(key, graph);
                 result
             }
@@ -276,9 +292,9 @@ impl GpuIo {
                 return Err(Error::internal(format!("ONNX Runtime left output '{name}' in host memory on a GPU instance")));
             }
             let len = count.max(0) as usize * size;
-            // SAFETY: ONNX Runtime's tensor on this GPU, alive while `out` (and the
-            // binding) live, which outlives the sink call; `len` covers at most its rows.
-            let data = unsafe { DeviceView::from_raw(self.device, tensor.data_ptr() as u64, len) };
+            // ONNX Runtime's tensor, alive while `out` (and the binding) live
+            let data = view_in(&tensor, self.device, tensor.data_ptr() as u64, len)
+                .map_err(|e| Error::internal(format!("output '{name}': {e}")))?;
             sink(OutputView { name, dtype, shape: &shape, data: Bytes::Device(data) })?;
         }
         Ok(())

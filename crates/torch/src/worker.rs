@@ -21,10 +21,20 @@ use std::sync::mpsc::{self, TryRecvError};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// How long an idle worker spins for its next job before it blocks.
-const SPIN_FOR_JOB: Duration = Duration::from_millis(2);
-/// How long a caller spins for its answer before it blocks (longer than most runs).
-const SPIN_FOR_ANSWER: Duration = Duration::from_millis(25);
+/// How long an idle worker spins for its next job, and a caller for its answer (longer
+/// than most runs), before blocking: `TRITON_RUST_TORCH_SPIN` = `both` (the default),
+/// `answer` (the caller only) or `none`, read once.
+fn spins() -> (Duration, Duration) {
+    static SPINS: std::sync::OnceLock<(Duration, Duration)> = std::sync::OnceLock::new();
+    *SPINS.get_or_init(|| {
+        let (job, answer) = (Duration::from_millis(2), Duration::from_millis(25));
+        match std::env::var("TRITON_RUST_TORCH_SPIN").as_deref() {
+            Ok("none") => (Duration::ZERO, Duration::ZERO),
+            Ok("answer") => (Duration::ZERO, answer),
+            _ => (job, answer),
+        }
+    })
+}
 
 /// Receives from `rx`, spinning up to `spin` before blocking.
 fn recv_spinning<T>(rx: &mpsc::Receiver<T>, spin: Duration) -> Result<T, mpsc::RecvError> {
@@ -59,7 +69,7 @@ impl Worker {
         std::thread::Builder::new()
             .name(format!("torch-gpu-{}", *started))
             .spawn(move || {
-                while let Ok(job) = recv_spinning(&rx, SPIN_FOR_JOB) {
+                while let Ok(job) = recv_spinning(&rx, spins().0) {
                     job();
                 }
             })
@@ -87,7 +97,7 @@ impl Worker {
         // at a time (the caller is blocked).
         let job: Job = unsafe { std::mem::transmute::<Box<dyn FnOnce() + '_>, Box<dyn FnOnce() + Send + 'static>>(job) };
         self.jobs.send(job).map_err(|_| "the torch worker thread is gone".to_string())?;
-        match recv_spinning(&done_rx, SPIN_FOR_ANSWER) {
+        match recv_spinning(&done_rx, spins().1) {
             Ok(Ok(r)) => Ok(r),
             Ok(Err(p)) => Err(format!("libtorch panicked: {}", crate::panic_text(p))),
             Err(_) => Err("the torch worker thread is gone".into()),

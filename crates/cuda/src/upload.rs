@@ -1,0 +1,81 @@
+//! Host bytes to the GPU through page-locked memory the owner keeps.
+//!
+//! A copy from pageable memory makes the driver stage it through its own small pinned
+//! buffer, one piece at a time, on the calling thread. An [`Uploader`] keeps a pinned
+//! buffer the size of the largest upload so far and splits a large upload over up to
+//! four threads: each copies its part into the pinned buffer in 4 MiB chunks and queues
+//! every chunk's DMA as soon as it is there, so the copies to the GPU overlap the copies
+//! into pinned memory (reading a client's system shared-memory region is the slow part:
+//! a few GB/s per thread on the H100 machine). One wait at the end.
+
+use crate::cache::{htod, HostBuf, Queue};
+use crate::driver::{gpu, real};
+use crate::mem::DeviceViewMut;
+use crate::{CudaError, Result};
+
+/// Bytes per DMA.
+const CHUNK: usize = 4 << 20;
+/// Uploads at least this large per thread are split over threads (up to 4).
+const PER_THREAD: usize = 8 << 20;
+
+pub struct Uploader {
+    queue: Queue,
+    pinned: HostBuf<u8>,
+}
+
+impl Uploader {
+    pub fn new(device: i32) -> Result<Uploader> {
+        Ok(Uploader { queue: Queue::new(device)?, pinned: HostBuf::new(device) })
+    }
+
+    /// Copies `src` into `dst` (equal lengths); done when it returns.
+    pub fn upload(&mut self, src: &[u8], dst: DeviceViewMut<'_>) -> Result<()> {
+        if src.len() != dst.len() {
+            return Err(CudaError::internal(format!("upload of {} bytes into a buffer of {}", src.len(), dst.len())));
+        }
+        let device = self.queue.device();
+        if dst.device() != device {
+            return Err(CudaError::internal(format!("an uploader for GPU {device} was given a buffer on GPU {}", dst.device())));
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        let base = real(dst.raw_addr())?;
+        let pinned = self.pinned.slice(src.len())?;
+        let queue = &self.queue;
+        // one part per thread, in whole chunks
+        let part = |n: usize| src.len().div_ceil(n).next_multiple_of(CHUNK);
+        let threads = (src.len() / PER_THREAD).clamp(1, 4);
+        let send = |offset: usize, from: &[u8], to: &mut [u8]| -> Result<()> {
+            for (i, (c, p)) in from.chunks(CHUNK).zip(to.chunks_mut(CHUNK)).enumerate() {
+                p.copy_from_slice(c);
+                // `p` is page-locked and not touched again before the wait below; `dst`
+                // has room for `src` (lengths checked above)
+                htod(queue, base + (offset + i * CHUNK) as u64, p)?;
+            }
+            Ok(())
+        };
+        let sent = if threads == 1 {
+            send(0, src, pinned)
+        } else {
+            let per = part(threads);
+            std::thread::scope(|s| {
+                let handles: Vec<_> = src
+                    .chunks(per)
+                    .zip(pinned.chunks_mut(per))
+                    .enumerate()
+                    .map(|(k, (from, to))| {
+                        s.spawn(move || {
+                            gpu(device)?; // the device's context, current on this thread
+                            send(k * per, from, to)
+                        })
+                    })
+                    .collect();
+                handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(CudaError::internal("an upload thread panicked"))))
+            })
+        };
+        // wait even after a failure: nothing may still read the pinned buffer
+        let waited = queue.wait();
+        sent.and(waited)
+    }
+}
