@@ -110,6 +110,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn spinning_receive_spins_then_blocks_and_sees_a_hang_up() {
+        let (tx, rx) = mpsc::channel::<u32>();
+        tx.send(1).unwrap();
+        assert_eq!(recv_spinning(&rx, Duration::ZERO).unwrap(), 1, "a value already there");
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            tx.send(2).unwrap();
+        });
+        let start = Instant::now();
+        // spins 1 ms, then blocks until the value comes 30 ms later
+        assert_eq!(recv_spinning(&rx, Duration::from_millis(1)).unwrap(), 2);
+        assert!(start.elapsed() >= Duration::from_millis(25));
+        late.join().unwrap();
+        assert!(recv_spinning(&rx, Duration::from_millis(1)).is_err(), "the sender is gone");
+    }
+
+    #[test]
     fn runs_borrowed_work_elsewhere_and_reuses_threads() {
         let w = Worker::take().unwrap();
         let mut v = vec![1, 2, 3];

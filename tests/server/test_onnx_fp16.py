@@ -1,0 +1,61 @@
+"""An FP16 ONNX model (examples/export_models.py's `bert_small_fp16`) served with the config
+bench/gpu/dense_perf.py gives the online model on a GPU — CUDA graph buckets every few rows
+(`graph_spec`), the same sizes as the dynamic batcher's preferred batch sizes, and
+`model_warmup` for each bucket — here on a KIND_CPU instance: Triton accepts the config, the
+warm-up runs through the backend at load, the graphs setting is said to apply to GPU
+instances only, and the answers equal ONNX Runtime's own on the same file."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import onnxruntime as ort
+
+from tritonserver_harness import REPO_ROOT, ModelRepo, infer, make_client
+
+sys.path.insert(0, os.path.join(REPO_ROOT, "examples"))
+import export_models  # noqa: E402
+
+BUCKETS = [1, 2, 4, 8]
+
+
+def config(name: str) -> str:
+    spec = "".join(f" graph_spec {{ batch_size: {b} }}" for b in BUCKETS)
+    warm = ", ".join(
+        f'{{ name: "b{b}" batch_size: {b} count: 2 '
+        + " ".join(f'inputs {{ key: "input__{i}" value {{ data_type: TYPE_INT32 dims: [ 384 ] zero_data: true }} }}' for i in range(3))
+        + " }" for b in BUCKETS)
+    return (f'name: "{name}"\nbackend: "rust"\nmax_batch_size: 8\n'
+            'input [ ' + ", ".join(f'{{ name: "input__{i}" data_type: TYPE_INT32 dims: [ 384 ] }}' for i in range(3)) + ' ]\n'
+            'output [ ' + ", ".join(f'{{ name: "output__{i}" data_type: TYPE_FP16 dims: [ 384 ] }}' for i in range(2)) + ' ]\n'
+            'dynamic_batching { max_queue_delay_microseconds: 200 preferred_batch_size: [ 2, 4, 8 ] }\n'
+            'instance_group [ { count: 1 kind: KIND_CPU } ]\n'
+            f'optimization {{ cuda {{ graphs: true{spec} }} }}\n'
+            f'model_warmup [ {warm} ]\n'
+            'parameters { key: "engine" value { string_value: "onnx" } }\n')
+
+
+def test_fp16_onnx_with_graph_buckets_and_warmup(start_server, tmp_path):
+    repo = ModelRepo(str(tmp_path / "repo"))
+    path = os.path.join(repo.root, "bert_fp16", "1", "model.onnx")
+    export_models.build_model("bert_small_fp16", path)
+    repo.write_config("bert_fp16", config("bert_fp16"))
+    srv = start_server(repo.root)
+    log = srv.log_text()
+    assert "optimization.cuda.graphs applies to KIND_GPU instances" in log
+    feeds = export_models.example_inputs("bert_small", 3, seed=7)
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    for protocol in ("http", "grpc"):
+        got = infer(make_client(srv, protocol), protocol, "bert_fp16", feeds, ["output__0", "output__1"])
+        for name, w in want.items():
+            assert got[name].dtype == np.float16 and got[name].shape == w.shape
+            diff = float(np.abs(got[name].astype(np.float32) - w.astype(np.float32)).max())
+            print(f"\n[fp16 onnx] {protocol} {name}: max abs diff {diff:.2e} vs ONNX Runtime on the same file")
+            assert diff <= 2e-3, (protocol, name, diff)
+    stats = srv.http("GET", "/v2/models/bert_fp16/stats").json()["model_stats"][0]
+    # model_warmup ran through the backend at load: each bucket's batch twice, then our 2 x 3 rows
+    assert int(stats["inference_count"]) == 2 * sum(BUCKETS) + 6, stats
+    assert srv.alive()
