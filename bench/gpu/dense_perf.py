@@ -15,9 +15,10 @@ on one GPU:
 - offline: NVIDIA's perf_analyzer, gRPC, system shared memory, concurrency 1, at batch 1
   and the largest (`--sweep`: every power of two between; `--cuda-shm`: the largest
   batch with CUDA shared memory too);
-- online: ResNet50, requests of batch 1 with dynamic batching, at the `--concurrency`
-  values, against the bare engine at batch 64 (`resnet50_online`: two instances, a CUDA
-  graph every 8 rows up to 64 which the batcher prefers, captured at load by model_warmup);
+- online (`--online`, default ResNet50): requests of batch 1 with dynamic batching, at the
+  `--concurrency` values, against the bare engine at batch 64 or the model's largest below
+  it (`<m>_online`: two instances and, where the model has graphs, a CUDA graph every 8
+  rows up to 64 which the batcher prefers, captured at load by model_warmup);
 - ONNX (`--ort-lib`, onnxruntime-gpu's library, and `--ort-bare`, the ort_bare example):
   ResNet50 and BERT-large QA in FP16 built by examples/export_models.py, served by the ONNX
   engine on KIND_GPU (inputs and outputs bound in GPU memory; `_graphs`: ONNX Runtime's
@@ -66,11 +67,14 @@ def config(name, max_batch, inputs, outputs, graphs, delay_us=0, count=1, engine
             f'parameters {{ key: "engine" value {{ string_value: "{engine}" }} }}\n')
 
 
-def warmup_block(buckets, name, dtype, dims, runs):
-    """model_warmup: `runs` requests of each bucket's batch size (zeros)."""
-    items = [f'{{ name: "b{b}" batch_size: {b} count: {runs} inputs {{ key: "{name}" value {{ data_type: {dtype} '
-             f'dims: [ {", ".join(map(str, dims))} ] zero_data: true }} }} }}' for b in buckets]
-    return f"model_warmup [ {', '.join(items)} ]\n"
+def warmup_block(buckets, inputs, runs):
+    """model_warmup: `runs` requests of each bucket's batch size (zeros); `inputs`:
+    (name, data type, dims) of every input."""
+    def one(b):
+        ins = " ".join(f'inputs {{ key: "{n}" value {{ data_type: {t} dims: [ {", ".join(map(str, d))} ] zero_data: true }} }}'
+                       for n, t, d in inputs)
+        return f'{{ name: "b{b}" batch_size: {b} count: {runs} {ins} }}'
+    return f"model_warmup [ {', '.join(one(b) for b in buckets)} ]\n"
 
 
 def tensor(name, dtype, dims):
@@ -179,9 +183,11 @@ def main():
     p.add_argument("--only", default="", help="resnet50,bert,fastpitch")
     p.add_argument("--batches", default="", help="offline batches (comma-separated; default 1 and the largest, or the sweep)")
     p.add_argument("--no-online", action="store_true", help="skip the online (concurrency) measurements")
+    p.add_argument("--online", default="resnet50",
+                   help="models measured online too (comma-separated bases, e.g. resnet50,bert,fastpitch,resnet50_onnx)")
     p.add_argument("--sweep", action="store_true", help="offline: every power-of-two batch up to the largest (else 1 and the largest)")
     p.add_argument("--concurrency", type=lambda v: [int(c) for c in v.split(",")], default=[64],
-                   help="online concurrencies for ResNet50 (comma-separated; default 64)")
+                   help="online concurrencies (comma-separated; default 64)")
     p.add_argument("--timing", action="store_true",
                    help="serve with --log-verbose=1 and print the backend's own time breakdown after each measurement")
     p.add_argument("--cuda-shm", action="store_true", help="also measure the largest batch with CUDA shared memory")
@@ -221,12 +227,14 @@ def main():
     # what a model is served as; the TorchScript and ONNX files share these
     models_by_base = {
         "resnet50": dict(
-            label="ResNet50 FP16", base="resnet50", mb=128, batches=batches(128), online=True,
+            label="ResNet50 FP16", base="resnet50", mb=128, batches=batches(128),
+            warm=[("INPUT__0", "TYPE_FP16", [3, 224, 224])],
             ins=[tensor("INPUT__0", "TYPE_FP16", [3, 224, 224])], outs=[tensor("OUTPUT__0", "TYPE_FP16", [1000])],
             feeds=lambda b, rng=rng_resnet: {"INPUT__0": rng.standard_normal((b, 3, 224, 224)).astype(np.float16)},
             onames=["OUTPUT__0"], pa_extra=[], modes=("eager", "graphs")),
         "bert": dict(
-            label="BERT-large QA FP16", base="bert", mb=16, batches=batches(16), online=False,
+            label="BERT-large QA FP16", base="bert", mb=16, batches=batches(16),
+            warm=[(f"input__{i}", "TYPE_INT32", [384]) for i in range(3)],
             ins=[tensor(f"input__{i}", "TYPE_INT32", [384]) for i in range(3)],
             outs=[tensor(f"output__{i}", "TYPE_FP16", [384]) for i in range(2)],
             feeds=bert_feeds, onames=["output__0", "output__1"], pa_extra=["--input-data", "zero"],
@@ -250,7 +258,7 @@ def main():
         with open(data, "w") as f:
             json.dump({"data": [{"INPUT__0": {"content": ids.tolist(), "shape": [128]}}]}, f)
         models.append(dict(
-            label="FastPitch FP16", base="fastpitch", mb=8, batches=batches(8), online=False,
+            label="FastPitch FP16", base="fastpitch", mb=8, batches=batches(8),
             ins=[tensor("INPUT__0", "TYPE_INT64", [128])],
             outs=[tensor("OUTPUT__0", "TYPE_FP16", [80, -1]), tensor("OUTPUT__1", "TYPE_INT64", [1]),
                   tensor("OUTPUT__2", "TYPE_FP16", [128]), tensor("OUTPUT__3", "TYPE_FP16", [128])],
@@ -275,12 +283,17 @@ def main():
                 t0 = time.time()
                 export_models.build_model(builder, path)
                 print(f"built {builder} -> {path} ({os.path.getsize(path) / 1e6:.0f} MB, {time.time() - t0:.0f} s)", flush=True)
-            models.append(dict(like, label=label, base=base, online=False, engine="onnx", file="model.onnx",
+            models.append(dict(like, label=label, base=base, engine="onnx", file="model.onnx",
                                modes=("eager", "graphs")))
+    online = set() if a.no_online else set(filter(None, a.online.split(",")))
+    for m in models:
+        m["online"] = m["base"] in online
+        # the bare engine an online row is held against: batch 64, or the largest below it
+        m["online_ref"] = min(64, m["mb"])
     for m in models:
         # offline (clients send whole batches): one instance, no queue delay; online
-        # (ResNet50, requests of batch 1): two instances, so one stages a batch while
-        # the other computes, and 200 us for a batch to gather
+        # (requests of batch 1): two instances, so one stages a batch while the other
+        # computes, and 200 us for a batch to gather
         for mode in m["modes"] + (("online",) if m["online"] else ()):
             name = f"{m['base']}_{mode}"
             os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
@@ -290,13 +303,15 @@ def main():
                 if not os.path.exists(dst):
                     os.link(src, dst)
             with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
-                if mode == "online":
+                if mode == "online" and "graphs" in m["modes"]:
                     # a graph every 8 rows up to 64, which the batcher prefers, all captured
-                    # at load by model_warmup (3 eager runs, then the capture)
-                    buckets = [1, 2, 4, *range(8, 65, 8), 96, 128]
-                    warm = warmup_block(buckets, "INPUT__0", "TYPE_FP16", [3, 224, 224], 4)
+                    # at load by model_warmup (torch: 3 eager runs, then the capture)
+                    buckets = [b for b in [1, 2, 4, *range(8, 65, 8), 96, 128] if b < m["mb"]] + [m["mb"]]
+                    warm = warmup_block(buckets, m["warm"], 4)
                     f.write(config(name, m["mb"], m["ins"], m["outs"], True, delay_us=200, count=2, engine=engine,
                                    buckets=buckets, warmup=warm))
+                elif mode == "online":
+                    f.write(config(name, m["mb"], m["ins"], m["outs"], False, delay_us=200, count=2, engine=engine))
                 else:
                     f.write(config(name, m["mb"], m["ins"], m["outs"], mode == "graphs", engine=engine))
 
@@ -304,7 +319,7 @@ def main():
     refs, modules = {}, {}
     for m in models:
         bare_at = {}
-        batches_m = sorted(set(m["batches"]) | ({64} if m["online"] else set()))
+        batches_m = sorted(set(m["batches"]) | ({m["online_ref"]} if m["online"] else set()))
         if m.get("engine") == "onnx":
             # bare ONNX Runtime (the same library and file, no server): ort_bare
             model_file = os.path.join(repo, f"{m['base']}_eager", "1", "model.onnx")
@@ -330,7 +345,7 @@ def main():
             print(f"bare {m['label']} batch {b}: eager {r['eager_ms']:.2f} ms ({r['eager_ips']:.0f}/s)"
                   + (f", CUDA graph {r['graph_ms']:.2f} ms ({r['graph_ips']:.0f}/s)" if r["graph_ms"] else ""), flush=True)
         refs[m["base"]] = {"label": m["label"], "max_batch": m["mb"], "modes": list(m["modes"]), "bare": bare_at,
-                           "engine": m.get("engine", "torch")}
+                           "engine": m.get("engine", "torch"), "online_ref": m["online_ref"]}
     with open(os.path.join(out_dir, "refs.json"), "w") as f:
         json.dump({"gpu": smi, "torch": torch.__version__, "models": refs}, f, indent=1)
 
@@ -354,7 +369,7 @@ def main():
                     with torch.inference_mode():
                         want = module(*[torch.from_numpy(v).to(dev) for v in f.values()])
                     want = [w.cpu().numpy() for w in ([want] if isinstance(want, torch.Tensor) else want)]
-                for mode in m["modes"]:
+                for mode in m["modes"] + (("online",) if m["online"] else ()):
                     got = client.infer(f"{m['base']}_{mode}", f, m["onames"])
                     pairs = [(n, got[n], w) for n, w in zip(m["onames"], want)]
                     # FastPitch: the mel length (OUTPUT__1) is the sum of rounded fp16 durations, so a
@@ -407,18 +422,21 @@ def main():
                         show(m, mode, batch, 1, r, refs[m["base"]]["bare"][batch],
                              " (CUDA shared memory)" if shm == "cuda" else "")
         # online: requests of batch 1, dynamic batching, against the bare engine at batch 64
+        # (or the model's largest batch below it)
         for m in models:
-            if not m["online"] or a.no_online:
+            if not m["online"]:
                 continue
-            ref64 = refs[m["base"]]["bare"][64]
-            for mode, concs in (("graphs", [64]), ("online", a.concurrency)):
+            ref_b = m["online_ref"]
+            ref = refs[m["base"]]["bare"][ref_b]
+            plain = [("graphs", [max(a.concurrency)])] if "graphs" in m["modes"] else []
+            for mode, concs in (*plain, ("online", a.concurrency)):
                 for conc in concs:
                     # online load does not always settle within perf_analyzer's trials; a
                     # missing figure is reported, not fatal
                     r = perf(a.perf_analyzer, a.port, f"{m['base']}_{mode}", 1, conc, out_dir,
                              [*m["pa_extra"], "--max-trials", "20"], must=False)
                     if r is not None:
-                        show(m, mode, 1, conc, r, ref64, " (vs bare, batch 64)")
+                        show(m, mode, 1, conc, r, ref, f" (vs bare, batch {ref_b})")
     print("\nserver log lines about CUDA graphs:")
     with open("/tmp/dense_perf_server.log") as f:
         for line in f:

@@ -165,7 +165,7 @@ def main():
     gpu = f"{refs['gpu']}; torch {refs['torch']}; perf_analyzer gRPC, system shared memory unless marked"
     md = [f"# Served vs bare engine — {refs['gpu'].split(',')[0]}", "",
           f"{gpu}. Latencies in ms; `served/bare` is served inferences/s over the bare engine's best "
-          "(CUDA graph where one can be captured, else eager) at the same batch; online rows compare with the bare engine at batch 64.", ""]
+          "(CUDA graph where one can be captured, else eager) at the same batch; online rows compare with the bare engine at batch 64 (or the model's largest batch below it).", ""]
     for base, info in refs["models"].items():
         label, bare = info["label"], info["bare"]
         rs = runs.get(base, [])
@@ -178,7 +178,7 @@ def main():
                    table(offline, "Batch", lambda b, c: b, bare, lambda b, c: b), ""]
         if online or online_other:
             md += ["### Online: requests of batch 1, dynamic batching", "",
-                   table(online + online_other, "Concurrency", lambda b, c: c, bare, lambda b, c: 64), ""]
+                   table(online + online_other, "Concurrency", lambda b, c: c, bare, lambda b, c, r=info.get("online_ref", 64): r), ""]
         if plt is not None:
             for f in plots(base, label, gpu, offline, online, bare, a.out, plt, info.get("engine", "torch")):
                 md += [f"![{f}]({f})", ""]

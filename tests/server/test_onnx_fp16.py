@@ -1,5 +1,5 @@
 """An FP16 ONNX model (examples/export_models.py's `bert_small_fp16`) served with the config
-bench/gpu/dense_perf.py gives the online model on a GPU — CUDA graph buckets every few rows
+bench/gpu/dense_perf.py writes for an online model on a GPU — CUDA graph buckets every few rows
 (`graph_spec`), the same sizes as the dynamic batcher's preferred batch sizes, and
 `model_warmup` for each bucket — here on a KIND_CPU instance: Triton accepts the config, the
 warm-up runs through the backend at load, the graphs setting is said to apply to GPU
@@ -16,25 +16,21 @@ import onnxruntime as ort
 from tritonserver_harness import REPO_ROOT, ModelRepo, infer, make_client
 
 sys.path.insert(0, os.path.join(REPO_ROOT, "examples"))
+sys.path.insert(0, os.path.join(REPO_ROOT, "bench", "gpu"))
+import dense_perf  # noqa: E402
 import export_models  # noqa: E402
 
 BUCKETS = [1, 2, 4, 8]
 
 
 def config(name: str) -> str:
-    spec = "".join(f" graph_spec {{ batch_size: {b} }}" for b in BUCKETS)
-    warm = ", ".join(
-        f'{{ name: "b{b}" batch_size: {b} count: 2 '
-        + " ".join(f'inputs {{ key: "input__{i}" value {{ data_type: TYPE_INT32 dims: [ 384 ] zero_data: true }} }}' for i in range(3))
-        + " }" for b in BUCKETS)
-    return (f'name: "{name}"\nbackend: "rust"\nmax_batch_size: 8\n'
-            'input [ ' + ", ".join(f'{{ name: "input__{i}" data_type: TYPE_INT32 dims: [ 384 ] }}' for i in range(3)) + ' ]\n'
-            'output [ ' + ", ".join(f'{{ name: "output__{i}" data_type: TYPE_FP16 dims: [ 384 ] }}' for i in range(2)) + ' ]\n'
-            'dynamic_batching { max_queue_delay_microseconds: 200 preferred_batch_size: [ 2, 4, 8 ] }\n'
-            'instance_group [ { count: 1 kind: KIND_CPU } ]\n'
-            f'optimization {{ cuda {{ graphs: true{spec} }} }}\n'
-            f'model_warmup [ {warm} ]\n'
-            'parameters { key: "engine" value { string_value: "onnx" } }\n')
+    """dense_perf's own config for an online model, on a CPU instance instead of GPU 0."""
+    ins = [dense_perf.tensor(f"input__{i}", "TYPE_INT32", [384]) for i in range(3)]
+    outs = [dense_perf.tensor(f"output__{i}", "TYPE_FP16", [384]) for i in range(2)]
+    warm = dense_perf.warmup_block(BUCKETS, [(f"input__{i}", "TYPE_INT32", [384]) for i in range(3)], 2)
+    text = dense_perf.config(name, 8, ins, outs, True, delay_us=200, count=1, engine="onnx", buckets=BUCKETS, warmup=warm)
+    assert "kind: KIND_GPU gpus: [ 0 ]" in text
+    return text.replace("kind: KIND_GPU gpus: [ 0 ]", "kind: KIND_CPU")
 
 
 def test_fp16_onnx_with_graph_buckets_and_warmup(start_server, tmp_path):

@@ -162,8 +162,7 @@ impl GpuIo {
     /// Copies `t`'s bytes into the start of the GPU tensor `dst`.
     fn copy_in(&mut self, t: &BatchTensor<'_>, dst: &mut DynTensor) -> Result<()> {
         let src = t.bytes().ok_or_else(|| Error::internal(format!("input '{}' was not assembled", t.name)))?;
-        let room = dst.memory_info().is_cpu_accessible();
-        if room {
+        if dst.memory_info().is_cpu_accessible() {
             return Err(Error::internal(format!("input '{}': ONNX Runtime gave host memory for a GPU input", t.name)));
         }
         let (len, addr) = (src.len(), dst.data_ptr_mut() as u64);
