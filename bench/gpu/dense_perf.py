@@ -182,9 +182,10 @@ def main():
     p.add_argument("--port", type=int, default=18900)
     p.add_argument("--only", default="", help="resnet50,bert,fastpitch")
     p.add_argument("--batches", default="", help="offline batches (comma-separated; default 1 and the largest, or the sweep)")
-    p.add_argument("--check-batches", type=lambda v: [int(b) for b in v.split(",")], default=[1, 3],
-                   help="batches of the correctness check (default 1,3: 3 is padded into the graph of 4); "
-                        "each is a shape the served modules see before they are measured")
+    p.add_argument("--check-batches", type=lambda v: [int(b) for b in v.split(",")], default=None,
+                   help="batches of the correctness check (default 1, 3 and the model's largest: 3 is padded into "
+                        "the graph of 4, the largest takes the multi-threaded upload); each is a shape the served "
+                        "modules see before they are measured")
     p.add_argument("--no-online", action="store_true", help="skip the online (concurrency) measurements")
     p.add_argument("--online", default="resnet50",
                    help="models measured online too (comma-separated bases, e.g. resnet50,bert,fastpitch,resnet50_onnx)")
@@ -363,7 +364,7 @@ def main():
         # Runtime on the CPU running the same file (batch 3 is padded into the bucket of 4)
         for m in models:
             module = modules[m["base"]]
-            for b in a.check_batches:
+            for b in a.check_batches or (1, 3, m["mb"]):
                 f = m["feeds"](b)
                 if m.get("engine") == "onnx":
                     cpu = export_models.run_onnxruntime(module, f)

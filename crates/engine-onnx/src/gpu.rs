@@ -71,6 +71,40 @@ enum Plan {
     Eager,
 }
 
+/// Where a batch's input shapes fall among the buckets.
+#[derive(Debug, PartialEq)]
+enum Fit {
+    /// The graph's key (the padded shapes) and its padded row count (None without batching).
+    Graph(Vec<Vec<i64>>, Option<i64>),
+    /// More rows than the largest bucket.
+    TooMany(i64),
+    /// Inputs that disagree on the batch, or a scalar input of a batching model: no graph
+    /// (the run says what is wrong).
+    Ragged,
+}
+
+/// The graph a batch of these input shapes replays: each input's first dimension padded to
+/// the smallest bucket holding the batch; without batching, the exact shapes.
+fn graph_key(buckets: &[i64], batching: bool, shapes: &[&[i64]]) -> Fit {
+    if !batching {
+        return Fit::Graph(shapes.iter().map(|s| s.to_vec()).collect(), None);
+    }
+    let Some(&n) = shapes.first().and_then(|s| s.first()) else { return Fit::Ragged };
+    if shapes.iter().any(|s| s.first() != Some(&n)) {
+        return Fit::Ragged;
+    }
+    let Some(&b) = buckets.iter().find(|&&b| b >= n) else { return Fit::TooMany(n) };
+    let key = shapes
+        .iter()
+        .map(|s| {
+            let mut s = s.to_vec();
+            s[0] = b;
+            s
+        })
+        .collect();
+    Fit::Graph(key, Some(b))
+}
+
 pub(crate) struct GpuIo {
     device: i32,
     allocator: Allocator,
@@ -125,38 +159,29 @@ impl GpuIo {
     }
 
     fn plan(&mut self, inputs: &[BatchTensor<'_>]) -> Plan {
-        let Some(buckets) = self.buckets.clone() else { return Plan::Eager };
+        let Some(buckets) = self.buckets.as_deref() else { return Plan::Eager };
         if !self.static_outputs {
             self.say_once("free", || {
                 "ONNX Runtime CUDA graphs need outputs of fixed shape (but for the batch); this model's are not: it runs without".into()
             });
             return Plan::Eager;
         }
-        let mut rows = None;
-        let mut key = Vec::with_capacity(inputs.len());
-        for t in inputs {
-            let mut shape = t.shape.clone();
-            if self.batching {
-                let Some(&n) = shape.first() else { return Plan::Eager };
-                if *rows.get_or_insert(n) != n {
-                    return Plan::Eager;
-                }
-                let Some(&b) = buckets.iter().find(|&&b| b >= n) else {
-                    self.say_once(&format!("rows {n}"), || {
-                        format!("a batch of {n} fits no CUDA graph bucket ({buckets:?}): it runs without a graph")
-                    });
-                    return Plan::Eager;
-                };
-                shape[0] = b;
+        let shapes: Vec<&[i64]> = inputs.iter().map(|t| t.shape.as_slice()).collect();
+        match graph_key(buckets, self.batching, &shapes) {
+            Fit::Graph(key, padded) if self.graphs.contains_key(&key) || self.graphs.len() < MAX_GRAPHS => Plan::Graph(key, padded),
+            Fit::Graph(..) => {
+                self.say_once("full", || format!("{MAX_GRAPHS} CUDA graphs captured already: further shapes run without one"));
+                Plan::Eager
             }
-            key.push(shape);
+            Fit::TooMany(n) => {
+                let buckets = buckets.to_vec();
+                self.say_once(&format!("rows {n}"), || {
+                    format!("a batch of {n} fits no CUDA graph bucket ({buckets:?}): it runs without a graph")
+                });
+                Plan::Eager
+            }
+            Fit::Ragged => Plan::Eager,
         }
-        if !self.graphs.contains_key(&key) && self.graphs.len() >= MAX_GRAPHS {
-            self.say_once("full", || format!("{MAX_GRAPHS} CUDA graphs captured already: further shapes run without one"));
-            return Plan::Eager;
-        }
-        let padded = if self.batching { key.first().and_then(|s| s.first().copied()) } else { None };
-        Plan::Graph(key, padded)
     }
 
     /// Copies `t`'s bytes into the start of the GPU tensor `dst`.
@@ -302,4 +327,24 @@ impl GpuIo {
 
 fn run_err(e: ort::Error) -> Error {
     Error::internal(format!("ONNX Runtime run failed: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_is_padded_to_the_smallest_bucket_holding_it() {
+        let buckets = [1, 2, 4, 8, 16];
+        let (a, b) = ([3i64, 384], [3i64, 384]);
+        assert_eq!(
+            graph_key(&buckets, true, &[&a, &b]),
+            Fit::Graph(vec![vec![4, 384], vec![4, 384]], Some(4))
+        );
+        assert_eq!(graph_key(&buckets, true, &[&[16, 3][..]]), Fit::Graph(vec![vec![16, 3]], Some(16)));
+        assert_eq!(graph_key(&buckets, true, &[&[17, 3][..]]), Fit::TooMany(17));
+        assert_eq!(graph_key(&buckets, true, &[&[2, 3][..], &[3, 3][..]]), Fit::Ragged, "inputs disagree on the batch");
+        assert_eq!(graph_key(&buckets, true, &[&[][..]]), Fit::Ragged, "a scalar input of a batching model");
+        assert_eq!(graph_key(&[], false, &[&[5, 7][..]]), Fit::Graph(vec![vec![5, 7]], None), "exact shapes without batching");
+    }
 }
