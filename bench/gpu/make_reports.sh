@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Regenerates every committed performance report (docs/perf/h100/) from the committed GPU
+# results (bench/gpu/results/): the dense models served vs the bare engine (TorchScript and
+# ONNX Runtime) and the recommenders at Criteo scale. CPU only; plots need matplotlib
+# (.venv). Extra arguments (e.g. --no-plots) go to every report script; OUT_ROOT (default
+# docs/perf/h100) says where the reports go.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+py="${PYTHON:-.venv/bin/python}"
+r=bench/gpu/results
+out="${OUT_ROOT:-docs/perf/h100}"
+"$py" bench/gpu/report.py --perf "$r/dense_perf_h100/resnet50" "$r/dense_perf_h100/bert_fastpitch" --out "$out" "$@"
+"$py" bench/gpu/report.py --perf "$r/dense_perf_h100/issue9_resnet50" "$r/dense_perf_h100/issue9_bert_fastpitch" \
+    --out "$out/served_vs_bare" "$@"
+"$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/dlrm" "$r/recsys_h100/dcnv2" --out "$out/recsys" "$@"
+"$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/dlrm_graphs" --out "$out/recsys_graphs" "$@"
