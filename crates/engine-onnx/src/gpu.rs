@@ -19,6 +19,7 @@
 //! free dimension other than the batch, run without a graph (`gpu_graph_id` -1), logged
 //! once.
 use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
 use ort::session::{IoBinding, NoSelectedOutputs, RunOptions, Session, SessionOutputs};
@@ -223,18 +224,23 @@ impl GpuIo {
                     self.graphs.insert(key.clone(), graph);
                 }
                 let mut graph = self.graphs.remove(&key).expect("inserted above");
+                let mut times = Times::start();
                 let mut result = Ok(());
                 for (t, dst) in inputs.iter().zip(graph.inputs.iter_mut()) {
                     result = result.and_then(|()| self.copy_in(t, dst));
                 }
                 let result = result.and_then(|()| {
+                    times.staged();
                     let out = session.run_binding_with_options(&graph.binding, &graph.options).map_err(run_err)?;
+                    times.ran();
                     self.emit(&out, outputs, rows, sink)
                 });
                 self.graphs.insert(key, graph);
+                times.log("graph", inputs);
                 result
             }
             Plan::Eager => {
+                let mut times = Times::start();
                 let mut binding = session.create_binding().map_err(ort_err)?;
                 let mut held = Vec::with_capacity(inputs.len());
                 for t in inputs {
@@ -246,12 +252,16 @@ impl GpuIo {
                 for o in all_outputs {
                     binding.bind_output_to_device(o.name.as_str(), &self.on_gpu).map_err(ort_err)?;
                 }
+                times.staged();
                 let out = match &self.no_graph {
                     Some(options) => session.run_binding_with_options(&binding, options),
                     None => session.run_binding(&binding),
                 }
                 .map_err(run_err)?;
-                self.emit(&out, outputs, rows, sink)
+                times.ran();
+                self.emit(&out, outputs, rows, sink)?;
+                times.log("eager", inputs);
+                Ok(())
             }
         }
     }
@@ -322,6 +332,40 @@ impl GpuIo {
             sink(OutputView { name, dtype, shape: &shape, data: Bytes::Device(data) })?;
         }
         Ok(())
+    }
+}
+
+/// Where one GPU run's time went, logged at debug level (`--log-verbose=1`) as a `timing:`
+/// line like the other engines' (bench/gpu/timing_summary.py averages them).
+struct Times {
+    t0: Option<Instant>,
+    staged: Duration,
+    ran: Duration,
+}
+
+impl Times {
+    fn start() -> Times {
+        Times { t0: log::log_enabled!(log::Level::Debug).then(Instant::now), staged: Duration::ZERO, ran: Duration::ZERO }
+    }
+    fn staged(&mut self) {
+        if let Some(t0) = self.t0 {
+            self.staged = t0.elapsed();
+        }
+    }
+    fn ran(&mut self) {
+        if let Some(t0) = self.t0 {
+            self.ran = t0.elapsed();
+        }
+    }
+    fn log(&self, how: &str, inputs: &[BatchTensor<'_>]) {
+        let Some(t0) = self.t0 else { return };
+        let bytes: usize = inputs.iter().filter_map(|t| t.bytes()).map(|b| b.len()).sum();
+        log::debug!(
+            "timing: onnx run: input bytes {bytes}, inputs staged {} us, {how} run {} us, outputs delivered {} us",
+            self.staged.as_micros(),
+            self.ran.saturating_sub(self.staged).as_micros(),
+            t0.elapsed().saturating_sub(self.ran).as_micros()
+        );
     }
 }
 

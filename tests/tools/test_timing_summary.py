@@ -1,0 +1,27 @@
+"""bench/gpu/timing_summary.py averages the backend's verbose `timing:` lines per kind of line
+(the lines as the serving layer, the torch plugin and the ONNX engine's GPU path write them)."""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench", "gpu"))
+from timing_summary import averages  # noqa: E402
+
+LOG = [
+    'I1123 15:00:00.1 1 serve.rs:463] "timing: requests 1, rows 128, assemble 4 us, engine 19385 us, outputs into responses 192 us"',
+    'I1123 15:00:00.2 1 serve.rs:463] "timing: requests 3, rows 2, assemble 6 us, engine 19000 us, outputs into responses 100 us"',
+    'I1123 15:00:00.3 1 gpu.rs:300] "timing: onnx run: input bytes 38535168, inputs staged 4500 us, graph run 14700 us, outputs delivered 40 us"',
+    'I1123 15:00:00.4 1 plugin.rs:147] "timing: torch run: handed over 1 us, inputs staged 32 us, graph replayed 35 us, gpu done 1001 us, handed back 5 us, outputs delivered 1120 us"',
+    "an unrelated line with engine 5 us",
+]
+
+
+def test_averages_per_kind_and_label():
+    got = averages(LOG)
+    assert got[("serve", "engine")] == (19192.5, 2)
+    assert got[("serve", "requests")] == (2.0, 2)
+    assert got[("onnx run", "inputs staged")] == (4500.0, 1)
+    assert got[("onnx run", "graph run")] == (14700.0, 1)
+    assert got[("onnx run", "input bytes")] == (38535168.0, 1)
+    assert got[("torch run", "handed back")] == (5.0, 1)
+    assert got[("torch run", "graph replayed")] == (35.0, 1)
+    assert not any(label == "engine" and kind != "serve" for kind, label in got)
