@@ -18,6 +18,13 @@ const CHUNK: usize = 4 << 20;
 /// Uploads at least this large per thread are split over threads (up to 4).
 const PER_THREAD: usize = 8 << 20;
 
+/// Bytes per thread of an upload of `len` bytes: whole chunks, at most four threads, one
+/// thread below `PER_THREAD` per thread.
+fn part_len(len: usize) -> usize {
+    let threads = (len / PER_THREAD).clamp(1, 4);
+    len.div_ceil(threads).next_multiple_of(CHUNK)
+}
+
 pub struct Uploader {
     queue: Queue,
     pinned: HostBuf<u8>,
@@ -43,9 +50,6 @@ impl Uploader {
         let base = real(dst.raw_addr())?;
         let pinned = self.pinned.slice(src.len())?;
         let queue = &self.queue;
-        // one part per thread, in whole chunks
-        let part = |n: usize| src.len().div_ceil(n).next_multiple_of(CHUNK);
-        let threads = (src.len() / PER_THREAD).clamp(1, 4);
         let send = |offset: usize, from: &[u8], to: &mut [u8]| -> Result<()> {
             for (i, (c, p)) in from.chunks(CHUNK).zip(to.chunks_mut(CHUNK)).enumerate() {
                 p.copy_from_slice(c);
@@ -55,10 +59,10 @@ impl Uploader {
             }
             Ok(())
         };
-        let sent = if threads == 1 {
+        let per = part_len(src.len());
+        let sent = if per >= src.len() {
             send(0, src, pinned)
         } else {
-            let per = part(threads);
             std::thread::scope(|s| {
                 let handles: Vec<_> = src
                     .chunks(per)
@@ -77,5 +81,24 @@ impl Uploader {
         // wait even after a failure: nothing may still read the pinned buffer
         let waited = queue.wait();
         sent.and(waited)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_are_whole_chunks_on_at_most_four_threads() {
+        for len in [1, 300_000, CHUNK, PER_THREAD - 1, PER_THREAD, 2 * PER_THREAD + 5, 38_535_168, 1 << 30] {
+            let per = part_len(len);
+            let threads = len.div_ceil(per);
+            assert!(per % CHUNK == 0 && (1..=4).contains(&threads), "len {len}: {threads} parts of {per}");
+            assert!(per * threads >= len && per * (threads - 1) < len, "len {len}: the parts cover it, none empty");
+            if len < 2 * PER_THREAD {
+                assert_eq!(threads, 1, "len {len}: small uploads stay on the calling thread");
+            }
+        }
+        assert_eq!(part_len(38_535_168).div_ceil(CHUNK), 3, "ResNet50's batch of 128: 4 threads of 3 chunks");
     }
 }
