@@ -53,16 +53,18 @@ from tritonserver_process import serve  # noqa: E402
 TOL = 5e-2  # fp16: |served - torch eager| per element
 
 
-def config(name, max_batch, inputs, outputs, graphs, delay_us=0, count=1, engine="torch", buckets=(), warmup=""):
+def config(name, max_batch, inputs, outputs, graphs, delay_us=0, count=1, engine="torch", buckets=(), warmup="",
+           batcher=True):
     """A GPU model's config.pbtxt. `buckets`: CUDA graph batch sizes (graph_spec), also the
     dynamic batcher's preferred sizes, so that batches land on a graph without padding;
-    `warmup`: a model_warmup block (Triton runs it at load: graphs are captured then)."""
+    `warmup`: a model_warmup block (Triton runs it at load: graphs are captured then);
+    `batcher`: False leaves dynamic batching out (Triton's default scheduler)."""
     spec = "".join(f" graph_spec {{ batch_size: {b} }}" for b in buckets)
     opt = f"optimization {{ cuda {{ graphs: true{spec} }} }}\n" if graphs else ""
     preferred = f" preferred_batch_size: [ {', '.join(str(b) for b in buckets if b >= 8)} ]" if buckets else ""
     return (f'name: "{name}"\nbackend: "rust"\nmax_batch_size: {max_batch}\n'
             f'input [ {", ".join(inputs)} ]\noutput [ {", ".join(outputs)} ]\n'
-            f'dynamic_batching {{ max_queue_delay_microseconds: {delay_us}{preferred} }}\n'
+            + (f'dynamic_batching {{ max_queue_delay_microseconds: {delay_us}{preferred} }}\n' if batcher else '') +
             f'instance_group [ {{ count: {count} kind: KIND_GPU gpus: [ 0 ] }} ]\n{opt}{warmup}'
             f'parameters {{ key: "engine" value {{ string_value: "{engine}" }} }}\n')
 
@@ -186,6 +188,9 @@ def main():
                    help="batches of the correctness check (default 1, 3 and the model's largest: 3 is padded into "
                         "the graph of 4, the largest takes the multi-threaded upload); each is a shape the served "
                         "modules see before they are measured")
+    p.add_argument("--no-offline-batcher", action="store_true",
+                   help="offline models without dynamic_batching (Triton's default scheduler: one hand-off fewer "
+                        "between Triton's threads at concurrency 1)")
     p.add_argument("--no-online", action="store_true", help="skip the online (concurrency) measurements")
     p.add_argument("--online", default="resnet50",
                    help="models measured online too (comma-separated bases, e.g. resnet50,bert,fastpitch,resnet50_onnx)")
@@ -317,7 +322,8 @@ def main():
                 elif mode == "online":
                     f.write(config(name, m["mb"], m["ins"], m["outs"], False, delay_us=200, count=2, engine=engine))
                 else:
-                    f.write(config(name, m["mb"], m["ins"], m["outs"], mode == "graphs", engine=engine))
+                    f.write(config(name, m["mb"], m["ins"], m["outs"], mode == "graphs", engine=engine,
+                                   batcher=not a.no_offline_batcher))
 
     # bare references: the files the server loads, at every batch measured
     refs, modules = {}, {}
