@@ -22,12 +22,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
+import export_models  # noqa: E402
 import recommenders  # noqa: E402
 import torch_models  # noqa: E402
 from kserve_client import Client  # noqa: E402
 from tritonserver_process import serve  # noqa: E402
 
-TOL = {"fp32": 1e-3, "fp16": 5e-2}  # stated tolerances: |server - torch eager| per element
+TOL = {"fp32": 1e-3, "fp16": 5e-2,  # stated tolerances: |server - reference| per element
+       # ONNX Runtime's CUDA provider (against ONNX Runtime on the CPU, or torch eager for the
+       # recommenders' dense steps): TF32 in its convolutions and matmuls by default
+       "onnx fp32": 1e-2, "onnx fp16": 5e-2}
 
 
 class Half(torch.nn.Module):
@@ -89,6 +93,24 @@ parameters {{ key: "engine" value {{ string_value: "torch" }} }}
 """
 
 
+def onnx_config(name, max_batch, inputs, outputs):
+    return torch_config(name, max_batch, inputs, outputs).replace('string_value: "torch"', 'string_value: "onnx"')
+
+
+def ensemble_config(name, batch, sparse, dense):
+    """A recommender as Triton's ensemble: the embedding store's step, then the dense step."""
+    return f"""name: "{name}"
+platform: "ensemble"
+max_batch_size: {batch}
+input [ {tensor_cfg("dense", "TYPE_FP32", [13])}, {tensor_cfg("sparse", "TYPE_INT64", [26])} ]
+output [ {tensor_cfg("prediction", "TYPE_FP32", [1])} ]
+ensemble_scheduling {{ step [
+  {{ model_name: "{sparse}" model_version: -1 input_map {{ key: "KEYS" value: "sparse" }} output_map {{ key: "OUTPUT0" value: "embeddings" }} }},
+  {{ model_name: "{dense}" model_version: -1 input_map {{ key: "dense" value: "dense" }} input_map {{ key: "embeddings" value: "embeddings" }} output_map {{ key: "prediction" value: "prediction" }} }}
+] }}
+"""
+
+
 def write(repo, name, config, module=None):
     os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
     with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
@@ -123,7 +145,7 @@ def concurrent_check(port, ensemble, feeds, eager, threads=8, per_thread=6, rows
     """Concurrent ensemble requests: the dense step's dynamic batcher merges requests whose
     embeddings are in GPU memory (gathered on the GPU); every answer must stay exact."""
     import threading
-    dense_model = ensemble.replace("_fp", "_dense_fp")
+    dense_model = ensemble.replace("_fp", "_dense_fp").replace("_onnx", "_dense_onnx")
     with torch.no_grad():
         ref = eager()[0].float().cpu().numpy()
     c = Client(f"localhost:{port}")
@@ -160,6 +182,9 @@ def main():
     p.add_argument("--gpus", default="0", help="device ids of every instance group, e.g. 0,1 (count instances on each)")
     p.add_argument("--quick", action="store_true", help="correctness only: skip the throughput figures (e.g. to build the repository for soak.py)")
     p.add_argument("--only", default="", help="comma-separated subset: resnet50,bert,fastpitch,dlrm,dcnv2,wide_deep")
+    p.add_argument("--ort-lib", default="", help="onnxruntime-gpu's libonnxruntime.so: also serve the ONNX models of "
+                   "examples/ (ResNet50 and BERT-large, FP32 and FP16, against ONNX Runtime on the CPU; the "
+                   "recommenders' ensembles with their ONNX dense step) on KIND_GPU")
     a = p.parse_args()
     global GPUS
     GPUS = ", ".join(a.gpus.split(","))
@@ -175,7 +200,8 @@ def main():
     # eager keeps libtorch's defaults (TF32 allowed in cuDNN convolutions, not in matmuls),
     # the same the server's libtorch runs with
 
-    cases = []  # (label, precision, model name, feeds, outputs, eager fn, batch)
+    cases = []  # (label, precision, model name, feeds, outputs, reference fn, batch)
+    onnx_steps = []  # (recommender, its ONNX dense step)
     t0 = time.time()
     # ResNet50
     rn = torch_models.make("resnet50_pt").to(dev)
@@ -238,8 +264,15 @@ parameters {{ key: "embedding_table_names" value {{ string_value: "{','.join(tab
 parameters {{ key: "embedding_vecsize_per_table" value {{ string_value: "{dim}" }} }}
 parameters {{ key: "gpucacheper" value {{ string_value: "0.5" }} }}
 """)
-        model = model.to(dev).eval()
         dense_in = [tensor_cfg("dense", "TYPE_FP32", [13]), tensor_cfg("embeddings", "TYPE_FP32", [26, dim])]
+        if a.ort_lib:
+            # the same dense part as ONNX (examples/recommenders.py), run by ONNX Runtime on
+            # the GPU behind the same sparse step: the embeddings reach it in GPU memory
+            dname = f"{rname}_dense_onnx"
+            write(repo, dname, onnx_config(dname, batch, dense_in, [tensor_cfg("prediction", "TYPE_FP32", [1])]))
+            export_models.save_model(recommenders.dense_onnx(rname, model.eval()), os.path.join(repo, dname, "1", "model.onnx"))
+            onnx_steps.append((rname, dname))
+        model = model.to(dev).eval()
         rng = np.random.default_rng(5)
         dense = rng.standard_normal((batch, 13)).astype(np.float32)
         keys = rng.integers(0, a.rows, (batch, 26)).astype(np.int64)
@@ -248,26 +281,47 @@ parameters {{ key: "gpucacheper" value {{ string_value: "0.5" }} }}
             dname = f"{rname}_dense_{prec}"
             write(repo, dname, torch_config(dname, batch, dense_in, [tensor_cfg("prediction", "TYPE_FP32", [1])]), dense_mod)
             ens = f"{rname}_{prec}"
-            write(repo, ens, f"""name: "{ens}"
-platform: "ensemble"
-max_batch_size: {batch}
-input [ {tensor_cfg("dense", "TYPE_FP32", [13])}, {tensor_cfg("sparse", "TYPE_INT64", [26])} ]
-output [ {tensor_cfg("prediction", "TYPE_FP32", [1])} ]
-ensemble_scheduling {{ step [
-  {{ model_name: "{sparse}" model_version: -1 input_map {{ key: "KEYS" value: "sparse" }} output_map {{ key: "OUTPUT0" value: "embeddings" }} }},
-  {{ model_name: "{dname}" model_version: -1 input_map {{ key: "dense" value: "dense" }} input_map {{ key: "embeddings" value: "embeddings" }} output_map {{ key: "prediction" value: "prediction" }} }}
-] }}
-""")
+            write(repo, ens, ensemble_config(ens, batch, sparse, dname))
             os.makedirs(os.path.join(repo, ens, "1"), exist_ok=True)
             eager = (lambda m, dm: lambda: [dm(torch.from_numpy(dense).to(dev), m.lookup(torch.from_numpy(keys).to(dev)))])(model, dense_mod)
             label = {"dlrm": "DLRM", "dcnv2": "DCNv2", "wide_deep": "Wide&Deep"}[rname]
             cases.append((label, prec, ens, {"dense": dense, "sparse": keys}, ["prediction"], eager, batch))
+        for r, dname in [x for x in onnx_steps if x[0] == rname]:
+            ens = f"{rname}_onnx"
+            write(repo, ens, ensemble_config(ens, batch, f"{rname}_sparse", dname))
+            os.makedirs(os.path.join(repo, ens, "1"), exist_ok=True)
+            eager = (lambda m: lambda: [recommenders.DensePart(m)(torch.from_numpy(dense).to(dev), m.lookup(torch.from_numpy(keys).to(dev)))])(model)
+            cases.append((label + " ONNX", "onnx fp32", ens, {"dense": dense, "sparse": keys}, ["prediction"], eager, batch))
+    if a.ort_lib:
+        # ResNet50 and BERT-large as examples/export_models.py builds them, FP32 and FP16,
+        # against ONNX Runtime on the CPU running the same file
+        for base, want_m, feeds, outs, ins, outs_cfg, b in (
+            ("resnet50", "resnet50", {"INPUT__0": x[:16]}, ["OUTPUT__0"], None, None, 16),
+            ("bert_large", "bert", {"input__0": ids, "input__1": seg, "input__2": mask}, ["output__0", "output__1"], None, None, 8),
+        ):
+            if not want(want_m):
+                continue
+            for prec in ("fp32", "fp16"):
+                name = f"{base}_onnx_{prec}"
+                path = os.path.join(repo, name, "1", "model.onnx")
+                export_models.build_model(base if prec == "fp32" else f"{base}_fp16", path)
+                f = {k: (v.astype(np.float16) if prec == "fp16" and v.dtype == np.float32 else v) for k, v in feeds.items()}
+                ft = "TYPE_FP16" if prec == "fp16" else "TYPE_FP32"
+                if base == "resnet50":
+                    cfg = onnx_config(name, 128, [tensor_cfg("INPUT__0", ft, [3, 224, 224])], [tensor_cfg("OUTPUT__0", ft, [1000])])
+                else:
+                    cfg = onnx_config(name, 16, [tensor_cfg(f"input__{i}", "TYPE_INT32", [384]) for i in range(3)],
+                                      [tensor_cfg(f"output__{i}", ft, [384]) for i in range(2)])
+                write(repo, name, cfg)
+                cpu = (lambda p, f: lambda: [torch.from_numpy(v) for v in export_models.run_onnxruntime(p, f).values()])(path, f)
+                cases.append((f"{'ResNet50' if base == 'resnet50' else 'BERT-large QA'} ONNX", f"onnx {prec}", name, f, outs, cpu, b))
     print(f"models generated in {time.time() - t0:.0f} s")
 
     log_path = os.path.join(a.work, "server.log")
     rows = []
     with serve(a.server, repo, a.backends, a.port, log_path,
-               extra=[f"--backend-config=rust,libtorch-dir={a.libtorch_dir}"]) as c:
+               extra=[f"--backend-config=rust,libtorch-dir={a.libtorch_dir}"]
+               + ([f"--backend-config=rust,onnxruntime-library={a.ort_lib}"] if a.ort_lib else [])) as c:
         print(f"server ready after loading {len(cases)} models ({time.time() - t0:.0f} s)")
         for label, prec, name, feeds, outputs, eager, b in cases:
             with torch.no_grad():
@@ -275,7 +329,9 @@ ensemble_scheduling {{ step [
                 ref = [r.float().cpu().numpy() if r.is_floating_point() else r.cpu().numpy() for r in eager()]
                 diff = max(float(np.abs(got[o].astype(np.float64) - ref[i].astype(np.float64)).max()) for i, o in enumerate(outputs))
                 srv = float("nan") if a.quick else server_rate(c, name, feeds, outputs, b)
-                bare = float("nan") if a.quick else bare_rate(eager, b)
+                # (an ONNX model's reference is ONNX Runtime on the CPU: no bare GPU figure)
+                cpu_ref = prec.startswith("onnx") and not name.endswith("_onnx")
+                bare = float("nan") if a.quick or cpu_ref else bare_rate(eager, b)
             rows.append((label, prec, diff, b, srv, bare))
             if name.startswith(("dlrm", "dcnv2", "wide_deep")) and not a.quick:
                 concurrent_check(a.port, name, feeds, eager)
