@@ -31,6 +31,23 @@ parameters { key: "reject_nonfinite" value { string_value: "true" } }
 
 NO_ORT_LIB = "/nonexistent/dir/libonnxruntime.so.1.99"
 
+BOOL_CFG = """name: "bool_not"
+backend: "rust"
+max_batch_size: 8
+input [ { name: "FLAG" data_type: TYPE_BOOL dims: [ 4 ] } ]
+output [ { name: "NOT" data_type: TYPE_BOOL dims: [ 4 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 300000 }
+"""
+
+
+def bool_not_model():
+    import onnx
+    from onnx import TensorProto, helper
+    g = helper.make_graph([helper.make_node("Not", ["FLAG"], ["NOT"])], "bool_not",
+                          [helper.make_tensor_value_info("FLAG", TensorProto.BOOL, ["batch", 4])],
+                          [helper.make_tensor_value_info("NOT", TensorProto.BOOL, ["batch", 4])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
 # Models that must fail to load: name -> (builder or raw bytes, config, substrings the message must hold)
 MISMATCH_CFG = """name: "{name}"
 backend: "rust"
@@ -45,6 +62,7 @@ def repo(tmp_path_factory, example_models):
     r = ModelRepo(str(tmp_path_factory.mktemp("bad-input-repo")))
     r.add_example("identity")
     r.add_onnx("dyn_add", two_input_dynamic_model(), DYN_CFG)
+    r.add_onnx("bool_not", bool_not_model(), BOOL_CFG)
     r.add_raw("corrupt", b"\x08\x07this is not an ONNX protobuf\xff\xfe" * 20,
               'name: "corrupt"\nbackend: "rust"\nmax_batch_size: 4\n')
     r.add_built("no_ort", "identity",
@@ -62,7 +80,7 @@ def repo(tmp_path_factory, example_models):
 @pytest.fixture(scope="module")
 def server(request, tmp_path_factory, repo):
     return module_server(request, tmp_path_factory, repo, "--model-control-mode=explicit",
-                         "--load-model=identity", "--load-model=dyn_add")
+                         "--load-model=identity", "--load-model=dyn_add", "--load-model=bool_not")
 
 
 _good_seed = [0]
@@ -166,6 +184,32 @@ def test_inputs_with_inconsistent_shapes(server, protocol):
     broadcast an axis by a dimension other than 1. 8 by 16' -- reported as a backend bug.)"""
     expect_infer_error(server, protocol, "dyn_add", {"INPUT0": f32(1, 16), "INPUT1": f32(1, 8)}, ["OUTPUT0"],
                        ["INPUT0", "INPUT1"], case="inconsistent input shapes")
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_bool_byte_other_than_0_or_1_fails_only_its_request(server, protocol):
+    """A BOOL input whose byte is 2 (a client's raw bytes) is refused with an error naming the
+    input; a good request batched with it (the batcher waits 300 ms) is still answered."""
+    from concurrent.futures import ThreadPoolExecutor
+    good = np.array([[True, False, True, False]])
+    bad = np.array([[1, 2, 0, 1]], dtype=np.uint8).view(np.bool_)
+
+    def send(x):
+        try:
+            return infer(make_client(server, protocol), protocol, "bool_not", {"FLAG": x}, ["NOT"])["NOT"]
+        except InferenceServerException as e:
+            return e
+    before = server.http("GET", "/v2/models/bool_not/stats").json()["model_stats"][0]["execution_count"]
+    with ThreadPoolExecutor(2) as pool:
+        ok, refused = list(pool.map(send, [good, bad]))
+    after = server.http("GET", "/v2/models/bool_not/stats").json()["model_stats"][0]["execution_count"]
+    print(f"\n[bool byte 2 / {protocol}] {refused}; executions {after - before}")
+    np.testing.assert_array_equal(ok, ~good)
+    assert isinstance(refused, InferenceServerException), refused
+    assert error_status(refused) == BAD_STATUS[protocol]
+    assert "FLAG" in refused.message() and "other than 0 or 1" in refused.message()
+    assert after - before == 1, "the two requests were one execution"
+    assert_still_serving(server, protocol)
 
 
 # --------------------------------------------------------------------------- model load errors

@@ -188,6 +188,12 @@ impl GpuIo {
     /// Copies `t`'s bytes into the start of the GPU tensor `dst`.
     fn copy_in(&mut self, t: &BatchTensor<'_>, dst: &mut DynTensor) -> Result<()> {
         let src = t.bytes().ok_or_else(|| Error::internal(format!("input '{}' was not assembled", t.name)))?;
+        if let (DataType::Bool, Bytes::Host(h)) = (t.dtype, src) {
+            // as on the CPU: ONNX Runtime reads a bool as one byte that must be 0 or 1
+            if h.iter().any(|&b| b > 1) {
+                return Err(Error::invalid_arg(format!("input '{}' is BOOL but holds a byte other than 0 or 1", t.name)));
+            }
+        }
         if dst.memory_info().is_cpu_accessible() {
             return Err(Error::internal(format!("input '{}': ONNX Runtime gave host memory for a GPU input", t.name)));
         }

@@ -322,7 +322,15 @@ impl Engine for OnnxEngine {
 
     fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
         let dims: Vec<(&str, &[String])> = self.input_dims.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect();
-        check_shared_dims(inputs, &dims)
+        check_shared_dims(inputs, &dims)?;
+        // ONNX Runtime reads a bool as one byte that must be 0 or 1: refused per request here,
+        // so the rest of a batch is still answered
+        for t in inputs.iter().filter(|t| t.dtype == DataType::Bool) {
+            if t.chunks.iter().filter_map(|c| c.host()).any(|h| h.iter().any(|&b| b > 1)) {
+                return Err(Error::invalid_arg(format!("input '{}' is BOOL but holds a byte other than 0 or 1", t.name)));
+            }
+        }
+        Ok(())
     }
 
     fn run(
