@@ -54,11 +54,12 @@ TOL = 5e-2  # fp16: |served - torch eager| per element
 
 
 def config(name, max_batch, inputs, outputs, graphs, delay_us=0, count=1, engine="torch", buckets=(), warmup="",
-           batcher=True):
+           batcher=True, params=()):
     """A GPU model's config.pbtxt. `buckets`: CUDA graph batch sizes (graph_spec), also the
     dynamic batcher's preferred sizes, so that batches land on a graph without padding;
     `warmup`: a model_warmup block (Triton runs it at load: graphs are captured then);
-    `batcher`: False leaves dynamic batching out (Triton's default scheduler)."""
+    `batcher`: False leaves dynamic batching out (Triton's default scheduler); `params`: more
+    model parameters (key, value)."""
     spec = "".join(f" graph_spec {{ batch_size: {b} }}" for b in buckets)
     opt = f"optimization {{ cuda {{ graphs: true{spec} }} }}\n" if graphs else ""
     preferred = f" preferred_batch_size: [ {', '.join(str(b) for b in buckets if b >= 8)} ]" if buckets else ""
@@ -66,7 +67,8 @@ def config(name, max_batch, inputs, outputs, graphs, delay_us=0, count=1, engine
             f'input [ {", ".join(inputs)} ]\noutput [ {", ".join(outputs)} ]\n'
             + (f'dynamic_batching {{ max_queue_delay_microseconds: {delay_us}{preferred} }}\n' if batcher else '') +
             f'instance_group [ {{ count: {count} kind: KIND_GPU gpus: [ 0 ] }} ]\n{opt}{warmup}'
-            f'parameters {{ key: "engine" value {{ string_value: "{engine}" }} }}\n')
+            f'parameters {{ key: "engine" value {{ string_value: "{engine}" }} }}\n'
+            + "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in params))
 
 
 def warmup_block(buckets, inputs, runs):
@@ -188,6 +190,8 @@ def main():
                    help="batches of the correctness check (default 1, 3 and the model's largest: 3 is padded into "
                         "the graph of 4, the largest takes the multi-threaded upload); each is a shape the served "
                         "modules see before they are measured")
+    p.add_argument("--torch-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="a model parameter for every TorchScript model, e.g. ENABLE_JIT_PROFILING=false (repeatable)")
     p.add_argument("--no-offline-batcher", action="store_true",
                    help="offline models without dynamic_batching (Triton's default scheduler: one hand-off fewer "
                         "between Triton's threads at concurrency 1)")
@@ -307,6 +311,7 @@ def main():
             name = f"{m['base']}_{mode}"
             os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
             file, engine = m.get("file", "model.pt"), m.get("engine", "torch")
+            params = [tuple(kv.split("=", 1)) for kv in a.torch_param] if engine == "torch" else []
             if mode != "eager":
                 src, dst = os.path.join(repo, f"{m['base']}_eager", "1", file), os.path.join(repo, name, "1", file)
                 if not os.path.exists(dst):
@@ -318,12 +323,13 @@ def main():
                     buckets = [b for b in [1, 2, 4, *range(8, 65, 8), 96, 128] if b < m["mb"]] + [m["mb"]]
                     warm = warmup_block(buckets, m["warm"], 4)
                     f.write(config(name, m["mb"], m["ins"], m["outs"], True, delay_us=200, count=2, engine=engine,
-                                   buckets=buckets, warmup=warm))
+                                   buckets=buckets, warmup=warm, params=params))
                 elif mode == "online":
-                    f.write(config(name, m["mb"], m["ins"], m["outs"], False, delay_us=200, count=2, engine=engine))
+                    f.write(config(name, m["mb"], m["ins"], m["outs"], False, delay_us=200, count=2, engine=engine,
+                                   params=params))
                 else:
                     f.write(config(name, m["mb"], m["ins"], m["outs"], mode == "graphs", engine=engine,
-                                   batcher=not a.no_offline_batcher))
+                                   batcher=not a.no_offline_batcher, params=params))
 
     # bare references: the files the server loads, at every batch measured
     refs, modules = {}, {}

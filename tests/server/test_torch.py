@@ -138,14 +138,16 @@ def test_pytorch_backend_parameters_and_cuda_graph_settings(start_server, torch_
     with open(os.path.join(REPO_ROOT, "models", "bert_small_pt", "config.pbtxt")) as f:
         base = f.read()
 
-    def variant(name, graph_batch):
+    def variant(name, graph_batch, profiling="false"):
         return (base.replace('name: "bert_small_pt"', f'name: "{name}"')
                 + f'optimization {{ cuda {{ graphs: true graph_spec [ {{ batch_size: {graph_batch} }} ] }} }}\n'
                 + 'parameters { key: "DISABLE_OPTIMIZED_EXECUTION" value { string_value: "true" } }\n'
-                + 'parameters { key: "ENABLE_TENSOR_FUSER" value { string_value: "false" } }\n')
+                + 'parameters { key: "ENABLE_TENSOR_FUSER" value { string_value: "false" } }\n'
+                + f'parameters {{ key: "ENABLE_JIT_PROFILING" value {{ string_value: "{profiling}" }} }}\n')
     repo = ModelRepo(str(tmp_path / "repo"))
     repo.add_example("bert_small_pt", as_name="bert_opts", config=variant("bert_opts", 4))
     repo.add_example("bert_small_pt", as_name="bert_bad_graphs", config=variant("bert_bad_graphs", 99))
+    repo.add_example("bert_small_pt", as_name="bert_bad_profiling", config=variant("bert_bad_profiling", 4, "maybe"))
     srv = start_server(repo.root, "--model-control-mode=explicit", "--load-model=bert_opts")
     rng = np.random.default_rng(3)
     ids = rng.integers(1, 30522, (3, 384)).astype(np.int32)
@@ -161,4 +163,8 @@ def test_pytorch_backend_parameters_and_cuda_graph_settings(start_server, torch_
     msg = r.json().get("error", "")
     print(f"\nbad graph_spec: {r.status_code} {msg}")
     assert r.status_code == 400 and "graph_spec batch_size 99 is outside 1..=16" in msg
+    r = srv.load("bert_bad_profiling")
+    msg = r.json().get("error", "")
+    print(f"bad ENABLE_JIT_PROFILING: {r.status_code} {msg}")
+    assert r.status_code == 400 and "ENABLE_JIT_PROFILING" in msg
     assert srv.alive() and srv.model_ready("bert_opts")

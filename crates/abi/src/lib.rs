@@ -17,7 +17,7 @@ use std::os::raw::{c_char, c_int, c_void};
 #[cfg(feature = "loader")]
 pub mod plugin;
 
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// The symbol the plugin exports: `extern "C" fn() -> *const PluginApi`.
 pub const ENTRY_SYMBOL: &[u8] = b"triton_rust_plugin_api\0";
@@ -87,6 +87,9 @@ pub struct LoadOptions {
     /// TorchScript's tensor-expression fuser: 1 on, 0 off, -1 libtorch's default
     /// (Triton's `ENABLE_TENSOR_FUSER`). Process-wide in libtorch.
     pub tensor_fuser: i32,
+    /// TorchScript's profiling graph executor: 1 on, 0 off, -1 libtorch's default
+    /// (Triton's `ENABLE_JIT_PROFILING`). Process-wide in libtorch.
+    pub jit_profiling: i32,
     /// CUDA graphs on a GPU instance (Triton's `optimization { cuda { graphs: true } }`):
     /// 0 off, 1 on.
     pub cuda_graphs: i32,

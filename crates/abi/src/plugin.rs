@@ -129,6 +129,8 @@ pub struct LoadSpec<'a> {
     pub optimized_execution: bool,
     /// `None`: libtorch's default.
     pub tensor_fuser: Option<bool>,
+    /// Triton's `ENABLE_JIT_PROFILING` (process-wide in libtorch); None keeps libtorch's default.
+    pub jit_profiling: Option<bool>,
     /// CUDA graphs (GPU instances): `None` off; `Some(buckets)` on, with the batch-size
     /// buckets (empty: one graph per input shape).
     pub cuda_graphs: Option<&'a [i64]>,
@@ -182,6 +184,7 @@ impl Plugin {
             cudnn: spec.cudnn as i32,
             optimized_execution: spec.optimized_execution as i32,
             tensor_fuser: spec.tensor_fuser.map_or(-1, i32::from),
+            jit_profiling: spec.jit_profiling.map_or(-1, i32::from),
             cuda_graphs: spec.cuda_graphs.is_some() as i32,
             graph_buckets: spec.cuda_graphs.map_or(std::ptr::null(), <[i64]>::as_ptr),
             n_graph_buckets: spec.cuda_graphs.map_or(0, <[i64]>::len),

@@ -5,7 +5,7 @@
 //! convention: names ending in `__<i>` (INPUT__0, OUTPUT__1) give the position; other
 //! names keep the config's order. Parameters (Triton's PyTorch-backend spellings):
 //! `intra_op_thread_count`, `DISABLE_CUDNN`, `DISABLE_OPTIMIZED_EXECUTION`,
-//! `ENABLE_TENSOR_FUSER`. On a GPU instance, `optimization { cuda { graphs: true } }`
+//! `ENABLE_TENSOR_FUSER`, `ENABLE_JIT_PROFILING`. On a GPU instance, `optimization { cuda { graphs: true } }`
 //! captures a CUDA graph per batch-size bucket at the bucket's first batch and replays
 //! it (see `ModelConfig::cuda_graph_buckets`; Triton's `model_warmup` captures at load).
 //! The plugin's FFI (finding libtorch, opening the plugin, calling it) is
@@ -121,6 +121,7 @@ impl TorchEngine {
                 cudnn: !cfg.parameter_bool("DISABLE_CUDNN")?.unwrap_or(false),
                 optimized_execution: !cfg.parameter_bool("DISABLE_OPTIMIZED_EXECUTION")?.unwrap_or(false),
                 tensor_fuser: cfg.parameter_bool("ENABLE_TENSOR_FUSER")?,
+                jit_profiling: cfg.parameter_bool("ENABLE_JIT_PROFILING")?,
                 cuda_graphs: if gpu.is_some() { buckets.as_deref() } else { None },
             })?)
         };

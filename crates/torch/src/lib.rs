@@ -193,6 +193,9 @@ unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) ->
         if o.tensor_fuser >= 0 {
             tch::jit::f_set_tensor_expr_fuser_enabled(o.tensor_fuser != 0).map_err(|e| e.to_string())?;
         }
+        if o.jit_profiling >= 0 {
+            tch::jit::f_set_profiling_mode(o.jit_profiling != 0).map_err(|e| e.to_string())?;
+        }
         let stream = match device {
             Device::Cuda(id) => {
                 let api = cuda_api()?;
