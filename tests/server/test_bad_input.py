@@ -41,7 +41,6 @@ dynamic_batching { max_queue_delay_microseconds: 300000 }
 
 
 def bool_not_model():
-    import onnx
     from onnx import TensorProto, helper
     g = helper.make_graph([helper.make_node("Not", ["FLAG"], ["NOT"])], "bool_not",
                           [helper.make_tensor_value_info("FLAG", TensorProto.BOOL, ["batch", 4])],
