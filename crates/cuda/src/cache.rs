@@ -47,6 +47,31 @@ __device__ __forceinline__ void copy_row(float* __restrict__ dst, const float* _
     }
 }
 
+// The way of `key` in a set of 32 (one slot per lane: stamp st, key sk), the same on every
+// lane: its own way when present; else -1 when only_if_present, else the least recently
+// stamped way (lowest lane on ties), which lane 0 claims for key and counts (an insert, and
+// an eviction when the way held a row). Callers in fill and insert share this choice.
+__device__ __forceinline__ int way_for(u64 st, i64 sk, i64 key, int lane, int only_if_present,
+        i64* slot_keys, u64 set, u64* counters) {
+    unsigned hit = __ballot_sync(FULL, st != 0 && sk == key);
+    if (hit != 0) return __ffs(hit) - 1;
+    if (only_if_present) return -1;
+    u64 best = st; int bl = lane;
+    for (int off = 16; off > 0; off >>= 1) {
+        u64 os = __shfl_down_sync(FULL, best, off);
+        int ol = __shfl_down_sync(FULL, bl, off);
+        if (os < best || (os == best && ol < bl)) { best = os; bl = ol; }
+    }
+    int way = __shfl_sync(FULL, bl, 0);
+    u64 victim_stamp = __shfl_sync(FULL, best, 0);
+    if (lane == 0) {
+        atomicAdd(&counters[0], 1ULL);
+        if (victim_stamp != 0) atomicAdd(&counters[1], 1ULL);
+        slot_keys[set * 32 + way] = key;
+    }
+    return way;
+}
+
 // One warp per key: hits copy their row to out and stamp the slot with epoch.
 extern "C" __global__ void cache_lookup(const i64* __restrict__ keys, int n,
         const i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps,
@@ -145,25 +170,7 @@ extern "C" __global__ void batch_fill(const i64* __restrict__ keys, const int* _
     size_t slot = set * 32 + lane;
     u64 st = __ldcg(&slot_stamps[slot]);
     i64 sk = __ldcg(&slot_keys[slot]);
-    unsigned hit = __ballot_sync(FULL, st != 0 && sk == key);
-    int way;
-    if (hit != 0) {
-        way = __ffs(hit) - 1;
-    } else {
-        u64 best = st; int bl = lane;
-        for (int off = 16; off > 0; off >>= 1) {
-            u64 os = __shfl_down_sync(FULL, best, off);
-            int ol = __shfl_down_sync(FULL, bl, off);
-            if (os < best || (os == best && ol < bl)) { best = os; bl = ol; }
-        }
-        way = __shfl_sync(FULL, bl, 0);
-        u64 victim_stamp = __shfl_sync(FULL, best, 0);
-        if (lane == 0) {
-            atomicAdd(&counters[0], 1ULL);
-            if (victim_stamp != 0) atomicAdd(&counters[1], 1ULL);
-            slot_keys[set * 32 + way] = key;
-        }
-    }
+    int way = way_for(st, sk, key, lane, 0, slot_keys, set, counters);
     copy_row(slot_rows + (set * 32 + way) * (size_t)dim, rows + (size_t)j * dim, dim, lane);
     __syncwarp();
     if (lane == 0) {
@@ -199,26 +206,8 @@ extern "C" __global__ void cache_insert(const i64* __restrict__ keys, const floa
         if (key == EMPTY_KEY) continue;
         u64 st = slot_stamps[slot];
         i64 sk = slot_keys[slot];
-        unsigned m = __ballot_sync(FULL, st != 0 && sk == key);
-        int way;
-        if (m != 0) {
-            way = __ffs(m) - 1;
-        } else {
-            if (only_if_present) continue;
-            u64 best = st; int bl = lane;
-            for (int off = 16; off > 0; off >>= 1) {
-                u64 os = __shfl_down_sync(FULL, best, off);
-                int ol = __shfl_down_sync(FULL, bl, off);
-                if (os < best || (os == best && ol < bl)) { best = os; bl = ol; }
-            }
-            way = __shfl_sync(FULL, bl, 0);
-            u64 victim_stamp = __shfl_sync(FULL, best, 0);
-            if (lane == 0) {
-                atomicAdd(&counters[0], 1ULL);
-                if (victim_stamp != 0) atomicAdd(&counters[1], 1ULL);
-                slot_keys[set * 32 + way] = key;
-            }
-        }
+        int way = way_for(st, sk, key, lane, only_if_present, slot_keys, set, counters);
+        if (way < 0) continue;
         copy_row(rows + (set * 32 + way) * (size_t)dim, vecs + (size_t)i * dim, dim, lane);
         __syncwarp();
         if (lane == 0) slot_stamps[set * 32 + way] = epoch;
