@@ -53,15 +53,21 @@ def table(runs, key_label, key):
     return "\n".join(out)
 
 
+def plot_paths(ax1, ax2, runs, x, tput_label, p99_style, p99_label):
+    """Each served path's inferences/s on ax1 and p99 on ax2 against the runs' `x` field."""
+    for path, color in (("one", "tab:green"), ("ens", "tab:blue")):
+        pts = sorted((r[x], r) for r in runs if r["path"] == path)
+        if pts:
+            ax1.plot([v for v, _ in pts], [r["Inferences/Second"] for _, r in pts], "o-", color=color,
+                     label=tput_label.format(PATH[path]))
+            ax2.plot([v for v, _ in pts], [ms(r, "p99 latency") for _, r in pts], p99_style, color=color,
+                     label=p99_label.format(PATH[path]))
+
+
 def plot_batches(plt, m, runs, ceiling, gpu, out):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     batches = sorted({r["batch"] for r in runs})
-    for path, color in (("one", "tab:green"), ("ens", "tab:blue")):
-        pts = sorted((r["batch"], r) for r in runs if r["path"] == path)
-        if not pts:
-            continue
-        ax1.plot([b for b, _ in pts], [r["Inferences/Second"] for _, r in pts], "o-", color=color, label=f"served, {PATH[path]}")
-        ax2.plot([b for b, _ in pts], [ms(r, "p99 latency") for _, r in pts], "o-", color=color, label=f"{PATH[path]}, p99")
+    plot_paths(ax1, ax2, runs, "batch", "served, {}", "o-", "{}, p99")
     for kind, style in (("graph_ips", "-."), ("eager_ips", ":")):
         pts = [(b, ceiling[str(b)][kind]) for b in batches if str(b) in ceiling and ceiling[str(b)][kind]]
         if pts:
@@ -84,12 +90,7 @@ def plot_concurrency(plt, m, runs, gpu, out):
     fig, ax1 = plt.subplots(figsize=(8, 4.5))
     ax2 = ax1.twinx()
     concs = sorted({r["concurrency"] for r in runs})
-    for path, color in (("one", "tab:green"), ("ens", "tab:blue")):
-        pts = sorted((r["concurrency"], r) for r in runs if r["path"] == path)
-        if not pts:
-            continue
-        ax1.plot([c for c, _ in pts], [r["Inferences/Second"] for _, r in pts], "o-", color=color, label=f"{PATH[path]}, inf/s")
-        ax2.plot([c for c, _ in pts], [ms(r, "p99 latency") for _, r in pts], "x--", color=color, label=f"{PATH[path]}, p99 ms")
+    plot_paths(ax1, ax2, runs, "concurrency", "{}, inf/s", "x--", "{}, p99 ms")
     ax1.set(xscale="log", xlabel="concurrent client requests (batch 4096 each)", ylabel="inferences / second",
             title=f"{LABEL[m]}: batch 4096, concurrency sweep")
     ax1.set_xticks(concs, [str(c) for c in concs])
