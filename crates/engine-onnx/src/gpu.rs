@@ -185,29 +185,6 @@ impl GpuIo {
         }
     }
 
-    /// Copies `t`'s bytes into the start of the GPU tensor `dst`.
-    fn copy_in(&mut self, t: &BatchTensor<'_>, dst: &mut DynTensor) -> Result<()> {
-        let src = t.bytes().ok_or_else(|| Error::internal(format!("input '{}' was not assembled", t.name)))?;
-        if let (DataType::Bool, Bytes::Host(h)) = (t.dtype, src) {
-            // as on the CPU: ONNX Runtime reads a bool as one byte that must be 0 or 1
-            if h.iter().any(|&b| b > 1) {
-                return Err(Error::invalid_arg(format!("input '{}' is BOOL but holds a byte other than 0 or 1", t.name)));
-            }
-        }
-        if dst.memory_info().is_cpu_accessible() {
-            return Err(Error::internal(format!("input '{}': ONNX Runtime gave host memory for a GPU input", t.name)));
-        }
-        let (len, addr) = (src.len(), dst.data_ptr_mut() as u64);
-        // `dst` has at least as many rows as `t` (same row shape and element type); the
-        // driver checks the range
-        let view = view_mut_in(dst, self.device, addr, len).map_err(|e| Error::internal(format!("input '{}': {e}", t.name)))?;
-        let copied = match src {
-            Bytes::Host(h) => self.uploader.upload(h, view),
-            Bytes::Device(_) => Cuda.copy(src, BytesMut::Device(view)),
-        };
-        copied.map_err(|e| Error::internal(format!("copying input '{}' to GPU {}: {e}", t.name, self.device)))
-    }
-
     fn tensor_for(&self, t: &BatchTensor<'_>, shape: Vec<i64>) -> Result<DynTensor> {
         DynTensor::new(&self.allocator, to_ort(t.dtype)?, shape)
             .map_err(|e| Error::unavailable(format!("cannot allocate input '{}' on GPU {}: {e}", t.name, self.device)))
@@ -229,31 +206,26 @@ impl GpuIo {
                     let graph = self.new_graph(session, inputs, &key, padded, all_outputs)?;
                     self.graphs.insert(key.clone(), graph);
                 }
-                let mut graph = self.graphs.remove(&key).expect("inserted above");
+                let graph = self.graphs.get_mut(&key).expect("inserted above");
                 let mut times = Times::start();
-                let mut result = Ok(());
                 for (t, dst) in inputs.iter().zip(graph.inputs.iter_mut()) {
-                    result = result.and_then(|()| self.copy_in(t, dst));
+                    copy_in(&mut self.uploader, self.device, t, dst)?;
                 }
-                let result = result.and_then(|()| {
-                    times.staged();
-                    let out = session.run_binding_with_options(&graph.binding, &graph.options).map_err(run_err)?;
-                    times.ran();
-                    self.emit(&out, outputs, rows, sink)
-                });
-                self.graphs.insert(key, graph);
+                times.staged();
+                let out = session.run_binding_with_options(&graph.binding, &graph.options).map_err(run_err)?;
+                times.ran();
+                emit(self.device, &out, outputs, rows, sink)?;
                 times.log("graph", inputs);
-                result
+                Ok(())
             }
             Plan::Eager => {
                 let mut times = Times::start();
                 let mut binding = session.create_binding().map_err(ort_err)?;
-                let mut held = Vec::with_capacity(inputs.len());
                 for t in inputs {
+                    // the binding keeps the tensor alive until it is dropped
                     let mut dst = self.tensor_for(t, t.shape.clone())?;
-                    self.copy_in(t, &mut dst)?;
+                    copy_in(&mut self.uploader, self.device, t, &mut dst)?;
                     binding.bind_input(t.name.as_str(), &dst).map_err(ort_err)?;
-                    held.push(dst);
                 }
                 for o in all_outputs {
                     binding.bind_output_to_device(o.name.as_str(), &self.on_gpu).map_err(ort_err)?;
@@ -265,7 +237,7 @@ impl GpuIo {
                 }
                 .map_err(run_err)?;
                 times.ran();
-                self.emit(&out, outputs, rows, sink)?;
+                emit(self.device, &out, outputs, rows, sink)?;
                 times.log("eager", inputs);
                 Ok(())
             }
@@ -306,39 +278,59 @@ impl GpuIo {
         Ok(Graph { binding, inputs: held, options })
     }
 
-    /// Hands each asked-for output to the sink as GPU memory, its first `rows` rows when
-    /// the batch was padded into a bucket.
-    fn emit(
-        &self,
-        out: &SessionOutputs<'_>,
-        outputs: &[&str],
-        rows: Option<i64>,
-        sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
-    ) -> Result<()> {
-        for &name in outputs {
-            let value = out.get(name).ok_or_else(|| Error::internal(format!("ONNX Runtime returned no output '{name}'")))?;
-            let ValueType::Tensor { ty, shape, .. } = value.dtype() else {
-                return Err(Error::unsupported(format!("output '{name}' is not a tensor")));
-            };
-            let dtype = dtype_from_ort(*ty)?;
-            let size = dtype.size().ok_or_else(|| Error::unsupported(format!("output '{name}': BYTES outputs are not supported yet")))?;
-            let mut shape: Vec<i64> = shape.iter().copied().collect();
-            if let (Some(n), Some(first)) = (rows, shape.first_mut()) {
-                *first = n.min(*first);
-            }
-            let count: i64 = shape.iter().product();
-            let tensor = value.view().downcast::<DynTensorValueType>().map_err(ort_err)?;
-            if tensor.memory_info().is_cpu_accessible() {
-                return Err(Error::internal(format!("ONNX Runtime left output '{name}' in host memory on a GPU instance")));
-            }
-            let len = count.max(0) as usize * size;
-            // ONNX Runtime's tensor, alive while `out` (and the binding) live
-            let data = view_in(&tensor, self.device, tensor.data_ptr() as u64, len)
-                .map_err(|e| Error::internal(format!("output '{name}': {e}")))?;
-            sink(OutputView { name, dtype, shape: &shape, data: Bytes::Device(data) })?;
+}
+
+/// Hands each asked-for output to the sink as GPU memory, its first `rows` rows when
+/// the batch was padded into a bucket.
+fn emit(
+    device: i32,
+    out: &SessionOutputs<'_>,
+    outputs: &[&str],
+    rows: Option<i64>,
+    sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+) -> Result<()> {
+    for &name in outputs {
+        let value = out.get(name).ok_or_else(|| Error::internal(format!("ONNX Runtime returned no output '{name}'")))?;
+        let ValueType::Tensor { ty, shape, .. } = value.dtype() else {
+            return Err(Error::unsupported(format!("output '{name}' is not a tensor")));
+        };
+        let dtype = dtype_from_ort(*ty)?;
+        let size = dtype.size().ok_or_else(|| Error::unsupported(format!("output '{name}': BYTES outputs are not supported yet")))?;
+        let mut shape: Vec<i64> = shape.iter().copied().collect();
+        if let (Some(n), Some(first)) = (rows, shape.first_mut()) {
+            *first = n.min(*first);
         }
-        Ok(())
+        let count: i64 = shape.iter().product();
+        let tensor = value.view().downcast::<DynTensorValueType>().map_err(ort_err)?;
+        if tensor.memory_info().is_cpu_accessible() {
+            return Err(Error::internal(format!("ONNX Runtime left output '{name}' in host memory on a GPU instance")));
+        }
+        let len = count.max(0) as usize * size;
+        // ONNX Runtime's tensor, alive while `out` (and the binding) live
+        let data = view_in(&tensor, device, tensor.data_ptr() as u64, len)
+            .map_err(|e| Error::internal(format!("output '{name}': {e}")))?;
+        sink(OutputView { name, dtype, shape: &shape, data: Bytes::Device(data) })?;
     }
+    Ok(())
+}
+
+/// Copies `t`'s bytes into the start of the GPU tensor `dst` on `device`: host bytes through
+/// the uploader's page-locked buffer, GPU bytes device to device. (BOOL bytes were checked
+/// per request, in `check_request`.)
+fn copy_in(uploader: &mut Uploader, device: i32, t: &BatchTensor<'_>, dst: &mut DynTensor) -> Result<()> {
+    let src = t.bytes().ok_or_else(|| Error::internal(format!("input '{}' was not assembled", t.name)))?;
+    if dst.memory_info().is_cpu_accessible() {
+        return Err(Error::internal(format!("input '{}': ONNX Runtime gave host memory for a GPU input", t.name)));
+    }
+    let (len, addr) = (src.len(), dst.data_ptr_mut() as u64);
+    // `dst` has at least as many rows as `t` (same row shape and element type); the
+    // driver checks the range
+    let view = view_mut_in(dst, device, addr, len).map_err(|e| Error::internal(format!("input '{}': {e}", t.name)))?;
+    let copied = match src {
+        Bytes::Host(h) => uploader.upload(h, view),
+        Bytes::Device(_) => Cuda.copy(src, BytesMut::Device(view)),
+    };
+    copied.map_err(|e| Error::internal(format!("copying input '{}' to GPU {device}: {e}", t.name)))
 }
 
 /// Where one GPU run's time went, logged at debug level (`--log-verbose=1`) as a `timing:`
