@@ -234,6 +234,9 @@ impl InstanceState {
         let mut policy = model.policy.clone();
         policy.accepts_device_inputs = engine.accepts_device_inputs();
         log::info!("instance '{}' of model '{}' ready on {:?}", ctx.name, model.name, ctx.device);
+        if model.config.cuda_graphs && ctx.device == Device::Cpu {
+            log::info!("model '{}': optimization.cuda.graphs applies to KIND_GPU instances; this KIND_CPU one runs without", model.name);
+        }
         InstanceState {
             name: ctx.name,
             model: model.name.clone(),

@@ -170,12 +170,6 @@ impl OnnxEngine {
             log::info!("model '{}': optimization.cuda.graphs applies to the CUDA execution provider; with a GPU accelerator it runs without", cfg.name);
             buckets = None;
         }
-        // (the first KIND_CPU instance takes over the load-time probe, so the probe says it
-        // when one will)
-        let cpu_instance = !options.probe || cfg.instance_kinds.iter().any(|k| k == "KIND_CPU");
-        if cfg.cuda_graphs && options.device == Device::Cpu && cpu_instance {
-            log::info!("model '{}': optimization.cuda.graphs applies to KIND_GPU instances; this KIND_CPU one runs without", cfg.name);
-        }
         let session = match build_session(&runtime, model_file, options, buckets.is_some()) {
             Ok(s) => s,
             Err(e) if buckets.is_some() => {

@@ -106,11 +106,8 @@ impl TorchEngine {
             Device::Gpu(id) => Some(id),
             Device::Cpu => None,
         };
+        // (a KIND_CPU instance with graphs asked for says so when it is made: serve.rs)
         let buckets = cfg.cuda_graph_buckets()?;
-        // (not for the probe, which runs on the CPU whatever the instances' kind)
-        if buckets.is_some() && gpu.is_none() && !options.probe {
-            log::info!("model '{}': optimization.cuda.graphs applies to KIND_GPU instances; this KIND_CPU one runs without", cfg.name);
-        }
         let model = if options.probe {
             None
         } else {
