@@ -201,7 +201,6 @@ def main():
     # the same the server's libtorch runs with
 
     cases = []  # (label, precision, model name, feeds, outputs, reference fn, batch)
-    onnx_steps = []  # (recommender, its ONNX dense step)
     t0 = time.time()
     # ResNet50
     rn = torch_models.make("resnet50_pt").to(dev)
@@ -271,7 +270,6 @@ parameters {{ key: "gpucacheper" value {{ string_value: "0.5" }} }}
             dname = f"{rname}_dense_onnx"
             write(repo, dname, onnx_config(dname, batch, dense_in, [tensor_cfg("prediction", "TYPE_FP32", [1])]))
             export_models.save_model(recommenders.dense_onnx(rname, model.eval()), os.path.join(repo, dname, "1", "model.onnx"))
-            onnx_steps.append((rname, dname))
         model = model.to(dev).eval()
         rng = np.random.default_rng(5)
         dense = rng.standard_normal((batch, 13)).astype(np.float32)
@@ -286,9 +284,9 @@ parameters {{ key: "gpucacheper" value {{ string_value: "0.5" }} }}
             eager = (lambda m, dm: lambda: [dm(torch.from_numpy(dense).to(dev), m.lookup(torch.from_numpy(keys).to(dev)))])(model, dense_mod)
             label = {"dlrm": "DLRM", "dcnv2": "DCNv2", "wide_deep": "Wide&Deep"}[rname]
             cases.append((label, prec, ens, {"dense": dense, "sparse": keys}, ["prediction"], eager, batch))
-        for r, dname in [x for x in onnx_steps if x[0] == rname]:
+        if a.ort_lib:
             ens = f"{rname}_onnx"
-            write(repo, ens, ensemble_config(ens, batch, f"{rname}_sparse", dname))
+            write(repo, ens, ensemble_config(ens, batch, sparse, f"{rname}_dense_onnx"))
             os.makedirs(os.path.join(repo, ens, "1"), exist_ok=True)
             eager = (lambda m: lambda: [recommenders.DensePart(m)(torch.from_numpy(dense).to(dev), m.lookup(torch.from_numpy(keys).to(dev)))])(model)
             cases.append((label + " ONNX", "onnx fp32", ens, {"dense": dense, "sparse": keys}, ["prediction"], eager, batch))
