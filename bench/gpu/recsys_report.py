@@ -165,7 +165,10 @@ def main():
             if e:
                 md += [f"Exactness under this load: {e['rows_checked']:,} served rows of `{m}_sparse` against the fixture's "
                        f"rows recomputed from its seed, max abs diff {e['rows_max_abs_diff']}; single model against the "
-                       f"ensemble, max abs diff {e['single_vs_ensemble_max_abs_diff']}.", ""]
+                       f"ensemble, max abs diff {e['single_vs_ensemble_max_abs_diff']}."
+                       + (f" One request of {e['largest_batch']['batch']:,} rows: {e['largest_batch']['rows_checked']:,} rows, "
+                          f"max abs diff {e['largest_batch']['rows_max_abs_diff']}; single model against the ensemble "
+                          f"{e['largest_batch']['single_vs_ensemble_max_abs_diff']}." if "largest_batch" in e else ""), ""]
             if plt is not None:
                 files = [plot_batches(plt, m, offline, ceiling, gpu, a.out)]
                 if len({r["concurrency"] for r in conc}) > 1:

@@ -103,20 +103,22 @@ __device__ __forceinline__ int table_of(long long i, int tables, int interleaved
     return t;
 }
 
-// One warp per key: hits copy their row and stamp the slot; misses append i to miss[]
-// (order not kept).
-extern "C" __global__ void batch_lookup(const i64* __restrict__ keys, int n, int tables, int interleaved,
+// One warp per key of keys[first .. first + n] (a launch per piece of the batch, each
+// queued as soon as its keys are on the GPU): hits copy their row and stamp the slot;
+// misses append their index i in the whole batch to miss[] (order not kept).
+extern "C" __global__ void batch_lookup(const i64* __restrict__ keys, long long first, int n, int tables, int interleaved,
         const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
         float* __restrict__ out, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
     long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (warp >= n) return;
-    int t = table_of(warp, tables, interleaved, key_start);
+    long long i = first + warp;
+    int t = table_of(i, tables, interleaved, key_start);
     const i64* slot_keys = (const i64*)desc[t * 6];
     u64* slot_stamps = (u64*)desc[t * 6 + 1];
     const float* rows = (const float*)desc[t * 6 + 2];
     long long sets = desc[t * 6 + 3];
-    i64 key = keys[warp];
+    i64 key = keys[i];
     bool match = false;
     u64 set = 0;
     if (sets > 0 && key != EMPTY_KEY) {
@@ -125,11 +127,11 @@ extern "C" __global__ void batch_lookup(const i64* __restrict__ keys, int n, int
     }
     unsigned m = __ballot_sync(FULL, match);
     if (m == 0) {
-        if (lane == 0) miss[atomicAdd(miss_count, 1u)] = (int)warp;
+        if (lane == 0) miss[atomicAdd(miss_count, 1u)] = (int)i;
         return;
     }
     int way = __ffs(m) - 1;
-    copy_row(out + (size_t)warp * dim, rows + (set * 32 + way) * (size_t)dim, dim, lane);
+    copy_row(out + (size_t)i * dim, rows + (set * 32 + way) * (size_t)dim, dim, lane);
     if (lane == 0) slot_stamps[set * 32 + way] = epoch;
 }
 
@@ -693,22 +695,16 @@ pub struct BatchLookup {
     tickets: Vec<(u64, usize)>,
 }
 
-/// Copies `src` into `dst` (equal lengths) on up to 4 threads when it is large (a batch of
-/// 65536 × 26 keys is 13.6 MB: one thread's memcpy is ~1.5 ms of the lookup).
-fn copy_parallel<T: Copy + Send + Sync>(src: &[T], dst: &mut [T]) {
-    const PER_THREAD: usize = 2 << 20;
-    let bytes = std::mem::size_of_val(src);
-    let threads = (bytes / PER_THREAD).clamp(1, 4);
-    if threads == 1 {
-        dst.copy_from_slice(src);
-        return;
-    }
-    let chunk = src.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        for (d, c) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
-            s.spawn(move || d.copy_from_slice(c));
-        }
-    });
+/// Keys per piece of a batch lookup's upload (2 MiB): each piece's DMA and lookup are
+/// queued as soon as it is in page-locked memory.
+const PIECE_KEYS: usize = 256 << 10;
+
+/// Keys per upload thread: up to 4 threads of whole pieces, none for less than 2 pieces
+/// (a batch of 65536 × 26 keys is 13.6 MB: one thread's memcpy out of a client's shared
+/// memory is ~1.5 ms of the lookup).
+fn upload_part(n: usize) -> usize {
+    let threads = (n / (2 * PIECE_KEYS)).clamp(1, 4);
+    n.div_ceil(threads).next_multiple_of(PIECE_KEYS)
 }
 
 pub(crate) fn htod<T: Copy>(queue: &Queue, dst: u64, src: &[T]) -> Result<()> {
@@ -802,8 +798,6 @@ impl BatchLookup {
         let out = self.out.reserve(n * dim * 4)?;
         let d_keys = self.keys.1.reserve(n * 8)?;
         let h_keys = self.keys.0.slice(n)?;
-        copy_parallel(keys, h_keys);
-        htod(&q, d_keys, h_keys)?;
         let (interleaved, d_starts) = match layout {
             KeyLayout::Interleaved => {
                 if self.tables == 0 || n % self.tables != 0 {
@@ -829,13 +823,47 @@ impl BatchLookup {
         let d_count = self.count.1.reserve(4)?;
         // SAFETY: `d_count` holds at least 4 bytes.
         unsafe { result::memset_d8_async(d_count, 0, 4, q.stream.cu_stream()) }.map_err(cuda_err)?;
-        let (n_i, tables, dim_i, desc) = (n as i32, self.tables as i32, dim as i32, self.desc.addr);
-        let mut b = q.stream.launch_builder(&self.kernels.batch);
-        b.arg(&d_keys).arg(&n_i).arg(&tables).arg(&interleaved).arg(&d_starts).arg(&desc).arg(&dim_i).arg(&epoch);
-        b.arg(&out).arg(&d_miss).arg(&d_count);
-        // SAFETY: argument types and order match batch_lookup; every buffer was sized above
-        // for n keys and n rows, and the descriptors name live cache slots.
-        unsafe { b.launch(warps_config(n)) }.map_err(cuda_err)?;
+        let (tables, dim_i, desc) = (self.tables as i32, dim as i32, self.desc.addr);
+        let kernel = &self.kernels.batch;
+        // The keys go up in pieces, each looked up as soon as it is on the GPU, so copying
+        // the next piece into page-locked memory overlaps the last one's DMA and lookup.
+        let piece = |first: usize, keys: &[i64], pinned: &mut [i64]| -> Result<()> {
+            for (j, (from, to)) in keys.chunks(PIECE_KEYS).zip(pinned.chunks_mut(PIECE_KEYS)).enumerate() {
+                to.copy_from_slice(from);
+                let at = first + j * PIECE_KEYS;
+                htod(&q, d_keys + (at * 8) as u64, to)?;
+                let (at_i, len_i) = (at as i64, to.len() as i32);
+                let mut b = q.stream.launch_builder(kernel);
+                b.arg(&d_keys).arg(&at_i).arg(&len_i).arg(&tables).arg(&interleaved).arg(&d_starts).arg(&desc).arg(&dim_i).arg(&epoch);
+                b.arg(&out).arg(&d_miss).arg(&d_count);
+                // SAFETY: argument types and order match batch_lookup; keys[at .. at + len]
+                // were queued to the GPU just before on this stream; every buffer was sized
+                // above for n keys and n rows, and the descriptors name live cache slots.
+                unsafe { b.launch(warps_config(to.len())) }.map_err(cuda_err)?;
+            }
+            Ok(())
+        };
+        let per = upload_part(n);
+        if per >= n {
+            piece(0, keys, h_keys)?;
+        } else {
+            let device = q.device;
+            std::thread::scope(|s| {
+                let handles: Vec<_> = keys
+                    .chunks(per)
+                    .zip(h_keys.chunks_mut(per))
+                    .enumerate()
+                    .map(|(k, (from, to))| {
+                        let piece = &piece;
+                        s.spawn(move || {
+                            gpu(device)?; // the device's context, current on this thread
+                            piece(k * per, from, to)
+                        })
+                    })
+                    .collect();
+                handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(CudaError::internal("a key upload thread panicked"))))
+            })?;
+        }
         let h_count = self.count.0.slice(1)?;
         dtoh(&q, h_count, d_count)?;
         q.stream.synchronize().map_err(cuda_err)?;
@@ -909,5 +937,21 @@ impl Drop for BatchLookup {
         if gpu(self.queue.device).is_ok() {
             let _ = self.queue.stream.synchronize();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_uploads_split_into_whole_pieces_over_at_most_four_threads() {
+        for n in [1, 1000, PIECE_KEYS, 2 * PIECE_KEYS - 1, 2 * PIECE_KEYS, 65536 * 26, 131072 * 26, 50_000_000] {
+            let per = upload_part(n);
+            let threads = n.div_ceil(per);
+            assert!(per % PIECE_KEYS == 0 && (1..=4).contains(&threads), "n {n}: {per} keys per thread");
+            assert_eq!(threads == 1, n < 4 * PIECE_KEYS, "n {n}: one thread below two pieces per thread");
+        }
+        assert_eq!((65536 * 26_usize).div_ceil(upload_part(65536 * 26)), 3);
     }
 }

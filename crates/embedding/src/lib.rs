@@ -866,52 +866,49 @@ impl Drop for InstanceCaches {
 }
 
 /// Reads the missed rows of several tables below the cache into `rows` (`groups` say
-/// which part of `keys` is which table's), split over threads when there are many.
+/// which part of `keys` is which table's, in order and together covering `keys`), split
+/// over up to 16 threads of at least 1024 keys each: every thread takes an equal run of
+/// keys, cut where the tables change. Reading rows scattered over tens of GB is bound by
+/// memory latency, not bandwidth, so more readers help.
 #[cfg(feature = "gpu")]
 fn fetch_parallel(store: &EmbeddingStore, groups: &[(usize, std::ops::Range<usize>)], keys: &[i64], rows: &mut [f32], dim: usize) -> Vec<bool> {
-    const PER_THREAD: usize = 4096;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8);
-    // work items of at most `chunk` keys, each inside one table
-    let chunk = keys.len().div_ceil(threads).max(PER_THREAD);
-    let mut items: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
-    for (t, r) in groups {
-        let mut at = r.start;
-        while at < r.end {
-            let end = (at + chunk).min(r.end);
-            items.push((*t, at..end));
-            at = end;
+    const PER_THREAD: usize = 1024;
+    let n = keys.len();
+    let threads = std::thread::available_parallelism().map_or(1, |c| c.get()).clamp(1, 16).min(n.div_ceil(PER_THREAD)).max(1);
+    let per = n.div_ceil(threads).max(1);
+    // the (table, keys) pieces of keys[range]
+    let pieces = |range: std::ops::Range<usize>| -> Vec<(usize, std::ops::Range<usize>)> {
+        groups
+            .iter()
+            .filter_map(|(t, g)| {
+                let (s, e) = (g.start.max(range.start), g.end.min(range.end));
+                (s < e).then_some((*t, s..e))
+            })
+            .collect()
+    };
+    let read = |range: std::ops::Range<usize>, rows: &mut [f32], found: &mut [bool]| {
+        for (t, r) in pieces(range.clone()) {
+            let (a, b) = (r.start - range.start, r.end - range.start);
+            let f = store.fetch_below_cache(t, &keys[r], &mut rows[a * dim..b * dim]);
+            found[a..b].copy_from_slice(&f);
         }
-    }
-    let mut found = vec![false; keys.len()];
-    if items.len() <= 1 || keys.len() <= PER_THREAD {
-        for (t, r) in items {
-            let f = store.fetch_below_cache(t, &keys[r.clone()], &mut rows[r.start * dim..r.end * dim]);
-            found[r].copy_from_slice(&f);
-        }
-        return found;
-    }
-    // hand each thread a run of consecutive items (their row ranges are disjoint and in order)
-    let per = items.len().div_ceil(threads);
+    };
+    let mut found = vec![false; n];
     std::thread::scope(|s| {
-        let mut rest_rows = &mut rows[..];
-        let mut rest_found = &mut found[..];
-        let mut consumed = 0usize;
-        for run in items.chunks(per) {
-            let (first, last) = (run[0].1.start, run[run.len() - 1].1.end);
-            let (_, r) = std::mem::take(&mut rest_rows).split_at_mut((first - consumed) * dim);
-            let (mine, r) = r.split_at_mut((last - first) * dim);
-            rest_rows = r;
-            let (_, f) = std::mem::take(&mut rest_found).split_at_mut(first - consumed);
-            let (mine_found, f) = f.split_at_mut(last - first);
-            rest_found = f;
-            consumed = last;
-            s.spawn(move || {
-                for (t, r) in run {
-                    let (a, b) = (r.start - first, r.end - first);
-                    let f = store.fetch_below_cache(*t, &keys[r.clone()], &mut mine[a * dim..b * dim]);
-                    mine_found[a..b].copy_from_slice(&f);
-                }
-            });
+        let (mut rest_rows, mut rest_found) = (&mut rows[..n * dim], &mut found[..]);
+        let mut at = 0;
+        while at < n {
+            let end = (at + per).min(n);
+            let (mine, r) = std::mem::take(&mut rest_rows).split_at_mut((end - at) * dim);
+            let (mine_found, f) = std::mem::take(&mut rest_found).split_at_mut(end - at);
+            (rest_rows, rest_found) = (r, f);
+            if end == n {
+                read(at..end, mine, mine_found); // the last run on this thread
+            } else {
+                let read = &read;
+                s.spawn(move || read(at..end, mine, mine_found));
+            }
+            at = end;
         }
     });
     found
@@ -989,6 +986,27 @@ mod tests {
 
     fn cpu(geo: CacheGeometry) -> Result<Arc<dyn CacheTier>> {
         Ok(Arc::new(HostCache::new(geo)))
+    }
+
+    #[cfg(feature = "gpu")]
+    #[test]
+    fn parallel_reads_below_the_cache_equal_one_reader() {
+        // t0 has dim 2 like the empty table, so one batch covers both
+        let (store, dir) = make_store("parallel", 3000, 2, 0.1, 1.1);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let (n0, n1) = (4100usize, 1500usize);
+        let keys: Vec<i64> = (0..n0).map(|_| rng.gen_range(0..3100)).chain((0..n1).map(|i| i as i64)).collect();
+        let groups = [(0usize, 0..n0), (1usize, n0..n0 + n1)];
+        let mut rows = vec![7f32; keys.len() * 2];
+        let found = fetch_parallel(&store, &groups, &keys, &mut rows, 2);
+        let mut want = vec![7f32; keys.len() * 2];
+        let mut want_found = store.fetch_below_cache(0, &keys[..n0], &mut want[..n0 * 2]);
+        want_found.extend(store.fetch_below_cache(1, &keys[n0..], &mut want[n0 * 2..]));
+        assert_eq!(found, want_found);
+        assert_eq!(rows, want);
+        assert!(found[..n0].iter().any(|f| !f) && found[..n0].iter().any(|&f| f), "keys past the table are not found");
+        assert_eq!(&rows[n0 * 2..n0 * 2 + 2], &[-1.0, -1.0], "the empty table's default vector");
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
