@@ -124,8 +124,10 @@ def tensor(name, dtype, dims):
     return f'{{ name: "{name}" data_type: {dtype} dims: [ {", ".join(str(d) for d in dims)} ] }}'
 
 
-def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, graphs=False):
-    """<name>_sparse, <name>_dense, <name>_ens and <name>_one, all without batching."""
+def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, graphs=False, host_memory="mapped"):
+    """<name>_sparse, <name>_dense, <name>_ens and <name>_one, all without batching. Every
+    model on one fixture shares one store (`store_name`: the fixture's folder), so its rows
+    are in memory once whichever recommenders are served."""
     files = ",".join(os.path.join(fixture, f"t{i}") for i in range(TABLES))
     store = [
         f'parameters {{ key: "embedding_table_names" value {{ string_value: "{",".join(f"t{i}" for i in range(TABLES))}" }} }}',
@@ -133,7 +135,8 @@ def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, gr
         f'parameters {{ key: "sparse_files" value {{ string_value: "{files}" }} }}',
         f'parameters {{ key: "gpucacheper" value {{ string_value: "{share}" }} }}',
         f'parameters {{ key: "gpucache_allocation" value {{ string_value: "{allocation}" }} }}',
-        f'parameters {{ key: "store_name" value {{ string_value: "{name}" }} }}',
+        f'parameters {{ key: "store_name" value {{ string_value: "{os.path.basename(os.path.normpath(fixture))}" }} }}',
+        f'parameters {{ key: "host_memory" value {{ string_value: "{host_memory}" }} }}',
     ]
     group = f"instance_group [ {{ count: 1 kind: {kind} }} ]"
     # the network's CUDA graphs: one per request shape (no batching), captured at its first request
@@ -362,6 +365,8 @@ def main():
     p.add_argument("--precision", default="fp16")
     p.add_argument("--no-ceiling", action="store_true")
     p.add_argument("--graphs", action="store_true", help="CUDA graphs for the dense network (ensemble step and single model)")
+    p.add_argument("--host-memory", default="huge_pages", choices=["mapped", "huge_pages"],
+                   help="the store's host_memory: rows read from the fixture's mapping, or copied into huge pages at load")
     p.add_argument("--interval-ms", type=int, default=3000)
     p.add_argument("--port", type=int, default=18900)
     p.add_argument("--libtorch-dir", default="")
@@ -385,17 +390,20 @@ def main():
     if not fixture:
         need = sum(rows) * (8 + 2 * a.dim) * 1.02
         shm_free = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else 0
-        fixture = "/dev/shm/criteo" if shm_free > need + (8 << 30) else os.path.join(a.work, "criteo")
+        # one folder per shape of rows: a fixture of another dim or scale is not reused
+        name = "criteo" if (a.scale, a.dim) == (0.8, 128) else f"criteo_s{a.scale}_d{a.dim}"
+        fixture = os.path.join("/dev/shm", name) if shm_free > need + (8 << 30) else os.path.join(a.work, name)
     done = os.path.join(fixture, f"t{TABLES - 1}", "vectors.npy")
     t0 = time.time()
-    if not os.path.exists(done) or os.path.getsize(done) < rows[-1] * a.dim * 2:
+    # the last table's rows exactly (an npy header is under 4 KiB)
+    if not os.path.exists(done) or not 0 < os.path.getsize(done) - rows[-1] * a.dim * 2 < 4096:
         subprocess.run([a.fixture_bin, "--out", fixture, "--scale", str(a.scale), "--dim", str(a.dim),
                         "--seed", str(SEED), "--cache-share", str(a.cache_share)], check=True)
     setup = {"tables": TABLES, "rows": sum(rows), "rows_per_table": rows, "dim": a.dim, "parameters": params,
              "table_gb_fp16": sum(rows) * a.dim * 2 / 1e9, "cache_share": a.cache_share,
              "allocation": a.allocation, "cached_rows_per_table": cache_rows(rows, a.cache_share, a.allocation),
              "cached_rows": sum(cache_rows(rows, a.cache_share, a.allocation)), "fixture": fixture,
-             "graphs": a.graphs,
+             "graphs": a.graphs, "host_memory": a.host_memory,
              "stationary_hit_rate": {str(x): stationary_hit_rate(rows, cache_rows(rows, a.cache_share, a.allocation), x) for x in alphas},
              "fixture_seconds": time.time() - t0, "precision": a.precision, "requests_per_pool": a.requests}
     print(f"store: {TABLES} tables, {sum(rows):,} rows, {params / 1e9:.1f} B parameters, dim {a.dim}, "
@@ -430,7 +438,7 @@ def main():
         mod = dense_module(m, a.precision, device)
         pt = os.path.join(a.work, f"{m}_dense.pt")
         mod.save(pt)
-        write_models(repo, m, pt, fixture, a.dim, a.cache_share, a.kind, a.allocation, a.graphs)
+        write_models(repo, m, pt, fixture, a.dim, a.cache_share, a.kind, a.allocation, a.graphs, a.host_memory)
         if device == "cuda" and not a.no_ceiling:
             print(f"ceiling: {m} bare in torch, every table in HBM ({setup['table_gb_fp16']:.1f} GB fp16)", flush=True)
             all_batches = [a.wide_deep_batch] if m == "wide_deep" else sorted(set(batches) | {a.conc_batch})

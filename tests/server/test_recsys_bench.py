@@ -3,7 +3,8 @@ Criteo fixture, serves DLRM as Triton's ensemble and as one recommender model wi
 batching (max_batch_size 0, a whole request per perf_analyzer step) with the store-wide
 cache allocation, runs NVIDIA's perf_analyzer on both with Zipf key pools, and checks the
 served rows against the rows recomputed from the fixture's seed (cold cache, warm cache and
-after the load) and the single model against the ensemble. The GPU run is the same script
+after the load) and the single model against the ensemble; the store keeps its rows in a
+huge-page copy (`host_memory: huge_pages`), as on the GPU machine. The GPU run is the same script
 (bench/gpu/run_recsys.sh); this keeps it honest between GPU sessions."""
 import json
 import os
@@ -37,6 +38,7 @@ def test_recsys_benchmark_runs_and_serves_exact_rows(tmp_path):
     assert exact["single_vs_ensemble_max_abs_diff"] == 0.0
     setup = json.loads((res / "setup.json").read_text())
     assert setup["allocation"] == "store" and setup["cached_rows"] <= 0.1 * setup["rows"]
+    assert setup["host_memory"] == "huge_pages", "the rows served exactly came from the store's huge-page copy"
     assert "cold cache" in p.stdout and "warm cache" in p.stdout
     # 2 CPU cores: perf_analyzer may not settle on every path, but the runs it gives
     # carry the figures and the cache's hit rate from the server's metrics

@@ -674,6 +674,9 @@ pub enum KeyLayout<'a> {
 /// per batch (after the miss count, and when the rows are in place).
 pub struct BatchLookup {
     queue: Queue,
+    /// The keys' copies to the GPU, beside the queue's lookups: a piece's lookup waits for
+    /// its own copy only, so the next piece's DMA overlaps it.
+    upload: Arc<CudaStream>,
     kernels: Arc<Kernels>,
     tables: usize,
     dim: usize,
@@ -741,6 +744,7 @@ impl BatchLookup {
         unsafe { result::memcpy_htod_sync(at, &table_desc) }.map_err(cuda_err)?;
         Ok(BatchLookup {
             queue: queue.clone(),
+            upload: queue.stream.fork().map_err(cuda_err)?,
             kernels,
             tables: caches.len(),
             dim,
@@ -824,14 +828,20 @@ impl BatchLookup {
         // SAFETY: `d_count` holds at least 4 bytes.
         unsafe { result::memset_d8_async(d_count, 0, 4, q.stream.cu_stream()) }.map_err(cuda_err)?;
         let (tables, dim_i, desc) = (self.tables as i32, dim as i32, self.desc.addr);
-        let kernel = &self.kernels.batch;
+        let (kernel, up) = (&self.kernels.batch, &self.upload);
+        // the keys' buffer is overwritten only after the queue's earlier work (a fill) read it
+        up.join(&q.stream).map_err(cuda_err)?;
         // The keys go up in pieces, each looked up as soon as it is on the GPU, so copying
-        // the next piece into page-locked memory overlaps the last one's DMA and lookup.
+        // the next piece into page-locked memory and its DMA overlap the last one's lookup.
         let piece = |first: usize, keys: &[i64], pinned: &mut [i64]| -> Result<()> {
             for (j, (from, to)) in keys.chunks(PIECE_KEYS).zip(pinned.chunks_mut(PIECE_KEYS)).enumerate() {
                 to.copy_from_slice(from);
                 let at = first + j * PIECE_KEYS;
-                htod(&q, d_keys + (at * 8) as u64, to)?;
+                // SAFETY: `d_keys` has room for n keys; `to` is page-locked and not written
+                // again before the queue's synchronisation below, which follows this copy
+                // (the lookup of this piece waits for it).
+                unsafe { result::memcpy_htod_async(d_keys + (at * 8) as u64, &*to, up.cu_stream()) }.map_err(cuda_err)?;
+                q.stream.wait(&up.record_event(None).map_err(cuda_err)?).map_err(cuda_err)?;
                 let (at_i, len_i) = (at as i64, to.len() as i32);
                 let mut b = q.stream.launch_builder(kernel);
                 b.arg(&d_keys).arg(&at_i).arg(&len_i).arg(&tables).arg(&interleaved).arg(&d_starts).arg(&desc).arg(&dim_i).arg(&epoch);

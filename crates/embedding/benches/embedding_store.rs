@@ -61,6 +61,7 @@ fn main() {
             update_log_dir: None,
             compaction_rows: 0,
             update_stream: None,
+            host_memory: Default::default(),
         },
         None,
     )

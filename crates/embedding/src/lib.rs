@@ -85,6 +85,8 @@ pub struct StoreConfig {
     pub compaction_rows: usize,
     /// A Redis Stream of updates this store follows.
     pub update_stream: Option<stream::StreamSpec>,
+    /// Where the host tier keeps rows loaded from files (`host_memory`).
+    pub host_memory: table::HostRows,
 }
 
 /// How `cache_ratio` becomes each table's cache size.
@@ -210,7 +212,7 @@ impl Drop for EmbeddingStore {
 }
 
 /// Loads a table's rows from its files (or a compaction's snapshot of them).
-fn load_files(t: &TableConfig, dir: &Path, format: Option<TableFormat>) -> Result<HostTier> {
+fn load_files(t: &TableConfig, dir: &Path, format: Option<TableFormat>, rows: table::HostRows) -> Result<HostTier> {
     let format = format.unwrap_or(if dir.join("emb_vector").exists() { TableFormat::HugeCtr } else { TableFormat::Npy });
     let files = match format {
         TableFormat::Npy => TableFiles::open_npy(dir),
@@ -226,7 +228,7 @@ fn load_files(t: &TableConfig, dir: &Path, format: Option<TableFormat>) -> Resul
             files.dim
         )));
     }
-    let (host, dups) = HostTier::from_files(files)?;
+    let (host, dups) = HostTier::from_files(files.place(&t.name, rows))?;
     if dups > 0 {
         log::warn!("table '{}': {dups} duplicate keys; the last row of each wins", t.name);
     }
@@ -257,8 +259,8 @@ impl EmbeddingStore {
                 None => None,
             };
             let host = match (base_gen, &log_dir, &t.path) {
-                (Some(g), Some(dir), _) => load_files(t, &durable::base_path(dir, g), Some(TableFormat::Npy))?,
-                (_, _, Some(dir)) => load_files(t, dir, t.format)?,
+                (Some(g), Some(dir), _) => load_files(t, &durable::base_path(dir, g), Some(TableFormat::Npy), config.host_memory)?,
+                (_, _, Some(dir)) => load_files(t, dir, t.format, config.host_memory)?,
                 (_, _, None) => HostTier::empty(t.dim),
             };
             let counters = TableCounters::default();
@@ -329,7 +331,7 @@ impl EmbeddingStore {
         // and replayed on top (re-applying one that is also in the snapshot is harmless).
         let (keys, rows) = self.host(table).entries();
         let base = durable::commit_base(&dir, gen, &keys, &rows, t.config.dim)?;
-        let fresh = load_files(&t.config, &base, Some(TableFormat::Npy))?;
+        let fresh = load_files(&t.config, &base, Some(TableFormat::Npy), self.config.host_memory)?;
         {
             let log = log.lock();
             log.replay(gen, &mut |k, v| fresh.upsert(k, v))?;
@@ -804,14 +806,19 @@ impl InstanceCaches {
         let tf = Instant::now();
         lookup.fill_last(gpu.next_epoch())?;
         if log::log_enabled!(log::Level::Debug) {
+            // the tables with the most misses, to tell cold keys from sets too full to keep them
+            let mut worst: Vec<(usize, usize)> = missed_per_table.iter().copied().enumerate().filter(|&(_, m)| m > 0).collect();
+            worst.sort_by_key(|&(t, m)| (std::cmp::Reverse(m), t));
+            let worst: Vec<String> = worst.iter().take(4).map(|(t, m)| format!("{} {m}", store.tables[*t].config.name)).collect();
             log::debug!(
-                "timing: batch lookup: keys {}, misses {}, lookup {} us, below cache {} us, scatter {} us, fill queued {} us",
+                "timing: batch lookup: keys {}, misses {}, lookup {} us, below cache {} us, scatter {} us, fill queued {} us (most misses: {})",
                 times.keys,
                 times.misses,
                 times.lookup_us,
                 times.fetch_us,
                 times.scatter_us,
-                tf.elapsed().as_micros()
+                tf.elapsed().as_micros(),
+                worst.join(", ")
             );
         }
         Ok(())
@@ -980,6 +987,7 @@ mod tests {
             update_log_dir: None,
             compaction_rows: 0,
             update_stream: None,
+            host_memory: Default::default(),
         };
         (EmbeddingStore::open(cfg, None).unwrap(), dir)
     }
@@ -1161,6 +1169,7 @@ mod tests {
             update_log_dir: None,
             compaction_rows: 0,
             update_stream: None,
+            host_memory: Default::default(),
         };
         let e = EmbeddingStore::open(cfg(4), None).err().unwrap();
         assert!(e.message().contains("'users'") && e.message().contains("dim 3"), "{e}");

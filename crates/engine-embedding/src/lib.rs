@@ -33,6 +33,7 @@ use triton_rust_embedding::cache::{CacheTier, HostCache};
 use triton_rust_embedding::gpu::{BatchLookup, DeviceRows, GpuInstance, KeyLayout};
 use triton_rust_embedding::stream::StreamSpec;
 use triton_rust_embedding::{CacheAllocation, EmbeddingStore, InstanceCaches, StoreConfig, TableConfig};
+use triton_rust_embedding::table::HostRows;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Interface {
@@ -218,6 +219,7 @@ impl StoreSettings {
             update_log_dir: cfg.parameters.get("update_log_dir").map(|d| version_dir.join(d.trim())),
             compaction_rows: number("update_compaction_rows", 1_000_000.0)? as usize,
             update_stream,
+            host_memory: HostRows::parse(cfg.parameters.get("host_memory").map_or("", |s| s.as_str()))?,
         };
         let credential = if interface == Interface::Update { Credential::from_config(cfg)? } else { Credential::NotNeeded };
         Ok(StoreSettings { name, interface, store, vocabulary, volatile_db: cfg.parameters.get("volatile_db").cloned(), credential })
