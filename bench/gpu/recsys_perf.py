@@ -88,14 +88,17 @@ def synthetic_rows(seed, table, keys, dim):
 
 # ------------------------------------------------------------------ the cache
 
+WHOLE_ROOM = 2  # triton_rust_embedding::WHOLE_ROOM: slots per row of a table cached whole
+
+
 def cache_rows(rows, share, allocation):
-    """Cache rows per table, as triton_rust_embedding::cache_rows computes them."""
+    """Cache slots per table, as triton_rust_embedding::cache_rows computes them."""
     if allocation == "per_table":
         return [int(np.ceil(r * share)) for r in rows]
     budget = int(np.floor(sum(rows) * share))
     out = [0] * len(rows)
     for k, t in enumerate(sorted(range(len(rows)), key=lambda t: rows[t])):
-        out[t] = min(rows[t], budget // (len(rows) - k))
+        out[t] = min(WHOLE_ROOM * rows[t], budget // (len(rows) - k))
         budget -= out[t]
     return out
 
