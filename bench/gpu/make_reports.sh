@@ -12,5 +12,8 @@ out="${OUT_ROOT:-docs/perf/h100}"
 "$py" bench/gpu/report.py --perf "$r/dense_perf_h100/resnet50" "$r/dense_perf_h100/bert_fastpitch" --out "$out" "$@"
 "$py" bench/gpu/report.py --perf "$r/dense_perf_h100/issue9_resnet50" "$r/dense_perf_h100/issue9_bert_fastpitch" \
     --out "$out/served_vs_bare" "$@"
-"$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/dlrm" "$r/recsys_h100/dcnv2" --out "$out/recsys" "$@"
+"$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/nov23_dlrm" "$r/recsys_h100/nov23_dcnv2" "$r/recsys_h100/nov23_wide_deep_room" \
+    --out "$out/recsys" "$@"
+"$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/nov23_dlrm_room" --out "$out/recsys_room" "$@"
+"$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/dlrm" "$r/recsys_h100/dcnv2" --out "$out/recsys_first" "$@"
 "$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/dlrm_graphs" --out "$out/recsys_graphs" "$@"
