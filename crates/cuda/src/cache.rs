@@ -853,27 +853,7 @@ impl BatchLookup {
             }
             Ok(())
         };
-        let per = upload_part(n);
-        if per >= n {
-            piece(0, keys, h_keys)?;
-        } else {
-            let device = q.device;
-            std::thread::scope(|s| {
-                let handles: Vec<_> = keys
-                    .chunks(per)
-                    .zip(h_keys.chunks_mut(per))
-                    .enumerate()
-                    .map(|(k, (from, to))| {
-                        let piece = &piece;
-                        s.spawn(move || {
-                            gpu(device)?; // the device's context, current on this thread
-                            piece(k * per, from, to)
-                        })
-                    })
-                    .collect();
-                handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(CudaError::internal("a key upload thread panicked"))))
-            })?;
-        }
+        crate::upload::in_parts(q.device, upload_part(n), keys, h_keys, &piece)?;
         let h_count = self.count.0.slice(1)?;
         dtoh(&q, h_count, d_count)?;
         q.stream.synchronize().map_err(cuda_err)?;

@@ -25,6 +25,35 @@ fn part_len(len: usize) -> usize {
     len.div_ceil(threads).next_multiple_of(CHUNK)
 }
 
+/// Runs `work(offset, from, to)` over `src` and `dst` (equal lengths) cut into parts of `per`
+/// elements: on this thread when one part holds them all, else one thread per part, with
+/// `device`'s context current on each. The first error (or a panic) is the result.
+pub(crate) fn in_parts<T: Sync, U: Send>(
+    device: i32,
+    per: usize,
+    src: &[T],
+    dst: &mut [U],
+    work: &(dyn Fn(usize, &[T], &mut [U]) -> Result<()> + Sync),
+) -> Result<()> {
+    if per >= src.len() {
+        return work(0, src, dst);
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = src
+            .chunks(per)
+            .zip(dst.chunks_mut(per))
+            .enumerate()
+            .map(|(k, (from, to))| {
+                s.spawn(move || {
+                    gpu(device)?; // the device's context, current on this thread
+                    work(k * per, from, to)
+                })
+            })
+            .collect();
+        handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(CudaError::internal("a copying thread panicked"))))
+    })
+}
+
 pub struct Uploader {
     queue: Queue,
     pinned: HostBuf<u8>,
@@ -59,25 +88,7 @@ impl Uploader {
             }
             Ok(())
         };
-        let per = part_len(src.len());
-        let sent = if per >= src.len() {
-            send(0, src, pinned)
-        } else {
-            std::thread::scope(|s| {
-                let handles: Vec<_> = src
-                    .chunks(per)
-                    .zip(pinned.chunks_mut(per))
-                    .enumerate()
-                    .map(|(k, (from, to))| {
-                        s.spawn(move || {
-                            gpu(device)?; // the device's context, current on this thread
-                            send(k * per, from, to)
-                        })
-                    })
-                    .collect();
-                handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(CudaError::internal("an upload thread panicked"))))
-            })
-        };
+        let sent = in_parts(device, part_len(src.len()), src, pinned, &send);
         // wait even after a failure: nothing may still read the pinned buffer
         let waited = queue.wait();
         sent.and(waited)

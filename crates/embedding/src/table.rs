@@ -123,9 +123,10 @@ pub enum HostRows {
     Mapped,
     /// Copied at load into anonymous memory the kernel backs with 2 MiB pages: one more
     /// copy of the rows in RAM (the file's pages may stay cached too), and reads of rows
-    /// scattered over a large table that miss the TLB far less often. On an H100 machine
-    /// (a virtual machine) a row of a 42 GB table read through the mapping costs
-    /// 0.3–0.5 µs per thread; see `examples/host_read_bench.rs`.
+    /// scattered over a large table that miss the TLB far less often. Measured with
+    /// `examples/host_read_bench.rs`: on a 2-core CI machine 0.09 µs a row against 0.10–0.3
+    /// mapped; on the H100 machine (a virtual machine, 16 threads) 0.2–0.6 µs either way
+    /// (`bench/gpu/results/recsys_h100/host_read_bench.log`).
     HugePages,
 }
 
