@@ -846,14 +846,20 @@ impl BatchLookup {
                 let mut b = q.stream.launch_builder(kernel);
                 b.arg(&d_keys).arg(&at_i).arg(&len_i).arg(&tables).arg(&interleaved).arg(&d_starts).arg(&desc).arg(&dim_i).arg(&epoch);
                 b.arg(&out).arg(&d_miss).arg(&d_count);
-                // SAFETY: argument types and order match batch_lookup; keys[at .. at + len]
-                // were queued to the GPU just before on this stream; every buffer was sized
+                // SAFETY: argument types and order match batch_lookup; this stream waits for
+                // the copy of keys[at .. at + len] queued just before; every buffer was sized
                 // above for n keys and n rows, and the descriptors name live cache slots.
                 unsafe { b.launch(warps_config(to.len())) }.map_err(cuda_err)?;
             }
             Ok(())
         };
-        crate::upload::in_parts(q.device, upload_part(n), keys, h_keys, &piece)?;
+        let sent = crate::upload::in_parts(q.device, upload_part(n), keys, h_keys, &piece);
+        if sent.is_err() {
+            // nothing queued may still read the page-locked keys when the next run rewrites them
+            let _ = up.synchronize();
+            let _ = q.stream.synchronize();
+        }
+        sent?;
         let h_count = self.count.0.slice(1)?;
         dtoh(&q, h_count, d_count)?;
         q.stream.synchronize().map_err(cuda_err)?;
