@@ -150,10 +150,10 @@ impl HostTier {
     /// Looks up many keys; `found[i]` says whether row i of `out` was written.
     ///
     /// A dense table no update has touched (the benchmark's Criteo fixture, ids loaded as
-    /// they came) has an empty index: its reads skip the shards' locks, whose shared
-    /// counters threads reading at once would otherwise pass between their cores for
-    /// every key, and hint the CPU to fetch the rows a few keys ahead, so the cache and
-    /// TLB misses of rows scattered over tens of GB overlap. An update racing this read
+    /// they came) has an empty index: its reads skip the shards' locks (two atomic
+    /// operations per key on cache lines every reading thread shares) and hint the CPU to
+    /// fetch the rows a few keys ahead, so the cache and TLB misses of rows scattered over
+    /// tens of GB overlap. An update racing this read
     /// is seen or not, as with the locks (it sets `indexed` before its first entry).
     pub fn get_many(&self, keys: &[i64], out: &mut [f32], found: &mut [bool]) {
         const AHEAD: usize = 8;
