@@ -127,7 +127,7 @@ def tensor(name, dtype, dims):
     return f'{{ name: "{name}" data_type: {dtype} dims: [ {", ".join(str(d) for d in dims)} ] }}'
 
 
-def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, graphs=False, host_memory="mapped"):
+def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, graphs=False, host_memory="mapped", graph_rows=()):
     """<name>_sparse, <name>_dense, <name>_ens and <name>_one, all without batching. Every
     model on one fixture shares one store (`store_name`: the fixture's folder), so its rows
     are in memory once whichever recommenders are served."""
@@ -142,8 +142,10 @@ def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, gr
         f'parameters {{ key: "host_memory" value {{ string_value: "{host_memory}" }} }}',
     ]
     group = f"instance_group [ {{ count: 1 kind: {kind} }} ]"
-    # the network's CUDA graphs: one per request shape (no batching), captured at its first request
-    opt = ["optimization { cuda { graphs: true } }"] if graphs else []
+    # the network's CUDA graphs: one per request shape (no batching), captured at its first
+    # request; with graph_rows only for requests of those rows (graph_spec's batch sizes)
+    spec = f" graph_spec [ {', '.join(f'{{ batch_size: {r} }}' for r in graph_rows)} ]" if graph_rows else ""
+    opt = [f"optimization {{ cuda {{ graphs: true{spec} }} }}"] if graphs else []
     dense_in = tensor("dense", "TYPE_FP32", [-1, 13])
     sparse_in = tensor("sparse", "TYPE_INT64", [-1, TABLES])
     pred = tensor("prediction", "TYPE_FP32", [-1, 1])
@@ -368,6 +370,7 @@ def main():
     p.add_argument("--precision", default="fp16")
     p.add_argument("--no-ceiling", action="store_true")
     p.add_argument("--graphs", action="store_true", help="CUDA graphs for the dense network (ensemble step and single model)")
+    p.add_argument("--graph-rows", default="", help="with --graphs: graph only requests of these rows (e.g. 256,1024,4096)")
     p.add_argument("--host-memory", default="huge_pages", choices=["mapped", "huge_pages"],
                    help="the store's host_memory: rows read from the fixture's mapping, or copied into huge pages at load")
     p.add_argument("--interval-ms", type=int, default=3000)
@@ -406,7 +409,7 @@ def main():
              "table_gb_fp16": sum(rows) * a.dim * 2 / 1e9, "cache_share": a.cache_share,
              "allocation": a.allocation, "cached_rows_per_table": cache_rows(rows, a.cache_share, a.allocation),
              "cached_rows": sum(cache_rows(rows, a.cache_share, a.allocation)), "fixture": fixture,
-             "graphs": a.graphs, "host_memory": a.host_memory,
+             "graphs": a.graphs, "graph_rows": a.graph_rows, "host_memory": a.host_memory,
              "stationary_hit_rate": {str(x): stationary_hit_rate(rows, cache_rows(rows, a.cache_share, a.allocation), x) for x in alphas},
              "fixture_seconds": time.time() - t0, "precision": a.precision, "requests_per_pool": a.requests}
     print(f"store: {TABLES} tables, {sum(rows):,} rows, {params / 1e9:.1f} B parameters, dim {a.dim}, "
@@ -441,7 +444,8 @@ def main():
         mod = dense_module(m, a.precision, device)
         pt = os.path.join(a.work, f"{m}_dense.pt")
         mod.save(pt)
-        write_models(repo, m, pt, fixture, a.dim, a.cache_share, a.kind, a.allocation, a.graphs, a.host_memory)
+        write_models(repo, m, pt, fixture, a.dim, a.cache_share, a.kind, a.allocation, a.graphs, a.host_memory,
+                     [int(r) for r in a.graph_rows.split(",") if r])
         if device == "cuda" and not a.no_ceiling:
             print(f"ceiling: {m} bare in torch, every table in HBM ({setup['table_gb_fp16']:.1f} GB fp16)", flush=True)
             all_batches = [a.wide_deep_batch] if m == "wide_deep" else sorted(set(batches) | {a.conc_batch})

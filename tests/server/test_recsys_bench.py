@@ -25,7 +25,10 @@ def test_recsys_benchmark_runs_and_serves_exact_rows(tmp_path):
            "--fixture-bin", os.path.join(ROOT, "target", "release", "examples", "criteo_fixture"),
            "--fixture", str(tmp_path / "fixture"), "--work", str(tmp_path / "work"), "--scale", "0.0002",
            "--kind", "KIND_CPU", "--precision", "fp32", "--models", "dlrm", "--batches", "256", "--conc-batch", "256",
-           "--concurrency", "1", "--alphas", "1.05", "--requests", "2", "--interval-ms", "1500", "--port", "19300"]
+           "--concurrency", "1", "--alphas", "1.05", "--requests", "2", "--interval-ms", "1500", "--port", "19300",
+           # Triton takes graph_spec batch sizes on a model without batching (the rows to graph);
+           # on KIND_CPU graphs do not apply and the server says so
+           "--graphs", "--graph-rows", "256"]
     if os.environ.get("LIBTORCH_DIR"):
         cmd += ["--libtorch-dir", os.environ["LIBTORCH_DIR"]]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
@@ -39,6 +42,8 @@ def test_recsys_benchmark_runs_and_serves_exact_rows(tmp_path):
     setup = json.loads((res / "setup.json").read_text())
     assert setup["allocation"] == "store" and setup["cached_rows"] <= 0.1 * setup["rows"]
     assert setup["host_memory"] == "huge_pages", "the rows served exactly came from the store's huge-page copy"
+    log = (res / "server.log").read_text(errors="replace") if (res / "server.log").exists() else ""
+    assert "optimization.cuda.graphs applies to KIND_GPU instances" in log
     assert "cold cache" in p.stdout and "warm cache" in p.stdout
     # 2 CPU cores: perf_analyzer may not settle on every path, but the runs it gives
     # carry the figures and the cache's hit rate from the server's metrics

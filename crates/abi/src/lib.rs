@@ -17,7 +17,7 @@ use std::os::raw::{c_char, c_int, c_void};
 #[cfg(feature = "loader")]
 pub mod plugin;
 
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 
 /// The symbol the plugin exports: `extern "C" fn() -> *const PluginApi`.
 pub const ENTRY_SYMBOL: &[u8] = b"triton_rust_plugin_api\0";
@@ -98,6 +98,9 @@ pub struct LoadOptions {
     /// without batching).
     pub graph_buckets: *const i64,
     pub n_graph_buckets: usize,
+    /// Non-zero (a model without batching): `graph_buckets` are exact first dimensions a
+    /// request's inputs must all have to run in a graph (no padding; others run eagerly).
+    pub graph_exact_rows: i32,
     /// Where the plugin logs; may be null.
     pub log: Option<LogFn>,
     /// Non-zero: the backend logs at verbose level, so the plugin may say where each

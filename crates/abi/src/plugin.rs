@@ -134,6 +134,8 @@ pub struct LoadSpec<'a> {
     /// CUDA graphs (GPU instances): `None` off; `Some(buckets)` on, with the batch-size
     /// buckets (empty: one graph per input shape).
     pub cuda_graphs: Option<&'a [i64]>,
+    /// The buckets are the exact rows of the requests to graph (a model without batching).
+    pub graph_exact_rows: bool,
 }
 
 /// The plugin's log lines go to the backend's log (Triton's).
@@ -188,6 +190,7 @@ impl Plugin {
             cuda_graphs: spec.cuda_graphs.is_some() as i32,
             graph_buckets: spec.cuda_graphs.map_or(std::ptr::null(), <[i64]>::as_ptr),
             n_graph_buckets: spec.cuda_graphs.map_or(0, <[i64]>::len),
+            graph_exact_rows: spec.graph_exact_rows as i32,
             log: Some(plugin_log),
             verbose: log::log_enabled!(log::Level::Debug) as i32,
         };

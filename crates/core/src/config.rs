@@ -193,14 +193,28 @@ impl ModelConfig {
 
     /// The batch sizes CUDA graphs are captured for when `optimization.cuda.graphs` is
     /// on (`None` when off): `graph_spec`'s batch sizes, or else the powers of two up to
-    /// `max_batch_size` and `max_batch_size` itself. Empty for a model without batching
-    /// (one graph per input shape). A batch is padded to the smallest bucket holding it.
+    /// `max_batch_size` and `max_batch_size` itself. A batch is padded to the smallest
+    /// bucket holding it. For a model without batching: empty without `graph_spec` (one
+    /// graph per input shape; so are `graph_spec` entries by input shape, batch_size 0),
+    /// else `graph_spec`'s batch sizes taken as the exact first
+    /// dimension every input must share for a request to run in a graph (no padding:
+    /// other requests run without), so a model whose requests carry their own rows (the
+    /// recommenders' `[-1, 26]` keys) can keep graphs to the sizes where they pay.
     pub fn cuda_graph_buckets(&self) -> Result<Option<Vec<i64>>> {
         if !self.cuda_graphs {
             return Ok(None);
         }
         if !self.batching() {
-            return Ok(Some(Vec::new()));
+            if let Some(&bad) = self.cuda_graph_batches.iter().find(|&&b| b < 0) {
+                return Err(Error::invalid_arg(format!(
+                    "optimization.cuda.graph_spec batch_size {bad}: a model without batching names the rows of the requests to graph"
+                )));
+            }
+            // entries of batch_size 0 (Triton's spelling by input shape) name no rows
+            let mut rows: Vec<i64> = self.cuda_graph_batches.iter().copied().filter(|&b| b > 0).collect();
+            rows.sort_unstable();
+            rows.dedup();
+            return Ok(Some(rows));
         }
         let mut buckets = if self.cuda_graph_batches.is_empty() {
             let mut b: Vec<i64> = std::iter::successors(Some(1i64), |&x| x.checked_mul(2)).take_while(|&x| x < self.max_batch_size).collect();
@@ -421,6 +435,12 @@ mod tests {
         assert!(cfg(bad).cuda_graph_buckets().unwrap_err().to_string().contains("batch_size 8"));
         let unbatched = r#"{"max_batch_size": 0, "optimization": {"cuda": {"graphs": true}}}"#;
         assert_eq!(cfg(unbatched).cuda_graph_buckets().unwrap(), Some(vec![]));
+        let rows = r#"{"max_batch_size": 0, "optimization": {"cuda": {"graphs": true, "graph_spec": [{"batch_size": 4096}, {"batch_size": "256"}, {"batch_size": 4096}]}}}"#;
+        assert_eq!(cfg(rows).cuda_graph_buckets().unwrap(), Some(vec![256, 4096]), "without batching: the exact rows to graph");
+        let by_shape = r#"{"max_batch_size": 0, "optimization": {"cuda": {"graphs": true, "graph_spec": [{"batch_size": 0, "input": {"x": {"dim": ["4", "3"]}}}]}}}"#;
+        assert_eq!(cfg(by_shape).cuda_graph_buckets().unwrap(), Some(vec![]), "entries by input shape name no rows: every shape");
+        let bad = r#"{"max_batch_size": 0, "optimization": {"cuda": {"graphs": true, "graph_spec": [{"batch_size": -2}]}}}"#;
+        assert!(cfg(bad).cuda_graph_buckets().unwrap_err().to_string().contains("batch_size -2"));
     }
 
     #[test]

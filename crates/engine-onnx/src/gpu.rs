@@ -79,20 +79,28 @@ enum Fit {
     Graph(Vec<Vec<i64>>, Option<i64>),
     /// More rows than the largest bucket.
     TooMany(i64),
+    /// Without batching: rows that no `graph_spec` batch size names.
+    NotListed(i64),
     /// Inputs that disagree on the batch, or a scalar input of a batching model: no graph
     /// (the run says what is wrong).
     Ragged,
 }
 
 /// The graph a batch of these input shapes replays: each input's first dimension padded to
-/// the smallest bucket holding the batch; without batching, the exact shapes.
+/// the smallest bucket holding the batch; without batching, the exact shapes, and when
+/// `buckets` name rows (`graph_spec` of a model without batching), only requests whose
+/// inputs all have one of them as their first dimension.
 fn graph_key(buckets: &[i64], batching: bool, shapes: &[&[i64]]) -> Fit {
-    if !batching {
-        return Fit::Graph(shapes.iter().map(|s| s.to_vec()).collect(), None);
+    let exact = || Fit::Graph(shapes.iter().map(|s| s.to_vec()).collect(), None);
+    if !batching && buckets.is_empty() {
+        return exact();
     }
     let Some(&n) = shapes.first().and_then(|s| s.first()) else { return Fit::Ragged };
     if shapes.iter().any(|s| s.first() != Some(&n)) {
         return Fit::Ragged;
+    }
+    if !batching {
+        return if buckets.contains(&n) { exact() } else { Fit::NotListed(n) };
     }
     let Some(&b) = buckets.iter().find(|&&b| b >= n) else { return Fit::TooMany(n) };
     let key = shapes
@@ -178,6 +186,13 @@ impl GpuIo {
                 let buckets = buckets.to_vec();
                 self.say_once(&format!("rows {n}"), || {
                     format!("a batch of {n} fits no CUDA graph bucket ({buckets:?}): it runs without a graph")
+                });
+                Plan::Eager
+            }
+            Fit::NotListed(n) => {
+                let buckets = buckets.to_vec();
+                self.say_once(&format!("rows {n}"), || {
+                    format!("requests of {n} rows are not among graph_spec's batch sizes ({buckets:?}): they run without a graph")
                 });
                 Plan::Eager
             }
@@ -376,7 +391,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_batch_is_padded_to_the_smallest_bucket_holding_it() {
+    fn a_batch_is_padded_to_its_bucket_and_an_unbatched_request_graphed_at_listed_rows_only() {
         let buckets = [1, 2, 4, 8, 16];
         let (a, b) = ([3i64, 384], [3i64, 384]);
         assert_eq!(
@@ -387,6 +402,12 @@ mod tests {
         assert_eq!(graph_key(&buckets, true, &[&[17, 3][..]]), Fit::TooMany(17));
         assert_eq!(graph_key(&buckets, true, &[&[2, 3][..], &[3, 3][..]]), Fit::Ragged, "inputs disagree on the batch");
         assert_eq!(graph_key(&buckets, true, &[&[][..]]), Fit::Ragged, "a scalar input of a batching model");
+        // without batching: exact shapes; with graph_spec's rows, only those rows, unpadded
+        assert_eq!(graph_key(&[], false, &[&[5, 26][..], &[5, 13][..]]), Fit::Graph(vec![vec![5, 26], vec![5, 13]], None));
+        let rows = [256, 4096];
+        assert_eq!(graph_key(&rows, false, &[&[4096, 26][..], &[4096, 13][..]]), Fit::Graph(vec![vec![4096, 26], vec![4096, 13]], None));
+        assert_eq!(graph_key(&rows, false, &[&[300, 26][..], &[300, 13][..]]), Fit::NotListed(300), "not padded to 4096");
+        assert_eq!(graph_key(&rows, false, &[&[256, 26][..], &[4096, 13][..]]), Fit::Ragged);
         assert_eq!(graph_key(&[], false, &[&[5, 7][..]]), Fit::Graph(vec![vec![5, 7]], None), "exact shapes without batching");
     }
 }

@@ -120,6 +120,7 @@ impl TorchEngine {
                 tensor_fuser: cfg.parameter_bool("ENABLE_TENSOR_FUSER")?,
                 jit_profiling: cfg.parameter_bool("ENABLE_JIT_PROFILING")?,
                 cuda_graphs: if gpu.is_some() { buckets.as_deref() } else { None },
+                graph_exact_rows: !cfg.batching(),
             })?)
         };
         let cstr = |s: &str| CString::new(s).map_err(|_| Error::invalid_arg("tensor name has a NUL"));

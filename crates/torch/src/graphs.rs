@@ -41,27 +41,58 @@ impl Drop for Captured {
 
 pub(crate) struct Graphs {
     api: CudaApi,
-    /// Ascending; empty for a model without batching (exact shapes).
+    /// Ascending. A model without batching: empty (every exact shape gets a graph) or the
+    /// rows of `exact_rows`.
     buckets: Vec<i64>,
+    /// A model without batching: `buckets` are the exact rows (first dimension of every
+    /// input) of the requests that run in graphs, unpadded (`graph_spec`'s batch sizes).
+    exact_rows: bool,
     pool: Option<(u64, u64)>,
     captured: HashMap<Key, Captured>,
     refused: HashSet<Key>,
     said_full: bool,
+    /// Row counts already logged as not among `graph_spec`'s (exact_rows).
+    said_rows: HashSet<i64>,
+}
+
+/// Whether a request of a model without batching may run in a graph: no rows listed (every
+/// shape), or every input's first dimension one and the same listed row count.
+fn listed_rows(rows: &[i64], shapes: &[Vec<i64>]) -> bool {
+    if rows.is_empty() {
+        return true;
+    }
+    match shapes.first().and_then(|s| s.first()) {
+        Some(n) => rows.contains(n) && shapes.iter().all(|s| s.first() == Some(n)),
+        None => false,
+    }
 }
 
 impl Graphs {
-    pub(crate) fn new(api: CudaApi, buckets: Vec<i64>) -> Graphs {
-        Graphs { api, buckets, pool: None, captured: HashMap::new(), refused: HashSet::new(), said_full: false }
+    pub(crate) fn new(api: CudaApi, buckets: Vec<i64>, exact_rows: bool) -> Graphs {
+        Graphs {
+            api,
+            buckets,
+            exact_rows,
+            pool: None,
+            captured: HashMap::new(),
+            refused: HashSet::new(),
+            said_full: false,
+            said_rows: HashSet::new(),
+        }
     }
 
     /// The key of a batch and its row count (None for a model without batching), or
     /// None when it fits no bucket.
     fn plan(&self, inputs: &[&Tensor]) -> Result<Option<(Key, Option<i64>)>, String> {
+        let shapes: Vec<Vec<i64>> = inputs.iter().map(|t| t.size()).collect();
+        if self.exact_rows && !listed_rows(&self.buckets, &shapes) {
+            return Ok(None);
+        }
+        let exact_rows = self.exact_rows;
         let mut key = Vec::with_capacity(inputs.len());
         let mut rows = None;
-        for t in inputs {
-            let mut shape = t.size();
-            if !self.buckets.is_empty() {
+        for (t, mut shape) in inputs.iter().zip(shapes) {
+            if !self.buckets.is_empty() && !exact_rows {
                 let Some(&n) = shape.first() else { return Ok(None) };
                 if *rows.get_or_insert(n) != n {
                     return Ok(None); // inputs disagree on the batch: eager says why
@@ -83,7 +114,18 @@ impl Graphs {
         outs: &mut Vec<Tensor>,
         note: &mut dyn FnMut(c_int, String),
     ) -> Result<bool, String> {
-        let Some((key, rows)) = self.plan(inputs)? else { return Ok(false) };
+        let Some((key, rows)) = self.plan(inputs)? else {
+            if let Some(n) = inputs.first().and_then(|t| t.size().first().copied()).filter(|_| self.exact_rows) {
+                if self.said_rows.insert(n) {
+                    let rows = &self.buckets;
+                    note(
+                        triton_rust_abi::LOG_INFO,
+                        format!("requests of {n} rows are not among graph_spec's batch sizes ({rows:?}): they run without a graph"),
+                    );
+                }
+            }
+            return Ok(false);
+        };
         if self.refused.contains(&key) {
             return Ok(false);
         }
@@ -189,4 +231,19 @@ impl Graphs {
 
 fn shapes(key: &Key) -> Vec<&[i64]> {
     key.iter().map(|(_, s)| s.as_slice()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::listed_rows;
+
+    #[test]
+    fn a_model_without_batching_is_graphed_at_the_listed_rows_only() {
+        let shapes = |n: i64, m: i64| vec![vec![n, 26], vec![m, 13]];
+        assert!(listed_rows(&[], &shapes(300, 300)), "nothing listed: every shape");
+        assert!(listed_rows(&[256, 4096], &shapes(4096, 4096)));
+        assert!(!listed_rows(&[256, 4096], &shapes(300, 300)), "not padded up to a listed size");
+        assert!(!listed_rows(&[256, 4096], &shapes(4096, 256)), "inputs that disagree on their rows");
+        assert!(!listed_rows(&[256], &[vec![]]), "a scalar input has no rows");
+    }
 }

@@ -215,7 +215,7 @@ unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) ->
             (Some(s), true) => {
                 let buckets =
                     if o.n_graph_buckets == 0 { Vec::new() } else { std::slice::from_raw_parts(o.graph_buckets, o.n_graph_buckets).to_vec() };
-                Some(graphs::Graphs::new(s.api, buckets))
+                Some(graphs::Graphs::new(s.api, buckets, o.graph_exact_rows != 0))
             }
             _ => None,
         };
