@@ -127,7 +127,8 @@ def tensor(name, dtype, dims):
     return f'{{ name: "{name}" data_type: {dtype} dims: [ {", ".join(str(d) for d in dims)} ] }}'
 
 
-def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, graphs=False, host_memory="mapped", graph_rows=()):
+def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, graphs=False, host_memory="mapped", graph_rows=(),
+                 one_instances=1):
     """<name>_sparse, <name>_dense, <name>_ens and <name>_one, all without batching. Every
     model on one fixture shares one store (`store_name`: the fixture's folder), so its rows
     are in memory once whichever recommenders are served."""
@@ -142,6 +143,8 @@ def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, gr
         f'parameters {{ key: "host_memory" value {{ string_value: "{host_memory}" }} }}',
     ]
     group = f"instance_group [ {{ count: 1 kind: {kind} }} ]"
+    # the single model's instances: each holds its own cache of the same share
+    one_group = f"instance_group [ {{ count: {one_instances} kind: {kind} }} ]"
     # the network's CUDA graphs: one per request shape (no batching), captured at its first
     # request; with graph_rows only for requests of those rows (graph_spec's batch sizes)
     spec = f" graph_spec [ {', '.join(f'{{ batch_size: {r} }}' for r in graph_rows)} ]" if graph_rows else ""
@@ -174,18 +177,19 @@ def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, gr
                         f'  {{ model_name: "{name}_dense" model_version: -1 input_map {{ key: "dense" value: "dense" }} '
                         'input_map { key: "embeddings" value: "embeddings" } output_map { key: "prediction" value: "prediction" } }',
                         "] }"])
-    put(f"{name}_one", ['backend: "rust"', "max_batch_size: 0", f"input [ {dense_in}, {sparse_in} ]", f"output [ {pred} ]", group, *opt,
+    put(f"{name}_one", ['backend: "rust"', "max_batch_size: 0", f"input [ {dense_in}, {sparse_in} ]", f"output [ {pred} ]", one_group, *opt,
                         'parameters { key: "engine" value { string_value: "recommender" } }', *store], [("dense.pt", dense_pt)])
 
 
-def dense_module(name, precision, device):
+def dense_module(name, precision, device, interaction="cat"):
     import torch
 
     import recommenders
     from all_models import HalfDense  # the fp16 network behind fp32 inputs, as the six-model run serves it
 
     # the dense part does not depend on the tables' sizes: one-row tables keep it small
-    part = recommenders.DensePart(recommenders.make(name, [1] * TABLES))
+    options = {"interaction": interaction} if name == "dlrm" else {}
+    part = recommenders.DensePart(recommenders.make(name, [1] * TABLES, **options))
     m = HalfDense(part) if precision == "fp16" else part
     return torch.jit.script(m.to(device).eval())
 
@@ -370,6 +374,10 @@ def main():
     p.add_argument("--precision", default="fp16")
     p.add_argument("--no-ceiling", action="store_true")
     p.add_argument("--graphs", action="store_true", help="CUDA graphs for the dense network (ensemble step and single model)")
+    p.add_argument("--one-instances", type=int, default=1,
+                   help="instances of the single model (each with its own GPU cache of --cache-share)")
+    p.add_argument("--dlrm-interaction", default="cat", choices=["cat", "split"],
+                   help="DLRM's dot interaction: the 27 vectors stacked, or computed without the stack (same numbers)")
     p.add_argument("--graph-rows", default="", help="with --graphs: graph only requests of these rows (e.g. 256,1024,4096)")
     p.add_argument("--host-memory", default="huge_pages", choices=["mapped", "huge_pages"],
                    help="the store's host_memory: rows read from the fixture's mapping, or copied into huge pages at load")
@@ -410,6 +418,7 @@ def main():
              "allocation": a.allocation, "cached_rows_per_table": cache_rows(rows, a.cache_share, a.allocation),
              "cached_rows": sum(cache_rows(rows, a.cache_share, a.allocation)), "fixture": fixture,
              "graphs": a.graphs, "graph_rows": a.graph_rows, "host_memory": a.host_memory,
+             "dlrm_interaction": a.dlrm_interaction, "one_instances": a.one_instances,
              "stationary_hit_rate": {str(x): stationary_hit_rate(rows, cache_rows(rows, a.cache_share, a.allocation), x) for x in alphas},
              "fixture_seconds": time.time() - t0, "precision": a.precision, "requests_per_pool": a.requests}
     print(f"store: {TABLES} tables, {sum(rows):,} rows, {params / 1e9:.1f} B parameters, dim {a.dim}, "
@@ -441,11 +450,11 @@ def main():
     shutil.rmtree(repo, ignore_errors=True)
     ceilings = {}
     for m in models:
-        mod = dense_module(m, a.precision, device)
+        mod = dense_module(m, a.precision, device, a.dlrm_interaction)
         pt = os.path.join(a.work, f"{m}_dense.pt")
         mod.save(pt)
         write_models(repo, m, pt, fixture, a.dim, a.cache_share, a.kind, a.allocation, a.graphs, a.host_memory,
-                     [int(r) for r in a.graph_rows.split(",") if r])
+                     [int(r) for r in a.graph_rows.split(",") if r], a.one_instances)
         if device == "cuda" and not a.no_ceiling:
             print(f"ceiling: {m} bare in torch, every table in HBM ({setup['table_gb_fp16']:.1f} GB fp16)", flush=True)
             all_batches = [a.wide_deep_batch] if m == "wide_deep" else sorted(set(batches) | {a.conc_batch})

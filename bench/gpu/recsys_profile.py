@@ -49,8 +49,9 @@ def kernels(fn, top=8):
     return total, rows[:top]
 
 
-def network(name, align, dev):
-    model = recommenders.make(name, [1] * TABLES, align=align)
+def network(name, align, dev, interaction="cat"):
+    options = {"interaction": interaction} if name == "dlrm" else {}
+    model = recommenders.make(name, [1] * TABLES, align=align, **options)
     return torch.jit.script(HalfDense(recommenders.DensePart(model)).to(dev).eval())
 
 
@@ -60,6 +61,7 @@ def main():
     p.add_argument("--batches", default="4096,65536")
     p.add_argument("--aligns", default="1,8", help="recommenders.padding's align values to compare")
     p.add_argument("--fusers", default="on", help="TorchScript's tensor-expression fuser: on, off or on,off")
+    p.add_argument("--dlrm-interactions", default="cat,split", help="DLRM's interaction forms to compare (recommenders.DLRM)")
     p.add_argument("--top", type=int, default=8, help="kernels listed per network and batch")
     p.add_argument("--gather-rows", type=int, default=163_000_000, help="rows of the ceiling's one table (0: skip)")
     a = p.parse_args()
@@ -69,9 +71,10 @@ def main():
     with torch.no_grad():
         for name in a.models.split(","):
             dim = 65 if name == "wide_deep" else 128
-            for align, fuser in [(int(al), f) for al in a.aligns.split(",") for f in a.fusers.split(",")]:
+            forms = a.dlrm_interactions.split(",") if name == "dlrm" else ["-"]
+            for align, fuser, form in [(int(al), f, i) for al in a.aligns.split(",") for f in a.fusers.split(",") for i in forms]:
                 torch._C._jit_set_texpr_fuser_enabled(fuser == "on")
-                net = network(name, align, dev)
+                net = network(name, align, dev, form if form != "-" else "cat")
                 for b in batches:
                     dense = torch.randn(b, 13, device=dev)
                     emb32 = torch.randn(b, TABLES, dim, device=dev) * 0.1
@@ -79,7 +82,7 @@ def main():
                     t32 = timed(lambda: net(dense, emb32))
                     t16 = timed(lambda: net(dense, emb16))
                     total, top = kernels(lambda: net(dense, emb16), a.top)
-                    print(f"{name:9s} align {align} fuser {fuser:3s} batch {b:6d}: fp32 rows in {t32:7.3f} ms ({b / t32 / 1e3:6.2f} M/s), "
+                    print(f"{name:9s} align {align} fuser {fuser:3s} {'interaction ' + form + ' ' if form != '-' else ''}batch {b:6d}: fp32 rows in {t32:7.3f} ms ({b / t32 / 1e3:6.2f} M/s), "
                           f"fp16 rows in {t16:7.3f} ms ({b / t16 / 1e3:6.2f} M/s); kernels {total:.3f} ms", flush=True)
                     for k, t in top:
                         print(f"      {t:7.3f} ms  {k[:110]}")

@@ -62,3 +62,24 @@ def test_stationary_hit_rate_is_the_cached_keys_mass():
     assert abs(got - (small + big) / 2) < 1e-6, (got, small, big)
     # a flatter law hits less
     assert recsys_perf.stationary_hit_rate(rows, [100, 2_000_000], 1.05) < got
+
+
+def test_dlrm_interaction_forms_give_the_same_predictions():
+    import torch
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+    import recommenders
+    cat = recommenders.make("dlrm", [50] * 26)
+    split = recommenders.make("dlrm", [50] * 26, interaction="split")
+    split.load_state_dict(cat.state_dict())
+    torch.manual_seed(0)
+    dense, emb = torch.randn(9, 13), torch.randn(9, 26, 128) * 0.3
+    with torch.no_grad():
+        a = torch.jit.script(recommenders.DensePart(cat))(dense, emb)
+        b = torch.jit.script(recommenders.DensePart(split))(dense, emb)
+    assert float((a - b).abs().max()) < 1e-5 and float(a.std()) > 0.01
+    try:
+        recommenders.make("dlrm", [5] * 26, interaction="dot")
+    except ValueError as e:
+        assert "cat or split" in str(e)
+    else:
+        raise AssertionError("an unknown interaction is refused")
