@@ -882,50 +882,33 @@ impl Drop for InstanceCaches {
 
 /// Reads the missed rows of several tables below the cache into `rows` (`groups` say
 /// which part of `keys` is which table's, in order and together covering `keys`), split
-/// over up to 16 threads of at least 1024 keys each: every thread takes an equal run of
-/// keys, cut where the tables change. Reading rows scattered over tens of GB is bound by
-/// memory latency, not bandwidth, so more readers help.
+/// over up to 16 runs of at least 1024 keys each, on the process's worker pool (rayon:
+/// starting that many threads per batch cost ~0.5 ms on the GPU machine's virtual CPUs);
+/// every run takes an equal share of the keys, cut where the tables change. Reading rows
+/// scattered over tens of GB is bound by memory latency, not bandwidth, so more readers help.
 #[cfg(feature = "gpu")]
 fn fetch_parallel(store: &EmbeddingStore, groups: &[(usize, std::ops::Range<usize>)], keys: &[i64], rows: &mut [f32], dim: usize) -> Vec<bool> {
-    const PER_THREAD: usize = 1024;
+    use rayon::prelude::*;
+    const PER_RUN: usize = 1024;
     let n = keys.len();
-    let threads = std::thread::available_parallelism().map_or(1, |c| c.get()).clamp(1, 16).min(n.div_ceil(PER_THREAD)).max(1);
-    let per = n.div_ceil(threads).max(1);
-    // the (table, keys) pieces of keys[range]
-    let pieces = |range: std::ops::Range<usize>| -> Vec<(usize, std::ops::Range<usize>)> {
-        groups
-            .iter()
-            .filter_map(|(t, g)| {
-                let (s, e) = (g.start.max(range.start), g.end.min(range.end));
-                (s < e).then_some((*t, s..e))
-            })
-            .collect()
-    };
-    let read = |range: std::ops::Range<usize>, rows: &mut [f32], found: &mut [bool]| {
-        for (t, r) in pieces(range.clone()) {
-            let (a, b) = (r.start - range.start, r.end - range.start);
-            let f = store.fetch_below_cache(t, &keys[r], &mut rows[a * dim..b * dim]);
-            found[a..b].copy_from_slice(&f);
+    let runs = rayon::current_num_threads().clamp(1, 16).min(n.div_ceil(PER_RUN)).max(1);
+    let per = n.div_ceil(runs).max(1);
+    let read = |at: usize, rows: &mut [f32], found: &mut [bool]| {
+        let range = at..at + found.len();
+        for (t, g) in groups {
+            let (s, e) = (g.start.max(range.start), g.end.min(range.end));
+            if s < e {
+                let f = store.fetch_below_cache(*t, &keys[s..e], &mut rows[(s - at) * dim..(e - at) * dim]);
+                found[s - at..e - at].copy_from_slice(&f);
+            }
         }
     };
     let mut found = vec![false; n];
-    std::thread::scope(|s| {
-        let (mut rest_rows, mut rest_found) = (&mut rows[..n * dim], &mut found[..]);
-        let mut at = 0;
-        while at < n {
-            let end = (at + per).min(n);
-            let (mine, r) = std::mem::take(&mut rest_rows).split_at_mut((end - at) * dim);
-            let (mine_found, f) = std::mem::take(&mut rest_found).split_at_mut(end - at);
-            (rest_rows, rest_found) = (r, f);
-            if end == n {
-                read(at..end, mine, mine_found); // the last run on this thread
-            } else {
-                let read = &read;
-                s.spawn(move || read(at..end, mine, mine_found));
-            }
-            at = end;
-        }
-    });
+    if runs == 1 {
+        read(0, &mut rows[..n * dim], &mut found);
+    } else {
+        rows[..n * dim].par_chunks_mut(per * dim).zip(found.par_chunks_mut(per)).enumerate().for_each(|(k, (r, f))| read(k * per, r, f));
+    }
     found
 }
 
