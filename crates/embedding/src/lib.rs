@@ -883,7 +883,8 @@ impl Drop for InstanceCaches {
 /// Reads the missed rows of several tables below the cache into `rows` (`groups` say
 /// which part of `keys` is which table's, in order and together covering `keys`), split
 /// over up to 16 runs of at least 1024 keys each, on the process's worker pool (rayon:
-/// starting that many threads per batch cost ~0.5 ms on the GPU machine's virtual CPUs);
+/// starting that many threads per batch costs ~0.5 ms on a 2-CPU VM,
+/// `triton_rust_cuda`'s `examples/pool_vs_spawn.rs`);
 /// every run takes an equal share of the keys, cut where the tables change. Reading rows
 /// scattered over tens of GB is bound by memory latency, not bandwidth, so more readers help.
 #[cfg(feature = "gpu")]
