@@ -25,6 +25,12 @@ from report import PARTS, PCTS, breakdown, save  # noqa: E402
 # HPS + TensorRT ensemble): {model: {batch: (inferences/s, p99 ms)}}
 HPS_A100 = {"dlrm": {4096: (2.62e6, 1.74), 65536: (4.30e6, 20.1)},
             "dcnv2": {4096: (1.85e6, 3.56), 65536: (2.45e6, 33.5)}}
+# Wide&Deep has no HPS figure; NVIDIA's Triton deployment (../shared/seeds/004: 1x A100-80GB,
+# the whole model in TensorRT FP16, perf_analyzer, concurrency 1) published this one.
+TRT_A100 = {"wide_deep": {131072: (10.3547e6, 13.16)}}
+# per model: (who published, where, {batch: (inferences/s, p99 ms)})
+PUBLISHED = {**{m: ("Merlin HPS", "HPS + TensorRT ensemble, concurrency 1 (../shared/seeds/002)", f) for m, f in HPS_A100.items()},
+             **{m: ("TensorRT", "the whole model in TensorRT FP16, concurrency 1 (../shared/seeds/004)", f) for m, f in TRT_A100.items()}}
 LABEL = {"dlrm": "DLRM", "dcnv2": "DCNv2", "wide_deep": "Wide&Deep"}
 PATH = {"ens": "ensemble", "one": "single model"}
 
@@ -73,10 +79,10 @@ def plot_batches(plt, m, runs, ceiling, gpu, out):
         if pts:
             ax1.plot([b for b, _ in pts], [v for _, v in pts], style, color="gray",
                      label=f"ceiling: bare torch, all tables in HBM ({'CUDA graph' if kind == 'graph_ips' else 'eager'})")
-    hps = HPS_A100.get(m, {})
-    if hps:
-        ax1.plot(list(hps), [v[0] for v in hps.values()], "s", color="tab:red", label="Merlin HPS, published (A100-80GB)")
-        ax2.plot(list(hps), [v[1] for v in hps.values()], "s", color="tab:red", label="Merlin HPS p99, published (A100)")
+    if m in PUBLISHED:
+        who, _, pub = PUBLISHED[m]
+        ax1.plot(list(pub), [v[0] for v in pub.values()], "s", color="tab:red", label=f"{who}, published (A100-80GB)")
+        ax2.plot(list(pub), [v[1] for v in pub.values()], "s", color="tab:red", label=f"{who} p99, published (A100)")
     ax1.set(xscale="log", xlabel="client batch size", ylabel="inferences / second", title=f"{LABEL[m]}: throughput (concurrency 1)")
     ax2.set(xscale="log", yscale="log", xlabel="client batch size", ylabel="ms", title=f"{LABEL[m]}: p99 latency (concurrency 1)")
     for ax in (ax1, ax2):
@@ -148,13 +154,13 @@ def main():
                 md += [f"### Batch 4096, concurrency sweep, Zipf α {first_alpha}", "", table(conc, "Concurrency", lambda r: r["concurrency"]), ""]
             if other:
                 md += ["### Other Zipf exponents, concurrency 1", "", table(other, "Batch (α)", lambda r: f"{r['batch']} (α {r['alpha']})"), ""]
-            hps = HPS_A100.get(m)
-            if hps:
-                md += ["### Beside Merlin HPS's published figures", "",
-                       "HPS: 1× A100-80GB, HPS + TensorRT ensemble, concurrency 1 (../shared/seeds/002). Ours: this GPU, "
-                       "concurrency 1, best path.", "",
-                       "| batch | HPS inf/s | HPS p99 | ours inf/s | ours p99 | path | ratio |", "|---:|---:|---:|---:|---:|---|---:|"]
-                for b, (ips, p99) in hps.items():
+            if m in PUBLISHED:
+                who, where, pub = PUBLISHED[m]
+                short = "HPS" if who == "Merlin HPS" else who
+                md += [f"### Beside {who}'s published figures", "",
+                       f"{short}: 1× A100-80GB, {where}. Ours: this GPU, concurrency 1, best path.", "",
+                       f"| batch | {short} inf/s | {short} p99 | ours inf/s | ours p99 | path | ratio |", "|---:|---:|---:|---:|---:|---|---:|"]
+                for b, (ips, p99) in pub.items():
                     cands = [r for r in offline if r["batch"] == b]
                     if cands:
                         best = max(cands, key=lambda r: r["Inferences/Second"])
