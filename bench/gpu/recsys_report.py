@@ -77,7 +77,7 @@ def plot_batches(plt, m, runs, ceiling, gpu, out):
     for kind, style in (("graph_ips", "-."), ("eager_ips", ":")):
         pts = [(b, ceiling[str(b)][kind]) for b in batches if str(b) in ceiling and ceiling[str(b)][kind]]
         if pts:
-            ax1.plot([b for b, _ in pts], [v for _, v in pts], style, color="gray",
+            ax1.plot([b for b, _ in pts], [v for _, v in pts], style, color="gray", marker="x",
                      label=f"ceiling: bare torch, all tables in HBM ({'CUDA graph' if kind == 'graph_ips' else 'eager'})")
     if m in PUBLISHED:
         who, _, pub = PUBLISHED[m]
