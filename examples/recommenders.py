@@ -9,7 +9,8 @@ Each model is split the way HPS deployments split it:
     the PyTorch weights (``<name>_dense``, served by the ONNX engine);
   * a Triton ensemble ``<name>`` chains them: (dense [13], sparse [26]) -> prediction [1].
 
-Architectures (random weights, fixed seed; sizes from the DeepLearningExamples / MLPerf):
+Architectures (random weights, fixed seed; sizes from the DeepLearningExamples / MLPerf; the
+first layers' input widths padded with zero columns to a multiple of 8, see ``padding``):
   DLRM    bottom MLP 13-512-256-128, dot interaction of 27 vectors (351 pairs) + the
           bottom output, top MLP 479-1024-1024-512-256-1, sigmoid.
   DCNv2   bottom MLP 13-512-256-128, x0 = [bottom, 26 x 128 embeddings] (3456),
@@ -51,10 +52,11 @@ ALIGN = 8
 
 
 def padding(width: int, align: int) -> int:
-    """Zero columns that make ``width`` a multiple of ``align``: FP16 GEMMs run on tensor cores
-    only when a row of the input is a multiple of 16 bytes, so NVIDIA's DLRM pads its
-    interaction's 479 columns to 480. Zero columns (and the weights they meet) change no
-    output; ``align=1`` means no padding."""
+    """Zero columns that make ``width`` a multiple of ``align``: cuBLAS runs its fast FP16 GEMM
+    kernels only when a row of the input is a multiple of 16 bytes (else CUTLASS's align-1
+    kernels, 1.1-4x slower on an H100: bench/gpu/results/recsys_h100/network_profile.log), so
+    NVIDIA's DLRM pads its interaction's 479 columns to 480. Zero columns (and the weights
+    they meet) change no output; ``align=1`` means no padding."""
     return (-width) % align
 
 
