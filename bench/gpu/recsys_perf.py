@@ -88,6 +88,18 @@ def synthetic_rows(seed, table, keys, dim):
 
 # ------------------------------------------------------------------ the cache
 
+def available_memory():
+    """MemAvailable of /proc/meminfo in bytes (0 where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 WHOLE_ROOM = 2  # triton_rust_embedding::WHOLE_ROOM: slots per row of a table cached whole
 
 
@@ -401,11 +413,17 @@ def main():
 
     # 1. the fixture
     fixture = a.fixture
+    need = sum(rows) * (8 + 2 * a.dim) * 1.02
     if not fixture:
-        need = sum(rows) * (8 + 2 * a.dim) * 1.02
-        shm_free = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else 0
         # one folder per shape of rows: a fixture of another dim or scale is not reused
         name = "criteo" if (a.scale, a.dim) == (0.8, 128) else f"criteo_s{a.scale}_d{a.dim}"
+        if os.path.isdir("/dev/shm") and not os.path.isdir(os.path.join("/dev/shm", name)):
+            # /dev/shm is RAM: fixtures of other shapes this script wrote there go first
+            for other in sorted(os.listdir("/dev/shm")):
+                if other.startswith("criteo") and other != name:
+                    print(f"removing /dev/shm/{other} (another fixture) to make room", flush=True)
+                    shutil.rmtree(os.path.join("/dev/shm", other), ignore_errors=True)
+        shm_free = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else 0
         fixture = os.path.join("/dev/shm", name) if shm_free > need + (8 << 30) else os.path.join(a.work, name)
     done = os.path.join(fixture, f"t{TABLES - 1}", "vectors.npy")
     t0 = time.time()
@@ -413,6 +431,11 @@ def main():
     if not os.path.exists(done) or not 0 < os.path.getsize(done) - rows[-1] * a.dim * 2 < 4096:
         subprocess.run([a.fixture_bin, "--out", fixture, "--scale", str(a.scale), "--dim", str(a.dim),
                         "--seed", str(SEED), "--cache-share", str(a.cache_share)], check=True)
+    if a.host_memory == "huge_pages" and available_memory() < sum(rows) * a.dim * 2 * 1.1 + (8 << 30):
+        # the copy would not fit beside what is in RAM already (the fixture in /dev/shm counts)
+        print(f"host_memory: {available_memory() / 1e9:.0f} GB available, too little for a huge-page copy of the rows; "
+              "serving them mapped", flush=True)
+        a.host_memory = "mapped"
     setup = {"tables": TABLES, "rows": sum(rows), "rows_per_table": rows, "dim": a.dim, "parameters": params,
              "table_gb_fp16": sum(rows) * a.dim * 2 / 1e9, "cache_share": a.cache_share,
              "allocation": a.allocation, "cached_rows_per_table": cache_rows(rows, a.cache_share, a.allocation),
