@@ -413,8 +413,8 @@ def main():
 
     # 1. the fixture
     fixture = a.fixture
-    need = sum(rows) * (8 + 2 * a.dim) * 1.02
     if not fixture:
+        need = sum(rows) * (8 + 2 * a.dim) * 1.02
         # one folder per shape of rows: a fixture of another dim or scale is not reused
         name = "criteo" if (a.scale, a.dim) == (0.8, 128) else f"criteo_s{a.scale}_d{a.dim}"
         if os.path.isdir("/dev/shm") and not os.path.isdir(os.path.join("/dev/shm", name)):

@@ -158,14 +158,15 @@ impl HostTier {
     pub fn get_many(&self, keys: &[i64], out: &mut [f32], found: &mut [bool]) {
         const AHEAD: usize = 8;
         if let (Some(base), false) = (self.base.as_ref().filter(|_| self.dense.is_some()), self.indexed.load(Ordering::Acquire)) {
-            for k in keys.iter().take(AHEAD) {
-                if self.in_dense(*k) {
-                    triton_rust_os::prefetch(base.row_bytes(*k as usize));
+            let hint = |k: i64| {
+                if self.in_dense(k) {
+                    triton_rust_os::prefetch(base.row_bytes(k as usize));
                 }
-            }
+            };
+            keys.iter().take(AHEAD).for_each(|&k| hint(k));
             for (i, ((k, row), f)) in keys.iter().zip(out.chunks_exact_mut(self.dim)).zip(found.iter_mut()).enumerate() {
-                if let Some(&next) = keys.get(i + AHEAD).filter(|&&n| self.in_dense(n)) {
-                    triton_rust_os::prefetch(base.row_bytes(next as usize));
+                if let Some(&next) = keys.get(i + AHEAD) {
+                    hint(next);
                 }
                 *f = self.in_dense(*k);
                 if *f {
