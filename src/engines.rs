@@ -3,9 +3,20 @@
 
 use std::path::Path;
 
-use triton_rust_core::chain::{self, Chain};
-use triton_rust_core::engine::{Engine, EngineFactory, EngineKind, EngineOptions};
-use triton_rust_core::error::Result;
+use triton_rust_core::chain::{self, Chain, Stager};
+use triton_rust_core::engine::{Device, Engine, EngineFactory, EngineKind, EngineOptions};
+use triton_rust_core::error::{Error, Result};
+use triton_rust_cuda::upload::Staged;
+use triton_rust_cuda::DeviceView;
+
+/// The recommender chain's dense features to the GPU through pinned memory.
+struct GpuStager(Staged);
+
+impl Stager for GpuStager {
+    fn stage(&mut self, parts: &[&[u8]]) -> Result<Vec<DeviceView<'_>>> {
+        Ok(self.0.stage(parts)?)
+    }
+}
 
 pub struct Engines;
 
@@ -21,7 +32,14 @@ impl EngineFactory for Engines {
                 let with = |config| EngineOptions { config, backend: options.backend, device: options.device, probe: options.probe };
                 let lookup = self.create(EngineKind::Embedding, model_file, &with(&plan.lookup_config))?;
                 let dense = self.create(plan.dense_kind, &plan.dense_file, &with(&plan.dense_config))?;
-                Box::new(Chain::new(lookup, dense, &plan, options.device)?)
+                let chain = Chain::new(lookup, dense, &plan, options.device)?;
+                match options.device {
+                    Device::Gpu(id) => {
+                        let staged = Staged::new(id).map_err(|e| Error::unavailable(format!("GPU {id}: {e}")))?;
+                        Box::new(chain.with_stager(Box::new(GpuStager(staged))))
+                    }
+                    Device::Cpu => Box::new(chain),
+                }
             }
         })
     }

@@ -12,7 +12,10 @@
 //! FP32 `[tables, dim]`). Every embedding-store parameter applies as for an embedding
 //! model. On a GPU instance the lookup writes the rows into its own device buffer (every
 //! table in one pass) and the network reads that buffer as its input, in place: the
-//! embeddings never leave the GPU and never pass through Triton.
+//! embeddings never leave the GPU and never pass through Triton. The network's other
+//! inputs (the dense features, in host memory) go to the GPU on a thread of their own
+//! while the lookup runs, when a [`Stager`] is given and they are large enough to pay
+//! for the thread.
 
 use std::path::{Path, PathBuf};
 
@@ -21,6 +24,17 @@ use crate::config::{ModelConfig, TensorConfig, TensorSpec};
 use crate::engine::{Device, Engine, EngineKind, OutputView, Signature};
 use crate::error::{Error, Result};
 use crate::tensor::{Bytes, DataType};
+use triton_rust_cuda::DeviceView;
+
+/// Copies host bytes to the chain's GPU; done when `stage` returns. The views live until
+/// the next call. The backend gives one to a chain on a GPU instance.
+pub trait Stager: Send {
+    fn stage(&mut self, parts: &[&[u8]]) -> Result<Vec<DeviceView<'_>>>;
+}
+
+/// Host inputs of the network at least this large (in all) are staged beside the lookup;
+/// smaller ones cost less than the thread and are left to the network's engine.
+const STAGE_BESIDE: usize = 1 << 20;
 
 /// How a recommender model splits into its two engines.
 #[derive(Debug)]
@@ -114,6 +128,7 @@ pub struct Chain {
     dense: Box<dyn Engine>,
     sparse_input: String,
     embeddings_input: String,
+    stager: Option<Box<dyn Stager>>,
     sig: Signature,
 }
 
@@ -145,7 +160,13 @@ impl Chain {
         let mut inputs: Vec<TensorSpec> = dense.inputs().iter().filter(|t| t.name != plan.embeddings_input).cloned().collect();
         inputs.push(lookup.inputs()[0].clone());
         let sig = Signature { inputs, outputs: dense.outputs().to_vec(), device };
-        Ok(Chain { lookup, dense, sparse_input: plan.sparse_input.clone(), embeddings_input: plan.embeddings_input.clone(), sig })
+        Ok(Chain { lookup, dense, sparse_input: plan.sparse_input.clone(), embeddings_input: plan.embeddings_input.clone(), stager: None, sig })
+    }
+
+    /// Stages the network's large host inputs with `stager` while the lookup runs.
+    pub fn with_stager(mut self, stager: Box<dyn Stager>) -> Chain {
+        self.stager = Some(stager);
+        self
     }
 }
 
@@ -177,31 +198,62 @@ impl Engine for Chain {
             .find(|t| t.name == self.sparse_input)
             .ok_or_else(|| Error::internal(format!("input '{}' missing from the batch", self.sparse_input)))?;
         let lookup_in = [borrowed(keys)?];
+        // The network's inputs other than the embeddings, in its order.
+        let others = self
+            .dense
+            .inputs()
+            .iter()
+            .filter(|spec| spec.name != self.embeddings_input)
+            .map(|spec| {
+                inputs
+                    .iter()
+                    .find(|t| t.name == spec.name)
+                    .ok_or_else(|| Error::internal(format!("input '{}' of the dense network missing from the batch", spec.name)))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let host: usize = others.iter().map(|t| t.bytes().and_then(|b| b.host()).map_or(0, <[u8]>::len)).sum();
         // The dense network runs inside the lookup's sink, on the lookup's own buffer of
         // rows: nothing is copied between the two.
-        let (dense, embeddings_input) = (&mut self.dense, &self.embeddings_input);
+        let (dense, embeddings_input, lookup) = (&mut self.dense, &self.embeddings_input, &mut self.lookup);
         let mut ran = false;
-        self.lookup.run(&lookup_in, &[LOOKUP_OUTPUT], &mut |o: OutputView<'_>| {
+        let mut run_dense = |o: OutputView<'_>, staged: Option<Vec<DeviceView<'_>>>| -> Result<()> {
             // Host rows on a CPU instance; on a GPU instance the lookup's own device
             // buffer, which the network reads in place.
             if matches!(o.data, Bytes::Device(_)) && !dense.accepts_device_inputs() {
                 return Err(Error::unsupported("the dense network's engine cannot read inputs in GPU memory"));
             }
+            let mut staged = staged.map(Vec::into_iter);
+            let mut others = others.iter();
             let mut dense_in = Vec::with_capacity(dense.inputs().len());
             for spec in dense.inputs() {
                 if spec.name == *embeddings_input {
                     dense_in.push(BatchTensor { name: spec.name.clone(), dtype: DataType::F32, shape: o.shape.to_vec(), data: BatchData::Borrowed(o.data) });
                     continue;
                 }
-                let t = inputs
-                    .iter()
-                    .find(|t| t.name == spec.name)
-                    .ok_or_else(|| Error::internal(format!("input '{}' of the dense network missing from the batch", spec.name)))?;
-                dense_in.push(borrowed(t)?);
+                let t = others.next().ok_or_else(|| Error::internal("the network's inputs changed during a run"))?;
+                match staged.as_mut().and_then(Iterator::next) {
+                    Some(v) => dense_in.push(BatchTensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data: BatchData::Borrowed(Bytes::Device(v)) }),
+                    None => dense_in.push(borrowed(t)?),
+                }
             }
             ran = true;
             dense.run(&dense_in, outputs, sink)
-        })?;
+        };
+        match self.stager.as_mut().filter(|_| host >= STAGE_BESIDE) {
+            Some(stager) => {
+                let parts = others.iter().map(|t| t.bytes().and_then(|b| b.host()).ok_or_else(|| Error::unsupported(format!("input '{}' in GPU memory", t.name)))).collect::<Result<Vec<_>>>()?;
+                let stager: &mut dyn Stager = &mut **stager;
+                std::thread::scope(|s| {
+                    let mut job = Some(s.spawn(move || stager.stage(&parts)));
+                    lookup.run(&lookup_in, &[LOOKUP_OUTPUT], &mut |o: OutputView<'_>| {
+                        let job = job.take().ok_or_else(|| Error::internal("the embedding lookup gave its rows twice"))?;
+                        let staged = job.join().map_err(|_| Error::internal("staging the network's inputs panicked"))??;
+                        run_dense(o, Some(staged))
+                    })
+                })?;
+            }
+            None => lookup.run(&lookup_in, &[LOOKUP_OUTPUT], &mut |o: OutputView<'_>| run_dense(o, None))?,
+        }
         if !ran {
             return Err(Error::internal("the embedding lookup gave no rows"));
         }
@@ -223,6 +275,83 @@ mod tests {
                                 "embedding_vecsize_per_table": {{"string_value": "4"}}}}}}"#
         ))
         .unwrap()
+    }
+
+    /// A lookup that gives "device" rows (simulated) of 4 bytes per key.
+    struct Lookup(Signature, Vec<u8>);
+    impl Engine for Lookup {
+        fn signature(&self) -> &Signature {
+            &self.0
+        }
+        fn run(&mut self, inputs: &[BatchTensor<'_>], _: &[&str], sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>) -> Result<()> {
+            self.1 = vec![7; inputs[0].bytes().unwrap().len() / 2];
+            let shape = [self.1.len() as i64];
+            sink(OutputView { name: LOOKUP_OUTPUT, dtype: DataType::F32, shape: &shape, data: Bytes::Device(DeviceView::simulated(0, &self.1)) })
+        }
+    }
+    /// A network that answers with where each input was and its bytes.
+    type Seen = std::sync::Arc<std::sync::Mutex<Vec<(bool, Vec<u8>)>>>;
+    struct Dense(Signature, Seen);
+    impl Engine for Dense {
+        fn signature(&self) -> &Signature {
+            &self.0
+        }
+        fn accepts_device_inputs(&self) -> bool {
+            true
+        }
+        fn run(&mut self, inputs: &[BatchTensor<'_>], _: &[&str], _: &mut dyn FnMut(OutputView<'_>) -> Result<()>) -> Result<()> {
+            *self.1.lock().unwrap() = inputs
+                .iter()
+                .map(|t| match t.bytes().unwrap() {
+                    Bytes::Host(b) => (false, b.to_vec()),
+                    Bytes::Device(v) => (true, v.simulated_bytes().unwrap().to_vec()),
+                })
+                .collect();
+            Ok(())
+        }
+    }
+    /// Copies into buffers of its own, standing in for the GPU.
+    struct Copies(Vec<Vec<u8>>, bool);
+    impl Stager for Copies {
+        fn stage(&mut self, parts: &[&[u8]]) -> Result<Vec<DeviceView<'_>>> {
+            if self.1 {
+                return Err(Error::unavailable("no room on GPU 0"));
+            }
+            self.0 = parts.iter().map(|p| p.to_vec()).collect();
+            Ok(self.0.iter().map(|b| DeviceView::simulated(0, b)).collect())
+        }
+    }
+
+    #[test]
+    fn large_host_inputs_reach_the_network_staged_beside_the_lookup() {
+        let spec = |name: &str, dtype| TensorSpec { name: name.into(), dtype, shape: vec![-1] };
+        let sig = |inputs| Signature { inputs, outputs: vec![spec("prediction", DataType::F32)], device: Device::Gpu(0) };
+        let lookup = Lookup(sig(vec![spec("sparse", DataType::I64)]), vec![]);
+        let seen = Seen::default();
+        let dense = Dense(sig(vec![spec("dense", DataType::F32), spec("embeddings", DataType::F32)]), seen.clone());
+        let plan = ChainPlan {
+            lookup_config: config(""),
+            dense_config: config(""),
+            dense_kind: EngineKind::Torch,
+            dense_file: "dense.pt".into(),
+            sparse_input: "sparse".into(),
+            embeddings_input: "embeddings".into(),
+        };
+        let mut chain = Chain::new(Box::new(lookup), Box::new(dense), &plan, Device::Gpu(0)).unwrap().with_stager(Box::new(Copies(vec![], false)));
+        let run = |chain: &mut Chain, dense_bytes: usize| -> Result<Vec<(bool, Vec<u8>)>> {
+            let (features, keys) = ((0..dense_bytes).map(|i| i as u8).collect::<Vec<u8>>(), vec![1u8; 64]);
+            let t = |name: &str, b| BatchTensor { name: name.into(), dtype: DataType::F32, shape: vec![-1], data: BatchData::Borrowed(Bytes::Host(b)) };
+            chain.run(&[t("dense", &features), t("sparse", &keys)], &["prediction"], &mut |_| Ok(()))?;
+            let seen = seen.lock().unwrap().clone();
+            assert_eq!(seen[0].1, features, "the features arrive whole");
+            assert_eq!(seen[1], (true, vec![7; 32]), "the rows stay where the lookup put them");
+            Ok(seen)
+        };
+        assert!(run(&mut chain, STAGE_BESIDE).unwrap()[0].0, "1 MiB of features: staged to the GPU beside the lookup");
+        assert!(!run(&mut chain, 1000).unwrap()[0].0, "small features: left to the network's engine");
+        chain.stager = Some(Box::new(Copies(vec![], true)));
+        let e = run(&mut chain, STAGE_BESIDE).unwrap_err();
+        assert!(e.message().contains("no room on GPU 0"), "the stager's failure is the run's: {e}");
     }
 
     #[test]

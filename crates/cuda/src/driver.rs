@@ -174,6 +174,19 @@ pub unsafe fn copy_htod_raw(device: i32, dst: u64, src: &[u8]) -> Result<()> {
     g.copy_stream.synchronize().map_err(cuda_err)
 }
 
+/// A new allocation of `len` bytes on `device` (zeroed; at least one byte).
+pub fn alloc(device: i32, len: usize) -> Result<DeviceBuffer> {
+    alloc_bytes(device, len).map(DeviceBuffer::cuda)
+}
+
+fn alloc_bytes(device: i32, len: usize) -> Result<CudaBytes> {
+    let g = gpu(device)?;
+    let stream = g.copy_stream.clone();
+    let buf = stream.alloc_zeros::<u8>(len.max(1)).map_err(cuda_err)?;
+    stream.synchronize().map_err(cuda_err)?;
+    Ok(CudaBytes { device, stream, buf })
+}
+
 pub(crate) fn real(addr: Option<u64>) -> Result<u64> {
     addr.ok_or_else(|| CudaError::internal("a simulated device buffer reached the CUDA driver"))
 }
@@ -208,12 +221,8 @@ impl DeviceOps for Cuda {
     }
 
     fn gather(&self, device: i32, parts: &[DeviceView<'_>]) -> Result<DeviceBuffer> {
-        let g = gpu(device)?;
         let total: usize = parts.iter().map(DeviceView::len).sum();
-        let stream = g.copy_stream.clone();
-        let buf = stream.alloc_zeros::<u8>(total.max(1)).map_err(cuda_err)?;
-        stream.synchronize().map_err(cuda_err)?;
-        let out = CudaBytes { device, stream, buf };
+        let out = alloc_bytes(device, total)?;
         let base = out.addr();
         let mut at = 0u64;
         for p in parts {

@@ -9,8 +9,8 @@
 //! a few GB/s per thread on the H100 machine). One wait at the end.
 
 use crate::cache::{htod, HostBuf, Queue};
-use crate::driver::{gpu, real};
-use crate::mem::DeviceViewMut;
+use crate::driver::{alloc, gpu, real};
+use crate::mem::{DeviceBuffer, DeviceView, DeviceViewMut};
 use crate::{CudaError, Result};
 
 /// Bytes per DMA.
@@ -88,6 +88,52 @@ impl Uploader {
         // wait even after a failure: nothing may still read the pinned buffer
         let waited = queue.wait();
         sent.and(waited)
+    }
+}
+
+/// Host inputs copied into one device buffer the owner keeps (grown to the largest set
+/// so far, never shrunk), each part at a 256-byte aligned offset: what a chain of engines
+/// uses to move its second engine's host inputs to the GPU while the first one runs.
+pub struct Staged {
+    uploader: Uploader,
+    buf: Option<DeviceBuffer>,
+}
+
+/// Offset alignment of the parts in a [`Staged`] buffer.
+const ALIGN: usize = 256;
+
+impl Staged {
+    pub fn new(device: i32) -> Result<Staged> {
+        Ok(Staged { uploader: Uploader::new(device)?, buf: None })
+    }
+
+    /// Copies every part to the GPU; done when it returns. The views live until the next call.
+    pub fn stage(&mut self, parts: &[&[u8]]) -> Result<Vec<DeviceView<'_>>> {
+        let device = self.uploader.queue.device();
+        gpu(device)?; // the calling thread may be new to the device
+        let offsets: Vec<usize> = parts
+            .iter()
+            .scan(0usize, |at, p| {
+                let o = *at;
+                *at += p.len().next_multiple_of(ALIGN);
+                Some(o)
+            })
+            .collect();
+        let total = parts.iter().map(|p| p.len().next_multiple_of(ALIGN)).sum::<usize>();
+        if self.buf.as_ref().is_none_or(|b| b.len() < total) {
+            self.buf = None; // the old buffer goes before the new one is made
+            self.buf = Some(alloc(device, total.next_power_of_two())?);
+        }
+        let base = real(self.buf.as_ref().expect("allocated above").view().raw_addr())?;
+        for (p, &o) in parts.iter().zip(&offsets) {
+            // SAFETY: the buffer is ours, has room for every part at its offset (total
+            // above), and nothing else reads or writes it during this call.
+            let dst = unsafe { DeviceViewMut::from_raw(device, base + o as u64, p.len()) };
+            self.uploader.upload(p, dst)?;
+        }
+        // SAFETY: as above; the views borrow `self`, so the buffer outlives them and the
+        // next `stage` (which needs `&mut self`) cannot overwrite them while they are read.
+        Ok(parts.iter().zip(&offsets).map(|(p, &o)| unsafe { DeviceView::from_raw(device, base + o as u64, p.len()) }).collect())
     }
 }
 
