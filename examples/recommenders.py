@@ -101,7 +101,7 @@ class DLRM(Recommender):
     fused concatenation alone took 1.4 ms on an H100, bench/gpu/recsys_profile.py). Measured
     bare on an H100, fp16 rows in: batch 65536 2.58 ms ``cat``, 2.08 ms ``split``; batch 4096
     eager 0.52 ms ``cat``, 0.98 ms ``split`` (more, smaller kernels: launch-bound unless
-    CUDA-graphed; bench/gpu/results/recsys_h100/nov24_split/profile_split.log)."""
+    CUDA-graphed; bench/gpu/results/recsys_h100/nov23b_split/profile_split.log)."""
 
     def __init__(self, rows: List[int], dim: int = 128, align: int = ALIGN, interaction: str = "cat"):
         super().__init__(rows, dim, align)
