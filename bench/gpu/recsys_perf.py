@@ -140,10 +140,11 @@ def tensor(name, dtype, dims):
 
 
 def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, graphs=False, host_memory="mapped", graph_rows=(),
-                 one_instances=1):
+                 one_instances=1, rows_type="TYPE_FP32"):
     """<name>_sparse, <name>_dense, <name>_ens and <name>_one, all without batching. Every
     model on one fixture shares one store (`store_name`: the fixture's folder), so its rows
-    are in memory once whichever recommenders are served."""
+    are in memory once whichever recommenders are served. `rows_type`: the embeddings
+    between lookup and network (the sparse model's OUTPUT0 and the network's input)."""
     files = ",".join(os.path.join(fixture, f"t{i}") for i in range(TABLES))
     store = [
         f'parameters {{ key: "embedding_table_names" value {{ string_value: "{",".join(f"t{i}" for i in range(TABLES))}" }} }}',
@@ -175,11 +176,11 @@ def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, gr
 
     put(f"{name}_sparse", ['backend: "rust"', "max_batch_size: 0",
                            f'input [ {tensor("KEYS", "TYPE_INT64", [-1, TABLES])} ]',
-                           f'output [ {tensor("OUTPUT0", "TYPE_FP32", [-1, TABLES, dim])} ]', group,
+                           f'output [ {tensor("OUTPUT0", rows_type, [-1, TABLES, dim])} ]', group,
                            'parameters { key: "engine" value { string_value: "embedding" } }',
                            'parameters { key: "embedding_interface" value { string_value: "batched" } }', *store])
     put(f"{name}_dense", ['backend: "rust"', "max_batch_size: 0",
-                          f'input [ {dense_in}, {tensor("embeddings", "TYPE_FP32", [-1, TABLES, dim])} ]',
+                          f'input [ {dense_in}, {tensor("embeddings", rows_type, [-1, TABLES, dim])} ]',
                           f"output [ {pred} ]", group, *opt,
                           'parameters { key: "engine" value { string_value: "torch" } }'], [("model.pt", dense_pt)])
     put(f"{name}_ens", ['platform: "ensemble"', "max_batch_size: 0", f"input [ {dense_in}, {sparse_in} ]", f"output [ {pred} ]",
@@ -190,7 +191,9 @@ def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, gr
                         'input_map { key: "embeddings" value: "embeddings" } output_map { key: "prediction" value: "prediction" } }',
                         "] }"])
     put(f"{name}_one", ['backend: "rust"', "max_batch_size: 0", f"input [ {dense_in}, {sparse_in} ]", f"output [ {pred} ]", one_group, *opt,
-                        'parameters { key: "engine" value { string_value: "recommender" } }', *store], [("dense.pt", dense_pt)])
+                        'parameters { key: "engine" value { string_value: "recommender" } }',
+                        f'parameters {{ key: "recommender_embeddings_type" value {{ string_value: "{rows_type}" }} }}', *store],
+        [("dense.pt", dense_pt)])
 
 
 def dense_module(name, precision, device, interaction="cat"):
@@ -384,6 +387,8 @@ def main():
     p.add_argument("--wide-deep-batch", type=int, default=131072, help="the one batch size measured for wide_deep")
     p.add_argument("--kind", default="KIND_GPU")
     p.add_argument("--precision", default="fp16")
+    p.add_argument("--rows-type", default="", choices=["", "fp32", "fp16"],
+                   help="the embeddings between lookup and network (default: fp16 with an fp16 network, else fp32)")
     p.add_argument("--no-ceiling", action="store_true")
     p.add_argument("--graphs", action="store_true", help="CUDA graphs for the dense network (ensemble step and single model)")
     p.add_argument("--one-instances", type=int, default=1,
@@ -472,13 +477,16 @@ def main():
 
     repo = os.path.join(a.work, "repo")
     shutil.rmtree(repo, ignore_errors=True)
+    rows_type = {"fp16": "TYPE_FP16", "fp32": "TYPE_FP32"}[a.rows_type or ("fp16" if a.precision == "fp16" else "fp32")]
+    print(f"embeddings between lookup and network: {rows_type}", flush=True)
+    setup["rows_type"] = rows_type
     ceilings = {}
     for m in models:
         mod = dense_module(m, a.precision, device, a.dlrm_interaction)
         pt = os.path.join(a.work, f"{m}_dense.pt")
         mod.save(pt)
         write_models(repo, m, pt, fixture, a.dim, a.cache_share, a.kind, a.allocation, a.graphs, a.host_memory,
-                     [int(r) for r in a.graph_rows.split(",") if r], a.one_instances)
+                     [int(r) for r in a.graph_rows.split(",") if r], a.one_instances, rows_type)
         if device == "cuda" and not a.no_ceiling:
             print(f"ceiling: {m} bare in torch, every table in HBM ({setup['table_gb_fp16']:.1f} GB fp16)", flush=True)
             all_batches = [a.wide_deep_batch] if m == "wide_deep" else sorted(set(batches) | {a.conc_batch})

@@ -4,6 +4,7 @@ One server serves every model of this module:
   hps3          HPS interface, three tables: `a` npy fp32, `b` HugeCTR, `c` npy fp16 (with vocabularies)
   hps3_count    the same tables in a store of its own, used only by the metrics-count test
   emb_batched   batched interface (KEYS [3] -> OUTPUT0 [3, 8]) behind the dynamic batcher
+  emb_batched_fp16  the same tables, OUTPUT0 declared TYPE_FP16 (rows for an fp16 network)
   live_lookup   HPS lookups of store "live"; live_update writes rows into the same store
   redis_nocache a table with no file, rows from a real redis-server, no cache (gpucacheper 0)
   redis_cached  the same with the default cache
@@ -175,6 +176,16 @@ def repo(tmp_path_factory, example_models, redis):
         embedding_interface="batched", embedding_table_names=",".join(BATCHED_TABLES),
         embedding_vecsize_per_table=BATCHED_DIM, default_value_for_each_table=BATCHED_DEFAULT,
         vocabulary_size_per_table=",".join([str(BATCHED_VOCAB)] * len(BATCHED_TABLES)), gpucacheper="0.25"))
+
+    # emb_batched_fp16: the same tables, rows given as fp16
+    os.makedirs(os.path.join(r.root, "emb_batched_fp16"))
+    os.symlink(os.path.join(r.root, "emb_batched", "1"), os.path.join(r.root, "emb_batched_fp16", "1"))
+    r.write_config("emb_batched_fp16", embedding_config(
+        "emb_batched_fp16",
+        f'input [ {{ name: "KEYS" data_type: TYPE_INT64 dims: [ -1, {len(BATCHED_TABLES)} ] }} ]\n'
+        f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP16 dims: [ -1, {len(BATCHED_TABLES)}, {BATCHED_DIM} ] }} ]\n',
+        embedding_interface="batched", embedding_table_names=",".join(BATCHED_TABLES),
+        embedding_vecsize_per_table=BATCHED_DIM, default_value_for_each_table=BATCHED_DEFAULT, gpucacheper="0.25"))
 
     # live_lookup + live_update: one store ("live") seen by a lookup and an update model
     write_table(os.path.join(r.root, "live_lookup", "1", "tables"), "u", LIVE_ROWS, LIVE_DIM, 300)
@@ -358,6 +369,20 @@ def test_batched_interface_exact_and_concurrent(server, repo):
           f"execution_count={d['execution_count']} success={d['success']} fail={d['fail']}")
     assert d["inference_count"] == rows and d["success"] == 32 and d["fail"] == 0, d
     assert d["execution_count"] < d["inference_count"], f"the dynamic batcher merged nothing: {d}"
+
+
+def test_batched_interface_fp16_rows(server, repo):
+    """OUTPUT0 declared TYPE_FP16: the same rows, each rounded to fp16 once (the GPU path's
+    kernel does the same rounding, cvt.rn; bench/gpu/recsys_perf.py checks it there)."""
+    tables = batched_rows(repo)
+    rng = np.random.default_rng(9)
+    client = make_client(server, "http")
+    for b in (1, 7, 64):
+        keys = rng.integers(0, BATCHED_VOCAB, size=(b, len(BATCHED_TABLES))).astype(np.int64)
+        got = infer(client, "http", "emb_batched_fp16", {"KEYS": keys}, ["OUTPUT0"])["OUTPUT0"]
+        assert got.dtype == np.float16 and got.shape == (b, len(BATCHED_TABLES), BATCHED_DIM)
+        assert np.array_equal(got, batched_expected(tables, keys).astype(np.float16)), f"batch {b}"
+    client.close()
 
 
 def test_batched_out_of_vocabulary_fails_alone(server, repo):

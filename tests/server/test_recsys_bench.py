@@ -3,19 +3,24 @@ Criteo fixture, serves DLRM as Triton's ensemble and as one recommender model wi
 batching (max_batch_size 0, a whole request per perf_analyzer step) with the store-wide
 cache allocation, runs NVIDIA's perf_analyzer on both with Zipf key pools, and checks the
 served rows against the rows recomputed from the fixture's seed (cold cache, warm cache and
-after the load) and the single model against the ensemble; the store keeps its rows in a
-huge-page copy (`host_memory: huge_pages`), as on the GPU machine. The GPU run is the same script
-(bench/gpu/run_recsys.sh); this keeps it honest between GPU sessions."""
+after the load) and the single model against the ensemble. Two ways: an fp32 network fed fp32
+rows that the store keeps in a huge-page copy (`host_memory: huge_pages`), and the GPU
+machine's defaults, an fp16 network fed fp16 rows (the sparse model's OUTPUT0 TYPE_FP16, the
+single model's `recommender_embeddings_type`) read from the fixture's mapping. The GPU run is
+the same script (bench/gpu/run_recsys.sh); this keeps it honest between GPU sessions."""
 import json
 import os
 import subprocess
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 
 
-def test_recsys_benchmark_runs_and_serves_exact_rows(tmp_path):
+@pytest.mark.parametrize("precision,host_memory", [("fp32", "huge_pages"), ("fp16", "mapped")])
+def test_recsys_benchmark_runs_and_serves_exact_rows(tmp_path, precision, host_memory):
     subprocess.run(["cargo", "build", "--release", "-q", "--example", "criteo_fixture"], cwd=ROOT, check=True)
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out))
@@ -24,11 +29,11 @@ def test_recsys_benchmark_runs_and_serves_exact_rows(tmp_path):
            "--perf-analyzer", os.environ["PERF_ANALYZER"],
            "--fixture-bin", os.path.join(ROOT, "target", "release", "examples", "criteo_fixture"),
            "--fixture", str(tmp_path / "fixture"), "--work", str(tmp_path / "work"), "--scale", "0.0002",
-           "--kind", "KIND_CPU", "--precision", "fp32", "--models", "dlrm", "--batches", "256", "--conc-batch", "256",
+           "--kind", "KIND_CPU", "--precision", precision, "--models", "dlrm", "--batches", "256", "--conc-batch", "256",
            "--concurrency", "1", "--alphas", "1.05", "--requests", "2", "--interval-ms", "1500", "--port", "19300",
            # Triton takes graph_spec batch sizes on a model without batching (the rows to graph);
            # on KIND_CPU graphs do not apply and the server says so
-           "--graphs", "--graph-rows", "256"]
+           "--graphs", "--graph-rows", "256", "--host-memory", host_memory]
     if os.environ.get("LIBTORCH_DIR"):
         cmd += ["--libtorch-dir", os.environ["LIBTORCH_DIR"]]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
@@ -41,7 +46,8 @@ def test_recsys_benchmark_runs_and_serves_exact_rows(tmp_path):
     assert exact["single_vs_ensemble_max_abs_diff"] == 0.0
     setup = json.loads((res / "setup.json").read_text())
     assert setup["allocation"] == "store" and setup["cached_rows"] <= 0.1 * setup["rows"]
-    assert setup["host_memory"] == "huge_pages", "the rows served exactly came from the store's huge-page copy"
+    assert setup["host_memory"] == host_memory, "the rows served exactly came from where the store was told to keep them"
+    assert setup["rows_type"] == {"fp32": "TYPE_FP32", "fp16": "TYPE_FP16"}[precision]
     log = (res / "server.log").read_text(errors="replace") if (res / "server.log").exists() else ""
     assert "optimization.cuda.graphs applies to KIND_GPU instances" in log
     assert "cold cache" in p.stdout and "warm cache" in p.stdout

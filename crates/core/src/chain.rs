@@ -9,7 +9,9 @@
 //! clients' inputs (the keys, `recommender_sparse_input`, default `sparse`, INT64
 //! `[tables]`, and the dense features) and the network's outputs; the network's input
 //! that takes the embeddings is `recommender_embeddings_input` (default `embeddings`,
-//! FP32 `[tables, dim]`). Every embedding-store parameter applies as for an embedding
+//! `[tables, dim]` of `recommender_embeddings_type`: `TYPE_FP32`, the default, or
+//! `TYPE_FP16` for an fp16 network: the lookup then writes fp16 rows, half the bytes,
+//! and the network has nothing to cast). Every embedding-store parameter applies as for an embedding
 //! model. On a GPU instance the lookup writes the rows into its own device buffer (every
 //! table in one pass) and the network reads that buffer as its input, in place: the
 //! embeddings never leave the GPU and never pass through Triton. The network's other
@@ -92,6 +94,11 @@ pub fn plan(config: &ModelConfig, version_dir: &Path) -> Result<ChainPlan> {
         return Err(Error::invalid_arg(format!("input '{sparse_input}' must have dims {want:?} (one key per table); it has {:?}", sparse.dims)));
     }
     let rows_dims: Vec<i64> = lead.iter().copied().chain([tables as i64, dim]).collect();
+    let rows_type = match param(config, "recommender_embeddings_type", "TYPE_FP32") {
+        "TYPE_FP32" => DataType::F32,
+        "TYPE_FP16" => DataType::F16,
+        other => return Err(Error::invalid_arg(format!("parameter recommender_embeddings_type is TYPE_FP32 or TYPE_FP16, not '{other}'"))),
+    };
     let named = config.parameters.get("recommender_dense_model").map(|s| version_dir.join(s.trim()));
     let dense_file = match named {
         Some(f) => f,
@@ -112,11 +119,11 @@ pub fn plan(config: &ModelConfig, version_dir: &Path) -> Result<ChainPlan> {
 
     let mut lookup_config = config.clone();
     lookup_config.inputs = vec![sparse.clone()];
-    lookup_config.outputs = vec![TensorConfig { name: LOOKUP_OUTPUT.into(), dtype: DataType::F32, dims: rows_dims.clone(), reshape: None }];
+    lookup_config.outputs = vec![TensorConfig { name: LOOKUP_OUTPUT.into(), dtype: rows_type, dims: rows_dims.clone(), reshape: None }];
     lookup_config.parameters.insert("embedding_interface".into(), "batched".into());
     let mut dense_config = config.clone();
     dense_config.inputs.retain(|t| t.name != sparse_input);
-    dense_config.inputs.push(TensorConfig { name: embeddings_input.clone(), dtype: DataType::F32, dims: rows_dims, reshape: None });
+    dense_config.inputs.push(TensorConfig { name: embeddings_input.clone(), dtype: rows_type, dims: rows_dims, reshape: None });
     // `optimization { cuda { graphs: true } }` in the recommender's config is the network's
     // (a TorchScript network on a GPU instance: one graph per batch bucket, or per shape
     // without batching; the lookup has nothing to capture)
@@ -148,13 +155,13 @@ impl Chain {
             ))
         })?;
         let rows = &lookup.outputs()[0];
-        let fits = emb.dtype == DataType::F32
+        let fits = emb.dtype == rows.dtype
             && emb.shape.len() == rows.shape.len()
             && emb.shape.iter().zip(&rows.shape).all(|(&a, &b)| a == -1 || b == -1 || a == b);
         if !fits {
             return Err(Error::invalid_arg(format!(
-                "the dense network's input '{}' is {:?} {:?}; the lookup gives FP32 {:?}",
-                emb.name, emb.dtype, emb.shape, rows.shape
+                "the dense network's input '{}' is {:?} {:?}; the lookup gives {:?} {:?}",
+                emb.name, emb.dtype, emb.shape, rows.dtype, rows.shape
             )));
         }
         let mut inputs: Vec<TensorSpec> = dense.inputs().iter().filter(|t| t.name != plan.embeddings_input).cloned().collect();
@@ -227,7 +234,7 @@ impl Engine for Chain {
             let mut dense_in = Vec::with_capacity(dense.inputs().len());
             for spec in dense.inputs() {
                 if spec.name == *embeddings_input {
-                    dense_in.push(BatchTensor { name: spec.name.clone(), dtype: DataType::F32, shape: o.shape.to_vec(), data: BatchData::Borrowed(o.data) });
+                    dense_in.push(BatchTensor { name: spec.name.clone(), dtype: o.dtype, shape: o.shape.to_vec(), data: BatchData::Borrowed(o.data) });
                     continue;
                 }
                 let t = others.next().ok_or_else(|| Error::internal("the network's inputs changed during a run"))?;
@@ -380,6 +387,12 @@ mod tests {
         let p = plan(&c, &dir).unwrap();
         assert_eq!(p.lookup_config.outputs[0].dims, [-1, 3, 4]);
         assert_eq!(p.dense_config.inputs[1].dims, [-1, 3, 4]);
+        let mut c = config("");
+        c.parameters.insert("recommender_embeddings_type".into(), "TYPE_FP16".into());
+        let p = plan(&c, &dir).unwrap();
+        assert_eq!((p.lookup_config.outputs[0].dtype, p.dense_config.inputs[1].dtype), (DataType::F16, DataType::F16), "fp16 rows end to end");
+        c.parameters.insert("recommender_embeddings_type".into(), "TYPE_BF16".into());
+        assert!(plan(&c, &dir).unwrap_err().message().contains("TYPE_FP32 or TYPE_FP16"));
         let mut c = config("");
         c.parameters.insert("embedding_vecsize_per_table".into(), "4,8,4".into());
         assert!(plan(&c, &dir).unwrap_err().message().contains("shared by every table"));

@@ -47,6 +47,29 @@ __device__ __forceinline__ void copy_row(float* __restrict__ dst, const float* _
     }
 }
 
+// fp32 -> fp16 bits, rounded to nearest even (PTX cvt: no header needed under NVRTC).
+__device__ __forceinline__ unsigned short f2h(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// A row of floats written as fp16 (a batch lookup whose output is TYPE_FP16).
+__device__ __forceinline__ void copy_row(unsigned short* __restrict__ dst, const float* __restrict__ src, int dim, int lane) {
+    if ((dim & 3) == 0 && (((size_t)src) & 15) == 0 && (((size_t)dst) & 7) == 0) {
+        const float4* s = (const float4*)src; uint2* d = (uint2*)dst;
+        for (int j = lane; j < (dim >> 2); j += 32) {
+            float4 v = s[j];
+            uint2 o;
+            o.x = (unsigned)f2h(v.x) | ((unsigned)f2h(v.y) << 16);
+            o.y = (unsigned)f2h(v.z) | ((unsigned)f2h(v.w) << 16);
+            d[j] = o;
+        }
+    } else {
+        for (int j = lane; j < dim; j += 32) dst[j] = f2h(src[j]);
+    }
+}
+
 // The way of `key` in a set of 32 (one slot per lane: stamp st, key sk), the same on every
 // lane: its own way when present; else -1 when only_if_present, else the least recently
 // stamped way (lowest lane on ties), which lane 0 claims for key and counts (an insert, and
@@ -106,9 +129,11 @@ __device__ __forceinline__ int table_of(long long i, int tables, int interleaved
 // One warp per key of keys[first .. first + n] (a launch per piece of the batch, each
 // queued as soon as its keys are on the GPU): hits copy their row and stamp the slot;
 // misses append their index i in the whole batch to miss[] (order not kept).
-extern "C" __global__ void batch_lookup(const i64* __restrict__ keys, long long first, int n, int tables, int interleaved,
+// Rows land as O: float, or fp16 bits (unsigned short) for a TYPE_FP16 output.
+template <typename O>
+__device__ __forceinline__ void batch_lookup_as(const i64* __restrict__ keys, long long first, int n, int tables, int interleaved,
         const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
-        float* __restrict__ out, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
+        O* __restrict__ out, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
     long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (warp >= n) return;
@@ -133,6 +158,18 @@ extern "C" __global__ void batch_lookup(const i64* __restrict__ keys, long long 
     int way = __ffs(m) - 1;
     copy_row(out + (size_t)i * dim, rows + (set * 32 + way) * (size_t)dim, dim, lane);
     if (lane == 0) slot_stamps[set * 32 + way] = epoch;
+}
+
+extern "C" __global__ void batch_lookup(const i64* __restrict__ keys, long long first, int n, int tables, int interleaved,
+        const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
+        float* __restrict__ out, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
+    batch_lookup_as(keys, first, n, tables, interleaved, key_start, desc, dim, epoch, out, miss, miss_count);
+}
+
+extern "C" __global__ void batch_lookup_h(const i64* __restrict__ keys, long long first, int n, int tables, int interleaved,
+        const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
+        unsigned short* __restrict__ out, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
+    batch_lookup_as(keys, first, n, tables, interleaved, key_start, desc, dim, epoch, out, miss, miss_count);
 }
 
 // One warp per missed key of the last batch_lookup: inserts row j (fetched below the
@@ -183,12 +220,23 @@ extern "C" __global__ void batch_fill(const i64* __restrict__ keys, const int* _
 }
 
 // One warp per row: writes rows[i] to out + idx[i] * out_stride (rows fetched below the cache).
-extern "C" __global__ void scatter_rows(const float* __restrict__ rows, const int* __restrict__ idx, int n,
-        float* __restrict__ out, long long out_stride, int dim) {
+template <typename O>
+__device__ __forceinline__ void scatter_rows_as(const float* __restrict__ rows, const int* __restrict__ idx, int n,
+        O* __restrict__ out, long long out_stride, int dim) {
     long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (warp >= n) return;
     copy_row(out + (size_t)idx[warp] * out_stride, rows + (size_t)warp * dim, dim, lane);
+}
+
+extern "C" __global__ void scatter_rows(const float* __restrict__ rows, const int* __restrict__ idx, int n,
+        float* __restrict__ out, long long out_stride, int dim) {
+    scatter_rows_as(rows, idx, n, out, out_stride, dim);
+}
+
+extern "C" __global__ void scatter_rows_h(const float* __restrict__ rows, const int* __restrict__ idx, int n,
+        unsigned short* __restrict__ out, long long out_stride, int dim) {
+    scatter_rows_as(rows, idx, n, out, out_stride, dim);
 }
 
 // One warp per set: inserts (or, with only_if_present, refreshes) that set's keys in order.
@@ -225,6 +273,9 @@ pub(crate) struct Kernels {
     scatter: CudaFunction,
     batch: CudaFunction,
     fill: CudaFunction,
+    /// `batch` and `scatter` writing fp16 rows.
+    batch_h: CudaFunction,
+    scatter_h: CudaFunction,
 }
 
 fn kernels(g: &GpuState) -> Result<Arc<Kernels>> {
@@ -240,6 +291,8 @@ fn kernels(g: &GpuState) -> Result<Arc<Kernels>> {
                     scatter: module.load_function("scatter_rows").map_err(cuda_err)?,
                     batch: module.load_function("batch_lookup").map_err(cuda_err)?,
                     fill: module.load_function("batch_fill").map_err(cuda_err)?,
+                    batch_h: module.load_function("batch_lookup_h").map_err(cuda_err)?,
+                    scatter_h: module.load_function("scatter_rows_h").map_err(cuda_err)?,
                 }))
             }))
             .unwrap_or_else(|p| {
@@ -653,6 +706,25 @@ pub struct BatchTimes {
     pub scatter_us: u64,
 }
 
+/// How a [`BatchLookup`] writes its rows: as the caches hold them (fp32), or as fp16
+/// for a network that reads fp16 (half the bytes written, and no cast in the network).
+/// The rows read below the cache and the caches themselves stay fp32 either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowFormat {
+    F32,
+    F16,
+}
+
+impl RowFormat {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            RowFormat::F32 => 4,
+            RowFormat::F16 => 2,
+        }
+    }
+}
+
 /// Which table each key of a batch belongs to.
 #[derive(Debug, Clone, Copy)]
 pub enum KeyLayout<'a> {
@@ -680,6 +752,7 @@ pub struct BatchLookup {
     kernels: Arc<Kernels>,
     tables: usize,
     dim: usize,
+    format: RowFormat,
     desc: DevBuf,
     keys: (HostBuf<i64>, DevBuf),
     starts: (HostBuf<i32>, DevBuf),
@@ -724,8 +797,8 @@ fn dtoh<T: Copy>(queue: &Queue, dst: &mut [T], src: u64) -> Result<()> {
 
 impl BatchLookup {
     /// A lookup over `caches` (one per table, `None` for a table without a cache), all on
-    /// `queue`, every table of dim `dim`.
-    pub fn new(queue: &Queue, caches: &[Option<&CacheSlots>], dim: usize) -> Result<BatchLookup> {
+    /// `queue`, every table of dim `dim`, its rows written as `format`.
+    pub fn new(queue: &Queue, caches: &[Option<&CacheSlots>], dim: usize, format: RowFormat) -> Result<BatchLookup> {
         let (_, kernels) = self::device(queue.device)?;
         let d = queue.device;
         if let Some(c) = caches.iter().flatten().find(|c| c.dim != dim) {
@@ -748,6 +821,7 @@ impl BatchLookup {
             kernels,
             tables: caches.len(),
             dim,
+            format,
             desc,
             keys: (HostBuf::new(d), DevBuf::new(d)),
             starts: (HostBuf::new(d), DevBuf::new(d)),
@@ -765,6 +839,10 @@ impl BatchLookup {
 
     pub fn dim(&self) -> usize {
         self.dim
+    }
+
+    pub fn format(&self) -> RowFormat {
+        self.format
     }
 
     /// Looks `keys` up (table of each key as `layout` says), stamping hits with `epoch`.
@@ -799,7 +877,7 @@ impl BatchLookup {
         }
         self.fill_queued = false;
         self.max_keys = self.max_keys.max(n);
-        let out = self.out.reserve(n * dim * 4)?;
+        let out = self.out.reserve(n * dim * self.format.size())?;
         let d_keys = self.keys.1.reserve(n * 8)?;
         let h_keys = self.keys.0.slice(n)?;
         let (interleaved, d_starts) = match layout {
@@ -828,7 +906,8 @@ impl BatchLookup {
         // SAFETY: `d_count` holds at least 4 bytes.
         unsafe { result::memset_d8_async(d_count, 0, 4, q.stream.cu_stream()) }.map_err(cuda_err)?;
         let (tables, dim_i, desc) = (self.tables as i32, dim as i32, self.desc.addr);
-        let (kernel, up) = (&self.kernels.batch, &self.upload);
+        let kernel = if self.format == RowFormat::F16 { &self.kernels.batch_h } else { &self.kernels.batch };
+        let up = &self.upload;
         // the keys' buffer is overwritten only after the queue's earlier work (a fill) read it
         up.join(&q.stream).map_err(cuda_err)?;
         // The keys go up in pieces, each looked up as soon as it is on the GPU, so copying
@@ -883,9 +962,11 @@ impl BatchLookup {
             // the miss list, in the fetcher's order, goes back as the scatter's indices
             htod(&q, d_miss, h_miss)?;
             let (m_i, stride, dim_i) = (m as i32, dim as i64, dim as i32);
-            let mut b = q.stream.launch_builder(&self.kernels.scatter);
+            let scatter = if self.format == RowFormat::F16 { &self.kernels.scatter_h } else { &self.kernels.scatter };
+            let mut b = q.stream.launch_builder(scatter);
             b.arg(&d_rows).arg(&d_miss).arg(&m_i).arg(&out).arg(&stride).arg(&dim_i);
-            // SAFETY: argument types and order match scatter_rows; every index is < n.
+            // SAFETY: argument types and order match scatter_rows(_h) (`out` by address,
+            // rows of `format`); every index is < n.
             unsafe { b.launch(warps_config(m)) }.map_err(cuda_err)?;
             self.last = Some((m, interleaved));
         }
@@ -917,13 +998,14 @@ impl BatchLookup {
         Ok(())
     }
 
-    /// The first `floats` floats of the output, as bytes (valid until the next run).
-    pub fn rows(&self, floats: usize) -> Option<DeviceView<'_>> {
-        if floats * 4 > self.out.bytes {
+    /// The first `elements` elements of the output (of `format`), as bytes (valid until the next run).
+    pub fn rows(&self, elements: usize) -> Option<DeviceView<'_>> {
+        let bytes = elements * self.format.size();
+        if bytes > self.out.bytes {
             return None;
         }
         // SAFETY: our allocation, complete (run synchronised) and only written through `&mut self`.
-        Some(unsafe { DeviceView::from_raw(self.queue.device, self.out.addr, floats * 4) })
+        Some(unsafe { DeviceView::from_raw(self.queue.device, self.out.addr, bytes) })
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use triton_rust_core::error::{Error, Result};
 use triton_rust_cuda::cache::{CacheSlots, InsertPlan, Queue, WAYS as DEVICE_WAYS};
-pub use triton_rust_cuda::cache::{BatchLookup, DeviceRows, KeyLayout};
+pub use triton_rust_cuda::cache::{BatchLookup, DeviceRows, KeyLayout, RowFormat};
 
 use crate::cache::{CacheCounters, CacheGeometry, CacheTier, EMPTY_KEY, WAYS};
 
@@ -64,10 +64,11 @@ impl GpuInstance {
         self.clock.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// The whole-batch lookup over `caches` (one per table, each this instance's).
-    pub fn batch_lookup(&self, caches: &[Option<&GpuCache>], dim: usize) -> Result<BatchLookup> {
+    /// The whole-batch lookup over `caches` (one per table, each this instance's), its
+    /// rows written as `format`.
+    pub fn batch_lookup(&self, caches: &[Option<&GpuCache>], dim: usize, format: RowFormat) -> Result<BatchLookup> {
         let slots: Vec<Option<&CacheSlots>> = caches.iter().map(|c| c.map(|c| &c.slots)).collect();
-        Ok(BatchLookup::new(&self.queue, &slots, dim)?)
+        Ok(BatchLookup::new(&self.queue, &slots, dim, format)?)
     }
 }
 

@@ -712,9 +712,10 @@ impl InstanceCaches {
         Ok(())
     }
 
-    /// The whole-batch GPU lookup over this instance's caches (every table of dim `dim`).
+    /// The whole-batch GPU lookup over this instance's caches (every table of dim `dim`),
+    /// its rows written as `format`.
     #[cfg(feature = "gpu")]
-    pub fn batch_lookup(&self, gpu: &gpu::GpuInstance) -> Result<gpu::BatchLookup> {
+    pub fn batch_lookup(&self, gpu: &gpu::GpuInstance, format: gpu::RowFormat) -> Result<gpu::BatchLookup> {
         let store = &self.store;
         let dim = store.dim(0);
         if (0..store.table_count()).any(|t| store.dim(t) != dim) {
@@ -723,7 +724,7 @@ impl InstanceCaches {
         let caches: Vec<Option<&gpu::GpuCache>> = (0..store.table_count())
             .map(|t| self.caches.get(t).and_then(|c| c.as_any().downcast_ref::<gpu::GpuCache>()))
             .collect();
-        gpu.batch_lookup(&caches, dim)
+        gpu.batch_lookup(&caches, dim, format)
     }
 
     /// Looks a whole batch up on the GPU, every table at once (see

@@ -30,7 +30,7 @@ use triton_rust_core::telemetry::MetricsSource;
 use triton_rust_core::tensor::{Bytes, DataType};
 use triton_rust_embedding::cache::{CacheTier, HostCache};
 #[cfg(feature = "gpu")]
-use triton_rust_embedding::gpu::{BatchLookup, DeviceRows, GpuInstance, KeyLayout};
+use triton_rust_embedding::gpu::{BatchLookup, DeviceRows, GpuInstance, KeyLayout, RowFormat};
 use triton_rust_embedding::stream::StreamSpec;
 use triton_rust_embedding::{CacheAllocation, EmbeddingStore, InstanceCaches, StoreConfig, TableConfig};
 use triton_rust_embedding::table::HostRows;
@@ -282,6 +282,8 @@ pub struct EmbeddingEngine {
     /// A GPU instance's whole-batch lookup (tables of one dim: every table in one pass).
     #[cfg(feature = "gpu")]
     gpu: Option<(GpuInstance, BatchLookup)>,
+    /// The batched interface's rows: F32, or F16 when its output is declared so.
+    rows_type: DataType,
     sig: Signature,
 }
 
@@ -298,6 +300,18 @@ impl EmbeddingEngine {
                 )));
             }
         }
+        // The batched interface writes its rows as its output is declared: TYPE_FP32 (the
+        // caches' own), or TYPE_FP16 for an fp16 network (half the bytes, no cast in it).
+        let rows_type = match (settings.interface, options.config.outputs.first().map(|t| t.dtype)) {
+            (Interface::Batched, Some(DataType::F16)) => DataType::F16,
+            (Interface::Batched, Some(d)) if d != DataType::F32 => {
+                return Err(Error::invalid_arg(format!(
+                    "output '{}' of the batched interface holds the rows: TYPE_FP32 or TYPE_FP16, not {d:?}",
+                    options.config.outputs[0].name
+                )))
+            }
+            _ => DataType::F32,
+        };
         #[cfg(feature = "gpu")]
         let mut gpu = None;
         let caches = match options.device {
@@ -309,7 +323,8 @@ impl EmbeddingEngine {
                 let caches = store.attach_caches(&|geo| instance.new_cache(geo))?;
                 let same_dim = (0..store.table_count()).all(|t| store.dim(t) == store.dim(0));
                 if same_dim && settings.interface != Interface::Update {
-                    let lookup = caches.batch_lookup(&instance)?;
+                    let format = if rows_type == DataType::F16 { RowFormat::F16 } else { RowFormat::F32 };
+                    let lookup = caches.batch_lookup(&instance, format)?;
                     gpu = Some((instance, lookup));
                 }
                 caches
@@ -340,7 +355,7 @@ impl EmbeddingEngine {
                 }
                 (
                     vec![t(name_or(&cfg.inputs, 0, "KEYS"), DataType::I64, vec![-1, tables])],
-                    vec![t(name_or(&cfg.outputs, 0, "OUTPUT0"), DataType::F32, vec![-1, tables, dim as i64])],
+                    vec![t(name_or(&cfg.outputs, 0, "OUTPUT0"), rows_type, vec![-1, tables, dim as i64])],
                 )
             }
             Interface::Update => {
@@ -363,6 +378,7 @@ impl EmbeddingEngine {
             device_rows: None,
             #[cfg(feature = "gpu")]
             gpu,
+            rows_type,
             sig: Signature { inputs, outputs, device: options.device },
         })
     }
@@ -418,9 +434,10 @@ impl EmbeddingEngine {
         let Some((instance, lookup)) = self.gpu.as_mut() else { return Ok(false) };
         self.caches.lookup_batch_device(keys, layout, instance, lookup)?;
         if let Some((name, shape)) = out {
-            let floats = keys.len() * lookup.dim();
-            let rows = lookup.rows(floats).ok_or_else(|| Error::internal("batch lookup: rows buffer too small"))?;
-            sink(OutputView { name, dtype: DataType::F32, shape, data: Bytes::Device(rows) })?;
+            let elements = keys.len() * lookup.dim();
+            let rows = lookup.rows(elements).ok_or_else(|| Error::internal("batch lookup: rows buffer too small"))?;
+            let dtype = if lookup.format() == RowFormat::F16 { DataType::F16 } else { DataType::F32 };
+            sink(OutputView { name, dtype, shape, data: Bytes::Device(rows) })?;
         }
         Ok(true)
     }
@@ -666,7 +683,15 @@ impl Engine for EmbeddingEngine {
                 }
                 if wanted {
                     let shape = [batch as i64, tables as i64, dim as i64];
-                    sink(OutputView { name: &out_name, dtype: DataType::F32, shape: &shape, data: rows.bytes(total)? })?;
+                    let data = rows.bytes(total)?;
+                    if self.rows_type == DataType::F16 {
+                        // host rows (a CPU instance: the GPU path writes fp16 itself)
+                        let f32s = data.host().ok_or_else(|| Error::internal("fp16 rows: the rows are not on the host"))?;
+                        let halves: Vec<half::f16> = bytemuck::cast_slice::<u8, f32>(f32s).iter().map(|&v| half::f16::from_f32(v)).collect();
+                        sink(OutputView { name: &out_name, dtype: DataType::F16, shape: &shape, data: Bytes::Host(bytemuck::cast_slice(&halves)) })?;
+                    } else {
+                        sink(OutputView { name: &out_name, dtype: DataType::F32, shape: &shape, data })?;
+                    }
                 }
             }
             Interface::Update => {
