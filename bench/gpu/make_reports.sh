@@ -12,8 +12,14 @@ out="${OUT_ROOT:-docs/perf/h100}"
 "$py" bench/gpu/report.py --perf "$r/dense_perf_h100/resnet50" "$r/dense_perf_h100/bert_fastpitch" --out "$out" "$@"
 "$py" bench/gpu/report.py --perf "$r/dense_perf_h100/issue9_resnet50" "$r/dense_perf_h100/issue9_bert_fastpitch" \
     --out "$out/served_vs_bare" "$@"
-"$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/nov23_dlrm" "$r/recsys_h100/nov23_dcnv2" "$r/recsys_h100/nov23_wide_deep_room" \
+# the latest sweeps (fp16 rows into the networks, split interaction, graphs at <= 16384 rows)
+"$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/nov23b_dlrm" "$r/recsys_h100/nov23b_dcnv2" "$r/recsys_h100/nov23b_wide_deep" \
     --out "$out/recsys" "$@"
+# the same build's DLRM at batch 4096 and 65536 alone (the sweep's first minutes ran slow)
+"$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/nov23b_dlrm_fp16" --out "$out/recsys_c1" "$@"
+# the sweeps before (fp32 rows, cat interaction, eager networks)
+"$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/nov23_dlrm" "$r/recsys_h100/nov23_dcnv2" "$r/recsys_h100/nov23_wide_deep_room" \
+    --out "$out/recsys_nov23a" "$@"
 "$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/nov23_dlrm_room" --out "$out/recsys_room" "$@"
 "$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/dlrm" "$r/recsys_h100/dcnv2" --out "$out/recsys_first" "$@"
 "$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/dlrm_graphs" --out "$out/recsys_graphs" "$@"

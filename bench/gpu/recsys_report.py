@@ -107,6 +107,26 @@ def plot_concurrency(plt, m, runs, gpu, out):
     return save(plt, fig, gpu, out, f"{m}_concurrency.png")
 
 
+def served_network(setup, model):
+    """How the run served `model`'s network, from its setup.json (older runs lack the newer keys)."""
+    rows = setup.get("graph_rows") or []
+    if isinstance(rows, str):
+        rows = [r for r in rows.split(",") if r]
+    if not setup.get("graphs"):
+        how = "eager"
+    elif rows:
+        how = f"CUDA graphs for requests of {', '.join(str(r) for r in rows)} rows, eager otherwise"
+    else:
+        how = "CUDA graphs (one per request shape)"
+    parts = [how]
+    if model == "dlrm" and setup.get("dlrm_interaction"):
+        parts.append(f"DLRM interaction `{setup['dlrm_interaction']}`")
+    parts.append(f"embeddings into the network as {setup.get('rows_type', 'TYPE_FP32')}")
+    if setup.get("host_memory"):
+        parts.append(f"host rows `{setup['host_memory']}`")
+    return "; ".join(parts)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", required=True, nargs="+", help="folders written by recsys_perf.py")
@@ -143,7 +163,7 @@ def main():
                    f"{setup['requests_per_pool']} distinct requests at batch ≤ 4096 (fewer above) that perf_analyzer cycles. "
                    "Stationary hit rate (an endless stream of this law, the cache holding each table's hottest keys): "
                    + ", ".join(f"α {x}: {h:.4f}" for x, h in setup.get("stationary_hit_rate", {}).items()) + ".", "",
-                   f"Served network: {'CUDA graphs (one per request shape)' if setup.get('graphs') else 'eager'}. "
+                   f"Served network: {served_network(setup, m)}. "
                    "Ceiling: the same TorchScript network in torch with every table in HBM (one fp16 tensor, one gather), "
                    "keys already on the GPU, best of eager and CUDA graph; served/ceiling divides by it.", ""]
             offline = sorted([r for r in rs if r["alpha"] == first_alpha and r["concurrency"] == 1], key=lambda r: (r["batch"], r["path"]))
