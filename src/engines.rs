@@ -36,7 +36,7 @@ impl EngineFactory for Engines {
                 match options.device {
                     Device::Gpu(id) => {
                         let staged = Staged::new(id).map_err(|e| Error::unavailable(format!("GPU {id}: {e}")))?;
-                        Box::new(chain.with_stager(Box::new(GpuStager(staged))))
+                        Box::new(chain.with_gpu(Box::new(GpuStager(staged)), std::sync::Arc::new(triton_rust_cuda::Cuda)))
                     }
                     Device::Cpu => Box::new(chain),
                 }

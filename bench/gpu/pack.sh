@@ -3,7 +3,7 @@
 # the backend library and the GPU cache check, stripped so they travel small.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-cargo build --release --lib --example gpu_cache_check --example criteo_fixture --example host_read_bench
+cargo build --release --lib --example gpu_cache_check --example criteo_fixture --example host_read_bench --example batch_lookup_bench
 if [ -z "${LIBTORCH:-}" ]; then
     for d in .venv/lib/python3*/site-packages/torch; do [ -f "$d/lib/libtorch_cpu.so" ] && export LIBTORCH="$PWD/$d"; done
 fi
@@ -14,6 +14,7 @@ strip -o .carry/libtriton_rust.so target/release/libtriton_rust.so
 strip -o .carry/gpu_cache_check target/release/examples/gpu_cache_check
 strip -o .carry/criteo_fixture target/release/examples/criteo_fixture
 strip -o .carry/host_read_bench target/release/examples/host_read_bench
+strip -o .carry/batch_lookup_bench target/release/examples/batch_lookup_bench
 strip -o .carry/ort_bare target/release/examples/ort_bare
 strip -o .carry/libtriton_rust_torch.so target/release/libtriton_rust_torch.so
 strip -o .carry/libtriton_rust_torch_cuda.so target/release/libtriton_rust_torch_cuda.so

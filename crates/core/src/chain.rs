@@ -18,6 +18,12 @@
 //! inputs (the dense features, in host memory) go to the GPU on a thread of their own
 //! while the lookup runs, when a [`Stager`] is given and they are large enough to pay
 //! for the thread.
+//!
+//! `recommender_pipeline_parts: P` (default 1) runs a large batch on a GPU instance in P
+//! parts: the lookup of part k+1 runs while the network runs on part k (the lookup moves
+//! keys over PCIe and rows through HBM, the network keeps the tensor cores busy), each
+//! part's rows written into one buffer of the chain's, the network's outputs gathered in
+//! order into one response. Batches under P × 1024 rows run whole.
 
 use std::path::{Path, PathBuf};
 
@@ -26,7 +32,10 @@ use crate::config::{ModelConfig, TensorConfig, TensorSpec};
 use crate::engine::{Device, Engine, EngineKind, OutputView, Signature};
 use crate::error::{Error, Result};
 use crate::tensor::{Bytes, DataType};
-use triton_rust_cuda::DeviceView;
+use std::ops::Range;
+use std::sync::Arc;
+
+use triton_rust_cuda::{DeviceBuffer, DeviceOps, DeviceView};
 
 /// Copies host bytes to the chain's GPU; done when `stage` returns. The views live until
 /// the next call. The backend gives one to a chain on a GPU instance.
@@ -38,6 +47,9 @@ pub trait Stager: Send {
 /// smaller ones cost less than the thread and are left to the network's engine.
 const STAGE_BESIDE: usize = 1 << 20;
 
+/// The fewest rows a part of a batch run in parts has.
+const MIN_PART_ROWS: usize = 1024;
+
 /// How a recommender model splits into its two engines.
 #[derive(Debug)]
 pub struct ChainPlan {
@@ -47,6 +59,7 @@ pub struct ChainPlan {
     pub dense_file: PathBuf,
     sparse_input: String,
     embeddings_input: String,
+    pipeline_parts: usize,
 }
 
 /// The embedding engine's output name inside the chain.
@@ -99,6 +112,11 @@ pub fn plan(config: &ModelConfig, version_dir: &Path) -> Result<ChainPlan> {
         "TYPE_FP16" => DataType::F16,
         other => return Err(Error::invalid_arg(format!("parameter recommender_embeddings_type is TYPE_FP32 or TYPE_FP16, not '{other}'"))),
     };
+    let pipeline_parts = param(config, "recommender_pipeline_parts", "1")
+        .parse::<usize>()
+        .ok()
+        .filter(|p| (1..=16).contains(p))
+        .ok_or_else(|| Error::invalid_arg("parameter recommender_pipeline_parts is a number of parts from 1 to 16"))?;
     let named = config.parameters.get("recommender_dense_model").map(|s| version_dir.join(s.trim()));
     let dense_file = match named {
         Some(f) => f,
@@ -127,7 +145,7 @@ pub fn plan(config: &ModelConfig, version_dir: &Path) -> Result<ChainPlan> {
     // `optimization { cuda { graphs: true } }` in the recommender's config is the network's
     // (a TorchScript network on a GPU instance: one graph per batch bucket, or per shape
     // without batching; the lookup has nothing to capture)
-    Ok(ChainPlan { lookup_config, dense_config, dense_kind, dense_file, sparse_input, embeddings_input })
+    Ok(ChainPlan { lookup_config, dense_config, dense_kind, dense_file, sparse_input, embeddings_input, pipeline_parts })
 }
 
 pub struct Chain {
@@ -136,6 +154,11 @@ pub struct Chain {
     sparse_input: String,
     embeddings_input: String,
     stager: Option<Box<dyn Stager>>,
+    /// A GPU instance's device operations: the parts' buffer of rows and their outputs' copies.
+    ops: Option<Arc<dyn DeviceOps>>,
+    parts: usize,
+    /// The rows of a batch run in parts (grown to the largest batch, never shrunk).
+    rows_buf: Option<DeviceBuffer>,
     sig: Signature,
 }
 
@@ -167,13 +190,178 @@ impl Chain {
         let mut inputs: Vec<TensorSpec> = dense.inputs().iter().filter(|t| t.name != plan.embeddings_input).cloned().collect();
         inputs.push(lookup.inputs()[0].clone());
         let sig = Signature { inputs, outputs: dense.outputs().to_vec(), device };
-        Ok(Chain { lookup, dense, sparse_input: plan.sparse_input.clone(), embeddings_input: plan.embeddings_input.clone(), stager: None, sig })
+        Ok(Chain { lookup, dense, sparse_input: plan.sparse_input.clone(), embeddings_input: plan.embeddings_input.clone(), stager: None, ops: None, parts: plan.pipeline_parts, rows_buf: None, sig })
     }
 
-    /// Stages the network's large host inputs with `stager` while the lookup runs.
-    pub fn with_stager(mut self, stager: Box<dyn Stager>) -> Chain {
+    /// On a GPU instance: stages the network's large host inputs with `stager` while the
+    /// lookup runs, and runs large batches in parts (`recommender_pipeline_parts`) with `ops`.
+    pub fn with_gpu(mut self, stager: Box<dyn Stager>, ops: Arc<dyn DeviceOps>) -> Chain {
         self.stager = Some(stager);
+        self.ops = Some(ops);
         self
+    }
+}
+
+/// One output of a batch run in parts, its parts' bytes gathered in order on the host.
+struct Gathered {
+    name: String,
+    dtype: DataType,
+    /// Dims after the first (the rows).
+    rest: Vec<i64>,
+    bytes: Vec<u8>,
+}
+
+/// Rows `r` of a host input whose first dim holds `rows` rows.
+fn rows_of<'a>(t: &BatchTensor<'_>, bytes: &'a [u8], rows: usize, r: &Range<usize>) -> Result<BatchTensor<'a>> {
+    if rows == 0 || bytes.len() % rows != 0 {
+        return Err(Error::internal(format!("input '{}': {} bytes are not {rows} whole rows", t.name, bytes.len())));
+    }
+    let per = bytes.len() / rows;
+    let mut shape = t.shape.clone();
+    if let Some(first) = shape.first_mut() {
+        *first = r.len() as i64;
+    }
+    Ok(BatchTensor { name: t.name.clone(), dtype: t.dtype, shape, data: BatchData::Borrowed(Bytes::Host(&bytes[r.start * per..r.end * per])) })
+}
+
+impl Chain {
+    /// Runs a batch of `rows` rows in `self.parts` parts, the lookup of each part beside the
+    /// network's run on the part before (see the module's notes). `Ok(false)`, having
+    /// answered nothing, when the lookup cannot write into the chain's buffer.
+    #[allow(clippy::too_many_arguments)]
+    fn run_in_parts(
+        &mut self,
+        ops: Arc<dyn DeviceOps>,
+        device: i32,
+        keys: &BatchTensor<'_>,
+        others: &[&BatchTensor<'_>],
+        rows: usize,
+        outputs: &[&str],
+        sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+    ) -> Result<bool> {
+        let spec = &self.lookup.outputs()[0];
+        let (rows_type, rows_shape) = (spec.dtype, spec.shape.clone());
+        let row_bytes = rows_shape.iter().skip(1).map(|&d| d.max(0) as usize).product::<usize>() * rows_type.size().unwrap_or(4);
+        let Chain { lookup, dense, stager, rows_buf, embeddings_input, parts, .. } = self;
+        if !dense.accepts_device_inputs() {
+            return Ok(false);
+        }
+        let total = rows * row_bytes;
+        if rows_buf.as_ref().is_none_or(|b| b.len() < total) {
+            *rows_buf = None; // the old buffer goes before the new one is made
+            *rows_buf = Some(ops.alloc(device, total)?);
+        }
+        let per = rows.div_ceil(*parts);
+        let ranges: Vec<Range<usize>> = (0..*parts).map(|i| i * per..((i + 1) * per).min(rows)).filter(|r| !r.is_empty()).collect();
+        let mut views = Vec::with_capacity(ranges.len());
+        let mut rest = rows_buf.as_mut().expect("allocated above").view_mut();
+        for r in &ranges {
+            let (part, tail) = rest.split_at(r.len() * row_bytes);
+            views.push(part);
+            rest = tail;
+        }
+        let key_bytes = keys.bytes().and_then(|b| b.host()).ok_or_else(|| Error::unsupported(format!("input '{}' in GPU memory", keys.name)))?;
+        let key_part = |r: &Range<usize>| rows_of(keys, key_bytes, rows, r);
+        let host = others
+            .iter()
+            .map(|t| t.bytes().and_then(|b| b.host()).ok_or_else(|| Error::unsupported(format!("input '{}' in GPU memory", t.name))))
+            .collect::<Result<Vec<_>>>()?;
+        let host_total: usize = host.iter().map(|b| b.len()).sum();
+        let mut views = views.into_iter();
+        let mut cur = views.next();
+        // part 0's lookup, the network's host inputs staged beside it when large
+        let first = [key_part(&ranges[0])?];
+        let (looked, staged) = match stager.as_mut().filter(|_| host_total >= STAGE_BESIDE) {
+            Some(stager) => {
+                let stager: &mut dyn Stager = &mut **stager;
+                let parts_in = host.clone();
+                std::thread::scope(|s| {
+                    let job = s.spawn(move || stager.stage(&parts_in));
+                    let looked = lookup.run_into(&first, cur.as_mut().expect("one part at least"));
+                    let staged = job.join().map_err(|_| Error::internal("staging the network's inputs panicked"));
+                    (looked, staged)
+                })
+            }
+            None => (lookup.run_into(&first, cur.as_mut().expect("one part at least")), Ok(Ok(Vec::new()))),
+        };
+        if !looked? {
+            return Ok(false);
+        }
+        let staged = staged??;
+        let mut gathered: Vec<Gathered> = Vec::new();
+        for (i, r) in ranges.iter().enumerate() {
+            let part_rows = cur.take().ok_or_else(|| Error::internal("a part's rows went missing"))?.into_view();
+            let mut next = views.next();
+            // the network's inputs for rows r: its embeddings in place, the rest sliced
+            let mut dense_in = Vec::with_capacity(dense.inputs().len());
+            let mut k = 0;
+            for spec in dense.inputs() {
+                if spec.name == *embeddings_input {
+                    let mut shape = rows_shape.clone();
+                    shape[0] = r.len() as i64;
+                    dense_in.push(BatchTensor { name: spec.name.clone(), dtype: rows_type, shape, data: BatchData::Borrowed(Bytes::Device(part_rows)) });
+                    continue;
+                }
+                let (t, bytes) = (others[k], host[k]);
+                let mut part = rows_of(t, bytes, rows, r)?;
+                if let Some(v) = staged.get(k) {
+                    let per = bytes.len() / rows;
+                    let view = v.slice(r.start * per..r.end * per).ok_or_else(|| Error::internal("a staged input is shorter than its rows"))?;
+                    part.data = BatchData::Borrowed(Bytes::Device(view));
+                }
+                dense_in.push(part);
+                k += 1;
+            }
+            let next_keys = match ranges.get(i + 1) {
+                Some(nr) => Some([key_part(nr)?]),
+                None => None,
+            };
+            let gathered = &mut gathered;
+            let ops = &ops;
+            let dense = &mut *dense;
+            let (ran, looked) = std::thread::scope(|s| {
+                let job = s.spawn(move || {
+                    dense.run(&dense_in, outputs, &mut |o: OutputView<'_>| {
+                        if o.shape.first() != Some(&(r.len() as i64)) {
+                            return Err(Error::unsupported(format!(
+                                "output '{}' of shape {:?} does not have the part's {} rows first: set recommender_pipeline_parts to 1",
+                                o.name,
+                                o.shape,
+                                r.len()
+                            )));
+                        }
+                        let at = match gathered.iter().position(|g| g.name == o.name) {
+                            Some(at) => at,
+                            None => {
+                                gathered.push(Gathered { name: o.name.to_string(), dtype: o.dtype, rest: o.shape[1..].to_vec(), bytes: Vec::new() });
+                                gathered.len() - 1
+                            }
+                        };
+                        let g = &mut gathered[at];
+                        let start = g.bytes.len();
+                        g.bytes.resize(start + o.data.len(), 0);
+                        ops.copy(o.data, triton_rust_cuda::BytesMut::Host(&mut g.bytes[start..]))?;
+                        Ok(())
+                    })
+                });
+                let looked = match (next_keys.as_ref(), next.as_mut()) {
+                    (Some(k), Some(v)) => lookup.run_into(k, v).map(Some),
+                    _ => Ok(None),
+                };
+                (job.join().map_err(|_| Error::internal("the network panicked on a part of the batch")), looked)
+            });
+            ran??;
+            match looked? {
+                Some(true) => cur = next,
+                Some(false) => return Err(Error::internal("the lookup stopped writing into the chain's buffer")),
+                None => {}
+            }
+        }
+        for g in &gathered {
+            let shape: Vec<i64> = std::iter::once(rows as i64).chain(g.rest.iter().copied()).collect();
+            sink(OutputView { name: &g.name, dtype: g.dtype, shape: &shape, data: Bytes::Host(&g.bytes) })?;
+        }
+        Ok(true)
     }
 }
 
@@ -219,6 +407,12 @@ impl Engine for Chain {
             })
             .collect::<Result<Vec<_>>>()?;
         let host: usize = others.iter().map(|t| t.bytes().and_then(|b| b.host()).map_or(0, <[u8]>::len)).sum();
+        let rows = keys.shape.first().map_or(0, |&r| r.max(0) as usize);
+        if let (Device::Gpu(device), Some(ops)) = (self.sig.device, self.ops.clone()) {
+            if self.parts > 1 && rows >= self.parts * MIN_PART_ROWS && self.run_in_parts(ops, device, keys, &others, rows, outputs, sink)? {
+                return Ok(());
+            }
+        }
         // The dense network runs inside the lookup's sink, on the lookup's own buffer of
         // rows: nothing is copied between the two.
         let (dense, embeddings_input, lookup) = (&mut self.dense, &self.embeddings_input, &mut self.lookup);
@@ -271,6 +465,8 @@ impl Engine for Chain {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fake_device::FakeDevice;
+    use triton_rust_cuda::DeviceViewMut;
 
     fn config(extra: &str) -> ModelConfig {
         ModelConfig::from_json(&format!(
@@ -343,8 +539,11 @@ mod tests {
             dense_file: "dense.pt".into(),
             sparse_input: "sparse".into(),
             embeddings_input: "embeddings".into(),
+            pipeline_parts: 1,
         };
-        let mut chain = Chain::new(Box::new(lookup), Box::new(dense), &plan, Device::Gpu(0)).unwrap().with_stager(Box::new(Copies(vec![], false)));
+        let mut chain = Chain::new(Box::new(lookup), Box::new(dense), &plan, Device::Gpu(0))
+            .unwrap()
+            .with_gpu(Box::new(Copies(vec![], false)), Arc::new(FakeDevice::default()));
         let run = |chain: &mut Chain, dense_bytes: usize| -> Result<Vec<(bool, Vec<u8>)>> {
             let (features, keys) = ((0..dense_bytes).map(|i| i as u8).collect::<Vec<u8>>(), vec![1u8; 64]);
             let t = |name: &str, b| BatchTensor { name: name.into(), dtype: DataType::F32, shape: vec![-1], data: BatchData::Borrowed(Bytes::Host(b)) };
@@ -359,6 +558,132 @@ mod tests {
         chain.stager = Some(Box::new(Copies(vec![], true)));
         let e = run(&mut chain, STAGE_BESIDE).unwrap_err();
         assert!(e.message().contains("no room on GPU 0"), "the stager's failure is the run's: {e}");
+    }
+
+    /// Two tables of dim 1: the lookup writes key k's row as the f32 k; it counts its
+    /// calls of `run_into` and says so to whoever waits on `started`.
+    struct PartLookup {
+        sig: Signature,
+        log: Arc<std::sync::Mutex<Vec<String>>>,
+        started: Arc<(std::sync::Mutex<usize>, std::sync::Condvar)>,
+    }
+    impl Engine for PartLookup {
+        fn signature(&self) -> &Signature {
+            &self.sig
+        }
+        fn run(&mut self, inputs: &[BatchTensor<'_>], _: &[&str], sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>) -> Result<()> {
+            self.log.lock().unwrap().push(format!("run {:?}", inputs[0].shape));
+            let rows: Vec<u8> = keys_of(&inputs[0]).iter().flat_map(|&k| (k as f32).to_le_bytes()).collect();
+            let shape = [inputs[0].shape[0], 2, 1];
+            sink(OutputView { name: LOOKUP_OUTPUT, dtype: DataType::F32, shape: &shape, data: Bytes::Device(DeviceView::simulated(0, &rows)) })
+        }
+        fn run_into(&mut self, inputs: &[BatchTensor<'_>], out: &mut DeviceViewMut<'_>) -> Result<bool> {
+            self.log.lock().unwrap().push(format!("run_into {:?}", inputs[0].shape));
+            let rows: Vec<u8> = keys_of(&inputs[0]).iter().flat_map(|&k| (k as f32).to_le_bytes()).collect();
+            out.simulated_bytes().unwrap()[..rows.len()].copy_from_slice(&rows);
+            let (count, cv) = &*self.started;
+            *count.lock().unwrap() += 1;
+            cv.notify_all();
+            Ok(true)
+        }
+    }
+    fn keys_of(t: &BatchTensor<'_>) -> Vec<i64> {
+        t.bytes().unwrap().host().unwrap().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
+    }
+    /// prediction = dense + both embeddings, per row; its first part waits until the
+    /// lookup has begun the next part (so a chain that does not overlap them fails).
+    struct PartDense {
+        sig: Signature,
+        started: Arc<(std::sync::Mutex<usize>, std::sync::Condvar)>,
+        runs: usize,
+    }
+    impl Engine for PartDense {
+        fn signature(&self) -> &Signature {
+            &self.sig
+        }
+        fn accepts_device_inputs(&self) -> bool {
+            true
+        }
+        fn run(&mut self, inputs: &[BatchTensor<'_>], _: &[&str], sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>) -> Result<()> {
+            let floats = |t: &BatchTensor<'_>| -> Vec<f32> {
+                let b = match t.bytes().unwrap() {
+                    Bytes::Host(b) => b,
+                    Bytes::Device(v) => v.simulated_bytes().unwrap(),
+                };
+                b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+            };
+            let (dense, emb) = (floats(&inputs[0]), floats(&inputs[1]));
+            let rows = inputs[0].shape[0] as usize;
+            if self.runs == 0 && inputs[1].shape[0] as usize * 2 < 4096 * 2 {
+                // a part, not the whole batch: wait for the lookup of the next part
+                let (count, cv) = &*self.started;
+                let (n, timeout) = cv.wait_timeout_while(count.lock().unwrap(), std::time::Duration::from_secs(10), |n| *n < 2).unwrap();
+                if timeout.timed_out() {
+                    return Err(Error::internal(format!("the next part's lookup never began while this part ran ({} lookups)", *n)));
+                }
+            }
+            self.runs += 1;
+            let out: Vec<u8> = (0..rows).flat_map(|i| (dense[i] + emb[2 * i] + emb[2 * i + 1]).to_le_bytes()).collect();
+            let shape = [rows as i64, 1];
+            sink(OutputView { name: "prediction", dtype: DataType::F32, shape: &shape, data: Bytes::Device(DeviceView::simulated(0, &out)) })
+        }
+    }
+
+    #[test]
+    fn a_large_batch_runs_in_parts_each_lookup_beside_the_network_on_the_part_before() {
+        let spec = |name: &str, dtype, shape: Vec<i64>| TensorSpec { name: name.into(), dtype, shape };
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let started = Arc::new((std::sync::Mutex::new(0usize), std::sync::Condvar::new()));
+        let lookup = PartLookup {
+            sig: Signature { inputs: vec![spec("sparse", DataType::I64, vec![-1, 2])], outputs: vec![spec(LOOKUP_OUTPUT, DataType::F32, vec![-1, 2, 1])], device: Device::Gpu(0) },
+            log: log.clone(),
+            started: started.clone(),
+        };
+        let dense = PartDense {
+            sig: Signature {
+                inputs: vec![spec("dense", DataType::F32, vec![-1, 1]), spec("embeddings", DataType::F32, vec![-1, 2, 1])],
+                outputs: vec![spec("prediction", DataType::F32, vec![-1, 1])],
+                device: Device::Gpu(0),
+            },
+            started: started.clone(),
+            runs: 0,
+        };
+        let mut c = config("");
+        c.parameters.insert("recommender_pipeline_parts".into(), "3".into());
+        let dir = std::env::temp_dir().join(format!("trt-chain-parts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("dense.pt"), b"x").unwrap();
+        let plan = plan(&c, &dir).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(plan.pipeline_parts, 3);
+        let mut chain = Chain::new(Box::new(lookup), Box::new(dense), &plan, Device::Gpu(0))
+            .unwrap()
+            .with_gpu(Box::new(Copies(vec![], false)), Arc::new(FakeDevice::default()));
+        let run = |chain: &mut Chain, rows: usize| -> Vec<f32> {
+            let keys: Vec<u8> = (0..rows as i64 * 2).flat_map(|k| k.to_le_bytes()).collect();
+            let dense: Vec<u8> = (0..rows).flat_map(|i| (0.5 * i as f32).to_le_bytes()).collect();
+            let t = |name: &str, dtype, shape: Vec<i64>, b| BatchTensor { name: name.into(), dtype, shape, data: BatchData::Borrowed(Bytes::Host(b)) };
+            let inputs = [t("dense", DataType::F32, vec![rows as i64, 1], &dense), t("sparse", DataType::I64, vec![rows as i64, 2], &keys)];
+            let mut got = None;
+            chain
+                .run(&inputs, &["prediction"], &mut |o| {
+                    assert_eq!((o.name, o.shape), ("prediction", &[rows as i64, 1][..]), "one output of every row");
+                    // gathered on the host when run in parts; the network's own buffer when whole
+                    let b = o.data.host().or_else(|| match o.data {
+                        Bytes::Device(v) => v.simulated_bytes(),
+                        Bytes::Host(_) => None,
+                    });
+                    got = Some(b.unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect());
+                    Ok(())
+                })
+                .unwrap();
+            got.expect("the prediction")
+        };
+        let want = |rows: usize| -> Vec<f32> { (0..rows).map(|i| 0.5 * i as f32 + (2 * i) as f32 + (2 * i + 1) as f32).collect() };
+        assert_eq!(run(&mut chain, 4000), want(4000), "three parts of 1334, 1334 and 1332 rows, gathered in order");
+        assert_eq!(log.lock().unwrap().drain(..).collect::<Vec<_>>(), ["run_into [1334, 2]", "run_into [1334, 2]", "run_into [1332, 2]"]);
+        assert_eq!(run(&mut chain, 3000), want(3000), "under 3 × 1024 rows: whole");
+        assert_eq!(log.lock().unwrap().drain(..).collect::<Vec<_>>(), ["run [3000, 2]"]);
     }
 
     #[test]

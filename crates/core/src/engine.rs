@@ -61,6 +61,13 @@ pub trait Engine: Send {
     fn check_request(&self, _inputs: &[RequestTensor<'_>]) -> Result<()> {
         Ok(())
     }
+    /// Runs the model once on `inputs`, writing its one output into `out` (GPU memory with
+    /// room for all of it) instead of a buffer of its own; `Ok(false)`, having done
+    /// nothing, when it cannot (the caller then uses `run`). With it a recommender chain
+    /// looks up one part of a batch while its network runs on the part before.
+    fn run_into(&mut self, _inputs: &[BatchTensor<'_>], _out: &mut triton_rust_cuda::DeviceViewMut<'_>) -> Result<bool> {
+        Ok(false)
+    }
     /// Runs the model once on `inputs` and passes each of `outputs` to `sink`.
     fn run(
         &mut self,

@@ -21,4 +21,7 @@ pub mod serve;
 pub mod telemetry;
 pub mod tensor;
 
+#[cfg(test)]
+mod fake_device;
+
 pub use error::{Error, ErrorKind, Result, ResultExt};

@@ -510,7 +510,8 @@ mod tests {
     use crate::batch::BatchTensor;
     use crate::config::TensorSpec;
     use crate::engine::Signature;
-    use crate::tensor::{DeviceBuffer, DeviceView, DeviceViewMut};
+    use crate::tensor::{DeviceView, DeviceViewMut};
+    use crate::fake_device::FakeDevice;
 
     type Sent = (String, Result<()>, Vec<(String, Vec<i64>, Vec<u8>, Device)>);
 
@@ -568,30 +569,6 @@ mod tests {
         }
         fn send(self, outcome: &Result<()>) {
             self.sent.borrow_mut().push((self.id, outcome.clone(), self.outputs));
-        }
-    }
-
-    /// A GPU made of host memory: copies between simulated views, gathers counted.
-    #[derive(Default)]
-    struct FakeDevice {
-        gathers: AtomicUsize,
-    }
-
-    impl DeviceOps for FakeDevice {
-        fn copy(&self, src: Bytes<'_>, dst: BytesMut<'_>) -> triton_rust_cuda::Result<()> {
-            let from = match src {
-                Bytes::Host(b) => b,
-                Bytes::Device(v) => v.simulated_bytes().expect("fake device memory"),
-            };
-            match dst {
-                BytesMut::Host(d) => triton_rust_cuda::copy_host(from, d),
-                BytesMut::Device(mut v) => triton_rust_cuda::copy_host(from, v.simulated_bytes().expect("fake device memory")),
-            }
-        }
-        fn gather(&self, device: i32, parts: &[DeviceView<'_>]) -> triton_rust_cuda::Result<DeviceBuffer> {
-            self.gathers.fetch_add(1, Ordering::Relaxed);
-            let bytes = parts.iter().flat_map(|p| p.simulated_bytes().expect("fake device memory").iter().copied()).collect();
-            Ok(DeviceBuffer::simulated(device, bytes))
         }
     }
 

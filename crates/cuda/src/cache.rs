@@ -17,7 +17,7 @@ use cudarc::driver::{result, CudaFunction, CudaSlice, CudaStream, DevicePtr, Lau
 use parking_lot::Mutex;
 
 use crate::driver::{cuda_err, gpu, GpuState};
-use crate::mem::DeviceView;
+use crate::mem::{DeviceView, DeviceViewMut};
 use crate::{CudaError, Result};
 
 /// Ways per set: the kernels use one warp per set.
@@ -753,6 +753,9 @@ pub struct BatchLookup {
     tables: usize,
     dim: usize,
     format: RowFormat,
+    key_upload: KeyUpload,
+    /// The last run wrote its rows into the caller's buffer (`run_into`).
+    external: bool,
     desc: DevBuf,
     keys: (HostBuf<i64>, DevBuf),
     starts: (HostBuf<i32>, DevBuf),
@@ -771,16 +774,31 @@ pub struct BatchLookup {
     tickets: Vec<(u64, usize)>,
 }
 
-/// Keys per piece of a batch lookup's upload (2 MiB): each piece's DMA and lookup are
-/// queued as soon as it is in page-locked memory.
-const PIECE_KEYS: usize = 256 << 10;
+/// How a batch's keys go to the GPU: in pieces of `piece_keys` keys, each piece's DMA and
+/// lookup queued as soon as it is in page-locked memory, copied there by up to `threads`
+/// tasks, none with fewer than two pieces. The default (2 MiB pieces, up to 4 tasks) is
+/// what the H100 runs used: a batch of 65536 × 26 keys is 13.6 MB, and one thread's memcpy
+/// out of a client's shared memory took ~1.5 ms of the lookup.
+/// `examples/batch_lookup_bench.rs` times other choices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyUpload {
+    pub piece_keys: usize,
+    pub threads: usize,
+}
 
-/// Keys per upload thread: up to 4 threads of whole pieces, none for less than 2 pieces
-/// (a batch of 65536 × 26 keys is 13.6 MB: one thread's memcpy out of a client's shared
-/// memory is ~1.5 ms of the lookup).
-fn upload_part(n: usize) -> usize {
-    let threads = (n / (2 * PIECE_KEYS)).clamp(1, 4);
-    n.div_ceil(threads).next_multiple_of(PIECE_KEYS)
+impl Default for KeyUpload {
+    fn default() -> KeyUpload {
+        KeyUpload { piece_keys: 256 << 10, threads: 4 }
+    }
+}
+
+impl KeyUpload {
+    /// Keys per task for a batch of `n` keys: whole pieces.
+    fn part(self, n: usize) -> usize {
+        let piece = self.piece_keys.max(1);
+        let threads = (n / (2 * piece)).clamp(1, self.threads.max(1));
+        n.div_ceil(threads).next_multiple_of(piece)
+    }
 }
 
 pub(crate) fn htod<T: Copy>(queue: &Queue, dst: u64, src: &[T]) -> Result<()> {
@@ -822,6 +840,8 @@ impl BatchLookup {
             tables: caches.len(),
             dim,
             format,
+            key_upload: KeyUpload::default(),
+            external: false,
             desc,
             keys: (HostBuf::new(d), DevBuf::new(d)),
             starts: (HostBuf::new(d), DevBuf::new(d)),
@@ -845,6 +865,11 @@ impl BatchLookup {
         self.format
     }
 
+    /// How the next runs send their keys to the GPU.
+    pub fn set_key_upload(&mut self, how: KeyUpload) {
+        self.key_upload = how;
+    }
+
     /// Looks `keys` up (table of each key as `layout` says), stamping hits with `epoch`.
     /// `fetch(missed, rows, found)` is given the indices that missed, in no particular
     /// order (it may reorder them), a page-locked buffer of `missed.len() * dim` floats to
@@ -858,7 +883,43 @@ impl BatchLookup {
         epoch: u64,
         fetch: &mut FetchMisses<'_, E>,
     ) -> std::result::Result<BatchTimes, E> {
+        self.run_to(keys, layout, epoch, fetch, None)
+    }
+
+    /// As [`BatchLookup::run`], the rows written into `out` (on this lookup's GPU, room for
+    /// every row) instead of the lookup's own buffer; [`BatchLookup::rows`] then has none.
+    pub fn run_into<E: From<CudaError>>(
+        &mut self,
+        keys: &[i64],
+        layout: KeyLayout<'_>,
+        epoch: u64,
+        fetch: &mut FetchMisses<'_, E>,
+        out: &mut DeviceViewMut<'_>,
+    ) -> std::result::Result<BatchTimes, E> {
+        let need = keys.len() * self.dim * self.format.size();
+        if out.device() != self.queue.device || out.len() < need {
+            return Err(CudaError::internal(format!(
+                "batch lookup: an output of {} bytes on GPU {} for {need} bytes of rows on GPU {}",
+                out.len(),
+                out.device(),
+                self.queue.device
+            ))
+            .into());
+        }
+        let addr = out.raw_addr().ok_or_else(|| CudaError::internal("batch lookup: a simulated output buffer"))?;
+        self.run_to(keys, layout, epoch, fetch, Some(addr))
+    }
+
+    fn run_to<E: From<CudaError>>(
+        &mut self,
+        keys: &[i64],
+        layout: KeyLayout<'_>,
+        epoch: u64,
+        fetch: &mut FetchMisses<'_, E>,
+        into: Option<u64>,
+    ) -> std::result::Result<BatchTimes, E> {
         let n = keys.len();
+        self.external = into.is_some();
         let mut times = BatchTimes { keys: n, ..BatchTimes::default() };
         if n == 0 {
             return Ok(times);
@@ -877,7 +938,10 @@ impl BatchLookup {
         }
         self.fill_queued = false;
         self.max_keys = self.max_keys.max(n);
-        let out = self.out.reserve(n * dim * self.format.size())?;
+        let out = match into {
+            Some(addr) => addr,
+            None => self.out.reserve(n * dim * self.format.size())?,
+        };
         let d_keys = self.keys.1.reserve(n * 8)?;
         let h_keys = self.keys.0.slice(n)?;
         let (interleaved, d_starts) = match layout {
@@ -908,14 +972,15 @@ impl BatchLookup {
         let (tables, dim_i, desc) = (self.tables as i32, dim as i32, self.desc.addr);
         let kernel = if self.format == RowFormat::F16 { &self.kernels.batch_h } else { &self.kernels.batch };
         let up = &self.upload;
+        let piece_keys = self.key_upload.piece_keys.max(1);
         // the keys' buffer is overwritten only after the queue's earlier work (a fill) read it
         up.join(&q.stream).map_err(cuda_err)?;
         // The keys go up in pieces, each looked up as soon as it is on the GPU, so copying
         // the next piece into page-locked memory and its DMA overlap the last one's lookup.
         let piece = |first: usize, keys: &[i64], pinned: &mut [i64]| -> Result<()> {
-            for (j, (from, to)) in keys.chunks(PIECE_KEYS).zip(pinned.chunks_mut(PIECE_KEYS)).enumerate() {
+            for (j, (from, to)) in keys.chunks(piece_keys).zip(pinned.chunks_mut(piece_keys)).enumerate() {
                 to.copy_from_slice(from);
-                let at = first + j * PIECE_KEYS;
+                let at = first + j * piece_keys;
                 // SAFETY: `d_keys` has room for n keys; `to` is page-locked and not written
                 // again before the queue's synchronisation below, which follows this copy
                 // (the lookup of this piece waits for it).
@@ -932,7 +997,7 @@ impl BatchLookup {
             }
             Ok(())
         };
-        let sent = crate::upload::in_parts(q.device, upload_part(n), keys, h_keys, &piece);
+        let sent = crate::upload::in_parts(q.device, self.key_upload.part(n), keys, h_keys, &piece);
         if sent.is_err() {
             // nothing queued may still read the page-locked keys when the next run rewrites them
             let _ = up.synchronize();
@@ -1001,7 +1066,7 @@ impl BatchLookup {
     /// The first `elements` elements of the output (of `format`), as bytes (valid until the next run).
     pub fn rows(&self, elements: usize) -> Option<DeviceView<'_>> {
         let bytes = elements * self.format.size();
-        if bytes > self.out.bytes {
+        if self.external || bytes > self.out.bytes {
             return None;
         }
         // SAFETY: our allocation, complete (run synchronised) and only written through `&mut self`.
@@ -1024,12 +1089,17 @@ mod tests {
 
     #[test]
     fn key_uploads_split_into_whole_pieces_over_at_most_four_threads() {
-        for n in [1, 1000, PIECE_KEYS, 2 * PIECE_KEYS - 1, 2 * PIECE_KEYS, 65536 * 26, 131072 * 26, 50_000_000] {
-            let per = upload_part(n);
+        let how = KeyUpload::default();
+        let piece = how.piece_keys;
+        for n in [1, 1000, piece, 2 * piece - 1, 2 * piece, 65536 * 26, 131072 * 26, 50_000_000] {
+            let per = how.part(n);
             let threads = n.div_ceil(per);
-            assert!(per % PIECE_KEYS == 0 && (1..=4).contains(&threads), "n {n}: {per} keys per thread");
-            assert_eq!(threads == 1, n < 4 * PIECE_KEYS, "n {n}: one thread below two pieces per thread");
+            assert!(per % piece == 0 && (1..=4).contains(&threads), "n {n}: {per} keys per thread");
+            assert_eq!(threads == 1, n < 4 * piece, "n {n}: one thread below two pieces per thread");
         }
-        assert_eq!((65536 * 26_usize).div_ceil(upload_part(65536 * 26)), 3);
+        assert_eq!((65536 * 26_usize).div_ceil(how.part(65536 * 26)), 3);
+        let finer = KeyUpload { piece_keys: 128 << 10, threads: 8 };
+        assert_eq!((65536 * 26_usize).div_ceil(finer.part(65536 * 26)), 5, "1 MiB pieces: five tasks of three pieces, the last of what is left");
+        assert_eq!(KeyUpload { piece_keys: 0, threads: 0 }.part(10), 10, "nonsense settings still cover the keys");
     }
 }

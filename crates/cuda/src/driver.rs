@@ -220,6 +220,10 @@ impl DeviceOps for Cuda {
         }
     }
 
+    fn alloc(&self, device: i32, bytes: usize) -> Result<DeviceBuffer> {
+        alloc(device, bytes)
+    }
+
     fn gather(&self, device: i32, parts: &[DeviceView<'_>]) -> Result<DeviceBuffer> {
         let total: usize = parts.iter().map(DeviceView::len).sum();
         let out = alloc_bytes(device, total)?;

@@ -143,6 +143,29 @@ impl<'a> DeviceViewMut<'a> {
             BackingMut::Raw(_) => None,
         }
     }
+
+    /// Two views, of `..mid` and `mid..` (`mid` clamped to the length).
+    pub fn split_at(self, mid: usize) -> (DeviceViewMut<'a>, DeviceViewMut<'a>) {
+        let (device, mid) = (self.device, mid.min(self.len));
+        let (a, b) = match self.backing {
+            BackingMut::Raw(addr) => (BackingMut::Raw(addr), BackingMut::Raw(addr + mid as u64)),
+            BackingMut::Simulated(bytes) => {
+                let (x, y) = bytes.split_at_mut(mid);
+                (BackingMut::Simulated(x), BackingMut::Simulated(y))
+            }
+        };
+        let view = |len, backing| DeviceViewMut { device, len, backing, _life: PhantomData };
+        (view(mid, a), view(self.len - mid, b))
+    }
+
+    /// The same memory, now only to be read (for the rest of `'a`).
+    pub fn into_view(self) -> DeviceView<'a> {
+        let backing = match self.backing {
+            BackingMut::Raw(a) => Backing::Raw(a),
+            BackingMut::Simulated(b) => Backing::Simulated(b),
+        };
+        DeviceView { device: self.device, len: self.len, backing, _life: PhantomData }
+    }
 }
 
 /// Bytes to read, on whichever side they are.
@@ -267,6 +290,8 @@ impl DeviceBuffer {
 /// The operations the serving path needs on device memory. The real one is
 /// [`crate::Cuda`] (feature `driver`); tests use a fake that handles simulated views.
 pub trait DeviceOps: Send + Sync {
+    /// A new buffer of `bytes` on `device` (zeroed).
+    fn alloc(&self, device: i32, bytes: usize) -> Result<DeviceBuffer>;
     /// Copies `src` into `dst` (equal lengths), whichever side each is on.
     fn copy(&self, src: Bytes<'_>, dst: BytesMut<'_>) -> Result<()>;
     /// Gathers device buffers, in order, into one new buffer on `device`.
@@ -280,4 +305,26 @@ pub fn copy_host(src: &[u8], dst: &mut [u8]) -> Result<()> {
     }
     dst.copy_from_slice(src);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_writable_view_splits_into_disjoint_parts_and_becomes_readable() {
+        let mut bytes: Vec<u8> = (0..10).collect();
+        let (mut a, b) = DeviceViewMut::simulated(3, &mut bytes).split_at(4);
+        assert_eq!((a.len(), b.len(), b.device()), (4, 6, 3));
+        a.simulated_bytes().unwrap()[0] = 99;
+        let (b, c) = b.split_at(100);
+        assert_eq!((b.len(), c.len()), (6, 0), "mid past the end is the end");
+        assert_eq!(b.into_view().simulated_bytes().unwrap(), &[4, 5, 6, 7, 8, 9]);
+        assert_eq!(a.into_view().simulated_bytes().unwrap(), &[99, 1, 2, 3]);
+        // SAFETY: an address nobody dereferences; only the arithmetic is checked
+        let raw = unsafe { DeviceViewMut::from_raw(0, 0x1000, 64) };
+        let (x, y) = raw.split_at(16);
+        assert_eq!((x.raw_addr(), y.raw_addr(), y.len()), (Some(0x1000), Some(0x1010), 48));
+        assert_eq!(y.into_view().raw_addr(), Some(0x1010));
+    }
 }

@@ -737,7 +737,17 @@ impl InstanceCaches {
     /// fill now and a background fill has nothing left to choose here). A fill is
     /// skipped when an update ran during the lookup (its rows may be stale).
     #[cfg(feature = "gpu")]
-    pub fn lookup_batch_device(&self, keys: &[i64], layout: gpu::KeyLayout<'_>, gpu: &gpu::GpuInstance, lookup: &mut gpu::BatchLookup) -> Result<()> {
+    ///
+    /// `into`: the rows go there (GPU memory with room for them all) instead of `lookup`'s
+    /// own buffer.
+    pub fn lookup_batch_device(
+        &self,
+        keys: &[i64],
+        layout: gpu::KeyLayout<'_>,
+        gpu: &gpu::GpuInstance,
+        lookup: &mut gpu::BatchLookup,
+        into: Option<&mut triton_rust_cuda::DeviceViewMut<'_>>,
+    ) -> Result<()> {
         let store = &self.store;
         let tables = store.tables.len();
         let dim = lookup.dim();
@@ -762,7 +772,7 @@ impl InstanceCaches {
         let t0 = Instant::now();
         let mut missed_per_table = vec![0usize; tables];
         let mut fetch_ns = 0u64;
-        let times = lookup.run::<Error>(keys, layout, gpu.next_epoch(), &mut |missed: &mut [i32], rows: &mut [f32], found: &mut [u8]| {
+        let mut fetch = |missed: &mut [i32], rows: &mut [f32], found: &mut [u8]| -> Result<()> {
             // group the misses by table (a counting sort), so each table is read in one call
             let of: Vec<u32> = missed.iter().map(|&i| table_of(i as usize) as u32).collect();
             for &t in &of {
@@ -785,7 +795,12 @@ impl InstanceCaches {
                 *dst = src as u8;
             }
             Ok(())
-        })?;
+        };
+        let epoch = gpu.next_epoch();
+        let times = match into {
+            Some(out) => lookup.run_into::<Error>(keys, layout, epoch, &mut fetch, out)?,
+            None => lookup.run::<Error>(keys, layout, epoch, &mut fetch)?,
+        };
         // the cache tier's time: the whole pass less the wall time of the reads below it
         // (those are counted per table by the host tier, summed over its threads)
         let elapsed = ns_since(t0).saturating_sub(fetch_ns);
@@ -1214,7 +1229,9 @@ mod tests {
             store.update(0, &keys, &vals).unwrap();
         }
         let deadline = Instant::now() + std::time::Duration::from_secs(10);
-        while store.host(0).overlay_rows() >= 100 && Instant::now() < deadline {
+        // the compactor resets the overlay, then counts the compaction: wait for both
+        let done = |s: &EmbeddingStore| s.host(0).overlay_rows() < 100 && s.counters(0).compactions.load(Ordering::Relaxed) > 0;
+        while !done(&store) && Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
         assert!(store.counters(0).compactions.load(Ordering::Relaxed) > 0);

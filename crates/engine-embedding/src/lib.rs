@@ -432,7 +432,7 @@ impl EmbeddingEngine {
     #[cfg(feature = "gpu")]
     fn run_batch_on_gpu(&mut self, keys: &[i64], layout: KeyLayout<'_>, out: Option<(&str, &[i64])>, sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>) -> Result<bool> {
         let Some((instance, lookup)) = self.gpu.as_mut() else { return Ok(false) };
-        self.caches.lookup_batch_device(keys, layout, instance, lookup)?;
+        self.caches.lookup_batch_device(keys, layout, instance, lookup, None)?;
         if let Some((name, shape)) = out {
             let elements = keys.len() * lookup.dim();
             let rows = lookup.rows(elements).ok_or_else(|| Error::internal("batch lookup: rows buffer too small"))?;
@@ -555,6 +555,22 @@ fn as_f32(bytes: &[u8]) -> Vec<f32> {
 impl Engine for EmbeddingEngine {
     fn signature(&self) -> &Signature {
         &self.sig
+    }
+
+    #[cfg(feature = "gpu")]
+    fn run_into(&mut self, inputs: &[BatchTensor<'_>], out: &mut triton_rust_cuda::DeviceViewMut<'_>) -> Result<bool> {
+        let Some((instance, lookup)) = self.gpu.as_mut().filter(|_| self.settings.interface == Interface::Batched) else { return Ok(false) };
+        let bytes = inputs
+            .first()
+            .and_then(|t| t.host_bytes())
+            .ok_or_else(|| Error::unsupported("the embedding engine takes its keys in host memory"))?;
+        let keys = as_i64(bytes);
+        let tables = self.caches.store().table_count();
+        if tables == 0 || keys.len() % tables != 0 {
+            return Err(Error::invalid_arg(format!("input '{}': {} keys are not whole rows of {tables} tables", self.sig.inputs[0].name, keys.len())));
+        }
+        self.caches.lookup_batch_device(&keys, KeyLayout::Interleaved, instance, lookup, Some(out))?;
+        Ok(true)
     }
 
     fn metrics_source(&self) -> Option<Arc<dyn MetricsSource>> {
