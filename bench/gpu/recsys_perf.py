@@ -140,7 +140,7 @@ def tensor(name, dtype, dims):
 
 
 def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, graphs=False, host_memory="mapped", graph_rows=(),
-                 one_instances=1, rows_type="TYPE_FP32"):
+                 one_instances=1, rows_type="TYPE_FP32", pipeline_parts=1):
     """<name>_sparse, <name>_dense, <name>_ens and <name>_one, all without batching. Every
     model on one fixture shares one store (`store_name`: the fixture's folder), so its rows
     are in memory once whichever recommenders are served. `rows_type`: the embeddings
@@ -192,7 +192,8 @@ def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, gr
                         "] }"])
     put(f"{name}_one", ['backend: "rust"', "max_batch_size: 0", f"input [ {dense_in}, {sparse_in} ]", f"output [ {pred} ]", one_group, *opt,
                         'parameters { key: "engine" value { string_value: "recommender" } }',
-                        f'parameters {{ key: "recommender_embeddings_type" value {{ string_value: "{rows_type}" }} }}', *store],
+                        f'parameters {{ key: "recommender_embeddings_type" value {{ string_value: "{rows_type}" }} }}',
+                        f'parameters {{ key: "recommender_pipeline_parts" value {{ string_value: "{pipeline_parts}" }} }}', *store],
         [("dense.pt", dense_pt)])
 
 
@@ -396,6 +397,9 @@ def main():
     p.add_argument("--dlrm-interaction", default="split", choices=["cat", "split"],
                    help="DLRM's dot interaction: the 27 vectors stacked, or computed without the stack (same numbers; "
                         "split's network is ~0.9 ms faster at 65536 served, launch-bound eager at small batches: graph those)")
+    p.add_argument("--pipeline-parts", type=int, default=1,
+                   help="the single model's recommender_pipeline_parts: large batches in parts, each part's lookup "
+                        "beside the network on the part before (with --graphs, list the parts' rows in --graph-rows)")
     p.add_argument("--graph-rows", default="", help="with --graphs: graph only requests of these rows (e.g. 256,1024,4096)")
     p.add_argument("--host-memory", default="mapped", choices=["mapped", "huge_pages"],
                    help="the store's host_memory: rows read from the fixture's mapping, or copied into huge pages at load")
@@ -480,13 +484,14 @@ def main():
     rows_type = {"fp16": "TYPE_FP16", "fp32": "TYPE_FP32"}[a.rows_type or ("fp16" if a.precision == "fp16" else "fp32")]
     print(f"embeddings between lookup and network: {rows_type}", flush=True)
     setup["rows_type"] = rows_type
+    setup["pipeline_parts"] = a.pipeline_parts
     ceilings = {}
     for m in models:
         mod = dense_module(m, a.precision, device, a.dlrm_interaction)
         pt = os.path.join(a.work, f"{m}_dense.pt")
         mod.save(pt)
         write_models(repo, m, pt, fixture, a.dim, a.cache_share, a.kind, a.allocation, a.graphs, a.host_memory,
-                     [int(r) for r in a.graph_rows.split(",") if r], a.one_instances, rows_type)
+                     [int(r) for r in a.graph_rows.split(",") if r], a.one_instances, rows_type, a.pipeline_parts)
         if device == "cuda" and not a.no_ceiling:
             print(f"ceiling: {m} bare in torch, every table in HBM ({setup['table_gb_fp16']:.1f} GB fp16)", flush=True)
             all_batches = [a.wide_deep_batch] if m == "wide_deep" else sorted(set(batches) | {a.conc_batch})

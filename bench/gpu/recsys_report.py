@@ -122,6 +122,8 @@ def served_network(setup, model):
     if model == "dlrm" and setup.get("dlrm_interaction"):
         parts.append(f"DLRM interaction `{setup['dlrm_interaction']}`")
     parts.append(f"embeddings into the network as {setup.get('rows_type', 'TYPE_FP32')}")
+    if setup.get("pipeline_parts", 1) > 1:
+        parts.append(f"single model in {setup['pipeline_parts']} parts (`recommender_pipeline_parts`)")
     if setup.get("host_memory"):
         parts.append(f"host rows `{setup['host_memory']}`")
     return "; ".join(parts)
