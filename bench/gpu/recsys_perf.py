@@ -140,7 +140,7 @@ def tensor(name, dtype, dims):
 
 
 def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, graphs=False, host_memory="mapped", graph_rows=(),
-                 one_instances=1, rows_type="TYPE_FP32", pipeline_parts=1):
+                 one_instances=1, rows_type="TYPE_FP32", pipeline_parts=1, key_upload=None):
     """<name>_sparse, <name>_dense, <name>_ens and <name>_one, all without batching. Every
     model on one fixture shares one store (`store_name`: the fixture's folder), so its rows
     are in memory once whichever recommenders are served. `rows_type`: the embeddings
@@ -155,6 +155,10 @@ def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, gr
         f'parameters {{ key: "store_name" value {{ string_value: "{os.path.basename(os.path.normpath(fixture))}" }} }}',
         f'parameters {{ key: "host_memory" value {{ string_value: "{host_memory}" }} }}',
     ]
+    if key_upload:
+        piece, tasks = key_upload
+        store += [f'parameters {{ key: "gpu_key_piece" value {{ string_value: "{piece}" }} }}',
+                  f'parameters {{ key: "gpu_key_upload_tasks" value {{ string_value: "{tasks}" }} }}']
     group = f"instance_group [ {{ count: 1 kind: {kind} }} ]"
     # the single model's instances: each holds its own cache of the same share
     one_group = f"instance_group [ {{ count: {one_instances} kind: {kind} }} ]"
@@ -397,6 +401,8 @@ def main():
     p.add_argument("--dlrm-interaction", default="split", choices=["cat", "split"],
                    help="DLRM's dot interaction: the 27 vectors stacked, or computed without the stack (same numbers; "
                         "split's network is ~0.9 ms faster at 65536 served, launch-bound eager at small batches: graph those)")
+    p.add_argument("--key-upload", default="", help="PIECE,TASKS: the lookups' gpu_key_piece and gpu_key_upload_tasks "
+                   "(default: the backend's, 262144 keys on up to 4 tasks)")
     p.add_argument("--pipeline-parts", type=int, default=1,
                    help="the single model's recommender_pipeline_parts: large batches in parts, each part's lookup "
                         "beside the network on the part before (with --graphs, list the parts' rows in --graph-rows)")
@@ -485,13 +491,15 @@ def main():
     print(f"embeddings between lookup and network: {rows_type}", flush=True)
     setup["rows_type"] = rows_type
     setup["pipeline_parts"] = a.pipeline_parts
+    setup["key_upload"] = a.key_upload or "262144,4"
     ceilings = {}
     for m in models:
         mod = dense_module(m, a.precision, device, a.dlrm_interaction)
         pt = os.path.join(a.work, f"{m}_dense.pt")
         mod.save(pt)
         write_models(repo, m, pt, fixture, a.dim, a.cache_share, a.kind, a.allocation, a.graphs, a.host_memory,
-                     [int(r) for r in a.graph_rows.split(",") if r], a.one_instances, rows_type, a.pipeline_parts)
+                     [int(r) for r in a.graph_rows.split(",") if r], a.one_instances, rows_type, a.pipeline_parts,
+                     tuple(int(x) for x in a.key_upload.split(",")) if a.key_upload else None)
         if device == "cuda" and not a.no_ceiling:
             print(f"ceiling: {m} bare in torch, every table in HBM ({setup['table_gb_fp16']:.1f} GB fp16)", flush=True)
             all_batches = [a.wide_deep_batch] if m == "wide_deep" else sorted(set(batches) | {a.conc_batch})

@@ -34,8 +34,8 @@ def test_recsys_benchmark_runs_and_serves_exact_rows(tmp_path, precision, host_m
            # Triton takes graph_spec batch sizes on a model without batching (the rows to graph);
            # on KIND_CPU graphs do not apply and the server says so
            "--graphs", "--graph-rows", "256", "--host-memory", host_memory,
-           # taken by the server; a CPU instance runs its batches whole
-           "--pipeline-parts", "2"]
+           # taken by the server; a CPU instance runs its batches whole and has no key upload
+           "--pipeline-parts", "2", "--key-upload", "131072,8"]
     if os.environ.get("LIBTORCH_DIR"):
         cmd += ["--libtorch-dir", os.environ["LIBTORCH_DIR"]]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)

@@ -30,7 +30,7 @@ use triton_rust_core::telemetry::MetricsSource;
 use triton_rust_core::tensor::{Bytes, DataType};
 use triton_rust_embedding::cache::{CacheTier, HostCache};
 #[cfg(feature = "gpu")]
-use triton_rust_embedding::gpu::{BatchLookup, DeviceRows, GpuInstance, KeyLayout, RowFormat};
+use triton_rust_embedding::gpu::{BatchLookup, DeviceRows, GpuInstance, KeyLayout, KeyUpload, RowFormat};
 use triton_rust_embedding::stream::StreamSpec;
 use triton_rust_embedding::{CacheAllocation, EmbeddingStore, InstanceCaches, StoreConfig, TableConfig};
 use triton_rust_embedding::table::HostRows;
@@ -53,6 +53,10 @@ pub struct StoreSettings {
     pub volatile_db: Option<String>,
     /// Who may update (the update interface only).
     pub credential: Credential,
+    /// A GPU instance's whole-batch lookup sends its keys in pieces of this many keys, copied
+    /// into page-locked memory by up to this many tasks (`gpu_key_piece`,
+    /// `gpu_key_upload_tasks`; `examples/batch_lookup_bench.rs` times the choices).
+    pub key_upload: (usize, usize),
 }
 
 /// Where an update model's credential comes from. The secret itself never sits in the
@@ -222,7 +226,15 @@ impl StoreSettings {
             host_memory: HostRows::parse(cfg.parameters.get("host_memory").map_or("", |s| s.as_str()))?,
         };
         let credential = if interface == Interface::Update { Credential::from_config(cfg)? } else { Credential::NotNeeded };
-        Ok(StoreSettings { name, interface, store, vocabulary, volatile_db: cfg.parameters.get("volatile_db").cloned(), credential })
+        let whole = |key: &str, default: usize, least: usize| -> Result<usize> {
+            let v = number(key, default as f64)?;
+            if v.fract() != 0.0 || v < least as f64 || v > (1u64 << 32) as f64 {
+                return Err(Error::invalid_arg(format!("parameter '{key}' must be a whole number of at least {least}, got {v}")));
+            }
+            Ok(v as usize)
+        };
+        let key_upload = (whole("gpu_key_piece", 256 << 10, 1024)?, whole("gpu_key_upload_tasks", 4, 1)?);
+        Ok(StoreSettings { name, interface, store, vocabulary, volatile_db: cfg.parameters.get("volatile_db").cloned(), credential, key_upload })
     }
 }
 
@@ -324,7 +336,9 @@ impl EmbeddingEngine {
                 let same_dim = (0..store.table_count()).all(|t| store.dim(t) == store.dim(0));
                 if same_dim && settings.interface != Interface::Update {
                     let format = if rows_type == DataType::F16 { RowFormat::F16 } else { RowFormat::F32 };
-                    let lookup = caches.batch_lookup(&instance, format)?;
+                    let mut lookup = caches.batch_lookup(&instance, format)?;
+                    let (piece_keys, threads) = settings.key_upload;
+                    lookup.set_key_upload(KeyUpload { piece_keys, threads });
                     gpu = Some((instance, lookup));
                 }
                 caches
@@ -752,6 +766,21 @@ mod tests {
             c.parameters.insert(k.to_string(), v.to_string());
         }
         c
+    }
+
+    #[test]
+    fn the_key_upload_is_read_from_the_config_and_checked() {
+        let settings = |extra: &[(&str, &str)]| {
+            let mut p = vec![("embedding_table_names", "a"), ("embedding_vecsize_per_table", "4"), ("embedding_interface", "batched")];
+            p.extend_from_slice(extra);
+            StoreSettings::from_config(&cfg(&p), Path::new("/nonexistent"), &Default::default())
+        };
+        assert_eq!(settings(&[]).unwrap().key_upload, (256 << 10, 4), "2 MiB pieces on up to 4 tasks, as measured");
+        assert_eq!(settings(&[("gpu_key_piece", "131072"), ("gpu_key_upload_tasks", "8")]).unwrap().key_upload, (131072, 8));
+        let e = settings(&[("gpu_key_piece", "100")]).unwrap_err();
+        assert!(e.message().contains("'gpu_key_piece'") && e.message().contains("at least 1024"), "{e}");
+        assert!(settings(&[("gpu_key_upload_tasks", "1.5")]).unwrap_err().message().contains("'gpu_key_upload_tasks'"));
+        assert!(settings(&[("gpu_key_upload_tasks", "0")]).is_err());
     }
 
     #[test]
