@@ -738,7 +738,8 @@ pub enum KeyLayout<'a> {
 /// once (from page-locked memory), one kernel serves every hit of every table and lists
 /// the misses, the misses come back in one copy, are read below the cache by the
 /// caller, go back in one copy and are scattered into place by one more kernel. Rows
-/// land in this lookup's own output buffer (row i at `i * dim` floats). The rows read
+/// land in this lookup's own output buffer, or the caller's ([`BatchLookup::run_into`]),
+/// row i at element `i * dim`, as fp32 or fp16 ([`RowFormat`]). The rows read
 /// below the cache are already on the GPU afterwards, so [`BatchLookup::fill_last`]
 /// inserts them into the caches with one more kernel, queued after the response's rows
 /// are complete and never waited for. Every buffer is kept and reused; nothing is
