@@ -243,7 +243,9 @@ impl Chain {
         let (rows_type, rows_shape) = (spec.dtype, spec.shape.clone());
         let row_bytes = rows_shape.iter().skip(1).map(|&d| d.max(0) as usize).product::<usize>() * rows_type.size().unwrap_or(4);
         let Chain { lookup, dense, stager, rows_buf, embeddings_input, parts, .. } = self;
-        if !dense.accepts_device_inputs() {
+        // parts are cut from host inputs; anything else runs whole
+        let host_input = |t: &BatchTensor<'_>| t.bytes().and_then(|b| b.host()).is_some();
+        if !dense.accepts_device_inputs() || !host_input(keys) || !others.iter().all(|t| host_input(t)) {
             return Ok(false);
         }
         let total = rows * row_bytes;
