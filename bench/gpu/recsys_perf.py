@@ -548,10 +548,13 @@ def main():
                         model = f"{m}_{path}"
                         composing = [f"{m}_sparse", f"{m}_dense"] if path == "ens" else [model]
                         st0 = model_stats(client, composing)
+                        started = time.time()
                         r = perf(a.perf_analyzer, a.port, model, batch, conc, data, out_dir, f"{m}_{path}_a{alpha}",
                                  f"{m}_sparse", a.interval_ms)
                         if r is None:
                             continue
+                        # wall-clock span, to line the run up with run_recsys.sh's vmstat and GPU samples
+                        r["started"], r["ended"] = started, time.time()
                         r["per_model_ms"] = per_model(st0, model_stats(client, composing))
                         ceil = ceilings.get(m, {}).get(batch) or ceilings.get(m, {}).get(str(batch))
                         best = max(x for x in (ceil or {}).values() if x) if ceil else None

@@ -13,11 +13,20 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 free -g | head -2; df -h /dev/shm /tmp | tail -2
 set +e
+# the machine's state through the run, timestamped (the DLRM sweep of 2026-11-23 ran slow for its
+# first minutes with nothing on the console to say why): CPU, memory and steal every 5 s; the
+# GPU's power, utilisation and clocks every 2 s
+mkdir -p "$out/recsys"
+vmstat -t 5 > "$out/recsys/vmstat.log" 2>&1 &
+vm=$!
+nvidia-smi dmon -s puc -d 2 -o T > "$out/recsys/gpu_dmon.log" 2>&1 &
+dm=$!
 # RECSYS_TIMEOUT=seconds stops the benchmark (not the packing of what it wrote) in time
 ${RECSYS_TIMEOUT:+timeout "$RECSYS_TIMEOUT"} python3 bench/gpu/recsys_perf.py --server "$PYT/pytriton/tritonserver/bin/tritonserver" --backends /tmp/rust_backends \
     --perf-analyzer /tmp/pa/perf_analyzer/bin/perf_analyzer --fixture-bin .carry/criteo_fixture \
     --libtorch-dir "$TORCH_DIR/lib" "$@" 2>&1 | tee "$out/recsys.log"
 rc=${PIPESTATUS[0]}
+kill "$vm" "$dm" 2>/dev/null
 if grep -q "timing:" "$out/recsys/server.log" 2>/dev/null; then
     python3 bench/gpu/timing_summary.py "$out/recsys/server.log" | tee "$out/recsys/timing_summary.txt"
 fi
