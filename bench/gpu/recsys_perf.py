@@ -16,7 +16,7 @@ with --wide-deep):
    rows) and the TorchScript dense model (`<m>_dense`), as HPS users deploy it; and `<m>_one`,
    the recommender engine (lookup and network in one backend model, rows read by the network
    in place on the GPU);
-4. perf_analyzer (gRPC, system shared memory) at batch --batches, concurrency 1, and at
+4. perf_analyzer (gRPC, system shared memory; `--shared-memory cuda` puts the inputs on the GPU) at batch --batches, concurrency 1, and at
    --conc-batch over --concurrency, for every Zipf exponent of --alphas, the keys of a pool of
    --requests distinct requests (bench/gpu/zipf_keys.py, hot keys spread over each table);
    the cache's hit rate and keys/s for each run from the server's own metrics (`/metrics`);
@@ -309,11 +309,11 @@ def per_model(before, after):
     return res
 
 
-def perf(pa, port, model, batch, conc, data, out_dir, tag, metrics_model, interval_ms):
+def perf(pa, port, model, batch, conc, data, out_dir, tag, metrics_model, interval_ms, shm="system"):
     raw = os.path.join(out_dir, "raw", f"{tag}_b{batch}_c{conc}.csv")
     os.makedirs(os.path.dirname(raw), exist_ok=True)
     cmd = [pa, "-m", model, "-b", "1", "--concurrency-range", f"{conc}:{conc}", "-i", "grpc", "-u", f"localhost:{port + 1}",
-           "--shared-memory", "system", "--output-shared-memory-size", str(max(1 << 20, batch * 4 * 2)),
+           "--shared-memory", shm, "--output-shared-memory-size", str(max(1 << 20, batch * 4 * 2)),
            "--input-data", data, "--measurement-interval", str(interval_ms), "--max-trials", "6", "-f", raw]
     k0, h0 = scrape(port, metrics_model)
     t0 = time.time()
@@ -401,6 +401,9 @@ def main():
     p.add_argument("--dlrm-interaction", default="split", choices=["cat", "split"],
                    help="DLRM's dot interaction: the 27 vectors stacked, or computed without the stack (same numbers; "
                         "split's network is ~0.9 ms faster at 65536 served, launch-bound eager at small batches: graph those)")
+    p.add_argument("--shared-memory", default="system", choices=["system", "cuda"],
+                   help="perf_analyzer's inputs in system shared memory (HPS's published runs), or in CUDA shared "
+                        "memory: the keys and dense features already on the GPU, as the ceiling has them")
     p.add_argument("--key-upload", default="", help="PIECE,TASKS: the lookups' gpu_key_piece and gpu_key_upload_tasks "
                    "(default: the backend's, 262144 keys on up to 4 tasks)")
     p.add_argument("--pipeline-parts", type=int, default=1,
@@ -491,6 +494,7 @@ def main():
     print(f"embeddings between lookup and network: {rows_type}", flush=True)
     setup["rows_type"] = rows_type
     setup["pipeline_parts"] = a.pipeline_parts
+    setup["shared_memory"] = a.shared_memory
     setup["key_upload"] = a.key_upload or "262144,4"
     ceilings = {}
     for m in models:
@@ -550,7 +554,7 @@ def main():
                         st0 = model_stats(client, composing)
                         started = time.time()
                         r = perf(a.perf_analyzer, a.port, model, batch, conc, data, out_dir, f"{m}_{path}_a{alpha}",
-                                 f"{m}_sparse", a.interval_ms)
+                                 f"{m}_sparse", a.interval_ms, a.shared_memory)
                         if r is None:
                             continue
                         # wall-clock span, to line the run up with run_recsys.sh's vmstat and GPU samples

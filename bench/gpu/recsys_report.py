@@ -147,7 +147,7 @@ def main():
         runs, ceilings, setup, exact = load("runs.json"), load("ceiling.json"), load("setup.json"), load("exact.json")
         gpu_file = os.path.join(folder, "gpu.txt")
         gpu_name = open(gpu_file).read().strip() if os.path.exists(gpu_file) else "GPU not recorded"
-        gpu = f"{gpu_name}; perf_analyzer gRPC, system shared memory, FP16"
+        gpu = f"{gpu_name}; perf_analyzer gRPC, {setup.get('shared_memory', 'system')} shared memory, FP16"
         first_alpha = runs[0]["alpha"]
         for m in sorted({r["model"] for r in runs}, key=lambda m: list(LABEL).index(m)):
             rs = [r for r in runs if r["model"] == m]

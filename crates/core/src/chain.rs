@@ -382,6 +382,12 @@ impl Engine for Chain {
         self.lookup.metrics_source()
     }
 
+    /// Inputs in GPU memory (CUDA shared memory) go where they are when both engines take
+    /// them: the keys to the GPU lookup, the rest to the network.
+    fn accepts_device_inputs(&self) -> bool {
+        self.sig.device != Device::Cpu && self.lookup.accepts_device_inputs() && self.dense.accepts_device_inputs()
+    }
+
     fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
         match inputs.iter().position(|t| t.name == self.sparse_input) {
             Some(i) => self.lookup.check_request(&inputs[i..=i]),

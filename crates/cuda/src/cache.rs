@@ -16,7 +16,7 @@ use std::sync::Arc;
 use cudarc::driver::{result, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use parking_lot::Mutex;
 
-use crate::driver::{cuda_err, gpu, GpuState};
+use crate::driver::{cuda_err, gpu, real, GpuState};
 use crate::mem::{DeviceView, DeviceViewMut};
 use crate::{CudaError, Result};
 
@@ -239,6 +239,13 @@ extern "C" __global__ void scatter_rows_h(const float* __restrict__ rows, const 
     scatter_rows_as(rows, idx, n, out, out_stride, dim);
 }
 
+// One thread per missed key: out[j] = keys[idx[j]] (a batch whose keys came in GPU memory
+// tells the host which keys missed).
+extern "C" __global__ void gather_keys(const i64* __restrict__ keys, const int* __restrict__ idx, int m, i64* __restrict__ out) {
+    long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j < m) out[j] = keys[idx[j]];
+}
+
 // One warp per set: inserts (or, with only_if_present, refreshes) that set's keys in order.
 extern "C" __global__ void cache_insert(const i64* __restrict__ keys, const float* __restrict__ vecs,
         const int* __restrict__ order, const int* __restrict__ group_start,
@@ -276,6 +283,7 @@ pub(crate) struct Kernels {
     /// `batch` and `scatter` writing fp16 rows.
     batch_h: CudaFunction,
     scatter_h: CudaFunction,
+    gather_keys: CudaFunction,
 }
 
 fn kernels(g: &GpuState) -> Result<Arc<Kernels>> {
@@ -293,6 +301,7 @@ fn kernels(g: &GpuState) -> Result<Arc<Kernels>> {
                     fill: module.load_function("batch_fill").map_err(cuda_err)?,
                     batch_h: module.load_function("batch_lookup_h").map_err(cuda_err)?,
                     scatter_h: module.load_function("scatter_rows_h").map_err(cuda_err)?,
+                    gather_keys: module.load_function("gather_keys").map_err(cuda_err)?,
                 }))
             }))
             .unwrap_or_else(|p| {
@@ -689,9 +698,30 @@ impl<T: Copy> Drop for HostBuf<T> {
     }
 }
 
-/// What [`BatchLookup::run`] calls with the missed indices, the rows to fill, and a flag
-/// per row to set when the row was found (rows not found, defaults, are not cached).
-pub type FetchMisses<'f, E> = dyn FnMut(&mut [i32], &mut [f32], &mut [u8]) -> std::result::Result<(), E> + 'f;
+/// What [`BatchLookup::run`] calls with the missed indices, their keys (the callee may
+/// reorder the two together), the rows to fill, and a flag per row to set when the row was
+/// found (rows not found, defaults, are not cached).
+pub type FetchMisses<'f, E> = dyn FnMut(&mut [i32], &mut [i64], &mut [f32], &mut [u8]) -> std::result::Result<(), E> + 'f;
+
+/// A batch's keys (int64), where the request had them.
+#[derive(Debug, Clone, Copy)]
+pub enum BatchKeys<'a> {
+    Host(&'a [i64]),
+    /// In GPU memory (a client's CUDA shared memory, an ensemble step's output), `8 × keys` bytes.
+    Device(DeviceView<'a>),
+}
+
+impl BatchKeys<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            BatchKeys::Host(k) => k.len(),
+            BatchKeys::Device(v) => v.len() / 8,
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
 
 /// Where one [`BatchLookup::run`] spent its time, in microseconds.
 #[derive(Debug, Clone, Copy, Default)]
@@ -764,6 +794,8 @@ pub struct BatchLookup {
     count: (HostBuf<u32>, DevBuf),
     fetched: (HostBuf<f32>, DevBuf),
     found: (HostBuf<u8>, DevBuf),
+    /// The missed keys, for the fetcher (gathered on the GPU when the keys came there).
+    missed_keys: (HostBuf<i64>, DevBuf),
     out: DevBuf,
     /// The last run's misses, which `fill_last` may insert: (count, interleaved).
     last: Option<(usize, i32)>,
@@ -850,6 +882,7 @@ impl BatchLookup {
             count: (HostBuf::new(d), DevBuf::new(d)),
             fetched: (HostBuf::new(d), DevBuf::new(d)),
             found: (HostBuf::new(d), DevBuf::new(d)),
+            missed_keys: (HostBuf::new(d), DevBuf::new(d)),
             out: DevBuf::new(d),
             last: None,
             fill_queued: false,
@@ -884,7 +917,48 @@ impl BatchLookup {
         epoch: u64,
         fetch: &mut FetchMisses<'_, E>,
     ) -> std::result::Result<BatchTimes, E> {
-        self.run_to(keys, layout, epoch, fetch, None)
+        self.run_to(BatchKeys::Host(keys), layout, epoch, fetch, None)
+    }
+
+    /// As [`BatchLookup::run`] for keys already in GPU memory (on this lookup's GPU): one
+    /// copy on the GPU instead of the trip from the host, the missed keys gathered there
+    /// for the fetcher. `out`: as [`BatchLookup::run_into`] when given.
+    pub fn run_device<E: From<CudaError>>(
+        &mut self,
+        keys: DeviceView<'_>,
+        layout: KeyLayout<'_>,
+        epoch: u64,
+        fetch: &mut FetchMisses<'_, E>,
+        out: Option<&mut DeviceViewMut<'_>>,
+    ) -> std::result::Result<BatchTimes, E> {
+        if keys.device() != self.queue.device || keys.len() % 8 != 0 {
+            return Err(CudaError::internal(format!(
+                "batch lookup: {} bytes of keys on GPU {} for a lookup on GPU {}",
+                keys.len(),
+                keys.device(),
+                self.queue.device
+            ))
+            .into());
+        }
+        let into = match out {
+            Some(o) => Some(self.check_out(keys.len() / 8, o)?),
+            None => None,
+        };
+        self.run_to(BatchKeys::Device(keys), layout, epoch, fetch, into)
+    }
+
+    /// The address of `out` when it has room for the rows of `n` keys on this lookup's GPU.
+    fn check_out(&self, n: usize, out: &mut DeviceViewMut<'_>) -> Result<u64> {
+        let need = n * self.dim * self.format.size();
+        if out.device() != self.queue.device || out.len() < need {
+            return Err(CudaError::internal(format!(
+                "batch lookup: an output of {} bytes on GPU {} for {need} bytes of rows on GPU {}",
+                out.len(),
+                out.device(),
+                self.queue.device
+            )));
+        }
+        out.raw_addr().ok_or_else(|| CudaError::internal("batch lookup: a simulated output buffer"))
     }
 
     /// As [`BatchLookup::run`], the rows written into `out` (on this lookup's GPU, room for
@@ -897,23 +971,13 @@ impl BatchLookup {
         fetch: &mut FetchMisses<'_, E>,
         out: &mut DeviceViewMut<'_>,
     ) -> std::result::Result<BatchTimes, E> {
-        let need = keys.len() * self.dim * self.format.size();
-        if out.device() != self.queue.device || out.len() < need {
-            return Err(CudaError::internal(format!(
-                "batch lookup: an output of {} bytes on GPU {} for {need} bytes of rows on GPU {}",
-                out.len(),
-                out.device(),
-                self.queue.device
-            ))
-            .into());
-        }
-        let addr = out.raw_addr().ok_or_else(|| CudaError::internal("batch lookup: a simulated output buffer"))?;
-        self.run_to(keys, layout, epoch, fetch, Some(addr))
+        let addr = self.check_out(keys.len(), out)?;
+        self.run_to(BatchKeys::Host(keys), layout, epoch, fetch, Some(addr))
     }
 
     fn run_to<E: From<CudaError>>(
         &mut self,
-        keys: &[i64],
+        keys: BatchKeys<'_>,
         layout: KeyLayout<'_>,
         epoch: u64,
         fetch: &mut FetchMisses<'_, E>,
@@ -944,7 +1008,6 @@ impl BatchLookup {
             None => self.out.reserve(n * dim * self.format.size())?,
         };
         let d_keys = self.keys.1.reserve(n * 8)?;
-        let h_keys = self.keys.0.slice(n)?;
         let (interleaved, d_starts) = match layout {
             KeyLayout::Interleaved => {
                 if self.tables == 0 || n % self.tables != 0 {
@@ -998,7 +1061,26 @@ impl BatchLookup {
             }
             Ok(())
         };
-        let sent = crate::upload::in_parts(q.device, self.key_upload.part(n), keys, h_keys, &piece);
+        let sent = match keys {
+            BatchKeys::Host(keys) => {
+                let h_keys = self.keys.0.slice(n)?;
+                crate::upload::in_parts(q.device, self.key_upload.part(n), keys, h_keys, &piece)
+            }
+            BatchKeys::Device(v) => (|| -> Result<()> {
+                let src = real(v.raw_addr())?;
+                // SAFETY: `d_keys` has room for n keys; `src` holds them (checked by
+                // `run_device`) and stays valid through this call, which waits on the queue
+                // below; the copy is ordered before this run's kernel and any later fill.
+                unsafe { result::memcpy_dtod_async(d_keys, src, n * 8, q.stream.cu_stream()) }.map_err(cuda_err)?;
+                let (at_i, len_i) = (0i64, n as i32);
+                let mut b = q.stream.launch_builder(kernel);
+                b.arg(&d_keys).arg(&at_i).arg(&len_i).arg(&tables).arg(&interleaved).arg(&d_starts).arg(&desc).arg(&dim_i).arg(&epoch);
+                b.arg(&out).arg(&d_miss).arg(&d_count);
+                // SAFETY: as for a piece above, the whole batch at once, behind its copy on this stream.
+                unsafe { b.launch(warps_config(n)) }.map_err(cuda_err)?;
+                Ok(())
+            })(),
+        };
         if sent.is_err() {
             // nothing queued may still read the page-locked keys when the next run rewrites them
             let _ = up.synchronize();
@@ -1016,10 +1098,30 @@ impl BatchLookup {
             let h_miss = self.miss.0.slice(m)?;
             dtoh(&q, h_miss, d_miss)?;
             q.stream.synchronize().map_err(cuda_err)?;
+            let h_mkeys = self.missed_keys.0.slice(m)?;
+            match keys {
+                BatchKeys::Host(keys) => {
+                    for (k, &i) in h_mkeys.iter_mut().zip(h_miss.iter()) {
+                        *k = keys[i as usize];
+                    }
+                }
+                BatchKeys::Device(_) => {
+                    let d_mkeys = self.missed_keys.1.reserve(m * 8)?;
+                    let m_i = m as i32;
+                    let mut b = q.stream.launch_builder(&self.kernels.gather_keys);
+                    b.arg(&d_keys).arg(&d_miss).arg(&m_i).arg(&d_mkeys);
+                    let cfg = LaunchConfig { grid_dim: ((m as u32).div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+                    // SAFETY: argument types and order match gather_keys; the m indices in
+                    // `d_miss` are < n, `d_keys` holds n keys and `d_mkeys` room for m.
+                    unsafe { b.launch(cfg) }.map_err(cuda_err)?;
+                    dtoh(&q, h_mkeys, d_mkeys)?;
+                    q.stream.synchronize().map_err(cuda_err)?;
+                }
+            }
             let rows = self.fetched.0.slice(m * dim)?;
             let found = self.found.0.slice(m)?;
             found.fill(0);
-            fetch(h_miss, rows, found)?;
+            fetch(h_miss, h_mkeys, rows, found)?;
             times.fetch_us = us(t1);
             let d_rows = self.fetched.1.reserve(m * dim * 4)?;
             htod(&q, d_rows, rows)?;

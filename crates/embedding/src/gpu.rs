@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use triton_rust_core::error::{Error, Result};
 use triton_rust_cuda::cache::{CacheSlots, InsertPlan, Queue, WAYS as DEVICE_WAYS};
-pub use triton_rust_cuda::cache::{BatchLookup, DeviceRows, KeyLayout, KeyUpload, RowFormat};
+pub use triton_rust_cuda::cache::{BatchKeys, BatchLookup, DeviceRows, KeyLayout, KeyUpload, RowFormat};
 
 use crate::cache::{CacheCounters, CacheGeometry, CacheTier, EMPTY_KEY, WAYS};
 

@@ -738,11 +738,11 @@ impl InstanceCaches {
     /// skipped when an update ran during the lookup (its rows may be stale).
     #[cfg(feature = "gpu")]
     ///
-    /// `into`: the rows go there (GPU memory with room for them all) instead of `lookup`'s
-    /// own buffer.
+    /// `keys` on the host or already in GPU memory (`BatchKeys`). `into`: the rows go there
+    /// (GPU memory with room for them all) instead of `lookup`'s own buffer.
     pub fn lookup_batch_device(
         &self,
-        keys: &[i64],
+        keys: gpu::BatchKeys<'_>,
         layout: gpu::KeyLayout<'_>,
         gpu: &gpu::GpuInstance,
         lookup: &mut gpu::BatchLookup,
@@ -772,7 +772,7 @@ impl InstanceCaches {
         let t0 = Instant::now();
         let mut missed_per_table = vec![0usize; tables];
         let mut fetch_ns = 0u64;
-        let mut fetch = |missed: &mut [i32], rows: &mut [f32], found: &mut [u8]| -> Result<()> {
+        let mut fetch = |missed: &mut [i32], missed_keys: &mut [i64], rows: &mut [f32], found: &mut [u8]| -> Result<()> {
             // group the misses by table (a counting sort), so each table is read in one call
             let of: Vec<u32> = missed.iter().map(|&i| table_of(i as usize) as u32).collect();
             for &t in &of {
@@ -782,12 +782,14 @@ impl InstanceCaches {
             let groups: Vec<(usize, std::ops::Range<usize>)> =
                 missed_per_table.iter().enumerate().filter(|(_, &c)| c > 0).map(|(t, &c)| (t, at[t]..at[t] + c)).collect();
             let mut sorted = vec![0i32; missed.len()];
-            for (&i, &t) in missed.iter().zip(&of) {
+            let mut mkeys = vec![0i64; missed.len()];
+            for ((&i, &k), &t) in missed.iter().zip(missed_keys.iter()).zip(&of) {
                 sorted[at[t as usize]] = i;
+                mkeys[at[t as usize]] = k;
                 at[t as usize] += 1;
             }
             missed.copy_from_slice(&sorted);
-            let mkeys: Vec<i64> = missed.iter().map(|&i| keys[i as usize]).collect();
+            missed_keys.copy_from_slice(&mkeys);
             let tf = Instant::now();
             let f = fetch_parallel(store, &groups, &mkeys, rows, dim);
             fetch_ns = ns_since(tf);
@@ -797,9 +799,10 @@ impl InstanceCaches {
             Ok(())
         };
         let epoch = gpu.next_epoch();
-        let times = match into {
-            Some(out) => lookup.run_into::<Error>(keys, layout, epoch, &mut fetch, out)?,
-            None => lookup.run::<Error>(keys, layout, epoch, &mut fetch)?,
+        let times = match (keys, into) {
+            (gpu::BatchKeys::Host(keys), Some(out)) => lookup.run_into::<Error>(keys, layout, epoch, &mut fetch, out)?,
+            (gpu::BatchKeys::Host(keys), None) => lookup.run::<Error>(keys, layout, epoch, &mut fetch)?,
+            (gpu::BatchKeys::Device(keys), out) => lookup.run_device::<Error>(keys, layout, epoch, &mut fetch, out)?,
         };
         // the cache tier's time: the whole pass less the wall time of the reads below it
         // (those are counted per table by the host tier, summed over its threads)

@@ -30,7 +30,7 @@ use triton_rust_core::telemetry::MetricsSource;
 use triton_rust_core::tensor::{Bytes, DataType};
 use triton_rust_embedding::cache::{CacheTier, HostCache};
 #[cfg(feature = "gpu")]
-use triton_rust_embedding::gpu::{BatchLookup, DeviceRows, GpuInstance, KeyLayout, KeyUpload, RowFormat};
+use triton_rust_embedding::gpu::{BatchKeys, BatchLookup, DeviceRows, GpuInstance, KeyLayout, KeyUpload, RowFormat};
 use triton_rust_embedding::stream::StreamSpec;
 use triton_rust_embedding::{CacheAllocation, EmbeddingStore, InstanceCaches, StoreConfig, TableConfig};
 use triton_rust_embedding::table::HostRows;
@@ -444,7 +444,7 @@ impl EmbeddingEngine {
     /// Looks a batch up on the GPU in one pass when this instance has the whole-batch
     /// lookup, and hands the rows to `sink`. `Ok(false)` when it has not.
     #[cfg(feature = "gpu")]
-    fn run_batch_on_gpu(&mut self, keys: &[i64], layout: KeyLayout<'_>, out: Option<(&str, &[i64])>, sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>) -> Result<bool> {
+    fn run_batch_on_gpu(&mut self, keys: BatchKeys<'_>, layout: KeyLayout<'_>, out: Option<(&str, &[i64])>, sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>) -> Result<bool> {
         let Some((instance, lookup)) = self.gpu.as_mut() else { return Ok(false) };
         self.caches.lookup_batch_device(keys, layout, instance, lookup, None)?;
         if let Some((name, shape)) = out {
@@ -571,6 +571,12 @@ impl Engine for EmbeddingEngine {
         &self.sig
     }
 
+    /// A GPU instance's whole-batch lookup takes the batched interface's keys where they are.
+    #[cfg(feature = "gpu")]
+    fn accepts_device_inputs(&self) -> bool {
+        self.gpu.is_some() && self.settings.interface == Interface::Batched
+    }
+
     #[cfg(feature = "gpu")]
     fn run_into(&mut self, inputs: &[BatchTensor<'_>], out: &mut triton_rust_cuda::DeviceViewMut<'_>) -> Result<bool> {
         let Some((instance, lookup)) = self.gpu.as_mut().filter(|_| self.settings.interface == Interface::Batched) else { return Ok(false) };
@@ -583,7 +589,7 @@ impl Engine for EmbeddingEngine {
         if tables == 0 || keys.len() % tables != 0 {
             return Err(Error::invalid_arg(format!("input '{}': {} keys are not whole rows of {tables} tables", self.sig.inputs[0].name, keys.len())));
         }
-        self.caches.lookup_batch_device(&keys, KeyLayout::Interleaved, instance, lookup, Some(out))?;
+        self.caches.lookup_batch_device(BatchKeys::Host(&keys), KeyLayout::Interleaved, instance, lookup, Some(out))?;
         Ok(true)
     }
 
@@ -641,6 +647,11 @@ impl Engine for EmbeddingEngine {
                 Ok(())
             }
             Interface::Batched if !self.checks_vocabulary() => Ok(()),
+            Interface::Batched if inputs[0].chunks.iter().any(|c| !c.device().is_host()) => Err(Error::invalid_arg(format!(
+                "input '{}' is in GPU memory, where its keys cannot be checked against vocabulary_size_per_table; \
+                 send it in host memory, or serve this model without vocabulary sizes",
+                self.sig.inputs[0].name
+            ))),
             Interface::Batched => {
                 let keys = from_chunks(&inputs[0], i64::from_le_bytes);
                 let tables = self.store().table_count();
@@ -676,7 +687,7 @@ impl Engine for EmbeddingEngine {
                     let counts: Vec<usize> = parts.iter().map(|p| p.len()).collect();
                     let shape = [total as i64];
                     let out = wanted.then_some((out_name.as_str(), &shape[..]));
-                    if self.run_batch_on_gpu(&keys, KeyLayout::Blocked(&counts), out, sink)? {
+                    if self.run_batch_on_gpu(BatchKeys::Host(&keys), KeyLayout::Blocked(&counts), out, sink)? {
                         return Ok(());
                     }
                 }
@@ -692,16 +703,27 @@ impl Engine for EmbeddingEngine {
                 }
             }
             Interface::Batched => {
-                let keys = as_i64(host(0)?);
                 let tables = store.table_count();
                 let dim = store.dim(0);
+                // keys already in GPU memory (CUDA shared memory, an ensemble step's output)
+                // go to the GPU lookup as they are: no trip through the host
+                #[cfg(feature = "gpu")]
+                if let Some(Bytes::Device(view)) = inputs[0].bytes() {
+                    let batch = view.len() / 8 / tables.max(1);
+                    let shape = [batch as i64, tables as i64, dim as i64];
+                    let out = wanted.then_some((out_name.as_str(), &shape[..]));
+                    if self.run_batch_on_gpu(BatchKeys::Device(view), KeyLayout::Interleaved, out, sink)? {
+                        return Ok(());
+                    }
+                }
+                let keys = as_i64(host(0)?);
                 let batch = keys.len() / tables;
                 let total = batch * tables * dim;
                 #[cfg(feature = "gpu")]
                 {
                     let shape = [batch as i64, tables as i64, dim as i64];
                     let out = wanted.then_some((out_name.as_str(), &shape[..]));
-                    if self.run_batch_on_gpu(&keys, KeyLayout::Interleaved, out, sink)? {
+                    if self.run_batch_on_gpu(BatchKeys::Host(&keys), KeyLayout::Interleaved, out, sink)? {
                         return Ok(());
                     }
                 }
