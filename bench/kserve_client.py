@@ -1,6 +1,7 @@
 """A minimal KServe v2 HTTP client with the binary tensor extension, needing only
 ``requests`` and ``numpy`` (so it runs where tritonclient is not installed, e.g. the GPU
 machine). One ``infer`` call = one POST with raw tensor bytes both ways."""
+import base64
 import http.client
 import json
 from typing import Dict, List
@@ -42,8 +43,28 @@ class Client:
                 if attempt:
                     raise
 
-    def infer(self, model: str, inputs: Dict[str, np.ndarray], outputs: List[str]) -> Dict[str, np.ndarray]:
+    def _post_json(self, path: str, body: dict):
+        status, _, content = self._request("POST", path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        if status != 200:
+            raise InferError(status, content.decode(errors="replace"))
+
+    def register_cuda_shm(self, region: str, raw_handle: bytes, device_id: int, byte_size: int):
+        """Registers a CUDA IPC memory handle (cudaIpcMemHandle_t bytes) as a shared-memory region."""
+        self._post_json(f"/v2/cudasharedmemory/region/{region}/register",
+                        {"raw_handle": {"b64": base64.b64encode(raw_handle).decode()}, "device_id": device_id,
+                         "byte_size": byte_size})
+
+    def unregister_cuda_shm(self, region: str):
+        self._post_json(f"/v2/cudasharedmemory/region/{region}/unregister", {})
+
+    def infer(self, model: str, inputs: Dict[str, np.ndarray], outputs: List[str], shm=None) -> Dict[str, np.ndarray]:
+        """``shm``: inputs already in a registered region, name -> (region, offset, byte size,
+        shape, numpy dtype); the rest travel in the body."""
         header = {"inputs": [], "outputs": [{"name": o, "parameters": {"binary_data": True}} for o in outputs]}
+        for name, (region, offset, size, shape, dtype) in (shm or {}).items():
+            header["inputs"].append({"name": name, "shape": list(shape), "datatype": _DT[np.dtype(dtype)],
+                                     "parameters": {"shared_memory_region": region, "shared_memory_offset": offset,
+                                                    "shared_memory_byte_size": size}})
         blobs = []
         for name, arr in inputs.items():
             arr = np.ascontiguousarray(arr)

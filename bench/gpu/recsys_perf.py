@@ -350,6 +350,30 @@ def perf(pa, port, model, batch, conc, data, out_dir, tag, metrics_model, interv
     return r
 
 
+def exactness_cuda_shm(client, name, dim, reqs, batch=1024):
+    """Served rows of <name>_sparse for keys sent in CUDA shared memory (the lookup reads them
+    on the GPU), against the fixture's rows. The keys are a torch tensor on the GPU, shared
+    with the server through its CUDA IPC handle (the caching allocator's block, at an offset)."""
+    import torch
+    worst, checked = 0.0, 0
+    for k, (s, _) in enumerate(reqs):
+        s = np.ascontiguousarray(s[:batch])
+        keys = torch.from_numpy(s).cuda()
+        torch.cuda.synchronize()
+        device, handle, size, offset = keys.untyped_storage()._share_cuda_()[:4]
+        region = f"exact_{name}_{k}"
+        client.register_cuda_shm(region, handle, device, offset + size)
+        try:
+            got = client.infer(f"{name}_sparse", {}, ["OUTPUT0"], shm={"KEYS": (region, offset, s.nbytes, s.shape, np.int64)})["OUTPUT0"]
+        finally:
+            client.unregister_cuda_shm(region)
+        for t in range(TABLES):
+            worst = max(worst, float(np.abs(got[:, t, :].astype(np.float32) - synthetic_rows(SEED, t, s[:, t], dim)).max()))
+        checked += s.size
+        del keys
+    return {"rows_checked": checked, "rows_max_abs_diff": worst}
+
+
 def exactness(client, name, rows, dim, reqs, batch=1024):
     """Served rows of <name>_sparse against the fixture's rows; the single model vs the ensemble."""
     worst_rows = 0.0
@@ -533,6 +557,12 @@ def main():
                 print(f"  exactness {m} ({when} cache): {e}", flush=True)
                 if e["rows_max_abs_diff"] != 0.0:
                     raise SystemExit(f"served rows differ from the fixture's for {m}")
+            if a.shared_memory == "cuda":
+                # the path the runs below take: keys from CUDA shared memory, read on the GPU
+                e = exactness_cuda_shm(client, m, a.dim, requests_of(a.conc_batch, alphas[0])[1:2])
+                print(f"  exactness {m} (keys in CUDA shared memory): {e}", flush=True)
+                if e["rows_max_abs_diff"] != 0.0:
+                    raise SystemExit(f"served rows differ from the fixture's for {m}, keys in CUDA shared memory")
         for alpha_i, alpha in enumerate(alphas):
             sweep = batches if alpha_i == 0 else [int(b) for b in a.other_alpha_batches.split(",")]
             plan = [(b, 1) for b in sweep]
@@ -584,11 +614,17 @@ def main():
             e = exactness(client, m, rows, a.dim, requests_of(big, alphas[0])[:1], batch=big)
             exact[m]["largest_batch"] = dict(e, batch=big)
             print(f"  exactness {m} (one request of {big} rows): {e}", flush=True)
+            if a.shared_memory == "cuda":
+                e = exactness_cuda_shm(client, m, a.dim, requests_of(big, alphas[0])[:1], batch=big)
+                exact[m]["cuda_shm"] = dict(e, batch=big)
+                print(f"  exactness {m} (one request of {big} rows, keys in CUDA shared memory): {e}", flush=True)
     with open(os.path.join(out_dir, "exact.json"), "w") as f:
         json.dump(exact, f, indent=1)
     with open(os.path.join(out_dir, "setup.json"), "w") as f:
         json.dump(setup, f, indent=1)
-    bad = [m for m, e in exact.items() if e["rows_max_abs_diff"] != 0.0 or e["largest_batch"]["rows_max_abs_diff"] != 0.0]
+    bad = [m for m, e in exact.items()
+           if e["rows_max_abs_diff"] != 0.0 or e["largest_batch"]["rows_max_abs_diff"] != 0.0
+           or e.get("cuda_shm", {}).get("rows_max_abs_diff", 0.0) != 0.0]
     if bad:
         raise SystemExit(f"served rows differ from the fixture's for {bad}")
 

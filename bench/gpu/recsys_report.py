@@ -196,7 +196,10 @@ def main():
                        f"ensemble, max abs diff {e['single_vs_ensemble_max_abs_diff']}."
                        + (f" One request of {e['largest_batch']['batch']:,} rows: {e['largest_batch']['rows_checked']:,} rows, "
                           f"max abs diff {e['largest_batch']['rows_max_abs_diff']}; single model against the ensemble "
-                          f"{e['largest_batch']['single_vs_ensemble_max_abs_diff']}." if "largest_batch" in e else ""), ""]
+                          f"{e['largest_batch']['single_vs_ensemble_max_abs_diff']}." if "largest_batch" in e else "")
+                       + (f" Keys sent in CUDA shared memory (read by the lookup on the GPU), one request of "
+                          f"{e['cuda_shm']['batch']:,} rows: {e['cuda_shm']['rows_checked']:,} rows, max abs diff "
+                          f"{e['cuda_shm']['rows_max_abs_diff']}." if "cuda_shm" in e else ""), ""]
             if plt is not None:
                 files = [plot_batches(plt, m, offline, ceiling, gpu, a.out)]
                 if len({r["concurrency"] for r in conc}) > 1:
