@@ -552,6 +552,7 @@ mod tests {
         let mut chain = Chain::new(Box::new(lookup), Box::new(dense), &plan, Device::Gpu(0))
             .unwrap()
             .with_gpu(Box::new(Copies(vec![], false)), Arc::new(FakeDevice::default()));
+        assert!(!chain.accepts_device_inputs(), "a lookup that reads host keys only: GPU inputs are refused up front");
         let run = |chain: &mut Chain, dense_bytes: usize| -> Result<Vec<(bool, Vec<u8>)>> {
             let (features, keys) = ((0..dense_bytes).map(|i| i as u8).collect::<Vec<u8>>(), vec![1u8; 64]);
             let t = |name: &str, b| BatchTensor { name: name.into(), dtype: DataType::F32, shape: vec![-1], data: BatchData::Borrowed(Bytes::Host(b)) };
@@ -578,6 +579,9 @@ mod tests {
     impl Engine for PartLookup {
         fn signature(&self) -> &Signature {
             &self.sig
+        }
+        fn accepts_device_inputs(&self) -> bool {
+            true // keys in GPU memory (a GPU instance's whole-batch lookup)
         }
         fn run(&mut self, inputs: &[BatchTensor<'_>], _: &[&str], sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>) -> Result<()> {
             self.log.lock().unwrap().push(format!("run {:?}", inputs[0].shape));
@@ -667,6 +671,7 @@ mod tests {
         let mut chain = Chain::new(Box::new(lookup), Box::new(dense), &plan, Device::Gpu(0))
             .unwrap()
             .with_gpu(Box::new(Copies(vec![], false)), Arc::new(FakeDevice::default()));
+        assert!(chain.accepts_device_inputs(), "both engines take GPU inputs on a GPU instance: CUDA shared memory goes straight in");
         let run = |chain: &mut Chain, rows: usize| -> Vec<f32> {
             let keys: Vec<u8> = (0..rows as i64 * 2).flat_map(|k| k.to_le_bytes()).collect();
             let dense: Vec<u8> = (0..rows).flat_map(|i| (0.5 * i as f32).to_le_bytes()).collect();
