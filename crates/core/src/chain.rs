@@ -211,6 +211,30 @@ struct Gathered {
     bytes: Vec<u8>,
 }
 
+/// An input's host bytes; an error naming it when they are in GPU memory.
+fn host_of<'a>(t: &'a BatchTensor<'_>) -> Result<&'a [u8]> {
+    t.host_bytes().ok_or_else(|| Error::unsupported(format!("input '{}' in GPU memory", t.name)))
+}
+
+/// The network's inputs in its order: `embeddings` where it takes the lookup's rows, the
+/// `others` (its other inputs, in its order) everywhere else.
+fn network_inputs<'a>(
+    dense: &dyn Engine,
+    embeddings_input: &str,
+    embeddings: BatchTensor<'a>,
+    others: impl IntoIterator<Item = Result<BatchTensor<'a>>>,
+) -> Result<Vec<BatchTensor<'a>>> {
+    let (mut embeddings, mut others) = (Some(embeddings), others.into_iter());
+    dense
+        .inputs()
+        .iter()
+        .map(|spec| match embeddings.take_if(|_| spec.name == embeddings_input) {
+            Some(e) => Ok(e),
+            None => others.next().unwrap_or_else(|| Err(Error::internal("the network's inputs changed during a run"))),
+        })
+        .collect()
+}
+
 /// Rows `r` of a host input whose first dim holds `rows` rows.
 fn rows_of<'a>(t: &BatchTensor<'_>, bytes: &'a [u8], rows: usize, r: &Range<usize>) -> Result<BatchTensor<'a>> {
     if rows == 0 || bytes.len() % rows != 0 {
@@ -244,8 +268,7 @@ impl Chain {
         let row_bytes = rows_shape.iter().skip(1).map(|&d| d.max(0) as usize).product::<usize>() * rows_type.size().unwrap_or(4);
         let Chain { lookup, dense, stager, rows_buf, embeddings_input, parts, .. } = self;
         // parts are cut from host inputs; anything else runs whole
-        let host_input = |t: &BatchTensor<'_>| t.bytes().and_then(|b| b.host()).is_some();
-        if !dense.accepts_device_inputs() || !host_input(keys) || !others.iter().all(|t| host_input(t)) {
+        if !dense.accepts_device_inputs() || keys.host_bytes().is_none() || others.iter().any(|t| t.host_bytes().is_none()) {
             return Ok(false);
         }
         let total = rows * row_bytes;
@@ -262,12 +285,9 @@ impl Chain {
             views.push(part);
             rest = tail;
         }
-        let key_bytes = keys.bytes().and_then(|b| b.host()).ok_or_else(|| Error::unsupported(format!("input '{}' in GPU memory", keys.name)))?;
+        let key_bytes = host_of(keys)?;
         let key_part = |r: &Range<usize>| rows_of(keys, key_bytes, rows, r);
-        let host = others
-            .iter()
-            .map(|t| t.bytes().and_then(|b| b.host()).ok_or_else(|| Error::unsupported(format!("input '{}' in GPU memory", t.name))))
-            .collect::<Result<Vec<_>>>()?;
+        let host = others.iter().map(|t| host_of(t)).collect::<Result<Vec<_>>>()?;
         let host_total: usize = host.iter().map(|b| b.len()).sum();
         let mut views = views.into_iter();
         let mut cur = views.next();
@@ -295,25 +315,19 @@ impl Chain {
             let part_rows = cur.take().ok_or_else(|| Error::internal("a part's rows went missing"))?.into_view();
             let mut next = views.next();
             // the network's inputs for rows r: its embeddings in place, the rest sliced
-            let mut dense_in = Vec::with_capacity(dense.inputs().len());
-            let mut k = 0;
-            for spec in dense.inputs() {
-                if spec.name == *embeddings_input {
-                    let mut shape = rows_shape.clone();
-                    shape[0] = r.len() as i64;
-                    dense_in.push(BatchTensor { name: spec.name.clone(), dtype: rows_type, shape, data: BatchData::Borrowed(Bytes::Device(part_rows)) });
-                    continue;
-                }
-                let (t, bytes) = (others[k], host[k]);
+            let mut shape = rows_shape.clone();
+            shape[0] = r.len() as i64;
+            let embeddings = BatchTensor { name: embeddings_input.clone(), dtype: rows_type, shape, data: BatchData::Borrowed(Bytes::Device(part_rows)) };
+            let sliced = others.iter().zip(&host).enumerate().map(|(k, (t, bytes))| {
                 let mut part = rows_of(t, bytes, rows, r)?;
                 if let Some(v) = staged.get(k) {
                     let per = bytes.len() / rows;
                     let view = v.slice(r.start * per..r.end * per).ok_or_else(|| Error::internal("a staged input is shorter than its rows"))?;
                     part.data = BatchData::Borrowed(Bytes::Device(view));
                 }
-                dense_in.push(part);
-                k += 1;
-            }
+                Ok(part)
+            });
+            let dense_in = network_inputs(dense.as_ref(), embeddings_input, embeddings, sliced)?;
             let next_keys = match ranges.get(i + 1) {
                 Some(nr) => Some([key_part(nr)?]),
                 None => None,
@@ -414,7 +428,7 @@ impl Engine for Chain {
                     .ok_or_else(|| Error::internal(format!("input '{}' of the dense network missing from the batch", spec.name)))
             })
             .collect::<Result<Vec<_>>>()?;
-        let host: usize = others.iter().map(|t| t.bytes().and_then(|b| b.host()).map_or(0, <[u8]>::len)).sum();
+        let host: usize = others.iter().map(|t| t.host_bytes().map_or(0, <[u8]>::len)).sum();
         let rows = keys.shape.first().map_or(0, |&r| r.max(0) as usize);
         if let (Device::Gpu(device), Some(ops)) = (self.sig.device, self.ops.clone()) {
             if self.parts > 1 && rows >= self.parts * MIN_PART_ROWS && self.run_in_parts(ops, device, keys, &others, rows, outputs, sink)? {
@@ -431,26 +445,19 @@ impl Engine for Chain {
             if matches!(o.data, Bytes::Device(_)) && !dense.accepts_device_inputs() {
                 return Err(Error::unsupported("the dense network's engine cannot read inputs in GPU memory"));
             }
+            let embeddings = BatchTensor { name: embeddings_input.clone(), dtype: o.dtype, shape: o.shape.to_vec(), data: BatchData::Borrowed(o.data) };
             let mut staged = staged.map(Vec::into_iter);
-            let mut others = others.iter();
-            let mut dense_in = Vec::with_capacity(dense.inputs().len());
-            for spec in dense.inputs() {
-                if spec.name == *embeddings_input {
-                    dense_in.push(BatchTensor { name: spec.name.clone(), dtype: o.dtype, shape: o.shape.to_vec(), data: BatchData::Borrowed(o.data) });
-                    continue;
-                }
-                let t = others.next().ok_or_else(|| Error::internal("the network's inputs changed during a run"))?;
-                match staged.as_mut().and_then(Iterator::next) {
-                    Some(v) => dense_in.push(BatchTensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data: BatchData::Borrowed(Bytes::Device(v)) }),
-                    None => dense_in.push(borrowed(t)?),
-                }
-            }
+            let rest = others.iter().map(|t| match staged.as_mut().and_then(Iterator::next) {
+                Some(v) => Ok(BatchTensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data: BatchData::Borrowed(Bytes::Device(v)) }),
+                None => borrowed(t),
+            });
+            let dense_in = network_inputs(dense.as_ref(), embeddings_input, embeddings, rest)?;
             ran = true;
             dense.run(&dense_in, outputs, sink)
         };
         match self.stager.as_mut().filter(|_| host >= STAGE_BESIDE) {
             Some(stager) => {
-                let parts = others.iter().map(|t| t.bytes().and_then(|b| b.host()).ok_or_else(|| Error::unsupported(format!("input '{}' in GPU memory", t.name)))).collect::<Result<Vec<_>>>()?;
+                let parts = others.iter().map(|t| host_of(t)).collect::<Result<Vec<_>>>()?;
                 let stager: &mut dyn Stager = &mut **stager;
                 std::thread::scope(|s| {
                     let mut job = Some(s.spawn(move || stager.stage(&parts)));
