@@ -11,6 +11,9 @@ if [ ! -x /tmp/pa/perf_analyzer/bin/perf_analyzer ]; then
     pip install --quiet --no-index --no-deps --target /tmp/pa .carry_pa/perf_analyzer-*.whl
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+# the host as well: runs on machines of one kind have differed by a quarter (2026-11-23)
+{ nvidia-smi --query-gpu=pcie.link.gen.current,pcie.link.width.current,clocks.max.sm,clocks.max.mem --format=csv
+  nvidia-smi topo -m; lscpu | grep -E "Model name|^CPU\(s\)|NUMA|Thread|MHz"; uname -r; } > "$out/host.txt" 2>&1
 free -g | head -2; df -h /dev/shm /tmp | tail -2
 set +e
 # the machine's state through the run, timestamped (the DLRM sweep of 2026-11-23 ran slow for its
@@ -34,5 +37,6 @@ fi
 if [ "$(stat -c %s "$out/recsys/server.log" 2>/dev/null || echo 0)" -gt 4000000 ]; then
     tail -c 2000000 "$out/recsys/server.log" > "$out/recsys/server_tail.log" && rm "$out/recsys/server.log"
 fi
+cp "$out/host.txt" "$out/recsys/" 2>/dev/null
 tar -C "$out" -czf "$out/recsys.tgz" recsys && rm -rf "$out/recsys"
 exit "$rc"
