@@ -809,10 +809,11 @@ pub struct BatchLookup {
 
 /// How a batch's keys go to the GPU: in pieces of `piece_keys` keys, each piece's DMA and
 /// lookup queued as soon as it is in page-locked memory, copied there by up to `threads`
-/// tasks, none with fewer than two pieces. The default (2 MiB pieces, up to 4 tasks) is
-/// what the H100 runs used: a batch of 65536 × 26 keys is 13.6 MB, and one thread's memcpy
-/// out of a client's shared memory took ~1.5 ms of the lookup.
-/// `examples/batch_lookup_bench.rs` times other choices.
+/// tasks, none with fewer than two pieces. The default (1 MiB pieces, up to 8 tasks) is the
+/// best `examples/batch_lookup_bench.rs` found on an H100 host for a batch of 65536 × 26 keys
+/// (13.6 MB): 0.84 ms for keys and kernel with fp16 rows against 0.87 ms for 2 MiB pieces on
+/// 4 tasks, 1.75 ms in one piece, 1.47 ms in 512 KiB pieces
+/// (`bench/gpu/results/recsys_h100/nov23c_ab1/batch_lookup_bench.log`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyUpload {
     pub piece_keys: usize,
@@ -821,7 +822,7 @@ pub struct KeyUpload {
 
 impl Default for KeyUpload {
     fn default() -> KeyUpload {
-        KeyUpload { piece_keys: 256 << 10, threads: 4 }
+        KeyUpload { piece_keys: 128 << 10, threads: 8 }
     }
 }
 
@@ -1191,18 +1192,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn key_uploads_split_into_whole_pieces_over_at_most_four_threads() {
-        let how = KeyUpload::default();
-        let piece = how.piece_keys;
-        for n in [1, 1000, piece, 2 * piece - 1, 2 * piece, 65536 * 26, 131072 * 26, 50_000_000] {
-            let per = how.part(n);
-            let threads = n.div_ceil(per);
-            assert!(per % piece == 0 && (1..=4).contains(&threads), "n {n}: {per} keys per thread");
-            assert_eq!(threads == 1, n < 4 * piece, "n {n}: one thread below two pieces per thread");
+    fn key_uploads_split_into_whole_pieces_over_at_most_the_tasks_set() {
+        for how in [KeyUpload::default(), KeyUpload { piece_keys: 256 << 10, threads: 4 }] {
+            let piece = how.piece_keys;
+            for n in [1, 1000, piece, 2 * piece - 1, 2 * piece, 65536 * 26, 131072 * 26, 50_000_000] {
+                let per = how.part(n);
+                let threads = n.div_ceil(per);
+                assert!(per % piece == 0 && (1..=how.threads).contains(&threads), "{how:?} n {n}: {per} keys per thread");
+                assert_eq!(threads == 1, n < 4 * piece, "{how:?} n {n}: one thread below two pieces per thread");
+            }
         }
-        assert_eq!((65536 * 26_usize).div_ceil(how.part(65536 * 26)), 3);
-        let finer = KeyUpload { piece_keys: 128 << 10, threads: 8 };
-        assert_eq!((65536 * 26_usize).div_ceil(finer.part(65536 * 26)), 5, "1 MiB pieces: five tasks of three pieces, the last of what is left");
+        assert_eq!(KeyUpload::default(), KeyUpload { piece_keys: 128 << 10, threads: 8 }, "1 MiB pieces on up to 8 tasks, as measured");
+        let coarser = KeyUpload { piece_keys: 256 << 10, threads: 4 };
+        assert_eq!((65536 * 26_usize).div_ceil(coarser.part(65536 * 26)), 3);
+        assert_eq!((65536 * 26_usize).div_ceil(KeyUpload::default().part(65536 * 26)), 5, "1 MiB pieces: five tasks of three pieces, the last of what is left");
         assert_eq!(KeyUpload { piece_keys: 0, threads: 0 }.part(10), 10, "nonsense settings still cover the keys");
     }
 }

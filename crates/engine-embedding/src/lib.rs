@@ -233,7 +233,7 @@ impl StoreSettings {
             }
             Ok(v as usize)
         };
-        let key_upload = (whole("gpu_key_piece", 256 << 10, 1024)?, whole("gpu_key_upload_tasks", 4, 1)?);
+        let key_upload = (whole("gpu_key_piece", 128 << 10, 1024)?, whole("gpu_key_upload_tasks", 8, 1)?);
         Ok(StoreSettings { name, interface, store, vocabulary, volatile_db: cfg.parameters.get("volatile_db").cloned(), credential, key_upload })
     }
 }
@@ -797,8 +797,8 @@ mod tests {
             p.extend_from_slice(extra);
             StoreSettings::from_config(&cfg(&p), Path::new("/nonexistent"), &Default::default())
         };
-        assert_eq!(settings(&[]).unwrap().key_upload, (256 << 10, 4), "2 MiB pieces on up to 4 tasks, as measured");
-        assert_eq!(settings(&[("gpu_key_piece", "131072"), ("gpu_key_upload_tasks", "8")]).unwrap().key_upload, (131072, 8));
+        assert_eq!(settings(&[]).unwrap().key_upload, (128 << 10, 8), "1 MiB pieces on up to 8 tasks, as measured");
+        assert_eq!(settings(&[("gpu_key_piece", "262144"), ("gpu_key_upload_tasks", "4")]).unwrap().key_upload, (262144, 4));
         let e = settings(&[("gpu_key_piece", "100")]).unwrap_err();
         assert!(e.message().contains("'gpu_key_piece'") && e.message().contains("at least 1024"), "{e}");
         assert!(settings(&[("gpu_key_upload_tasks", "1.5")]).unwrap_err().message().contains("'gpu_key_upload_tasks'"));
