@@ -12,7 +12,13 @@ out="${OUT_ROOT:-docs/perf/h100}"
 "$py" bench/gpu/report.py --perf "$r/dense_perf_h100/resnet50" "$r/dense_perf_h100/bert_fastpitch" --out "$out" "$@"
 "$py" bench/gpu/report.py --perf "$r/dense_perf_h100/issue9_resnet50" "$r/dense_perf_h100/issue9_bert_fastpitch" \
     --out "$out/served_vs_bare" "$@"
-# the latest sweeps (fp16 rows into the networks, split interaction, graphs at <= 16384 rows)
+# the latest sweeps: the inputs in CUDA shared memory (keys and dense features already on the GPU,
+# as the ceiling has them), 2026-11-23 third session
+"$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/nov23c_dlrm_cuda" "$r/recsys_h100/nov23c_dcnv2_cuda" \
+    --out "$out/recsys_cuda" "$@"
+# batch 4096 and 65536 alone, two single-model instances of a 5% cache each, CUDA shared memory
+"$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/nov23c_two_inst_cuda" --out "$out/recsys_two_inst" "$@"
+# the sweeps with system shared memory (fp16 rows into the networks, split interaction, graphs at <= 16384 rows)
 "$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/nov23b_dlrm" "$r/recsys_h100/nov23b_dcnv2" "$r/recsys_h100/nov23b_wide_deep" \
     --out "$out/recsys" "$@"
 # the same build's DLRM at batch 4096 and 65536 alone (the sweep's first minutes ran slow)
