@@ -111,15 +111,15 @@ impl Staged {
     pub fn stage(&mut self, parts: &[&[u8]]) -> Result<Vec<DeviceView<'_>>> {
         let device = self.uploader.queue.device();
         gpu(device)?; // the calling thread may be new to the device
+        let mut total = 0usize;
         let offsets: Vec<usize> = parts
             .iter()
-            .scan(0usize, |at, p| {
-                let o = *at;
-                *at += p.len().next_multiple_of(ALIGN);
-                Some(o)
+            .map(|p| {
+                let at = total;
+                total += p.len().next_multiple_of(ALIGN);
+                at
             })
             .collect();
-        let total = parts.iter().map(|p| p.len().next_multiple_of(ALIGN)).sum::<usize>();
         if self.buf.as_ref().is_none_or(|b| b.len() < total) {
             self.buf = None; // the old buffer goes before the new one is made
             self.buf = Some(alloc(device, total.next_power_of_two())?);
