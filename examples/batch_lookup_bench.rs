@@ -14,7 +14,7 @@ use rand::{Rng, SeedableRng};
 use triton_rust_cuda::mem::{Bytes, BytesMut, DeviceOps};
 use triton_rust_cuda::Cuda;
 use triton_rust_embedding::cache::{CacheGeometry, CacheTier};
-use triton_rust_embedding::gpu::{GpuCache, GpuInstance, KeyLayout, KeyUpload, RowFormat};
+use triton_rust_embedding::gpu::{BatchKeys, GpuCache, GpuInstance, KeyLayout, KeyUpload, RowFormat};
 use triton_rust_embedding::Zipf;
 
 fn arg(name: &str, default: usize) -> usize {
@@ -131,12 +131,12 @@ fn main() {
             Ok(())
         };
         for _ in 0..3 {
-            lookup.run_device(d_keys.view(), KeyLayout::Interleaved, instance.next_epoch(), &mut fetch, None).expect("warm-up");
+            lookup.run_keys(BatchKeys::Device(d_keys.view()), KeyLayout::Interleaved, instance.next_epoch(), &mut fetch, None).expect("warm-up");
         }
         let t = Instant::now();
         let mut lookup_us = 0u64;
         for _ in 0..iters {
-            lookup_us += lookup.run_device(d_keys.view(), KeyLayout::Interleaved, instance.next_epoch(), &mut fetch, None).expect("run").lookup_us;
+            lookup_us += lookup.run_keys(BatchKeys::Device(d_keys.view()), KeyLayout::Interleaved, instance.next_epoch(), &mut fetch, None).expect("run").lookup_us;
         }
         let secs = t.elapsed().as_secs_f64() / iters as f64;
         println!(

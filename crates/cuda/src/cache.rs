@@ -768,7 +768,7 @@ pub enum KeyLayout<'a> {
 /// once (from page-locked memory), one kernel serves every hit of every table and lists
 /// the misses, the misses come back in one copy, are read below the cache by the
 /// caller, go back in one copy and are scattered into place by one more kernel. Rows
-/// land in this lookup's own output buffer, or the caller's ([`BatchLookup::run_into`]),
+/// land in this lookup's own output buffer, or the caller's ([`BatchLookup::run_keys`]),
 /// row i at element `i * dim`, as fp32 or fp16 ([`RowFormat`]). The rows read
 /// below the cache are already on the GPU afterwards, so [`BatchLookup::fill_last`]
 /// inserts them into the caches with one more kernel, queued after the response's rows
@@ -785,7 +785,7 @@ pub struct BatchLookup {
     dim: usize,
     format: RowFormat,
     key_upload: KeyUpload,
-    /// The last run wrote its rows into the caller's buffer (`run_into`).
+    /// The last run wrote its rows into the caller's buffer (`run_keys` with an `out`).
     external: bool,
     desc: DevBuf,
     keys: (HostBuf<i64>, DevBuf),
@@ -896,10 +896,6 @@ impl BatchLookup {
         self.dim
     }
 
-    pub fn format(&self) -> RowFormat {
-        self.format
-    }
-
     /// How the next runs send their keys to the GPU.
     pub fn set_key_upload(&mut self, how: KeyUpload) {
         self.key_upload = how;
@@ -921,31 +917,35 @@ impl BatchLookup {
         self.run_to(BatchKeys::Host(keys), layout, epoch, fetch, None)
     }
 
-    /// As [`BatchLookup::run`] for keys already in GPU memory (on this lookup's GPU): one
-    /// copy on the GPU instead of the trip from the host, the missed keys gathered there
-    /// for the fetcher. `out`: as [`BatchLookup::run_into`] when given.
-    pub fn run_device<E: From<CudaError>>(
+    /// As [`BatchLookup::run`] for keys on the host or already in GPU memory (on this
+    /// lookup's GPU: one copy on the GPU instead of the trip from the host, the missed keys
+    /// gathered there for the fetcher), the rows written into `out` when given (on this
+    /// lookup's GPU, room for every row) instead of the lookup's own buffer;
+    /// [`BatchLookup::rows`] then has none.
+    pub fn run_keys<E: From<CudaError>>(
         &mut self,
-        keys: DeviceView<'_>,
+        keys: BatchKeys<'_>,
         layout: KeyLayout<'_>,
         epoch: u64,
         fetch: &mut FetchMisses<'_, E>,
         out: Option<&mut DeviceViewMut<'_>>,
     ) -> std::result::Result<BatchTimes, E> {
-        if keys.device() != self.queue.device || keys.len() % 8 != 0 {
-            return Err(CudaError::internal(format!(
-                "batch lookup: {} bytes of keys on GPU {} for a lookup on GPU {}",
-                keys.len(),
-                keys.device(),
-                self.queue.device
-            ))
-            .into());
+        if let BatchKeys::Device(v) = &keys {
+            if v.device() != self.queue.device || v.len() % 8 != 0 {
+                return Err(CudaError::internal(format!(
+                    "batch lookup: {} bytes of keys on GPU {} for a lookup on GPU {}",
+                    v.len(),
+                    v.device(),
+                    self.queue.device
+                ))
+                .into());
+            }
         }
         let into = match out {
-            Some(o) => Some(self.check_out(keys.len() / 8, o)?),
+            Some(o) => Some(self.check_out(keys.len(), o)?),
             None => None,
         };
-        self.run_to(BatchKeys::Device(keys), layout, epoch, fetch, into)
+        self.run_to(keys, layout, epoch, fetch, into)
     }
 
     /// The address of `out` when it has room for the rows of `n` keys on this lookup's GPU.
@@ -960,20 +960,6 @@ impl BatchLookup {
             )));
         }
         out.raw_addr().ok_or_else(|| CudaError::internal("batch lookup: a simulated output buffer"))
-    }
-
-    /// As [`BatchLookup::run`], the rows written into `out` (on this lookup's GPU, room for
-    /// every row) instead of the lookup's own buffer; [`BatchLookup::rows`] then has none.
-    pub fn run_into<E: From<CudaError>>(
-        &mut self,
-        keys: &[i64],
-        layout: KeyLayout<'_>,
-        epoch: u64,
-        fetch: &mut FetchMisses<'_, E>,
-        out: &mut DeviceViewMut<'_>,
-    ) -> std::result::Result<BatchTimes, E> {
-        let addr = self.check_out(keys.len(), out)?;
-        self.run_to(BatchKeys::Host(keys), layout, epoch, fetch, Some(addr))
     }
 
     fn run_to<E: From<CudaError>>(
@@ -1070,7 +1056,7 @@ impl BatchLookup {
             BatchKeys::Device(v) => (|| -> Result<()> {
                 let src = real(v.raw_addr())?;
                 // SAFETY: `d_keys` has room for n keys; `src` holds them (checked by
-                // `run_device`) and stays valid through this call, which waits on the queue
+                // `run_keys`) and stays valid through this call, which waits on the queue
                 // below; the copy is ordered before this run's kernel and any later fill.
                 unsafe { result::memcpy_dtod_async(d_keys, src, n * 8, q.stream.cu_stream()) }.map_err(cuda_err)?;
                 let (at_i, len_i) = (0i64, n as i32);

@@ -799,11 +799,7 @@ impl InstanceCaches {
             Ok(())
         };
         let epoch = gpu.next_epoch();
-        let times = match (keys, into) {
-            (gpu::BatchKeys::Host(keys), Some(out)) => lookup.run_into::<Error>(keys, layout, epoch, &mut fetch, out)?,
-            (gpu::BatchKeys::Host(keys), None) => lookup.run::<Error>(keys, layout, epoch, &mut fetch)?,
-            (gpu::BatchKeys::Device(keys), out) => lookup.run_device::<Error>(keys, layout, epoch, &mut fetch, out)?,
-        };
+        let times = lookup.run_keys::<Error>(keys, layout, epoch, &mut fetch, into)?;
         // the cache tier's time: the whole pass less the wall time of the reads below it
         // (those are counted per table by the host tier, summed over its threads)
         let elapsed = ns_since(t0).saturating_sub(fetch_ns);

@@ -445,12 +445,12 @@ impl EmbeddingEngine {
     /// lookup, and hands the rows to `sink`. `Ok(false)` when it has not.
     #[cfg(feature = "gpu")]
     fn run_batch_on_gpu(&mut self, keys: BatchKeys<'_>, layout: KeyLayout<'_>, out: Option<(&str, &[i64])>, sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>) -> Result<bool> {
+        let dtype = self.rows_type; // the lookup's row format was made from it
         let Some((instance, lookup)) = self.gpu.as_mut() else { return Ok(false) };
         self.caches.lookup_batch_device(keys, layout, instance, lookup, None)?;
         if let Some((name, shape)) = out {
             let elements = keys.len() * lookup.dim();
             let rows = lookup.rows(elements).ok_or_else(|| Error::internal("batch lookup: rows buffer too small"))?;
-            let dtype = if lookup.format() == RowFormat::F16 { DataType::F16 } else { DataType::F32 };
             sink(OutputView { name, dtype, shape, data: Bytes::Device(rows) })?;
         }
         Ok(true)
