@@ -155,10 +155,13 @@ class Timing:
         return ", ".join(f"{label} {avg:.0f}" for (_, label), (avg, _) in averages(text.splitlines()).items())
 
 
-def perf(pa, port, model, batch, conc, out_dir, extra=(), shm="system", must=True):
-    path = os.path.join(out_dir, f"{model}_b{batch}_c{conc}{'_cudashm' if shm == 'cuda' else ''}.csv")
-    cmd = [pa, "-m", model, "-b", str(batch), "--concurrency-range", f"{conc}:{conc}", "-i", "grpc",
-           "-u", f"localhost:{port + 1}", "--shared-memory", shm, "--output-shared-memory-size", str(8 << 20),
+def perf(pa, port, model, batch, conc, out_dir, extra=(), shm="system", must=True, protocol="grpc"):
+    """perf_analyzer's row for `model` at `batch` and concurrency `conc`; `protocol`: grpc
+    (the file name as before) or http (the file name ends in _http)."""
+    path = os.path.join(out_dir, f"{model}_b{batch}_c{conc}{'_cudashm' if shm == 'cuda' else ''}"
+                                 f"{'_http' if protocol == 'http' else ''}.csv")
+    cmd = [pa, "-m", model, "-b", str(batch), "--concurrency-range", f"{conc}:{conc}", "-i", protocol,
+           "-u", f"localhost:{port + 1 if protocol == 'grpc' else port}", "--shared-memory", shm, "--output-shared-memory-size", str(8 << 20),
            "--measurement-interval", "4000", "-f", path, *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if p.returncode != 0:
@@ -196,6 +199,11 @@ def main():
                    help="offline models without dynamic_batching (Triton's default scheduler: one hand-off fewer "
                         "between Triton's threads at concurrency 1)")
     p.add_argument("--no-online", action="store_true", help="skip the online (concurrency) measurements")
+    p.add_argument("--protocol", type=lambda v: v.split(","), default=["grpc"],
+                   help="perf_analyzer's protocols for the offline rows: grpc, http or grpc,http (both, each row "
+                        "twice; HTTP files end in _http); online rows use the first")
+    p.add_argument("--graphs-only", action="store_true",
+                   help="serve and measure only the graphs mode of models that have one (not eager)")
     p.add_argument("--online", default="resnet50",
                    help="models measured online too (comma-separated bases, e.g. resnet50,bert,fastpitch,resnet50_onnx)")
     p.add_argument("--sweep", action="store_true", help="offline: every power-of-two batch up to the largest (else 1 and the largest)")
@@ -208,6 +216,8 @@ def main():
                    "(resnet50_onnx, bert_onnx) on KIND_GPU, against CPU ONNX Runtime and bare ONNX Runtime")
     p.add_argument("--ort-bare", default="", help="the ort_bare binary (bare ONNX Runtime reference)")
     a = p.parse_args()
+    if not set(a.protocol) <= {"grpc", "http"}:
+        p.error(f"--protocol: grpc and/or http, not {a.protocol}")
     out_dir = os.path.join(os.environ.get("OUT", "/tmp/out"), "perf")
     os.makedirs(out_dir, exist_ok=True)
     repo = os.path.join(a.work, "repo")
@@ -298,6 +308,9 @@ def main():
                 print(f"built {builder} -> {path} ({os.path.getsize(path) / 1e6:.0f} MB, {time.time() - t0:.0f} s)", flush=True)
             models.append(dict(like, label=label, base=base, engine="onnx", file="model.onnx",
                                modes=("eager", "graphs")))
+    served_modes = {}
+    for m in models:
+        served_modes[m["base"]] = [md for md in m["modes"] if not (a.graphs_only and md == "eager" and "graphs" in m["modes"])]
     online = set() if a.no_online else set(filter(None, a.online.split(",")))
     for m in models:
         m["online"] = m["base"] in online
@@ -385,7 +398,7 @@ def main():
                     with torch.inference_mode():
                         want = module(*[torch.from_numpy(v).to(dev) for v in f.values()])
                     want = [w.cpu().numpy() for w in ([want] if isinstance(want, torch.Tensor) else want)]
-                for mode in m["modes"] + (("online",) if m["online"] else ()):
+                for mode in served_modes[m["base"]] + (["online"] if m["online"] else []):
                     got = client.infer(f"{m['base']}_{mode}", f, m["onames"])
                     pairs = [(n, got[n], w) for n, w in zip(m["onames"], want)]
                     # FastPitch: the mel length (OUTPUT__1) is the sum of rounded fp16 durations, so a
@@ -430,13 +443,14 @@ def main():
             for batch in m["batches"]:
                 shms = ["system"] + ["cuda"] * (a.cuda_shm and batch == m["mb"])
                 for shm in shms:
-                    for mode in m["modes"]:
-                        r = perf(a.perf_analyzer, a.port, f"{m['base']}_{mode}", batch, 1, out_dir,
-                                 [*m["pa_extra"], "--max-trials", "15"], shm, must=False)
-                        if r is None:
-                            continue
-                        show(m, mode, batch, 1, r, refs[m["base"]]["bare"][batch],
-                             " (CUDA shared memory)" if shm == "cuda" else "")
+                    for mode in served_modes[m["base"]]:
+                        for protocol in a.protocol:
+                            r = perf(a.perf_analyzer, a.port, f"{m['base']}_{mode}", batch, 1, out_dir,
+                                     [*m["pa_extra"], "--max-trials", "15"], shm, must=False, protocol=protocol)
+                            if r is None:
+                                continue
+                            show(m, mode, batch, 1, r, refs[m["base"]]["bare"][batch],
+                                 (" (CUDA shared memory)" if shm == "cuda" else "") + (" (HTTP)" if protocol == "http" else ""))
         # online: requests of batch 1, dynamic batching, against the bare engine at batch 64
         # (or the model's largest batch below it)
         for m in models:
@@ -450,7 +464,7 @@ def main():
                     # online load does not always settle within perf_analyzer's trials; a
                     # missing figure is reported, not fatal
                     r = perf(a.perf_analyzer, a.port, f"{m['base']}_{mode}", 1, conc, out_dir,
-                             [*m["pa_extra"], "--max-trials", "20"], must=False)
+                             [*m["pa_extra"], "--max-trials", "20"], must=False, protocol=a.protocol[0])
                     if r is not None:
                         show(m, mode, 1, conc, r, ref, f" (vs bare, batch {ref_b})")
     print("\nserver log lines about CUDA graphs:")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Seed-style performance report from perf_analyzer's CSV files (issue 9).
 
-Reads a folder written by bench/gpu/dense_perf.py (`<model>_<mode>_b<batch>_c<conc>[_cudashm].csv`
+Reads a folder written by bench/gpu/dense_perf.py (`<model>_<mode>_b<batch>_c<conc>[_cudashm][_http].csv`
 and `refs.json`, the bare-engine figures of the same run) and writes, into --out:
 
 - `report.md`: per model, the offline table (client batch sweep at concurrency 1) and the
@@ -24,7 +24,7 @@ import re
 PARTS = ["Client Send", "Network+Server Send/Recv", "Server Queue", "Server Compute Input",
          "Server Compute Infer", "Server Compute Output", "Client Recv"]
 PCTS = ["p50 latency", "p90 latency", "p95 latency", "p99 latency"]
-NAME = re.compile(r"^(?P<base>[a-z0-9_]+?)_(?P<mode>eager|graphs|online)_b(?P<batch>\d+)_c(?P<conc>\d+)(?P<cuda>_cudashm)?\.csv$")
+NAME = re.compile(r"^(?P<base>[a-z0-9_]+?)_(?P<mode>eager|graphs|online)_b(?P<batch>\d+)_c(?P<conc>\d+)(?P<cuda>_cudashm)?(?P<http>_http)?\.csv$")
 
 
 def read(folder):
@@ -42,8 +42,10 @@ def read(folder):
                 r[k] /= 1e3
             # perf_analyzer's CSV has no average column: the average is the sum of its parts
             r["Avg latency"] = sum(r[k] for k in PARTS)
+            # perf_analyzer over HTTP: its own mode label (rows and plot lines beside gRPC's)
+            mode = m["mode"] + (" HTTP" if m["http"] else "")
             runs.setdefault(m["base"], []).append(
-                (m["mode"], int(m["batch"]), int(r.get("Concurrency", m["conc"])), "cuda" if m["cuda"] else "system", r))
+                (mode, int(m["batch"]), int(r.get("Concurrency", m["conc"])), "cuda" if m["cuda"] else "system", r))
     return runs
 
 
@@ -169,9 +171,10 @@ def main():
     for base, info in refs["models"].items():
         label, bare = info["label"], info["bare"]
         rs = runs.get(base, [])
-        offline = sorted([x for x in rs if x[2] == 1 and x[0] != "online"], key=lambda x: (x[1], x[3], x[0]))
-        online = sorted([x for x in rs if x[0] == "online"], key=lambda x: x[2])
-        online_other = sorted([x for x in rs if x[2] > 1 and x[0] != "online"], key=lambda x: (x[0], x[2]))
+        is_online = lambda x: x[0].split()[0] == "online"  # noqa: E731 - "online" or "online HTTP"
+        offline = sorted([x for x in rs if x[2] == 1 and not is_online(x)], key=lambda x: (x[1], x[3], x[0]))
+        online = sorted([x for x in rs if is_online(x)], key=lambda x: x[2])
+        online_other = sorted([x for x in rs if x[2] > 1 and not is_online(x)], key=lambda x: (x[0], x[2]))
         md += [f"## {label}", ""]
         if offline:
             md += ["### Offline: client batch sweep, concurrency 1", "",

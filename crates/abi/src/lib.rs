@@ -17,7 +17,7 @@ use std::os::raw::{c_char, c_int, c_void};
 #[cfg(feature = "loader")]
 pub mod plugin;
 
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = 5;
 
 /// The symbol the plugin exports: `extern "C" fn() -> *const PluginApi`.
 pub const ENTRY_SYMBOL: &[u8] = b"triton_rust_plugin_api\0";
@@ -67,6 +67,17 @@ pub const LOG_VERBOSE: c_int = 2;
 /// (e.g. a CUDA graph that could not be captured). The message is borrowed.
 pub type LogFn = unsafe extern "C" fn(level: c_int, message: *const c_char);
 
+/// One step of TorchScript's fusion strategy (libtorch's `FusionBehavior` and depth): the
+/// profiling executor compiles up to `depth` fused kernels of this kind before moving on
+/// to the next step.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusionStep {
+    /// 0: kernels specialised to static shapes; 1: kernels for dynamic shapes.
+    pub dynamic: i32,
+    pub depth: u32,
+}
+
 /// Options for loading a model.
 #[repr(C)]
 pub struct LoadOptions {
@@ -90,6 +101,11 @@ pub struct LoadOptions {
     /// TorchScript's profiling graph executor: 1 on, 0 off, -1 libtorch's default
     /// (Triton's `ENABLE_JIT_PROFILING`). Process-wide in libtorch.
     pub jit_profiling: i32,
+    /// TorchScript's fusion strategy (`TORCH_FUSION_STRATEGY`): `n_fusion_steps` steps, each
+    /// a number of shape specialisations, static or dynamic, tried in order; none (null, 0)
+    /// keeps libtorch's default. Process-wide in libtorch; GPU instances only.
+    pub fusion_steps: *const FusionStep,
+    pub n_fusion_steps: usize,
     /// CUDA graphs on a GPU instance (Triton's `optimization { cuda { graphs: true } }`):
     /// 0 off, 1 on.
     pub cuda_graphs: i32,

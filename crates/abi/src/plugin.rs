@@ -131,6 +131,8 @@ pub struct LoadSpec<'a> {
     pub tensor_fuser: Option<bool>,
     /// Triton's `ENABLE_JIT_PROFILING` (process-wide in libtorch); None keeps libtorch's default.
     pub jit_profiling: Option<bool>,
+    /// `TORCH_FUSION_STRATEGY` (process-wide in libtorch; GPU instances); empty keeps libtorch's default.
+    pub fusion_strategy: &'a [abi::FusionStep],
     /// CUDA graphs (GPU instances): `None` off; `Some(buckets)` on, with the batch-size
     /// buckets (empty: one graph per input shape).
     pub cuda_graphs: Option<&'a [i64]>,
@@ -187,6 +189,8 @@ impl Plugin {
             optimized_execution: spec.optimized_execution as i32,
             tensor_fuser: spec.tensor_fuser.map_or(-1, i32::from),
             jit_profiling: spec.jit_profiling.map_or(-1, i32::from),
+            fusion_steps: if spec.fusion_strategy.is_empty() { std::ptr::null() } else { spec.fusion_strategy.as_ptr() },
+            n_fusion_steps: spec.fusion_strategy.len(),
             cuda_graphs: spec.cuda_graphs.is_some() as i32,
             graph_buckets: spec.cuda_graphs.map_or(std::ptr::null(), <[i64]>::as_ptr),
             n_graph_buckets: spec.cuda_graphs.map_or(0, <[i64]>::len),

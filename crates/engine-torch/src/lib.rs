@@ -5,7 +5,8 @@
 //! convention: names ending in `__<i>` (INPUT__0, OUTPUT__1) give the position; other
 //! names keep the config's order. Parameters (Triton's PyTorch-backend spellings):
 //! `intra_op_thread_count`, `DISABLE_CUDNN`, `DISABLE_OPTIMIZED_EXECUTION`,
-//! `ENABLE_TENSOR_FUSER`, `ENABLE_JIT_PROFILING`. On a GPU instance, `optimization { cuda { graphs: true } }`
+//! `ENABLE_TENSOR_FUSER`, `ENABLE_JIT_PROFILING`; ours, on a GPU instance: `TORCH_FUSION_STRATEGY`
+//! (libtorch's fusion strategy, e.g. `STATIC:20` or `STATIC:2,DYNAMIC:10`). On a GPU instance, `optimization { cuda { graphs: true } }`
 //! captures a CUDA graph per batch-size bucket at the bucket's first batch and replays
 //! it (see `ModelConfig::cuda_graph_buckets`; Triton's `model_warmup` captures at load).
 //! The plugin's FFI (finding libtorch, opening the plugin, calling it) is
@@ -108,6 +109,21 @@ impl TorchEngine {
         };
         // (a KIND_CPU instance with graphs asked for says so when it is made: serve.rs)
         let buckets = cfg.cuda_graph_buckets()?;
+        let fusion_strategy = match cfg.parameters.get(FUSION_STRATEGY) {
+            None => Vec::new(),
+            Some(_) if gpu.is_none() => {
+                return Err(Error::invalid_arg(format!(
+                    "parameter '{FUSION_STRATEGY}' is set through the GPU helper library: give it to KIND_GPU instances only"
+                )))
+            }
+            Some(text) => {
+                let steps = parse_fusion_strategy(text)?;
+                if !options.probe {
+                    log::info!("TorchScript's fusion strategy (process-wide) set to {text} by model '{}'", cfg.name);
+                }
+                steps
+            }
+        };
         let model = if options.probe {
             None
         } else {
@@ -119,6 +135,7 @@ impl TorchEngine {
                 optimized_execution: !cfg.parameter_bool("DISABLE_OPTIMIZED_EXECUTION")?.unwrap_or(false),
                 tensor_fuser: cfg.parameter_bool("ENABLE_TENSOR_FUSER")?,
                 jit_profiling: cfg.parameter_bool("ENABLE_JIT_PROFILING")?,
+                fusion_strategy: &fusion_strategy,
                 cuda_graphs: if gpu.is_some() { buckets.as_deref() } else { None },
                 graph_exact_rows: !cfg.batching(),
             })?)
@@ -135,6 +152,39 @@ impl TorchEngine {
             output_order,
         })
     }
+}
+
+/// The model parameter naming TorchScript's fusion strategy.
+pub const FUSION_STRATEGY: &str = "TORCH_FUSION_STRATEGY";
+
+/// `STATIC:20` or `STATIC:2,DYNAMIC:10` (libtorch's `torch.jit.set_fusion_strategy`, spelled as
+/// one string): in order, how many fused kernels of each kind the profiling executor compiles
+/// for the input shapes it meets. libtorch's default is `STATIC:2,DYNAMIC:10`: a model that
+/// sees more than two shapes (CUDA graph buckets) gets kernels for dynamic shapes after the
+/// second; enough static depth gives each bucket its own.
+pub fn parse_fusion_strategy(text: &str) -> Result<Vec<triton_rust_abi::FusionStep>> {
+    let bad = |why: &str| {
+        Error::invalid_arg(format!(
+            "parameter '{FUSION_STRATEGY}' = '{text}': {why} (expected steps like 'STATIC:20' or 'STATIC:2,DYNAMIC:10')"
+        ))
+    };
+    let steps = text
+        .split(',')
+        .map(|step| {
+            let (kind, depth) = step.trim().split_once(':').ok_or_else(|| bad(&format!("step '{}' has no ':'", step.trim())))?;
+            let dynamic = match kind.trim().to_ascii_uppercase().as_str() {
+                "STATIC" => 0,
+                "DYNAMIC" => 1,
+                other => return Err(bad(&format!("'{other}' is neither STATIC nor DYNAMIC"))),
+            };
+            let depth: u32 = depth.trim().parse().map_err(|_| bad(&format!("depth '{}' is not a count", depth.trim())))?;
+            Ok(triton_rust_abi::FusionStep { dynamic, depth })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if steps.iter().all(|s| s.depth == 0) {
+        return Err(bad("no step allows any fused kernel"));
+    }
+    Ok(steps)
 }
 
 impl Engine for TorchEngine {
@@ -178,6 +228,20 @@ mod tests {
 
     fn t(name: &str) -> TensorConfig {
         TensorConfig { name: name.into(), dtype: DataType::F32, dims: vec![1], reshape: None }
+    }
+
+    #[test]
+    fn fusion_strategy_spelling() {
+        use triton_rust_abi::FusionStep;
+        assert_eq!(parse_fusion_strategy("STATIC:20").unwrap(), vec![FusionStep { dynamic: 0, depth: 20 }]);
+        assert_eq!(
+            parse_fusion_strategy(" static:2, DYNAMIC : 10 ").unwrap(),
+            vec![FusionStep { dynamic: 0, depth: 2 }, FusionStep { dynamic: 1, depth: 10 }]
+        );
+        for bad in ["", "STATIC", "STATIC:x", "FAST:2", "STATIC:0", "STATIC:-1", "STATIC:2,"] {
+            let e = parse_fusion_strategy(bad).unwrap_err().to_string();
+            assert!(e.contains(FUSION_STRATEGY), "{bad}: {e}");
+        }
     }
 
     #[test]

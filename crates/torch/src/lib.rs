@@ -27,6 +27,7 @@ struct CudaApi {
     graph_replay: unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int,
     graph_free: unsafe extern "C" fn(*mut c_void),
     copy_h2d: unsafe extern "C" fn(*mut c_void, *mut c_void, *const c_void, usize, *mut c_char, usize) -> c_int,
+    fusion_strategy: unsafe extern "C" fn(*const abi::FusionStep, usize, *mut c_char, usize) -> c_int,
 }
 
 fn cuda_api() -> Result<CudaApi, String> {
@@ -62,6 +63,10 @@ fn cuda_api() -> Result<CudaApi, String> {
                 *mut c_void,
                 unsafe extern "C" fn(*mut c_void, *mut c_void, *const c_void, usize, *mut c_char, usize) -> c_int,
             >(find(c"trt_copy_h2d")?),
+            fusion_strategy: std::mem::transmute::<
+                *mut c_void,
+                unsafe extern "C" fn(*const abi::FusionStep, usize, *mut c_char, usize) -> c_int,
+            >(find(c"trt_set_fusion_strategy")?),
         })
     }
 }
@@ -195,6 +200,15 @@ unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) ->
         }
         if o.jit_profiling >= 0 {
             tch::jit::f_set_profiling_mode(o.jit_profiling != 0).map_err(|e| e.to_string())?;
+        }
+        if o.n_fusion_steps > 0 {
+            // (the engine gives a strategy to GPU instances only: the shim is loaded)
+            let api = cuda_api()?;
+            let mut msg = [0 as c_char; 512];
+            // SAFETY: the steps are the caller's slice, valid for the call; msg is ours.
+            if unsafe { (api.fusion_strategy)(o.fusion_steps, o.n_fusion_steps, msg.as_mut_ptr(), msg.len()) } != 0 {
+                return Err(format!("cannot set TorchScript's fusion strategy: {}", CStr::from_ptr(msg.as_ptr()).to_string_lossy()));
+            }
         }
         let stream = match device {
             Device::Cuda(id) => {

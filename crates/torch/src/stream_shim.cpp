@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
+#include <torch/csrc/jit/api/module.h>
 
 #include <cstdio>
 #include <cstring>
@@ -88,6 +89,32 @@ int trt_release_cached() {
   } catch (...) {
     return 1;
   }
+}
+
+// One step of TorchScript's fusion strategy, as triton_rust_abi::FusionStep lays it out.
+struct trt_fusion_step {
+  int dynamic;
+  unsigned depth;
+};
+
+// Sets libtorch's (process-wide) fusion strategy: for each step in order, how many fused
+// kernels the profiling executor compiles, specialised to static shapes or for dynamic
+// ones. Returns 0, or 1 with the reason in err.
+int trt_set_fusion_strategy(const trt_fusion_step* steps, size_t n, char* err, size_t len) {
+  try {
+    torch::jit::FusionStrategy strategy;
+    for (size_t i = 0; i < n; ++i) {
+      strategy.emplace_back(steps[i].dynamic ? torch::jit::FusionBehavior::DYNAMIC : torch::jit::FusionBehavior::STATIC,
+                            static_cast<size_t>(steps[i].depth));
+    }
+    torch::jit::setFusionStrategy(strategy);
+    return 0;
+  } catch (const std::exception& e) {
+    put_error(err, len, e.what());
+  } catch (...) {
+    put_error(err, len, "setFusionStrategy failed");
+  }
+  return 1;
 }
 
 // ---- CUDA graphs ----
