@@ -19,3 +19,7 @@ strip -o .carry/ort_bare target/release/examples/ort_bare
 strip -o .carry/libtriton_rust_torch.so target/release/libtriton_rust_torch.so
 strip -o .carry/libtriton_rust_torch_cuda.so target/release/libtriton_rust_torch_cuda.so
 ls -la .carry
+# the tritonserver wheel in two parts, one per device call (bench/gpu/unpack_pytriton.sh)
+mkdir -p .carry_pyt && rm -f .carry_pyt/part-*
+split -n 2 .deps/wheels/nvidia_pytriton-*.whl .carry_pyt/part-
+ls -la .carry_pyt
