@@ -36,6 +36,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -343,6 +344,13 @@ def main():
                 else:
                     f.write(config(name, m["mb"], m["ins"], m["outs"], mode == "graphs", engine=engine,
                                    batcher=not a.no_offline_batcher, params=params))
+
+    # the repository holds this run's models only (a model left by an earlier run on this
+    # machine would be loaded too: --model-control-mode=none); built ONNX files are kept
+    ours = {f"{m['base']}_{mode}" for m in models for mode in m["modes"] + (("online",) if m["online"] else ())}
+    for d in os.listdir(repo):
+        if d not in ours:
+            shutil.rmtree(os.path.join(repo, d))
 
     # bare references: the files the server loads, at every batch measured
     refs, modules = {}, {}
