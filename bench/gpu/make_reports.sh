@@ -12,6 +12,11 @@ out="${OUT_ROOT:-docs/perf/h100}"
 "$py" bench/gpu/report.py --perf "$r/dense_perf_h100/resnet50" "$r/dense_perf_h100/bert_fastpitch" --out "$out" "$@"
 "$py" bench/gpu/report.py --perf "$r/dense_perf_h100/issue9_resnet50" "$r/dense_perf_h100/issue9_bert_fastpitch" \
     --out "$out/served_vs_bare" "$@"
+# issue 9, 2026-11-23 fourth session: CUDA graphs, gRPC and HTTP, TORCH_FUSION_STRATEGY=STATIC:20;
+# one machine for the final run (TorchScript, ONNX Runtime, FastPitch, online), another for the rerun
+"$py" bench/gpu/report.py --perf "$r/dense_perf_h100/nov23d_final_resnet50_onnx_fastpitch" "$r/dense_perf_h100/nov23d_final_bert" \
+    --out "$out/served_vs_bare_nov23d" "$@"
+"$py" bench/gpu/report.py --perf "$r/dense_perf_h100/nov23d_rerun" --out "$out/served_vs_bare_nov23d_rerun" "$@"
 # the latest sweeps: the inputs in CUDA shared memory (keys and dense features already on the GPU,
 # as the ceiling has them), 2026-11-23 third session
 "$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/nov23c_dlrm_cuda" "$r/recsys_h100/nov23c_dcnv2_cuda" \

@@ -164,7 +164,7 @@ def main():
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    gpu = f"{refs['gpu']}; torch {refs['torch']}; perf_analyzer gRPC, system shared memory unless marked"
+    gpu = f"{refs['gpu']}; torch {refs['torch']}; perf_analyzer gRPC (HTTP where marked), system shared memory unless marked"
     md = [f"# Served vs bare engine — {refs['gpu'].split(',')[0]}", "",
           f"{gpu}. Latencies in ms; `served/bare` is served inferences/s over the bare engine's best "
           "(CUDA graph where one can be captured, else eager) at the same batch; online rows compare with the bare engine at batch 64 (or the model's largest batch below it).", ""]
