@@ -140,7 +140,7 @@ def tensor(name, dtype, dims):
 
 
 def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, graphs=False, host_memory="mapped", graph_rows=(),
-                 one_instances=1, rows_type="TYPE_FP32", pipeline_parts=1, key_upload=None):
+                 one_instances=1, rows_type="TYPE_FP32", pipeline_parts=1, key_upload=None, torch_params=()):
     """<name>_sparse, <name>_dense, <name>_ens and <name>_one, all without batching. Every
     model on one fixture shares one store (`store_name`: the fixture's folder), so its rows
     are in memory once whichever recommenders are served. `rows_type`: the embeddings
@@ -166,6 +166,8 @@ def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, gr
     # request; with graph_rows only for requests of those rows (graph_spec's batch sizes)
     spec = f" graph_spec [ {', '.join(f'{{ batch_size: {r} }}' for r in graph_rows)} ]" if graph_rows else ""
     opt = [f"optimization {{ cuda {{ graphs: true{spec} }} }}"] if graphs else []
+    # torch engine parameters of the network (e.g. TORCH_FUSION_STRATEGY), in both paths
+    opt += [f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}' for k, v in torch_params]
     dense_in = tensor("dense", "TYPE_FP32", [-1, 13])
     sparse_in = tensor("sparse", "TYPE_INT64", [-1, TABLES])
     pred = tensor("prediction", "TYPE_FP32", [-1, 1])
@@ -456,6 +458,9 @@ def main():
     p.add_argument("--pipeline-parts", type=int, default=1,
                    help="the single model's recommender_pipeline_parts: large batches in parts, each part's lookup "
                         "beside the network on the part before (with --graphs, list the parts' rows in --graph-rows)")
+    p.add_argument("--torch-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="a torch engine parameter for the network (the _dense and _one models), e.g. "
+                        "TORCH_FUSION_STRATEGY=STATIC:20 (repeatable)")
     p.add_argument("--graph-rows", default="", help="with --graphs: graph only requests of these rows (e.g. 256,1024,4096)")
     p.add_argument("--host-memory", default="mapped", choices=["mapped", "huge_pages"],
                    help="the store's host_memory: rows read from the fixture's mapping, or copied into huge pages at load")
@@ -550,7 +555,8 @@ def main():
         mod.save(pt)
         write_models(repo, m, pt, fixture, a.dim, a.cache_share, a.kind, a.allocation, a.graphs, a.host_memory,
                      [int(r) for r in a.graph_rows.split(",") if r], a.one_instances, rows_type, a.pipeline_parts,
-                     tuple(int(x) for x in a.key_upload.split(",")) if a.key_upload else None)
+                     tuple(int(x) for x in a.key_upload.split(",")) if a.key_upload else None,
+                     [tuple(kv.split("=", 1)) for kv in a.torch_param])
         if device == "cuda" and not a.no_ceiling:
             print(f"ceiling: {m} bare in torch, every table in HBM ({setup['table_gb_fp16']:.1f} GB fp16)", flush=True)
             all_batches = [a.wide_deep_batch] if m == "wide_deep" else sorted(set(batches) | {a.conc_batch})

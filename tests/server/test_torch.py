@@ -134,12 +134,15 @@ def test_without_libtorch_onnx_serves_and_torchscript_fails_clearly(start_server
 def test_pytorch_backend_parameters_and_cuda_graph_settings(start_server, torch_repo, tmp_path):
     """Triton's PyTorch-backend parameters are honoured; `optimization.cuda.graphs` on a
     KIND_CPU instance is said in the log and the model serves as usual; a graph_spec batch
-    size past max_batch_size fails that model's load, naming it, and the server goes on."""
+    size past max_batch_size fails that model's load, naming it, and the server goes on; so
+    does TORCH_FUSION_STRATEGY misspelt, and on a KIND_CPU instance (it is set through the GPU
+    helper library)."""
     with open(os.path.join(REPO_ROOT, "models", "bert_small_pt", "config.pbtxt")) as f:
         base = f.read()
 
-    def variant(name, graph_batch, profiling="false"):
+    def variant(name, graph_batch, profiling="false", fusion=None):
         return (base.replace('name: "bert_small_pt"', f'name: "{name}"')
+                + (f'parameters {{ key: "TORCH_FUSION_STRATEGY" value {{ string_value: "{fusion}" }} }}\n' if fusion else "")
                 + f'optimization {{ cuda {{ graphs: true graph_spec [ {{ batch_size: {graph_batch} }} ] }} }}\n'
                 + 'parameters { key: "DISABLE_OPTIMIZED_EXECUTION" value { string_value: "true" } }\n'
                 + 'parameters { key: "ENABLE_TENSOR_FUSER" value { string_value: "false" } }\n'
@@ -148,6 +151,8 @@ def test_pytorch_backend_parameters_and_cuda_graph_settings(start_server, torch_
     repo.add_example("bert_small_pt", as_name="bert_opts", config=variant("bert_opts", 4))
     repo.add_example("bert_small_pt", as_name="bert_bad_graphs", config=variant("bert_bad_graphs", 99))
     repo.add_example("bert_small_pt", as_name="bert_bad_profiling", config=variant("bert_bad_profiling", 4, "maybe"))
+    repo.add_example("bert_small_pt", as_name="bert_bad_fusion", config=variant("bert_bad_fusion", 4, fusion="STATIC:many"))
+    repo.add_example("bert_small_pt", as_name="bert_cpu_fusion", config=variant("bert_cpu_fusion", 4, fusion="STATIC:20"))
     srv = start_server(repo.root, "--model-control-mode=explicit", "--load-model=bert_opts")
     rng = np.random.default_rng(3)
     ids = rng.integers(1, 30522, (3, 384)).astype(np.int32)
@@ -167,4 +172,12 @@ def test_pytorch_backend_parameters_and_cuda_graph_settings(start_server, torch_
     msg = r.json().get("error", "")
     print(f"bad ENABLE_JIT_PROFILING: {r.status_code} {msg}")
     assert r.status_code == 400 and "ENABLE_JIT_PROFILING" in msg
+    r = srv.load("bert_bad_fusion")
+    msg = r.json().get("error", "")
+    print(f"bad TORCH_FUSION_STRATEGY: {r.status_code} {msg}")
+    assert r.status_code == 400 and "TORCH_FUSION_STRATEGY" in msg and "'many' is not a count" in msg
+    r = srv.load("bert_cpu_fusion")
+    msg = r.json().get("error", "")
+    print(f"TORCH_FUSION_STRATEGY on KIND_CPU: {r.status_code} {msg}")
+    assert r.status_code == 400 and "TORCH_FUSION_STRATEGY" in msg and "KIND_GPU instances only" in msg
     assert srv.alive() and srv.model_ready("bert_opts")

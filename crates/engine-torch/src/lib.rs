@@ -111,14 +111,14 @@ impl TorchEngine {
         let buckets = cfg.cuda_graph_buckets()?;
         let fusion_strategy = match cfg.parameters.get(FUSION_STRATEGY) {
             None => Vec::new(),
-            // (the load-time probe runs as a CPU engine: it checks the spelling only)
-            Some(_) if gpu.is_none() && !options.probe => {
-                return Err(Error::invalid_arg(format!(
-                    "parameter '{FUSION_STRATEGY}' is set through the GPU helper library: give it to KIND_GPU instances only"
-                )))
-            }
             Some(text) => {
                 let steps = parse_fusion_strategy(text)?;
+                // (the load-time probe runs as a CPU engine: it checks the spelling only)
+                if gpu.is_none() && !options.probe {
+                    return Err(Error::invalid_arg(format!(
+                        "parameter '{FUSION_STRATEGY}' is set through the GPU helper library: give it to KIND_GPU instances only"
+                    )));
+                }
                 if !options.probe {
                     log::info!("TorchScript's fusion strategy (process-wide) set to {text} by model '{}'", cfg.name);
                 }
