@@ -309,9 +309,9 @@ def main():
                 print(f"built {builder} -> {path} ({os.path.getsize(path) / 1e6:.0f} MB, {time.time() - t0:.0f} s)", flush=True)
             models.append(dict(like, label=label, base=base, engine="onnx", file="model.onnx",
                                modes=("eager", "graphs")))
-    served_modes = {}
-    for m in models:
-        served_modes[m["base"]] = [md for md in m["modes"] if not (a.graphs_only and md == "eager" and "graphs" in m["modes"])]
+    # --graphs-only: the eager model is still written (the others link its file) and loaded, not measured
+    served_modes = {m["base"]: [md for md in m["modes"] if not (a.graphs_only and md == "eager" and "graphs" in m["modes"])]
+                    for m in models}
     online = set() if a.no_online else set(filter(None, a.online.split(",")))
     for m in models:
         m["online"] = m["base"] in online

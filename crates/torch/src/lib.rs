@@ -204,11 +204,9 @@ unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) ->
         if o.n_fusion_steps > 0 {
             // (the engine gives a strategy to GPU instances only: the shim is loaded)
             let api = cuda_api()?;
-            let mut msg = [0 as c_char; 512];
-            // SAFETY: the steps are the caller's slice, valid for the call; msg is ours.
-            if unsafe { (api.fusion_strategy)(o.fusion_steps, o.n_fusion_steps, msg.as_mut_ptr(), msg.len()) } != 0 {
-                return Err(format!("cannot set TorchScript's fusion strategy: {}", CStr::from_ptr(msg.as_ptr()).to_string_lossy()));
-            }
+            // SAFETY: the steps are the caller's slice, valid for the call.
+            shim_call(|err, len| unsafe { (api.fusion_strategy)(o.fusion_steps, o.n_fusion_steps, err, len) })
+                .map_err(|why| format!("cannot set TorchScript's fusion strategy: {why}"))?;
         }
         let stream = match device {
             Device::Cuda(id) => {
