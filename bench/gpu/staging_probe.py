@@ -11,6 +11,7 @@ import time
 import torch
 
 dev = torch.device("cuda:0")
+print(f"GPU: {torch.cuda.get_device_name(dev)}; torch {torch.__version__}")
 s = torch.cuda.Stream()
 CH = 4 << 20
 
