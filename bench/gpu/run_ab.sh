@@ -3,8 +3,9 @@
 # of a kind differ by more than the settings compared):
 #   PYT=/tmp/pyt bash bench/gpu/run_ab.sh run_dense.sh bench/gpu/ab/dense1.txt
 #   PYT=/tmp/pyt bash bench/gpu/run_ab.sh run_recsys.sh bench/gpu/ab/next.txt
-# Each line of the plan is "<label> <arguments to the runner>" (blank lines and # comments
-# skipped). A run's archives (*.tgz) are unpacked into $OUT/ab/<label>/ with its logs and
+# Each line of the plan is "<label> [VAR=value ...] <arguments to the runner>" (blank lines and
+# # comments skipped; leading VAR=value words are the run's environment, e.g. CARRY=.carry_before
+# to serve an earlier build, see gpu_env.sh). A run's archives (*.tgz) are unpacked into $OUT/ab/<label>/ with its logs and
 # console; everything comes back as one $OUT/ab.tgz plus $OUT/ab_summary.log (a device call
 # returns at most eight files). Each run is stopped after AB_RUN_TIMEOUT seconds (default
 # 300) and the archive is rewritten after every run, so a device call that runs out of time
@@ -15,7 +16,7 @@ runner="$1"
 plan="$2"
 case "$runner" in
     run_recsys.sh) grep_default='inf/s\|exactness\|no figure\|per execution' ;;
-    *) grep_default='^GPU\|^bare \|^check \|served/bare\|^ResNet50\|^BERT\|^FastPitch\|no figure\|backend timing\|fusion strategy' ;;
+    *) grep_default='^backend: \|^GPU\|^bare \|^check \|served/bare\|^ResNet50\|^BERT\|^FastPitch\|no figure\|backend timing\|fusion strategy' ;;
 esac
 pattern="${AB_GREP:-$grep_default}"
 out="${OUT:-/tmp/out}"
@@ -30,10 +31,15 @@ fi
 while read -r label args; do
     case "$label" in ''|'#'*) continue ;; esac
     echo "== $label: $args" | tee -a "$summary"
+    envs=()
+    read -r -a words <<< "$args"
+    while [ "${#words[@]}" -gt 0 ] && [[ "${words[0]}" =~ ^[A-Z_][A-Z0-9_]*= ]]; do
+        envs+=("${words[0]}")
+        words=("${words[@]:1}")
+    done
     # (each runner stops its own python under its *_TIMEOUT)
-    # shellcheck disable=SC2086
-    OUT="$work/run" RECSYS_TIMEOUT="${AB_RUN_TIMEOUT:-300}" DENSE_TIMEOUT="${AB_RUN_TIMEOUT:-300}" \
-        bash "bench/gpu/$runner" $args > "$work/ab/$label.console" 2>&1
+    env "${envs[@]}" OUT="$work/run" RECSYS_TIMEOUT="${AB_RUN_TIMEOUT:-300}" DENSE_TIMEOUT="${AB_RUN_TIMEOUT:-300}" \
+        bash "bench/gpu/$runner" "${words[@]}" > "$work/ab/$label.console" 2>&1
     echo "   exit $?" | tee -a "$summary"
     # a run stopped by its timeout can leave its server or client behind, holding the ports
     pkill -9 -f 'tritonserver|perf_analyzer' 2>/dev/null

@@ -68,6 +68,11 @@ pub trait Engine: Send {
     fn run_into(&mut self, _inputs: &[BatchTensor<'_>], _out: &mut triton_rust_cuda::DeviceViewMut<'_>) -> Result<bool> {
         Ok(false)
     }
+    /// Where the responses of the last `run` took its outputs: all into host memory
+    /// (`true`), or not. A GPU engine may then hand later outputs over in host memory,
+    /// copied on its own stream before it waits for the model, instead of waiting first
+    /// and copying each output after.
+    fn outputs_landed(&mut self, _on_host: bool) {}
     /// Runs the model once on `inputs` and passes each of `outputs` to `sink`.
     fn run(
         &mut self,

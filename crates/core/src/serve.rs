@@ -442,6 +442,10 @@ fn run_group<T: Transport>(
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let ops = transport.device_ops();
     let t_run = clock();
+    // a GPU engine's outputs are offered to Triton as GPU memory wherever the engine put
+    // them: the memory Triton gives back tells where the responses want them
+    let prefer = engine.device();
+    let (mut to_host, mut to_device) = (false, false);
     engine.run(&batch.tensors, &names, &mut |view| {
         let t0 = transport.now_ns();
         let parts = scatter_ranges(cfg, &batch, view.name, view.dtype, view.shape)?;
@@ -452,14 +456,19 @@ fn run_group<T: Transport>(
             }
             let (shape, range) = &parts[k];
             if let Some(resp) = slot.response.as_mut() {
-                if let Err(e) = write_output(ops, resp, &view, shape, range.clone()) {
-                    slot.outcome = Err(e);
+                match write_output(ops, resp, &view, shape, range.clone(), prefer) {
+                    Ok(Device::Cpu) => to_host = true,
+                    Ok(Device::Gpu(_)) => to_device = true,
+                    Err(e) => slot.outcome = Err(e),
                 }
             }
         }
         *sink_ns += transport.now_ns().saturating_sub(t0);
         Ok(())
     })?;
+    if to_host || to_device {
+        engine.outputs_landed(to_host && !to_device);
+    }
     if timing {
         let (end, outputs) = (transport.now_ns(), *sink_ns - sink_before);
         log::debug!(
@@ -475,14 +484,23 @@ fn run_group<T: Transport>(
 }
 
 /// Copies one request's part of an output into its response, from host or GPU memory,
-/// into the memory the server offers (GPU for a GPU output when it can: ensembles keep
-/// tensors on the GPU between steps).
-fn write_output<R: InferResponse>(ops: &dyn DeviceOps, resp: &mut R, out: &OutputView<'_>, shape: &[i64], range: std::ops::Range<usize>) -> Result<()> {
+/// into the memory the server offers for `prefer` (a GPU engine's: ensembles keep tensors
+/// on the GPU between steps). Returns where the response's buffer is.
+fn write_output<R: InferResponse>(
+    ops: &dyn DeviceOps,
+    resp: &mut R,
+    out: &OutputView<'_>,
+    shape: &[i64],
+    range: std::ops::Range<usize>,
+    prefer: Device,
+) -> Result<Device> {
     let src = out.data.slice(range.clone()).ok_or_else(|| {
         Error::internal(format!("output '{}': rows {range:?} are outside the engine's {} bytes", out.name, out.data.len()))
     })?;
-    let dst = resp.output_buffer(out.name, out.dtype, shape, range.len(), src.device())?;
-    ops.copy(src, dst).map_err(|e| Error::from(e).context(format!("output '{}'", out.name)))
+    let dst = resp.output_buffer(out.name, out.dtype, shape, range.len(), prefer)?;
+    let landed = dst.device();
+    ops.copy(src, dst).map_err(|e| Error::from(e).context(format!("output '{}'", out.name)))?;
+    Ok(landed)
 }
 
 #[cfg(test)]
@@ -555,11 +573,14 @@ mod tests {
         id: String,
         outputs: Vec<(String, Vec<i64>, Vec<u8>, Device)>,
         sent: Rc<RefCell<Vec<Sent>>>,
+        /// Like Triton for a gRPC/HTTP client: host memory whatever is asked.
+        host_only: bool,
     }
 
     impl InferResponse for FakeResponse {
         fn output_buffer(&mut self, name: &str, _dtype: DataType, shape: &[i64], byte_size: usize, prefer: Device) -> Result<BytesMut<'_>> {
-            // like Triton for an ensemble step: the memory asked for
+            // like Triton for an ensemble step: the memory asked for (host_only: a client's)
+            let prefer = if self.host_only { Device::Cpu } else { prefer };
             self.outputs.push((name.to_string(), shape.to_vec(), vec![0u8; byte_size], prefer));
             let last = self.outputs.last_mut().expect("pushed");
             Ok(match prefer {
@@ -579,13 +600,14 @@ mod tests {
         batches: RefCell<Vec<u64>>,
         clock: Cell<u64>,
         device: FakeDevice,
+        host_only: bool,
     }
 
     impl Transport for FakeServer {
         type Request = FakeRequest;
         type Response = FakeResponse;
         fn respond(&self, request: &FakeRequest) -> Result<FakeResponse> {
-            Ok(FakeResponse { id: request.id.clone(), outputs: Vec::new(), sent: self.sent.clone() })
+            Ok(FakeResponse { id: request.id.clone(), outputs: Vec::new(), sent: self.sent.clone(), host_only: self.host_only })
         }
         fn report(&self, request: &FakeRequest, success: bool, _timing: Timing) {
             self.reports.borrow_mut().push((request.id.clone(), success));
@@ -607,6 +629,7 @@ mod tests {
     struct Doubler {
         sig: Signature,
         runs: Arc<Mutex<Vec<(usize, Device)>>>,
+        landed: Arc<Mutex<Vec<bool>>>,
     }
 
     fn floats(b: &[u8]) -> Vec<f32> {
@@ -622,6 +645,9 @@ mod tests {
         }
         fn accepts_device_inputs(&self) -> bool {
             true
+        }
+        fn outputs_landed(&mut self, on_host: bool) {
+            self.landed.lock().unwrap().push(on_host);
         }
         fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
             let bytes = match inputs[0].chunks[0] {
@@ -651,6 +677,7 @@ mod tests {
 
     struct Factory {
         runs: Arc<Mutex<Vec<(usize, Device)>>>,
+        landed: Arc<Mutex<Vec<bool>>>,
         created: AtomicUsize,
     }
 
@@ -658,7 +685,7 @@ mod tests {
         fn create(&self, _kind: EngineKind, _file: &std::path::Path, options: &EngineOptions<'_>) -> Result<Box<dyn Engine>> {
             self.created.fetch_add(1, Ordering::Relaxed);
             let spec = |name: &str| TensorSpec { name: name.into(), dtype: DataType::F32, shape: vec![-1, 2] };
-            Ok(Box::new(Doubler { sig: Signature { inputs: vec![spec("X")], outputs: vec![spec("Y")], device: options.device }, runs: self.runs.clone() }))
+            Ok(Box::new(Doubler { sig: Signature { inputs: vec![spec("X")], outputs: vec![spec("Y")], device: options.device }, runs: self.runs.clone(), landed: self.landed.clone() }))
         }
     }
 
@@ -673,7 +700,7 @@ mod tests {
                 "output": [{{"name": "Y", "data_type": "TYPE_FP32", "dims": [2]}}],
                 "instance_group": [{{"kind": "{instance_kind}", "count": 1}}]}}"#
         );
-        let factory = Arc::new(Factory { runs: Arc::default(), created: AtomicUsize::new(0) });
+        let factory = Arc::new(Factory { runs: Arc::default(), landed: Arc::default(), created: AtomicUsize::new(0) });
         let settings = BackendSettings::default();
         let ctx = ModelContext { name: "doubler".into(), version: 1, repository: dir.clone(), config_json: config, autocomplete: false, backend: &settings, engines: factory.clone() };
         let (state, _) = ModelState::load(ctx).unwrap();
@@ -740,12 +767,32 @@ mod tests {
         assert_eq!(runs, vec![(1, Device::Cpu), (3, Device::Gpu(0))]);
         let sent = server.sent.borrow();
         let by_id = |id: &str| sent.iter().find(|s| s.0 == id).unwrap();
-        for (id, want, device) in [("gpu-1", vec![2.0, 4.0], Device::Gpu(0)), ("gpu-2", vec![6.0, 8.0, 10.0, 12.0], Device::Gpu(0)), ("host", vec![14.0, 16.0], Device::Cpu)] {
+        // every output is offered as the GPU instance's memory, and an ensemble's Triton gives that
+        for (id, want) in [("gpu-1", vec![2.0, 4.0]), ("gpu-2", vec![6.0, 8.0, 10.0, 12.0]), ("host", vec![14.0, 16.0])] {
             let s = by_id(id);
             assert!(s.1.is_ok(), "{id}: {:?}", s.1);
             assert_eq!(floats(&s.2[0].2), want, "{id}");
-            assert_eq!(s.2[0].3, device, "{id}: the output stays where the engine made it");
+            assert_eq!(s.2[0].3, Device::Gpu(0), "{id}: answered in GPU memory");
         }
+        assert_eq!(*factory.landed.lock().unwrap(), vec![false, false], "each run told its outputs went to the GPU");
+    }
+
+    #[test]
+    fn a_gpu_engine_learns_whether_responses_want_its_outputs_on_the_host() {
+        let (m, factory) = model("KIND_GPU");
+        let inst = InstanceState::new(&m, InstanceContext { name: "doubler_gpu".into(), device: Device::Gpu(0) }).unwrap();
+        // a client's responses (gRPC, HTTP, system shared memory): host memory
+        let client = FakeServer { host_only: true, ..FakeServer::default() };
+        execute(&inst, &client, vec![request("c", &[1, 2], &[1.0, 2.0], Some(0))]);
+        assert_eq!(client.sent.borrow()[0].2[0].3, Device::Cpu);
+        assert_eq!(floats(&client.sent.borrow()[0].2[0].2), vec![2.0, 4.0]);
+        // an ensemble step's: the GPU memory offered for it
+        let ensemble = FakeServer::default();
+        execute(&inst, &ensemble, vec![request("e", &[1, 2], &[3.0, 4.0], Some(0))]);
+        assert_eq!(ensemble.sent.borrow()[0].2[0].3, Device::Gpu(0));
+        // a refused request writes no output: nothing to learn from
+        execute(&inst, &client, vec![request("bad", &[1, 2], &[13.0, 0.0], Some(0))]);
+        assert_eq!(*factory.landed.lock().unwrap(), vec![true, false]);
     }
 
     #[test]

@@ -223,6 +223,12 @@ impl BytesMut<'_> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    pub fn device(&self) -> Device {
+        match self {
+            BytesMut::Host(_) => Device::Cpu,
+            BytesMut::Device(v) => Device::Gpu(v.device()),
+        }
+    }
 }
 
 /// Device memory this process owns (freed on drop).

@@ -89,6 +89,9 @@ pub struct TorchEngine {
     input_names: Vec<CString>,
     output_order: Vec<usize>,
     output_names: Vec<CString>,
+    /// The last batch's responses all took their outputs in host memory (a GPU instance
+    /// serving gRPC/HTTP clients or system shared memory, not an ensemble step).
+    outputs_on_host: bool,
 }
 
 impl TorchEngine {
@@ -151,6 +154,7 @@ impl TorchEngine {
             output_names: output_order.iter().map(|&i| cstr(&cfg.outputs[i].name)).collect::<Result<_>>()?,
             input_order,
             output_order,
+            outputs_on_host: false,
         })
     }
 }
@@ -195,6 +199,9 @@ impl Engine for TorchEngine {
     fn accepts_device_inputs(&self) -> bool {
         true
     }
+    fn outputs_landed(&mut self, on_host: bool) {
+        self.outputs_on_host = on_host;
+    }
 
     fn run(
         &mut self,
@@ -209,9 +216,10 @@ impl Engine for TorchEngine {
             refs.push(plugin::InputRef { name: &self.input_names[pos], dtype: to_abi(t.dtype)?, shape: &t.shape, data });
         }
         let names: Vec<String> = self.output_order.iter().map(|&i| self.sig.outputs[i].name.clone()).collect();
-        // On a GPU instance outputs stay where libtorch made them; the serving layer puts
-        // them in the memory the response asks for.
-        let host_outputs = self.sig.device == Device::Cpu;
+        // On a GPU instance outputs stay where libtorch made them and the serving layer puts
+        // them in the memory the response asks for, unless the last responses all wanted
+        // host memory: then the plugin copies them there before its one wait.
+        let host_outputs = self.sig.device == Device::Cpu || self.outputs_on_host;
         let model = self.model.as_mut().ok_or_else(|| Error::internal("the load-time probe of a TorchScript model cannot run"))?;
         model.run(&refs, &self.output_names, host_outputs, &mut |out| {
             let name = &names[out.index];

@@ -57,12 +57,12 @@ pub(crate) struct Graphs {
 
 /// Whether a request of a model without batching may run in a graph: no rows listed (every
 /// shape), or every input's first dimension one and the same listed row count.
-fn listed_rows(rows: &[i64], shapes: &[Vec<i64>]) -> bool {
+fn listed_rows<S: AsRef<[i64]>>(rows: &[i64], shapes: &[S]) -> bool {
     if rows.is_empty() {
         return true;
     }
-    match shapes.first().and_then(|s| s.first()) {
-        Some(n) => rows.contains(n) && shapes.iter().all(|s| s.first() == Some(n)),
+    match shapes.first().and_then(|s| s.as_ref().first()) {
+        Some(n) => rows.contains(n) && shapes.iter().all(|s| s.as_ref().first() == Some(n)),
         None => false,
     }
 }
@@ -82,27 +82,40 @@ impl Graphs {
     }
 
     /// The key of a batch and its row count (None for a model without batching), or
-    /// None when it fits no bucket.
-    fn plan(&self, inputs: &[&Tensor]) -> Result<Option<(Key, Option<i64>)>, String> {
-        let shapes: Vec<Vec<i64>> = inputs.iter().map(|t| t.size()).collect();
-        if self.exact_rows && !listed_rows(&self.buckets, &shapes) {
-            return Ok(None);
+    /// None when it fits no bucket. `inputs`: each input's element type and shape.
+    fn plan(&self, inputs: Vec<(i32, Vec<i64>)>) -> Option<(Key, Option<i64>)> {
+        if self.exact_rows {
+            let shapes: Vec<&[i64]> = inputs.iter().map(|(_, s)| s.as_slice()).collect();
+            let listed = listed_rows(&self.buckets, &shapes);
+            return listed.then_some((inputs, None));
         }
-        let exact_rows = self.exact_rows;
         let mut key = Vec::with_capacity(inputs.len());
         let mut rows = None;
-        for (t, mut shape) in inputs.iter().zip(shapes) {
-            if !self.buckets.is_empty() && !exact_rows {
-                let Some(&n) = shape.first() else { return Ok(None) };
+        for (dtype, mut shape) in inputs {
+            if !self.buckets.is_empty() {
+                let &n = shape.first()?;
                 if *rows.get_or_insert(n) != n {
-                    return Ok(None); // inputs disagree on the batch: eager says why
+                    return None; // inputs disagree on the batch: eager says why
                 }
-                let Some(&b) = self.buckets.iter().find(|&&b| b >= n) else { return Ok(None) };
-                shape[0] = b;
+                shape[0] = *self.buckets.iter().find(|&&b| b >= n)?;
             }
-            key.push((dtype_of(t.kind())?, shape));
+            key.push((dtype, shape));
         }
-        Ok(Some((key, rows)))
+        Some((key, rows))
+    }
+
+    fn plan_tensors(&self, inputs: &[&Tensor]) -> Result<Option<(Key, Option<i64>)>, String> {
+        let typed = inputs.iter().map(|t| Ok((dtype_of(t.kind())?, t.size()))).collect::<Result<Vec<_>, String>>()?;
+        Ok(self.plan(typed))
+    }
+
+    /// Where inputs of these element types and shapes go when their batch replays a graph
+    /// already captured: the graph's static inputs, their first rows (so host inputs can
+    /// be staged straight into them). None when no graph would replay them.
+    pub(crate) fn inputs_for(&self, inputs: Vec<(i32, Vec<i64>)>) -> Option<Vec<Tensor>> {
+        let (key, rows) = self.plan(inputs)?;
+        let c = self.captured.get(&key)?;
+        c.inputs.iter().map(|t| rows_of(t, rows).ok()).collect()
     }
 
     /// Runs the batch through its shape's graph, capturing it first if new; outputs go
@@ -114,7 +127,7 @@ impl Graphs {
         outs: &mut Vec<Tensor>,
         note: &mut dyn FnMut(c_int, String),
     ) -> Result<bool, String> {
-        let Some((key, rows)) = self.plan(inputs)? else {
+        let Some((key, rows)) = self.plan_tensors(inputs)? else {
             if let Some(n) = inputs.first().and_then(|t| t.size().first().copied()).filter(|_| self.exact_rows) {
                 if self.said_rows.insert(n) {
                     let rows = &self.buckets;
@@ -158,19 +171,16 @@ impl Graphs {
         }
         let c = &self.captured[&key];
         for (dst, src) in c.inputs.iter().zip(inputs) {
-            let mut dst = match rows {
-                Some(n) => dst.f_narrow(0, 0, n).map_err(|e| e.to_string())?,
-                None => dst.shallow_clone(),
-            };
-            dst.f_copy_(src).map_err(|e| format!("copying an input into the CUDA graph: {e}"))?;
+            let mut dst = rows_of(dst, rows)?;
+            // (host inputs were staged into the static inputs already)
+            if dst.data_ptr() != src.data_ptr() {
+                dst.f_copy_(src).map_err(|e| format!("copying an input into the CUDA graph: {e}"))?;
+            }
         }
         // SAFETY: a graph made by this shim; the buffer outlives the call.
         shim_call(|err, len| unsafe { (self.api.graph_replay)(c.graph, err, len) }).map_err(|e| format!("CUDA graph replay failed: {e}"))?;
         for o in &c.outputs {
-            outs.push(match rows {
-                Some(n) => o.f_narrow(0, 0, n).map_err(|e| e.to_string())?,
-                None => o.shallow_clone(),
-            });
+            outs.push(rows_of(o, rows)?);
         }
         Ok(true)
     }
@@ -180,11 +190,7 @@ impl Graphs {
         let mut statics = Vec::with_capacity(inputs.len());
         for ((_, shape), src) in key.iter().zip(inputs) {
             let t = Tensor::f_zeros(shape.as_slice(), (src.kind(), src.device())).map_err(|e| e.to_string())?;
-            let mut head = match rows {
-                Some(n) => t.f_narrow(0, 0, n).map_err(|e| e.to_string())?,
-                None => t.shallow_clone(),
-            };
-            head.f_copy_(src).map_err(|e| e.to_string())?;
+            rows_of(&t, rows)?.f_copy_(src).map_err(|e| e.to_string())?;
             statics.push(t);
         }
         let args: Vec<IValue> = statics.iter().map(|t| IValue::Tensor(t.shallow_clone())).collect();
@@ -226,6 +232,14 @@ impl Graphs {
             }
         }
         Ok(captured)
+    }
+}
+
+/// The first `rows` rows of a graph's static tensor (all of it for a model without batching).
+fn rows_of(t: &Tensor, rows: Option<i64>) -> Result<Tensor, String> {
+    match rows {
+        Some(n) => t.f_narrow(0, 0, n).map_err(|e| e.to_string()),
+        None => Ok(t.shallow_clone()),
     }
 }
 

@@ -26,7 +26,8 @@ struct CudaApi {
     graph_end: unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int,
     graph_replay: unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int,
     graph_free: unsafe extern "C" fn(*mut c_void),
-    copy_h2d: unsafe extern "C" fn(*mut c_void, *mut c_void, *const c_void, usize, *mut c_char, usize) -> c_int,
+    /// Host to device or device to host (pinned memory: not waited for).
+    copy_async: unsafe extern "C" fn(*mut c_void, *mut c_void, *const c_void, usize, *mut c_char, usize) -> c_int,
     fusion_strategy: unsafe extern "C" fn(*const abi::FusionStep, usize, *mut c_char, usize) -> c_int,
 }
 
@@ -59,10 +60,10 @@ fn cuda_api() -> Result<CudaApi, String> {
                 find(c"trt_graph_replay")?,
             ),
             graph_free: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void)>(find(c"trt_graph_free")?),
-            copy_h2d: std::mem::transmute::<
+            copy_async: std::mem::transmute::<
                 *mut c_void,
                 unsafe extern "C" fn(*mut c_void, *mut c_void, *const c_void, usize, *mut c_char, usize) -> c_int,
-            >(find(c"trt_copy_h2d")?),
+            >(find(c"trt_copy_async")?),
             fusion_strategy: std::mem::transmute::<
                 *mut c_void,
                 unsafe extern "C" fn(*const abi::FusionStep, usize, *mut c_char, usize) -> c_int,
@@ -120,6 +121,8 @@ struct Model {
     worker: Option<worker::Worker>,
     /// Host inputs to a GPU instance go through this pinned buffer (see `staging`).
     staging: staging::Staging,
+    /// A GPU instance's outputs, when they are wanted on the host (see `staging`).
+    outputs: staging::Pinned,
 }
 
 mod graphs;
@@ -241,6 +244,7 @@ unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) ->
             verbose: o.verbose != 0,
             worker,
             staging: staging::Staging::new(),
+            outputs: staging::Pinned::new(),
         })
     }));
     match result {
@@ -357,7 +361,16 @@ unsafe fn compute(m: &mut Model, views: &[TensorView], n_outputs: usize, host_ou
     }
     if let Some(s) = &m.stream {
         if !host.is_empty() {
-            for (t, i) in m.staging.stage(&host, m.device, s)?.into_iter().zip(host_at) {
+            // every input from the host, for a graph already captured: staged straight into
+            // its static inputs (no copy on the device before the replay)
+            let into = match &m.graphs {
+                Some(g) if host.len() == views.len() => {
+                    let typed = host.iter().map(|h| Ok((dtype_of(h.kind)?, h.shape.to_vec()))).collect::<Result<Vec<_>, String>>()?;
+                    g.inputs_for(typed)
+                }
+                _ => None,
+            };
+            for (t, i) in m.staging.stage(&host, m.device, s, into)?.into_iter().zip(host_at) {
                 args[i] = IValue::Tensor(t);
             }
         }
@@ -392,6 +405,13 @@ unsafe fn compute(m: &mut Model, views: &[TensorView], n_outputs: usize, host_ou
     }
     outs.truncate(n_outputs);
     let launched = t0.elapsed();
+    if let (true, Some(s)) = (host_outputs, &m.stream) {
+        // a GPU instance whose responses want host memory: one wait for the model and the
+        // copies into pinned memory
+        let ready = staging::outputs_to_host(outs, &mut m.outputs, m.device, s)?;
+        let synced = Some(t0.elapsed());
+        return Ok((ready, RunTimes { staged, launched, synced, total: t0.elapsed(), began: Default::default(), replayed }));
+    }
     let mut ready = Vec::with_capacity(outs.len());
     for t in outs {
         // the f_ forms return CUDA errors (a device-side assert surfaces here) instead of panicking

@@ -64,10 +64,11 @@ int trt_stream_sync(void* stream, char* err, size_t len) {
   }
 }
 
-// Queues a host-to-device copy of n bytes on the instance's stream (from pinned memory
-// it is a DMA the CPU does not wait for). Returns 0, or 1 with the CUDA error in err.
-int trt_copy_h2d(void* stream, void* dst, const void* src, size_t n, char* err, size_t len) {
-  cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, static_cast<c10::cuda::CUDAStream*>(stream)->stream());
+// Queues a copy of n bytes on the instance's stream, host to device or device to host
+// (CUDA tells which from the pointers; between pinned memory and the GPU it is a DMA the
+// CPU does not wait for). Returns 0, or 1 with the CUDA error in err.
+int trt_copy_async(void* stream, void* dst, const void* src, size_t n, char* err, size_t len) {
+  cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, static_cast<c10::cuda::CUDAStream*>(stream)->stream());
   if (e == cudaSuccess) return 0;
   put_error(err, len, cudaGetErrorString(e));
   return 1;
