@@ -17,6 +17,8 @@ out="${OUT_ROOT:-docs/perf/h100}"
 "$py" bench/gpu/report.py --perf "$r/dense_perf_h100/nov23d_final_resnet50_onnx_fastpitch" "$r/dense_perf_h100/nov23d_final_bert" \
     --out "$out/served_vs_bare_nov23d" "$@"
 "$py" bench/gpu/report.py --perf "$r/dense_perf_h100/nov23d_rerun" --out "$out/served_vs_bare_nov23d_rerun" "$@"
+# 2026-11-24: the build with graph-staged inputs and pinned host outputs (ResNet50, its ONNX twin, FastPitch; BERT not run)
+"$py" bench/gpu/report.py --perf "$r/dense_perf_h100/nov24_final_attempt" --out "$out/served_vs_bare_nov24" "$@"
 # the latest sweeps: the inputs in CUDA shared memory (keys and dense features already on the GPU,
 # as the ceiling has them), 2026-11-23 third session
 "$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/nov23c_dlrm_cuda" "$r/recsys_h100/nov23c_dcnv2_cuda" \

@@ -21,7 +21,7 @@ for n in ("libonnxruntime.so.1.31.1", "libonnxruntime_providers_shared.so", "lib
         f.write(z.read("onnxruntime/capi/" + n))
 PY
 rm -f "$out"/ort.tar.zst.part-*
-tar -C "$work/lib" -cf - . | zstd -12 --long=27 -T2 -q -c | split -b 48M - "$out/ort.tar.zst.part-"
+tar -C "$work/lib" -cf - . | zstd -12 --long=27 -T2 -q -c | split -b 32M - "$out/ort.tar.zst.part-"
 mkdir -p "$out/tools"
 cp /usr/bin/zstd "$out/tools/"
 cp "$(ldconfig -p | awk '/libzstd.so.1 /{print $NF; exit}')" "$out/tools/libzstd.so.1"

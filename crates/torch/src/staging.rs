@@ -1,14 +1,7 @@
 //! Host inputs to a GPU instance: staged through one pinned buffer the instance keeps,
 //! in chunks, so that copying chunk k+1 into pinned memory (on the CPU) overlaps the
-//! DMA of chunk k to the GPU.
-//!
-//! Measured on an H100 (bench/gpu/results/dense_perf_h100_timing.log): staging a
-//! ResNet50 input through a fresh `pin_memory()` per run took 379 us at batch 1 (301 KB)
-//! and ~2 ms at batch 128 (38.5 MB) before the copy to the GPU even began.
-//!
-//! The buffer is reused by the next run, so a run first waits for its stream to finish
-//! whatever earlier copies from it may still be in flight (nothing, after a run that
-//! completed: every run ends synchronised).
+//! DMA of chunk k to the GPU; and outputs wanted on the host, copied into another pinned
+//! buffer on the instance's stream before its one wait (`outputs_to_host`).
 
 use tch::{Device, Kind, Tensor};
 
