@@ -405,29 +405,32 @@ unsafe fn compute(m: &mut Model, views: &[TensorView], n_outputs: usize, host_ou
     }
     outs.truncate(n_outputs);
     let launched = t0.elapsed();
-    if let (true, Some(s)) = (host_outputs, &m.stream) {
+    let (ready, waited) = match (host_outputs, &m.stream) {
         // a GPU instance whose responses want host memory: one wait for the model and the
         // copies into pinned memory
-        let ready = staging::outputs_to_host(outs, &mut m.outputs, m.device, s)?;
-        let synced = Some(t0.elapsed());
-        return Ok((ready, RunTimes { staged, launched, synced, total: t0.elapsed(), began: Default::default(), replayed }));
-    }
+        (true, Some(s)) => (staging::outputs_to_host(outs, &mut m.outputs, m.device, s)?, true),
+        (_, stream) => outputs_where_made(outs, host_outputs, stream)?,
+    };
+    let synced = waited.then(|| t0.elapsed());
+    Ok((ready, RunTimes { staged, launched, synced, total: t0.elapsed(), began: Default::default(), replayed }))
+}
+
+/// Outputs made contiguous where libtorch made them (on the host when `host_outputs`), the
+/// GPU work finished before they are handed over; true when it waited for the GPU.
+fn outputs_where_made(outs: Vec<Tensor>, host_outputs: bool, stream: &Option<InstanceStream>) -> Result<(Vec<Tensor>, bool), String> {
     let mut ready = Vec::with_capacity(outs.len());
     for t in outs {
         // the f_ forms return CUDA errors (a device-side assert surfaces here) instead of panicking
         let t = if host_outputs { t.f_to_device(Device::Cpu).map_err(|e| e.to_string())? } else { t };
         ready.push(t.f_contiguous().map_err(|e| e.to_string())?);
     }
-    let mut synced = None;
-    if let Some(Device::Cuda(id)) = ready.iter().map(Tensor::device).find(|d| d.is_cuda()) {
-        // The caller copies on another stream: finish this instance's work first.
-        match &m.stream {
-            Some(s) => s.sync()?,
-            None => tch::Cuda::synchronize(id as i64),
-        }
-        synced = Some(t0.elapsed());
+    let Some(Device::Cuda(id)) = ready.iter().map(Tensor::device).find(|d| d.is_cuda()) else { return Ok((ready, false)) };
+    // The caller copies on another stream: finish this instance's work first.
+    match stream {
+        Some(s) => s.sync()?,
+        None => tch::Cuda::synchronize(id as i64),
     }
-    Ok((ready, RunTimes { staged, launched, synced, total: t0.elapsed(), began: Default::default(), replayed }))
+    Ok((ready, true))
 }
 
 #[allow(clippy::too_many_arguments)]
