@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: what the host offers that host-side latency depends on (read only):
 # processor, CPU idle states and their wake-up latencies, the frequency governor, whether PM QoS
-# (/dev/cpu_dma_latency) can be held, and the GPU's clocks as the driver reports them.
+# (/dev/cpu_dma_latency) can be held, the GPU's clocks as the driver reports them, and one thread
+# waking another with CPUs halting and kept polling (wake_probe.py).
 set -u
 echo "== $(nproc) CPUs: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
 grep -m1 -o 'hypervisor' /proc/cpuinfo >/dev/null && echo "virtual machine (hypervisor flag)"
@@ -18,3 +19,4 @@ else
     echo "no /dev/cpu_dma_latency"
 fi
 nvidia-smi --query-gpu=name,persistence_mode,clocks.sm,clocks.max.sm,clocks.mem,power.draw,pstate --format=csv 2>&1
+python3 "$(dirname "${BASH_SOURCE[0]}")/wake_probe.py" --rounds 2000 2>&1

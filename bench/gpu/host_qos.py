@@ -6,8 +6,17 @@ a sleeping CPU halts into the hypervisor, and waking it costs tens of microsecon
 Writing a latency bound to /dev/cpu_dma_latency (as tuned's latency-performance profile does)
 keeps idle CPUs in shallow states for as long as the file stays open; closing it (the process
 ending) restores the default. bench/gpu/host_probe.sh shows what a host offers.
+
+Where the host has no cpuidle driver (the lent GPU machines: a virtual machine whose idle CPUs
+halt into the hypervisor whatever PM QoS says), `keep_cpus_polling` does what the kernel's
+`idle=poll` would: one process per CPU spinning at SCHED_IDLE, which any runnable thread preempts
+at once, so that no CPU halts while the run lasts. It costs the host's power, not the run's CPU
+time. The spinners die with the process that started them (PR_SET_PDEATHSIG).
 """
+import atexit
+import ctypes
 import os
+import signal
 import struct
 
 
@@ -22,3 +31,37 @@ def hold_cpu_latency(us=0):
         return None
     print(f"CPU latency QoS: {us} us held for this run (/dev/cpu_dma_latency)", flush=True)
     return fd
+
+
+def _spin(cpu):
+    """A child's life: pinned to `cpu`, SCHED_IDLE, spinning until its parent dies."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        os.sched_setaffinity(0, {cpu})
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except OSError:
+        os._exit(1)
+    while True:
+        pass
+
+
+def keep_cpus_polling():
+    """Keeps every CPU this process may use from halting while the run lasts (see the module's
+    note); returns the spinners' pids, which are killed at exit."""
+    pids = []
+    for cpu in sorted(os.sched_getaffinity(0)):
+        pid = os.fork()
+        if pid == 0:
+            _spin(cpu)
+        pids.append(pid)
+
+    def stop():
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+    atexit.register(stop)
+    print(f"CPU idle polling: {len(pids)} spinners at SCHED_IDLE, one per CPU, for this run", flush=True)
+    return pids
