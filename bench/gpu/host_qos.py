@@ -9,8 +9,9 @@ ending) restores the default. bench/gpu/host_probe.sh shows what a host offers.
 
 Where the host has no cpuidle driver (the lent GPU machines: a virtual machine whose idle CPUs
 halt into the hypervisor whatever PM QoS says), `keep_cpus_polling` does what the kernel's
-`idle=poll` would: one process per CPU spinning at SCHED_IDLE, which any runnable thread preempts
-at once, so that no CPU halts while the run lasts. It costs the host's power, not the run's CPU
+`idle=poll` would: one process per CPU spinning at SCHED_IDLE, which any waking thread preempts
+at once, so that no CPU halts while the run lasts. By default the spinners yield on every turn, so
+that a busy host (many clients) loses no scheduler slice to them; "spin" is the bare loop. It costs the host's power, not the run's CPU
 time. The spinners die with the process that started them (PR_SET_PDEATHSIG).
 """
 import atexit
@@ -33,7 +34,7 @@ def hold_cpu_latency(us=0):
     return fd
 
 
-def _spin(cpu):
+def _spin(cpu, yielding):
     """A child's life: pinned to `cpu`, SCHED_IDLE, spinning until its parent dies."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -41,18 +42,29 @@ def _spin(cpu):
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except OSError:
         os._exit(1)
+    if yielding:
+        # yielding on every turn: a runnable thread that the scheduler would let wait behind a
+        # spinner's slice (a busy host, e.g. 64 clients) gets the CPU back within microseconds
+        while True:
+            os.sched_yield()
     while True:
         pass
 
 
-def keep_cpus_polling():
+POLL_MODES = ("yield", "spin")
+
+
+def keep_cpus_polling(mode="yield"):
     """Keeps every CPU this process may use from halting while the run lasts (see the module's
-    note); returns the spinners' pids, which are killed at exit."""
+    note); `mode`: "yield" (the spinners yield on every turn) or "spin" (a bare loop); returns
+    the spinners' pids, which are killed at exit."""
+    if mode not in POLL_MODES:
+        raise ValueError(f"CPU idle polling: mode {mode!r}, not one of {POLL_MODES}")
     pids = []
     for cpu in sorted(os.sched_getaffinity(0)):
         pid = os.fork()
         if pid == 0:
-            _spin(cpu)
+            _spin(cpu, mode == "yield")
         pids.append(pid)
 
     def stop():
@@ -63,5 +75,5 @@ def keep_cpus_polling():
             except OSError:
                 pass
     atexit.register(stop)
-    print(f"CPU idle polling: {len(pids)} spinners at SCHED_IDLE, one per CPU, for this run", flush=True)
+    print(f"CPU idle polling ({mode}): {len(pids)} spinners at SCHED_IDLE, one per CPU, for this run", flush=True)
     return pids

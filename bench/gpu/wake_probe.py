@@ -8,7 +8,7 @@ import os
 import threading
 import time
 
-from host_qos import keep_cpus_polling
+from host_qos import POLL_MODES, keep_cpus_polling
 
 
 def hand_off_us(rounds):
@@ -47,10 +47,16 @@ def main():
     print(f"{os.cpu_count()} CPUs, cpuidle driver: {driver}")
     m, p90 = hand_off_us(a.rounds)
     print(f"thread wake-up, CPUs halting:     median {m:6.1f} us  p90 {p90:6.1f} us")
-    keep_cpus_polling()
-    time.sleep(0.3)
-    m, p90 = hand_off_us(a.rounds)
-    print(f"thread wake-up, CPUs kept polling: median {m:6.1f} us  p90 {p90:6.1f} us")
+    for mode in POLL_MODES:
+        # each mode in a child, so that its spinners go with it
+        pid = os.fork()
+        if pid == 0:
+            keep_cpus_polling(mode)
+            time.sleep(0.3)
+            m, p90 = hand_off_us(a.rounds)
+            print(f"thread wake-up, CPUs kept polling ({mode}): median {m:6.1f} us  p90 {p90:6.1f} us", flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
 
 
 if __name__ == "__main__":
