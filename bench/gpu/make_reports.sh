@@ -19,8 +19,16 @@ out="${OUT_ROOT:-docs/perf/h100}"
 "$py" bench/gpu/report.py --perf "$r/dense_perf_h100/nov23d_rerun" --out "$out/served_vs_bare_nov23d_rerun" "$@"
 # 2026-11-24: the build with graph-staged inputs and pinned host outputs (ResNet50, its ONNX twin, FastPitch; BERT not run)
 "$py" bench/gpu/report.py --perf "$r/dense_perf_h100/nov24_final_attempt" --out "$out/served_vs_bare_nov24" "$@"
+# 2026-11-24, later: every CPU kept polling for the run (--cpu-poll-idle yield), the final run's two
+# commands on one machine (issue 9's targets), and the same on the machine before with bare spinning loops
+"$py" bench/gpu/report.py --perf "$r/dense_perf_h100/nov24b_final_resnet50_onnx_fastpitch" "$r/dense_perf_h100/nov24b_final_bert" \
+    --out "$out/served_vs_bare_nov24b" "$@"
+"$py" bench/gpu/report.py --perf "$r/dense_perf_h100/nov24b_spin_resnet50_onnx_fastpitch" "$r/dense_perf_h100/nov24b_spin_bert" \
+    --out "$out/served_vs_bare_nov24b_spin" "$@"
 # the latest sweeps: the inputs in CUDA shared memory (keys and dense features already on the GPU,
 # as the ceiling has them), 2026-11-23 third session
+# DLRM and DCNv2 at 4096 and 65536 with their ceilings, every CPU kept polling, 2026-11-24
+"$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/nov24b_targets_poll" --out "$out/recsys_poll" "$@"
 "$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/nov23c_dlrm_cuda" "$r/recsys_h100/nov23c_dcnv2_cuda" \
     --out "$out/recsys_cuda" "$@"
 # batch 4096 and 65536 alone, two single-model instances of a 5% cache each, CUDA shared memory
