@@ -11,8 +11,9 @@ Where the host has no cpuidle driver (the lent GPU machines: a virtual machine w
 halt into the hypervisor whatever PM QoS says), `keep_cpus_polling` does what the kernel's
 `idle=poll` would: one process per CPU spinning at SCHED_IDLE, which any waking thread preempts
 at once, so that no CPU halts while the run lasts. By default the spinners yield on every turn, so
-that a busy host (many clients) loses no scheduler slice to them; "spin" is the bare loop. It costs the host's power, not the run's CPU
-time. The spinners die with the process that started them (PR_SET_PDEATHSIG).
+that a busy host (many clients) loses no scheduler slice to them; "spin" is the bare loop, which
+such a host pays for (bench/gpu/ab/dense8.txt, dense9.txt). The spinners die with the process that
+started them (PR_SET_PDEATHSIG).
 """
 import atexit
 import ctypes
@@ -36,8 +37,11 @@ def hold_cpu_latency(us=0):
 
 def _spin(cpu, yielding):
     """A child's life: pinned to `cpu`, SCHED_IDLE, spinning until its parent dies."""
+    parent = os.getppid()
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the signal was set
+            os._exit(0)
         os.sched_setaffinity(0, {cpu})
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except OSError:
