@@ -50,7 +50,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import torch_models  # noqa: E402
 from tritonserver_process import serve  # noqa: E402
-from host_qos import POLL_MODES, hold_cpu_latency, keep_cpus_polling  # noqa: E402
+from host_qos import add_host_args, apply_host_args  # noqa: E402
 
 TOL = 5e-2  # fp16: |served - torch eager| per element
 
@@ -217,16 +217,9 @@ def main():
     p.add_argument("--ort-lib", default="", help="onnxruntime-gpu's libonnxruntime.so: also serve the ONNX models "
                    "(resnet50_onnx, bert_onnx) on KIND_GPU, against CPU ONNX Runtime and bare ONNX Runtime")
     p.add_argument("--ort-bare", default="", help="the ort_bare binary (bare ONNX Runtime reference)")
-    p.add_argument("--cpu-latency-qos", action="store_true",
-                   help="hold the host's CPU wake-up latency at 0 us for the run (bench/gpu/host_qos.py)")
-    p.add_argument("--cpu-poll-idle", nargs="?", const="yield", default=None, choices=POLL_MODES,
-                   help="keep every CPU from halting for the run, as idle=poll would: one SCHED_IDLE spinner per "
-                        "CPU, yielding on every turn (default) or a bare loop (spin) (bench/gpu/host_qos.py; for "
-                        "hosts without a cpuidle driver)")
+    add_host_args(p)
     a = p.parse_args()
-    qos = hold_cpu_latency() if a.cpu_latency_qos else None  # noqa: F841 - held while the file is open
-    if a.cpu_poll_idle:
-        keep_cpus_polling(a.cpu_poll_idle)
+    apply_host_args(a)
     if not set(a.protocol) <= {"grpc", "http"}:
         p.error(f"--protocol: grpc and/or http, not {a.protocol}")
     out_dir = os.path.join(os.environ.get("OUT", "/tmp/out"), "perf")

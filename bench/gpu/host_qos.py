@@ -81,3 +81,24 @@ def keep_cpus_polling(mode="yield"):
     atexit.register(stop)
     print(f"CPU idle polling ({mode}): {len(pids)} spinners at SCHED_IDLE, one per CPU, for this run", flush=True)
     return pids
+
+
+_held = []  # what apply_host_args holds for the run (the PM QoS descriptor stays open while listed)
+
+
+def add_host_args(parser):
+    """The host options every GPU benchmark takes: --cpu-latency-qos and --cpu-poll-idle."""
+    parser.add_argument("--cpu-latency-qos", action="store_true",
+                        help="hold the host's CPU wake-up latency at 0 us for the run (bench/gpu/host_qos.py)")
+    parser.add_argument("--cpu-poll-idle", nargs="?", const="yield", default=None, choices=POLL_MODES,
+                        help="keep every CPU from halting for the run, as idle=poll would: one SCHED_IDLE spinner "
+                             "per CPU, yielding on every turn (default) or a bare loop (spin) (bench/gpu/host_qos.py; "
+                             "for hosts without a cpuidle driver)")
+
+
+def apply_host_args(args):
+    """Holds what the options of add_host_args asked for until the process ends."""
+    if args.cpu_latency_qos:
+        _held.append(hold_cpu_latency())
+    if args.cpu_poll_idle:
+        _held.append(keep_cpus_polling(args.cpu_poll_idle))

@@ -50,7 +50,7 @@ ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
-from host_qos import POLL_MODES, hold_cpu_latency, keep_cpus_polling  # noqa: E402
+from host_qos import add_host_args, apply_host_args  # noqa: E402
 import zipf_keys  # noqa: E402
 from kserve_client import Client  # noqa: E402
 from tritonserver_process import serve  # noqa: E402
@@ -470,16 +470,9 @@ def main():
     p.add_argument("--libtorch-dir", default="")
     p.add_argument("--verbose", action="store_true", help="server --log-verbose=1: per-batch timing lines in server.log")
     p.add_argument("--cuda-pool-gb", type=int, default=4, help="tritonserver --cuda-memory-pool-byte-size for GPU 0")
-    p.add_argument("--cpu-latency-qos", action="store_true",
-                   help="hold the host's CPU wake-up latency at 0 us for the run (bench/gpu/host_qos.py)")
-    p.add_argument("--cpu-poll-idle", nargs="?", const="yield", default=None, choices=POLL_MODES,
-                   help="keep every CPU from halting for the run, as idle=poll would: one SCHED_IDLE spinner per "
-                        "CPU, yielding on every turn (default) or a bare loop (spin) (bench/gpu/host_qos.py; for "
-                        "hosts without a cpuidle driver)")
+    add_host_args(p)
     a = p.parse_args()
-    qos = hold_cpu_latency() if a.cpu_latency_qos else None  # noqa: F841 - held while the file is open
-    if a.cpu_poll_idle:
-        keep_cpus_polling(a.cpu_poll_idle)
+    apply_host_args(a)
 
     out_dir = os.path.join(os.environ.get("OUT", "/tmp/out"), "recsys")
     os.makedirs(out_dir, exist_ok=True)
