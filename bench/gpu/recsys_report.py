@@ -200,6 +200,12 @@ def main():
                        + (f" Keys sent in CUDA shared memory (read by the lookup on the GPU), one request of "
                           f"{e['cuda_shm']['batch']:,} rows: {e['cuda_shm']['rows_checked']:,} rows, max abs diff "
                           f"{e['cuda_shm']['rows_max_abs_diff']}." if "cuda_shm" in e else ""), ""]
+            loose = [r for r in rs if r.get("stability_pct", 10) > 10]
+            if loose:
+                md += ["Measured with perf_analyzer's stability bound loosened (its last windows differed by more than "
+                       "10% at the first windows; longer windows, then this bound): "
+                       + ", ".join(f"{PATH[r['path']]} batch {r['batch']} concurrency {r['concurrency']} α {r['alpha']} "
+                                   f"(-s {r['stability_pct']})" for r in loose) + ".", ""]
             if plt is not None:
                 files = [plot_batches(plt, m, offline, ceiling, gpu, a.out)]
                 if len({r["concurrency"] for r in conc}) > 1:
