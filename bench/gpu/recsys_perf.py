@@ -326,7 +326,7 @@ def perf(pa, port, model, batch, conc, data, out_dir, tag, metrics_model, interv
     # bound, twice at most (the console line says which runs were retried; the row keeps the
     # bound it was measured under, and the report lists the rows not measured at 10%)
     for factor, looser in ((2, 25), (4, 50)):
-        if p.returncode == 0 or "stable" not in p.stdout:
+        if p.returncode == 0 or "stable" not in p.stdout + p.stderr:
             break
         print(f"  ({model} b={batch} c={conc}: unstable at -s {stability}; retrying with {factor * interval_ms} ms "
               f"windows and -s {looser})", flush=True)
