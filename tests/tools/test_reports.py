@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-REPORTS = ["", "served_vs_bare", "served_vs_bare_nov23d", "served_vs_bare_nov23d_rerun", "served_vs_bare_nov24", "served_vs_bare_nov24b", "served_vs_bare_nov24b_spin", "recsys_poll", "recsys_cuda", "recsys_two_inst", "recsys", "recsys_c1", "recsys_nov23a", "recsys_room", "recsys_first", "recsys_graphs"]
+REPORTS = ["", "dense_nov25", "recsys_nov25", "served_vs_bare", "served_vs_bare_nov23d", "served_vs_bare_nov23d_rerun", "served_vs_bare_nov24", "served_vs_bare_nov24b", "served_vs_bare_nov24b_spin", "recsys_poll", "recsys_cuda", "recsys_two_inst", "recsys", "recsys_c1", "recsys_nov23a", "recsys_room", "recsys_first", "recsys_graphs"]
 
 
 def text(path):
