@@ -20,6 +20,7 @@ import glob
 import json
 import os
 import re
+import textwrap
 
 PARTS = ["Client Send", "Network+Server Send/Recv", "Server Queue", "Server Compute Input",
          "Server Compute Infer", "Server Compute Output", "Client Recv"]
@@ -103,7 +104,7 @@ def plots(base, label, gpu, offline, online, bare, out, plt, engine="torch"):
         ax2 = ax1.twinx()
         ax2.plot([c for c, _ in pts], [r["p99 latency"] for _, r in pts], "x--", color="tab:red", label="p99 ms")
         ax2.plot([c for c, _ in pts], [r["Avg latency"] for _, r in pts], "s:", color="tab:purple", label="avg ms")
-        ax2.set_ylabel("ms")
+        ax2.set(ylabel="ms (log)", yscale="log")  # latencies span decades from concurrency 1 to 256
         lines = ax1.get_legend_handles_labels()
         more = ax2.get_legend_handles_labels()
         ax1.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="upper left")
@@ -133,7 +134,8 @@ def breakdown(plt, bars, xlabel, title, gpu, out, name):
 
 def save(plt, fig, gpu, out, name):
     """Titles the figure with the GPU, writes out/name and returns name."""
-    fig.suptitle(gpu, fontsize=9)
+    # about 14 characters of 9-point text per inch: a long caption wraps instead of being cut
+    fig.suptitle(textwrap.fill(gpu, int(fig.get_figwidth() * 14)), fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(out, name), dpi=110)
     plt.close(fig)
