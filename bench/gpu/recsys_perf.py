@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Recommenders at Criteo scale through the real tritonserver (issue 8).
 
-One run gives every figure of the issue for DLRM and DCNv2 (and Wide&Deep at batch 131072
-with --wide-deep):
+One run gives every figure of the issue for DLRM and DCNv2 (and Wide&Deep, `--models
+wide_deep --dim 65`: its batch sweep at --wide-deep-batches, default 131072 alone, and requests
+of --wide-deep-conc-batch rows over --concurrency):
 
 1. the Criteo-scale store: the 26 Criteo-1TB tables scaled by --scale (0.8: 163 M rows,
    20.9 B parameters, fp16, 43 GB), written by `criteo_fixture` (carried, built by
@@ -445,7 +446,11 @@ def main():
     p.add_argument("--other-alpha-batches", default="4096,65536", help="batches measured at the alphas after the first")
     p.add_argument("--requests", type=int, default=16, help="distinct requests per batch size (perf_analyzer cycles them)")
     p.add_argument("--paths", default="ens,one")
-    p.add_argument("--wide-deep-batch", type=int, default=131072, help="the one batch size measured for wide_deep")
+    p.add_argument("--wide-deep-batches", default="131072",
+                   help="wide_deep's batch sweep at concurrency 1 (its seed: 1 and 16384 to 131072 in steps of 16384)")
+    p.add_argument("--wide-deep-conc-batch", type=int, default=0,
+                   help="wide_deep's requests of this many rows at each --concurrency (its seed's online scenario "
+                        "sends 2048-row requests at concurrency 8 and up); 0: none")
     p.add_argument("--kind", default="KIND_GPU")
     p.add_argument("--precision", default="fp16")
     p.add_argument("--rows-type", default="", choices=["", "fp32", "fp16"],
@@ -487,6 +492,12 @@ def main():
     models = [m for m in a.models.split(",") if m]
     batches = [int(b) for b in a.batches.split(",")]
     concs = [int(c) for c in a.concurrency.split(",")]
+    # wide_deep's own plan: its batch sweep at concurrency 1, then its concurrency sweep if asked
+    wd_batches = [int(b) for b in a.wide_deep_batches.split(",")]
+    wd_plan = [(b, 1) for b in wd_batches]
+    if a.wide_deep_conc_batch:
+        wd_plan += [(a.wide_deep_conc_batch, c) for c in concs if c != 1 or a.wide_deep_conc_batch not in wd_batches]
+    wd_plan_batches = sorted({b for b, _ in wd_plan})
     alphas = [float(x) for x in a.alphas.split(",")]
     params = sum(rows) * a.dim
     device = "cuda" if a.kind == "KIND_GPU" else "cpu"
@@ -568,7 +579,7 @@ def main():
                      [tuple(kv.split("=", 1)) for kv in a.torch_param])
         if device == "cuda" and not a.no_ceiling:
             print(f"ceiling: {m} bare in torch, every table in HBM ({setup['table_gb_fp16']:.1f} GB fp16)", flush=True)
-            all_batches = [a.wide_deep_batch] if m == "wide_deep" else sorted(set(batches) | {a.conc_batch})
+            all_batches = sorted(set(wd_plan_batches) if m == "wide_deep" else set(batches) | {a.conc_batch})
             ceilings[m] = ceiling(m, mod, rows, a.dim, all_batches, lambda b: requests_of(b, alphas[0]))
         del mod
     with open(os.path.join(out_dir, "ceiling.json"), "w") as f:
@@ -608,10 +619,11 @@ def main():
                 plan += [(a.conc_batch, c) for c in concs if c != 1 or a.conc_batch not in sweep]
             for m in models:
                 if m == "wide_deep":
-                    # the seed's Wide&Deep figure is one batch size (131072), concurrency 1
+                    # its seed: a batch sweep at concurrency 1 (issue 8's figure is batch 131072),
+                    # and requests of 2048 rows at growing concurrency; the first alpha only
                     if alpha_i > 0:
                         continue
-                    plan_m = [(a.wide_deep_batch, 1)]
+                    plan_m = wd_plan
                 else:
                     plan_m = plan
                 for batch, conc in plan_m:
@@ -648,7 +660,7 @@ def main():
             print(f"  exactness {m}: {exact[m]}", flush=True)
             # one request of the largest batch (capped at 65536 rows: 872 MB of rows back
             # through gRPC): its keys go up in pieces on several threads (BatchLookup::run)
-            big = min(65536, a.wide_deep_batch if m == "wide_deep" else max(batches))
+            big = min(65536, max(wd_plan_batches) if m == "wide_deep" else max(batches))
             e = exactness(client, m, rows, a.dim, requests_of(big, alphas[0])[:1], batch=big)
             exact[m]["largest_batch"] = dict(e, batch=big)
             print(f"  exactness {m} (one request of {big} rows): {e}", flush=True)

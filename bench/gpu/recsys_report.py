@@ -92,13 +92,13 @@ def plot_batches(plt, m, runs, ceiling, gpu, out):
     return save(plt, fig, gpu, out, f"{m}_batch.png")
 
 
-def plot_concurrency(plt, m, runs, gpu, out):
+def plot_concurrency(plt, m, runs, batch, gpu, out):
     fig, ax1 = plt.subplots(figsize=(8, 4.5))
     ax2 = ax1.twinx()
     concs = sorted({r["concurrency"] for r in runs})
     plot_paths(ax1, ax2, runs, "concurrency", "{}, inf/s", "x--", "{}, p99 ms")
-    ax1.set(xscale="log", xlabel="concurrent client requests (batch 4096 each)", ylabel="inferences / second",
-            title=f"{LABEL[m]}: batch 4096, concurrency sweep")
+    ax1.set(xscale="log", xlabel=f"concurrent client requests (batch {batch} each)", ylabel="inferences / second",
+            title=f"{LABEL[m]}: batch {batch}, concurrency sweep")
     ax1.set_xticks(concs, [str(c) for c in concs])
     ax2.set_ylabel("p99 ms")
     a, b = ax1.get_legend_handles_labels(), ax2.get_legend_handles_labels()
@@ -169,11 +169,13 @@ def main():
                    "Ceiling: the same TorchScript network in torch with every table in HBM (one fp16 tensor, one gather), "
                    "keys already on the GPU, best of eager and CUDA graph; served/ceiling divides by it.", ""]
             offline = sorted([r for r in rs if r["alpha"] == first_alpha and r["concurrency"] == 1], key=lambda r: (r["batch"], r["path"]))
-            conc = sorted([r for r in rs if r["alpha"] == first_alpha and r["batch"] == 4096], key=lambda r: (r["concurrency"], r["path"]))
+            # the concurrency sweep's batch: 4096 for DLRM and DCNv2 (issue 8), Wide&Deep's own
+            conc_batch = min({r["batch"] for r in rs if r["concurrency"] > 1}, default=None)
+            conc = sorted([r for r in rs if r["alpha"] == first_alpha and r["batch"] == conc_batch], key=lambda r: (r["concurrency"], r["path"]))
             other = sorted([r for r in rs if r["alpha"] != first_alpha], key=lambda r: (r["alpha"], r["batch"], r["path"]))
             md += [f"### Batch sweep, concurrency 1, Zipf α {first_alpha}", "", table(offline, "Batch", lambda r: r["batch"]), ""]
             if len({r["concurrency"] for r in conc}) > 1:
-                md += [f"### Batch 4096, concurrency sweep, Zipf α {first_alpha}", "", table(conc, "Concurrency", lambda r: r["concurrency"]), ""]
+                md += [f"### Batch {conc_batch}, concurrency sweep, Zipf α {first_alpha}", "", table(conc, "Concurrency", lambda r: r["concurrency"]), ""]
             if other:
                 md += ["### Other Zipf exponents, concurrency 1", "", table(other, "Batch (α)", lambda r: f"{r['batch']} (α {r['alpha']})"), ""]
             if m in PUBLISHED:
@@ -209,7 +211,7 @@ def main():
             if plt is not None:
                 files = [plot_batches(plt, m, offline, ceiling, gpu, a.out)]
                 if len({r["concurrency"] for r in conc}) > 1:
-                    files.append(plot_concurrency(plt, m, conc, gpu, a.out))
+                    files.append(plot_concurrency(plt, m, conc, conc_batch, gpu, a.out))
                 for path in ("one", "ens"):
                     bars = [(str(r["batch"]), {k: ms(r, k) for k in PARTS}) for r in offline if r["path"] == path]
                     if bars:

@@ -58,3 +58,35 @@ def test_recsys_benchmark_runs_and_serves_exact_rows(tmp_path, precision, host_m
     runs = json.loads((res / "runs.json").read_text()) if (res / "runs.json").exists() else []
     for r in runs:
         assert r["Inferences/Second"] > 0 and 0 < r["hit_rate"] <= 1.001 and r["batch"] == 256
+
+
+def test_recsys_benchmark_wide_deep_sweeps(tmp_path):
+    """Wide&Deep's own plan: its batch sweep at concurrency 1 and requests of one size over the
+    concurrency values (its seed's offline and online scenarios), exact rows, and the report's
+    concurrency section named after that batch."""
+    subprocess.run(["cargo", "build", "--release", "-q", "--example", "criteo_fixture"], cwd=ROOT, check=True)
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out))
+    cmd = [sys.executable, os.path.join(ROOT, "bench", "gpu", "recsys_perf.py"),
+           "--server", os.environ["TRITONSERVER"], "--backends", os.path.join(ROOT, "install", "backends"),
+           "--perf-analyzer", os.environ["PERF_ANALYZER"],
+           "--fixture-bin", os.path.join(ROOT, "target", "release", "examples", "criteo_fixture"),
+           "--fixture", str(tmp_path / "fixture"), "--work", str(tmp_path / "work"), "--scale", "0.0002",
+           "--kind", "KIND_CPU", "--models", "wide_deep", "--dim", "65", "--wide-deep-batches", "64,128",
+           "--wide-deep-conc-batch", "32", "--concurrency", "1,2", "--alphas", "1.2", "--requests", "2",
+           "--interval-ms", "1000", "--port", "19320", "--paths", "one"]
+    if os.environ.get("LIBTORCH_DIR"):
+        cmd += ["--libtorch-dir", os.environ["LIBTORCH_DIR"]]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    print(p.stdout[-4000:], p.stderr[-2000:])
+    assert p.returncode == 0
+    res = out / "recsys"
+    exact = json.loads((res / "exact.json").read_text())["wide_deep"]
+    assert exact["rows_max_abs_diff"] == 0.0 and exact["largest_batch"]["batch"] == 128
+    runs = json.loads((res / "runs.json").read_text()) if (res / "runs.json").exists() else []
+    # 2 CPU cores: perf_analyzer may not settle on every point, but what it gives is on the plan
+    assert {(r["batch"], r["concurrency"]) for r in runs} <= {(64, 1), (128, 1), (32, 1), (32, 2)}
+    if {(32, 1), (32, 2)} <= {(r["batch"], r["concurrency"]) for r in runs}:
+        subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu", "recsys_report.py"), "--runs", str(res),
+                        "--out", str(tmp_path / "report"), "--no-plots"], check=True)
+        assert "### Batch 32, concurrency sweep" in (tmp_path / "report" / "report.md").read_text()
