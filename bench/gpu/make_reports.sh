@@ -14,7 +14,7 @@ out="${OUT_ROOT:-docs/perf/h100}"
 # sweeps (TorchScript, ONNX Runtime) and the recommenders' whole sweeps with their ceilings
 "$py" bench/gpu/report.py --perf "$r/dense_perf_h100/nov25_resnet50" "$r/dense_perf_h100/nov25_bert" \
     "$r/dense_perf_h100/nov25_fastpitch" "$r/dense_perf_h100/nov25_onnx" --out "$out/dense_nov25" "$@"
-"$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/nov25_dlrm" "$r/recsys_h100/nov25_dcnv2" "$r/recsys_h100/nov25_wide_deep" \
+"$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/nov25_dlrm" "$r/recsys_h100/nov25_dcnv2" "$r/recsys_h100/nov25_wide_deep_sweep" \
     --out "$out/recsys_nov25" "$@"
 "$py" bench/gpu/report.py --perf "$r/dense_perf_h100/issue9_resnet50" "$r/dense_perf_h100/issue9_bert_fastpitch" \
     --out "$out/served_vs_bare" "$@"
