@@ -19,8 +19,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 
 
-@pytest.mark.parametrize("precision,host_memory", [("fp32", "huge_pages"), ("fp16", "mapped")])
-def test_recsys_benchmark_runs_and_serves_exact_rows(tmp_path, precision, host_memory):
+def run_recsys_perf(tmp_path, args):
+    """recsys_perf.py at a tiny scale on KIND_CPU with `args`; returns stdout and its $OUT/recsys."""
     subprocess.run(["cargo", "build", "--release", "-q", "--example", "criteo_fixture"], cwd=ROOT, check=True)
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out))
@@ -29,19 +29,25 @@ def test_recsys_benchmark_runs_and_serves_exact_rows(tmp_path, precision, host_m
            "--perf-analyzer", os.environ["PERF_ANALYZER"],
            "--fixture-bin", os.path.join(ROOT, "target", "release", "examples", "criteo_fixture"),
            "--fixture", str(tmp_path / "fixture"), "--work", str(tmp_path / "work"), "--scale", "0.0002",
-           "--kind", "KIND_CPU", "--precision", precision, "--models", "dlrm", "--batches", "256", "--conc-batch", "256",
-           "--concurrency", "1", "--alphas", "1.05", "--requests", "2", "--interval-ms", "1500", "--port", "19300",
-           # Triton takes graph_spec batch sizes on a model without batching (the rows to graph);
-           # on KIND_CPU graphs do not apply and the server says so
-           "--graphs", "--graph-rows", "256", "--host-memory", host_memory,
-           # taken by the server; a CPU instance runs its batches whole and has no key upload
-           "--pipeline-parts", "2", "--key-upload", "131072,8"]
+           "--kind", "KIND_CPU", *args]
     if os.environ.get("LIBTORCH_DIR"):
         cmd += ["--libtorch-dir", os.environ["LIBTORCH_DIR"]]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     print(p.stdout[-4000:], p.stderr[-2000:])
     assert p.returncode == 0
-    res = out / "recsys"
+    return p.stdout, out / "recsys"
+
+
+@pytest.mark.parametrize("precision,host_memory", [("fp32", "huge_pages"), ("fp16", "mapped")])
+def test_recsys_benchmark_runs_and_serves_exact_rows(tmp_path, precision, host_memory):
+    stdout, res = run_recsys_perf(tmp_path, [
+        "--precision", precision, "--models", "dlrm", "--batches", "256", "--conc-batch", "256",
+        "--concurrency", "1", "--alphas", "1.05", "--requests", "2", "--interval-ms", "1500", "--port", "19300",
+        # Triton takes graph_spec batch sizes on a model without batching (the rows to graph);
+        # on KIND_CPU graphs do not apply and the server says so
+        "--graphs", "--graph-rows", "256", "--host-memory", host_memory,
+        # taken by the server; a CPU instance runs its batches whole and has no key upload
+        "--pipeline-parts", "2", "--key-upload", "131072,8"])
     exact = json.loads((res / "exact.json").read_text())["dlrm"]
     assert exact["rows_checked"] > 0
     assert exact["rows_max_abs_diff"] == 0.0
@@ -52,7 +58,7 @@ def test_recsys_benchmark_runs_and_serves_exact_rows(tmp_path, precision, host_m
     assert setup["rows_type"] == {"fp32": "TYPE_FP32", "fp16": "TYPE_FP16"}[precision]
     log = (res / "server.log").read_text(errors="replace") if (res / "server.log").exists() else ""
     assert "optimization.cuda.graphs applies to KIND_GPU instances" in log
-    assert "cold cache" in p.stdout and "warm cache" in p.stdout
+    assert "cold cache" in stdout and "warm cache" in stdout
     # 2 CPU cores: perf_analyzer may not settle on every path, but the runs it gives
     # carry the figures and the cache's hit rate from the server's metrics
     runs = json.loads((res / "runs.json").read_text()) if (res / "runs.json").exists() else []
@@ -64,23 +70,10 @@ def test_recsys_benchmark_wide_deep_sweeps(tmp_path):
     """Wide&Deep's own plan: its batch sweep at concurrency 1 and requests of one size over the
     concurrency values (its seed's offline and online scenarios), exact rows, and the report's
     concurrency section named after that batch."""
-    subprocess.run(["cargo", "build", "--release", "-q", "--example", "criteo_fixture"], cwd=ROOT, check=True)
-    out = tmp_path / "out"
-    env = dict(os.environ, OUT=str(out))
-    cmd = [sys.executable, os.path.join(ROOT, "bench", "gpu", "recsys_perf.py"),
-           "--server", os.environ["TRITONSERVER"], "--backends", os.path.join(ROOT, "install", "backends"),
-           "--perf-analyzer", os.environ["PERF_ANALYZER"],
-           "--fixture-bin", os.path.join(ROOT, "target", "release", "examples", "criteo_fixture"),
-           "--fixture", str(tmp_path / "fixture"), "--work", str(tmp_path / "work"), "--scale", "0.0002",
-           "--kind", "KIND_CPU", "--models", "wide_deep", "--dim", "65", "--wide-deep-batches", "64,128",
-           "--wide-deep-conc-batch", "32", "--concurrency", "1,2", "--alphas", "1.2", "--requests", "2",
-           "--interval-ms", "1000", "--port", "19320", "--paths", "one"]
-    if os.environ.get("LIBTORCH_DIR"):
-        cmd += ["--libtorch-dir", os.environ["LIBTORCH_DIR"]]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    print(p.stdout[-4000:], p.stderr[-2000:])
-    assert p.returncode == 0
-    res = out / "recsys"
+    _, res = run_recsys_perf(tmp_path, [
+        "--models", "wide_deep", "--dim", "65", "--wide-deep-batches", "64,128", "--wide-deep-conc-batch", "32",
+        "--concurrency", "1,2", "--alphas", "1.2", "--requests", "2", "--interval-ms", "1000", "--port", "19320",
+        "--paths", "one"])
     exact = json.loads((res / "exact.json").read_text())["wide_deep"]
     assert exact["rows_max_abs_diff"] == 0.0 and exact["largest_batch"]["batch"] == 128
     runs = json.loads((res / "runs.json").read_text()) if (res / "runs.json").exists() else []
