@@ -10,8 +10,8 @@ py="${PYTHON:-.venv/bin/python}"
 r=bench/gpu/results
 out="${OUT_ROOT:-docs/perf/h100}"
 "$py" bench/gpu/report.py --perf "$r/dense_perf_h100/resnet50" "$r/dense_perf_h100/bert_fastpitch" --out "$out" "$@"
-# 2026-11-25: one session, one H100, every CPU kept polling: the dense models' offline and online
-# sweeps (TorchScript, ONNX Runtime) and the recommenders' whole sweeps with their ceilings
+# 2026-11-24 and 25, every CPU kept polling: the dense models' offline and online sweeps
+# (TorchScript, ONNX Runtime; one machine) and the recommenders' whole sweeps with their ceilings
 "$py" bench/gpu/report.py --perf "$r/dense_perf_h100/nov25_resnet50" "$r/dense_perf_h100/nov25_bert" \
     "$r/dense_perf_h100/nov25_fastpitch" "$r/dense_perf_h100/nov25_onnx" --out "$out/dense_nov25" "$@"
 "$py" bench/gpu/recsys_report.py --runs "$r/recsys_h100/nov25_dlrm" "$r/recsys_h100/nov25_dcnv2" "$r/recsys_h100/nov25_wide_deep_sweep" \

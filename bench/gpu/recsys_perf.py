@@ -425,6 +425,15 @@ def exactness(client, name, rows, dim, reqs, batch=1024):
     return {"rows_checked": checked, "rows_max_abs_diff": worst_rows, "single_vs_ensemble_max_abs_diff": worst_pred}
 
 
+def sweep_plan(batches, conc_batch, concs):
+    """(batch, concurrency) pairs: every batch at concurrency 1, then requests of conc_batch rows
+    at each concurrency (0: none), its concurrency-1 point not measured twice."""
+    plan = [(b, 1) for b in batches]
+    if conc_batch:
+        plan += [(conc_batch, c) for c in concs if c != 1 or conc_batch not in batches]
+    return plan
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--server", required=True)
@@ -493,11 +502,8 @@ def main():
     batches = [int(b) for b in a.batches.split(",")]
     concs = [int(c) for c in a.concurrency.split(",")]
     # wide_deep's own plan: its batch sweep at concurrency 1, then its concurrency sweep if asked
-    wd_batches = [int(b) for b in a.wide_deep_batches.split(",")]
-    wd_plan = [(b, 1) for b in wd_batches]
-    if a.wide_deep_conc_batch:
-        wd_plan += [(a.wide_deep_conc_batch, c) for c in concs if c != 1 or a.wide_deep_conc_batch not in wd_batches]
-    wd_plan_batches = sorted({b for b, _ in wd_plan})
+    wd_plan = sweep_plan([int(b) for b in a.wide_deep_batches.split(",")], a.wide_deep_conc_batch, concs)
+    wd_plan_batches = {b for b, _ in wd_plan}
     alphas = [float(x) for x in a.alphas.split(",")]
     params = sum(rows) * a.dim
     device = "cuda" if a.kind == "KIND_GPU" else "cpu"
@@ -579,7 +585,7 @@ def main():
                      [tuple(kv.split("=", 1)) for kv in a.torch_param])
         if device == "cuda" and not a.no_ceiling:
             print(f"ceiling: {m} bare in torch, every table in HBM ({setup['table_gb_fp16']:.1f} GB fp16)", flush=True)
-            all_batches = sorted(set(wd_plan_batches) if m == "wide_deep" else set(batches) | {a.conc_batch})
+            all_batches = sorted(wd_plan_batches if m == "wide_deep" else set(batches) | {a.conc_batch})
             ceilings[m] = ceiling(m, mod, rows, a.dim, all_batches, lambda b: requests_of(b, alphas[0]))
         del mod
     with open(os.path.join(out_dir, "ceiling.json"), "w") as f:
@@ -614,9 +620,7 @@ def main():
                     raise SystemExit(f"served rows differ from the fixture's for {m}, keys in CUDA shared memory")
         for alpha_i, alpha in enumerate(alphas):
             sweep = batches if alpha_i == 0 else [int(b) for b in a.other_alpha_batches.split(",")]
-            plan = [(b, 1) for b in sweep]
-            if alpha_i == 0:
-                plan += [(a.conc_batch, c) for c in concs if c != 1 or a.conc_batch not in sweep]
+            plan = sweep_plan(sweep, a.conc_batch if alpha_i == 0 else 0, concs)
             for m in models:
                 if m == "wide_deep":
                     # its seed: a batch sweep at concurrency 1 (issue 8's figure is batch 131072),
