@@ -113,6 +113,42 @@ impl InferRequest for Request {
         Ok(out)
     }
 
+    /// Triton's implicit state API: `StateNew` makes the state on the request, the
+    /// buffer is filled, and `StateUpdate` hands it to the sequence. The state and its
+    /// buffer belong to the request; neither is touched after the update.
+    fn update_state(
+        &self,
+        name: &str,
+        dtype: DataType,
+        shape: &[i64],
+        byte_size: usize,
+        prefer: Device,
+        fill: &mut dyn FnMut(BytesMut<'_>) -> Result<()>,
+    ) -> Result<Device> {
+        let cname = c_string(name);
+        let mut state = std::ptr::null_mut();
+        // SAFETY: a live request; name and shape are read during the call.
+        check(unsafe {
+            sys::TRITONBACKEND_StateNew(&mut state, self.raw, cname.as_ptr(), dtype_to_triton(dtype), shape.as_ptr(), shape.len() as u32)
+        })?;
+        let mut buf = std::ptr::null_mut();
+        let (mut mem, mut mem_id) = device_to_triton(prefer);
+        // SAFETY: the state was just made on this request and is not updated yet.
+        check(unsafe { sys::TRITONBACKEND_StateBuffer(state, &mut buf, byte_size as u64, &mut mem, &mut mem_id) })?;
+        let landed = device_from_triton(mem, mem_id);
+        if byte_size > 0 {
+            fill(match landed {
+                // SAFETY: Triton allocated `byte_size` bytes on that GPU for the state, ours until StateUpdate.
+                Device::Gpu(id) => BytesMut::Device(unsafe { DeviceViewMut::from_raw(id, buf as u64, byte_size) }),
+                // SAFETY: Triton allocated `byte_size` host bytes for the state, ours until StateUpdate.
+                Device::Cpu => BytesMut::Host(unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), byte_size) }),
+            })?;
+        }
+        // SAFETY: the buffer is filled and no longer borrowed.
+        check(unsafe { sys::TRITONBACKEND_StateUpdate(state) })?;
+        Ok(landed)
+    }
+
     fn requested_outputs(&self) -> Result<Vec<String>> {
         let mut count = 0u32;
         check(unsafe { sys::TRITONBACKEND_RequestOutputCount(self.raw, &mut count) })?;

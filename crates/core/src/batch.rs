@@ -13,7 +13,7 @@ use std::ops::Range;
 
 use crate::config::{request_shape_fits, resolve_shape, ModelConfig, TensorConfig};
 use crate::error::{Error, Result};
-use crate::tensor::{element_count, first_non_finite, AlignedBuf, Bytes, DataType, Device, DeviceBuffer, DeviceView};
+use crate::tensor::{decode_strings, element_count, first_non_finite, AlignedBuf, Bytes, DataType, Device, DeviceBuffer, DeviceView};
 
 /// One input tensor of one request.
 #[derive(Debug, Clone)]
@@ -164,7 +164,7 @@ fn check_tensor(cfg: &ModelConfig, c: &TensorConfig, policy: &InputPolicy, t: &R
             )));
         }
     } else {
-        return Err(Error::unsupported(format!("input '{name}': BYTES tensors are not supported yet")));
+        check_strings(name, t, count)?;
     }
     let on_device = t.chunks.iter().any(|c| !c.device().is_host());
     if on_device && !policy.accepts_device_inputs {
@@ -200,6 +200,32 @@ fn check_tensor(cfg: &ModelConfig, c: &TensorConfig, policy: &InputPolicy, t: &R
                 offset += bytes.len() / t.dtype.size().unwrap_or(1);
             }
         }
+    }
+    Ok(())
+}
+
+/// A BYTES input must hold exactly its shape's count of well-formed strings, in host
+/// memory (strings are never read on a GPU).
+fn check_strings(name: &str, t: &RequestTensor<'_>, count: usize) -> Result<()> {
+    let mut joined = Vec::new();
+    let bytes: &[u8] = match t.chunks.as_slice() {
+        [Bytes::Host(b)] => b,
+        chunks => {
+            for c in chunks {
+                joined.extend_from_slice(c.host().ok_or_else(|| {
+                    Error::invalid_arg(format!("input '{name}' is a BYTES tensor in GPU memory; send strings in host memory"))
+                })?);
+            }
+            &joined
+        }
+    };
+    let strings = decode_strings(bytes).map_err(|e| Error::invalid_arg(format!("input '{name}' is malformed BYTES: {}", e.message())))?;
+    if strings.len() != count {
+        return Err(Error::invalid_arg(format!(
+            "input '{name}' holds {} strings but shape {:?} needs {count}",
+            strings.len(),
+            t.shape
+        )));
     }
     Ok(())
 }
@@ -379,17 +405,33 @@ pub fn assemble<'a>(cfg: &ModelConfig, group: &[&CheckedRequest<'a>]) -> Result<
     Ok(Batch { tensors, rows, total_rows: total })
 }
 
-/// Byte range of each request's rows in an output of the batch. Checks that the
-/// engine really produced one row per batch item.
+/// Byte range of each request's rows in an output of the batch, and the shape its
+/// client gets. Checks that the engine really produced one row per batch item. `data`
+/// is the output's bytes, read only for BYTES (whose elements differ in size; they must
+/// be in host memory).
 pub fn scatter_ranges(
     cfg: &ModelConfig,
     batch: &Batch<'_>,
     name: &str,
     dtype: DataType,
     shape: &[i64],
+    data: Bytes<'_>,
 ) -> Result<Vec<(Vec<i64>, Range<usize>)>> {
-    let size = dtype.size().ok_or_else(|| Error::unsupported(format!("output '{name}': BYTES outputs are not supported yet")))?;
-    let total_bytes = element_count(shape)? * size;
+    let elements = element_count(shape)?;
+    // where element i starts, in bytes (i = elements: the end)
+    let offsets: Box<dyn Fn(usize) -> usize> = match dtype.size() {
+        Some(size) => Box::new(move |i| i * size),
+        None => {
+            let bytes = data.host().ok_or_else(|| Error::internal(format!("BYTES output '{name}' is not in host memory")))?;
+            let strings = decode_strings(bytes).map_err(|e| Error::internal(format!("output '{name}' is malformed BYTES: {}", e.message())))?;
+            if strings.len() != elements {
+                return Err(Error::internal(format!("output '{name}' of shape {shape:?} holds {} strings", strings.len())));
+            }
+            let mut starts: Vec<usize> = strings.iter().map(|s| s.as_ptr() as usize - bytes.as_ptr() as usize - 4).collect();
+            starts.push(bytes.len());
+            Box::new(move |i| starts[i])
+        }
+    };
     // `reshape`: clients get the config's dims back, not the model's shape
     let reshaped = cfg.outputs.iter().find(|c| c.name == name).filter(|c| c.reshape.is_some());
     let client_shape = |rows: Option<usize>, elements: usize| -> Result<Vec<i64>> {
@@ -406,7 +448,7 @@ pub fn scatter_ranges(
         Ok(rows.map(|r| r as i64).into_iter().chain(dims).collect())
     };
     if !cfg.batching() {
-        return Ok(vec![(client_shape(None, element_count(shape)?)?, 0..total_bytes)]);
+        return Ok(vec![(client_shape(None, elements)?, 0..offsets(elements))]);
     }
     if shape.first().copied() != Some(batch.total_rows as i64) {
         return Err(Error::internal(format!(
@@ -414,11 +456,11 @@ pub fn scatter_ranges(
             batch.total_rows
         )));
     }
-    let row_bytes = total_bytes.checked_div(batch.total_rows).unwrap_or(0);
+    let per_row = elements.checked_div(batch.total_rows).unwrap_or(0);
     batch
         .rows
         .iter()
-        .map(|r| Ok((client_shape(Some(r.len()), r.len() * row_bytes / size)?, r.start * row_bytes..r.end * row_bytes)))
+        .map(|r| Ok((client_shape(Some(r.len()), r.len() * per_row)?, offsets(r.start * per_row)..offsets(r.end * per_row))))
         .collect()
 }
 
@@ -492,7 +534,7 @@ mod tests {
         let r = check_request(&c, &InputPolicy::default(), vec![t("sr", DataType::I64, &[1], vec![&sr])]).unwrap();
         let batch = assemble(&c, &[&r]).unwrap();
         assert_eq!(batch.tensors[0].shape, Vec::<i64>::new(), "the engine gets a rank-0 tensor");
-        let parts = scatter_ranges(&c, &batch, "y", DataType::F32, &[]).unwrap();
+        let parts = scatter_ranges(&c, &batch, "y", DataType::F32, &[], Bytes::Host(&[])).unwrap();
         assert_eq!(parts, vec![(vec![1], 0..4)], "the client gets dims [1] back");
         // batching: [batch, 1] on the wire, [batch] in the model
         let c = ModelConfig::from_json(
@@ -506,7 +548,7 @@ mod tests {
         let r2 = check_request(&c, &InputPolicy::default(), vec![t("x", DataType::F32, &[2, 1], vec![&b])]).unwrap();
         let batch = assemble(&c, &[&r1, &r2]).unwrap();
         assert_eq!(batch.tensors[0].shape, vec![3]);
-        let parts = scatter_ranges(&c, &batch, "y", DataType::F32, &[3, 4]).unwrap();
+        let parts = scatter_ranges(&c, &batch, "y", DataType::F32, &[3, 4], Bytes::Host(&[])).unwrap();
         assert_eq!(parts, vec![(vec![1, 2, 2], 0..16), (vec![2, 2, 2], 16..48)]);
         assert!(ModelConfig::from_json(r#"{"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [2], "reshape": {"shape": [3]}}]}"#).is_err());
     }
@@ -624,10 +666,44 @@ mod tests {
         assert!(matches!(single.tensors[0].data, BatchData::Borrowed(_)));
         assert_eq!(single.tensors[0].host_bytes().unwrap().as_ptr(), a3.as_ptr());
 
-        let parts = scatter_ranges(&c, &batch, "Y", DataType::F32, &[3, 5]).unwrap();
+        let parts = scatter_ranges(&c, &batch, "Y", DataType::F32, &[3, 5], Bytes::Host(&[])).unwrap();
         assert_eq!(parts, vec![(vec![1, 5], 0..20), (vec![2, 5], 20..60)]);
-        let e = scatter_ranges(&c, &batch, "Y", DataType::F32, &[2, 5]).unwrap_err();
+        let e = scatter_ranges(&c, &batch, "Y", DataType::F32, &[2, 5], Bytes::Host(&[])).unwrap_err();
         assert!(e.message().contains("'Y'"), "{e}");
+    }
+
+    #[test]
+    fn strings_are_checked_batched_and_scattered_by_element() {
+        use crate::tensor::encode_strings;
+        let c = ModelConfig::from_json(
+            r#"{"max_batch_size": 8,
+            "input": [{"name": "text", "data_type": "TYPE_STRING", "dims": [1]}],
+            "output": [{"name": "label", "data_type": "TYPE_STRING", "dims": [1], "reshape": {"shape": []}}]}"#,
+        )
+        .unwrap();
+        let p = InputPolicy::default();
+        let one = encode_strings(&["a"]).unwrap();
+        let two = encode_strings(&["bb", "ccc"]).unwrap();
+        let r1 = check_request(&c, &p, vec![t("text", DataType::Bytes, &[1, 1], vec![&one])]).unwrap();
+        // a request's strings may arrive in pieces that split an element
+        let r2 = check_request(&c, &p, vec![t("text", DataType::Bytes, &[2, 1], vec![&two[..5], &two[5..]])]).unwrap();
+        let batch = assemble(&c, &[&r1, &r2]).unwrap();
+        let mut joined = one.clone();
+        joined.extend(&two);
+        assert_eq!(batch.tensors[0].host_bytes().unwrap(), &joined[..]);
+        let out = encode_strings(&["x", "yy", "zzz"]).unwrap();
+        let parts = scatter_ranges(&c, &batch, "label", DataType::Bytes, &[3], Bytes::Host(&out)).unwrap();
+        assert_eq!(parts, vec![(vec![1, 1], 0..5), (vec![2, 1], 5..out.len())]);
+        assert_eq!(decode_strings(&out[parts[1].1.clone()]).unwrap(), vec![&b"yy"[..], b"zzz"]);
+        // malformed bodies: the input and the problem are named
+        let err = |shape: &[i64], b: &[u8]| check_request(&c, &p, vec![t("text", DataType::Bytes, shape, vec![b])]).unwrap_err().to_string();
+        assert!(err(&[2, 1], &one).contains("input 'text' holds 1 strings but shape [2, 1] needs 2"), "{}", err(&[2, 1], &one));
+        let e = err(&[1, 1], &[9, 0, 0, 0, b'a']);
+        assert!(e.contains("input 'text' is malformed BYTES: element 0 says it has 9 bytes but only 1 remain"), "{e}");
+        let e = err(&[1, 1], &[1, 0]);
+        assert!(e.contains("input 'text' is malformed BYTES"), "{e}");
+        // an engine whose string output does not match its shape is caught
+        assert!(scatter_ranges(&c, &batch, "label", DataType::Bytes, &[3], Bytes::Host(&out[..6])).is_err());
     }
 
     #[test]
@@ -642,6 +718,6 @@ mod tests {
         assert_eq!(group_by_shape(&c, &[&r1, &r2]), vec![vec![0], vec![1]]);
         let batch = assemble(&c, &[&r1]).unwrap();
         assert_eq!(batch.tensors[0].shape, vec![3]);
-        assert_eq!(scatter_ranges(&c, &batch, "Y", DataType::F32, &[3]).unwrap(), vec![(vec![3], 0..12)]);
+        assert_eq!(scatter_ranges(&c, &batch, "Y", DataType::F32, &[3], Bytes::Host(&[])).unwrap(), vec![(vec![3], 0..12)]);
     }
 }

@@ -70,6 +70,132 @@ pub struct ModelConfig {
     pub cuda_graphs: bool,
     /// The batch sizes of `optimization { cuda { graph_spec [ { batch_size: N } ] } }`.
     pub cuda_graph_batches: Vec<i64>,
+    /// `sequence_batching { ... }`: the control inputs and implicit states the server
+    /// adds to each request of a sequence.
+    pub sequence: Option<SequenceConfig>,
+    /// Sections this backend does not serve, as read (refused at load by
+    /// [`ModelConfig::check_supported`], never accepted and then misbehaving).
+    unsupported: Vec<String>,
+}
+
+/// How the sequence batcher forms batches (`sequence_batching { direct | oldest }`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SequenceStrategy {
+    /// One batch slot per live sequence (null requests fill idle slots).
+    Direct,
+    /// The oldest request of each ready sequence, batched like dynamic batching.
+    Oldest,
+}
+
+/// One implicit state: Triton feeds the stored value to `input` and the backend hands
+/// the model's `output` back to Triton for the sequence's next request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateConfig {
+    pub input: String,
+    pub output: String,
+    pub dtype: DataType,
+    /// Without the batch dimension (-1: the shape the model gives decides).
+    pub dims: Vec<i64>,
+}
+
+/// `sequence_batching` as this backend needs it: what arrives besides the client's
+/// inputs. Triton core keeps the sequences, their slots and their states; the backend
+/// reads control and state inputs like any other and writes each state back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SequenceConfig {
+    pub strategy: SequenceStrategy,
+    /// START, END, READY and CORRID tensors, one value per request (dims `[1]`).
+    pub controls: Vec<TensorConfig>,
+    pub states: Vec<StateConfig>,
+}
+
+impl SequenceConfig {
+    fn from_value(v: &Value) -> Result<SequenceConfig> {
+        let strategy = if v.get("oldest").is_some() { SequenceStrategy::Oldest } else { SequenceStrategy::Direct };
+        let mut controls = Vec::new();
+        for c in v.get("control_input").and_then(Value::as_array).into_iter().flatten() {
+            let name = c.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+            if name.is_empty() {
+                return Err(Error::invalid_arg("a sequence_batching control_input has no name"));
+            }
+            let kinds = c.get("control").and_then(Value::as_array).cloned().unwrap_or_default();
+            let [control] = kinds.as_slice() else {
+                return Err(Error::invalid_arg(format!("sequence_batching control_input '{name}' must have exactly one control")));
+            };
+            let kind = control.get("kind").and_then(Value::as_str).unwrap_or("CONTROL_SEQUENCE_START");
+            let filled = |key: &str| control.get(key).and_then(Value::as_array).is_some_and(|a| !a.is_empty());
+            let dtype = if kind == "CONTROL_SEQUENCE_CORRID" {
+                let t = control.get("data_type").and_then(Value::as_str).unwrap_or("TYPE_INVALID");
+                DataType::from_config_name(t).map_err(|e| Error::invalid_arg(format!("sequence_batching control_input '{name}': {e}")))?
+            } else if filled("fp32_false_true") {
+                DataType::F32
+            } else if filled("bool_false_true") {
+                DataType::Bool
+            } else if filled("int32_false_true") {
+                DataType::I32
+            } else {
+                return Err(Error::invalid_arg(format!(
+                    "sequence_batching control_input '{name}' ({kind}) gives none of int32_false_true, fp32_false_true, bool_false_true"
+                )));
+            };
+            controls.push(TensorConfig { name, dtype, dims: vec![1], reshape: None });
+        }
+        let mut states = Vec::new();
+        for st in v.get("state").and_then(Value::as_array).into_iter().flatten() {
+            let text = |k: &str| st.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+            let (input, output) = (text("input_name"), text("output_name"));
+            if input.is_empty() || output.is_empty() {
+                return Err(Error::invalid_arg("a sequence_batching state needs both input_name and output_name"));
+            }
+            let dtype = DataType::from_config_name(st.get("data_type").and_then(Value::as_str).unwrap_or("TYPE_INVALID"))
+                .map_err(|e| Error::invalid_arg(format!("sequence_batching state '{input}': {e}")))?;
+            let dims = st
+                .get("dims")
+                .and_then(Value::as_array)
+                .map(|d| d.iter().map(|x| as_i64(x).ok_or_else(|| Error::invalid_arg(format!("sequence_batching state '{input}': bad dims")))).collect::<Result<Vec<_>>>())
+                .transpose()?
+                .unwrap_or_default();
+            states.push(StateConfig { input, output, dtype, dims });
+        }
+        Ok(SequenceConfig { strategy, controls, states })
+    }
+
+    /// The names of the inputs the server adds to every request: controls, then states.
+    pub fn added_inputs(&self) -> impl Iterator<Item = &str> {
+        self.controls.iter().map(|c| c.name.as_str()).chain(self.states.iter().map(|s| s.input.as_str()))
+    }
+
+    /// The state whose model output is `name`.
+    pub fn state_for_output(&self, name: &str) -> Option<&StateConfig> {
+        self.states.iter().find(|s| s.output == name)
+    }
+}
+
+/// The sections and fields of a model config this backend refuses, with why.
+fn unsupported_sections(v: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    if v.get("model_transaction_policy").and_then(|p| p.get("decoupled")).and_then(Value::as_bool) == Some(true) {
+        out.push(
+            "model_transaction_policy.decoupled: the rust backend sends exactly one response per request; \
+             decoupled models (several or no responses per request) are not supported yet"
+                .to_string(),
+        );
+    }
+    for t in v.get("input").and_then(Value::as_array).into_iter().flatten() {
+        if t.get("allow_ragged_batch").and_then(Value::as_bool) == Some(true) {
+            let name = t.get("name").and_then(Value::as_str).unwrap_or_default();
+            out.push(format!(
+                "input '{name}' has allow_ragged_batch: ragged batching is not supported by the rust backend yet; \
+                 requests of different shapes are batched only when their shapes agree"
+            ));
+        }
+    }
+    for key in ["batch_input", "batch_output"] {
+        if v.get(key).and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
+            out.push(format!("{key}: ragged batching's batch tensors are not supported by the rust backend yet"));
+        }
+    }
+    out
 }
 
 /// Reads an integer that protobuf's JSON mapping may have written as a string.
@@ -180,6 +306,8 @@ impl ModelConfig {
                 .and_then(Value::as_array)
                 .map(|specs| specs.iter().map(|g| g.get("batch_size").and_then(as_i64).unwrap_or(0)).collect())
                 .unwrap_or_default(),
+            sequence: v.get("sequence_batching").map(SequenceConfig::from_value).transpose()?,
+            unsupported: unsupported_sections(v),
         };
         if cfg.max_batch_size < 0 {
             return Err(Error::invalid_arg(format!("max_batch_size {} is negative", cfg.max_batch_size)));
@@ -189,6 +317,39 @@ impl ModelConfig {
 
     pub fn batching(&self) -> bool {
         self.max_batch_size > 0
+    }
+
+    /// Refuses, naming it, what this backend does not serve (decoupled responses,
+    /// ragged batching), so such a config fails to load instead of misbehaving.
+    pub fn check_supported(&self) -> Result<()> {
+        match self.unsupported.first() {
+            Some(why) => Err(Error::unsupported(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Adds the inputs the sequence batcher puts into every request (control tensors,
+    /// then implicit states) to `inputs`, so requests are checked, batched and fed to
+    /// the model like the client's own inputs. A name the config already lists as an
+    /// input is refused: the server, not the client, fills it.
+    pub fn add_sequence_inputs(&mut self) -> Result<()> {
+        let Some(seq) = self.sequence.clone() else { return Ok(()) };
+        let added = seq.controls.iter().cloned().chain(seq.states.iter().map(|s| TensorConfig {
+            name: s.input.clone(),
+            dtype: s.dtype,
+            dims: s.dims.clone(),
+            reshape: None,
+        }));
+        for t in added {
+            if self.inputs.iter().any(|c| c.name == t.name) {
+                return Err(Error::invalid_arg(format!(
+                    "input '{}' is listed under input and under sequence_batching; the sequence batcher fills it, so list it only there",
+                    t.name
+                )));
+            }
+            self.inputs.push(t);
+        }
+        Ok(())
     }
 
     /// The batch sizes CUDA graphs are captured for when `optimization.cuda.graphs` is
@@ -328,7 +489,9 @@ pub fn autocomplete(
         json!({ "name": t.name, "data_type": t.dtype.config_name(), "dims": dims })
     };
     if parsed.inputs.is_empty() {
-        cfg["input"] = Value::Array(inputs.iter().map(to_json).collect());
+        // the sequence batcher fills its control and state inputs: clients send the rest
+        let filled_by_server: Vec<&str> = parsed.sequence.iter().flat_map(|s| s.added_inputs()).collect();
+        cfg["input"] = Value::Array(inputs.iter().filter(|t| !filled_by_server.contains(&t.name.as_str())).map(to_json).collect());
         changed = true;
     }
     if parsed.outputs.is_empty() {

@@ -44,6 +44,21 @@ pub trait InferRequest {
     fn parameters(&self) -> Result<Vec<(String, String)>> {
         Ok(Vec::new())
     }
+    /// Stores the next value of the sequence's implicit state `name` (the state's
+    /// `output_name`): the server gives a buffer of `byte_size` bytes, on `prefer` when it
+    /// can, `fill` writes it, and the value becomes the state input of the sequence's
+    /// next request. Returns where the buffer was.
+    fn update_state(
+        &self,
+        name: &str,
+        _dtype: DataType,
+        _shape: &[i64],
+        _byte_size: usize,
+        _prefer: Device,
+        _fill: &mut dyn FnMut(BytesMut<'_>) -> Result<()>,
+    ) -> Result<Device> {
+        Err(Error::unsupported(format!("state '{name}': this server keeps no sequence state")))
+    }
 }
 
 /// A response; sent exactly once.
@@ -125,20 +140,31 @@ impl ModelState {
         let mut raw: Value = serde_json::from_str(&ctx.config_json)
             .map_err(|e| Error::invalid_arg(format!("model config is not JSON: {e}")))?;
         let mut config = ModelConfig::from_value(&raw)?;
+        config.check_supported()?;
         let version_dir = ctx.repository.join(ctx.version.to_string());
         let (kind, model_file) = engine::select(&config, &version_dir)?;
+        if config.sequence.is_some() && matches!(kind, EngineKind::Embedding | EngineKind::Recommender) {
+            return Err(Error::unsupported(format!(
+                "sequence_batching is served by the onnx and torch engines; the {kind:?} engine keeps no sequences"
+            )));
+        }
+        // the inputs the sequence batcher adds are the model's like any other (an engine
+        // whose signature comes from the config, TorchScript's, sees them too)
+        config.add_sequence_inputs()?;
         let probe = ctx.engines.create(kind, &model_file, &EngineOptions { config: &config, backend: &ctx.backend.cmdline, device: Device::Cpu, probe: true })?;
         let mut completed = None;
         if ctx.autocomplete {
             if let Some(v) = autocomplete(&raw, probe.inputs(), probe.outputs(), ctx.backend.default_max_batch_size)? {
                 raw = v;
                 config = ModelConfig::from_value(&raw)?;
+                config.add_sequence_inputs()?;
                 completed = Some(raw.to_string());
                 log::info!("model '{}': config auto-completed from '{}'", ctx.name, model_file.display());
             }
         }
         config.adopt_scalars(probe.inputs(), probe.outputs());
         check_against_model(&config, probe.inputs(), probe.outputs())
+            .and_then(|()| check_states(&config, probe.outputs()))
             .map_err(|e| e.context(format!("model file '{}'", model_file.display())))?;
         let policy = InputPolicy {
             reject_nonfinite: config.parameter_bool("reject_nonfinite")?.unwrap_or(false),
@@ -197,6 +223,29 @@ impl ModelState {
     pub fn holds_spare_engine(&self) -> bool {
         self.spare.lock().map(|s| s.is_some()).unwrap_or(false)
     }
+}
+
+/// Each implicit state's output must be an output of the model, of the state's type.
+fn check_states(config: &ModelConfig, outputs: &[crate::config::TensorSpec]) -> Result<()> {
+    for st in config.sequence.iter().flat_map(|s| &s.states) {
+        let names: Vec<&str> = outputs.iter().map(|o| o.name.as_str()).collect();
+        let out = outputs.iter().find(|o| o.name == st.output).ok_or_else(|| {
+            Error::invalid_arg(format!(
+                "sequence_batching state '{}' has output_name '{}', which is not an output of the model (its outputs are {names:?})",
+                st.input, st.output
+            ))
+        })?;
+        if out.dtype != st.dtype {
+            return Err(Error::invalid_arg(format!(
+                "sequence_batching state '{}' is {} but the model's output '{}' is {}",
+                st.input,
+                st.dtype.config_name(),
+                st.output,
+                out.dtype.config_name()
+            )));
+        }
+    }
+    Ok(())
 }
 
 pub struct InstanceContext {
@@ -306,7 +355,8 @@ pub fn fail_all<T: Transport>(transport: &T, requests: Vec<T::Request>, error: &
 
 /// One request's way through an execute call; everything is indexed by the request's
 /// position in the call.
-struct Slot<'r, R> {
+struct Slot<'r, Q, R> {
+    request: &'r Q,
     response: Option<R>,
     outcome: Result<()>,
     /// The checked inputs, while the request is still in the running.
@@ -331,7 +381,7 @@ pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<
             return;
         }
     };
-    let mut slots: Vec<Slot<'_, T::Response>> = requests.iter().map(|req| inst.prepare(&**engine, transport, req)).collect();
+    let mut slots: Vec<Slot<'_, T::Request, T::Response>> = requests.iter().map(|req| inst.prepare(&**engine, transport, req)).collect();
 
     // Requests that passed, grouped by shape and memory (positions in `slots`).
     let passed: Vec<usize> = (0..slots.len()).filter(|&i| slots[i].checked.is_some()).collect();
@@ -374,7 +424,7 @@ pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<
 impl InstanceState {
     /// Makes a request's response and checks it (the server's view, the config, then
     /// the engine); a failure stays this request's own.
-    fn prepare<'r, T: Transport>(&self, engine: &dyn Engine, transport: &T, req: &'r T::Request) -> Slot<'r, T::Response> {
+    fn prepare<'r, T: Transport>(&self, engine: &dyn Engine, transport: &T, req: &'r T::Request) -> Slot<'r, T::Request, T::Response> {
         let response = transport.respond(req).map_err(|e| log::error!("cannot create a response: {e}")).ok();
         let prepared = if response.is_none() {
             Err(Error::internal("could not create a response"))
@@ -391,13 +441,13 @@ impl InstanceState {
         match prepared {
             Ok((c, wanted)) => {
                 self.note_device_inputs(&c);
-                Slot { response, outcome: Ok(()), checked: Some(c), wanted }
+                Slot { request: req, response, outcome: Ok(()), checked: Some(c), wanted }
             }
             Err(e) => {
                 if e.kind() != ErrorKind::Cancelled {
                     log::debug!("instance '{}': request '{}' rejected: {e}", self.name, req.id());
                 }
-                Slot { response, outcome: Err(e), checked: None, wanted: Vec::new() }
+                Slot { request: req, response, outcome: Err(e), checked: None, wanted: Vec::new() }
             }
         }
     }
@@ -411,7 +461,7 @@ fn run_group<T: Transport>(
     cfg: &ModelConfig,
     transport: &T,
     members: &[usize],
-    slots: &mut [Slot<'_, T::Response>],
+    slots: &mut [Slot<'_, T::Request, T::Response>],
     sink_ns: &mut u64,
 ) -> Result<usize> {
     // where a batch's time goes, measured only when it will be logged (`--log-verbose=1`)
@@ -439,6 +489,13 @@ fn run_group<T: Transport>(
             }
         }
     }
+    // the model's state outputs are run whether or not a client asked for them
+    let states = cfg.sequence.as_ref().map(|s| s.states.as_slice()).unwrap_or_default();
+    for st in states {
+        if !names.contains(&st.output) {
+            names.push(st.output.clone());
+        }
+    }
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let ops = transport.device_ops();
     let t_run = clock();
@@ -448,13 +505,25 @@ fn run_group<T: Transport>(
     let (mut to_host, mut to_device) = (false, false);
     engine.run(&batch.tensors, &names, &mut |view| {
         let t0 = transport.now_ns();
-        let parts = scatter_ranges(cfg, &batch, view.name, view.dtype, view.shape)?;
+        let parts = scatter_ranges(cfg, &batch, view.name, view.dtype, view.shape, view.data)?;
+        let is_state = states.iter().any(|st| st.output == view.name);
         for (k, &m) in members.iter().enumerate() {
             let slot = &mut slots[m];
-            if !slot.wanted.iter().any(|w| w == view.name) || slot.outcome.is_err() {
+            if slot.outcome.is_err() {
                 continue;
             }
             let (shape, range) = &parts[k];
+            if is_state {
+                // the sequence's next state: kept by the server for its next request
+                let mut copy = |dst: BytesMut<'_>| copy_part(ops, &view, range.clone(), dst);
+                if let Err(e) = slot.request.update_state(view.name, view.dtype, shape, range.len(), prefer, &mut copy) {
+                    slot.outcome = Err(e.context(format!("state '{}'", view.name)));
+                    continue;
+                }
+            }
+            if !slot.wanted.iter().any(|w| w == view.name) {
+                continue;
+            }
             if let Some(resp) = slot.response.as_mut() {
                 match write_output(ops, resp, &view, shape, range.clone(), prefer) {
                     Ok(Device::Cpu) => to_host = true,
@@ -494,13 +563,18 @@ fn write_output<R: InferResponse>(
     range: std::ops::Range<usize>,
     prefer: Device,
 ) -> Result<Device> {
+    let dst = resp.output_buffer(out.name, out.dtype, shape, range.len(), prefer)?;
+    let landed = dst.device();
+    copy_part(ops, out, range, dst)?;
+    Ok(landed)
+}
+
+/// Copies bytes `range` of an engine's output into `dst`, host or GPU either side.
+fn copy_part(ops: &dyn DeviceOps, out: &OutputView<'_>, range: std::ops::Range<usize>, dst: BytesMut<'_>) -> Result<()> {
     let src = out.data.slice(range.clone()).ok_or_else(|| {
         Error::internal(format!("output '{}': rows {range:?} are outside the engine's {} bytes", out.name, out.data.len()))
     })?;
-    let dst = resp.output_buffer(out.name, out.dtype, shape, range.len(), prefer)?;
-    let landed = dst.device();
-    ops.copy(src, dst).map_err(|e| Error::from(e).context(format!("output '{}'", out.name)))?;
-    Ok(landed)
+    ops.copy(src, dst).map_err(|e| Error::from(e).context(format!("output '{}'", out.name)))
 }
 
 #[cfg(test)]

@@ -184,6 +184,46 @@ impl Drop for AlignedBuf {
     }
 }
 
+/// Triton's layout of a BYTES tensor: each element is a 4-byte little-endian length
+/// followed by that many bytes, elements back to back. Returns each element's bytes, or
+/// what breaks the layout.
+pub fn decode_strings(bytes: &[u8]) -> Result<Vec<&[u8]>> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while at < bytes.len() {
+        let Some(prefix) = bytes.get(at..at + 4) else {
+            return Err(Error::invalid_arg(format!(
+                "element {} has only {} of its 4 length bytes",
+                out.len(),
+                bytes.len() - at
+            )));
+        };
+        let len = u32::from_le_bytes(prefix.try_into().expect("4 bytes")) as usize;
+        let start = at + 4;
+        let Some(item) = start.checked_add(len).and_then(|end| bytes.get(start..end)) else {
+            return Err(Error::invalid_arg(format!(
+                "element {} says it has {len} bytes but only {} remain",
+                out.len(),
+                bytes.len() - start
+            )));
+        };
+        out.push(item);
+        at = start + len;
+    }
+    Ok(out)
+}
+
+/// Writes `items` in Triton's BYTES layout (see [`decode_strings`]).
+pub fn encode_strings<T: AsRef<[u8]>>(items: &[T]) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(items.iter().map(|s| s.as_ref().len() + 4).sum());
+    for (i, s) in items.iter().enumerate() {
+        let len = u32::try_from(s.as_ref().len()).map_err(|_| Error::invalid_arg(format!("string element {i} is over 4 GiB")))?;
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(s.as_ref());
+    }
+    Ok(out)
+}
+
 /// Finds the first non-finite value in a float tensor's bytes, as an element index.
 pub fn first_non_finite(dtype: DataType, bytes: &[u8]) -> Option<usize> {
     match dtype {
@@ -251,6 +291,21 @@ mod tests {
         let v: Vec<u8> = [0x3c00u16, 0x7e00].iter().flat_map(|x| x.to_le_bytes()).collect();
         assert_eq!(first_non_finite(DataType::F16, &v), Some(1));
         assert_eq!(first_non_finite(DataType::I32, &[0xff; 8]), None);
+    }
+
+    #[test]
+    fn strings_round_trip_and_malformed_layouts_are_named() {
+        let items: [&[u8]; 4] = [b"spam", b"", "caf\u{e9}".as_bytes(), &[0xff, 0x00]];
+        let bytes = encode_strings(&items).unwrap();
+        assert_eq!(bytes.len(), 4 * 4 + 4 + 5 + 2);
+        assert_eq!(decode_strings(&bytes).unwrap(), items.to_vec());
+        assert_eq!(decode_strings(&[]).unwrap(), Vec::<&[u8]>::new());
+        let e = decode_strings(&bytes[..bytes.len() - 1]).unwrap_err();
+        assert_eq!(e.message(), "element 3 says it has 2 bytes but only 1 remain");
+        let e = decode_strings(&[4, 0, 0, 0, b'a', b'b', b'c', b'd', 1, 0]).unwrap_err();
+        assert_eq!(e.message(), "element 1 has only 2 of its 4 length bytes");
+        let e = decode_strings(&[0xff, 0xff, 0xff, 0xff, 1]).unwrap_err();
+        assert!(e.message().contains("4294967295 bytes"), "{e}");
     }
 
     #[test]

@@ -25,7 +25,7 @@ use triton_rust_core::batch::{check_shared_dims, BatchTensor, RequestTensor};
 use triton_rust_core::config::TensorSpec;
 use triton_rust_core::engine::{Device, Engine, EngineOptions, OutputView, Signature};
 use triton_rust_core::error::{Error, Result};
-use triton_rust_core::tensor::{AlignedBuf, Bytes, DataType};
+use triton_rust_core::tensor::{decode_strings, encode_strings, AlignedBuf, Bytes, DataType};
 
 const STOCK_LIBRARY: &str = "/opt/tritonserver/backends/onnxruntime/libonnxruntime.so";
 
@@ -183,6 +183,14 @@ impl OnnxEngine {
         let inputs = specs(session.inputs(), "input")?;
         let outputs = specs(session.outputs(), "output")?;
         let input_dims = dim_names(session.inputs());
+        if let (Device::Gpu(_), false) = (options.device, options.probe) {
+            if let Some(t) = inputs.iter().chain(&outputs).find(|t| t.dtype == DataType::Bytes) {
+                return Err(Error::unsupported(format!(
+                    "model '{}' has the string (BYTES) tensor '{}'; ONNX Runtime keeps strings in host memory, so serve this model on KIND_CPU instances",
+                    cfg.name, t.name
+                )));
+            }
+        }
         let gpu = match options.device {
             Device::Gpu(id) if !options.probe => Some(gpu::GpuIo::new(&session, id, cfg.batching(), buckets, &outputs)?),
             _ => None,
@@ -301,7 +309,15 @@ fn input_value<'a>(t: &BatchTensor<'a>, bytes: &'a [u8], scratch: &'a mut Option
             let v: Vec<bool> = aligned.iter().map(|&b| b == 1).collect();
             ort::value::Tensor::from_array((shape, v)).map_err(ort_err)?.into()
         }
-        DataType::Bytes => return Err(Error::unsupported(format!("input '{}': BYTES tensors are not supported yet", t.name))),
+        DataType::Bytes => {
+            // checked per request (check_request): well-formed, UTF-8, no NUL
+            let strings = decode_strings(aligned).map_err(|e| e.context(format!("input '{}'", t.name)))?;
+            let strs = strings
+                .iter()
+                .map(|&s| String::from_utf8(s.to_vec()).map_err(|e| Error::invalid_arg(format!("input '{}': {e}", t.name))))
+                .collect::<Result<Vec<String>>>()?;
+            ort::value::Tensor::from_string_array((shape, &strs[..])).map_err(ort_err)?.into()
+        }
     })
 }
 
@@ -322,6 +338,18 @@ impl Engine for OnnxEngine {
         for t in inputs.iter().filter(|t| t.dtype == DataType::Bool) {
             if t.chunks.iter().filter_map(|c| c.host()).any(|h| h.iter().any(|&b| b > 1)) {
                 return Err(Error::invalid_arg(format!("input '{}' is BOOL but holds a byte other than 0 or 1", t.name)));
+            }
+        }
+        // ONNX Runtime's strings are UTF-8 text without NUL (the layout is checked already)
+        for t in inputs.iter().filter(|t| t.dtype == DataType::Bytes) {
+            let joined: Vec<u8> = t.chunks.iter().filter_map(|c| c.host()).flatten().copied().collect();
+            for (i, s) in decode_strings(&joined)?.iter().enumerate() {
+                if let Err(e) = std::str::from_utf8(s) {
+                    return Err(Error::invalid_arg(format!("input '{}' element {i} is not UTF-8 text ({e})", t.name)));
+                }
+                if s.contains(&0) {
+                    return Err(Error::invalid_arg(format!("input '{}' element {i} holds a NUL byte, which ONNX Runtime strings cannot", t.name)));
+                }
             }
         }
         Ok(())
@@ -379,7 +407,12 @@ impl Engine for OnnxEngine {
                     let bytes: Vec<u8> = data.iter().map(|&b| b as u8).collect();
                     sink(OutputView { name, dtype, shape: &shape, data: Bytes::Host(&bytes) })?
                 }
-                DataType::Bytes => return Err(Error::unsupported(format!("output '{name}': BYTES outputs are not supported yet"))),
+                DataType::Bytes => {
+                    let (shape, strings) = value.try_extract_strings().map_err(ort_err)?;
+                    let shape: Vec<i64> = shape.iter().copied().collect();
+                    let bytes = encode_strings(&strings)?;
+                    sink(OutputView { name, dtype, shape: &shape, data: Bytes::Host(&bytes) })?
+                }
             }
         }
         Ok(())
