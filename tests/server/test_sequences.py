@@ -1,0 +1,289 @@
+"""The sequence batcher with implicit state through the real tritonserver (issue 29).
+
+Silero VAD keeps its state between calls; with `sequence_batching { state [...] }` the server
+keeps it per sequence and the client sends audio (and `sr`) only. 64 concurrent sequences of 20
+chunks each over gRPC must each equal ONNX Runtime run chunk by chunk on that sequence alone:
+with the `direct` strategy (Silero as shipped, one sequence per run) and with `oldest` and
+`direct` batching several sequences per run (Silero behind a batch-first adapter,
+examples/sequence_models.py). The START and CORRID controls reach an ONNX and a TorchScript
+model as the config names them; a sequence that never ends is reclaimed by the idle timeout
+without a leak; decoupled configs are refused at load.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from conftest import module_server
+from tritonserver_harness import REPO_ROOT, ModelRepo, make_client
+
+sys.path.insert(0, os.path.join(REPO_ROOT, "examples"))
+import sequence_models  # noqa: E402
+
+SEQUENCES, CHUNKS = 64, 20
+ZERO_STATE = 'initial_state {{ name: "silence" data_type: TYPE_FP32 dims: [ {dims} ] zero_data: true }}'
+
+
+def vad_state(input_name, output_name, dims):
+    d = ", ".join(map(str, dims))
+    return (f'state [ {{ input_name: "{input_name}" output_name: "{output_name}" data_type: TYPE_FP32 '
+            f'dims: [ {d} ] {ZERO_STATE.format(dims=d)} }} ]')
+
+
+CONFIGS = {
+    # Silero as shipped: no batching (rank-0 sr, state [2, batch, 128]); inputs auto-completed
+    "vad_direct": ("silero", 'backend: "rust"\ninstance_group [ { count: 2 kind: KIND_CPU } ]\n'
+                   'sequence_batching { max_sequence_idle_microseconds: 60000000 direct { }\n  '
+                   + vad_state("state", "stateN", [2, 1, 128]) + "\n}\n"),
+    "vad_oldest": ("vad_batched", 'backend: "rust"\nmax_batch_size: 64\n'
+                   'input [ { name: "input" data_type: TYPE_FP32 dims: [ 512 ] } ]\n'
+                   'output [ { name: "output" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                   'instance_group [ { count: 1 kind: KIND_CPU } ]\n'
+                   'sequence_batching { max_sequence_idle_microseconds: 60000000\n'
+                   '  oldest { max_candidate_sequences: 64 preferred_batch_size: [ 16, 32 ] max_queue_delay_microseconds: 5000 }\n  '
+                   + vad_state("state", "state_out", [2, 128]) + "\n}\n"),
+    "vad_slots": ("vad_batched", 'backend: "rust"\nmax_batch_size: 16\n'
+                  'input [ { name: "input" data_type: TYPE_FP32 dims: [ 512 ] } ]\n'
+                  'output [ { name: "output" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                  'instance_group [ { count: 1 kind: KIND_CPU } ]\n'
+                  'sequence_batching { max_sequence_idle_microseconds: 60000000\n'
+                  '  direct { max_queue_delay_microseconds: 2000 minimum_slot_utilization: 0.5 }\n  '
+                  + vad_state("state", "state_out", [2, 128]) + "\n}\n"),
+    # short idle timeout: sequences left open are reclaimed
+    "vad_idle": ("vad_batched", 'backend: "rust"\nmax_batch_size: 8\n'
+                 'input [ { name: "input" data_type: TYPE_FP32 dims: [ 512 ] } ]\n'
+                 'output [ { name: "output" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                 'instance_group [ { count: 1 kind: KIND_CPU } ]\n'
+                 'sequence_batching { max_sequence_idle_microseconds: 500000\n'
+                 '  oldest { max_candidate_sequences: 16 max_queue_delay_microseconds: 1000 }\n  '
+                 + vad_state("state", "state_out", [2, 128]) + "\n}\n"),
+}
+
+ACCUMULATOR_SEQUENCE = (
+    'sequence_batching {{ max_sequence_idle_microseconds: 60000000 {strategy}\n'
+    '  control_input [ {{ name: "START" control [ {{ kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] }} ] }},\n'
+    '                  {{ name: "CORRID" control [ {{ kind: CONTROL_SEQUENCE_CORRID data_type: {corrid} }} ] }} ]\n'
+    '  state [ {{ input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_FP32 dims: [ 4 ]\n'
+    '            initial_state {{ name: "zero" data_type: TYPE_FP32 dims: [ 4 ] zero_data: true }} }} ]\n}}\n')
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("sequence-models"))
+    sequence_models.write_all(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, example_models, models):
+    r = ModelRepo(str(tmp_path_factory.mktemp("sequences")))
+    silero = sequence_models.silero_bytes()
+    for name, (source, config) in CONFIGS.items():
+        if source == "silero":
+            body = silero
+        else:
+            with open(os.path.join(models, source + ".onnx"), "rb") as f:
+                body = f.read()
+        r.add_raw(name, body, f'name: "{name}"\n' + config)
+    with open(os.path.join(models, "accumulator.onnx"), "rb") as f:
+        r.add_raw("accumulator", f.read(), 'name: "accumulator"\nbackend: "rust"\nmax_batch_size: 8\n'
+                  'input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+                  'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "ID" data_type: TYPE_UINT64 dims: [ 1 ] } ]\n'
+                  + ACCUMULATOR_SEQUENCE.format(strategy="oldest { max_candidate_sequences: 8 max_queue_delay_microseconds: 2000 }", corrid="TYPE_UINT64"))
+    os.makedirs(os.path.join(r.root, "accumulator_pt", "1"))
+    os.replace(os.path.join(models, "accumulator_pt.pt"), os.path.join(r.root, "accumulator_pt", "1", "model.pt"))
+    # TorchScript has no signature: the config lists the state's output where the result has it
+    r.write_config("accumulator_pt", 'name: "accumulator_pt"\nbackend: "rust"\nmax_batch_size: 8\n'
+                   'input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+                   'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "STATE_OUT" data_type: TYPE_FP32 dims: [ 4 ] },\n'
+                   '         { name: "ID" data_type: TYPE_INT64 dims: [ 1 ] } ]\n'
+                   + ACCUMULATOR_SEQUENCE.format(strategy="direct { }", corrid="TYPE_INT64"))
+    return r
+
+
+@pytest.fixture(scope="module")
+def server(request, tmp_path_factory, repo):
+    return module_server(request, tmp_path_factory, repo)
+
+
+def audio(seq: int) -> np.ndarray:
+    """Sequence `seq`'s CHUNKS chunks of 512 samples: noise, then a tone, at a level of its own."""
+    rng = np.random.default_rng(1000 + seq)
+    t = np.arange(CHUNKS * 512) / 16000.0
+    tone = np.sin(2 * np.pi * (150 + 10 * seq) * t) * (0.3 if seq % 2 else 0.0)
+    x = rng.standard_normal(CHUNKS * 512) * (0.02 + 0.01 * (seq % 5)) + tone
+    return x.astype(np.float32).reshape(CHUNKS, 1, 512)
+
+
+def silero_alone(seq: int, session) -> np.ndarray:
+    """ONNX Runtime, the wheel's Silero, chunk by chunk on this sequence alone."""
+    state, out = np.zeros((2, 1, 128), np.float32), []
+    for chunk in audio(seq):
+        prob, state = session.run(None, {"input": chunk, "state": state, "sr": np.array(16000, np.int64)})
+        out.append(prob.reshape(-1)[0])
+    return np.array(out, np.float32)
+
+
+@pytest.fixture(scope="module")
+def references():
+    session = ort.InferenceSession(sequence_models.silero_bytes(), providers=["CPUExecutionProvider"])
+    return {seq: silero_alone(seq, session) for seq in range(SEQUENCES)}
+
+
+def run_sequences(server, model, with_sr, first_id=1, end=True, count=SEQUENCES, chunks=CHUNKS):
+    """`count` concurrent sequences over gRPC, each on its own connection; returns {seq: probs}."""
+    import tritonclient.grpc as grpcclient
+
+    got, errors = {}, []
+
+    def one(seq):
+        try:
+            client = grpcclient.InferenceServerClient(server.grpc_url)
+            probs = []
+            for k, chunk in enumerate(audio(seq)[:chunks]):
+                x = grpcclient.InferInput("input", [1, 512], "FP32")
+                x.set_data_from_numpy(chunk)
+                inputs = [x]
+                if with_sr:
+                    sr = grpcclient.InferInput("sr", [1], "INT64")
+                    sr.set_data_from_numpy(np.array([16000], np.int64))
+                    inputs.append(sr)
+                res = client.infer(model, inputs, outputs=[grpcclient.InferRequestedOutput("output")],
+                                   sequence_id=first_id + seq, sequence_start=(k == 0),
+                                   sequence_end=(end and k == chunks - 1))
+                probs.append(res.as_numpy("output").reshape(-1)[0])
+            got[seq] = np.array(probs, np.float32)
+            client.close()
+        except Exception as e:  # noqa: BLE001 - reported by the caller
+            errors.append(f"sequence {seq}: {e}")
+
+    threads = [threading.Thread(target=one, args=(s,)) for s in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:5]
+    return got
+
+
+def runs_and_rows(server, model, before):
+    after = server.stats(model)
+    return (int(after["execution_count"]) - int(before["execution_count"]),
+            int(after["inference_count"]) - int(before["inference_count"]))
+
+
+@pytest.mark.parametrize("model", ["vad_direct", "vad_oldest", "vad_slots"])
+def test_silero_sequences_keep_their_state_in_the_server(server, references, model):
+    before = server.stats(model)
+    t0 = time.monotonic()
+    got = run_sequences(server, model, with_sr=(model == "vad_direct"))
+    secs = time.monotonic() - t0
+    worst = max(float(np.abs(got[s] - references[s]).max()) for s in range(SEQUENCES))
+    assert worst <= 1e-5, f"{model}: max abs diff {worst}"
+    # the sequences differ (the comparison would be empty if every sequence gave the same answers)
+    assert len({round(float(got[s][-1]), 4) for s in range(SEQUENCES)}) > 8
+    runs, rows = runs_and_rows(server, model, before)
+    if model != "vad_direct":
+        assert runs < rows, f"{model}: {rows} requests in {runs} runs: sequences were never batched together"
+    print(f"\n[sequences] {model}: {SEQUENCES} sequences x {CHUNKS} chunks over gRPC in {secs:.1f} s, each equal to "
+          f"ONNX Runtime alone (max abs diff {worst:.1e}); {rows} requests in {runs} runs "
+          f"({rows / max(runs, 1):.1f} sequences per run)")
+
+
+def test_inputs_are_autocompleted_without_the_state(server):
+    cfg = server.http("GET", "/v2/models/vad_direct/config").json()
+    assert sorted(t["name"] for t in cfg["input"]) == ["input", "sr"], cfg["input"]
+
+
+@pytest.mark.parametrize("model", ["accumulator", "accumulator_pt"])
+def test_controls_and_state_reach_onnx_and_torchscript_models(server, model):
+    import tritonclient.grpc as grpcclient
+
+    rng = np.random.default_rng(7)
+    chunks = {seq: [rng.integers(-5, 6, 4).astype(np.float32) for _ in range(6)] for seq in range(8)}
+    got, errors = {}, []
+
+    def one(seq):
+        try:
+            client = grpcclient.InferenceServerClient(server.grpc_url)
+            outs = []
+            corr = 7_000_000_000 + seq  # above 2^32: the CORRID control carries all 64 bits
+            for k, c in enumerate(chunks[seq]):
+                x = grpcclient.InferInput("INPUT", [1, 4], "FP32")
+                x.set_data_from_numpy(c.reshape(1, 4))
+                res = client.infer(model, [x], outputs=[grpcclient.InferRequestedOutput("OUTPUT"), grpcclient.InferRequestedOutput("ID")],
+                                   sequence_id=corr, sequence_start=(k == 0), sequence_end=(k == len(chunks[seq]) - 1))
+                assert int(res.as_numpy("ID").reshape(-1)[0]) == corr
+                outs.append(res.as_numpy("OUTPUT").reshape(4))
+            got[seq] = outs
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"sequence {seq}: {e}")
+
+    threads = [threading.Thread(target=one, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for seq, outs in got.items():
+        np.testing.assert_array_equal(np.array(outs), np.array(sequence_models.accumulate_reference(chunks[seq])))
+    print(f"\n[sequences] {model}: 8 sequences of 6 requests: running sums kept by the server, CORRID above 2^32 delivered")
+
+
+def test_an_abandoned_sequence_is_reclaimed_without_a_leak(server, references):
+    model = "vad_idle"
+    # warm up: the first sequences grow the server's pools
+    run_sequences(server, model, with_sr=False, first_id=10_000, count=16, chunks=3)
+    rss = []
+    for cycle in range(6):
+        # 16 sequences that never send END, then longer than the idle timeout (0.5 s)
+        run_sequences(server, model, with_sr=False, first_id=20_000 + cycle * 100, end=False, count=16, chunks=3)
+        time.sleep(1.5)
+        rss.append(server.rss_bytes())
+    # a sequence started after the reclaim gets a fresh state, and the slots are free again
+    got = run_sequences(server, model, with_sr=False, first_id=90_000, count=16)
+    worst = max(float(np.abs(got[s] - references[s]).max()) for s in range(16))
+    assert worst <= 1e-5
+    log = server.log_text()
+    growth = rss[-1] - rss[1]
+    print(f"\n[sequences] {model}: 6 cycles of 16 abandoned sequences, each reclaimed after 0.5 s idle; "
+          f"RSS MiB by cycle {[round(r / 2**20, 1) for r in rss]}, growth after cycle 2: {growth / 2**20:.1f} MiB; "
+          f"16 new sequences after that equal ONNX Runtime (max abs diff {worst:.1e})")
+    assert growth < 8 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB over 4 cycles of abandoned sequences"
+    assert "panicked" not in log
+
+
+def test_decoupled_ragged_and_stateless_configs_are_refused_at_load(make_repo, start_server, models):
+    with open(os.path.join(models, "accumulator.onnx"), "rb") as f:
+        body = f.read()
+    repo = make_repo("refused")
+    good = ('name: "accumulator"\nbackend: "rust"\nmax_batch_size: 8\n'
+            'input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+            + ACCUMULATOR_SEQUENCE.format(strategy="direct { }", corrid="TYPE_UINT64"))
+    repo.add_raw("accumulator", body, good)
+    server = start_server(repo.root, "--model-control-mode=explicit", "--load-model=accumulator")
+    refused = {
+        "decoupled": ('model_transaction_policy { decoupled: true }\n', "decoupled"),
+        "ragged": ('', "allow_ragged_batch"),
+        "bad_state": ('', "'NEXT'"),
+    }
+    configs = {
+        "decoupled": good.replace('name: "accumulator"', 'name: "decoupled"') + refused["decoupled"][0],
+        "ragged": good.replace('name: "accumulator"', 'name: "ragged"').replace("dims: [ 4 ] } ]", "dims: [ 4 ] allow_ragged_batch: true } ]", 1),
+        # a state whose output_name is not an output of the model
+        "bad_state": good.replace('name: "accumulator"', 'name: "bad_state"').replace('output_name: "STATE_OUT"', 'output_name: "NEXT"'),
+    }
+    for name, config in configs.items():
+        repo.add_raw(name, body, config)
+        r = server.load(name)
+        assert r.status_code == 400, (name, r.text)
+        assert refused[name][1] in r.json()["error"], (name, r.text)
+        print(f"\n[sequences] {name} refused at load: {r.json()['error'][:220]}")
+    assert server.model_ready("accumulator"), "the server goes on serving"
