@@ -75,7 +75,7 @@ pub struct ModelConfig {
     pub sequence: Option<SequenceConfig>,
     /// Sections this backend does not serve, as read (refused at load by
     /// [`ModelConfig::check_supported`], never accepted and then misbehaving).
-    unsupported: Vec<String>,
+    pub unsupported: Vec<String>,
 }
 
 /// How the sequence batcher forms batches (`sequence_batching { direct | oldest }`).
@@ -699,6 +699,53 @@ mod tests {
         // a model whose first dim is fixed cannot take a batch
         let e = check_against_model(&c, &[spec("INPUT__0", DataType::F32, &[1, 3, 224, 224])], &outs).unwrap_err();
         assert!(e.message().contains("batch"), "{e}");
+    }
+
+    #[test]
+    fn sequence_batching_adds_controls_and_states_and_autocomplete_leaves_them_out() {
+        let json = r#"{"name": "vad", "max_batch_size": 0,
+            "sequence_batching": {"max_sequence_idle_microseconds": "1000000", "oldest": {"max_candidate_sequences": 4},
+                "control_input": [{"name": "START", "control": [{"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}]},
+                                  {"name": "READY", "control": [{"kind": "CONTROL_SEQUENCE_READY", "fp32_false_true": [0, 1]}]},
+                                  {"name": "CORRID", "control": [{"kind": "CONTROL_SEQUENCE_CORRID", "data_type": "TYPE_UINT64"}]}],
+                "state": [{"input_name": "state", "output_name": "stateN", "data_type": "TYPE_FP32", "dims": ["2", "1", "128"]}]}}"#;
+        let mut c = ModelConfig::from_json(json).unwrap();
+        let seq = c.sequence.clone().unwrap();
+        assert_eq!(seq.strategy, SequenceStrategy::Oldest);
+        let controls: Vec<(&str, DataType)> = seq.controls.iter().map(|t| (t.name.as_str(), t.dtype)).collect();
+        assert_eq!(controls, [("START", DataType::I32), ("READY", DataType::F32), ("CORRID", DataType::U64)]);
+        assert_eq!(seq.states[0], StateConfig { input: "state".into(), output: "stateN".into(), dtype: DataType::F32, dims: vec![2, 1, 128] });
+        assert_eq!(seq.state_for_output("stateN").map(|s| s.input.as_str()), Some("state"));
+        // auto-complete leaves the inputs the server fills to the server
+        let raw: Value = serde_json::from_str(json).unwrap();
+        let ins = [spec("input", DataType::F32, &[-1, -1]), spec("state", DataType::F32, &[2, -1, 128]), spec("START", DataType::I32, &[1])];
+        let done = autocomplete(&raw, &ins, &[spec("output", DataType::F32, &[-1, 1])], 4).unwrap().unwrap();
+        let names: Vec<&str> = done["input"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["input"]);
+        c.inputs = ModelConfig::from_value(&done).unwrap().inputs;
+        c.add_sequence_inputs().unwrap();
+        let names: Vec<&str> = c.inputs.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["input", "START", "READY", "CORRID", "state"]);
+        assert_eq!(c.inputs[4].dims, vec![2, 1, 128]);
+        // listing a state input as an input too is refused, naming it
+        let e = c.add_sequence_inputs().unwrap_err();
+        assert!(e.message().contains("'START'") && e.message().contains("sequence_batching"), "{e}");
+        let e = ModelConfig::from_json(r#"{"sequence_batching": {"control_input": [{"name": "S", "control": [{"kind": "CONTROL_SEQUENCE_START"}]}]}}"#).unwrap_err();
+        assert!(e.message().contains("'S'") && e.message().contains("int32_false_true"), "{e}");
+        assert_eq!(ModelConfig::from_json(r#"{"sequence_batching": {}}"#).unwrap().sequence.unwrap().strategy, SequenceStrategy::Direct);
+    }
+
+    #[test]
+    fn decoupled_and_ragged_are_refused_by_name() {
+        let ok = ModelConfig::from_json(r#"{"model_transaction_policy": {"decoupled": false}}"#).unwrap();
+        ok.check_supported().unwrap();
+        let e = ModelConfig::from_json(r#"{"model_transaction_policy": {"decoupled": true}}"#).unwrap().check_supported().unwrap_err();
+        assert!(e.message().starts_with("model_transaction_policy.decoupled") && e.message().contains("not supported"), "{e}");
+        let ragged = r#"{"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1], "allow_ragged_batch": true}]}"#;
+        let e = ModelConfig::from_json(ragged).unwrap().check_supported().unwrap_err();
+        assert!(e.message().contains("input 'x' has allow_ragged_batch"), "{e}");
+        let e = ModelConfig::from_json(r#"{"batch_input": [{"kind": "BATCH_ELEMENT_COUNT"}]}"#).unwrap().check_supported().unwrap_err();
+        assert!(e.message().contains("batch_input"), "{e}");
     }
 
     #[test]

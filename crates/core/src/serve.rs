@@ -614,6 +614,8 @@ mod tests {
         id: String,
         inputs: Vec<FakeInput>,
         outputs: Vec<String>,
+        /// States handed back for the sequence's next request: (name, shape, bytes).
+        states: RefCell<Vec<(String, Vec<i64>, Vec<u8>)>>,
     }
 
     impl InferRequest for FakeRequest {
@@ -640,6 +642,20 @@ mod tests {
         }
         fn requested_outputs(&self) -> Result<Vec<String>> {
             Ok(self.outputs.clone())
+        }
+        fn update_state(
+            &self,
+            name: &str,
+            _dtype: DataType,
+            shape: &[i64],
+            byte_size: usize,
+            _prefer: Device,
+            fill: &mut dyn FnMut(BytesMut<'_>) -> Result<()>,
+        ) -> Result<Device> {
+            let mut buf = vec![0u8; byte_size];
+            fill(BytesMut::Host(&mut buf))?;
+            self.states.borrow_mut().push((name.to_string(), shape.to_vec(), buf));
+            Ok(Device::Cpu)
         }
     }
 
@@ -783,7 +799,7 @@ mod tests {
     }
 
     fn request(id: &str, shape: &[i64], values: &[f32], gpu: Option<i32>) -> FakeRequest {
-        FakeRequest { id: id.into(), inputs: vec![("X".into(), shape.to_vec(), to_bytes(values), gpu)], outputs: vec!["Y".into()] }
+        FakeRequest { id: id.into(), inputs: vec![("X".into(), shape.to_vec(), to_bytes(values), gpu)], outputs: vec!["Y".into()], states: RefCell::default() }
     }
 
     #[test]
@@ -818,6 +834,65 @@ mod tests {
         assert_eq!(reports.len(), 4, "statistics for every request");
         assert_eq!(reports.iter().filter(|r| r.1).count(), 2);
         assert_eq!(*server.batches.borrow(), vec![3]);
+    }
+
+    #[test]
+    fn each_sequence_gets_its_own_rows_of_the_state_output_back() {
+        // Y is the model's output and, through sequence_batching, also the state fed to X
+        // of the next request: X is a state input the server adds, and clients ask for nothing
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!("trt-seq-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        std::fs::create_dir_all(dir.join("1")).unwrap();
+        std::fs::write(dir.join("1/model.onnx"), b"stands in for a model file").unwrap();
+        let config = r#"{"name": "doubler", "max_batch_size": 8,
+            "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [2]}],
+            "sequence_batching": {"oldest": {}, "state": [{"input_name": "X", "output_name": "Y", "data_type": "TYPE_FP32", "dims": [2]}]},
+            "instance_group": [{"kind": "KIND_CPU", "count": 1}]}"#;
+        let factory = Arc::new(Factory { runs: Arc::default(), landed: Arc::default(), created: AtomicUsize::new(0) });
+        let settings = BackendSettings::default();
+        let ctx = ModelContext { name: "doubler".into(), version: 1, repository: dir.clone(), config_json: config.into(), autocomplete: false, backend: &settings, engines: factory.clone() };
+        let (m, _) = ModelState::load(ctx).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(m.config().inputs.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["X"], "the state input is the model's input");
+        let inst = InstanceState::new(&m, InstanceContext { name: "seq".into(), device: Device::Cpu }).unwrap();
+        let server = FakeServer::default();
+        let mut requests = vec![request("a", &[1, 2], &[1.0, 2.0], None), request("refused", &[1, 2], &[13.0, 0.0], None), request("b", &[1, 2], &[5.0, 6.0], None)];
+        for r in &mut requests {
+            r.outputs.clear();
+        }
+        let states: Vec<_> = requests.iter().map(|r| r.id.clone()).collect();
+        let kept = Rc::new(RefCell::new(Vec::new()));
+        struct Spy(FakeServer, Rc<RefCell<Vec<(String, Vec<(String, Vec<i64>, Vec<u8>)>)>>>);
+        impl Transport for Spy {
+            type Request = FakeRequest;
+            type Response = FakeResponse;
+            fn respond(&self, r: &FakeRequest) -> Result<FakeResponse> {
+                self.0.respond(r)
+            }
+            fn report(&self, r: &FakeRequest, ok: bool, t: Timing) {
+                self.1.borrow_mut().push((r.id.clone(), r.states.borrow().clone()));
+                self.0.report(r, ok, t)
+            }
+            fn report_batch(&self, rows: u64, t: Timing) {
+                self.0.report_batch(rows, t)
+            }
+            fn now_ns(&self) -> u64 {
+                self.0.now_ns()
+            }
+            fn device_ops(&self) -> &dyn DeviceOps {
+                self.0.device_ops()
+            }
+        }
+        let spy = Spy(server, kept.clone());
+        execute(&inst, &spy, requests);
+        let kept = kept.borrow();
+        assert_eq!(kept.iter().map(|k| k.0.clone()).collect::<Vec<_>>(), states);
+        assert_eq!(kept[0].1, vec![("Y".to_string(), vec![1, 2], to_bytes(&[2.0, 4.0]))]);
+        assert!(kept[1].1.is_empty(), "a refused request leaves its sequence's state as it was");
+        assert_eq!(kept[2].1, vec![("Y".to_string(), vec![1, 2], to_bytes(&[10.0, 12.0]))]);
+        let sent = spy.0.sent.borrow();
+        assert!(sent.iter().all(|s| s.2.is_empty()), "no client asked for Y: no response output");
+        assert_eq!(*factory.runs.lock().unwrap(), vec![(2, Device::Cpu)], "the two sequences ran as one batch");
     }
 
     #[test]
