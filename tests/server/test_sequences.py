@@ -13,6 +13,7 @@ without a leak; decoupled configs are refused at load.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import threading
 import time
@@ -98,7 +99,7 @@ def repo(tmp_path_factory, example_models, models):
                   'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "ID" data_type: TYPE_UINT64 dims: [ 1 ] } ]\n'
                   + ACCUMULATOR_SEQUENCE.format(strategy="oldest { max_candidate_sequences: 8 max_queue_delay_microseconds: 2000 }", corrid="TYPE_UINT64"))
     os.makedirs(os.path.join(r.root, "accumulator_pt", "1"))
-    os.replace(os.path.join(models, "accumulator_pt.pt"), os.path.join(r.root, "accumulator_pt", "1", "model.pt"))
+    shutil.copy(os.path.join(models, "accumulator_pt.pt"), os.path.join(r.root, "accumulator_pt", "1", "model.pt"))
     # TorchScript has no signature: the config lists the state's output where the result has it
     r.write_config("accumulator_pt", 'name: "accumulator_pt"\nbackend: "rust"\nmax_batch_size: 8\n'
                    'input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
@@ -286,4 +287,12 @@ def test_decoupled_ragged_and_stateless_configs_are_refused_at_load(make_repo, s
         assert r.status_code == 400, (name, r.text)
         assert refused[name][1] in r.json()["error"], (name, r.text)
         print(f"\n[sequences] {name} refused at load: {r.json()['error'][:220]}")
+    # libtorch has no UINT64: the TorchScript engine says so at load, naming the tensor
+    os.makedirs(os.path.join(repo.root, "torch_uint64", "1"))
+    shutil.copy(os.path.join(models, "accumulator_pt.pt"), os.path.join(repo.root, "torch_uint64", "1", "model.pt"))
+    repo.write_config("torch_uint64", good.replace('name: "accumulator"', 'name: "torch_uint64"')
+                      .replace("input [", 'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "STATE_OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\ninput ['))
+    r = server.load("torch_uint64")
+    assert r.status_code == 400 and "tensor 'CORRID'" in r.json()["error"] and "UINT64" in r.json()["error"], r.text
+    print(f"\n[sequences] torch_uint64 refused at load: {r.json()['error'][:220]}")
     assert server.model_ready("accumulator"), "the server goes on serving"

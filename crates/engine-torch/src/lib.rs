@@ -102,6 +102,11 @@ impl TorchEngine {
                 "a TorchScript model carries no input/output signature: list every input and output in config.pbtxt",
             ));
         }
+        // an element type libtorch cannot take (strings, unsigned ints past 8 bits) fails the
+        // load, naming the tensor, instead of every request
+        for t in cfg.inputs.iter().chain(&cfg.outputs) {
+            to_abi(t.dtype).map_err(|e| e.context(format!("tensor '{}'", t.name)))?;
+        }
         let plugin = plugin::plugin(options.backend)?;
         // The load-time probe only needs the signature, which comes from the config: it
         // checks that libtorch loads and does not load the module (each TorchScript load
