@@ -291,7 +291,7 @@ def test_decoupled_ragged_and_stateless_configs_are_refused_at_load(make_repo, s
     os.makedirs(os.path.join(repo.root, "torch_uint64", "1"))
     shutil.copy(os.path.join(models, "accumulator_pt.pt"), os.path.join(repo.root, "torch_uint64", "1", "model.pt"))
     repo.write_config("torch_uint64", good.replace('name: "accumulator"', 'name: "torch_uint64"')
-                      .replace("input [", 'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "STATE_OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\ninput ['))
+                      .replace("input [", 'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "STATE_OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\ninput [', 1))
     r = server.load("torch_uint64")
     assert r.status_code == 400 and "tensor 'CORRID'" in r.json()["error"] and "UINT64" in r.json()["error"], r.text
     print(f"\n[sequences] torch_uint64 refused at load: {r.json()['error'][:220]}")
