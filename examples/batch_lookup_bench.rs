@@ -14,12 +14,18 @@ use rand::{Rng, SeedableRng};
 use triton_rust_cuda::mem::{Bytes, BytesMut, DeviceOps};
 use triton_rust_cuda::Cuda;
 use triton_rust_embedding::cache::{CacheGeometry, CacheTier};
-use triton_rust_embedding::gpu::{BatchKeys, GpuCache, GpuInstance, KeyLayout, KeyUpload, RowFormat};
+use triton_rust_embedding::gpu::{
+    BatchKeys, GpuCache, GpuInstance, KeyLayout, KeyUpload, RowFormat,
+};
 use triton_rust_embedding::Zipf;
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Row `key` of table `t`: values exact in fp16, so fp16 rows compare exactly too.
@@ -28,14 +34,22 @@ fn value(t: usize, key: i64, j: usize) -> f32 {
 }
 
 fn main() {
-    let (batch, tables, rows, dim, iters) = (arg("--batch", 65536), arg("--tables", 26), arg("--rows", 600_000), arg("--dim", 128), arg("--iters", 20));
+    let (batch, tables, rows, dim, iters) = (
+        arg("--batch", 65536),
+        arg("--tables", 26),
+        arg("--rows", 600_000),
+        arg("--dim", 128),
+        arg("--iters", 20),
+    );
     let instance = GpuInstance::new(0).expect("a GPU");
     let geo = CacheGeometry::for_rows(rows, dim);
     let t0 = Instant::now();
-    let caches: Vec<Arc<dyn CacheTier>> = (0..tables).map(|_| instance.new_cache(geo).expect("a cache")).collect();
+    let caches: Vec<Arc<dyn CacheTier>> =
+        (0..tables).map(|_| instance.new_cache(geo).expect("a cache")).collect();
     for (t, cache) in caches.iter().enumerate() {
         for part in (0..rows as i64).collect::<Vec<_>>().chunks(1 << 16) {
-            let vals: Vec<f32> = part.iter().flat_map(|&k| (0..dim).map(move |j| value(t, k, j))).collect();
+            let vals: Vec<f32> =
+                part.iter().flat_map(|&k| (0..dim).map(move |j| value(t, k, j))).collect();
             cache.insert(part, &vals).expect("insert");
         }
     }
@@ -45,12 +59,16 @@ fn main() {
         (tables * geo.capacity() * dim * 4) as f64 / 1e9,
         t0.elapsed().as_secs_f64()
     );
-    let gpu_caches: Vec<Option<&GpuCache>> = caches.iter().map(|c| c.as_any().downcast_ref::<GpuCache>()).collect();
+    let gpu_caches: Vec<Option<&GpuCache>> =
+        caches.iter().map(|c| c.as_any().downcast_ref::<GpuCache>()).collect();
     let zipf = Zipf::new(rows, 1.2);
     let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
     let keys: Vec<i64> = (0..batch * tables).map(|_| zipf.rank(rng.gen()) as i64).collect();
     let n = keys.len();
-    println!("batch {batch} × {tables} tables = {n} keys ({:.1} MB of int64), Zipf α 1.2", (n * 8) as f64 / 1e6);
+    println!(
+        "batch {batch} × {tables} tables = {n} keys ({:.1} MB of int64), Zipf α 1.2",
+        (n * 8) as f64 / 1e6
+    );
 
     // the bound on the keys' copy out of pageable memory: one part per thread, host to host
     let mut dst = vec![0i64; n];
@@ -80,7 +98,11 @@ fn main() {
         for how in ways {
             lookup.set_key_upload(how);
             let mut missed = 0usize;
-            let mut fetch = |idx: &mut [i32], mkeys: &mut [i64], out: &mut [f32], found: &mut [u8]| -> Result<(), triton_rust_cuda::CudaError> {
+            let mut fetch = |idx: &mut [i32],
+                             mkeys: &mut [i64],
+                             out: &mut [f32],
+                             found: &mut [u8]|
+             -> Result<(), triton_rust_cuda::CudaError> {
                 missed += idx.len();
                 for (j, (&i, &key)) in idx.iter().zip(mkeys.iter()).enumerate() {
                     assert_eq!(key, keys[i as usize], "the missed keys come with their indices");
@@ -93,13 +115,17 @@ fn main() {
                 Ok(())
             };
             for _ in 0..3 {
-                lookup.run(&keys, KeyLayout::Interleaved, instance.next_epoch(), &mut fetch).expect("warm-up");
+                lookup
+                    .run(&keys, KeyLayout::Interleaved, instance.next_epoch(), &mut fetch)
+                    .expect("warm-up");
                 lookup.fill_last(instance.next_epoch()).expect("fill");
             }
             let (mut lookup_us, mut misses) = (0u64, 0usize);
             let t = Instant::now();
             for _ in 0..iters {
-                let times = lookup.run(&keys, KeyLayout::Interleaved, instance.next_epoch(), &mut fetch).expect("run");
+                let times = lookup
+                    .run(&keys, KeyLayout::Interleaved, instance.next_epoch(), &mut fetch)
+                    .expect("run");
                 lookup_us += times.lookup_us;
                 misses += times.misses;
                 lookup.fill_last(instance.next_epoch()).expect("fill");
@@ -120,7 +146,11 @@ fn main() {
         let mut d_keys = triton_rust_cuda::driver::alloc(0, n * 8).expect("device keys");
         let key_bytes: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
         Cuda.copy(Bytes::Host(&key_bytes), BytesMut::Device(d_keys.view_mut())).expect("keys up");
-        let mut fetch = |idx: &mut [i32], mkeys: &mut [i64], out: &mut [f32], found: &mut [u8]| -> Result<(), triton_rust_cuda::CudaError> {
+        let mut fetch = |idx: &mut [i32],
+                         mkeys: &mut [i64],
+                         out: &mut [f32],
+                         found: &mut [u8]|
+         -> Result<(), triton_rust_cuda::CudaError> {
             for (j, (&i, &key)) in idx.iter().zip(mkeys.iter()).enumerate() {
                 assert_eq!(key, keys[i as usize], "the missed keys gathered on the GPU");
                 for (d, v) in out[j * dim..(j + 1) * dim].iter_mut().enumerate() {
@@ -131,12 +161,29 @@ fn main() {
             Ok(())
         };
         for _ in 0..3 {
-            lookup.run_keys(BatchKeys::Device(d_keys.view()), KeyLayout::Interleaved, instance.next_epoch(), &mut fetch, None).expect("warm-up");
+            lookup
+                .run_keys(
+                    BatchKeys::Device(d_keys.view()),
+                    KeyLayout::Interleaved,
+                    instance.next_epoch(),
+                    &mut fetch,
+                    None,
+                )
+                .expect("warm-up");
         }
         let t = Instant::now();
         let mut lookup_us = 0u64;
         for _ in 0..iters {
-            lookup_us += lookup.run_keys(BatchKeys::Device(d_keys.view()), KeyLayout::Interleaved, instance.next_epoch(), &mut fetch, None).expect("run").lookup_us;
+            lookup_us += lookup
+                .run_keys(
+                    BatchKeys::Device(d_keys.view()),
+                    KeyLayout::Interleaved,
+                    instance.next_epoch(),
+                    &mut fetch,
+                    None,
+                )
+                .expect("run")
+                .lookup_us;
         }
         let secs = t.elapsed().as_secs_f64() / iters as f64;
         println!(
@@ -147,7 +194,8 @@ fn main() {
         // the rows served, against the rows inserted
         let check = 4096.min(batch) * tables;
         let esize = format.size();
-        let view = lookup.rows(n * dim).expect("rows").slice(0..check * dim * esize).expect("a part");
+        let view =
+            lookup.rows(n * dim).expect("rows").slice(0..check * dim * esize).expect("a part");
         let mut host = vec![0u8; check * dim * esize];
         Cuda.copy(Bytes::Device(view), BytesMut::Host(&mut host)).expect("rows back");
         let mut worst = 0f32;

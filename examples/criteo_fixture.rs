@@ -17,8 +17,9 @@ use triton_rust_embedding::fixture::{write_synthetic_table, Progress};
 
 /// MLPerf DLRMv2 (Criteo 1TB, multi-hot) table sizes.
 const CRITEO_1TB_ROWS: [usize; 26] = [
-    40_000_000, 39_060, 17_295, 7_424, 20_265, 3, 7_122, 1_543, 63, 40_000_000, 3_067_956, 405_282, 10, 2_209, 11_938, 155, 4, 976, 14,
-    40_000_000, 40_000_000, 40_000_000, 590_152, 12_973, 108, 36,
+    40_000_000, 39_060, 17_295, 7_424, 20_265, 3, 7_122, 1_543, 63, 40_000_000, 3_067_956, 405_282,
+    10, 2_209, 11_938, 155, 4, 976, 14, 40_000_000, 40_000_000, 40_000_000, 590_152, 12_973, 108,
+    36,
 ];
 
 struct Args {
@@ -56,7 +57,12 @@ fn parse() -> Result<Args, String> {
     if a.out.as_os_str().is_empty() {
         return Err("--out DIR is required".into());
     }
-    if a.scale.is_nan() || a.scale <= 0.0 || a.dim == 0 || a.threads == 0 || !(0.0..=1.0).contains(&a.cache_share) {
+    if a.scale.is_nan()
+        || a.scale <= 0.0
+        || a.dim == 0
+        || a.threads == 0
+        || !(0.0..=1.0).contains(&a.cache_share)
+    {
         return Err("--scale > 0, --dim > 0, --threads > 0 and 0 <= --cache-share <= 1".into());
     }
     Ok(a)
@@ -70,7 +76,8 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let rows: Vec<usize> = CRITEO_1TB_ROWS.iter().map(|&r| ((r as f64 * a.scale) as usize).max(1)).collect();
+    let rows: Vec<usize> =
+        CRITEO_1TB_ROWS.iter().map(|&r| ((r as f64 * a.scale) as usize).max(1)).collect();
     let total_rows: usize = rows.iter().sum();
     let total_bytes = total_rows as u64 * (8 + 2 * a.dim as u64);
     println!(
@@ -109,7 +116,15 @@ fn main() {
         });
         let mut result = Ok(());
         for (t, &n) in rows.iter().enumerate() {
-            if let Err(e) = write_synthetic_table(&a.out.join(format!("t{t}")), a.seed, t as u32, n, a.dim, a.threads, &progress) {
+            if let Err(e) = write_synthetic_table(
+                &a.out.join(format!("t{t}")),
+                a.seed,
+                t as u32,
+                n,
+                a.dim,
+                a.threads,
+                &progress,
+            ) {
                 result = Err(e);
                 break;
             }
@@ -128,7 +143,8 @@ fn main() {
         secs,
         progress.bytes.load(Ordering::Relaxed) as f64 / 1e9 / secs
     );
-    let cached: Vec<usize> = rows.iter().map(|&r| ((r as f64 * a.cache_share).ceil() as usize).max(1)).collect();
+    let cached: Vec<usize> =
+        rows.iter().map(|&r| ((r as f64 * a.cache_share).ceil() as usize).max(1)).collect();
     println!(
         "GPU cache at {:.0}% of the rows: {} rows ({:.1} GB fp16); per table: {}",
         a.cache_share * 100.0,

@@ -19,7 +19,11 @@ use triton_rust_embedding::Zipf;
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn row(key: i64, dim: usize) -> Vec<f32> {
@@ -45,7 +49,12 @@ fn main() {
         assert_eq!(miss_c, miss_g, "hit/miss pattern differs");
         for i in 0..keys.len() {
             if miss_c.binary_search(&i).is_err() {
-                assert_eq!(out_c[i * dim..(i + 1) * dim], out_g[i * dim..(i + 1) * dim], "row of key {}", keys[i]);
+                assert_eq!(
+                    out_c[i * dim..(i + 1) * dim],
+                    out_g[i * dim..(i + 1) * dim],
+                    "row of key {}",
+                    keys[i]
+                );
                 compared_rows += 1;
             }
         }
@@ -58,7 +67,11 @@ fn main() {
         lookups += keys.len();
     }
     let (c, g) = (cpu.counters(), gpu.counters());
-    assert_eq!((c.insertions, c.evictions, c.occupied), (g.insertions, g.evictions, g.occupied), "counters differ");
+    assert_eq!(
+        (c.insertions, c.evictions, c.occupied),
+        (g.insertions, g.evictions, g.occupied),
+        "counters differ"
+    );
     println!(
         "policy check: {lookups} lookups, {compared_rows} hit rows compared, identical on CPU and GPU; \
          hit rate {:.3}, insertions {}, evictions {}",

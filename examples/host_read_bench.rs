@@ -23,7 +23,11 @@ fn arg(name: &str) -> Option<String> {
 fn main() {
     let dir = arg("--table").expect("--table DIR (a table of keys.npy and vectors.npy)");
     let n: usize = arg("--keys").map_or(50_000, |v| v.parse().expect("--keys N"));
-    let threads: Vec<usize> = arg("--threads").unwrap_or_else(|| "1,4,16".into()).split(',').map(|t| t.parse().expect("--threads")).collect();
+    let threads: Vec<usize> = arg("--threads")
+        .unwrap_or_else(|| "1,4,16".into())
+        .split(',')
+        .map(|t| t.parse().expect("--threads"))
+        .collect();
     let how = arg("--host-memory").unwrap_or_else(|| "mapped".into());
     let t0 = Instant::now();
     let mut files = TableFiles::open_npy(std::path::Path::new(&dir)).expect("open table");
@@ -32,7 +36,10 @@ fn main() {
     }
     let (tier, _) = HostTier::from_files(files).expect("index");
     let (rows, dim) = (tier.len(), tier.dim());
-    println!("{dir}: {rows} rows of dim {dim}, {how}, ready in {:.2} s", t0.elapsed().as_secs_f64());
+    println!(
+        "{dir}: {rows} rows of dim {dim}, {how}, ready in {:.2} s",
+        t0.elapsed().as_secs_f64()
+    );
     let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
     let mut out = vec![0f32; n * dim];
     let mut found = vec![false; n];
@@ -43,7 +50,9 @@ fn main() {
             let per = n.div_ceil(th);
             let t = Instant::now();
             std::thread::scope(|s| {
-                for ((k, o), f) in keys.chunks(per).zip(out.chunks_mut(per * dim)).zip(found.chunks_mut(per)) {
+                for ((k, o), f) in
+                    keys.chunks(per).zip(out.chunks_mut(per * dim)).zip(found.chunks_mut(per))
+                {
                     let tier = &tier;
                     s.spawn(move || tier.get_many(k, o, f));
                 }

@@ -18,7 +18,11 @@ fn main() {
             std::process::exit(2);
         }
     };
-    match triton_rust_embedding::table::import_hugectr(Path::new(&args[1]), dim, Path::new(&args[3])) {
+    match triton_rust_embedding::table::import_hugectr(
+        Path::new(&args[1]),
+        dim,
+        Path::new(&args[3]),
+    ) {
         Ok(rows) => println!("{rows} rows of dim {dim} written to {}", args[3]),
         Err(e) => {
             eprintln!("import failed: {e}");

@@ -21,22 +21,44 @@ impl Stager for GpuStager {
 pub struct Engines;
 
 impl EngineFactory for Engines {
-    fn create(&self, kind: EngineKind, model_file: &Path, options: &EngineOptions<'_>) -> Result<Box<dyn Engine>> {
+    fn create(
+        &self,
+        kind: EngineKind,
+        model_file: &Path,
+        options: &EngineOptions<'_>,
+    ) -> Result<Box<dyn Engine>> {
         Ok(match kind {
-            EngineKind::Onnx => Box::new(triton_rust_engine_onnx::OnnxEngine::load(model_file, options)?),
-            EngineKind::Embedding => Box::new(triton_rust_engine_embedding::EmbeddingEngine::load(model_file, options)?),
-            EngineKind::Torch => Box::new(triton_rust_engine_torch::TorchEngine::load(model_file, options)?),
+            EngineKind::Onnx => {
+                Box::new(triton_rust_engine_onnx::OnnxEngine::load(model_file, options)?)
+            }
+            EngineKind::Embedding => {
+                Box::new(triton_rust_engine_embedding::EmbeddingEngine::load(model_file, options)?)
+            }
+            EngineKind::Torch => {
+                Box::new(triton_rust_engine_torch::TorchEngine::load(model_file, options)?)
+            }
             EngineKind::Recommender => {
                 // model_file is the version directory: tables/ and dense.onnx or dense.pt
                 let plan = chain::plan(options.config, model_file)?;
-                let with = |config| EngineOptions { config, backend: options.backend, device: options.device, probe: options.probe };
-                let lookup = self.create(EngineKind::Embedding, model_file, &with(&plan.lookup_config))?;
-                let dense = self.create(plan.dense_kind, &plan.dense_file, &with(&plan.dense_config))?;
+                let with = |config| EngineOptions {
+                    config,
+                    backend: options.backend,
+                    device: options.device,
+                    probe: options.probe,
+                };
+                let lookup =
+                    self.create(EngineKind::Embedding, model_file, &with(&plan.lookup_config))?;
+                let dense =
+                    self.create(plan.dense_kind, &plan.dense_file, &with(&plan.dense_config))?;
                 let chain = Chain::new(lookup, dense, &plan, options.device)?;
                 match options.device {
                     Device::Gpu(id) => {
-                        let staged = Staged::new(id).map_err(|e| Error::unavailable(format!("GPU {id}: {e}")))?;
-                        Box::new(chain.with_gpu(Box::new(GpuStager(staged)), std::sync::Arc::new(triton_rust_cuda::Cuda)))
+                        let staged = Staged::new(id)
+                            .map_err(|e| Error::unavailable(format!("GPU {id}: {e}")))?;
+                        Box::new(chain.with_gpu(
+                            Box::new(GpuStager(staged)),
+                            std::sync::Arc::new(triton_rust_cuda::Cuda),
+                        ))
                     }
                     Device::Cpu => Box::new(chain),
                 }

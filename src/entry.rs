@@ -13,7 +13,9 @@ use std::sync::Arc;
 
 use triton_rust_core::engine::Device;
 use triton_rust_core::error::{Error, Result};
-use triton_rust_core::serve::{self, BackendSettings, InstanceContext, InstanceState, ModelContext, ModelState};
+use triton_rust_core::serve::{
+    self, BackendSettings, InstanceContext, InstanceState, ModelContext, ModelState,
+};
 
 use crate::engines::Engines;
 use crate::ffi::{check, from_c, sys, to_triton_error};
@@ -29,7 +31,10 @@ struct TritonModel {
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_else(|| "unknown panic".into())
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// Runs an entry point body, catching panics and converting errors for Triton.
@@ -37,34 +42,47 @@ fn guard(what: &str, body: impl FnOnce() -> Result<()>) -> *mut sys::TRITONSERVE
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => std::ptr::null_mut(),
         Ok(Err(e)) => to_triton_error(&e),
-        Err(p) => to_triton_error(&Error::internal(format!("{what}: the rust backend panicked: {}", panic_message(&*p)))),
+        Err(p) => to_triton_error(&Error::internal(format!(
+            "{what}: the rust backend panicked: {}",
+            panic_message(&*p)
+        ))),
     }
 }
 
 /// # Safety
 /// `get` must be one of Triton's `*State` getters, and the state must have been set
 /// by us as a `Box<T>`.
-unsafe fn state<'a, T, H>(handle: *mut H, get: unsafe extern "C" fn(*mut H, *mut *mut c_void) -> *mut sys::TRITONSERVER_Error) -> Result<&'a T> {
+unsafe fn state<'a, T, H>(
+    handle: *mut H,
+    get: unsafe extern "C" fn(*mut H, *mut *mut c_void) -> *mut sys::TRITONSERVER_Error,
+) -> Result<&'a T> {
     let mut p = std::ptr::null_mut();
     check(get(handle, &mut p))?;
     (p as *const T).as_ref().ok_or_else(|| Error::internal("backend state is missing"))
 }
 
 /// Takes back a state box we stored, to drop it.
-unsafe fn take_state<T, H>(handle: *mut H, get: unsafe extern "C" fn(*mut H, *mut *mut c_void) -> *mut sys::TRITONSERVER_Error) -> Result<Option<Box<T>>> {
+unsafe fn take_state<T, H>(
+    handle: *mut H,
+    get: unsafe extern "C" fn(*mut H, *mut *mut c_void) -> *mut sys::TRITONSERVER_Error,
+) -> Result<Option<Box<T>>> {
     let mut p = std::ptr::null_mut();
     check(get(handle, &mut p))?;
     Ok((!p.is_null()).then(|| Box::from_raw(p as *mut T)))
 }
 
 #[no_mangle]
-pub extern "C" fn TRITONBACKEND_Initialize(backend: *mut sys::TRITONBACKEND_Backend) -> *mut sys::TRITONSERVER_Error {
+pub extern "C" fn TRITONBACKEND_Initialize(
+    backend: *mut sys::TRITONBACKEND_Backend,
+) -> *mut sys::TRITONSERVER_Error {
     guard("TRITONBACKEND_Initialize", || {
         crate::log::install();
         crate::log::install_panic_hook();
         let (mut major, mut minor) = (0u32, 0u32);
         check(unsafe { sys::TRITONBACKEND_ApiVersion(&mut major, &mut minor) })?;
-        if major != sys::TRITONBACKEND_API_VERSION_MAJOR || minor < sys::TRITONBACKEND_API_VERSION_MINOR {
+        if major != sys::TRITONBACKEND_API_VERSION_MAJOR
+            || minor < sys::TRITONBACKEND_API_VERSION_MINOR
+        {
             return Err(Error::unsupported(format!(
                 "the rust backend needs Triton backend API {}.{} or a later 1.x; this server has {major}.{minor}",
                 sys::TRITONBACKEND_API_VERSION_MAJOR,
@@ -83,7 +101,11 @@ pub extern "C" fn TRITONBACKEND_Initialize(backend: *mut sys::TRITONBACKEND_Back
             other => {
                 let bytes = match other {
                     None => 128 * 1024,
-                    Some(s) => s.parse().map_err(|_| Error::invalid_arg(format!("malloc-mmap-threshold '{s}' is not a number of bytes or 'default'")))?,
+                    Some(s) => s.parse().map_err(|_| {
+                        Error::invalid_arg(format!(
+                            "malloc-mmap-threshold '{s}' is not a number of bytes or 'default'"
+                        ))
+                    })?,
                 };
                 if !triton_rust_os::fix_mmap_threshold(bytes) {
                     log::warn!("could not fix the allocator's mmap threshold at {bytes} bytes");
@@ -96,22 +118,30 @@ pub extern "C" fn TRITONBACKEND_Initialize(backend: *mut sys::TRITONBACKEND_Back
             settings.cmdline
         );
         let boxed = Box::into_raw(Box::new(settings));
-        check(unsafe { sys::TRITONBACKEND_BackendSetState(backend, boxed.cast()) }).inspect_err(|_| {
-            drop(unsafe { Box::from_raw(boxed) });
-        })
+        check(unsafe { sys::TRITONBACKEND_BackendSetState(backend, boxed.cast()) }).inspect_err(
+            |_| {
+                drop(unsafe { Box::from_raw(boxed) });
+            },
+        )
     })
 }
 
 #[no_mangle]
-pub extern "C" fn TRITONBACKEND_Finalize(backend: *mut sys::TRITONBACKEND_Backend) -> *mut sys::TRITONSERVER_Error {
+pub extern "C" fn TRITONBACKEND_Finalize(
+    backend: *mut sys::TRITONBACKEND_Backend,
+) -> *mut sys::TRITONSERVER_Error {
     guard("TRITONBACKEND_Finalize", || {
-        drop(unsafe { take_state::<BackendSettings, _>(backend, sys::TRITONBACKEND_BackendState)? });
+        drop(unsafe {
+            take_state::<BackendSettings, _>(backend, sys::TRITONBACKEND_BackendState)?
+        });
         Ok(())
     })
 }
 
 #[no_mangle]
-pub extern "C" fn TRITONBACKEND_ModelInitialize(model: *mut sys::TRITONBACKEND_Model) -> *mut sys::TRITONSERVER_Error {
+pub extern "C" fn TRITONBACKEND_ModelInitialize(
+    model: *mut sys::TRITONBACKEND_Model,
+) -> *mut sys::TRITONSERVER_Error {
     guard("TRITONBACKEND_ModelInitialize", || {
         let mut name = std::ptr::null();
         check(unsafe { sys::TRITONBACKEND_ModelName(model, &mut name) })?;
@@ -129,11 +159,24 @@ pub extern "C" fn TRITONBACKEND_ModelInitialize(model: *mut sys::TRITONBACKEND_M
         check(unsafe { sys::TRITONBACKEND_ModelAutoCompleteConfig(model, &mut autocomplete) })?;
         let mut backend = std::ptr::null_mut();
         check(unsafe { sys::TRITONBACKEND_ModelBackend(model, &mut backend) })?;
-        let settings: &BackendSettings = unsafe { state(backend, sys::TRITONBACKEND_BackendState)? };
+        let settings: &BackendSettings =
+            unsafe { state(backend, sys::TRITONBACKEND_BackendState)? };
 
-        let ctx = ModelContext { name: name.clone(), version, repository, config_json, autocomplete, backend: settings, engines: Arc::new(Engines) };
-        let (state, completed) = ModelState::load(ctx).map_err(|e| e.context(format!("model '{name}'")))?;
-        let metrics = state.metrics_source().map(|source| MetricsPublisher::start(name.clone(), source)).transpose()?;
+        let ctx = ModelContext {
+            name: name.clone(),
+            version,
+            repository,
+            config_json,
+            autocomplete,
+            backend: settings,
+            engines: Arc::new(Engines),
+        };
+        let (state, completed) =
+            ModelState::load(ctx).map_err(|e| e.context(format!("model '{name}'")))?;
+        let metrics = state
+            .metrics_source()
+            .map(|source| MetricsPublisher::start(name.clone(), source))
+            .transpose()?;
         let model_state = TritonModel { _metrics: metrics, state };
         if let Some(json) = completed {
             let msg = OwnedMessage::from_json(&json)?;
@@ -148,7 +191,9 @@ pub extern "C" fn TRITONBACKEND_ModelInitialize(model: *mut sys::TRITONBACKEND_M
 }
 
 #[no_mangle]
-pub extern "C" fn TRITONBACKEND_ModelFinalize(model: *mut sys::TRITONBACKEND_Model) -> *mut sys::TRITONSERVER_Error {
+pub extern "C" fn TRITONBACKEND_ModelFinalize(
+    model: *mut sys::TRITONBACKEND_Model,
+) -> *mut sys::TRITONSERVER_Error {
     guard("TRITONBACKEND_ModelFinalize", || {
         drop(unsafe { take_state::<TritonModel, _>(model, sys::TRITONBACKEND_ModelState)? });
         triton_rust_os::release_free_heap();
@@ -157,7 +202,9 @@ pub extern "C" fn TRITONBACKEND_ModelFinalize(model: *mut sys::TRITONBACKEND_Mod
 }
 
 #[no_mangle]
-pub extern "C" fn TRITONBACKEND_ModelInstanceInitialize(instance: *mut sys::TRITONBACKEND_ModelInstance) -> *mut sys::TRITONSERVER_Error {
+pub extern "C" fn TRITONBACKEND_ModelInstanceInitialize(
+    instance: *mut sys::TRITONBACKEND_ModelInstance,
+) -> *mut sys::TRITONSERVER_Error {
     guard("TRITONBACKEND_ModelInstanceInitialize", || {
         let mut name = std::ptr::null();
         check(unsafe { sys::TRITONBACKEND_ModelInstanceName(instance, &mut name) })?;
@@ -167,27 +214,37 @@ pub extern "C" fn TRITONBACKEND_ModelInstanceInitialize(instance: *mut sys::TRIT
         let mut device_id = 0i32;
         check(unsafe { sys::TRITONBACKEND_ModelInstanceDeviceId(instance, &mut device_id) })?;
         let device = match kind {
-            sys::TRITONSERVER_instancegroupkind_enum_TRITONSERVER_INSTANCEGROUPKIND_GPU => Device::Gpu(device_id),
-            sys::TRITONSERVER_instancegroupkind_enum_TRITONSERVER_INSTANCEGROUPKIND_CPU => Device::Cpu,
+            sys::TRITONSERVER_instancegroupkind_enum_TRITONSERVER_INSTANCEGROUPKIND_GPU => {
+                Device::Gpu(device_id)
+            }
+            sys::TRITONSERVER_instancegroupkind_enum_TRITONSERVER_INSTANCEGROUPKIND_CPU => {
+                Device::Cpu
+            }
             // KIND_AUTO resolves to CPU or GPU before we are called; KIND_MODEL lets the model place itself.
             _ => Device::Cpu,
         };
         let mut model = std::ptr::null_mut();
         check(unsafe { sys::TRITONBACKEND_ModelInstanceModel(instance, &mut model) })?;
         let model_state: &TritonModel = unsafe { state(model, sys::TRITONBACKEND_ModelState)? };
-        let inst = InstanceState::new(&model_state.state, InstanceContext { name: name.clone(), device })
-            .map_err(|e| e.context(format!("instance '{name}'")))?;
+        let inst =
+            InstanceState::new(&model_state.state, InstanceContext { name: name.clone(), device })
+                .map_err(|e| e.context(format!("instance '{name}'")))?;
         let boxed = Box::into_raw(Box::new(inst));
-        check(unsafe { sys::TRITONBACKEND_ModelInstanceSetState(instance, boxed.cast()) }).inspect_err(|_| {
-            drop(unsafe { Box::from_raw(boxed) });
-        })
+        check(unsafe { sys::TRITONBACKEND_ModelInstanceSetState(instance, boxed.cast()) })
+            .inspect_err(|_| {
+                drop(unsafe { Box::from_raw(boxed) });
+            })
     })
 }
 
 #[no_mangle]
-pub extern "C" fn TRITONBACKEND_ModelInstanceFinalize(instance: *mut sys::TRITONBACKEND_ModelInstance) -> *mut sys::TRITONSERVER_Error {
+pub extern "C" fn TRITONBACKEND_ModelInstanceFinalize(
+    instance: *mut sys::TRITONBACKEND_ModelInstance,
+) -> *mut sys::TRITONSERVER_Error {
     guard("TRITONBACKEND_ModelInstanceFinalize", || {
-        drop(unsafe { take_state::<InstanceState, _>(instance, sys::TRITONBACKEND_ModelInstanceState)? });
+        drop(unsafe {
+            take_state::<InstanceState, _>(instance, sys::TRITONBACKEND_ModelInstanceState)?
+        });
         Ok(())
     })
 }
@@ -210,7 +267,8 @@ pub extern "C" fn TRITONBACKEND_ModelInstanceExecute(
     };
     let result = catch_unwind(AssertUnwindSafe(|| -> Result<()> {
         let transport = Instance::from_raw(instance);
-        match unsafe { state::<InstanceState, _>(instance, sys::TRITONBACKEND_ModelInstanceState) } {
+        match unsafe { state::<InstanceState, _>(instance, sys::TRITONBACKEND_ModelInstanceState) }
+        {
             Ok(inst) => serve::execute(inst, &transport, owned),
             Err(e) => serve::fail_all(&transport, owned, &e),
         }

@@ -19,7 +19,11 @@ pub(crate) fn check(err: *mut sys::TRITONSERVER_Error) -> Result<()> {
     let (code, message) = unsafe {
         let code = sys::TRITONSERVER_ErrorCode(err);
         let msg = sys::TRITONSERVER_ErrorMessage(err);
-        let message = if msg.is_null() { String::new() } else { CStr::from_ptr(msg).to_string_lossy().into_owned() };
+        let message = if msg.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(msg).to_string_lossy().into_owned()
+        };
         sys::TRITONSERVER_ErrorDelete(err);
         (code, message)
     };

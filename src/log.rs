@@ -32,7 +32,12 @@ impl Level {
 /// this crate they are not, and lines go to stderr instead.
 struct Logger {
     is_enabled: unsafe extern "C" fn(sys::TRITONSERVER_LogLevel) -> bool,
-    message: unsafe extern "C" fn(sys::TRITONSERVER_LogLevel, *const c_char, c_int, *const c_char) -> *mut sys::TRITONSERVER_Error,
+    message: unsafe extern "C" fn(
+        sys::TRITONSERVER_LogLevel,
+        *const c_char,
+        c_int,
+        *const c_char,
+    ) -> *mut sys::TRITONSERVER_Error,
     error_delete: unsafe extern "C" fn(*mut sys::TRITONSERVER_Error),
 }
 
@@ -45,16 +50,32 @@ fn logger() -> Option<&'static Logger> {
                 let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
                 (!p.is_null()).then_some(p)
             };
-            let (e, m, d) = (find(c"TRITONSERVER_LogIsEnabled")?, find(c"TRITONSERVER_LogMessage")?, find(c"TRITONSERVER_ErrorDelete")?);
+            let (e, m, d) = (
+                find(c"TRITONSERVER_LogIsEnabled")?,
+                find(c"TRITONSERVER_LogMessage")?,
+                find(c"TRITONSERVER_ErrorDelete")?,
+            );
             // SAFETY: these are Triton's functions with the signatures of tritonserver.h.
             unsafe {
                 Some(Logger {
-                    is_enabled: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(sys::TRITONSERVER_LogLevel) -> bool>(e),
+                    is_enabled: std::mem::transmute::<
+                        *mut c_void,
+                        unsafe extern "C" fn(sys::TRITONSERVER_LogLevel) -> bool,
+                    >(e),
                     message: std::mem::transmute::<
                         *mut c_void,
-                        unsafe extern "C" fn(sys::TRITONSERVER_LogLevel, *const c_char, c_int, *const c_char) -> *mut sys::TRITONSERVER_Error,
+                        unsafe extern "C" fn(
+                            sys::TRITONSERVER_LogLevel,
+                            *const c_char,
+                            c_int,
+                            *const c_char,
+                        )
+                            -> *mut sys::TRITONSERVER_Error,
                     >(m),
-                    error_delete: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut sys::TRITONSERVER_Error)>(d),
+                    error_delete: std::mem::transmute::<
+                        *mut c_void,
+                        unsafe extern "C" fn(*mut sys::TRITONSERVER_Error),
+                    >(d),
                 })
             }
         })
@@ -105,7 +126,12 @@ impl log::Log for TritonLog {
     fn log(&self, record: &log::Record<'_>) {
         let level = level_of(record.level());
         if enabled(level) {
-            log(level, record.file().unwrap_or("<unknown>"), record.line().unwrap_or(0), &record.args().to_string());
+            log(
+                level,
+                record.file().unwrap_or("<unknown>"),
+                record.line().unwrap_or(0),
+                &record.args().to_string(),
+            );
         }
     }
 

@@ -38,7 +38,13 @@ impl OwnedMessage {
     pub fn from_json(json: &str) -> Result<Self> {
         let mut raw = std::ptr::null_mut();
         // SAFETY: Triton copies the bytes into a new message that we then own.
-        check(unsafe { sys::TRITONSERVER_MessageNewFromSerializedJson(&mut raw, json.as_ptr().cast(), json.len()) })?;
+        check(unsafe {
+            sys::TRITONSERVER_MessageNewFromSerializedJson(
+                &mut raw,
+                json.as_ptr().cast(),
+                json.len(),
+            )
+        })?;
         Ok(OwnedMessage(raw))
     }
 

@@ -31,7 +31,9 @@ fn family(sample: &MetricSample) -> Result<*mut sys::TRITONSERVER_MetricFamily> 
     };
     let (name, help) = (c_string(sample.family), c_string(sample.help));
     let mut raw = std::ptr::null_mut();
-    check(unsafe { sys::TRITONSERVER_MetricFamilyNew(&mut raw, kind, name.as_ptr(), help.as_ptr()) })?;
+    check(unsafe {
+        sys::TRITONSERVER_MetricFamilyNew(&mut raw, kind, name.as_ptr(), help.as_ptr())
+    })?;
     map.insert(sample.family, Family(raw));
     Ok(raw)
 }
@@ -69,12 +71,23 @@ impl MetricSet {
                     .map(|(k, v)| {
                         let (k, v) = (c_string(k), c_string(v));
                         // SAFETY: Triton copies both strings into the new parameter.
-                        unsafe { sys::TRITONSERVER_ParameterNew(k.as_ptr(), sys::TRITONSERVER_parametertype_enum_TRITONSERVER_PARAMETER_STRING, v.as_ptr().cast()) }
+                        unsafe {
+                            sys::TRITONSERVER_ParameterNew(
+                                k.as_ptr(),
+                                sys::TRITONSERVER_parametertype_enum_TRITONSERVER_PARAMETER_STRING,
+                                v.as_ptr().cast(),
+                            )
+                        }
                     })
                     .collect();
                 let mut raw = std::ptr::null_mut();
                 let made = check(unsafe {
-                    sys::TRITONSERVER_MetricNew(&mut raw, fam, params.as_ptr() as *mut *const sys::TRITONSERVER_Parameter, params.len() as u64)
+                    sys::TRITONSERVER_MetricNew(
+                        &mut raw,
+                        fam,
+                        params.as_ptr() as *mut *const sys::TRITONSERVER_Parameter,
+                        params.len() as u64,
+                    )
                 });
                 for p in params {
                     // SAFETY: MetricNew copied the labels.
@@ -109,7 +122,10 @@ pub struct MetricsPublisher {
 const METRICS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl MetricsPublisher {
-    pub fn start(model: String, source: std::sync::Arc<dyn MetricsSource>) -> Result<MetricsPublisher> {
+    pub fn start(
+        model: String,
+        source: std::sync::Arc<dyn MetricsSource>,
+    ) -> Result<MetricsPublisher> {
         let stop = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
@@ -125,7 +141,12 @@ impl MetricsPublisher {
                     if let Err(e) = set.publish(&samples) {
                         log::error!("model '{model}': cannot publish metrics: {e}");
                     }
-                    let stopped = lock.lock().map(|g| cv.wait_timeout(g, METRICS_INTERVAL).map(|(g, _)| *g).unwrap_or(true)).unwrap_or(true);
+                    let stopped = lock
+                        .lock()
+                        .map(|g| {
+                            cv.wait_timeout(g, METRICS_INTERVAL).map(|(g, _)| *g).unwrap_or(true)
+                        })
+                        .unwrap_or(true);
                     if stopped {
                         break;
                     }

@@ -12,10 +12,15 @@
 use triton_rust_core::batch::RequestTensor;
 use triton_rust_core::error::{Error, Result};
 use triton_rust_core::serve::{InferRequest, InferResponse, Timing, Transport};
-use triton_rust_core::tensor::{Bytes, BytesMut, DataType, Device, DeviceOps, DeviceView, DeviceViewMut};
+use triton_rust_core::tensor::{
+    Bytes, BytesMut, DataType, Device, DeviceOps, DeviceView, DeviceViewMut,
+};
 use triton_rust_cuda::Cuda;
 
-use crate::ffi::{c_string, check, device_from_triton, device_to_triton, dtype_from_triton, dtype_to_triton, from_c, now_ns, sys, to_triton_error};
+use crate::ffi::{
+    c_string, check, device_from_triton, device_to_triton, dtype_from_triton, dtype_to_triton,
+    from_c, now_ns, sys, to_triton_error,
+};
 
 pub struct Request {
     raw: *mut sys::TRITONBACKEND_Request,
@@ -30,7 +35,6 @@ impl Request {
     pub(crate) unsafe fn from_raw(raw: *mut sys::TRITONBACKEND_Request) -> Self {
         Request { raw }
     }
-
 }
 
 impl InferRequest for Request {
@@ -62,22 +66,46 @@ impl InferRequest for Request {
                 (std::ptr::null(), 0, std::ptr::null(), 0u32, 0u64, 0u32);
             // SAFETY: all out-pointers are valid; strings and shape are owned by the input.
             check(unsafe {
-                sys::TRITONBACKEND_InputProperties(input, &mut name, &mut dtype, &mut shape, &mut dims, &mut bytes, &mut buffers)
+                sys::TRITONBACKEND_InputProperties(
+                    input,
+                    &mut name,
+                    &mut dtype,
+                    &mut shape,
+                    &mut dims,
+                    &mut bytes,
+                    &mut buffers,
+                )
             })?;
             let name = unsafe { from_c(name) };
-            let shape = if dims == 0 { Vec::new() } else { unsafe { std::slice::from_raw_parts(shape, dims as usize) }.to_vec() };
-            let dtype = dtype_from_triton(dtype).map_err(|e| e.context(format!("input '{name}'")))?;
+            let shape = if dims == 0 {
+                Vec::new()
+            } else {
+                unsafe { std::slice::from_raw_parts(shape, dims as usize) }.to_vec()
+            };
+            let dtype =
+                dtype_from_triton(dtype).map_err(|e| e.context(format!("input '{name}'")))?;
             let mut chunks = Vec::with_capacity(buffers as usize);
             for b in 0..buffers {
                 let (mut ptr, mut size) = (std::ptr::null(), 0u64);
                 let mut mem = sys::TRITONSERVER_memorytype_enum_TRITONSERVER_MEMORY_CPU;
                 let mut mem_id = 0i64;
-                check(unsafe { sys::TRITONBACKEND_InputBuffer(input, b, &mut ptr, &mut size, &mut mem, &mut mem_id) })
-                    .map_err(|e| e.context(format!("input '{name}' buffer {b}")))?;
+                check(unsafe {
+                    sys::TRITONBACKEND_InputBuffer(
+                        input,
+                        b,
+                        &mut ptr,
+                        &mut size,
+                        &mut mem,
+                        &mut mem_id,
+                    )
+                })
+                .map_err(|e| e.context(format!("input '{name}' buffer {b}")))?;
                 let size = size as usize;
                 chunks.push(match device_from_triton(mem, mem_id) {
                     // SAFETY: GPU memory owned by the request, valid and unchanged while `self` is borrowed.
-                    Device::Gpu(id) => Bytes::Device(unsafe { DeviceView::from_raw(id, ptr as u64, size) }),
+                    Device::Gpu(id) => {
+                        Bytes::Device(unsafe { DeviceView::from_raw(id, ptr as u64, size) })
+                    }
                     _ if size == 0 || ptr.is_null() => Bytes::Host(&[]),
                     // SAFETY: host memory owned by the request, valid while `self` is borrowed.
                     _ => Bytes::Host(unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), size) }),
@@ -95,16 +123,24 @@ impl InferRequest for Request {
         let mut out = Vec::with_capacity(count as usize);
         for i in 0..count {
             let (mut key, mut kind, mut value) = (std::ptr::null(), 0, std::ptr::null());
-            check(unsafe { sys::TRITONBACKEND_RequestParameter(self.raw, i, &mut key, &mut kind, &mut value) })?;
+            check(unsafe {
+                sys::TRITONBACKEND_RequestParameter(self.raw, i, &mut key, &mut kind, &mut value)
+            })?;
             // SAFETY: key and value are owned by the request and read at once; the value
             // points at the type Triton says it is.
             let key = unsafe { from_c(key) };
             let value = unsafe {
                 match kind {
                     _ if value.is_null() => String::new(),
-                    sys::TRITONSERVER_parametertype_enum_TRITONSERVER_PARAMETER_STRING => from_c(value.cast()),
-                    sys::TRITONSERVER_parametertype_enum_TRITONSERVER_PARAMETER_INT => (*value.cast::<i64>()).to_string(),
-                    sys::TRITONSERVER_parametertype_enum_TRITONSERVER_PARAMETER_BOOL => (*value.cast::<bool>()).to_string(),
+                    sys::TRITONSERVER_parametertype_enum_TRITONSERVER_PARAMETER_STRING => {
+                        from_c(value.cast())
+                    }
+                    sys::TRITONSERVER_parametertype_enum_TRITONSERVER_PARAMETER_INT => {
+                        (*value.cast::<i64>()).to_string()
+                    }
+                    sys::TRITONSERVER_parametertype_enum_TRITONSERVER_PARAMETER_BOOL => {
+                        (*value.cast::<bool>()).to_string()
+                    }
                     _ => continue,
                 }
             };
@@ -129,19 +165,32 @@ impl InferRequest for Request {
         let mut state = std::ptr::null_mut();
         // SAFETY: a live request; name and shape are read during the call.
         check(unsafe {
-            sys::TRITONBACKEND_StateNew(&mut state, self.raw, cname.as_ptr(), dtype_to_triton(dtype), shape.as_ptr(), shape.len() as u32)
+            sys::TRITONBACKEND_StateNew(
+                &mut state,
+                self.raw,
+                cname.as_ptr(),
+                dtype_to_triton(dtype),
+                shape.as_ptr(),
+                shape.len() as u32,
+            )
         })?;
         let mut buf = std::ptr::null_mut();
         let (mut mem, mut mem_id) = device_to_triton(prefer);
         // SAFETY: the state was just made on this request and is not updated yet.
-        check(unsafe { sys::TRITONBACKEND_StateBuffer(state, &mut buf, byte_size as u64, &mut mem, &mut mem_id) })?;
+        check(unsafe {
+            sys::TRITONBACKEND_StateBuffer(state, &mut buf, byte_size as u64, &mut mem, &mut mem_id)
+        })?;
         let landed = device_from_triton(mem, mem_id);
         if byte_size > 0 {
             fill(match landed {
                 // SAFETY: Triton allocated `byte_size` bytes on that GPU for the state, ours until StateUpdate.
-                Device::Gpu(id) => BytesMut::Device(unsafe { DeviceViewMut::from_raw(id, buf as u64, byte_size) }),
+                Device::Gpu(id) => {
+                    BytesMut::Device(unsafe { DeviceViewMut::from_raw(id, buf as u64, byte_size) })
+                }
                 // SAFETY: Triton allocated `byte_size` host bytes for the state, ours until StateUpdate.
-                Device::Cpu => BytesMut::Host(unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), byte_size) }),
+                Device::Cpu => BytesMut::Host(unsafe {
+                    std::slice::from_raw_parts_mut(buf.cast::<u8>(), byte_size)
+                }),
             })?;
         }
         // SAFETY: the buffer is filled and no longer borrowed.
@@ -209,25 +258,51 @@ impl Response {
 }
 
 impl InferResponse for Response {
-    fn output_buffer(&mut self, name: &str, dtype: DataType, shape: &[i64], byte_size: usize, prefer: Device) -> Result<BytesMut<'_>> {
+    fn output_buffer(
+        &mut self,
+        name: &str,
+        dtype: DataType,
+        shape: &[i64],
+        byte_size: usize,
+        prefer: Device,
+    ) -> Result<BytesMut<'_>> {
         let cname = c_string(name);
         let mut output = std::ptr::null_mut();
         check(unsafe {
-            sys::TRITONBACKEND_ResponseOutput(self.raw, &mut output, cname.as_ptr(), dtype_to_triton(dtype), shape.as_ptr(), shape.len() as u32)
+            sys::TRITONBACKEND_ResponseOutput(
+                self.raw,
+                &mut output,
+                cname.as_ptr(),
+                dtype_to_triton(dtype),
+                shape.as_ptr(),
+                shape.len() as u32,
+            )
         })
         .map_err(|e| e.context(format!("output '{name}'")))?;
         let mut buf = std::ptr::null_mut();
         let (mut mem, mut mem_id) = device_to_triton(prefer);
-        check(unsafe { sys::TRITONBACKEND_OutputBuffer(output, &mut buf, byte_size as u64, &mut mem, &mut mem_id) })
-            .map_err(|e| e.context(format!("output '{name}'")))?;
+        check(unsafe {
+            sys::TRITONBACKEND_OutputBuffer(
+                output,
+                &mut buf,
+                byte_size as u64,
+                &mut mem,
+                &mut mem_id,
+            )
+        })
+        .map_err(|e| e.context(format!("output '{name}'")))?;
         if byte_size == 0 {
             return Ok(BytesMut::Host(&mut []));
         }
         Ok(match device_from_triton(mem, mem_id) {
             // SAFETY: Triton allocated `byte_size` bytes on that GPU for this output, ours until the response is sent.
-            Device::Gpu(id) => BytesMut::Device(unsafe { DeviceViewMut::from_raw(id, buf as u64, byte_size) }),
+            Device::Gpu(id) => {
+                BytesMut::Device(unsafe { DeviceViewMut::from_raw(id, buf as u64, byte_size) })
+            }
             // SAFETY: Triton allocated `byte_size` host bytes for this output, alive with the response.
-            Device::Cpu => BytesMut::Host(unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), byte_size) }),
+            Device::Cpu => BytesMut::Host(unsafe {
+                std::slice::from_raw_parts_mut(buf.cast::<u8>(), byte_size)
+            }),
         })
     }
 
@@ -238,7 +313,9 @@ impl InferResponse for Response {
 
 impl Drop for Response {
     fn drop(&mut self) {
-        self.send_inner(&Err(Error::internal("the rust backend dropped this response without an answer")));
+        self.send_inner(&Err(Error::internal(
+            "the rust backend dropped this response without an answer",
+        )));
     }
 }
 
@@ -251,7 +328,6 @@ impl Instance {
     pub(crate) fn from_raw(raw: *mut sys::TRITONBACKEND_ModelInstance) -> Self {
         Instance { raw }
     }
-
 }
 
 impl Transport for Instance {
@@ -266,7 +342,13 @@ impl Transport for Instance {
     fn report(&self, request: &Request, success: bool, t: Timing) {
         let r = check(unsafe {
             sys::TRITONBACKEND_ModelInstanceReportStatistics(
-                self.raw, request.raw, success, t.exec_start, t.compute_start, t.compute_end, t.exec_end,
+                self.raw,
+                request.raw,
+                success,
+                t.exec_start,
+                t.compute_start,
+                t.compute_end,
+                t.exec_end,
             )
         });
         if let Err(e) = r {
@@ -277,7 +359,12 @@ impl Transport for Instance {
     fn report_batch(&self, batch_size: u64, t: Timing) {
         let r = check(unsafe {
             sys::TRITONBACKEND_ModelInstanceReportBatchStatistics(
-                self.raw, batch_size, t.exec_start, t.compute_start, t.compute_end, t.exec_end,
+                self.raw,
+                batch_size,
+                t.exec_start,
+                t.compute_start,
+                t.compute_end,
+                t.exec_end,
             )
         });
         if let Err(e) = r {

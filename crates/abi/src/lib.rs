@@ -130,7 +130,8 @@ pub struct PluginApi {
     /// The runtime the plugin wraps and its version, e.g. "libtorch 2.11.0".
     pub runtime: unsafe extern "C" fn() -> *const c_char,
     /// Loads a model; null and `*err` set on failure.
-    pub load: unsafe extern "C" fn(options: *const LoadOptions, err: *mut *mut c_char) -> *mut c_void,
+    pub load:
+        unsafe extern "C" fn(options: *const LoadOptions, err: *mut *mut c_char) -> *mut c_void,
     /// Runs it on `inputs` (in the model's argument order); each of the `n_outputs`
     /// outputs named in `output_names` (the model's output order) goes to `sink`, in
     /// host memory when `host_outputs` is non-zero, else where the model produced it.

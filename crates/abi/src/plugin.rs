@@ -68,7 +68,8 @@ pub fn plugin(backend: &BTreeMap<String, String>) -> Result<Arc<Plugin>> {
         })?;
         libs.push(lib);
     }
-    let here = own_library_dir().ok_or_else(|| Error::internal("cannot find the rust backend's own directory"))?;
+    let here = own_library_dir()
+        .ok_or_else(|| Error::internal("cannot find the rust backend's own directory"))?;
     let plugin_path = here.join(PLUGIN_FILE);
     if !plugin_path.is_file() {
         return Err(Error::unavailable(format!(
@@ -76,12 +77,17 @@ pub fn plugin(backend: &BTreeMap<String, String>) -> Result<Arc<Plugin>> {
             plugin_path.display()
         )));
     }
-    let lib = open_global(&plugin_path).map_err(|e| Error::unavailable(format!("cannot load '{}': {e}", plugin_path.display())))?;
+    let lib = open_global(&plugin_path)
+        .map_err(|e| Error::unavailable(format!("cannot load '{}': {e}", plugin_path.display())))?;
     // SAFETY: the plugin exports this symbol with this signature (triton_rust_abi).
     let api: &'static PluginApi = unsafe {
-        let entry: libloading::Symbol<unsafe extern "C" fn() -> *const PluginApi> = lib
-            .get(abi::ENTRY_SYMBOL)
-            .map_err(|e| Error::unavailable(format!("'{}' is not a rust backend plugin: {e}", plugin_path.display())))?;
+        let entry: libloading::Symbol<unsafe extern "C" fn() -> *const PluginApi> =
+            lib.get(abi::ENTRY_SYMBOL).map_err(|e| {
+                Error::unavailable(format!(
+                    "'{}' is not a rust backend plugin: {e}",
+                    plugin_path.display()
+                ))
+            })?;
         &*entry()
     };
     if api.abi_version != abi::ABI_VERSION {
@@ -95,8 +101,16 @@ pub fn plugin(backend: &BTreeMap<String, String>) -> Result<Arc<Plugin>> {
     // SAFETY: the plugin returns a static NUL-terminated string.
     let runtime = unsafe { CStr::from_ptr((api.runtime)()) }.to_string_lossy().into_owned();
     libs.push(lib);
-    log::info!("torch plugin loaded from '{}' ({runtime}, libtorch from {source})", plugin_path.display());
-    let p = Arc::new(Plugin { api, libtorch_dir: dir, cuda_loaded: Mutex::new(false), _libs: Mutex::new(libs) });
+    log::info!(
+        "torch plugin loaded from '{}' ({runtime}, libtorch from {source})",
+        plugin_path.display()
+    );
+    let p = Arc::new(Plugin {
+        api,
+        libtorch_dir: dir,
+        cuda_loaded: Mutex::new(false),
+        _libs: Mutex::new(libs),
+    });
     *slot = Some(p.clone());
     Ok(p)
 }
@@ -164,12 +178,21 @@ impl Plugin {
         for name in ["libc10_cuda.so", "libtorch_cuda.so"] {
             let path = lib_path(&self.libtorch_dir, name);
             libs.push(open_global(&path).map_err(|e| {
-                Error::unavailable(format!("a KIND_GPU TorchScript model needs libtorch's CUDA part: '{}': {e}", path.display()))
+                Error::unavailable(format!(
+                    "a KIND_GPU TorchScript model needs libtorch's CUDA part: '{}': {e}",
+                    path.display()
+                ))
             })?);
         }
         // per-instance CUDA streams (a small C++ library built with the plugin)
-        let shim = own_library_dir().ok_or_else(|| Error::internal("cannot find the rust backend's own directory"))?.join(STREAM_SHIM_FILE);
-        libs.push(open_global(&shim).map_err(|e| Error::unavailable(format!("cannot load '{}': {e}", shim.display())))?);
+        let shim = own_library_dir()
+            .ok_or_else(|| Error::internal("cannot find the rust backend's own directory"))?
+            .join(STREAM_SHIM_FILE);
+        libs.push(
+            open_global(&shim).map_err(|e| {
+                Error::unavailable(format!("cannot load '{}': {e}", shim.display()))
+            })?,
+        );
         *loaded = true;
         Ok(())
     }
@@ -178,7 +201,8 @@ impl Plugin {
         if spec.gpu.is_some() {
             self.ensure_cuda()?;
         }
-        let path = CString::new(spec.path.to_string_lossy().as_bytes()).map_err(|_| Error::invalid_arg("model path has a NUL"))?;
+        let path = CString::new(spec.path.to_string_lossy().as_bytes())
+            .map_err(|_| Error::invalid_arg("model path has a NUL"))?;
         let opts = LoadOptions {
             path: path.as_ptr(),
             device_kind: if spec.gpu.is_some() { abi::MEMORY_GPU } else { abi::MEMORY_CPU },
@@ -189,7 +213,11 @@ impl Plugin {
             optimized_execution: spec.optimized_execution as i32,
             tensor_fuser: spec.tensor_fuser.map_or(-1, i32::from),
             jit_profiling: spec.jit_profiling.map_or(-1, i32::from),
-            fusion_steps: if spec.fusion_strategy.is_empty() { std::ptr::null() } else { spec.fusion_strategy.as_ptr() },
+            fusion_steps: if spec.fusion_strategy.is_empty() {
+                std::ptr::null()
+            } else {
+                spec.fusion_strategy.as_ptr()
+            },
             n_fusion_steps: spec.fusion_strategy.len(),
             cuda_graphs: spec.cuda_graphs.is_some() as i32,
             graph_buckets: spec.cuda_graphs.map_or(std::ptr::null(), <[i64]>::as_ptr),
@@ -202,7 +230,8 @@ impl Plugin {
         // SAFETY: opts and its strings outlive the call.
         let handle = unsafe { (self.api.load)(&opts, &mut err) };
         if handle.is_null() {
-            return Err(take_error(self.api, err, "loading the TorchScript model").context(format!("model file '{}'", spec.path.display())));
+            return Err(take_error(self.api, err, "loading the TorchScript model")
+                .context(format!("model file '{}'", spec.path.display())));
         }
         Ok(PluginModel { plugin: self.clone(), handle })
     }
@@ -267,11 +296,22 @@ impl PluginModel {
                 let (data, bytes, memory, device_id) = match i.data {
                     Bytes::Host(h) => (h.as_ptr() as *const c_void, h.len(), abi::MEMORY_CPU, 0),
                     Bytes::Device(v) => {
-                        let addr = v.raw_addr().ok_or_else(|| Error::internal("a simulated device buffer reached libtorch"))?;
+                        let addr = v.raw_addr().ok_or_else(|| {
+                            Error::internal("a simulated device buffer reached libtorch")
+                        })?;
                         (addr as *const c_void, v.len(), abi::MEMORY_GPU, v.device() as i64)
                     }
                 };
-                Ok(TensorView { name: i.name.as_ptr(), dtype: i.dtype, shape: i.shape.as_ptr(), rank: i.shape.len(), data, bytes, memory, device_id })
+                Ok(TensorView {
+                    name: i.name.as_ptr(),
+                    dtype: i.dtype,
+                    shape: i.shape.as_ptr(),
+                    rank: i.shape.len(),
+                    data,
+                    bytes,
+                    memory,
+                    device_id,
+                })
             })
             .collect::<Result<_>>()?;
         let names: Vec<*const c_char> = outputs.iter().map(|n| n.as_ptr()).collect();

@@ -13,7 +13,10 @@ use std::ops::Range;
 
 use crate::config::{request_shape_fits, resolve_shape, ModelConfig, TensorConfig};
 use crate::error::{Error, Result};
-use crate::tensor::{decode_strings, element_count, first_non_finite, AlignedBuf, Bytes, DataType, Device, DeviceBuffer, DeviceView};
+use crate::tensor::{
+    decode_strings, element_count, first_non_finite, AlignedBuf, Bytes, DataType, Device,
+    DeviceBuffer, DeviceView,
+};
 
 /// One input tensor of one request.
 #[derive(Debug, Clone)]
@@ -51,7 +54,11 @@ pub fn parse_valid_range(spec: &str) -> Result<Vec<(String, i64, i64)>> {
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|item| {
-            let bad = || Error::invalid_arg(format!("parameter 'valid_range': '{item}' is not <input>:<lo>:<hi>"));
+            let bad = || {
+                Error::invalid_arg(format!(
+                    "parameter 'valid_range': '{item}' is not <input>:<lo>:<hi>"
+                ))
+            };
             let mut parts = item.rsplitn(3, ':');
             let hi: i64 = parts.next().and_then(|x| x.trim().parse().ok()).ok_or_else(bad)?;
             let lo: i64 = parts.next().and_then(|x| x.trim().parse().ok()).ok_or_else(bad)?;
@@ -68,13 +75,30 @@ pub fn parse_valid_range(spec: &str) -> Result<Vec<(String, i64, i64)>> {
 fn first_out_of_range(dtype: DataType, bytes: &[u8], lo: i64, hi: i64) -> Option<(usize, i64)> {
     let check = |i: usize, v: i64| (v < lo || v > hi).then_some((i, v));
     match dtype {
-        DataType::I64 => bytes.chunks_exact(8).enumerate().find_map(|(i, c)| check(i, i64::from_le_bytes(c.try_into().expect("8")))),
-        DataType::I32 => bytes.chunks_exact(4).enumerate().find_map(|(i, c)| check(i, i32::from_le_bytes(c.try_into().expect("4")) as i64)),
-        DataType::I16 => bytes.chunks_exact(2).enumerate().find_map(|(i, c)| check(i, i16::from_le_bytes([c[0], c[1]]) as i64)),
+        DataType::I64 => bytes
+            .chunks_exact(8)
+            .enumerate()
+            .find_map(|(i, c)| check(i, i64::from_le_bytes(c.try_into().expect("8")))),
+        DataType::I32 => bytes
+            .chunks_exact(4)
+            .enumerate()
+            .find_map(|(i, c)| check(i, i32::from_le_bytes(c.try_into().expect("4")) as i64)),
+        DataType::I16 => bytes
+            .chunks_exact(2)
+            .enumerate()
+            .find_map(|(i, c)| check(i, i16::from_le_bytes([c[0], c[1]]) as i64)),
         DataType::I8 => bytes.iter().enumerate().find_map(|(i, &b)| check(i, b as i8 as i64)),
-        DataType::U8 | DataType::Bool => bytes.iter().enumerate().find_map(|(i, &b)| check(i, b as i64)),
-        DataType::U16 => bytes.chunks_exact(2).enumerate().find_map(|(i, c)| check(i, u16::from_le_bytes([c[0], c[1]]) as i64)),
-        DataType::U32 => bytes.chunks_exact(4).enumerate().find_map(|(i, c)| check(i, u32::from_le_bytes(c.try_into().expect("4")) as i64)),
+        DataType::U8 | DataType::Bool => {
+            bytes.iter().enumerate().find_map(|(i, &b)| check(i, b as i64))
+        }
+        DataType::U16 => bytes
+            .chunks_exact(2)
+            .enumerate()
+            .find_map(|(i, c)| check(i, u16::from_le_bytes([c[0], c[1]]) as i64)),
+        DataType::U32 => bytes
+            .chunks_exact(4)
+            .enumerate()
+            .find_map(|(i, c)| check(i, u32::from_le_bytes(c.try_into().expect("4")) as i64)),
         DataType::U64 => bytes.chunks_exact(8).enumerate().find_map(|(i, c)| {
             let v = u64::from_le_bytes(c.try_into().expect("8"));
             check(i, v.min(i64::MAX as u64) as i64)
@@ -100,7 +124,10 @@ pub fn check_request<'a>(
 ) -> Result<CheckedRequest<'a>> {
     if let Some(extra) = given.iter().find(|g| !cfg.inputs.iter().any(|c| c.name == g.name)) {
         let expected: Vec<&str> = cfg.inputs.iter().map(|c| c.name.as_str()).collect();
-        return Err(Error::invalid_arg(format!("unexpected input '{}' (the model takes {expected:?})", extra.name)));
+        return Err(Error::invalid_arg(format!(
+            "unexpected input '{}' (the model takes {expected:?})",
+            extra.name
+        )));
     }
     let mut ordered = Vec::with_capacity(cfg.inputs.len());
     let mut batch: Option<(usize, &str)> = None;
@@ -136,7 +163,12 @@ pub fn check_request<'a>(
     Ok(CheckedRequest { tensors: ordered, batch })
 }
 
-fn check_tensor(cfg: &ModelConfig, c: &TensorConfig, policy: &InputPolicy, t: &RequestTensor<'_>) -> Result<()> {
+fn check_tensor(
+    cfg: &ModelConfig,
+    c: &TensorConfig,
+    policy: &InputPolicy,
+    t: &RequestTensor<'_>,
+) -> Result<()> {
     let name = &c.name;
     if t.dtype != c.dtype {
         return Err(Error::invalid_arg(format!(
@@ -146,8 +178,12 @@ fn check_tensor(cfg: &ModelConfig, c: &TensorConfig, policy: &InputPolicy, t: &R
         )));
     }
     if !request_shape_fits(cfg, c, &t.shape) {
-        let expected = if cfg.batching() { format!("[batch, {:?}]", c.dims) } else { format!("{:?}", c.dims) };
-        return Err(Error::invalid_arg(format!("input '{name}' has shape {:?} but the model expects {expected}", t.shape)));
+        let expected =
+            if cfg.batching() { format!("[batch, {:?}]", c.dims) } else { format!("{:?}", c.dims) };
+        return Err(Error::invalid_arg(format!(
+            "input '{name}' has shape {:?} but the model expects {expected}",
+            t.shape
+        )));
     }
     let count = element_count(&t.shape).map_err(|e| e.context(format!("input '{name}'")))?;
     if count == 0 {
@@ -168,7 +204,9 @@ fn check_tensor(cfg: &ModelConfig, c: &TensorConfig, policy: &InputPolicy, t: &R
     }
     let on_device = t.chunks.iter().any(|c| !c.device().is_host());
     if on_device && !policy.accepts_device_inputs {
-        return Err(Error::invalid_arg(format!("input '{name}' is in GPU memory but this model instance runs on the CPU")));
+        return Err(Error::invalid_arg(format!(
+            "input '{name}' is in GPU memory but this model instance runs on the CPU"
+        )));
     }
     if let Some((_, lo, hi)) = policy.valid_range.iter().find(|r| r.0 == *name) {
         if on_device {
@@ -219,7 +257,9 @@ fn check_strings(name: &str, t: &RequestTensor<'_>, count: usize) -> Result<()> 
             &joined
         }
     };
-    let strings = decode_strings(bytes).map_err(|e| Error::invalid_arg(format!("input '{name}' is malformed BYTES: {}", e.message())))?;
+    let strings = decode_strings(bytes).map_err(|e| {
+        Error::invalid_arg(format!("input '{name}' is malformed BYTES: {}", e.message()))
+    })?;
     if strings.len() != count {
         return Err(Error::invalid_arg(format!(
             "input '{name}' holds {} strings but shape {:?} needs {count}",
@@ -352,11 +392,17 @@ pub fn assemble<'a>(cfg: &ModelConfig, group: &[&CheckedRequest<'a>]) -> Result<
             shape[0] = total as i64;
         }
         // `reshape`: the engine sees the model's shape, not the one clients send
-        if let Some(r) = cfg.inputs.iter().find(|c| c.name == proto.name).and_then(|c| c.reshape.as_ref()) {
+        if let Some(r) =
+            cfg.inputs.iter().find(|c| c.name == proto.name).and_then(|c| c.reshape.as_ref())
+        {
             let lead = usize::from(cfg.batching());
             let per_row = element_count(&shape[lead..])?;
             let dims = resolve_shape(r, per_row).ok_or_else(|| {
-                Error::invalid_arg(format!("input '{}': shape {:?} does not fit reshape {r:?}", proto.name, &shape[lead..]))
+                Error::invalid_arg(format!(
+                    "input '{}': shape {:?} does not fit reshape {r:?}",
+                    proto.name,
+                    &shape[lead..]
+                ))
             })?;
             shape.truncate(lead);
             shape.extend(dims);
@@ -395,7 +441,10 @@ pub fn assemble<'a>(cfg: &ModelConfig, group: &[&CheckedRequest<'a>]) -> Result<
                     }
                 }
                 if at != size {
-                    return Err(Error::internal(format!("input '{}': {at} bytes assembled, {size} expected", proto.name)));
+                    return Err(Error::internal(format!(
+                        "input '{}': {at} bytes assembled, {size} expected",
+                        proto.name
+                    )));
                 }
                 BatchData::Owned(buf)
             }
@@ -422,12 +471,20 @@ pub fn scatter_ranges(
     let offsets: Box<dyn Fn(usize) -> usize> = match dtype.size() {
         Some(size) => Box::new(move |i| i * size),
         None => {
-            let bytes = data.host().ok_or_else(|| Error::internal(format!("BYTES output '{name}' is not in host memory")))?;
-            let strings = decode_strings(bytes).map_err(|e| Error::internal(format!("output '{name}' is malformed BYTES: {}", e.message())))?;
+            let bytes = data.host().ok_or_else(|| {
+                Error::internal(format!("BYTES output '{name}' is not in host memory"))
+            })?;
+            let strings = decode_strings(bytes).map_err(|e| {
+                Error::internal(format!("output '{name}' is malformed BYTES: {}", e.message()))
+            })?;
             if strings.len() != elements {
-                return Err(Error::internal(format!("output '{name}' of shape {shape:?} holds {} strings", strings.len())));
+                return Err(Error::internal(format!(
+                    "output '{name}' of shape {shape:?} holds {} strings",
+                    strings.len()
+                )));
             }
-            let mut starts: Vec<usize> = strings.iter().map(|s| s.as_ptr() as usize - bytes.as_ptr() as usize - 4).collect();
+            let mut starts: Vec<usize> =
+                strings.iter().map(|s| s.as_ptr() as usize - bytes.as_ptr() as usize - 4).collect();
             starts.push(bytes.len());
             Box::new(move |i| starts[i])
         }
@@ -443,8 +500,12 @@ pub fn scatter_ranges(
             return Ok(s);
         };
         let per_row = rows.map_or(elements, |r| elements.checked_div(r).unwrap_or(0));
-        let dims = resolve_shape(&c.dims, per_row)
-            .ok_or_else(|| Error::internal(format!("output '{name}' of shape {shape:?} does not fit the config's dims {:?}", c.dims)))?;
+        let dims = resolve_shape(&c.dims, per_row).ok_or_else(|| {
+            Error::internal(format!(
+                "output '{name}' of shape {shape:?} does not fit the config's dims {:?}",
+                c.dims
+            ))
+        })?;
         Ok(rows.map(|r| r as i64).into_iter().chain(dims).collect())
     };
     if !cfg.batching() {
@@ -460,7 +521,12 @@ pub fn scatter_ranges(
     batch
         .rows
         .iter()
-        .map(|r| Ok((client_shape(Some(r.len()), r.len() * per_row)?, offsets(r.start * per_row)..offsets(r.end * per_row))))
+        .map(|r| {
+            Ok((
+                client_shape(Some(r.len()), r.len() * per_row)?,
+                offsets(r.start * per_row)..offsets(r.end * per_row),
+            ))
+        })
         .collect()
 }
 
@@ -485,8 +551,18 @@ mod tests {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
 
-    fn t<'a>(name: &str, dtype: DataType, shape: &[i64], chunks: Vec<&'a [u8]>) -> RequestTensor<'a> {
-        RequestTensor { name: name.into(), dtype, shape: shape.to_vec(), chunks: chunks.into_iter().map(Bytes::Host).collect() }
+    fn t<'a>(
+        name: &str,
+        dtype: DataType,
+        shape: &[i64],
+        chunks: Vec<&'a [u8]>,
+    ) -> RequestTensor<'a> {
+        RequestTensor {
+            name: name.into(),
+            dtype,
+            shape: shape.to_vec(),
+            chunks: chunks.into_iter().map(Bytes::Host).collect(),
+        }
     }
 
     #[test]
@@ -505,17 +581,41 @@ mod tests {
         let mut extra = ok(&a, &b);
         extra.push(t("C", DataType::F32, &[1, 3], vec![&a]));
         assert!(err(extra).contains("unexpected input 'C'"));
-        assert!(err(vec![t("A", DataType::F64, &[1, 3], vec![&a]), t("B", DataType::I32, &[1, 2], vec![&b])]).contains("'A' has data type FP64"));
-        assert!(err(vec![t("A", DataType::F32, &[1, 3], vec![&a]), t("B", DataType::I32, &[1, 3], vec![&b])]).contains("'B' has shape [1, 3]"));
-        assert!(err(vec![t("A", DataType::F32, &[1, 4], vec![&a]), t("B", DataType::I32, &[1, 2], vec![&b])]).contains("holds 12 bytes"));
-        assert!(err(vec![t("A", DataType::F32, &[1, 0], vec![]), t("B", DataType::I32, &[1, 2], vec![&b])]).contains("'A' is empty"));
+        assert!(err(vec![
+            t("A", DataType::F64, &[1, 3], vec![&a]),
+            t("B", DataType::I32, &[1, 2], vec![&b])
+        ])
+        .contains("'A' has data type FP64"));
+        assert!(err(vec![
+            t("A", DataType::F32, &[1, 3], vec![&a]),
+            t("B", DataType::I32, &[1, 3], vec![&b])
+        ])
+        .contains("'B' has shape [1, 3]"));
+        assert!(err(vec![
+            t("A", DataType::F32, &[1, 4], vec![&a]),
+            t("B", DataType::I32, &[1, 2], vec![&b])
+        ])
+        .contains("holds 12 bytes"));
+        assert!(err(vec![
+            t("A", DataType::F32, &[1, 0], vec![]),
+            t("B", DataType::I32, &[1, 2], vec![&b])
+        ])
+        .contains("'A' is empty"));
         let nan = f32s(&[1.0, f32::NAN, 3.0]);
         assert!(err(ok(&nan, &b)).contains("'A' holds a NaN or infinite value at element 1"));
         let b2 = i32s(&[1, 2, 3, 4]);
-        assert!(err(vec![t("A", DataType::F32, &[1, 3], vec![&a]), t("B", DataType::I32, &[2, 2], vec![&b2])]).contains("batch size 2 but input 'A' has 1"));
+        assert!(err(vec![
+            t("A", DataType::F32, &[1, 3], vec![&a]),
+            t("B", DataType::I32, &[2, 2], vec![&b2])
+        ])
+        .contains("batch size 2 but input 'A' has 1"));
         let big = f32s(&[0.0; 9]);
         let bigb = i32s(&[0; 18]);
-        assert!(err(vec![t("A", DataType::F32, &[9, 1], vec![&big]), t("B", DataType::I32, &[9, 2], vec![&bigb])]).contains("above the model's max_batch_size 8"));
+        assert!(err(vec![
+            t("A", DataType::F32, &[9, 1], vec![&big]),
+            t("B", DataType::I32, &[9, 2], vec![&bigb])
+        ])
+        .contains("above the model's max_batch_size 8"));
         // NaN allowed unless the policy forbids it
         assert!(check_request(&c, &InputPolicy::default(), ok(&nan, &b)).is_ok());
     }
@@ -531,7 +631,12 @@ mod tests {
         .unwrap();
         assert_eq!(c.inputs[0].reshape, Some(vec![]));
         let sr = 16000i64.to_le_bytes();
-        let r = check_request(&c, &InputPolicy::default(), vec![t("sr", DataType::I64, &[1], vec![&sr])]).unwrap();
+        let r = check_request(
+            &c,
+            &InputPolicy::default(),
+            vec![t("sr", DataType::I64, &[1], vec![&sr])],
+        )
+        .unwrap();
         let batch = assemble(&c, &[&r]).unwrap();
         assert_eq!(batch.tensors[0].shape, Vec::<i64>::new(), "the engine gets a rank-0 tensor");
         let parts = scatter_ranges(&c, &batch, "y", DataType::F32, &[], Bytes::Host(&[])).unwrap();
@@ -544,11 +649,22 @@ mod tests {
         )
         .unwrap();
         let (a, b) = (f32s(&[1.0]), f32s(&[2.0, 3.0]));
-        let r1 = check_request(&c, &InputPolicy::default(), vec![t("x", DataType::F32, &[1, 1], vec![&a])]).unwrap();
-        let r2 = check_request(&c, &InputPolicy::default(), vec![t("x", DataType::F32, &[2, 1], vec![&b])]).unwrap();
+        let r1 = check_request(
+            &c,
+            &InputPolicy::default(),
+            vec![t("x", DataType::F32, &[1, 1], vec![&a])],
+        )
+        .unwrap();
+        let r2 = check_request(
+            &c,
+            &InputPolicy::default(),
+            vec![t("x", DataType::F32, &[2, 1], vec![&b])],
+        )
+        .unwrap();
         let batch = assemble(&c, &[&r1, &r2]).unwrap();
         assert_eq!(batch.tensors[0].shape, vec![3]);
-        let parts = scatter_ranges(&c, &batch, "y", DataType::F32, &[3, 4], Bytes::Host(&[])).unwrap();
+        let parts =
+            scatter_ranges(&c, &batch, "y", DataType::F32, &[3, 4], Bytes::Host(&[])).unwrap();
         assert_eq!(parts, vec![(vec![1, 2, 2], 0..16), (vec![2, 2, 2], 16..48)]);
         assert!(ModelConfig::from_json(r#"{"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [2], "reshape": {"shape": [3]}}]}"#).is_err());
     }
@@ -556,16 +672,30 @@ mod tests {
     #[test]
     fn valid_range_refuses_ids_past_the_vocabulary() {
         let c = ModelConfig::from_json(r#"{"max_batch_size": 4, "input": [{"name": "ids", "data_type": "TYPE_INT32", "dims": [3]}]}"#).unwrap();
-        let p = InputPolicy { valid_range: parse_valid_range("ids:0:30521").unwrap(), ..Default::default() };
+        let p = InputPolicy {
+            valid_range: parse_valid_range("ids:0:30521").unwrap(),
+            ..Default::default()
+        };
         let ok = i32s(&[0, 101, 30521]);
         check_request(&c, &p, vec![t("ids", DataType::I32, &[1, 3], vec![&ok])]).unwrap();
         let bad = i32s(&[5, 30522, 7]);
-        let e = check_request(&c, &p, vec![t("ids", DataType::I32, &[1, 3], vec![&bad])]).unwrap_err();
-        assert_eq!(e.message(), "input 'ids' holds 30522 at element 1, outside the model's valid range [0, 30521]");
+        let e =
+            check_request(&c, &p, vec![t("ids", DataType::I32, &[1, 3], vec![&bad])]).unwrap_err();
+        assert_eq!(
+            e.message(),
+            "input 'ids' holds 30522 at element 1, outside the model's valid range [0, 30521]"
+        );
         let neg = i32s(&[-1, 0, 0]);
         assert!(check_request(&c, &p, vec![t("ids", DataType::I32, &[1, 3], vec![&neg])]).is_err());
-        assert_eq!(parse_valid_range(" a:0:9 , b:-3:3").unwrap(), vec![("a".into(), 0, 9), ("b".into(), -3, 3)]);
-        assert!(parse_valid_range("a:9:0").is_err() && parse_valid_range("a:x:1").is_err() && parse_valid_range(":0:1").is_err());
+        assert_eq!(
+            parse_valid_range(" a:0:9 , b:-3:3").unwrap(),
+            vec![("a".into(), 0, 9), ("b".into(), -3, 3)]
+        );
+        assert!(
+            parse_valid_range("a:9:0").is_err()
+                && parse_valid_range("a:x:1").is_err()
+                && parse_valid_range(":0:1").is_err()
+        );
     }
 
     #[test]
@@ -573,9 +703,11 @@ mod tests {
         let a = f32s(&[0.0; 16]);
         let b = f32s(&[0.0; 8]);
         let n: Vec<String> = vec!["batch".into(), "n".into()];
-        let good = [t("X", DataType::F32, &[1, 16], vec![&a]), t("Y", DataType::F32, &[1, 16], vec![&a])];
+        let good =
+            [t("X", DataType::F32, &[1, 16], vec![&a]), t("Y", DataType::F32, &[1, 16], vec![&a])];
         check_shared_dims(&good, &[("X", &n), ("Y", &n)]).unwrap();
-        let bad = [t("X", DataType::F32, &[1, 16], vec![&a]), t("Y", DataType::F32, &[1, 8], vec![&b])];
+        let bad =
+            [t("X", DataType::F32, &[1, 16], vec![&a]), t("Y", DataType::F32, &[1, 8], vec![&b])];
         let e = check_shared_dims(&bad, &[("X", &n), ("Y", &n)]).unwrap_err();
         assert_eq!(e.message(), "inputs 'X' and 'Y' must agree on dimension 'n': 16 vs 8");
         // unnamed dims are free
@@ -587,7 +719,10 @@ mod tests {
         // a name repeated within one input (a square matrix) binds that input to itself
         let sq: Vec<String> = vec!["m".into(), "m".into()];
         let e = check_shared_dims(&bad, &[("X", &sq)]).unwrap_err();
-        assert_eq!(e.message(), "input 'X' must have the same size in every dimension named 'm': 1 vs 16");
+        assert_eq!(
+            e.message(),
+            "input 'X' must have the same size in every dimension named 'm': 1 vs 16"
+        );
     }
 
     #[test]
@@ -595,13 +730,26 @@ mod tests {
         let c = cfg(8);
         let b = i32s(&[1, 2]);
         let on_gpu = f32s(&[1.0, 2.0, 3.0]);
-        let dev = RequestTensor { name: "A".into(), dtype: DataType::F32, shape: vec![1, 3], chunks: vec![Bytes::Device(DeviceView::simulated(0, &on_gpu))] };
-        let e = check_request(&c, &InputPolicy::default(), vec![dev.clone(), t("B", DataType::I32, &[1, 2], vec![&b])]).unwrap_err();
+        let dev = RequestTensor {
+            name: "A".into(),
+            dtype: DataType::F32,
+            shape: vec![1, 3],
+            chunks: vec![Bytes::Device(DeviceView::simulated(0, &on_gpu))],
+        };
+        let e = check_request(
+            &c,
+            &InputPolicy::default(),
+            vec![dev.clone(), t("B", DataType::I32, &[1, 2], vec![&b])],
+        )
+        .unwrap_err();
         assert!(e.message().contains("GPU memory"), "{e}");
         let p = InputPolicy { accepts_device_inputs: true, ..Default::default() };
         let r = check_request(&c, &p, vec![dev, t("B", DataType::I32, &[1, 2], vec![&b])]).unwrap();
         let batch = assemble(&c, &[&r]).unwrap();
-        assert!(matches!(batch.tensors[0].data, BatchData::Borrowed(Bytes::Device(_))), "used in place");
+        assert!(
+            matches!(batch.tensors[0].data, BatchData::Borrowed(Bytes::Device(_))),
+            "used in place"
+        );
     }
 
     #[test]
@@ -610,11 +758,26 @@ mod tests {
         let p = InputPolicy { accepts_device_inputs: true, ..Default::default() };
         let b = i32s(&[1, 2]);
         let (g1, g2) = (f32s(&[1.0, 2.0, 3.0]), f32s(&[4.0, 5.0, 6.0]));
-        let dev = |bytes| RequestTensor { name: "A".into(), dtype: DataType::F32, shape: vec![1, 3], chunks: vec![Bytes::Device(DeviceView::simulated(0, bytes))] };
-        let r1 = check_request(&c, &p, vec![dev(&g1), t("B", DataType::I32, &[1, 2], vec![&b])]).unwrap();
-        let r2 = check_request(&c, &p, vec![dev(&g2), t("B", DataType::I32, &[1, 2], vec![&b])]).unwrap();
+        let dev = |bytes| RequestTensor {
+            name: "A".into(),
+            dtype: DataType::F32,
+            shape: vec![1, 3],
+            chunks: vec![Bytes::Device(DeviceView::simulated(0, bytes))],
+        };
+        let r1 = check_request(&c, &p, vec![dev(&g1), t("B", DataType::I32, &[1, 2], vec![&b])])
+            .unwrap();
+        let r2 = check_request(&c, &p, vec![dev(&g2), t("B", DataType::I32, &[1, 2], vec![&b])])
+            .unwrap();
         let a = f32s(&[1.0, 2.0, 3.0]);
-        let host = check_request(&c, &p, vec![t("A", DataType::F32, &[1, 3], vec![&a]), t("B", DataType::I32, &[1, 2], vec![&b])]).unwrap();
+        let host = check_request(
+            &c,
+            &p,
+            vec![
+                t("A", DataType::F32, &[1, 3], vec![&a]),
+                t("B", DataType::I32, &[1, 2], vec![&b]),
+            ],
+        )
+        .unwrap();
         let all = [&r1, &host, &r2];
         // GPU requests batch with each other, not with the host one
         assert_eq!(group_by_shape(&c, &all), vec![vec![0, 2], vec![1]]);
@@ -627,7 +790,10 @@ mod tests {
             }
             _ => panic!("expected device parts"),
         }
-        assert!(matches!(batch.tensors[1].data, BatchData::Owned(_)), "the host input is concatenated as usual");
+        assert!(
+            matches!(batch.tensors[1].data, BatchData::Owned(_)),
+            "the host input is concatenated as usual"
+        );
         assert_eq!(batch.tensors[0].shape, vec![2, 3]);
     }
 
@@ -643,10 +809,34 @@ mod tests {
         let b1 = i32s(&[1, 2]);
         let b2 = i32s(&[3, 4, 5, 6]);
         let b3 = i32s(&[7, 8]);
-        let r1 = check_request(&c, &p, vec![t("A", DataType::F32, &[1, 3], vec![&a1]), t("B", DataType::I32, &[1, 2], vec![&b1])]).unwrap();
+        let r1 = check_request(
+            &c,
+            &p,
+            vec![
+                t("A", DataType::F32, &[1, 3], vec![&a1]),
+                t("B", DataType::I32, &[1, 2], vec![&b1]),
+            ],
+        )
+        .unwrap();
         // r2's A arrives in two chunks
-        let r2 = check_request(&c, &p, vec![t("B", DataType::I32, &[2, 2], vec![&b2]), t("A", DataType::F32, &[2, 3], vec![a2_lo, a2_hi])]).unwrap();
-        let r3 = check_request(&c, &p, vec![t("A", DataType::F32, &[1, 2], vec![&a3]), t("B", DataType::I32, &[1, 2], vec![&b3])]).unwrap();
+        let r2 = check_request(
+            &c,
+            &p,
+            vec![
+                t("B", DataType::I32, &[2, 2], vec![&b2]),
+                t("A", DataType::F32, &[2, 3], vec![a2_lo, a2_hi]),
+            ],
+        )
+        .unwrap();
+        let r3 = check_request(
+            &c,
+            &p,
+            vec![
+                t("A", DataType::F32, &[1, 2], vec![&a3]),
+                t("B", DataType::I32, &[1, 2], vec![&b3]),
+            ],
+        )
+        .unwrap();
         let all = [&r1, &r2, &r3];
         let groups = group_by_shape(&c, &all);
         assert_eq!(groups, vec![vec![0, 1], vec![2]]);
@@ -666,9 +856,11 @@ mod tests {
         assert!(matches!(single.tensors[0].data, BatchData::Borrowed(_)));
         assert_eq!(single.tensors[0].host_bytes().unwrap().as_ptr(), a3.as_ptr());
 
-        let parts = scatter_ranges(&c, &batch, "Y", DataType::F32, &[3, 5], Bytes::Host(&[])).unwrap();
+        let parts =
+            scatter_ranges(&c, &batch, "Y", DataType::F32, &[3, 5], Bytes::Host(&[])).unwrap();
         assert_eq!(parts, vec![(vec![1, 5], 0..20), (vec![2, 5], 20..60)]);
-        let e = scatter_ranges(&c, &batch, "Y", DataType::F32, &[2, 5], Bytes::Host(&[])).unwrap_err();
+        let e =
+            scatter_ranges(&c, &batch, "Y", DataType::F32, &[2, 5], Bytes::Host(&[])).unwrap_err();
         assert!(e.message().contains("'Y'"), "{e}");
     }
 
@@ -684,26 +876,47 @@ mod tests {
         let p = InputPolicy::default();
         let one = encode_strings(&["a"]).unwrap();
         let two = encode_strings(&["bb", "ccc"]).unwrap();
-        let r1 = check_request(&c, &p, vec![t("text", DataType::Bytes, &[1, 1], vec![&one])]).unwrap();
+        let r1 =
+            check_request(&c, &p, vec![t("text", DataType::Bytes, &[1, 1], vec![&one])]).unwrap();
         // a request's strings may arrive in pieces that split an element
-        let r2 = check_request(&c, &p, vec![t("text", DataType::Bytes, &[2, 1], vec![&two[..5], &two[5..]])]).unwrap();
+        let r2 = check_request(
+            &c,
+            &p,
+            vec![t("text", DataType::Bytes, &[2, 1], vec![&two[..5], &two[5..]])],
+        )
+        .unwrap();
         let batch = assemble(&c, &[&r1, &r2]).unwrap();
         let mut joined = one.clone();
         joined.extend(&two);
         assert_eq!(batch.tensors[0].host_bytes().unwrap(), &joined[..]);
         let out = encode_strings(&["x", "yy", "zzz"]).unwrap();
-        let parts = scatter_ranges(&c, &batch, "label", DataType::Bytes, &[3], Bytes::Host(&out)).unwrap();
+        let parts =
+            scatter_ranges(&c, &batch, "label", DataType::Bytes, &[3], Bytes::Host(&out)).unwrap();
         assert_eq!(parts, vec![(vec![1, 1], 0..5), (vec![2, 1], 5..out.len())]);
         assert_eq!(decode_strings(&out[parts[1].1.clone()]).unwrap(), vec![&b"yy"[..], b"zzz"]);
         // malformed bodies: the input and the problem are named
-        let err = |shape: &[i64], b: &[u8]| check_request(&c, &p, vec![t("text", DataType::Bytes, shape, vec![b])]).unwrap_err().to_string();
-        assert!(err(&[2, 1], &one).contains("input 'text' holds 1 strings but shape [2, 1] needs 2"), "{}", err(&[2, 1], &one));
+        let err = |shape: &[i64], b: &[u8]| {
+            check_request(&c, &p, vec![t("text", DataType::Bytes, shape, vec![b])])
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(
+            err(&[2, 1], &one).contains("input 'text' holds 1 strings but shape [2, 1] needs 2"),
+            "{}",
+            err(&[2, 1], &one)
+        );
         let e = err(&[1, 1], &[9, 0, 0, 0, b'a']);
-        assert!(e.contains("input 'text' is malformed BYTES: element 0 says it has 9 bytes but only 1 remain"), "{e}");
+        assert!(
+            e.contains(
+                "input 'text' is malformed BYTES: element 0 says it has 9 bytes but only 1 remain"
+            ),
+            "{e}"
+        );
         let e = err(&[1, 1], &[1, 0]);
         assert!(e.contains("input 'text' is malformed BYTES"), "{e}");
         // an engine whose string output does not match its shape is caught
-        assert!(scatter_ranges(&c, &batch, "label", DataType::Bytes, &[3], Bytes::Host(&out[..6])).is_err());
+        assert!(scatter_ranges(&c, &batch, "label", DataType::Bytes, &[3], Bytes::Host(&out[..6]))
+            .is_err());
     }
 
     #[test]
@@ -713,11 +926,18 @@ mod tests {
         )
         .unwrap();
         let a = f32s(&[1.0, 2.0, 3.0]);
-        let r1 = check_request(&c, &InputPolicy::default(), vec![t("A", DataType::F32, &[3], vec![&a])]).unwrap();
-        let r2 = check_request(&c, &InputPolicy::default(), vec![t("A", DataType::F32, &[3], vec![&a])]).unwrap();
+        let r1 =
+            check_request(&c, &InputPolicy::default(), vec![t("A", DataType::F32, &[3], vec![&a])])
+                .unwrap();
+        let r2 =
+            check_request(&c, &InputPolicy::default(), vec![t("A", DataType::F32, &[3], vec![&a])])
+                .unwrap();
         assert_eq!(group_by_shape(&c, &[&r1, &r2]), vec![vec![0], vec![1]]);
         let batch = assemble(&c, &[&r1]).unwrap();
         assert_eq!(batch.tensors[0].shape, vec![3]);
-        assert_eq!(scatter_ranges(&c, &batch, "Y", DataType::F32, &[3], Bytes::Host(&[])).unwrap(), vec![(vec![3], 0..12)]);
+        assert_eq!(
+            scatter_ranges(&c, &batch, "Y", DataType::F32, &[3], Bytes::Host(&[])).unwrap(),
+            vec![(vec![3], 0..12)]
+        );
     }
 }

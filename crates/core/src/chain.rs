@@ -79,14 +79,19 @@ pub fn plan(config: &ModelConfig, version_dir: &Path) -> Result<ChainPlan> {
         ))
     })?;
     if sparse.dtype != DataType::I64 {
-        return Err(Error::invalid_arg(format!("input '{sparse_input}' holds the keys: it must be TYPE_INT64")));
+        return Err(Error::invalid_arg(format!(
+            "input '{sparse_input}' holds the keys: it must be TYPE_INT64"
+        )));
     }
     if config.inputs.iter().any(|t| t.name == embeddings_input) {
         return Err(Error::invalid_arg(format!(
             "input '{embeddings_input}' is filled by the embedding lookup inside the model; clients do not send it (remove it from the config)"
         )));
     }
-    let tables = config.parameters.get("embedding_table_names").map_or(0, |s| s.split(',').filter(|t| !t.trim().is_empty()).count());
+    let tables = config
+        .parameters
+        .get("embedding_table_names")
+        .map_or(0, |s| s.split(',').filter(|t| !t.trim().is_empty()).count());
     let dims: Vec<i64> = config
         .parameters
         .get("embedding_vecsize_per_table")
@@ -95,36 +100,55 @@ pub fn plan(config: &ModelConfig, version_dir: &Path) -> Result<ChainPlan> {
     let dim = match dims.as_slice() {
         [d] => *d,
         [d, rest @ ..] if rest.iter().all(|x| x == d) => *d,
-        _ => return Err(Error::invalid_arg("the recommender engine needs one embedding_vecsize_per_table shared by every table")),
+        _ => return Err(Error::invalid_arg(
+            "the recommender engine needs one embedding_vecsize_per_table shared by every table",
+        )),
     };
     if tables == 0 {
-        return Err(Error::invalid_arg("the recommender engine needs parameter embedding_table_names"));
+        return Err(Error::invalid_arg(
+            "the recommender engine needs parameter embedding_table_names",
+        ));
     }
     // With max_batch_size 0 the batch dimension is the config's own first dim.
     let lead: Vec<i64> = if config.batching() { vec![] } else { vec![-1] };
     let want: Vec<i64> = lead.iter().copied().chain([tables as i64]).collect();
     if sparse.dims != want {
-        return Err(Error::invalid_arg(format!("input '{sparse_input}' must have dims {want:?} (one key per table); it has {:?}", sparse.dims)));
+        return Err(Error::invalid_arg(format!(
+            "input '{sparse_input}' must have dims {want:?} (one key per table); it has {:?}",
+            sparse.dims
+        )));
     }
     let rows_dims: Vec<i64> = lead.iter().copied().chain([tables as i64, dim]).collect();
     let rows_type = match param(config, "recommender_embeddings_type", "TYPE_FP32") {
         "TYPE_FP32" => DataType::F32,
         "TYPE_FP16" => DataType::F16,
-        other => return Err(Error::invalid_arg(format!("parameter recommender_embeddings_type is TYPE_FP32 or TYPE_FP16, not '{other}'"))),
+        other => {
+            return Err(Error::invalid_arg(format!(
+                "parameter recommender_embeddings_type is TYPE_FP32 or TYPE_FP16, not '{other}'"
+            )))
+        }
     };
     let pipeline_parts = param(config, "recommender_pipeline_parts", "1")
         .parse::<usize>()
         .ok()
         .filter(|p| (1..=16).contains(p))
-        .ok_or_else(|| Error::invalid_arg("parameter recommender_pipeline_parts is a number of parts from 1 to 16"))?;
-    let named = config.parameters.get("recommender_dense_model").map(|s| version_dir.join(s.trim()));
+        .ok_or_else(|| {
+            Error::invalid_arg(
+                "parameter recommender_pipeline_parts is a number of parts from 1 to 16",
+            )
+        })?;
+    let named =
+        config.parameters.get("recommender_dense_model").map(|s| version_dir.join(s.trim()));
     let dense_file = match named {
         Some(f) => f,
         None if version_dir.join("dense.onnx").exists() => version_dir.join("dense.onnx"),
         None => version_dir.join("dense.pt"),
     };
     if !dense_file.is_file() {
-        return Err(Error::not_found(format!("the recommender's dense network '{}' not found (dense.onnx or dense.pt)", dense_file.display())));
+        return Err(Error::not_found(format!(
+            "the recommender's dense network '{}' not found (dense.onnx or dense.pt)",
+            dense_file.display()
+        )));
     }
     let file_name = dense_file.to_string_lossy();
     let dense_kind = if file_name.ends_with(".onnx") {
@@ -132,20 +156,40 @@ pub fn plan(config: &ModelConfig, version_dir: &Path) -> Result<ChainPlan> {
     } else if file_name.ends_with(".pt") || file_name.ends_with(".pth") {
         EngineKind::Torch
     } else {
-        return Err(Error::invalid_arg(format!("cannot tell the dense network's engine from '{file_name}' (.onnx or .pt)")));
+        return Err(Error::invalid_arg(format!(
+            "cannot tell the dense network's engine from '{file_name}' (.onnx or .pt)"
+        )));
     };
 
     let mut lookup_config = config.clone();
     lookup_config.inputs = vec![sparse.clone()];
-    lookup_config.outputs = vec![TensorConfig { name: LOOKUP_OUTPUT.into(), dtype: rows_type, dims: rows_dims.clone(), reshape: None }];
+    lookup_config.outputs = vec![TensorConfig {
+        name: LOOKUP_OUTPUT.into(),
+        dtype: rows_type,
+        dims: rows_dims.clone(),
+        reshape: None,
+    }];
     lookup_config.parameters.insert("embedding_interface".into(), "batched".into());
     let mut dense_config = config.clone();
     dense_config.inputs.retain(|t| t.name != sparse_input);
-    dense_config.inputs.push(TensorConfig { name: embeddings_input.clone(), dtype: rows_type, dims: rows_dims, reshape: None });
+    dense_config.inputs.push(TensorConfig {
+        name: embeddings_input.clone(),
+        dtype: rows_type,
+        dims: rows_dims,
+        reshape: None,
+    });
     // `optimization { cuda { graphs: true } }` in the recommender's config is the network's
     // (a TorchScript network on a GPU instance: one graph per batch bucket, or per shape
     // without batching; the lookup has nothing to capture)
-    Ok(ChainPlan { lookup_config, dense_config, dense_kind, dense_file, sparse_input, embeddings_input, pipeline_parts })
+    Ok(ChainPlan {
+        lookup_config,
+        dense_config,
+        dense_kind,
+        dense_file,
+        sparse_input,
+        embeddings_input,
+        pipeline_parts,
+    })
 }
 
 pub struct Chain {
@@ -163,7 +207,12 @@ pub struct Chain {
 }
 
 impl Chain {
-    pub fn new(lookup: Box<dyn Engine>, dense: Box<dyn Engine>, plan: &ChainPlan, device: Device) -> Result<Chain> {
+    pub fn new(
+        lookup: Box<dyn Engine>,
+        dense: Box<dyn Engine>,
+        plan: &ChainPlan,
+        device: Device,
+    ) -> Result<Chain> {
         if device != Device::Cpu && !dense.accepts_device_inputs() {
             return Err(Error::unsupported(format!(
                 "on a KIND_GPU instance the recommender's network reads the embeddings in GPU memory, which the engine of '{}' cannot; use a TorchScript dense.pt (or KIND_CPU)",
@@ -187,10 +236,21 @@ impl Chain {
                 emb.name, emb.dtype, emb.shape, rows.dtype, rows.shape
             )));
         }
-        let mut inputs: Vec<TensorSpec> = dense.inputs().iter().filter(|t| t.name != plan.embeddings_input).cloned().collect();
+        let mut inputs: Vec<TensorSpec> =
+            dense.inputs().iter().filter(|t| t.name != plan.embeddings_input).cloned().collect();
         inputs.push(lookup.inputs()[0].clone());
         let sig = Signature { inputs, outputs: dense.outputs().to_vec(), device };
-        Ok(Chain { lookup, dense, sparse_input: plan.sparse_input.clone(), embeddings_input: plan.embeddings_input.clone(), stager: None, ops: None, parts: plan.pipeline_parts, rows_buf: None, sig })
+        Ok(Chain {
+            lookup,
+            dense,
+            sparse_input: plan.sparse_input.clone(),
+            embeddings_input: plan.embeddings_input.clone(),
+            stager: None,
+            ops: None,
+            parts: plan.pipeline_parts,
+            rows_buf: None,
+            sig,
+        })
     }
 
     /// On a GPU instance: stages the network's large host inputs with `stager` while the
@@ -230,22 +290,38 @@ fn network_inputs<'a>(
         .iter()
         .map(|spec| match embeddings.take_if(|_| spec.name == embeddings_input) {
             Some(e) => Ok(e),
-            None => others.next().unwrap_or_else(|| Err(Error::internal("the network's inputs changed during a run"))),
+            None => others.next().unwrap_or_else(|| {
+                Err(Error::internal("the network's inputs changed during a run"))
+            }),
         })
         .collect()
 }
 
 /// Rows `r` of a host input whose first dim holds `rows` rows.
-fn rows_of<'a>(t: &BatchTensor<'_>, bytes: &'a [u8], rows: usize, r: &Range<usize>) -> Result<BatchTensor<'a>> {
+fn rows_of<'a>(
+    t: &BatchTensor<'_>,
+    bytes: &'a [u8],
+    rows: usize,
+    r: &Range<usize>,
+) -> Result<BatchTensor<'a>> {
     if rows == 0 || bytes.len() % rows != 0 {
-        return Err(Error::internal(format!("input '{}': {} bytes are not {rows} whole rows", t.name, bytes.len())));
+        return Err(Error::internal(format!(
+            "input '{}': {} bytes are not {rows} whole rows",
+            t.name,
+            bytes.len()
+        )));
     }
     let per = bytes.len() / rows;
     let mut shape = t.shape.clone();
     if let Some(first) = shape.first_mut() {
         *first = r.len() as i64;
     }
-    Ok(BatchTensor { name: t.name.clone(), dtype: t.dtype, shape, data: BatchData::Borrowed(Bytes::Host(&bytes[r.start * per..r.end * per])) })
+    Ok(BatchTensor {
+        name: t.name.clone(),
+        dtype: t.dtype,
+        shape,
+        data: BatchData::Borrowed(Bytes::Host(&bytes[r.start * per..r.end * per])),
+    })
 }
 
 impl Chain {
@@ -265,10 +341,14 @@ impl Chain {
     ) -> Result<bool> {
         let spec = &self.lookup.outputs()[0];
         let (rows_type, rows_shape) = (spec.dtype, spec.shape.clone());
-        let row_bytes = rows_shape.iter().skip(1).map(|&d| d.max(0) as usize).product::<usize>() * rows_type.size().unwrap_or(4);
+        let row_bytes = rows_shape.iter().skip(1).map(|&d| d.max(0) as usize).product::<usize>()
+            * rows_type.size().unwrap_or(4);
         let Chain { lookup, dense, stager, rows_buf, embeddings_input, parts, .. } = self;
         // parts are cut from host inputs; anything else runs whole
-        if !dense.accepts_device_inputs() || keys.host_bytes().is_none() || others.iter().any(|t| t.host_bytes().is_none()) {
+        if !dense.accepts_device_inputs()
+            || keys.host_bytes().is_none()
+            || others.iter().any(|t| t.host_bytes().is_none())
+        {
             return Ok(false);
         }
         let total = rows * row_bytes;
@@ -277,7 +357,10 @@ impl Chain {
             *rows_buf = Some(ops.alloc(device, total)?);
         }
         let per = rows.div_ceil(*parts);
-        let ranges: Vec<Range<usize>> = (0..*parts).map(|i| i * per..((i + 1) * per).min(rows)).filter(|r| !r.is_empty()).collect();
+        let ranges: Vec<Range<usize>> = (0..*parts)
+            .map(|i| i * per..((i + 1) * per).min(rows))
+            .filter(|r| !r.is_empty())
+            .collect();
         let mut views = Vec::with_capacity(ranges.len());
         let mut rest = rows_buf.as_mut().expect("allocated above").view_mut();
         for r in &ranges {
@@ -300,11 +383,16 @@ impl Chain {
                 std::thread::scope(|s| {
                     let job = s.spawn(move || stager.stage(&parts_in));
                     let looked = lookup.run_into(&first, cur.as_mut().expect("one part at least"));
-                    let staged = job.join().map_err(|_| Error::internal("staging the network's inputs panicked"));
+                    let staged = job
+                        .join()
+                        .map_err(|_| Error::internal("staging the network's inputs panicked"));
                     (looked, staged)
                 })
             }
-            None => (lookup.run_into(&first, cur.as_mut().expect("one part at least")), Ok(Ok(Vec::new()))),
+            None => (
+                lookup.run_into(&first, cur.as_mut().expect("one part at least")),
+                Ok(Ok(Vec::new())),
+            ),
         };
         if !looked? {
             return Ok(false);
@@ -312,17 +400,27 @@ impl Chain {
         let staged = staged??;
         let mut gathered: Vec<Gathered> = Vec::new();
         for (i, r) in ranges.iter().enumerate() {
-            let part_rows = cur.take().ok_or_else(|| Error::internal("a part's rows went missing"))?.into_view();
+            let part_rows = cur
+                .take()
+                .ok_or_else(|| Error::internal("a part's rows went missing"))?
+                .into_view();
             let mut next = views.next();
             // the network's inputs for rows r: its embeddings in place, the rest sliced
             let mut shape = rows_shape.clone();
             shape[0] = r.len() as i64;
-            let embeddings = BatchTensor { name: embeddings_input.clone(), dtype: rows_type, shape, data: BatchData::Borrowed(Bytes::Device(part_rows)) };
+            let embeddings = BatchTensor {
+                name: embeddings_input.clone(),
+                dtype: rows_type,
+                shape,
+                data: BatchData::Borrowed(Bytes::Device(part_rows)),
+            };
             let sliced = others.iter().zip(&host).enumerate().map(|(k, (t, bytes))| {
                 let mut part = rows_of(t, bytes, rows, r)?;
                 if let Some(v) = staged.get(k) {
                     let per = bytes.len() / rows;
-                    let view = v.slice(r.start * per..r.end * per).ok_or_else(|| Error::internal("a staged input is shorter than its rows"))?;
+                    let view = v.slice(r.start * per..r.end * per).ok_or_else(|| {
+                        Error::internal("a staged input is shorter than its rows")
+                    })?;
                     part.data = BatchData::Borrowed(Bytes::Device(view));
                 }
                 Ok(part)
@@ -364,18 +462,33 @@ impl Chain {
                     (Some(k), Some(v)) => lookup.run_into(k, v).map(Some),
                     _ => Ok(None),
                 };
-                (job.join().map_err(|_| Error::internal("the network panicked on a part of the batch")), looked)
+                (
+                    job.join().map_err(|_| {
+                        Error::internal("the network panicked on a part of the batch")
+                    }),
+                    looked,
+                )
             });
             ran??;
             match looked? {
                 Some(true) => cur = next,
-                Some(false) => return Err(Error::internal("the lookup stopped writing into the chain's buffer")),
+                Some(false) => {
+                    return Err(Error::internal(
+                        "the lookup stopped writing into the chain's buffer",
+                    ))
+                }
                 None => {}
             }
         }
         for g in &gathered {
-            let shape: Vec<i64> = std::iter::once(rows as i64).chain(g.rest.iter().copied()).collect();
-            sink(OutputView { name: &g.name, dtype: g.dtype, shape: &shape, data: Bytes::Host(&g.bytes) })?;
+            let shape: Vec<i64> =
+                std::iter::once(rows as i64).chain(g.rest.iter().copied()).collect();
+            sink(OutputView {
+                name: &g.name,
+                dtype: g.dtype,
+                shape: &shape,
+                data: Bytes::Host(&g.bytes),
+            })?;
         }
         Ok(true)
     }
@@ -383,8 +496,14 @@ impl Chain {
 
 /// A view of a batch input for one of the chain's engines (the chain takes host inputs).
 fn borrowed<'a>(t: &'a BatchTensor<'_>) -> Result<BatchTensor<'a>> {
-    let bytes = t.bytes().ok_or_else(|| Error::unsupported(format!("input '{}' in GPU memory", t.name)))?;
-    Ok(BatchTensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data: BatchData::Borrowed(bytes) })
+    let bytes =
+        t.bytes().ok_or_else(|| Error::unsupported(format!("input '{}' in GPU memory", t.name)))?;
+    Ok(BatchTensor {
+        name: t.name.clone(),
+        dtype: t.dtype,
+        shape: t.shape.clone(),
+        data: BatchData::Borrowed(bytes),
+    })
 }
 
 impl Engine for Chain {
@@ -399,7 +518,9 @@ impl Engine for Chain {
     /// Inputs in GPU memory (CUDA shared memory) go where they are when both engines take
     /// them: the keys to the GPU lookup, the rest to the network.
     fn accepts_device_inputs(&self) -> bool {
-        self.sig.device != Device::Cpu && self.lookup.accepts_device_inputs() && self.dense.accepts_device_inputs()
+        self.sig.device != Device::Cpu
+            && self.lookup.accepts_device_inputs()
+            && self.dense.accepts_device_inputs()
     }
 
     fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
@@ -409,11 +530,15 @@ impl Engine for Chain {
         }
     }
 
-    fn run(&mut self, inputs: &[BatchTensor<'_>], outputs: &[&str], sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>) -> Result<()> {
-        let keys = inputs
-            .iter()
-            .find(|t| t.name == self.sparse_input)
-            .ok_or_else(|| Error::internal(format!("input '{}' missing from the batch", self.sparse_input)))?;
+    fn run(
+        &mut self,
+        inputs: &[BatchTensor<'_>],
+        outputs: &[&str],
+        sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let keys = inputs.iter().find(|t| t.name == self.sparse_input).ok_or_else(|| {
+            Error::internal(format!("input '{}' missing from the batch", self.sparse_input))
+        })?;
         let lookup_in = [borrowed(keys)?];
         // The network's inputs other than the embeddings, in its order.
         let others = self
@@ -422,39 +547,58 @@ impl Engine for Chain {
             .iter()
             .filter(|spec| spec.name != self.embeddings_input)
             .map(|spec| {
-                inputs
-                    .iter()
-                    .find(|t| t.name == spec.name)
-                    .ok_or_else(|| Error::internal(format!("input '{}' of the dense network missing from the batch", spec.name)))
+                inputs.iter().find(|t| t.name == spec.name).ok_or_else(|| {
+                    Error::internal(format!(
+                        "input '{}' of the dense network missing from the batch",
+                        spec.name
+                    ))
+                })
             })
             .collect::<Result<Vec<_>>>()?;
         let host: usize = others.iter().map(|t| t.host_bytes().map_or(0, <[u8]>::len)).sum();
         let rows = keys.shape.first().map_or(0, |&r| r.max(0) as usize);
         if let (Device::Gpu(device), Some(ops)) = (self.sig.device, self.ops.clone()) {
-            if self.parts > 1 && rows >= self.parts * MIN_PART_ROWS && self.run_in_parts(ops, device, keys, &others, rows, outputs, sink)? {
+            if self.parts > 1
+                && rows >= self.parts * MIN_PART_ROWS
+                && self.run_in_parts(ops, device, keys, &others, rows, outputs, sink)?
+            {
                 return Ok(());
             }
         }
         // The dense network runs inside the lookup's sink, on the lookup's own buffer of
         // rows: nothing is copied between the two.
-        let (dense, embeddings_input, lookup) = (&mut self.dense, &self.embeddings_input, &mut self.lookup);
+        let (dense, embeddings_input, lookup) =
+            (&mut self.dense, &self.embeddings_input, &mut self.lookup);
         let mut ran = false;
-        let mut run_dense = |o: OutputView<'_>, staged: Option<Vec<DeviceView<'_>>>| -> Result<()> {
-            // Host rows on a CPU instance; on a GPU instance the lookup's own device
-            // buffer, which the network reads in place.
-            if matches!(o.data, Bytes::Device(_)) && !dense.accepts_device_inputs() {
-                return Err(Error::unsupported("the dense network's engine cannot read inputs in GPU memory"));
-            }
-            let embeddings = BatchTensor { name: embeddings_input.clone(), dtype: o.dtype, shape: o.shape.to_vec(), data: BatchData::Borrowed(o.data) };
-            let mut staged = staged.map(Vec::into_iter);
-            let rest = others.iter().map(|t| match staged.as_mut().and_then(Iterator::next) {
-                Some(v) => Ok(BatchTensor { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), data: BatchData::Borrowed(Bytes::Device(v)) }),
-                None => borrowed(t),
-            });
-            let dense_in = network_inputs(dense.as_ref(), embeddings_input, embeddings, rest)?;
-            ran = true;
-            dense.run(&dense_in, outputs, sink)
-        };
+        let mut run_dense =
+            |o: OutputView<'_>, staged: Option<Vec<DeviceView<'_>>>| -> Result<()> {
+                // Host rows on a CPU instance; on a GPU instance the lookup's own device
+                // buffer, which the network reads in place.
+                if matches!(o.data, Bytes::Device(_)) && !dense.accepts_device_inputs() {
+                    return Err(Error::unsupported(
+                        "the dense network's engine cannot read inputs in GPU memory",
+                    ));
+                }
+                let embeddings = BatchTensor {
+                    name: embeddings_input.clone(),
+                    dtype: o.dtype,
+                    shape: o.shape.to_vec(),
+                    data: BatchData::Borrowed(o.data),
+                };
+                let mut staged = staged.map(Vec::into_iter);
+                let rest = others.iter().map(|t| match staged.as_mut().and_then(Iterator::next) {
+                    Some(v) => Ok(BatchTensor {
+                        name: t.name.clone(),
+                        dtype: t.dtype,
+                        shape: t.shape.clone(),
+                        data: BatchData::Borrowed(Bytes::Device(v)),
+                    }),
+                    None => borrowed(t),
+                });
+                let dense_in = network_inputs(dense.as_ref(), embeddings_input, embeddings, rest)?;
+                ran = true;
+                dense.run(&dense_in, outputs, sink)
+            };
         match self.stager.as_mut().filter(|_| host >= STAGE_BESIDE) {
             Some(stager) => {
                 let parts = others.iter().map(|t| host_of(t)).collect::<Result<Vec<_>>>()?;
@@ -462,13 +606,18 @@ impl Engine for Chain {
                 std::thread::scope(|s| {
                     let mut job = Some(s.spawn(move || stager.stage(&parts)));
                     lookup.run(&lookup_in, &[LOOKUP_OUTPUT], &mut |o: OutputView<'_>| {
-                        let job = job.take().ok_or_else(|| Error::internal("the embedding lookup gave its rows twice"))?;
-                        let staged = job.join().map_err(|_| Error::internal("staging the network's inputs panicked"))??;
+                        let job = job.take().ok_or_else(|| {
+                            Error::internal("the embedding lookup gave its rows twice")
+                        })?;
+                        let staged = job.join().map_err(|_| {
+                            Error::internal("staging the network's inputs panicked")
+                        })??;
                         run_dense(o, Some(staged))
                     })
                 })?;
             }
-            None => lookup.run(&lookup_in, &[LOOKUP_OUTPUT], &mut |o: OutputView<'_>| run_dense(o, None))?,
+            None => lookup
+                .run(&lookup_in, &[LOOKUP_OUTPUT], &mut |o: OutputView<'_>| run_dense(o, None))?,
         }
         if !ran {
             return Err(Error::internal("the embedding lookup gave no rows"));
@@ -501,10 +650,20 @@ mod tests {
         fn signature(&self) -> &Signature {
             &self.0
         }
-        fn run(&mut self, inputs: &[BatchTensor<'_>], _: &[&str], sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>) -> Result<()> {
+        fn run(
+            &mut self,
+            inputs: &[BatchTensor<'_>],
+            _: &[&str],
+            sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+        ) -> Result<()> {
             self.1 = vec![7; inputs[0].bytes().unwrap().len() / 2];
             let shape = [self.1.len() as i64];
-            sink(OutputView { name: LOOKUP_OUTPUT, dtype: DataType::F32, shape: &shape, data: Bytes::Device(DeviceView::simulated(0, &self.1)) })
+            sink(OutputView {
+                name: LOOKUP_OUTPUT,
+                dtype: DataType::F32,
+                shape: &shape,
+                data: Bytes::Device(DeviceView::simulated(0, &self.1)),
+            })
         }
     }
     /// A network that answers with where each input was and its bytes.
@@ -517,7 +676,12 @@ mod tests {
         fn accepts_device_inputs(&self) -> bool {
             true
         }
-        fn run(&mut self, inputs: &[BatchTensor<'_>], _: &[&str], _: &mut dyn FnMut(OutputView<'_>) -> Result<()>) -> Result<()> {
+        fn run(
+            &mut self,
+            inputs: &[BatchTensor<'_>],
+            _: &[&str],
+            _: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+        ) -> Result<()> {
             *self.1.lock().unwrap() = inputs
                 .iter()
                 .map(|t| match t.bytes().unwrap() {
@@ -543,10 +707,17 @@ mod tests {
     #[test]
     fn large_host_inputs_reach_the_network_staged_beside_the_lookup() {
         let spec = |name: &str, dtype| TensorSpec { name: name.into(), dtype, shape: vec![-1] };
-        let sig = |inputs| Signature { inputs, outputs: vec![spec("prediction", DataType::F32)], device: Device::Gpu(0) };
+        let sig = |inputs| Signature {
+            inputs,
+            outputs: vec![spec("prediction", DataType::F32)],
+            device: Device::Gpu(0),
+        };
         let lookup = Lookup(sig(vec![spec("sparse", DataType::I64)]), vec![]);
         let seen = Seen::default();
-        let dense = Dense(sig(vec![spec("dense", DataType::F32), spec("embeddings", DataType::F32)]), seen.clone());
+        let dense = Dense(
+            sig(vec![spec("dense", DataType::F32), spec("embeddings", DataType::F32)]),
+            seen.clone(),
+        );
         let plan = ChainPlan {
             lookup_config: config(""),
             dense_config: config(""),
@@ -559,18 +730,37 @@ mod tests {
         let mut chain = Chain::new(Box::new(lookup), Box::new(dense), &plan, Device::Gpu(0))
             .unwrap()
             .with_gpu(Box::new(Copies(vec![], false)), Arc::new(FakeDevice::default()));
-        assert!(!chain.accepts_device_inputs(), "a lookup that reads host keys only: GPU inputs are refused up front");
+        assert!(
+            !chain.accepts_device_inputs(),
+            "a lookup that reads host keys only: GPU inputs are refused up front"
+        );
         let run = |chain: &mut Chain, dense_bytes: usize| -> Result<Vec<(bool, Vec<u8>)>> {
-            let (features, keys) = ((0..dense_bytes).map(|i| i as u8).collect::<Vec<u8>>(), vec![1u8; 64]);
-            let t = |name: &str, b| BatchTensor { name: name.into(), dtype: DataType::F32, shape: vec![-1], data: BatchData::Borrowed(Bytes::Host(b)) };
-            chain.run(&[t("dense", &features), t("sparse", &keys)], &["prediction"], &mut |_| Ok(()))?;
+            let (features, keys) =
+                ((0..dense_bytes).map(|i| i as u8).collect::<Vec<u8>>(), vec![1u8; 64]);
+            let t = |name: &str, b| BatchTensor {
+                name: name.into(),
+                dtype: DataType::F32,
+                shape: vec![-1],
+                data: BatchData::Borrowed(Bytes::Host(b)),
+            };
+            chain.run(
+                &[t("dense", &features), t("sparse", &keys)],
+                &["prediction"],
+                &mut |_| Ok(()),
+            )?;
             let seen = seen.lock().unwrap().clone();
             assert_eq!(seen[0].1, features, "the features arrive whole");
             assert_eq!(seen[1], (true, vec![7; 32]), "the rows stay where the lookup put them");
             Ok(seen)
         };
-        assert!(run(&mut chain, STAGE_BESIDE).unwrap()[0].0, "1 MiB of features: staged to the GPU beside the lookup");
-        assert!(!run(&mut chain, 1000).unwrap()[0].0, "small features: left to the network's engine");
+        assert!(
+            run(&mut chain, STAGE_BESIDE).unwrap()[0].0,
+            "1 MiB of features: staged to the GPU beside the lookup"
+        );
+        assert!(
+            !run(&mut chain, 1000).unwrap()[0].0,
+            "small features: left to the network's engine"
+        );
         chain.stager = Some(Box::new(Copies(vec![], true)));
         let e = run(&mut chain, STAGE_BESIDE).unwrap_err();
         assert!(e.message().contains("no room on GPU 0"), "the stager's failure is the run's: {e}");
@@ -590,15 +780,31 @@ mod tests {
         fn accepts_device_inputs(&self) -> bool {
             true // keys in GPU memory (a GPU instance's whole-batch lookup)
         }
-        fn run(&mut self, inputs: &[BatchTensor<'_>], _: &[&str], sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>) -> Result<()> {
+        fn run(
+            &mut self,
+            inputs: &[BatchTensor<'_>],
+            _: &[&str],
+            sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+        ) -> Result<()> {
             self.log.lock().unwrap().push(format!("run {:?}", inputs[0].shape));
-            let rows: Vec<u8> = keys_of(&inputs[0]).iter().flat_map(|&k| (k as f32).to_le_bytes()).collect();
+            let rows: Vec<u8> =
+                keys_of(&inputs[0]).iter().flat_map(|&k| (k as f32).to_le_bytes()).collect();
             let shape = [inputs[0].shape[0], 2, 1];
-            sink(OutputView { name: LOOKUP_OUTPUT, dtype: DataType::F32, shape: &shape, data: Bytes::Device(DeviceView::simulated(0, &rows)) })
+            sink(OutputView {
+                name: LOOKUP_OUTPUT,
+                dtype: DataType::F32,
+                shape: &shape,
+                data: Bytes::Device(DeviceView::simulated(0, &rows)),
+            })
         }
-        fn run_into(&mut self, inputs: &[BatchTensor<'_>], out: &mut DeviceViewMut<'_>) -> Result<bool> {
+        fn run_into(
+            &mut self,
+            inputs: &[BatchTensor<'_>],
+            out: &mut DeviceViewMut<'_>,
+        ) -> Result<bool> {
             self.log.lock().unwrap().push(format!("run_into {:?}", inputs[0].shape));
-            let rows: Vec<u8> = keys_of(&inputs[0]).iter().flat_map(|&k| (k as f32).to_le_bytes()).collect();
+            let rows: Vec<u8> =
+                keys_of(&inputs[0]).iter().flat_map(|&k| (k as f32).to_le_bytes()).collect();
             out.simulated_bytes().unwrap()[..rows.len()].copy_from_slice(&rows);
             let (count, cv) = &*self.started;
             *count.lock().unwrap() += 1;
@@ -607,7 +813,13 @@ mod tests {
         }
     }
     fn keys_of(t: &BatchTensor<'_>) -> Vec<i64> {
-        t.bytes().unwrap().host().unwrap().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
+        t.bytes()
+            .unwrap()
+            .host()
+            .unwrap()
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
     }
     /// prediction = dense + both embeddings, per row; its first part waits until the
     /// lookup has begun the next part (so a chain that does not overlap them fails).
@@ -623,7 +835,12 @@ mod tests {
         fn accepts_device_inputs(&self) -> bool {
             true
         }
-        fn run(&mut self, inputs: &[BatchTensor<'_>], _: &[&str], sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>) -> Result<()> {
+        fn run(
+            &mut self,
+            inputs: &[BatchTensor<'_>],
+            _: &[&str],
+            sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+        ) -> Result<()> {
             let floats = |t: &BatchTensor<'_>| -> Vec<f32> {
                 let b = match t.bytes().unwrap() {
                     Bytes::Host(b) => b,
@@ -636,31 +853,55 @@ mod tests {
             if self.runs == 0 && inputs[1].shape[0] as usize * 2 < 4096 * 2 {
                 // a part, not the whole batch: wait for the lookup of the next part
                 let (count, cv) = &*self.started;
-                let (n, timeout) = cv.wait_timeout_while(count.lock().unwrap(), std::time::Duration::from_secs(10), |n| *n < 2).unwrap();
+                let (n, timeout) = cv
+                    .wait_timeout_while(
+                        count.lock().unwrap(),
+                        std::time::Duration::from_secs(10),
+                        |n| *n < 2,
+                    )
+                    .unwrap();
                 if timeout.timed_out() {
-                    return Err(Error::internal(format!("the next part's lookup never began while this part ran ({} lookups)", *n)));
+                    return Err(Error::internal(format!(
+                        "the next part's lookup never began while this part ran ({} lookups)",
+                        *n
+                    )));
                 }
             }
             self.runs += 1;
-            let out: Vec<u8> = (0..rows).flat_map(|i| (dense[i] + emb[2 * i] + emb[2 * i + 1]).to_le_bytes()).collect();
+            let out: Vec<u8> = (0..rows)
+                .flat_map(|i| (dense[i] + emb[2 * i] + emb[2 * i + 1]).to_le_bytes())
+                .collect();
             let shape = [rows as i64, 1];
-            sink(OutputView { name: "prediction", dtype: DataType::F32, shape: &shape, data: Bytes::Device(DeviceView::simulated(0, &out)) })
+            sink(OutputView {
+                name: "prediction",
+                dtype: DataType::F32,
+                shape: &shape,
+                data: Bytes::Device(DeviceView::simulated(0, &out)),
+            })
         }
     }
 
     #[test]
     fn a_large_batch_runs_in_parts_each_lookup_beside_the_network_on_the_part_before() {
-        let spec = |name: &str, dtype, shape: Vec<i64>| TensorSpec { name: name.into(), dtype, shape };
+        let spec =
+            |name: &str, dtype, shape: Vec<i64>| TensorSpec { name: name.into(), dtype, shape };
         let log = Arc::new(std::sync::Mutex::new(Vec::new()));
         let started = Arc::new((std::sync::Mutex::new(0usize), std::sync::Condvar::new()));
         let lookup = PartLookup {
-            sig: Signature { inputs: vec![spec("sparse", DataType::I64, vec![-1, 2])], outputs: vec![spec(LOOKUP_OUTPUT, DataType::F32, vec![-1, 2, 1])], device: Device::Gpu(0) },
+            sig: Signature {
+                inputs: vec![spec("sparse", DataType::I64, vec![-1, 2])],
+                outputs: vec![spec(LOOKUP_OUTPUT, DataType::F32, vec![-1, 2, 1])],
+                device: Device::Gpu(0),
+            },
             log: log.clone(),
             started: started.clone(),
         };
         let dense = PartDense {
             sig: Signature {
-                inputs: vec![spec("dense", DataType::F32, vec![-1, 1]), spec("embeddings", DataType::F32, vec![-1, 2, 1])],
+                inputs: vec![
+                    spec("dense", DataType::F32, vec![-1, 1]),
+                    spec("embeddings", DataType::F32, vec![-1, 2, 1]),
+                ],
                 outputs: vec![spec("prediction", DataType::F32, vec![-1, 1])],
                 device: Device::Gpu(0),
             },
@@ -678,30 +919,59 @@ mod tests {
         let mut chain = Chain::new(Box::new(lookup), Box::new(dense), &plan, Device::Gpu(0))
             .unwrap()
             .with_gpu(Box::new(Copies(vec![], false)), Arc::new(FakeDevice::default()));
-        assert!(chain.accepts_device_inputs(), "both engines take GPU inputs on a GPU instance: CUDA shared memory goes straight in");
+        assert!(
+            chain.accepts_device_inputs(),
+            "both engines take GPU inputs on a GPU instance: CUDA shared memory goes straight in"
+        );
         let run = |chain: &mut Chain, rows: usize| -> Vec<f32> {
             let keys: Vec<u8> = (0..rows as i64 * 2).flat_map(|k| k.to_le_bytes()).collect();
             let dense: Vec<u8> = (0..rows).flat_map(|i| (0.5 * i as f32).to_le_bytes()).collect();
-            let t = |name: &str, dtype, shape: Vec<i64>, b| BatchTensor { name: name.into(), dtype, shape, data: BatchData::Borrowed(Bytes::Host(b)) };
-            let inputs = [t("dense", DataType::F32, vec![rows as i64, 1], &dense), t("sparse", DataType::I64, vec![rows as i64, 2], &keys)];
+            let t = |name: &str, dtype, shape: Vec<i64>, b| BatchTensor {
+                name: name.into(),
+                dtype,
+                shape,
+                data: BatchData::Borrowed(Bytes::Host(b)),
+            };
+            let inputs = [
+                t("dense", DataType::F32, vec![rows as i64, 1], &dense),
+                t("sparse", DataType::I64, vec![rows as i64, 2], &keys),
+            ];
             let mut got = None;
             chain
                 .run(&inputs, &["prediction"], &mut |o| {
-                    assert_eq!((o.name, o.shape), ("prediction", &[rows as i64, 1][..]), "one output of every row");
+                    assert_eq!(
+                        (o.name, o.shape),
+                        ("prediction", &[rows as i64, 1][..]),
+                        "one output of every row"
+                    );
                     // gathered on the host when run in parts; the network's own buffer when whole
                     let b = o.data.host().or_else(|| match o.data {
                         Bytes::Device(v) => v.simulated_bytes(),
                         Bytes::Host(_) => None,
                     });
-                    got = Some(b.unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect());
+                    got = Some(
+                        b.unwrap()
+                            .chunks_exact(4)
+                            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                            .collect(),
+                    );
                     Ok(())
                 })
                 .unwrap();
             got.expect("the prediction")
         };
-        let want = |rows: usize| -> Vec<f32> { (0..rows).map(|i| 0.5 * i as f32 + (2 * i) as f32 + (2 * i + 1) as f32).collect() };
-        assert_eq!(run(&mut chain, 4000), want(4000), "three parts of 1334, 1334 and 1332 rows, gathered in order");
-        assert_eq!(log.lock().unwrap().drain(..).collect::<Vec<_>>(), ["run_into [1334, 2]", "run_into [1334, 2]", "run_into [1332, 2]"]);
+        let want = |rows: usize| -> Vec<f32> {
+            (0..rows).map(|i| 0.5 * i as f32 + (2 * i) as f32 + (2 * i + 1) as f32).collect()
+        };
+        assert_eq!(
+            run(&mut chain, 4000),
+            want(4000),
+            "three parts of 1334, 1334 and 1332 rows, gathered in order"
+        );
+        assert_eq!(
+            log.lock().unwrap().drain(..).collect::<Vec<_>>(),
+            ["run_into [1334, 2]", "run_into [1334, 2]", "run_into [1332, 2]"]
+        );
         assert_eq!(run(&mut chain, 3000), want(3000), "under 3 × 1024 rows: whole");
         assert_eq!(log.lock().unwrap().drain(..).collect::<Vec<_>>(), ["run [3000, 2]"]);
     }
@@ -715,18 +985,29 @@ mod tests {
         std::fs::write(dir.join("dense.onnx"), b"x").unwrap();
         let p = plan(&config(""), &dir).unwrap();
         assert_eq!(p.dense_kind, EngineKind::Onnx);
-        assert_eq!(p.lookup_config.inputs.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["sparse"]);
+        assert_eq!(
+            p.lookup_config.inputs.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+            ["sparse"]
+        );
         assert_eq!(p.lookup_config.parameters["embedding_interface"], "batched");
-        let dense: Vec<_> = p.dense_config.inputs.iter().map(|t| (t.name.as_str(), t.dims.clone())).collect();
+        let dense: Vec<_> =
+            p.dense_config.inputs.iter().map(|t| (t.name.as_str(), t.dims.clone())).collect();
         assert_eq!(dense, [("dense", vec![13]), ("embeddings", vec![3, 4])]);
-        let e = plan(&config(r#", {"name": "embeddings", "data_type": "TYPE_FP32", "dims": [3, 4]}"#), &dir).unwrap_err();
+        let e = plan(
+            &config(r#", {"name": "embeddings", "data_type": "TYPE_FP32", "dims": [3, 4]}"#),
+            &dir,
+        )
+        .unwrap_err();
         assert!(e.message().contains("clients do not send it"), "{e}");
         let mut c = config("");
         c.parameters.insert("recommender_sparse_input".into(), "ids".into());
         assert!(plan(&c, &dir).unwrap_err().message().contains("'ids'"));
         let mut c = config("");
         c.max_batch_size = 0;
-        assert!(plan(&c, &dir).unwrap_err().message().contains("[-1, 3]"), "without batching the keys carry their own batch dim");
+        assert!(
+            plan(&c, &dir).unwrap_err().message().contains("[-1, 3]"),
+            "without batching the keys carry their own batch dim"
+        );
         c.inputs[1].dims = vec![-1, 3];
         c.inputs[0].dims = vec![-1, 13];
         let p = plan(&c, &dir).unwrap();
@@ -735,7 +1016,11 @@ mod tests {
         let mut c = config("");
         c.parameters.insert("recommender_embeddings_type".into(), "TYPE_FP16".into());
         let p = plan(&c, &dir).unwrap();
-        assert_eq!((p.lookup_config.outputs[0].dtype, p.dense_config.inputs[1].dtype), (DataType::F16, DataType::F16), "fp16 rows end to end");
+        assert_eq!(
+            (p.lookup_config.outputs[0].dtype, p.dense_config.inputs[1].dtype),
+            (DataType::F16, DataType::F16),
+            "fp16 rows end to end"
+        );
         c.parameters.insert("recommender_embeddings_type".into(), "TYPE_BF16".into());
         assert!(plan(&c, &dir).unwrap_err().message().contains("TYPE_FP32 or TYPE_FP16"));
         let mut c = config("");

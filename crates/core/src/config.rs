@@ -111,7 +111,11 @@ pub struct SequenceConfig {
 
 impl SequenceConfig {
     fn from_value(v: &Value) -> Result<SequenceConfig> {
-        let strategy = if v.get("oldest").is_some() { SequenceStrategy::Oldest } else { SequenceStrategy::Direct };
+        let strategy = if v.get("oldest").is_some() {
+            SequenceStrategy::Oldest
+        } else {
+            SequenceStrategy::Direct
+        };
         let mut controls = Vec::new();
         for c in v.get("control_input").and_then(Value::as_array).into_iter().flatten() {
             let name = c.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
@@ -120,13 +124,20 @@ impl SequenceConfig {
             }
             let kinds = c.get("control").and_then(Value::as_array).cloned().unwrap_or_default();
             let [control] = kinds.as_slice() else {
-                return Err(Error::invalid_arg(format!("sequence_batching control_input '{name}' must have exactly one control")));
+                return Err(Error::invalid_arg(format!(
+                    "sequence_batching control_input '{name}' must have exactly one control"
+                )));
             };
-            let kind = control.get("kind").and_then(Value::as_str).unwrap_or("CONTROL_SEQUENCE_START");
-            let filled = |key: &str| control.get(key).and_then(Value::as_array).is_some_and(|a| !a.is_empty());
+            let kind =
+                control.get("kind").and_then(Value::as_str).unwrap_or("CONTROL_SEQUENCE_START");
+            let filled = |key: &str| {
+                control.get(key).and_then(Value::as_array).is_some_and(|a| !a.is_empty())
+            };
             let dtype = if kind == "CONTROL_SEQUENCE_CORRID" {
                 let t = control.get("data_type").and_then(Value::as_str).unwrap_or("TYPE_INVALID");
-                DataType::from_config_name(t).map_err(|e| Error::invalid_arg(format!("sequence_batching control_input '{name}': {e}")))?
+                DataType::from_config_name(t).map_err(|e| {
+                    Error::invalid_arg(format!("sequence_batching control_input '{name}': {e}"))
+                })?
             } else if filled("fp32_false_true") {
                 DataType::F32
             } else if filled("bool_false_true") {
@@ -145,14 +156,28 @@ impl SequenceConfig {
             let text = |k: &str| st.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
             let (input, output) = (text("input_name"), text("output_name"));
             if input.is_empty() || output.is_empty() {
-                return Err(Error::invalid_arg("a sequence_batching state needs both input_name and output_name"));
+                return Err(Error::invalid_arg(
+                    "a sequence_batching state needs both input_name and output_name",
+                ));
             }
-            let dtype = DataType::from_config_name(st.get("data_type").and_then(Value::as_str).unwrap_or("TYPE_INVALID"))
-                .map_err(|e| Error::invalid_arg(format!("sequence_batching state '{input}': {e}")))?;
+            let dtype = DataType::from_config_name(
+                st.get("data_type").and_then(Value::as_str).unwrap_or("TYPE_INVALID"),
+            )
+            .map_err(|e| Error::invalid_arg(format!("sequence_batching state '{input}': {e}")))?;
             let dims = st
                 .get("dims")
                 .and_then(Value::as_array)
-                .map(|d| d.iter().map(|x| as_i64(x).ok_or_else(|| Error::invalid_arg(format!("sequence_batching state '{input}': bad dims")))).collect::<Result<Vec<_>>>())
+                .map(|d| {
+                    d.iter()
+                        .map(|x| {
+                            as_i64(x).ok_or_else(|| {
+                                Error::invalid_arg(format!(
+                                    "sequence_batching state '{input}': bad dims"
+                                ))
+                            })
+                        })
+                        .collect::<Result<Vec<_>>>()
+                })
                 .transpose()?
                 .unwrap_or_default();
             states.push(StateConfig { input, output, dtype, dims });
@@ -162,7 +187,10 @@ impl SequenceConfig {
 
     /// The names of the inputs the server adds to every request: controls, then states.
     pub fn added_inputs(&self) -> impl Iterator<Item = &str> {
-        self.controls.iter().map(|c| c.name.as_str()).chain(self.states.iter().map(|s| s.input.as_str()))
+        self.controls
+            .iter()
+            .map(|c| c.name.as_str())
+            .chain(self.states.iter().map(|s| s.input.as_str()))
     }
 
     /// The state whose model output is `name`.
@@ -174,7 +202,9 @@ impl SequenceConfig {
 /// The sections and fields of a model config this backend refuses, with why.
 fn unsupported_sections(v: &Value) -> Vec<String> {
     let mut out = Vec::new();
-    if v.get("model_transaction_policy").and_then(|p| p.get("decoupled")).and_then(Value::as_bool) == Some(true) {
+    if v.get("model_transaction_policy").and_then(|p| p.get("decoupled")).and_then(Value::as_bool)
+        == Some(true)
+    {
         out.push(
             "model_transaction_policy.decoupled: the rust backend sends exactly one response per request; \
              decoupled models (several or no responses per request) are not supported yet"
@@ -192,7 +222,9 @@ fn unsupported_sections(v: &Value) -> Vec<String> {
     }
     for key in ["batch_input", "batch_output"] {
         if v.get(key).and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
-            out.push(format!("{key}: ragged batching's batch tensors are not supported by the rust backend yet"));
+            out.push(format!(
+                "{key}: ragged batching's batch tensors are not supported by the rust backend yet"
+            ));
         }
     }
     out
@@ -209,7 +241,9 @@ fn string_map(v: Option<&Value>) -> BTreeMap<String, String> {
         for (k, v) in map {
             let s = match v {
                 Value::String(s) => s.clone(),
-                Value::Object(o) => o.get("string_value").and_then(Value::as_str).unwrap_or_default().to_string(),
+                Value::Object(o) => {
+                    o.get("string_value").and_then(Value::as_str).unwrap_or_default().to_string()
+                }
                 other => other.to_string(),
             };
             out.insert(k.clone(), s);
@@ -224,7 +258,9 @@ fn tensors(v: Option<&Value>, what: &str) -> Result<Vec<TensorConfig>> {
         .map(|t| {
             let name = t.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
             if name.is_empty() {
-                return Err(Error::invalid_arg(format!("an {what} in the model config has no name")));
+                return Err(Error::invalid_arg(format!(
+                    "an {what} in the model config has no name"
+                )));
             }
             let dtype_name = t.get("data_type").and_then(Value::as_str).unwrap_or("TYPE_INVALID");
             let dtype = DataType::from_config_name(dtype_name)
@@ -232,7 +268,10 @@ fn tensors(v: Option<&Value>, what: &str) -> Result<Vec<TensorConfig>> {
             let dims = match t.get("dims").and_then(Value::as_array) {
                 Some(d) => d
                     .iter()
-                    .map(|x| as_i64(x).ok_or_else(|| Error::invalid_arg(format!("{what} '{name}': bad dims"))))
+                    .map(|x| {
+                        as_i64(x)
+                            .ok_or_else(|| Error::invalid_arg(format!("{what} '{name}': bad dims")))
+                    })
                     .collect::<Result<Vec<_>>>()?,
                 None => Vec::new(),
             };
@@ -242,15 +281,29 @@ fn tensors(v: Option<&Value>, what: &str) -> Result<Vec<TensorConfig>> {
                 Some(r) => Some(
                     r.get("shape")
                         .and_then(Value::as_array)
-                        .map(|d| d.iter().map(|x| as_i64(x).ok_or_else(|| Error::invalid_arg(format!("{what} '{name}': bad reshape")))).collect::<Result<Vec<i64>>>())
+                        .map(|d| {
+                            d.iter()
+                                .map(|x| {
+                                    as_i64(x).ok_or_else(|| {
+                                        Error::invalid_arg(format!("{what} '{name}': bad reshape"))
+                                    })
+                                })
+                                .collect::<Result<Vec<i64>>>()
+                        })
                         .transpose()?
                         .unwrap_or_default(),
                 ),
             };
             if let Some(r) = &reshape {
                 let fixed = |d: &[i64]| d.iter().all(|&x| x >= 0);
-                if r.iter().filter(|&&d| d == -1).count() > 1 || (fixed(r) && fixed(&dims) && r.iter().product::<i64>() != dims.iter().product::<i64>()) {
-                    return Err(Error::invalid_arg(format!("{what} '{name}': reshape {r:?} cannot hold dims {dims:?}")));
+                if r.iter().filter(|&&d| d == -1).count() > 1
+                    || (fixed(r)
+                        && fixed(&dims)
+                        && r.iter().product::<i64>() != dims.iter().product::<i64>())
+                {
+                    return Err(Error::invalid_arg(format!(
+                        "{what} '{name}': reshape {r:?} cannot hold dims {dims:?}"
+                    )));
                 }
             }
             Ok(TensorConfig { name, dtype, dims, reshape })
@@ -273,7 +326,8 @@ fn accelerators(v: Option<&Value>) -> Vec<Accelerator> {
 
 impl ModelConfig {
     pub fn from_json(text: &str) -> Result<ModelConfig> {
-        let v: Value = serde_json::from_str(text).map_err(|e| Error::invalid_arg(format!("model config is not JSON: {e}")))?;
+        let v: Value = serde_json::from_str(text)
+            .map_err(|e| Error::invalid_arg(format!("model config is not JSON: {e}")))?;
         Self::from_value(&v)
     }
 
@@ -291,26 +345,46 @@ impl ModelConfig {
                 .and_then(Value::as_str)
                 .filter(|s| !s.is_empty())
                 .map(str::to_string),
-            graph_optimization_level: opt.and_then(|o| o.get("graph")).and_then(|g| g.get("level")).and_then(as_i64),
+            graph_optimization_level: opt
+                .and_then(|o| o.get("graph"))
+                .and_then(|g| g.get("level"))
+                .and_then(as_i64),
             gpu_accelerators: accelerators(accel.and_then(|a| a.get("gpu_execution_accelerator"))),
             cpu_accelerators: accelerators(accel.and_then(|a| a.get("cpu_execution_accelerator"))),
             instance_kinds: v
                 .get("instance_group")
                 .and_then(Value::as_array)
-                .map(|groups| groups.iter().filter_map(|g| g.get("kind").and_then(Value::as_str).map(str::to_string)).collect())
+                .map(|groups| {
+                    groups
+                        .iter()
+                        .filter_map(|g| g.get("kind").and_then(Value::as_str).map(str::to_string))
+                        .collect()
+                })
                 .unwrap_or_default(),
-            cuda_graphs: opt.and_then(|o| o.get("cuda")).and_then(|c| c.get("graphs")).and_then(Value::as_bool).unwrap_or(false),
+            cuda_graphs: opt
+                .and_then(|o| o.get("cuda"))
+                .and_then(|c| c.get("graphs"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
             cuda_graph_batches: opt
                 .and_then(|o| o.get("cuda"))
                 .and_then(|c| c.get("graph_spec"))
                 .and_then(Value::as_array)
-                .map(|specs| specs.iter().map(|g| g.get("batch_size").and_then(as_i64).unwrap_or(0)).collect())
+                .map(|specs| {
+                    specs
+                        .iter()
+                        .map(|g| g.get("batch_size").and_then(as_i64).unwrap_or(0))
+                        .collect()
+                })
                 .unwrap_or_default(),
             sequence: v.get("sequence_batching").map(SequenceConfig::from_value).transpose()?,
             unsupported: unsupported_sections(v),
         };
         if cfg.max_batch_size < 0 {
-            return Err(Error::invalid_arg(format!("max_batch_size {} is negative", cfg.max_batch_size)));
+            return Err(Error::invalid_arg(format!(
+                "max_batch_size {} is negative",
+                cfg.max_batch_size
+            )));
         }
         Ok(cfg)
     }
@@ -372,17 +446,22 @@ impl ModelConfig {
                 )));
             }
             // entries of batch_size 0 (Triton's spelling by input shape) name no rows
-            let mut rows: Vec<i64> = self.cuda_graph_batches.iter().copied().filter(|&b| b > 0).collect();
+            let mut rows: Vec<i64> =
+                self.cuda_graph_batches.iter().copied().filter(|&b| b > 0).collect();
             rows.sort_unstable();
             rows.dedup();
             return Ok(Some(rows));
         }
         let mut buckets = if self.cuda_graph_batches.is_empty() {
-            let mut b: Vec<i64> = std::iter::successors(Some(1i64), |&x| x.checked_mul(2)).take_while(|&x| x < self.max_batch_size).collect();
+            let mut b: Vec<i64> = std::iter::successors(Some(1i64), |&x| x.checked_mul(2))
+                .take_while(|&x| x < self.max_batch_size)
+                .collect();
             b.push(self.max_batch_size);
             b
         } else {
-            if let Some(&bad) = self.cuda_graph_batches.iter().find(|&&b| b < 1 || b > self.max_batch_size) {
+            if let Some(&bad) =
+                self.cuda_graph_batches.iter().find(|&&b| b < 1 || b > self.max_batch_size)
+            {
                 return Err(Error::invalid_arg(format!(
                     "optimization.cuda.graph_spec batch_size {bad} is outside 1..={} (max_batch_size)",
                     self.max_batch_size
@@ -400,7 +479,9 @@ impl ModelConfig {
         match self.parameters.get(key) {
             None => Ok(None),
             Some(s) => s.trim().parse().map(Some).map_err(|_| {
-                Error::invalid_arg(format!("parameter '{key}' must be a non-negative integer, got '{s}'"))
+                Error::invalid_arg(format!(
+                    "parameter '{key}' must be a non-negative integer, got '{s}'"
+                ))
             }),
         }
     }
@@ -412,7 +493,8 @@ impl ModelConfig {
         let adopt = |declared: &mut Vec<TensorConfig>, actual: &[TensorSpec]| {
             for c in declared.iter_mut().filter(|c| c.reshape.is_none() && c.dims == [1]) {
                 if let Some(m) = actual.iter().find(|m| m.name == c.name) {
-                    let model_dims = if batching { m.shape.get(1..).unwrap_or(&[]) } else { &m.shape[..] };
+                    let model_dims =
+                        if batching { m.shape.get(1..).unwrap_or(&[]) } else { &m.shape[..] };
                     if model_dims.is_empty() && (!batching || !m.shape.is_empty()) {
                         c.reshape = Some(Vec::new());
                     }
@@ -430,7 +512,9 @@ impl ModelConfig {
             Some(s) => match s.as_str() {
                 "true" | "1" | "yes" | "on" => Ok(Some(true)),
                 "false" | "0" | "no" | "off" => Ok(Some(false)),
-                _ => Err(Error::invalid_arg(format!("parameter '{key}' must be true or false, got '{s}'"))),
+                _ => Err(Error::invalid_arg(format!(
+                    "parameter '{key}' must be true or false, got '{s}'"
+                ))),
             },
         }
     }
@@ -490,8 +574,15 @@ pub fn autocomplete(
     };
     if parsed.inputs.is_empty() {
         // the sequence batcher fills its control and state inputs: clients send the rest
-        let filled_by_server: Vec<&str> = parsed.sequence.iter().flat_map(|s| s.added_inputs()).collect();
-        cfg["input"] = Value::Array(inputs.iter().filter(|t| !filled_by_server.contains(&t.name.as_str())).map(to_json).collect());
+        let filled_by_server: Vec<&str> =
+            parsed.sequence.iter().flat_map(|s| s.added_inputs()).collect();
+        cfg["input"] = Value::Array(
+            inputs
+                .iter()
+                .filter(|t| !filled_by_server.contains(&t.name.as_str()))
+                .map(to_json)
+                .collect(),
+        );
         changed = true;
     }
     if parsed.outputs.is_empty() {
@@ -504,7 +595,11 @@ pub fn autocomplete(
 /// Checks that the config's tensors agree with the model file's, naming the first
 /// tensor that does not. Config tensors must exist in the model with the same type
 /// and a compatible shape; every model input must be fed by the config.
-pub fn check_against_model(cfg: &ModelConfig, inputs: &[TensorSpec], outputs: &[TensorSpec]) -> Result<()> {
+pub fn check_against_model(
+    cfg: &ModelConfig,
+    inputs: &[TensorSpec],
+    outputs: &[TensorSpec],
+) -> Result<()> {
     let check = |what: &str, declared: &[TensorConfig], actual: &[TensorSpec]| -> Result<()> {
         for c in declared {
             let Some(m) = actual.iter().find(|m| m.name == c.name) else {
@@ -553,7 +648,10 @@ pub fn check_against_model(cfg: &ModelConfig, inputs: &[TensorSpec], outputs: &[
     check("output", &cfg.outputs, outputs)?;
     for m in inputs {
         if !cfg.inputs.iter().any(|c| c.name == m.name) {
-            return Err(Error::invalid_arg(format!("model input '{}' is missing from the config", m.name)));
+            return Err(Error::invalid_arg(format!(
+                "model input '{}' is missing from the config",
+                m.name
+            )));
         }
     }
     Ok(())
@@ -589,7 +687,11 @@ mod tests {
     #[test]
     fn cuda_graph_buckets() {
         let cfg = |json: &str| ModelConfig::from_json(json).unwrap();
-        assert_eq!(cfg(r#"{"max_batch_size": 8}"#).cuda_graph_buckets().unwrap(), None, "off unless asked for");
+        assert_eq!(
+            cfg(r#"{"max_batch_size": 8}"#).cuda_graph_buckets().unwrap(),
+            None,
+            "off unless asked for"
+        );
         let on = r#"{"max_batch_size": 12, "optimization": {"cuda": {"graphs": true}}}"#;
         assert_eq!(cfg(on).cuda_graph_buckets().unwrap(), Some(vec![1, 2, 4, 8, 12]));
         let spec = r#"{"max_batch_size": 64, "optimization": {"cuda": {"graphs": true, "graph_spec": [{"batch_size": 32}, {"batch_size": "1"}]}}}"#;
@@ -599,9 +701,17 @@ mod tests {
         let unbatched = r#"{"max_batch_size": 0, "optimization": {"cuda": {"graphs": true}}}"#;
         assert_eq!(cfg(unbatched).cuda_graph_buckets().unwrap(), Some(vec![]));
         let rows = r#"{"max_batch_size": 0, "optimization": {"cuda": {"graphs": true, "graph_spec": [{"batch_size": 4096}, {"batch_size": "256"}, {"batch_size": 4096}]}}}"#;
-        assert_eq!(cfg(rows).cuda_graph_buckets().unwrap(), Some(vec![256, 4096]), "without batching: the exact rows to graph");
+        assert_eq!(
+            cfg(rows).cuda_graph_buckets().unwrap(),
+            Some(vec![256, 4096]),
+            "without batching: the exact rows to graph"
+        );
         let by_shape = r#"{"max_batch_size": 0, "optimization": {"cuda": {"graphs": true, "graph_spec": [{"batch_size": 0, "input": {"x": {"dim": ["4", "3"]}}}]}}}"#;
-        assert_eq!(cfg(by_shape).cuda_graph_buckets().unwrap(), Some(vec![]), "entries by input shape name no rows: every shape");
+        assert_eq!(
+            cfg(by_shape).cuda_graph_buckets().unwrap(),
+            Some(vec![]),
+            "entries by input shape name no rows: every shape"
+        );
         let bad = r#"{"max_batch_size": 0, "optimization": {"cuda": {"graphs": true, "graph_spec": [{"batch_size": -2}]}}}"#;
         assert!(cfg(bad).cuda_graph_buckets().unwrap_err().to_string().contains("batch_size -2"));
     }
@@ -629,7 +739,9 @@ mod tests {
 
     #[test]
     fn bad_dtype_is_named() {
-        let e = ModelConfig::from_json(r#"{"input":[{"name":"A","data_type":"TYPE_FP8","dims":[1]}]}"#).unwrap_err();
+        let e =
+            ModelConfig::from_json(r#"{"input":[{"name":"A","data_type":"TYPE_FP8","dims":[1]}]}"#)
+                .unwrap_err();
         assert!(e.message().contains("'A'") && e.message().contains("TYPE_FP8"), "{e}");
     }
 
@@ -637,17 +749,32 @@ mod tests {
     fn autocomplete_writes_scalars_with_a_reshape() {
         let cfg: Value = serde_json::from_str(r#"{"name":"vad","backend":"rust"}"#).unwrap();
         let inputs = [spec("input", DataType::F32, &[-1, -1]), spec("sr", DataType::I64, &[])];
-        let out = autocomplete(&cfg, &inputs, &[spec("output", DataType::F32, &[-1, 1])], 4).unwrap().unwrap();
+        let out = autocomplete(&cfg, &inputs, &[spec("output", DataType::F32, &[-1, 1])], 4)
+            .unwrap()
+            .unwrap();
         let mut c = ModelConfig::from_value(&out).unwrap();
         assert_eq!(c.max_batch_size, 0, "a rank-0 input cannot batch");
-        assert_eq!((c.inputs[1].dims.clone(), c.inputs[1].reshape.clone()), (vec![1], None), "Triton refuses an empty reshape here");
-        assert!(check_against_model(&c, &inputs, &[spec("output", DataType::F32, &[-1, 1])]).is_err());
+        assert_eq!(
+            (c.inputs[1].dims.clone(), c.inputs[1].reshape.clone()),
+            (vec![1], None),
+            "Triton refuses an empty reshape here"
+        );
+        assert!(
+            check_against_model(&c, &inputs, &[spec("output", DataType::F32, &[-1, 1])]).is_err()
+        );
         c.adopt_scalars(&inputs, &[spec("output", DataType::F32, &[-1, 1])]);
         assert_eq!(c.inputs[1].reshape, Some(vec![]));
         assert_eq!(c.inputs[0].reshape, None);
         check_against_model(&c, &inputs, &[spec("output", DataType::F32, &[-1, 1])]).unwrap();
         // batching, one scalar per sample: the empty reshape is written out
-        let out = autocomplete(&cfg, &[spec("x", DataType::F32, &[-1])], &[spec("y", DataType::F32, &[-1, 4])], 8).unwrap().unwrap();
+        let out = autocomplete(
+            &cfg,
+            &[spec("x", DataType::F32, &[-1])],
+            &[spec("y", DataType::F32, &[-1, 4])],
+            8,
+        )
+        .unwrap()
+        .unwrap();
         let c = ModelConfig::from_value(&out).unwrap();
         assert_eq!((c.max_batch_size, c.inputs[0].reshape.clone()), (8, Some(vec![])));
     }
@@ -660,7 +787,15 @@ mod tests {
         let out = autocomplete(&cfg, &ins, &outs, DEFAULT_MAX_BATCH_SIZE).unwrap().unwrap();
         let c = ModelConfig::from_value(&out).unwrap();
         assert_eq!(c.max_batch_size, DEFAULT_MAX_BATCH_SIZE);
-        assert_eq!(c.inputs, vec![TensorConfig { name: "x".into(), dtype: DataType::F32, dims: vec![16], reshape: None }]);
+        assert_eq!(
+            c.inputs,
+            vec![TensorConfig {
+                name: "x".into(),
+                dtype: DataType::F32,
+                dims: vec![16],
+                reshape: None
+            }]
+        );
         assert_eq!(c.outputs[0].dims, vec![4]);
         assert!(out.get("dynamic_batching").is_some());
         check_against_model(&c, &ins, &outs).unwrap();
@@ -690,14 +825,21 @@ mod tests {
     fn mismatches_name_the_tensor() {
         let c = ModelConfig::from_json(RESNET).unwrap();
         let outs = [spec("OUTPUT__0", DataType::F32, &[-1, 1000])];
-        let e = check_against_model(&c, &[spec("INPUT__0", DataType::F16, &[-1, 3, 224, 224])], &outs).unwrap_err();
+        let e =
+            check_against_model(&c, &[spec("INPUT__0", DataType::F16, &[-1, 3, 224, 224])], &outs)
+                .unwrap_err();
         assert!(e.message().contains("INPUT__0") && e.message().contains("TYPE_FP16"), "{e}");
-        let e = check_against_model(&c, &[spec("INPUT__0", DataType::F32, &[-1, 3, 256, 256])], &outs).unwrap_err();
+        let e =
+            check_against_model(&c, &[spec("INPUT__0", DataType::F32, &[-1, 3, 256, 256])], &outs)
+                .unwrap_err();
         assert!(e.message().contains("dims"), "{e}");
-        let e = check_against_model(&c, &[spec("image", DataType::F32, &[-1, 3, 224, 224])], &outs).unwrap_err();
+        let e = check_against_model(&c, &[spec("image", DataType::F32, &[-1, 3, 224, 224])], &outs)
+            .unwrap_err();
         assert!(e.message().contains("INPUT__0") && e.message().contains("image"), "{e}");
         // a model whose first dim is fixed cannot take a batch
-        let e = check_against_model(&c, &[spec("INPUT__0", DataType::F32, &[1, 3, 224, 224])], &outs).unwrap_err();
+        let e =
+            check_against_model(&c, &[spec("INPUT__0", DataType::F32, &[1, 3, 224, 224])], &outs)
+                .unwrap_err();
         assert!(e.message().contains("batch"), "{e}");
     }
 
@@ -712,15 +854,34 @@ mod tests {
         let mut c = ModelConfig::from_json(json).unwrap();
         let seq = c.sequence.clone().unwrap();
         assert_eq!(seq.strategy, SequenceStrategy::Oldest);
-        let controls: Vec<(&str, DataType)> = seq.controls.iter().map(|t| (t.name.as_str(), t.dtype)).collect();
-        assert_eq!(controls, [("START", DataType::I32), ("READY", DataType::F32), ("CORRID", DataType::U64)]);
-        assert_eq!(seq.states[0], StateConfig { input: "state".into(), output: "stateN".into(), dtype: DataType::F32, dims: vec![2, 1, 128] });
+        let controls: Vec<(&str, DataType)> =
+            seq.controls.iter().map(|t| (t.name.as_str(), t.dtype)).collect();
+        assert_eq!(
+            controls,
+            [("START", DataType::I32), ("READY", DataType::F32), ("CORRID", DataType::U64)]
+        );
+        assert_eq!(
+            seq.states[0],
+            StateConfig {
+                input: "state".into(),
+                output: "stateN".into(),
+                dtype: DataType::F32,
+                dims: vec![2, 1, 128]
+            }
+        );
         assert_eq!(seq.state_for_output("stateN").map(|s| s.input.as_str()), Some("state"));
         // auto-complete leaves the inputs the server fills to the server
         let raw: Value = serde_json::from_str(json).unwrap();
-        let ins = [spec("input", DataType::F32, &[-1, -1]), spec("state", DataType::F32, &[2, -1, 128]), spec("START", DataType::I32, &[1])];
-        let done = autocomplete(&raw, &ins, &[spec("output", DataType::F32, &[-1, 1])], 4).unwrap().unwrap();
-        let names: Vec<&str> = done["input"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+        let ins = [
+            spec("input", DataType::F32, &[-1, -1]),
+            spec("state", DataType::F32, &[2, -1, 128]),
+            spec("START", DataType::I32, &[1]),
+        ];
+        let done = autocomplete(&raw, &ins, &[spec("output", DataType::F32, &[-1, 1])], 4)
+            .unwrap()
+            .unwrap();
+        let names: Vec<&str> =
+            done["input"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
         assert_eq!(names, ["input"]);
         c.inputs = ModelConfig::from_value(&done).unwrap().inputs;
         c.add_sequence_inputs().unwrap();
@@ -729,22 +890,43 @@ mod tests {
         assert_eq!(c.inputs[4].dims, vec![2, 1, 128]);
         // listing a state input as an input too is refused, naming it
         let e = c.add_sequence_inputs().unwrap_err();
-        assert!(e.message().contains("'START'") && e.message().contains("sequence_batching"), "{e}");
+        assert!(
+            e.message().contains("'START'") && e.message().contains("sequence_batching"),
+            "{e}"
+        );
         let e = ModelConfig::from_json(r#"{"sequence_batching": {"control_input": [{"name": "S", "control": [{"kind": "CONTROL_SEQUENCE_START"}]}]}}"#).unwrap_err();
         assert!(e.message().contains("'S'") && e.message().contains("int32_false_true"), "{e}");
-        assert_eq!(ModelConfig::from_json(r#"{"sequence_batching": {}}"#).unwrap().sequence.unwrap().strategy, SequenceStrategy::Direct);
+        assert_eq!(
+            ModelConfig::from_json(r#"{"sequence_batching": {}}"#)
+                .unwrap()
+                .sequence
+                .unwrap()
+                .strategy,
+            SequenceStrategy::Direct
+        );
     }
 
     #[test]
     fn decoupled_and_ragged_are_refused_by_name() {
-        let ok = ModelConfig::from_json(r#"{"model_transaction_policy": {"decoupled": false}}"#).unwrap();
+        let ok = ModelConfig::from_json(r#"{"model_transaction_policy": {"decoupled": false}}"#)
+            .unwrap();
         ok.check_supported().unwrap();
-        let e = ModelConfig::from_json(r#"{"model_transaction_policy": {"decoupled": true}}"#).unwrap().check_supported().unwrap_err();
-        assert!(e.message().starts_with("model_transaction_policy.decoupled") && e.message().contains("not supported"), "{e}");
+        let e = ModelConfig::from_json(r#"{"model_transaction_policy": {"decoupled": true}}"#)
+            .unwrap()
+            .check_supported()
+            .unwrap_err();
+        assert!(
+            e.message().starts_with("model_transaction_policy.decoupled")
+                && e.message().contains("not supported"),
+            "{e}"
+        );
         let ragged = r#"{"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1], "allow_ragged_batch": true}]}"#;
         let e = ModelConfig::from_json(ragged).unwrap().check_supported().unwrap_err();
         assert!(e.message().contains("input 'x' has allow_ragged_batch"), "{e}");
-        let e = ModelConfig::from_json(r#"{"batch_input": [{"kind": "BATCH_ELEMENT_COUNT"}]}"#).unwrap().check_supported().unwrap_err();
+        let e = ModelConfig::from_json(r#"{"batch_input": [{"kind": "BATCH_ELEMENT_COUNT"}]}"#)
+            .unwrap()
+            .check_supported()
+            .unwrap_err();
         assert!(e.message().contains("batch_input"), "{e}");
     }
 

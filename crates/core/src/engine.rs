@@ -65,7 +65,11 @@ pub trait Engine: Send {
     /// room for all of it) instead of a buffer of its own; `Ok(false)`, having done
     /// nothing, when it cannot (the caller then uses `run`). With it a recommender chain
     /// looks up one part of a batch while its network runs on the part before.
-    fn run_into(&mut self, _inputs: &[BatchTensor<'_>], _out: &mut triton_rust_cuda::DeviceViewMut<'_>) -> Result<bool> {
+    fn run_into(
+        &mut self,
+        _inputs: &[BatchTensor<'_>],
+        _out: &mut triton_rust_cuda::DeviceViewMut<'_>,
+    ) -> Result<bool> {
         Ok(false)
     }
     /// Where the responses of the last `run` took its outputs: all into host memory
@@ -145,11 +149,15 @@ pub fn select(config: &ModelConfig, version_dir: &Path) -> Result<(EngineKind, P
     };
     if matches!(kind, EngineKind::Embedding | EngineKind::Recommender) {
         if !version_dir.is_dir() {
-            return Err(Error::not_found(format!("model version directory '{}' not found", version_dir.display())));
+            return Err(Error::not_found(format!(
+                "model version directory '{}' not found",
+                version_dir.display()
+            )));
         }
         return Ok((kind, version_dir.to_path_buf()));
     }
-    let file = version_dir.join(config.default_model_filename.as_deref().unwrap_or(kind.default_file()));
+    let file =
+        version_dir.join(config.default_model_filename.as_deref().unwrap_or(kind.default_file()));
     if !file.is_file() {
         return Err(Error::not_found(format!("model file '{}' not found", file.display())));
     }
@@ -158,7 +166,12 @@ pub fn select(config: &ModelConfig, version_dir: &Path) -> Result<(EngineKind, P
 
 /// Makes engines: the one place that knows every engine crate (the cdylib's).
 pub trait EngineFactory: Send + Sync {
-    fn create(&self, kind: EngineKind, model_file: &Path, options: &EngineOptions<'_>) -> Result<Box<dyn Engine>>;
+    fn create(
+        &self,
+        kind: EngineKind,
+        model_file: &Path,
+        options: &EngineOptions<'_>,
+    ) -> Result<Box<dyn Engine>>;
 }
 
 #[cfg(test)]

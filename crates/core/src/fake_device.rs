@@ -18,12 +18,21 @@ impl DeviceOps for FakeDevice {
         };
         match dst {
             BytesMut::Host(d) => triton_rust_cuda::copy_host(from, d),
-            BytesMut::Device(mut v) => triton_rust_cuda::copy_host(from, v.simulated_bytes().expect("fake device memory")),
+            BytesMut::Device(mut v) => {
+                triton_rust_cuda::copy_host(from, v.simulated_bytes().expect("fake device memory"))
+            }
         }
     }
-    fn gather(&self, device: i32, parts: &[DeviceView<'_>]) -> triton_rust_cuda::Result<DeviceBuffer> {
+    fn gather(
+        &self,
+        device: i32,
+        parts: &[DeviceView<'_>],
+    ) -> triton_rust_cuda::Result<DeviceBuffer> {
         self.gathers.fetch_add(1, Ordering::Relaxed);
-        let bytes = parts.iter().flat_map(|p| p.simulated_bytes().expect("fake device memory").iter().copied()).collect();
+        let bytes = parts
+            .iter()
+            .flat_map(|p| p.simulated_bytes().expect("fake device memory").iter().copied())
+            .collect();
         Ok(DeviceBuffer::simulated(device, bytes))
     }
     fn alloc(&self, device: i32, bytes: usize) -> triton_rust_cuda::Result<DeviceBuffer> {

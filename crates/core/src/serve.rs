@@ -16,7 +16,10 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
-use crate::batch::{assemble, check_request, group_by_shape, scatter_ranges, BatchData, CheckedRequest, InputPolicy, RequestTensor};
+use crate::batch::{
+    assemble, check_request, group_by_shape, scatter_ranges, BatchData, CheckedRequest,
+    InputPolicy, RequestTensor,
+};
 use crate::config::{autocomplete, check_against_model, ModelConfig, DEFAULT_MAX_BATCH_SIZE};
 use crate::engine::{self, Device, Engine, EngineFactory, EngineKind, EngineOptions, OutputView};
 use crate::error::{Error, ErrorKind, Result};
@@ -65,7 +68,14 @@ pub trait InferRequest {
 pub trait InferResponse {
     /// Adds an output and returns its buffer, on `prefer` when the server can (it may
     /// answer with host memory anyway, e.g. for a client over the network).
-    fn output_buffer(&mut self, name: &str, dtype: DataType, shape: &[i64], byte_size: usize, prefer: Device) -> Result<BytesMut<'_>>;
+    fn output_buffer(
+        &mut self,
+        name: &str,
+        dtype: DataType,
+        shape: &[i64],
+        byte_size: usize,
+        prefer: Device,
+    ) -> Result<BytesMut<'_>>;
     /// Sends the response as final, with the error if the request failed.
     fn send(self, outcome: &Result<()>);
 }
@@ -92,17 +102,25 @@ pub struct BackendSettings {
 
 impl BackendSettings {
     pub fn from_json(json: &str) -> Result<Self> {
-        let v: Value = if json.trim().is_empty() { Value::Null } else {
-            serde_json::from_str(json).map_err(|e| Error::invalid_arg(format!("backend config is not JSON: {e}")))?
+        let v: Value = if json.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(json)
+                .map_err(|e| Error::invalid_arg(format!("backend config is not JSON: {e}")))?
         };
         let mut cmdline = BTreeMap::new();
         if let Some(Value::Object(m)) = v.get("cmdline") {
             for (k, v) in m {
-                cmdline.insert(k.clone(), v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()));
+                cmdline.insert(
+                    k.clone(),
+                    v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()),
+                );
             }
         }
         let default_max_batch_size = match cmdline.get("default-max-batch-size") {
-            Some(s) => s.parse().map_err(|_| Error::invalid_arg(format!("default-max-batch-size '{s}' is not an integer")))?,
+            Some(s) => s.parse().map_err(|_| {
+                Error::invalid_arg(format!("default-max-batch-size '{s}' is not an integer"))
+            })?,
             None => DEFAULT_MAX_BATCH_SIZE,
         };
         Ok(BackendSettings { cmdline, default_max_batch_size })
@@ -143,7 +161,9 @@ impl ModelState {
         config.check_supported()?;
         let version_dir = ctx.repository.join(ctx.version.to_string());
         let (kind, model_file) = engine::select(&config, &version_dir)?;
-        if config.sequence.is_some() && matches!(kind, EngineKind::Embedding | EngineKind::Recommender) {
+        if config.sequence.is_some()
+            && matches!(kind, EngineKind::Embedding | EngineKind::Recommender)
+        {
             return Err(Error::unsupported(format!(
                 "sequence_batching is served by the onnx and torch engines; the {kind:?} engine keeps no sequences"
             )));
@@ -151,15 +171,33 @@ impl ModelState {
         // the inputs the sequence batcher adds are the model's like any other (an engine
         // whose signature comes from the config, TorchScript's, sees them too)
         config.add_sequence_inputs()?;
-        let probe = ctx.engines.create(kind, &model_file, &EngineOptions { config: &config, backend: &ctx.backend.cmdline, device: Device::Cpu, probe: true })?;
+        let probe = ctx.engines.create(
+            kind,
+            &model_file,
+            &EngineOptions {
+                config: &config,
+                backend: &ctx.backend.cmdline,
+                device: Device::Cpu,
+                probe: true,
+            },
+        )?;
         let mut completed = None;
         if ctx.autocomplete {
-            if let Some(v) = autocomplete(&raw, probe.inputs(), probe.outputs(), ctx.backend.default_max_batch_size)? {
+            if let Some(v) = autocomplete(
+                &raw,
+                probe.inputs(),
+                probe.outputs(),
+                ctx.backend.default_max_batch_size,
+            )? {
                 raw = v;
                 config = ModelConfig::from_value(&raw)?;
                 config.add_sequence_inputs()?;
                 completed = Some(raw.to_string());
-                log::info!("model '{}': config auto-completed from '{}'", ctx.name, model_file.display());
+                log::info!(
+                    "model '{}': config auto-completed from '{}'",
+                    ctx.name,
+                    model_file.display()
+                );
             }
         }
         config.adopt_scalars(probe.inputs(), probe.outputs());
@@ -173,18 +211,27 @@ impl ModelState {
                 None => Vec::new(),
                 Some(spec) => {
                     let ranges = crate::batch::parse_valid_range(spec)?;
-                    if let Some((name, ..)) = ranges.iter().find(|r| !config.inputs.iter().any(|c| c.name == r.0)) {
+                    if let Some((name, ..)) =
+                        ranges.iter().find(|r| !config.inputs.iter().any(|c| c.name == r.0))
+                    {
                         return Err(Error::invalid_arg(format!("parameter 'valid_range' names '{name}', which is not an input of the model")));
                     }
                     ranges
                 }
             },
         };
-        log::info!("model '{}' version {} loaded from '{}' ({:?} engine)", ctx.name, ctx.version, model_file.display(), kind);
+        log::info!(
+            "model '{}' version {} loaded from '{}' ({:?} engine)",
+            ctx.name,
+            ctx.version,
+            model_file.display(),
+            kind
+        );
         let metrics = probe.metrics_source();
         // Triton completes instance_group before the model is loaded; with none given
         // (a config read outside Triton) a CPU instance may come.
-        let cpu_instance = config.instance_kinds.is_empty() || config.instance_kinds.iter().any(|k| k == "KIND_CPU");
+        let cpu_instance = config.instance_kinds.is_empty()
+            || config.instance_kinds.iter().any(|k| k == "KIND_CPU");
         // only an ONNX probe is a whole engine (the embedding and torch probes are not)
         let spare = if cpu_instance && kind == EngineKind::Onnx {
             Some(probe)
@@ -266,20 +313,33 @@ pub struct InstanceState {
 
 impl InstanceState {
     pub fn new(model: &ModelState, ctx: InstanceContext) -> Result<InstanceState> {
-        let spare = if ctx.device == Device::Cpu { model.spare.lock().ok().and_then(|mut s| s.take()) } else { None };
+        let spare = if ctx.device == Device::Cpu {
+            model.spare.lock().ok().and_then(|mut s| s.take())
+        } else {
+            None
+        };
         let engine = match spare {
             Some(e) => e,
             None => model.engines.create(
                 model.kind,
                 &model.model_file,
-                &EngineOptions { config: &model.config, backend: &model.backend, device: ctx.device, probe: false },
+                &EngineOptions {
+                    config: &model.config,
+                    backend: &model.backend,
+                    device: ctx.device,
+                    probe: false,
+                },
             )?,
         };
         Ok(Self::with_engine(model, ctx, engine))
     }
 
     /// An instance around an engine made elsewhere (tests).
-    pub fn with_engine(model: &ModelState, ctx: InstanceContext, engine: Box<dyn Engine>) -> InstanceState {
+    pub fn with_engine(
+        model: &ModelState,
+        ctx: InstanceContext,
+        engine: Box<dyn Engine>,
+    ) -> InstanceState {
         let mut policy = model.policy.clone();
         policy.accepts_device_inputs = engine.accepts_device_inputs();
         log::info!("instance '{}' of model '{}' ready on {:?}", ctx.name, model.name, ctx.device);
@@ -318,8 +378,13 @@ impl InstanceState {
 static GPU_FAULTS: Mutex<Vec<(i32, String)>> = Mutex::new(Vec::new());
 
 /// What CUDA reports for errors that leave the device's context unusable.
-const STICKY_CUDA_ERRORS: [&str; 5] =
-    ["device-side assert", "illegal memory access", "unspecified launch failure", "illegal instruction", "misaligned address"];
+const STICKY_CUDA_ERRORS: [&str; 5] = [
+    "device-side assert",
+    "illegal memory access",
+    "unspecified launch failure",
+    "illegal instruction",
+    "misaligned address",
+];
 
 /// Records a sticky CUDA fault on `device` seen by `model`'s engine, if `error` is one.
 fn note_gpu_fault(device: Device, model: &str, error: &Error) {
@@ -333,7 +398,8 @@ fn note_gpu_fault(device: Device, model: &str, error: &Error) {
         return;
     }
     let first_line = msg.lines().next().unwrap_or(msg);
-    let reason = format!("model '{model}' hit an unrecoverable CUDA error on GPU {id} ({first_line})");
+    let reason =
+        format!("model '{model}' hit an unrecoverable CUDA error on GPU {id} ({first_line})");
     log::error!("{reason}; CUDA keeps this error for the whole server process, so every model on GPU {id} is refused until the server restarts");
     faults.push((id, reason));
 }
@@ -370,24 +436,35 @@ pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<
     let exec_start = transport.now_ns();
     let cfg = &inst.config;
     if let Some(fault) = gpu_fault(inst.device) {
-        let e = Error::unavailable(format!("{fault}; every model on that GPU is unusable until the server restarts"));
+        let e = Error::unavailable(format!(
+            "{fault}; every model on that GPU is unusable until the server restarts"
+        ));
         fail_all(transport, requests, &e);
         return;
     }
     let mut engine = match inst.engine.lock() {
         Ok(e) => e,
         Err(_) => {
-            fail_all(transport, requests, &Error::internal("engine lock poisoned by an earlier panic"));
+            fail_all(
+                transport,
+                requests,
+                &Error::internal("engine lock poisoned by an earlier panic"),
+            );
             return;
         }
     };
-    let mut slots: Vec<Slot<'_, T::Request, T::Response>> = requests.iter().map(|req| inst.prepare(&**engine, transport, req)).collect();
+    let mut slots: Vec<Slot<'_, T::Request, T::Response>> =
+        requests.iter().map(|req| inst.prepare(&**engine, transport, req)).collect();
 
     // Requests that passed, grouped by shape and memory (positions in `slots`).
     let passed: Vec<usize> = (0..slots.len()).filter(|&i| slots[i].checked.is_some()).collect();
     let groups: Vec<Vec<usize>> = {
-        let refs: Vec<&CheckedRequest<'_>> = passed.iter().filter_map(|&i| slots[i].checked.as_ref()).collect();
-        group_by_shape(cfg, &refs).into_iter().map(|g| g.into_iter().map(|k| passed[k]).collect()).collect()
+        let refs: Vec<&CheckedRequest<'_>> =
+            passed.iter().filter_map(|&i| slots[i].checked.as_ref()).collect();
+        group_by_shape(cfg, &refs)
+            .into_iter()
+            .map(|g| g.into_iter().map(|k| passed[k]).collect())
+            .collect()
     };
     let compute_start = transport.now_ns();
     let mut sink_ns = 0u64;
@@ -396,7 +473,11 @@ pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<
         match run_group(&mut **engine, cfg, transport, members, &mut slots, &mut sink_ns) {
             Ok(rows) => rows_run += rows as u64,
             Err(e) => {
-                log::error!("instance '{}': batch of {} requests failed: {e}", inst.name, members.len());
+                log::error!(
+                    "instance '{}': batch of {} requests failed: {e}",
+                    inst.name,
+                    members.len()
+                );
                 note_gpu_fault(inst.device, &inst.model, &e);
                 for &i in members {
                     slots[i].outcome = Err(e.clone());
@@ -424,8 +505,14 @@ pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<
 impl InstanceState {
     /// Makes a request's response and checks it (the server's view, the config, then
     /// the engine); a failure stays this request's own.
-    fn prepare<'r, T: Transport>(&self, engine: &dyn Engine, transport: &T, req: &'r T::Request) -> Slot<'r, T::Request, T::Response> {
-        let response = transport.respond(req).map_err(|e| log::error!("cannot create a response: {e}")).ok();
+    fn prepare<'r, T: Transport>(
+        &self,
+        engine: &dyn Engine,
+        transport: &T,
+        req: &'r T::Request,
+    ) -> Slot<'r, T::Request, T::Response> {
+        let response =
+            transport.respond(req).map_err(|e| log::error!("cannot create a response: {e}")).ok();
         let prepared = if response.is_none() {
             Err(Error::internal("could not create a response"))
         } else if req.is_cancelled() {
@@ -471,7 +558,8 @@ fn run_group<T: Transport>(
     let sink_before = *sink_ns;
     // The batch borrows the requests' buffers, not the slots.
     let mut batch = {
-        let group: Vec<&CheckedRequest<'_>> = members.iter().filter_map(|&i| slots[i].checked.as_ref()).collect();
+        let group: Vec<&CheckedRequest<'_>> =
+            members.iter().filter_map(|&i| slots[i].checked.as_ref()).collect();
         assemble(cfg, &group)?
     };
     // GPU inputs of several requests: gathered into one buffer on their GPU.
@@ -516,7 +604,14 @@ fn run_group<T: Transport>(
             if is_state {
                 // the sequence's next state: kept by the server for its next request
                 let mut copy = |dst: BytesMut<'_>| copy_part(ops, &view, range.clone(), dst);
-                if let Err(e) = slot.request.update_state(view.name, view.dtype, shape, range.len(), prefer, &mut copy) {
+                if let Err(e) = slot.request.update_state(
+                    view.name,
+                    view.dtype,
+                    shape,
+                    range.len(),
+                    prefer,
+                    &mut copy,
+                ) {
                     slot.outcome = Err(e.context(format!("state '{}'", view.name)));
                     continue;
                 }
@@ -570,9 +665,18 @@ fn write_output<R: InferResponse>(
 }
 
 /// Copies bytes `range` of an engine's output into `dst`, host or GPU either side.
-fn copy_part(ops: &dyn DeviceOps, out: &OutputView<'_>, range: std::ops::Range<usize>, dst: BytesMut<'_>) -> Result<()> {
+fn copy_part(
+    ops: &dyn DeviceOps,
+    out: &OutputView<'_>,
+    range: std::ops::Range<usize>,
+    dst: BytesMut<'_>,
+) -> Result<()> {
     let src = out.data.slice(range.clone()).ok_or_else(|| {
-        Error::internal(format!("output '{}': rows {range:?} are outside the engine's {} bytes", out.name, out.data.len()))
+        Error::internal(format!(
+            "output '{}': rows {range:?} are outside the engine's {} bytes",
+            out.name,
+            out.data.len()
+        ))
     })?;
     ops.copy(src, dst).map_err(|e| Error::from(e).context(format!("output '{}'", out.name)))
 }
@@ -589,8 +693,13 @@ mod tests {
         .unwrap();
         assert_eq!(s.cmdline["onnxruntime-library"], "/x/libonnxruntime.so");
         assert_eq!(s.default_max_batch_size, 8);
-        assert_eq!(BackendSettings::from_json("").unwrap().default_max_batch_size, DEFAULT_MAX_BATCH_SIZE);
-        assert!(BackendSettings::from_json(r#"{"cmdline":{"default-max-batch-size":"x"}}"#).is_err());
+        assert_eq!(
+            BackendSettings::from_json("").unwrap().default_max_batch_size,
+            DEFAULT_MAX_BATCH_SIZE
+        );
+        assert!(
+            BackendSettings::from_json(r#"{"cmdline":{"default-max-batch-size":"x"}}"#).is_err()
+        );
     }
 
     // ---- the execute path in-process: a fake server and a fake device ----
@@ -602,8 +711,8 @@ mod tests {
     use crate::batch::BatchTensor;
     use crate::config::TensorSpec;
     use crate::engine::Signature;
-    use crate::tensor::{DeviceView, DeviceViewMut};
     use crate::fake_device::FakeDevice;
+    use crate::tensor::{DeviceView, DeviceViewMut};
 
     type Sent = (String, Result<()>, Vec<(String, Vec<i64>, Vec<u8>, Device)>);
 
@@ -668,7 +777,14 @@ mod tests {
     }
 
     impl InferResponse for FakeResponse {
-        fn output_buffer(&mut self, name: &str, _dtype: DataType, shape: &[i64], byte_size: usize, prefer: Device) -> Result<BytesMut<'_>> {
+        fn output_buffer(
+            &mut self,
+            name: &str,
+            _dtype: DataType,
+            shape: &[i64],
+            byte_size: usize,
+            prefer: Device,
+        ) -> Result<BytesMut<'_>> {
             // like Triton for an ensemble step: the memory asked for (host_only: a client's)
             let prefer = if self.host_only { Device::Cpu } else { prefer };
             self.outputs.push((name.to_string(), shape.to_vec(), vec![0u8; byte_size], prefer));
@@ -697,7 +813,12 @@ mod tests {
         type Request = FakeRequest;
         type Response = FakeResponse;
         fn respond(&self, request: &FakeRequest) -> Result<FakeResponse> {
-            Ok(FakeResponse { id: request.id.clone(), outputs: Vec::new(), sent: self.sent.clone(), host_only: self.host_only })
+            Ok(FakeResponse {
+                id: request.id.clone(),
+                outputs: Vec::new(),
+                sent: self.sent.clone(),
+                host_only: self.host_only,
+            })
         }
         fn report(&self, request: &FakeRequest, success: bool, _timing: Timing) {
             self.reports.borrow_mut().push((request.id.clone(), success));
@@ -749,7 +870,12 @@ mod tests {
             }
             Ok(())
         }
-        fn run(&mut self, inputs: &[BatchTensor<'_>], _outputs: &[&str], sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>) -> Result<()> {
+        fn run(
+            &mut self,
+            inputs: &[BatchTensor<'_>],
+            _outputs: &[&str],
+            sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+        ) -> Result<()> {
             let data = inputs[0].bytes().expect("assembled");
             let (src, device) = match data {
                 Bytes::Host(b) => (b, Device::Cpu),
@@ -772,16 +898,37 @@ mod tests {
     }
 
     impl EngineFactory for Factory {
-        fn create(&self, _kind: EngineKind, _file: &std::path::Path, options: &EngineOptions<'_>) -> Result<Box<dyn Engine>> {
+        fn create(
+            &self,
+            _kind: EngineKind,
+            _file: &std::path::Path,
+            options: &EngineOptions<'_>,
+        ) -> Result<Box<dyn Engine>> {
             self.created.fetch_add(1, Ordering::Relaxed);
-            let spec = |name: &str| TensorSpec { name: name.into(), dtype: DataType::F32, shape: vec![-1, 2] };
-            Ok(Box::new(Doubler { sig: Signature { inputs: vec![spec("X")], outputs: vec![spec("Y")], device: options.device }, runs: self.runs.clone(), landed: self.landed.clone() }))
+            let spec = |name: &str| TensorSpec {
+                name: name.into(),
+                dtype: DataType::F32,
+                shape: vec![-1, 2],
+            };
+            Ok(Box::new(Doubler {
+                sig: Signature {
+                    inputs: vec![spec("X")],
+                    outputs: vec![spec("Y")],
+                    device: options.device,
+                },
+                runs: self.runs.clone(),
+                landed: self.landed.clone(),
+            }))
         }
     }
 
     fn model(instance_kind: &str) -> (ModelState, Arc<Factory>) {
         static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!("trt-serve-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        let dir = std::env::temp_dir().join(format!(
+            "trt-serve-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
         std::fs::create_dir_all(dir.join("1")).unwrap();
         std::fs::write(dir.join("1/model.onnx"), b"stands in for a model file").unwrap();
         let config = format!(
@@ -790,22 +937,43 @@ mod tests {
                 "output": [{{"name": "Y", "data_type": "TYPE_FP32", "dims": [2]}}],
                 "instance_group": [{{"kind": "{instance_kind}", "count": 1}}]}}"#
         );
-        let factory = Arc::new(Factory { runs: Arc::default(), landed: Arc::default(), created: AtomicUsize::new(0) });
+        let factory = Arc::new(Factory {
+            runs: Arc::default(),
+            landed: Arc::default(),
+            created: AtomicUsize::new(0),
+        });
         let settings = BackendSettings::default();
-        let ctx = ModelContext { name: "doubler".into(), version: 1, repository: dir.clone(), config_json: config, autocomplete: false, backend: &settings, engines: factory.clone() };
+        let ctx = ModelContext {
+            name: "doubler".into(),
+            version: 1,
+            repository: dir.clone(),
+            config_json: config,
+            autocomplete: false,
+            backend: &settings,
+            engines: factory.clone(),
+        };
         let (state, _) = ModelState::load(ctx).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         (state, factory)
     }
 
     fn request(id: &str, shape: &[i64], values: &[f32], gpu: Option<i32>) -> FakeRequest {
-        FakeRequest { id: id.into(), inputs: vec![("X".into(), shape.to_vec(), to_bytes(values), gpu)], outputs: vec!["Y".into()], states: RefCell::default() }
+        FakeRequest {
+            id: id.into(),
+            inputs: vec![("X".into(), shape.to_vec(), to_bytes(values), gpu)],
+            outputs: vec!["Y".into()],
+            states: RefCell::default(),
+        }
     }
 
     #[test]
     fn a_mixed_batch_answers_each_request_and_runs_the_good_ones_once() {
         let (m, factory) = model("KIND_CPU");
-        let inst = InstanceState::new(&m, InstanceContext { name: "doubler_0".into(), device: Device::Cpu }).unwrap();
+        let inst = InstanceState::new(
+            &m,
+            InstanceContext { name: "doubler_0".into(), device: Device::Cpu },
+        )
+        .unwrap();
         let server = FakeServer::default();
         let requests = vec![
             request("good-1", &[1, 2], &[1.0, 2.0], None),
@@ -829,7 +997,11 @@ mod tests {
         assert!(by_id("engine-refuses").1.as_ref().unwrap_err().message().contains("13"));
         // the two good requests ran together, once, as 3 rows; the probe engine was reused
         assert_eq!(*factory.runs.lock().unwrap(), vec![(3, Device::Cpu)]);
-        assert_eq!(factory.created.load(Ordering::Relaxed), 1, "the first CPU instance takes the load-time probe");
+        assert_eq!(
+            factory.created.load(Ordering::Relaxed),
+            1,
+            "the first CPU instance takes the load-time probe"
+        );
         let reports = server.reports.borrow();
         assert_eq!(reports.len(), 4, "statistics for every request");
         assert_eq!(reports.iter().filter(|r| r.1).count(), 2);
@@ -841,22 +1013,48 @@ mod tests {
         // Y is the model's output and, through sequence_batching, also the state fed to X
         // of the next request: X is a state input the server adds, and clients ask for nothing
         static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!("trt-seq-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        let dir = std::env::temp_dir().join(format!(
+            "trt-seq-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
         std::fs::create_dir_all(dir.join("1")).unwrap();
         std::fs::write(dir.join("1/model.onnx"), b"stands in for a model file").unwrap();
         let config = r#"{"name": "doubler", "max_batch_size": 8,
             "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [2]}],
             "sequence_batching": {"oldest": {}, "state": [{"input_name": "X", "output_name": "Y", "data_type": "TYPE_FP32", "dims": [2]}]},
             "instance_group": [{"kind": "KIND_CPU", "count": 1}]}"#;
-        let factory = Arc::new(Factory { runs: Arc::default(), landed: Arc::default(), created: AtomicUsize::new(0) });
+        let factory = Arc::new(Factory {
+            runs: Arc::default(),
+            landed: Arc::default(),
+            created: AtomicUsize::new(0),
+        });
         let settings = BackendSettings::default();
-        let ctx = ModelContext { name: "doubler".into(), version: 1, repository: dir.clone(), config_json: config.into(), autocomplete: false, backend: &settings, engines: factory.clone() };
+        let ctx = ModelContext {
+            name: "doubler".into(),
+            version: 1,
+            repository: dir.clone(),
+            config_json: config.into(),
+            autocomplete: false,
+            backend: &settings,
+            engines: factory.clone(),
+        };
         let (m, _) = ModelState::load(ctx).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(m.config().inputs.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["X"], "the state input is the model's input");
-        let inst = InstanceState::new(&m, InstanceContext { name: "seq".into(), device: Device::Cpu }).unwrap();
+        assert_eq!(
+            m.config().inputs.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+            ["X"],
+            "the state input is the model's input"
+        );
+        let inst =
+            InstanceState::new(&m, InstanceContext { name: "seq".into(), device: Device::Cpu })
+                .unwrap();
         let server = FakeServer::default();
-        let mut requests = vec![request("a", &[1, 2], &[1.0, 2.0], None), request("refused", &[1, 2], &[13.0, 0.0], None), request("b", &[1, 2], &[5.0, 6.0], None)];
+        let mut requests = vec![
+            request("a", &[1, 2], &[1.0, 2.0], None),
+            request("refused", &[1, 2], &[13.0, 0.0], None),
+            request("b", &[1, 2], &[5.0, 6.0], None),
+        ];
         for r in &mut requests {
             r.outputs.clear();
         }
@@ -892,15 +1090,27 @@ mod tests {
         assert_eq!(kept[2].1, vec![("Y".to_string(), vec![1, 2], to_bytes(&[10.0, 12.0]))]);
         let sent = spy.0.sent.borrow();
         assert!(sent.iter().all(|s| s.2.is_empty()), "no client asked for Y: no response output");
-        assert_eq!(*factory.runs.lock().unwrap(), vec![(2, Device::Cpu)], "the two sequences ran as one batch");
+        assert_eq!(
+            *factory.runs.lock().unwrap(),
+            vec![(2, Device::Cpu)],
+            "the two sequences ran as one batch"
+        );
     }
 
     #[test]
     fn gpu_resident_inputs_are_gathered_on_their_device_and_answered_there() {
         let (m, factory) = model("KIND_GPU");
         assert!(!m.holds_spare_engine(), "a GPU-only model keeps no CPU probe");
-        let inst = InstanceState::new(&m, InstanceContext { name: "doubler_gpu".into(), device: Device::Gpu(0) }).unwrap();
-        assert_eq!(factory.created.load(Ordering::Relaxed), 2, "probe dropped at load, the GPU instance made its own");
+        let inst = InstanceState::new(
+            &m,
+            InstanceContext { name: "doubler_gpu".into(), device: Device::Gpu(0) },
+        )
+        .unwrap();
+        assert_eq!(
+            factory.created.load(Ordering::Relaxed),
+            2,
+            "probe dropped at load, the GPU instance made its own"
+        );
         let server = FakeServer::default();
         let requests = vec![
             request("gpu-1", &[1, 2], &[1.0, 2.0], Some(0)),
@@ -917,19 +1127,31 @@ mod tests {
         let sent = server.sent.borrow();
         let by_id = |id: &str| sent.iter().find(|s| s.0 == id).unwrap();
         // every output is offered as the GPU instance's memory, and an ensemble's Triton gives that
-        for (id, want) in [("gpu-1", vec![2.0, 4.0]), ("gpu-2", vec![6.0, 8.0, 10.0, 12.0]), ("host", vec![14.0, 16.0])] {
+        for (id, want) in [
+            ("gpu-1", vec![2.0, 4.0]),
+            ("gpu-2", vec![6.0, 8.0, 10.0, 12.0]),
+            ("host", vec![14.0, 16.0]),
+        ] {
             let s = by_id(id);
             assert!(s.1.is_ok(), "{id}: {:?}", s.1);
             assert_eq!(floats(&s.2[0].2), want, "{id}");
             assert_eq!(s.2[0].3, Device::Gpu(0), "{id}: answered in GPU memory");
         }
-        assert_eq!(*factory.landed.lock().unwrap(), vec![false, false], "each run told its outputs went to the GPU");
+        assert_eq!(
+            *factory.landed.lock().unwrap(),
+            vec![false, false],
+            "each run told its outputs went to the GPU"
+        );
     }
 
     #[test]
     fn a_gpu_engine_learns_whether_responses_want_its_outputs_on_the_host() {
         let (m, factory) = model("KIND_GPU");
-        let inst = InstanceState::new(&m, InstanceContext { name: "doubler_gpu".into(), device: Device::Gpu(0) }).unwrap();
+        let inst = InstanceState::new(
+            &m,
+            InstanceContext { name: "doubler_gpu".into(), device: Device::Gpu(0) },
+        )
+        .unwrap();
         // a client's responses (gRPC, HTTP, system shared memory): host memory
         let client = FakeServer { host_only: true, ..FakeServer::default() };
         execute(&inst, &client, vec![request("c", &[1, 2], &[1.0, 2.0], Some(0))]);
@@ -952,11 +1174,16 @@ mod tests {
         note_gpu_fault(Device::Cpu, "bert", &e);
         note_gpu_fault(Device::Gpu(7), "bert", &e);
         let f = gpu_fault(Device::Gpu(7)).unwrap();
-        assert!(f.contains("'bert'") && f.contains("GPU 7") && f.contains("device-side assert"), "{f}");
+        assert!(
+            f.contains("'bert'") && f.contains("GPU 7") && f.contains("device-side assert"),
+            "{f}"
+        );
         assert_eq!(gpu_fault(Device::Gpu(6)), None);
         assert_eq!(gpu_fault(Device::Cpu), None);
         let (m, _) = model("KIND_GPU");
-        let inst = InstanceState::new(&m, InstanceContext { name: "on7".into(), device: Device::Gpu(7) }).unwrap();
+        let inst =
+            InstanceState::new(&m, InstanceContext { name: "on7".into(), device: Device::Gpu(7) })
+                .unwrap();
         let server = FakeServer::default();
         execute(&inst, &server, vec![request("r", &[1, 2], &[1.0, 2.0], None)]);
         let sent = server.sent.borrow();
@@ -969,9 +1196,11 @@ mod tests {
     fn a_cpu_model_hands_its_probe_to_the_first_instance_only() {
         let (m, factory) = model("KIND_CPU");
         assert!(m.holds_spare_engine());
-        let _a = InstanceState::new(&m, InstanceContext { name: "a".into(), device: Device::Cpu }).unwrap();
+        let _a = InstanceState::new(&m, InstanceContext { name: "a".into(), device: Device::Cpu })
+            .unwrap();
         assert!(!m.holds_spare_engine());
-        let _b = InstanceState::new(&m, InstanceContext { name: "b".into(), device: Device::Cpu }).unwrap();
+        let _b = InstanceState::new(&m, InstanceContext { name: "b".into(), device: Device::Cpu })
+            .unwrap();
         assert_eq!(factory.created.load(Ordering::Relaxed), 2);
     }
 }

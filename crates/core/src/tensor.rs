@@ -5,7 +5,9 @@
 
 use crate::error::{Error, Result};
 
-pub use triton_rust_cuda::{Bytes, BytesMut, Device, DeviceBuffer, DeviceOps, DeviceView, DeviceViewMut};
+pub use triton_rust_cuda::{
+    Bytes, BytesMut, Device, DeviceBuffer, DeviceOps, DeviceView, DeviceViewMut,
+};
 
 /// Element type of a tensor, named as Triton's model config names them (`TYPE_FP32`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -71,7 +73,8 @@ impl DataType {
 
     pub fn from_config_name(name: &str) -> Result<DataType> {
         use DataType::*;
-        const ALL: [DataType; 14] = [Bool, U8, U16, U32, U64, I8, I16, I32, I64, F16, F32, F64, Bf16, Bytes];
+        const ALL: [DataType; 14] =
+            [Bool, U8, U16, U32, U64, I8, I16, I32, I64, F16, F32, F64, Bf16, Bytes];
         ALL.into_iter()
             .find(|d| d.config_name() == name)
             .ok_or_else(|| Error::invalid_arg(format!("unknown data_type '{name}'")))
@@ -136,7 +139,12 @@ impl AlignedBuf {
                 .try_with(|s| {
                     let mut s = s.borrow_mut();
                     // the smallest kept buffer that is large enough
-                    let best = s.iter().enumerate().filter(|(_, w)| w.capacity() >= n).min_by_key(|(_, w)| w.capacity()).map(|(i, _)| i);
+                    let best = s
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, w)| w.capacity() >= n)
+                        .min_by_key(|(_, w)| w.capacity())
+                        .map(|(i, _)| i);
                     best.map(|i| s.swap_remove(i))
                 })
                 .ok()
@@ -175,7 +183,8 @@ impl Drop for AlignedBuf {
             s.push(words);
             if s.len() > REUSE_COUNT {
                 // keep the largest
-                let smallest = s.iter().enumerate().min_by_key(|(_, w)| w.capacity()).map(|(i, _)| i);
+                let smallest =
+                    s.iter().enumerate().min_by_key(|(_, w)| w.capacity()).map(|(i, _)| i);
                 if let Some(i) = smallest {
                     s.swap_remove(i);
                 }
@@ -217,7 +226,8 @@ pub fn decode_strings(bytes: &[u8]) -> Result<Vec<&[u8]>> {
 pub fn encode_strings<T: AsRef<[u8]>>(items: &[T]) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(items.iter().map(|s| s.as_ref().len() + 4).sum());
     for (i, s) in items.iter().enumerate() {
-        let len = u32::try_from(s.as_ref().len()).map_err(|_| Error::invalid_arg(format!("string element {i} is over 4 GiB")))?;
+        let len = u32::try_from(s.as_ref().len())
+            .map_err(|_| Error::invalid_arg(format!("string element {i} is over 4 GiB")))?;
         out.extend_from_slice(&len.to_le_bytes());
         out.extend_from_slice(s.as_ref());
     }
@@ -234,8 +244,12 @@ pub fn first_non_finite(dtype: DataType, bytes: &[u8]) -> Option<usize> {
             .chunks_exact(8)
             .position(|c| !f64::from_le_bytes(c.try_into().expect("chunk of 8")).is_finite()),
         // Half formats: exponent all ones means Inf or NaN.
-        DataType::F16 => bytes.chunks_exact(2).position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00),
-        DataType::Bf16 => bytes.chunks_exact(2).position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7f80 == 0x7f80),
+        DataType::F16 => {
+            bytes.chunks_exact(2).position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00)
+        }
+        DataType::Bf16 => {
+            bytes.chunks_exact(2).position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7f80 == 0x7f80)
+        }
         _ => None,
     }
 }
@@ -251,7 +265,11 @@ mod tests {
         assert_eq!(b.as_slice().as_ptr(), at, "the freed 1 MiB buffer serves a smaller request");
         assert_eq!(b.len(), 600 << 10);
         // another thread has its own store
-        let other = std::thread::spawn(move || AlignedBuf::for_overwrite(600 << 10).as_slice().as_ptr() as usize).join().unwrap();
+        let other = std::thread::spawn(move || {
+            AlignedBuf::for_overwrite(600 << 10).as_slice().as_ptr() as usize
+        })
+        .join()
+        .unwrap();
         assert_ne!(other, at as usize);
         drop(b);
         // small buffers are not kept

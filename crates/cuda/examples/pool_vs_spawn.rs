@@ -7,7 +7,11 @@
 fn main() {
     let mut v = vec![0u64; 16 * 1024];
     let iters = 200;
-    println!("{} CPUs, rayon pool of {} threads", std::thread::available_parallelism().map_or(1, |n| n.get()), rayon::current_num_threads());
+    println!(
+        "{} CPUs, rayon pool of {} threads",
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        rayon::current_num_threads()
+    );
     for tasks in [2usize, 4, 8, 16] {
         let t = std::time::Instant::now();
         for _ in 0..iters {

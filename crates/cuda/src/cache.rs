@@ -13,7 +13,9 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use cudarc::driver::{result, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    result, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
 use parking_lot::Mutex;
 
 use crate::driver::{cuda_err, gpu, real, GpuState};
@@ -291,7 +293,8 @@ fn kernels(g: &GpuState) -> Result<Arc<Kernels>> {
         .get_or_init(|| {
             // cudarc loads libnvrtc on first use and panics when it is absent.
             catch_unwind(AssertUnwindSafe(|| -> Result<Arc<Kernels>> {
-                let ptx = cudarc::nvrtc::compile_ptx(KERNELS).map_err(|e| CudaError::internal(format!("NVRTC: {e:?}")))?;
+                let ptx = cudarc::nvrtc::compile_ptx(KERNELS)
+                    .map_err(|e| CudaError::internal(format!("NVRTC: {e:?}")))?;
                 let module = g.ctx.load_module(ptx).map_err(cuda_err)?;
                 Ok(Arc::new(Kernels {
                     lookup: module.load_function("cache_lookup").map_err(cuda_err)?,
@@ -305,8 +308,14 @@ fn kernels(g: &GpuState) -> Result<Arc<Kernels>> {
                 }))
             }))
             .unwrap_or_else(|p| {
-                let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
-                Err(CudaError::unavailable(format!("the GPU embedding cache needs the CUDA driver and NVRTC libraries: {msg}")))
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                Err(CudaError::unavailable(format!(
+                    "the GPU embedding cache needs the CUDA driver and NVRTC libraries: {msg}"
+                )))
             })
         })
         .clone()
@@ -314,7 +323,15 @@ fn kernels(g: &GpuState) -> Result<Arc<Kernels>> {
 
 /// State of one device and its kernels, or the reason there is none.
 fn device(id: i32) -> Result<(Arc<GpuState>, Arc<Kernels>)> {
-    let g = gpu(id).map_err(|e| if e.unavailable { CudaError::unavailable(format!("the GPU embedding cache needs the CUDA driver and NVRTC libraries: {e}")) } else { e })?;
+    let g = gpu(id).map_err(|e| {
+        if e.unavailable {
+            CudaError::unavailable(format!(
+                "the GPU embedding cache needs the CUDA driver and NVRTC libraries: {e}"
+            ))
+        } else {
+            e
+        }
+    })?;
     let k = kernels(&g)?;
     Ok((g, k))
 }
@@ -322,7 +339,11 @@ fn device(id: i32) -> Result<(Arc<GpuState>, Arc<Kernels>)> {
 fn warps_config(warps: usize) -> LaunchConfig {
     let threads = warps as u64 * 32;
     let block = 256u64;
-    LaunchConfig { grid_dim: (threads.div_ceil(block) as u32, 1, 1), block_dim: (block as u32, 1, 1), shared_mem_bytes: 0 }
+    LaunchConfig {
+        grid_dim: (threads.div_ceil(block) as u32, 1, 1),
+        block_dim: (block as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 struct Slots {
@@ -410,11 +431,30 @@ impl CacheSlots {
         self.dim
     }
 
-    fn launch_lookup(&self, keys: &CudaSlice<i64>, n: usize, out: &mut cudarc::driver::CudaViewMut<'_, f32>, out_stride: usize, hit: &mut CudaSlice<u8>, epoch: u64) -> Result<()> {
+    fn launch_lookup(
+        &self,
+        keys: &CudaSlice<i64>,
+        n: usize,
+        out: &mut cudarc::driver::CudaViewMut<'_, f32>,
+        out_stride: usize,
+        hit: &mut CudaSlice<u8>,
+        epoch: u64,
+    ) -> Result<()> {
         let slots = self.slots.lock();
-        let (n_i, sets, dim, stride) = (n as i32, self.sets as i64, self.dim as i32, out_stride as i64);
+        let (n_i, sets, dim, stride) =
+            (n as i32, self.sets as i64, self.dim as i32, out_stride as i64);
         let mut b = self.stream.launch_builder(&self.kernels.lookup);
-        b.arg(keys).arg(&n_i).arg(&slots.keys).arg(&slots.stamps).arg(&slots.rows).arg(&sets).arg(&dim).arg(&epoch).arg(out).arg(&stride).arg(hit);
+        b.arg(keys)
+            .arg(&n_i)
+            .arg(&slots.keys)
+            .arg(&slots.stamps)
+            .arg(&slots.rows)
+            .arg(&sets)
+            .arg(&dim)
+            .arg(&epoch)
+            .arg(out)
+            .arg(&stride)
+            .arg(hit);
         // SAFETY: argument types and order match cache_lookup; out holds n rows at out_stride.
         unsafe { b.launch(warps_config(n)) }.map_err(cuda_err)?;
         Ok(())
@@ -422,13 +462,23 @@ impl CacheSlots {
 
     /// Looks host `keys` up into `rows`: row i at `offset + i * stride` floats. Returns
     /// a hit flag per key (rows of misses are left as they were).
-    pub fn lookup_into(&self, keys: &[i64], epoch: u64, rows: &mut DeviceRows, offset: usize, stride: usize) -> Result<Vec<u8>> {
+    pub fn lookup_into(
+        &self,
+        keys: &[i64],
+        epoch: u64,
+        rows: &mut DeviceRows,
+        offset: usize,
+        stride: usize,
+    ) -> Result<Vec<u8>> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
         let need = offset + (keys.len() - 1) * stride + self.dim;
         if rows.len() < need {
-            return Err(CudaError::internal(format!("device rows buffer of {} floats is too small ({need})", rows.len())));
+            return Err(CudaError::internal(format!(
+                "device rows buffer of {} floats is too small ({need})",
+                rows.len()
+            )));
         }
         let s = &self.stream;
         let d_keys = s.clone_htod(keys).map_err(cuda_err)?;
@@ -462,11 +512,21 @@ impl CacheSlots {
     }
 
     /// Inserts (or, with `only_if_present`, refreshes) rows, set by set as `plan` says.
-    pub fn write(&self, keys: &[i64], vectors: &[f32], plan: &InsertPlan<'_>, epoch: u64, only_if_present: bool) -> Result<()> {
+    pub fn write(
+        &self,
+        keys: &[i64],
+        vectors: &[f32],
+        plan: &InsertPlan<'_>,
+        epoch: u64,
+        only_if_present: bool,
+    ) -> Result<()> {
         if keys.is_empty() {
             return Ok(());
         }
-        if vectors.len() != keys.len() * self.dim || plan.order.len() != keys.len() || plan.group_start.len() != plan.group_set.len() + 1 {
+        if vectors.len() != keys.len() * self.dim
+            || plan.order.len() != keys.len()
+            || plan.group_start.len() != plan.group_set.len() + 1
+        {
             return Err(CudaError::internal("gpu cache: the insert does not match its keys"));
         }
         let mut slots = self.slots.lock();
@@ -476,7 +536,8 @@ impl CacheSlots {
         let d_order = s.clone_htod(plan.order).map_err(cuda_err)?;
         let d_starts = s.clone_htod(plan.group_start).map_err(cuda_err)?;
         let d_sets = s.clone_htod(plan.group_set).map_err(cuda_err)?;
-        let (groups, dim, flag) = (plan.group_set.len() as i32, self.dim as i32, only_if_present as i32);
+        let (groups, dim, flag) =
+            (plan.group_set.len() as i32, self.dim as i32, only_if_present as i32);
         let Slots { keys: sk, stamps, rows, counters, .. } = &mut *slots;
         let mut b = s.launch_builder(&self.kernels.insert);
         b.arg(&d_keys).arg(&d_vecs).arg(&d_order).arg(&d_starts).arg(&d_sets).arg(&groups);
@@ -489,7 +550,13 @@ impl CacheSlots {
 
     /// Launches a lookup of keys already on the GPU into `rows` (row i at `i * stride`
     /// floats) and returns without waiting: the kernel alone, for the hit-path benchmark.
-    pub fn launch_resident(&self, keys: &mut DeviceKeys, epoch: u64, rows: &mut DeviceRows, stride: usize) -> Result<()> {
+    pub fn launch_resident(
+        &self,
+        keys: &mut DeviceKeys,
+        epoch: u64,
+        rows: &mut DeviceRows,
+        stride: usize,
+    ) -> Result<()> {
         let n = keys.len;
         if n == 0 {
             return Ok(());
@@ -584,12 +651,21 @@ impl DeviceRows {
         Some(unsafe { DeviceView::from_raw(self.device, ptr, floats * 4) })
     }
     /// Writes host rows (`dim` floats each) to rows `idx[i]` at `offset + idx[i] * stride`.
-    pub fn scatter(&mut self, rows: &[f32], idx: &[usize], dim: usize, offset: usize, stride: usize) -> Result<()> {
+    pub fn scatter(
+        &mut self,
+        rows: &[f32],
+        idx: &[usize],
+        dim: usize,
+        offset: usize,
+        stride: usize,
+    ) -> Result<()> {
         if idx.is_empty() {
             return Ok(());
         }
         if rows.len() != idx.len() * dim {
-            return Err(CudaError::internal("device rows: scatter rows do not match their indices"));
+            return Err(CudaError::internal(
+                "device rows: scatter rows do not match their indices",
+            ));
         }
         let max = idx.iter().copied().max().unwrap_or(0);
         if offset + max * stride + dim > self.buf.len() {
@@ -672,7 +748,8 @@ impl<T: Copy> HostBuf<T> {
             let want = len.next_power_of_two().max(64);
             gpu(self.device)?;
             // SAFETY: a page-locked allocation of `want` elements; freed in `release`.
-            let p = unsafe { result::malloc_host(want * std::mem::size_of::<T>(), 0) }.map_err(cuda_err)?;
+            let p = unsafe { result::malloc_host(want * std::mem::size_of::<T>(), 0) }
+                .map_err(cuda_err)?;
             // zeroed once so the slice never exposes uninitialised memory
             // SAFETY: `p` points to `want * size_of::<T>()` writable bytes.
             unsafe { std::ptr::write_bytes(p as *mut u8, 0, want * std::mem::size_of::<T>()) };
@@ -701,7 +778,8 @@ impl<T: Copy> Drop for HostBuf<T> {
 /// What [`BatchLookup::run`] calls with the missed indices, their keys (the callee may
 /// reorder the two together), the rows to fill, and a flag per row to set when the row was
 /// found (rows not found, defaults, are not cached).
-pub type FetchMisses<'f, E> = dyn FnMut(&mut [i32], &mut [i64], &mut [f32], &mut [u8]) -> std::result::Result<(), E> + 'f;
+pub type FetchMisses<'f, E> =
+    dyn FnMut(&mut [i32], &mut [i64], &mut [f32], &mut [u8]) -> std::result::Result<(), E> + 'f;
 
 /// A batch's keys (int64), where the request had them.
 #[derive(Debug, Clone, Copy)]
@@ -850,13 +928,22 @@ fn dtoh<T: Copy>(queue: &Queue, dst: &mut [T], src: u64) -> Result<()> {
 impl BatchLookup {
     /// A lookup over `caches` (one per table, `None` for a table without a cache), all on
     /// `queue`, every table of dim `dim`, its rows written as `format`.
-    pub fn new(queue: &Queue, caches: &[Option<&CacheSlots>], dim: usize, format: RowFormat) -> Result<BatchLookup> {
+    pub fn new(
+        queue: &Queue,
+        caches: &[Option<&CacheSlots>],
+        dim: usize,
+        format: RowFormat,
+    ) -> Result<BatchLookup> {
         let (_, kernels) = self::device(queue.device)?;
         let d = queue.device;
         if let Some(c) = caches.iter().flatten().find(|c| c.dim != dim) {
-            return Err(CudaError::internal(format!("batch lookup: a cache of dim {} in a lookup of dim {dim}", c.dim)));
+            return Err(CudaError::internal(format!(
+                "batch lookup: a cache of dim {} in a lookup of dim {dim}",
+                c.dim
+            )));
         }
-        let table_desc: Vec<i64> = caches.iter().flat_map(|c| c.map_or([0; DESC], |c| c.raw())).collect();
+        let table_desc: Vec<i64> =
+            caches.iter().flat_map(|c| c.map_or([0; DESC], |c| c.raw())).collect();
         let tickets = table_desc
             .chunks(DESC)
             .filter(|d| d[3] > 0)
@@ -979,7 +1066,9 @@ impl BatchLookup {
         let t0 = std::time::Instant::now();
         let us = |t: std::time::Instant| t.elapsed().as_micros() as u64;
         if n > i32::MAX as usize {
-            return Err(CudaError::internal("batch lookup: more than 2^31 keys in one batch").into());
+            return Err(
+                CudaError::internal("batch lookup: more than 2^31 keys in one batch").into()
+            );
         }
         let (q, dim) = (self.queue.clone(), self.dim);
         gpu(q.device)?;
@@ -998,13 +1087,20 @@ impl BatchLookup {
         let (interleaved, d_starts) = match layout {
             KeyLayout::Interleaved => {
                 if self.tables == 0 || n % self.tables != 0 {
-                    return Err(CudaError::internal(format!("batch lookup: {n} keys are not whole rows of {} tables", self.tables)).into());
+                    return Err(CudaError::internal(format!(
+                        "batch lookup: {n} keys are not whole rows of {} tables",
+                        self.tables
+                    ))
+                    .into());
                 }
                 (1i32, self.starts.1.reserve(8)?)
             }
             KeyLayout::Blocked(counts) => {
                 if counts.len() != self.tables || counts.iter().sum::<usize>() != n {
-                    return Err(CudaError::internal("batch lookup: the per-table counts do not match the keys").into());
+                    return Err(CudaError::internal(
+                        "batch lookup: the per-table counts do not match the keys",
+                    )
+                    .into());
                 }
                 let h = self.starts.0.slice(counts.len() + 1)?;
                 h[0] = 0;
@@ -1019,9 +1115,11 @@ impl BatchLookup {
         let d_miss = self.miss.1.reserve(n * 4)?;
         let d_count = self.count.1.reserve(4)?;
         // SAFETY: `d_count` holds at least 4 bytes.
-        unsafe { result::memset_d8_async(d_count, 0, 4, q.stream.cu_stream()) }.map_err(cuda_err)?;
+        unsafe { result::memset_d8_async(d_count, 0, 4, q.stream.cu_stream()) }
+            .map_err(cuda_err)?;
         let (tables, dim_i, desc) = (self.tables as i32, dim as i32, self.desc.addr);
-        let kernel = if self.format == RowFormat::F16 { &self.kernels.batch_h } else { &self.kernels.batch };
+        let kernel =
+            if self.format == RowFormat::F16 { &self.kernels.batch_h } else { &self.kernels.batch };
         let up = &self.upload;
         let piece_keys = self.key_upload.piece_keys.max(1);
         // the keys' buffer is overwritten only after the queue's earlier work (a fill) read it
@@ -1029,17 +1127,30 @@ impl BatchLookup {
         // The keys go up in pieces, each looked up as soon as it is on the GPU, so copying
         // the next piece into page-locked memory and its DMA overlap the last one's lookup.
         let piece = |first: usize, keys: &[i64], pinned: &mut [i64]| -> Result<()> {
-            for (j, (from, to)) in keys.chunks(piece_keys).zip(pinned.chunks_mut(piece_keys)).enumerate() {
+            for (j, (from, to)) in
+                keys.chunks(piece_keys).zip(pinned.chunks_mut(piece_keys)).enumerate()
+            {
                 to.copy_from_slice(from);
                 let at = first + j * piece_keys;
                 // SAFETY: `d_keys` has room for n keys; `to` is page-locked and not written
                 // again before the queue's synchronisation below, which follows this copy
                 // (the lookup of this piece waits for it).
-                unsafe { result::memcpy_htod_async(d_keys + (at * 8) as u64, &*to, up.cu_stream()) }.map_err(cuda_err)?;
+                unsafe {
+                    result::memcpy_htod_async(d_keys + (at * 8) as u64, &*to, up.cu_stream())
+                }
+                .map_err(cuda_err)?;
                 q.stream.wait(&up.record_event(None).map_err(cuda_err)?).map_err(cuda_err)?;
                 let (at_i, len_i) = (at as i64, to.len() as i32);
                 let mut b = q.stream.launch_builder(kernel);
-                b.arg(&d_keys).arg(&at_i).arg(&len_i).arg(&tables).arg(&interleaved).arg(&d_starts).arg(&desc).arg(&dim_i).arg(&epoch);
+                b.arg(&d_keys)
+                    .arg(&at_i)
+                    .arg(&len_i)
+                    .arg(&tables)
+                    .arg(&interleaved)
+                    .arg(&d_starts)
+                    .arg(&desc)
+                    .arg(&dim_i)
+                    .arg(&epoch);
                 b.arg(&out).arg(&d_miss).arg(&d_count);
                 // SAFETY: argument types and order match batch_lookup; this stream waits for
                 // the copy of keys[at .. at + len] queued just before; every buffer was sized
@@ -1058,10 +1169,19 @@ impl BatchLookup {
                 // SAFETY: `d_keys` has room for n keys; `src` holds them (checked by
                 // `run_keys`) and stays valid through this call, which waits on the queue
                 // below; the copy is ordered before this run's kernel and any later fill.
-                unsafe { result::memcpy_dtod_async(d_keys, src, n * 8, q.stream.cu_stream()) }.map_err(cuda_err)?;
+                unsafe { result::memcpy_dtod_async(d_keys, src, n * 8, q.stream.cu_stream()) }
+                    .map_err(cuda_err)?;
                 let (at_i, len_i) = (0i64, n as i32);
                 let mut b = q.stream.launch_builder(kernel);
-                b.arg(&d_keys).arg(&at_i).arg(&len_i).arg(&tables).arg(&interleaved).arg(&d_starts).arg(&desc).arg(&dim_i).arg(&epoch);
+                b.arg(&d_keys)
+                    .arg(&at_i)
+                    .arg(&len_i)
+                    .arg(&tables)
+                    .arg(&interleaved)
+                    .arg(&d_starts)
+                    .arg(&desc)
+                    .arg(&dim_i)
+                    .arg(&epoch);
                 b.arg(&out).arg(&d_miss).arg(&d_count);
                 // SAFETY: as for a piece above, the whole batch at once, behind its copy on this stream.
                 unsafe { b.launch(warps_config(n)) }.map_err(cuda_err)?;
@@ -1097,7 +1217,11 @@ impl BatchLookup {
                     let m_i = m as i32;
                     let mut b = q.stream.launch_builder(&self.kernels.gather_keys);
                     b.arg(&d_keys).arg(&d_miss).arg(&m_i).arg(&d_mkeys);
-                    let cfg = LaunchConfig { grid_dim: ((m as u32).div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+                    let cfg = LaunchConfig {
+                        grid_dim: ((m as u32).div_ceil(256), 1, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
                     // SAFETY: argument types and order match gather_keys; the m indices in
                     // `d_miss` are < n, `d_keys` holds n keys and `d_mkeys` room for m.
                     unsafe { b.launch(cfg) }.map_err(cuda_err)?;
@@ -1117,7 +1241,11 @@ impl BatchLookup {
             // the miss list, in the fetcher's order, goes back as the scatter's indices
             htod(&q, d_miss, h_miss)?;
             let (m_i, stride, dim_i) = (m as i32, dim as i64, dim as i32);
-            let scatter = if self.format == RowFormat::F16 { &self.kernels.scatter_h } else { &self.kernels.scatter };
+            let scatter = if self.format == RowFormat::F16 {
+                &self.kernels.scatter_h
+            } else {
+                &self.kernels.scatter
+            };
             let mut b = q.stream.launch_builder(scatter);
             b.arg(&d_rows).arg(&d_miss).arg(&m_i).arg(&out).arg(&stride).arg(&dim_i);
             // SAFETY: argument types and order match scatter_rows(_h) (`out` by address,
@@ -1137,14 +1265,32 @@ impl BatchLookup {
         let Some((m, interleaved)) = self.last.take() else { return Ok(()) };
         let q = self.queue.clone();
         gpu(q.device)?;
-        let (keys, miss, found, starts, rows) = (self.keys.1.addr, self.miss.1.addr, self.found.1.addr, self.starts.1.addr, self.fetched.1.addr);
-        let (m_i, tables, dim_i, desc) = (m as i32, self.tables as i32, self.dim as i32, self.desc.addr);
+        let (keys, miss, found, starts, rows) = (
+            self.keys.1.addr,
+            self.miss.1.addr,
+            self.found.1.addr,
+            self.starts.1.addr,
+            self.fetched.1.addr,
+        );
+        let (m_i, tables, dim_i, desc) =
+            (m as i32, self.tables as i32, self.dim as i32, self.desc.addr);
         for &(addr, sets) in &self.tickets {
             // SAFETY: `addr` is the ticket half of a live cache's lock array, `sets` words.
-            unsafe { result::memset_d8_async(addr, 0, sets * 4, q.stream.cu_stream()) }.map_err(cuda_err)?;
+            unsafe { result::memset_d8_async(addr, 0, sets * 4, q.stream.cu_stream()) }
+                .map_err(cuda_err)?;
         }
         let mut b = q.stream.launch_builder(&self.kernels.fill);
-        b.arg(&keys).arg(&miss).arg(&found).arg(&m_i).arg(&tables).arg(&interleaved).arg(&starts).arg(&desc).arg(&dim_i).arg(&epoch).arg(&rows);
+        b.arg(&keys)
+            .arg(&miss)
+            .arg(&found)
+            .arg(&m_i)
+            .arg(&tables)
+            .arg(&interleaved)
+            .arg(&starts)
+            .arg(&desc)
+            .arg(&dim_i)
+            .arg(&epoch)
+            .arg(&rows);
         // SAFETY: argument types and order match batch_fill; the buffers hold the last
         // run's keys, misses, flags and rows (m of each), untouched since, and stay
         // allocated until the queue has passed this kernel (see `run` and `Drop`).
@@ -1181,17 +1327,37 @@ mod tests {
     fn key_uploads_split_into_whole_pieces_over_at_most_the_tasks_set() {
         for how in [KeyUpload::default(), KeyUpload { piece_keys: 256 << 10, threads: 4 }] {
             let piece = how.piece_keys;
-            for n in [1, 1000, piece, 2 * piece - 1, 2 * piece, 65536 * 26, 131072 * 26, 50_000_000] {
+            for n in [1, 1000, piece, 2 * piece - 1, 2 * piece, 65536 * 26, 131072 * 26, 50_000_000]
+            {
                 let per = how.part(n);
                 let threads = n.div_ceil(per);
-                assert!(per % piece == 0 && (1..=how.threads).contains(&threads), "{how:?} n {n}: {per} keys per thread");
-                assert_eq!(threads == 1, n < 4 * piece, "{how:?} n {n}: one thread below two pieces per thread");
+                assert!(
+                    per % piece == 0 && (1..=how.threads).contains(&threads),
+                    "{how:?} n {n}: {per} keys per thread"
+                );
+                assert_eq!(
+                    threads == 1,
+                    n < 4 * piece,
+                    "{how:?} n {n}: one thread below two pieces per thread"
+                );
             }
         }
-        assert_eq!(KeyUpload::default(), KeyUpload { piece_keys: 128 << 10, threads: 8 }, "1 MiB pieces on up to 8 tasks, as measured");
+        assert_eq!(
+            KeyUpload::default(),
+            KeyUpload { piece_keys: 128 << 10, threads: 8 },
+            "1 MiB pieces on up to 8 tasks, as measured"
+        );
         let coarser = KeyUpload { piece_keys: 256 << 10, threads: 4 };
         assert_eq!((65536 * 26_usize).div_ceil(coarser.part(65536 * 26)), 3);
-        assert_eq!((65536 * 26_usize).div_ceil(KeyUpload::default().part(65536 * 26)), 5, "1 MiB pieces: five tasks of three pieces, the last of what is left");
-        assert_eq!(KeyUpload { piece_keys: 0, threads: 0 }.part(10), 10, "nonsense settings still cover the keys");
+        assert_eq!(
+            (65536 * 26_usize).div_ceil(KeyUpload::default().part(65536 * 26)),
+            5,
+            "1 MiB pieces: five tasks of three pieces, the last of what is left"
+        );
+        assert_eq!(
+            KeyUpload { piece_keys: 0, threads: 0 }.part(10),
+            10,
+            "nonsense settings still cover the keys"
+        );
     }
 }

@@ -38,7 +38,11 @@ pub fn gpu(device: i32) -> Result<Arc<GpuState>> {
             None => {
                 // cudarc loads libcuda on first use and panics when it is absent.
                 let ctx = catch_unwind(AssertUnwindSafe(|| CudaContext::new(device as usize)))
-                    .map_err(|_| CudaError::unavailable("the CUDA driver library (libcuda.so) could not be loaded"))?
+                    .map_err(|_| {
+                        CudaError::unavailable(
+                            "the CUDA driver library (libcuda.so) could not be loaded",
+                        )
+                    })?
                     .map_err(cuda_err)?;
                 let copy_stream = ctx.new_stream().map_err(cuda_err)?;
                 let s = Arc::new(GpuState { ctx, copy_stream, kernels: OnceLock::new() });
@@ -99,13 +103,17 @@ fn check_allocated(device: i32, addr: u64, len: usize) -> Result<()> {
         // (CUdeviceptr, size_t, int); the driver only reads `addr` as a number.
         match unsafe { cuPointerGetAttribute(out, what, addr) } {
             CUresult::CUDA_SUCCESS => Ok(()),
-            e => Err(CudaError::internal(format!("address {addr:#x} is not device memory the driver knows ({e:?})"))),
+            e => Err(CudaError::internal(format!(
+                "address {addr:#x} is not device memory the driver knows ({e:?})"
+            ))),
         }
     };
     ask((&mut start as *mut u64).cast(), A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)?;
     ask((&mut size as *mut usize).cast(), A::CU_POINTER_ATTRIBUTE_RANGE_SIZE)?;
     ask((&mut ordinal as *mut i32).cast(), A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)?;
-    let end = addr.checked_add(len as u64).ok_or_else(|| CudaError::internal("device range overflows"))?;
+    let end = addr
+        .checked_add(len as u64)
+        .ok_or_else(|| CudaError::internal("device range overflows"))?;
     if ordinal != device || addr < start || end > start + size as u64 {
         return Err(CudaError::internal(format!(
             "{len} bytes at {addr:#x} on GPU {device} are not inside one allocation (the driver has {size} bytes at {start:#x} on GPU {ordinal})"
@@ -118,7 +126,12 @@ fn check_allocated(device: i32, addr: u64, len: usize) -> Result<()> {
 /// engine's output tensor, say), for as long as `owner` is borrowed. The range is checked
 /// against the driver's own record of live allocations first, so a wrong address or
 /// length is an error, not a wild copy.
-pub fn view_in<'a, O: ?Sized>(_owner: &'a O, device: i32, addr: u64, len: usize) -> Result<DeviceView<'a>> {
+pub fn view_in<'a, O: ?Sized>(
+    _owner: &'a O,
+    device: i32,
+    addr: u64,
+    len: usize,
+) -> Result<DeviceView<'a>> {
     check_allocated(device, addr, len)?;
     // SAFETY: the driver has just confirmed the range is allocated on `device`; the
     // borrow of its owner keeps it so for 'a.
@@ -127,7 +140,12 @@ pub fn view_in<'a, O: ?Sized>(_owner: &'a O, device: i32, addr: u64, len: usize)
 
 /// The writable form of [`view_in`]: `owner` is borrowed mutably, so nothing else reads
 /// or writes the allocation through it while the view lives.
-pub fn view_mut_in<'a, O: ?Sized>(_owner: &'a mut O, device: i32, addr: u64, len: usize) -> Result<DeviceViewMut<'a>> {
+pub fn view_mut_in<'a, O: ?Sized>(
+    _owner: &'a mut O,
+    device: i32,
+    addr: u64,
+    len: usize,
+) -> Result<DeviceViewMut<'a>> {
     check_allocated(device, addr, len)?;
     // SAFETY: as in view_in, with the owner borrowed exclusively for 'a.
     Ok(unsafe { DeviceViewMut::from_raw(device, addr, len) })
@@ -143,7 +161,8 @@ pub unsafe fn copy_dtod_raw(device: i32, dst: u64, src: u64, len: usize) -> Resu
     }
     let g = gpu(device)?;
     // SAFETY: the caller's contract; the stream is this device's.
-    unsafe { result::memcpy_dtod_async(dst, src, len, g.copy_stream.cu_stream()) }.map_err(cuda_err)?;
+    unsafe { result::memcpy_dtod_async(dst, src, len, g.copy_stream.cu_stream()) }
+        .map_err(cuda_err)?;
     g.copy_stream.synchronize().map_err(cuda_err)
 }
 
@@ -198,14 +217,22 @@ pub struct Cuda;
 impl DeviceOps for Cuda {
     fn copy(&self, src: Bytes<'_>, dst: BytesMut<'_>) -> Result<()> {
         if src.len() != dst.len() {
-            return Err(CudaError::internal(format!("copy of {} bytes into a buffer of {}", src.len(), dst.len())));
+            return Err(CudaError::internal(format!(
+                "copy of {} bytes into a buffer of {}",
+                src.len(),
+                dst.len()
+            )));
         }
         // SAFETY (every arm): views are only made from live allocations (their
         // constructors' contracts), and the lengths were checked above.
         match (src, dst) {
             (Bytes::Host(s), BytesMut::Host(d)) => copy_host(s, d),
-            (Bytes::Device(s), BytesMut::Host(d)) => unsafe { copy_dtoh_raw(s.device(), d, real(s.raw_addr())?) },
-            (Bytes::Host(s), BytesMut::Device(d)) => unsafe { copy_htod_raw(d.device(), real(d.raw_addr())?, s) },
+            (Bytes::Device(s), BytesMut::Host(d)) => unsafe {
+                copy_dtoh_raw(s.device(), d, real(s.raw_addr())?)
+            },
+            (Bytes::Host(s), BytesMut::Device(d)) => unsafe {
+                copy_htod_raw(d.device(), real(d.raw_addr())?, s)
+            },
             (Bytes::Device(s), BytesMut::Device(d)) if s.device() == d.device() => unsafe {
                 copy_dtod_raw(d.device(), real(d.raw_addr())?, real(s.raw_addr())?, s.len())
             },
@@ -231,11 +258,22 @@ impl DeviceOps for Cuda {
         let mut at = 0u64;
         for p in parts {
             if p.device() != device {
-                return Err(CudaError::internal(format!("gather on GPU {device} was given a buffer on GPU {}", p.device())));
+                return Err(CudaError::internal(format!(
+                    "gather on GPU {device} was given a buffer on GPU {}",
+                    p.device()
+                )));
             }
             if !p.is_empty() {
                 // SAFETY: each part is a live view on `device`; the new buffer has room for all.
-                unsafe { result::memcpy_dtod_async(base + at, real(p.raw_addr())?, p.len(), out.stream.cu_stream()) }.map_err(cuda_err)?;
+                unsafe {
+                    result::memcpy_dtod_async(
+                        base + at,
+                        real(p.raw_addr())?,
+                        p.len(),
+                        out.stream.cu_stream(),
+                    )
+                }
+                .map_err(cuda_err)?;
             }
             at += p.len() as u64;
         }

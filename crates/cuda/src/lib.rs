@@ -14,7 +14,9 @@
 use std::fmt;
 
 pub mod mem;
-pub use mem::{copy_host, Bytes, BytesMut, Device, DeviceBuffer, DeviceOps, DeviceView, DeviceViewMut};
+pub use mem::{
+    copy_host, Bytes, BytesMut, Device, DeviceBuffer, DeviceOps, DeviceView, DeviceViewMut,
+};
 
 #[cfg(feature = "driver")]
 pub mod cache;

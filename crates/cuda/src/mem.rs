@@ -51,7 +51,12 @@ impl<'a> DeviceView<'a> {
 
     /// Host bytes standing in for memory on `device` (a fake device in tests).
     pub fn simulated(device: i32, bytes: &'a [u8]) -> DeviceView<'a> {
-        DeviceView { device, len: bytes.len(), backing: Backing::Simulated(bytes), _life: PhantomData }
+        DeviceView {
+            device,
+            len: bytes.len(),
+            backing: Backing::Simulated(bytes),
+            _life: PhantomData,
+        }
     }
 
     pub fn device(&self) -> i32 {
@@ -119,7 +124,12 @@ impl<'a> DeviceViewMut<'a> {
 
     /// Host bytes standing in for writable memory on `device` (a fake device in tests).
     pub fn simulated(device: i32, bytes: &'a mut [u8]) -> DeviceViewMut<'a> {
-        DeviceViewMut { device, len: bytes.len(), backing: BackingMut::Simulated(bytes), _life: PhantomData }
+        DeviceViewMut {
+            device,
+            len: bytes.len(),
+            backing: BackingMut::Simulated(bytes),
+            _life: PhantomData,
+        }
     }
 
     pub fn device(&self) -> i32 {
@@ -239,7 +249,10 @@ pub struct DeviceBuffer {
 enum Owned {
     #[cfg(feature = "driver")]
     Cuda(crate::driver::CudaBytes),
-    Simulated { device: i32, bytes: Vec<u8> },
+    Simulated {
+        device: i32,
+        bytes: Vec<u8>,
+    },
 }
 
 impl DeviceBuffer {
@@ -307,7 +320,11 @@ pub trait DeviceOps: Send + Sync {
 /// Copies host to host; the part of `copy` every implementation shares.
 pub fn copy_host(src: &[u8], dst: &mut [u8]) -> Result<()> {
     if src.len() != dst.len() {
-        return Err(CudaError::internal(format!("copy of {} bytes into a buffer of {}", src.len(), dst.len())));
+        return Err(CudaError::internal(format!(
+            "copy of {} bytes into a buffer of {}",
+            src.len(),
+            dst.len()
+        )));
     }
     dst.copy_from_slice(src);
     Ok(())

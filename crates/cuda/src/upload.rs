@@ -63,11 +63,18 @@ impl Uploader {
     /// Copies `src` into `dst` (equal lengths); done when it returns.
     pub fn upload(&mut self, src: &[u8], dst: DeviceViewMut<'_>) -> Result<()> {
         if src.len() != dst.len() {
-            return Err(CudaError::internal(format!("upload of {} bytes into a buffer of {}", src.len(), dst.len())));
+            return Err(CudaError::internal(format!(
+                "upload of {} bytes into a buffer of {}",
+                src.len(),
+                dst.len()
+            )));
         }
         let device = self.queue.device();
         if dst.device() != device {
-            return Err(CudaError::internal(format!("an uploader for GPU {device} was given a buffer on GPU {}", dst.device())));
+            return Err(CudaError::internal(format!(
+                "an uploader for GPU {device} was given a buffer on GPU {}",
+                dst.device()
+            )));
         }
         if src.is_empty() {
             return Ok(());
@@ -133,7 +140,11 @@ impl Staged {
         }
         // SAFETY: as above; the views borrow `self`, so the buffer outlives them and the
         // next `stage` (which needs `&mut self`) cannot overwrite them while they are read.
-        Ok(parts.iter().zip(&offsets).map(|(p, &o)| unsafe { DeviceView::from_raw(device, base + o as u64, p.len()) }).collect())
+        Ok(parts
+            .iter()
+            .zip(&offsets)
+            .map(|(p, &o)| unsafe { DeviceView::from_raw(device, base + o as u64, p.len()) })
+            .collect())
     }
 }
 
@@ -143,16 +154,28 @@ mod tests {
 
     #[test]
     fn parts_are_whole_chunks_on_at_most_four_threads() {
-        for len in [1, 300_000, CHUNK, PER_THREAD - 1, PER_THREAD, 2 * PER_THREAD + 5, 38_535_168, 1 << 30] {
+        for len in
+            [1, 300_000, CHUNK, PER_THREAD - 1, PER_THREAD, 2 * PER_THREAD + 5, 38_535_168, 1 << 30]
+        {
             let per = part_len(len);
             let threads = len.div_ceil(per);
-            assert!(per % CHUNK == 0 && (1..=4).contains(&threads), "len {len}: {threads} parts of {per}");
-            assert!(per * threads >= len && per * (threads - 1) < len, "len {len}: the parts cover it, none empty");
+            assert!(
+                per % CHUNK == 0 && (1..=4).contains(&threads),
+                "len {len}: {threads} parts of {per}"
+            );
+            assert!(
+                per * threads >= len && per * (threads - 1) < len,
+                "len {len}: the parts cover it, none empty"
+            );
             if len < 2 * PER_THREAD {
                 assert_eq!(threads, 1, "len {len}: small uploads stay on the calling thread");
             }
         }
-        assert_eq!(part_len(38_535_168).div_ceil(CHUNK), 3, "ResNet50's batch of 128: 4 threads of 3 chunks");
+        assert_eq!(
+            part_len(38_535_168).div_ceil(CHUNK),
+            3,
+            "ResNet50's batch of 128: 4 threads of 3 chunks"
+        );
     }
 
     #[test]
@@ -166,16 +189,29 @@ mod tests {
             Ok(())
         };
         in_parts(0, 1000, &src, &mut dst, &copy).unwrap();
-        assert!(dst.iter().enumerate().all(|(i, &v)| v == 2 * i as u32), "one part, on this thread, no GPU needed");
+        assert!(
+            dst.iter().enumerate().all(|(i, &v)| v == 2 * i as u32),
+            "one part, on this thread, no GPU needed"
+        );
         dst.fill(0);
         match in_parts(0, 128, &src, &mut dst, &copy) {
             // several parts make each task's GPU context current
             Ok(()) => assert!(dst.iter().enumerate().all(|(i, &v)| v == 2 * i as u32)),
-            Err(e) => assert!(!std::path::Path::new("/dev/nvidia0").exists(), "only a machine without a GPU may refuse: {e}"),
+            Err(e) => assert!(
+                !std::path::Path::new("/dev/nvidia0").exists(),
+                "only a machine without a GPU may refuse: {e}"
+            ),
         }
         let fails = |at: usize, _: &[u32], _: &mut [u32]| -> Result<()> {
-            if at == 0 { Err(CudaError::internal("part 0 failed")) } else { Ok(()) }
+            if at == 0 {
+                Err(CudaError::internal("part 0 failed"))
+            } else {
+                Ok(())
+            }
         };
-        assert!(in_parts(0, 2000, &src, &mut dst, &fails).unwrap_err().to_string().contains("part 0 failed"));
+        assert!(in_parts(0, 2000, &src, &mut dst, &fails)
+            .unwrap_err()
+            .to_string()
+            .contains("part 0 failed"));
     }
 }

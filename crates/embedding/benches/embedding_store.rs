@@ -13,11 +13,21 @@ use triton_rust_embedding::{EmbeddingStore, StoreConfig, TableConfig};
 
 fn arg(name: &str, default: f64) -> f64 {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Runs `f` on batches for about `secs` on `threads` threads; returns keys per second.
-fn rate(threads: usize, secs: f64, batch: usize, f: impl Fn(&mut rand::rngs::SmallRng, &mut [i64], &mut [f32]) + Sync, dim: usize) -> f64 {
+fn rate(
+    threads: usize,
+    secs: f64,
+    batch: usize,
+    f: impl Fn(&mut rand::rngs::SmallRng, &mut [i64], &mut [f32]) + Sync,
+    dim: usize,
+) -> f64 {
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let done: usize = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
@@ -54,7 +64,13 @@ fn main() {
     let cache_ratio = 0.05;
     let store = EmbeddingStore::open(
         StoreConfig {
-            tables: vec![TableConfig { name: "t".into(), dim, path: Some(dir.clone()), format: None, default_value: 0.0 }],
+            tables: vec![TableConfig {
+                name: "t".into(),
+                dim,
+                path: Some(dir.clone()),
+                format: None,
+                default_value: 0.0,
+            }],
             cache_ratio,
             cache_allocation: triton_rust_embedding::CacheAllocation::PerTable,
             hit_rate_threshold: 0.9, // HPS default: synchronous fills only while the hit rate is low
@@ -90,11 +106,19 @@ fn main() {
     println!("{threads} threads, batches of {batch} keys, {secs} s per figure");
     println!("{:<38} {:>14} {:>10} {:>9}", "path", "keys/s", "GB/s", "vs host");
     let gbs = |r: f64| r * dim as f64 * 4.0 / 1e9;
-    println!("{:<38} {:>14.0} {:>10.2} {:>9}", "host tier only (uniform keys)", host_rate, gbs(host_rate), "1.00x");
+    println!(
+        "{:<38} {:>14.0} {:>10.2} {:>9}",
+        "host tier only (uniform keys)",
+        host_rate,
+        gbs(host_rate),
+        "1.00x"
+    );
 
     // Cache in front of the host tier: a key is hot (from the cache's worth of keys) with
     // probability p, else uniform over the table.
-    let inst = store.attach_caches(&|geo| Ok(Arc::new(HostCache::new(geo)) as Arc<dyn CacheTier>)).unwrap();
+    let inst = store
+        .attach_caches(&|geo| Ok(Arc::new(HostCache::new(geo)) as Arc<dyn CacheTier>))
+        .unwrap();
     let hot = (rows as f64 * cache_ratio * 0.8) as i64; // fits the cache with room for set conflicts
     let warm: Vec<i64> = (0..hot).collect();
     for part in warm.chunks(batch) {
@@ -103,14 +127,21 @@ fn main() {
     }
     for p in [0.5, 0.8, 0.95, 0.99, 1.0] {
         let before = store.counters(0);
-        let (h0, k0) = (before.cache_hits.load(std::sync::atomic::Ordering::Relaxed), before.keys.load(std::sync::atomic::Ordering::Relaxed));
+        let (h0, k0) = (
+            before.cache_hits.load(std::sync::atomic::Ordering::Relaxed),
+            before.keys.load(std::sync::atomic::Ordering::Relaxed),
+        );
         let r = rate(
             threads,
             secs,
             batch,
             |rng, k, out| {
                 for x in k.iter_mut() {
-                    *x = if rng.gen::<f64>() < p { rng.gen_range(0..hot) } else { rng.gen_range(0..rows as i64) };
+                    *x = if rng.gen::<f64>() < p {
+                        rng.gen_range(0..hot)
+                    } else {
+                        rng.gen_range(0..rows as i64)
+                    };
                 }
                 inst.lookup(0, k, out).unwrap();
             },
@@ -130,7 +161,9 @@ fn main() {
     // Zipf keys (recommender traffic: hot keys repeat within a batch), without a cache
     // and with one; the key generation (a search of the Zipf table) is part of the figure
     let zipf = triton_rust_embedding::Zipf::new(rows, 1.05);
-    for (label, with_cache) in [("host only, Zipf 1.05 keys", false), ("cpu cache + host, Zipf 1.05 keys", true)] {
+    for (label, with_cache) in
+        [("host only, Zipf 1.05 keys", false), ("cpu cache + host, Zipf 1.05 keys", true)]
+    {
         let r = rate(
             threads,
             secs,
@@ -140,7 +173,8 @@ fn main() {
                     // spread the hot ranks over the table (a coprime multiplier)
                     *x = (zipf.rank(rng.gen::<f64>()) as i64 * 2_654_435_761) % rows as i64;
                 }
-                if with_cache { inst.lookup(0, k, out) } else { no_cache.lookup(0, k, out) }.unwrap();
+                if with_cache { inst.lookup(0, k, out) } else { no_cache.lookup(0, k, out) }
+                    .unwrap();
             },
             dim,
         );

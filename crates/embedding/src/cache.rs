@@ -60,7 +60,13 @@ pub struct CacheCounters {
 impl CacheCounters {
     pub fn new(hits: u64, misses: u64, insertions: u64, evictions: u64) -> CacheCounters {
         // only an insert into an empty way adds a row without evicting one
-        CacheCounters { hits, misses, insertions, evictions, occupied: insertions.saturating_sub(evictions) }
+        CacheCounters {
+            hits,
+            misses,
+            insertions,
+            evictions,
+            occupied: insertions.saturating_sub(evictions),
+        }
     }
 }
 
@@ -102,7 +108,13 @@ impl HostCache {
         HostCache {
             geo,
             sets: (0..geo.sets)
-                .map(|_| Mutex::new(Set { keys: [0; WAYS], stamps: [0; WAYS], rows: vec![0f32; WAYS * geo.dim].into() }))
+                .map(|_| {
+                    Mutex::new(Set {
+                        keys: [0; WAYS],
+                        stamps: [0; WAYS],
+                        rows: vec![0f32; WAYS * geo.dim].into(),
+                    })
+                })
                 .collect(),
             clock: AtomicU64::new(1),
             hits: AtomicU64::new(0),
@@ -119,7 +131,12 @@ impl HostCache {
 
     fn check_len(&self, keys: &[i64], values: &[f32]) -> Result<()> {
         if values.len() != keys.len() * self.geo.dim {
-            return Err(Error::internal(format!("cache: {} keys need {} values, got {}", keys.len(), keys.len() * self.geo.dim, values.len())));
+            return Err(Error::internal(format!(
+                "cache: {} keys need {} values, got {}",
+                keys.len(),
+                keys.len() * self.geo.dim,
+                values.len()
+            )));
         }
         Ok(())
     }
@@ -251,7 +268,11 @@ mod tests {
         assert!(c.lookup(&touched, &mut out).unwrap().is_empty());
         c.insert(&[100], &[100.0]).unwrap();
         let mut one = [0f32];
-        assert_eq!(c.lookup(&[5], &mut one).unwrap(), vec![0], "5 was the least recent and must be gone");
+        assert_eq!(
+            c.lookup(&[5], &mut one).unwrap(),
+            vec![0],
+            "5 was the least recent and must be gone"
+        );
         assert!(c.lookup(&[100], &mut one).unwrap().is_empty());
         assert_eq!(one[0], 100.0);
         assert_eq!(c.counters().evictions, 1);
@@ -287,11 +308,14 @@ mod tests {
         const KEYS: usize = 512;
         const DIM: usize = 16;
         let cache = Arc::new(HostCache::new(CacheGeometry::for_rows(128, DIM)));
-        let committed: Arc<Vec<AtomicU32>> = Arc::new((0..KEYS).map(|_| AtomicU32::new(0)).collect());
-        let truth_lock: Arc<Vec<parking_lot::Mutex<()>>> = Arc::new((0..KEYS).map(|_| parking_lot::Mutex::new(())).collect());
+        let committed: Arc<Vec<AtomicU32>> =
+            Arc::new((0..KEYS).map(|_| AtomicU32::new(0)).collect());
+        let truth_lock: Arc<Vec<parking_lot::Mutex<()>>> =
+            Arc::new((0..KEYS).map(|_| parking_lot::Mutex::new(())).collect());
         let mut handles = Vec::new();
         for t in 0..8u64 {
-            let (cache, committed, truth_lock) = (cache.clone(), committed.clone(), truth_lock.clone());
+            let (cache, committed, truth_lock) =
+                (cache.clone(), committed.clone(), truth_lock.clone());
             handles.push(std::thread::spawn(move || {
                 let mut rng = rand::rngs::SmallRng::seed_from_u64(t);
                 let mut checked = 0;
@@ -316,8 +340,15 @@ mod tests {
                             let mut out = [0f32; DIM];
                             if cache.lookup(&[k as i64], &mut out).unwrap().is_empty() {
                                 let v = (out[0] - k as f32 * 1000.0).round();
-                                assert!(v >= floor as f32, "stale row for {k}: version {v} < {floor}");
-                                assert_eq!(out[..], row(k as i64, v as u32, DIM)[..], "torn or wrong row for key {k}");
+                                assert!(
+                                    v >= floor as f32,
+                                    "stale row for {k}: version {v} < {floor}"
+                                );
+                                assert_eq!(
+                                    out[..],
+                                    row(k as i64, v as u32, DIM)[..],
+                                    "torn or wrong row for key {k}"
+                                );
                                 checked += 1;
                             }
                         }

@@ -54,11 +54,14 @@ pub fn manifest_gen(dir: &Path) -> Result<Option<u64>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io("read", &path, e)),
     };
-    text.trim()
-        .strip_prefix("gen ")
-        .and_then(|g| g.trim().parse().ok())
-        .map(Some)
-        .ok_or_else(|| Error::internal(format!("update log: '{}' is not a manifest ('gen <n>')", path.display())))
+    text.trim().strip_prefix("gen ").and_then(|g| g.trim().parse().ok()).map(Some).ok_or_else(
+        || {
+            Error::internal(format!(
+                "update log: '{}' is not a manifest ('gen <n>')",
+                path.display()
+            ))
+        },
+    )
 }
 
 /// Log generations present in `dir`, ascending.
@@ -70,7 +73,12 @@ fn generations(dir: &Path) -> Result<Vec<u64>> {
         Err(e) => return Err(io("list", dir, e)),
     };
     for entry in entries.flatten() {
-        if let Some(g) = entry.file_name().to_str().and_then(|n| n.strip_prefix("log.")).and_then(|g| g.parse().ok()) {
+        if let Some(g) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.strip_prefix("log."))
+            .and_then(|g| g.parse().ok())
+        {
             gens.push(g);
         }
     }
@@ -101,17 +109,30 @@ fn replay_file(path: &Path, dim: usize, apply: &mut Apply<'_>) -> Result<(u64, u
         let n = u32::from_le_bytes(payload[0..4].try_into().expect("4")) as usize;
         let d = u32::from_le_bytes(payload[4..8].try_into().expect("4")) as usize;
         if d != dim || payload.len() != 8 + n * 8 + n * d * 4 {
-            return Err(Error::internal(format!("update log '{}': a record of dim {d} in a table of dim {dim}", path.display())));
+            return Err(Error::internal(format!(
+                "update log '{}': a record of dim {d} in a table of dim {dim}",
+                path.display()
+            )));
         }
-        let keys: Vec<i64> = payload[8..8 + n * 8].chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8"))).collect();
-        let vectors: Vec<f32> = payload[8 + n * 8..].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4"))).collect();
+        let keys: Vec<i64> = payload[8..8 + n * 8]
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().expect("8")))
+            .collect();
+        let vectors: Vec<f32> = payload[8 + n * 8..]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4")))
+            .collect();
         apply(&keys, &vectors)?;
         records += 1;
         rows += n as u64;
         at = end;
     }
     if at < bytes.len() {
-        log::warn!("update log '{}': dropping {} bytes of an unfinished last record (never acknowledged)", path.display(), bytes.len() - at);
+        log::warn!(
+            "update log '{}': dropping {} bytes of an unfinished last record (never acknowledged)",
+            path.display(),
+            bytes.len() - at
+        );
         let f = OpenOptions::new().write(true).open(path).map_err(|e| io("open", path, e))?;
         f.set_len(at as u64).and_then(|()| f.sync_all()).map_err(|e| io("truncate", path, e))?;
     }
@@ -136,7 +157,12 @@ impl UpdateLog {
     /// The log of a table whose snapshot generation is `base_gen` (0 without a MANIFEST).
     /// Replays every log from `base_gen` on, in order, through `apply`. Creates nothing:
     /// the directory and file appear with the first append.
-    pub fn recover(dir: &Path, dim: usize, base_gen: u64, apply: &mut Apply<'_>) -> Result<(UpdateLog, Replayed)> {
+    pub fn recover(
+        dir: &Path,
+        dim: usize,
+        base_gen: u64,
+        apply: &mut Apply<'_>,
+    ) -> Result<(UpdateLog, Replayed)> {
         let gens: Vec<u64> = generations(dir)?.into_iter().filter(|&g| g >= base_gen).collect();
         let mut replayed = Replayed { records: 0, rows: 0 };
         for &g in &gens {
@@ -161,7 +187,11 @@ impl UpdateLog {
             std::fs::create_dir_all(&self.dir).map_err(|e| io("create", &self.dir, e))?;
             let path = log_path(&self.dir, self.gen);
             let existed = path.exists();
-            let f = OpenOptions::new().create(true).append(true).open(&path).map_err(|e| io("open", &path, e))?;
+            let f = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .map_err(|e| io("open", &path, e))?;
             if !existed {
                 sync_dir(&self.dir)?;
             }
@@ -205,7 +235,13 @@ impl UpdateLog {
 }
 
 /// Writes a snapshot as `base.<gen>` and makes it the table's base (MANIFEST), durably.
-pub fn commit_base(dir: &Path, gen: u64, keys: &[i64], vectors: &[f32], dim: usize) -> Result<PathBuf> {
+pub fn commit_base(
+    dir: &Path,
+    gen: u64,
+    keys: &[i64],
+    vectors: &[f32],
+    dim: usize,
+) -> Result<PathBuf> {
     let base = base_path(dir, gen);
     let _ = std::fs::remove_dir_all(&base);
     write_table(&base, keys, bytemuck::cast_slice(vectors), dim, VectorType::F32)?;
@@ -216,7 +252,9 @@ pub fn commit_base(dir: &Path, gen: u64, keys: &[i64], vectors: &[f32], dim: usi
     sync_dir(&base)?;
     let tmp = dir.join("MANIFEST.tmp");
     let mut f = File::create(&tmp).map_err(|e| io("create", &tmp, e))?;
-    f.write_all(format!("gen {gen}\n").as_bytes()).and_then(|()| f.sync_all()).map_err(|e| io("write", &tmp, e))?;
+    f.write_all(format!("gen {gen}\n").as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(|e| io("write", &tmp, e))?;
     std::fs::rename(&tmp, dir.join("MANIFEST")).map_err(|e| io("rename", &tmp, e))?;
     sync_dir(dir)?;
     Ok(base)
@@ -275,7 +313,12 @@ mod tests {
         // a crash in the middle of a third append
         let path = log_path(&dir, 0);
         let good = std::fs::metadata(&path).unwrap().len();
-        OpenOptions::new().append(true).open(&path).unwrap().write_all(&[0x54, 0x44, 0x50, 0x55, 200, 0, 0, 0, 1, 2, 3]).unwrap();
+        OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(&[0x54, 0x44, 0x50, 0x55, 200, 0, 0, 0, 1, 2, 3])
+            .unwrap();
         let (_, seen) = collect(&dir, 2, 0);
         assert_eq!(seen, vec![(vec![1, 2], vec![1.0, 1.5, 2.0, 2.5]), (vec![1], vec![9.0, 9.5])]);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), good, "the torn record is cut off");
@@ -302,7 +345,11 @@ mod tests {
         assert_eq!(manifest_gen(&dir).unwrap(), Some(g));
         assert!(!log_path(&dir, 0).exists() && base_path(&dir, g).join("keys.npy").exists());
         let (log, seen) = collect(&dir, 1, g);
-        assert_eq!(seen, vec![(vec![2], vec![2.0])], "only the generation after the snapshot replays");
+        assert_eq!(
+            seen,
+            vec![(vec![2], vec![2.0])],
+            "only the generation after the snapshot replays"
+        );
         assert_eq!(log.generation(), g);
         std::fs::remove_dir_all(&dir).unwrap();
     }

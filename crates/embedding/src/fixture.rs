@@ -19,7 +19,8 @@ use triton_rust_core::error::{Error, Result};
 
 /// The fp16 bit patterns of row `key` of table `table` (dim elements into `out`).
 pub fn synthetic_row(seed: u64, table: u32, key: i64, out: &mut [u16]) {
-    let base = mix64(seed as i64 ^ ((table as i64) << 40)) ^ (key as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let base = mix64(seed as i64 ^ ((table as i64) << 40))
+        ^ (key as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     for (i, quad) in out.chunks_mut(4).enumerate() {
         let mut r = mix64((base ^ i as u64) as i64);
         for v in quad {
@@ -40,8 +41,18 @@ pub struct Progress {
 
 /// Writes table `table` (keys `0..rows`, fp16 vectors of `dim`) into `dir`, splitting
 /// the rows over `threads` writers. Returns the bytes written.
-pub fn write_synthetic_table(dir: &Path, seed: u64, table: u32, rows: usize, dim: usize, threads: usize, progress: &Progress) -> Result<u64> {
-    let io = |what: &str, path: &Path, e: std::io::Error| Error::internal(format!("cannot {what} '{}': {e}", path.display()));
+pub fn write_synthetic_table(
+    dir: &Path,
+    seed: u64,
+    table: u32,
+    rows: usize,
+    dim: usize,
+    threads: usize,
+    progress: &Progress,
+) -> Result<u64> {
+    let io = |what: &str, path: &Path, e: std::io::Error| {
+        Error::internal(format!("cannot {what} '{}': {e}", path.display()))
+    };
     std::fs::create_dir_all(dir).map_err(|e| io("create", dir, e))?;
     let keys_path = dir.join("keys.npy");
     let vectors_path = dir.join("vectors.npy");
@@ -70,7 +81,9 @@ pub fn write_synthetic_table(dir: &Path, seed: u64, table: u32, rows: usize, dim
                         }
                         let start = b * block;
                         let n = block.min(rows - start);
-                        for (i, (k, row)) in kbuf[..n].iter_mut().zip(vbuf.chunks_mut(dim)).enumerate() {
+                        for (i, (k, row)) in
+                            kbuf[..n].iter_mut().zip(vbuf.chunks_mut(dim)).enumerate()
+                        {
                             *k = (start + i) as i64;
                             synthetic_row(seed, table, *k, row);
                         }
@@ -79,13 +92,19 @@ pub fn write_synthetic_table(dir: &Path, seed: u64, table: u32, rows: usize, dim
                         vectors
                             .write_all_at(vbytes, (vectors_header.len() + start * row_bytes) as u64)
                             .map_err(|e| io("write", &vectors_path, e))?;
-                        keys.write_all_at(kbytes, (keys_header.len() + start * 8) as u64).map_err(|e| io("write", &keys_path, e))?;
-                        progress.bytes.fetch_add((vbytes.len() + kbytes.len()) as u64, Ordering::Relaxed);
+                        keys.write_all_at(kbytes, (keys_header.len() + start * 8) as u64)
+                            .map_err(|e| io("write", &keys_path, e))?;
+                        progress
+                            .bytes
+                            .fetch_add((vbytes.len() + kbytes.len()) as u64, Ordering::Relaxed);
                     }
                 })
             })
             .collect();
-        workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err(Error::internal("a table writer panicked")))).collect()
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or_else(|_| Err(Error::internal("a table writer panicked"))))
+            .collect()
     });
     results.into_iter().collect::<Result<Vec<()>>>()?;
     Ok((keys_header.len() + rows * 8 + vectors_header.len() + rows * row_bytes) as u64)
@@ -126,7 +145,10 @@ mod tests {
         assert_eq!(one, std::fs::read(dir.join("four/vectors.npy")).unwrap());
         let t = TableFiles::open_npy(&dir.join("one")).unwrap();
         assert_eq!((t.rows, t.dim), (rows, 30));
-        assert_eq!(total as usize, std::fs::metadata(dir.join("one/keys.npy")).unwrap().len() as usize + one.len());
+        assert_eq!(
+            total as usize,
+            std::fs::metadata(dir.join("one/keys.npy")).unwrap().len() as usize + one.len()
+        );
         let mut want = vec![0u16; 30];
         for key in [0usize, 1, 12_345, rows - 1] {
             assert_eq!(t.keys()[key], key as i64);

@@ -8,8 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use triton_rust_core::error::{Error, Result};
+pub use triton_rust_cuda::cache::{
+    BatchKeys, BatchLookup, DeviceRows, KeyLayout, KeyUpload, RowFormat,
+};
 use triton_rust_cuda::cache::{CacheSlots, InsertPlan, Queue, WAYS as DEVICE_WAYS};
-pub use triton_rust_cuda::cache::{BatchKeys, BatchLookup, DeviceRows, KeyLayout, KeyUpload, RowFormat};
 
 use crate::cache::{CacheCounters, CacheGeometry, CacheTier, EMPTY_KEY, WAYS};
 
@@ -18,7 +20,8 @@ const _: () = assert!(WAYS == DEVICE_WAYS, "the kernels assume one warp per set"
 /// Groups insert keys by set: (order of key indices, start offset per group, set per group).
 /// Keys keep their order within a set, as the CPU cache applies them.
 pub fn group_by_set(geo: &CacheGeometry, keys: &[i64]) -> (Vec<i32>, Vec<i32>, Vec<i64>) {
-    let mut idx: Vec<(usize, usize)> = keys.iter().enumerate().map(|(i, &k)| (geo.set_of(k), i)).collect();
+    let mut idx: Vec<(usize, usize)> =
+        keys.iter().enumerate().map(|(i, &k)| (geo.set_of(k), i)).collect();
     idx.sort_by_key(|&(s, i)| (s, i));
     let order: Vec<i32> = idx.iter().map(|&(_, i)| i as i32).collect();
     let mut starts = Vec::new();
@@ -66,7 +69,12 @@ impl GpuInstance {
 
     /// The whole-batch lookup over `caches` (one per table, each this instance's), its
     /// rows written as `format`.
-    pub fn batch_lookup(&self, caches: &[Option<&GpuCache>], dim: usize, format: RowFormat) -> Result<BatchLookup> {
+    pub fn batch_lookup(
+        &self,
+        caches: &[Option<&GpuCache>],
+        dim: usize,
+        format: RowFormat,
+    ) -> Result<BatchLookup> {
         let slots: Vec<Option<&CacheSlots>> = caches.iter().map(|c| c.map(|c| &c.slots)).collect();
         Ok(BatchLookup::new(&self.queue, &slots, dim, format)?)
     }
@@ -113,7 +121,13 @@ impl GpuCache {
 
     /// Looks host `keys` up into a device buffer: row i at `offset + i * stride` floats.
     /// Returns the indices that missed (their rows are left as they were).
-    pub fn lookup_into(&self, keys: &[i64], rows: &mut DeviceRows, offset: usize, stride: usize) -> Result<Vec<usize>> {
+    pub fn lookup_into(
+        &self,
+        keys: &[i64],
+        rows: &mut DeviceRows,
+        offset: usize,
+        stride: usize,
+    ) -> Result<Vec<usize>> {
         let epoch = self.clock.fetch_add(1, Ordering::Relaxed);
         let hit = self.slots.lookup_into(keys, epoch, rows, offset, stride)?;
         Ok(self.count(&hit))
@@ -154,7 +168,12 @@ impl CacheTier for GpuCache {
 
     fn counters(&self) -> CacheCounters {
         let (insertions, evictions) = self.slots.counters().unwrap_or((0, 0));
-        CacheCounters::new(self.hits.load(Ordering::Relaxed), self.misses.load(Ordering::Relaxed), insertions, evictions)
+        CacheCounters::new(
+            self.hits.load(Ordering::Relaxed),
+            self.misses.load(Ordering::Relaxed),
+            insertions,
+            evictions,
+        )
     }
 
     fn name(&self) -> &'static str {

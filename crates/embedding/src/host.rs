@@ -84,7 +84,10 @@ impl HostTier {
     /// Indexes a table's mapped rows. Duplicate keys: the last row wins (counted in the result).
     pub fn from_files(files: TableFiles) -> Result<(HostTier, usize)> {
         if files.rows >= OVERLAY as usize {
-            return Err(Error::unsupported(format!("a table of {} rows is above the 2^31 rows one host tier indexes", files.rows)));
+            return Err(Error::unsupported(format!(
+                "a table of {} rows is above the 2^31 rows one host tier indexes",
+                files.rows
+            )));
         }
         let mut tier = HostTier::empty(files.dim);
         if files.keys().iter().enumerate().all(|(i, &k)| k == i as i64) {
@@ -157,14 +160,19 @@ impl HostTier {
     /// is seen or not, as with the locks (it sets `indexed` before its first entry).
     pub fn get_many(&self, keys: &[i64], out: &mut [f32], found: &mut [bool]) {
         const AHEAD: usize = 8;
-        if let (Some(base), false) = (self.base.as_ref().filter(|_| self.dense.is_some()), self.indexed.load(Ordering::Acquire)) {
+        if let (Some(base), false) = (
+            self.base.as_ref().filter(|_| self.dense.is_some()),
+            self.indexed.load(Ordering::Acquire),
+        ) {
             let hint = |k: i64| {
                 if self.in_dense(k) {
                     triton_rust_os::prefetch(base.row_bytes(k as usize));
                 }
             };
             keys.iter().take(AHEAD).for_each(|&k| hint(k));
-            for (i, ((k, row), f)) in keys.iter().zip(out.chunks_exact_mut(self.dim)).zip(found.iter_mut()).enumerate() {
+            for (i, ((k, row), f)) in
+                keys.iter().zip(out.chunks_exact_mut(self.dim)).zip(found.iter_mut()).enumerate()
+            {
                 if let Some(&next) = keys.get(i + AHEAD) {
                     hint(next);
                 }
@@ -204,7 +212,8 @@ impl HostTier {
         // (`get_many`) learn that the index is in use before its first entry.
         self.indexed.store(true, Ordering::Release);
         for (i, &k) in keys.iter().enumerate() {
-            let fresh = self.shards[shard_of(k)].write().insert(k, OVERLAY | (first + i) as u32).is_none();
+            let fresh =
+                self.shards[shard_of(k)].write().insert(k, OVERLAY | (first + i) as u32).is_none();
             if fresh && self.in_dense(k) {
                 self.shadowed.fetch_add(1, Ordering::Relaxed);
             }
@@ -303,14 +312,27 @@ mod tests {
         assert!(!tier.indexed.load(Ordering::Relaxed));
         assert_eq!(found, probe.iter().map(|&k| (0..500).contains(&k)).collect::<Vec<_>>());
         for (i, &k) in probe.iter().enumerate().filter(|&(i, _)| found[i]) {
-            assert_eq!(out[i * dim..i * dim + dim], [2.0 * k as f32, 2.0 * k as f32 + 1.0], "key {k}");
+            assert_eq!(
+                out[i * dim..i * dim + dim],
+                [2.0 * k as f32, 2.0 * k as f32 + 1.0],
+                "key {k}"
+            );
         }
-        assert!(out[dim..2 * dim].iter().all(|&v| v == -1.0), "a key not found leaves its row alone");
+        assert!(
+            out[dim..2 * dim].iter().all(|&v| v == -1.0),
+            "a key not found leaves its row alone"
+        );
         // overwrite a row of the range, twice (counted once), and add a key past it
         tier.upsert(&[7, 7, 600], &[1.0, 1.0, 2.0, 2.0, 3.0, 3.0]).unwrap();
         let (out, found) = many(&tier, &probe);
-        assert_eq!(found, probe.iter().map(|&k| (0..500).contains(&k) || k == 600).collect::<Vec<_>>());
-        assert_eq!((&out[2 * dim..3 * dim], &out[7 * dim..8 * dim], &out[10 * dim..11 * dim]), (&[2.0, 2.0][..], &[2.0, 2.0][..], &[3.0, 3.0][..]));
+        assert_eq!(
+            found,
+            probe.iter().map(|&k| (0..500).contains(&k) || k == 600).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            (&out[2 * dim..3 * dim], &out[7 * dim..8 * dim], &out[10 * dim..11 * dim]),
+            (&[2.0, 2.0][..], &[2.0, 2.0][..], &[3.0, 3.0][..])
+        );
         assert_eq!(out[6 * dim..7 * dim], [16.0, 17.0]);
         assert!(tier.get(7, &mut row));
         assert_eq!(row, [2.0, 2.0]);

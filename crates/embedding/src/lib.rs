@@ -108,7 +108,9 @@ impl CacheAllocation {
         match s.trim() {
             "" | "per_table" => Ok(CacheAllocation::PerTable),
             "store" => Ok(CacheAllocation::Store),
-            other => Err(Error::invalid_arg(format!("gpucache_allocation must be per_table or store; got '{other}'"))),
+            other => Err(Error::invalid_arg(format!(
+                "gpucache_allocation must be per_table or store; got '{other}'"
+            ))),
         }
     }
 }
@@ -123,7 +125,9 @@ pub const WHOLE_ROOM: usize = 2;
 /// Cache slots per table for tables of `rows` rows under `ratio` and `allocation`.
 pub fn cache_rows(rows: &[usize], ratio: f64, allocation: CacheAllocation) -> Vec<usize> {
     match allocation {
-        CacheAllocation::PerTable => rows.iter().map(|&r| (r as f64 * ratio).ceil() as usize).collect(),
+        CacheAllocation::PerTable => {
+            rows.iter().map(|&r| (r as f64 * ratio).ceil() as usize).collect()
+        }
         CacheAllocation::Store => {
             let mut budget = (rows.iter().sum::<usize>() as f64 * ratio).floor() as usize;
             let mut order: Vec<usize> = (0..rows.len()).collect();
@@ -153,7 +157,14 @@ impl StoreConfig {
 
 /// Rows that live outside this machine (Redis). Misses are `found[i] = false`.
 pub trait RemoteTier: Send + Sync {
-    fn get_many(&self, table: &str, dim: usize, keys: &[i64], out: &mut [f32], found: &mut [bool]) -> Result<()>;
+    fn get_many(
+        &self,
+        table: &str,
+        dim: usize,
+        keys: &[i64],
+        out: &mut [f32],
+        found: &mut [bool],
+    ) -> Result<()>;
     fn set_many(&self, table: &str, dim: usize, keys: &[i64], vectors: &[f32]) -> Result<()>;
     fn name(&self) -> &'static str;
 }
@@ -220,8 +231,17 @@ impl Drop for EmbeddingStore {
 }
 
 /// Loads a table's rows from its files (or a compaction's snapshot of them).
-fn load_files(t: &TableConfig, dir: &Path, format: Option<TableFormat>, rows: table::HostRows) -> Result<HostTier> {
-    let format = format.unwrap_or(if dir.join("emb_vector").exists() { TableFormat::HugeCtr } else { TableFormat::Npy });
+fn load_files(
+    t: &TableConfig,
+    dir: &Path,
+    format: Option<TableFormat>,
+    rows: table::HostRows,
+) -> Result<HostTier> {
+    let format = format.unwrap_or(if dir.join("emb_vector").exists() {
+        TableFormat::HugeCtr
+    } else {
+        TableFormat::Npy
+    });
     let files = match format {
         TableFormat::Npy => TableFiles::open_npy(dir),
         TableFormat::HugeCtr => TableFiles::open_hugectr(dir, t.dim),
@@ -248,9 +268,15 @@ fn ns_since(t: Instant) -> u64 {
 }
 
 impl EmbeddingStore {
-    pub fn open(config: StoreConfig, remote: Option<Arc<dyn RemoteTier>>) -> Result<Arc<EmbeddingStore>> {
+    pub fn open(
+        config: StoreConfig,
+        remote: Option<Arc<dyn RemoteTier>>,
+    ) -> Result<Arc<EmbeddingStore>> {
         if !(0.0..=1.0).contains(&config.cache_ratio) {
-            return Err(Error::invalid_arg(format!("gpucacheper must be in [0, 1]; got {}", config.cache_ratio)));
+            return Err(Error::invalid_arg(format!(
+                "gpucacheper must be in [0, 1]; got {}",
+                config.cache_ratio
+            )));
         }
         if config.tables.is_empty() {
             return Err(Error::invalid_arg("the embedding store needs at least one table"));
@@ -258,16 +284,25 @@ impl EmbeddingStore {
         let mut tables = Vec::with_capacity(config.tables.len());
         for t in &config.tables {
             if t.dim == 0 {
-                return Err(Error::invalid_arg(format!("table '{}': dim must be positive", t.name)));
+                return Err(Error::invalid_arg(format!(
+                    "table '{}': dim must be positive",
+                    t.name
+                )));
             }
             let log_dir = config.log_dir(t);
             // A compaction's snapshot replaces the configured files.
             let base_gen = match &log_dir {
-                Some(dir) => durable::manifest_gen(dir).map_err(|e| e.context(format!("table '{}'", t.name)))?,
+                Some(dir) => durable::manifest_gen(dir)
+                    .map_err(|e| e.context(format!("table '{}'", t.name)))?,
                 None => None,
             };
             let host = match (base_gen, &log_dir, &t.path) {
-                (Some(g), Some(dir), _) => load_files(t, &durable::base_path(dir, g), Some(TableFormat::Npy), config.host_memory)?,
+                (Some(g), Some(dir), _) => load_files(
+                    t,
+                    &durable::base_path(dir, g),
+                    Some(TableFormat::Npy),
+                    config.host_memory,
+                )?,
                 (_, _, Some(dir)) => load_files(t, dir, t.format, config.host_memory)?,
                 (_, _, None) => HostTier::empty(t.dim),
             };
@@ -275,16 +310,31 @@ impl EmbeddingStore {
             let log = match log_dir {
                 None => None,
                 Some(dir) => {
-                    let (log, replayed) = UpdateLog::recover(&dir, t.dim, base_gen.unwrap_or(0), &mut |k, v| host.upsert(k, v))
+                    let (log, replayed) =
+                        UpdateLog::recover(&dir, t.dim, base_gen.unwrap_or(0), &mut |k, v| {
+                            host.upsert(k, v)
+                        })
                         .map_err(|e| e.context(format!("table '{}'", t.name)))?;
                     if replayed.records > 0 {
-                        log::info!("table '{}': {} logged updates ({} rows) replayed from '{}'", t.name, replayed.records, replayed.rows, dir.display());
+                        log::info!(
+                            "table '{}': {} logged updates ({} rows) replayed from '{}'",
+                            t.name,
+                            replayed.records,
+                            replayed.rows,
+                            dir.display()
+                        );
                     }
                     counters.replayed_rows.store(replayed.rows, Ordering::Relaxed);
                     Some(Mutex::new(log))
                 }
             };
-            tables.push(Table { config: t.clone(), host: RwLock::new(Arc::new(host)), log, counters, version: AtomicU64::new(0) });
+            tables.push(Table {
+                config: t.clone(),
+                host: RwLock::new(Arc::new(host)),
+                log,
+                counters,
+                version: AtomicU64::new(0),
+            });
         }
         let compactor = (config.compaction_rows > 0 && tables.iter().any(|t| t.log.is_some()))
             .then(|| Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new())));
@@ -299,8 +349,14 @@ impl EmbeddingStore {
             follower: Mutex::new(None),
         });
         if let Some(spec) = store.config.update_stream.clone() {
-            log::info!("store follows update stream '{}' on {} as group '{}'", spec.stream, spec.addr, spec.group);
-            *store.follower.lock() = Some(stream::StreamFollower::start(spec, Arc::downgrade(&store))?);
+            log::info!(
+                "store follows update stream '{}' on {} as group '{}'",
+                spec.stream,
+                spec.addr,
+                spec.group
+            );
+            *store.follower.lock() =
+                Some(stream::StreamFollower::start(spec, Arc::downgrade(&store))?);
         }
         if let Some(stop) = compactor {
             let weak = Arc::downgrade(&store);
@@ -328,7 +384,10 @@ impl EmbeddingStore {
     /// Writes a snapshot of a table as its new base and swaps it in, reclaiming the
     /// overlay. Updates continue into the next log generation meanwhile.
     pub fn compact(&self, table: usize) -> Result<()> {
-        let t = self.tables.get(table).ok_or_else(|| Error::invalid_arg(format!("no table {table}")))?;
+        let t = self
+            .tables
+            .get(table)
+            .ok_or_else(|| Error::invalid_arg(format!("no table {table}")))?;
         let Some(log) = &t.log else { return Ok(()) };
         let start = Instant::now();
         let (dir, gen) = {
@@ -347,7 +406,13 @@ impl EmbeddingStore {
         }
         durable::remove_before(&dir, gen);
         t.counters.compactions.fetch_add(1, Ordering::Relaxed);
-        log::info!("table '{}': compacted {} rows into '{}' in {:.2} s", t.config.name, keys.len(), base.display(), start.elapsed().as_secs_f64());
+        log::info!(
+            "table '{}': compacted {} rows into '{}' in {:.2} s",
+            t.config.name,
+            keys.len(),
+            base.display(),
+            start.elapsed().as_secs_f64()
+        );
         Ok(())
     }
 
@@ -388,7 +453,9 @@ impl EmbeddingStore {
         make: &dyn Fn(CacheGeometry) -> Result<Arc<dyn CacheTier>>,
     ) -> Result<Arc<InstanceCaches>> {
         let caches = if self.config.cache_ratio > 0.0 {
-            (0..self.tables.len()).map(|t| make(self.cache_geometry(t))).collect::<Result<Vec<_>>>()?
+            (0..self.tables.len())
+                .map(|t| make(self.cache_geometry(t)))
+                .collect::<Result<Vec<_>>>()?
         } else {
             Vec::new()
         };
@@ -427,18 +494,25 @@ impl EmbeddingStore {
                     for (j, &i) in missing.iter().enumerate() {
                         if mfound[j] {
                             found[i] = true;
-                            out[i * dim..(i + 1) * dim].copy_from_slice(&mout[j * dim..(j + 1) * dim]);
+                            out[i * dim..(i + 1) * dim]
+                                .copy_from_slice(&mout[j * dim..(j + 1) * dim]);
                         } else {
                             still.push(i);
                         }
                     }
-                    t.counters.remote_hits.fetch_add((missing.len() - still.len()) as u64, Ordering::Relaxed);
+                    t.counters
+                        .remote_hits
+                        .fetch_add((missing.len() - still.len()) as u64, Ordering::Relaxed);
                     missing = still;
                 }
                 Err(e) => {
                     let n = t.counters.remote_errors.fetch_add(1, Ordering::Relaxed);
                     if n % 1000 == 0 {
-                        log::warn!("table '{}': {} unreachable, serving default vectors: {e}", t.config.name, remote.name());
+                        log::warn!(
+                            "table '{}': {} unreachable, serving default vectors: {e}",
+                            t.config.name,
+                            remote.name()
+                        );
                     }
                 }
             }
@@ -455,33 +529,56 @@ impl EmbeddingStore {
     /// Inserts or overwrites rows while serving. Visible in the host tier, Redis and
     /// every instance's cache when this returns.
     pub fn update(&self, table: usize, keys: &[i64], vectors: &[f32]) -> Result<()> {
-        let t = self.tables.get(table).ok_or_else(|| Error::invalid_arg(format!("no table {table}")))?;
+        let t = self
+            .tables
+            .get(table)
+            .ok_or_else(|| Error::invalid_arg(format!("no table {table}")))?;
         let start = Instant::now();
         if vectors.len() != keys.len() * t.config.dim {
-            return Err(Error::invalid_arg(format!("table '{}': {} keys of dim {} need {} values; got {}", t.config.name, keys.len(), t.config.dim, keys.len() * t.config.dim, vectors.len())));
+            return Err(Error::invalid_arg(format!(
+                "table '{}': {} keys of dim {} need {} values; got {}",
+                t.config.name,
+                keys.len(),
+                t.config.dim,
+                keys.len() * t.config.dim,
+                vectors.len()
+            )));
         }
         // Durable first: once logged, a restart replays it; only then is it applied.
         let mut log = t.log.as_ref().map(|l| l.lock());
         if let Some(log) = log.as_mut() {
-            log.append(keys, vectors).map_err(|e| e.context(format!("table '{}': the update was not applied", t.config.name)))?;
+            log.append(keys, vectors).map_err(|e| {
+                e.context(format!("table '{}': the update was not applied", t.config.name))
+            })?;
         }
         let _gate = self.gate.write();
         match (&self.remote, log.is_some()) {
             // no log: the write-through to Redis is what makes it durable, so it must succeed first
-            (Some(remote), false) => remote.set_many(&t.config.name, t.config.dim, keys, vectors).map_err(|e| {
-                t.counters.remote_errors.fetch_add(1, Ordering::Relaxed);
-                e.context(format!("table '{}': the update could not be written to {} and was not applied", t.config.name, remote.name()))
-            })?,
+            (Some(remote), false) => {
+                remote.set_many(&t.config.name, t.config.dim, keys, vectors).map_err(|e| {
+                    t.counters.remote_errors.fetch_add(1, Ordering::Relaxed);
+                    e.context(format!(
+                        "table '{}': the update could not be written to {} and was not applied",
+                        t.config.name,
+                        remote.name()
+                    ))
+                })?
+            }
             (Some(remote), true) => {
                 if let Err(e) = remote.set_many(&t.config.name, t.config.dim, keys, vectors) {
                     t.counters.remote_errors.fetch_add(1, Ordering::Relaxed);
-                    log::warn!("table '{}': update not written to {} (it is in the update log): {e}", t.config.name, remote.name());
+                    log::warn!(
+                        "table '{}': update not written to {} (it is in the update log): {e}",
+                        t.config.name,
+                        remote.name()
+                    );
                 }
             }
             (None, _) => {}
         }
         t.host.read().upsert(keys, vectors)?;
-        let caches: Vec<Arc<InstanceCaches>> = self.caches.lock().iter().filter_map(Weak::upgrade).collect();
+        let caches: Vec<Arc<InstanceCaches>> =
+            self.caches.lock().iter().filter_map(Weak::upgrade).collect();
         for c in caches {
             if let Some(cache) = c.caches.get(table) {
                 cache.refresh(keys, vectors)?;
@@ -500,16 +597,23 @@ impl EmbeddingStore {
     /// Whether a table has enough overlay rows to be compacted.
     fn wants_compaction(&self, table: usize) -> bool {
         let t = &self.tables[table];
-        t.log.is_some() && self.config.compaction_rows > 0 && t.host.read().overlay_rows() >= self.config.compaction_rows
+        t.log.is_some()
+            && self.config.compaction_rows > 0
+            && t.host.read().overlay_rows() >= self.config.compaction_rows
     }
 }
 
 /// Compacts tables whose overlay has grown past `compaction_rows`, until the store goes.
-fn compactor_loop(store: Weak<EmbeddingStore>, stop: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>) {
+fn compactor_loop(
+    store: Weak<EmbeddingStore>,
+    stop: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+) {
     loop {
         {
             let Ok(g) = stop.0.lock() else { return };
-            let Ok((g, _)) = stop.1.wait_timeout(g, std::time::Duration::from_millis(200)) else { return };
+            let Ok((g, _)) = stop.1.wait_timeout(g, std::time::Duration::from_millis(200)) else {
+                return;
+            };
             if *g {
                 return;
             }
@@ -518,7 +622,10 @@ fn compactor_loop(store: Weak<EmbeddingStore>, stop: Arc<(std::sync::Mutex<bool>
         for table in 0..store.tables.len() {
             if store.wants_compaction(table) {
                 if let Err(e) = store.compact(table) {
-                    log::error!("table '{}': compaction failed (updates stay in the log): {e}", store.tables[table].config.name);
+                    log::error!(
+                        "table '{}': compaction failed (updates stay in the log): {e}",
+                        store.tables[table].config.name
+                    );
                 }
             }
         }
@@ -528,27 +635,67 @@ fn compactor_loop(store: Weak<EmbeddingStore>, stop: Arc<(std::sync::Mutex<bool>
 impl triton_rust_core::telemetry::MetricsSource for EmbeddingStore {
     fn samples(&self) -> Vec<triton_rust_core::telemetry::MetricSample> {
         use triton_rust_core::telemetry::{MetricKind::*, MetricSample};
-        let caches: Vec<Arc<InstanceCaches>> = self.caches.lock().iter().filter_map(Weak::upgrade).collect();
+        let caches: Vec<Arc<InstanceCaches>> =
+            self.caches.lock().iter().filter_map(Weak::upgrade).collect();
         let mut out = Vec::new();
         for (i, t) in self.tables.iter().enumerate() {
             let c = &t.counters;
             let get = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
             let table = || vec![("table", t.config.name.clone())];
-            let tier = |tier: &str| vec![("table", t.config.name.clone()), ("tier", tier.to_string())];
-            let mut push = |family, help, kind, labels, value| out.push(MetricSample { family, help, kind, labels, value });
-            push("rust_embedding_lookup_keys_total", "Keys looked up in the embedding store", Counter, table(), get(&c.keys));
-            push("rust_embedding_lookups_total", "Lookup calls to the embedding store", Counter, table(), get(&c.lookups));
+            let tier =
+                |tier: &str| vec![("table", t.config.name.clone()), ("tier", tier.to_string())];
+            let mut push = |family, help, kind, labels, value| {
+                out.push(MetricSample { family, help, kind, labels, value })
+            };
+            push(
+                "rust_embedding_lookup_keys_total",
+                "Keys looked up in the embedding store",
+                Counter,
+                table(),
+                get(&c.keys),
+            );
+            push(
+                "rust_embedding_lookups_total",
+                "Lookup calls to the embedding store",
+                Counter,
+                table(),
+                get(&c.lookups),
+            );
             for (name, hits, ns) in [
                 ("cache", &c.cache_hits, &c.cache_ns),
                 ("host", &c.host_hits, &c.host_ns),
                 ("redis", &c.remote_hits, &c.remote_ns),
             ] {
-                push("rust_embedding_hits_total", "Keys answered by each tier of the embedding store", Counter, tier(name), get(hits));
-                push("rust_embedding_tier_seconds_total", "Time spent in each tier of the embedding store", Counter, tier(name), get(ns) / 1e9);
+                push(
+                    "rust_embedding_hits_total",
+                    "Keys answered by each tier of the embedding store",
+                    Counter,
+                    tier(name),
+                    get(hits),
+                );
+                push(
+                    "rust_embedding_tier_seconds_total",
+                    "Time spent in each tier of the embedding store",
+                    Counter,
+                    tier(name),
+                    get(ns) / 1e9,
+                );
             }
-            push("rust_embedding_hits_total", "Keys answered by each tier of the embedding store", Counter, tier("default"), get(&c.defaults));
+            push(
+                "rust_embedding_hits_total",
+                "Keys answered by each tier of the embedding store",
+                Counter,
+                tier("default"),
+                get(&c.defaults),
+            );
             let keys = get(&c.keys);
-            push("rust_embedding_cache_hit_rate", "Cache hits / keys looked up since load", Gauge, table(), if keys > 0.0 { get(&c.cache_hits) / keys } else { 0.0 });
+            push(
+                "rust_embedding_cache_hit_rate",
+                "Cache hits / keys looked up since load",
+                Gauge,
+                table(),
+                if keys > 0.0 { get(&c.cache_hits) / keys } else { 0.0 },
+            );
             let (mut evictions, mut occupied) = (0u64, 0u64);
             for inst in &caches {
                 if let Some(cache) = inst.cache(i) {
@@ -557,30 +704,115 @@ impl triton_rust_core::telemetry::MetricsSource for EmbeddingStore {
                     occupied += cc.occupied;
                 }
             }
-            push("rust_embedding_cache_evictions_total", "Rows evicted from the embedding caches", Counter, table(), evictions as f64);
-            push("rust_embedding_cache_rows", "Rows held by the embedding caches (all instances)", Gauge, table(), occupied as f64);
-            push("rust_embedding_updates_total", "Update calls applied to the embedding store", Counter, table(), get(&c.updates));
-            push("rust_embedding_updated_keys_total", "Rows written by updates", Counter, table(), get(&c.updated_keys));
-            push("rust_embedding_update_lag_seconds_total", "Time from an update's arrival until it is visible in every tier, summed", Counter, table(), get(&c.update_ns) / 1e9);
+            push(
+                "rust_embedding_cache_evictions_total",
+                "Rows evicted from the embedding caches",
+                Counter,
+                table(),
+                evictions as f64,
+            );
+            push(
+                "rust_embedding_cache_rows",
+                "Rows held by the embedding caches (all instances)",
+                Gauge,
+                table(),
+                occupied as f64,
+            );
+            push(
+                "rust_embedding_updates_total",
+                "Update calls applied to the embedding store",
+                Counter,
+                table(),
+                get(&c.updates),
+            );
+            push(
+                "rust_embedding_updated_keys_total",
+                "Rows written by updates",
+                Counter,
+                table(),
+                get(&c.updated_keys),
+            );
+            push(
+                "rust_embedding_update_lag_seconds_total",
+                "Time from an update's arrival until it is visible in every tier, summed",
+                Counter,
+                table(),
+                get(&c.update_ns) / 1e9,
+            );
             push("rust_embedding_redis_errors_total", "Lookups and updates that could not reach the Redis tier (down, or backing off after a failure)", Counter, table(), get(&c.remote_errors));
-            push("rust_embedding_cache_fills_dropped_total", "Cache fills skipped (queue full or raced with an update)", Counter, table(), get(&c.fills_dropped));
-            push("rust_embedding_replayed_rows", "Rows replayed from the update log when the table was loaded", Gauge, table(), get(&c.replayed_rows));
-            push("rust_embedding_compactions_total", "Compactions of the update log into new table files", Counter, table(), get(&c.compactions));
+            push(
+                "rust_embedding_cache_fills_dropped_total",
+                "Cache fills skipped (queue full or raced with an update)",
+                Counter,
+                table(),
+                get(&c.fills_dropped),
+            );
+            push(
+                "rust_embedding_replayed_rows",
+                "Rows replayed from the update log when the table was loaded",
+                Gauge,
+                table(),
+                get(&c.replayed_rows),
+            );
+            push(
+                "rust_embedding_compactions_total",
+                "Compactions of the update log into new table files",
+                Counter,
+                table(),
+                get(&c.compactions),
+            );
             push("rust_embedding_overlay_rows", "Rows written by updates since the table's last compaction (host memory beyond the files)", Gauge, table(), t.host.read().overlay_rows() as f64);
         }
         if let Some(f) = self.follower.lock().as_ref() {
             let c = &f.counters;
             let get = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
-            let mut push = |family, help, kind, value| out.push(MetricSample { family, help, kind, labels: Vec::new(), value });
-            push("rust_embedding_stream_applied_total", "Update stream entries applied (durably) and acknowledged", Counter, get(&c.applied_entries));
-            push("rust_embedding_stream_applied_rows_total", "Rows written by update stream entries", Counter, get(&c.applied_rows));
-            push("rust_embedding_stream_rejected_total", "Update stream entries skipped as malformed", Counter, get(&c.rejected_entries));
-            push("rust_embedding_stream_errors_total", "Failures reaching the update stream (reconnected after a back-off)", Counter, get(&c.errors));
+            let mut push = |family, help, kind, value| {
+                out.push(MetricSample { family, help, kind, labels: Vec::new(), value })
+            };
+            push(
+                "rust_embedding_stream_applied_total",
+                "Update stream entries applied (durably) and acknowledged",
+                Counter,
+                get(&c.applied_entries),
+            );
+            push(
+                "rust_embedding_stream_applied_rows_total",
+                "Rows written by update stream entries",
+                Counter,
+                get(&c.applied_rows),
+            );
+            push(
+                "rust_embedding_stream_rejected_total",
+                "Update stream entries skipped as malformed",
+                Counter,
+                get(&c.rejected_entries),
+            );
+            push(
+                "rust_embedding_stream_errors_total",
+                "Failures reaching the update stream (reconnected after a back-off)",
+                Counter,
+                get(&c.errors),
+            );
             if c.measured.load(Ordering::Relaxed) {
-                push("rust_embedding_stream_lag", "Update stream entries not yet delivered to this node", Gauge, get(&c.lag));
-                push("rust_embedding_stream_pending", "Update stream entries delivered and not yet acknowledged", Gauge, get(&c.pending));
+                push(
+                    "rust_embedding_stream_lag",
+                    "Update stream entries not yet delivered to this node",
+                    Gauge,
+                    get(&c.lag),
+                );
+                push(
+                    "rust_embedding_stream_pending",
+                    "Update stream entries delivered and not yet acknowledged",
+                    Gauge,
+                    get(&c.pending),
+                );
             }
-            push("rust_embedding_stream_connected", "1 while the update stream is reachable", Gauge, c.connected.load(Ordering::Relaxed) as u8 as f64);
+            push(
+                "rust_embedding_stream_connected",
+                "1 while the update stream is reachable",
+                Gauge,
+                c.connected.load(Ordering::Relaxed) as u8 as f64,
+            );
         }
         out.push(MetricSample {
             family: "rust_embedding_updates_refused_total",
@@ -634,7 +866,12 @@ impl InstanceCaches {
                 }
             })
             .ok();
-        InstanceCaches { store, caches, filler: Mutex::new(worker.as_ref().map(|_| tx)), worker: Mutex::new(worker) }
+        InstanceCaches {
+            store,
+            caches,
+            filler: Mutex::new(worker.as_ref().map(|_| tx)),
+            worker: Mutex::new(worker),
+        }
     }
 
     pub fn store(&self) -> &Arc<EmbeddingStore> {
@@ -648,10 +885,17 @@ impl InstanceCaches {
     /// Looks up `keys` of one table into `out` (`keys.len() * dim` floats).
     pub fn lookup(&self, table: usize, keys: &[i64], out: &mut [f32]) -> Result<()> {
         let store = &self.store;
-        let t = store.tables.get(table).ok_or_else(|| Error::invalid_arg(format!("no table {table}")))?;
+        let t = store
+            .tables
+            .get(table)
+            .ok_or_else(|| Error::invalid_arg(format!("no table {table}")))?;
         let dim = t.config.dim;
         if out.len() != keys.len() * dim {
-            return Err(Error::internal(format!("lookup: {} keys of dim {dim} need {} floats", keys.len(), keys.len() * dim)));
+            return Err(Error::internal(format!(
+                "lookup: {} keys of dim {dim} need {} floats",
+                keys.len(),
+                keys.len() * dim
+            )));
         }
         t.counters.lookups.fetch_add(1, Ordering::Relaxed);
         t.counters.keys.fetch_add(keys.len() as u64, Ordering::Relaxed);
@@ -681,9 +925,19 @@ impl InstanceCaches {
     /// are fetched below it and copied in. The GPU instance's output path, so an
     /// ensemble's dense step receives the embeddings without a trip through the host.
     #[cfg(feature = "gpu")]
-    pub fn lookup_device(&self, table: usize, keys: &[i64], rows: &mut gpu::DeviceRows, offset: usize, stride: usize) -> Result<()> {
+    pub fn lookup_device(
+        &self,
+        table: usize,
+        keys: &[i64],
+        rows: &mut gpu::DeviceRows,
+        offset: usize,
+        stride: usize,
+    ) -> Result<()> {
         let store = &self.store;
-        let t = store.tables.get(table).ok_or_else(|| Error::invalid_arg(format!("no table {table}")))?;
+        let t = store
+            .tables
+            .get(table)
+            .ok_or_else(|| Error::invalid_arg(format!("no table {table}")))?;
         let dim = t.config.dim;
         t.counters.lookups.fetch_add(1, Ordering::Relaxed);
         t.counters.keys.fetch_add(keys.len() as u64, Ordering::Relaxed);
@@ -694,7 +948,9 @@ impl InstanceCaches {
                 let t0 = Instant::now();
                 let missed = g.lookup_into(keys, rows, offset, stride)?;
                 t.counters.cache_ns.fetch_add(ns_since(t0), Ordering::Relaxed);
-                t.counters.cache_hits.fetch_add((keys.len() - missed.len()) as u64, Ordering::Relaxed);
+                t.counters
+                    .cache_hits
+                    .fetch_add((keys.len() - missed.len()) as u64, Ordering::Relaxed);
                 missed
             }
             None => (0..keys.len()).collect(),
@@ -715,11 +971,17 @@ impl InstanceCaches {
     /// The whole-batch GPU lookup over this instance's caches (every table of dim `dim`),
     /// its rows written as `format`.
     #[cfg(feature = "gpu")]
-    pub fn batch_lookup(&self, gpu: &gpu::GpuInstance, format: gpu::RowFormat) -> Result<gpu::BatchLookup> {
+    pub fn batch_lookup(
+        &self,
+        gpu: &gpu::GpuInstance,
+        format: gpu::RowFormat,
+    ) -> Result<gpu::BatchLookup> {
         let store = &self.store;
         let dim = store.dim(0);
         if (0..store.table_count()).any(|t| store.dim(t) != dim) {
-            return Err(Error::unsupported("the whole-batch GPU lookup needs every table to have the same dim"));
+            return Err(Error::unsupported(
+                "the whole-batch GPU lookup needs every table to have the same dim",
+            ));
         }
         let caches: Vec<Option<&gpu::GpuCache>> = (0..store.table_count())
             .map(|t| self.caches.get(t).and_then(|c| c.as_any().downcast_ref::<gpu::GpuCache>()))
@@ -755,14 +1017,22 @@ impl InstanceCaches {
             gpu::KeyLayout::Interleaved => vec![keys.len() / tables.max(1); tables],
             gpu::KeyLayout::Blocked(c) => c.to_vec(),
         };
-        let starts: Vec<usize> = counts.iter().scan(0, |at, &c| { let s = *at; *at += c; Some(s) }).collect();
+        let starts: Vec<usize> = counts
+            .iter()
+            .scan(0, |at, &c| {
+                let s = *at;
+                *at += c;
+                Some(s)
+            })
+            .collect();
         let table_of = |i: usize| -> usize {
             match layout {
                 gpu::KeyLayout::Interleaved => i % tables,
                 gpu::KeyLayout::Blocked(_) => starts.partition_point(|&s| s <= i) - 1,
             }
         };
-        let versions: Vec<u64> = store.tables.iter().map(|t| t.version.load(Ordering::SeqCst)).collect();
+        let versions: Vec<u64> =
+            store.tables.iter().map(|t| t.version.load(Ordering::SeqCst)).collect();
         for (t, &c) in counts.iter().enumerate() {
             if c > 0 {
                 store.tables[t].counters.lookups.fetch_add(1, Ordering::Relaxed);
@@ -772,15 +1042,30 @@ impl InstanceCaches {
         let t0 = Instant::now();
         let mut missed_per_table = vec![0usize; tables];
         let mut fetch_ns = 0u64;
-        let mut fetch = |missed: &mut [i32], missed_keys: &mut [i64], rows: &mut [f32], found: &mut [u8]| -> Result<()> {
+        let mut fetch = |missed: &mut [i32],
+                         missed_keys: &mut [i64],
+                         rows: &mut [f32],
+                         found: &mut [u8]|
+         -> Result<()> {
             // group the misses by table (a counting sort), so each table is read in one call
             let of: Vec<u32> = missed.iter().map(|&i| table_of(i as usize) as u32).collect();
             for &t in &of {
                 missed_per_table[t as usize] += 1;
             }
-            let mut at: Vec<usize> = missed_per_table.iter().scan(0, |a, &c| { let s = *a; *a += c; Some(s) }).collect();
-            let groups: Vec<(usize, std::ops::Range<usize>)> =
-                missed_per_table.iter().enumerate().filter(|(_, &c)| c > 0).map(|(t, &c)| (t, at[t]..at[t] + c)).collect();
+            let mut at: Vec<usize> = missed_per_table
+                .iter()
+                .scan(0, |a, &c| {
+                    let s = *a;
+                    *a += c;
+                    Some(s)
+                })
+                .collect();
+            let groups: Vec<(usize, std::ops::Range<usize>)> = missed_per_table
+                .iter()
+                .enumerate()
+                .filter(|(_, &c)| c > 0)
+                .map(|(t, &c)| (t, at[t]..at[t] + c))
+                .collect();
             let mut sorted = vec![0i32; missed.len()];
             let mut mkeys = vec![0i64; missed.len()];
             for ((&i, &k), &t) in missed.iter().zip(missed_keys.iter()).zip(&of) {
@@ -807,7 +1092,9 @@ impl InstanceCaches {
         for (t, &c) in counts.iter().enumerate() {
             let tc = &store.tables[t].counters;
             tc.cache_ns.fetch_add(elapsed * c as u64 / total, Ordering::Relaxed);
-            if let Some(g) = self.caches.get(t).and_then(|c| c.as_any().downcast_ref::<gpu::GpuCache>()) {
+            if let Some(g) =
+                self.caches.get(t).and_then(|c| c.as_any().downcast_ref::<gpu::GpuCache>())
+            {
                 tc.cache_hits.fetch_add((c - missed_per_table[t]) as u64, Ordering::Relaxed);
                 g.count_batch(c, missed_per_table[t]);
             }
@@ -830,9 +1117,14 @@ impl InstanceCaches {
         lookup.fill_last(gpu.next_epoch())?;
         if log::log_enabled!(log::Level::Debug) {
             // the tables with the most misses, to tell cold keys from sets too full to keep them
-            let mut worst: Vec<(usize, usize)> = missed_per_table.iter().copied().enumerate().filter(|&(_, m)| m > 0).collect();
+            let mut worst: Vec<(usize, usize)> =
+                missed_per_table.iter().copied().enumerate().filter(|&(_, m)| m > 0).collect();
             worst.sort_by_key(|&(t, m)| (std::cmp::Reverse(m), t));
-            let worst: Vec<String> = worst.iter().take(4).map(|(t, m)| format!("{} {m}", store.tables[*t].config.name)).collect();
+            let worst: Vec<String> = worst
+                .iter()
+                .take(4)
+                .map(|(t, m)| format!("{} {m}", store.tables[*t].config.name))
+                .collect();
             log::debug!(
                 "timing: batch lookup: keys {}, misses {}, lookup {} us, below cache {} us, scatter {} us, fill queued {} us (most misses: {})",
                 times.keys,
@@ -849,12 +1141,21 @@ impl InstanceCaches {
 
     /// Inserts rows found below the cache: now if the batch's hit rate was under the
     /// threshold, else through the background filler.
-    fn fill_after_miss(&self, table: usize, version: u64, total: usize, mkeys: &[i64], mout: &[f32], found: &[bool]) -> Result<()> {
+    fn fill_after_miss(
+        &self,
+        table: usize,
+        version: u64,
+        total: usize,
+        mkeys: &[i64],
+        mout: &[f32],
+        found: &[bool],
+    ) -> Result<()> {
         let store = &self.store;
         let t = &store.tables[table];
         let dim = t.config.dim;
         let hit_rate = 1.0 - mkeys.len() as f64 / total as f64;
-        let (mut fkeys, mut fvecs) = (Vec::with_capacity(mkeys.len()), Vec::with_capacity(mout.len()));
+        let (mut fkeys, mut fvecs) =
+            (Vec::with_capacity(mkeys.len()), Vec::with_capacity(mout.len()));
         for (j, &k) in mkeys.iter().enumerate() {
             if found[j] {
                 fkeys.push(k);
@@ -868,7 +1169,12 @@ impl InstanceCaches {
         if hit_rate < store.config.hit_rate_threshold {
             fill_cache(store, &self.caches, fill)
         } else {
-            let sent = self.filler.lock().as_ref().map(|tx| tx.try_send(Job::Fill(fill)).is_ok()).unwrap_or(false);
+            let sent = self
+                .filler
+                .lock()
+                .as_ref()
+                .map(|tx| tx.try_send(Job::Fill(fill)).is_ok())
+                .unwrap_or(false);
             if !sent {
                 t.counters.fills_dropped.fetch_add(1, Ordering::Relaxed);
             }
@@ -879,7 +1185,12 @@ impl InstanceCaches {
     /// Waits until the background filler has inserted everything queued so far (tests, benchmarks).
     pub fn flush(&self) {
         let (ack_tx, ack_rx) = mpsc::sync_channel::<()>(1);
-        let sent = self.filler.lock().as_ref().map(|tx| tx.send(Job::Barrier(ack_tx)).is_ok()).unwrap_or(false);
+        let sent = self
+            .filler
+            .lock()
+            .as_ref()
+            .map(|tx| tx.send(Job::Barrier(ack_tx)).is_ok())
+            .unwrap_or(false);
         if sent {
             let _ = ack_rx.recv();
         }
@@ -903,7 +1214,13 @@ impl Drop for InstanceCaches {
 /// every run takes an equal share of the keys, cut where the tables change. Reading rows
 /// scattered over tens of GB is bound by memory latency, not bandwidth, so more readers help.
 #[cfg(feature = "gpu")]
-fn fetch_parallel(store: &EmbeddingStore, groups: &[(usize, std::ops::Range<usize>)], keys: &[i64], rows: &mut [f32], dim: usize) -> Vec<bool> {
+fn fetch_parallel(
+    store: &EmbeddingStore,
+    groups: &[(usize, std::ops::Range<usize>)],
+    keys: &[i64],
+    rows: &mut [f32],
+    dim: usize,
+) -> Vec<bool> {
     use rayon::prelude::*;
     const PER_RUN: usize = 1024;
     let n = keys.len();
@@ -914,7 +1231,11 @@ fn fetch_parallel(store: &EmbeddingStore, groups: &[(usize, std::ops::Range<usiz
         for (t, g) in groups {
             let (s, e) = (g.start.max(range.start), g.end.min(range.end));
             if s < e {
-                let f = store.fetch_below_cache(*t, &keys[s..e], &mut rows[(s - at) * dim..(e - at) * dim]);
+                let f = store.fetch_below_cache(
+                    *t,
+                    &keys[s..e],
+                    &mut rows[(s - at) * dim..(e - at) * dim],
+                );
                 found[s - at..e - at].copy_from_slice(&f);
             }
         }
@@ -923,13 +1244,19 @@ fn fetch_parallel(store: &EmbeddingStore, groups: &[(usize, std::ops::Range<usiz
     if runs == 1 {
         read(0, &mut rows[..n * dim], &mut found);
     } else {
-        rows[..n * dim].par_chunks_mut(per * dim).zip(found.par_chunks_mut(per)).enumerate().for_each(|(k, (r, f))| read(k * per, r, f));
+        rows[..n * dim]
+            .par_chunks_mut(per * dim)
+            .zip(found.par_chunks_mut(per))
+            .enumerate()
+            .for_each(|(k, (r, f))| read(k * per, r, f));
     }
     found
 }
 
 fn fill_cache(store: &EmbeddingStore, caches: &[Arc<dyn CacheTier>], fill: Fill) -> Result<()> {
-    let (Some(t), Some(cache)) = (store.tables.get(fill.table), caches.get(fill.table)) else { return Ok(()) };
+    let (Some(t), Some(cache)) = (store.tables.get(fill.table), caches.get(fill.table)) else {
+        return Ok(());
+    };
     let _gate = store.gate.read();
     if t.version.load(Ordering::SeqCst) != fill.version {
         // An update ran since these rows were read: they may be stale. Skip; the next
@@ -977,16 +1304,35 @@ mod tests {
         (0..dim).map(|j| key as f32 * 100.0 + version as f32 + j as f32 * 1e-3).collect()
     }
 
-    fn make_store(name: &str, rows: usize, dim: usize, ratio: f64, threshold: f64) -> (Arc<EmbeddingStore>, PathBuf) {
+    fn make_store(
+        name: &str,
+        rows: usize,
+        dim: usize,
+        ratio: f64,
+        threshold: f64,
+    ) -> (Arc<EmbeddingStore>, PathBuf) {
         let dir = std::env::temp_dir().join(format!("trt-store-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let keys: Vec<i64> = (0..rows as i64).collect();
         let vecs: Vec<f32> = keys.iter().flat_map(|&k| row(k, 0, dim)).collect();
-        write_table(&dir.join("t0"), &keys, bytemuck::cast_slice(&vecs), dim, VectorType::F32).unwrap();
+        write_table(&dir.join("t0"), &keys, bytemuck::cast_slice(&vecs), dim, VectorType::F32)
+            .unwrap();
         let cfg = StoreConfig {
             tables: vec![
-                TableConfig { name: "t0".into(), dim, path: Some(dir.join("t0")), format: None, default_value: 0.0 },
-                TableConfig { name: "empty".into(), dim: 2, path: None, format: None, default_value: -1.0 },
+                TableConfig {
+                    name: "t0".into(),
+                    dim,
+                    path: Some(dir.join("t0")),
+                    format: None,
+                    default_value: 0.0,
+                },
+                TableConfig {
+                    name: "empty".into(),
+                    dim: 2,
+                    path: None,
+                    format: None,
+                    default_value: -1.0,
+                },
             ],
             cache_ratio: ratio,
             cache_allocation: CacheAllocation::PerTable,
@@ -1010,7 +1356,8 @@ mod tests {
         let (store, dir) = make_store("parallel", 3000, 2, 0.1, 1.1);
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         let (n0, n1) = (4100usize, 1500usize);
-        let keys: Vec<i64> = (0..n0).map(|_| rng.gen_range(0..3100)).chain((0..n1).map(|i| i as i64)).collect();
+        let keys: Vec<i64> =
+            (0..n0).map(|_| rng.gen_range(0..3100)).chain((0..n1).map(|i| i as i64)).collect();
         let groups = [(0usize, 0..n0), (1usize, n0..n0 + n1)];
         let mut rows = vec![7f32; keys.len() * 2];
         let found = fetch_parallel(&store, &groups, &keys, &mut rows, 2);
@@ -1019,7 +1366,10 @@ mod tests {
         want_found.extend(store.fetch_below_cache(1, &keys[n0..], &mut want[n0 * 2..]));
         assert_eq!(found, want_found);
         assert_eq!(rows, want);
-        assert!(found[..n0].iter().any(|f| !f) && found[..n0].iter().any(|&f| f), "keys past the table are not found");
+        assert!(
+            found[..n0].iter().any(|f| !f) && found[..n0].iter().any(|&f| f),
+            "keys past the table are not found"
+        );
         assert_eq!(&rows[n0 * 2..n0 * 2 + 2], &[-1.0, -1.0], "the empty table's default vector");
         std::fs::remove_dir_all(dir).unwrap();
     }
@@ -1038,7 +1388,11 @@ mod tests {
         inst.lookup(0, &keys, &mut out).unwrap();
         let c = store.counters(0);
         assert_eq!(c.keys.load(Ordering::Relaxed), 8);
-        assert!(c.cache_hits.load(Ordering::Relaxed) >= 3, "{}", c.cache_hits.load(Ordering::Relaxed));
+        assert!(
+            c.cache_hits.load(Ordering::Relaxed) >= 3,
+            "{}",
+            c.cache_hits.load(Ordering::Relaxed)
+        );
         assert_eq!(c.defaults.load(Ordering::Relaxed), 2);
         let mut two = [0f32; 2];
         inst.lookup(1, &[3], &mut two).unwrap();
@@ -1089,13 +1443,20 @@ mod tests {
         const DIM: usize = 8;
         let (store, dir) = make_store("conc", ROWS, DIM, 0.25, 0.5);
         let insts = [store.attach_caches(&cpu).unwrap(), store.attach_caches(&cpu).unwrap()];
-        let committed: Arc<Vec<AtomicU32>> = Arc::new((0..ROWS).map(|_| AtomicU32::new(0)).collect());
-        let key_locks: Arc<Vec<parking_lot::Mutex<()>>> = Arc::new((0..ROWS).map(|_| parking_lot::Mutex::new(())).collect());
+        let committed: Arc<Vec<AtomicU32>> =
+            Arc::new((0..ROWS).map(|_| AtomicU32::new(0)).collect());
+        let key_locks: Arc<Vec<parking_lot::Mutex<()>>> =
+            Arc::new((0..ROWS).map(|_| parking_lot::Mutex::new(())).collect());
         let zipf = Arc::new(Zipf::new(ROWS, 1.1));
         let mut handles = Vec::new();
         for t in 0..6u64 {
-            let (store, inst, committed, key_locks, zipf) =
-                (store.clone(), insts[t as usize % 2].clone(), committed.clone(), key_locks.clone(), zipf.clone());
+            let (store, inst, committed, key_locks, zipf) = (
+                store.clone(),
+                insts[t as usize % 2].clone(),
+                committed.clone(),
+                key_locks.clone(),
+                zipf.clone(),
+            );
             handles.push(std::thread::spawn(move || {
                 let mut rng = rand::rngs::SmallRng::seed_from_u64(t);
                 let mut checked = 0usize;
@@ -1108,14 +1469,25 @@ mod tests {
                         committed[k].store(v, Ordering::SeqCst);
                     } else {
                         let keys: Vec<i64> = (0..16).map(|_| zipf.rank(rng.gen()) as i64).collect();
-                        let floors: Vec<u32> = keys.iter().map(|&k| committed[k as usize].load(Ordering::SeqCst)).collect();
+                        let floors: Vec<u32> = keys
+                            .iter()
+                            .map(|&k| committed[k as usize].load(Ordering::SeqCst))
+                            .collect();
                         let mut out = vec![0f32; keys.len() * DIM];
                         inst.lookup(0, &keys, &mut out).unwrap();
                         for (i, &k) in keys.iter().enumerate() {
                             let got = &out[i * DIM..(i + 1) * DIM];
                             let v = (got[0] - k as f32 * 100.0).round();
-                            assert!(v >= floors[i] as f32, "stale row for key {k}: version {v} < {}", floors[i]);
-                            assert_eq!(got, &row(k, v as u32, DIM)[..], "wrong or torn row for key {k}");
+                            assert!(
+                                v >= floors[i] as f32,
+                                "stale row for key {k}: version {v} < {}",
+                                floors[i]
+                            );
+                            assert_eq!(
+                                got,
+                                &row(k, v as u32, DIM)[..],
+                                "wrong or torn row for key {k}"
+                            );
                             checked += 1;
                         }
                     }
@@ -1142,7 +1514,8 @@ mod tests {
             inst.lookup(0, &keys, &mut out).unwrap();
         }
         let c = store.counters(0);
-        let rate = c.cache_hits.load(Ordering::Relaxed) as f64 / c.keys.load(Ordering::Relaxed) as f64;
+        let rate =
+            c.cache_hits.load(Ordering::Relaxed) as f64 / c.keys.load(Ordering::Relaxed) as f64;
         println!("Zipf(1.05) over 20000 keys, cache 5% of rows: hit rate {rate:.3}");
         // the 1000 hottest of 20000 Zipf(1.05) keys carry well over half the traffic
         assert!(rate > 0.5 && rate < 1.0, "hit rate {rate}");
@@ -1159,10 +1532,16 @@ mod tests {
         assert!(store.iter().sum::<usize>() <= budget, "never above the budget: {store:?}");
         assert!(budget - store.iter().sum::<usize>() < rows.len(), "the budget is used: {store:?}");
         assert_eq!(&store[..2], &[2 * 3, 2 * 1_000], "small tables whole, at half load");
-        assert!(store[2] > rows[2] && store[2] < 2 * rows[2], "whole, at what load the budget leaves: {store:?}");
+        assert!(
+            store[2] > rows[2] && store[2] < 2 * rows[2],
+            "whole, at what load the budget leaves: {store:?}"
+        );
         assert!(store[3].abs_diff(store[4]) <= 1, "large tables share the rest equally: {store:?}");
         assert_eq!(CacheAllocation::parse("store").unwrap(), CacheAllocation::Store);
-        assert!(CacheAllocation::parse("most").unwrap_err().message().contains("per_table or store"));
+        assert!(CacheAllocation::parse("most")
+            .unwrap_err()
+            .message()
+            .contains("per_table or store"));
     }
 
     #[test]
@@ -1170,7 +1549,13 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("trt-store-bad-{}", std::process::id()));
         write_table(&dir, &[1, 2], bytemuck::cast_slice(&[0f32; 6]), 3, VectorType::F32).unwrap();
         let cfg = |dim| StoreConfig {
-            tables: vec![TableConfig { name: "users".into(), dim, path: Some(dir.clone()), format: None, default_value: 0.0 }],
+            tables: vec![TableConfig {
+                name: "users".into(),
+                dim,
+                path: Some(dir.clone()),
+                format: None,
+                default_value: 0.0,
+            }],
             cache_ratio: 0.1,
             cache_allocation: CacheAllocation::PerTable,
             hit_rate_threshold: 0.9,
@@ -1195,22 +1580,38 @@ mod tests {
             out
         };
         store.update(0, &[1, 500], &[row(1, 1, 4), row(500, 1, 4)].concat()).unwrap();
-        assert!(store.durable().is_err(), "the table with no files and no update_log_dir has no log");
+        assert!(
+            store.durable().is_err(),
+            "the table with no files and no update_log_dir has no log"
+        );
         drop(store);
         // a restart: the files still hold version 0, the log version 1
         let store = EmbeddingStore::open(cfg.clone(), None).unwrap();
-        assert_eq!(read(&store, &[1, 500, 2]), [row(1, 1, 4), row(500, 1, 4), row(2, 0, 4)].concat());
+        assert_eq!(
+            read(&store, &[1, 500, 2]),
+            [row(1, 1, 4), row(500, 1, 4), row(2, 0, 4)].concat()
+        );
         assert_eq!(store.counters(0).replayed_rows.load(Ordering::Relaxed), 2);
         store.compact(0).unwrap();
         assert_eq!(store.host(0).overlay_rows(), 0, "the compaction reclaims the overlay");
         assert_eq!(store.host_rows(0), 101);
-        assert_eq!(read(&store, &[1, 500, 2]), [row(1, 1, 4), row(500, 1, 4), row(2, 0, 4)].concat());
+        assert_eq!(
+            read(&store, &[1, 500, 2]),
+            [row(1, 1, 4), row(500, 1, 4), row(2, 0, 4)].concat()
+        );
         store.update(0, &[2], &row(2, 2, 4)).unwrap();
         drop(store);
         // a restart after the compaction: the snapshot, then the newer log
         let store = EmbeddingStore::open(cfg, None).unwrap();
-        assert_eq!(read(&store, &[1, 500, 2]), [row(1, 1, 4), row(500, 1, 4), row(2, 2, 4)].concat());
-        assert_eq!(store.counters(0).replayed_rows.load(Ordering::Relaxed), 1, "only what came after the snapshot");
+        assert_eq!(
+            read(&store, &[1, 500, 2]),
+            [row(1, 1, 4), row(500, 1, 4), row(2, 2, 4)].concat()
+        );
+        assert_eq!(
+            store.counters(0).replayed_rows.load(Ordering::Relaxed),
+            1,
+            "only what came after the snapshot"
+        );
         drop(store);
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -1229,12 +1630,18 @@ mod tests {
         }
         let deadline = Instant::now() + std::time::Duration::from_secs(10);
         // the compactor resets the overlay, then counts the compaction: wait for both
-        let done = |s: &EmbeddingStore| s.host(0).overlay_rows() < 100 && s.counters(0).compactions.load(Ordering::Relaxed) > 0;
+        let done = |s: &EmbeddingStore| {
+            s.host(0).overlay_rows() < 100 && s.counters(0).compactions.load(Ordering::Relaxed) > 0
+        };
         while !done(&store) && Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
         assert!(store.counters(0).compactions.load(Ordering::Relaxed) > 0);
-        assert!(store.host(0).overlay_rows() < 100 + 50, "overlay {}", store.host(0).overlay_rows());
+        assert!(
+            store.host(0).overlay_rows() < 100 + 50,
+            "overlay {}",
+            store.host(0).overlay_rows()
+        );
         let mut out = vec![0f32; 2];
         store.attach_caches_none().lookup(0, &[7], &mut out).unwrap();
         assert_eq!(out, row(7, 19, 2));

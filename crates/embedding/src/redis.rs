@@ -54,12 +54,17 @@ impl RedisTier {
             Some((b, p)) => (b, p.to_string()),
             None => (spec, String::new()),
         };
-        let (kind, addrs) = body
-            .split_once(':')
-            .ok_or_else(|| Error::invalid_arg(format!("volatile_db '{spec}': expected redis:<host:port> or redis_cluster:<host:port>,...")))?;
-        let urls: Vec<String> = addrs.split(',').map(|a| format!("redis://{}/", a.trim())).collect();
+        let (kind, addrs) = body.split_once(':').ok_or_else(|| {
+            Error::invalid_arg(format!(
+                "volatile_db '{spec}': expected redis:<host:port> or redis_cluster:<host:port>,..."
+            ))
+        })?;
+        let urls: Vec<String> =
+            addrs.split(',').map(|a| format!("redis://{}/", a.trim())).collect();
         let target = match kind {
-            "redis" if urls.len() == 1 => Target::Single(Client::open(urls[0].as_str()).map_err(redis_err)?),
+            "redis" if urls.len() == 1 => {
+                Target::Single(Client::open(urls[0].as_str()).map_err(redis_err)?)
+            }
             "redis_cluster" => Target::Cluster(
                 ClusterClient::builder(urls)
                     .connection_timeout(TIMEOUT)
@@ -67,9 +72,17 @@ impl RedisTier {
                     .build()
                     .map_err(redis_err)?,
             ),
-            _ => return Err(Error::invalid_arg(format!("volatile_db '{spec}': use redis:<host:port> or redis_cluster:<addresses>"))),
+            _ => {
+                return Err(Error::invalid_arg(format!(
+                    "volatile_db '{spec}': use redis:<host:port> or redis_cluster:<addresses>"
+                )))
+            }
         };
-        Ok(Arc::new(RedisTier { target, prefix, state: Mutex::new(State { conn: None, down_until: None }) }))
+        Ok(Arc::new(RedisTier {
+            target,
+            prefix,
+            state: Mutex::new(State { conn: None, down_until: None }),
+        }))
     }
 
     fn connect(&self) -> Result<Conn> {
@@ -120,7 +133,14 @@ impl RedisTier {
 }
 
 impl RemoteTier for RedisTier {
-    fn get_many(&self, table: &str, dim: usize, keys: &[i64], out: &mut [f32], found: &mut [bool]) -> Result<()> {
+    fn get_many(
+        &self,
+        table: &str,
+        dim: usize,
+        keys: &[i64],
+        out: &mut [f32],
+        found: &mut [bool],
+    ) -> Result<()> {
         let names: Vec<String> = keys.iter().map(|&k| self.key(table, k)).collect();
         let values: Vec<Option<Vec<u8>>> = self.with_conn(|conn| match conn {
             Conn::Single(c) => {
@@ -141,7 +161,8 @@ impl RemoteTier for RedisTier {
         for (i, v) in values.into_iter().enumerate() {
             match v {
                 Some(bytes) if bytes.len() == dim * 4 => {
-                    for (o, c) in out[i * dim..(i + 1) * dim].iter_mut().zip(bytes.chunks_exact(4)) {
+                    for (o, c) in out[i * dim..(i + 1) * dim].iter_mut().zip(bytes.chunks_exact(4))
+                    {
                         *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
                     }
                     found[i] = true;

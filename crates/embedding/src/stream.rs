@@ -34,14 +34,20 @@ pub struct StreamSpec {
 impl StreamSpec {
     /// `redis:<host:port>/<stream>`.
     pub fn parse(spec: &str, group: String, start: String) -> Result<StreamSpec> {
-        let bad = || Error::invalid_arg(format!("update_stream '{spec}': expected redis:<host:port>/<stream>"));
+        let bad = || {
+            Error::invalid_arg(format!(
+                "update_stream '{spec}': expected redis:<host:port>/<stream>"
+            ))
+        };
         let body = spec.strip_prefix("redis:").ok_or_else(bad)?;
         let (addr, stream) = body.split_once('/').ok_or_else(bad)?;
         if addr.is_empty() || stream.is_empty() || group.is_empty() {
             return Err(bad());
         }
         if start != "0" && start != "$" {
-            return Err(Error::invalid_arg(format!("update_stream_start must be 0 (whole stream) or $ (new entries); got '{start}'")));
+            return Err(Error::invalid_arg(format!(
+                "update_stream_start must be 0 (whole stream) or $ (new entries); got '{start}'"
+            )));
         }
         Ok(StreamSpec { addr: addr.to_string(), stream: stream.to_string(), group, start })
     }
@@ -92,7 +98,12 @@ impl StreamFollower {
 const BLOCK_MS: u64 = 500;
 const BACKOFF: Duration = Duration::from_millis(500);
 
-fn follow(spec: StreamSpec, store: Weak<EmbeddingStore>, stop: Arc<AtomicBool>, c: Arc<StreamCounters>) {
+fn follow(
+    spec: StreamSpec,
+    store: Weak<EmbeddingStore>,
+    stop: Arc<AtomicBool>,
+    c: Arc<StreamCounters>,
+) {
     let mut errors_logged = 0u64;
     while !stop.load(Ordering::Relaxed) {
         match session(&spec, &store, &stop, &c) {
@@ -115,12 +126,29 @@ fn redis_err(e: redis::RedisError) -> Error {
 }
 
 /// One connection's worth of following; returns Ok when told to stop.
-fn session(spec: &StreamSpec, store: &Weak<EmbeddingStore>, stop: &AtomicBool, c: &StreamCounters) -> Result<()> {
+fn session(
+    spec: &StreamSpec,
+    store: &Weak<EmbeddingStore>,
+    stop: &AtomicBool,
+    c: &StreamCounters,
+) -> Result<()> {
     let client = redis::Client::open(format!("redis://{}/", spec.addr)).map_err(redis_err)?;
     let mut conn = client.get_connection_with_timeout(Duration::from_secs(1)).map_err(redis_err)?;
     conn.set_read_timeout(Some(Duration::from_millis(BLOCK_MS + 2000))).map_err(redis_err)?;
-    match redis::cmd("XGROUP").arg("CREATE").arg(&spec.stream).arg(&spec.group).arg(&spec.start).arg("MKSTREAM").query::<Value>(&mut conn) {
-        Ok(_) => log::info!("update stream '{}': consumer group '{}' created at '{}'", spec.stream, spec.group, spec.start),
+    match redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&spec.stream)
+        .arg(&spec.group)
+        .arg(&spec.start)
+        .arg("MKSTREAM")
+        .query::<Value>(&mut conn)
+    {
+        Ok(_) => log::info!(
+            "update stream '{}': consumer group '{}' created at '{}'",
+            spec.stream,
+            spec.group,
+            spec.start
+        ),
         Err(e) if e.to_string().contains("BUSYGROUP") => {}
         Err(e) => return Err(redis_err(e)),
     }
@@ -133,7 +161,8 @@ fn session(spec: &StreamSpec, store: &Weak<EmbeddingStore>, stop: &AtomicBool, c
         if from == ">" {
             cmd.arg("BLOCK").arg(BLOCK_MS);
         }
-        let reply: Value = cmd.arg("STREAMS").arg(&spec.stream).arg(from).query(&mut conn).map_err(redis_err)?;
+        let reply: Value =
+            cmd.arg("STREAMS").arg(&spec.stream).arg(from).query(&mut conn).map_err(redis_err)?;
         let entries = entries_of(&reply);
         if entries.is_empty() && from == "0" {
             from = ">";
@@ -152,10 +181,19 @@ fn session(spec: &StreamSpec, store: &Weak<EmbeddingStore>, stop: &AtomicBool, c
                 // not durable (disk): leave it pending and try again on the next session
                 Err(e) => return Err(e),
             }
-            redis::cmd("XACK").arg(&spec.stream).arg(&spec.group).arg(id).query::<Value>(&mut conn).map_err(redis_err)?;
+            redis::cmd("XACK")
+                .arg(&spec.stream)
+                .arg(&spec.group)
+                .arg(id)
+                .query::<Value>(&mut conn)
+                .map_err(redis_err)?;
         }
         drop(store);
-        let info: Value = redis::cmd("XINFO").arg("GROUPS").arg(&spec.stream).query(&mut conn).map_err(redis_err)?;
+        let info: Value = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(&spec.stream)
+            .query(&mut conn)
+            .map_err(redis_err)?;
         if let Some((lag, pending)) = group_state(&info, &spec.group) {
             c.lag.store(lag, Ordering::Relaxed);
             c.pending.store(pending, Ordering::Relaxed);
@@ -188,7 +226,9 @@ type Entry = (String, Vec<(String, Vec<u8>)>);
 /// (id, fields) of every entry in an XREADGROUP reply (RESP2 arrays or RESP3 maps).
 fn entries_of(reply: &Value) -> Vec<Entry> {
     let streams: Vec<&Value> = match reply {
-        Value::Array(s) => s.iter().filter_map(|s| if let Value::Array(p) = s { p.get(1) } else { None }).collect(),
+        Value::Array(s) => {
+            s.iter().filter_map(|s| if let Value::Array(p) = s { p.get(1) } else { None }).collect()
+        }
         Value::Map(m) => m.iter().map(|(_, v)| v).collect(),
         _ => Vec::new(),
     };
@@ -197,7 +237,9 @@ fn entries_of(reply: &Value) -> Vec<Entry> {
         let Value::Array(entries) = list else { continue };
         for e in entries {
             let Value::Array(parts) = e else { continue };
-            let (Some(id), Some(fields)) = (parts.first().and_then(text), parts.get(1)) else { continue };
+            let (Some(id), Some(fields)) = (parts.first().and_then(text), parts.get(1)) else {
+                continue;
+            };
             let fields = pairs(fields)
                 .into_iter()
                 .filter_map(|(k, v)| match v {
@@ -216,9 +258,12 @@ fn group_state(info: &Value, group: &str) -> Option<(u64, u64)> {
     let Value::Array(groups) = info else { return None };
     for g in groups {
         let fields = pairs(g);
-        let get = |name: &str| fields.iter().find(|(k, _)| text(k).as_deref() == Some(name)).map(|(_, v)| *v);
+        let get = |name: &str| {
+            fields.iter().find(|(k, _)| text(k).as_deref() == Some(name)).map(|(_, v)| *v)
+        };
         if get("name").and_then(text).as_deref() == Some(group) {
-            let num = |name: &str| get(name).and_then(text).and_then(|s| s.parse().ok()).unwrap_or(0);
+            let num =
+                |name: &str| get(name).and_then(text).and_then(|s| s.parse().ok()).unwrap_or(0);
             return Some((num("lag"), num("pending")));
         }
     }
@@ -228,10 +273,17 @@ fn group_state(info: &Value, group: &str) -> Option<(u64, u64)> {
 /// Applies one entry; returns its row count. Malformed entries are `InvalidArg`.
 fn apply(store: &EmbeddingStore, fields: &[(String, Vec<u8>)]) -> Result<usize> {
     let field = |name: &str| {
-        fields.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_slice()).ok_or_else(|| Error::invalid_arg(format!("no field '{name}'")))
+        fields
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_slice())
+            .ok_or_else(|| Error::invalid_arg(format!("no field '{name}'")))
     };
     let name = String::from_utf8_lossy(field("table")?).into_owned();
-    let table = store.tables().position(|t| t.name == name).ok_or_else(|| Error::invalid_arg(format!("no table '{name}' in this store")))?;
+    let table = store
+        .tables()
+        .position(|t| t.name == name)
+        .ok_or_else(|| Error::invalid_arg(format!("no table '{name}' in this store")))?;
     let (keys, vectors) = (field("keys")?, field("vectors")?);
     let dim = store.dim(table);
     if keys.len() % 8 != 0 || vectors.len() != keys.len() / 8 * dim * 4 {
@@ -241,12 +293,20 @@ fn apply(store: &EmbeddingStore, fields: &[(String, Vec<u8>)]) -> Result<usize> 
             vectors.len()
         )));
     }
-    let keys: Vec<i64> = keys.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8"))).collect();
-    let vectors: Vec<f32> = vectors.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4"))).collect();
+    let keys: Vec<i64> =
+        keys.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8"))).collect();
+    let vectors: Vec<f32> =
+        vectors.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4"))).collect();
     if let Some(i) = vectors.iter().position(|v| !v.is_finite()) {
         return Err(Error::invalid_arg(format!("table '{name}': value {i} is not finite")));
     }
-    store.update(table, &keys, &vectors).map_err(|e| if e.kind() == triton_rust_core::ErrorKind::InvalidArg { e } else { Error::unavailable(e.message()) })?;
+    store.update(table, &keys, &vectors).map_err(|e| {
+        if e.kind() == triton_rust_core::ErrorKind::InvalidArg {
+            e
+        } else {
+            Error::unavailable(e.message())
+        }
+    })?;
     Ok(keys.len())
 }
 
@@ -256,20 +316,36 @@ mod tests {
 
     #[test]
     fn specs_and_replies_parse() {
-        let s = StreamSpec::parse("redis:127.0.0.1:6379/updates", "node-a".into(), "0".into()).unwrap();
+        let s =
+            StreamSpec::parse("redis:127.0.0.1:6379/updates", "node-a".into(), "0".into()).unwrap();
         assert_eq!((s.addr.as_str(), s.stream.as_str()), ("127.0.0.1:6379", "updates"));
         assert!(StreamSpec::parse("kafka:x/y", "g".into(), "0".into()).is_err());
         assert!(StreamSpec::parse("redis:h:1/s", "g".into(), "latest".into()).is_err());
         let b = |s: &str| Value::BulkString(s.as_bytes().to_vec());
         let reply = Value::Array(vec![Value::Array(vec![
             b("updates"),
-            Value::Array(vec![Value::Array(vec![b("1-0"), Value::Array(vec![b("table"), b("t0"), b("keys"), Value::BulkString(vec![1, 0, 0, 0, 0, 0, 0, 0])])])]),
+            Value::Array(vec![Value::Array(vec![
+                b("1-0"),
+                Value::Array(vec![
+                    b("table"),
+                    b("t0"),
+                    b("keys"),
+                    Value::BulkString(vec![1, 0, 0, 0, 0, 0, 0, 0]),
+                ]),
+            ])]),
         ])]);
         let e = entries_of(&reply);
         assert_eq!(e.len(), 1);
         assert_eq!(e[0].0, "1-0");
         assert_eq!(e[0].1[1], ("keys".to_string(), vec![1, 0, 0, 0, 0, 0, 0, 0]));
-        let info = Value::Array(vec![Value::Array(vec![b("name"), b("node-a"), b("pending"), Value::Int(2), b("lag"), Value::Int(5)])]);
+        let info = Value::Array(vec![Value::Array(vec![
+            b("name"),
+            b("node-a"),
+            b("pending"),
+            Value::Int(2),
+            b("lag"),
+            Value::Int(5),
+        ])]);
         assert_eq!(group_state(&info, "node-a"), Some((5, 2)));
         assert_eq!(group_state(&info, "node-b"), None);
     }

@@ -55,11 +55,14 @@ pub fn parse_npy_header(bytes: &[u8]) -> Result<NpyHeader> {
     }
     let (len, start) = match bytes[6] {
         1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        2 | 3 if bytes.len() >= 12 => (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12),
+        2 | 3 if bytes.len() >= 12 => {
+            (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12)
+        }
         v => return Err(bad(&format!("unsupported version {v}"))),
     };
-    let dict = std::str::from_utf8(bytes.get(start..start + len).ok_or_else(|| bad("truncated header"))?)
-        .map_err(|_| bad("header is not text"))?;
+    let dict =
+        std::str::from_utf8(bytes.get(start..start + len).ok_or_else(|| bad("truncated header"))?)
+            .map_err(|_| bad("header is not text"))?;
     let descr = header_field(dict, "descr")
         .and_then(|r| r.strip_prefix('\''))
         .and_then(|r| r.split('\'').next())
@@ -87,7 +90,8 @@ pub fn npy_header(descr: &str, shape: &[usize]) -> Vec<u8> {
         [n] => format!("({n},)"),
         dims => format!("({})", dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
     };
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_text}, }}");
+    let mut header =
+        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_text}, }}");
     let unpadded = 10 + header.len() + 1;
     header.push_str(&" ".repeat(unpadded.next_multiple_of(64) - unpadded));
     header.push('\n');
@@ -102,7 +106,8 @@ pub fn npy_header(descr: &str, shape: &[usize]) -> Vec<u8> {
 pub fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) -> Result<()> {
     let mut out = npy_header(descr, shape);
     out.extend_from_slice(data);
-    std::fs::write(path, out).map_err(|e| Error::internal(format!("cannot write '{}': {e}", path.display())))
+    std::fs::write(path, out)
+        .map_err(|e| Error::internal(format!("cannot write '{}': {e}", path.display())))
 }
 
 /// Where a table's vectors are read from.
@@ -135,7 +140,9 @@ impl HostRows {
         match s.trim() {
             "" | "mapped" => Ok(HostRows::Mapped),
             "huge_pages" => Ok(HostRows::HugePages),
-            other => Err(Error::invalid_arg(format!("host_memory must be mapped or huge_pages; got '{other}'"))),
+            other => Err(Error::invalid_arg(format!(
+                "host_memory must be mapped or huge_pages; got '{other}'"
+            ))),
         }
     }
 }
@@ -158,7 +165,8 @@ impl TableFiles {
         let keys_file = MappedFile::open(&keys_path)?;
         let vectors_file = MappedFile::open(&vectors_path)?;
         let kh = parse_npy_header(keys_file.bytes()).map_err(|e| e.context(keys_path.display()))?;
-        let vh = parse_npy_header(vectors_file.bytes()).map_err(|e| e.context(vectors_path.display()))?;
+        let vh = parse_npy_header(vectors_file.bytes())
+            .map_err(|e| e.context(vectors_path.display()))?;
         if kh.descr != "<i8" || kh.shape.len() != 1 {
             return Err(Error::invalid_arg(format!(
                 "'{}' must hold int64 keys of shape [rows]; it has {} {:?}",
@@ -171,7 +179,10 @@ impl TableFiles {
             "<f4" => VectorType::F32,
             "<f2" => VectorType::F16,
             other => {
-                return Err(Error::invalid_arg(format!("'{}' must hold float32 or float16 vectors; it has {other}", vectors_path.display())))
+                return Err(Error::invalid_arg(format!(
+                    "'{}' must hold float32 or float16 vectors; it has {other}",
+                    vectors_path.display()
+                )))
             }
         };
         let rows = kh.shape[0];
@@ -184,7 +195,16 @@ impl TableFiles {
             )));
         }
         let dim = vh.shape[1];
-        Self::checked(keys_file, kh.data_offset, vectors_file, vh.data_offset, rows, dim, vector_type, dir)
+        Self::checked(
+            keys_file,
+            kh.data_offset,
+            vectors_file,
+            vh.data_offset,
+            rows,
+            dim,
+            vector_type,
+            dir,
+        )
     }
 
     /// Opens a HugeCTR/HPS sparse model folder: raw `key` (int64) and `emb_vector`
@@ -196,7 +216,10 @@ impl TableFiles {
         let keys_file = MappedFile::open(&dir.join("key"))?;
         let vectors_file = MappedFile::open(&dir.join("emb_vector"))?;
         if keys_file.bytes().len() % 8 != 0 {
-            return Err(Error::invalid_arg(format!("'{}/key' is not a whole number of int64 keys", dir.display())));
+            return Err(Error::invalid_arg(format!(
+                "'{}/key' is not a whole number of int64 keys",
+                dir.display()
+            )));
         }
         let rows = keys_file.bytes().len() / 8;
         if vectors_file.bytes().len() != rows * dim * 4 {
@@ -223,13 +246,28 @@ impl TableFiles {
     ) -> Result<TableFiles> {
         let keys_range = keys_at..keys_at + rows * 8;
         let vectors_range = vectors_at..vectors_at + rows * dim * vector_type.size();
-        if keys_file.bytes().len() < keys_range.end || vectors_file.bytes().len() < vectors_range.end {
-            return Err(Error::invalid_arg(format!("table files in '{}' are truncated", dir.display())));
+        if keys_file.bytes().len() < keys_range.end
+            || vectors_file.bytes().len() < vectors_range.end
+        {
+            return Err(Error::invalid_arg(format!(
+                "table files in '{}' are truncated",
+                dir.display()
+            )));
         }
         if keys_at % 8 != 0 || vectors_at % vector_type.size() != 0 {
-            return Err(Error::invalid_arg(format!("table files in '{}' have misaligned data", dir.display())));
+            return Err(Error::invalid_arg(format!(
+                "table files in '{}' have misaligned data",
+                dir.display()
+            )));
         }
-        Ok(TableFiles { keys_file, keys_range, vectors: Vectors::Mapped { file: vectors_file, range: vectors_range }, rows, dim, vector_type })
+        Ok(TableFiles {
+            keys_file,
+            keys_range,
+            vectors: Vectors::Mapped { file: vectors_file, range: vectors_range },
+            rows,
+            dim,
+            vector_type,
+        })
     }
 
     pub fn keys(&self) -> &[i64] {
@@ -247,23 +285,28 @@ impl TableFiles {
         let gb = self.vector_bytes().len() as f64 / 1e9;
         let slow = |what: &str| {
             if t0.elapsed().as_secs_f64() >= 1.0 {
-                log::info!("table '{name}': {gb:.1} GB of rows {what} in {:.1} s", t0.elapsed().as_secs_f64());
+                log::info!(
+                    "table '{name}': {gb:.1} GB of rows {what} in {:.1} s",
+                    t0.elapsed().as_secs_f64()
+                );
             }
         };
         match (how, self.vectors) {
-            (HostRows::HugePages, Vectors::Mapped { file, range }) => match HugeCopy::new(&file.bytes()[range.clone()], threads) {
-                Ok(copy) => {
-                    if !copy.huge() {
-                        log::warn!("table '{name}': the kernel refused huge pages for the copy of its rows (transparent huge pages off?)");
+            (HostRows::HugePages, Vectors::Mapped { file, range }) => {
+                match HugeCopy::new(&file.bytes()[range.clone()], threads) {
+                    Ok(copy) => {
+                        if !copy.huge() {
+                            log::warn!("table '{name}': the kernel refused huge pages for the copy of its rows (transparent huge pages off?)");
+                        }
+                        slow("copied into huge pages");
+                        TableFiles { vectors: Vectors::Copied(copy), ..self }
                     }
-                    slow("copied into huge pages");
-                    TableFiles { vectors: Vectors::Copied(copy), ..self }
+                    Err(e) => {
+                        log::warn!("table '{name}': rows not copied into huge pages ({e}); read from the file's mapping");
+                        TableFiles { vectors: Vectors::Mapped { file, range }, ..self }
+                    }
                 }
-                Err(e) => {
-                    log::warn!("table '{name}': rows not copied into huge pages ({e}); read from the file's mapping");
-                    TableFiles { vectors: Vectors::Mapped { file, range }, ..self }
-                }
-            },
+            }
             (_, Vectors::Mapped { file, range }) => {
                 match file.populate(threads) {
                     Ok(()) => slow("mapped"),
@@ -319,15 +362,28 @@ pub fn decode_row(t: VectorType, bytes: &[u8], out: &mut [f32]) {
 /// Converts a HugeCTR/HPS sparse model folder into our format in `dst`.
 pub fn import_hugectr(src: &Path, dim: usize, dst: &Path) -> Result<usize> {
     let t = TableFiles::open_hugectr(src, dim)?;
-    std::fs::create_dir_all(dst).map_err(|e| Error::internal(format!("cannot create '{}': {e}", dst.display())))?;
+    std::fs::create_dir_all(dst)
+        .map_err(|e| Error::internal(format!("cannot create '{}': {e}", dst.display())))?;
     write_npy(&dst.join("keys.npy"), "<i8", &[t.rows], bytemuck::cast_slice(t.keys()))?;
-    write_npy(&dst.join("vectors.npy"), VectorType::F32.npy_descr(), &[t.rows, dim], t.vector_bytes())?;
+    write_npy(
+        &dst.join("vectors.npy"),
+        VectorType::F32.npy_descr(),
+        &[t.rows, dim],
+        t.vector_bytes(),
+    )?;
     Ok(t.rows)
 }
 
 /// Writes a table in our format (used by the generator and tests).
-pub fn write_table(dir: &Path, keys: &[i64], vectors: &[u8], dim: usize, t: VectorType) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::internal(format!("cannot create '{}': {e}", dir.display())))?;
+pub fn write_table(
+    dir: &Path,
+    keys: &[i64],
+    vectors: &[u8],
+    dim: usize,
+    t: VectorType,
+) -> Result<()> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::internal(format!("cannot create '{}': {e}", dir.display())))?;
     write_npy(&dir.join("keys.npy"), "<i8", &[keys.len()], bytemuck::cast_slice(keys))?;
     write_npy(&dir.join("vectors.npy"), t.npy_descr(), &[keys.len(), dim], vectors)
 }
@@ -407,7 +463,8 @@ mod tests {
         let d = tmp("place");
         let (rows, dim) = (3000usize, 8usize);
         let keys: Vec<i64> = (0..rows as i64).collect();
-        let vals: Vec<half::f16> = (0..rows * dim).map(|i| half::f16::from_f32((i % 977) as f32 * 0.25)).collect();
+        let vals: Vec<half::f16> =
+            (0..rows * dim).map(|i| half::f16::from_f32((i % 977) as f32 * 0.25)).collect();
         write_table(&d, &keys, bytemuck::cast_slice(&vals), dim, VectorType::F16).unwrap();
         let lazy = TableFiles::open_npy(&d).unwrap();
         let mapped = TableFiles::open_npy(&d).unwrap().place("t", HostRows::Mapped);

@@ -30,10 +30,14 @@ use triton_rust_core::telemetry::MetricsSource;
 use triton_rust_core::tensor::{Bytes, DataType};
 use triton_rust_embedding::cache::{CacheTier, HostCache};
 #[cfg(feature = "gpu")]
-use triton_rust_embedding::gpu::{BatchKeys, BatchLookup, DeviceRows, GpuInstance, KeyLayout, KeyUpload, RowFormat};
+use triton_rust_embedding::gpu::{
+    BatchKeys, BatchLookup, DeviceRows, GpuInstance, KeyLayout, KeyUpload, RowFormat,
+};
 use triton_rust_embedding::stream::StreamSpec;
-use triton_rust_embedding::{CacheAllocation, EmbeddingStore, InstanceCaches, StoreConfig, TableConfig};
 use triton_rust_embedding::table::HostRows;
+use triton_rust_embedding::{
+    CacheAllocation, EmbeddingStore, InstanceCaches, StoreConfig, TableConfig,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Interface {
@@ -86,8 +90,13 @@ pub const TOKEN_PARAMETER: &str = "embedding-update-token";
 
 impl Credential {
     fn from_config(cfg: &ModelConfig) -> Result<Credential> {
-        let file = cfg.parameters.get("update_credential_file").map(|s| s.trim()).filter(|s| !s.is_empty());
-        let env = cfg.parameters.get("update_credential_env").map(|s| s.trim()).filter(|s| !s.is_empty());
+        let file = cfg
+            .parameters
+            .get("update_credential_file")
+            .map(|s| s.trim())
+            .filter(|s| !s.is_empty());
+        let env =
+            cfg.parameters.get("update_credential_env").map(|s| s.trim()).filter(|s| !s.is_empty());
         let open = cfg.parameter_bool("allow_unauthenticated_updates")?.unwrap_or(false);
         let (source, secret) = match (file, env) {
             (Some(_), Some(_)) => return Err(Error::invalid_arg("set one of update_credential_file and update_credential_env, not both")),
@@ -112,10 +121,14 @@ impl Credential {
             }
         };
         if secret.is_empty() {
-            return Err(Error::invalid_arg(format!("the update credential from {source} is empty")));
+            return Err(Error::invalid_arg(format!(
+                "the update credential from {source} is empty"
+            )));
         }
         if open {
-            return Err(Error::invalid_arg("allow_unauthenticated_updates is set together with a credential; choose one"));
+            return Err(Error::invalid_arg(
+                "allow_unauthenticated_updates is set together with a credential; choose one",
+            ));
         }
         Ok(Credential::Secret { source, secret })
     }
@@ -137,55 +150,86 @@ fn list(cfg: &ModelConfig, key: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn parse_list<T: std::str::FromStr + Clone>(cfg: &ModelConfig, key: &str, n: usize, default: Option<T>) -> Result<Vec<T>> {
+fn parse_list<T: std::str::FromStr + Clone>(
+    cfg: &ModelConfig,
+    key: &str,
+    n: usize,
+    default: Option<T>,
+) -> Result<Vec<T>> {
     let items = list(cfg, key);
     if items.is_empty() {
-        return default.map(|d| vec![d; n]).ok_or_else(|| Error::invalid_arg(format!("parameter '{key}' is required")));
+        return default
+            .map(|d| vec![d; n])
+            .ok_or_else(|| Error::invalid_arg(format!("parameter '{key}' is required")));
     }
     if items.len() == 1 && n > 1 {
-        let v = items[0].parse().map_err(|_| Error::invalid_arg(format!("parameter '{key}': cannot parse '{}'", items[0])))?;
+        let v = items[0].parse().map_err(|_| {
+            Error::invalid_arg(format!("parameter '{key}': cannot parse '{}'", items[0]))
+        })?;
         return Ok(vec![v; n]);
     }
     if items.len() != n {
-        return Err(Error::invalid_arg(format!("parameter '{key}' lists {} values for {n} tables", items.len())));
+        return Err(Error::invalid_arg(format!(
+            "parameter '{key}' lists {} values for {n} tables",
+            items.len()
+        )));
     }
     items
         .iter()
-        .map(|s| s.parse().map_err(|_| Error::invalid_arg(format!("parameter '{key}': cannot parse '{s}'"))))
+        .map(|s| {
+            s.parse()
+                .map_err(|_| Error::invalid_arg(format!("parameter '{key}': cannot parse '{s}'")))
+        })
         .collect()
 }
 
 impl StoreSettings {
-    pub fn from_config(cfg: &ModelConfig, version_dir: &Path, backend: &std::collections::BTreeMap<String, String>) -> Result<StoreSettings> {
+    pub fn from_config(
+        cfg: &ModelConfig,
+        version_dir: &Path,
+        backend: &std::collections::BTreeMap<String, String>,
+    ) -> Result<StoreSettings> {
         let interface = match cfg.parameters.get("embedding_interface").map(|s| s.trim()) {
             None | Some("hps") => Interface::Hps,
             Some("batched") => Interface::Batched,
             Some("update") => Interface::Update,
             Some(other) => {
-                return Err(Error::invalid_arg(format!("parameter 'embedding_interface' is '{other}'; use hps, batched or update")))
+                return Err(Error::invalid_arg(format!(
+                    "parameter 'embedding_interface' is '{other}'; use hps, batched or update"
+                )))
             }
         };
         let names = list(cfg, "embedding_table_names");
         if names.is_empty() {
-            return Err(Error::invalid_arg("parameter 'embedding_table_names' is required (comma-separated table names)"));
+            return Err(Error::invalid_arg(
+                "parameter 'embedding_table_names' is required (comma-separated table names)",
+            ));
         }
         let n = names.len();
         let dims: Vec<usize> = parse_list(cfg, "embedding_vecsize_per_table", n, None)?;
         let defaults: Vec<f32> = parse_list(cfg, "default_value_for_each_table", n, Some(0.0))?;
         let files = list(cfg, "sparse_files");
         if !files.is_empty() && files.len() != n {
-            return Err(Error::invalid_arg(format!("parameter 'sparse_files' lists {} paths for {n} tables", files.len())));
+            return Err(Error::invalid_arg(format!(
+                "parameter 'sparse_files' lists {} paths for {n} tables",
+                files.len()
+            )));
         }
         let vocab_items = list(cfg, "vocabulary_size_per_table");
         let vocabulary = if vocab_items.is_empty() {
             vec![None; n]
         } else {
-            parse_list::<u64>(cfg, "vocabulary_size_per_table", n, None)?.into_iter().map(Some).collect()
+            parse_list::<u64>(cfg, "vocabulary_size_per_table", n, None)?
+                .into_iter()
+                .map(Some)
+                .collect()
         };
         let number = |key: &str, default: f64| -> Result<f64> {
             match cfg.parameters.get(key) {
                 None => Ok(default),
-                Some(s) => s.trim().parse().map_err(|_| Error::invalid_arg(format!("parameter '{key}' must be a number, got '{s}'"))),
+                Some(s) => s.trim().parse().map_err(|_| {
+                    Error::invalid_arg(format!("parameter '{key}' must be a number, got '{s}'"))
+                }),
             }
         };
         let tables = names
@@ -204,37 +248,64 @@ impl StoreSettings {
             })
             .collect();
         let name = cfg.parameters.get("store_name").cloned().unwrap_or_else(|| cfg.name.clone());
-        let update_stream = match cfg.parameters.get("update_stream").map(|s| s.trim()).filter(|s| !s.is_empty()) {
-            None => None,
-            Some(spec) => {
-                let group = match cfg.parameters.get("update_stream_group") {
-                    Some(g) => g.trim().to_string(),
-                    None => format!("triton-rust:{}:{name}", node_name(backend)),
-                };
-                let start = cfg.parameters.get("update_stream_start").map(|s| s.trim().to_string()).unwrap_or_else(|| "0".into());
-                Some(StreamSpec::parse(spec, group, start)?)
-            }
-        };
+        let update_stream =
+            match cfg.parameters.get("update_stream").map(|s| s.trim()).filter(|s| !s.is_empty()) {
+                None => None,
+                Some(spec) => {
+                    let group = match cfg.parameters.get("update_stream_group") {
+                        Some(g) => g.trim().to_string(),
+                        None => format!("triton-rust:{}:{name}", node_name(backend)),
+                    };
+                    let start = cfg
+                        .parameters
+                        .get("update_stream_start")
+                        .map(|s| s.trim().to_string())
+                        .unwrap_or_else(|| "0".into());
+                    Some(StreamSpec::parse(spec, group, start)?)
+                }
+            };
         let store = StoreConfig {
             tables,
             cache_ratio: number("gpucacheper", 0.1)?,
-            cache_allocation: CacheAllocation::parse(cfg.parameters.get("gpucache_allocation").map_or("", |s| s.as_str()))?,
+            cache_allocation: CacheAllocation::parse(
+                cfg.parameters.get("gpucache_allocation").map_or("", |s| s.as_str()),
+            )?,
             hit_rate_threshold: number("hit_rate_threshold", 0.9)?,
-            update_log_dir: cfg.parameters.get("update_log_dir").map(|d| version_dir.join(d.trim())),
+            update_log_dir: cfg
+                .parameters
+                .get("update_log_dir")
+                .map(|d| version_dir.join(d.trim())),
             compaction_rows: number("update_compaction_rows", 1_000_000.0)? as usize,
             update_stream,
-            host_memory: HostRows::parse(cfg.parameters.get("host_memory").map_or("", |s| s.as_str()))?,
+            host_memory: HostRows::parse(
+                cfg.parameters.get("host_memory").map_or("", |s| s.as_str()),
+            )?,
         };
-        let credential = if interface == Interface::Update { Credential::from_config(cfg)? } else { Credential::NotNeeded };
+        let credential = if interface == Interface::Update {
+            Credential::from_config(cfg)?
+        } else {
+            Credential::NotNeeded
+        };
         let whole = |key: &str, default: usize, least: usize| -> Result<usize> {
             let v = number(key, default as f64)?;
             if v.fract() != 0.0 || v < least as f64 || v > (1u64 << 32) as f64 {
-                return Err(Error::invalid_arg(format!("parameter '{key}' must be a whole number of at least {least}, got {v}")));
+                return Err(Error::invalid_arg(format!(
+                    "parameter '{key}' must be a whole number of at least {least}, got {v}"
+                )));
             }
             Ok(v as usize)
         };
-        let key_upload = (whole("gpu_key_piece", 128 << 10, 1024)?, whole("gpu_key_upload_tasks", 8, 1)?);
-        Ok(StoreSettings { name, interface, store, vocabulary, volatile_db: cfg.parameters.get("volatile_db").cloned(), credential, key_upload })
+        let key_upload =
+            (whole("gpu_key_piece", 128 << 10, 1024)?, whole("gpu_key_upload_tasks", 8, 1)?);
+        Ok(StoreSettings {
+            name,
+            interface,
+            store,
+            vocabulary,
+            volatile_db: cfg.parameters.get("volatile_db").cloned(),
+            credential,
+            key_upload,
+        })
     }
 }
 
@@ -244,7 +315,9 @@ fn node_name(backend: &std::collections::BTreeMap<String, String>) -> String {
     backend
         .get("node-name")
         .cloned()
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_string()))
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_string())
+        })
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| "node".into())
 }
@@ -255,9 +328,14 @@ static STORES: Mutex<Vec<(String, Weak<EmbeddingStore>)>> = Mutex::new(Vec::new(
 fn shared_store(settings: &StoreSettings) -> Result<Arc<EmbeddingStore>> {
     let mut stores = STORES.lock().map_err(|_| Error::internal("store registry poisoned"))?;
     stores.retain(|(_, w)| w.strong_count() > 0);
-    if let Some(store) = stores.iter().find(|(n, _)| *n == settings.name).and_then(|(_, w)| w.upgrade()) {
+    if let Some(store) =
+        stores.iter().find(|(n, _)| *n == settings.name).and_then(|(_, w)| w.upgrade())
+    {
         let same = store.table_count() == settings.store.tables.len()
-            && store.tables().zip(&settings.store.tables).all(|(a, b)| a.name == b.name && a.dim == b.dim);
+            && store
+                .tables()
+                .zip(&settings.store.tables)
+                .all(|(a, b)| a.name == b.name && a.dim == b.dim);
         if !same {
             return Err(Error::invalid_arg(format!(
                 "store '{}' is already loaded with other tables; models sharing a store_name must list the same tables and dims",
@@ -328,14 +406,16 @@ impl EmbeddingEngine {
         let mut gpu = None;
         let caches = match options.device {
             _ if options.probe => store.attach_caches_none(),
-            Device::Cpu => store.attach_caches(&|geo| Ok(Arc::new(HostCache::new(geo)) as Arc<dyn CacheTier>))?,
+            Device::Cpu => store
+                .attach_caches(&|geo| Ok(Arc::new(HostCache::new(geo)) as Arc<dyn CacheTier>))?,
             #[cfg(feature = "gpu")]
             Device::Gpu(id) => {
                 let instance = GpuInstance::new(id)?;
                 let caches = store.attach_caches(&|geo| instance.new_cache(geo))?;
                 let same_dim = (0..store.table_count()).all(|t| store.dim(t) == store.dim(0));
                 if same_dim && settings.interface != Interface::Update {
-                    let format = if rows_type == DataType::F16 { RowFormat::F16 } else { RowFormat::F32 };
+                    let format =
+                        if rows_type == DataType::F16 { RowFormat::F16 } else { RowFormat::F32 };
                     let mut lookup = caches.batch_lookup(&instance, format)?;
                     let (piece_keys, threads) = settings.key_upload;
                     lookup.set_key_upload(KeyUpload { piece_keys, threads });
@@ -344,7 +424,11 @@ impl EmbeddingEngine {
                 caches
             }
             #[cfg(not(feature = "gpu"))]
-            Device::Gpu(_) => return Err(Error::unsupported("this build of the embedding engine has no GPU cache (feature `gpu`)")),
+            Device::Gpu(_) => {
+                return Err(Error::unsupported(
+                    "this build of the embedding engine has no GPU cache (feature `gpu`)",
+                ))
+            }
         };
         let cfg = options.config;
         let name_or = |list: &[TensorConfig], i: usize, default: &str| {
@@ -358,7 +442,10 @@ impl EmbeddingEngine {
                     return Err(Error::invalid_arg("the hps interface takes a whole request's keys: set max_batch_size: 0 (or use embedding_interface batched)"));
                 }
                 (
-                    vec![t(name_or(&cfg.inputs, 0, "KEYS"), DataType::I64, vec![-1]), t(name_or(&cfg.inputs, 1, "NUMKEYS"), DataType::I32, vec![-1])],
+                    vec![
+                        t(name_or(&cfg.inputs, 0, "KEYS"), DataType::I64, vec![-1]),
+                        t(name_or(&cfg.inputs, 1, "NUMKEYS"), DataType::I32, vec![-1]),
+                    ],
                     vec![t(name_or(&cfg.outputs, 0, "OUTPUT0"), DataType::F32, vec![-1])],
                 )
             }
@@ -369,12 +456,18 @@ impl EmbeddingEngine {
                 }
                 (
                     vec![t(name_or(&cfg.inputs, 0, "KEYS"), DataType::I64, vec![-1, tables])],
-                    vec![t(name_or(&cfg.outputs, 0, "OUTPUT0"), rows_type, vec![-1, tables, dim as i64])],
+                    vec![t(
+                        name_or(&cfg.outputs, 0, "OUTPUT0"),
+                        rows_type,
+                        vec![-1, tables, dim as i64],
+                    )],
                 )
             }
             Interface::Update => {
                 if cfg.max_batch_size != 0 {
-                    return Err(Error::invalid_arg("the update interface takes a whole request: set max_batch_size: 0"));
+                    return Err(Error::invalid_arg(
+                        "the update interface takes a whole request: set max_batch_size: 0",
+                    ));
                 }
                 (
                     vec![
@@ -427,11 +520,15 @@ impl EmbeddingEngine {
             )));
         }
         if let Some((t, n)) = numkeys.iter().enumerate().find(|(_, &n)| n < 0) {
-            return Err(Error::invalid_arg(format!("input '{nname}' has a negative count {n} for table {t}")));
+            return Err(Error::invalid_arg(format!(
+                "input '{nname}' has a negative count {n} for table {t}"
+            )));
         }
         let total: i64 = numkeys.iter().map(|&n| n as i64).sum();
         if total != keys as i64 {
-            return Err(Error::invalid_arg(format!("input '{nname}' sums to {total} but input '{kname}' holds {keys} keys")));
+            return Err(Error::invalid_arg(format!(
+                "input '{nname}' sums to {total} but input '{kname}' holds {keys} keys"
+            )));
         }
         Ok(())
     }
@@ -444,13 +541,21 @@ impl EmbeddingEngine {
     /// Looks a batch up on the GPU in one pass when this instance has the whole-batch
     /// lookup, and hands the rows to `sink`. `Ok(false)` when it has not.
     #[cfg(feature = "gpu")]
-    fn run_batch_on_gpu(&mut self, keys: BatchKeys<'_>, layout: KeyLayout<'_>, out: Option<(&str, &[i64])>, sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>) -> Result<bool> {
+    fn run_batch_on_gpu(
+        &mut self,
+        keys: BatchKeys<'_>,
+        layout: KeyLayout<'_>,
+        out: Option<(&str, &[i64])>,
+        sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+    ) -> Result<bool> {
         let dtype = self.rows_type; // the lookup's row format was made from it
         let Some((instance, lookup)) = self.gpu.as_mut() else { return Ok(false) };
         self.caches.lookup_batch_device(keys, layout, instance, lookup, None)?;
         if let Some((name, shape)) = out {
             let elements = keys.len() * lookup.dim();
-            let rows = lookup.rows(elements).ok_or_else(|| Error::internal("batch lookup: rows buffer too small"))?;
+            let rows = lookup
+                .rows(elements)
+                .ok_or_else(|| Error::internal("batch lookup: rows buffer too small"))?;
             sink(OutputView { name, dtype, shape, data: Bytes::Device(rows) })?;
         }
         Ok(true)
@@ -459,7 +564,8 @@ impl EmbeddingEngine {
     fn check_vocabulary(&self, table: usize, keys: &[i64]) -> Result<()> {
         if let Some(Some(size)) = self.settings.vocabulary.get(table) {
             if let Some(k) = keys.iter().find(|&&k| k < 0 || k as u64 >= *size) {
-                let name = self.store().tables().nth(table).map(|t| t.name.clone()).unwrap_or_default();
+                let name =
+                    self.store().tables().nth(table).map(|t| t.name.clone()).unwrap_or_default();
                 return Err(Error::invalid_arg(format!(
                     "input '{}': key {k} is out of range for table '{name}' (vocabulary size {size})",
                     self.sig.inputs[0].name
@@ -496,18 +602,29 @@ impl<'r> RowSink<'r> {
                 Ok(RowSink::Device(slot.as_mut().expect("allocated above")))
             }
             #[cfg(not(feature = "gpu"))]
-            Device::Gpu(_) => Err(Error::unsupported("this build of the embedding engine has no GPU cache (feature `gpu`)")),
+            Device::Gpu(_) => Err(Error::unsupported(
+                "this build of the embedding engine has no GPU cache (feature `gpu`)",
+            )),
         }
     }
 
     /// Looks one table's `keys` up: row i lands at `offset + i * stride` floats.
-    fn put(&mut self, caches: &InstanceCaches, table: usize, keys: &[i64], offset: usize, stride: usize) -> Result<()> {
+    fn put(
+        &mut self,
+        caches: &InstanceCaches,
+        table: usize,
+        keys: &[i64],
+        offset: usize,
+        stride: usize,
+    ) -> Result<()> {
         if keys.is_empty() {
             return Ok(());
         }
         let dim = caches.store().dim(table);
         match self {
-            RowSink::Host(out) if stride == dim => caches.lookup(table, keys, &mut out[offset..offset + keys.len() * dim]),
+            RowSink::Host(out) if stride == dim => {
+                caches.lookup(table, keys, &mut out[offset..offset + keys.len() * dim])
+            }
             RowSink::Host(out) => {
                 let mut rows = vec![0f32; keys.len() * dim];
                 caches.lookup(table, keys, &mut rows)?;
@@ -528,7 +645,10 @@ impl<'r> RowSink<'r> {
         match self {
             RowSink::Host(out) => Ok(Bytes::Host(bytemuck::cast_slice(&out[..floats]))),
             #[cfg(feature = "gpu")]
-            RowSink::Device(rows) => rows.view(floats).map(Bytes::Device).ok_or_else(|| Error::internal("device rows buffer is too small")),
+            RowSink::Device(rows) => rows
+                .view(floats)
+                .map(Bytes::Device)
+                .ok_or_else(|| Error::internal("device rows buffer is too small")),
             #[cfg(not(feature = "gpu"))]
             RowSink::Never(_) => unreachable!(),
         }
@@ -545,7 +665,8 @@ fn from_chunks<T, const N: usize>(t: &RequestTensor<'_>, decode: fn([u8; N]) -> 
     let bytes: &[u8] = match t.chunks.as_slice() {
         [Bytes::Host(b)] => b,
         chunks => {
-            joined = chunks.iter().flat_map(|c| c.host().unwrap_or_default().iter().copied()).collect();
+            joined =
+                chunks.iter().flat_map(|c| c.host().unwrap_or_default().iter().copied()).collect();
             &joined
         }
     };
@@ -556,7 +677,10 @@ fn as_i64(bytes: &[u8]) -> std::borrow::Cow<'_, [i64]> {
     match bytemuck::try_cast_slice::<u8, i64>(bytes) {
         // in place when aligned (always on a little-endian host: the bytes are LE)
         Ok(keys) if cfg!(target_endian = "little") => std::borrow::Cow::Borrowed(keys),
-        _ => bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect(),
+        _ => bytes
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect(),
     }
 }
 fn as_i32(bytes: &[u8]) -> Vec<i32> {
@@ -578,18 +702,35 @@ impl Engine for EmbeddingEngine {
     }
 
     #[cfg(feature = "gpu")]
-    fn run_into(&mut self, inputs: &[BatchTensor<'_>], out: &mut triton_rust_cuda::DeviceViewMut<'_>) -> Result<bool> {
-        let Some((instance, lookup)) = self.gpu.as_mut().filter(|_| self.settings.interface == Interface::Batched) else { return Ok(false) };
-        let bytes = inputs
-            .first()
-            .and_then(|t| t.host_bytes())
-            .ok_or_else(|| Error::unsupported("the embedding engine takes its keys in host memory"))?;
+    fn run_into(
+        &mut self,
+        inputs: &[BatchTensor<'_>],
+        out: &mut triton_rust_cuda::DeviceViewMut<'_>,
+    ) -> Result<bool> {
+        let Some((instance, lookup)) =
+            self.gpu.as_mut().filter(|_| self.settings.interface == Interface::Batched)
+        else {
+            return Ok(false);
+        };
+        let bytes = inputs.first().and_then(|t| t.host_bytes()).ok_or_else(|| {
+            Error::unsupported("the embedding engine takes its keys in host memory")
+        })?;
         let keys = as_i64(bytes);
         let tables = self.caches.store().table_count();
         if tables == 0 || keys.len() % tables != 0 {
-            return Err(Error::invalid_arg(format!("input '{}': {} keys are not whole rows of {tables} tables", self.sig.inputs[0].name, keys.len())));
+            return Err(Error::invalid_arg(format!(
+                "input '{}': {} keys are not whole rows of {tables} tables",
+                self.sig.inputs[0].name,
+                keys.len()
+            )));
         }
-        self.caches.lookup_batch_device(BatchKeys::Host(&keys), KeyLayout::Interleaved, instance, lookup, Some(out))?;
+        self.caches.lookup_batch_device(
+            BatchKeys::Host(&keys),
+            KeyLayout::Interleaved,
+            instance,
+            lookup,
+            Some(out),
+        )?;
         Ok(true)
     }
 
@@ -671,7 +812,12 @@ impl Engine for EmbeddingEngine {
         sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
     ) -> Result<()> {
         let host = |i: usize| -> Result<&[u8]> {
-            inputs[i].host_bytes().ok_or_else(|| Error::unsupported(format!("input '{}' in GPU memory is not supported by the embedding engine yet", inputs[i].name)))
+            inputs[i].host_bytes().ok_or_else(|| {
+                Error::unsupported(format!(
+                    "input '{}' in GPU memory is not supported by the embedding engine yet",
+                    inputs[i].name
+                ))
+            })
         };
         let store = self.store().clone();
         let out_name = self.sig.outputs[0].name.clone();
@@ -681,13 +827,19 @@ impl Engine for EmbeddingEngine {
                 let keys = as_i64(host(0)?);
                 let numkeys = as_i32(host(1)?);
                 let parts = self.split(&keys, &numkeys)?;
-                let total: usize = parts.iter().enumerate().map(|(t, p)| p.len() * store.dim(t)).sum();
+                let total: usize =
+                    parts.iter().enumerate().map(|(t, p)| p.len() * store.dim(t)).sum();
                 #[cfg(feature = "gpu")]
                 {
                     let counts: Vec<usize> = parts.iter().map(|p| p.len()).collect();
                     let shape = [total as i64];
                     let out = wanted.then_some((out_name.as_str(), &shape[..]));
-                    if self.run_batch_on_gpu(BatchKeys::Host(&keys), KeyLayout::Blocked(&counts), out, sink)? {
+                    if self.run_batch_on_gpu(
+                        BatchKeys::Host(&keys),
+                        KeyLayout::Blocked(&counts),
+                        out,
+                        sink,
+                    )? {
                         return Ok(());
                     }
                 }
@@ -699,7 +851,12 @@ impl Engine for EmbeddingEngine {
                     at += part.len() * store.dim(t);
                 }
                 if wanted {
-                    sink(OutputView { name: &out_name, dtype: DataType::F32, shape: &[total as i64], data: rows.bytes(total)? })?;
+                    sink(OutputView {
+                        name: &out_name,
+                        dtype: DataType::F32,
+                        shape: &[total as i64],
+                        data: rows.bytes(total)?,
+                    })?;
                 }
             }
             Interface::Batched => {
@@ -712,7 +869,12 @@ impl Engine for EmbeddingEngine {
                     let batch = view.len() / 8 / tables.max(1);
                     let shape = [batch as i64, tables as i64, dim as i64];
                     let out = wanted.then_some((out_name.as_str(), &shape[..]));
-                    if self.run_batch_on_gpu(BatchKeys::Device(view), KeyLayout::Interleaved, out, sink)? {
+                    if self.run_batch_on_gpu(
+                        BatchKeys::Device(view),
+                        KeyLayout::Interleaved,
+                        out,
+                        sink,
+                    )? {
                         return Ok(());
                     }
                 }
@@ -723,7 +885,12 @@ impl Engine for EmbeddingEngine {
                 {
                     let shape = [batch as i64, tables as i64, dim as i64];
                     let out = wanted.then_some((out_name.as_str(), &shape[..]));
-                    if self.run_batch_on_gpu(BatchKeys::Host(&keys), KeyLayout::Interleaved, out, sink)? {
+                    if self.run_batch_on_gpu(
+                        BatchKeys::Host(&keys),
+                        KeyLayout::Interleaved,
+                        out,
+                        sink,
+                    )? {
                         return Ok(());
                     }
                 }
@@ -738,11 +905,26 @@ impl Engine for EmbeddingEngine {
                     let data = rows.bytes(total)?;
                     if self.rows_type == DataType::F16 {
                         // host rows (a CPU instance: the GPU path writes fp16 itself)
-                        let f32s = data.host().ok_or_else(|| Error::internal("fp16 rows: the rows are not on the host"))?;
-                        let halves: Vec<half::f16> = bytemuck::cast_slice::<u8, f32>(f32s).iter().map(|&v| half::f16::from_f32(v)).collect();
-                        sink(OutputView { name: &out_name, dtype: DataType::F16, shape: &shape, data: Bytes::Host(bytemuck::cast_slice(&halves)) })?;
+                        let f32s = data.host().ok_or_else(|| {
+                            Error::internal("fp16 rows: the rows are not on the host")
+                        })?;
+                        let halves: Vec<half::f16> = bytemuck::cast_slice::<u8, f32>(f32s)
+                            .iter()
+                            .map(|&v| half::f16::from_f32(v))
+                            .collect();
+                        sink(OutputView {
+                            name: &out_name,
+                            dtype: DataType::F16,
+                            shape: &shape,
+                            data: Bytes::Host(bytemuck::cast_slice(&halves)),
+                        })?;
                     } else {
-                        sink(OutputView { name: &out_name, dtype: DataType::F32, shape: &shape, data })?;
+                        sink(OutputView {
+                            name: &out_name,
+                            dtype: DataType::F32,
+                            shape: &shape,
+                            data,
+                        })?;
                     }
                 }
             }
@@ -761,7 +943,12 @@ impl Engine for EmbeddingEngine {
                 }
                 if wanted {
                     let count = [keys.len() as i64];
-                    sink(OutputView { name: &out_name, dtype: DataType::I64, shape: &[1], data: Bytes::Host(bytemuck::cast_slice(&count)) })?;
+                    sink(OutputView {
+                        name: &out_name,
+                        dtype: DataType::I64,
+                        shape: &[1],
+                        data: Bytes::Host(bytemuck::cast_slice(&count)),
+                    })?;
                 }
             }
         }
@@ -793,30 +980,63 @@ mod tests {
     #[test]
     fn the_key_upload_is_read_from_the_config_and_checked() {
         let settings = |extra: &[(&str, &str)]| {
-            let mut p = vec![("embedding_table_names", "a"), ("embedding_vecsize_per_table", "4"), ("embedding_interface", "batched")];
+            let mut p = vec![
+                ("embedding_table_names", "a"),
+                ("embedding_vecsize_per_table", "4"),
+                ("embedding_interface", "batched"),
+            ];
             p.extend_from_slice(extra);
             StoreSettings::from_config(&cfg(&p), Path::new("/nonexistent"), &Default::default())
         };
-        assert_eq!(settings(&[]).unwrap().key_upload, (128 << 10, 8), "1 MiB pieces on up to 8 tasks, as measured");
-        assert_eq!(settings(&[("gpu_key_piece", "262144"), ("gpu_key_upload_tasks", "4")]).unwrap().key_upload, (262144, 4));
+        assert_eq!(
+            settings(&[]).unwrap().key_upload,
+            (128 << 10, 8),
+            "1 MiB pieces on up to 8 tasks, as measured"
+        );
+        assert_eq!(
+            settings(&[("gpu_key_piece", "262144"), ("gpu_key_upload_tasks", "4")])
+                .unwrap()
+                .key_upload,
+            (262144, 4)
+        );
         let e = settings(&[("gpu_key_piece", "100")]).unwrap_err();
-        assert!(e.message().contains("'gpu_key_piece'") && e.message().contains("at least 1024"), "{e}");
-        assert!(settings(&[("gpu_key_upload_tasks", "1.5")]).unwrap_err().message().contains("'gpu_key_upload_tasks'"));
+        assert!(
+            e.message().contains("'gpu_key_piece'") && e.message().contains("at least 1024"),
+            "{e}"
+        );
+        assert!(settings(&[("gpu_key_upload_tasks", "1.5")])
+            .unwrap_err()
+            .message()
+            .contains("'gpu_key_upload_tasks'"));
         assert!(settings(&[("gpu_key_upload_tasks", "0")]).is_err());
     }
 
     #[test]
     fn an_update_model_needs_a_credential_or_says_it_is_open() {
         let e = Credential::from_config(&cfg(&[])).unwrap_err();
-        assert!(e.message().contains("update_credential_file") && e.message().contains("allow_unauthenticated_updates"), "{e}");
-        assert_eq!(Credential::from_config(&cfg(&[("allow_unauthenticated_updates", "true")])).unwrap(), Credential::Open);
+        assert!(
+            e.message().contains("update_credential_file")
+                && e.message().contains("allow_unauthenticated_updates"),
+            "{e}"
+        );
+        assert_eq!(
+            Credential::from_config(&cfg(&[("allow_unauthenticated_updates", "true")])).unwrap(),
+            Credential::Open
+        );
         std::env::set_var("TRT_TEST_UPDATE_SECRET", " tok3n \n");
-        let c = Credential::from_config(&cfg(&[("update_credential_env", "TRT_TEST_UPDATE_SECRET")])).unwrap();
+        let c =
+            Credential::from_config(&cfg(&[("update_credential_env", "TRT_TEST_UPDATE_SECRET")]))
+                .unwrap();
         assert!(matches!(&c, Credential::Secret { secret, .. } if secret == b"tok3n"));
         assert!(!format!("{c:?}").contains("tok3n"), "the secret never appears in debug output");
-        let e = Credential::from_config(&cfg(&[("update_credential_env", "TRT_TEST_NOT_SET_ANYWHERE")])).unwrap_err();
+        let e = Credential::from_config(&cfg(&[(
+            "update_credential_env",
+            "TRT_TEST_NOT_SET_ANYWHERE",
+        )]))
+        .unwrap_err();
         assert!(e.message().contains("TRT_TEST_NOT_SET_ANYWHERE"), "{e}");
-        let e = Credential::from_config(&cfg(&[("update_credential_file", "/nonexistent/secret")])).unwrap_err();
+        let e = Credential::from_config(&cfg(&[("update_credential_file", "/nonexistent/secret")]))
+            .unwrap_err();
         assert!(e.message().contains("/nonexistent/secret"), "{e}");
     }
 }

@@ -54,7 +54,9 @@ fn to_ort(t: DataType) -> Result<TensorElementType> {
         DataType::U32 => T::Uint32,
         DataType::U64 => T::Uint64,
         DataType::Bool => T::Bool,
-        DataType::Bytes => return Err(Error::unsupported("BYTES tensors cannot be bound in GPU memory")),
+        DataType::Bytes => {
+            return Err(Error::unsupported("BYTES tensors cannot be bound in GPU memory"))
+        }
     })
 }
 
@@ -133,8 +135,20 @@ pub(crate) struct GpuIo {
 }
 
 impl GpuIo {
-    pub(crate) fn new(session: &Session, device: i32, batching: bool, buckets: Option<Vec<i64>>, outputs: &[TensorSpec]) -> Result<GpuIo> {
-        let on_gpu = MemoryInfo::new(AllocationDevice::CUDA, device, AllocatorType::Device, MemoryType::Default).map_err(ort_err)?;
+    pub(crate) fn new(
+        session: &Session,
+        device: i32,
+        batching: bool,
+        buckets: Option<Vec<i64>>,
+        outputs: &[TensorSpec],
+    ) -> Result<GpuIo> {
+        let on_gpu = MemoryInfo::new(
+            AllocationDevice::CUDA,
+            device,
+            AllocatorType::Device,
+            MemoryType::Default,
+        )
+        .map_err(ort_err)?;
         let allocator = Allocator::new(session, on_gpu.clone()).map_err(ort_err)?;
         let skip = usize::from(batching);
         let static_outputs = outputs.iter().all(|o| o.shape.iter().skip(skip).all(|&d| d >= 0));
@@ -146,7 +160,8 @@ impl GpuIo {
             }
             None => None,
         };
-        let uploader = Uploader::new(device).map_err(|e| Error::unavailable(format!("GPU {device}: {e}")))?;
+        let uploader =
+            Uploader::new(device).map_err(|e| Error::unavailable(format!("GPU {device}: {e}")))?;
         Ok(GpuIo {
             device,
             allocator,
@@ -177,9 +192,17 @@ impl GpuIo {
         }
         let shapes: Vec<&[i64]> = inputs.iter().map(|t| t.shape.as_slice()).collect();
         match graph_key(buckets, self.batching, &shapes) {
-            Fit::Graph(key, padded) if self.graphs.contains_key(&key) || self.graphs.len() < MAX_GRAPHS => Plan::Graph(key, padded),
+            Fit::Graph(key, padded)
+                if self.graphs.contains_key(&key) || self.graphs.len() < MAX_GRAPHS =>
+            {
+                Plan::Graph(key, padded)
+            }
             Fit::Graph(..) => {
-                self.say_once("full", || format!("{MAX_GRAPHS} CUDA graphs captured already: further shapes run without one"));
+                self.say_once("full", || {
+                    format!(
+                        "{MAX_GRAPHS} CUDA graphs captured already: further shapes run without one"
+                    )
+                });
                 Plan::Eager
             }
             Fit::TooMany(n) => {
@@ -201,8 +224,12 @@ impl GpuIo {
     }
 
     fn tensor_for(&self, t: &BatchTensor<'_>, shape: Vec<i64>) -> Result<DynTensor> {
-        DynTensor::new(&self.allocator, to_ort(t.dtype)?, shape)
-            .map_err(|e| Error::unavailable(format!("cannot allocate input '{}' on GPU {}: {e}", t.name, self.device)))
+        DynTensor::new(&self.allocator, to_ort(t.dtype)?, shape).map_err(|e| {
+            Error::unavailable(format!(
+                "cannot allocate input '{}' on GPU {}: {e}",
+                t.name, self.device
+            ))
+        })
     }
 
     /// Runs one batch; each of `outputs` goes to `sink` as GPU memory.
@@ -214,7 +241,11 @@ impl GpuIo {
         all_outputs: &[TensorSpec],
         sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
     ) -> Result<()> {
-        let rows = if self.batching { inputs.first().and_then(|t| t.shape.first().copied()) } else { None };
+        let rows = if self.batching {
+            inputs.first().and_then(|t| t.shape.first().copied())
+        } else {
+            None
+        };
         match self.plan(inputs) {
             Plan::Graph(key, padded) => {
                 if !self.graphs.contains_key(&key) {
@@ -227,7 +258,9 @@ impl GpuIo {
                     copy_in(&mut self.uploader, self.device, t, dst)?;
                 }
                 times.staged();
-                let out = session.run_binding_with_options(&graph.binding, &graph.options).map_err(run_err)?;
+                let out = session
+                    .run_binding_with_options(&graph.binding, &graph.options)
+                    .map_err(run_err)?;
                 times.ran();
                 emit(self.device, &out, outputs, rows, sink)?;
                 times.log("graph", inputs);
@@ -243,7 +276,9 @@ impl GpuIo {
                     binding.bind_input(t.name.as_str(), &dst).map_err(ort_err)?;
                 }
                 for o in all_outputs {
-                    binding.bind_output_to_device(o.name.as_str(), &self.on_gpu).map_err(ort_err)?;
+                    binding
+                        .bind_output_to_device(o.name.as_str(), &self.on_gpu)
+                        .map_err(ort_err)?;
                 }
                 times.staged();
                 let out = match &self.no_graph {
@@ -280,8 +315,12 @@ impl GpuIo {
             if let (Some(b), Some(first)) = (padded, shape.first_mut()) {
                 *first = b;
             }
-            let out = DynTensor::new(&self.allocator, to_ort(o.dtype)?, shape)
-                .map_err(|e| Error::unavailable(format!("cannot allocate output '{}' on GPU {}: {e}", o.name, self.device)))?;
+            let out = DynTensor::new(&self.allocator, to_ort(o.dtype)?, shape).map_err(|e| {
+                Error::unavailable(format!(
+                    "cannot allocate output '{}' on GPU {}: {e}",
+                    o.name, self.device
+                ))
+            })?;
             binding.bind_output(o.name.as_str(), out).map_err(ort_err)?;
         }
         let mut options = RunOptions::new().map_err(ort_err)?;
@@ -292,7 +331,6 @@ impl GpuIo {
         );
         Ok(Graph { binding, inputs: held, options })
     }
-
 }
 
 /// Hands each asked-for output to the sink as GPU memory, its first `rows` rows when
@@ -305,12 +343,16 @@ fn emit(
     sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
 ) -> Result<()> {
     for &name in outputs {
-        let value = out.get(name).ok_or_else(|| Error::internal(format!("ONNX Runtime returned no output '{name}'")))?;
+        let value = out
+            .get(name)
+            .ok_or_else(|| Error::internal(format!("ONNX Runtime returned no output '{name}'")))?;
         let ValueType::Tensor { ty, shape, .. } = value.dtype() else {
             return Err(Error::unsupported(format!("output '{name}' is not a tensor")));
         };
         let dtype = dtype_from_ort(*ty)?;
-        let size = dtype.size().ok_or_else(|| Error::unsupported(format!("output '{name}': BYTES outputs are not supported yet")))?;
+        let size = dtype.size().ok_or_else(|| {
+            Error::unsupported(format!("output '{name}': BYTES outputs are not supported yet"))
+        })?;
         let mut shape: Vec<i64> = shape.iter().copied().collect();
         if let (Some(n), Some(first)) = (rows, shape.first_mut()) {
             *first = n.min(*first);
@@ -318,7 +360,9 @@ fn emit(
         let count: i64 = shape.iter().product();
         let tensor = value.view().downcast::<DynTensorValueType>().map_err(ort_err)?;
         if tensor.memory_info().is_cpu_accessible() {
-            return Err(Error::internal(format!("ONNX Runtime left output '{name}' in host memory on a GPU instance")));
+            return Err(Error::internal(format!(
+                "ONNX Runtime left output '{name}' in host memory on a GPU instance"
+            )));
         }
         let len = count.max(0) as usize * size;
         // ONNX Runtime's tensor, alive while `out` (and the binding) live
@@ -332,15 +376,26 @@ fn emit(
 /// Copies `t`'s bytes into the start of the GPU tensor `dst` on `device`: host bytes through
 /// the uploader's page-locked buffer, GPU bytes device to device. (BOOL bytes were checked
 /// per request, in `check_request`.)
-fn copy_in(uploader: &mut Uploader, device: i32, t: &BatchTensor<'_>, dst: &mut DynTensor) -> Result<()> {
-    let src = t.bytes().ok_or_else(|| Error::internal(format!("input '{}' was not assembled", t.name)))?;
+fn copy_in(
+    uploader: &mut Uploader,
+    device: i32,
+    t: &BatchTensor<'_>,
+    dst: &mut DynTensor,
+) -> Result<()> {
+    let src = t
+        .bytes()
+        .ok_or_else(|| Error::internal(format!("input '{}' was not assembled", t.name)))?;
     if dst.memory_info().is_cpu_accessible() {
-        return Err(Error::internal(format!("input '{}': ONNX Runtime gave host memory for a GPU input", t.name)));
+        return Err(Error::internal(format!(
+            "input '{}': ONNX Runtime gave host memory for a GPU input",
+            t.name
+        )));
     }
     let (len, addr) = (src.len(), dst.data_ptr_mut() as u64);
     // `dst` has at least as many rows as `t` (same row shape and element type); the
     // driver checks the range
-    let view = view_mut_in(dst, device, addr, len).map_err(|e| Error::internal(format!("input '{}': {e}", t.name)))?;
+    let view = view_mut_in(dst, device, addr, len)
+        .map_err(|e| Error::internal(format!("input '{}': {e}", t.name)))?;
     let copied = match src {
         Bytes::Host(h) => uploader.upload(h, view),
         Bytes::Device(_) => Cuda.copy(src, BytesMut::Device(view)),
@@ -358,7 +413,11 @@ struct Times {
 
 impl Times {
     fn start() -> Times {
-        Times { t0: log::log_enabled!(log::Level::Debug).then(Instant::now), staged: Duration::ZERO, ran: Duration::ZERO }
+        Times {
+            t0: log::log_enabled!(log::Level::Debug).then(Instant::now),
+            staged: Duration::ZERO,
+            ran: Duration::ZERO,
+        }
     }
     fn staged(&mut self) {
         if let Some(t0) = self.t0 {
@@ -398,16 +457,41 @@ mod tests {
             graph_key(&buckets, true, &[&a, &b]),
             Fit::Graph(vec![vec![4, 384], vec![4, 384]], Some(4))
         );
-        assert_eq!(graph_key(&buckets, true, &[&[16, 3][..]]), Fit::Graph(vec![vec![16, 3]], Some(16)));
+        assert_eq!(
+            graph_key(&buckets, true, &[&[16, 3][..]]),
+            Fit::Graph(vec![vec![16, 3]], Some(16))
+        );
         assert_eq!(graph_key(&buckets, true, &[&[17, 3][..]]), Fit::TooMany(17));
-        assert_eq!(graph_key(&buckets, true, &[&[2, 3][..], &[3, 3][..]]), Fit::Ragged, "inputs disagree on the batch");
-        assert_eq!(graph_key(&buckets, true, &[&[][..]]), Fit::Ragged, "a scalar input of a batching model");
+        assert_eq!(
+            graph_key(&buckets, true, &[&[2, 3][..], &[3, 3][..]]),
+            Fit::Ragged,
+            "inputs disagree on the batch"
+        );
+        assert_eq!(
+            graph_key(&buckets, true, &[&[][..]]),
+            Fit::Ragged,
+            "a scalar input of a batching model"
+        );
         // without batching: exact shapes; with graph_spec's rows, only those rows, unpadded
-        assert_eq!(graph_key(&[], false, &[&[5, 26][..], &[5, 13][..]]), Fit::Graph(vec![vec![5, 26], vec![5, 13]], None));
+        assert_eq!(
+            graph_key(&[], false, &[&[5, 26][..], &[5, 13][..]]),
+            Fit::Graph(vec![vec![5, 26], vec![5, 13]], None)
+        );
         let rows = [256, 4096];
-        assert_eq!(graph_key(&rows, false, &[&[4096, 26][..], &[4096, 13][..]]), Fit::Graph(vec![vec![4096, 26], vec![4096, 13]], None));
-        assert_eq!(graph_key(&rows, false, &[&[300, 26][..], &[300, 13][..]]), Fit::NotListed(300), "not padded to 4096");
+        assert_eq!(
+            graph_key(&rows, false, &[&[4096, 26][..], &[4096, 13][..]]),
+            Fit::Graph(vec![vec![4096, 26], vec![4096, 13]], None)
+        );
+        assert_eq!(
+            graph_key(&rows, false, &[&[300, 26][..], &[300, 13][..]]),
+            Fit::NotListed(300),
+            "not padded to 4096"
+        );
         assert_eq!(graph_key(&rows, false, &[&[256, 26][..], &[4096, 13][..]]), Fit::Ragged);
-        assert_eq!(graph_key(&[], false, &[&[5, 7][..]]), Fit::Graph(vec![vec![5, 7]], None), "exact shapes without batching");
+        assert_eq!(
+            graph_key(&[], false, &[&[5, 7][..]]),
+            Fit::Graph(vec![vec![5, 7]], None),
+            "exact shapes without batching"
+        );
     }
 }

@@ -70,16 +70,23 @@ fn runtime(options: &EngineOptions<'_>) -> Result<Arc<Runtime>> {
     let mut slot = RUNTIME.lock().map_err(|_| Error::internal("ONNX Runtime lock poisoned"))?;
     let found = candidates.iter().find(|(_, p)| p.is_file());
     let Some((source, path)) = found else {
-        let tried: Vec<String> = candidates.iter().map(|(s, p)| format!("'{}' ({s})", p.display())).collect();
+        let tried: Vec<String> =
+            candidates.iter().map(|(s, p)| format!("'{}' ({s})", p.display())).collect();
         let hint = if options.config.parameters.contains_key("onnxruntime_library") {
             "Fix the model parameter 'onnxruntime_library' (an absolute path to libonnxruntime.so)"
         } else {
             "Set --backend-config=rust,onnxruntime-library=<absolute path to libonnxruntime.so>"
         };
-        return Err(Error::unavailable(format!("ONNX Runtime library not found: tried {}. {hint}", tried.join(", "))));
+        return Err(Error::unavailable(format!(
+            "ONNX Runtime library not found: tried {}. {hint}",
+            tried.join(", ")
+        )));
     };
     if !path.is_absolute() {
-        return Err(Error::invalid_arg(format!("ONNX Runtime library path '{}' ({source}) must be absolute", path.display())));
+        return Err(Error::invalid_arg(format!(
+            "ONNX Runtime library path '{}' ({source}) must be absolute",
+            path.display()
+        )));
     }
     let canonical = path.canonicalize().unwrap_or_else(|_| path.clone());
     if let Some(rt) = slot.as_ref() {
@@ -92,8 +99,12 @@ fn runtime(options: &EngineOptions<'_>) -> Result<Arc<Runtime>> {
             canonical.display()
         )));
     }
-    let builder = ort::init_from(&canonical)
-        .map_err(|e| Error::unavailable(format!("cannot load ONNX Runtime from '{}' ({source}): {e}", canonical.display())))?;
+    let builder = ort::init_from(&canonical).map_err(|e| {
+        Error::unavailable(format!(
+            "cannot load ONNX Runtime from '{}' ({source}): {e}",
+            canonical.display()
+        ))
+    })?;
     let env = builder.with_name("triton_rust").build().map_err(ort_err)?;
     log::info!("ONNX Runtime loaded from '{}' ({source})", canonical.display());
     let rt = Arc::new(Runtime { library: canonical, env });
@@ -118,7 +129,9 @@ fn dtype_from_ort(t: TensorElementType) -> Result<DataType> {
         T::Uint64 => DataType::U64,
         T::Bool => DataType::Bool,
         T::String => DataType::Bytes,
-        other => return Err(Error::unsupported(format!("ONNX element type {other:?} is not supported"))),
+        other => {
+            return Err(Error::unsupported(format!("ONNX element type {other:?} is not supported")))
+        }
     })
 }
 
@@ -127,7 +140,9 @@ fn dim_names(outlets: &[ort::value::Outlet]) -> Vec<(String, Vec<String>)> {
     outlets
         .iter()
         .map(|o| match o.dtype() {
-            ValueType::Tensor { dimension_symbols, .. } => (o.name().to_string(), dimension_symbols.to_vec()),
+            ValueType::Tensor { dimension_symbols, .. } => {
+                (o.name().to_string(), dimension_symbols.to_vec())
+            }
             _ => (o.name().to_string(), Vec::new()),
         })
         .collect()
@@ -139,10 +154,14 @@ fn specs(outlets: &[ort::value::Outlet], what: &str) -> Result<Vec<TensorSpec>> 
         .map(|o| match o.dtype() {
             ValueType::Tensor { ty, shape, .. } => Ok(TensorSpec {
                 name: o.name().to_string(),
-                dtype: dtype_from_ort(*ty).map_err(|e| e.context(format!("model {what} '{}'", o.name())))?,
+                dtype: dtype_from_ort(*ty)
+                    .map_err(|e| e.context(format!("model {what} '{}'", o.name())))?,
                 shape: shape.iter().copied().collect(),
             }),
-            other => Err(Error::unsupported(format!("model {what} '{}' is a {other:?}, not a tensor", o.name()))),
+            other => Err(Error::unsupported(format!(
+                "model {what} '{}' is a {other:?}, not a tensor",
+                o.name()
+            ))),
         })
         .collect()
 }
@@ -192,14 +211,27 @@ impl OnnxEngine {
             }
         }
         let gpu = match options.device {
-            Device::Gpu(id) if !options.probe => Some(gpu::GpuIo::new(&session, id, cfg.batching(), buckets, &outputs)?),
+            Device::Gpu(id) if !options.probe => {
+                Some(gpu::GpuIo::new(&session, id, cfg.batching(), buckets, &outputs)?)
+            }
             _ => None,
         };
-        Ok(OnnxEngine { _runtime: runtime, session, sig: Signature { inputs, outputs, device: options.device }, input_dims, gpu })
+        Ok(OnnxEngine {
+            _runtime: runtime,
+            session,
+            sig: Signature { inputs, outputs, device: options.device },
+            input_dims,
+            gpu,
+        })
     }
 }
 
-fn build_session(runtime: &Runtime, model_file: &Path, options: &EngineOptions<'_>, cuda_graphs: bool) -> Result<Session> {
+fn build_session(
+    runtime: &Runtime,
+    model_file: &Path,
+    options: &EngineOptions<'_>,
+    cuda_graphs: bool,
+) -> Result<Session> {
     let cfg = options.config;
     let mut builder = Session::builder(&runtime.env).map_err(ort_err)?;
     let level = match cfg.graph_optimization_level {
@@ -221,14 +253,20 @@ fn build_session(runtime: &Runtime, model_file: &Path, options: &EngineOptions<'
     if !providers.is_empty() {
         builder = builder.with_execution_providers(providers).map_err(ort_err)?;
     }
-    builder
-        .commit_from_file(model_file)
-        .map_err(|e| Error::invalid_arg(format!("ONNX Runtime cannot load model file '{}': {e}", model_file.display())))
+    builder.commit_from_file(model_file).map_err(|e| {
+        Error::invalid_arg(format!(
+            "ONNX Runtime cannot load model file '{}': {e}",
+            model_file.display()
+        ))
+    })
 }
 
 /// The execution providers an instance asks for, each checked against the loaded
 /// ONNX Runtime so that a missing one is a clear load error, not a silent CPU run.
-fn execution_providers(options: &EngineOptions<'_>, cuda_graphs: bool) -> Result<Vec<ep::ExecutionProviderDispatch>> {
+fn execution_providers(
+    options: &EngineOptions<'_>,
+    cuda_graphs: bool,
+) -> Result<Vec<ep::ExecutionProviderDispatch>> {
     let mut out = Vec::new();
     let available = |ok: ort::Result<bool>, name: &str| -> Result<()> {
         if ok.map_err(ort_err)? {
@@ -257,8 +295,17 @@ fn execution_providers(options: &EngineOptions<'_>, cuda_graphs: bool) -> Result
                 }
             }
         }
-        available(ep::CUDA::is_available(), "the CUDA execution provider (instance group KIND_GPU)")?;
-        out.push(ep::CUDA::default().with_device_id(id).with_cuda_graph(cuda_graphs).build().error_on_failure());
+        available(
+            ep::CUDA::is_available(),
+            "the CUDA execution provider (instance group KIND_GPU)",
+        )?;
+        out.push(
+            ep::CUDA::default()
+                .with_device_id(id)
+                .with_cuda_graph(cuda_graphs)
+                .build()
+                .error_on_failure(),
+        );
     }
     for acc in &cfg.cpu_accelerators {
         match acc.name.as_str() {
@@ -266,14 +313,22 @@ fn execution_providers(options: &EngineOptions<'_>, cuda_graphs: bool) -> Result
                 available(ep::OpenVINO::is_available(), "the OpenVINO execution provider")?;
                 out.push(ep::OpenVINO::default().build().error_on_failure());
             }
-            other => return Err(Error::invalid_arg(format!("cpu_execution_accelerator '{other}' is not supported (use 'openvino')"))),
+            other => {
+                return Err(Error::invalid_arg(format!(
+                    "cpu_execution_accelerator '{other}' is not supported (use 'openvino')"
+                )))
+            }
         }
     }
     Ok(out)
 }
 
 /// Makes an ONNX Runtime tensor that borrows `bytes` (copied first only if misaligned).
-fn input_value<'a>(t: &BatchTensor<'a>, bytes: &'a [u8], scratch: &'a mut Option<AlignedBuf>) -> Result<SessionInputValue<'a>> {
+fn input_value<'a>(
+    t: &BatchTensor<'a>,
+    bytes: &'a [u8],
+    scratch: &'a mut Option<AlignedBuf>,
+) -> Result<SessionInputValue<'a>> {
     let shape = t.shape.clone();
     let aligned: &'a [u8] = if bytes.as_ptr() as usize % 8 == 0 {
         bytes
@@ -304,17 +359,24 @@ fn input_value<'a>(t: &BatchTensor<'a>, bytes: &'a [u8], scratch: &'a mut Option
         DataType::U64 => view!(u64),
         DataType::Bool => {
             if aligned.iter().any(|&b| b > 1) {
-                return Err(Error::invalid_arg(format!("input '{}' is BOOL but holds a byte other than 0 or 1", t.name)));
+                return Err(Error::invalid_arg(format!(
+                    "input '{}' is BOOL but holds a byte other than 0 or 1",
+                    t.name
+                )));
             }
             let v: Vec<bool> = aligned.iter().map(|&b| b == 1).collect();
             ort::value::Tensor::from_array((shape, v)).map_err(ort_err)?.into()
         }
         DataType::Bytes => {
             // checked per request (check_request): well-formed, UTF-8, no NUL
-            let strings = decode_strings(aligned).map_err(|e| e.context(format!("input '{}'", t.name)))?;
+            let strings =
+                decode_strings(aligned).map_err(|e| e.context(format!("input '{}'", t.name)))?;
             let strs = strings
                 .iter()
-                .map(|&s| String::from_utf8(s.to_vec()).map_err(|e| Error::invalid_arg(format!("input '{}': {e}", t.name))))
+                .map(|&s| {
+                    String::from_utf8(s.to_vec())
+                        .map_err(|e| Error::invalid_arg(format!("input '{}': {e}", t.name)))
+                })
                 .collect::<Result<Vec<String>>>()?;
             ort::value::Tensor::from_string_array((shape, &strs[..])).map_err(ort_err)?.into()
         }
@@ -331,21 +393,29 @@ impl Engine for OnnxEngine {
     }
 
     fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
-        let dims: Vec<(&str, &[String])> = self.input_dims.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect();
+        let dims: Vec<(&str, &[String])> =
+            self.input_dims.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect();
         check_shared_dims(inputs, &dims)?;
         // ONNX Runtime reads a bool as one byte that must be 0 or 1: refused per request here,
         // so the rest of a batch is still answered
         for t in inputs.iter().filter(|t| t.dtype == DataType::Bool) {
             if t.chunks.iter().filter_map(|c| c.host()).any(|h| h.iter().any(|&b| b > 1)) {
-                return Err(Error::invalid_arg(format!("input '{}' is BOOL but holds a byte other than 0 or 1", t.name)));
+                return Err(Error::invalid_arg(format!(
+                    "input '{}' is BOOL but holds a byte other than 0 or 1",
+                    t.name
+                )));
             }
         }
         // ONNX Runtime's strings are UTF-8 text without NUL (the layout is checked already)
         for t in inputs.iter().filter(|t| t.dtype == DataType::Bytes) {
-            let joined: Vec<u8> = t.chunks.iter().filter_map(|c| c.host()).flatten().copied().collect();
+            let joined: Vec<u8> =
+                t.chunks.iter().filter_map(|c| c.host()).flatten().copied().collect();
             for (i, s) in decode_strings(&joined)?.iter().enumerate() {
                 if let Err(e) = std::str::from_utf8(s) {
-                    return Err(Error::invalid_arg(format!("input '{}' element {i} is not UTF-8 text ({e})", t.name)));
+                    return Err(Error::invalid_arg(format!(
+                        "input '{}' element {i} is not UTF-8 text ({e})",
+                        t.name
+                    )));
                 }
                 if s.contains(&0) {
                     return Err(Error::invalid_arg(format!("input '{}' element {i} holds a NUL byte, which ONNX Runtime strings cannot", t.name)));
@@ -368,15 +438,21 @@ impl Engine for OnnxEngine {
         let mut values: Vec<(String, SessionInputValue<'_>)> = Vec::with_capacity(inputs.len());
         for (t, s) in inputs.iter().zip(scratch.iter_mut()) {
             let bytes = t.host_bytes().ok_or_else(|| {
-                Error::unsupported(format!("input '{}' is in GPU memory; the ONNX engine takes host inputs", t.name))
+                Error::unsupported(format!(
+                    "input '{}' is in GPU memory; the ONNX engine takes host inputs",
+                    t.name
+                ))
             })?;
             values.push((t.name.clone(), input_value(t, bytes, s)?));
         }
-        let results = self.session.run(values).map_err(|e| Error::internal(format!("ONNX Runtime run failed: {e}")))?;
+        let results = self
+            .session
+            .run(values)
+            .map_err(|e| Error::internal(format!("ONNX Runtime run failed: {e}")))?;
         for &name in outputs {
-            let value = results
-                .get(name)
-                .ok_or_else(|| Error::internal(format!("ONNX Runtime returned no output '{name}'")))?;
+            let value = results.get(name).ok_or_else(|| {
+                Error::internal(format!("ONNX Runtime returned no output '{name}'"))
+            })?;
             let ValueType::Tensor { ty, .. } = value.dtype() else {
                 return Err(Error::unsupported(format!("output '{name}' is not a tensor")));
             };
@@ -385,7 +461,12 @@ impl Engine for OnnxEngine {
                 ($ty:ty) => {{
                     let (shape, data) = value.try_extract_tensor::<$ty>().map_err(ort_err)?;
                     let shape: Vec<i64> = shape.iter().copied().collect();
-                    sink(OutputView { name, dtype, shape: &shape, data: Bytes::Host(bytemuck::cast_slice(data)) })?
+                    sink(OutputView {
+                        name,
+                        dtype,
+                        shape: &shape,
+                        data: Bytes::Host(bytemuck::cast_slice(data)),
+                    })?
                 }};
             }
             match dtype {

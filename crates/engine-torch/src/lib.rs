@@ -25,7 +25,6 @@ use triton_rust_core::engine::{Device, Engine, EngineOptions, OutputView, Signat
 use triton_rust_core::error::{Error, Result};
 use triton_rust_core::tensor::DataType;
 
-
 pub use plugin::{LIBTORCH_NEEDED, PLUGIN_FILE};
 
 fn to_abi(t: DataType) -> Result<i32> {
@@ -40,7 +39,12 @@ fn to_abi(t: DataType) -> Result<i32> {
         DataType::F32 => dtype::F32,
         DataType::F64 => dtype::F64,
         DataType::Bf16 => dtype::BF16,
-        other => return Err(Error::unsupported(format!("{} tensors are not supported by the torch engine", other.wire_name()))),
+        other => {
+            return Err(Error::unsupported(format!(
+                "{} tensors are not supported by the torch engine",
+                other.wire_name()
+            )))
+        }
     })
 }
 
@@ -56,7 +60,9 @@ fn from_abi(d: i32) -> Result<DataType> {
         dtype::F32 => DataType::F32,
         dtype::F64 => DataType::F64,
         dtype::BF16 => DataType::Bf16,
-        other => return Err(Error::internal(format!("the torch plugin returned element type {other}"))),
+        other => {
+            return Err(Error::internal(format!("the torch plugin returned element type {other}")))
+        }
     })
 }
 
@@ -128,7 +134,10 @@ impl TorchEngine {
                     )));
                 }
                 if !options.probe {
-                    log::info!("TorchScript's fusion strategy (process-wide) set to {text} by model '{}'", cfg.name);
+                    log::info!(
+                        "TorchScript's fusion strategy (process-wide) set to {text} by model '{}'",
+                        cfg.name
+                    );
                 }
                 steps
             }
@@ -141,7 +150,8 @@ impl TorchEngine {
                 gpu,
                 intra_op_threads: cfg.parameter_usize("intra_op_thread_count")?.unwrap_or(0) as i32,
                 cudnn: !cfg.parameter_bool("DISABLE_CUDNN")?.unwrap_or(false),
-                optimized_execution: !cfg.parameter_bool("DISABLE_OPTIMIZED_EXECUTION")?.unwrap_or(false),
+                optimized_execution:
+                    !cfg.parameter_bool("DISABLE_OPTIMIZED_EXECUTION")?.unwrap_or(false),
                 tensor_fuser: cfg.parameter_bool("ENABLE_TENSOR_FUSER")?,
                 jit_profiling: cfg.parameter_bool("ENABLE_JIT_PROFILING")?,
                 fusion_strategy: &fusion_strategy,
@@ -149,14 +159,25 @@ impl TorchEngine {
                 graph_exact_rows: !cfg.batching(),
             })?)
         };
-        let cstr = |s: &str| CString::new(s).map_err(|_| Error::invalid_arg("tensor name has a NUL"));
+        let cstr =
+            |s: &str| CString::new(s).map_err(|_| Error::invalid_arg("tensor name has a NUL"));
         let input_order = positional_order(&cfg.inputs);
         let output_order = positional_order(&cfg.outputs);
         Ok(TorchEngine {
             model,
-            sig: Signature { inputs: specs(cfg, &cfg.inputs), outputs: specs(cfg, &cfg.outputs), device: options.device },
-            input_names: input_order.iter().map(|&i| cstr(&cfg.inputs[i].name)).collect::<Result<_>>()?,
-            output_names: output_order.iter().map(|&i| cstr(&cfg.outputs[i].name)).collect::<Result<_>>()?,
+            sig: Signature {
+                inputs: specs(cfg, &cfg.inputs),
+                outputs: specs(cfg, &cfg.outputs),
+                device: options.device,
+            },
+            input_names: input_order
+                .iter()
+                .map(|&i| cstr(&cfg.inputs[i].name))
+                .collect::<Result<_>>()?,
+            output_names: output_order
+                .iter()
+                .map(|&i| cstr(&cfg.outputs[i].name))
+                .collect::<Result<_>>()?,
             input_order,
             output_order,
             outputs_on_host: false,
@@ -181,13 +202,19 @@ pub fn parse_fusion_strategy(text: &str) -> Result<Vec<triton_rust_abi::FusionSt
     let steps = text
         .split(',')
         .map(|step| {
-            let (kind, depth) = step.trim().split_once(':').ok_or_else(|| bad(&format!("step '{}' has no ':'", step.trim())))?;
+            let (kind, depth) = step
+                .trim()
+                .split_once(':')
+                .ok_or_else(|| bad(&format!("step '{}' has no ':'", step.trim())))?;
             let dynamic = match kind.trim().to_ascii_uppercase().as_str() {
                 "STATIC" => 0,
                 "DYNAMIC" => 1,
                 other => return Err(bad(&format!("'{other}' is neither STATIC nor DYNAMIC"))),
             };
-            let depth: u32 = depth.trim().parse().map_err(|_| bad(&format!("depth '{}' is not a count", depth.trim())))?;
+            let depth: u32 = depth
+                .trim()
+                .parse()
+                .map_err(|_| bad(&format!("depth '{}' is not a count", depth.trim())))?;
             Ok(triton_rust_abi::FusionStep { dynamic, depth })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -217,15 +244,25 @@ impl Engine for TorchEngine {
         let mut refs = Vec::with_capacity(inputs.len());
         for (pos, &i) in self.input_order.iter().enumerate() {
             let t = &inputs[i];
-            let data = t.bytes().ok_or_else(|| Error::internal(format!("input '{}' was not assembled", t.name)))?;
-            refs.push(plugin::InputRef { name: &self.input_names[pos], dtype: to_abi(t.dtype)?, shape: &t.shape, data });
+            let data = t
+                .bytes()
+                .ok_or_else(|| Error::internal(format!("input '{}' was not assembled", t.name)))?;
+            refs.push(plugin::InputRef {
+                name: &self.input_names[pos],
+                dtype: to_abi(t.dtype)?,
+                shape: &t.shape,
+                data,
+            });
         }
-        let names: Vec<String> = self.output_order.iter().map(|&i| self.sig.outputs[i].name.clone()).collect();
+        let names: Vec<String> =
+            self.output_order.iter().map(|&i| self.sig.outputs[i].name.clone()).collect();
         // On a GPU instance outputs stay where libtorch made them and the serving layer puts
         // them in the memory the response asks for, unless the last responses all wanted
         // host memory: then the plugin copies them there before its one wait.
         let host_outputs = self.sig.device == Device::Cpu || self.outputs_on_host;
-        let model = self.model.as_mut().ok_or_else(|| Error::internal("the load-time probe of a TorchScript model cannot run"))?;
+        let model = self.model.as_mut().ok_or_else(|| {
+            Error::internal("the load-time probe of a TorchScript model cannot run")
+        })?;
         model.run(&refs, &self.output_names, host_outputs, &mut |out| {
             let name = &names[out.index];
             if !outputs.contains(&name.as_str()) {
@@ -247,7 +284,10 @@ mod tests {
     #[test]
     fn fusion_strategy_spelling() {
         use triton_rust_abi::FusionStep;
-        assert_eq!(parse_fusion_strategy("STATIC:20").unwrap(), vec![FusionStep { dynamic: 0, depth: 20 }]);
+        assert_eq!(
+            parse_fusion_strategy("STATIC:20").unwrap(),
+            vec![FusionStep { dynamic: 0, depth: 20 }]
+        );
         assert_eq!(
             parse_fusion_strategy(" static:2, DYNAMIC : 10 ").unwrap(),
             vec![FusionStep { dynamic: 0, depth: 2 }, FusionStep { dynamic: 1, depth: 10 }]
@@ -260,8 +300,15 @@ mod tests {
 
     #[test]
     fn argument_order_follows_the_index_suffix() {
-        assert_eq!(positional_order(&[t("OUTPUT__1"), t("OUTPUT__0"), t("OUTPUT__2")]), vec![1, 0, 2]);
-        assert_eq!(positional_order(&[t("b"), t("a")]), vec![0, 1], "other names keep the config's order");
+        assert_eq!(
+            positional_order(&[t("OUTPUT__1"), t("OUTPUT__0"), t("OUTPUT__2")]),
+            vec![1, 0, 2]
+        );
+        assert_eq!(
+            positional_order(&[t("b"), t("a")]),
+            vec![0, 1],
+            "other names keep the config's order"
+        );
         assert_eq!(positional_order(&[t("INPUT__0"), t("mask")]), vec![0, 1]);
     }
 }

@@ -15,8 +15,12 @@ pub struct MappedFile {
 
 impl MappedFile {
     pub fn open(path: &Path) -> Result<MappedFile> {
-        let file = File::open(path).map_err(|e| Error::not_found(format!("cannot open '{}': {e}", path.display())))?;
-        let len = file.metadata().map_err(|e| Error::internal(format!("'{}': {e}", path.display())))?.len();
+        let file = File::open(path)
+            .map_err(|e| Error::not_found(format!("cannot open '{}': {e}", path.display())))?;
+        let len = file
+            .metadata()
+            .map_err(|e| Error::internal(format!("'{}': {e}", path.display())))?
+            .len();
         if len == 0 {
             return Ok(MappedFile { map: None });
         }
@@ -57,7 +61,10 @@ impl MappedFile {
                     })
                 })
                 .collect();
-            handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("a populating thread panicked"))))
+            handles.into_iter().try_for_each(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("a populating thread panicked")))
+            })
         })
     }
 }
@@ -107,7 +114,9 @@ pub fn release_free_heap() {
 /// where the allocator refused (or is not glibc's).
 pub fn fix_mmap_threshold(bytes: usize) -> bool {
     // SAFETY: mallopt only changes the allocator's tuning parameters.
-    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, bytes.min(i32::MAX as usize) as libc::c_int) == 1 }
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, bytes.min(i32::MAX as usize) as libc::c_int) == 1
+    }
 }
 
 /// Asks the CPU to start loading `bytes` into its caches (one hint per 64-byte line)
@@ -120,7 +129,11 @@ pub fn prefetch(bytes: &[u8]) {
     for line in (0..bytes.len()).step_by(64) {
         // SAFETY: SSE is part of the x86_64 baseline, and a prefetch is a hint that
         // never faults; the address is inside `bytes`.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(bytes.as_ptr().add(line) as *const i8) };
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                bytes.as_ptr().add(line) as *const i8,
+            )
+        };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = bytes;

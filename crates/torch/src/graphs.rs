@@ -105,7 +105,10 @@ impl Graphs {
     }
 
     fn plan_tensors(&self, inputs: &[&Tensor]) -> Result<Option<(Key, Option<i64>)>, String> {
-        let typed = inputs.iter().map(|t| Ok((dtype_of(t.kind())?, t.size()))).collect::<Result<Vec<_>, String>>()?;
+        let typed = inputs
+            .iter()
+            .map(|t| Ok((dtype_of(t.kind())?, t.size())))
+            .collect::<Result<Vec<_>, String>>()?;
         Ok(self.plan(typed))
     }
 
@@ -128,7 +131,9 @@ impl Graphs {
         note: &mut dyn FnMut(c_int, String),
     ) -> Result<bool, String> {
         let Some((key, rows)) = self.plan_tensors(inputs)? else {
-            if let Some(n) = inputs.first().and_then(|t| t.size().first().copied()).filter(|_| self.exact_rows) {
+            if let Some(n) =
+                inputs.first().and_then(|t| t.size().first().copied()).filter(|_| self.exact_rows)
+            {
                 if self.said_rows.insert(n) {
                     let rows = &self.buckets;
                     note(
@@ -155,14 +160,21 @@ impl Graphs {
                 Ok(c) => {
                     note(
                         triton_rust_abi::LOG_INFO,
-                        format!("CUDA graph captured for inputs {:?} in {} ms", shapes(&key), started.elapsed().as_millis()),
+                        format!(
+                            "CUDA graph captured for inputs {:?} in {} ms",
+                            shapes(&key),
+                            started.elapsed().as_millis()
+                        ),
                     );
                     self.captured.insert(key.clone(), c);
                 }
                 Err(e) => {
                     note(
                         triton_rust_abi::LOG_WARN,
-                        format!("no CUDA graph for inputs {:?}: {e}; batches of this shape run eagerly", shapes(&key)),
+                        format!(
+                            "no CUDA graph for inputs {:?}: {e}; batches of this shape run eagerly",
+                            shapes(&key)
+                        ),
                     );
                     self.refused.insert(key);
                     return Ok(false);
@@ -174,22 +186,31 @@ impl Graphs {
             let mut dst = rows_of(dst, rows)?;
             // (host inputs were staged into the static inputs already)
             if dst.data_ptr() != src.data_ptr() {
-                dst.f_copy_(src).map_err(|e| format!("copying an input into the CUDA graph: {e}"))?;
+                dst.f_copy_(src)
+                    .map_err(|e| format!("copying an input into the CUDA graph: {e}"))?;
             }
         }
         // SAFETY: a graph made by this shim; the buffer outlives the call.
-        shim_call(|err, len| unsafe { (self.api.graph_replay)(c.graph, err, len) }).map_err(|e| format!("CUDA graph replay failed: {e}"))?;
+        shim_call(|err, len| unsafe { (self.api.graph_replay)(c.graph, err, len) })
+            .map_err(|e| format!("CUDA graph replay failed: {e}"))?;
         for o in &c.outputs {
             outs.push(rows_of(o, rows)?);
         }
         Ok(true)
     }
 
-    fn capture(&mut self, module: &CModule, key: &Key, inputs: &[&Tensor], rows: Option<i64>) -> Result<Captured, String> {
+    fn capture(
+        &mut self,
+        module: &CModule,
+        key: &Key,
+        inputs: &[&Tensor],
+        rows: Option<i64>,
+    ) -> Result<Captured, String> {
         // static inputs of the padded shape, holding this batch in their first rows
         let mut statics = Vec::with_capacity(inputs.len());
         for ((_, shape), src) in key.iter().zip(inputs) {
-            let t = Tensor::f_zeros(shape.as_slice(), (src.kind(), src.device())).map_err(|e| e.to_string())?;
+            let t = Tensor::f_zeros(shape.as_slice(), (src.kind(), src.device()))
+                .map_err(|e| e.to_string())?;
             rows_of(&t, rows)?.f_copy_(src).map_err(|e| e.to_string())?;
             statics.push(t);
         }
@@ -225,10 +246,16 @@ impl Graphs {
             return Err(format!("the model cannot be captured ({why})"));
         }
         let mut captured = Captured { api: self.api, graph, inputs: statics, outputs: Vec::new() };
-        tensors(result.map_err(|e| format!("the captured run failed: {e}"))?, &mut captured.outputs)?;
+        tensors(
+            result.map_err(|e| format!("the captured run failed: {e}"))?,
+            &mut captured.outputs,
+        )?;
         if let Some(bucket) = key.first().and_then(|(_, s)| s.first()).filter(|_| rows.is_some()) {
             if let Some(o) = captured.outputs.iter().find(|o| o.size().first() != Some(bucket)) {
-                return Err(format!("output of shape {:?} is not batch-major (batch {bucket})", o.size()));
+                return Err(format!(
+                    "output of shape {:?} is not batch-major (batch {bucket})",
+                    o.size()
+                ));
             }
         }
         Ok(captured)
@@ -257,7 +284,10 @@ mod tests {
         assert!(listed_rows(&[], &shapes(300, 300)), "nothing listed: every shape");
         assert!(listed_rows(&[256, 4096], &shapes(4096, 4096)));
         assert!(!listed_rows(&[256, 4096], &shapes(300, 300)), "not padded up to a listed size");
-        assert!(!listed_rows(&[256, 4096], &shapes(4096, 256)), "inputs that disagree on their rows");
+        assert!(
+            !listed_rows(&[256, 4096], &shapes(4096, 256)),
+            "inputs that disagree on their rows"
+        );
         assert!(!listed_rows(&[256], &[vec![]]), "a scalar input has no rows");
     }
 }

@@ -27,8 +27,16 @@ struct CudaApi {
     graph_replay: unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int,
     graph_free: unsafe extern "C" fn(*mut c_void),
     /// Host to device or device to host (pinned memory: not waited for).
-    copy_async: unsafe extern "C" fn(*mut c_void, *mut c_void, *const c_void, usize, *mut c_char, usize) -> c_int,
-    fusion_strategy: unsafe extern "C" fn(*const abi::FusionStep, usize, *mut c_char, usize) -> c_int,
+    copy_async: unsafe extern "C" fn(
+        *mut c_void,
+        *mut c_void,
+        *const c_void,
+        usize,
+        *mut c_char,
+        usize,
+    ) -> c_int,
+    fusion_strategy:
+        unsafe extern "C" fn(*const abi::FusionStep, usize, *mut c_char, usize) -> c_int,
 }
 
 fn cuda_api() -> Result<CudaApi, String> {
@@ -36,7 +44,10 @@ fn cuda_api() -> Result<CudaApi, String> {
         // SAFETY: dlsym only looks the symbol up.
         let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
         if p.is_null() {
-            Err(format!("{} not found: libtriton_rust_torch_cuda.so is not loaded", name.to_string_lossy()))
+            Err(format!(
+                "{} not found: libtriton_rust_torch_cuda.so is not loaded",
+                name.to_string_lossy()
+            ))
         } else {
             Ok(p)
         }
@@ -44,25 +55,50 @@ fn cuda_api() -> Result<CudaApi, String> {
     // SAFETY: the shim defines these with exactly these signatures (src/stream_shim.cpp).
     unsafe {
         Ok(CudaApi {
-            new: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int) -> *mut c_void>(find(c"trt_stream_new")?),
-            enter: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void) -> c_int>(find(c"trt_stream_enter")?),
-            sync: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int>(find(c"trt_stream_sync")?),
-            free: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void)>(find(c"trt_stream_free")?),
-            release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> c_int>(find(c"trt_release_cached")?),
-            graph_pool: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut u64, *mut u64)>(find(c"trt_graph_pool")?),
-            graph_begin: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(u64, u64, *mut c_char, usize) -> *mut c_void>(
-                find(c"trt_graph_begin")?,
+            new: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int) -> *mut c_void>(
+                find(c"trt_stream_new")?,
             ),
-            graph_end: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int>(
-                find(c"trt_graph_end")?,
+            enter: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void) -> c_int>(
+                find(c"trt_stream_enter")?,
             ),
-            graph_replay: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int>(
-                find(c"trt_graph_replay")?,
+            sync: std::mem::transmute::<
+                *mut c_void,
+                unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int,
+            >(find(c"trt_stream_sync")?),
+            free: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void)>(find(
+                c"trt_stream_free",
+            )?),
+            release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> c_int>(find(
+                c"trt_release_cached",
+            )?),
+            graph_pool: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut u64, *mut u64)>(
+                find(c"trt_graph_pool")?,
             ),
-            graph_free: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void)>(find(c"trt_graph_free")?),
+            graph_begin: std::mem::transmute::<
+                *mut c_void,
+                unsafe extern "C" fn(u64, u64, *mut c_char, usize) -> *mut c_void,
+            >(find(c"trt_graph_begin")?),
+            graph_end: std::mem::transmute::<
+                *mut c_void,
+                unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int,
+            >(find(c"trt_graph_end")?),
+            graph_replay: std::mem::transmute::<
+                *mut c_void,
+                unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int,
+            >(find(c"trt_graph_replay")?),
+            graph_free: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void)>(
+                find(c"trt_graph_free")?,
+            ),
             copy_async: std::mem::transmute::<
                 *mut c_void,
-                unsafe extern "C" fn(*mut c_void, *mut c_void, *const c_void, usize, *mut c_char, usize) -> c_int,
+                unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *const c_void,
+                    usize,
+                    *mut c_char,
+                    usize,
+                ) -> c_int,
             >(find(c"trt_copy_async")?),
             fusion_strategy: std::mem::transmute::<
                 *mut c_void,
@@ -129,7 +165,8 @@ mod graphs;
 mod staging;
 mod worker;
 
-static API: PluginApi = PluginApi { abi_version: abi::ABI_VERSION, runtime, load, run, free_model, free_error };
+static API: PluginApi =
+    PluginApi { abi_version: abi::ABI_VERSION, runtime, load, run, free_model, free_error };
 
 /// The plugin's function table (see `triton_rust_abi::ENTRY_SYMBOL`).
 #[no_mangle]
@@ -152,7 +189,10 @@ fn set_err(err: *mut *mut c_char, msg: String) {
 }
 
 fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "panic".into())
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panic".into())
 }
 
 unsafe extern "C" fn free_error(err: *mut c_char) {
@@ -199,7 +239,8 @@ unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) ->
             tch::set_num_threads(o.intra_op_threads);
         }
         if o.tensor_fuser >= 0 {
-            tch::jit::f_set_tensor_expr_fuser_enabled(o.tensor_fuser != 0).map_err(|e| e.to_string())?;
+            tch::jit::f_set_tensor_expr_fuser_enabled(o.tensor_fuser != 0)
+                .map_err(|e| e.to_string())?;
         }
         if o.jit_profiling >= 0 {
             tch::jit::f_set_profiling_mode(o.jit_profiling != 0).map_err(|e| e.to_string())?;
@@ -208,8 +249,10 @@ unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) ->
             // (the engine gives a strategy to GPU instances only: the shim is loaded)
             let api = cuda_api()?;
             // SAFETY: the steps are the caller's slice, valid for the call.
-            shim_call(|err, len| unsafe { (api.fusion_strategy)(o.fusion_steps, o.n_fusion_steps, err, len) })
-                .map_err(|why| format!("cannot set TorchScript's fusion strategy: {why}"))?;
+            shim_call(|err, len| unsafe {
+                (api.fusion_strategy)(o.fusion_steps, o.n_fusion_steps, err, len)
+            })
+            .map_err(|why| format!("cannot set TorchScript's fusion strategy: {why}"))?;
         }
         let stream = match device {
             Device::Cuda(id) => {
@@ -224,12 +267,16 @@ unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) ->
             _ => None,
         };
         let worker = if device.is_cuda() { Some(worker::Worker::take()?) } else { None };
-        let mut module = CModule::load_on_device(&path, device).map_err(|e| format!("cannot load TorchScript file '{path}': {e}"))?;
+        let mut module = CModule::load_on_device(&path, device)
+            .map_err(|e| format!("cannot load TorchScript file '{path}': {e}"))?;
         module.set_eval();
         let graphs = match (&stream, o.cuda_graphs != 0) {
             (Some(s), true) => {
-                let buckets =
-                    if o.n_graph_buckets == 0 { Vec::new() } else { std::slice::from_raw_parts(o.graph_buckets, o.n_graph_buckets).to_vec() };
+                let buckets = if o.n_graph_buckets == 0 {
+                    Vec::new()
+                } else {
+                    std::slice::from_raw_parts(o.graph_buckets, o.n_graph_buckets).to_vec()
+                };
                 Some(graphs::Graphs::new(s.api, buckets, o.graph_exact_rows != 0))
             }
             _ => None,
@@ -288,7 +335,9 @@ fn dtype_of(k: Kind) -> Result<i32, String> {
         Kind::Float => dtype::F32,
         Kind::Double => dtype::F64,
         Kind::BFloat16 => dtype::BF16,
-        other => return Err(format!("the model produced a {other:?} tensor, which Triton cannot carry")),
+        other => {
+            return Err(format!("the model produced a {other:?} tensor, which Triton cannot carry"))
+        }
     })
 }
 
@@ -323,7 +372,12 @@ struct RunTimes {
 /// outputs ready to hand over: on the host when `host_outputs`, else where they were
 /// made, with the instance's GPU work finished. On a GPU instance this runs on the
 /// instance's worker thread.
-unsafe fn compute(m: &mut Model, views: &[TensorView], n_outputs: usize, host_outputs: bool) -> Result<(Vec<Tensor>, RunTimes), String> {
+unsafe fn compute(
+    m: &mut Model,
+    views: &[TensorView],
+    n_outputs: usize,
+    host_outputs: bool,
+) -> Result<(Vec<Tensor>, RunTimes), String> {
     let _guard = tch::no_grad_guard();
     if !m.optimized_execution {
         // thread-local in libtorch: set on the running thread for each run
@@ -343,20 +397,37 @@ unsafe fn compute(m: &mut Model, views: &[TensorView], n_outputs: usize, host_ou
     for (i, v) in views.iter().enumerate() {
         let shape = std::slice::from_raw_parts(v.shape, v.rank);
         let kind = kind_of(v.dtype)?;
-        let dev = if v.memory == abi::MEMORY_GPU { Device::Cuda(v.device_id as usize) } else { Device::Cpu };
+        let dev = if v.memory == abi::MEMORY_GPU {
+            Device::Cuda(v.device_id as usize)
+        } else {
+            Device::Cpu
+        };
         if let (Device::Cpu, Device::Cuda(_), Some(_)) = (dev, m.device, &m.stream) {
             let want = shape.iter().product::<i64>() as usize * kind.elt_size_in_bytes();
             if v.bytes != want {
-                return Err(format!("an input of shape {shape:?} holds {} bytes, not {want}", v.bytes));
+                return Err(format!(
+                    "an input of shape {shape:?} holds {} bytes, not {want}",
+                    v.bytes
+                ));
             }
-            host.push(staging::HostInput { bytes: std::slice::from_raw_parts(v.data as *const u8, v.bytes), shape, kind });
+            host.push(staging::HostInput {
+                bytes: std::slice::from_raw_parts(v.data as *const u8, v.bytes),
+                shape,
+                kind,
+            });
             host_at.push(i);
             args.push(IValue::None);
             continue;
         }
         // Wrap the caller's buffer without copying; move it to the model's device if needed.
-        let t = Tensor::f_from_blob(v.data as *const u8, shape, &[], kind, dev).map_err(|e| e.to_string())?;
-        let t = if dev == m.device { t } else { t.f_to_device(m.device).map_err(|e| format!("moving an input to {:?}: {e}", m.device))? };
+        let t = Tensor::f_from_blob(v.data as *const u8, shape, &[], kind, dev)
+            .map_err(|e| e.to_string())?;
+        let t = if dev == m.device {
+            t
+        } else {
+            t.f_to_device(m.device)
+                .map_err(|e| format!("moving an input to {:?}: {e}", m.device))?
+        };
         args.push(IValue::Tensor(t));
     }
     if let Some(s) = &m.stream {
@@ -365,7 +436,10 @@ unsafe fn compute(m: &mut Model, views: &[TensorView], n_outputs: usize, host_ou
             // its static inputs (no copy on the device before the replay)
             let into = match &m.graphs {
                 Some(g) if host.len() == views.len() => {
-                    let typed = host.iter().map(|h| Ok((dtype_of(h.kind)?, h.shape.to_vec()))).collect::<Result<Vec<_>, String>>()?;
+                    let typed = host
+                        .iter()
+                        .map(|h| Ok((dtype_of(h.kind)?, h.shape.to_vec())))
+                        .collect::<Result<Vec<_>, String>>()?;
                     g.inputs_for(typed)
                 }
                 _ => None,
@@ -397,11 +471,15 @@ unsafe fn compute(m: &mut Model, views: &[TensorView], n_outputs: usize, host_ou
         None => false,
     };
     if !replayed {
-        let result = m.module.forward_is(&args).map_err(|e| format!("TorchScript forward failed: {e}"))?;
+        let result =
+            m.module.forward_is(&args).map_err(|e| format!("TorchScript forward failed: {e}"))?;
         tensors(result, &mut outs)?;
     }
     if outs.len() < n_outputs {
-        return Err(format!("the model returned {} tensors; the config asks for {n_outputs} outputs", outs.len()));
+        return Err(format!(
+            "the model returned {} tensors; the config asks for {n_outputs} outputs",
+            outs.len()
+        ));
     }
     outs.truncate(n_outputs);
     let launched = t0.elapsed();
@@ -412,19 +490,36 @@ unsafe fn compute(m: &mut Model, views: &[TensorView], n_outputs: usize, host_ou
         (_, stream) => outputs_where_made(outs, host_outputs, stream)?,
     };
     let synced = waited.then(|| t0.elapsed());
-    Ok((ready, RunTimes { staged, launched, synced, total: t0.elapsed(), began: Default::default(), replayed }))
+    Ok((
+        ready,
+        RunTimes {
+            staged,
+            launched,
+            synced,
+            total: t0.elapsed(),
+            began: Default::default(),
+            replayed,
+        },
+    ))
 }
 
 /// Outputs made contiguous where libtorch made them (on the host when `host_outputs`), the
 /// GPU work finished before they are handed over; true when it waited for the GPU.
-fn outputs_where_made(outs: Vec<Tensor>, host_outputs: bool, stream: &Option<InstanceStream>) -> Result<(Vec<Tensor>, bool), String> {
+fn outputs_where_made(
+    outs: Vec<Tensor>,
+    host_outputs: bool,
+    stream: &Option<InstanceStream>,
+) -> Result<(Vec<Tensor>, bool), String> {
     let mut ready = Vec::with_capacity(outs.len());
     for t in outs {
         // the f_ forms return CUDA errors (a device-side assert surfaces here) instead of panicking
-        let t = if host_outputs { t.f_to_device(Device::Cpu).map_err(|e| e.to_string())? } else { t };
+        let t =
+            if host_outputs { t.f_to_device(Device::Cpu).map_err(|e| e.to_string())? } else { t };
         ready.push(t.f_contiguous().map_err(|e| e.to_string())?);
     }
-    let Some(Device::Cuda(id)) = ready.iter().map(Tensor::device).find(|d| d.is_cuda()) else { return Ok((ready, false)) };
+    let Some(Device::Cuda(id)) = ready.iter().map(Tensor::device).find(|d| d.is_cuda()) else {
+        return Ok((ready, false));
+    };
     // The caller copies on another stream: finish this instance's work first.
     match stream {
         Some(s) => s.sync()?,
@@ -453,7 +548,8 @@ unsafe extern "C" fn run(
             Some(w) => {
                 let r = w.run(|| {
                     let began = t0.elapsed();
-                    compute(m, views, n_outputs, host_outputs != 0).map(|(o, t)| (o, RunTimes { began, ..t }))
+                    compute(m, views, n_outputs, host_outputs != 0)
+                        .map(|(o, t)| (o, RunTimes { began, ..t }))
                 });
                 m.worker = Some(w);
                 r??
@@ -480,7 +576,10 @@ unsafe extern "C" fn run(
                 device_id,
             };
             if sink(sink_ctx, &view) != 0 {
-                return Err(format!("could not deliver output '{}'", CStr::from_ptr(name).to_string_lossy()));
+                return Err(format!(
+                    "could not deliver output '{}'",
+                    CStr::from_ptr(name).to_string_lossy()
+                ));
             }
         }
         if m.verbose {

@@ -31,7 +31,9 @@ impl Pinned {
             let cap = bytes.next_power_of_two().max(1 << 16);
             let t = Tensor::f_empty([cap as i64], (Kind::Uint8, Device::Cpu))
                 .and_then(|t| t.f_pin_memory(device))
-                .map_err(|e| format!("cannot allocate {cap} bytes of pinned memory for {what}: {e}"))?;
+                .map_err(|e| {
+                    format!("cannot allocate {cap} bytes of pinned memory for {what}: {e}")
+                })?;
             self.buf = Some(t);
             self.capacity = cap;
         }
@@ -60,7 +62,13 @@ impl Staging {
     /// the stream's earlier work, which may still read the pinned buffer. `into`: where
     /// the inputs go (device tensors of their shape and type: a CUDA graph's static
     /// inputs), else new tensors.
-    pub(crate) fn stage(&mut self, inputs: &[HostInput], device: Device, s: &InstanceStream, into: Option<Vec<Tensor>>) -> Result<Vec<Tensor>, String> {
+    pub(crate) fn stage(
+        &mut self,
+        inputs: &[HostInput],
+        device: Device,
+        s: &InstanceStream,
+        into: Option<Vec<Tensor>>,
+    ) -> Result<Vec<Tensor>, String> {
         let total: usize = inputs.iter().map(|i| i.bytes.len().next_multiple_of(256)).sum();
         s.sync()?;
         let base = self.pinned.reserve(total, device, "inputs")?;
@@ -69,9 +77,21 @@ impl Staging {
         let mut offset = 0;
         for input in inputs {
             let dst = match into.as_mut().and_then(Iterator::next) {
-                Some(t) if t.numel() * t.kind().elt_size_in_bytes() == input.bytes.len() && t.device() == device => t,
-                Some(t) => return Err(format!("staging an input of shape {:?} into a tensor of shape {:?}", input.shape, t.size())),
-                None => Tensor::f_empty(input.shape, (input.kind, device)).map_err(|e| format!("cannot allocate an input on {device:?}: {e}"))?,
+                Some(t)
+                    if t.numel() * t.kind().elt_size_in_bytes() == input.bytes.len()
+                        && t.device() == device =>
+                {
+                    t
+                }
+                Some(t) => {
+                    return Err(format!(
+                        "staging an input of shape {:?} into a tensor of shape {:?}",
+                        input.shape,
+                        t.size()
+                    ))
+                }
+                None => Tensor::f_empty(input.shape, (input.kind, device))
+                    .map_err(|e| format!("cannot allocate an input on {device:?}: {e}"))?,
             };
             let n = input.bytes.len();
             let mut done = 0;
@@ -85,8 +105,10 @@ impl Staging {
                 // storage (at least n bytes; alive until returned), queued on the
                 // instance's stream; the range is not rewritten before that stream has
                 // passed the copy (the sync above, at the next run).
-                shim_call(|err, elen| unsafe { (s.api.copy_async)(s.stream, to.cast(), host.cast(), len, err, elen) })
-                    .map_err(|why| format!("copying an input to {device:?}: {why}"))?;
+                shim_call(|err, elen| unsafe {
+                    (s.api.copy_async)(s.stream, to.cast(), host.cast(), len, err, elen)
+                })
+                .map_err(|why| format!("copying an input to {device:?}: {why}"))?;
                 done += len;
             }
             offset += n.next_multiple_of(256);
@@ -114,8 +136,10 @@ fn copy_in(src: &[u8], dst: *mut u8) -> Result<(), String> {
     // src.len() bytes), alive for the copy, which is done when copy_ returns (host to
     // host).
     unsafe {
-        let from = Tensor::f_from_blob(src.as_ptr(), &n, &[], Kind::Uint8, Device::Cpu).map_err(|e| e.to_string())?;
-        let mut to = Tensor::f_from_blob(dst, &n, &[], Kind::Uint8, Device::Cpu).map_err(|e| e.to_string())?;
+        let from = Tensor::f_from_blob(src.as_ptr(), &n, &[], Kind::Uint8, Device::Cpu)
+            .map_err(|e| e.to_string())?;
+        let mut to = Tensor::f_from_blob(dst, &n, &[], Kind::Uint8, Device::Cpu)
+            .map_err(|e| e.to_string())?;
         to.f_copy_(&from).map_err(|e| format!("copying an input into pinned memory: {e}"))
     }
 }
@@ -124,10 +148,19 @@ fn copy_in(src: &[u8], dst: *mut u8) -> Result<(), String> {
 /// once for all of it (the model's work and the copies): one wait, and DMA into pinned
 /// memory, where copying each output to a response's host buffer from the GPU would wait
 /// per output. The returned host tensors view `pinned`: valid until its next use.
-pub(crate) fn outputs_to_host(outs: Vec<Tensor>, pinned: &mut Pinned, device: Device, s: &InstanceStream) -> Result<Vec<Tensor>, String> {
-    let outs = outs.into_iter().map(|t| t.f_contiguous().map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
+pub(crate) fn outputs_to_host(
+    outs: Vec<Tensor>,
+    pinned: &mut Pinned,
+    device: Device,
+    s: &InstanceStream,
+) -> Result<Vec<Tensor>, String> {
+    let outs = outs
+        .into_iter()
+        .map(|t| t.f_contiguous().map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
     let size = |t: &Tensor| t.numel() * t.kind().elt_size_in_bytes();
-    let total: usize = outs.iter().filter(|t| t.device().is_cuda()).map(|t| size(t).next_multiple_of(256)).sum();
+    let total: usize =
+        outs.iter().filter(|t| t.device().is_cuda()).map(|t| size(t).next_multiple_of(256)).sum();
     let base = pinned.reserve(total, device, "outputs")?;
     let mut host = Vec::with_capacity(outs.len());
     let mut offset = 0;
@@ -141,11 +174,16 @@ pub(crate) fn outputs_to_host(outs: Vec<Tensor>, pinned: &mut Pinned, device: De
         let dst = unsafe { base.add(offset) };
         // SAFETY: n bytes of a contiguous device tensor (alive in `outs` until the wait
         // below) into the pinned range, queued on the stream the model ran on.
-        shim_call(|err, elen| unsafe { (s.api.copy_async)(s.stream, dst.cast(), t.data_ptr() as *const _, n, err, elen) })
-            .map_err(|why| format!("copying an output to the host: {why}"))?;
+        shim_call(|err, elen| unsafe {
+            (s.api.copy_async)(s.stream, dst.cast(), t.data_ptr() as *const _, n, err, elen)
+        })
+        .map_err(|why| format!("copying an output to the host: {why}"))?;
         // SAFETY: a view of the pinned range just queued, which nothing rewrites before
         // the caller is done with it (the next run).
-        host.push(unsafe { Tensor::f_from_blob(dst, &t.size(), &[], t.kind(), Device::Cpu) }.map_err(|e| e.to_string())?);
+        host.push(
+            unsafe { Tensor::f_from_blob(dst, &t.size(), &[], t.kind(), Device::Cpu) }
+                .map_err(|e| e.to_string())?,
+        );
         offset += n.next_multiple_of(256);
     }
     s.sync()?;

@@ -95,7 +95,9 @@ impl Worker {
         // has run or been dropped (the reply channel's sender lives inside it), so what it
         // borrows stays valid while the worker can touch it, and only one thread uses it
         // at a time (the caller is blocked).
-        let job: Job = unsafe { std::mem::transmute::<Box<dyn FnOnce() + '_>, Box<dyn FnOnce() + Send + 'static>>(job) };
+        let job: Job = unsafe {
+            std::mem::transmute::<Box<dyn FnOnce() + '_>, Box<dyn FnOnce() + Send + 'static>>(job)
+        };
         self.jobs.send(job).map_err(|_| "the torch worker thread is gone".to_string())?;
         match recv_spinning(&done_rx, spins().1) {
             Ok(Ok(r)) => Ok(r),
@@ -141,7 +143,11 @@ mod tests {
         assert!(w.run(|| panic!("boom")).unwrap_err().contains("boom"));
         w.give_back();
         let again = Worker::take().unwrap();
-        assert_eq!(again.run(|| std::thread::current().id()).unwrap(), there, "an idle worker is reused");
+        assert_eq!(
+            again.run(|| std::thread::current().id()).unwrap(),
+            there,
+            "an idle worker is reused"
+        );
         again.give_back();
     }
 }
