@@ -7,9 +7,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 source scripts/env.sh
 bash scripts/build.sh
-python examples/export_models.py --repo models --models resnet50,bert_large,identity
-python examples/torch_models.py --repo models --models fastpitch
-python examples/recommenders.py --repo models --rows 10000
+bash scripts/export_models.sh
 
 export HTTP_PORT="${HTTP_PORT:-8000}" GRPC_PORT="${GRPC_PORT:-8001}" METRICS_PORT="${METRICS_PORT:-8002}"
 LOG="$(mktemp -t tritonserver-demo.XXXXXX.log)"

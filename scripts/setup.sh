@@ -77,6 +77,15 @@ else
     apt_install cargo rustc
     log "cargo: $(cargo --version)"
 fi
+# The test command checks formatting and lints: rustfmt and clippy come with rustup's default
+# profile; otherwise from rustup (where its site is reachable) or Debian's packages.
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+    if command -v rustup >/dev/null 2>&1; then
+        rustup component add rustfmt clippy </dev/null || warn "rustup could not add rustfmt/clippy"
+    else
+        apt_install rustfmt rust-clippy
+    fi
+fi
 
 # ---------------------------------------------------------------- 3. Python venv
 REQ_HASH="$(sha256sum requirements.txt | cut -d' ' -f1)"

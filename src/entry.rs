@@ -220,8 +220,19 @@ pub extern "C" fn TRITONBACKEND_ModelInstanceInitialize(
             sys::TRITONSERVER_instancegroupkind_enum_TRITONSERVER_INSTANCEGROUPKIND_CPU => {
                 Device::Cpu
             }
-            // KIND_AUTO resolves to CPU or GPU before we are called; KIND_MODEL lets the model place itself.
-            _ => Device::Cpu,
+            // KIND_AUTO resolves to CPU or GPU before we are called.
+            sys::TRITONSERVER_instancegroupkind_enum_TRITONSERVER_INSTANCEGROUPKIND_MODEL => {
+                return Err(Error::unsupported(format!(
+                    "instance '{name}': instance_group kind KIND_MODEL is not supported by the rust \
+                     backend (no engine places itself across devices); use KIND_CPU, or KIND_GPU \
+                     with `gpus: [ ... ]` for the devices to run on"
+                )));
+            }
+            other => {
+                return Err(Error::unsupported(format!(
+                    "instance '{name}': instance_group kind {other} is not one the rust backend knows"
+                )));
+            }
         };
         let mut model = std::ptr::null_mut();
         check(unsafe { sys::TRITONBACKEND_ModelInstanceModel(instance, &mut model) })?;

@@ -50,10 +50,13 @@ impl Drop for Metric {
     }
 }
 
+/// A metric's family name and its labels.
+type MetricKey = (&'static str, Vec<(&'static str, String)>);
+
 /// One model's metrics.
 #[derive(Default)]
 pub struct MetricSet {
-    metrics: HashMap<(&'static str, Vec<(&'static str, String)>), Metric>,
+    metrics: HashMap<MetricKey, Metric>,
 }
 
 // SAFETY: metric handles are thread-safe in Triton; the set is used by one thread at a time.

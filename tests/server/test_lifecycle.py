@@ -8,6 +8,7 @@ resnet50 would take ~2.5x longer per cycle for the same signal.
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -85,3 +86,19 @@ def test_load_unload_cycles(server, repo):
           f"({100.0 * growth / rss[10]:+.2f}%); cycle 1 -> 50: {(rss[50] - rss[1]) / 2**20:+.1f} MiB")
     assert growth < MAX_GROWTH_BYTES, f"server RSS grew {growth / 2**20:.1f} MiB over 40 load/unload cycles"
     assert "panicked" not in server.log_text()
+
+
+def test_kind_model_instance_is_refused_at_load(repo, server):
+    """KIND_MODEL asks the backend to place instances itself; ours places none, so it says so."""
+    with open(repo.model_file(MODEL), "rb") as f:
+        body = f.read()
+    config = open(f"{repo.root}/{MODEL}/config.pbtxt").read()
+    config = config.replace(f'name: "{MODEL}"', 'name: "kind_model"')
+    config = re.sub(r"instance_group\s*\[.*?\]", "instance_group [ { count: 1 kind: KIND_MODEL } ]", config, flags=re.S) \
+        if "instance_group" in config else config + "\ninstance_group [ { count: 1 kind: KIND_MODEL } ]\n"
+    repo.add_raw("kind_model", body, config)
+    r = server.load("kind_model")
+    assert r.status_code == 400, r.text
+    assert "KIND_MODEL is not supported" in r.json()["error"], r.text
+    print(f"\n[lifecycle] KIND_MODEL refused at load: {r.json()['error'][:200]}")
+    assert server.load(MODEL).status_code == 200, "the server goes on loading other models"

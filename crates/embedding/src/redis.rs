@@ -28,7 +28,8 @@ enum Target {
 
 enum Conn {
     Single(Connection),
-    Cluster(ClusterConnection),
+    // Boxed: a cluster connection is much larger than a single one.
+    Cluster(Box<ClusterConnection>),
 }
 
 struct State {
@@ -93,7 +94,9 @@ impl RedisTier {
                 conn.set_write_timeout(Some(TIMEOUT)).map_err(redis_err)?;
                 Ok(Conn::Single(conn))
             }
-            Target::Cluster(c) => Ok(Conn::Cluster(c.get_connection().map_err(redis_err)?)),
+            Target::Cluster(c) => {
+                Ok(Conn::Cluster(Box::new(c.get_connection().map_err(redis_err)?)))
+            }
         }
     }
 

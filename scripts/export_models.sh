@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Writes the model files of every example model in models/ (the configs are committed; the
+# files are made here: real architectures, weights from a fixed seed). A model whose file is
+# already there is left as it is, so running it again is quick; --force (passed on) rebuilds.
+#
+#   bash scripts/export_models.sh [--force]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/env.sh
+python examples/export_models.py --repo models --models resnet50,bert_large,bert_small,identity "$@"
+python examples/torch_models.py --repo models --models fastpitch,resnet50_pt,bert_small_pt,bert_large_pt "$@"
+python examples/recommenders.py --repo models --models dlrm,dcnv2,wide_deep "$@"
