@@ -641,7 +641,7 @@ def main():
                                  f"{m}_sparse", a.interval_ms, a.shared_memory)
                         if r is None:
                             continue
-                        # wall-clock span, to line the run up with run_recsys.sh's vmstat and GPU samples
+                        # wall-clock span, to line the run up with run.sh's vmstat and GPU samples
                         r["started"], r["ended"] = started, time.time()
                         r["per_model_ms"] = per_model(st0, model_stats(client, composing))
                         ceil = ceilings.get(m, {}).get(batch) or ceilings.get(m, {}).get(str(batch))
