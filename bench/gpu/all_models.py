@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """All six models on the GPU through the real tritonserver and libtriton_rust.so
 (issue: libtorch engine, FastPitch, and all six models on the GPU). Needs an NVIDIA GPU
-and that machine's torch; run through bench/gpu/run_all_models.sh.
+and that machine's torch; run through bench/gpu/run.sh models.
 
 Generates the models with this machine's torch (random weights, fixed seeds; the
 architectures of examples/torch_models.py and examples/recommenders.py), serves them as

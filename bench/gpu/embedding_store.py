@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The embedding store on a GPU instance of the real tritonserver (issue: hierarchical
-embedding store, item 7). Needs an NVIDIA GPU; run through bench/gpu/run_embedding.sh.
+embedding store, item 7). Needs an NVIDIA GPU; run through bench/gpu/run.sh models.
 
 Builds a table set several times larger than the GPU cache, serves it through
 libtriton_rust.so's embedding engine (HPS interface, KIND_GPU), checks returned rows

@@ -5,14 +5,15 @@ scheduler, the instance thread), while a bare engine's loop never sleeps. On a v
 a sleeping CPU halts into the hypervisor, and waking it costs tens of microseconds per hand-off.
 Writing a latency bound to /dev/cpu_dma_latency (as tuned's latency-performance profile does)
 keeps idle CPUs in shallow states for as long as the file stays open; closing it (the process
-ending) restores the default. bench/gpu/host_probe.sh shows what a host offers.
+ending) restores the default. bench/gpu/run.sh --cpu-poll-idle / --cpu-latency-qos runs this
+module beside a benchmark (off by default: a user's server runs without it).
 
 Where the host has no cpuidle driver (the lent GPU machines: a virtual machine whose idle CPUs
 halt into the hypervisor whatever PM QoS says), `keep_cpus_polling` does what the kernel's
 `idle=poll` would: one process per CPU spinning at SCHED_IDLE, which any waking thread preempts
 at once, so that no CPU halts while the run lasts. By default the spinners yield on every turn, so
 that a busy host (many clients) loses no scheduler slice to them; "spin" is the bare loop, which
-such a host pays for (bench/gpu/ab/dense8.txt, dense9.txt). The spinners die with the process that
+such a host pays for. The spinners die with the process that
 started them (PR_SET_PDEATHSIG).
 """
 import atexit
@@ -102,3 +103,15 @@ def apply_host_args(args):
         _held.append(hold_cpu_latency())
     if args.cpu_poll_idle:
         _held.append(keep_cpus_polling(args.cpu_poll_idle))
+
+
+if __name__ == "__main__":
+    # bench/gpu/run.sh's opt-in helper: holds what the options ask for until this process is
+    # ended (the spinners die with it)
+    import argparse
+
+    parser = argparse.ArgumentParser(description="hold a host tuning while a benchmark runs, until killed")
+    add_host_args(parser)
+    apply_host_args(parser.parse_args())
+    while True:
+        signal.pause()

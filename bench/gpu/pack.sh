@@ -1,25 +1,81 @@
 #!/usr/bin/env bash
-# Builds what the GPU machine needs into .carry/ (git-ignored, named in the device call's carry):
-# the backend library and the GPU cache check, stripped so they travel small.
+# Packs, on this (CPU) machine, everything the GPU machine needs for bench/gpu/run.sh, into
+# folders that git ignores and that a device call names in its `carry`:
+#
+#   .carry/      (~35 MB) the stripped backend libraries, the tools run.sh uses (gpu_cache_check,
+#                criteo_fixture, ort_bare) and the real tritonserver (the nvidia-pytriton wheel's
+#                server and libraries without the bundled libpython, xz-compressed: pyt.tar.xz).
+#                Every subcommand needs it.
+#   .carry_pa/   (~7 MB) the perf-analyzer 2.60.0 wheel (needs glibc 2.38: runs there, not here).
+#                `recommenders` and `dense` need it.
+#   .carry_ort/  (only with --ort; ~194 MB in 32 MB parts) onnxruntime-gpu 1.31.1's libraries,
+#                zstd-compressed, for the ONNX models on KIND_GPU. They cannot travel in one call
+#                (64 MiB per call with the working tree): see run.sh's `ort` subcommand.
+#
+#   bash bench/gpu/pack.sh          # .carry/ and .carry_pa/
+#   bash bench/gpu/pack.sh --ort    # and .carry_ort/
+#
+# Needs scripts/setup.sh's .deps/ (the pytriton wheel) and .venv (pip; torch for the torch
+# engine's build). The device call then carries [".carry"] (plus ".carry_pa" where needed):
+# bench/gpu/run.sh's header has the command lines.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-cargo build --release --lib --example gpu_cache_check --example criteo_fixture --example host_read_bench --example batch_lookup_bench
+with_ort=0
+[ "${1:-}" = "--ort" ] && with_ort=1
+py=.venv/bin/python
+
+# the backend and the tools
+cargo build --release --lib --example gpu_cache_check --example criteo_fixture
 if [ -z "${LIBTORCH:-}" ]; then
     for d in .venv/lib/python3*/site-packages/torch; do [ -f "$d/lib/libtorch_cpu.so" ] && export LIBTORCH="$PWD/$d"; done
 fi
 cargo build --release -p triton_rust_torch
 cargo build --release -p triton_rust_engine_onnx --example ort_bare
+tgt="${CARGO_TARGET_DIR:-target}/release"
 mkdir -p .carry
-strip -o .carry/libtriton_rust.so target/release/libtriton_rust.so
-strip -o .carry/gpu_cache_check target/release/examples/gpu_cache_check
-strip -o .carry/criteo_fixture target/release/examples/criteo_fixture
-strip -o .carry/host_read_bench target/release/examples/host_read_bench
-strip -o .carry/batch_lookup_bench target/release/examples/batch_lookup_bench
-strip -o .carry/ort_bare target/release/examples/ort_bare
-strip -o .carry/libtriton_rust_torch.so target/release/libtriton_rust_torch.so
-strip -o .carry/libtriton_rust_torch_cuda.so target/release/libtriton_rust_torch_cuda.so
-ls -la .carry
-# the tritonserver wheel in two parts, one per device call (bench/gpu/unpack_pytriton.sh)
-mkdir -p .carry_pyt && rm -f .carry_pyt/part-*
-split -n 2 .deps/wheels/nvidia_pytriton-*.whl .carry_pyt/part-
-ls -la .carry_pyt
+for f in libtriton_rust.so libtriton_rust_torch.so libtriton_rust_torch_cuda.so; do strip -o ".carry/$f" "$tgt/$f"; done
+for f in gpu_cache_check criteo_fixture; do strip -o ".carry/$f" "$tgt/examples/$f"; done
+strip -o .carry/ort_bare "$tgt/examples/ort_bare"
+
+# tritonserver: the server binary and its libraries, without libpython (the server does not load it)
+if [ ! -f .carry/pyt.tar.xz ] || [ .deps/pytriton/tritonserver/bin/tritonserver -nt .carry/pyt.tar.xz ]; then
+    tar -C .deps --exclude='libpython*' -cf - pytriton/tritonserver/bin nvidia_pytriton.libs | xz -T2 -6 > .carry/pyt.tar.xz.tmp
+    mv .carry/pyt.tar.xz.tmp .carry/pyt.tar.xz
+fi
+
+# perf_analyzer 2.60.0 (the machine there cannot download)
+mkdir -p .carry_pa
+if ! ls .carry_pa/perf_analyzer-2.60.0-*.whl >/dev/null 2>&1; then
+    "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --platform manylinux_2_38_x86_64 perf-analyzer==2.60.0 -d .carry_pa
+fi
+
+# onnxruntime-gpu 1.31.1 (built for CUDA 13), in parts of one call each, with zstd to unpack them
+if [ "$with_ort" = 1 ]; then
+    command -v zstd >/dev/null || { echo "pack.sh --ort needs zstd (apt-get install zstd)" >&2; exit 1; }
+    work=/tmp/ort_gpu_pack
+    mkdir -p "$work" .carry_ort/tools
+    whl="$work/onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl"
+    [ -f "$whl" ] || "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --platform manylinux_2_28_x86_64 onnxruntime-gpu==1.31.1 -d "$work"
+    rm -rf "$work/lib" && mkdir -p "$work/lib"
+    "$py" - "$whl" "$work/lib" <<'PY'
+import os, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+for n in ("libonnxruntime.so.1.31.1", "libonnxruntime_providers_shared.so", "libonnxruntime_providers_cuda.so"):
+    with open(os.path.join(sys.argv[2], n), "wb") as f:
+        f.write(z.read("onnxruntime/capi/" + n))
+PY
+    rm -f .carry_ort/ort*.part-*
+    tar -C "$work/lib" -cf - . | zstd -12 --long=27 -T2 -q -c | split -b 32M - "$work/part-"
+    n=$(ls "$work"/part-* | wc -l)
+    # each part's name says how many there are, so that the call bringing the last one can unpack
+    for p in "$work"/part-*; do mv "$p" ".carry_ort/ort-of-$n.tar.zst.$(basename "$p")"; done
+    cp /usr/bin/zstd .carry_ort/tools/
+    cp "$(ldconfig -p | awk '/libzstd.so.1 /{print $NF; exit}')" .carry_ort/tools/libzstd.so.1
+    ls -la .carry_ort
+fi
+
+ls -la .carry .carry_pa
+tree_mb=$(git ls-files -z --cached --others --exclude-standard | du -cm --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+echo "working tree ~${tree_mb} MB; .carry $(du -sm .carry | cut -f1) MB; .carry_pa $(du -sm .carry_pa | cut -f1) MB (a call carries 64 MiB in all)"

@@ -475,7 +475,7 @@ def main():
                    help="perf_analyzer's inputs in system shared memory (HPS's published runs), or in CUDA shared "
                         "memory: the keys and dense features already on the GPU, as the ceiling has them")
     p.add_argument("--key-upload", default="", help="PIECE,TASKS: the lookups' gpu_key_piece and gpu_key_upload_tasks "
-                   "(default: the backend's, 262144 keys on up to 4 tasks)")
+                   "(default: the backend's own, 131072 keys on up to 8 tasks)")
     p.add_argument("--pipeline-parts", type=int, default=1,
                    help="the single model's recommender_pipeline_parts: large batches in parts, each part's lookup "
                         "beside the network on the part before (with --graphs, list the parts' rows in --graph-rows)")
@@ -573,7 +573,7 @@ def main():
     setup["rows_type"] = rows_type
     setup["pipeline_parts"] = a.pipeline_parts
     setup["shared_memory"] = a.shared_memory
-    setup["key_upload"] = a.key_upload or "262144,4"
+    setup["key_upload"] = a.key_upload or "backend default"
     ceilings = {}
     for m in models:
         mod = dense_module(m, a.precision, device, a.dlrm_interaction)
@@ -641,7 +641,7 @@ def main():
                                  f"{m}_sparse", a.interval_ms, a.shared_memory)
                         if r is None:
                             continue
-                        # wall-clock span, to line the run up with run_recsys.sh's vmstat and GPU samples
+                        # wall-clock span, to line the run up with run.sh's vmstat and GPU samples
                         r["started"], r["ended"] = started, time.time()
                         r["per_model_ms"] = per_model(st0, model_stats(client, composing))
                         ceil = ceilings.get(m, {}).get(batch) or ceilings.get(m, {}).get(str(batch))

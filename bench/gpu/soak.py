@@ -15,7 +15,7 @@ it retires the old one, so clients see no gap (a comment-only change is no chang
 Triton and does not reload).
 
 Uses the repository bench/gpu/all_models.py leaves in /tmp/all_models/repo (run
-run_all_models.sh first on the same machine).
+bench/gpu/run.sh models first on the same machine).
 
     python3 bench/gpu/soak.py --server $PYT/pytriton/tritonserver/bin/tritonserver --backends /tmp/rust_backends
 """
@@ -103,7 +103,7 @@ def main():
     p.add_argument("--reload-every", type=float, default=40.0, help="seconds between model reloads")
     a = p.parse_args()
     if not os.path.isdir(a.repo):
-        raise SystemExit(f"{a.repo} not found: run bench/gpu/run_all_models.sh first")
+        raise SystemExit(f"{a.repo} not found: run bench/gpu/run.sh models first")
     import torch
     libtorch = os.path.join(os.path.dirname(torch.__file__), "lib")
     models = ["resnet50_fp32", "bert_large_fp32", "fastpitch_fp32", "dlrm_sparse", "dcnv2_sparse", "wide_deep_sparse",

@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# The one runner on the GPU machine. Build and pack here first (bash bench/gpu/pack.sh), then
+# one device call per subcommand, from the repository root:
+#
+#   bash bench/gpu/run.sh [options] SUBCOMMAND [arguments for its program]
+#
+#   models        all six models (FP32 and FP16, TorchScript on KIND_GPU, recommenders as
+#                 ensembles whose sparse step is the embedding store) equal to torch eager on the
+#                 same GPU, the ensembles checked under concurrency (all_models.py), then the GPU
+#                 cache against the CPU cache and its hit path (gpu_cache_check), then the store's
+#                 rows exact on a GPU instance (embedding_store.py). Arguments go to all_models.py
+#                 (--only, --gpus, --quick). About 6 minutes on an H100.
+#                 carry [".carry"]
+#   recommenders  DLRM, DCNv2 (and Wide&Deep with --models ...,wide_deep) at Criteo scale against
+#                 the all-in-HBM ceiling, through perf_analyzer (recsys_perf.py; its arguments).
+#                 carry [".carry", ".carry_pa"]
+#   dense         ResNet50, BERT-large, FastPitch served (eager and CUDA graphs) against the bare
+#                 engine, through perf_analyzer (dense_perf.py; its arguments). The ONNX twins too
+#                 when onnxruntime-gpu was unpacked by `ort` in the calls just before.
+#                 carry [".carry", ".carry_pa"]
+#   trust reload torch|onnx|embedding [cycles] | soak | faults
+#                 load/infer/unload cycles on KIND_GPU (reload_cycles.py), 8 minutes of 256 clients
+#                 (soak.py: needs the repository `models` leaves in /tmp/all_models on a still-warm
+#                 machine), bad inputs and a device-side assert (gpu_faults.py).
+#                 carry [".carry"]
+#   ort           gathers the onnxruntime-gpu parts carried by this call (pack.sh --ort) in
+#                 /tmp/ort_parts; the call that brings the last one unpacks /tmp/ort. One call per
+#                 part, carrying that part alone, consecutive (the machine keeps /tmp only while
+#                 warm, ~30 s): carry [".carry_ort/ort-of-6.tar.zst.part-aa", ".carry_ort/tools"], ...
+#
+# Options (before the subcommand):
+#   --results DIR          the results folder (default $OUT/SUBCOMMAND, or /tmp/out/SUBCOMMAND)
+#   --cpu-poll-idle[=yield|spin]   keep every CPU from halting while the run lasts (host_qos.py):
+#                          a host tuning that a user's server does not have; off by default
+#   --cpu-latency-qos      hold /dev/cpu_dma_latency at 0 us while the run lasts; off by default
+#
+# Each run writes ONE results folder: console.log (everything printed), host.txt (the GPU's name,
+# driver and clocks from nvidia-smi; CPU model and count, cpuidle driver and governor, cpufreq
+# governor, whether a CPU-polling helper ran; the backend library's checksum) and, for
+# recommenders and dense, the benchmark's files in one archive (a device call returns at most
+# 8 files). The device call, in full (one call; tritonserver is unpacked in the same call):
+#
+#   run(command="bash bench/gpu/run.sh models", carry=[".carry"], timeout_s=600)
+#   run(command="bash bench/gpu/run.sh recommenders --models dlrm", carry=[".carry", ".carry_pa"])
+#
+# The results come back under $OUT/<subcommand>/; commit the folder under bench/gpu/results/.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+usage() { sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//' >&2; exit 2; }
+
+results=""; poll=""; qos=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --results) results="$2"; shift 2 ;;
+    --results=*) results="${1#*=}"; shift ;;
+    --cpu-poll-idle) poll=yield; shift ;;
+    --cpu-poll-idle=*) poll="${1#*=}"; shift ;;
+    --cpu-latency-qos) qos=1; shift ;;
+    -h|--help) usage ;;
+    -*) echo "unknown option $1" >&2; usage ;;
+    *) break ;;
+    esac
+done
+sub="${1:-}"; [ -n "$sub" ] || usage
+shift
+case "$sub" in models|recommenders|dense|trust|ort) ;; *) usage ;; esac
+
+# ---- ort: gather a carried part; unpack once every part is here (no .carry needed) ----
+if [ "$sub" = ort ]; then
+    set -e
+    mkdir -p /tmp/ort_parts /tmp/ort
+    cp .carry_ort/ort-of-*.tar.zst.part-* /tmp/ort_parts/ 2>/dev/null || true
+    [ -d .carry_ort/tools ] && cp .carry_ort/tools/* /tmp/ort_parts/
+    first=$(ls /tmp/ort_parts/ort-of-*.tar.zst.part-* 2>/dev/null | head -1)
+    [ -n "$first" ] || { echo "no onnxruntime-gpu part carried (bash bench/gpu/pack.sh --ort)" >&2; exit 1; }
+    want=$(basename "$first" | sed -E 's/^ort-of-([0-9]+)\..*/\1/')
+    have=$(ls /tmp/ort_parts/ort-of-*.tar.zst.part-* | wc -l)
+    echo "onnxruntime-gpu parts here: $have of $want"
+    if [ "$have" -ge "$want" ] && [ ! -f /tmp/ort/libonnxruntime.so.1.31.1 ]; then
+        cat /tmp/ort_parts/ort-of-*.tar.zst.part-* | LD_LIBRARY_PATH=/tmp/ort_parts /tmp/ort_parts/zstd -d --long=27 -q -c |
+            tar -C /tmp/ort -xf -
+        ls -la /tmp/ort
+    fi
+    exit 0
+fi
+
+[ -f .carry/libtriton_rust.so ] || { echo "no .carry/ here: bash bench/gpu/pack.sh, and carry [\".carry\"]" >&2; exit 1; }
+out="${OUT:-/tmp/out}"
+res="${results:-$out/$sub}"
+mkdir -p "$res"
+if [ -z "${_RUN_SH_LOGGED:-}" ]; then
+    # everything printed goes to the console and to console.log
+    opts=(--results "$res")
+    [ -n "$poll" ] && opts+=("--cpu-poll-idle=$poll")
+    [ "$qos" = 1 ] && opts+=(--cpu-latency-qos)
+    _RUN_SH_LOGGED=1 bash "$0" "${opts[@]}" "$sub" "$@" 2>&1 | tee "$res/console.log"
+    exit "${PIPESTATUS[0]}"
+fi
+
+# ---- the machine: tritonserver, CUDA libraries, the backend, perf_analyzer ----
+PYT="${PYT:-/tmp/pyt}"
+server="$PYT/pytriton/tritonserver/bin/tritonserver"
+if [ ! -x "$server" ]; then
+    mkdir -p "$PYT" && tar -C "$PYT" -xJf .carry/pyt.tar.xz || { echo "cannot unpack .carry/pyt.tar.xz" >&2; exit 1; }
+fi
+TORCH_DIR=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+SITE=$(dirname "$TORCH_DIR")
+export LD_LIBRARY_PATH="/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/nvidia/lib64:$TORCH_DIR/lib:$SITE/nvidia/cu13/lib:$SITE/nvidia/cudnn/lib:${LD_LIBRARY_PATH:-}"
+backends=/tmp/rust_backends
+mkdir -p "$backends/rust"
+cp .carry/libtriton_rust.so .carry/libtriton_rust_torch.so .carry/libtriton_rust_torch_cuda.so "$backends/rust/"
+pa=/tmp/pa/perf_analyzer/bin/perf_analyzer
+if [ "$sub" = recommenders ] || [ "$sub" = dense ]; then
+    if [ ! -x "$pa" ]; then
+        ls .carry_pa/perf_analyzer-*.whl >/dev/null 2>&1 || { echo "no .carry_pa/: carry [\".carry\", \".carry_pa\"]" >&2; exit 1; }
+        python3 -m pip install --quiet --no-index --no-deps --target /tmp/pa .carry_pa/perf_analyzer-*.whl
+    fi
+fi
+ort_lib=/tmp/ort/libonnxruntime.so.1.31.1
+
+# ---- the host helper, only when asked ----
+helper="none"
+if [ -n "$poll" ] || [ "$qos" = 1 ]; then
+    hargs=()
+    [ -n "$poll" ] && hargs+=(--cpu-poll-idle "$poll")
+    [ "$qos" = 1 ] && hargs+=(--cpu-latency-qos)
+    python3 bench/gpu/host_qos.py "${hargs[@]}" &
+    helper_pid=$!
+    trap 'kill "$helper_pid" 2>/dev/null' EXIT
+    helper="host_qos.py ${hargs[*]} (pid $helper_pid)"
+fi
+
+# ---- host facts ----
+{
+    echo "run.sh $sub $*"
+    echo "date (UTC): $(date -u '+%Y-%m-%d %H:%M')"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current,clocks.max.sm,clocks.max.mem --format=csv,noheader
+    echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) CPUs$(grep -qm1 hypervisor /proc/cpuinfo && echo ', virtual machine')"
+    d=/sys/devices/system/cpu
+    echo "cpuidle driver: $(cat $d/cpuidle/current_driver 2>/dev/null || echo none), governor: $(cat $d/cpuidle/current_governor_ro $d/cpuidle/current_governor 2>/dev/null | head -1 || true)"
+    echo "cpufreq governor: $(cat $d/cpu0/cpufreq/scaling_governor 2>/dev/null || echo none)"
+    echo "memory: $(free -g | awk '/^Mem:/{print $2}') GiB; kernel $(uname -r)"
+    echo "CPU-polling helper: $helper"
+    echo "torch: $(python3 -c 'import torch; print(torch.__version__, "cuDNN", torch.backends.cudnn.version())')"
+    echo "onnxruntime-gpu: $([ -f $ort_lib ] && echo $ort_lib || echo absent)"
+    echo "backend: libtriton_rust.so md5 $(md5sum .carry/libtriton_rust.so | cut -c1-12)"
+} > "$res/host.txt" 2>&1
+cat "$res/host.txt"
+
+ort_args=()
+rc=0
+case "$sub" in
+models)
+    [ -f "$ort_lib" ] && ort_args=(--ort-lib "$ort_lib")
+    echo "== all six models vs torch eager"
+    python3 bench/gpu/all_models.py --server "$server" --backends "$backends" "${ort_args[@]}" "$@" || rc=1
+    echo "== GPU cache: policy equivalence with the CPU cache, and the hit path"
+    .carry/gpu_cache_check || rc=1
+    echo "== the store on a GPU instance of tritonserver"
+    python3 bench/gpu/embedding_store.py --server "$server" --backends "$backends" || rc=1
+    ;;
+recommenders)
+    vmstat -t 5 > "$res/vmstat.log" 2>&1 &
+    vm=$!
+    nvidia-smi dmon -s puc -d 2 -o T > "$res/gpu_dmon.log" 2>&1 &
+    dm=$!
+    OUT="$res" ${RECSYS_TIMEOUT:+timeout "$RECSYS_TIMEOUT"} python3 bench/gpu/recsys_perf.py --server "$server" \
+        --backends "$backends" --perf-analyzer "$pa" --fixture-bin .carry/criteo_fixture \
+        --libtorch-dir "$TORCH_DIR/lib" "$@" || rc=1
+    kill "$vm" "$dm" 2>/dev/null
+    if grep -q "timing:" "$res/recsys/server.log" 2>/dev/null; then
+        python3 bench/gpu/timing_summary.py "$res/recsys/server.log" > "$res/recsys/timing_summary.txt"
+    fi
+    # a verbose server log is too big to come back whole: keep its end
+    if [ "$(stat -c %s "$res/recsys/server.log" 2>/dev/null || echo 0)" -gt 4000000 ]; then
+        tail -c 2000000 "$res/recsys/server.log" > "$res/recsys/server_tail.log" && rm "$res/recsys/server.log"
+    fi
+    mv "$res/vmstat.log" "$res/gpu_dmon.log" "$res/recsys/" 2>/dev/null
+    [ -d "$res/recsys" ] && tar -C "$res" -czf "$res/recsys.tgz" recsys && rm -rf "$res/recsys"
+    ;;
+dense)
+    [ -f "$ort_lib" ] && ort_args=(--ort-lib "$ort_lib" --ort-bare .carry/ort_bare)
+    OUT="$res" timeout "${DENSE_TIMEOUT:-3600}" python3 bench/gpu/dense_perf.py "${ort_args[@]}" --server "$server" \
+        --backends "$backends" --perf-analyzer "$pa" "$@" || rc=1
+    [ -d "$res/perf" ] && tar -C "$res" -czf "$res/perf.tgz" perf && rm -rf "$res/perf"
+    ;;
+trust)
+    what="${1:-}"; shift || true
+    case "$what" in
+    reload)
+        kind="${1:?reload torch|onnx|embedding}"; cycles="${2:-200}"
+        python3 bench/gpu/reload_cycles.py --server "$server" --backends "$backends" --kind "$kind" \
+            --cycles "$cycles" "${@:3}" --ort-lib "$ort_lib" || rc=1 ;;
+    soak) python3 bench/gpu/soak.py --server "$server" --backends "$backends" "$@" || rc=1 ;;
+    faults) python3 bench/gpu/gpu_faults.py --server "$server" --backends "$backends" "$@" || rc=1 ;;
+    *) echo "trust reload torch|onnx|embedding [cycles] | soak | faults" >&2; rc=2 ;;
+    esac
+    ;;
+esac
+echo "run.sh $sub: exit $rc; results in $res"
+exit "$rc"
