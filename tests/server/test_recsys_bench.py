@@ -7,7 +7,7 @@ after the load) and the single model against the ensemble. Two ways: an fp32 net
 rows that the store keeps in a huge-page copy (`host_memory: huge_pages`), and the GPU
 machine's defaults, an fp16 network fed fp16 rows (the sparse model's OUTPUT0 TYPE_FP16, the
 single model's `recommender_embeddings_type`) read from the fixture's mapping. The GPU run is
-the same script (bench/gpu/run_recsys.sh); this keeps it honest between GPU sessions."""
+the same script (`bench/gpu/run.sh recommenders`); this keeps it honest between GPU sessions."""
 import json
 import os
 import subprocess
