@@ -264,8 +264,8 @@ mod tests {
         assert_eq!((c.name(), file), ("chain", dir.clone()));
         let e = select(CLAIMS, &cfg, Some("tensorflow"), &dir).unwrap_err();
         assert!(e.message().contains("tensorflow") && e.message().contains("onnx, torch, chain"));
-        let mut named = ModelConfig::default();
-        named.default_model_filename = Some("net.pth".into());
+        let named =
+            ModelConfig { default_model_filename: Some("net.pth".into()), ..Default::default() };
         assert!(select(CLAIMS, &named, None, &dir).unwrap_err().message().contains("net.pth"));
         std::fs::write(dir.join("net.pth"), b"x").unwrap();
         assert_eq!(select(CLAIMS, &named, None, &dir).unwrap().0.name(), "torch");
