@@ -13,9 +13,11 @@ use std::sync::Arc;
 
 use triton_rust_core::engine::Device;
 use triton_rust_core::error::{Error, Result};
+use triton_rust_core::panic::panic_text;
 use triton_rust_core::serve::{
     self, BackendSettings, InstanceContext, InstanceState, ModelContext, ModelState,
 };
+use triton_rust_core::settings::MmapThreshold;
 
 use crate::engines::Engines;
 use crate::ffi::{check, from_c, sys, to_triton_error};
@@ -30,13 +32,6 @@ struct TritonModel {
     state: ModelState,
 }
 
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
-}
-
 /// Runs an entry point body, catching panics and converting errors for Triton.
 fn guard(what: &str, body: impl FnOnce() -> Result<()>) -> *mut sys::TRITONSERVER_Error {
     match catch_unwind(AssertUnwindSafe(body)) {
@@ -44,7 +39,7 @@ fn guard(what: &str, body: impl FnOnce() -> Result<()>) -> *mut sys::TRITONSERVE
         Ok(Err(e)) => to_triton_error(&e),
         Err(p) => to_triton_error(&Error::internal(format!(
             "{what}: the rust backend panicked: {}",
-            panic_message(&*p)
+            panic_text(&*p)
         ))),
     }
 }
@@ -96,20 +91,9 @@ pub extern "C" fn TRITONBACKEND_Initialize(
         // Flat memory across model reloads (issue 10): large buffers get their own
         // mappings. `--backend-config=rust,malloc-mmap-threshold=default` leaves glibc's
         // adaptive threshold; a number of bytes sets another fixed one.
-        match settings.cmdline.get("malloc-mmap-threshold").map(String::as_str) {
-            Some("default") => {}
-            other => {
-                let bytes = match other {
-                    None => 128 * 1024,
-                    Some(s) => s.parse().map_err(|_| {
-                        Error::invalid_arg(format!(
-                            "malloc-mmap-threshold '{s}' is not a number of bytes or 'default'"
-                        ))
-                    })?,
-                };
-                if !triton_rust_os::fix_mmap_threshold(bytes) {
-                    log::warn!("could not fix the allocator's mmap threshold at {bytes} bytes");
-                }
+        if let MmapThreshold::Fixed(bytes) = settings.mmap_threshold {
+            if !triton_rust_os::fix_mmap_threshold(bytes) {
+                log::warn!("could not fix the allocator's mmap threshold at {bytes} bytes");
             }
         }
         log::info!(
@@ -288,7 +272,7 @@ pub extern "C" fn TRITONBACKEND_ModelInstanceExecute(
     match result {
         Ok(Ok(())) => {}
         Ok(Err(e)) => log::error!("execute failed: {e}"),
-        Err(p) => log::error!("execute panicked: {}", panic_message(&*p)),
+        Err(p) => log::error!("execute panicked: {}", panic_text(&*p)),
     }
     std::ptr::null_mut()
 }

@@ -151,12 +151,7 @@ pub fn install() {
 pub fn install_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
         let (file, line) = info.location().map_or(("<unknown>", 0), |l| (l.file(), l.line()));
-        let payload = info
-            .payload()
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| info.payload().downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "<non-string panic payload>".into());
+        let payload = triton_rust_core::panic::panic_text(info.payload());
         log(Level::Error, file, line, &format!("rust backend panicked: {payload}"));
     }));
 }

@@ -1,12 +1,11 @@
 //! Opening `libtriton_rust_torch.so` and calling it: the plugin FFI room.
 //!
-//! libtorch is found from, in order, `--backend-config=rust,libtorch-dir=<dir>`, the
-//! environment variable `TRITON_RUST_LIBTORCH_DIR`, and the loader's own search path;
+//! libtorch is found in the directory the backend settings name (`libtorch-dir`, else the
+//! environment variable `TRITON_RUST_LIBTORCH_DIR`), else on the loader's own search path;
 //! its libraries are opened with global symbols before the plugin (which needs them),
 //! and `libtorch_cuda.so` before the first GPU model (libtorch registers its CUDA
 //! kernels when that library loads, so it must come before any CUDA use).
 
-use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -30,18 +29,6 @@ pub struct Plugin {
 
 static PLUGIN: Mutex<Option<Arc<Plugin>>> = Mutex::new(None);
 
-fn libtorch_dir(backend: &BTreeMap<String, String>) -> (Option<PathBuf>, String) {
-    if let Some(d) = backend.get("libtorch-dir") {
-        return (Some(PathBuf::from(d)), "--backend-config=rust,libtorch-dir".into());
-    }
-    if let Ok(d) = std::env::var("TRITON_RUST_LIBTORCH_DIR") {
-        if !d.is_empty() {
-            return (Some(PathBuf::from(d)), "TRITON_RUST_LIBTORCH_DIR".into());
-        }
-    }
-    (None, "the loader's search path (LD_LIBRARY_PATH)".into())
-}
-
 fn lib_path(dir: &Option<PathBuf>, name: &str) -> PathBuf {
     match dir {
         Some(d) => d.join(name),
@@ -49,13 +36,17 @@ fn lib_path(dir: &Option<PathBuf>, name: &str) -> PathBuf {
     }
 }
 
-/// The process's plugin, opened on first use.
-pub fn plugin(backend: &BTreeMap<String, String>) -> Result<Arc<Plugin>> {
+/// The process's plugin, opened on first use; libtorch from `libtorch_dir` (the directory
+/// and what named it) when given.
+pub fn plugin(libtorch_dir: Option<(&Path, &str)>) -> Result<Arc<Plugin>> {
     let mut slot = PLUGIN.lock().map_err(|_| Error::internal("torch plugin lock poisoned"))?;
     if let Some(p) = slot.as_ref() {
         return Ok(p.clone());
     }
-    let (dir, source) = libtorch_dir(backend);
+    let (dir, source) = match libtorch_dir {
+        Some((d, source)) => (Some(d.to_path_buf()), source.to_string()),
+        None => (None, "the loader's search path (LD_LIBRARY_PATH)".to_string()),
+    };
     let mut libs = Vec::new();
     for name in ["libc10.so", "libtorch_cpu.so", "libtorch.so"] {
         let path = lib_path(&dir, name);

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use triton_rust_cuda::{Bytes, BytesMut, DeviceBuffer, DeviceOps, DeviceView};
 
 #[derive(Default)]
-pub(crate) struct FakeDevice {
-    pub(crate) gathers: AtomicUsize,
+pub struct FakeDevice {
+    pub gathers: AtomicUsize,
 }
 
 impl DeviceOps for FakeDevice {

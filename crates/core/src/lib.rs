@@ -6,6 +6,7 @@
 //! - [`config`]: the model config, auto-complete, and checks against the model file.
 //! - [`batch`]: per-request checks, batch assembly and output scatter (pure logic).
 //! - [`engine`]: the `Engine` trait every engine crate implements.
+//! - [`settings`]: the core's and the backend's settings, typed once; the unknown-parameter warning.
 //! - [`serve`]: models, instances and the execute path, generic over a `Transport`.
 //! - [`telemetry`]: metrics vocabulary.
 //!
@@ -13,15 +14,16 @@
 #![forbid(unsafe_code)]
 
 pub mod batch;
-pub mod chain;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod panic;
 pub mod serve;
+pub mod settings;
 pub mod telemetry;
 pub mod tensor;
 
-#[cfg(test)]
-mod fake_device;
+/// A GPU made of host memory, for tests of the serving path and of engines built on it.
+pub mod fake_device;
 
 pub use error::{Error, ErrorKind, Result, ResultExt};

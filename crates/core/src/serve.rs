@@ -10,7 +10,6 @@
 //! implements over Triton's C API and the tests here implement in memory (with a fake
 //! device for GPU-resident inputs), so the whole path is unit-tested in-process.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -20,9 +19,10 @@ use crate::batch::{
     assemble, check_request, group_by_shape, scatter_ranges, BatchData, CheckedRequest,
     InputPolicy, RequestTensor,
 };
-use crate::config::{autocomplete, check_against_model, ModelConfig, DEFAULT_MAX_BATCH_SIZE};
-use crate::engine::{self, Device, Engine, EngineFactory, EngineKind, EngineOptions, OutputView};
+use crate::config::{autocomplete, check_against_model, ModelConfig};
+use crate::engine::{self, Device, Engine, EngineClaim, EngineFactory, EngineOptions, OutputView};
 use crate::error::{Error, ErrorKind, Result};
+use crate::settings::{self, CoreSettings};
 use crate::telemetry::MetricsSource;
 use crate::tensor::{Bytes, BytesMut, DataType, DeviceOps};
 
@@ -93,39 +93,7 @@ pub trait Transport {
     fn device_ops(&self) -> &dyn DeviceOps;
 }
 
-/// Backend-wide settings from `--backend-config=rust,<key>=<value>`.
-#[derive(Debug, Clone, Default)]
-pub struct BackendSettings {
-    pub cmdline: BTreeMap<String, String>,
-    pub default_max_batch_size: i64,
-}
-
-impl BackendSettings {
-    pub fn from_json(json: &str) -> Result<Self> {
-        let v: Value = if json.trim().is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(json)
-                .map_err(|e| Error::invalid_arg(format!("backend config is not JSON: {e}")))?
-        };
-        let mut cmdline = BTreeMap::new();
-        if let Some(Value::Object(m)) = v.get("cmdline") {
-            for (k, v) in m {
-                cmdline.insert(
-                    k.clone(),
-                    v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()),
-                );
-            }
-        }
-        let default_max_batch_size = match cmdline.get("default-max-batch-size") {
-            Some(s) => s.parse().map_err(|_| {
-                Error::invalid_arg(format!("default-max-batch-size '{s}' is not an integer"))
-            })?,
-            None => DEFAULT_MAX_BATCH_SIZE,
-        };
-        Ok(BackendSettings { cmdline, default_max_batch_size })
-    }
-}
+pub use crate::settings::BackendSettings;
 
 pub struct ModelContext<'a> {
     pub name: String,
@@ -140,9 +108,9 @@ pub struct ModelContext<'a> {
 pub struct ModelState {
     name: String,
     config: ModelConfig,
-    kind: EngineKind,
+    claim: &'static EngineClaim,
     model_file: PathBuf,
-    backend: BTreeMap<String, String>,
+    backend: BackendSettings,
     policy: InputPolicy,
     engines: Arc<dyn EngineFactory>,
     /// The load-time probe, kept only when a CPU instance will take it over (a GPU-only
@@ -160,23 +128,30 @@ impl ModelState {
         let mut config = ModelConfig::from_value(&raw)?;
         config.check_supported()?;
         let version_dir = ctx.repository.join(ctx.version.to_string());
-        let (kind, model_file) = engine::select(&config, &version_dir)?;
-        if config.sequence.is_some()
-            && matches!(kind, EngineKind::Embedding | EngineKind::Recommender)
-        {
+        let core = CoreSettings::from_config(&config)?;
+        let claims = ctx.engines.claims();
+        let (claim, model_file) =
+            engine::select(claims, &config, core.engine.as_deref(), &version_dir)?;
+        settings::warn_unknown_parameters(
+            &ctx.name,
+            &config.parameters,
+            &engine::known_parameters(claims, claim),
+        );
+        if config.sequence.is_some() && !claim.keeps_sequences {
             return Err(Error::unsupported(format!(
-                "sequence_batching is served by the onnx and torch engines; the {kind:?} engine keeps no sequences"
+                "sequence_batching is served by the onnx and torch engines; the {} engine keeps no sequences",
+                claim.name()
             )));
         }
         // the inputs the sequence batcher adds are the model's like any other (an engine
         // whose signature comes from the config, TorchScript's, sees them too)
         config.add_sequence_inputs()?;
         let probe = ctx.engines.create(
-            kind,
+            claim.name(),
             &model_file,
             &EngineOptions {
                 config: &config,
-                backend: &ctx.backend.cmdline,
+                backend: ctx.backend,
                 device: Device::Cpu,
                 probe: true,
             },
@@ -204,36 +179,27 @@ impl ModelState {
         check_against_model(&config, probe.inputs(), probe.outputs())
             .and_then(|()| check_states(&config, probe.outputs()))
             .map_err(|e| e.context(format!("model file '{}'", model_file.display())))?;
+        // (auto-complete may have added inputs valid_range names)
+        let core = CoreSettings::from_config(&config)?;
         let policy = InputPolicy {
-            reject_nonfinite: config.parameter_bool("reject_nonfinite")?.unwrap_or(false),
+            reject_nonfinite: core.reject_nonfinite,
             accepts_device_inputs: false,
-            valid_range: match config.parameters.get("valid_range") {
-                None => Vec::new(),
-                Some(spec) => {
-                    let ranges = crate::batch::parse_valid_range(spec)?;
-                    if let Some((name, ..)) =
-                        ranges.iter().find(|r| !config.inputs.iter().any(|c| c.name == r.0))
-                    {
-                        return Err(Error::invalid_arg(format!("parameter 'valid_range' names '{name}', which is not an input of the model")));
-                    }
-                    ranges
-                }
-            },
+            valid_range: core.valid_range,
         };
         log::info!(
-            "model '{}' version {} loaded from '{}' ({:?} engine)",
+            "model '{}' version {} loaded from '{}' ({} engine)",
             ctx.name,
             ctx.version,
             model_file.display(),
-            kind
+            claim.name()
         );
         let metrics = probe.metrics_source();
         // Triton completes instance_group before the model is loaded; with none given
         // (a config read outside Triton) a CPU instance may come.
         let cpu_instance = config.instance_kinds.is_empty()
             || config.instance_kinds.iter().any(|k| k == "KIND_CPU");
-        // only an ONNX probe is a whole engine (the embedding and torch probes are not)
-        let spare = if cpu_instance && kind == EngineKind::Onnx {
+        // only some probes are whole engines (the embedding and torch probes are not)
+        let spare = if cpu_instance && claim.probe_serves {
             Some(probe)
         } else {
             drop(probe);
@@ -242,9 +208,9 @@ impl ModelState {
         let state = ModelState {
             name: ctx.name,
             config,
-            kind,
+            claim,
             model_file,
-            backend: ctx.backend.cmdline.clone(),
+            backend: ctx.backend.clone(),
             policy,
             engines: ctx.engines,
             spare: Mutex::new(spare),
@@ -321,7 +287,7 @@ impl InstanceState {
         let engine = match spare {
             Some(e) => e,
             None => model.engines.create(
-                model.kind,
+                model.claim.name(),
                 &model.model_file,
                 &EngineOptions {
                     config: &model.config,
@@ -454,7 +420,7 @@ pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<
         }
     };
     let mut slots: Vec<Slot<'_, T::Request, T::Response>> =
-        requests.iter().map(|req| inst.prepare(&**engine, transport, req)).collect();
+        requests.iter().map(|req| inst.prepare(&mut **engine, transport, req)).collect();
 
     // Requests that passed, grouped by shape and memory (positions in `slots`).
     let passed: Vec<usize> = (0..slots.len()).filter(|&i| slots[i].checked.is_some()).collect();
@@ -507,7 +473,7 @@ impl InstanceState {
     /// the engine); a failure stays this request's own.
     fn prepare<'r, T: Transport>(
         &self,
-        engine: &dyn Engine,
+        engine: &mut dyn Engine,
         transport: &T,
         req: &'r T::Request,
     ) -> Slot<'r, T::Request, T::Response> {
@@ -518,8 +484,10 @@ impl InstanceState {
         } else if req.is_cancelled() {
             Err(Error::new(ErrorKind::Cancelled, "request was cancelled"))
         } else {
-            req.parameters()
-                .and_then(|p| engine.authorize(&p))
+            let authorized = req
+                .parameters()
+                .and_then(|p| engine.lookup().map_or(Ok(()), |lookup| lookup.authorize(&p)));
+            authorized
                 .and_then(|()| req.inputs())
                 .and_then(|t| check_request(&self.config, &self.policy, t))
                 .and_then(|c| engine.check_request(&c.tensors).map(|()| c))
@@ -695,7 +663,7 @@ mod tests {
         assert_eq!(s.default_max_batch_size, 8);
         assert_eq!(
             BackendSettings::from_json("").unwrap().default_max_batch_size,
-            DEFAULT_MAX_BATCH_SIZE
+            crate::config::DEFAULT_MAX_BATCH_SIZE
         );
         assert!(
             BackendSettings::from_json(r#"{"cmdline":{"default-max-batch-size":"x"}}"#).is_err()
@@ -898,9 +866,20 @@ mod tests {
     }
 
     impl EngineFactory for Factory {
+        fn claims(&self) -> &'static [EngineClaim] {
+            &[EngineClaim {
+                names: &["doubler"],
+                default_file: Some("model.onnx"),
+                file_suffixes: &[".onnx"],
+                parameters: &[],
+                builds_on: &[],
+                keeps_sequences: true,
+                probe_serves: true,
+            }]
+        }
         fn create(
             &self,
-            _kind: EngineKind,
+            _engine: &str,
             _file: &std::path::Path,
             options: &EngineOptions<'_>,
         ) -> Result<Box<dyn Engine>> {

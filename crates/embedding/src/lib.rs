@@ -32,6 +32,7 @@ pub mod fixture;
 pub mod gpu;
 pub mod host;
 pub mod redis;
+pub mod settings;
 pub mod stream;
 pub mod table;
 

@@ -23,8 +23,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 
 use triton_rust_core::batch::{BatchTensor, RequestTensor};
-use triton_rust_core::config::{ModelConfig, TensorConfig, TensorSpec};
-use triton_rust_core::engine::{Device, Engine, EngineOptions, OutputView, Signature};
+use triton_rust_core::config::{TensorConfig, TensorSpec};
+use triton_rust_core::engine::{Device, Engine, EngineOptions, Lookup, OutputView, Signature};
 use triton_rust_core::error::{Error, Result};
 use triton_rust_core::telemetry::MetricsSource;
 use triton_rust_core::tensor::{Bytes, DataType};
@@ -33,294 +33,12 @@ use triton_rust_embedding::cache::{CacheTier, HostCache};
 use triton_rust_embedding::gpu::{
     BatchKeys, BatchLookup, DeviceRows, GpuInstance, KeyLayout, KeyUpload, RowFormat,
 };
-use triton_rust_embedding::stream::StreamSpec;
-use triton_rust_embedding::table::HostRows;
-use triton_rust_embedding::{
-    CacheAllocation, EmbeddingStore, InstanceCaches, StoreConfig, TableConfig,
-};
+use triton_rust_embedding::{EmbeddingStore, InstanceCaches};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Interface {
-    Hps,
-    Batched,
-    Update,
-}
+mod settings;
 
-/// The store settings read from a model config.
-#[derive(Debug, Clone)]
-pub struct StoreSettings {
-    pub name: String,
-    pub interface: Interface,
-    pub store: StoreConfig,
-    /// Keys must lie in [0, size) when given (per table).
-    pub vocabulary: Vec<Option<u64>>,
-    pub volatile_db: Option<String>,
-    /// Who may update (the update interface only).
-    pub credential: Credential,
-    /// A GPU instance's whole-batch lookup sends its keys in pieces of this many keys, copied
-    /// into page-locked memory by up to this many tasks (`gpu_key_piece`,
-    /// `gpu_key_upload_tasks`; `examples/batch_lookup_bench.rs` times the choices).
-    pub key_upload: (usize, usize),
-}
-
-/// Where an update model's credential comes from. The secret itself never sits in the
-/// config (any client may read a model's config through the config API).
-#[derive(Clone, PartialEq, Eq)]
-pub enum Credential {
-    /// Not an update model.
-    NotNeeded,
-    /// `allow_unauthenticated_updates: true`, said explicitly.
-    Open,
-    /// The secret, read at load from `update_credential_file` or `update_credential_env`.
-    Secret { source: String, secret: Vec<u8> },
-}
-
-impl std::fmt::Debug for Credential {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Credential::NotNeeded => f.write_str("NotNeeded"),
-            Credential::Open => f.write_str("Open"),
-            Credential::Secret { source, .. } => write!(f, "Secret(from {source})"),
-        }
-    }
-}
-
-/// The request parameter (or forwarded header) that carries the credential.
-pub const TOKEN_PARAMETER: &str = "embedding-update-token";
-
-impl Credential {
-    fn from_config(cfg: &ModelConfig) -> Result<Credential> {
-        let file = cfg
-            .parameters
-            .get("update_credential_file")
-            .map(|s| s.trim())
-            .filter(|s| !s.is_empty());
-        let env =
-            cfg.parameters.get("update_credential_env").map(|s| s.trim()).filter(|s| !s.is_empty());
-        let open = cfg.parameter_bool("allow_unauthenticated_updates")?.unwrap_or(false);
-        let (source, secret) = match (file, env) {
-            (Some(_), Some(_)) => return Err(Error::invalid_arg("set one of update_credential_file and update_credential_env, not both")),
-            (Some(path), None) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| Error::invalid_arg(format!("update_credential_file '{path}' cannot be read: {e}")))?;
-                (format!("file '{path}'"), text.trim().as_bytes().to_vec())
-            }
-            (None, Some(var)) => {
-                let text = std::env::var(var).map_err(|_| Error::invalid_arg(format!("update_credential_env names '{var}', which is not set in the server's environment")))?;
-                (format!("environment variable '{var}'"), text.trim().as_bytes().to_vec())
-            }
-            (None, None) if open => {
-                log::warn!("model '{}': updates are NOT authenticated (allow_unauthenticated_updates): anyone who can reach the server can rewrite the embeddings", cfg.name);
-                return Ok(Credential::Open);
-            }
-            (None, None) => {
-                return Err(Error::invalid_arg(
-                    "an update model needs a credential: set parameters update_credential_file or update_credential_env \
-                     (a path or a variable name, never the secret itself), or allow_unauthenticated_updates: true",
-                ))
-            }
-        };
-        if secret.is_empty() {
-            return Err(Error::invalid_arg(format!(
-                "the update credential from {source} is empty"
-            )));
-        }
-        if open {
-            return Err(Error::invalid_arg(
-                "allow_unauthenticated_updates is set together with a credential; choose one",
-            ));
-        }
-        Ok(Credential::Secret { source, secret })
-    }
-}
-
-/// Equal in time that depends on the lengths only, not on where the bytes differ.
-fn same_secret(given: &[u8], secret: &[u8]) -> bool {
-    let mut diff = given.len() ^ secret.len();
-    for (i, &s) in secret.iter().enumerate() {
-        diff |= (s ^ given.get(i).copied().unwrap_or(!s)) as usize;
-    }
-    diff == 0
-}
-
-fn list(cfg: &ModelConfig, key: &str) -> Vec<String> {
-    cfg.parameters
-        .get(key)
-        .map(|s| s.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect())
-        .unwrap_or_default()
-}
-
-fn parse_list<T: std::str::FromStr + Clone>(
-    cfg: &ModelConfig,
-    key: &str,
-    n: usize,
-    default: Option<T>,
-) -> Result<Vec<T>> {
-    let items = list(cfg, key);
-    if items.is_empty() {
-        return default
-            .map(|d| vec![d; n])
-            .ok_or_else(|| Error::invalid_arg(format!("parameter '{key}' is required")));
-    }
-    if items.len() == 1 && n > 1 {
-        let v = items[0].parse().map_err(|_| {
-            Error::invalid_arg(format!("parameter '{key}': cannot parse '{}'", items[0]))
-        })?;
-        return Ok(vec![v; n]);
-    }
-    if items.len() != n {
-        return Err(Error::invalid_arg(format!(
-            "parameter '{key}' lists {} values for {n} tables",
-            items.len()
-        )));
-    }
-    items
-        .iter()
-        .map(|s| {
-            s.parse()
-                .map_err(|_| Error::invalid_arg(format!("parameter '{key}': cannot parse '{s}'")))
-        })
-        .collect()
-}
-
-impl StoreSettings {
-    pub fn from_config(
-        cfg: &ModelConfig,
-        version_dir: &Path,
-        backend: &std::collections::BTreeMap<String, String>,
-    ) -> Result<StoreSettings> {
-        let interface = match cfg.parameters.get("embedding_interface").map(|s| s.trim()) {
-            None | Some("hps") => Interface::Hps,
-            Some("batched") => Interface::Batched,
-            Some("update") => Interface::Update,
-            Some(other) => {
-                return Err(Error::invalid_arg(format!(
-                    "parameter 'embedding_interface' is '{other}'; use hps, batched or update"
-                )))
-            }
-        };
-        let names = list(cfg, "embedding_table_names");
-        if names.is_empty() {
-            return Err(Error::invalid_arg(
-                "parameter 'embedding_table_names' is required (comma-separated table names)",
-            ));
-        }
-        let n = names.len();
-        let dims: Vec<usize> = parse_list(cfg, "embedding_vecsize_per_table", n, None)?;
-        let defaults: Vec<f32> = parse_list(cfg, "default_value_for_each_table", n, Some(0.0))?;
-        let files = list(cfg, "sparse_files");
-        if !files.is_empty() && files.len() != n {
-            return Err(Error::invalid_arg(format!(
-                "parameter 'sparse_files' lists {} paths for {n} tables",
-                files.len()
-            )));
-        }
-        let vocab_items = list(cfg, "vocabulary_size_per_table");
-        let vocabulary = if vocab_items.is_empty() {
-            vec![None; n]
-        } else {
-            parse_list::<u64>(cfg, "vocabulary_size_per_table", n, None)?
-                .into_iter()
-                .map(Some)
-                .collect()
-        };
-        let number = |key: &str, default: f64| -> Result<f64> {
-            match cfg.parameters.get(key) {
-                None => Ok(default),
-                Some(s) => s.trim().parse().map_err(|_| {
-                    Error::invalid_arg(format!("parameter '{key}' must be a number, got '{s}'"))
-                }),
-            }
-        };
-        let tables = names
-            .iter()
-            .enumerate()
-            .map(|(i, name)| {
-                let rel = files.get(i).cloned().unwrap_or_else(|| format!("tables/{name}"));
-                let path = version_dir.join(&rel);
-                TableConfig {
-                    name: name.clone(),
-                    dim: dims[i],
-                    path: if rel == "none" { None } else { Some(path) },
-                    format: None,
-                    default_value: defaults[i],
-                }
-            })
-            .collect();
-        let name = cfg.parameters.get("store_name").cloned().unwrap_or_else(|| cfg.name.clone());
-        let update_stream =
-            match cfg.parameters.get("update_stream").map(|s| s.trim()).filter(|s| !s.is_empty()) {
-                None => None,
-                Some(spec) => {
-                    let group = match cfg.parameters.get("update_stream_group") {
-                        Some(g) => g.trim().to_string(),
-                        None => format!("triton-rust:{}:{name}", node_name(backend)),
-                    };
-                    let start = cfg
-                        .parameters
-                        .get("update_stream_start")
-                        .map(|s| s.trim().to_string())
-                        .unwrap_or_else(|| "0".into());
-                    Some(StreamSpec::parse(spec, group, start)?)
-                }
-            };
-        let store = StoreConfig {
-            tables,
-            cache_ratio: number("gpucacheper", 0.1)?,
-            cache_allocation: CacheAllocation::parse(
-                cfg.parameters.get("gpucache_allocation").map_or("", |s| s.as_str()),
-            )?,
-            hit_rate_threshold: number("hit_rate_threshold", 0.9)?,
-            update_log_dir: cfg
-                .parameters
-                .get("update_log_dir")
-                .map(|d| version_dir.join(d.trim())),
-            compaction_rows: number("update_compaction_rows", 1_000_000.0)? as usize,
-            update_stream,
-            host_memory: HostRows::parse(
-                cfg.parameters.get("host_memory").map_or("", |s| s.as_str()),
-            )?,
-        };
-        let credential = if interface == Interface::Update {
-            Credential::from_config(cfg)?
-        } else {
-            Credential::NotNeeded
-        };
-        let whole = |key: &str, default: usize, least: usize| -> Result<usize> {
-            let v = number(key, default as f64)?;
-            if v.fract() != 0.0 || v < least as f64 || v > (1u64 << 32) as f64 {
-                return Err(Error::invalid_arg(format!(
-                    "parameter '{key}' must be a whole number of at least {least}, got {v}"
-                )));
-            }
-            Ok(v as usize)
-        };
-        let key_upload =
-            (whole("gpu_key_piece", 128 << 10, 1024)?, whole("gpu_key_upload_tasks", 8, 1)?);
-        Ok(StoreSettings {
-            name,
-            interface,
-            store,
-            vocabulary,
-            volatile_db: cfg.parameters.get("volatile_db").cloned(),
-            credential,
-            key_upload,
-        })
-    }
-}
-
-/// This server's name among the nodes following a stream: `--backend-config=rust,node-name=…`,
-/// else the host name.
-fn node_name(backend: &std::collections::BTreeMap<String, String>) -> String {
-    backend
-        .get("node-name")
-        .cloned()
-        .or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_string())
-        })
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| "node".into())
-}
+use settings::same_secret;
+pub use settings::{Credential, Interface, StoreSettings, TOKEN_PARAMETER};
 
 /// Stores shared by name across the models of one server process.
 static STORES: Mutex<Vec<(String, Weak<EmbeddingStore>)>> = Mutex::new(Vec::new());
@@ -701,64 +419,12 @@ impl Engine for EmbeddingEngine {
         self.gpu.is_some() && self.settings.interface == Interface::Batched
     }
 
-    #[cfg(feature = "gpu")]
-    fn run_into(
-        &mut self,
-        inputs: &[BatchTensor<'_>],
-        out: &mut triton_rust_cuda::DeviceViewMut<'_>,
-    ) -> Result<bool> {
-        let Some((instance, lookup)) =
-            self.gpu.as_mut().filter(|_| self.settings.interface == Interface::Batched)
-        else {
-            return Ok(false);
-        };
-        let bytes = inputs.first().and_then(|t| t.host_bytes()).ok_or_else(|| {
-            Error::unsupported("the embedding engine takes its keys in host memory")
-        })?;
-        let keys = as_i64(bytes);
-        let tables = self.caches.store().table_count();
-        if tables == 0 || keys.len() % tables != 0 {
-            return Err(Error::invalid_arg(format!(
-                "input '{}': {} keys are not whole rows of {tables} tables",
-                self.sig.inputs[0].name,
-                keys.len()
-            )));
-        }
-        self.caches.lookup_batch_device(
-            BatchKeys::Host(&keys),
-            KeyLayout::Interleaved,
-            instance,
-            lookup,
-            Some(out),
-        )?;
-        Ok(true)
-    }
-
     fn metrics_source(&self) -> Option<Arc<dyn MetricsSource>> {
         Some(self.store().clone())
     }
 
-    fn authorize(&self, parameters: &[(String, String)]) -> Result<()> {
-        let Credential::Secret { secret, .. } = &self.settings.credential else { return Ok(()) };
-        let given = parameters.iter().find_map(|(k, v)| {
-            if k.eq_ignore_ascii_case(TOKEN_PARAMETER) {
-                Some(v.trim())
-            } else if k.eq_ignore_ascii_case("authorization") {
-                v.trim().strip_prefix("Bearer ").map(str::trim)
-            } else {
-                None
-            }
-        });
-        match given {
-            Some(token) if same_secret(token.as_bytes(), secret) => Ok(()),
-            _ => {
-                self.store().refused_updates.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                Err(Error::invalid_arg(format!(
-                    "update refused: missing or wrong credential (send it as the request parameter '{TOKEN_PARAMETER}', \
-                     or as that header or 'authorization: Bearer …' with the server's header forwarding on)"
-                )))
-            }
-        }
+    fn lookup(&mut self) -> Option<&mut dyn Lookup> {
+        Some(self)
     }
 
     fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
@@ -956,9 +622,68 @@ impl Engine for EmbeddingEngine {
     }
 }
 
+impl Lookup for EmbeddingEngine {
+    fn authorize(&self, parameters: &[(String, String)]) -> Result<()> {
+        let Credential::Secret { secret, .. } = &self.settings.credential else { return Ok(()) };
+        let given = parameters.iter().find_map(|(k, v)| {
+            if k.eq_ignore_ascii_case(TOKEN_PARAMETER) {
+                Some(v.trim())
+            } else if k.eq_ignore_ascii_case("authorization") {
+                v.trim().strip_prefix("Bearer ").map(str::trim)
+            } else {
+                None
+            }
+        });
+        match given {
+            Some(token) if same_secret(token.as_bytes(), secret) => Ok(()),
+            _ => {
+                self.store().refused_updates.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Err(Error::invalid_arg(format!(
+                    "update refused: missing or wrong credential (send it as the request parameter '{TOKEN_PARAMETER}', \
+                     or as that header or 'authorization: Bearer …' with the server's header forwarding on)"
+                )))
+            }
+        }
+    }
+
+    #[cfg(feature = "gpu")]
+    fn run_into(
+        &mut self,
+        inputs: &[BatchTensor<'_>],
+        out: &mut triton_rust_cuda::DeviceViewMut<'_>,
+    ) -> Result<bool> {
+        let Some((instance, lookup)) =
+            self.gpu.as_mut().filter(|_| self.settings.interface == Interface::Batched)
+        else {
+            return Ok(false);
+        };
+        let bytes = inputs.first().and_then(|t| t.host_bytes()).ok_or_else(|| {
+            Error::unsupported("the embedding engine takes its keys in host memory")
+        })?;
+        let keys = as_i64(bytes);
+        let tables = self.caches.store().table_count();
+        if tables == 0 || keys.len() % tables != 0 {
+            return Err(Error::invalid_arg(format!(
+                "input '{}': {} keys are not whole rows of {tables} tables",
+                self.sig.inputs[0].name,
+                keys.len()
+            )));
+        }
+        self.caches.lookup_batch_device(
+            BatchKeys::Host(&keys),
+            KeyLayout::Interleaved,
+            instance,
+            lookup,
+            Some(out),
+        )?;
+        Ok(true)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use triton_rust_core::config::ModelConfig;
 
     #[test]
     fn secrets_compare_whole() {

@@ -12,6 +12,9 @@
 #![forbid(unsafe_code)]
 
 mod gpu;
+mod settings;
+
+pub use settings::OnnxSettings;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -25,6 +28,7 @@ use triton_rust_core::batch::{check_shared_dims, BatchTensor, RequestTensor};
 use triton_rust_core::config::TensorSpec;
 use triton_rust_core::engine::{Device, Engine, EngineOptions, OutputView, Signature};
 use triton_rust_core::error::{Error, Result};
+use triton_rust_core::settings::BackendSettings;
 use triton_rust_core::tensor::{decode_strings, encode_strings, AlignedBuf, Bytes, DataType};
 
 const STOCK_LIBRARY: &str = "/opt/tritonserver/backends/onnxruntime/libonnxruntime.so";
@@ -44,35 +48,34 @@ static RUNTIME: Mutex<Option<Arc<Runtime>>> = Mutex::new(None);
 /// Where the library comes from, in priority order, for the error message too.
 /// Also says whether the choice was explicit (model parameter or backend setting): an
 /// explicit path is never silently replaced by another.
-fn library_candidates(options: &EngineOptions<'_>) -> (Vec<(String, PathBuf)>, bool) {
+fn library_candidates(
+    settings: &OnnxSettings,
+    backend: &BackendSettings,
+) -> (Vec<(String, PathBuf)>, bool) {
     let mut c = Vec::new();
-    if let Some(p) = options.config.parameters.get("onnxruntime_library") {
-        c.push(("model parameter 'onnxruntime_library'".into(), PathBuf::from(p)));
+    if let Some(p) = &settings.library {
+        c.push(("model parameter 'onnxruntime_library'".into(), p.clone()));
         return (c, true);
     }
-    if let Some(p) = options.backend.get("onnxruntime-library") {
-        c.push(("--backend-config=rust,onnxruntime-library".into(), PathBuf::from(p)));
+    if let Some(p) = &backend.onnxruntime_library {
+        c.push(("--backend-config=rust,onnxruntime-library".into(), p.clone()));
         return (c, true);
     }
-    for var in ["TRITON_RUST_ONNXRUNTIME_LIBRARY", "ORT_DYLIB_PATH"] {
-        if let Ok(p) = std::env::var(var) {
-            if !p.is_empty() {
-                c.push((format!("environment variable {var}"), PathBuf::from(p)));
-            }
-        }
+    for (var, p) in &backend.onnxruntime_env {
+        c.push((format!("environment variable {var}"), p.clone()));
     }
     c.push(("the stock Triton image location".into(), PathBuf::from(STOCK_LIBRARY)));
     (c, false)
 }
 
-fn runtime(options: &EngineOptions<'_>) -> Result<Arc<Runtime>> {
-    let (candidates, explicit) = library_candidates(options);
+fn runtime(settings: &OnnxSettings, backend: &BackendSettings) -> Result<Arc<Runtime>> {
+    let (candidates, explicit) = library_candidates(settings, backend);
     let mut slot = RUNTIME.lock().map_err(|_| Error::internal("ONNX Runtime lock poisoned"))?;
     let found = candidates.iter().find(|(_, p)| p.is_file());
     let Some((source, path)) = found else {
         let tried: Vec<String> =
             candidates.iter().map(|(s, p)| format!("'{}' ({s})", p.display())).collect();
-        let hint = if options.config.parameters.contains_key("onnxruntime_library") {
+        let hint = if settings.library.is_some() {
             "Fix the model parameter 'onnxruntime_library' (an absolute path to libonnxruntime.so)"
         } else {
             "Set --backend-config=rust,onnxruntime-library=<absolute path to libonnxruntime.so>"
@@ -177,8 +180,9 @@ pub struct OnnxEngine {
 
 impl OnnxEngine {
     pub fn load(model_file: &Path, options: &EngineOptions<'_>) -> Result<OnnxEngine> {
-        let runtime = runtime(options)?;
         let cfg = options.config;
+        let settings = OnnxSettings::from_config(cfg)?;
+        let runtime = runtime(&settings, options.backend)?;
         // CUDA graphs: ONNX Runtime's CUDA provider on a GPU instance (not for the
         // load-time probe, which only reads the signature on the CPU)
         let mut buckets = match options.device {
@@ -189,13 +193,19 @@ impl OnnxEngine {
             log::info!("model '{}': optimization.cuda.graphs applies to the CUDA execution provider; with a GPU accelerator it runs without", cfg.name);
             buckets = None;
         }
-        let session = match build_session(&runtime, model_file, options, buckets.is_some()) {
+        let session = match build_session(
+            &runtime,
+            model_file,
+            options,
+            &settings,
+            buckets.is_some(),
+        ) {
             Ok(s) => s,
             Err(e) if buckets.is_some() => {
                 // ONNX Runtime refuses a graph when a node runs outside the CUDA provider
                 log::warn!("model '{}': ONNX Runtime cannot capture this model in CUDA graphs ({e}); it runs without", cfg.name);
                 buckets = None;
-                build_session(&runtime, model_file, options, false)?
+                build_session(&runtime, model_file, options, &settings, false)?
             }
             Err(e) => return Err(e),
         };
@@ -230,6 +240,7 @@ fn build_session(
     runtime: &Runtime,
     model_file: &Path,
     options: &EngineOptions<'_>,
+    settings: &OnnxSettings,
     cuda_graphs: bool,
 ) -> Result<Session> {
     let cfg = options.config;
@@ -240,13 +251,13 @@ fn build_session(
         _ => GraphOptimizationLevel::Level3,
     };
     builder = builder.with_optimization_level(level).map_err(ort_err)?;
-    if let Some(n) = cfg.parameter_usize("intra_op_thread_count")? {
+    if let Some(n) = settings.intra_op_threads {
         builder = builder.with_intra_threads(n).map_err(ort_err)?;
     }
-    if let Some(n) = cfg.parameter_usize("inter_op_thread_count")? {
+    if let Some(n) = settings.inter_op_threads {
         builder = builder.with_inter_threads(n).map_err(ort_err)?;
     }
-    if let Some(mode) = cfg.parameter_usize("execution_mode")? {
+    if let Some(mode) = settings.execution_mode {
         builder = builder.with_parallel_execution(mode == 1).map_err(ort_err)?;
     }
     let providers = execution_providers(options, cuda_graphs)?;

@@ -18,6 +18,9 @@ use std::path::Path;
 
 use triton_rust_abi::dtype;
 
+mod settings;
+pub use settings::TorchSettings;
+
 use triton_rust_abi::plugin;
 use triton_rust_core::batch::BatchTensor;
 use triton_rust_core::config::{ModelConfig, TensorConfig, TensorSpec};
@@ -113,7 +116,10 @@ impl TorchEngine {
         for t in cfg.inputs.iter().chain(&cfg.outputs) {
             to_abi(t.dtype).map_err(|e| e.context(format!("tensor '{}'", t.name)))?;
         }
-        let plugin = plugin::plugin(options.backend)?;
+        let settings = TorchSettings::from_config(cfg)?;
+        let plugin = plugin::plugin(
+            options.backend.libtorch_dir.as_ref().map(|(d, source)| (d.as_path(), *source)),
+        )?;
         // The load-time probe only needs the signature, which comes from the config: it
         // checks that libtorch loads and does not load the module (each TorchScript load
         // registers classes libtorch never frees).
@@ -123,38 +129,32 @@ impl TorchEngine {
         };
         // (a KIND_CPU instance with graphs asked for says so when it is made: serve.rs)
         let buckets = cfg.cuda_graph_buckets()?;
-        let fusion_strategy = match cfg.parameters.get(FUSION_STRATEGY) {
-            None => Vec::new(),
-            Some(text) => {
-                let steps = parse_fusion_strategy(text)?;
-                // (the load-time probe runs as a CPU engine: it checks the spelling only)
-                if gpu.is_none() && !options.probe {
-                    return Err(Error::invalid_arg(format!(
-                        "parameter '{FUSION_STRATEGY}' is set through the GPU helper library: give it to KIND_GPU instances only"
-                    )));
-                }
-                if !options.probe {
-                    log::info!(
-                        "TorchScript's fusion strategy (process-wide) set to {text} by model '{}'",
-                        cfg.name
-                    );
-                }
-                steps
+        if let Some(text) = &settings.fusion_strategy {
+            // (the load-time probe runs as a CPU engine: it checks the spelling only)
+            if gpu.is_none() && !options.probe {
+                return Err(Error::invalid_arg(format!(
+                    "parameter '{FUSION_STRATEGY}' is set through the GPU helper library: give it to KIND_GPU instances only"
+                )));
             }
-        };
+            if !options.probe {
+                log::info!(
+                    "TorchScript's fusion strategy (process-wide) set to {text} by model '{}'",
+                    cfg.name
+                );
+            }
+        }
         let model = if options.probe {
             None
         } else {
             Some(plugin.load(&plugin::LoadSpec {
                 path: model_file,
                 gpu,
-                intra_op_threads: cfg.parameter_usize("intra_op_thread_count")?.unwrap_or(0) as i32,
-                cudnn: !cfg.parameter_bool("DISABLE_CUDNN")?.unwrap_or(false),
-                optimized_execution:
-                    !cfg.parameter_bool("DISABLE_OPTIMIZED_EXECUTION")?.unwrap_or(false),
-                tensor_fuser: cfg.parameter_bool("ENABLE_TENSOR_FUSER")?,
-                jit_profiling: cfg.parameter_bool("ENABLE_JIT_PROFILING")?,
-                fusion_strategy: &fusion_strategy,
+                intra_op_threads: settings.intra_op_threads as i32,
+                cudnn: settings.cudnn,
+                optimized_execution: settings.optimized_execution,
+                tensor_fuser: settings.tensor_fuser,
+                jit_profiling: settings.jit_profiling,
+                fusion_strategy: &settings.fusion_steps,
                 cuda_graphs: if gpu.is_some() { buckets.as_deref() } else { None },
                 graph_exact_rows: !cfg.batching(),
             })?)

@@ -24,16 +24,22 @@
 //! keys over PCIe and rows through HBM, the network keeps the tensor cores busy), each
 //! part's rows written into one buffer of the chain's, the network's outputs gathered in
 //! order into one response. Batches under P × 1024 rows run whole.
+#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 
-use crate::batch::{BatchData, BatchTensor, RequestTensor};
-use crate::config::{ModelConfig, TensorConfig, TensorSpec};
-use crate::engine::{Device, Engine, EngineKind, OutputView, Signature};
-use crate::error::{Error, Result};
-use crate::tensor::{Bytes, DataType};
 use std::ops::Range;
 use std::sync::Arc;
+
+use triton_rust_core::batch::{BatchData, BatchTensor, RequestTensor};
+use triton_rust_core::config::{ModelConfig, TensorConfig, TensorSpec};
+use triton_rust_core::engine::{
+    claim_for_file, Device, Engine, EngineClaim, OutputView, Signature,
+};
+use triton_rust_core::error::{Error, Result};
+use triton_rust_core::settings::Known;
+use triton_rust_core::tensor::{Bytes, DataType};
+use triton_rust_embedding::settings::TableSettings;
 
 use triton_rust_cuda::{DeviceBuffer, DeviceOps, DeviceView};
 
@@ -55,7 +61,8 @@ const MIN_PART_ROWS: usize = 1024;
 pub struct ChainPlan {
     pub lookup_config: ModelConfig,
     pub dense_config: ModelConfig,
-    pub dense_kind: EngineKind,
+    /// The network's engine (a claim's name).
+    pub dense_engine: &'static str,
     pub dense_file: PathBuf,
     sparse_input: String,
     embeddings_input: String,
@@ -65,14 +72,90 @@ pub struct ChainPlan {
 /// The embedding engine's output name inside the chain.
 const LOOKUP_OUTPUT: &str = "OUTPUT0";
 
-fn param<'a>(config: &'a ModelConfig, key: &str, default: &'a str) -> &'a str {
-    config.parameters.get(key).map(|s| s.trim()).filter(|s| !s.is_empty()).unwrap_or(default)
+/// The recommender's own model parameters, read once at load; the tables come from the
+/// store's parser (`TableSettings`), so both engines read them alike.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecommenderSettings {
+    pub sparse_input: String,
+    pub embeddings_input: String,
+    pub embeddings_type: DataType,
+    pub pipeline_parts: usize,
+    /// `recommender_dense_model`, under the version directory.
+    pub dense_model: Option<String>,
+    pub tables: usize,
+    /// The row width every table shares.
+    pub dim: usize,
 }
 
-/// Splits a recommender model's config into the lookup's and the dense network's.
-pub fn plan(config: &ModelConfig, version_dir: &Path) -> Result<ChainPlan> {
-    let sparse_input = param(config, "recommender_sparse_input", "sparse").to_string();
-    let embeddings_input = param(config, "recommender_embeddings_input", "embeddings").to_string();
+impl RecommenderSettings {
+    pub const KNOWN: &'static [Known] = &[
+        ("recommender_sparse_input", "sparse"),
+        ("recommender_embeddings_input", "embeddings"),
+        ("recommender_embeddings_type", "TYPE_FP32"),
+        ("recommender_pipeline_parts", "1"),
+        ("recommender_dense_model", "dense.onnx, else dense.pt"),
+    ];
+
+    pub fn from_config(config: &ModelConfig) -> Result<RecommenderSettings> {
+        let param = |key: &str, default: &str| -> String {
+            config
+                .parameters
+                .get(key)
+                .map(|s| s.trim())
+                .filter(|s| !s.is_empty())
+                .unwrap_or(default)
+                .to_string()
+        };
+        let tables = TableSettings::from_parameters(&config.parameters)?;
+        let dim = match tables.dims.as_slice() {
+            [d, rest @ ..] if rest.iter().all(|x| x == d) => *d,
+            _ => return Err(Error::invalid_arg(
+                "the recommender engine needs one embedding_vecsize_per_table shared by every table",
+            )),
+        };
+        let embeddings_type = match param("recommender_embeddings_type", "TYPE_FP32").as_str() {
+            "TYPE_FP32" => DataType::F32,
+            "TYPE_FP16" => DataType::F16,
+            other => {
+                return Err(Error::invalid_arg(format!(
+                    "parameter recommender_embeddings_type is TYPE_FP32 or TYPE_FP16, not '{other}'"
+                )))
+            }
+        };
+        let pipeline_parts = param("recommender_pipeline_parts", "1")
+            .parse::<usize>()
+            .ok()
+            .filter(|p| (1..=16).contains(p))
+            .ok_or_else(|| {
+                Error::invalid_arg(
+                    "parameter recommender_pipeline_parts is a number of parts from 1 to 16",
+                )
+            })?;
+        Ok(RecommenderSettings {
+            sparse_input: param("recommender_sparse_input", "sparse"),
+            embeddings_input: param("recommender_embeddings_input", "embeddings"),
+            embeddings_type,
+            pipeline_parts,
+            dense_model: config
+                .parameters
+                .get("recommender_dense_model")
+                .map(|s| s.trim().to_string()),
+            tables: tables.names.len(),
+            dim,
+        })
+    }
+}
+
+/// Splits a recommender model's config into the lookup's and the dense network's; the
+/// network's engine is the one of `claims` its file's name says.
+pub fn plan(
+    config: &ModelConfig,
+    version_dir: &Path,
+    claims: &'static [EngineClaim],
+) -> Result<ChainPlan> {
+    let settings = RecommenderSettings::from_config(config)?;
+    let RecommenderSettings { sparse_input, embeddings_input, tables, .. } = settings.clone();
+    let dim = settings.dim as i64;
     let sparse = config.inputs.iter().find(|t| t.name == sparse_input).ok_or_else(|| {
         Error::invalid_arg(format!(
             "the recommender engine takes the keys from input '{sparse_input}' (parameter recommender_sparse_input), which the config does not list"
@@ -88,27 +171,6 @@ pub fn plan(config: &ModelConfig, version_dir: &Path) -> Result<ChainPlan> {
             "input '{embeddings_input}' is filled by the embedding lookup inside the model; clients do not send it (remove it from the config)"
         )));
     }
-    let tables = config
-        .parameters
-        .get("embedding_table_names")
-        .map_or(0, |s| s.split(',').filter(|t| !t.trim().is_empty()).count());
-    let dims: Vec<i64> = config
-        .parameters
-        .get("embedding_vecsize_per_table")
-        .map(|s| s.split(',').filter_map(|d| d.trim().parse().ok()).collect())
-        .unwrap_or_default();
-    let dim = match dims.as_slice() {
-        [d] => *d,
-        [d, rest @ ..] if rest.iter().all(|x| x == d) => *d,
-        _ => return Err(Error::invalid_arg(
-            "the recommender engine needs one embedding_vecsize_per_table shared by every table",
-        )),
-    };
-    if tables == 0 {
-        return Err(Error::invalid_arg(
-            "the recommender engine needs parameter embedding_table_names",
-        ));
-    }
     // With max_batch_size 0 the batch dimension is the config's own first dim.
     let lead: Vec<i64> = if config.batching() { vec![] } else { vec![-1] };
     let want: Vec<i64> = lead.iter().copied().chain([tables as i64]).collect();
@@ -119,26 +181,9 @@ pub fn plan(config: &ModelConfig, version_dir: &Path) -> Result<ChainPlan> {
         )));
     }
     let rows_dims: Vec<i64> = lead.iter().copied().chain([tables as i64, dim]).collect();
-    let rows_type = match param(config, "recommender_embeddings_type", "TYPE_FP32") {
-        "TYPE_FP32" => DataType::F32,
-        "TYPE_FP16" => DataType::F16,
-        other => {
-            return Err(Error::invalid_arg(format!(
-                "parameter recommender_embeddings_type is TYPE_FP32 or TYPE_FP16, not '{other}'"
-            )))
-        }
-    };
-    let pipeline_parts = param(config, "recommender_pipeline_parts", "1")
-        .parse::<usize>()
-        .ok()
-        .filter(|p| (1..=16).contains(p))
-        .ok_or_else(|| {
-            Error::invalid_arg(
-                "parameter recommender_pipeline_parts is a number of parts from 1 to 16",
-            )
-        })?;
-    let named =
-        config.parameters.get("recommender_dense_model").map(|s| version_dir.join(s.trim()));
+    let rows_type = settings.embeddings_type;
+    let pipeline_parts = settings.pipeline_parts;
+    let named = settings.dense_model.as_ref().map(|s| version_dir.join(s));
     let dense_file = match named {
         Some(f) => f,
         None if version_dir.join("dense.onnx").exists() => version_dir.join("dense.onnx"),
@@ -151,16 +196,14 @@ pub fn plan(config: &ModelConfig, version_dir: &Path) -> Result<ChainPlan> {
         )));
     }
     let file_name = dense_file.to_string_lossy();
-    let dense_kind = if file_name.ends_with(".onnx") {
-        EngineKind::Onnx
-    } else if file_name.ends_with(".pt") || file_name.ends_with(".pth") {
-        EngineKind::Torch
-    } else {
-        return Err(Error::invalid_arg(format!(
-            "cannot tell the dense network's engine from '{file_name}' (.onnx or .pt)"
-        )));
-    };
-
+    let dense_engine = claim_for_file(claims, &file_name)
+        .filter(|c| c.default_file.is_some())
+        .ok_or_else(|| {
+            Error::invalid_arg(format!(
+                "cannot tell the dense network's engine from '{file_name}' (.onnx or .pt)"
+            ))
+        })?
+        .name();
     let mut lookup_config = config.clone();
     lookup_config.inputs = vec![sparse.clone()];
     lookup_config.outputs = vec![TensorConfig {
@@ -184,12 +227,21 @@ pub fn plan(config: &ModelConfig, version_dir: &Path) -> Result<ChainPlan> {
     Ok(ChainPlan {
         lookup_config,
         dense_config,
-        dense_kind,
+        dense_engine,
         dense_file,
         sparse_input,
         embeddings_input,
         pipeline_parts,
     })
+}
+
+/// The lookup's `run_into`, `Ok(false)` when the lookup engine offers none.
+fn run_into(
+    lookup: &mut dyn Engine,
+    inputs: &[BatchTensor<'_>],
+    out: &mut triton_rust_cuda::DeviceViewMut<'_>,
+) -> Result<bool> {
+    lookup.lookup().map_or(Ok(false), |l| l.run_into(inputs, out))
 }
 
 pub struct Chain {
@@ -382,7 +434,8 @@ impl Chain {
                 let parts_in = host.clone();
                 std::thread::scope(|s| {
                     let job = s.spawn(move || stager.stage(&parts_in));
-                    let looked = lookup.run_into(&first, cur.as_mut().expect("one part at least"));
+                    let looked =
+                        run_into(&mut **lookup, &first, cur.as_mut().expect("one part at least"));
                     let staged = job
                         .join()
                         .map_err(|_| Error::internal("staging the network's inputs panicked"));
@@ -390,7 +443,7 @@ impl Chain {
                 })
             }
             None => (
-                lookup.run_into(&first, cur.as_mut().expect("one part at least")),
+                run_into(&mut **lookup, &first, cur.as_mut().expect("one part at least")),
                 Ok(Ok(Vec::new())),
             ),
         };
@@ -459,7 +512,7 @@ impl Chain {
                     })
                 });
                 let looked = match (next_keys.as_ref(), next.as_mut()) {
-                    (Some(k), Some(v)) => lookup.run_into(k, v).map(Some),
+                    (Some(k), Some(v)) => run_into(&mut **lookup, k, v).map(Some),
                     _ => Ok(None),
                 };
                 (
@@ -511,7 +564,9 @@ impl Engine for Chain {
         &self.sig
     }
 
-    fn metrics_source(&self) -> Option<std::sync::Arc<dyn crate::telemetry::MetricsSource>> {
+    fn metrics_source(
+        &self,
+    ) -> Option<std::sync::Arc<dyn triton_rust_core::telemetry::MetricsSource>> {
         self.lookup.metrics_source()
     }
 
@@ -629,8 +684,28 @@ impl Engine for Chain {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fake_device::FakeDevice;
+    use triton_rust_core::engine::Lookup as LookupHooks;
+    use triton_rust_core::fake_device::FakeDevice;
     use triton_rust_cuda::DeviceViewMut;
+
+    const CLAIM: EngineClaim = EngineClaim {
+        names: &["onnx"],
+        default_file: Some("model.onnx"),
+        file_suffixes: &[".onnx"],
+        parameters: &[],
+        builds_on: &[],
+        keeps_sequences: true,
+        probe_serves: true,
+    };
+    static CLAIMS: &[EngineClaim] = &[
+        CLAIM,
+        EngineClaim {
+            names: &["torch"],
+            default_file: Some("model.pt"),
+            file_suffixes: &[".pt", ".pth"],
+            ..CLAIM
+        },
+    ];
 
     fn config(extra: &str) -> ModelConfig {
         ModelConfig::from_json(&format!(
@@ -721,7 +796,7 @@ mod tests {
         let plan = ChainPlan {
             lookup_config: config(""),
             dense_config: config(""),
-            dense_kind: EngineKind::Torch,
+            dense_engine: "torch",
             dense_file: "dense.pt".into(),
             sparse_input: "sparse".into(),
             embeddings_input: "embeddings".into(),
@@ -797,6 +872,11 @@ mod tests {
                 data: Bytes::Device(DeviceView::simulated(0, &rows)),
             })
         }
+        fn lookup(&mut self) -> Option<&mut dyn LookupHooks> {
+            Some(self)
+        }
+    }
+    impl LookupHooks for PartLookup {
         fn run_into(
             &mut self,
             inputs: &[BatchTensor<'_>],
@@ -913,7 +993,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("trt-chain-parts-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("dense.pt"), b"x").unwrap();
-        let plan = plan(&c, &dir).unwrap();
+        let plan = plan(&c, &dir, CLAIMS).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(plan.pipeline_parts, 3);
         let mut chain = Chain::new(Box::new(lookup), Box::new(dense), &plan, Device::Gpu(0))
@@ -977,14 +1057,29 @@ mod tests {
     }
 
     #[test]
+    fn settings_parse_tables_strictly_and_are_documented() {
+        let mut c = config("");
+        c.parameters.insert("embedding_vecsize_per_table".into(), "4,x,4".into());
+        let e = RecommenderSettings::from_config(&c).unwrap_err();
+        assert!(e.message().contains("'embedding_vecsize_per_table': cannot parse 'x'"), "{e}");
+        let s = RecommenderSettings::from_config(&config("")).unwrap();
+        assert_eq!((s.tables, s.dim, s.pipeline_parts), (3, 4, 1));
+        let doc = triton_rust_core::settings::documented_defaults(include_str!(
+            "../../../docs/settings.md"
+        ));
+        let wrong = triton_rust_core::settings::undocumented(RecommenderSettings::KNOWN, &doc);
+        assert!(wrong.is_empty(), "{wrong:?}");
+    }
+
+    #[test]
     fn plans_the_two_engines_and_names_what_is_wrong() {
         let dir = std::env::temp_dir().join(format!("trt-chain-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let e = plan(&config(""), &dir).unwrap_err();
+        let e = plan(&config(""), &dir, CLAIMS).unwrap_err();
         assert!(e.message().contains("dense.onnx or dense.pt"), "{e}");
         std::fs::write(dir.join("dense.onnx"), b"x").unwrap();
-        let p = plan(&config(""), &dir).unwrap();
-        assert_eq!(p.dense_kind, EngineKind::Onnx);
+        let p = plan(&config(""), &dir, CLAIMS).unwrap();
+        assert_eq!(p.dense_engine, "onnx");
         assert_eq!(
             p.lookup_config.inputs.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
             ["sparse"]
@@ -996,36 +1091,37 @@ mod tests {
         let e = plan(
             &config(r#", {"name": "embeddings", "data_type": "TYPE_FP32", "dims": [3, 4]}"#),
             &dir,
+            CLAIMS,
         )
         .unwrap_err();
         assert!(e.message().contains("clients do not send it"), "{e}");
         let mut c = config("");
         c.parameters.insert("recommender_sparse_input".into(), "ids".into());
-        assert!(plan(&c, &dir).unwrap_err().message().contains("'ids'"));
+        assert!(plan(&c, &dir, CLAIMS).unwrap_err().message().contains("'ids'"));
         let mut c = config("");
         c.max_batch_size = 0;
         assert!(
-            plan(&c, &dir).unwrap_err().message().contains("[-1, 3]"),
+            plan(&c, &dir, CLAIMS).unwrap_err().message().contains("[-1, 3]"),
             "without batching the keys carry their own batch dim"
         );
         c.inputs[1].dims = vec![-1, 3];
         c.inputs[0].dims = vec![-1, 13];
-        let p = plan(&c, &dir).unwrap();
+        let p = plan(&c, &dir, CLAIMS).unwrap();
         assert_eq!(p.lookup_config.outputs[0].dims, [-1, 3, 4]);
         assert_eq!(p.dense_config.inputs[1].dims, [-1, 3, 4]);
         let mut c = config("");
         c.parameters.insert("recommender_embeddings_type".into(), "TYPE_FP16".into());
-        let p = plan(&c, &dir).unwrap();
+        let p = plan(&c, &dir, CLAIMS).unwrap();
         assert_eq!(
             (p.lookup_config.outputs[0].dtype, p.dense_config.inputs[1].dtype),
             (DataType::F16, DataType::F16),
             "fp16 rows end to end"
         );
         c.parameters.insert("recommender_embeddings_type".into(), "TYPE_BF16".into());
-        assert!(plan(&c, &dir).unwrap_err().message().contains("TYPE_FP32 or TYPE_FP16"));
+        assert!(plan(&c, &dir, CLAIMS).unwrap_err().message().contains("TYPE_FP32 or TYPE_FP16"));
         let mut c = config("");
         c.parameters.insert("embedding_vecsize_per_table".into(), "4,8,4".into());
-        assert!(plan(&c, &dir).unwrap_err().message().contains("shared by every table"));
+        assert!(plan(&c, &dir, CLAIMS).unwrap_err().message().contains("shared by every table"));
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

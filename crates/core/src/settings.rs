@@ -1,0 +1,338 @@
+//! Settings, read once at load into typed values.
+//!
+//! Each engine crate parses the model parameters it reads into one settings type of its
+//! own (`OnnxSettings`, `TorchSettings`, the store's `StoreSettings`,
+//! `RecommenderSettings`), and declares what it knows as [`Known`] rows (name, default as
+//! the reference documents it, `docs/settings.md`). This module holds the core's own
+//! per-model settings ([`CoreSettings`]), the backend's ([`BackendSettings`]: every
+//! `--backend-config=rust,...` key and every environment variable the backend reads), and
+//! the warning for a model parameter nobody knows ([`unknown_parameters`]).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use crate::config::{ModelConfig, DEFAULT_MAX_BATCH_SIZE};
+use crate::error::{Error, Result};
+
+/// A setting a settings type reads: its name and its default, as `docs/settings.md`
+/// writes it.
+pub type Known = (&'static str, &'static str);
+
+/// Model parameters Triton's own core reads (`EXECUTION_ENV_PATH`: a python-based
+/// backend's environment, whose path Triton localizes); no warning for them.
+pub const READ_BY_TRITON: &[&str] = &["EXECUTION_ENV_PATH"];
+
+/// The core's own model parameters.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CoreSettings {
+    /// The engine named by `engine`, lower case; `None`: from the model file.
+    pub engine: Option<String>,
+    /// Reject NaN and Inf in float inputs.
+    pub reject_nonfinite: bool,
+    /// Integer inputs whose values must lie in `[lo, hi]`.
+    pub valid_range: Vec<(String, i64, i64)>,
+}
+
+impl CoreSettings {
+    pub const KNOWN: &'static [Known] = &[
+        ("engine", "from the model file"),
+        ("reject_nonfinite", "false"),
+        ("valid_range", "none"),
+    ];
+
+    pub fn from_config(config: &ModelConfig) -> Result<CoreSettings> {
+        let valid_range = match config.parameters.get("valid_range") {
+            None => Vec::new(),
+            Some(spec) => {
+                let ranges = crate::batch::parse_valid_range(spec)?;
+                if let Some((name, ..)) =
+                    ranges.iter().find(|r| !config.inputs.iter().any(|c| c.name == r.0))
+                {
+                    return Err(Error::invalid_arg(format!(
+                        "parameter 'valid_range' names '{name}', which is not an input of the model"
+                    )));
+                }
+                ranges
+            }
+        };
+        Ok(CoreSettings {
+            engine: config
+                .parameters
+                .get("engine")
+                .map(|s| s.trim().to_ascii_lowercase())
+                .filter(|s| !s.is_empty()),
+            reject_nonfinite: config.parameter_bool("reject_nonfinite")?.unwrap_or(false),
+            valid_range,
+        })
+    }
+}
+
+/// `malloc-mmap-threshold` when not given.
+pub const DEFAULT_MMAP_THRESHOLD: usize = 128 * 1024;
+
+/// Where glibc's mmap threshold is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MmapThreshold {
+    /// glibc's own adaptive threshold.
+    Adaptive,
+    /// Fixed at this many bytes.
+    Fixed(usize),
+}
+
+/// Backend-wide settings: `--backend-config=rust,<key>=<value>` and the environment, read
+/// once when the backend starts and handed to whoever needs them.
+#[derive(Debug, Clone)]
+pub struct BackendSettings {
+    /// Every key as given (for the start-up log line).
+    pub cmdline: BTreeMap<String, String>,
+    pub default_max_batch_size: i64,
+    pub mmap_threshold: MmapThreshold,
+    /// `onnxruntime-library`.
+    pub onnxruntime_library: Option<PathBuf>,
+    /// The environment's ONNX Runtime candidates, in order (variable name, path):
+    /// `TRITON_RUST_ONNXRUNTIME_LIBRARY`, then `ORT_DYLIB_PATH`.
+    pub onnxruntime_env: Vec<(&'static str, PathBuf)>,
+    /// libtorch's directory and where it was named (`libtorch-dir`, else
+    /// `TRITON_RUST_LIBTORCH_DIR`).
+    pub libtorch_dir: Option<(PathBuf, &'static str)>,
+    /// `node-name`: this server among the consumers of an update stream; `None`: the host name.
+    pub node_name: Option<String>,
+}
+
+impl Default for BackendSettings {
+    fn default() -> Self {
+        BackendSettings {
+            cmdline: BTreeMap::new(),
+            default_max_batch_size: DEFAULT_MAX_BATCH_SIZE,
+            mmap_threshold: MmapThreshold::Fixed(DEFAULT_MMAP_THRESHOLD),
+            onnxruntime_library: None,
+            onnxruntime_env: Vec::new(),
+            libtorch_dir: None,
+            node_name: None,
+        }
+    }
+}
+
+impl BackendSettings {
+    /// The backend settings (Triton passes `default-max-batch-size` and
+    /// `auto-complete-config` among them; the others are ours).
+    pub const KNOWN: &'static [Known] = &[
+        ("onnxruntime-library", "none"),
+        ("malloc-mmap-threshold", "131072"),
+        ("node-name", "the host name"),
+        ("libtorch-dir", "none"),
+        ("default-max-batch-size", "4"),
+    ];
+    /// The environment variables read.
+    pub const ENVIRONMENT: &'static [&'static str] =
+        &["TRITON_RUST_ONNXRUNTIME_LIBRARY", "ORT_DYLIB_PATH", "TRITON_RUST_LIBTORCH_DIR"];
+
+    /// From Triton's backend config JSON and this process's environment.
+    pub fn from_json(json: &str) -> Result<Self> {
+        Self::parse(json, |var| std::env::var(var).ok())
+    }
+
+    /// From the JSON and an environment given as a lookup.
+    pub fn parse(json: &str, env: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let v: Value = if json.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(json)
+                .map_err(|e| Error::invalid_arg(format!("backend config is not JSON: {e}")))?
+        };
+        let mut cmdline = BTreeMap::new();
+        if let Some(Value::Object(m)) = v.get("cmdline") {
+            for (k, v) in m {
+                cmdline.insert(
+                    k.clone(),
+                    v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()),
+                );
+            }
+        }
+        let default_max_batch_size = match cmdline.get("default-max-batch-size") {
+            Some(s) => s.parse().map_err(|_| {
+                Error::invalid_arg(format!("default-max-batch-size '{s}' is not an integer"))
+            })?,
+            None => DEFAULT_MAX_BATCH_SIZE,
+        };
+        let mmap_threshold = match cmdline.get("malloc-mmap-threshold").map(String::as_str) {
+            Some("default") => MmapThreshold::Adaptive,
+            None => MmapThreshold::Fixed(DEFAULT_MMAP_THRESHOLD),
+            Some(s) => MmapThreshold::Fixed(s.parse().map_err(|_| {
+                Error::invalid_arg(format!(
+                    "malloc-mmap-threshold '{s}' is not a number of bytes or 'default'"
+                ))
+            })?),
+        };
+        let set = |var: &'static str| env(var).filter(|p| !p.is_empty()).map(PathBuf::from);
+        let onnxruntime_env = ["TRITON_RUST_ONNXRUNTIME_LIBRARY", "ORT_DYLIB_PATH"]
+            .into_iter()
+            .filter_map(|var| set(var).map(|p| (var, p)))
+            .collect();
+        let libtorch_dir = match cmdline.get("libtorch-dir") {
+            Some(d) => Some((PathBuf::from(d), "--backend-config=rust,libtorch-dir")),
+            None => set("TRITON_RUST_LIBTORCH_DIR").map(|d| (d, "TRITON_RUST_LIBTORCH_DIR")),
+        };
+        Ok(BackendSettings {
+            onnxruntime_library: cmdline.get("onnxruntime-library").map(PathBuf::from),
+            node_name: cmdline.get("node-name").cloned().filter(|n| !n.is_empty()),
+            cmdline,
+            default_max_batch_size,
+            mmap_threshold,
+            onnxruntime_env,
+            libtorch_dir,
+        })
+    }
+}
+
+/// Levenshtein distance, on characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let next = (diag + usize::from(ca != cb)).min(row[j] + 1).min(row[j + 1] + 1);
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+/// The model's parameters that none of `known` names (nor Triton itself reads), each
+/// with the closest known name when one is near enough to be a misspelling.
+pub fn unknown_parameters<'k>(
+    parameters: &BTreeMap<String, String>,
+    known: &[&'k [Known]],
+) -> Vec<(String, Option<&'k str>)> {
+    let names = || known.iter().flat_map(|k| k.iter().map(|(n, _)| *n));
+    parameters
+        .keys()
+        .filter(|key| !READ_BY_TRITON.contains(&key.as_str()))
+        .filter(|key| !names().any(|n| n == key.as_str()))
+        .map(|key| {
+            let lower = key.to_ascii_lowercase();
+            let closest = names()
+                .map(|n| (edit_distance(&lower, &n.to_ascii_lowercase()), n))
+                .min()
+                .filter(|(d, n)| *d <= (n.len() / 3).max(2))
+                .map(|(_, n)| n);
+            (key.clone(), closest)
+        })
+        .collect()
+}
+
+/// Logs a warning for each of the model's parameters nobody knows.
+pub fn warn_unknown_parameters(
+    model: &str,
+    parameters: &BTreeMap<String, String>,
+    known: &[&[Known]],
+) {
+    for (key, closest) in unknown_parameters(parameters, known) {
+        match closest {
+            Some(near) => log::warn!(
+                "model '{model}': parameter '{key}' is not known; did you mean '{near}'?"
+            ),
+            None => log::warn!("model '{model}': parameter '{key}' is not known; it is ignored"),
+        }
+    }
+}
+
+/// The rows of `docs/settings.md`'s tables: first cell a backticked name, second its
+/// default (backticks dropped). For the tests that hold the reference to the code.
+pub fn documented_defaults(markdown: &str) -> BTreeMap<String, String> {
+    let mut rows = BTreeMap::new();
+    for line in markdown.lines() {
+        let cells: Vec<&str> = line.trim().trim_matches('|').split('|').map(str::trim).collect();
+        if cells.len() < 3 {
+            continue;
+        }
+        let Some(name) = cells[0].strip_prefix('`').and_then(|s| s.strip_suffix('`')) else {
+            continue;
+        };
+        rows.insert(name.to_string(), cells[1].replace('`', ""));
+    }
+    rows
+}
+
+/// Each of `known` missing from `documented`, or documented with another default.
+pub fn undocumented(known: &[Known], documented: &BTreeMap<String, String>) -> Vec<String> {
+    known
+        .iter()
+        .filter_map(|(name, default)| match documented.get(*name) {
+            None => Some(format!("'{name}' is not in docs/settings.md")),
+            Some(d) if d != default => {
+                Some(format!("'{name}': docs/settings.md says default '{d}', the code '{default}'"))
+            }
+            Some(_) => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(keys: &[&str]) -> BTreeMap<String, String> {
+        keys.iter().map(|k| (k.to_string(), "1".to_string())).collect()
+    }
+
+    #[test]
+    fn a_misspelt_parameter_is_named_with_the_closest_known() {
+        const ONNX: &[Known] = &[("intra_op_thread_count", ""), ("inter_op_thread_count", "")];
+        let p = params(&["intra_op_thread_cont", "engine", "EXECUTION_ENV_PATH", "colour"]);
+        let found = unknown_parameters(&p, &[CoreSettings::KNOWN, ONNX]);
+        assert_eq!(
+            found,
+            vec![
+                ("colour".to_string(), None),
+                ("intra_op_thread_cont".to_string(), Some("intra_op_thread_count")),
+            ]
+        );
+        // case differences count as near
+        let found = unknown_parameters(&params(&["Reject_NonFinite"]), &[CoreSettings::KNOWN]);
+        assert_eq!(found, vec![("Reject_NonFinite".to_string(), Some("reject_nonfinite"))]);
+        assert!(unknown_parameters(&params(&["engine"]), &[CoreSettings::KNOWN]).is_empty());
+    }
+
+    #[test]
+    fn edit_distance_counts_edits() {
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("same", "same"), 0);
+    }
+
+    #[test]
+    fn backend_settings_typed_once() {
+        let json = r#"{"cmdline":{"onnxruntime-library":"/x/ort.so","malloc-mmap-threshold":"default","node-name":"n1"}}"#;
+        let env = |v: &str| (v == "ORT_DYLIB_PATH").then(|| "/e/ort.so".to_string());
+        let s = BackendSettings::parse(json, env).unwrap();
+        assert_eq!(s.onnxruntime_library, Some(PathBuf::from("/x/ort.so")));
+        assert_eq!(s.onnxruntime_env, vec![("ORT_DYLIB_PATH", PathBuf::from("/e/ort.so"))]);
+        assert_eq!(s.mmap_threshold, MmapThreshold::Adaptive);
+        assert_eq!(s.node_name.as_deref(), Some("n1"));
+        assert_eq!(s.default_max_batch_size, DEFAULT_MAX_BATCH_SIZE);
+        let env = |v: &str| (v == "TRITON_RUST_LIBTORCH_DIR").then(|| "/t".to_string());
+        let s = BackendSettings::parse("", env).unwrap();
+        assert_eq!(s.libtorch_dir, Some((PathBuf::from("/t"), "TRITON_RUST_LIBTORCH_DIR")));
+        assert_eq!(s.mmap_threshold, MmapThreshold::Fixed(131072));
+        let bad = r#"{"cmdline":{"malloc-mmap-threshold":"lots"}}"#;
+        assert!(BackendSettings::parse(bad, |_| None).is_err());
+    }
+
+    #[test]
+    fn core_and_backend_defaults_are_the_documented_ones() {
+        let doc = documented_defaults(include_str!("../../../docs/settings.md"));
+        let mut wrong = undocumented(CoreSettings::KNOWN, &doc);
+        wrong.extend(undocumented(BackendSettings::KNOWN, &doc));
+        assert!(wrong.is_empty(), "{wrong:?}");
+        assert_eq!(
+            BackendSettings::KNOWN.iter().find(|k| k.0 == "malloc-mmap-threshold").unwrap().1,
+            DEFAULT_MMAP_THRESHOLD.to_string()
+        );
+    }
+}

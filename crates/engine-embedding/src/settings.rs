@@ -1,0 +1,272 @@
+//! The embedding engine's settings, read once at load: the store's tables (the store
+//! crate's `TableSettings`, shared with the recommender engine), its tiers, its updates
+//! and who may make them.
+
+use std::path::Path;
+
+use triton_rust_core::config::ModelConfig;
+use triton_rust_core::error::{Error, Result};
+use triton_rust_core::settings::{BackendSettings, Known};
+use triton_rust_embedding::settings::TableSettings;
+use triton_rust_embedding::stream::StreamSpec;
+use triton_rust_embedding::table::HostRows;
+use triton_rust_embedding::{CacheAllocation, StoreConfig, TableConfig};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interface {
+    Hps,
+    Batched,
+    Update,
+}
+
+/// The store settings read from a model config.
+#[derive(Debug, Clone)]
+pub struct StoreSettings {
+    pub name: String,
+    pub interface: Interface,
+    pub store: StoreConfig,
+    /// Keys must lie in [0, size) when given (per table).
+    pub vocabulary: Vec<Option<u64>>,
+    pub volatile_db: Option<String>,
+    /// Who may update (the update interface only).
+    pub credential: Credential,
+    /// A GPU instance's whole-batch lookup sends its keys in pieces of this many keys, copied
+    /// into page-locked memory by up to this many tasks (`gpu_key_piece`,
+    /// `gpu_key_upload_tasks`; `examples/batch_lookup_bench.rs` times the choices).
+    pub key_upload: (usize, usize),
+}
+
+/// Where an update model's credential comes from. The secret itself never sits in the
+/// config (any client may read a model's config through the config API).
+#[derive(Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// Not an update model.
+    NotNeeded,
+    /// `allow_unauthenticated_updates: true`, said explicitly.
+    Open,
+    /// The secret, read at load from `update_credential_file` or `update_credential_env`.
+    Secret { source: String, secret: Vec<u8> },
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credential::NotNeeded => f.write_str("NotNeeded"),
+            Credential::Open => f.write_str("Open"),
+            Credential::Secret { source, .. } => write!(f, "Secret(from {source})"),
+        }
+    }
+}
+
+/// The request parameter (or forwarded header) that carries the credential.
+pub const TOKEN_PARAMETER: &str = "embedding-update-token";
+
+impl Credential {
+    pub(crate) fn from_config(cfg: &ModelConfig) -> Result<Credential> {
+        let file = cfg
+            .parameters
+            .get("update_credential_file")
+            .map(|s| s.trim())
+            .filter(|s| !s.is_empty());
+        let env =
+            cfg.parameters.get("update_credential_env").map(|s| s.trim()).filter(|s| !s.is_empty());
+        let open = cfg.parameter_bool("allow_unauthenticated_updates")?.unwrap_or(false);
+        let (source, secret) = match (file, env) {
+            (Some(_), Some(_)) => return Err(Error::invalid_arg("set one of update_credential_file and update_credential_env, not both")),
+            (Some(path), None) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| Error::invalid_arg(format!("update_credential_file '{path}' cannot be read: {e}")))?;
+                (format!("file '{path}'"), text.trim().as_bytes().to_vec())
+            }
+            (None, Some(var)) => {
+                let text = std::env::var(var).map_err(|_| Error::invalid_arg(format!("update_credential_env names '{var}', which is not set in the server's environment")))?;
+                (format!("environment variable '{var}'"), text.trim().as_bytes().to_vec())
+            }
+            (None, None) if open => {
+                log::warn!("model '{}': updates are NOT authenticated (allow_unauthenticated_updates): anyone who can reach the server can rewrite the embeddings", cfg.name);
+                return Ok(Credential::Open);
+            }
+            (None, None) => {
+                return Err(Error::invalid_arg(
+                    "an update model needs a credential: set parameters update_credential_file or update_credential_env \
+                     (a path or a variable name, never the secret itself), or allow_unauthenticated_updates: true",
+                ))
+            }
+        };
+        if secret.is_empty() {
+            return Err(Error::invalid_arg(format!(
+                "the update credential from {source} is empty"
+            )));
+        }
+        if open {
+            return Err(Error::invalid_arg(
+                "allow_unauthenticated_updates is set together with a credential; choose one",
+            ));
+        }
+        Ok(Credential::Secret { source, secret })
+    }
+}
+
+/// Equal in time that depends on the lengths only, not on where the bytes differ.
+pub(crate) fn same_secret(given: &[u8], secret: &[u8]) -> bool {
+    let mut diff = given.len() ^ secret.len();
+    for (i, &s) in secret.iter().enumerate() {
+        diff |= (s ^ given.get(i).copied().unwrap_or(!s)) as usize;
+    }
+    diff == 0
+}
+
+impl StoreSettings {
+    /// The parameters an embedding model reads, with their defaults.
+    pub const KNOWN: &'static [Known] = &[
+        ("embedding_interface", "hps"),
+        ("embedding_table_names", "required"),
+        ("embedding_vecsize_per_table", "required"),
+        ("default_value_for_each_table", "0"),
+        ("sparse_files", "tables/<name>"),
+        ("vocabulary_size_per_table", "unchecked"),
+        ("store_name", "the model's name"),
+        ("gpucacheper", "0.1"),
+        ("gpucache_allocation", "per_table"),
+        ("hit_rate_threshold", "0.9"),
+        ("host_memory", "mapped"),
+        ("volatile_db", "none"),
+        ("update_log_dir", "<table files>/updates/"),
+        ("update_compaction_rows", "1000000"),
+        ("update_stream", "none"),
+        ("update_stream_group", "triton-rust:<node>:<store>"),
+        ("update_stream_start", "0"),
+        ("update_credential_file", "none"),
+        ("update_credential_env", "none"),
+        ("allow_unauthenticated_updates", "false"),
+        ("gpu_key_piece", "131072"),
+        ("gpu_key_upload_tasks", "8"),
+    ];
+
+    pub fn from_config(
+        cfg: &ModelConfig,
+        version_dir: &Path,
+        backend: &BackendSettings,
+    ) -> Result<StoreSettings> {
+        let interface = match cfg.parameters.get("embedding_interface").map(|s| s.trim()) {
+            None | Some("hps") => Interface::Hps,
+            Some("batched") => Interface::Batched,
+            Some("update") => Interface::Update,
+            Some(other) => {
+                return Err(Error::invalid_arg(format!(
+                    "parameter 'embedding_interface' is '{other}'; use hps, batched or update"
+                )))
+            }
+        };
+        let TableSettings { names, dims, defaults, files, vocabulary } =
+            TableSettings::from_parameters(&cfg.parameters)?;
+        let number = |key: &str, default: f64| -> Result<f64> {
+            match cfg.parameters.get(key) {
+                None => Ok(default),
+                Some(s) => s.trim().parse().map_err(|_| {
+                    Error::invalid_arg(format!("parameter '{key}' must be a number, got '{s}'"))
+                }),
+            }
+        };
+        let tables = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let rel = files.get(i).cloned().unwrap_or_else(|| format!("tables/{name}"));
+                let path = version_dir.join(&rel);
+                TableConfig {
+                    name: name.clone(),
+                    dim: dims[i],
+                    path: if rel == "none" { None } else { Some(path) },
+                    format: None,
+                    default_value: defaults[i],
+                }
+            })
+            .collect();
+        let name = cfg.parameters.get("store_name").cloned().unwrap_or_else(|| cfg.name.clone());
+        let update_stream =
+            match cfg.parameters.get("update_stream").map(|s| s.trim()).filter(|s| !s.is_empty()) {
+                None => None,
+                Some(spec) => {
+                    let group = match cfg.parameters.get("update_stream_group") {
+                        Some(g) => g.trim().to_string(),
+                        None => format!("triton-rust:{}:{name}", node_name(backend)),
+                    };
+                    let start = cfg
+                        .parameters
+                        .get("update_stream_start")
+                        .map(|s| s.trim().to_string())
+                        .unwrap_or_else(|| "0".into());
+                    Some(StreamSpec::parse(spec, group, start)?)
+                }
+            };
+        let store = StoreConfig {
+            tables,
+            cache_ratio: number("gpucacheper", 0.1)?,
+            cache_allocation: CacheAllocation::parse(
+                cfg.parameters.get("gpucache_allocation").map_or("", |s| s.as_str()),
+            )?,
+            hit_rate_threshold: number("hit_rate_threshold", 0.9)?,
+            update_log_dir: cfg
+                .parameters
+                .get("update_log_dir")
+                .map(|d| version_dir.join(d.trim())),
+            compaction_rows: number("update_compaction_rows", 1_000_000.0)? as usize,
+            update_stream,
+            host_memory: HostRows::parse(
+                cfg.parameters.get("host_memory").map_or("", |s| s.as_str()),
+            )?,
+        };
+        let credential = if interface == Interface::Update {
+            Credential::from_config(cfg)?
+        } else {
+            Credential::NotNeeded
+        };
+        let whole = |key: &str, default: usize, least: usize| -> Result<usize> {
+            let v = number(key, default as f64)?;
+            if v.fract() != 0.0 || v < least as f64 || v > (1u64 << 32) as f64 {
+                return Err(Error::invalid_arg(format!(
+                    "parameter '{key}' must be a whole number of at least {least}, got {v}"
+                )));
+            }
+            Ok(v as usize)
+        };
+        let key_upload =
+            (whole("gpu_key_piece", 128 << 10, 1024)?, whole("gpu_key_upload_tasks", 8, 1)?);
+        Ok(StoreSettings {
+            name,
+            interface,
+            store,
+            vocabulary,
+            volatile_db: cfg.parameters.get("volatile_db").cloned(),
+            credential,
+            key_upload,
+        })
+    }
+}
+
+/// This server's name among the nodes following a stream: `--backend-config=rust,node-name=…`,
+/// else the host name.
+fn node_name(backend: &BackendSettings) -> String {
+    backend
+        .node_name
+        .clone()
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_string())
+        })
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "node".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use triton_rust_core::settings::{documented_defaults, undocumented};
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let doc = documented_defaults(include_str!("../../../docs/settings.md"));
+        let wrong = undocumented(StoreSettings::KNOWN, &doc);
+        assert!(wrong.is_empty(), "{wrong:?}");
+    }
+}

@@ -1,0 +1,56 @@
+//! The ONNX engine's model parameters, read once at load.
+
+use std::path::PathBuf;
+
+use triton_rust_core::config::ModelConfig;
+use triton_rust_core::error::Result;
+use triton_rust_core::settings::Known;
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OnnxSettings {
+    /// `onnxruntime_library`: this model's ONNX Runtime (one per process).
+    pub library: Option<PathBuf>,
+    /// `intra_op_thread_count`, `inter_op_thread_count`: ONNX Runtime's thread pools.
+    pub intra_op_threads: Option<usize>,
+    pub inter_op_threads: Option<usize>,
+    /// `execution_mode`: 1 runs independent nodes in parallel.
+    pub execution_mode: Option<usize>,
+}
+
+impl OnnxSettings {
+    pub const KNOWN: &'static [Known] = &[
+        ("onnxruntime_library", "the backend's"),
+        ("intra_op_thread_count", "the runtime's"),
+        ("inter_op_thread_count", "the runtime's"),
+        ("execution_mode", "0"),
+    ];
+
+    pub fn from_config(cfg: &ModelConfig) -> Result<OnnxSettings> {
+        Ok(OnnxSettings {
+            library: cfg.parameters.get("onnxruntime_library").map(PathBuf::from),
+            intra_op_threads: cfg.parameter_usize("intra_op_thread_count")?,
+            inter_op_threads: cfg.parameter_usize("inter_op_thread_count")?,
+            execution_mode: cfg.parameter_usize("execution_mode")?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use triton_rust_core::settings::{documented_defaults, undocumented};
+
+    #[test]
+    fn read_once_and_documented() {
+        let mut cfg = ModelConfig::default();
+        cfg.parameters.insert("intra_op_thread_count".into(), "2".into());
+        let s = OnnxSettings::from_config(&cfg).unwrap();
+        assert_eq!((s.intra_op_threads, s.inter_op_threads, s.library), (Some(2), None, None));
+        cfg.parameters.insert("execution_mode".into(), "x".into());
+        let e = OnnxSettings::from_config(&cfg).unwrap_err();
+        assert!(e.message().contains("'execution_mode'"), "{e}");
+        let doc = documented_defaults(include_str!("../../../docs/settings.md"));
+        let wrong = undocumented(OnnxSettings::KNOWN, &doc);
+        assert!(wrong.is_empty(), "{wrong:?}");
+    }
+}

@@ -1,0 +1,39 @@
+"""Model parameters: a misspelt one loads and serves as before, and the server log names it with
+the closest known parameter; a parameter Triton itself reads is not warned about."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import module_server
+from tritonserver_harness import ModelRepo, infer, make_client
+
+MISSPELT = """name: "misspelt"
+backend: "rust"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+parameters { key: "intra_op_thread_cont" value { string_value: "1" } }
+parameters { key: "reject_nonfinite" value { string_value: "true" } }
+parameters { key: "EXECUTION_ENV_PATH" value { string_value: "/nowhere/env.tar.gz" } }
+"""
+
+
+@pytest.fixture(scope="module")
+def server(request, tmp_path_factory, example_models):
+    repo = ModelRepo(str(tmp_path_factory.mktemp("settings-repo")))
+    repo.add_example("identity", "misspelt", MISSPELT)
+    return module_server(request, tmp_path_factory, repo)
+
+
+def test_a_misspelt_parameter_is_named_and_the_model_serves(server):
+    x = np.arange(32, dtype=np.float32).reshape(2, 16)
+    got = infer(make_client(server, "http"), "http", "misspelt", {"INPUT0": x}, ["OUTPUT0"])
+    np.testing.assert_array_equal(got["OUTPUT0"], x)
+    log = server.log_text()
+    assert ("model 'misspelt': parameter 'intra_op_thread_cont' is not known; "
+            "did you mean 'intra_op_thread_count'?") in log, log[-3000:]
+    assert "'reject_nonfinite' is not known" not in log
+    assert "'EXECUTION_ENV_PATH' is not known" not in log, "a parameter Triton reads is not warned about"
