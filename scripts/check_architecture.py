@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The architecture's rules, checked on the workspace (run by scripts/test.sh, so by CI).
 
-1. `unsafe` only in the FFI and CUDA crates: every other crate declares
-   `#![forbid(unsafe_code)]` at its root (the compiler then refuses any `unsafe`), and
-   no file of theirs says `unsafe` outside comments.
+1. `unsafe` only in the FFI and CUDA crates: the workspace's lints forbid `unsafe_code`, every
+   other crate takes them (`[lints] workspace = true`: the compiler then refuses any `unsafe`),
+   no FFI crate does, and no file of the others says `unsafe` outside comments.
 2. No engine crate, and not the store or the core, depends on the Triton crate
    (`triton_rust`, `triton-sys`); the core depends on no engine runtime or CUDA library
    (`ort`, `tch`, `cudarc`) — checked on each crate's own resolved dependency tree.
@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,13 +36,19 @@ meta = json.loads(subprocess.run(["cargo", "metadata", "--format-version", "1", 
 members = {p["name"]: p for p in meta["packages"]}
 
 # 1. unsafe
+workspace_lints = tomllib.loads((ROOT / "Cargo.toml").read_text())["workspace"].get("lints", {})
+if workspace_lints.get("rust", {}).get("unsafe_code") != "forbid":
+    fail("Cargo.toml: [workspace.lints.rust] does not say unsafe_code = \"forbid\"")
 for name, pkg in sorted(members.items()):
-    src = Path(pkg["manifest_path"]).parent / "src"
+    manifest = Path(pkg["manifest_path"])
+    src = manifest.parent / "src"
+    takes = tomllib.loads(manifest.read_text()).get("lints", {}).get("workspace") is True
     if name in FFI_AND_CUDA:
+        if takes:
+            fail(f"{name}: an FFI crate takes the workspace lints, which forbid the unsafe it needs")
         continue
-    lib = src / "lib.rs"
-    if "#![forbid(unsafe_code)]" not in lib.read_text():
-        fail(f"{name}: {lib.relative_to(ROOT)} does not declare #![forbid(unsafe_code)]")
+    if not takes:
+        fail(f"{name}: {manifest.relative_to(ROOT)} does not take the workspace lints ([lints] workspace = true)")
     for f in src.rglob("*.rs"):
         for n, line in enumerate(f.read_text().splitlines(), 1):
             code = line.split("//", 1)[0]

@@ -11,7 +11,6 @@
 //! - [`telemetry`]: metrics vocabulary.
 //!
 //! Safe code only; logging goes through the `log` facade.
-#![forbid(unsafe_code)]
 
 pub mod batch;
 pub mod config;

@@ -17,8 +17,6 @@
 //! ours, `gpucache_allocation` (`per_table`, HPS's meaning, or `store`: the share is of all
 //! the store's rows, small tables cached whole).
 
-#![forbid(unsafe_code)]
-
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 

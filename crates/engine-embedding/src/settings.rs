@@ -107,13 +107,11 @@ impl Credential {
     }
 }
 
-/// Equal in time that depends on the lengths only, not on where the bytes differ.
+/// Compared in constant time (`subtle`): the time depends on the lengths only, not on where
+/// the bytes differ.
 pub(crate) fn same_secret(given: &[u8], secret: &[u8]) -> bool {
-    let mut diff = given.len() ^ secret.len();
-    for (i, &s) in secret.iter().enumerate() {
-        diff |= (s ^ given.get(i).copied().unwrap_or(!s)) as usize;
-    }
-    diff == 0
+    use subtle::ConstantTimeEq;
+    bool::from(given.ct_eq(secret))
 }
 
 impl StoreSettings {

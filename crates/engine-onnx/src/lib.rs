@@ -9,7 +9,6 @@
 //! One `Session` per instance. On the CPU, inputs are handed to ONNX Runtime in place when
 //! they are aligned and outputs are handed to the sink in place. On a GPU instance inputs
 //! and outputs are bound in GPU memory, with CUDA graphs on request (`gpu.rs`).
-#![forbid(unsafe_code)]
 
 mod gpu;
 mod settings;
