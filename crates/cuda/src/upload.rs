@@ -32,12 +32,15 @@ fn part_len(len: usize) -> usize {
 /// process's worker pool (rayon: starting 16 threads per call costs ~0.5 ms on a 2-CPU
 /// VM, handing 16 tasks to parked ones ~20 µs; `examples/pool_vs_spawn.rs`), with `device`'s context
 /// current on each. The first error (or a panic, as an error) is the result.
+/// What [`in_parts`] runs on each part: `(offset, from, to)`.
+pub(crate) type PartWork<'w, T, U> = dyn Fn(usize, &[T], &mut [U]) -> Result<()> + Sync + 'w;
+
 pub(crate) fn in_parts<T: Sync, U: Send>(
     device: i32,
     per: usize,
     src: &[T],
     dst: &mut [U],
-    work: &(dyn Fn(usize, &[T], &mut [U]) -> Result<()> + Sync),
+    work: &PartWork<'_, T, U>,
 ) -> Result<()> {
     use rayon::prelude::*;
     if per >= src.len() {
