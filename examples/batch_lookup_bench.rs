@@ -143,7 +143,7 @@ fn main() {
             );
         }
         // the keys already in GPU memory (a client's CUDA shared memory): no trip from the host
-        let mut d_keys = triton_rust_cuda::driver::alloc(0, n * 8).expect("device keys");
+        let mut d_keys = Cuda.alloc(0, n * 8).expect("device keys");
         let key_bytes: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
         Cuda.copy(Bytes::Host(&key_bytes), BytesMut::Device(d_keys.view_mut())).expect("keys up");
         let mut fetch = |idx: &mut [i32],

@@ -8,6 +8,9 @@
    (`triton_rust`, `triton-sys`); the core depends on no engine runtime or CUDA library
    (`ort`, `tch`, `cudarc`) — checked on each crate's own resolved dependency tree.
 3. No dependency cycle among the workspace's crates (normal and build dependencies).
+4. Inside `crates/cuda`, one-way layers: each file's `use crate::...` / `use super::...`
+   imports name only files of its own layer or lower ones, never form a cycle, and every
+   file has a layer (a new file must be placed); no file is longer than 600 lines.
 """
 import json
 import re
@@ -104,6 +107,87 @@ while len(done) < len(graph) and not failures:
     order.append(layer)
     done |= set(layer)
 print("layers, bottom up: " + " | ".join(", ".join(layer) for layer in order))
+
+# 4. crates/cuda's layers, bottom up (paths under crates/cuda/src; lib.rs is the root that
+# declares them and is not a layer).
+CUDA_LAYERS = [
+    ("vocabulary", ["error.rs", "mem.rs"]),
+    ("contexts and streams", ["context.rs", "kernels.rs"]),
+    ("buffers", ["buffer.rs", "pinned.rs"]),
+    ("copies", ["copy.rs", "upload.rs"]),
+    ("cache", ["cache/mod.rs", "cache/slots.rs", "cache/rows.rs", "cache/batch_args.rs",
+               "cache/batch.rs", "cache/bench.rs"]),
+]
+CUDA_MAX_LINES = 600
+cuda_src = ROOT / "crates/cuda/src"
+layer_of = {f: i for i, (_, files) in enumerate(CUDA_LAYERS) for f in files}
+
+
+def module_file(path):
+    """The file of a module path (`["cache", "slots"]`), as a key of layer_of."""
+    for cand in ("/".join(path) + ".rs", "/".join(path) + "/mod.rs"):
+        if cand in layer_of:
+            return cand
+    return None
+
+
+def cuda_imports(rel, text):
+    """The files of crates/cuda that `rel` imports through `use crate::` or `use super::`."""
+    here = rel[:-len("/mod.rs")].split("/") if rel.endswith("/mod.rs") else rel[:-3].split("/")
+    code = "\n".join(line.split("//", 1)[0] for line in text.splitlines())
+    found = set()
+    for m in re.finditer(r"\b(crate|super)::((?:\w+::)*)(\{[^;]*?\}|\w+)", code):
+        root, mid = m.group(1), [p for p in m.group(2).split("::") if p]
+        tail = m.group(3)
+        base = [] if root == "crate" else here[:-1]
+        heads = [t.strip().split("::")[0] for t in tail.strip("{}").split(",")] if tail.startswith("{") \
+            else [tail]
+        for head in heads:
+            path = base + mid + ([head] if head not in ("self", "") else [])
+            # the longest prefix of the path that is a file (`crate::mem::Device` is mem.rs)
+            for cut in range(len(path), 0, -1):
+                f = module_file(path[:cut])
+                if f:
+                    if f != rel:
+                        found.add(f)
+                    break
+    return found
+
+
+cuda_graph = {}
+for f in sorted(cuda_src.rglob("*.rs")):
+    rel = f.relative_to(cuda_src).as_posix()
+    lines = f.read_text().count("\n")
+    if lines > CUDA_MAX_LINES:
+        fail(f"crates/cuda/src/{rel} has {lines} lines (more than {CUDA_MAX_LINES})")
+    if rel == "lib.rs":
+        continue
+    if rel not in layer_of:
+        fail(f"crates/cuda/src/{rel} has no layer in check_architecture.py's CUDA_LAYERS")
+        continue
+    cuda_graph[rel] = cuda_imports(rel, f.read_text())
+    for dep in sorted(cuda_graph[rel]):
+        if layer_of[dep] > layer_of[rel]:
+            fail(f"crates/cuda/src/{rel} ({CUDA_LAYERS[layer_of[rel]][0]}) imports {dep}, "
+                 f"a higher layer ({CUDA_LAYERS[layer_of[dep]][0]})")
+cuda_state = {}
+
+
+def visit_file(n, path):
+    if cuda_state.get(n) == 1:
+        fail("crates/cuda import cycle: " + " -> ".join(path + [n]))
+        return
+    if cuda_state.get(n) == 2:
+        return
+    cuda_state[n] = 1
+    for d in sorted(cuda_graph.get(n, ())):
+        visit_file(d, path + [n])
+    cuda_state[n] = 2
+
+
+for n in sorted(cuda_graph):
+    visit_file(n, [])
+print("crates/cuda layers, bottom up: " + " | ".join(", ".join(files) for _, files in CUDA_LAYERS))
 
 if failures:
     sys.exit(f"{len(failures)} architecture rule(s) broken")

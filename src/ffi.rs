@@ -44,7 +44,10 @@ pub(crate) fn to_triton_error(e: &Error) -> *mut sys::TRITONSERVER_Error {
     let code = match e.kind() {
         ErrorKind::InvalidArg => sys::TRITONSERVER_errorcode_enum_TRITONSERVER_ERROR_INVALID_ARG,
         ErrorKind::NotFound => sys::TRITONSERVER_errorcode_enum_TRITONSERVER_ERROR_NOT_FOUND,
-        ErrorKind::Unavailable => sys::TRITONSERVER_errorcode_enum_TRITONSERVER_ERROR_UNAVAILABLE,
+        // a lost GPU: this server cannot serve on it until restarted
+        ErrorKind::Unavailable | ErrorKind::DeviceLost => {
+            sys::TRITONSERVER_errorcode_enum_TRITONSERVER_ERROR_UNAVAILABLE
+        }
         ErrorKind::Unsupported => sys::TRITONSERVER_errorcode_enum_TRITONSERVER_ERROR_UNSUPPORTED,
         ErrorKind::Cancelled => sys::TRITONSERVER_errorcode_enum_TRITONSERVER_ERROR_CANCELLED,
         ErrorKind::Internal => sys::TRITONSERVER_errorcode_enum_TRITONSERVER_ERROR_INTERNAL,

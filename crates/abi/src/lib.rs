@@ -17,7 +17,15 @@ use std::os::raw::{c_char, c_int, c_void};
 #[cfg(feature = "loader")]
 pub mod plugin;
 
-pub const ABI_VERSION: u32 = 5;
+pub const ABI_VERSION: u32 = 6;
+
+/// What `run` returns: done, failed (the error says why), or failed because the GPU's CUDA
+/// context is lost for this process (a sticky CUDA error; the plugin classifies its
+/// runtime's text with `triton_rust_cuda::sticky_error_in`, so the backend branches on
+/// this code, never on the text).
+pub const RUN_OK: c_int = 0;
+pub const RUN_FAILED: c_int = 1;
+pub const RUN_DEVICE_LOST: c_int = 2;
 
 /// The symbol the plugin exports: `extern "C" fn() -> *const PluginApi`.
 pub const ENTRY_SYMBOL: &[u8] = b"triton_rust_plugin_api\0";
@@ -135,6 +143,7 @@ pub struct PluginApi {
     /// Runs it on `inputs` (in the model's argument order); each of the `n_outputs`
     /// outputs named in `output_names` (the model's output order) goes to `sink`, in
     /// host memory when `host_outputs` is non-zero, else where the model produced it.
+    /// Returns [`RUN_OK`], [`RUN_FAILED`] or [`RUN_DEVICE_LOST`] (`*err` set on failure).
     pub run: unsafe extern "C" fn(
         model: *mut c_void,
         inputs: *const TensorView,

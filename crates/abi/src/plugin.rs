@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::{self as abi, LoadOptions, PluginApi, TensorView};
 
-use triton_rust_core::error::{Error, Result};
+use triton_rust_core::error::{Error, ErrorKind, Result};
 use triton_rust_core::tensor::{Bytes, DeviceView};
 use triton_rust_os::{open_global, own_library_dir};
 
@@ -107,13 +107,18 @@ pub fn plugin(libtorch_dir: Option<(&Path, &str)>) -> Result<Arc<Plugin>> {
 }
 
 fn take_error(api: &PluginApi, err: *mut c_char, what: &str) -> Error {
+    take_error_of(api, err, what, ErrorKind::Internal)
+}
+
+/// The plugin's error message, as an error of `kind` (the kind its status code said).
+fn take_error_of(api: &PluginApi, err: *mut c_char, what: &str, kind: ErrorKind) -> Error {
     if err.is_null() {
-        return Error::internal(format!("{what} failed without a message"));
+        return Error::new(kind, format!("{what} failed without a message"));
     }
     // SAFETY: the plugin allocated it; we free it with the plugin's free_error.
     let msg = unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned();
     unsafe { (api.free_error)(err) };
-    Error::internal(msg)
+    Error::new(kind, msg)
 }
 
 /// A model loaded by the plugin; freed when dropped.
@@ -328,8 +333,9 @@ impl PluginModel {
             }
             return Err(e);
         }
-        if rc != 0 {
-            return Err(take_error(self.plugin.api, err, "running the TorchScript model"));
+        if rc != abi::RUN_OK {
+            let kind = run_error_kind(rc);
+            return Err(take_error_of(self.plugin.api, err, "running the TorchScript model", kind));
         }
         Ok(())
     }
@@ -339,5 +345,26 @@ impl Drop for PluginModel {
     fn drop(&mut self) {
         // SAFETY: the handle came from this plugin's load and is freed once.
         unsafe { (self.plugin.api.free_model)(self.handle) };
+    }
+}
+
+/// The kind of error a non-zero status of the plugin's `run` stands for.
+fn run_error_kind(status: c_int) -> ErrorKind {
+    if status == abi::RUN_DEVICE_LOST {
+        ErrorKind::DeviceLost
+    } else {
+        ErrorKind::Internal
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_run_status_carries_a_lost_device_across_the_abi() {
+        assert_eq!(run_error_kind(abi::RUN_DEVICE_LOST), ErrorKind::DeviceLost);
+        assert_eq!(run_error_kind(abi::RUN_FAILED), ErrorKind::Internal);
+        assert_eq!(run_error_kind(7), ErrorKind::Internal, "an unknown status is a failure");
     }
 }

@@ -21,6 +21,9 @@ pub enum ErrorKind {
     Cancelled,
     /// Our own bug or an engine failure.
     Internal,
+    /// The GPU's CUDA context in this process is unusable (a sticky CUDA error: an illegal
+    /// address, a device-side assert, a launch failure): every later call on that device fails.
+    DeviceLost,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +53,9 @@ impl Error {
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Internal, message)
     }
+    pub fn device_lost(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::DeviceLost, message)
+    }
     pub fn kind(&self) -> ErrorKind {
         self.kind
     }
@@ -72,7 +78,13 @@ impl std::error::Error for Error {}
 
 impl From<triton_rust_cuda::CudaError> for Error {
     fn from(e: triton_rust_cuda::CudaError) -> Self {
-        let kind = if e.unavailable { ErrorKind::Unavailable } else { ErrorKind::Internal };
+        let kind = if e.is_device_lost() {
+            ErrorKind::DeviceLost
+        } else if e.unavailable {
+            ErrorKind::Unavailable
+        } else {
+            ErrorKind::Internal
+        };
         Error::new(kind, e.message)
     }
 }
@@ -109,5 +121,20 @@ mod tests {
         let e = fails().context("request 7").unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArg);
         assert_eq!(e.message(), "request 7: input 'X' is empty");
+    }
+
+    #[test]
+    fn a_cuda_error_keeps_its_kind_by_the_drivers_code() {
+        use triton_rust_cuda::{error::code, CudaError};
+        let lost = Error::from(CudaError::driver(code::ILLEGAL_ADDRESS, "CUDA: illegal address"));
+        assert_eq!(lost.kind(), ErrorKind::DeviceLost);
+        assert_eq!(lost.context("batch lookup").kind(), ErrorKind::DeviceLost);
+        let oom = CudaError::driver(2, "CUDA: an illegal memory access in the text only");
+        assert_eq!(Error::from(oom).kind(), ErrorKind::Internal, "the code decides, not the text");
+        assert_eq!(
+            Error::from(CudaError::unavailable("no libcuda")).kind(),
+            ErrorKind::Unavailable
+        );
+        assert_eq!(Error::from(CudaError::internal("bad length")).kind(), ErrorKind::Internal);
     }
 }

@@ -343,22 +343,14 @@ impl InstanceState {
 /// there is refused clearly from then on instead of failing in confusing ways.
 static GPU_FAULTS: Mutex<Vec<(i32, String)>> = Mutex::new(Vec::new());
 
-/// What CUDA reports for errors that leave the device's context unusable.
-const STICKY_CUDA_ERRORS: [&str; 5] = [
-    "device-side assert",
-    "illegal memory access",
-    "unspecified launch failure",
-    "illegal instruction",
-    "misaligned address",
-];
-
-/// Records a sticky CUDA fault on `device` seen by `model`'s engine, if `error` is one.
+/// Records a sticky CUDA fault on `device` seen by `model`'s engine, if `error` is one
+/// (engines classify their runtime's failures as [`ErrorKind::DeviceLost`]).
 fn note_gpu_fault(device: Device, model: &str, error: &Error) {
     let Device::Gpu(id) = device else { return };
-    let msg = error.message();
-    if !STICKY_CUDA_ERRORS.iter().any(|m| msg.contains(m)) {
+    if error.kind() != ErrorKind::DeviceLost {
         return;
     }
+    let msg = error.message();
     let Ok(mut faults) = GPU_FAULTS.lock() else { return };
     if faults.iter().any(|f| f.0 == id) {
         return;
@@ -1147,9 +1139,11 @@ mod tests {
 
     #[test]
     fn a_sticky_cuda_error_refuses_that_gpu_clearly_and_spares_the_others() {
-        let e = Error::internal("TorchScript forward failed: CUDA error: device-side assert triggered\nCompile with TORCH_USE_CUDA_DSA");
+        let e = Error::device_lost("TorchScript forward failed: CUDA error: device-side assert triggered\nCompile with TORCH_USE_CUDA_DSA");
         note_gpu_fault(Device::Gpu(7), "bert", &Error::internal("out of memory"));
         assert_eq!(gpu_fault(Device::Gpu(7)), None, "an ordinary failure is not sticky");
+        note_gpu_fault(Device::Gpu(7), "bert", &Error::internal(e.message()));
+        assert_eq!(gpu_fault(Device::Gpu(7)), None, "the kind decides, not the words");
         note_gpu_fault(Device::Cpu, "bert", &e);
         note_gpu_fault(Device::Gpu(7), "bert", &e);
         let f = gpu_fault(Device::Gpu(7)).unwrap();

@@ -1,55 +1,46 @@
-//! The CUDA room: the only crate that holds device addresses.
+//! The CUDA room: the only crate that holds device addresses. Its files form one-way
+//! layers, each importing only from the layers below it (checked by
+//! `scripts/check_architecture.py`):
 //!
-//! - [`mem`]: the vocabulary other crates use — [`Device`], borrowed views
-//!   ([`DeviceView`], [`DeviceViewMut`]), owned [`DeviceBuffer`]s, [`Bytes`]/[`BytesMut`]
-//!   ("where bytes live") and the [`DeviceOps`] trait the serving path copies through.
-//!   It needs no CUDA and builds everywhere.
-//! - feature `driver`: the real thing through cudarc (libcuda and NVRTC loaded at run
-//!   time, so nothing is linked): one registry of contexts and streams per device
-//!   ([`driver`]), [`Cuda`] implementing `DeviceOps`, and the GPU embedding cache's
-//!   kernels ([`cache`]).
+//! 1. vocabulary, no CUDA needed: [`error`] ([`CudaError`] with the driver's code,
+//!    [`sticky_error_in`] for runtimes that give only text) and [`mem`] ([`Device`], borrowed
+//!    views [`DeviceView`]/[`DeviceViewMut`], owned [`DeviceBuffer`]s, [`Bytes`]/[`BytesMut`],
+//!    the [`DeviceOps`] trait the serving path copies through);
+//! 2. contexts and streams (feature `driver`, cudarc with libcuda and NVRTC loaded at run
+//!    time): `context` (one registry per device; views of memory others own, checked
+//!    against the driver) and `kernels` (the cache's CUDA C, compiled once per device);
+//! 3. buffers: `buffer` (`DeviceMem`, the one owned device buffer, and `DevicePtr`, its
+//!    address borrowed for a launch or copy) and `pinned` (page-locked host memory);
+//! 4. copies: `copy` ([`Cuda`], the queue, the driver's copy calls) and [`upload`];
+//! 5. the GPU embedding cache: [`cache`].
 //!
 //! Every function that takes a raw address is `unsafe fn`; everything else is safe.
 
-use std::fmt;
-
+pub mod error;
 pub mod mem;
+pub use error::{sticky_error_in, CudaError, Result};
 pub use mem::{
     copy_host, Bytes, BytesMut, Device, DeviceBuffer, DeviceOps, DeviceView, DeviceViewMut,
 };
 
 #[cfg(feature = "driver")]
+mod buffer;
+#[cfg(feature = "driver")]
 pub mod cache;
 #[cfg(feature = "driver")]
-pub mod driver;
+mod context;
 #[cfg(feature = "driver")]
-pub use driver::{view_in, view_mut_in, Cuda};
+mod copy;
+#[cfg(feature = "driver")]
+mod kernels;
+#[cfg(feature = "driver")]
+mod pinned;
 #[cfg(feature = "driver")]
 pub mod upload;
 
-/// A CUDA failure, or CUDA not being there.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CudaError {
-    /// The driver or NVRTC library could not be loaded (no GPU machine).
-    pub unavailable: bool,
-    pub message: String,
-}
-
-impl CudaError {
-    pub fn internal(message: impl Into<String>) -> CudaError {
-        CudaError { unavailable: false, message: message.into() }
-    }
-    pub fn unavailable(message: impl Into<String>) -> CudaError {
-        CudaError { unavailable: true, message: message.into() }
-    }
-}
-
-impl fmt::Display for CudaError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for CudaError {}
-
-pub type Result<T> = std::result::Result<T, CudaError>;
+#[cfg(feature = "driver")]
+pub use buffer::DeviceMem;
+#[cfg(feature = "driver")]
+pub use context::{gpu, view_in, view_mut_in, GpuState};
+#[cfg(feature = "driver")]
+pub use copy::{alloc, Cuda};

@@ -11,7 +11,7 @@
 use std::marker::PhantomData;
 use std::ops::Range;
 
-use crate::{CudaError, Result};
+use crate::error::{CudaError, Result};
 
 /// Where a buffer lives, or where an instance runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -241,24 +241,29 @@ impl BytesMut<'_> {
     }
 }
 
+/// Device memory a driver allocated for a [`DeviceBuffer`] (the driver layer's owned
+/// buffer implements it), freed when dropped.
+pub(crate) trait DriverMemory: Send + Sync {
+    fn device(&self) -> i32;
+    fn len(&self) -> usize;
+    fn view(&self) -> DeviceView<'_>;
+    fn view_mut(&mut self) -> DeviceViewMut<'_>;
+}
+
 /// Device memory this process owns (freed on drop).
 pub struct DeviceBuffer {
     inner: Owned,
 }
 
 enum Owned {
-    #[cfg(feature = "driver")]
-    Cuda(crate::driver::CudaBytes),
-    Simulated {
-        device: i32,
-        bytes: Vec<u8>,
-    },
+    Driver(Box<dyn DriverMemory>),
+    Simulated { device: i32, bytes: Vec<u8> },
 }
 
 impl DeviceBuffer {
-    #[cfg(feature = "driver")]
-    pub(crate) fn cuda(bytes: crate::driver::CudaBytes) -> DeviceBuffer {
-        DeviceBuffer { inner: Owned::Cuda(bytes) }
+    #[cfg_attr(not(feature = "driver"), allow(dead_code))]
+    pub(crate) fn from_driver(memory: Box<dyn DriverMemory>) -> DeviceBuffer {
+        DeviceBuffer { inner: Owned::Driver(memory) }
     }
 
     /// Host bytes standing in for a buffer on `device` (a fake device in tests).
@@ -268,16 +273,14 @@ impl DeviceBuffer {
 
     pub fn device(&self) -> i32 {
         match &self.inner {
-            #[cfg(feature = "driver")]
-            Owned::Cuda(c) => c.device(),
+            Owned::Driver(m) => m.device(),
             Owned::Simulated { device, .. } => *device,
         }
     }
 
     pub fn len(&self) -> usize {
         match &self.inner {
-            #[cfg(feature = "driver")]
-            Owned::Cuda(c) => c.len(),
+            Owned::Driver(m) => m.len(),
             Owned::Simulated { bytes, .. } => bytes.len(),
         }
     }
@@ -288,19 +291,14 @@ impl DeviceBuffer {
 
     pub fn view(&self) -> DeviceView<'_> {
         match &self.inner {
-            #[cfg(feature = "driver")]
-            // SAFETY: the allocation is ours, lives as long as `self` and is only
-            // written through `&mut self`.
-            Owned::Cuda(c) => unsafe { DeviceView::from_raw(c.device(), c.addr(), c.len()) },
+            Owned::Driver(m) => m.view(),
             Owned::Simulated { device, bytes } => DeviceView::simulated(*device, bytes),
         }
     }
 
     pub fn view_mut(&mut self) -> DeviceViewMut<'_> {
         match &mut self.inner {
-            #[cfg(feature = "driver")]
-            // SAFETY: as for `view`, and `&mut self` makes the view the only access.
-            Owned::Cuda(c) => unsafe { DeviceViewMut::from_raw(c.device(), c.addr(), c.len()) },
+            Owned::Driver(m) => m.view_mut(),
             Owned::Simulated { device, bytes } => DeviceViewMut::simulated(*device, bytes),
         }
     }

@@ -8,10 +8,12 @@
 //! into pinned memory (reading a client's system shared-memory region is the slow part:
 //! a few GB/s per thread on the H100 machine). One wait at the end.
 
-use crate::cache::{htod, HostBuf, Queue};
-use crate::driver::{alloc, gpu, real};
-use crate::mem::{DeviceBuffer, DeviceView, DeviceViewMut};
-use crate::{CudaError, Result};
+use crate::buffer::{DeviceMem, DevicePtr};
+use crate::context::gpu;
+use crate::copy::{htod, Queue};
+use crate::error::{CudaError, Result};
+use crate::mem::{DeviceView, DeviceViewMut};
+use crate::pinned::PinnedBuf;
 
 /// Bytes per DMA.
 const CHUNK: usize = 4 << 20;
@@ -30,12 +32,15 @@ fn part_len(len: usize) -> usize {
 /// process's worker pool (rayon: starting 16 threads per call costs ~0.5 ms on a 2-CPU
 /// VM, handing 16 tasks to parked ones ~20 µs; `examples/pool_vs_spawn.rs`), with `device`'s context
 /// current on each. The first error (or a panic, as an error) is the result.
+/// What [`in_parts`] runs on each part: `(offset, from, to)`.
+pub(crate) type PartWork<'w, T, U> = dyn Fn(usize, &[T], &mut [U]) -> Result<()> + Sync + 'w;
+
 pub(crate) fn in_parts<T: Sync, U: Send>(
     device: i32,
     per: usize,
     src: &[T],
     dst: &mut [U],
-    work: &(dyn Fn(usize, &[T], &mut [U]) -> Result<()> + Sync),
+    work: &PartWork<'_, T, U>,
 ) -> Result<()> {
     use rayon::prelude::*;
     if per >= src.len() {
@@ -52,12 +57,12 @@ pub(crate) fn in_parts<T: Sync, U: Send>(
 
 pub struct Uploader {
     queue: Queue,
-    pinned: HostBuf<u8>,
+    pinned: PinnedBuf<u8>,
 }
 
 impl Uploader {
     pub fn new(device: i32) -> Result<Uploader> {
-        Ok(Uploader { queue: Queue::new(device)?, pinned: HostBuf::new(device) })
+        Ok(Uploader { queue: Queue::new(device)?, pinned: PinnedBuf::new(device) })
     }
 
     /// Copies `src` into `dst` (equal lengths); done when it returns.
@@ -79,7 +84,7 @@ impl Uploader {
         if src.is_empty() {
             return Ok(());
         }
-        let base = real(dst.raw_addr())?;
+        let base = DevicePtr::of_view_mut(&dst)?;
         let pinned = self.pinned.slice(src.len())?;
         let queue = &self.queue;
         let send = |offset: usize, from: &[u8], to: &mut [u8]| -> Result<()> {
@@ -87,7 +92,7 @@ impl Uploader {
                 p.copy_from_slice(c);
                 // `p` is page-locked and not touched again before the wait below; `dst`
                 // has room for `src` (lengths checked above)
-                htod(queue, base + (offset + i * CHUNK) as u64, p)?;
+                htod(queue, base.at(offset + i * CHUNK), p)?;
             }
             Ok(())
         };
@@ -103,7 +108,7 @@ impl Uploader {
 /// uses to move its second engine's host inputs to the GPU while the first one runs.
 pub struct Staged {
     uploader: Uploader,
-    buf: Option<DeviceBuffer>,
+    buf: Option<DeviceMem>,
 }
 
 /// Offset alignment of the parts in a [`Staged`] buffer.
@@ -129,21 +134,22 @@ impl Staged {
             .collect();
         if self.buf.as_ref().is_none_or(|b| b.len() < total) {
             self.buf = None; // the old buffer goes before the new one is made
-            self.buf = Some(alloc(device, total.next_power_of_two())?);
+            self.buf = Some(DeviceMem::zeroed(device, total.next_power_of_two())?);
         }
-        let base = real(self.buf.as_ref().expect("allocated above").view().raw_addr())?;
-        for (p, &o) in parts.iter().zip(&offsets) {
-            // SAFETY: the buffer is ours, has room for every part at its offset (total
-            // above), and nothing else reads or writes it during this call.
-            let dst = unsafe { DeviceViewMut::from_raw(device, base + o as u64, p.len()) };
-            self.uploader.upload(p, dst)?;
+        let buf = self.buf.as_mut().expect("allocated above");
+        let mut rest = buf.view_mut();
+        for p in parts {
+            let (part, after) = rest.split_at(p.len().next_multiple_of(ALIGN));
+            self.uploader.upload(p, part.split_at(p.len()).0)?;
+            rest = after;
         }
-        // SAFETY: as above; the views borrow `self`, so the buffer outlives them and the
-        // next `stage` (which needs `&mut self`) cannot overwrite them while they are read.
+        // the views borrow `self`, so the buffer outlives them and the next `stage` (which
+        // needs `&mut self`) cannot overwrite them while they are read
+        let whole = self.buf.as_ref().expect("allocated above").view(total).expect("room for all");
         Ok(parts
             .iter()
             .zip(&offsets)
-            .map(|(p, &o)| unsafe { DeviceView::from_raw(device, base + o as u64, p.len()) })
+            .map(|(p, &o)| whole.slice(o..o + p.len()).expect("inside the buffer"))
             .collect())
     }
 }

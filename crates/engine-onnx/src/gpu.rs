@@ -33,7 +33,7 @@ use triton_rust_core::tensor::{Bytes, BytesMut, DataType, DeviceOps};
 use triton_rust_cuda::upload::Uploader;
 use triton_rust_cuda::{view_in, view_mut_in, Cuda};
 
-use crate::{dtype_from_ort, ort_err};
+use crate::{dtype_from_ort, ort_err, runtime_error};
 
 /// More captured shapes than this run without a graph (each holds its own tensors).
 const MAX_GRAPHS: usize = 64;
@@ -400,7 +400,8 @@ fn copy_in(
         Bytes::Host(h) => uploader.upload(h, view),
         Bytes::Device(_) => Cuda.copy(src, BytesMut::Device(view)),
     };
-    copied.map_err(|e| Error::internal(format!("copying input '{}' to GPU {device}: {e}", t.name)))
+    copied
+        .map_err(|e| Error::from(e).context(format!("copying input '{}' to GPU {device}", t.name)))
 }
 
 /// Where one GPU run's time went, logged at debug level (`--log-verbose=1`) as a `timing:`
@@ -442,7 +443,7 @@ impl Times {
 }
 
 fn run_err(e: ort::Error) -> Error {
-    Error::internal(format!("ONNX Runtime run failed: {e}"))
+    runtime_error(format!("ONNX Runtime run failed: {e}"))
 }
 
 #[cfg(test)]

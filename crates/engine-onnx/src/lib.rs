@@ -33,7 +33,18 @@ use triton_rust_core::tensor::{decode_strings, encode_strings, AlignedBuf, Bytes
 const STOCK_LIBRARY: &str = "/opt/tritonserver/backends/onnxruntime/libonnxruntime.so";
 
 fn ort_err(e: impl std::fmt::Display) -> Error {
-    Error::internal(format!("ONNX Runtime: {e}"))
+    runtime_error(format!("ONNX Runtime: {e}"))
+}
+
+/// An ONNX Runtime failure as our error. Its CUDA provider reports a sticky CUDA error only
+/// as text: that is a lost device ([`ErrorKind::DeviceLost`](triton_rust_core::ErrorKind)),
+/// anything else an engine failure.
+fn runtime_error(message: String) -> Error {
+    if triton_rust_cuda::sticky_error_in(&message) {
+        Error::device_lost(message)
+    } else {
+        Error::internal(message)
+    }
 }
 
 /// The process's ONNX Runtime: which library, and its environment.
@@ -458,7 +469,7 @@ impl Engine for OnnxEngine {
         let results = self
             .session
             .run(values)
-            .map_err(|e| Error::internal(format!("ONNX Runtime run failed: {e}")))?;
+            .map_err(|e| runtime_error(format!("ONNX Runtime run failed: {e}")))?;
         for &name in outputs {
             let value = results.get(name).ok_or_else(|| {
                 Error::internal(format!("ONNX Runtime returned no output '{name}'"))
@@ -507,5 +518,21 @@ impl Engine for OnnxEngine {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod error_tests {
+    use triton_rust_core::ErrorKind;
+
+    #[test]
+    fn a_sticky_cuda_error_from_onnx_runtime_is_a_lost_device() {
+        let lost = super::runtime_error(
+            "ONNX Runtime run failed: CUDA failure 700: an illegal memory access was encountered"
+                .into(),
+        );
+        assert_eq!(lost.kind(), ErrorKind::DeviceLost);
+        let other = super::ort_err("Got invalid dimensions for input: X");
+        assert_eq!(other.kind(), ErrorKind::Internal);
     }
 }

@@ -602,15 +602,33 @@ unsafe extern "C" fn run(
         }
         Ok(())
     }));
-    match result {
-        Ok(Ok(())) => 0,
-        Ok(Err(e)) => {
-            set_err(err, e);
-            1
-        }
-        Err(p) => {
-            set_err(err, format!("libtorch panicked while running: {}", panic_text(p)));
-            1
-        }
+    let message = match result {
+        Ok(Ok(())) => return abi::RUN_OK,
+        Ok(Err(e)) => e,
+        Err(p) => format!("libtorch panicked while running: {}", panic_text(p)),
+    };
+    // libtorch reports a sticky CUDA error only as text: classified here, once, so the
+    // backend reads the kind from the status
+    let status = run_status(&message);
+    set_err(err, message);
+    status
+}
+
+/// The status `run` returns for a failure reported as `message`.
+fn run_status(message: &str) -> c_int {
+    if triton_rust_cuda::sticky_error_in(message) {
+        abi::RUN_DEVICE_LOST
+    } else {
+        abi::RUN_FAILED
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_sticky_cuda_error_from_libtorch_returns_the_device_lost_status() {
+        let assert = "CUDA error: device-side assert triggered\nCompile with TORCH_USE_CUDA_DSA";
+        assert_eq!(super::run_status(assert), triton_rust_abi::RUN_DEVICE_LOST);
+        assert_eq!(super::run_status("CUDA out of memory"), triton_rust_abi::RUN_FAILED);
     }
 }

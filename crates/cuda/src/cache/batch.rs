@@ -1,0 +1,499 @@
+//! A whole batch's lookup over every table at once (see [`BatchLookup`]), in named steps:
+//! room for the batch, the table layout, the keys up and looked up piece by piece, the miss
+//! count back, the missed keys to the fetcher, the fetched rows scattered into place, and
+//! later the fill of the caches.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
+
+use super::batch_args::{BatchKeys, BatchTimes, FetchMisses, KeyLayout, KeyUpload, RowFormat};
+use super::slots::{CacheSlots, SlotsDesc, DESC};
+use crate::buffer::{DeviceMem, DevicePtr};
+use crate::context::{cuda_err, gpu};
+use crate::copy::{dtod_on, dtoh, htod, htod_now, htod_on, zero, Queue};
+use crate::error::{CudaError, Result};
+use crate::kernels::{self, warps_config, Kernels};
+use crate::mem::{DeviceView, DeviceViewMut};
+use crate::pinned::PinnedBuf;
+use crate::upload::in_parts;
+
+/// One instance's lookup of a whole batch, every table at once: the keys go to the GPU
+/// once (from page-locked memory), one kernel serves every hit of every table and lists
+/// the misses, the misses come back in one copy, are read below the cache by the
+/// caller, go back in one copy and are scattered into place by one more kernel. Rows
+/// land in this lookup's own output buffer, or the caller's ([`BatchLookup::run_keys`]),
+/// row i at element `i * dim`, as fp32 or fp16 ([`RowFormat`]). The rows read
+/// below the cache are already on the GPU afterwards, so [`BatchLookup::fill_last`]
+/// inserts them into the caches with one more kernel, queued after the response's rows
+/// are complete and never waited for. Every buffer is kept and reused; nothing is
+/// allocated per batch once the largest batch was seen, and the queue is waited on twice
+/// per batch (after the miss count, and when the rows are in place).
+pub struct BatchLookup {
+    queue: Queue,
+    /// The keys' copies to the GPU, beside the queue's lookups: a piece's lookup waits for
+    /// its own copy only, so the next piece's DMA overlaps it.
+    upload: Arc<CudaStream>,
+    kernels: Arc<Kernels>,
+    tables: usize,
+    dim: usize,
+    format: RowFormat,
+    key_upload: KeyUpload,
+    /// The last run wrote its rows into the caller's buffer (`run_keys` with an `out`).
+    external: bool,
+    /// Every table's descriptor, on the GPU (the kernels read it there).
+    desc: DeviceMem,
+    /// The cached tables' slots that `desc` names, held so they outlive this lookup.
+    slots: Vec<SlotsDesc>,
+    keys: (PinnedBuf<i64>, DeviceMem),
+    starts: (PinnedBuf<i32>, DeviceMem),
+    miss: (PinnedBuf<i32>, DeviceMem),
+    count: (PinnedBuf<u32>, DeviceMem),
+    fetched: (PinnedBuf<f32>, DeviceMem),
+    found: (PinnedBuf<u8>, DeviceMem),
+    /// The missed keys, for the fetcher (gathered on the GPU when the keys came there).
+    missed_keys: (PinnedBuf<i64>, DeviceMem),
+    out: DeviceMem,
+    /// The last run's misses, which `fill_last` may insert: (count, interleaved).
+    last: Option<(usize, i32)>,
+    /// A fill is queued and may still run (buffers it reads must not be freed).
+    fill_queued: bool,
+    /// The most keys a run has had room for.
+    max_keys: usize,
+}
+
+impl BatchLookup {
+    /// A lookup over `caches` (one per table, `None` for a table without a cache), all on
+    /// `queue`, every table of dim `dim`, its rows written as `format`.
+    pub fn new(
+        queue: &Queue,
+        caches: &[Option<&CacheSlots>],
+        dim: usize,
+        format: RowFormat,
+    ) -> Result<BatchLookup> {
+        let (_, kernels) = kernels::device(queue.device)?;
+        let d = queue.device;
+        if let Some(c) = caches.iter().flatten().find(|c| c.dim() != dim) {
+            return Err(CudaError::internal(format!(
+                "batch lookup: a cache of dim {} in a lookup of dim {dim}",
+                c.dim()
+            )));
+        }
+        let slots: Vec<Option<SlotsDesc>> =
+            caches.iter().map(|c| c.map(CacheSlots::descriptor)).collect();
+        let table_desc: Vec<i64> =
+            slots.iter().flat_map(|s| s.as_ref().map_or([0; DESC], |s| s.fields)).collect();
+        let mut desc = DeviceMem::growing(d);
+        desc.reserve(table_desc.len().max(1) * 8)?;
+        htod_now(d, desc.ptr(), &table_desc)?;
+        let pair = || (PinnedBuf::new(d), DeviceMem::growing(d));
+        Ok(BatchLookup {
+            queue: queue.clone(),
+            upload: queue.stream.fork().map_err(cuda_err)?,
+            kernels,
+            tables: caches.len(),
+            dim,
+            format,
+            key_upload: KeyUpload::default(),
+            external: false,
+            desc,
+            // the fill zeroes the tickets of the tables whose caches have sets
+            slots: slots.into_iter().flatten().filter(|s| s.fields[3] > 0).collect(),
+            keys: pair(),
+            starts: (PinnedBuf::new(d), DeviceMem::growing(d)),
+            miss: (PinnedBuf::new(d), DeviceMem::growing(d)),
+            count: (PinnedBuf::new(d), DeviceMem::growing(d)),
+            fetched: (PinnedBuf::new(d), DeviceMem::growing(d)),
+            found: (PinnedBuf::new(d), DeviceMem::growing(d)),
+            missed_keys: pair(),
+            out: DeviceMem::growing(d),
+            last: None,
+            fill_queued: false,
+            max_keys: 0,
+        })
+    }
+
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// How the next runs send their keys to the GPU.
+    pub fn set_key_upload(&mut self, how: KeyUpload) {
+        self.key_upload = how;
+    }
+
+    /// Looks `keys` up (table of each key as `layout` says), stamping hits with `epoch`.
+    /// `fetch(missed, rows, found)` is given the indices that missed, in no particular
+    /// order (it may reorder them), a page-locked buffer of `missed.len() * dim` floats to
+    /// fill with their rows (row j for `missed[j]` as it leaves them), and a flag per row
+    /// to set when the row is worth caching. Returns when every row is in place in
+    /// [`BatchLookup::rows`].
+    pub fn run<E: From<CudaError>>(
+        &mut self,
+        keys: &[i64],
+        layout: KeyLayout<'_>,
+        epoch: u64,
+        fetch: &mut FetchMisses<'_, E>,
+    ) -> std::result::Result<BatchTimes, E> {
+        self.run_to(BatchKeys::Host(keys), layout, epoch, fetch, None)
+    }
+
+    /// As [`BatchLookup::run`] for keys on the host or already in GPU memory (on this
+    /// lookup's GPU: one copy on the GPU instead of the trip from the host, the missed keys
+    /// gathered there for the fetcher), the rows written into `out` when given (on this
+    /// lookup's GPU, room for every row) instead of the lookup's own buffer;
+    /// [`BatchLookup::rows`] then has none.
+    pub fn run_keys<E: From<CudaError>>(
+        &mut self,
+        keys: BatchKeys<'_>,
+        layout: KeyLayout<'_>,
+        epoch: u64,
+        fetch: &mut FetchMisses<'_, E>,
+        out: Option<&mut DeviceViewMut<'_>>,
+    ) -> std::result::Result<BatchTimes, E> {
+        if let BatchKeys::Device(v) = &keys {
+            if v.device() != self.queue.device || v.len() % 8 != 0 {
+                return Err(CudaError::internal(format!(
+                    "batch lookup: {} bytes of keys on GPU {} for a lookup on GPU {}",
+                    v.len(),
+                    v.device(),
+                    self.queue.device
+                ))
+                .into());
+            }
+        }
+        let into = match out {
+            Some(o) => Some(self.check_out(keys.len(), o)?),
+            None => None,
+        };
+        self.run_to(keys, layout, epoch, fetch, into)
+    }
+
+    /// Where `out` starts, when it has room for the rows of `n` keys on this lookup's GPU.
+    fn check_out<'o>(&self, n: usize, out: &'o DeviceViewMut<'_>) -> Result<DevicePtr<'o>> {
+        let need = n * self.dim * self.format.size();
+        if out.device() != self.queue.device || out.len() < need {
+            return Err(CudaError::internal(format!(
+                "batch lookup: an output of {} bytes on GPU {} for {need} bytes of rows on GPU {}",
+                out.len(),
+                out.device(),
+                self.queue.device
+            )));
+        }
+        DevicePtr::of_view_mut(out)
+            .map_err(|_| CudaError::internal("batch lookup: a simulated output buffer"))
+    }
+
+    fn run_to<E: From<CudaError>>(
+        &mut self,
+        keys: BatchKeys<'_>,
+        layout: KeyLayout<'_>,
+        epoch: u64,
+        fetch: &mut FetchMisses<'_, E>,
+        into: Option<DevicePtr<'_>>,
+    ) -> std::result::Result<BatchTimes, E> {
+        let n = keys.len();
+        self.external = into.is_some();
+        let mut times = BatchTimes { keys: n, ..BatchTimes::default() };
+        if n == 0 {
+            return Ok(times);
+        }
+        let t0 = Instant::now();
+        let us = |t: Instant| t.elapsed().as_micros() as u64;
+        if n > i32::MAX as usize {
+            return Err(
+                CudaError::internal("batch lookup: more than 2^31 keys in one batch").into()
+            );
+        }
+        gpu(self.queue.device)?;
+        self.last = None;
+        self.make_room(n, into.is_none())?;
+        let interleaved = self.place_layout(layout, n)?;
+        self.clear_misses(n)?;
+        self.send_keys(keys, interleaved, epoch, into)?;
+        let m = self.count_misses(n)?;
+        times.misses = m;
+        times.lookup_us = us(t0);
+        let t1 = Instant::now();
+        if m > 0 {
+            self.missed_keys_to_host(keys, m)?;
+            let dim = self.dim;
+            let h_miss = self.miss.0.slice(m)?;
+            let h_mkeys = self.missed_keys.0.slice(m)?;
+            let rows = self.fetched.0.slice(m * dim)?;
+            let found = self.found.0.slice(m)?;
+            found.fill(0);
+            fetch(h_miss, h_mkeys, rows, found)?;
+            times.fetch_us = us(t1);
+            self.scatter_fetched(m, into)?;
+            self.last = Some((m, interleaved));
+        }
+        self.queue.wait()?;
+        times.scatter_us = us(t1).saturating_sub(times.fetch_us);
+        Ok(times)
+    }
+
+    /// Room for a batch of `n` keys (and its rows, in our own buffer unless `own_out` is
+    /// false). A fill still queued reads the buffers a growth frees: it is waited for first.
+    fn make_room(&mut self, n: usize, own_out: bool) -> Result<()> {
+        if self.fill_queued && n > self.max_keys {
+            self.queue.wait()?;
+        }
+        self.fill_queued = false;
+        self.max_keys = self.max_keys.max(n);
+        if own_out {
+            self.out.reserve(n * self.dim * self.format.size())?;
+        }
+        self.keys.1.reserve(n * 8)
+    }
+
+    /// Checks `layout` against `n` keys and puts the blocked layout's table starts on the
+    /// GPU; returns the kernels' `interleaved` flag.
+    fn place_layout(&mut self, layout: KeyLayout<'_>, n: usize) -> Result<i32> {
+        match layout {
+            KeyLayout::Interleaved => {
+                if self.tables == 0 || n % self.tables != 0 {
+                    return Err(CudaError::internal(format!(
+                        "batch lookup: {n} keys are not whole rows of {} tables",
+                        self.tables
+                    )));
+                }
+                self.starts.1.reserve(8)?;
+                Ok(1)
+            }
+            KeyLayout::Blocked(counts) => {
+                if counts.len() != self.tables || counts.iter().sum::<usize>() != n {
+                    return Err(CudaError::internal(
+                        "batch lookup: the per-table counts do not match the keys",
+                    ));
+                }
+                let h = self.starts.0.slice(counts.len() + 1)?;
+                h[0] = 0;
+                for (t, c) in counts.iter().enumerate() {
+                    h[t + 1] = h[t] + *c as i32;
+                }
+                self.starts.1.reserve(h.len() * 4)?;
+                htod(&self.queue, self.starts.1.ptr(), h)?;
+                Ok(0)
+            }
+        }
+    }
+
+    /// Room for `n` misses, and the miss count zeroed on the queue.
+    fn clear_misses(&mut self, n: usize) -> Result<()> {
+        self.miss.1.reserve(n * 4)?;
+        self.count.1.reserve(4)?;
+        zero(&self.queue, self.count.1.ptr(), 4)
+    }
+
+    /// The keys to the GPU and the lookup kernel queued behind them: host keys in pieces,
+    /// each looked up as soon as it is on the GPU, so copying the next piece into
+    /// page-locked memory and its DMA overlap the last one's lookup; keys already on the
+    /// GPU in one copy there.
+    fn send_keys(
+        &mut self,
+        keys: BatchKeys<'_>,
+        interleaved: i32,
+        epoch: u64,
+        into: Option<DevicePtr<'_>>,
+    ) -> Result<()> {
+        let n = keys.len();
+        let q = &self.queue;
+        let (tables, dim_i, desc) = (self.tables as i32, self.dim as i32, self.desc.ptr());
+        let kernel =
+            if self.format == RowFormat::F16 { &self.kernels.batch_h } else { &self.kernels.batch };
+        let (d_keys, d_starts) = (self.keys.1.ptr(), self.starts.1.ptr());
+        let (d_miss, d_count) = (self.miss.1.ptr(), self.count.1.ptr());
+        let out = into.unwrap_or(self.out.ptr());
+        // queues the lookup of keys[at .. at + len], once they are on the GPU
+        let look_up = |at: usize, len: usize| -> Result<()> {
+            let (at_i, len_i) = (at as i64, len as i32);
+            let mut b = q.stream.launch_builder(kernel);
+            b.arg(&d_keys)
+                .arg(&at_i)
+                .arg(&len_i)
+                .arg(&tables)
+                .arg(&interleaved)
+                .arg(&d_starts)
+                .arg(&desc)
+                .arg(&dim_i)
+                .arg(&epoch);
+            b.arg(&out).arg(&d_miss).arg(&d_count);
+            // SAFETY: argument types and order match batch_lookup(_h); this stream has
+            // the copy of keys[at .. at + len] queued before it; every buffer was sized for n
+            // keys and n rows, and the descriptors name cache slots `self.slots` holds.
+            unsafe { b.launch(warps_config(len)) }.map_err(cuda_err)?;
+            Ok(())
+        };
+        let up = &self.upload;
+        let piece_keys = self.key_upload.piece_keys.max(1);
+        // the keys' buffer is overwritten only after the queue's earlier work (a fill) read it
+        up.join(&q.stream).map_err(cuda_err)?;
+        let piece = |first: usize, keys: &[i64], pinned: &mut [i64]| -> Result<()> {
+            for (j, (from, to)) in
+                keys.chunks(piece_keys).zip(pinned.chunks_mut(piece_keys)).enumerate()
+            {
+                to.copy_from_slice(from);
+                let at = first + j * piece_keys;
+                // SAFETY: `d_keys` has room for n keys; `to` is page-locked and not written
+                // again before the queue's synchronisation that follows this copy (the
+                // lookup of this piece waits for it).
+                unsafe { htod_on(up, d_keys.at(at * 8), &*to) }?;
+                q.stream.wait(&up.record_event(None).map_err(cuda_err)?).map_err(cuda_err)?;
+                look_up(at, to.len())?;
+            }
+            Ok(())
+        };
+        let sent = match keys {
+            BatchKeys::Host(keys) => {
+                let h_keys = self.keys.0.slice(n)?;
+                in_parts(q.device, self.key_upload.part(n), keys, h_keys, &piece)
+            }
+            BatchKeys::Device(v) => DevicePtr::of_view(&v).and_then(|src| {
+                // `src` holds n keys (checked by `run_keys`) and stays valid through this
+                // run, which waits on the queue; the copy is ordered before this run's
+                // kernel and any later fill.
+                dtod_on(&q.stream, d_keys, src, n * 8)?;
+                look_up(0, n)
+            }),
+        };
+        if sent.is_err() {
+            // nothing queued may still read the page-locked keys when the next run rewrites them
+            let _ = up.synchronize();
+            let _ = q.stream.synchronize();
+        }
+        sent
+    }
+
+    /// Waits for the lookup and returns how many keys missed.
+    fn count_misses(&mut self, n: usize) -> Result<usize> {
+        let h_count = self.count.0.slice(1)?;
+        dtoh(&self.queue, h_count, self.count.1.ptr())?;
+        self.queue.wait()?;
+        Ok((h_count[0] as usize).min(n))
+    }
+
+    /// The `m` missed indices to the host, and their keys beside them (gathered on the GPU
+    /// when the keys are there).
+    fn missed_keys_to_host(&mut self, keys: BatchKeys<'_>, m: usize) -> Result<()> {
+        let q = &self.queue;
+        let h_miss = self.miss.0.slice(m)?;
+        dtoh(q, h_miss, self.miss.1.ptr())?;
+        q.wait()?;
+        let h_mkeys = self.missed_keys.0.slice(m)?;
+        match keys {
+            BatchKeys::Host(keys) => {
+                for (k, &i) in h_mkeys.iter_mut().zip(h_miss.iter()) {
+                    *k = keys[i as usize];
+                }
+            }
+            BatchKeys::Device(_) => {
+                self.missed_keys.1.reserve(m * 8)?;
+                let (d_keys, d_miss) = (self.keys.1.ptr(), self.miss.1.ptr());
+                let d_mkeys = self.missed_keys.1.ptr();
+                let m_i = m as i32;
+                let mut b = q.stream.launch_builder(&self.kernels.gather_keys);
+                b.arg(&d_keys).arg(&d_miss).arg(&m_i).arg(&d_mkeys);
+                let cfg = LaunchConfig {
+                    grid_dim: ((m as u32).div_ceil(256), 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: argument types and order match gather_keys; the m indices in
+                // `d_miss` are < n, `d_keys` holds n keys and `d_mkeys` room for m.
+                unsafe { b.launch(cfg) }.map_err(cuda_err)?;
+                dtoh(q, h_mkeys, d_mkeys)?;
+                q.wait()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The `m` rows the fetcher filled to the GPU, with their flags and the miss list in the
+    /// fetcher's order, and the scatter of the rows into place queued.
+    fn scatter_fetched(&mut self, m: usize, into: Option<DevicePtr<'_>>) -> Result<()> {
+        let (q, dim) = (&self.queue, self.dim);
+        let rows = self.fetched.0.slice(m * dim)?;
+        self.fetched.1.reserve(m * dim * 4)?;
+        let d_rows = self.fetched.1.ptr();
+        htod(q, d_rows, rows)?;
+        let found = self.found.0.slice(m)?;
+        self.found.1.reserve(m)?;
+        htod(q, self.found.1.ptr(), found)?;
+        // the miss list, in the fetcher's order, goes back as the scatter's indices
+        let (h_miss, d_miss) = (self.miss.0.slice(m)?, self.miss.1.ptr());
+        htod(q, d_miss, h_miss)?;
+        let out = into.unwrap_or(self.out.ptr());
+        let (m_i, stride, dim_i) = (m as i32, dim as i64, dim as i32);
+        let scatter = if self.format == RowFormat::F16 {
+            &self.kernels.scatter_h
+        } else {
+            &self.kernels.scatter
+        };
+        let mut b = q.stream.launch_builder(scatter);
+        b.arg(&d_rows).arg(&d_miss).arg(&m_i).arg(&out).arg(&stride).arg(&dim_i);
+        // SAFETY: argument types and order match scatter_rows(_h) (`out` by address,
+        // rows of `format`); every index is < n.
+        unsafe { b.launch(warps_config(m)) }.map_err(cuda_err)?;
+        Ok(())
+    }
+
+    /// Queues the insertion of the last run's rows found below the cache into the caches
+    /// (stamped with `epoch`) and returns without waiting: the next run's work queues
+    /// behind it. At most once per run; nothing to do when the last run had no misses.
+    pub fn fill_last(&mut self, epoch: u64) -> Result<()> {
+        let Some((m, interleaved)) = self.last.take() else { return Ok(()) };
+        let q = &self.queue;
+        gpu(q.device)?;
+        let (keys, miss, found, starts, rows) = (
+            self.keys.1.ptr(),
+            self.miss.1.ptr(),
+            self.found.1.ptr(),
+            self.starts.1.ptr(),
+            self.fetched.1.ptr(),
+        );
+        let (m_i, tables, dim_i, desc) =
+            (m as i32, self.tables as i32, self.dim as i32, self.desc.ptr());
+        for s in &self.slots {
+            let (tickets, sets) = s.tickets();
+            zero(q, tickets, sets * 4)?;
+        }
+        let mut b = q.stream.launch_builder(&self.kernels.fill);
+        b.arg(&keys)
+            .arg(&miss)
+            .arg(&found)
+            .arg(&m_i)
+            .arg(&tables)
+            .arg(&interleaved)
+            .arg(&starts)
+            .arg(&desc)
+            .arg(&dim_i)
+            .arg(&epoch)
+            .arg(&rows);
+        // SAFETY: argument types and order match batch_fill; the buffers hold the last
+        // run's keys, misses, flags and rows (m of each), untouched since, and stay
+        // allocated until the queue has passed this kernel (see `make_room` and `Drop`).
+        unsafe { b.launch(warps_config(m)) }.map_err(cuda_err)?;
+        self.fill_queued = true;
+        Ok(())
+    }
+
+    /// The first `elements` elements of the output (of `format`), as bytes (valid until the next run).
+    pub fn rows(&self, elements: usize) -> Option<DeviceView<'_>> {
+        if self.external {
+            return None;
+        }
+        // complete (the run waited for its queue) and only written through `&mut self`
+        self.out.view(elements * self.format.size())
+    }
+}
+
+impl Drop for BatchLookup {
+    fn drop(&mut self) {
+        // a queued fill may still read the buffers freed below
+        if gpu(self.queue.device).is_ok() {
+            let _ = self.queue.stream.synchronize();
+        }
+    }
+}

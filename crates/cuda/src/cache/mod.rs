@@ -1,0 +1,30 @@
+//! The GPU embedding cache's device side: its slots (keys, stamps, rows) in device
+//! memory and the NVRTC kernels that read and write them. The policy (geometry,
+//! epochs, counters of hits and misses, grouping inserts by set) belongs to the store
+//! (`triton_rust_embedding::gpu`); this module only runs what it is told on the GPU.
+//!
+//! A lookup is one warp per key: the 32 lanes read the set's 32 keys at once, a
+//! ballot finds the way, and the warp copies the row (float4 when `dim % 4 == 0`).
+//! Empty slots hold `EMPTY_KEY`, so a lookup reads only the set's 32 keys (256 bytes
+//! of tags for a row of `dim × 4`), never the stamps. One warp handles one set's
+//! inserts in order, so two inserts never race for a victim. All of a cache's calls
+//! go through its own stream, so a lookup and an insert never overlap.
+//!
+//! Files: `slots.rs` (one table's slots, its lookups and inserts), `rows.rs` (the rows
+//! buffer a GPU instance looks up into), `batch.rs` and `batch_args.rs` (a whole batch over
+//! every table, and its arguments), `bench.rs` (feature `bench`: what only the benchmarks use).
+
+mod batch;
+mod batch_args;
+#[cfg(feature = "bench")]
+mod bench;
+mod rows;
+mod slots;
+
+pub use crate::copy::Queue;
+pub use batch::BatchLookup;
+pub use batch_args::{BatchKeys, BatchTimes, FetchMisses, KeyLayout, KeyUpload, RowFormat};
+#[cfg(feature = "bench")]
+pub use bench::DeviceKeys;
+pub use rows::DeviceRows;
+pub use slots::{CacheSlots, InsertPlan, WAYS};

@@ -1,0 +1,243 @@
+//! One table's cache slots on one GPU (keys, stamps, rows) and the kernels that read and
+//! write them one table at a time: lookups of host keys, inserts and refreshes.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr as _, PushKernelArg};
+use parking_lot::Mutex;
+
+use super::rows::DeviceRows;
+use crate::buffer::DevicePtr;
+use crate::context::{cuda_err, GpuState};
+use crate::copy::Queue;
+use crate::error::{CudaError, Result};
+use crate::kernels::{self, warps_config, Kernels};
+
+/// Ways per set: the kernels use one warp per set.
+pub const WAYS: usize = 32;
+
+/// Fields of a table's descriptor for the whole-batch kernels (see `batch_lookup` in the kernels).
+pub(crate) const DESC: usize = 6;
+
+/// A table's slots as the whole-batch kernels see them: the descriptor's fields (keys,
+/// stamps, rows, sets, locks, counters), with a hold on the memory they name, so the
+/// addresses stay valid for as long as this lives.
+pub(crate) struct SlotsDesc {
+    pub(crate) fields: [i64; DESC],
+    _held: Arc<Mutex<Slots>>,
+}
+
+impl SlotsDesc {
+    /// The fill tickets (the lock array's second half, a word per set) and the number of sets.
+    pub(crate) fn tickets(&self) -> (DevicePtr<'_>, usize) {
+        let sets = self.fields[3] as usize;
+        let addr = self.fields[4] as u64 + sets as u64 * 4;
+        // SAFETY: `addr .. + sets * 4` is the second half of the locks array of 2 * sets words
+        // (see `CacheSlots::new`), kept allocated by `_held` while `self` is borrowed.
+        (unsafe { DevicePtr::held(self, addr) }, sets)
+    }
+}
+
+struct Slots {
+    keys: CudaSlice<i64>,
+    stamps: CudaSlice<u64>,
+    rows: CudaSlice<f32>,
+    counters: CudaSlice<u64>,
+    /// Per set, for `batch_fill`: a lock word (warps of one launch filling one set take
+    /// it in turn), then after all sets' locks, a ticket count (how many of this fill's
+    /// warps came for the set; only the first WAYS insert).
+    locks: CudaSlice<u32>,
+}
+
+/// One table's cache slots on one GPU: `sets × WAYS` keys, stamps and rows of `dim`.
+pub struct CacheSlots {
+    kernels: Arc<Kernels>,
+    _gpu: Arc<GpuState>,
+    stream: Arc<CudaStream>,
+    sets: usize,
+    dim: usize,
+    /// Shared with every [`super::BatchLookup`] whose descriptors name these slots, so the
+    /// memory outlives them all.
+    slots: Arc<Mutex<Slots>>,
+}
+
+/// Host-side description of an insert: key indices grouped by set (see `cache_insert`).
+pub struct InsertPlan<'a> {
+    pub order: &'a [i32],
+    pub group_start: &'a [i32],
+    pub group_set: &'a [i64],
+}
+
+impl CacheSlots {
+    /// Empty slots hold `empty_key`, which must never be inserted. The slots' work goes
+    /// through `queue`.
+    pub fn new(queue: &Queue, sets: usize, dim: usize, empty_key: i64) -> Result<CacheSlots> {
+        let (g, kernels) = kernels::device(queue.device)?;
+        let stream = queue.stream.clone();
+        let capacity = sets * WAYS;
+        let slots = Slots {
+            keys: stream.clone_htod(&vec![empty_key; capacity]).map_err(cuda_err)?,
+            stamps: stream.alloc_zeros::<u64>(capacity).map_err(cuda_err)?,
+            rows: stream.alloc_zeros::<f32>(capacity * dim).map_err(cuda_err)?,
+            counters: stream.alloc_zeros::<u64>(2).map_err(cuda_err)?,
+            locks: stream.alloc_zeros::<u32>(2 * sets.max(1)).map_err(cuda_err)?,
+        };
+        stream.synchronize().map_err(cuda_err)?;
+        Ok(CacheSlots { kernels, _gpu: g, stream, sets, dim, slots: Arc::new(Mutex::new(slots)) })
+    }
+
+    /// The slots' descriptor for [`super::BatchLookup`] (the slots are never reallocated).
+    /// The one place their addresses are read.
+    pub(crate) fn descriptor(&self) -> SlotsDesc {
+        let slots = self.slots.lock();
+        let addr = |p: u64| p as i64;
+        let (k, _a) = slots.keys.device_ptr(&self.stream);
+        let (st, _b) = slots.stamps.device_ptr(&self.stream);
+        let (r, _c) = slots.rows.device_ptr(&self.stream);
+        let (l, _d) = slots.locks.device_ptr(&self.stream);
+        let (c, _e) = slots.counters.device_ptr(&self.stream);
+        let fields = [addr(k), addr(st), addr(r), self.sets as i64, addr(l), addr(c)];
+        SlotsDesc { fields, _held: self.slots.clone() }
+    }
+
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    pub(crate) fn launch_lookup(
+        &self,
+        keys: &CudaSlice<i64>,
+        n: usize,
+        out: &mut cudarc::driver::CudaViewMut<'_, f32>,
+        out_stride: usize,
+        hit: &mut CudaSlice<u8>,
+        epoch: u64,
+    ) -> Result<()> {
+        let slots = self.slots.lock();
+        let (n_i, sets, dim, stride) =
+            (n as i32, self.sets as i64, self.dim as i32, out_stride as i64);
+        let mut b = self.stream.launch_builder(&self.kernels.lookup);
+        b.arg(keys)
+            .arg(&n_i)
+            .arg(&slots.keys)
+            .arg(&slots.stamps)
+            .arg(&slots.rows)
+            .arg(&sets)
+            .arg(&dim)
+            .arg(&epoch)
+            .arg(out)
+            .arg(&stride)
+            .arg(hit);
+        // SAFETY: argument types and order match cache_lookup; out holds n rows at out_stride.
+        unsafe { b.launch(warps_config(n)) }.map_err(cuda_err)?;
+        Ok(())
+    }
+
+    /// Looks host `keys` up into `rows`: row i at `offset + i * stride` floats. Returns
+    /// a hit flag per key (rows of misses are left as they were).
+    pub fn lookup_into(
+        &self,
+        keys: &[i64],
+        epoch: u64,
+        rows: &mut DeviceRows,
+        offset: usize,
+        stride: usize,
+    ) -> Result<Vec<u8>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let need = offset + (keys.len() - 1) * stride + self.dim;
+        if rows.len() < need {
+            return Err(CudaError::internal(format!(
+                "device rows buffer of {} floats is too small ({need})",
+                rows.len()
+            )));
+        }
+        let s = &self.stream;
+        let d_keys = s.clone_htod(keys).map_err(cuda_err)?;
+        let mut d_hit = s.alloc_zeros::<u8>(keys.len()).map_err(cuda_err)?;
+        // rows was written on its own stream: finish that first
+        rows.stream.synchronize().map_err(cuda_err)?;
+        let mut view = rows.buf.slice_mut(offset..);
+        self.launch_lookup(&d_keys, keys.len(), &mut view, stride, &mut d_hit, epoch)?;
+        let mut hit = vec![0u8; keys.len()];
+        s.memcpy_dtoh(&d_hit, &mut hit).map_err(cuda_err)?;
+        s.synchronize().map_err(cuda_err)?;
+        Ok(hit)
+    }
+
+    /// Looks host `keys` up into host `out` (row i at `i * dim`). Returns a hit flag per key.
+    pub fn lookup_to_host(&self, keys: &[i64], epoch: u64, out: &mut [f32]) -> Result<Vec<u8>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let s = &self.stream;
+        let d_keys = s.clone_htod(keys).map_err(cuda_err)?;
+        let mut d_out = s.alloc_zeros::<f32>(keys.len() * self.dim).map_err(cuda_err)?;
+        let mut d_hit = s.alloc_zeros::<u8>(keys.len()).map_err(cuda_err)?;
+        let mut view = d_out.slice_mut(..);
+        self.launch_lookup(&d_keys, keys.len(), &mut view, self.dim, &mut d_hit, epoch)?;
+        let mut hit = vec![0u8; keys.len()];
+        s.memcpy_dtoh(&d_hit, &mut hit).map_err(cuda_err)?;
+        s.memcpy_dtoh(&d_out, out).map_err(cuda_err)?;
+        s.synchronize().map_err(cuda_err)?;
+        Ok(hit)
+    }
+
+    /// Inserts (or, with `only_if_present`, refreshes) rows, set by set as `plan` says.
+    pub fn write(
+        &self,
+        keys: &[i64],
+        vectors: &[f32],
+        plan: &InsertPlan<'_>,
+        epoch: u64,
+        only_if_present: bool,
+    ) -> Result<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        if vectors.len() != keys.len() * self.dim
+            || plan.order.len() != keys.len()
+            || plan.group_start.len() != plan.group_set.len() + 1
+        {
+            return Err(CudaError::internal("gpu cache: the insert does not match its keys"));
+        }
+        let mut slots = self.slots.lock();
+        let s = &self.stream;
+        let d_keys = s.clone_htod(keys).map_err(cuda_err)?;
+        let d_vecs = s.clone_htod(vectors).map_err(cuda_err)?;
+        let d_order = s.clone_htod(plan.order).map_err(cuda_err)?;
+        let d_starts = s.clone_htod(plan.group_start).map_err(cuda_err)?;
+        let d_sets = s.clone_htod(plan.group_set).map_err(cuda_err)?;
+        let (groups, dim, flag) =
+            (plan.group_set.len() as i32, self.dim as i32, only_if_present as i32);
+        let Slots { keys: sk, stamps, rows, counters, .. } = &mut *slots;
+        let mut b = s.launch_builder(&self.kernels.insert);
+        b.arg(&d_keys).arg(&d_vecs).arg(&d_order).arg(&d_starts).arg(&d_sets).arg(&groups);
+        b.arg(sk).arg(stamps).arg(rows).arg(&dim).arg(&epoch).arg(&flag).arg(counters);
+        // SAFETY: argument types and order match cache_insert; the plan's sets are < sets.
+        unsafe { b.launch(warps_config(plan.group_set.len())) }.map_err(cuda_err)?;
+        s.synchronize().map_err(cuda_err)?;
+        Ok(())
+    }
+
+    /// Waits for everything launched on this cache's stream.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(cuda_err)
+    }
+
+    /// The device counters: (insertions, evictions).
+    pub fn counters(&self) -> Result<(u64, u64)> {
+        let slots = self.slots.lock();
+        let mut c = [0u64; 2];
+        self.stream.memcpy_dtoh(&slots.counters, &mut c).map_err(cuda_err)?;
+        self.stream.synchronize().map_err(cuda_err)?;
+        Ok((c[0], c[1]))
+    }
+}
+
+impl Drop for CacheSlots {
+    fn drop(&mut self) {
+        let _ = self.stream.synchronize();
+    }
+}

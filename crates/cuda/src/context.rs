@@ -1,0 +1,125 @@
+//! Contexts and streams: one registry of per-device state (the primary context, shared with
+//! libtorch and Triton, and a copy stream), driver errors as [`CudaError`]s with their code,
+//! and views of memory other code owns, checked against the driver's own record first.
+//! Above the vocabulary only; it owns no memory.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use cudarc::driver::{result::DriverError, CudaContext, CudaStream};
+use parking_lot::Mutex;
+
+use crate::error::{CudaError, Result};
+use crate::mem::{DeviceView, DeviceViewMut};
+
+/// A driver failure as a [`CudaError`] that keeps the driver's code.
+pub(crate) fn cuda_err(e: DriverError) -> CudaError {
+    CudaError::driver(e.0 as i32, format!("CUDA: {e:?}"))
+}
+
+/// What the process keeps per GPU.
+pub struct GpuState {
+    pub(crate) ctx: Arc<CudaContext>,
+    /// Stream for the serving path's copies and gathers.
+    pub(crate) copy_stream: Arc<CudaStream>,
+}
+
+static DEVICES: Mutex<Option<HashMap<i32, Arc<GpuState>>>> = Mutex::new(None);
+
+/// The device's state, its context bound to the calling thread.
+pub fn gpu(device: i32) -> Result<Arc<GpuState>> {
+    let state = {
+        let mut guard = DEVICES.lock();
+        let map = guard.get_or_insert_with(HashMap::new);
+        match map.get(&device) {
+            Some(s) => s.clone(),
+            None => {
+                // cudarc loads libcuda on first use and panics when it is absent.
+                let ctx = catch_unwind(AssertUnwindSafe(|| CudaContext::new(device as usize)))
+                    .map_err(|_| {
+                        CudaError::unavailable(
+                            "the CUDA driver library (libcuda.so) could not be loaded",
+                        )
+                    })?
+                    .map_err(cuda_err)?;
+                let copy_stream = ctx.new_stream().map_err(cuda_err)?;
+                let s = Arc::new(GpuState { ctx, copy_stream });
+                map.insert(device, s.clone());
+                s
+            }
+        }
+    };
+    state.ctx.bind_to_thread().map_err(cuda_err)?;
+    Ok(state)
+}
+
+impl GpuState {
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+    /// A new stream on this device (one per cache, or per instance).
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
+        self.ctx.new_stream().map_err(cuda_err)
+    }
+}
+
+/// Asks the driver whether `addr .. addr + len` lies inside one live allocation on GPU
+/// `device`.
+fn check_allocated(device: i32, addr: u64, len: usize) -> Result<()> {
+    use cudarc::driver::sys::{cuPointerGetAttribute, CUpointer_attribute as A, CUresult};
+    gpu(device)?;
+    let (mut start, mut size, mut ordinal) = (0u64, 0usize, -1i32);
+    let ask = |out: *mut std::ffi::c_void, what: A| -> Result<()> {
+        // SAFETY: `out` points at a live value of the type the driver writes for `what`
+        // (CUdeviceptr, size_t, int); the driver only reads `addr` as a number.
+        match unsafe { cuPointerGetAttribute(out, what, addr) } {
+            CUresult::CUDA_SUCCESS => Ok(()),
+            e => Err(CudaError::driver(
+                e as i32,
+                format!("address {addr:#x} is not device memory the driver knows ({e:?})"),
+            )),
+        }
+    };
+    ask((&mut start as *mut u64).cast(), A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)?;
+    ask((&mut size as *mut usize).cast(), A::CU_POINTER_ATTRIBUTE_RANGE_SIZE)?;
+    ask((&mut ordinal as *mut i32).cast(), A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)?;
+    let end = addr
+        .checked_add(len as u64)
+        .ok_or_else(|| CudaError::internal("device range overflows"))?;
+    if ordinal != device || addr < start || end > start + size as u64 {
+        return Err(CudaError::internal(format!(
+            "{len} bytes at {addr:#x} on GPU {device} are not inside one allocation (the driver has {size} bytes at {start:#x} on GPU {ordinal})"
+        )));
+    }
+    Ok(())
+}
+
+/// A view of `len` bytes at `addr` in a device allocation that `owner` keeps alive (an
+/// engine's output tensor, say), for as long as `owner` is borrowed. The range is checked
+/// against the driver's own record of live allocations first, so a wrong address or
+/// length is an error, not a wild copy.
+pub fn view_in<'a, O: ?Sized>(
+    _owner: &'a O,
+    device: i32,
+    addr: u64,
+    len: usize,
+) -> Result<DeviceView<'a>> {
+    check_allocated(device, addr, len)?;
+    // SAFETY: the driver has just confirmed the range is allocated on `device`; the
+    // borrow of its owner keeps it so for 'a.
+    Ok(unsafe { DeviceView::from_raw(device, addr, len) })
+}
+
+/// The writable form of [`view_in`]: `owner` is borrowed mutably, so nothing else reads
+/// or writes the allocation through it while the view lives.
+pub fn view_mut_in<'a, O: ?Sized>(
+    _owner: &'a mut O,
+    device: i32,
+    addr: u64,
+    len: usize,
+) -> Result<DeviceViewMut<'a>> {
+    check_allocated(device, addr, len)?;
+    // SAFETY: as in view_in, with the owner borrowed exclusively for 'a.
+    Ok(unsafe { DeviceViewMut::from_raw(device, addr, len) })
+}

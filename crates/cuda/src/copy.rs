@@ -1,0 +1,199 @@
+//! Copies: a [`Queue`] (a stream of this crate's GPU work), the queued copies the layers
+//! above use (each a borrow of the memory it touches), and [`Cuda`], the [`DeviceOps`] the
+//! serving path copies and gathers through on a GPU machine. The only file that hands a
+//! device address to the driver's copy and fill calls.
+
+use std::sync::Arc;
+
+use cudarc::driver::{result, CudaStream};
+
+use crate::buffer::{DeviceMem, DevicePtr};
+use crate::context::{cuda_err, gpu};
+use crate::error::{CudaError, Result};
+use crate::kernels;
+use crate::mem::{copy_host, Bytes, BytesMut, DeviceBuffer, DeviceOps, DeviceView};
+
+/// One instance's GPU work queue: its caches' lookups, fills and refreshes all go
+/// through it, in order, so an insert never overlaps a lookup of the same slots.
+#[derive(Clone)]
+pub struct Queue {
+    pub(crate) device: i32,
+    pub(crate) stream: Arc<CudaStream>,
+}
+
+impl Queue {
+    /// A new stream on `device`, whose cache kernels are compiled first.
+    pub fn new(device: i32) -> Result<Queue> {
+        let (g, _) = kernels::device(device)?;
+        Ok(Queue { device, stream: g.new_stream()? })
+    }
+    pub fn device(&self) -> i32 {
+        self.device
+    }
+    /// Waits for everything queued so far.
+    pub(crate) fn wait(&self) -> Result<()> {
+        self.stream.synchronize().map_err(cuda_err)
+    }
+}
+
+/// Queues a copy of host `src` to `dst` on `stream`.
+///
+/// # Safety
+/// `dst` has room for `src`; `src` is page-locked (or the copy is waited for before this
+/// returns' caller lets go of it) and is not written before `stream` has passed the copy.
+pub(crate) unsafe fn htod_on<T: Copy>(
+    stream: &CudaStream,
+    dst: DevicePtr<'_>,
+    src: &[T],
+) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { result::memcpy_htod_async(dst.raw(), src, stream.cu_stream()) }.map_err(cuda_err)
+}
+
+/// [`htod_on`] on `queue`. The same contract: callers reach the queue's next
+/// synchronisation before touching `src` again, and `dst` has room for it.
+pub(crate) fn htod<T: Copy>(queue: &Queue, dst: DevicePtr<'_>, src: &[T]) -> Result<()> {
+    // SAFETY (callers): `dst` has room for `src`; `src` is page-locked and outlives the
+    // queue's next synchronisation, which every caller reaches before touching it again.
+    unsafe { htod_on(&queue.stream, dst, src) }
+}
+
+/// Queues a copy of `dst.len()` elements at `src` to host `dst`. Callers read `dst` only
+/// after the queue is synchronised, and `src` holds that many elements.
+pub(crate) fn dtoh<T: Copy>(queue: &Queue, dst: &mut [T], src: DevicePtr<'_>) -> Result<()> {
+    // SAFETY (callers): `src` holds `dst.len()` elements; `dst` is page-locked and is
+    // read only after the queue is synchronised.
+    unsafe { result::memcpy_dtoh_async(dst, src.raw(), queue.stream.cu_stream()) }.map_err(cuda_err)
+}
+
+/// Queues a copy of `bytes` from `src` to `dst` on `stream`; both hold that many.
+pub(crate) fn dtod_on(
+    stream: &CudaStream,
+    dst: DevicePtr<'_>,
+    src: DevicePtr<'_>,
+    bytes: usize,
+) -> Result<()> {
+    // SAFETY (callers): both ranges are live device memory of `bytes` on this stream's device.
+    unsafe { result::memcpy_dtod_async(dst.raw(), src.raw(), bytes, stream.cu_stream()) }
+        .map_err(cuda_err)
+}
+
+/// Queues zeroing `bytes` at `dst` (which holds them) on `queue`.
+pub(crate) fn zero(queue: &Queue, dst: DevicePtr<'_>, bytes: usize) -> Result<()> {
+    // SAFETY (callers): `dst` holds at least `bytes`.
+    unsafe { result::memset_d8_async(dst.raw(), 0, bytes, queue.stream.cu_stream()) }
+        .map_err(cuda_err)
+}
+
+/// Copies `host` to `dst` now (a synchronous copy; `dst` holds as many).
+pub(crate) fn htod_now<T: Copy>(device: i32, dst: DevicePtr<'_>, host: &[T]) -> Result<()> {
+    gpu(device)?;
+    // SAFETY (callers): `dst` has room for `host`; a synchronous copy.
+    unsafe { result::memcpy_htod_sync(dst.raw(), host) }.map_err(cuda_err)
+}
+
+// Every copy below is complete when it returns. The driver's "synchronous" cuMemcpyDtoD
+// and cuMemcpyHtoD (from pageable memory) may return before the data has landed, and our
+// streams do not wait on the legacy default stream, so a buffer reused by the next
+// execution could be overwritten while still being read: those two are queued on the
+// device's copy stream and waited for. cuMemcpyDtoH into pageable memory does return
+// only once done, and is kept.
+
+/// Copies `len` bytes between device memory on `device` (not overlapping); done when it returns.
+fn copy_dtod(device: i32, dst: DevicePtr<'_>, src: DevicePtr<'_>, len: usize) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let g = gpu(device)?;
+    dtod_on(&g.copy_stream, dst, src, len)?;
+    g.copy_stream.synchronize().map_err(cuda_err)
+}
+
+/// Copies device memory at `src` (holding `dst.len()` bytes) into host memory; done when it returns.
+fn copy_dtoh(device: i32, dst: &mut [u8], src: DevicePtr<'_>) -> Result<()> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    gpu(device)?;
+    // SAFETY: `src` holds `dst.len()` bytes on `device` (the caller's lengths).
+    unsafe { result::memcpy_dtoh_sync(dst, src.raw()) }.map_err(cuda_err)
+}
+
+/// Copies host bytes to device memory at `dst` (room for them); done when it returns.
+fn copy_htod(device: i32, dst: DevicePtr<'_>, src: &[u8]) -> Result<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    let g = gpu(device)?;
+    // SAFETY: `dst` has room for `src` (the caller's lengths); `src` outlives the wait below.
+    unsafe { htod_on(&g.copy_stream, dst, src) }?;
+    g.copy_stream.synchronize().map_err(cuda_err)
+}
+
+/// A new allocation of `len` bytes on `device` (zeroed; at least one byte).
+pub fn alloc(device: i32, len: usize) -> Result<DeviceBuffer> {
+    DeviceMem::zeroed(device, len).map(DeviceMem::into_buffer)
+}
+
+/// The real GPU: [`DeviceOps`] through the CUDA driver.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Cuda;
+
+impl DeviceOps for Cuda {
+    fn copy(&self, src: Bytes<'_>, dst: BytesMut<'_>) -> Result<()> {
+        if src.len() != dst.len() {
+            return Err(CudaError::internal(format!(
+                "copy of {} bytes into a buffer of {}",
+                src.len(),
+                dst.len()
+            )));
+        }
+        // Views are only made from live allocations (their constructors' contracts), and
+        // the lengths were checked above.
+        match (src, dst) {
+            (Bytes::Host(s), BytesMut::Host(d)) => copy_host(s, d),
+            (Bytes::Device(s), BytesMut::Host(d)) => {
+                copy_dtoh(s.device(), d, DevicePtr::of_view(&s)?)
+            }
+            (Bytes::Host(s), BytesMut::Device(d)) => {
+                copy_htod(d.device(), DevicePtr::of_view_mut(&d)?, s)
+            }
+            (Bytes::Device(s), BytesMut::Device(d)) if s.device() == d.device() => {
+                copy_dtod(d.device(), DevicePtr::of_view_mut(&d)?, DevicePtr::of_view(&s)?, s.len())
+            }
+            (Bytes::Device(s), BytesMut::Device(d)) => {
+                // another GPU: through the host (rare: Triton places a step's buffers on its device)
+                let mut staged = vec![0u8; s.len()];
+                copy_dtoh(s.device(), &mut staged, DevicePtr::of_view(&s)?)?;
+                copy_htod(d.device(), DevicePtr::of_view_mut(&d)?, &staged)
+            }
+        }
+    }
+
+    fn alloc(&self, device: i32, bytes: usize) -> Result<DeviceBuffer> {
+        alloc(device, bytes)
+    }
+
+    fn gather(&self, device: i32, parts: &[DeviceView<'_>]) -> Result<DeviceBuffer> {
+        let total: usize = parts.iter().map(DeviceView::len).sum();
+        let out = DeviceMem::zeroed(device, total)?;
+        let stream = gpu(device)?.copy_stream.clone();
+        let base = out.ptr();
+        let mut at = 0usize;
+        for p in parts {
+            if p.device() != device {
+                return Err(CudaError::internal(format!(
+                    "gather on GPU {device} was given a buffer on GPU {}",
+                    p.device()
+                )));
+            }
+            if !p.is_empty() {
+                // each part is a live view on `device`; the new buffer has room for all
+                dtod_on(&stream, base.at(at), DevicePtr::of_view(p)?, p.len())?;
+            }
+            at += p.len();
+        }
+        stream.synchronize().map_err(cuda_err)?;
+        Ok(out.into_buffer())
+    }
+}

@@ -1,0 +1,110 @@
+//! The GPU cache's kernels: CUDA C in `kernels/cache.cu`, compiled by NVRTC once per device
+//! on first use, and the launch shape they share. Launching them is the cache's
+//! (`crate::cache`); this layer only loads them.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::{CudaFunction, LaunchConfig};
+use parking_lot::Mutex;
+
+use crate::context::{cuda_err, gpu, GpuState};
+use crate::error::{CudaError, Result};
+
+const SOURCE: &str = include_str!("kernels/cache.cu");
+
+/// The cache kernels of one device.
+pub(crate) struct Kernels {
+    pub(crate) lookup: CudaFunction,
+    pub(crate) insert: CudaFunction,
+    pub(crate) scatter: CudaFunction,
+    pub(crate) batch: CudaFunction,
+    pub(crate) fill: CudaFunction,
+    /// `batch` and `scatter` writing fp16 rows.
+    pub(crate) batch_h: CudaFunction,
+    pub(crate) scatter_h: CudaFunction,
+    pub(crate) gather_keys: CudaFunction,
+}
+
+type Compiled = OnceLock<Result<Arc<Kernels>>>;
+
+/// Per device, the kernels once compiled (or why they could not be).
+static COMPILED: Mutex<Option<HashMap<i32, Arc<Compiled>>>> = Mutex::new(None);
+
+fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
+    // cudarc loads libnvrtc on first use and panics when it is absent.
+    catch_unwind(AssertUnwindSafe(|| -> Result<Arc<Kernels>> {
+        let ptx = cudarc::nvrtc::compile_ptx(SOURCE)
+            .map_err(|e| CudaError::internal(format!("NVRTC: {e:?}")))?;
+        let module = g.ctx.load_module(ptx).map_err(cuda_err)?;
+        let f = |name: &str| module.load_function(name).map_err(cuda_err);
+        Ok(Arc::new(Kernels {
+            lookup: f("cache_lookup")?,
+            insert: f("cache_insert")?,
+            scatter: f("scatter_rows")?,
+            batch: f("batch_lookup")?,
+            fill: f("batch_fill")?,
+            batch_h: f("batch_lookup_h")?,
+            scatter_h: f("scatter_rows_h")?,
+            gather_keys: f("gather_keys")?,
+        }))
+    }))
+    .unwrap_or_else(|p| {
+        let msg = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        Err(CudaError::unavailable(format!(
+            "the GPU embedding cache needs the CUDA driver and NVRTC libraries: {msg}"
+        )))
+    })
+}
+
+/// State of one device and its kernels, or the reason there is none.
+pub(crate) fn device(id: i32) -> Result<(Arc<GpuState>, Arc<Kernels>)> {
+    let g = gpu(id).map_err(|e| {
+        if e.unavailable {
+            CudaError::unavailable(format!(
+                "the GPU embedding cache needs the CUDA driver and NVRTC libraries: {e}"
+            ))
+        } else {
+            e
+        }
+    })?;
+    let once = COMPILED.lock().get_or_insert_with(HashMap::new).entry(id).or_default().clone();
+    let k = once.get_or_init(|| compile(&g)).clone()?;
+    Ok((g, k))
+}
+
+/// One warp per item, 256 threads a block.
+pub(crate) fn warps_config(warps: usize) -> LaunchConfig {
+    let threads = warps as u64 * 32;
+    let block = 256u64;
+    LaunchConfig {
+        grid_dim: (threads.div_ceil(block) as u32, 1, 1),
+        block_dim: (block as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_kernel_loaded_is_in_the_source() {
+        for name in [
+            "cache_lookup",
+            "cache_insert",
+            "scatter_rows",
+            "batch_lookup",
+            "batch_fill",
+            "batch_lookup_h",
+            "scatter_rows_h",
+            "gather_keys",
+        ] {
+            let decl = format!("extern \"C\" __global__ void {name}(");
+            assert!(super::SOURCE.contains(&decl), "{name}");
+        }
+    }
+}

@@ -1,0 +1,246 @@
+// The GPU embedding cache's kernels (see src/cache/mod.rs for what each does and why),
+// compiled at run time by NVRTC (src/kernels.rs) once per device.
+typedef long long i64;
+typedef unsigned long long u64;
+#define FULL 0xffffffffu
+#define EMPTY_KEY ((i64)0x8000000000000000ULL)
+
+__device__ __forceinline__ u64 mix64(u64 k) {
+    k ^= k >> 33; k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33; k *= 0xc4ceb9fe1a85ec53ULL;
+    k ^= k >> 33; return k;
+}
+
+__device__ __forceinline__ void copy_row(float* __restrict__ dst, const float* __restrict__ src, int dim, int lane) {
+    if ((dim & 3) == 0 && ((((size_t)dst) | ((size_t)src)) & 15) == 0) {
+        const float4* s = (const float4*)src; float4* d = (float4*)dst;
+        for (int j = lane; j < (dim >> 2); j += 32) d[j] = s[j];
+    } else {
+        for (int j = lane; j < dim; j += 32) dst[j] = src[j];
+    }
+}
+
+// fp32 -> fp16 bits, rounded to nearest even (PTX cvt: no header needed under NVRTC).
+__device__ __forceinline__ unsigned short f2h(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// A row of floats written as fp16 (a batch lookup whose output is TYPE_FP16).
+__device__ __forceinline__ void copy_row(unsigned short* __restrict__ dst, const float* __restrict__ src, int dim, int lane) {
+    if ((dim & 3) == 0 && (((size_t)src) & 15) == 0 && (((size_t)dst) & 7) == 0) {
+        const float4* s = (const float4*)src; uint2* d = (uint2*)dst;
+        for (int j = lane; j < (dim >> 2); j += 32) {
+            float4 v = s[j];
+            uint2 o;
+            o.x = (unsigned)f2h(v.x) | ((unsigned)f2h(v.y) << 16);
+            o.y = (unsigned)f2h(v.z) | ((unsigned)f2h(v.w) << 16);
+            d[j] = o;
+        }
+    } else {
+        for (int j = lane; j < dim; j += 32) dst[j] = f2h(src[j]);
+    }
+}
+
+// The way of `key` in a set of 32 (one slot per lane: stamp st, key sk), the same on every
+// lane: its own way when present; else -1 when only_if_present, else the least recently
+// stamped way (lowest lane on ties), which lane 0 claims for key and counts (an insert, and
+// an eviction when the way held a row). Callers in fill and insert share this choice.
+__device__ __forceinline__ int way_for(u64 st, i64 sk, i64 key, int lane, int only_if_present,
+        i64* slot_keys, u64 set, u64* counters) {
+    unsigned hit = __ballot_sync(FULL, st != 0 && sk == key);
+    if (hit != 0) return __ffs(hit) - 1;
+    if (only_if_present) return -1;
+    u64 best = st; int bl = lane;
+    for (int off = 16; off > 0; off >>= 1) {
+        u64 os = __shfl_down_sync(FULL, best, off);
+        int ol = __shfl_down_sync(FULL, bl, off);
+        if (os < best || (os == best && ol < bl)) { best = os; bl = ol; }
+    }
+    int way = __shfl_sync(FULL, bl, 0);
+    u64 victim_stamp = __shfl_sync(FULL, best, 0);
+    if (lane == 0) {
+        atomicAdd(&counters[0], 1ULL);
+        if (victim_stamp != 0) atomicAdd(&counters[1], 1ULL);
+        slot_keys[set * 32 + way] = key;
+    }
+    return way;
+}
+
+// One warp per key: hits copy their row to out and stamp the slot with epoch.
+extern "C" __global__ void cache_lookup(const i64* __restrict__ keys, int n,
+        const i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps,
+        const float* __restrict__ rows, long long sets, int dim, u64 epoch,
+        float* __restrict__ out, long long out_stride, unsigned char* __restrict__ hit) {
+    long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (warp >= n) return;
+    i64 key = keys[warp];
+    u64 set = mix64((u64)key) % (u64)sets;
+    size_t slot = set * 32 + lane;
+    // Empty slots hold EMPTY_KEY, which is never inserted: only the tags are read.
+    bool match = key != EMPTY_KEY && slot_keys[slot] == key;
+    unsigned m = __ballot_sync(FULL, match);
+    if (m == 0) { if (lane == 0) hit[warp] = 0; return; }
+    int way = __ffs(m) - 1;
+    copy_row(out + (size_t)warp * out_stride, rows + (set * 32 + way) * (size_t)dim, dim, lane);
+    if (lane == 0) { hit[warp] = 1; slot_stamps[set * 32 + way] = epoch; }
+}
+
+// The whole-batch kernels. Table t's slots are described by desc[t*6 .. t*6+6] = (slot
+// keys, slot stamps, slot rows, sets, set locks, counters). Key i belongs to table
+// i % tables (interleaved: keys [batch, tables]) or to the t with key_start[t] <= i <
+// key_start[t+1] (blocked: table after table); its row lands at out + i * dim either way.
+__device__ __forceinline__ int table_of(long long i, int tables, int interleaved, const int* key_start) {
+    if (interleaved) return (int)(i % tables);
+    int t = 0;
+    while (t + 1 < tables && i >= key_start[t + 1]) ++t;
+    return t;
+}
+
+// One warp per key of keys[first .. first + n] (a launch per piece of the batch, each
+// queued as soon as its keys are on the GPU): hits copy their row and stamp the slot;
+// misses append their index i in the whole batch to miss[] (order not kept).
+// Rows land as O: float, or fp16 bits (unsigned short) for a TYPE_FP16 output.
+template <typename O>
+__device__ __forceinline__ void batch_lookup_as(const i64* __restrict__ keys, long long first, int n, int tables, int interleaved,
+        const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
+        O* __restrict__ out, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
+    long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (warp >= n) return;
+    long long i = first + warp;
+    int t = table_of(i, tables, interleaved, key_start);
+    const i64* slot_keys = (const i64*)desc[t * 6];
+    u64* slot_stamps = (u64*)desc[t * 6 + 1];
+    const float* rows = (const float*)desc[t * 6 + 2];
+    long long sets = desc[t * 6 + 3];
+    i64 key = keys[i];
+    bool match = false;
+    u64 set = 0;
+    if (sets > 0 && key != EMPTY_KEY) {
+        set = mix64((u64)key) % (u64)sets;
+        match = slot_keys[set * 32 + lane] == key;
+    }
+    unsigned m = __ballot_sync(FULL, match);
+    if (m == 0) {
+        if (lane == 0) miss[atomicAdd(miss_count, 1u)] = (int)i;
+        return;
+    }
+    int way = __ffs(m) - 1;
+    copy_row(out + (size_t)i * dim, rows + (set * 32 + way) * (size_t)dim, dim, lane);
+    if (lane == 0) slot_stamps[set * 32 + way] = epoch;
+}
+
+extern "C" __global__ void batch_lookup(const i64* __restrict__ keys, long long first, int n, int tables, int interleaved,
+        const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
+        float* __restrict__ out, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
+    batch_lookup_as(keys, first, n, tables, interleaved, key_start, desc, dim, epoch, out, miss, miss_count);
+}
+
+extern "C" __global__ void batch_lookup_h(const i64* __restrict__ keys, long long first, int n, int tables, int interleaved,
+        const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
+        unsigned short* __restrict__ out, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
+    batch_lookup_as(keys, first, n, tables, interleaved, key_start, desc, dim, epoch, out, miss, miss_count);
+}
+
+// One warp per missed key of the last batch_lookup: inserts row j (fetched below the
+// cache, already on the GPU) for key keys[miss[j]] when found[j]. A set takes at most 32
+// of a fill's rows (a ticket per warp; more could not all stay, and warps queueing on one
+// lock would hold SMs the network's kernels need). Those warps take the set's lock in
+// turn (all lanes spin together, so no lane waits on another), read the set's tags past
+// L1, and replace the way holding the key or the least recently stamped one, as
+// cache_insert does.
+extern "C" __global__ void batch_fill(const i64* __restrict__ keys, const int* __restrict__ miss,
+        const unsigned char* __restrict__ found, int m, int tables, int interleaved,
+        const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
+        const float* __restrict__ rows) {
+    long long j = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (j >= m || !found[j]) return;
+    int i = miss[j];
+    int t = table_of(i, tables, interleaved, key_start);
+    long long sets = desc[t * 6 + 3];
+    i64 key = keys[i];
+    if (sets <= 0 || key == EMPTY_KEY) return;
+    i64* slot_keys = (i64*)desc[t * 6];
+    u64* slot_stamps = (u64*)desc[t * 6 + 1];
+    float* slot_rows = (float*)desc[t * 6 + 2];
+    unsigned* locks = (unsigned*)desc[t * 6 + 4];
+    u64* counters = (u64*)desc[t * 6 + 5];
+    u64 set = mix64((u64)key) % (u64)sets;
+    unsigned ticket = 0;
+    if (lane == 0) ticket = atomicAdd(&locks[sets + set], 1u);
+    if (__shfl_sync(FULL, ticket, 0) >= 32u) return;
+    for (;;) {
+        unsigned got = 0;
+        if (lane == 0) got = atomicCAS(&locks[set], 0u, 1u) == 0u;
+        if (__shfl_sync(FULL, got, 0)) break;
+    }
+    __threadfence();
+    size_t slot = set * 32 + lane;
+    u64 st = __ldcg(&slot_stamps[slot]);
+    i64 sk = __ldcg(&slot_keys[slot]);
+    int way = way_for(st, sk, key, lane, 0, slot_keys, set, counters);
+    copy_row(slot_rows + (set * 32 + way) * (size_t)dim, rows + (size_t)j * dim, dim, lane);
+    __syncwarp();
+    if (lane == 0) {
+        slot_stamps[set * 32 + way] = epoch;
+        __threadfence();
+        atomicExch(&locks[set], 0u);
+    }
+}
+
+// One warp per row: writes rows[i] to out + idx[i] * out_stride (rows fetched below the cache).
+template <typename O>
+__device__ __forceinline__ void scatter_rows_as(const float* __restrict__ rows, const int* __restrict__ idx, int n,
+        O* __restrict__ out, long long out_stride, int dim) {
+    long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (warp >= n) return;
+    copy_row(out + (size_t)idx[warp] * out_stride, rows + (size_t)warp * dim, dim, lane);
+}
+
+extern "C" __global__ void scatter_rows(const float* __restrict__ rows, const int* __restrict__ idx, int n,
+        float* __restrict__ out, long long out_stride, int dim) {
+    scatter_rows_as(rows, idx, n, out, out_stride, dim);
+}
+
+extern "C" __global__ void scatter_rows_h(const float* __restrict__ rows, const int* __restrict__ idx, int n,
+        unsigned short* __restrict__ out, long long out_stride, int dim) {
+    scatter_rows_as(rows, idx, n, out, out_stride, dim);
+}
+
+// One thread per missed key: out[j] = keys[idx[j]] (a batch whose keys came in GPU memory
+// tells the host which keys missed).
+extern "C" __global__ void gather_keys(const i64* __restrict__ keys, const int* __restrict__ idx, int m, i64* __restrict__ out) {
+    long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j < m) out[j] = keys[idx[j]];
+}
+
+// One warp per set: inserts (or, with only_if_present, refreshes) that set's keys in order.
+extern "C" __global__ void cache_insert(const i64* __restrict__ keys, const float* __restrict__ vecs,
+        const int* __restrict__ order, const int* __restrict__ group_start,
+        const long long* __restrict__ group_set, int groups,
+        i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps, float* __restrict__ rows,
+        int dim, u64 epoch, int only_if_present, u64* __restrict__ counters) {
+    long long g = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (g >= groups) return;
+    u64 set = (u64)group_set[g];
+    size_t slot = set * 32 + lane;
+    for (int idx = group_start[g]; idx < group_start[g + 1]; ++idx) {
+        int i = order[idx];
+        i64 key = keys[i];
+        if (key == EMPTY_KEY) continue;
+        u64 st = slot_stamps[slot];
+        i64 sk = slot_keys[slot];
+        int way = way_for(st, sk, key, lane, only_if_present, slot_keys, set, counters);
+        if (way < 0) continue;
+        copy_row(rows + (set * 32 + way) * (size_t)dim, vecs + (size_t)i * dim, dim, lane);
+        __syncwarp();
+        if (lane == 0) slot_stamps[set * 32 + way] = epoch;
+        __syncwarp();
+    }
+}
