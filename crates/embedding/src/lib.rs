@@ -16,7 +16,7 @@
 //! Nothing here knows Triton; `triton_rust_engine_embedding` adapts it to the `Engine` trait.
 #![forbid(unsafe_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Weak};
 use std::time::Instant;

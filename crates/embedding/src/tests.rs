@@ -2,6 +2,7 @@ use super::cache::HostCache;
 use super::table::{write_table, VectorType};
 use super::*;
 use rand::{Rng, SeedableRng};
+use std::path::PathBuf;
 
 fn row(key: i64, version: u32, dim: usize) -> Vec<f32> {
     (0..dim).map(|j| key as f32 * 100.0 + version as f32 + j as f32 * 1e-3).collect()
