@@ -395,7 +395,7 @@ impl Drop for InstanceCaches {
 /// every run takes an equal share of the keys, cut where the tables change. Reading rows
 /// scattered over tens of GB is bound by memory latency, not bandwidth, so more readers help.
 #[cfg(feature = "gpu")]
-fn fetch_parallel(
+pub(crate) fn fetch_parallel(
     store: &EmbeddingStore,
     groups: &[(usize, std::ops::Range<usize>)],
     keys: &[i64],

@@ -1,4 +1,5 @@
 use super::cache::HostCache;
+use super::instance::fetch_parallel;
 use super::table::{write_table, VectorType};
 use super::*;
 use rand::{Rng, SeedableRng};
