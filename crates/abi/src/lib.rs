@@ -17,6 +17,8 @@ use std::os::raw::{c_char, c_int, c_void};
 #[cfg(feature = "loader")]
 pub mod plugin;
 
+pub mod graphs;
+
 pub const ABI_VERSION: u32 = 6;
 
 /// What `run` returns: done, failed (the error says why), or failed because the GPU's CUDA

@@ -25,6 +25,7 @@ use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, Memory
 use ort::session::{IoBinding, NoSelectedOutputs, RunOptions, Session, SessionOutputs};
 use ort::value::{DynTensor, DynTensorValueType, TensorElementType, ValueType};
 
+use triton_rust_abi::graphs::{self, Fit};
 use triton_rust_core::batch::BatchTensor;
 use triton_rust_core::config::TensorSpec;
 use triton_rust_core::engine::OutputView;
@@ -72,48 +73,6 @@ enum Plan {
     /// Key of the graph and the padded row count (None without batching).
     Graph(Vec<Vec<i64>>, Option<i64>),
     Eager,
-}
-
-/// Where a batch's input shapes fall among the buckets.
-#[derive(Debug, PartialEq)]
-enum Fit {
-    /// The graph's key (the padded shapes) and its padded row count (None without batching).
-    Graph(Vec<Vec<i64>>, Option<i64>),
-    /// More rows than the largest bucket.
-    TooMany(i64),
-    /// Without batching: rows that no `graph_spec` batch size names.
-    NotListed(i64),
-    /// Inputs that disagree on the batch, or a scalar input of a batching model: no graph
-    /// (the run says what is wrong).
-    Ragged,
-}
-
-/// The graph a batch of these input shapes replays: each input's first dimension padded to
-/// the smallest bucket holding the batch; without batching, the exact shapes, and when
-/// `buckets` name rows (`graph_spec` of a model without batching), only requests whose
-/// inputs all have one of them as their first dimension.
-fn graph_key(buckets: &[i64], batching: bool, shapes: &[&[i64]]) -> Fit {
-    let exact = || Fit::Graph(shapes.iter().map(|s| s.to_vec()).collect(), None);
-    if !batching && buckets.is_empty() {
-        return exact();
-    }
-    let Some(&n) = shapes.first().and_then(|s| s.first()) else { return Fit::Ragged };
-    if shapes.iter().any(|s| s.first() != Some(&n)) {
-        return Fit::Ragged;
-    }
-    if !batching {
-        return if buckets.contains(&n) { exact() } else { Fit::NotListed(n) };
-    }
-    let Some(&b) = buckets.iter().find(|&&b| b >= n) else { return Fit::TooMany(n) };
-    let key = shapes
-        .iter()
-        .map(|s| {
-            let mut s = s.to_vec();
-            s[0] = b;
-            s
-        })
-        .collect();
-    Fit::Graph(key, Some(b))
 }
 
 pub(crate) struct GpuIo {
@@ -191,13 +150,12 @@ impl GpuIo {
             return Plan::Eager;
         }
         let shapes: Vec<&[i64]> = inputs.iter().map(|t| t.shape.as_slice()).collect();
-        match graph_key(buckets, self.batching, &shapes) {
-            Fit::Graph(key, padded)
-                if self.graphs.contains_key(&key) || self.graphs.len() < MAX_GRAPHS =>
-            {
-                Plan::Graph(key, padded)
-            }
-            Fit::Graph(..) => {
+        match graphs::fit(buckets, self.batching, &shapes) {
+            Fit::Graph(padded) => {
+                let key: Vec<Vec<i64>> = shapes.iter().map(|s| graphs::padded(s, padded)).collect();
+                if self.graphs.contains_key(&key) || self.graphs.len() < MAX_GRAPHS {
+                    return Plan::Graph(key, padded);
+                }
                 self.say_once("full", || {
                     format!(
                         "{MAX_GRAPHS} CUDA graphs captured already: further shapes run without one"
@@ -444,55 +402,4 @@ impl Times {
 
 fn run_err(e: ort::Error) -> Error {
     runtime_error(format!("ONNX Runtime run failed: {e}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_batch_is_padded_to_its_bucket_and_an_unbatched_request_graphed_at_listed_rows_only() {
-        let buckets = [1, 2, 4, 8, 16];
-        let (a, b) = ([3i64, 384], [3i64, 384]);
-        assert_eq!(
-            graph_key(&buckets, true, &[&a, &b]),
-            Fit::Graph(vec![vec![4, 384], vec![4, 384]], Some(4))
-        );
-        assert_eq!(
-            graph_key(&buckets, true, &[&[16, 3][..]]),
-            Fit::Graph(vec![vec![16, 3]], Some(16))
-        );
-        assert_eq!(graph_key(&buckets, true, &[&[17, 3][..]]), Fit::TooMany(17));
-        assert_eq!(
-            graph_key(&buckets, true, &[&[2, 3][..], &[3, 3][..]]),
-            Fit::Ragged,
-            "inputs disagree on the batch"
-        );
-        assert_eq!(
-            graph_key(&buckets, true, &[&[][..]]),
-            Fit::Ragged,
-            "a scalar input of a batching model"
-        );
-        // without batching: exact shapes; with graph_spec's rows, only those rows, unpadded
-        assert_eq!(
-            graph_key(&[], false, &[&[5, 26][..], &[5, 13][..]]),
-            Fit::Graph(vec![vec![5, 26], vec![5, 13]], None)
-        );
-        let rows = [256, 4096];
-        assert_eq!(
-            graph_key(&rows, false, &[&[4096, 26][..], &[4096, 13][..]]),
-            Fit::Graph(vec![vec![4096, 26], vec![4096, 13]], None)
-        );
-        assert_eq!(
-            graph_key(&rows, false, &[&[300, 26][..], &[300, 13][..]]),
-            Fit::NotListed(300),
-            "not padded to 4096"
-        );
-        assert_eq!(graph_key(&rows, false, &[&[256, 26][..], &[4096, 13][..]]), Fit::Ragged);
-        assert_eq!(
-            graph_key(&[], false, &[&[5, 7][..]]),
-            Fit::Graph(vec![vec![5, 7]], None),
-            "exact shapes without batching"
-        );
-    }
 }

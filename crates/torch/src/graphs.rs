@@ -12,6 +12,7 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::{c_int, c_void};
 
 use tch::{CModule, IValue, Tensor};
+use triton_rust_abi::graphs::{self, Fit};
 
 use super::{dtype_of, shim_call, tensors, CudaApi};
 
@@ -55,18 +56,6 @@ pub(crate) struct Graphs {
     said_rows: HashSet<i64>,
 }
 
-/// Whether a request of a model without batching may run in a graph: no rows listed (every
-/// shape), or every input's first dimension one and the same listed row count.
-fn listed_rows<S: AsRef<[i64]>>(rows: &[i64], shapes: &[S]) -> bool {
-    if rows.is_empty() {
-        return true;
-    }
-    match shapes.first().and_then(|s| s.as_ref().first()) {
-        Some(n) => rows.contains(n) && shapes.iter().all(|s| s.as_ref().first() == Some(n)),
-        None => false,
-    }
-}
-
 impl Graphs {
     pub(crate) fn new(api: CudaApi, buckets: Vec<i64>, exact_rows: bool) -> Graphs {
         Graphs {
@@ -84,23 +73,14 @@ impl Graphs {
     /// The key of a batch and its row count (None for a model without batching), or
     /// None when it fits no bucket. `inputs`: each input's element type and shape.
     fn plan(&self, inputs: Vec<(i32, Vec<i64>)>) -> Option<(Key, Option<i64>)> {
-        if self.exact_rows {
-            let shapes: Vec<&[i64]> = inputs.iter().map(|(_, s)| s.as_slice()).collect();
-            let listed = listed_rows(&self.buckets, &shapes);
-            return listed.then_some((inputs, None));
-        }
-        let mut key = Vec::with_capacity(inputs.len());
-        let mut rows = None;
-        for (dtype, mut shape) in inputs {
-            if !self.buckets.is_empty() {
-                let &n = shape.first()?;
-                if *rows.get_or_insert(n) != n {
-                    return None; // inputs disagree on the batch: eager says why
-                }
-                shape[0] = *self.buckets.iter().find(|&&b| b >= n)?;
-            }
-            key.push((dtype, shape));
-        }
+        let shapes: Vec<&[i64]> = inputs.iter().map(|(_, s)| s.as_slice()).collect();
+        let batching = !self.exact_rows && !self.buckets.is_empty();
+        // inputs that fit no bucket or disagree on the batch run eagerly (eager says why)
+        let Fit::Graph(padded) = graphs::fit(&self.buckets, batching, &shapes) else {
+            return None;
+        };
+        let rows = padded.and(shapes.first().and_then(|s| s.first()).copied());
+        let key = inputs.iter().map(|(t, s)| (*t, graphs::padded(s, padded))).collect();
         Some((key, rows))
     }
 
@@ -272,22 +252,4 @@ fn rows_of(t: &Tensor, rows: Option<i64>) -> Result<Tensor, String> {
 
 fn shapes(key: &Key) -> Vec<&[i64]> {
     key.iter().map(|(_, s)| s.as_slice()).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::listed_rows;
-
-    #[test]
-    fn a_model_without_batching_is_graphed_at_the_listed_rows_only() {
-        let shapes = |n: i64, m: i64| vec![vec![n, 26], vec![m, 13]];
-        assert!(listed_rows(&[], &shapes(300, 300)), "nothing listed: every shape");
-        assert!(listed_rows(&[256, 4096], &shapes(4096, 4096)));
-        assert!(!listed_rows(&[256, 4096], &shapes(300, 300)), "not padded up to a listed size");
-        assert!(
-            !listed_rows(&[256, 4096], &shapes(4096, 256)),
-            "inputs that disagree on their rows"
-        );
-        assert!(!listed_rows(&[256], &[vec![]]), "a scalar input has no rows");
-    }
 }

@@ -1,0 +1,230 @@
+//! The execute path in-process, through the fakes.
+
+use super::fakes::*;
+use super::*;
+
+#[test]
+fn backend_settings_from_triton_json() {
+    let s = BackendSettings::from_json(
+        r#"{"cmdline":{"onnxruntime-library":"/x/libonnxruntime.so","default-max-batch-size":"8","auto-complete-config":"true"}}"#,
+    )
+    .unwrap();
+    assert_eq!(s.cmdline["onnxruntime-library"], "/x/libonnxruntime.so");
+    assert_eq!(s.default_max_batch_size, 8);
+    assert_eq!(
+        BackendSettings::from_json("").unwrap().default_max_batch_size,
+        crate::config::DEFAULT_MAX_BATCH_SIZE
+    );
+    assert!(BackendSettings::from_json(r#"{"cmdline":{"default-max-batch-size":"x"}}"#).is_err());
+}
+
+#[test]
+fn a_mixed_batch_answers_each_request_and_runs_the_good_ones_once() {
+    let (m, factory) = model("KIND_CPU");
+    let inst =
+        InstanceState::new(&m, InstanceContext { name: "doubler_0".into(), device: Device::Cpu })
+            .unwrap();
+    let server = FakeServer::default();
+    let requests = vec![
+        request("good-1", &[1, 2], &[1.0, 2.0], None),
+        request("bad-shape", &[1, 3], &[1.0, 2.0, 3.0], None),
+        request("good-2", &[2, 2], &[3.0, 4.0, 5.0, 6.0], None),
+        request("engine-refuses", &[1, 2], &[13.0, 0.0], None),
+    ];
+    execute(&inst, &server, requests);
+
+    let sent = server.sent.borrow();
+    assert_eq!(sent.len(), 4, "every request is answered");
+    let by_id = |id: &str| sent.iter().find(|s| s.0 == id).unwrap();
+    let out = |id: &str| floats(&by_id(id).2[0].2);
+    assert_eq!(out("good-1"), vec![2.0, 4.0]);
+    assert_eq!(out("good-2"), vec![6.0, 8.0, 10.0, 12.0]);
+    assert_eq!(by_id("good-2").2[0].1, vec![2, 2], "each response gets its own rows' shape");
+    let err = by_id("bad-shape").1.clone().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArg);
+    assert!(err.message().contains("input 'X'") && err.message().contains("shape"), "{err}");
+    assert!(by_id("bad-shape").2.is_empty(), "a refused request gets no outputs");
+    assert!(by_id("engine-refuses").1.as_ref().unwrap_err().message().contains("13"));
+    // the two good requests ran together, once, as 3 rows; the probe engine was reused
+    assert_eq!(*factory.runs.lock().unwrap(), vec![(3, Device::Cpu)]);
+    assert_eq!(
+        factory.created.load(Ordering::Relaxed),
+        1,
+        "the first CPU instance takes the load-time probe"
+    );
+    let reports = server.reports.borrow();
+    assert_eq!(reports.len(), 4, "statistics for every request");
+    assert_eq!(reports.iter().filter(|r| r.1).count(), 2);
+    assert_eq!(*server.batches.borrow(), vec![3]);
+}
+
+#[test]
+fn each_sequence_gets_its_own_rows_of_the_state_output_back() {
+    // Y is the model's output and, through sequence_batching, also the state fed to X
+    // of the next request: X is a state input the server adds, and clients ask for nothing
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "trt-seq-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(dir.join("1")).unwrap();
+    std::fs::write(dir.join("1/model.onnx"), b"stands in for a model file").unwrap();
+    let config = r#"{"name": "doubler", "max_batch_size": 8,
+        "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [2]}],
+        "sequence_batching": {"oldest": {}, "state": [{"input_name": "X", "output_name": "Y", "data_type": "TYPE_FP32", "dims": [2]}]},
+        "instance_group": [{"kind": "KIND_CPU", "count": 1}]}"#;
+    let factory = Arc::new(Factory {
+        runs: Arc::default(),
+        landed: Arc::default(),
+        created: AtomicUsize::new(0),
+    });
+    let settings = BackendSettings::default();
+    let ctx = ModelContext {
+        name: "doubler".into(),
+        version: 1,
+        repository: dir.clone(),
+        config_json: config.into(),
+        autocomplete: false,
+        backend: &settings,
+        engines: factory.clone(),
+    };
+    let (m, _) = ModelState::load(ctx).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(
+        m.config().inputs.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+        ["X"],
+        "the state input is the model's input"
+    );
+    let inst = InstanceState::new(&m, InstanceContext { name: "seq".into(), device: Device::Cpu })
+        .unwrap();
+    let server = FakeServer::default();
+    let mut requests = vec![
+        request("a", &[1, 2], &[1.0, 2.0], None),
+        request("refused", &[1, 2], &[13.0, 0.0], None),
+        request("b", &[1, 2], &[5.0, 6.0], None),
+    ];
+    for r in &mut requests {
+        r.outputs.clear();
+    }
+    let states: Vec<_> = requests.iter().map(|r| r.id.clone()).collect();
+    let kept = Rc::new(RefCell::new(Vec::new()));
+    /// Each request's id with the states it handed back.
+    type Kept = Rc<RefCell<Vec<(String, Vec<FakeState>)>>>;
+    struct Spy(FakeServer, Kept);
+    impl Transport for Spy {
+        type Request = FakeRequest;
+        type Response = FakeResponse;
+        fn respond(&self, r: &FakeRequest) -> Result<FakeResponse> {
+            self.0.respond(r)
+        }
+        fn report(&self, r: &FakeRequest, ok: bool, t: Timing) {
+            self.1.borrow_mut().push((r.id.clone(), r.states.borrow().clone()));
+            self.0.report(r, ok, t)
+        }
+        fn report_batch(&self, rows: u64, t: Timing) {
+            self.0.report_batch(rows, t)
+        }
+        fn now_ns(&self) -> u64 {
+            self.0.now_ns()
+        }
+        fn device_ops(&self) -> &dyn DeviceOps {
+            self.0.device_ops()
+        }
+    }
+    let spy = Spy(server, kept.clone());
+    execute(&inst, &spy, requests);
+    let kept = kept.borrow();
+    assert_eq!(kept.iter().map(|k| k.0.clone()).collect::<Vec<_>>(), states);
+    assert_eq!(kept[0].1, vec![("Y".to_string(), vec![1, 2], to_bytes(&[2.0, 4.0]))]);
+    assert!(kept[1].1.is_empty(), "a refused request leaves its sequence's state as it was");
+    assert_eq!(kept[2].1, vec![("Y".to_string(), vec![1, 2], to_bytes(&[10.0, 12.0]))]);
+    let sent = spy.0.sent.borrow();
+    assert!(sent.iter().all(|s| s.2.is_empty()), "no client asked for Y: no response output");
+    assert_eq!(
+        *factory.runs.lock().unwrap(),
+        vec![(2, Device::Cpu)],
+        "the two sequences ran as one batch"
+    );
+}
+
+#[test]
+fn gpu_resident_inputs_are_gathered_on_their_device_and_answered_there() {
+    let (m, factory) = model("KIND_GPU");
+    assert!(!m.holds_spare_engine(), "a GPU-only model keeps no CPU probe");
+    let inst = InstanceState::new(
+        &m,
+        InstanceContext { name: "doubler_gpu".into(), device: Device::Gpu(0) },
+    )
+    .unwrap();
+    assert_eq!(
+        factory.created.load(Ordering::Relaxed),
+        2,
+        "probe dropped at load, the GPU instance made its own"
+    );
+    let server = FakeServer::default();
+    let requests = vec![
+        request("gpu-1", &[1, 2], &[1.0, 2.0], Some(0)),
+        request("host", &[1, 2], &[7.0, 8.0], None),
+        request("gpu-2", &[2, 2], &[3.0, 4.0, 5.0, 6.0], Some(0)),
+    ];
+    execute(&inst, &server, requests);
+
+    // the two GPU requests form one batch gathered on GPU 0; the host one runs apart
+    assert_eq!(server.device.gathers.load(Ordering::Relaxed), 1);
+    let mut runs = factory.runs.lock().unwrap().clone();
+    runs.sort_by_key(|r| r.0);
+    assert_eq!(runs, vec![(1, Device::Cpu), (3, Device::Gpu(0))]);
+    let sent = server.sent.borrow();
+    let by_id = |id: &str| sent.iter().find(|s| s.0 == id).unwrap();
+    // every output is offered as the GPU instance's memory, and an ensemble's Triton gives that
+    for (id, want) in [
+        ("gpu-1", vec![2.0, 4.0]),
+        ("gpu-2", vec![6.0, 8.0, 10.0, 12.0]),
+        ("host", vec![14.0, 16.0]),
+    ] {
+        let s = by_id(id);
+        assert!(s.1.is_ok(), "{id}: {:?}", s.1);
+        assert_eq!(floats(&s.2[0].2), want, "{id}");
+        assert_eq!(s.2[0].3, Device::Gpu(0), "{id}: answered in GPU memory");
+    }
+    assert_eq!(
+        *factory.landed.lock().unwrap(),
+        vec![false, false],
+        "each run told its outputs went to the GPU"
+    );
+}
+
+#[test]
+fn a_gpu_engine_learns_whether_responses_want_its_outputs_on_the_host() {
+    let (m, factory) = model("KIND_GPU");
+    let inst = InstanceState::new(
+        &m,
+        InstanceContext { name: "doubler_gpu".into(), device: Device::Gpu(0) },
+    )
+    .unwrap();
+    // a client's responses (gRPC, HTTP, system shared memory): host memory
+    let client = FakeServer { host_only: true, ..FakeServer::default() };
+    execute(&inst, &client, vec![request("c", &[1, 2], &[1.0, 2.0], Some(0))]);
+    assert_eq!(client.sent.borrow()[0].2[0].3, Device::Cpu);
+    assert_eq!(floats(&client.sent.borrow()[0].2[0].2), vec![2.0, 4.0]);
+    // an ensemble step's: the GPU memory offered for it
+    let ensemble = FakeServer::default();
+    execute(&inst, &ensemble, vec![request("e", &[1, 2], &[3.0, 4.0], Some(0))]);
+    assert_eq!(ensemble.sent.borrow()[0].2[0].3, Device::Gpu(0));
+    // a refused request writes no output: nothing to learn from
+    execute(&inst, &client, vec![request("bad", &[1, 2], &[13.0, 0.0], Some(0))]);
+    assert_eq!(*factory.landed.lock().unwrap(), vec![true, false]);
+}
+
+#[test]
+fn a_cpu_model_hands_its_probe_to_the_first_instance_only() {
+    let (m, factory) = model("KIND_CPU");
+    assert!(m.holds_spare_engine());
+    let _a =
+        InstanceState::new(&m, InstanceContext { name: "a".into(), device: Device::Cpu }).unwrap();
+    assert!(!m.holds_spare_engine());
+    let _b =
+        InstanceState::new(&m, InstanceContext { name: "b".into(), device: Device::Cpu }).unwrap();
+    assert_eq!(factory.created.load(Ordering::Relaxed), 2);
+}

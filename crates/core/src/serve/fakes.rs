@@ -1,0 +1,277 @@
+//! A fake server (requests, responses, transport) and a fake engine for the execute path's
+//! tests, with a fake device for GPU-resident inputs.
+
+use super::*;
+
+pub(super) use std::cell::{Cell, RefCell};
+pub(super) use std::rc::Rc;
+pub(super) use std::sync::atomic::{AtomicUsize, Ordering};
+
+pub(super) use crate::batch::BatchTensor;
+pub(super) use crate::config::TensorSpec;
+pub(super) use crate::engine::Signature;
+pub(super) use crate::fake_device::FakeDevice;
+pub(super) use crate::tensor::{DeviceView, DeviceViewMut};
+
+pub(super) type Sent = (String, Result<()>, Vec<(String, Vec<i64>, Vec<u8>, Device)>);
+
+/// (name, shape, values, the GPU it is on)
+pub(super) type FakeInput = (String, Vec<i64>, Vec<u8>, Option<i32>);
+
+/// A state handed back: (name, shape, bytes).
+pub(super) type FakeState = (String, Vec<i64>, Vec<u8>);
+
+pub(super) struct FakeRequest {
+    pub(super) id: String,
+    pub(super) inputs: Vec<FakeInput>,
+    pub(super) outputs: Vec<String>,
+    /// States handed back for the sequence's next request: (name, shape, bytes).
+    pub(super) states: RefCell<Vec<FakeState>>,
+}
+
+impl InferRequest for FakeRequest {
+    fn id(&self) -> String {
+        self.id.clone()
+    }
+    fn is_cancelled(&self) -> bool {
+        false
+    }
+    fn inputs(&self) -> Result<Vec<RequestTensor<'_>>> {
+        Ok(self
+            .inputs
+            .iter()
+            .map(|(name, shape, bytes, gpu)| RequestTensor {
+                name: name.clone(),
+                dtype: DataType::F32,
+                shape: shape.clone(),
+                chunks: vec![match gpu {
+                    Some(id) => Bytes::Device(DeviceView::simulated(*id, bytes)),
+                    None => Bytes::Host(bytes),
+                }],
+            })
+            .collect())
+    }
+    fn requested_outputs(&self) -> Result<Vec<String>> {
+        Ok(self.outputs.clone())
+    }
+    fn update_state(
+        &self,
+        name: &str,
+        _dtype: DataType,
+        shape: &[i64],
+        byte_size: usize,
+        _prefer: Device,
+        fill: &mut dyn FnMut(BytesMut<'_>) -> Result<()>,
+    ) -> Result<Device> {
+        let mut buf = vec![0u8; byte_size];
+        fill(BytesMut::Host(&mut buf))?;
+        self.states.borrow_mut().push((name.to_string(), shape.to_vec(), buf));
+        Ok(Device::Cpu)
+    }
+}
+
+pub(super) struct FakeResponse {
+    pub(super) id: String,
+    pub(super) outputs: Vec<(String, Vec<i64>, Vec<u8>, Device)>,
+    pub(super) sent: Rc<RefCell<Vec<Sent>>>,
+    /// Like Triton for a gRPC/HTTP client: host memory whatever is asked.
+    pub(super) host_only: bool,
+}
+
+impl InferResponse for FakeResponse {
+    fn output_buffer(
+        &mut self,
+        name: &str,
+        _dtype: DataType,
+        shape: &[i64],
+        byte_size: usize,
+        prefer: Device,
+    ) -> Result<BytesMut<'_>> {
+        // like Triton for an ensemble step: the memory asked for (host_only: a client's)
+        let prefer = if self.host_only { Device::Cpu } else { prefer };
+        self.outputs.push((name.to_string(), shape.to_vec(), vec![0u8; byte_size], prefer));
+        let last = self.outputs.last_mut().expect("pushed");
+        Ok(match prefer {
+            Device::Gpu(id) => BytesMut::Device(DeviceViewMut::simulated(id, &mut last.2)),
+            Device::Cpu => BytesMut::Host(&mut last.2),
+        })
+    }
+    fn send(self, outcome: &Result<()>) {
+        self.sent.borrow_mut().push((self.id, outcome.clone(), self.outputs));
+    }
+}
+
+#[derive(Default)]
+pub(super) struct FakeServer {
+    pub(super) sent: Rc<RefCell<Vec<Sent>>>,
+    pub(super) reports: RefCell<Vec<(String, bool)>>,
+    pub(super) batches: RefCell<Vec<u64>>,
+    pub(super) clock: Cell<u64>,
+    pub(super) device: FakeDevice,
+    pub(super) host_only: bool,
+}
+
+impl Transport for FakeServer {
+    type Request = FakeRequest;
+    type Response = FakeResponse;
+    fn respond(&self, request: &FakeRequest) -> Result<FakeResponse> {
+        Ok(FakeResponse {
+            id: request.id.clone(),
+            outputs: Vec::new(),
+            sent: self.sent.clone(),
+            host_only: self.host_only,
+        })
+    }
+    fn report(&self, request: &FakeRequest, success: bool, _timing: Timing) {
+        self.reports.borrow_mut().push((request.id.clone(), success));
+    }
+    fn report_batch(&self, rows: u64, _timing: Timing) {
+        self.batches.borrow_mut().push(rows);
+    }
+    fn now_ns(&self) -> u64 {
+        self.clock.set(self.clock.get() + 1);
+        self.clock.get()
+    }
+    fn device_ops(&self) -> &dyn DeviceOps {
+        &self.device
+    }
+}
+
+/// Y = 2 X on [batch, 2] floats; refuses a request holding 13 (a check only the
+/// engine can make); reads GPU inputs (simulated) and answers on the same side.
+pub(super) struct Doubler {
+    pub(super) sig: Signature,
+    pub(super) runs: Arc<Mutex<Vec<(usize, Device)>>>,
+    pub(super) landed: Arc<Mutex<Vec<bool>>>,
+}
+
+pub(super) fn floats(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+pub(super) fn to_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+impl Engine for Doubler {
+    fn signature(&self) -> &Signature {
+        &self.sig
+    }
+    fn accepts_device_inputs(&self) -> bool {
+        true
+    }
+    fn outputs_landed(&mut self, on_host: bool) {
+        self.landed.lock().unwrap().push(on_host);
+    }
+    fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
+        let bytes = match inputs[0].chunks[0] {
+            Bytes::Host(b) => b,
+            Bytes::Device(v) => v.simulated_bytes().unwrap(),
+        };
+        if floats(bytes).contains(&13.0) {
+            return Err(Error::invalid_arg("input 'X' holds 13, which this model refuses"));
+        }
+        Ok(())
+    }
+    fn run(
+        &mut self,
+        inputs: &[BatchTensor<'_>],
+        _outputs: &[&str],
+        sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let data = inputs[0].bytes().expect("assembled");
+        let (src, device) = match data {
+            Bytes::Host(b) => (b, Device::Cpu),
+            Bytes::Device(v) => (v.simulated_bytes().unwrap(), Device::Gpu(v.device())),
+        };
+        self.runs.lock().unwrap().push((inputs[0].shape[0] as usize, device));
+        let y = to_bytes(&floats(src).iter().map(|x| x * 2.0).collect::<Vec<_>>());
+        let data = match device {
+            Device::Gpu(id) => Bytes::Device(DeviceView::simulated(id, &y)),
+            Device::Cpu => Bytes::Host(&y),
+        };
+        sink(OutputView { name: "Y", dtype: DataType::F32, shape: &inputs[0].shape, data })
+    }
+}
+
+pub(super) struct Factory {
+    pub(super) runs: Arc<Mutex<Vec<(usize, Device)>>>,
+    pub(super) landed: Arc<Mutex<Vec<bool>>>,
+    pub(super) created: AtomicUsize,
+}
+
+impl EngineFactory for Factory {
+    fn claims(&self) -> &'static [EngineClaim] {
+        &[EngineClaim {
+            names: &["doubler"],
+            default_file: Some("model.onnx"),
+            file_suffixes: &[".onnx"],
+            parameters: &[],
+            builds_on: &[],
+            keeps_sequences: true,
+            probe_serves: true,
+        }]
+    }
+    fn create(
+        &self,
+        _engine: &str,
+        _file: &std::path::Path,
+        options: &EngineOptions<'_>,
+    ) -> Result<Box<dyn Engine>> {
+        self.created.fetch_add(1, Ordering::Relaxed);
+        let spec =
+            |name: &str| TensorSpec { name: name.into(), dtype: DataType::F32, shape: vec![-1, 2] };
+        Ok(Box::new(Doubler {
+            sig: Signature {
+                inputs: vec![spec("X")],
+                outputs: vec![spec("Y")],
+                device: options.device,
+            },
+            runs: self.runs.clone(),
+            landed: self.landed.clone(),
+        }))
+    }
+}
+
+pub(super) fn model(instance_kind: &str) -> (ModelState, Arc<Factory>) {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "trt-serve-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(dir.join("1")).unwrap();
+    std::fs::write(dir.join("1/model.onnx"), b"stands in for a model file").unwrap();
+    let config = format!(
+        r#"{{"name": "doubler", "max_batch_size": 8,
+            "input": [{{"name": "X", "data_type": "TYPE_FP32", "dims": [2]}}],
+            "output": [{{"name": "Y", "data_type": "TYPE_FP32", "dims": [2]}}],
+            "instance_group": [{{"kind": "{instance_kind}", "count": 1}}]}}"#
+    );
+    let factory = Arc::new(Factory {
+        runs: Arc::default(),
+        landed: Arc::default(),
+        created: AtomicUsize::new(0),
+    });
+    let settings = BackendSettings::default();
+    let ctx = ModelContext {
+        name: "doubler".into(),
+        version: 1,
+        repository: dir.clone(),
+        config_json: config,
+        autocomplete: false,
+        backend: &settings,
+        engines: factory.clone(),
+    };
+    let (state, _) = ModelState::load(ctx).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    (state, factory)
+}
+
+pub(super) fn request(id: &str, shape: &[i64], values: &[f32], gpu: Option<i32>) -> FakeRequest {
+    FakeRequest {
+        id: id.into(),
+        inputs: vec![("X".into(), shape.to_vec(), to_bytes(values), gpu)],
+        outputs: vec!["Y".into()],
+        states: RefCell::default(),
+    }
+}

@@ -1,0 +1,145 @@
+//! One same-shape group run through the engine, and its outputs copied into each member's
+//! response (host or GPU memory either side).
+
+use super::*;
+
+/// Runs one same-shape group (`members`: positions in `slots`) and writes each
+/// member's outputs into its response. Returns the number of rows run. A member whose
+/// own output fails gets its own error.
+pub(super) fn run_group<T: Transport>(
+    engine: &mut dyn Engine,
+    cfg: &ModelConfig,
+    transport: &T,
+    members: &[usize],
+    slots: &mut [Slot<'_, T::Request, T::Response>],
+    sink_ns: &mut u64,
+) -> Result<usize> {
+    // where a batch's time goes, measured only when it will be logged (`--log-verbose=1`)
+    let timing = log::log_enabled!(log::Level::Debug);
+    let clock = || if timing { transport.now_ns() } else { 0 };
+    let t_start = clock();
+    let sink_before = *sink_ns;
+    // The batch borrows the requests' buffers, not the slots.
+    let mut batch = {
+        let group: Vec<&CheckedRequest<'_>> =
+            members.iter().filter_map(|&i| slots[i].checked.as_ref()).collect();
+        assemble(cfg, &group)?
+    };
+    // GPU inputs of several requests: gathered into one buffer on their GPU.
+    for t in &mut batch.tensors {
+        if let BatchData::DeviceParts(parts) = &t.data {
+            let device = parts.first().map_or(0, |p| p.device());
+            t.data = BatchData::Gathered(transport.device_ops().gather(device, parts)?);
+        }
+    }
+    let mut names: Vec<String> = Vec::new();
+    for &m in members {
+        for w in &slots[m].wanted {
+            if !names.contains(w) {
+                names.push(w.clone());
+            }
+        }
+    }
+    // the model's state outputs are run whether or not a client asked for them
+    let states = cfg.sequence.as_ref().map(|s| s.states.as_slice()).unwrap_or_default();
+    for st in states {
+        if !names.contains(&st.output) {
+            names.push(st.output.clone());
+        }
+    }
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let ops = transport.device_ops();
+    let t_run = clock();
+    // a GPU engine's outputs are offered to Triton as GPU memory wherever the engine put
+    // them: the memory Triton gives back tells where the responses want them
+    let prefer = engine.device();
+    let (mut to_host, mut to_device) = (false, false);
+    engine.run(&batch.tensors, &names, &mut |view| {
+        let t0 = transport.now_ns();
+        let parts = scatter_ranges(cfg, &batch, view.name, view.dtype, view.shape, view.data)?;
+        let is_state = states.iter().any(|st| st.output == view.name);
+        for (k, &m) in members.iter().enumerate() {
+            let slot = &mut slots[m];
+            if slot.outcome.is_err() {
+                continue;
+            }
+            let (shape, range) = &parts[k];
+            if is_state {
+                // the sequence's next state: kept by the server for its next request
+                let mut copy = |dst: BytesMut<'_>| copy_part(ops, &view, range.clone(), dst);
+                if let Err(e) = slot.request.update_state(
+                    view.name,
+                    view.dtype,
+                    shape,
+                    range.len(),
+                    prefer,
+                    &mut copy,
+                ) {
+                    slot.outcome = Err(e.context(format!("state '{}'", view.name)));
+                    continue;
+                }
+            }
+            if !slot.wanted.iter().any(|w| w == view.name) {
+                continue;
+            }
+            if let Some(resp) = slot.response.as_mut() {
+                match write_output(ops, resp, &view, shape, range.clone(), prefer) {
+                    Ok(Device::Cpu) => to_host = true,
+                    Ok(Device::Gpu(_)) => to_device = true,
+                    Err(e) => slot.outcome = Err(e),
+                }
+            }
+        }
+        *sink_ns += transport.now_ns().saturating_sub(t0);
+        Ok(())
+    })?;
+    if to_host || to_device {
+        engine.outputs_landed(to_host && !to_device);
+    }
+    if timing {
+        let (end, outputs) = (transport.now_ns(), *sink_ns - sink_before);
+        log::debug!(
+            "timing: requests {}, rows {}, assemble {} us, engine {} us, outputs into responses {} us",
+            members.len(),
+            batch.total_rows,
+            t_run.saturating_sub(t_start) / 1000,
+            end.saturating_sub(t_run).saturating_sub(outputs) / 1000,
+            outputs / 1000
+        );
+    }
+    Ok(batch.total_rows)
+}
+
+/// Copies one request's part of an output into its response, from host or GPU memory,
+/// into the memory the server offers for `prefer` (a GPU engine's: ensembles keep tensors
+/// on the GPU between steps). Returns where the response's buffer is.
+fn write_output<R: InferResponse>(
+    ops: &dyn DeviceOps,
+    resp: &mut R,
+    out: &OutputView<'_>,
+    shape: &[i64],
+    range: std::ops::Range<usize>,
+    prefer: Device,
+) -> Result<Device> {
+    let dst = resp.output_buffer(out.name, out.dtype, shape, range.len(), prefer)?;
+    let landed = dst.device();
+    copy_part(ops, out, range, dst)?;
+    Ok(landed)
+}
+
+/// Copies bytes `range` of an engine's output into `dst`, host or GPU either side.
+fn copy_part(
+    ops: &dyn DeviceOps,
+    out: &OutputView<'_>,
+    range: std::ops::Range<usize>,
+    dst: BytesMut<'_>,
+) -> Result<()> {
+    let src = out.data.slice(range.clone()).ok_or_else(|| {
+        Error::internal(format!(
+            "output '{}': rows {range:?} are outside the engine's {} bytes",
+            out.name,
+            out.data.len()
+        ))
+    })?;
+    ops.copy(src, dst).map_err(|e| Error::from(e).context(format!("output '{}'", out.name)))
+}

@@ -1,0 +1,449 @@
+//! One instance's view of the store: its cache per table, lookups through the tiers, and
+//! the background thread that fills caches after a lookup.
+
+use super::*;
+
+struct Fill {
+    table: usize,
+    version: u64,
+    keys: Vec<i64>,
+    vectors: Vec<f32>,
+}
+
+enum Job {
+    Fill(Fill),
+    Barrier(mpsc::SyncSender<()>),
+}
+
+/// One instance's view of the store: its caches (one per table) and its background filler.
+pub struct InstanceCaches {
+    store: Arc<EmbeddingStore>,
+    pub(crate) caches: Vec<Arc<dyn CacheTier>>,
+    filler: Mutex<Option<mpsc::SyncSender<Job>>>,
+    worker: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl InstanceCaches {
+    pub(crate) fn new(
+        store: Arc<EmbeddingStore>,
+        caches: Vec<Arc<dyn CacheTier>>,
+    ) -> InstanceCaches {
+        let (tx, rx) = mpsc::sync_channel::<Job>(256);
+        let (s, c) = (store.clone(), caches.clone());
+        let worker = std::thread::Builder::new()
+            .name("embedding-fill".into())
+            .spawn(move || {
+                for job in rx {
+                    match job {
+                        Job::Fill(fill) => {
+                            if let Err(e) = fill_cache(&s, &c, fill) {
+                                log::error!("embedding cache fill failed: {e}");
+                            }
+                        }
+                        Job::Barrier(ack) => {
+                            let _ = ack.send(());
+                        }
+                    }
+                }
+            })
+            .ok();
+        InstanceCaches {
+            store,
+            caches,
+            filler: Mutex::new(worker.as_ref().map(|_| tx)),
+            worker: Mutex::new(worker),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<EmbeddingStore> {
+        &self.store
+    }
+
+    pub fn cache(&self, table: usize) -> Option<&Arc<dyn CacheTier>> {
+        self.caches.get(table)
+    }
+
+    /// Looks up `keys` of one table into `out` (`keys.len() * dim` floats).
+    pub fn lookup(&self, table: usize, keys: &[i64], out: &mut [f32]) -> Result<()> {
+        let store = &self.store;
+        let t = store
+            .tables
+            .get(table)
+            .ok_or_else(|| Error::invalid_arg(format!("no table {table}")))?;
+        let dim = t.config.dim;
+        if out.len() != keys.len() * dim {
+            return Err(Error::internal(format!(
+                "lookup: {} keys of dim {dim} need {} floats",
+                keys.len(),
+                keys.len() * dim
+            )));
+        }
+        t.counters.lookups.fetch_add(1, Ordering::Relaxed);
+        t.counters.keys.fetch_add(keys.len() as u64, Ordering::Relaxed);
+        let Some(cache) = self.caches.get(table) else {
+            store.fetch_below_cache(table, keys, out);
+            return Ok(());
+        };
+        let version = t.version.load(Ordering::SeqCst);
+        let t0 = Instant::now();
+        let missed = cache.lookup(keys, out)?;
+        t.counters.cache_ns.fetch_add(ns_since(t0), Ordering::Relaxed);
+        t.counters.cache_hits.fetch_add((keys.len() - missed.len()) as u64, Ordering::Relaxed);
+        if missed.is_empty() {
+            return Ok(());
+        }
+        let mkeys: Vec<i64> = missed.iter().map(|&i| keys[i]).collect();
+        let mut mout = vec![0f32; mkeys.len() * dim];
+        let found = store.fetch_below_cache(table, &mkeys, &mut mout);
+        for (j, &i) in missed.iter().enumerate() {
+            out[i * dim..(i + 1) * dim].copy_from_slice(&mout[j * dim..(j + 1) * dim]);
+        }
+        self.fill_after_miss(table, version, keys.len(), &mkeys, &mout, &found)
+    }
+
+    /// Looks `keys` of one table up straight into GPU memory: row i lands at
+    /// `offset + i * stride` floats of `rows`. Hits come from the GPU cache; misses
+    /// are fetched below it and copied in. The GPU instance's output path, so an
+    /// ensemble's dense step receives the embeddings without a trip through the host.
+    #[cfg(feature = "gpu")]
+    pub fn lookup_device(
+        &self,
+        table: usize,
+        keys: &[i64],
+        rows: &mut gpu::DeviceRows,
+        offset: usize,
+        stride: usize,
+    ) -> Result<()> {
+        let store = &self.store;
+        let t = store
+            .tables
+            .get(table)
+            .ok_or_else(|| Error::invalid_arg(format!("no table {table}")))?;
+        let dim = t.config.dim;
+        t.counters.lookups.fetch_add(1, Ordering::Relaxed);
+        t.counters.keys.fetch_add(keys.len() as u64, Ordering::Relaxed);
+        let version = t.version.load(Ordering::SeqCst);
+        let cache = self.caches.get(table).and_then(|c| c.as_any().downcast_ref::<gpu::GpuCache>());
+        let missed = match cache {
+            Some(g) => {
+                let t0 = Instant::now();
+                let missed = g.lookup_into(keys, rows, offset, stride)?;
+                t.counters.cache_ns.fetch_add(ns_since(t0), Ordering::Relaxed);
+                t.counters
+                    .cache_hits
+                    .fetch_add((keys.len() - missed.len()) as u64, Ordering::Relaxed);
+                missed
+            }
+            None => (0..keys.len()).collect(),
+        };
+        if missed.is_empty() {
+            return Ok(());
+        }
+        let mkeys: Vec<i64> = missed.iter().map(|&i| keys[i]).collect();
+        let mut mout = vec![0f32; mkeys.len() * dim];
+        let found = store.fetch_below_cache(table, &mkeys, &mut mout);
+        rows.scatter(&mout, &missed, dim, offset, stride)?;
+        if cache.is_some() {
+            self.fill_after_miss(table, version, keys.len(), &mkeys, &mout, &found)?;
+        }
+        Ok(())
+    }
+
+    /// The whole-batch GPU lookup over this instance's caches (every table of dim `dim`),
+    /// its rows written as `format`.
+    #[cfg(feature = "gpu")]
+    pub fn batch_lookup(
+        &self,
+        gpu: &gpu::GpuInstance,
+        format: gpu::RowFormat,
+    ) -> Result<gpu::BatchLookup> {
+        let store = &self.store;
+        let dim = store.dim(0);
+        if (0..store.table_count()).any(|t| store.dim(t) != dim) {
+            return Err(Error::unsupported(
+                "the whole-batch GPU lookup needs every table to have the same dim",
+            ));
+        }
+        let caches: Vec<Option<&gpu::GpuCache>> = (0..store.table_count())
+            .map(|t| self.caches.get(t).and_then(|c| c.as_any().downcast_ref::<gpu::GpuCache>()))
+            .collect();
+        gpu.batch_lookup(&caches, dim, format)
+    }
+
+    /// Looks a whole batch up on the GPU, every table at once (see
+    /// `triton_rust_cuda::cache::BatchLookup`): row i of `keys` lands at `i * dim` floats
+    /// of `lookup`'s rows. Misses are read below the cache grouped by table, on several
+    /// threads when there are many, straight into the page-locked buffer that goes to the
+    /// GPU. Those rows then fill the caches on the GPU itself, by a kernel queued after
+    /// the rows are in place and never waited for: no copy back, no per-table call, no
+    /// wait on the request's path (the CPU path's `hit_rate_threshold` choice between a
+    /// fill now and a background fill has nothing left to choose here). A fill is
+    /// skipped when an update ran during the lookup (its rows may be stale).
+    #[cfg(feature = "gpu")]
+    ///
+    /// `keys` on the host or already in GPU memory (`BatchKeys`). `into`: the rows go there
+    /// (GPU memory with room for them all) instead of `lookup`'s own buffer.
+    pub fn lookup_batch_device(
+        &self,
+        keys: gpu::BatchKeys<'_>,
+        layout: gpu::KeyLayout<'_>,
+        gpu: &gpu::GpuInstance,
+        lookup: &mut gpu::BatchLookup,
+        into: Option<&mut triton_rust_cuda::DeviceViewMut<'_>>,
+    ) -> Result<()> {
+        let store = &self.store;
+        let tables = store.tables.len();
+        let dim = lookup.dim();
+        let counts: Vec<usize> = match layout {
+            gpu::KeyLayout::Interleaved => vec![keys.len() / tables.max(1); tables],
+            gpu::KeyLayout::Blocked(c) => c.to_vec(),
+        };
+        let starts: Vec<usize> = counts
+            .iter()
+            .scan(0, |at, &c| {
+                let s = *at;
+                *at += c;
+                Some(s)
+            })
+            .collect();
+        let table_of = |i: usize| -> usize {
+            match layout {
+                gpu::KeyLayout::Interleaved => i % tables,
+                gpu::KeyLayout::Blocked(_) => starts.partition_point(|&s| s <= i) - 1,
+            }
+        };
+        let versions: Vec<u64> =
+            store.tables.iter().map(|t| t.version.load(Ordering::SeqCst)).collect();
+        for (t, &c) in counts.iter().enumerate() {
+            if c > 0 {
+                store.tables[t].counters.lookups.fetch_add(1, Ordering::Relaxed);
+                store.tables[t].counters.keys.fetch_add(c as u64, Ordering::Relaxed);
+            }
+        }
+        let t0 = Instant::now();
+        let mut missed_per_table = vec![0usize; tables];
+        let mut fetch_ns = 0u64;
+        let mut fetch = |missed: &mut [i32],
+                         missed_keys: &mut [i64],
+                         rows: &mut [f32],
+                         found: &mut [u8]|
+         -> Result<()> {
+            // group the misses by table (a counting sort), so each table is read in one call
+            let of: Vec<u32> = missed.iter().map(|&i| table_of(i as usize) as u32).collect();
+            for &t in &of {
+                missed_per_table[t as usize] += 1;
+            }
+            let mut at: Vec<usize> = missed_per_table
+                .iter()
+                .scan(0, |a, &c| {
+                    let s = *a;
+                    *a += c;
+                    Some(s)
+                })
+                .collect();
+            let groups: Vec<(usize, std::ops::Range<usize>)> = missed_per_table
+                .iter()
+                .enumerate()
+                .filter(|(_, &c)| c > 0)
+                .map(|(t, &c)| (t, at[t]..at[t] + c))
+                .collect();
+            let mut sorted = vec![0i32; missed.len()];
+            let mut mkeys = vec![0i64; missed.len()];
+            for ((&i, &k), &t) in missed.iter().zip(missed_keys.iter()).zip(&of) {
+                sorted[at[t as usize]] = i;
+                mkeys[at[t as usize]] = k;
+                at[t as usize] += 1;
+            }
+            missed.copy_from_slice(&sorted);
+            missed_keys.copy_from_slice(&mkeys);
+            let tf = Instant::now();
+            let f = fetch_parallel(store, &groups, &mkeys, rows, dim);
+            fetch_ns = ns_since(tf);
+            for (dst, src) in found.iter_mut().zip(f) {
+                *dst = src as u8;
+            }
+            Ok(())
+        };
+        let epoch = gpu.next_epoch();
+        let times = lookup.run_keys::<Error>(keys, layout, epoch, &mut fetch, into)?;
+        // the cache tier's time: the whole pass less the wall time of the reads below it
+        // (those are counted per table by the host tier, summed over its threads)
+        let elapsed = ns_since(t0).saturating_sub(fetch_ns);
+        let total = keys.len().max(1) as u64;
+        for (t, &c) in counts.iter().enumerate() {
+            let tc = &store.tables[t].counters;
+            tc.cache_ns.fetch_add(elapsed * c as u64 / total, Ordering::Relaxed);
+            if let Some(g) =
+                self.caches.get(t).and_then(|c| c.as_any().downcast_ref::<gpu::GpuCache>())
+            {
+                tc.cache_hits.fetch_add((c - missed_per_table[t]) as u64, Ordering::Relaxed);
+                g.count_batch(c, missed_per_table[t]);
+            }
+        }
+        if self.caches.is_empty() {
+            return Ok(());
+        }
+        // Under the update gate: an update's cache refresh is queued either before this
+        // fill (and then its version bump is seen here) or after it (and overwrites it).
+        let _gate = store.gate.read();
+        if store.tables.iter().zip(&versions).any(|(t, &v)| t.version.load(Ordering::SeqCst) != v) {
+            for (t, &m) in missed_per_table.iter().enumerate() {
+                if m > 0 {
+                    store.tables[t].counters.fills_dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            return Ok(());
+        }
+        let tf = Instant::now();
+        lookup.fill_last(gpu.next_epoch())?;
+        if log::log_enabled!(log::Level::Debug) {
+            // the tables with the most misses, to tell cold keys from sets too full to keep them
+            let mut worst: Vec<(usize, usize)> =
+                missed_per_table.iter().copied().enumerate().filter(|&(_, m)| m > 0).collect();
+            worst.sort_by_key(|&(t, m)| (std::cmp::Reverse(m), t));
+            let worst: Vec<String> = worst
+                .iter()
+                .take(4)
+                .map(|(t, m)| format!("{} {m}", store.tables[*t].config.name))
+                .collect();
+            log::debug!(
+                "timing: batch lookup: keys {}, misses {}, lookup {} us, below cache {} us, scatter {} us, fill queued {} us (most misses: {})",
+                times.keys,
+                times.misses,
+                times.lookup_us,
+                times.fetch_us,
+                times.scatter_us,
+                tf.elapsed().as_micros(),
+                worst.join(", ")
+            );
+        }
+        Ok(())
+    }
+
+    /// Inserts rows found below the cache: now if the batch's hit rate was under the
+    /// threshold, else through the background filler.
+    fn fill_after_miss(
+        &self,
+        table: usize,
+        version: u64,
+        total: usize,
+        mkeys: &[i64],
+        mout: &[f32],
+        found: &[bool],
+    ) -> Result<()> {
+        let store = &self.store;
+        let t = &store.tables[table];
+        let dim = t.config.dim;
+        let hit_rate = 1.0 - mkeys.len() as f64 / total as f64;
+        let (mut fkeys, mut fvecs) =
+            (Vec::with_capacity(mkeys.len()), Vec::with_capacity(mout.len()));
+        for (j, &k) in mkeys.iter().enumerate() {
+            if found[j] {
+                fkeys.push(k);
+                fvecs.extend_from_slice(&mout[j * dim..(j + 1) * dim]);
+            }
+        }
+        if fkeys.is_empty() {
+            return Ok(());
+        }
+        let fill = Fill { table, version, keys: fkeys, vectors: fvecs };
+        if hit_rate < store.config.hit_rate_threshold {
+            fill_cache(store, &self.caches, fill)
+        } else {
+            let sent = self
+                .filler
+                .lock()
+                .as_ref()
+                .map(|tx| tx.try_send(Job::Fill(fill)).is_ok())
+                .unwrap_or(false);
+            if !sent {
+                t.counters.fills_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        }
+    }
+
+    /// Waits until the background filler has inserted everything queued so far (tests, benchmarks).
+    pub fn flush(&self) {
+        let (ack_tx, ack_rx) = mpsc::sync_channel::<()>(1);
+        let sent = self
+            .filler
+            .lock()
+            .as_ref()
+            .map(|tx| tx.send(Job::Barrier(ack_tx)).is_ok())
+            .unwrap_or(false);
+        if sent {
+            let _ = ack_rx.recv();
+        }
+    }
+}
+
+impl Drop for InstanceCaches {
+    fn drop(&mut self) {
+        self.filler.lock().take(); // closes the channel; the worker drains and exits
+        if let Some(w) = self.worker.lock().take() {
+            let _ = w.join();
+        }
+    }
+}
+
+/// Reads the missed rows of several tables below the cache into `rows` (`groups` say
+/// which part of `keys` is which table's, in order and together covering `keys`), split
+/// over up to 16 runs of at least 1024 keys each, on the process's worker pool (rayon:
+/// starting that many threads per batch costs ~0.5 ms on a 2-CPU VM,
+/// `triton_rust_cuda`'s `examples/pool_vs_spawn.rs`);
+/// every run takes an equal share of the keys, cut where the tables change. Reading rows
+/// scattered over tens of GB is bound by memory latency, not bandwidth, so more readers help.
+#[cfg(feature = "gpu")]
+pub(crate) fn fetch_parallel(
+    store: &EmbeddingStore,
+    groups: &[(usize, std::ops::Range<usize>)],
+    keys: &[i64],
+    rows: &mut [f32],
+    dim: usize,
+) -> Vec<bool> {
+    use rayon::prelude::*;
+    const PER_RUN: usize = 1024;
+    let n = keys.len();
+    let runs = rayon::current_num_threads().clamp(1, 16).min(n.div_ceil(PER_RUN)).max(1);
+    let per = n.div_ceil(runs).max(1);
+    let read = |at: usize, rows: &mut [f32], found: &mut [bool]| {
+        let range = at..at + found.len();
+        for (t, g) in groups {
+            let (s, e) = (g.start.max(range.start), g.end.min(range.end));
+            if s < e {
+                let f = store.fetch_below_cache(
+                    *t,
+                    &keys[s..e],
+                    &mut rows[(s - at) * dim..(e - at) * dim],
+                );
+                found[s - at..e - at].copy_from_slice(&f);
+            }
+        }
+    };
+    let mut found = vec![false; n];
+    if runs == 1 {
+        read(0, &mut rows[..n * dim], &mut found);
+    } else {
+        rows[..n * dim]
+            .par_chunks_mut(per * dim)
+            .zip(found.par_chunks_mut(per))
+            .enumerate()
+            .for_each(|(k, (r, f))| read(k * per, r, f));
+    }
+    found
+}
+
+fn fill_cache(store: &EmbeddingStore, caches: &[Arc<dyn CacheTier>], fill: Fill) -> Result<()> {
+    let (Some(t), Some(cache)) = (store.tables.get(fill.table), caches.get(fill.table)) else {
+        return Ok(());
+    };
+    let _gate = store.gate.read();
+    if t.version.load(Ordering::SeqCst) != fill.version {
+        // An update ran since these rows were read: they may be stale. Skip; the next
+        // miss fills the fresh rows.
+        t.counters.fills_dropped.fetch_add(1, Ordering::Relaxed);
+        return Ok(());
+    }
+    cache.insert(&fill.keys, &fill.vectors)
+}

@@ -1,0 +1,111 @@
+//! The store's and its tables' settings, and how cache rows are shared out among tables.
+
+use std::path::PathBuf;
+
+use triton_rust_core::error::{Error, Result};
+
+use crate::{stream, table};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableFormat {
+    /// `keys.npy` + `vectors.npy` (ours).
+    Npy,
+    /// HugeCTR/HPS `key` + `emb_vector`.
+    HugeCtr,
+}
+
+#[derive(Debug, Clone)]
+pub struct TableConfig {
+    pub name: String,
+    pub dim: usize,
+    /// Directory holding the table's files; `None` for a table filled only by updates/Redis.
+    pub path: Option<PathBuf>,
+    pub format: Option<TableFormat>,
+    pub default_value: f32,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub tables: Vec<TableConfig>,
+    /// Fraction of the rows the cache holds (HPS `gpucacheper`), per table or of the
+    /// whole store as `cache_allocation` says.
+    pub cache_ratio: f64,
+    pub cache_allocation: CacheAllocation,
+    /// HPS `hit_rate_threshold`: below it, misses are inserted before the lookup returns.
+    pub hit_rate_threshold: f64,
+    /// Where the update logs of tables without files live (`<dir>/<table>/`); tables with
+    /// files keep theirs in `<table files>/updates/`.
+    pub update_log_dir: Option<PathBuf>,
+    /// Rows written by updates after which a table is compacted (0: never).
+    pub compaction_rows: usize,
+    /// A Redis Stream of updates this store follows.
+    pub update_stream: Option<stream::StreamSpec>,
+    /// Where the host tier keeps rows loaded from files (`host_memory`).
+    pub host_memory: table::HostRows,
+}
+
+/// How `cache_ratio` becomes each table's cache size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheAllocation {
+    /// `cache_ratio` of every table's rows (HPS's meaning of `gpucacheper`).
+    #[default]
+    PerTable,
+    /// `cache_ratio` of the store's rows in all, shared out by water-filling: every table
+    /// gets `min(WHOLE_ROOM × rows, level)` slots with the level set so the total is the
+    /// budget. Small tables (which a per-table share leaves thrashing in a few sets) are
+    /// cached whole, with room to spare, for a sliver of the budget; the large ones share
+    /// the rest equally.
+    Store,
+}
+
+impl CacheAllocation {
+    pub fn parse(s: &str) -> Result<CacheAllocation> {
+        match s.trim() {
+            "" | "per_table" => Ok(CacheAllocation::PerTable),
+            "store" => Ok(CacheAllocation::Store),
+            other => Err(Error::invalid_arg(format!(
+                "gpucache_allocation must be per_table or store; got '{other}'"
+            ))),
+        }
+    }
+}
+
+/// Slots per row of a table the store-wide allocation caches whole. Keys land in sets by
+/// hash, so a table of exactly as many rows as slots overfills a set for every few that
+/// are short: ~7% of its keys find no way in their set and miss on every lookup, however
+/// hot. A small table's keys are all hot (on the H100 Criteo run, tables of 100 to 6,000
+/// rows made most of the misses); at half load a set overflows about once in 10^4.
+pub const WHOLE_ROOM: usize = 2;
+
+/// Cache slots per table for tables of `rows` rows under `ratio` and `allocation`.
+pub fn cache_rows(rows: &[usize], ratio: f64, allocation: CacheAllocation) -> Vec<usize> {
+    match allocation {
+        CacheAllocation::PerTable => {
+            rows.iter().map(|&r| (r as f64 * ratio).ceil() as usize).collect()
+        }
+        CacheAllocation::Store => {
+            let mut budget = (rows.iter().sum::<usize>() as f64 * ratio).floor() as usize;
+            let mut order: Vec<usize> = (0..rows.len()).collect();
+            order.sort_by_key(|&t| rows[t]);
+            let mut out = vec![0; rows.len()];
+            for (k, &t) in order.iter().enumerate() {
+                // the level if every table from here on got an equal share of what is left
+                let level = budget / (rows.len() - k);
+                out[t] = (WHOLE_ROOM * rows[t]).min(level);
+                budget -= out[t];
+            }
+            out
+        }
+    }
+}
+
+impl StoreConfig {
+    /// The directory of a table's update log, if it has one.
+    pub fn log_dir(&self, table: &TableConfig) -> Option<PathBuf> {
+        match (&self.update_log_dir, &table.path) {
+            (Some(dir), _) => Some(dir.join(&table.name)),
+            (None, Some(files)) => Some(files.join("updates")),
+            (None, None) => None,
+        }
+    }
+}

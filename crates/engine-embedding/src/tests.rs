@@ -1,0 +1,77 @@
+use super::*;
+use triton_rust_core::config::ModelConfig;
+
+#[test]
+fn secrets_compare_whole() {
+    assert!(same_secret(b"s3cret", b"s3cret"));
+    assert!(!same_secret(b"s3cre", b"s3cret"));
+    assert!(!same_secret(b"s3cretX", b"s3cret"));
+    assert!(!same_secret(b"", b"s3cret"));
+    assert!(!same_secret(b"s3creT", b"s3cret"));
+}
+
+fn cfg(params: &[(&str, &str)]) -> ModelConfig {
+    let mut c = ModelConfig { name: "upd".into(), ..Default::default() };
+    for (k, v) in params {
+        c.parameters.insert(k.to_string(), v.to_string());
+    }
+    c
+}
+
+#[test]
+fn the_key_upload_is_read_from_the_config_and_checked() {
+    let settings = |extra: &[(&str, &str)]| {
+        let mut p = vec![
+            ("embedding_table_names", "a"),
+            ("embedding_vecsize_per_table", "4"),
+            ("embedding_interface", "batched"),
+        ];
+        p.extend_from_slice(extra);
+        StoreSettings::from_config(&cfg(&p), Path::new("/nonexistent"), &Default::default())
+    };
+    assert_eq!(
+        settings(&[]).unwrap().key_upload,
+        (128 << 10, 8),
+        "1 MiB pieces on up to 8 tasks, as measured"
+    );
+    assert_eq!(
+        settings(&[("gpu_key_piece", "262144"), ("gpu_key_upload_tasks", "4")]).unwrap().key_upload,
+        (262144, 4)
+    );
+    let e = settings(&[("gpu_key_piece", "100")]).unwrap_err();
+    assert!(
+        e.message().contains("'gpu_key_piece'") && e.message().contains("at least 1024"),
+        "{e}"
+    );
+    assert!(settings(&[("gpu_key_upload_tasks", "1.5")])
+        .unwrap_err()
+        .message()
+        .contains("'gpu_key_upload_tasks'"));
+    assert!(settings(&[("gpu_key_upload_tasks", "0")]).is_err());
+}
+
+#[test]
+fn an_update_model_needs_a_credential_or_says_it_is_open() {
+    let e = Credential::from_config(&cfg(&[])).unwrap_err();
+    assert!(
+        e.message().contains("update_credential_file")
+            && e.message().contains("allow_unauthenticated_updates"),
+        "{e}"
+    );
+    assert_eq!(
+        Credential::from_config(&cfg(&[("allow_unauthenticated_updates", "true")])).unwrap(),
+        Credential::Open
+    );
+    std::env::set_var("TRT_TEST_UPDATE_SECRET", " tok3n \n");
+    let c = Credential::from_config(&cfg(&[("update_credential_env", "TRT_TEST_UPDATE_SECRET")]))
+        .unwrap();
+    assert!(matches!(&c, Credential::Secret { secret, .. } if secret == b"tok3n"));
+    assert!(!format!("{c:?}").contains("tok3n"), "the secret never appears in debug output");
+    let e =
+        Credential::from_config(&cfg(&[("update_credential_env", "TRT_TEST_NOT_SET_ANYWHERE")]))
+            .unwrap_err();
+    assert!(e.message().contains("TRT_TEST_NOT_SET_ANYWHERE"), "{e}");
+    let e = Credential::from_config(&cfg(&[("update_credential_file", "/nonexistent/secret")]))
+        .unwrap_err();
+    assert!(e.message().contains("/nonexistent/secret"), "{e}");
+}

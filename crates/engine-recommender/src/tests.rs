@@ -1,0 +1,436 @@
+use super::*;
+use triton_rust_core::engine::Lookup as LookupHooks;
+use triton_rust_core::fake_device::FakeDevice;
+use triton_rust_cuda::DeviceViewMut;
+
+const CLAIM: EngineClaim = EngineClaim {
+    names: &["onnx"],
+    default_file: Some("model.onnx"),
+    file_suffixes: &[".onnx"],
+    parameters: &[],
+    builds_on: &[],
+    keeps_sequences: true,
+    probe_serves: true,
+};
+static CLAIMS: &[EngineClaim] = &[
+    CLAIM,
+    EngineClaim {
+        names: &["torch"],
+        default_file: Some("model.pt"),
+        file_suffixes: &[".pt", ".pth"],
+        ..CLAIM
+    },
+];
+
+fn config(extra: &str) -> ModelConfig {
+    ModelConfig::from_json(&format!(
+        r#"{{"name": "r", "max_batch_size": 8,
+                "input": [{{"name": "dense", "data_type": "TYPE_FP32", "dims": [13]}},
+                          {{"name": "sparse", "data_type": "TYPE_INT64", "dims": [3]}}{extra}],
+                "output": [{{"name": "prediction", "data_type": "TYPE_FP32", "dims": [1]}}],
+                "parameters": {{"embedding_table_names": {{"string_value": "a,b,c"}},
+                                "embedding_vecsize_per_table": {{"string_value": "4"}}}}}}"#
+    ))
+    .unwrap()
+}
+
+/// A lookup that gives "device" rows (simulated) of 4 bytes per key.
+struct Lookup(Signature, Vec<u8>);
+impl Engine for Lookup {
+    fn signature(&self) -> &Signature {
+        &self.0
+    }
+    fn run(
+        &mut self,
+        inputs: &[BatchTensor<'_>],
+        _: &[&str],
+        sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.1 = vec![7; inputs[0].bytes().unwrap().len() / 2];
+        let shape = [self.1.len() as i64];
+        sink(OutputView {
+            name: LOOKUP_OUTPUT,
+            dtype: DataType::F32,
+            shape: &shape,
+            data: Bytes::Device(DeviceView::simulated(0, &self.1)),
+        })
+    }
+}
+/// A network that answers with where each input was and its bytes.
+type Seen = std::sync::Arc<std::sync::Mutex<Vec<(bool, Vec<u8>)>>>;
+struct Dense(Signature, Seen);
+impl Engine for Dense {
+    fn signature(&self) -> &Signature {
+        &self.0
+    }
+    fn accepts_device_inputs(&self) -> bool {
+        true
+    }
+    fn run(
+        &mut self,
+        inputs: &[BatchTensor<'_>],
+        _: &[&str],
+        _: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+    ) -> Result<()> {
+        *self.1.lock().unwrap() = inputs
+            .iter()
+            .map(|t| match t.bytes().unwrap() {
+                Bytes::Host(b) => (false, b.to_vec()),
+                Bytes::Device(v) => (true, v.simulated_bytes().unwrap().to_vec()),
+            })
+            .collect();
+        Ok(())
+    }
+}
+/// Copies into buffers of its own, standing in for the GPU.
+struct Copies(Vec<Vec<u8>>, bool);
+impl Stager for Copies {
+    fn stage(&mut self, parts: &[&[u8]]) -> Result<Vec<DeviceView<'_>>> {
+        if self.1 {
+            return Err(Error::unavailable("no room on GPU 0"));
+        }
+        self.0 = parts.iter().map(|p| p.to_vec()).collect();
+        Ok(self.0.iter().map(|b| DeviceView::simulated(0, b)).collect())
+    }
+}
+
+#[test]
+fn large_host_inputs_reach_the_network_staged_beside_the_lookup() {
+    let spec = |name: &str, dtype| TensorSpec { name: name.into(), dtype, shape: vec![-1] };
+    let sig = |inputs| Signature {
+        inputs,
+        outputs: vec![spec("prediction", DataType::F32)],
+        device: Device::Gpu(0),
+    };
+    let lookup = Lookup(sig(vec![spec("sparse", DataType::I64)]), vec![]);
+    let seen = Seen::default();
+    let dense = Dense(
+        sig(vec![spec("dense", DataType::F32), spec("embeddings", DataType::F32)]),
+        seen.clone(),
+    );
+    let plan = ChainPlan {
+        lookup_config: config(""),
+        dense_config: config(""),
+        dense_engine: "torch",
+        dense_file: "dense.pt".into(),
+        sparse_input: "sparse".into(),
+        embeddings_input: "embeddings".into(),
+        pipeline_parts: 1,
+    };
+    let mut chain = Chain::new(Box::new(lookup), Box::new(dense), &plan, Device::Gpu(0))
+        .unwrap()
+        .with_gpu(Box::new(Copies(vec![], false)), Arc::new(FakeDevice::default()));
+    assert!(
+        !chain.accepts_device_inputs(),
+        "a lookup that reads host keys only: GPU inputs are refused up front"
+    );
+    let run = |chain: &mut Chain, dense_bytes: usize| -> Result<Vec<(bool, Vec<u8>)>> {
+        let (features, keys) =
+            ((0..dense_bytes).map(|i| i as u8).collect::<Vec<u8>>(), vec![1u8; 64]);
+        let t = |name: &str, b| BatchTensor {
+            name: name.into(),
+            dtype: DataType::F32,
+            shape: vec![-1],
+            data: BatchData::Borrowed(Bytes::Host(b)),
+        };
+        chain.run(
+            &[t("dense", &features), t("sparse", &keys)],
+            &["prediction"],
+            &mut |_| Ok(()),
+        )?;
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen[0].1, features, "the features arrive whole");
+        assert_eq!(seen[1], (true, vec![7; 32]), "the rows stay where the lookup put them");
+        Ok(seen)
+    };
+    assert!(
+        run(&mut chain, STAGE_BESIDE).unwrap()[0].0,
+        "1 MiB of features: staged to the GPU beside the lookup"
+    );
+    assert!(!run(&mut chain, 1000).unwrap()[0].0, "small features: left to the network's engine");
+    chain.stager = Some(Box::new(Copies(vec![], true)));
+    let e = run(&mut chain, STAGE_BESIDE).unwrap_err();
+    assert!(e.message().contains("no room on GPU 0"), "the stager's failure is the run's: {e}");
+}
+
+/// Two tables of dim 1: the lookup writes key k's row as the f32 k; it counts its
+/// calls of `run_into` and says so to whoever waits on `started`.
+struct PartLookup {
+    sig: Signature,
+    log: Arc<std::sync::Mutex<Vec<String>>>,
+    started: Arc<(std::sync::Mutex<usize>, std::sync::Condvar)>,
+}
+impl Engine for PartLookup {
+    fn signature(&self) -> &Signature {
+        &self.sig
+    }
+    fn accepts_device_inputs(&self) -> bool {
+        true // keys in GPU memory (a GPU instance's whole-batch lookup)
+    }
+    fn run(
+        &mut self,
+        inputs: &[BatchTensor<'_>],
+        _: &[&str],
+        sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.log.lock().unwrap().push(format!("run {:?}", inputs[0].shape));
+        let rows: Vec<u8> =
+            keys_of(&inputs[0]).iter().flat_map(|&k| (k as f32).to_le_bytes()).collect();
+        let shape = [inputs[0].shape[0], 2, 1];
+        sink(OutputView {
+            name: LOOKUP_OUTPUT,
+            dtype: DataType::F32,
+            shape: &shape,
+            data: Bytes::Device(DeviceView::simulated(0, &rows)),
+        })
+    }
+    fn lookup(&mut self) -> Option<&mut dyn LookupHooks> {
+        Some(self)
+    }
+}
+impl LookupHooks for PartLookup {
+    fn run_into(
+        &mut self,
+        inputs: &[BatchTensor<'_>],
+        out: &mut DeviceViewMut<'_>,
+    ) -> Result<bool> {
+        self.log.lock().unwrap().push(format!("run_into {:?}", inputs[0].shape));
+        let rows: Vec<u8> =
+            keys_of(&inputs[0]).iter().flat_map(|&k| (k as f32).to_le_bytes()).collect();
+        out.simulated_bytes().unwrap()[..rows.len()].copy_from_slice(&rows);
+        let (count, cv) = &*self.started;
+        *count.lock().unwrap() += 1;
+        cv.notify_all();
+        Ok(true)
+    }
+}
+fn keys_of(t: &BatchTensor<'_>) -> Vec<i64> {
+    t.bytes()
+        .unwrap()
+        .host()
+        .unwrap()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+/// prediction = dense + both embeddings, per row; its first part waits until the
+/// lookup has begun the next part (so a chain that does not overlap them fails).
+struct PartDense {
+    sig: Signature,
+    started: Arc<(std::sync::Mutex<usize>, std::sync::Condvar)>,
+    runs: usize,
+}
+impl Engine for PartDense {
+    fn signature(&self) -> &Signature {
+        &self.sig
+    }
+    fn accepts_device_inputs(&self) -> bool {
+        true
+    }
+    fn run(
+        &mut self,
+        inputs: &[BatchTensor<'_>],
+        _: &[&str],
+        sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let floats = |t: &BatchTensor<'_>| -> Vec<f32> {
+            let b = match t.bytes().unwrap() {
+                Bytes::Host(b) => b,
+                Bytes::Device(v) => v.simulated_bytes().unwrap(),
+            };
+            b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+        };
+        let (dense, emb) = (floats(&inputs[0]), floats(&inputs[1]));
+        let rows = inputs[0].shape[0] as usize;
+        if self.runs == 0 && inputs[1].shape[0] as usize * 2 < 4096 * 2 {
+            // a part, not the whole batch: wait for the lookup of the next part
+            let (count, cv) = &*self.started;
+            let (n, timeout) = cv
+                .wait_timeout_while(
+                    count.lock().unwrap(),
+                    std::time::Duration::from_secs(10),
+                    |n| *n < 2,
+                )
+                .unwrap();
+            if timeout.timed_out() {
+                return Err(Error::internal(format!(
+                    "the next part's lookup never began while this part ran ({} lookups)",
+                    *n
+                )));
+            }
+        }
+        self.runs += 1;
+        let out: Vec<u8> = (0..rows)
+            .flat_map(|i| (dense[i] + emb[2 * i] + emb[2 * i + 1]).to_le_bytes())
+            .collect();
+        let shape = [rows as i64, 1];
+        sink(OutputView {
+            name: "prediction",
+            dtype: DataType::F32,
+            shape: &shape,
+            data: Bytes::Device(DeviceView::simulated(0, &out)),
+        })
+    }
+}
+
+#[test]
+fn a_large_batch_runs_in_parts_each_lookup_beside_the_network_on_the_part_before() {
+    let spec = |name: &str, dtype, shape: Vec<i64>| TensorSpec { name: name.into(), dtype, shape };
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let started = Arc::new((std::sync::Mutex::new(0usize), std::sync::Condvar::new()));
+    let lookup = PartLookup {
+        sig: Signature {
+            inputs: vec![spec("sparse", DataType::I64, vec![-1, 2])],
+            outputs: vec![spec(LOOKUP_OUTPUT, DataType::F32, vec![-1, 2, 1])],
+            device: Device::Gpu(0),
+        },
+        log: log.clone(),
+        started: started.clone(),
+    };
+    let dense = PartDense {
+        sig: Signature {
+            inputs: vec![
+                spec("dense", DataType::F32, vec![-1, 1]),
+                spec("embeddings", DataType::F32, vec![-1, 2, 1]),
+            ],
+            outputs: vec![spec("prediction", DataType::F32, vec![-1, 1])],
+            device: Device::Gpu(0),
+        },
+        started: started.clone(),
+        runs: 0,
+    };
+    let mut c = config("");
+    c.parameters.insert("recommender_pipeline_parts".into(), "3".into());
+    let dir = std::env::temp_dir().join(format!("trt-chain-parts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("dense.pt"), b"x").unwrap();
+    let plan = plan(&c, &dir, CLAIMS).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(plan.pipeline_parts, 3);
+    let mut chain = Chain::new(Box::new(lookup), Box::new(dense), &plan, Device::Gpu(0))
+        .unwrap()
+        .with_gpu(Box::new(Copies(vec![], false)), Arc::new(FakeDevice::default()));
+    assert!(
+        chain.accepts_device_inputs(),
+        "both engines take GPU inputs on a GPU instance: CUDA shared memory goes straight in"
+    );
+    let run = |chain: &mut Chain, rows: usize| -> Vec<f32> {
+        let keys: Vec<u8> = (0..rows as i64 * 2).flat_map(|k| k.to_le_bytes()).collect();
+        let dense: Vec<u8> = (0..rows).flat_map(|i| (0.5 * i as f32).to_le_bytes()).collect();
+        let t = |name: &str, dtype, shape: Vec<i64>, b| BatchTensor {
+            name: name.into(),
+            dtype,
+            shape,
+            data: BatchData::Borrowed(Bytes::Host(b)),
+        };
+        let inputs = [
+            t("dense", DataType::F32, vec![rows as i64, 1], &dense),
+            t("sparse", DataType::I64, vec![rows as i64, 2], &keys),
+        ];
+        let mut got = None;
+        chain
+            .run(&inputs, &["prediction"], &mut |o| {
+                assert_eq!(
+                    (o.name, o.shape),
+                    ("prediction", &[rows as i64, 1][..]),
+                    "one output of every row"
+                );
+                // gathered on the host when run in parts; the network's own buffer when whole
+                let b = o.data.host().or_else(|| match o.data {
+                    Bytes::Device(v) => v.simulated_bytes(),
+                    Bytes::Host(_) => None,
+                });
+                got = Some(
+                    b.unwrap()
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                        .collect(),
+                );
+                Ok(())
+            })
+            .unwrap();
+        got.expect("the prediction")
+    };
+    let want = |rows: usize| -> Vec<f32> {
+        (0..rows).map(|i| 0.5 * i as f32 + (2 * i) as f32 + (2 * i + 1) as f32).collect()
+    };
+    assert_eq!(
+        run(&mut chain, 4000),
+        want(4000),
+        "three parts of 1334, 1334 and 1332 rows, gathered in order"
+    );
+    assert_eq!(
+        log.lock().unwrap().drain(..).collect::<Vec<_>>(),
+        ["run_into [1334, 2]", "run_into [1334, 2]", "run_into [1332, 2]"]
+    );
+    assert_eq!(run(&mut chain, 3000), want(3000), "under 3 × 1024 rows: whole");
+    assert_eq!(log.lock().unwrap().drain(..).collect::<Vec<_>>(), ["run [3000, 2]"]);
+}
+
+#[test]
+fn settings_parse_tables_strictly_and_are_documented() {
+    let mut c = config("");
+    c.parameters.insert("embedding_vecsize_per_table".into(), "4,x,4".into());
+    let e = RecommenderSettings::from_config(&c).unwrap_err();
+    assert!(e.message().contains("'embedding_vecsize_per_table': cannot parse 'x'"), "{e}");
+    let s = RecommenderSettings::from_config(&config("")).unwrap();
+    assert_eq!((s.tables, s.dim, s.pipeline_parts), (3, 4, 1));
+    let doc =
+        triton_rust_core::settings::documented_defaults(include_str!("../../../docs/settings.md"));
+    let wrong = triton_rust_core::settings::undocumented(RecommenderSettings::KNOWN, &doc);
+    assert!(wrong.is_empty(), "{wrong:?}");
+}
+
+#[test]
+fn plans_the_two_engines_and_names_what_is_wrong() {
+    let dir = std::env::temp_dir().join(format!("trt-chain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let e = plan(&config(""), &dir, CLAIMS).unwrap_err();
+    assert!(e.message().contains("dense.onnx or dense.pt"), "{e}");
+    std::fs::write(dir.join("dense.onnx"), b"x").unwrap();
+    let p = plan(&config(""), &dir, CLAIMS).unwrap();
+    assert_eq!(p.dense_engine, "onnx");
+    assert_eq!(
+        p.lookup_config.inputs.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+        ["sparse"]
+    );
+    assert_eq!(p.lookup_config.parameters["embedding_interface"], "batched");
+    let dense: Vec<_> =
+        p.dense_config.inputs.iter().map(|t| (t.name.as_str(), t.dims.clone())).collect();
+    assert_eq!(dense, [("dense", vec![13]), ("embeddings", vec![3, 4])]);
+    let e = plan(
+        &config(r#", {"name": "embeddings", "data_type": "TYPE_FP32", "dims": [3, 4]}"#),
+        &dir,
+        CLAIMS,
+    )
+    .unwrap_err();
+    assert!(e.message().contains("clients do not send it"), "{e}");
+    let mut c = config("");
+    c.parameters.insert("recommender_sparse_input".into(), "ids".into());
+    assert!(plan(&c, &dir, CLAIMS).unwrap_err().message().contains("'ids'"));
+    let mut c = config("");
+    c.max_batch_size = 0;
+    assert!(
+        plan(&c, &dir, CLAIMS).unwrap_err().message().contains("[-1, 3]"),
+        "without batching the keys carry their own batch dim"
+    );
+    c.inputs[1].dims = vec![-1, 3];
+    c.inputs[0].dims = vec![-1, 13];
+    let p = plan(&c, &dir, CLAIMS).unwrap();
+    assert_eq!(p.lookup_config.outputs[0].dims, [-1, 3, 4]);
+    assert_eq!(p.dense_config.inputs[1].dims, [-1, 3, 4]);
+    let mut c = config("");
+    c.parameters.insert("recommender_embeddings_type".into(), "TYPE_FP16".into());
+    let p = plan(&c, &dir, CLAIMS).unwrap();
+    assert_eq!(
+        (p.lookup_config.outputs[0].dtype, p.dense_config.inputs[1].dtype),
+        (DataType::F16, DataType::F16),
+        "fp16 rows end to end"
+    );
+    c.parameters.insert("recommender_embeddings_type".into(), "TYPE_BF16".into());
+    assert!(plan(&c, &dir, CLAIMS).unwrap_err().message().contains("TYPE_FP32 or TYPE_FP16"));
+    let mut c = config("");
+    c.parameters.insert("embedding_vecsize_per_table".into(), "4,8,4".into());
+    assert!(plan(&c, &dir, CLAIMS).unwrap_err().message().contains("shared by every table"));
+    std::fs::remove_dir_all(dir).unwrap();
+}
