@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # The rooms allowed to hold `unsafe`: Triton's C API (the cdylib), CUDA, the OS
 # (mmap, dlopen), and the plugin ABI with the libtorch plugin behind it.
-FFI_AND_CUDA = {"triton_rust", "triton_rust_cuda", "triton_rust_os", "triton_rust_abi", "triton_rust_torch"}
+FFI_AND_CUDA = {"triton_rust", "triton_rust_cuda", "triton_rust_os", "triton_rust_abi", "triton_rust_torch", "triton_rust_aoti"}
 TRITON = {"triton_rust", "triton-sys"}
 RUNTIMES = {"ort", "tch", "cudarc", "triton_rust_abi", "libloading"}
 

@@ -12,7 +12,7 @@ echo "[test] formatting (rustfmt.toml) and lints (clippy, warnings are errors)"
 cargo fmt --all --check
 cargo clippy --release --all-targets -- -D warnings
 if [ -n "$LIBTORCH_DIR" ]; then
-    LIBTORCH="$(dirname "$LIBTORCH_DIR")" cargo clippy --release --all-targets -p triton_rust_torch -- -D warnings
+    LIBTORCH="$(dirname "$LIBTORCH_DIR")" cargo clippy --release --all-targets -p triton_rust_torch -p triton_rust_aoti -- -D warnings
 fi
 echo "[test] cargo test"
 cargo test --release

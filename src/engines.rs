@@ -43,6 +43,15 @@ static CLAIMS: &[EngineClaim] = &[
         probe_serves: false,
     },
     EngineClaim {
+        names: &["aoti", "torch_aoti"],
+        default_file: Some("model.pt2"),
+        file_suffixes: &[".pt2"],
+        parameters: triton_rust_engine_aoti::KNOWN,
+        builds_on: &[],
+        keeps_sequences: true,
+        probe_serves: false,
+    },
+    EngineClaim {
         names: &["embedding", "hps"],
         default_file: None,
         file_suffixes: &[],
@@ -56,7 +65,7 @@ static CLAIMS: &[EngineClaim] = &[
         default_file: None,
         file_suffixes: &[],
         parameters: RecommenderSettings::KNOWN,
-        builds_on: &["embedding", "onnx", "torch"],
+        builds_on: &["embedding", "onnx", "torch", "aoti"],
         keeps_sequences: false,
         probe_serves: false,
     },
@@ -81,8 +90,9 @@ impl EngineFactory for Engines {
                 Box::new(triton_rust_engine_embedding::EmbeddingEngine::load(model_file, options)?)
             }
             "torch" => Box::new(triton_rust_engine_torch::TorchEngine::load(model_file, options)?),
+            "aoti" => Box::new(triton_rust_engine_aoti::AotiEngine::load(model_file, options)?),
             "recommender" => {
-                // model_file is the version directory: tables/ and dense.onnx or dense.pt
+                // model_file is the version directory: tables/ and dense.onnx, dense.pt or dense.pt2
                 let plan = recommender::plan(options.config, model_file, CLAIMS)?;
                 let with = |config| EngineOptions {
                     config,

@@ -2,8 +2,10 @@
 //!
 //! Why a plugin: libtorch is large and optional. The backend library links nothing
 //! from it, so it loads and serves ONNX and embedding models on machines without
-//! libtorch; `libtriton_rust_torch.so` (which links libtorch through `tch`) is opened
-//! only when a TorchScript model loads. The two sides share only these `#[repr(C)]`
+//! libtorch; `libtriton_rust_torch.so` (TorchScript; links libtorch through `tch`) is
+//! opened only when a TorchScript model loads, `libtriton_rust_aoti.so` (AOTInductor
+//! packages; C++ against whichever libtorch it was built with) when a `.pt2` model loads.
+//! The sides share only these `#[repr(C)]`
 //! types and the function table below; both are built from this crate, and
 //! [`ABI_VERSION`] guards against mixing builds.
 //!
@@ -18,8 +20,17 @@ use std::os::raw::{c_char, c_int, c_void};
 pub mod plugin;
 
 pub mod graphs;
+pub mod worker;
 
-pub const ABI_VERSION: u32 = 6;
+pub const ABI_VERSION: u32 = 7;
+
+/// The text of a caught panic (what a plugin reports instead of unwinding into C).
+pub fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panic".into())
+}
 
 /// What `run` returns: done, failed (the error says why), or failed because the GPU's CUDA
 /// context is lost for this process (a sticky CUDA error; the plugin classifies its
@@ -158,5 +169,9 @@ pub struct PluginApi {
         err: *mut *mut c_char,
     ) -> c_int,
     pub free_model: unsafe extern "C" fn(model: *mut c_void),
+    /// The loaded model's call spec as JSON text (`["<in_spec>", "<out_spec>"]`, torch's
+    /// serialized pytree specs), freed with `free_error`; null when the model has none
+    /// (a TorchScript module) or on failure (`*err` set then).
+    pub call_spec: unsafe extern "C" fn(model: *mut c_void, err: *mut *mut c_char) -> *mut c_char,
     pub free_error: unsafe extern "C" fn(err: *mut c_char),
 }

@@ -13,21 +13,96 @@ use std::sync::{Arc, Mutex};
 use crate::{self as abi, LoadOptions, PluginApi, TensorView};
 
 use triton_rust_core::error::{Error, ErrorKind, Result};
-use triton_rust_core::tensor::{Bytes, DeviceView};
+use triton_rust_core::tensor::{Bytes, DataType, DeviceView};
+
+use crate::dtype;
 use triton_rust_os::{open_global, own_library_dir};
 
-pub const PLUGIN_FILE: &str = "libtriton_rust_torch.so";
+/// The ABI's element type code of `t`.
+pub fn to_abi(t: DataType) -> Result<i32> {
+    Ok(match t {
+        DataType::Bool => dtype::BOOL,
+        DataType::U8 => dtype::U8,
+        DataType::I8 => dtype::I8,
+        DataType::I16 => dtype::I16,
+        DataType::I32 => dtype::I32,
+        DataType::I64 => dtype::I64,
+        DataType::F16 => dtype::F16,
+        DataType::F32 => dtype::F32,
+        DataType::F64 => dtype::F64,
+        DataType::Bf16 => dtype::BF16,
+        other => {
+            return Err(Error::unsupported(format!(
+                "{} tensors are not supported by the torch engines",
+                other.wire_name()
+            )))
+        }
+    })
+}
+
+/// The element type of the ABI's code `d`.
+pub fn from_abi(d: i32) -> Result<DataType> {
+    Ok(match d {
+        dtype::BOOL => DataType::Bool,
+        dtype::U8 => DataType::U8,
+        dtype::I8 => DataType::I8,
+        dtype::I16 => DataType::I16,
+        dtype::I32 => DataType::I32,
+        dtype::I64 => DataType::I64,
+        dtype::F16 => DataType::F16,
+        dtype::F32 => DataType::F32,
+        dtype::F64 => DataType::F64,
+        dtype::BF16 => DataType::Bf16,
+        other => return Err(Error::internal(format!("the plugin returned element type {other}"))),
+    })
+}
+
+/// A plugin library, what it serves, and what it needs opened before it.
+pub struct PluginFile {
+    pub file: &'static str,
+    /// What its models are, for messages ("TorchScript models").
+    pub serves: &'static str,
+    /// The libtorch it needs, for messages.
+    pub needs: &'static str,
+    /// Its GPU helper library (opened before the first GPU model), if it has one.
+    pub cuda_shim: Option<&'static str>,
+    /// It links libtorch's CUDA libraries when libtorch has them (built against a CUDA
+    /// libtorch): open them before the plugin.
+    pub links_cuda: bool,
+}
+
+/// The TorchScript engine's plugin (tch, so libtorch 2.11 exactly).
+pub const TORCHSCRIPT: PluginFile = PluginFile {
+    file: "libtriton_rust_torch.so",
+    serves: "TorchScript models",
+    needs: "libtorch 2.11.0 (libc10.so, libtorch_cpu.so, libtorch.so; the PyPI torch==2.11.0 wheel's torch/lib works)",
+    cuda_shim: Some("libtriton_rust_torch_cuda.so"),
+    links_cuda: false,
+};
+
+/// The AOTInductor engine's plugin (C++, built against the libtorch it runs with).
+pub const AOTI: PluginFile = PluginFile {
+    file: "libtriton_rust_aoti.so",
+    serves: "AOTInductor packages (.pt2)",
+    needs: "the libtorch the plugin was built against (libc10.so, libtorch_cpu.so, libtorch.so; a torch wheel's torch/lib works)",
+    cuda_shim: None,
+    links_cuda: true,
+};
+
+pub const PLUGIN_FILE: &str = TORCHSCRIPT.file;
 pub const STREAM_SHIM_FILE: &str = "libtriton_rust_torch_cuda.so";
-pub const LIBTORCH_NEEDED: &str = "libtorch 2.11.0 (libc10.so, libtorch_cpu.so, libtorch.so; the PyPI torch==2.11.0 wheel's torch/lib works)";
+pub const LIBTORCH_NEEDED: &str = TORCHSCRIPT.needs;
 
 pub struct Plugin {
     api: &'static PluginApi,
+    which: &'static PluginFile,
+    runtime: String,
     libtorch_dir: Option<PathBuf>,
     cuda_loaded: Mutex<bool>,
     _libs: Mutex<Vec<libloading::Library>>,
 }
 
-static PLUGIN: Mutex<Option<Arc<Plugin>>> = Mutex::new(None);
+static PLUGINS: Mutex<Vec<Arc<Plugin>>> = Mutex::new(Vec::new());
 
 fn lib_path(dir: &Option<PathBuf>, name: &str) -> PathBuf {
     match dir {
@@ -36,11 +111,14 @@ fn lib_path(dir: &Option<PathBuf>, name: &str) -> PathBuf {
     }
 }
 
-/// The process's plugin, opened on first use; libtorch from `libtorch_dir` (the directory
-/// and what named it) when given.
-pub fn plugin(libtorch_dir: Option<(&Path, &str)>) -> Result<Arc<Plugin>> {
-    let mut slot = PLUGIN.lock().map_err(|_| Error::internal("torch plugin lock poisoned"))?;
-    if let Some(p) = slot.as_ref() {
+/// The process's plugin `which`, opened on first use; libtorch from `libtorch_dir` (the
+/// directory and what named it) when given.
+pub fn plugin(
+    which: &'static PluginFile,
+    libtorch_dir: Option<(&Path, &str)>,
+) -> Result<Arc<Plugin>> {
+    let mut open = PLUGINS.lock().map_err(|_| Error::internal("plugin lock poisoned"))?;
+    if let Some(p) = open.iter().find(|p| p.which.file == which.file) {
         return Ok(p.clone());
     }
     let (dir, source) = match libtorch_dir {
@@ -52,19 +130,44 @@ pub fn plugin(libtorch_dir: Option<(&Path, &str)>) -> Result<Arc<Plugin>> {
         let path = lib_path(&dir, name);
         let lib = open_global(&path).map_err(|e| {
             Error::unavailable(format!(
-                "TorchScript models need {LIBTORCH_NEEDED}; '{}' could not be loaded (from {source}): {e}. \
+                "{} need {}; '{}' could not be loaded (from {source}): {e}. \
                  Set --backend-config=rust,libtorch-dir=<directory of libtorch_cpu.so>",
+                which.serves,
+                which.needs,
                 path.display()
             ))
         })?;
         libs.push(lib);
     }
+    let mut cuda_loaded = false;
+    if which.links_cuda {
+        // a plugin built against a CUDA libtorch needs its CUDA libraries; a CPU-only
+        // libtorch has none (and a plugin built against it needs none)
+        let cuda: Vec<PathBuf> =
+            ["libc10_cuda.so", "libtorch_cuda.so"].iter().map(|n| lib_path(&dir, n)).collect();
+        if dir.is_none() || cuda.iter().all(|p| p.is_file()) {
+            for path in &cuda {
+                match open_global(path) {
+                    Ok(lib) => libs.push(lib),
+                    Err(e) if dir.is_some() => {
+                        return Err(Error::unavailable(format!(
+                            "cannot load '{}' (from {source}): {e}",
+                            path.display()
+                        )))
+                    }
+                    Err(_) => break,
+                }
+            }
+            cuda_loaded = true;
+        }
+    }
     let here = own_library_dir()
         .ok_or_else(|| Error::internal("cannot find the rust backend's own directory"))?;
-    let plugin_path = here.join(PLUGIN_FILE);
+    let plugin_path = here.join(which.file);
     if !plugin_path.is_file() {
         return Err(Error::unavailable(format!(
-            "TorchScript models need the plugin '{}', which is not installed next to libtriton_rust.so (build it with scripts/build.sh)",
+            "{} need the plugin '{}', which is not installed next to libtriton_rust.so (build it with scripts/build.sh)",
+            which.serves,
             plugin_path.display()
         )));
     }
@@ -93,16 +196,18 @@ pub fn plugin(libtorch_dir: Option<(&Path, &str)>) -> Result<Arc<Plugin>> {
     let runtime = unsafe { CStr::from_ptr((api.runtime)()) }.to_string_lossy().into_owned();
     libs.push(lib);
     log::info!(
-        "torch plugin loaded from '{}' ({runtime}, libtorch from {source})",
+        "plugin loaded from '{}' ({runtime}, libtorch from {source})",
         plugin_path.display()
     );
     let p = Arc::new(Plugin {
         api,
+        which,
+        runtime,
         libtorch_dir: dir,
-        cuda_loaded: Mutex::new(false),
+        cuda_loaded: Mutex::new(cuda_loaded && which.cuda_shim.is_none()),
         _libs: Mutex::new(libs),
     });
-    *slot = Some(p.clone());
+    open.push(p.clone());
     Ok(p)
 }
 
@@ -165,6 +270,11 @@ unsafe extern "C" fn plugin_log(level: c_int, message: *const c_char) {
 }
 
 impl Plugin {
+    /// The runtime the plugin wraps and its version, e.g. "libtorch 2.11.0".
+    pub fn runtime(&self) -> &str {
+        &self.runtime
+    }
+
     fn ensure_cuda(&self) -> Result<()> {
         let mut loaded = self.cuda_loaded.lock().map_err(|_| Error::internal("lock poisoned"))?;
         if *loaded {
@@ -175,20 +285,21 @@ impl Plugin {
             let path = lib_path(&self.libtorch_dir, name);
             libs.push(open_global(&path).map_err(|e| {
                 Error::unavailable(format!(
-                    "a KIND_GPU TorchScript model needs libtorch's CUDA part: '{}': {e}",
+                    "KIND_GPU instances of {} need libtorch's CUDA part: '{}': {e}",
+                    self.which.serves,
                     path.display()
                 ))
             })?);
         }
         // per-instance CUDA streams (a small C++ library built with the plugin)
-        let shim = own_library_dir()
-            .ok_or_else(|| Error::internal("cannot find the rust backend's own directory"))?
-            .join(STREAM_SHIM_FILE);
-        libs.push(
-            open_global(&shim).map_err(|e| {
+        if let Some(shim) = self.which.cuda_shim {
+            let shim = own_library_dir()
+                .ok_or_else(|| Error::internal("cannot find the rust backend's own directory"))?
+                .join(shim);
+            libs.push(open_global(&shim).map_err(|e| {
                 Error::unavailable(format!("cannot load '{}': {e}", shim.display()))
-            })?,
-        );
+            })?);
+        }
         *loaded = true;
         Ok(())
     }
@@ -226,7 +337,7 @@ impl Plugin {
         // SAFETY: opts and its strings outlive the call.
         let handle = unsafe { (self.api.load)(&opts, &mut err) };
         if handle.is_null() {
-            return Err(take_error(self.api, err, "loading the TorchScript model")
+            return Err(take_error(self.api, err, "loading the model")
                 .context(format!("model file '{}'", spec.path.display())));
         }
         Ok(PluginModel { plugin: self.clone(), handle })
@@ -335,9 +446,33 @@ impl PluginModel {
         }
         if rc != abi::RUN_OK {
             let kind = run_error_kind(rc);
-            return Err(take_error_of(self.plugin.api, err, "running the TorchScript model", kind));
+            return Err(take_error_of(self.plugin.api, err, "running the model", kind));
         }
         Ok(())
+    }
+}
+
+impl PluginModel {
+    /// The model's call spec (`[in_spec, out_spec]`, torch's serialized pytree specs), if
+    /// it has one.
+    pub fn call_spec(&self) -> Result<Option<[String; 2]>> {
+        let mut err = std::ptr::null_mut();
+        // SAFETY: the handle is this plugin's; the string is freed with its free_error.
+        let text = unsafe { (self.plugin.api.call_spec)(self.handle, &mut err) };
+        if text.is_null() {
+            if err.is_null() {
+                return Ok(None);
+            }
+            return Err(take_error(self.plugin.api, err, "reading the call spec"));
+        }
+        let owned = unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned();
+        unsafe { (self.plugin.api.free_error)(text) };
+        let specs: Vec<String> = serde_json::from_str(&owned)
+            .map_err(|e| Error::internal(format!("the call spec is not a JSON list: {e}")))?;
+        match <[String; 2]>::try_from(specs) {
+            Ok(pair) => Ok(Some(pair)),
+            Err(v) => Err(Error::internal(format!("the call spec has {} parts, not 2", v.len()))),
+        }
     }
 }
 

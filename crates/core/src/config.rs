@@ -60,6 +60,8 @@ pub struct ModelConfig {
     /// `parameters { key: .. value { string_value: .. } }`
     pub parameters: BTreeMap<String, String>,
     pub default_model_filename: Option<String>,
+    /// `platform`, when given (e.g. Triton's `torch_aoti`, which names an engine here).
+    pub platform: Option<String>,
     /// `optimization { graph { level: N } }`, if given.
     pub graph_optimization_level: Option<i64>,
     pub gpu_accelerators: Vec<Accelerator>,
@@ -340,6 +342,11 @@ impl ModelConfig {
             inputs: tensors(v.get("input"), "input")?,
             outputs: tensors(v.get("output"), "output")?,
             parameters: string_map(v.get("parameters")),
+            platform: v
+                .get("platform")
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string),
             default_model_filename: v
                 .get("default_model_filename")
                 .and_then(Value::as_str)

@@ -153,7 +153,8 @@ pub fn known_parameters<'c>(claims: &'c [EngineClaim], claim: &'c EngineClaim) -
 }
 
 /// Picks the engine and model file for a model version directory: the `engine`
-/// parameter if given, else from the file name (`default_model_filename`, or the first
+/// parameter if given, else the config's `platform` where an engine has that name
+/// (Triton's `torch_aoti`), else from the file name (`default_model_filename`, or the first
 /// engine whose default file is there, else the first engine's).
 pub fn select<'c>(
     claims: &'c [EngineClaim],
@@ -162,7 +163,9 @@ pub fn select<'c>(
     version_dir: &Path,
 ) -> Result<(&'c EngineClaim, PathBuf)> {
     let names = || claims.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ");
-    let claim = match engine {
+    let platform =
+        config.platform.as_deref().filter(|p| claims.iter().any(|c| c.names.contains(p)));
+    let claim = match engine.or(platform) {
         Some(e) => claims.iter().find(|c| c.names.contains(&e)).ok_or_else(|| {
             Error::unsupported(format!(
                 "parameter 'engine' is '{e}'; this build of the rust backend has the engines: {}",

@@ -5,7 +5,7 @@
 //!
 //! A model with `parameters { key: "engine" value { string_value: "recommender" } }`
 //! holds its tables under `<version>/tables/` (as an embedding model) and its dense
-//! network as `<version>/dense.onnx` or `<version>/dense.pt`. Its config lists the
+//! network as `<version>/dense.onnx`, `<version>/dense.pt` or `<version>/dense.pt2`. Its config lists the
 //! clients' inputs (the keys, `recommender_sparse_input`, default `sparse`, INT64
 //! `[tables]`, and the dense features) and the network's outputs; the network's input
 //! that takes the embeddings is `recommender_embeddings_input` (default `embeddings`,
@@ -92,7 +92,7 @@ impl RecommenderSettings {
         ("recommender_embeddings_input", "embeddings"),
         ("recommender_embeddings_type", "TYPE_FP32"),
         ("recommender_pipeline_parts", "1"),
-        ("recommender_dense_model", "dense.onnx, else dense.pt"),
+        ("recommender_dense_model", "dense.onnx, else dense.pt, else dense.pt2"),
     ];
 
     pub fn from_config(config: &ModelConfig) -> Result<RecommenderSettings> {
@@ -185,12 +185,15 @@ pub fn plan(
     let named = settings.dense_model.as_ref().map(|s| version_dir.join(s));
     let dense_file = match named {
         Some(f) => f,
-        None if version_dir.join("dense.onnx").exists() => version_dir.join("dense.onnx"),
-        None => version_dir.join("dense.pt"),
+        None => ["dense.onnx", "dense.pt", "dense.pt2"]
+            .iter()
+            .map(|f| version_dir.join(f))
+            .find(|f| f.exists())
+            .unwrap_or_else(|| version_dir.join("dense.onnx")),
     };
     if !dense_file.is_file() {
         return Err(Error::not_found(format!(
-            "the recommender's dense network '{}' not found (dense.onnx or dense.pt)",
+            "the recommender's dense network '{}' not found (dense.onnx, dense.pt or dense.pt2)",
             dense_file.display()
         )));
     }
@@ -199,7 +202,7 @@ pub fn plan(
         .filter(|c| c.default_file.is_some())
         .ok_or_else(|| {
             Error::invalid_arg(format!(
-                "cannot tell the dense network's engine from '{file_name}' (.onnx or .pt)"
+                "cannot tell the dense network's engine from '{file_name}' (.onnx, .pt or .pt2)"
             ))
         })?
         .name();
@@ -266,7 +269,7 @@ impl Chain {
     ) -> Result<Chain> {
         if device != Device::Cpu && !dense.accepts_device_inputs() {
             return Err(Error::unsupported(format!(
-                "on a KIND_GPU instance the recommender's network reads the embeddings in GPU memory, which the engine of '{}' cannot; use a TorchScript dense.pt (or KIND_CPU)",
+                "on a KIND_GPU instance the recommender's network reads the embeddings in GPU memory, which the engine of '{}' cannot; use a TorchScript dense.pt or an AOTInductor dense.pt2 (or KIND_CPU)",
                 plan.dense_file.display()
             )));
         }

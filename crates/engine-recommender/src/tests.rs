@@ -386,7 +386,7 @@ fn plans_the_two_engines_and_names_what_is_wrong() {
     let dir = std::env::temp_dir().join(format!("trt-chain-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let e = plan(&config(""), &dir, CLAIMS).unwrap_err();
-    assert!(e.message().contains("dense.onnx or dense.pt"), "{e}");
+    assert!(e.message().contains("dense.onnx, dense.pt or dense.pt2"), "{e}");
     std::fs::write(dir.join("dense.onnx"), b"x").unwrap();
     let p = plan(&config(""), &dir, CLAIMS).unwrap();
     assert_eq!(p.dense_engine, "onnx");

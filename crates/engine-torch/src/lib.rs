@@ -15,58 +15,16 @@
 use std::ffi::CString;
 use std::path::Path;
 
-use triton_rust_abi::dtype;
-
 mod settings;
 pub use settings::TorchSettings;
 
-use triton_rust_abi::plugin;
+use triton_rust_abi::plugin::{self, from_abi, to_abi};
 use triton_rust_core::batch::BatchTensor;
 use triton_rust_core::config::{ModelConfig, TensorConfig, TensorSpec};
 use triton_rust_core::engine::{Device, Engine, EngineOptions, OutputView, Signature};
 use triton_rust_core::error::{Error, Result};
-use triton_rust_core::tensor::DataType;
 
 pub use plugin::{LIBTORCH_NEEDED, PLUGIN_FILE};
-
-fn to_abi(t: DataType) -> Result<i32> {
-    Ok(match t {
-        DataType::Bool => dtype::BOOL,
-        DataType::U8 => dtype::U8,
-        DataType::I8 => dtype::I8,
-        DataType::I16 => dtype::I16,
-        DataType::I32 => dtype::I32,
-        DataType::I64 => dtype::I64,
-        DataType::F16 => dtype::F16,
-        DataType::F32 => dtype::F32,
-        DataType::F64 => dtype::F64,
-        DataType::Bf16 => dtype::BF16,
-        other => {
-            return Err(Error::unsupported(format!(
-                "{} tensors are not supported by the torch engine",
-                other.wire_name()
-            )))
-        }
-    })
-}
-
-fn from_abi(d: i32) -> Result<DataType> {
-    Ok(match d {
-        dtype::BOOL => DataType::Bool,
-        dtype::U8 => DataType::U8,
-        dtype::I8 => DataType::I8,
-        dtype::I16 => DataType::I16,
-        dtype::I32 => DataType::I32,
-        dtype::I64 => DataType::I64,
-        dtype::F16 => DataType::F16,
-        dtype::F32 => DataType::F32,
-        dtype::F64 => DataType::F64,
-        dtype::BF16 => DataType::Bf16,
-        other => {
-            return Err(Error::internal(format!("the torch plugin returned element type {other}")))
-        }
-    })
-}
 
 /// Positions of the config's tensors in the model's argument (or result) order.
 pub fn positional_order(tensors: &[TensorConfig]) -> Vec<usize> {
@@ -117,6 +75,7 @@ impl TorchEngine {
         }
         let settings = TorchSettings::from_config(cfg)?;
         let plugin = plugin::plugin(
+            &plugin::TORCHSCRIPT,
             options.backend.libtorch_dir.as_ref().map(|(d, source)| (d.as_path(), *source)),
         )?;
         // The load-time probe only needs the signature, which comes from the config: it
@@ -275,6 +234,7 @@ impl Engine for TorchEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use triton_rust_core::tensor::DataType;
 
     fn t(name: &str) -> TensorConfig {
         TensorConfig { name: name.into(), dtype: DataType::F32, dims: vec![1], reshape: None }

@@ -163,10 +163,17 @@ struct Model {
 
 mod graphs;
 mod staging;
-mod worker;
+use triton_rust_abi::worker;
 
-static API: PluginApi =
-    PluginApi { abi_version: abi::ABI_VERSION, runtime, load, run, free_model, free_error };
+static API: PluginApi = PluginApi {
+    abi_version: abi::ABI_VERSION,
+    runtime,
+    load,
+    run,
+    free_model,
+    free_error,
+    call_spec,
+};
 
 /// The plugin's function table (see `triton_rust_abi::ENTRY_SYMBOL`).
 #[no_mangle]
@@ -188,11 +195,11 @@ fn set_err(err: *mut *mut c_char, msg: String) {
     }
 }
 
-fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "panic".into())
+use abi::panic_text;
+
+/// A TorchScript module has no call spec.
+unsafe extern "C" fn call_spec(_model: *mut c_void, _err: *mut *mut c_char) -> *mut c_char {
+    std::ptr::null_mut()
 }
 
 unsafe extern "C" fn free_error(err: *mut c_char) {

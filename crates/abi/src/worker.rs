@@ -51,7 +51,7 @@ fn recv_spinning<T>(rx: &mpsc::Receiver<T>, spin: Duration) -> Result<T, mpsc::R
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
-pub(crate) struct Worker {
+pub struct Worker {
     jobs: mpsc::Sender<Job>,
 }
 
@@ -60,7 +60,7 @@ static STARTED: Mutex<usize> = Mutex::new(0);
 
 impl Worker {
     /// An idle worker, or a new one.
-    pub(crate) fn take() -> Result<Worker, String> {
+    pub fn take() -> Result<Worker, String> {
         if let Some(w) = IDLE.lock().map_err(|_| "worker pool lock poisoned")?.pop() {
             return Ok(w);
         }
@@ -79,14 +79,14 @@ impl Worker {
     }
 
     /// Back to the pool, for the next GPU instance.
-    pub(crate) fn give_back(self) {
+    pub fn give_back(self) {
         if let Ok(mut idle) = IDLE.lock() {
             idle.push(self);
         }
     }
 
     /// Runs `f` on the worker and waits for it; a panic in `f` comes back as an error.
-    pub(crate) fn run<R, F: FnOnce() -> R>(&self, f: F) -> Result<R, String> {
+    pub fn run<R, F: FnOnce() -> R>(&self, f: F) -> Result<R, String> {
         let (done_tx, done_rx) = mpsc::sync_channel::<std::thread::Result<R>>(1);
         let job: Box<dyn FnOnce() + '_> = Box::new(move || {
             let _ = done_tx.send(catch_unwind(AssertUnwindSafe(f)));

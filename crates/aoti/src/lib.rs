@@ -1,0 +1,282 @@
+//! `libtriton_rust_aoti.so`: the AOTInductor engine's plugin.
+//!
+//! PyTorch 2 packages (`torch._inductor.aoti_compile_and_package`, a `.pt2` zip holding a
+//! compiled shared library and its weights) run through libtorch's C++
+//! `AOTIModelPackageLoader` (src/runtime.cpp). The C++ is built against whichever
+//! libtorch `LIBTORCH` names, with no Rust binding in between, so this plugin follows the
+//! libtorch a user deploys with (a package runs only on the torch release that made it).
+//! This file speaks the backend's plugin ABI (`triton_rust_abi`): it fits each batch to
+//! its CUDA graph bucket, runs GPU instances on a long-lived worker thread, and turns
+//! libtorch's errors into the ABI's statuses.
+//!
+//! Outputs: `output_names[i]` names the package's flat output `i`; an empty name means
+//! the caller does not want that output (it is skipped).
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use triton_rust_abi::graphs::{fit, Fit};
+use triton_rust_abi::worker::Worker;
+use triton_rust_abi::{
+    self as abi, panic_text, LoadOptions, LogFn, OutputSink, PluginApi, TensorView,
+};
+
+type Sink = unsafe extern "C" fn(ctx: *mut c_void, index: usize, out: *const TensorView) -> c_int;
+
+extern "C" {
+    fn tra_runtime() -> *const c_char;
+    fn tra_load(
+        path: *const c_char,
+        gpu: c_int,
+        graphs: c_int,
+        log: Option<LogFn>,
+        err: *mut c_char,
+        len: usize,
+    ) -> *mut c_void;
+    fn tra_call_spec(model: *mut c_void, err: *mut c_char, len: usize) -> *mut c_char;
+    fn tra_free_string(s: *mut c_char);
+    #[allow(clippy::too_many_arguments)]
+    fn tra_run(
+        model: *mut c_void,
+        inputs: *const TensorView,
+        n: usize,
+        graph: c_int,
+        pad_rows: i64,
+        host_outputs: c_int,
+        sink: Sink,
+        ctx: *mut c_void,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    fn tra_free(model: *mut c_void);
+}
+
+/// Calls into the C++ side with an error buffer; its text on failure.
+fn with_error<T>(call: impl FnOnce(*mut c_char, usize) -> T) -> (T, String) {
+    let mut buf = vec![0u8; 4096];
+    let r = call(buf.as_mut_ptr() as *mut c_char, buf.len());
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    (r, String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
+struct Model {
+    handle: *mut c_void,
+    /// GPU instances run on a long-lived thread (see `triton_rust_abi::worker`).
+    worker: Option<Worker>,
+    /// CUDA graphs: the batch-size buckets, and whether they are exact rows (no batching).
+    graphs: Option<(Vec<i64>, bool)>,
+    batching: bool,
+}
+
+static API: PluginApi = PluginApi {
+    abi_version: abi::ABI_VERSION,
+    runtime,
+    load,
+    run,
+    free_model,
+    free_error,
+    call_spec,
+};
+
+/// The plugin's function table (see `triton_rust_abi::ENTRY_SYMBOL`).
+#[no_mangle]
+pub extern "C" fn triton_rust_plugin_api() -> *const PluginApi {
+    &API
+}
+
+unsafe extern "C" fn runtime() -> *const c_char {
+    tra_runtime()
+}
+
+fn set_err(err: *mut *mut c_char, msg: String) {
+    if !err.is_null() {
+        let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+        // SAFETY: err points to the caller's out-slot.
+        unsafe { *err = c.into_raw() };
+    }
+}
+
+unsafe extern "C" fn free_error(err: *mut c_char) {
+    if !err.is_null() {
+        drop(CString::from_raw(err));
+    }
+}
+
+unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) -> *mut c_void {
+    let result = catch_unwind(AssertUnwindSafe(|| -> Result<Model, String> {
+        let o = &*options;
+        let path = CStr::from_ptr(o.path);
+        let gpu = (o.device_kind == abi::MEMORY_GPU).then_some(o.device_id);
+        let graphs = (gpu.is_some() && o.cuda_graphs != 0).then(|| {
+            let buckets = if o.n_graph_buckets == 0 {
+                Vec::new()
+            } else {
+                std::slice::from_raw_parts(o.graph_buckets, o.n_graph_buckets).to_vec()
+            };
+            (buckets, o.graph_exact_rows != 0)
+        });
+        let load_here = || {
+            let (handle, why) = with_error(|e, len| unsafe {
+                tra_load(path.as_ptr(), gpu.unwrap_or(-1), graphs.is_some() as c_int, o.log, e, len)
+            });
+            if handle.is_null() {
+                Err(format!(
+                    "cannot load the AOTInductor package '{}': {why}",
+                    path.to_string_lossy()
+                ))
+            } else {
+                Ok(handle as usize)
+            }
+        };
+        let worker = if gpu.is_some() { Some(Worker::take()?) } else { None };
+        // a GPU package is loaded on the thread that will run it
+        let handle = match &worker {
+            Some(w) => w.run(load_here)?,
+            None => load_here(),
+        };
+        let handle = match handle {
+            Ok(h) => h as *mut c_void,
+            Err(e) => {
+                if let Some(w) = worker {
+                    w.give_back();
+                }
+                return Err(e);
+            }
+        };
+        let batching = !graphs.as_ref().is_some_and(|(_, exact)| *exact);
+        Ok(Model { handle, worker, graphs, batching })
+    }));
+    match result {
+        Ok(Ok(m)) => Box::into_raw(Box::new(m)) as *mut c_void,
+        Ok(Err(e)) => {
+            set_err(err, e);
+            std::ptr::null_mut()
+        }
+        Err(p) => {
+            set_err(
+                err,
+                format!("the AOTInductor plugin panicked while loading: {}", panic_text(p)),
+            );
+            std::ptr::null_mut()
+        }
+    }
+}
+
+unsafe extern "C" fn free_model(model: *mut c_void) {
+    if model.is_null() {
+        return;
+    }
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        let mut m = Box::from_raw(model as *mut Model);
+        let handle = m.handle as usize;
+        match m.worker.take() {
+            Some(w) => {
+                let _ = w.run(|| unsafe { tra_free(handle as *mut c_void) });
+                w.give_back();
+            }
+            None => tra_free(m.handle),
+        }
+    }));
+}
+
+unsafe extern "C" fn call_spec(model: *mut c_void, err: *mut *mut c_char) -> *mut c_char {
+    let m = &*(model as *mut Model);
+    let (text, why) = with_error(|e, len| unsafe { tra_call_spec(m.handle, e, len) });
+    if text.is_null() {
+        set_err(err, format!("cannot read the package's call spec: {why}"));
+        return std::ptr::null_mut();
+    }
+    let owned = CStr::from_ptr(text).to_owned();
+    tra_free_string(text);
+    owned.into_raw()
+}
+
+/// What the C++ side's sink calls back with: the caller's sink and output names.
+struct SinkCtx<'a> {
+    names: &'a [*const c_char],
+    sink: OutputSink,
+    ctx: *mut c_void,
+}
+
+unsafe extern "C" fn forward(ctx: *mut c_void, index: usize, out: *const TensorView) -> c_int {
+    let c = &*(ctx as *const SinkCtx<'_>);
+    let Some(&name) = c.names.get(index) else { return 0 };
+    if name.is_null() || *name == 0 {
+        return 0;
+    }
+    let mut view = std::ptr::read(out);
+    view.name = name;
+    (c.sink)(c.ctx, &view)
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn run(
+    model: *mut c_void,
+    inputs: *const TensorView,
+    n_inputs: usize,
+    output_names: *const *const c_char,
+    n_outputs: usize,
+    host_outputs: c_int,
+    sink: OutputSink,
+    sink_ctx: *mut c_void,
+    err: *mut *mut c_char,
+) -> c_int {
+    let result = catch_unwind(AssertUnwindSafe(|| -> Result<(), String> {
+        let m = &mut *(model as *mut Model);
+        let views = std::slice::from_raw_parts(inputs, n_inputs);
+        let (graph, pad_rows) = match &m.graphs {
+            None => (0, 0),
+            Some((buckets, _)) => {
+                let shapes: Vec<&[i64]> =
+                    views.iter().map(|v| std::slice::from_raw_parts(v.shape, v.rank)).collect();
+                match fit(buckets, m.batching, &shapes) {
+                    Fit::Graph(rows) => (1, rows.unwrap_or(0)),
+                    _ => (0, 0),
+                }
+            }
+        };
+        let names = std::slice::from_raw_parts(output_names, n_outputs);
+        let ctx = SinkCtx { names, sink, ctx: sink_ctx };
+        let handle = m.handle as usize;
+        let ctx_addr = &ctx as *const SinkCtx<'_> as usize;
+        let views_addr = views.as_ptr() as usize;
+        let call = move || {
+            with_error(|e, len| unsafe {
+                tra_run(
+                    handle as *mut c_void,
+                    views_addr as *const TensorView,
+                    n_inputs,
+                    graph,
+                    pad_rows,
+                    host_outputs,
+                    forward,
+                    ctx_addr as *mut c_void,
+                    e,
+                    len,
+                )
+            })
+        };
+        let (rc, why) = match &m.worker {
+            Some(w) => w.run(call)?,
+            None => call(),
+        };
+        if rc != 0 {
+            return Err(why);
+        }
+        Ok(())
+    }));
+    let message = match result {
+        Ok(Ok(())) => return abi::RUN_OK,
+        Ok(Err(e)) => e,
+        Err(p) => format!("the AOTInductor plugin panicked while running: {}", panic_text(p)),
+    };
+    // libtorch reports a sticky CUDA error only as text: classified here, once, so the
+    // backend reads the kind from the status
+    let status = if triton_rust_cuda::sticky_error_in(&message) {
+        abi::RUN_DEVICE_LOST
+    } else {
+        abi::RUN_FAILED
+    };
+    set_err(err, message);
+    status
+}

@@ -1,0 +1,437 @@
+// The libtorch side of libtriton_rust_aoti.so: AOTInductor packages loaded with
+// torch::inductor::AOTIModelPackageLoader and run on borrowed tensors, on the CPU or on a
+// GPU instance's own stream, optionally through one CUDA graph per input shape.
+//
+// Built by build.rs against whichever libtorch LIBTORCH names (no tch, so no pinned
+// version); the Rust half of the crate (lib.rs) speaks the backend's plugin ABI and calls
+// the tra_* functions below. Every function catches what libtorch throws and returns it
+// as text in the caller's buffer. With TRA_CUDA undefined (a CPU-only libtorch) the GPU
+// paths answer with an error instead.
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/headeronly/version.h>
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#ifdef TRA_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <ATen/cuda/CachingHostAllocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#ifdef TRA_CUDA
+// Declared in ATen/cuda/CUDAContextLight.h, whose includes need CUDA library headers the
+// torch wheel does not ship; the declaration is all we need.
+namespace at::cuda {
+void clearCublasWorkspaces();
+}
+#endif
+
+namespace {
+
+// The backend's TensorView (triton_rust_abi), field for field.
+struct View {
+  const char* name;
+  int32_t dtype;
+  const int64_t* shape;
+  size_t rank;
+  const void* data;
+  size_t bytes;
+  int32_t memory;
+  int64_t device_id;
+};
+
+using Sink = int (*)(void* ctx, size_t index, const View* out);
+using Log = void (*)(int level, const char* message);
+constexpr int LOG_WARN = 1;
+constexpr int MEMORY_GPU = 1;
+
+void put(char* err, size_t len, const std::string& what) {
+  if (err && len) std::snprintf(err, len, "%s", what.c_str());
+}
+
+// The backend's element type codes (triton_rust_abi::dtype) and libtorch's.
+bool scalar_of(int32_t code, c10::ScalarType* out) {
+  static const c10::ScalarType types[] = {at::kBool,  at::kByte,  at::kChar,   at::kShort, at::kInt,
+                                          at::kLong,  at::kHalf,  at::kFloat,  at::kDouble, at::kBFloat16};
+  if (code < 0 || code >= 10) return false;
+  *out = types[code];
+  return true;
+}
+
+int32_t code_of(c10::ScalarType t) {
+  switch (t) {
+    case at::kBool: return 0;
+    case at::kByte: return 1;
+    case at::kChar: return 2;
+    case at::kShort: return 3;
+    case at::kInt: return 4;
+    case at::kLong: return 5;
+    case at::kHalf: return 6;
+    case at::kFloat: return 7;
+    case at::kDouble: return 8;
+    case at::kBFloat16: return 9;
+    default: return -1;
+  }
+}
+
+#ifdef TRA_CUDA
+// One captured run: fixed input buffers the batch is copied into, the outputs the
+// replay writes.
+struct Graph {
+  at::cuda::CUDAGraph graph;
+  std::vector<at::Tensor> inputs;
+  std::vector<at::Tensor> outputs;
+};
+#endif
+
+struct Model {
+  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;
+  // The directory the loader unpacked the package into (removed at free).
+  std::string unpacked;
+  c10::Device device = c10::Device(c10::kCPU);
+  Log log = nullptr;
+#ifdef TRA_CUDA
+  std::unique_ptr<c10::cuda::CUDAStream> stream;
+  bool graphs = false;
+  at::cuda::MempoolId_t pool{0, 0};
+  std::map<std::vector<std::vector<int64_t>>, std::unique_ptr<Graph>> captured;
+  std::set<std::vector<std::vector<int64_t>>> uncapturable;
+#endif
+};
+
+// The files mapped into this process that lie inside an unpacked package.
+std::set<std::string> mapped_package_files() {
+  std::set<std::string> found;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    auto slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    auto path = line.substr(slash);
+    if (path.find("/data/aotinductor/") != std::string::npos) found.insert(path);
+  }
+  return found;
+}
+
+// Loads the package, and finds the directory the loader unpacked it into: libtorch's
+// loader extracts the package's libraries to a fresh temporary directory and leaves it
+// behind, so the plugin removes it at unload. Its library is the one file newly mapped by
+// this load (loads are serialised here so that no other load maps one meanwhile); the
+// directory is what comes before the package's own `<name>/data/aotinductor/` path.
+std::unique_ptr<torch::inductor::AOTIModelPackageLoader> load_package(const char* path, int device,
+                                                                       std::string* unpacked) {
+  static std::mutex one_at_a_time;
+  std::lock_guard<std::mutex> lock(one_at_a_time);
+  auto before = mapped_package_files();
+  auto loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(path, "model", false, 1,
+                                                                          static_cast<c10::DeviceIndex>(device));
+  for (const auto& file : mapped_package_files()) {
+    if (before.count(file)) continue;
+    auto data = file.find("/data/aotinductor/");
+    auto root = file.rfind('/', data - 1);
+    auto tmp = std::filesystem::temp_directory_path().string();
+    std::string dir = root == std::string::npos ? std::string() : file.substr(0, root);
+    // only ever a directory directly inside a temporary directory
+    auto parent = std::filesystem::path(dir).parent_path().string();
+    if (!dir.empty() && (parent == tmp || parent == "/tmp")) *unpacked = dir;
+    break;
+  }
+  return loader;
+}
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  o << "]";
+  return o.str();
+}
+
+#ifdef TRA_CUDA
+std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, int64_t pad_rows) {
+  std::vector<std::vector<int64_t>> key;
+  for (const auto& t : in) {
+    auto s = t.sizes().vec();
+    if (pad_rows > 0 && !s.empty()) s[0] = pad_rows;
+    key.push_back(s);
+  }
+  auto stream = m.stream->stream();
+  if (m.uncapturable.count(key)) return m.loader->run(in, stream);
+  auto found = m.captured.find(key);
+  if (found == m.captured.end()) {
+    auto g = std::make_unique<Graph>();
+    for (size_t i = 0; i < in.size(); ++i) {
+      g->inputs.push_back(at::zeros(key[i], in[i].options()));
+      g->inputs.back().narrow(0, 0, in[i].size(0)).copy_(in[i], true);
+    }
+    // one run outside the capture: lazy initialisation (cuBLAS handles, workspaces) must
+    // not happen inside it
+    m.loader->run(g->inputs, stream);
+    m.stream->synchronize();
+    try {
+      g->graph.capture_begin(m.pool, cudaStreamCaptureModeThreadLocal);
+      g->outputs = m.loader->run(g->inputs, stream);
+      g->graph.capture_end();
+    } catch (const std::exception& e) {
+      (void)cudaGetLastError();
+      m.uncapturable.insert(key);
+      if (m.log) {
+        std::string text = std::string("AOTInductor package: no CUDA graph for input shapes starting ") +
+                           shape_text(key[0]) + ", running it without one: " + e.what();
+        m.log(LOG_WARN, text.c_str());
+      }
+      return m.loader->run(in, stream);
+    }
+    found = m.captured.emplace(key, std::move(g)).first;
+  } else {
+    for (size_t i = 0; i < in.size(); ++i) {
+      found->second->inputs[i].narrow(0, 0, in[i].size(0)).copy_(in[i], true);
+    }
+  }
+  auto& g = *found->second;
+  g.graph.replay();
+  std::vector<at::Tensor> out;
+  int64_t rows = in.empty() || in[0].dim() == 0 ? 0 : in[0].size(0);
+  for (const auto& o : g.outputs) {
+    out.push_back(pad_rows > 0 && o.dim() > 0 && o.size(0) == pad_rows ? o.narrow(0, 0, rows) : o);
+  }
+  return out;
+}
+#endif
+
+}  // namespace
+
+extern "C" {
+
+const char* tra_runtime() {
+#ifdef TRA_CUDA
+  return "libtorch " TORCH_VERSION " (AOTInductor, CUDA)";
+#else
+  return "libtorch " TORCH_VERSION " (AOTInductor, CPU only)";
+#endif
+}
+
+}  // extern "C"
+
+namespace {
+
+// The compute capability of GPU `device` as major*10+minor, or -1.
+int compute_capability(int device) {
+#ifdef TRA_CUDA
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return major * 10 + minor;
+#else
+  (void)device;
+  return -1;
+#endif
+}
+
+// Why the package cannot run on this instance (empty: it can), from the metadata
+// AOTInductor writes into it: the device it was compiled for, and on a GPU its compute
+// capability.
+std::string refusal(const char* path, int gpu) {
+  auto meta = torch::inductor::AOTIModelPackageLoader::load_metadata_from_package(path, "model");
+  auto key = meta.count("AOTI_DEVICE_KEY") ? meta["AOTI_DEVICE_KEY"] : std::string();
+  if (gpu < 0 && key != "cpu" && !key.empty()) {
+    return "the package was compiled for '" + key +
+           "', not for the CPU: serve it from a KIND_GPU instance, or export it again with CPU inputs "
+           "for a KIND_CPU instance";
+  }
+  if (gpu >= 0 && key == "cpu") {
+    return "the package was compiled for the CPU: serve it from a KIND_CPU instance, or export it again "
+           "with CUDA inputs for a KIND_GPU instance";
+  }
+  auto want = meta.count("AOTI_COMPUTE_CAPABILITY") ? meta["AOTI_COMPUTE_CAPABILITY"] : std::string();
+  if (gpu >= 0 && !want.empty()) {
+    int have = compute_capability(gpu);
+    if (have >= 0 && std::to_string(have) != want) {
+      return "the package was compiled for GPUs of compute capability " + want + ", and GPU " +
+             std::to_string(gpu) + " has compute capability " + std::to_string(have) +
+             ": export it again on this kind of GPU";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+extern "C" {
+
+// Loads the package at `path` on the CPU (gpu < 0) or on GPU `gpu` with a stream of its
+// own; `graphs` non-zero: runs asked to go through a graph capture one per input shape.
+void* tra_load(const char* path, int gpu, int graphs, Log log, char* err, size_t len) {
+  try {
+    auto why = refusal(path, gpu);
+    if (!why.empty()) {
+      put(err, len, why);
+      return nullptr;
+    }
+    auto m = std::make_unique<Model>();
+    m->log = log;
+    if (gpu >= 0) {
+#ifdef TRA_CUDA
+      m->device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(gpu));
+      c10::cuda::CUDAGuard device_guard(m->device);
+      m->stream = std::make_unique<c10::cuda::CUDAStream>(
+          c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(gpu)));
+      m->graphs = graphs != 0;
+      if (m->graphs) m->pool = at::cuda::graph_pool_handle();
+      c10::cuda::CUDAStreamGuard stream_guard(*m->stream);
+      m->loader = load_package(path, gpu, &m->unpacked);
+#else
+      (void)graphs;
+      put(err, len, "this libtriton_rust_aoti.so was built against a libtorch without CUDA: KIND_GPU instances need one built against a CUDA libtorch");
+      return nullptr;
+#endif
+    } else {
+      m->loader = load_package(path, -1, &m->unpacked);
+    }
+    return m.release();
+  } catch (const std::exception& e) {
+    put(err, len, e.what());
+  } catch (...) {
+    put(err, len, "unknown error while loading the package");
+  }
+  return nullptr;
+}
+
+// The call spec as JSON text (`["<in_spec>", "<out_spec>"]`), malloc'ed; null on failure.
+char* tra_call_spec(void* model, char* err, size_t len) {
+  try {
+    auto spec = static_cast<Model*>(model)->loader->get_call_spec();
+    std::string json = "[";
+    for (size_t i = 0; i < spec.size(); ++i) {
+      if (i) json += ",";
+      json += "\"";
+      for (char c : spec[i]) {
+        if (c == '"' || c == '\\') json += '\\';
+        json += c;
+      }
+      json += "\"";
+    }
+    json += "]";
+    return strdup(json.c_str());
+  } catch (const std::exception& e) {
+    put(err, len, e.what());
+  } catch (...) {
+    put(err, len, "unknown error while reading the call spec");
+  }
+  return nullptr;
+}
+
+void tra_free_string(char* s) { free(s); }
+
+// Runs the model on `n` borrowed inputs (host or GPU memory); each output goes to `sink`
+// (in host memory when `host_outputs`, else where it was made), valid during the call.
+// `graph`: 0 no graph; 1 through the graph of these shapes, inputs' first dimension
+// padded to `pad_rows` when it is > 0. Returns 0, or 1 with the reason in err.
+int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_rows, int host_outputs, Sink sink,
+            void* ctx, char* err, size_t len) {
+  auto& m = *static_cast<Model*>(model);
+  try {
+    c10::InferenceMode inference;
+    std::vector<at::Tensor> in;
+    in.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      const View& v = inputs[i];
+      c10::ScalarType type;
+      if (!scalar_of(v.dtype, &type)) {
+        put(err, len, std::string("input '") + v.name + "': element type code " + std::to_string(v.dtype));
+        return 1;
+      }
+      std::vector<int64_t> shape(v.shape, v.shape + v.rank);
+      auto where = v.memory == MEMORY_GPU ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(v.device_id))
+                                          : c10::Device(c10::kCPU);
+      auto t = at::from_blob(const_cast<void*>(v.data), shape, at::TensorOptions().dtype(type).device(where));
+      in.push_back(where == m.device ? t : t.to(m.device));
+    }
+    std::vector<at::Tensor> out;
+    if (m.device.is_cpu()) {
+      out = m.loader->run(in);
+    } else {
+#ifdef TRA_CUDA
+      c10::cuda::CUDAGuard device_guard(m.device);
+      c10::cuda::CUDAStreamGuard stream_guard(*m.stream);
+      out = graph && m.graphs ? run_graph(m, in, pad_rows) : m.loader->run(in, m.stream->stream());
+      if (host_outputs) {
+        for (auto& o : out) o = o.to(c10::kCPU);
+      } else {
+        m.stream->synchronize();
+      }
+#endif
+    }
+    for (size_t i = 0; i < out.size(); ++i) {
+      at::Tensor o = out[i].contiguous();
+      int32_t code = code_of(o.scalar_type());
+      if (code < 0) {
+        put(err, len, "output " + std::to_string(i) + " has element type " + std::string(c10::toString(o.scalar_type())) +
+                          ", which Triton cannot carry");
+        return 1;
+      }
+      std::vector<int64_t> shape = o.sizes().vec();
+      View view{"", code, shape.data(), shape.size(), o.data_ptr(), static_cast<size_t>(o.nbytes()),
+                o.is_cuda() ? MEMORY_GPU : 0, o.is_cuda() ? o.device().index() : 0};
+      if (sink(ctx, i, &view) != 0) {
+        put(err, len, "the output sink stopped the run");
+        return 1;
+      }
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    put(err, len, e.what());
+  } catch (...) {
+    put(err, len, "unknown error while running the package");
+  }
+  return 1;
+}
+
+// Frees the model (graphs before the loader), then removes what the loader unpacked;
+// on a GPU, what libtorch cached for it goes back to the device.
+void tra_free(void* model) {
+  auto* m = static_cast<Model*>(model);
+  try {
+    bool gpu = !m->device.is_cpu();
+#ifdef TRA_CUDA
+    if (gpu) m->stream->synchronize();
+    m->captured.clear();
+#endif
+    m->loader.reset();
+    if (!m->unpacked.empty()) {
+      std::error_code ignored;
+      std::filesystem::remove_all(m->unpacked, ignored);
+    }
+    delete m;
+#ifdef TRA_CUDA
+    if (gpu) {
+      at::cuda::clearCublasWorkspaces();
+      c10::cuda::CUDACachingAllocator::emptyCache();
+      at::cuda::CachingHostAllocator_emptyCache();
+    }
+#else
+    (void)gpu;
+#endif
+  } catch (...) {
+  }
+}
+
+}  // extern "C"

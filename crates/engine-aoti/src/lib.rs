@@ -1,0 +1,298 @@
+//! The AOTInductor engine: PyTorch 2 packages (`model.pt2`, made by `torch.export` and
+//! `torch._inductor.aoti_compile_and_package`) through the `libtriton_rust_aoti.so`
+//! plugin, which runs them with libtorch's C++ package loader.
+//!
+//! A model names it with `parameters { key: "engine" value { string_value: "aoti" } }`
+//! or with Triton's `platform: "torch_aoti"`. What the package says of itself is read from
+//! the zip at load (`package`): the device it was compiled for and, in packages made by
+//! `examples/aoti_export.py`, the exporting torch's version and its inputs and outputs
+//! (names, types, shapes, which dimensions are dynamic), from which the config is
+//! auto-completed. A package whose every tensor has a dynamic first dimension serves
+//! Triton's dynamic batcher like any model: the batch is assembled, run once, scattered.
+//! Names follow Triton's PyTorch backend (`names`). On a GPU instance inputs and outputs
+//! stay in GPU memory, each instance runs on its own stream, and
+//! `optimization { cuda { graphs: true } }` captures a CUDA graph per batch bucket.
+
+use std::ffi::CString;
+use std::path::Path;
+
+use triton_rust_abi::plugin::{self, from_abi, to_abi};
+use triton_rust_core::batch::BatchTensor;
+use triton_rust_core::config::{ModelConfig, TensorConfig, TensorSpec};
+use triton_rust_core::engine::{Device, Engine, EngineOptions, OutputView, Signature};
+use triton_rust_core::error::{Error, Result};
+use triton_rust_core::settings::Known;
+
+pub mod names;
+pub mod package;
+
+use package::Package;
+
+/// The AOTInductor engine reads no model parameters of its own.
+pub const KNOWN: &[Known] = &[];
+
+pub struct AotiEngine {
+    /// `None` for the load-time probe.
+    model: Option<plugin::PluginModel>,
+    sig: Signature,
+    /// The config's inputs (their index in `sig.inputs`) in the package's flat order.
+    input_order: Vec<usize>,
+    input_names: Vec<CString>,
+    /// One name per flat output of the package; empty where the config does not list it.
+    output_names: Vec<CString>,
+    outputs_on_host: bool,
+}
+
+/// `2.11.0` of the plugin's runtime text `libtorch 2.11.0 (AOTInductor, CUDA)`.
+fn runtime_release(runtime: &str) -> &str {
+    package::release(runtime.split_whitespace().nth(1).unwrap_or(runtime))
+}
+
+fn batch_dims(cfg: &ModelConfig, t: &TensorConfig) -> Vec<i64> {
+    let mut shape = if cfg.batching() { vec![-1] } else { Vec::new() };
+    shape.extend(t.reshape.as_ref().unwrap_or(&t.dims));
+    shape
+}
+
+/// The model's tensors as the engine sees them: the config's, typed and shaped by the
+/// package where its metadata lists them, plus any listed tensor the config leaves out
+/// (so the config check names it); and the flat position of each config tensor.
+fn tensors(
+    cfg: &ModelConfig,
+    config: &[TensorConfig],
+    listed: Option<&[TensorSpec]>,
+    spec: Option<&str>,
+    inputs: bool,
+) -> Result<(Vec<TensorSpec>, Vec<usize>)> {
+    let kind = if inputs { "inputs" } else { "outputs" };
+    if config.is_empty() {
+        let listed = listed.ok_or_else(|| {
+            Error::invalid_arg(format!(
+                "the package does not list its {kind} (it was not made by examples/aoti_export.py): list every input and output in config.pbtxt"
+            ))
+        })?;
+        return Ok((listed.to_vec(), (0..listed.len()).collect()));
+    }
+    let names: Vec<&str> = config.iter().map(|t| t.name.as_str()).collect();
+    let listed_names: Option<Vec<String>> =
+        listed.map(|l| l.iter().map(|t| t.name.clone()).collect());
+    let pos = names::positions(&names, listed_names.as_deref(), spec, inputs)?;
+    let mut specs = Vec::with_capacity(config.len());
+    for (t, &p) in config.iter().zip(&pos) {
+        let spec = match listed {
+            Some(l) => {
+                let model = l.get(p).ok_or_else(|| {
+                    Error::invalid_arg(format!(
+                        "tensor '{}' is the package's {kind} {p}, and the package has {}",
+                        t.name,
+                        l.len()
+                    ))
+                })?;
+                TensorSpec { name: t.name.clone(), dtype: model.dtype, shape: model.shape.clone() }
+            }
+            None => TensorSpec { name: t.name.clone(), dtype: t.dtype, shape: batch_dims(cfg, t) },
+        };
+        specs.push(spec);
+    }
+    if let Some(l) = listed {
+        // what the config does not feed: the config check refuses a missing input
+        specs
+            .extend(l.iter().enumerate().filter(|(i, _)| !pos.contains(i)).map(|(_, t)| t.clone()));
+    }
+    Ok((specs, pos))
+}
+
+impl AotiEngine {
+    pub fn load(model_file: &Path, options: &EngineOptions<'_>) -> Result<AotiEngine> {
+        let cfg = options.config;
+        let package = Package::read(model_file)?;
+        let plugin = plugin::plugin(
+            &plugin::AOTI,
+            options.backend.libtorch_dir.as_ref().map(|(d, source)| (d.as_path(), *source)),
+        )?;
+        let runs = runtime_release(plugin.runtime()).to_string();
+        if let Some(made) = package.torch_release() {
+            if made != runs {
+                return Err(Error::invalid_arg(format!(
+                    "'{}' was made by torch {made}, and this server's libtorch is {runs}: an AOTInductor package runs only on the torch release that compiled it. Export it again with torch {runs}, or build libtriton_rust_aoti.so against libtorch {made} (docs/pytorch2.md)",
+                    model_file.display()
+                )));
+            }
+        }
+        for t in cfg.inputs.iter().chain(&cfg.outputs) {
+            to_abi(t.dtype).map_err(|e| e.context(format!("tensor '{}'", t.name)))?;
+        }
+        let (inputs, mut in_pos) =
+            tensors(cfg, &cfg.inputs, package.inputs.as_deref(), None, true)?;
+        let (outputs, mut out_pos) =
+            tensors(cfg, &cfg.outputs, package.outputs.as_deref(), None, false)?;
+        if cfg.batching() {
+            if let Some(t) = inputs.iter().chain(&outputs).find(|t| t.shape.first() != Some(&-1)) {
+                return Err(Error::invalid_arg(format!(
+                    "max_batch_size {} asks for batching, but the package's tensor '{}' has shape {:?}, a fixed first dimension: export it with a dynamic batch dimension (torch.export.Dim(\"batch\") on dimension 0 of every input; examples/aoti_export.py), or serve it with max_batch_size: 0",
+                    cfg.max_batch_size, t.name, t.shape
+                )));
+            }
+        }
+        let gpu = match options.device {
+            Device::Gpu(id) => Some(id),
+            Device::Cpu => None,
+        };
+        let buckets = cfg.cuda_graph_buckets()?;
+        let model = if options.probe {
+            None
+        } else {
+            let model = plugin.load(&plugin::LoadSpec {
+                path: model_file,
+                gpu,
+                intra_op_threads: 0,
+                cudnn: true,
+                optimized_execution: true,
+                tensor_fuser: None,
+                jit_profiling: None,
+                fusion_strategy: &[],
+                cuda_graphs: if gpu.is_some() { buckets.as_deref() } else { None },
+                graph_exact_rows: !cfg.batching(),
+            })?;
+            // keyword arguments and dict entries of a package that does not list its
+            // tensors: placed through the call spec, known now that it is loaded
+            let keyed = |ts: &[TensorConfig]| {
+                ts.iter().any(|t| matches!(names::slot(&t.name), Some(names::Slot::Key(_))))
+            };
+            if package.inputs.is_none() && keyed(&cfg.inputs)
+                || package.outputs.is_none() && keyed(&cfg.outputs)
+            {
+                let spec = model.call_spec()?.ok_or_else(|| {
+                    Error::invalid_arg("the package has no call spec to place KWARGS/RESULT names")
+                })?;
+                in_pos = tensors(cfg, &cfg.inputs, None, Some(&spec[0]), true)?.1;
+                out_pos = tensors(cfg, &cfg.outputs, None, Some(&spec[1]), false)?.1;
+            }
+            Some(model)
+        };
+        let cstr =
+            |s: &str| CString::new(s).map_err(|_| Error::invalid_arg("tensor name has a NUL"));
+        let mut input_order: Vec<usize> = (0..in_pos.len()).collect();
+        input_order.sort_by_key(|&i| in_pos[i]);
+        let flat: Vec<usize> = input_order.iter().map(|&i| in_pos[i]).collect();
+        if flat.iter().enumerate().any(|(i, &p)| i != p) {
+            return Err(Error::invalid_arg(format!(
+                "the config's inputs are the package's inputs {flat:?}: a package takes all its inputs, each once"
+            )));
+        }
+        let n_out = package
+            .outputs
+            .as_ref()
+            .map_or(0, Vec::len)
+            .max(out_pos.iter().max().map_or(0, |m| m + 1));
+        let mut output_names = vec![CString::default(); n_out];
+        for (j, &p) in out_pos.iter().enumerate() {
+            output_names[p] = cstr(&outputs[j].name)?;
+        }
+        let input_names =
+            input_order.iter().map(|&i| cstr(&inputs[i].name)).collect::<Result<_>>()?;
+        Ok(AotiEngine {
+            model,
+            sig: Signature { inputs, outputs, device: options.device },
+            input_order,
+            input_names,
+            output_names,
+            outputs_on_host: false,
+        })
+    }
+}
+
+impl Engine for AotiEngine {
+    fn signature(&self) -> &Signature {
+        &self.sig
+    }
+    fn accepts_device_inputs(&self) -> bool {
+        true
+    }
+    fn outputs_landed(&mut self, on_host: bool) {
+        self.outputs_on_host = on_host;
+    }
+
+    fn run(
+        &mut self,
+        inputs: &[BatchTensor<'_>],
+        outputs: &[&str],
+        sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let mut refs = Vec::with_capacity(inputs.len());
+        for (pos, &i) in self.input_order.iter().enumerate() {
+            let t = &inputs[i];
+            let data = t
+                .bytes()
+                .ok_or_else(|| Error::internal(format!("input '{}' was not assembled", t.name)))?;
+            refs.push(plugin::InputRef {
+                name: &self.input_names[pos],
+                dtype: to_abi(t.dtype)?,
+                shape: &t.shape,
+                data,
+            });
+        }
+        let host_outputs = self.sig.device == Device::Cpu || self.outputs_on_host;
+        let names = &self.output_names;
+        let model = self.model.as_mut().ok_or_else(|| {
+            Error::internal("the load-time probe of an AOTInductor package cannot run")
+        })?;
+        model.run(&refs, names, host_outputs, &mut |out| {
+            let name = names[out.index].to_str().unwrap_or_default();
+            if name.is_empty() || !outputs.contains(&name) {
+                return Ok(());
+            }
+            sink(OutputView { name, dtype: from_abi(out.dtype)?, shape: out.shape, data: out.data })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use triton_rust_core::tensor::DataType;
+
+    fn t(name: &str, dims: &[i64]) -> TensorConfig {
+        TensorConfig { name: name.into(), dtype: DataType::F32, dims: dims.to_vec(), reshape: None }
+    }
+
+    fn listed(name: &str, shape: &[i64]) -> TensorSpec {
+        TensorSpec { name: name.into(), dtype: DataType::F16, shape: shape.to_vec() }
+    }
+
+    #[test]
+    fn the_release_of_the_runtime() {
+        assert_eq!(runtime_release("libtorch 2.11.0 (AOTInductor, CUDA)"), "2.11.0");
+        assert_eq!(runtime_release("libtorch 2.14.0a0+git123 (AOTInductor, CPU only)"), "2.14.0a0");
+    }
+
+    #[test]
+    fn config_tensors_take_the_package_types_and_missing_ones_stay_visible() {
+        let cfg = ModelConfig { max_batch_size: 8, ..Default::default() };
+        let pkg = [listed("INPUT__0", &[-1, 13]), listed("INPUT__1", &[-1, 26, 128])];
+        let (specs, pos) = tensors(
+            &cfg,
+            &[t("embeddings", &[26, 128]), t("dense", &[13])],
+            Some(&pkg),
+            None,
+            true,
+        )
+        .unwrap();
+        // names that say no position keep the config's order
+        assert_eq!(pos, vec![0, 1]);
+        assert_eq!((specs[0].name.as_str(), specs[0].dtype), ("embeddings", DataType::F16));
+        assert_eq!(specs[0].shape, vec![-1, 13], "the package's shape, for the config check");
+        let (specs, pos) =
+            tensors(&cfg, &[t("INPUT__1", &[26, 128])], Some(&pkg), None, true).unwrap();
+        assert_eq!(pos, vec![1]);
+        assert_eq!(specs.len(), 2, "the unfed input stays in the signature");
+        // auto-complete: the package's own tensors
+        let (specs, _) = tensors(&cfg, &[], Some(&pkg), None, true).unwrap();
+        assert_eq!(specs[1].name, "INPUT__1");
+        let e = tensors(&cfg, &[], None, None, true).unwrap_err();
+        assert!(e.message().contains("list every input and output"), "{e}");
+        // a package without metadata: the config's tensors, batched
+        let (specs, _) = tensors(&cfg, &[t("ARGS[0]", &[4])], None, None, true).unwrap();
+        assert_eq!(specs[0].shape, vec![-1, 4]);
+    }
+}

@@ -1,0 +1,154 @@
+//! What a `.pt2` package says about itself, read from the zip without loading it:
+//! AOTInductor's metadata (`AOTI_DEVICE_KEY`, `AOTI_COMPUTE_CAPABILITY`, ..) and, in
+//! packages made by `examples/aoti_export.py`, the exporting torch's version and the
+//! inputs and outputs (`triton_rust.*`).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use serde_json::Value;
+use triton_rust_core::config::TensorSpec;
+use triton_rust_core::error::{Error, Result};
+use triton_rust_core::tensor::DataType;
+
+pub const TORCH_VERSION_KEY: &str = "triton_rust.torch_version";
+pub const INPUTS_KEY: &str = "triton_rust.inputs";
+pub const OUTPUTS_KEY: &str = "triton_rust.outputs";
+
+#[derive(Debug, Default)]
+pub struct Package {
+    pub metadata: BTreeMap<String, String>,
+    /// The inputs and outputs in the package's flat order, when the metadata lists them.
+    pub inputs: Option<Vec<TensorSpec>>,
+    pub outputs: Option<Vec<TensorSpec>>,
+}
+
+impl Package {
+    pub fn read(path: &Path) -> Result<Package> {
+        let bad = |why: String| {
+            Error::invalid_arg(format!(
+                "'{}' is not an AOTInductor package (torch._inductor.aoti_compile_and_package): {why}",
+                path.display()
+            ))
+        };
+        let file = File::open(path).map_err(|e| bad(e.to_string()))?;
+        let mut zip = zip::ZipArchive::new(file).map_err(|e| bad(format!("not a zip: {e}")))?;
+        // the wrapper library's metadata (a package may also hold its kernels' copy)
+        let names: Vec<String> = zip.file_names().map(str::to_string).collect();
+        let in_model = |n: &&String| n.contains("/data/aotinductor/model/");
+        let entry = names
+            .iter()
+            .filter(in_model)
+            .find(|n| n.ends_with("wrapper_metadata.json"))
+            .or_else(|| names.iter().filter(in_model).find(|n| n.ends_with("_metadata.json")))
+            .ok_or_else(|| bad("no data/aotinductor/model/*_metadata.json inside".into()))?
+            .clone();
+        let mut text = String::new();
+        zip.by_name(&entry)
+            .map_err(|e| bad(e.to_string()))?
+            .read_to_string(&mut text)
+            .map_err(|e| bad(format!("{entry}: {e}")))?;
+        Package::from_metadata_json(&text).map_err(|e| e.context(format!("'{}'", path.display())))
+    }
+
+    pub fn from_metadata_json(text: &str) -> Result<Package> {
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| Error::invalid_arg(format!("the package metadata is not JSON: {e}")))?;
+        let Value::Object(map) = value else {
+            return Err(Error::invalid_arg("the package metadata is not a JSON object"));
+        };
+        let metadata: BTreeMap<String, String> = map
+            .into_iter()
+            .map(|(k, v)| {
+                let v = match v {
+                    Value::String(s) => s,
+                    other => other.to_string(),
+                };
+                (k, v)
+            })
+            .collect();
+        let tensors = |key: &str| metadata.get(key).map(|t| tensor_list(key, t)).transpose();
+        let inputs = tensors(INPUTS_KEY)?;
+        let outputs = tensors(OUTPUTS_KEY)?;
+        Ok(Package { metadata, inputs, outputs })
+    }
+
+    /// The torch release that made the package (`2.11.0` of `2.11.0+cu130`), if it says.
+    pub fn torch_release(&self) -> Option<&str> {
+        self.metadata.get(TORCH_VERSION_KEY).map(|v| release(v))
+    }
+}
+
+/// `2.11.0` of `2.11.0+cu130` or `2.14.0a0+abcdef`.
+pub fn release(version: &str) -> &str {
+    version.split('+').next().unwrap_or(version).trim()
+}
+
+fn tensor_list(key: &str, text: &str) -> Result<Vec<TensorSpec>> {
+    let bad = |why: String| Error::invalid_arg(format!("package metadata '{key}': {why}"));
+    let list: Vec<Value> =
+        serde_json::from_str(text).map_err(|e| bad(format!("not a JSON list: {e}")))?;
+    list.iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let name = t["name"].as_str().ok_or_else(|| bad(format!("entry {i} has no name")))?;
+            let dtype = t["dtype"].as_str().ok_or_else(|| bad(format!("'{name}' has no dtype")))?;
+            let shape = t["shape"]
+                .as_array()
+                .and_then(|s| s.iter().map(Value::as_i64).collect::<Option<Vec<i64>>>())
+                .ok_or_else(|| bad(format!("'{name}' has no shape of integers")))?;
+            Ok(TensorSpec { name: name.to_string(), dtype: torch_dtype(dtype)?, shape })
+        })
+        .collect()
+}
+
+/// A torch dtype's name (`float32`, `torch.float16`) as the backend's element type.
+pub fn torch_dtype(name: &str) -> Result<DataType> {
+    Ok(match name.trim_start_matches("torch.") {
+        "bool" => DataType::Bool,
+        "uint8" => DataType::U8,
+        "int8" => DataType::I8,
+        "int16" | "short" => DataType::I16,
+        "int32" | "int" => DataType::I32,
+        "int64" | "long" => DataType::I64,
+        "float16" | "half" => DataType::F16,
+        "bfloat16" => DataType::Bf16,
+        "float32" | "float" => DataType::F32,
+        "float64" | "double" => DataType::F64,
+        other => {
+            return Err(Error::unsupported(format!(
+                "torch dtype '{other}' has no Triton data type the AOTInductor engine serves"
+            )))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_gives_the_tensors_and_the_release() {
+        let text = r#"{"AOTI_DEVICE_KEY": "cpu",
+            "triton_rust.torch_version": "2.11.0+cu130",
+            "triton_rust.inputs": "[{\"name\": \"INPUT__0\", \"dtype\": \"float32\", \"shape\": [-1, 3]}]",
+            "triton_rust.outputs": "[{\"name\": \"OUTPUT__0\", \"dtype\": \"torch.int64\", \"shape\": [-1]}]"}"#;
+        let p = Package::from_metadata_json(text).unwrap();
+        assert_eq!(p.torch_release(), Some("2.11.0"));
+        assert_eq!(p.metadata["AOTI_DEVICE_KEY"], "cpu");
+        let i = &p.inputs.unwrap()[0];
+        assert_eq!(
+            (i.name.as_str(), i.dtype, i.shape.as_slice()),
+            ("INPUT__0", DataType::F32, &[-1, 3][..])
+        );
+        assert_eq!(p.outputs.unwrap()[0].dtype, DataType::I64);
+        let plain = Package::from_metadata_json(r#"{"AOTI_DEVICE_KEY": "cuda"}"#).unwrap();
+        assert!(plain.inputs.is_none() && plain.torch_release().is_none());
+        let e = Package::from_metadata_json(r#"{"triton_rust.inputs": "[{\"name\": \"x\"}]"}"#);
+        assert!(e.unwrap_err().message().contains("'x' has no dtype"));
+        assert!(torch_dtype("complex64").is_err());
+        assert_eq!(release("2.14.0a0+abc"), "2.14.0a0");
+    }
+}
