@@ -44,8 +44,6 @@ fn main() {
         println!("cargo:rustc-link-lib=dylib={l}");
     }
 }
-    );
-}
 
 /// CUDA's runtime headers, library directory and link name: CUDA_HOME's, else the torch
 /// wheel's nvidia packages'.
