@@ -11,8 +11,13 @@ function(cargo_build_cdylib)
   else()
     set(package_args -p triton_rust)
   endif()
-  # Share cargo's own target/ so `cargo build`/`cargo test` and cmake reuse one cache.
-  set(target_dir "${ARG_CRATE_DIR}/target")
+  # Share cargo's own target/ so `cargo build`/`cargo test` and cmake reuse one cache
+  # (TRITON_RUST_CARGO_TARGET_DIR: another, e.g. for a build against another libtorch).
+  if(TRITON_RUST_CARGO_TARGET_DIR)
+    set(target_dir "${TRITON_RUST_CARGO_TARGET_DIR}")
+  else()
+    set(target_dir "${ARG_CRATE_DIR}/target")
+  endif()
   if(ARG_PROFILE STREQUAL "dev")
     set(profile_dir debug)
   else()

@@ -20,7 +20,8 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS_DIR = os.path.join(REPO_ROOT, "models")
-BACKEND_DIR = os.path.join(REPO_ROOT, "install", "backends")
+# TRITON_RUST_BACKEND_DIR: another build's backends/ (scripts/test_other_torch.sh)
+BACKEND_DIR = os.environ.get("TRITON_RUST_BACKEND_DIR") or os.path.join(REPO_ROOT, "install", "backends")
 BACKEND_LIB = os.path.join(BACKEND_DIR, "rust", "libtriton_rust.so")
 DEPS_DIR = os.path.join(REPO_ROOT, ".deps")
 
