@@ -26,6 +26,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <map>
 #include <memory>
 #include <set>
@@ -138,7 +139,10 @@ std::unique_ptr<torch::inductor::AOTIModelPackageLoader> load_package(const char
   static std::mutex one_at_a_time;
   std::lock_guard<std::mutex> lock(one_at_a_time);
   auto before = mapped_package_files();
-  auto loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(path, "model", false, 1,
+  // run_single_threaded: without the container's own pool of model copies and its CUDA
+  // event bookkeeping, which a graph capture cannot hold (an instance runs one batch at a
+  // time anyway)
+  auto loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(path, "model", true, 1,
                                                                           static_cast<c10::DeviceIndex>(device));
   for (const auto& file : mapped_package_files()) {
     if (before.count(file)) continue;
@@ -350,6 +354,15 @@ int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_ro
   auto& m = *static_cast<Model*>(model);
   try {
     c10::InferenceMode inference;
+#ifdef TRA_CUDA
+    // a GPU instance's work, input copies included, goes on its own stream
+    std::optional<c10::cuda::CUDAGuard> device_guard;
+    std::optional<c10::cuda::CUDAStreamGuard> stream_guard;
+    if (!m.device.is_cpu()) {
+      device_guard.emplace(m.device);
+      stream_guard.emplace(*m.stream);
+    }
+#endif
     std::vector<at::Tensor> in;
     in.reserve(n);
     for (size_t i = 0; i < n; ++i) {
@@ -370,8 +383,6 @@ int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_ro
       out = m.loader->run(in);
     } else {
 #ifdef TRA_CUDA
-      c10::cuda::CUDAGuard device_guard(m.device);
-      c10::cuda::CUDAStreamGuard stream_guard(*m.stream);
       out = graph && m.graphs ? run_graph(m, in, pad_rows) : m.loader->run(in, m.stream->stream());
       if (host_outputs) {
         for (auto& o : out) o = o.to(c10::kCPU);
