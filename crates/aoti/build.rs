@@ -16,7 +16,8 @@ fn main() {
     let mut build = cc::Build::new();
     build
         .cpp(true)
-        .std("c++17")
+        // torch 2.12 and later need C++20; earlier releases build with it too
+        .std("c++20")
         .file("src/runtime.cpp")
         .include(libtorch.join("include"))
         .include(libtorch.join("include/torch/csrc/api/include"))
