@@ -48,6 +48,37 @@ fn runtime_release(runtime: &str) -> &str {
     package::release(runtime.split_whitespace().nth(1).unwrap_or(runtime))
 }
 
+/// `(major, minor, patch)` of a release like `2.11.0` or `2.14.0a0`.
+fn release_numbers(release: &str) -> Vec<u64> {
+    release
+        .split('.')
+        .map(|p| {
+            p.chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap_or(0)
+        })
+        .collect()
+}
+
+/// A package made by a newer torch than the server's libtorch is refused: it may call
+/// functions of AOTInductor's C interface that the older libtorch lacks. One made by an
+/// older torch loads (that interface is kept for older packages); the note says so, and
+/// names both releases if the load then fails.
+fn check_release(made: Option<&str>, runs: &str, model_file: &Path) -> Result<Option<String>> {
+    let Some(made) = made else { return Ok(None) };
+    if made == runs {
+        return Ok(None);
+    }
+    if release_numbers(made) > release_numbers(runs) {
+        return Err(Error::invalid_arg(format!(
+            "'{}' was made by torch {made}, and this server's libtorch is {runs}, an older release: export it again with torch {runs}, or build libtriton_rust_aoti.so against libtorch {made} and serve with it (docs/pytorch2.md)",
+            model_file.display()
+        )));
+    }
+    Ok(Some(format!(
+        "'{}' was made by torch {made} and runs on libtorch {runs} (AOTInductor's C interface carries older packages to newer releases; exporting with torch {runs} is the tested way)",
+        model_file.display()
+    )))
+}
+
 fn batch_dims(cfg: &ModelConfig, t: &TensorConfig) -> Vec<i64> {
     let mut shape = if cfg.batching() { vec![-1] } else { Vec::new() };
     shape.extend(t.reshape.as_ref().unwrap_or(&t.dims));
@@ -111,13 +142,10 @@ impl AotiEngine {
             options.backend.libtorch_dir.as_ref().map(|(d, source)| (d.as_path(), *source)),
         )?;
         let runs = runtime_release(plugin.runtime()).to_string();
-        if let Some(made) = package.torch_release() {
-            if made != runs {
-                return Err(Error::invalid_arg(format!(
-                    "'{}' was made by torch {made}, and this server's libtorch is {runs}: an AOTInductor package runs only on the torch release that compiled it. Export it again with torch {runs}, or build libtriton_rust_aoti.so against libtorch {made} (docs/pytorch2.md)",
-                    model_file.display()
-                )));
-            }
+        let made = package.torch_release().map(str::to_string);
+        let across = check_release(made.as_deref(), &runs, model_file)?;
+        if let (Some(note), false) = (&across, options.probe) {
+            log::info!("model '{}': {note}", cfg.name);
         }
         for t in cfg.inputs.iter().chain(&cfg.outputs) {
             to_abi(t.dtype).map_err(|e| e.context(format!("tensor '{}'", t.name)))?;
@@ -153,7 +181,11 @@ impl AotiEngine {
                 fusion_strategy: &[],
                 cuda_graphs: if gpu.is_some() { buckets.as_deref() } else { None },
                 graph_exact_rows: !cfg.batching(),
-            })?;
+            });
+            let model = match (model, &across) {
+                (Err(e), Some(note)) => return Err(e.context(note.clone())),
+                (m, _) => m?,
+            };
             // keyword arguments and dict entries of a package that does not list its
             // tensors: placed through the call spec, known now that it is loaded
             let keyed = |ts: &[TensorConfig]| {
@@ -258,6 +290,22 @@ mod tests {
 
     fn listed(name: &str, shape: &[i64]) -> TensorSpec {
         TensorSpec { name: name.into(), dtype: DataType::F16, shape: shape.to_vec() }
+    }
+
+    #[test]
+    fn newer_packages_are_refused_older_ones_load_with_a_note() {
+        let f = Path::new("m.pt2");
+        assert!(check_release(None, "2.11.0", f).unwrap().is_none());
+        assert!(check_release(Some("2.11.0"), "2.11.0", f).unwrap().is_none());
+        let e = check_release(Some("2.99.0"), "2.11.0", f).unwrap_err();
+        assert!(
+            e.message().contains("made by torch 2.99.0") && e.message().contains("2.11.0"),
+            "{e}"
+        );
+        assert!(check_release(Some("2.11.1"), "2.11.0", f).is_err());
+        let note = check_release(Some("2.11.0"), "2.15.0", f).unwrap().unwrap();
+        assert!(note.contains("2.11.0") && note.contains("2.15.0"));
+        assert!(check_release(Some("2.14.0a0"), "2.15.0", f).unwrap().is_some());
     }
 
     #[test]
