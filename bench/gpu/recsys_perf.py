@@ -205,9 +205,8 @@ def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, gr
         [("dense.pt", dense_pt)])
 
 
-def dense_module(name, precision, device, interaction="cat"):
-    import torch
-
+def dense_network(name, precision, device, interaction="cat"):
+    """The recommender's dense network as an nn.Module (fp16: behind fp32 inputs and output)."""
     import recommenders
     from all_models import HalfDense  # the fp16 network behind fp32 inputs, as the six-model run serves it
 
@@ -215,7 +214,12 @@ def dense_module(name, precision, device, interaction="cat"):
     options = {"interaction": interaction} if name == "dlrm" else {}
     part = recommenders.DensePart(recommenders.make(name, [1] * TABLES, **options))
     m = HalfDense(part) if precision == "fp16" else part
-    return torch.jit.script(m.to(device).eval())
+    return m.to(device).eval()
+
+
+def dense_module(name, precision, device, interaction="cat"):
+    import torch
+    return torch.jit.script(dense_network(name, precision, device, interaction))
 
 
 # ------------------------------------------------------------------ the bare ceiling
