@@ -293,11 +293,12 @@ std::vector<double> timed(const c10::cuda::CUDAStream& stream, int warmup, int i
   return ms;
 }
 
+// The entries of the temporary directory ($TMPDIR) and of /tmp: where the loader unpacks.
 std::set<std::string> temp_entries() {
   std::set<std::string> out;
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::temp_directory_path(), ec)) {
-    out.insert(e.path().string());
+  for (const auto& dir : {std::filesystem::temp_directory_path(ec), std::filesystem::path("/tmp")}) {
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) out.insert(e.path().string());
   }
   return out;
 }
