@@ -17,10 +17,17 @@ of --wide-deep-conc-batch rows over --concurrency):
    rows) and the TorchScript dense model (`<m>_dense`), as HPS users deploy it; and `<m>_one`,
    the recommender engine (lookup and network in one backend model, rows read by the network
    in place on the GPU);
+   With `--dense aoti` the single model's network is a CUDA AOTInductor package of the same
+   network (`dense.pt2`, exported in this run by examples/aoti_export.py), measured alone by
+   aoti_bare (`--aoti-bare`); the ensemble keeps the TorchScript network;
 4. perf_analyzer (gRPC, system shared memory; `--shared-memory cuda` puts the inputs on the GPU) at batch --batches, concurrency 1, and at
    --conc-batch over --concurrency, for every Zipf exponent of --alphas, the keys of a pool of
    --requests distinct requests (bench/gpu/zipf_keys.py, hot keys spread over each table);
-   the cache's hit rate and keys/s for each run from the server's own metrics (`/metrics`);
+   the cache's hit rate and keys/s for each run from the server's own metrics (`/metrics`),
+   against the hit rate of an endless stream through this LRU cache. perf_analyzer cycles the
+   pool, and a pool smaller than the cache's reach fits in it whole (every lookup hits after the
+   first pass): `--requests auto` sizes each pool to twice the largest LRU characteristic time
+   (pool_plan), at most --pool-gb, and says how large it is and the rate it expects;
 5. the exactness check: rows the embedding model served under this load against the rows the
    fixture defines (recomputed here from the seed), max abs diff must be 0; and the single
    model's predictions against the ensemble's.

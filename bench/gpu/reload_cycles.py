@@ -78,10 +78,12 @@ def make_model(kind, repo, gpu, params=()):
             path = os.path.join(repo, name, "1", "model.pt2")
             if not os.path.exists(path):
                 t0 = time.time()
-                module = torch_models.make("resnet50_pt").cuda().eval()
+                # a CPU package where the run is a dry run on a machine without a GPU
+                device = "cpu" if gpu == "cpu" else "cuda"
+                module = torch_models.make("resnet50_pt").to(device).eval()
                 with torch.no_grad():
-                    aoti_export.package(module, (torch.randn(2, 3, 224, 224, device="cuda"),), path,
-                                        dynamic_batch=True, max_batch=8, device="cuda")
+                    aoti_export.package(module, (torch.randn(2, 3, 224, 224, device=device),), path,
+                                        dynamic_batch=True, max_batch=8, device=device)
                 print(f"exported {path} ({os.path.getsize(path) / 1e6:.0f} MB) in {time.time() - t0:.0f} s", flush=True)
                 del module
                 torch.cuda.empty_cache()
