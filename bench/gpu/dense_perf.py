@@ -157,14 +157,15 @@ class Timing:
         return ", ".join(f"{label} {avg:.0f}" for (_, label), (avg, _) in averages(text.splitlines()).items())
 
 
-def perf(pa, port, model, batch, conc, out_dir, extra=(), shm="system", must=True, protocol="grpc"):
+def perf(pa, port, model, batch, conc, out_dir, extra=(), shm="system", must=True, protocol="grpc", interval_ms=4000):
     """perf_analyzer's row for `model` at `batch` and concurrency `conc`; `protocol`: grpc
-    (the file name as before) or http (the file name ends in _http)."""
+    (the file name as before) or http (the file name ends in _http); `interval_ms`: its
+    measurement window."""
     path = os.path.join(out_dir, f"{model}_b{batch}_c{conc}{'_cudashm' if shm == 'cuda' else ''}"
                                  f"{'_http' if protocol == 'http' else ''}.csv")
     cmd = [pa, "-m", model, "-b", str(batch), "--concurrency-range", f"{conc}:{conc}", "-i", protocol,
            "-u", f"localhost:{port + 1 if protocol == 'grpc' else port}", "--shared-memory", shm, "--output-shared-memory-size", str(8 << 20),
-           "--measurement-interval", "4000", "-f", path, *extra]
+           "--measurement-interval", str(interval_ms), "-f", path, *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if p.returncode != 0:
         print(p.stdout[-2000:], p.stderr[-2000:])

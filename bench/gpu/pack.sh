@@ -2,8 +2,9 @@
 # Packs, on this (CPU) machine, everything the GPU machine needs for bench/gpu/run.sh, into
 # folders that git ignores and that a device call names in its `carry`:
 #
-#   .carry/      (~35 MB) the stripped backend libraries, the tools run.sh uses (gpu_cache_check,
-#                criteo_fixture, ort_bare) and the real tritonserver (the nvidia-pytriton wheel's
+#   .carry/      (~35 MB) the stripped backend libraries (the AOTInductor plugin too), the tools
+#                run.sh uses (gpu_cache_check, criteo_fixture, ort_bare, aoti_bare: built against
+#                this venv's torch, the GPU machine's release) and the real tritonserver (the nvidia-pytriton wheel's
 #                server and libraries without the bundled libpython, xz-compressed: pyt.tar.xz).
 #                Every subcommand needs it.
 #   .carry_pa/   (~7 MB) the perf-analyzer 2.60.0 wheel (needs glibc 2.38: runs there, not here).
@@ -30,12 +31,14 @@ if [ -z "${LIBTORCH:-}" ]; then
     for d in .venv/lib/python3*/site-packages/torch; do [ -f "$d/lib/libtorch_cpu.so" ] && export LIBTORCH="$PWD/$d"; done
 fi
 cargo build --release -p triton_rust_torch
+cargo build --release -p triton_rust_aoti
 cargo build --release -p triton_rust_engine_onnx --example ort_bare
 tgt="${CARGO_TARGET_DIR:-target}/release"
 mkdir -p .carry
-for f in libtriton_rust.so libtriton_rust_torch.so libtriton_rust_torch_cuda.so; do strip -o ".carry/$f" "$tgt/$f"; done
+for f in libtriton_rust.so libtriton_rust_torch.so libtriton_rust_torch_cuda.so libtriton_rust_aoti.so; do strip -o ".carry/$f" "$tgt/$f"; done
 for f in gpu_cache_check criteo_fixture; do strip -o ".carry/$f" "$tgt/examples/$f"; done
 strip -o .carry/ort_bare "$tgt/examples/ort_bare"
+bash bench/gpu/build_aoti_bare.sh "$LIBTORCH" .carry/aoti_bare && strip .carry/aoti_bare
 
 # tritonserver: the server binary and its libraries, without libpython (the server does not load it)
 if [ ! -f .carry/pyt.tar.xz ] || [ .deps/pytriton/tritonserver/bin/tritonserver -nt .carry/pyt.tar.xz ]; then

@@ -17,10 +17,17 @@ of --wide-deep-conc-batch rows over --concurrency):
    rows) and the TorchScript dense model (`<m>_dense`), as HPS users deploy it; and `<m>_one`,
    the recommender engine (lookup and network in one backend model, rows read by the network
    in place on the GPU);
+   With `--dense aoti` the single model's network is a CUDA AOTInductor package of the same
+   network (`dense.pt2`, exported in this run by examples/aoti_export.py), measured alone by
+   aoti_bare (`--aoti-bare`); the ensemble keeps the TorchScript network;
 4. perf_analyzer (gRPC, system shared memory; `--shared-memory cuda` puts the inputs on the GPU) at batch --batches, concurrency 1, and at
    --conc-batch over --concurrency, for every Zipf exponent of --alphas, the keys of a pool of
    --requests distinct requests (bench/gpu/zipf_keys.py, hot keys spread over each table);
-   the cache's hit rate and keys/s for each run from the server's own metrics (`/metrics`);
+   the cache's hit rate and keys/s for each run from the server's own metrics (`/metrics`),
+   against the hit rate of an endless stream through this LRU cache. perf_analyzer cycles the
+   pool, and a pool smaller than the cache's reach fits in it whole (every lookup hits after the
+   first pass): `--requests auto` sizes each pool to twice the largest LRU characteristic time
+   (pool_plan), at most --pool-gb, and says how large it is and the rate it expects;
 5. the exactness check: rows the embedding model served under this load against the rows the
    fixture defines (recomputed here from the seed), max abs diff must be 0; and the single
    model's predictions against the ensemble's.
@@ -135,6 +142,63 @@ def stationary_hit_rate(rows, cached, alpha):
     return float(np.mean(rates))
 
 
+def _probabilities(n, alpha):
+    """Table of n rows under the Zipf law: (the first 2^20 ranks' probabilities, the tail's
+    probabilities at geometric midpoints, the widths those stand for)."""
+    cdf, head, tail = zipf_keys._law(n, alpha)
+    z = head + tail
+    p_head = np.arange(1, len(cdf) + 1, dtype=np.float64) ** -alpha / z
+    if n <= len(cdf):
+        return p_head, np.zeros(0), np.zeros(0)
+    x = np.geomspace(len(cdf) + 0.5, n + 0.5, 4001)
+    mid = np.sqrt(x[1:] * x[:-1])
+    return p_head, mid ** -alpha / z, np.diff(x)
+
+
+def _distinct(probs, t):
+    """Expected distinct keys among t independent lookups of the table."""
+    ph, pt, w = probs
+    return float(np.sum(-np.expm1(-ph * t)) + np.sum(-np.expm1(-pt * t) * w))
+
+
+def lru_table(n, cached, alpha):
+    """(characteristic time T in lookups, hit rate) of an LRU cache of `cached` slots on an
+    endless stream of this table's Zipf law (Che's approximation: a key stays cached while fewer
+    than `cached` distinct keys follow it; T solves distinct(T) = cached). T is infinite and the
+    rate 1 where the cache holds the whole table."""
+    if cached >= n:
+        return float("inf"), 1.0
+    probs = _probabilities(n, alpha)
+    lo, hi = 1.0, 1e16
+    for _ in range(120):
+        mid = np.sqrt(lo * hi)
+        lo, hi = (mid, hi) if _distinct(probs, mid) < cached else (lo, mid)
+    ph, pt, w = probs
+    return lo, float(np.sum(ph * -np.expm1(-ph * lo)) + np.sum(pt * -np.expm1(-pt * lo) * w))
+
+
+def pool_plan(rows, cached, alpha, batch, bound=0.002):
+    """What a pool of distinct requests must hold for the measured hit rate to be the stream's.
+
+    perf_analyzer cycles the pool: P = requests x batch lookups per table, then the same again.
+    Under Che's approximation a cyclic pool whose period P exceeds a table's characteristic time
+    T gives that table the stream's LRU rate (a key's reuse gaps inside the pool are the stream's;
+    a key sampled once comes back only after P > T lookups, evicted by then), while a pool with
+    P < T fits in the cache whole and every lookup after the first pass hits. So the pool must
+    reach P >= 2 T (a margin over the approximation) on each table whose misses count (stream
+    miss rate over 26 tables above a tenth of `bound`). Returns {tables: [(rows, cached, T,
+    lru rate)], lru: the stream's LRU rate, needed_lookups: the P needed}."""
+    tables = [(n, c, *lru_table(n, c, alpha)) for n, c in zip(rows, cached)]
+    counted = [t for t in tables if (1 - t[3]) / len(rows) > bound / 10 and t[2] != float("inf")]
+    needed = 2 * max((t[2] for t in counted), default=0.0)
+    return {"tables": tables, "lru": float(np.mean([t[3] for t in tables])), "needed_lookups": needed}
+
+
+def predicted_pool_rate(plan, lookups):
+    """The steady hit rate a pool of `lookups` per table is expected to measure (see pool_plan)."""
+    return float(np.mean([rate if lookups >= 2 * t else 1.0 for _, _, t, rate in plan["tables"]]))
+
+
 # ------------------------------------------------------------------ models
 
 def tensor(name, dtype, dims):
@@ -142,8 +206,10 @@ def tensor(name, dtype, dims):
 
 
 def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, graphs=False, host_memory="mapped", graph_rows=(),
-                 one_instances=1, rows_type="TYPE_FP32", pipeline_parts=1, key_upload=None, torch_params=()):
-    """<name>_sparse, <name>_dense, <name>_ens and <name>_one, all without batching. Every
+                 one_instances=1, rows_type="TYPE_FP32", pipeline_parts=1, key_upload=None, torch_params=(), one_pt2=None):
+    """<name>_sparse, <name>_dense, <name>_ens and <name>_one, all without batching; `one_pt2`:
+    the single model's network as an AOTInductor package (dense.pt2) instead of the TorchScript
+    file the ensemble's network serves. Every
     model on one fixture shares one store (`store_name`: the fixture's folder), so its rows
     are in memory once whichever recommenders are served. `rows_type`: the embeddings
     between lookup and network (the sparse model's OUTPUT0 and the network's input)."""
@@ -198,16 +264,17 @@ def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, gr
                         f'  {{ model_name: "{name}_dense" model_version: -1 input_map {{ key: "dense" value: "dense" }} '
                         'input_map { key: "embeddings" value: "embeddings" } output_map { key: "prediction" value: "prediction" } }',
                         "] }"])
-    put(f"{name}_one", ['backend: "rust"', "max_batch_size: 0", f"input [ {dense_in}, {sparse_in} ]", f"output [ {pred} ]", one_group, *opt,
-                        'parameters { key: "engine" value { string_value: "recommender" } }',
+    # the torch engine's parameters do not apply to a package
+    one_opt = [o for o in opt if not o.startswith("parameters")] if one_pt2 else opt
+    put(f"{name}_one", ['backend: "rust"', "max_batch_size: 0", f"input [ {dense_in}, {sparse_in} ]", f"output [ {pred} ]", one_group,
+                        *one_opt, 'parameters { key: "engine" value { string_value: "recommender" } }',
                         f'parameters {{ key: "recommender_embeddings_type" value {{ string_value: "{rows_type}" }} }}',
                         f'parameters {{ key: "recommender_pipeline_parts" value {{ string_value: "{pipeline_parts}" }} }}', *store],
-        [("dense.pt", dense_pt)])
+        [("dense.pt2", one_pt2)] if one_pt2 else [("dense.pt", dense_pt)])
 
 
-def dense_module(name, precision, device, interaction="cat"):
-    import torch
-
+def dense_network(name, precision, device, interaction="cat"):
+    """The recommender's dense network as an nn.Module (fp16: behind fp32 inputs and output)."""
     import recommenders
     from all_models import HalfDense  # the fp16 network behind fp32 inputs, as the six-model run serves it
 
@@ -215,7 +282,12 @@ def dense_module(name, precision, device, interaction="cat"):
     options = {"interaction": interaction} if name == "dlrm" else {}
     part = recommenders.DensePart(recommenders.make(name, [1] * TABLES, **options))
     m = HalfDense(part) if precision == "fp16" else part
-    return torch.jit.script(m.to(device).eval())
+    return m.to(device).eval()
+
+
+def dense_module(name, precision, device, interaction="cat"):
+    import torch
+    return torch.jit.script(dense_network(name, precision, device, interaction))
 
 
 # ------------------------------------------------------------------ the bare ceiling
@@ -434,6 +506,45 @@ def sweep_plan(batches, conc_batch, concs):
     return plan
 
 
+def export_aoti(name, a, rows_type, max_batch):
+    """The recommender's dense network as a CUDA AOTInductor package (examples/aoti_export.py),
+    exported here with the same weights as the TorchScript file; returns its path."""
+    import torch
+    import aoti_export
+    net = dense_network(name, a.precision, "cuda", a.dlrm_interaction)
+    emb = torch.float16 if rows_type == "TYPE_FP16" else torch.float32
+    # an example batch of 4: torch.export specialises a dimension whose example size is 1
+    example = (torch.rand(4, 13, device="cuda"), (torch.randn(4, TABLES, a.dim, device="cuda") * 0.05).to(emb))
+    path = os.path.join(a.work, f"{name}_dense.pt2")
+    t0 = time.time()
+    with torch.no_grad():
+        aoti_export.package(net, example, path, dynamic_batch=True, max_batch=max_batch, device="cuda")
+    print(f"exported {name}'s network as a CUDA package ({os.path.getsize(path) / 1e6:.0f} MB, batch up to {max_batch}) "
+          f"in {time.time() - t0:.0f} s", flush=True)
+    del net
+    torch.cuda.empty_cache()
+    return path
+
+
+def aoti_bare_figures(binary, pt2, batches):
+    """{batch: aoti_bare's figures} for the package's network alone (inputs already on the GPU)."""
+    cmd = [binary, "--package", pt2, "--batches", ",".join(map(str, batches)), "--iters", "50"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if p.stderr.strip():
+        print("  " + p.stderr.strip()[-1000:], flush=True)
+    if p.returncode != 0:
+        print(f"  aoti_bare failed ({p.returncode}): {' '.join(cmd)}", flush=True)
+    out = {}
+    for line in p.stdout.splitlines():
+        if line.startswith("{"):
+            r = json.loads(line)
+            out[r["batch"]] = r
+            g = f", CUDA graph {r['graph_p50_ms']:.3f} ms ({r['graph_ips'] / 1e6:.2f} M/s)" if r["graph_p50_ms"] else ""
+            print(f"  bare AOTI network batch {r['batch']}: plain {r['plain_p50_ms']:.3f} ms "
+                  f"({r['plain_ips'] / 1e6:.2f} M/s){g}", flush=True)
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--server", required=True)
@@ -453,7 +564,20 @@ def main():
     p.add_argument("--concurrency", default="1,2,4,8,16")
     p.add_argument("--alphas", default="1.2,1.05")
     p.add_argument("--other-alpha-batches", default="4096,65536", help="batches measured at the alphas after the first")
-    p.add_argument("--requests", type=int, default=16, help="distinct requests per batch size (perf_analyzer cycles them)")
+    p.add_argument("--requests", default="auto",
+                   help="distinct requests per (batch, alpha) pool, which perf_analyzer cycles: a number (then fewer at "
+                        "batches above 4096: half to 16384, a quarter above), or auto: as many as the measured cache hit "
+                        "rate needs to be the endless stream's within --hit-rate-bound (see pool_plan), at most --pool-gb")
+    p.add_argument("--pool-gb", type=float, default=0.5,
+                   help="auto pools: at most this many GB of keys and dense features per pool (perf_analyzer holds the "
+                        "pool as JSON and, with --shared-memory cuda, in GPU memory)")
+    p.add_argument("--hit-rate-bound", type=float, default=0.002,
+                   help="how far the measured hit rate may be from the endless stream's (LRU) rate")
+    p.add_argument("--dense", default="torchscript", choices=["torchscript", "aoti"],
+                   help="the single model's network: the TorchScript file (dense.pt), or a CUDA AOTInductor package of "
+                        "the same network exported here (dense.pt2, examples/aoti_export.py); the ensemble's network "
+                        "stays TorchScript, so the exactness check compares the two")
+    p.add_argument("--aoti-bare", default="", help="with --dense aoti: the aoti_bare binary, for the package's bare figures")
     p.add_argument("--paths", default="ens,one")
     p.add_argument("--wide-deep-batches", default="131072",
                    help="wide_deep's batch sweep at concurrency 1 (its seed: 1 and 16384 to 131072 in steps of 16384)")
@@ -540,30 +664,67 @@ def main():
              "graphs": a.graphs, "graph_rows": a.graph_rows, "host_memory": a.host_memory,
              "dlrm_interaction": a.dlrm_interaction, "one_instances": a.one_instances,
              "stationary_hit_rate": {str(x): stationary_hit_rate(rows, cache_rows(rows, a.cache_share, a.allocation), x) for x in alphas},
-             "fixture_seconds": time.time() - t0, "precision": a.precision, "requests_per_pool": a.requests}
+             "fixture_seconds": time.time() - t0, "precision": a.precision, "requests_per_pool": a.requests,
+             "dense": a.dense}
     print(f"store: {TABLES} tables, {sum(rows):,} rows, {params / 1e9:.1f} B parameters, dim {a.dim}, "
           f"{setup['table_gb_fp16']:.1f} GB fp16 in {fixture}; GPU cache {setup['cached_rows']:,} rows "
           f"({setup['cached_rows'] / sum(rows):.1%}, {a.allocation}): {setup['cached_rows_per_table']}", flush=True)
+    cached = cache_rows(rows, a.cache_share, a.allocation)
+    plans = {x: pool_plan(rows, cached, x, 1, a.hit_rate_bound) for x in alphas}
+    setup["lru_hit_rate"] = {str(x): plans[x]["lru"] for x in alphas}
+    setup["pool_needed_lookups_per_table"] = {str(x): plans[x]["needed_lookups"] for x in alphas}
     for x, h in setup["stationary_hit_rate"].items():
-        print(f"  stationary hit rate at alpha {x} (an endless stream, this cache holding the hottest keys): {h:.4f}", flush=True)
+        print(f"  stationary hit rate at alpha {x} (an endless stream, this cache holding the hottest keys): {h:.4f}; "
+              f"the same stream through this LRU cache (Che's approximation): {plans[float(x)]['lru']:.4f}", flush=True)
 
     # 2. keys: a pool of distinct requests per (batch, alpha)
     pools = {}
+    pool_sizes = {}
+
+    def pool_size(batch, alpha):
+        """Distinct requests in the pool of (batch, alpha), said once per pool."""
+        if (batch, alpha) in pool_sizes:
+            return pool_sizes[(batch, alpha)]
+        plan = plans[alpha]
+        if a.requests != "auto":
+            # perf_analyzer reads the whole pool as JSON: fewer distinct requests at the largest batches
+            n = int(a.requests)
+            n = n if batch <= 4096 else max(4, n // (2 if batch <= 16384 else 4))
+        else:
+            need = max(16, int(np.ceil(plan["needed_lookups"] / batch)))
+            cap = max(4, int(a.pool_gb * 1e9 // (batch * (TABLES * 8 + 13 * 4))))
+            n = min(need, cap)
+        need_n = int(np.ceil(plan["needed_lookups"] / batch))
+        predicted = predicted_pool_rate(plan, n * batch)
+        gap = predicted - plan["lru"]
+        print(f"  key pool at batch {batch}, alpha {alpha}: {n} distinct requests ({n * batch:,} lookups per table, "
+              f"{n * batch * (TABLES * 8 + 13 * 4) / 1e9:.2f} GB); the stream's hit rate needs >= {need_n} "
+              f"({plan['needed_lookups']:.3g} lookups per table: twice the largest LRU characteristic time); "
+              f"expected measured rate {predicted:.4f} vs the stream's {plan['lru']:.4f} "
+              f"({'within' if abs(gap) <= a.hit_rate_bound else 'NOT within'} {a.hit_rate_bound})", flush=True)
+        pool_sizes[(batch, alpha)] = n
+        return n
 
     def requests_of(batch, alpha):
         if (batch, alpha) not in pools:
-            # perf_analyzer reads the whole pool as JSON: fewer distinct requests at the largest batches
-            n = a.requests if batch <= 4096 else max(4, a.requests // (2 if batch <= 16384 else 4))
-            pools[(batch, alpha)] = zipf_keys.make_requests(rows, batch, n, alpha, seed=int(batch * 10 + alpha * 100))
+            t0 = time.time()
+            pools[(batch, alpha)] = zipf_keys.make_requests(rows, batch, pool_size(batch, alpha), alpha,
+                                                            seed=int(batch * 10 + alpha * 100))
+            if time.time() - t0 > 5:
+                print(f"  (pool of batch {batch}, alpha {alpha} drawn in {time.time() - t0:.0f} s)", flush=True)
         return pools[(batch, alpha)]
 
     def data_file(batch, alpha):
-        path = os.path.join(a.work, f"keys_b{batch}_a{alpha}.json")
+        path = os.path.join(a.work, f"keys_b{batch}_a{alpha}_n{pool_size(batch, alpha)}.json")
         if not os.path.exists(path):
-            data = [{"sparse": {"b64": zipf_keys.b64(s), "shape": list(s.shape)},
-                     "dense": {"b64": zipf_keys.b64(d), "shape": list(d.shape)}} for s, d in requests_of(batch, alpha)]
-            with open(path, "w") as f:
-                json.dump({"data": data}, f)
+            # written a request at a time: a large pool is never one string in memory
+            with open(path + ".tmp", "w") as f:
+                f.write('{"data": [')
+                for i, (s, d) in enumerate(requests_of(batch, alpha)):
+                    f.write(("," if i else "") + json.dumps({"sparse": {"b64": zipf_keys.b64(s), "shape": list(s.shape)},
+                                                            "dense": {"b64": zipf_keys.b64(d), "shape": list(d.shape)}}))
+                f.write("]}")
+            os.replace(path + ".tmp", path)
         return path
 
     repo = os.path.join(a.work, "repo")
@@ -574,22 +735,30 @@ def main():
     setup["pipeline_parts"] = a.pipeline_parts
     setup["shared_memory"] = a.shared_memory
     setup["key_upload"] = a.key_upload or "backend default"
-    ceilings = {}
+    ceilings, bare_aoti = {}, {}
     for m in models:
         mod = dense_module(m, a.precision, device, a.dlrm_interaction)
         pt = os.path.join(a.work, f"{m}_dense.pt")
         mod.save(pt)
+        all_batches = sorted(wd_plan_batches if m == "wide_deep" else set(batches) | {a.conc_batch})
+        pt2 = export_aoti(m, a, rows_type, max(all_batches)) if a.dense == "aoti" else None
         write_models(repo, m, pt, fixture, a.dim, a.cache_share, a.kind, a.allocation, a.graphs, a.host_memory,
                      [int(r) for r in a.graph_rows.split(",") if r], a.one_instances, rows_type, a.pipeline_parts,
                      tuple(int(x) for x in a.key_upload.split(",")) if a.key_upload else None,
-                     [tuple(kv.split("=", 1)) for kv in a.torch_param])
+                     [tuple(kv.split("=", 1)) for kv in a.torch_param], one_pt2=pt2)
         if device == "cuda" and not a.no_ceiling:
-            print(f"ceiling: {m} bare in torch, every table in HBM ({setup['table_gb_fp16']:.1f} GB fp16)", flush=True)
-            all_batches = sorted(wd_plan_batches if m == "wide_deep" else set(batches) | {a.conc_batch})
-            ceilings[m] = ceiling(m, mod, rows, a.dim, all_batches, lambda b: requests_of(b, alphas[0]))
+            print(f"ceiling: {m} bare in torch, every table in HBM ({setup['table_gb_fp16']:.1f} GB fp16; "
+                  "the TorchScript network)", flush=True)
+            # a few requests of each pool: the ceiling cycles them
+            ceilings[m] = ceiling(m, mod, rows, a.dim, all_batches, lambda b: requests_of(b, alphas[0])[:16])
+        if pt2 and a.aoti_bare:
+            bare_aoti[m] = aoti_bare_figures(a.aoti_bare, pt2, all_batches)
         del mod
     with open(os.path.join(out_dir, "ceiling.json"), "w") as f:
         json.dump(ceilings, f, indent=1)
+    if bare_aoti:
+        with open(os.path.join(out_dir, "bare_aoti.json"), "w") as f:
+            json.dump(bare_aoti, f, indent=1)
 
     # 3.-5. the server
     runs = []
@@ -646,8 +815,14 @@ def main():
                         r["per_model_ms"] = per_model(st0, model_stats(client, composing))
                         ceil = ceilings.get(m, {}).get(batch) or ceilings.get(m, {}).get(str(batch))
                         best = max(x for x in (ceil or {}).values() if x) if ceil else None
+                        lru = plans[alpha]["lru"]
                         r.update({"model": m, "path": path, "alpha": alpha, "batch": batch, "concurrency": conc,
-                                  "ceiling_ips": best})
+                                  "ceiling_ips": best, "pool_requests": pool_size(batch, alpha),
+                                  "stationary_hit_rate": setup["stationary_hit_rate"][str(alpha)], "lru_hit_rate": lru,
+                                  "dense": "aoti" if path == "one" and a.dense == "aoti" else "torchscript"})
+                        aoti_net = (bare_aoti.get(m) or {}).get(batch)
+                        if path == "one" and aoti_net:
+                            r["bare_aoti_network"] = aoti_net
                         runs.append(r)
                         hr = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.3f}"
                         ratio = f"{r['Inferences/Second'] / best:.2f}" if best else "-"
@@ -655,7 +830,16 @@ def main():
                               f"p99 {r['p99 latency'] / 1e3:8.2f} ms  hit rate {hr}  {r['keys_per_s'] / 1e6:7.1f} M keys/s  "
                               f"served/ceiling {ratio}", flush=True)
                         print("      per execution (ms): " + "; ".join(
-                            f"{k}: " + ", ".join(f"{x} {v:.2f}" for x, v in d.items()) for k, d in r["per_model_ms"].items()), flush=True)
+                            f"{k}: " + ", ".join(f"{x} {v:.2f}" for x, v in d.items()) for k, d in r["per_model_ms"].items())
+                            + (f"; the package's network alone (aoti_bare): {aoti_net['plain_p50_ms']:.2f} ms, "
+                               f"CUDA graph {aoti_net['graph_p50_ms'] or float('nan'):.2f} ms" if r.get("bare_aoti_network") else ""),
+                            flush=True)
+                        if r["hit_rate"] is not None:
+                            gap = r["hit_rate"] - lru
+                            print(f"      hit rate {r['hit_rate']:.4f} measured over a pool of {r['pool_requests']} requests; "
+                                  f"the endless stream's: {lru:.4f} through this LRU cache, "
+                                  f"{r['stationary_hit_rate']:.4f} holding the hottest keys; measured - stream {gap:+.4f} "
+                                  f"({'within' if abs(gap) <= a.hit_rate_bound else 'NOT within'} {a.hit_rate_bound})", flush=True)
                         with open(os.path.join(out_dir, "runs.json"), "w") as f:
                             json.dump(runs, f, indent=1)
         exact = {}

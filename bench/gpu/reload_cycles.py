@@ -2,8 +2,11 @@
 """Load -> infer -> unload, many times, on KIND_GPU: does the server's memory stay flat?
 (issue 10: reloads all day must not grow GPU memory or RSS).
 
-One model kind per run (`--kind torch|onnx|embedding`): ResNet50 as TorchScript, ResNet50
+One model kind per run (`--kind torch|onnx|aoti|embedding`): ResNet50 as TorchScript, ResNet50
 as ONNX on ONNX Runtime's CUDA provider (needs `--ort-lib`, onnxruntime-gpu's library),
+ResNet50 as a CUDA AOTInductor package (exported here by examples/aoti_export.py; the server's
+TMPDIR is a folder of its own, and every `--every` cycles the script counts the unpacked
+package folders left there and in /tmp: none may remain after an unload),
 or an embedding store with a GPU cache (4 tables x 200k rows x 128). The server runs with
 `--model-control-mode=explicit`; each cycle loads the model through the repository API,
 checks one inference, unloads it and waits until it is gone. Every `--every` cycles it
@@ -16,6 +19,7 @@ growth after cycle 20 (the issue's bound: 64 MiB each).
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -63,10 +67,28 @@ def make_model(kind, repo, gpu, params=()):
     group = (f"instance_group [ {{ count: 1 kind: KIND_GPU gpus: [ {gpu} ] }} ]" if gpu != "cpu"
              else "instance_group [ { count: 1 kind: KIND_CPU } ]")
     rng = np.random.default_rng(0)
-    if kind in ("torch", "onnx"):
+    if kind in ("torch", "onnx", "aoti"):
         name = f"resnet50_{kind}"
         os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
-        if kind == "torch":
+        if kind == "aoti":
+            import time
+            import torch
+            import aoti_export
+            import torch_models
+            path = os.path.join(repo, name, "1", "model.pt2")
+            if not os.path.exists(path):
+                t0 = time.time()
+                # a CPU package where the run is a dry run on a machine without a GPU
+                device = "cpu" if gpu == "cpu" else "cuda"
+                module = torch_models.make("resnet50_pt").to(device).eval()
+                with torch.no_grad():
+                    aoti_export.package(module, (torch.randn(2, 3, 224, 224, device=device),), path,
+                                        dynamic_batch=True, max_batch=8, device=device)
+                print(f"exported {path} ({os.path.getsize(path) / 1e6:.0f} MB) in {time.time() - t0:.0f} s", flush=True)
+                del module
+                torch.cuda.empty_cache()
+            engine, inp, out = "aoti", "INPUT__0", "OUTPUT__0"
+        elif kind == "torch":
             import torch
             import torch_models
             torch.jit.script(torch_models.make("resnet50_pt").eval()).save(os.path.join(repo, name, "1", "model.pt"))
@@ -100,11 +122,26 @@ def make_model(kind, repo, gpu, params=()):
     return name, {"KEYS": keys, "NUMKEYS": np.full(tables, 4096, np.int32)}, "OUTPUT0", (4096 * tables * dim,)
 
 
+def unpacked_left(dirs, before):
+    """Folders in `dirs` (not in `before`) that hold an unpacked AOTInductor package."""
+    found = []
+    for d in dirs:
+        for e in (os.listdir(d) if os.path.isdir(d) else []):
+            path = os.path.join(d, e)
+            if path in before or not os.path.isdir(path):
+                continue
+            for root, _, _ in os.walk(path):
+                if "/data/aotinductor" in root:
+                    found.append(path)
+                    break
+    return sorted(set(found))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--server", required=True)
     p.add_argument("--backends", required=True)
-    p.add_argument("--kind", choices=["torch", "onnx", "embedding"], required=True)
+    p.add_argument("--kind", choices=["torch", "onnx", "aoti", "embedding"], required=True)
     p.add_argument("--cycles", type=int, default=200)
     p.add_argument("--every", type=int, default=20)
     p.add_argument("--work", default="/tmp/reload_cycles")
@@ -121,7 +158,16 @@ def main():
     params = [tuple(kv.split("=", 1)) for kv in a.param]
     name, feeds, out, shape = make_model(a.kind, repo, a.gpu, params)
     extra = ["--model-control-mode=explicit"]
-    if a.kind == "torch":
+    tmp_dirs, tmp_before = [], set()
+    if a.kind == "aoti":
+        # the server's own TMPDIR, and /tmp (where a loader that ignores TMPDIR would unpack)
+        server_tmp = os.path.join(a.work, "server_tmp")
+        shutil.rmtree(server_tmp, ignore_errors=True)
+        os.makedirs(server_tmp)
+        os.environ["TMPDIR"] = server_tmp
+        tmp_dirs = [server_tmp, "/tmp"]
+        tmp_before = {os.path.join("/tmp", e) for e in os.listdir("/tmp")}
+    if a.kind in ("torch", "aoti"):
         if not a.libtorch_dir:
             import torch
             a.libtorch_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
@@ -134,6 +180,7 @@ def main():
           + (f"; parameters {dict(params)}" if params else "") + (f"; {a.infers} inferences a cycle" if a.infers != 1 else "")
           + (f"; MALLOC_ARENA_MAX={os.environ['MALLOC_ARENA_MAX']}" if os.environ.get("MALLOC_ARENA_MAX") else ""))
     rows = []
+    left = {}
     t0 = time.time()
     with serve(a.server, repo, a.backends, a.port, f"/tmp/reload_{a.kind}.log", extra=extra) as client:
         pid = server_pid(a.port)
@@ -161,7 +208,11 @@ def main():
                 rows.append((cycle, gpu_mib(pid), rss_mib(pid)))
                 maps[cycle] = memory_map(pid)
                 now = time.time()
-                print(f"{cycle:>6} {rows[-1][1]:>9.0f} {rows[-1][2]:>9.0f} {(now - last) / a.every:>8.2f}", flush=True)
+                note = ""
+                if tmp_dirs:
+                    left[cycle] = unpacked_left(tmp_dirs, tmp_before)
+                    note = f"  unpacked packages left: {len(left[cycle])}" + (f" ({left[cycle][:3]})" if left[cycle] else "")
+                print(f"{cycle:>6} {rows[-1][1]:>9.0f} {rows[-1][2]:>9.0f} {(now - last) / a.every:>8.2f}{note}", flush=True)
                 last = now
     base = next((r for r in rows if r[0] >= 20), rows[0])
     end = rows[-1]
@@ -173,7 +224,18 @@ def main():
     ok = dg <= 64 and dr <= 64
     print(f"after cycle {base[0]}: GPU {dg:+.0f} MiB, RSS {dr:+.0f} MiB over {end[0] - base[0]} cycles "
           f"({'within' if ok else 'OVER'} the 64 MiB bound); {time.time() - t0:.0f} s")
-    print(json.dumps({"kind": a.kind, "rows": rows, "gpu_growth_mib": dg, "rss_growth_mib": dr, "ok": ok}))
+    result = {"kind": a.kind, "rows": rows, "gpu_growth_mib": dg, "rss_growth_mib": dr}
+    if tmp_dirs:
+        # after the server's exit too: nothing of a package may stay behind
+        final = unpacked_left(tmp_dirs, tmp_before)
+        result["unpacked_left"] = {"per_check": {c: len(v) for c, v in left.items()}, "after_exit": final}
+        clean = not final and not any(left.values())
+        print(f"unpacked package folders left in {tmp_dirs}: "
+              + ("none, at every check and after the server's exit" if clean else
+                 f"{max((len(v) for v in left.values()), default=0)} at most during the run, {len(final)} after exit: {final[:5]}"))
+        ok = ok and clean
+    result["ok"] = ok
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -18,8 +18,20 @@
 #                 engine, through perf_analyzer (dense_perf.py; its arguments). The ONNX twins too
 #                 when onnxruntime-gpu was unpacked by `ort` in the calls just before.
 #                 carry [".carry", ".carry_pa"]
-#   trust reload torch|onnx|embedding [cycles] | soak | faults
-#                 load/infer/unload cycles on KIND_GPU (reload_cycles.py), 8 minutes of 256 clients
+#   aoti MODEL    one model (resnet50, bert, dlrm_dense, dcnv2_dense, wide_deep_dense) as a CUDA FP16
+#                 AOTInductor package exported in this call (examples/aoti_export.py) and as its
+#                 TorchScript twin, both served with CUDA graphs per batch bucket, through
+#                 perf_analyzer (gRPC, CUDA shared memory), against bare TorchScript (CUDA graph)
+#                 and bare AOTInductor (aoti_bare, C++), with the targets PASS/MISS (aoti_perf.py;
+#                 its arguments after MODEL). ResNet50 ~5 minutes, BERT-large ~7 (export included).
+#                 carry [".carry", ".carry_pa"]
+#   aoti-recsys   recommenders (default DLRM) as ONE model whose network is a CUDA FP16
+#                 AOTInductor package (dense.pt2) at Criteo scale (recsys_perf.py --dense aoti;
+#                 its arguments), keys in CUDA shared memory, the key pool sized for the hit rate.
+#                 carry [".carry", ".carry_pa"]
+#   trust reload torch|onnx|aoti|embedding [cycles] | soak | faults
+#                 load/infer/unload cycles on KIND_GPU (reload_cycles.py; aoti: unpacked package
+#                 folders left behind are counted too), 8 minutes of 256 clients
 #                 (soak.py: needs the repository `models` leaves in /tmp/all_models on a still-warm
 #                 machine), bad inputs and a device-side assert (gpu_faults.py).
 #                 carry [".carry"]
@@ -42,6 +54,10 @@
 #
 #   run(command="bash bench/gpu/run.sh models", carry=[".carry"], timeout_s=600)
 #   run(command="bash bench/gpu/run.sh recommenders --models dlrm", carry=[".carry", ".carry_pa"])
+#   run(command="bash bench/gpu/run.sh aoti resnet50", carry=[".carry", ".carry_pa"], timeout_s=600)
+#   run(command="bash bench/gpu/run.sh aoti-recsys --models dlrm --paths one --batches 4096,65536 --alphas 1.2 "
+#               "--concurrency 1 --shared-memory cuda --graphs", carry=[".carry", ".carry_pa"], timeout_s=600)
+#   run(command="bash bench/gpu/run.sh trust reload aoti 200", carry=[".carry"], timeout_s=600)
 #
 # The results come back under $OUT/<subcommand>/; commit the folder under bench/gpu/results/.
 set -uo pipefail
@@ -63,7 +79,7 @@ while [ $# -gt 0 ]; do
 done
 sub="${1:-}"; [ -n "$sub" ] || usage
 shift
-case "$sub" in models|recommenders|dense|trust|ort) ;; *) usage ;; esac
+case "$sub" in models|recommenders|dense|trust|ort|aoti|aoti-recsys) ;; *) usage ;; esac
 
 # ---- ort: gather a carried part; unpack once every part is here (no .carry needed) ----
 if [ "$sub" = ort ]; then
@@ -109,14 +125,33 @@ export LD_LIBRARY_PATH="/usr/local/cuda/targets/x86_64-linux/lib:/usr/local/nvid
 backends=/tmp/rust_backends
 mkdir -p "$backends/rust"
 cp .carry/libtriton_rust.so .carry/libtriton_rust_torch.so .carry/libtriton_rust_torch_cuda.so "$backends/rust/"
+# the AOTInductor plugin, where pack.sh built it
+[ -f .carry/libtriton_rust_aoti.so ] && cp .carry/libtriton_rust_aoti.so "$backends/rust/"
+aoti=0
+case "$sub" in aoti|aoti-recsys) aoti=1 ;; trust) [ "${1:-}" = reload ] && [ "${2:-}" = aoti ] && aoti=1 ;; esac
+if [ "$aoti" = 1 ] && [ ! -f "$backends/rust/libtriton_rust_aoti.so" ]; then
+    echo "no .carry/libtriton_rust_aoti.so: bash bench/gpu/pack.sh (with the triton_rust_aoti crate)" >&2; exit 1
+fi
+export PYTHONUNBUFFERED=1
 pa=/tmp/pa/perf_analyzer/bin/perf_analyzer
-if [ "$sub" = recommenders ] || [ "$sub" = dense ]; then
+if [ "$sub" = recommenders ] || [ "$sub" = dense ] || [ "$sub" = aoti ] || [ "$sub" = aoti-recsys ]; then
     if [ ! -x "$pa" ]; then
         ls .carry_pa/perf_analyzer-*.whl >/dev/null 2>&1 || { echo "no .carry_pa/: carry [\".carry\", \".carry_pa\"]" >&2; exit 1; }
         python3 -m pip install --quiet --no-index --no-deps --target /tmp/pa .carry_pa/perf_analyzer-*.whl
     fi
 fi
 ort_lib=/tmp/ort/libonnxruntime.so.1.31.1
+# the bare AOTInductor reference: carried (pack.sh), else built here against this torch
+aoti_bare=/tmp/aoti_bare
+if { [ "$sub" = aoti ] || [ "$sub" = aoti-recsys ]; } && [ ! -x "$aoti_bare" ]; then
+    if [ -x .carry/aoti_bare ]; then
+        cp .carry/aoti_bare "$aoti_bare"
+    else
+        t0=$(date +%s)
+        bash bench/gpu/build_aoti_bare.sh "$TORCH_DIR" "$aoti_bare" || { echo "cannot build aoti_bare" >&2; exit 1; }
+        echo "aoti_bare built in $(( $(date +%s) - t0 )) s"
+    fi
+fi
 
 # ---- the host helper, only when asked ----
 helper="none"
@@ -143,7 +178,7 @@ fi
     echo "CPU-polling helper: $helper"
     echo "torch: $(python3 -c 'import torch; print(torch.__version__, "cuDNN", torch.backends.cudnn.version())')"
     echo "onnxruntime-gpu: $([ -f $ort_lib ] && echo $ort_lib || echo absent)"
-    echo "backend: libtriton_rust.so md5 $(md5sum .carry/libtriton_rust.so | cut -c1-12)"
+    echo "backend: libtriton_rust.so md5 $(md5sum .carry/libtriton_rust.so | cut -c1-12)$([ -f .carry/libtriton_rust_aoti.so ] && echo ", libtriton_rust_aoti.so md5 $(md5sum .carry/libtriton_rust_aoti.so | cut -c1-12)")"
 } > "$res/host.txt" 2>&1
 cat "$res/host.txt"
 
@@ -184,16 +219,37 @@ dense)
         --backends "$backends" --perf-analyzer "$pa" "$@" || rc=1
     [ -d "$res/perf" ] && tar -C "$res" -czf "$res/perf.tgz" perf && rm -rf "$res/perf"
     ;;
+aoti)
+    model="${1:?aoti MODEL (resnet50, bert, dlrm_dense, dcnv2_dense, wide_deep_dense)}"; shift
+    # the call's 600 s: aoti_perf.py skips perf_analyzer runs past its --budget-s (default 480)
+    OUT="$res" timeout "${AOTI_TIMEOUT:-560}" python3 bench/gpu/aoti_perf.py --model "$model" --server "$server" \
+        --backends "$backends" --perf-analyzer "$pa" --aoti-bare "$aoti_bare" --libtorch-dir "$TORCH_DIR/lib" "$@" || rc=1
+    [ -f "$res/perf/report.md" ] && cp "$res/perf/report.md" "$res/report.md"
+    [ -d "$res/perf" ] && tar -C "$res" -czf "$res/perf.tgz" perf && rm -rf "$res/perf"
+    ;;
+aoti-recsys)
+    nvidia-smi dmon -s puc -d 2 -o T > "$res/gpu_dmon.log" 2>&1 &
+    dm=$!
+    OUT="$res" timeout "${RECSYS_TIMEOUT:-570}" python3 bench/gpu/recsys_perf.py --dense aoti --aoti-bare "$aoti_bare" \
+        --server "$server" --backends "$backends" --perf-analyzer "$pa" --fixture-bin .carry/criteo_fixture \
+        --libtorch-dir "$TORCH_DIR/lib" "$@" || rc=1
+    kill "$dm" 2>/dev/null
+    if [ "$(stat -c %s "$res/recsys/server.log" 2>/dev/null || echo 0)" -gt 4000000 ]; then
+        tail -c 2000000 "$res/recsys/server.log" > "$res/recsys/server_tail.log" && rm "$res/recsys/server.log"
+    fi
+    mv "$res/gpu_dmon.log" "$res/recsys/" 2>/dev/null
+    [ -d "$res/recsys" ] && tar -C "$res" -czf "$res/recsys.tgz" recsys && rm -rf "$res/recsys"
+    ;;
 trust)
     what="${1:-}"; shift || true
     case "$what" in
     reload)
-        kind="${1:?reload torch|onnx|embedding}"; cycles="${2:-200}"
+        kind="${1:?reload torch|onnx|aoti|embedding}"; cycles="${2:-200}"
         python3 bench/gpu/reload_cycles.py --server "$server" --backends "$backends" --kind "$kind" \
             --cycles "$cycles" "${@:3}" --ort-lib "$ort_lib" || rc=1 ;;
     soak) python3 bench/gpu/soak.py --server "$server" --backends "$backends" "$@" || rc=1 ;;
     faults) python3 bench/gpu/gpu_faults.py --server "$server" --backends "$backends" "$@" || rc=1 ;;
-    *) echo "trust reload torch|onnx|embedding [cycles] | soak | faults" >&2; rc=2 ;;
+    *) echo "trust reload torch|onnx|aoti|embedding [cycles] | soak | faults" >&2; rc=2 ;;
     esac
     ;;
 esac

@@ -78,15 +78,14 @@ def spread(ranks, n_rows):
 
 
 def make_requests(rows, batch, requests, alpha, seed):
+    """`requests` distinct requests of `batch` rows: [(sparse int64 [batch, tables], dense float32
+    [batch, 13])], each table's keys drawn for the whole pool at once."""
     rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(requests):
-        sparse = np.empty((batch, len(rows)), np.int64)
-        for t, n in enumerate(rows):
-            sparse[:, t] = spread(zipf_ranks(rng, n, alpha, batch), n)
-        dense = rng.random((batch, 13), dtype=np.float32)
-        out.append((sparse, dense))
-    return out
+    sparse = np.empty((requests, batch, len(rows)), np.int64)
+    for t, n in enumerate(rows):
+        sparse[:, :, t] = spread(zipf_ranks(rng, n, alpha, requests * batch), n).reshape(requests, batch)
+    dense = rng.random((requests, batch, 13), dtype=np.float32)
+    return [(sparse[i], dense[i]) for i in range(requests)]
 
 
 def b64(a):
