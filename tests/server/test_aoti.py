@@ -3,7 +3,7 @@ packages (examples/aoti_export.py; made by scripts/export_models.sh, or here whe
 served under dynamic batching, with requests of mixed batch sizes sent at once over HTTP and
 gRPC, equal to eager PyTorch of the same module and weights; `platform: "torch_aoti"`; a config
 auto-completed from the package; and the clean failures: a package of a newer torch, a CUDA
-package on a KIND_CPU instance, nothing left in TMPDIR after an unload, and a package without
+package on a KIND_CPU instance, nothing unpacked left after an unload, and a package without
 our metadata served through its call spec (ARGS[i] / KWARGS[name]).
 
 TRITON_RUST_AOTI_MODELS names another repository holding the *_aoti models
@@ -33,12 +33,12 @@ import recommenders  # noqa: E402
 
 AOTI_MODELS = os.environ.get("TRITON_RUST_AOTI_MODELS") or MODELS_DIR
 SERVED = aoti_export.CPU_MODELS
-# max |served - eager torch| allowed, CPU fp32. Measured with torch 2.11 on this 2-core AVX-512
-# machine, package (aoti_load_package, batches 1-64) against eager: resnet50 1.3e-7 (logits up
-# to 0.25), bert_small 2.4e-7, the recommenders' predictions 0 to 1.2e-7; served, batched by
-# Triton: see the printed figures. Inductor fuses and reorders float sums: close, not bitwise.
-TOLERANCE = {"resnet50_aoti": 1e-5, "bert_small_aoti": 1e-5, "dlrm_dense_aoti": 1e-6, "dcnv2_dense_aoti": 1e-6,
-             "wide_deep_dense_aoti": 1e-6, "dlrm_aoti": 1e-6}
+# max |served - eager torch| allowed, CPU fp32. Measured with torch 2.11 on a 2-core AVX-512
+# machine: the packages in Python (aoti_load_package, batches 1-64) 1.3e-7 (resnet50, logits up to
+# 0.25), 2.4e-7 (bert_small), 0-1.2e-7 (recommenders); served, batched by Triton: resnet50 1.8e-7,
+# bert_small 3.0e-7, recommenders 2.4e-7 to 7.2e-7 (dcnv2). Inductor fuses and reorders float
+# sums and the GEMMs block by batch size: close, not bitwise; the bound leaves room for that.
+TOLERANCE = {name: 1e-5 for name in aoti_export.CPU_MODELS}
 # batch sizes of the concurrent requests (each within max_batch_size; together more than one batch)
 MIXED = {"resnet50_aoti": [1, 3, 2, 4, 1, 2], "bert_small_aoti": [1, 3, 2, 4, 1, 2, 5, 1]}
 DENSE_MIXED = [1, 7, 32, 3, 64, 5, 16, 2]
@@ -312,29 +312,43 @@ def listing(root: str) -> set:
     return {os.path.relpath(os.path.join(d, n), root) for d, dirs, files in os.walk(root) for n in dirs + files}
 
 
-def test_unload_leaves_nothing_unpacked_in_tmpdir(start_server, packages, tmp_path):
-    """The loader unpacks the package's libraries under $TMPDIR; the unload removes them."""
+def unpacked_dirs(pid: int) -> set:
+    """The directories holding the package libraries process `pid` has mapped
+    (`<dir>/<package>/data/aotinductor/...`)."""
+    with open(f"/proc/{pid}/maps") as f:
+        files = {line.split(maxsplit=5)[-1].strip() for line in f if "/data/aotinductor/" in line}
+    return {os.path.dirname(p.split("/data/aotinductor/")[0]) for p in files}
+
+
+def test_unload_leaves_nothing_unpacked(start_server, packages, tmp_path):
+    """libtorch's loader unpacks the package's libraries into a fresh temporary directory (in
+    libtorch 2.11 always a /tmp/XXXXXX one, whatever TMPDIR says); the unload removes it, and
+    the server's own TMPDIR is as it was before the load."""
     tmpdir = tmp_path / "server-tmp"
     tmpdir.mkdir()
     repo = ModelRepo(str(tmp_path / "repo"))
     link_model(repo, packages, "bert_small_aoti")
     srv = start_server(repo.root, "--model-control-mode=explicit", env={"TMPDIR": str(tmpdir)})
     before = listing(str(tmpdir))
+    assert not unpacked_dirs(srv.pid)
     r = srv.load("bert_small_aoti")
     assert r.status_code == 200, r.text
-    loaded = listing(str(tmpdir))
-    print(f"\nTMPDIR before load: {sorted(before)}; loaded: {len(loaded - before)} new entries "
-          f"({sorted(loaded - before)[:3]} ...)")
-    assert loaded - before, "the loader unpacked nothing under the server's TMPDIR"
+    unpacked = unpacked_dirs(srv.pid)
+    print(f"\nunpacked into {sorted(unpacked)}; TMPDIR {tmpdir}: {len(listing(str(tmpdir)) - before)} new entries")
+    assert unpacked and all(os.path.isdir(d) for d in unpacked), unpacked
     inputs, outputs = feeds("bert_small_aoti", 2, seed=4)
     got = infer(make_client(srv, "http"), "http", "bert_small_aoti", inputs, outputs)
     assert float(np.abs(got["OUTPUT__0"] - reference("bert_small_aoti", inputs)[0]).max()) <= TOLERANCE["bert_small_aoti"]
     assert srv.unload("bert_small_aoti").status_code == 200
+
+    def clean() -> bool:
+        return not any(os.path.exists(d) for d in unpacked) and listing(str(tmpdir)) == before
+
     deadline = time.monotonic() + 30
-    while (srv.model_ready("bert_small_aoti") or listing(str(tmpdir)) != before) and time.monotonic() < deadline:
+    while (srv.model_ready("bert_small_aoti") or not clean()) and time.monotonic() < deadline:
         time.sleep(0.2)
-    left = listing(str(tmpdir)) - before
-    print(f"after unload: {sorted(left)} left")
+    left = sorted(d for d in unpacked if os.path.exists(d)) + sorted(listing(str(tmpdir)) - before)
+    print(f"after unload: {left} left")
     assert not srv.model_ready("bert_small_aoti")
-    assert not left, f"left in TMPDIR after unload: {sorted(left)[:10]}"
+    assert not left, f"left after unload: {left[:10]}"
     assert srv.alive()
