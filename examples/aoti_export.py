@@ -184,7 +184,7 @@ class FastPitchExport(nn.Module):
         reps = torch.round(dur).long()
         mel_len = reps.sum(dim=1)
         frames = mel_len.max().item()
-        torch._check(frames >= 0)
+        torch._check(frames >= 1)  # the decoder's padded convolutions need a frame (as in eager)
         torch._check(frames <= t * fp.max_duration)
         ends = torch.cumsum(reps, dim=1)  # frame j of an item is its symbol searchsorted(ends, j, right)
         pos = torch.arange(frames, device=x.device)
