@@ -25,19 +25,28 @@ writes ``<repo>/<name>/1/model.pt2``; ``dlrm_aoti`` is the recommender as one mo
 "recommender"): ``<repo>/dlrm_aoti/1/tables/t*/`` (the embedding tables, as
 ``examples/recommenders.py`` writes ``dlrm_sparse``'s) and ``<repo>/dlrm_aoti/1/dense.pt2``.
 The default set (``CPU_MODELS``) is what CI builds, about 30-60 s of compiling each on two
-cores; ``bert_large_aoti`` and ``fastpitch_aoti`` are for a GPU (``--device cuda``).
+cores; ``bert_large_aoti`` is for a GPU (``--device cuda --half``; not exported on one yet).
 
-FastPitch. Its output length is data-dependent: the mel length is the sum of the rounded
-predicted durations, and the TorchScript model reads it on the host (``.item()``) and fills
-the frames item by item (``repeat_interleave`` in a Python loop over the batch).
-``torch.export`` cannot trace that loop with a dynamic batch (``range`` over a symbolic size),
-so ``FastPitchExport`` writes the same length regulator without it: each output frame finds its
-symbol with ``searchsorted`` over the cumulative durations and gathers it, and the frame count
-is ``mel_len.max().item()``, an unbacked symbolic size bounded by ``torch._check`` (0 to
-symbols x max_duration). The decoder and the output ``OUTPUT__0`` [batch, 80, frames] then
-carry that unbacked size (``-1`` in the metadata). The weights are FastPitch's own
-(``load_state_dict``), so the package answers as the TorchScript twin does (see
-``check_fastpitch`` and the report of the run in the module's git log for what was verified).
+FastPitch (``fastpitch_aoti``): ``torch.export`` expresses it, AOTInductor in torch 2.11 does not
+compile it. The output length is data-dependent: the mel length is the sum of the rounded
+predicted durations; the TorchScript model reads it on the host (``.item()``) and fills the
+frames item by item (``repeat_interleave`` in a Python loop over the batch), which
+``torch.export`` cannot trace with a dynamic batch. ``FastPitchExport`` (FastPitch's own
+modules and weights) writes the length regulator without the loop: each output frame finds its
+symbol with ``searchsorted`` over the cumulative durations and gathers it; the frame count is
+``.item()`` of the longest length, an unbacked size bounded with ``torch._check`` (2 to
+symbols x max_duration). Eager, it equals FastPitch exactly (``check_fastpitch``); exported
+with a dynamic batch, the program runs and equals eager exactly, ``OUTPUT__0`` [batch, 80, -1].
+``aoti_compile_and_package`` then fails in Inductor's lowering of the decoder's convolutions
+on that unbacked frame count (torch 2.11, CPU: ``torch/_inductor/kernel/conv.py`` asks
+``size_hints`` of the output strides, "LoweringException: TypeError: Cannot convert symbols to
+int"; before it, the attention's bmm lowering guarded on "frames == 1", which the lower bound of
+2 settles: a batch whose longest item has one frame gets a second, zero frame). What it would
+take: Inductor lowering convolutions of unbacked sizes (a size hint fallback there, as other
+lowerings take ``unbacked_symint_fallback``), or the decoder's convolutional feed-forward
+written as shifted matrix products (kernel 3: three ``matmul``s on padded, shifted frames) so
+no convolution meets the unbacked size, then CUDA packages checked against the TorchScript
+twin on the GPU (not done: the CUDA compile path was not tried).
 """
 from __future__ import annotations
 
@@ -183,8 +192,10 @@ class FastPitchExport(nn.Module):
         x = x + fp.pitch_embed(pitch.unsqueeze(1)).transpose(1, 2) * mask
         reps = torch.round(dur).long()
         mel_len = reps.sum(dim=1)
-        frames = mel_len.max().item()
-        torch._check(frames >= 1)  # the decoder's padded convolutions need a frame (as in eager)
+        # at least 2 frames: Inductor's bmm lowering cannot decide "frames == 1" of an unbacked
+        # size; a batch whose longest item has one frame gets a second, zero (masked) frame
+        frames = torch.clamp(mel_len.max(), min=2).item()
+        torch._check(frames >= 2)
         torch._check(frames <= t * fp.max_duration)
         ends = torch.cumsum(reps, dim=1)  # frame j of an item is its symbol searchsorted(ends, j, right)
         pos = torch.arange(frames, device=x.device)
