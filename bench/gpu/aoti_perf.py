@@ -208,6 +208,8 @@ def main():
     p.add_argument("--interval-ms", type=int, default=2000, help="perf_analyzer's measurement window")
     p.add_argument("--max-trials", type=int, default=8, help="perf_analyzer's windows at most per figure")
     p.add_argument("--shared-memory", default="cuda", choices=["cuda", "system"])
+    p.add_argument("--largest-concurrency", type=int, default=2,
+                   help="the package at the largest batch also measured with this many requests in flight (1: not)")
     p.add_argument("--budget-s", type=float, default=480,
                    help="seconds this run may take: perf_analyzer runs that would start later are skipped (said so)")
     p.add_argument("--no-ts", action="store_true", help="serve and measure the package alone (no TorchScript twin)")
@@ -321,31 +323,37 @@ def main():
                 if diff > TOL:
                     # measured all the same (a device call is dear), and said in the report
                     wrong.append(f"{name} batch {b}: max abs diff {diff:.2e}")
-        for model, batch in pa_runs:
+        # the largest batch also with requests in flight (one's transfer under the other's run)
+        big = max(m["batches"])
+        runs = [(model, batch, 1) for model, batch in pa_runs]
+        if a.largest_concurrency > 1:
+            runs.append((names["aoti"], big, a.largest_concurrency))
+        for model, batch, conc in runs:
             if time.time() - started > a.budget_s:
                 skipped.append((model, batch))
                 print(f"(skipped: {model} batch {batch}, past the {a.budget_s:.0f} s budget)", flush=True)
                 continue
-            r = dense_perf.perf(a.perf_analyzer, a.port, model, batch, 1, out_dir,
+            r = dense_perf.perf(a.perf_analyzer, a.port, model, batch, conc, out_dir,
                                 [*m["pa_extra"], "--max-trials", str(a.max_trials)], shm=a.shared_memory, must=False,
                                 interval_ms=a.interval_ms)
             if r is not None:
-                rows[(model, batch)] = r
-                print(f"  {model} b={batch}: {r['Inferences/Second']:.0f} infer/s, p50 {fmt_ms(r['p50 latency'])} ms, "
+                rows[(model, batch) if conc == 1 else (model, batch, conc)] = r
+                print(f"  {model} b={batch} c={conc}: {r['Inferences/Second']:.0f} infer/s, p50 {fmt_ms(r['p50 latency'])} ms, "
                       f"p99 {fmt_ms(r['p99 latency'])} ms", flush=True)
 
     # 5. the table and the targets
     lines = [f"# {m['label']}: AOTInductor and TorchScript served (perf_analyzer, gRPC, "
-             f"{a.shared_memory} shared memory, concurrency 1) and bare", "",
+             f"{a.shared_memory} shared memory, concurrency 1 unless the batch says c2) and bare", "",
              f"GPU: {smi}; torch {torch.__version__}; package exported in {export_s:.0f} s; latencies in ms", ""]
     cols = ["served", "batch", "Inferences/Second", *PARTS, "p50", "p90", "p95", "p99", "Avg latency",
             "bare TS graph/s", "bare AOTI graph/s", "served/bare TS graph", "served/bare AOTI"]
     lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for (model, batch), r in rows.items():
+    for key, r in rows.items():
+        model, batch = key[0], key[1]
         ts_g = (bare_ts.get(batch) or {}).get("graph_ips")
         ao = bare_aoti.get(batch) or {}
         ao_best = max(x for x in (ao.get("graph_ips"), ao.get("plain_ips"), 0.0) if x is not None)
-        cells = ["AOTI" if model == names["aoti"] else "TorchScript", str(batch), f"{r['Inferences/Second']:.0f}",
+        cells = ["AOTI" if model == names["aoti"] else "TorchScript", str(batch) + (f" c{key[2]}" if len(key) > 2 else ""), f"{r['Inferences/Second']:.0f}",
                  *[fmt_ms(r[k]) for k in PARTS], *[fmt_ms(r[k]) for k in PCTS], fmt_ms(r["Avg latency"]),
                  f"{ts_g:.0f}" if ts_g else "-", f"{ao.get('graph_ips') or 0:.0f}",
                  f"{r['Inferences/Second'] / ts_g:.2f}" if ts_g else "-",
@@ -364,10 +372,11 @@ def main():
         target(f"served AOTI / bare TorchScript CUDA graph, batch {tb}",
                rows[(aoti, tb)]["Inferences/Second"] / bare_ts[tb]["graph_ips"], m["target"], True)
     big = max(m["batches"])
-    if (aoti, big) in rows and big in bare_aoti:
+    served_big = [r["Inferences/Second"] for k, r in rows.items() if k[0] == aoti and k[1] == big]
+    if served_big and big in bare_aoti:
         best = max(x for x in (bare_aoti[big]["graph_ips"], bare_aoti[big]["plain_ips"]) if x)
-        target(f"served AOTI / bare AOTI (the better of plain and graph), batch {big}",
-               rows[(aoti, big)]["Inferences/Second"] / best, 0.95, True)
+        target(f"served AOTI (the better of concurrency 1 and {a.largest_concurrency}) / bare AOTI (the better of plain and graph), batch {big}",
+               max(served_big) / best, 0.95, True)
     if (aoti, 1) in rows and (bare_aoti.get(1) or {}).get("graph_p50_ms"):
         target("served AOTI p50 / bare AOTI CUDA graph median, batch 1",
                rows[(aoti, 1)]["p50 latency"] / 1e3 / bare_aoti[1]["graph_p50_ms"], 1.2, False)
