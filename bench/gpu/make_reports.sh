@@ -14,3 +14,5 @@ out="${OUT_ROOT:-docs/perf/h100}"
 # DLRM, DCNv2, Wide&Deep at Criteo scale against the all-in-HBM ceiling
 "$py" bench/gpu/recsys_report.py --runs "$r/recommenders_h100/dlrm" "$r/recommenders_h100/dcnv2" \
     "$r/recommenders_h100/wide_deep" --out "$out/recommenders" "$@"
+"$py" bench/gpu/aoti_report.py --dense "$r/aoti_h100/resnet50" "$r/aoti_h100/bert_large" \
+    --recsys "$r/aoti_h100/recsys_dlrm" "$r/aoti_h100/recsys_dcnv2_wide_deep" --out "$out/aoti" "$@"

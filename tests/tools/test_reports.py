@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-REPORTS = ["dense", "recommenders"]
+REPORTS = ["aoti", "dense", "recommenders"]
 
 
 def text(path):
