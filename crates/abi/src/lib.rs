@@ -24,6 +24,28 @@ pub mod worker;
 
 pub const ABI_VERSION: u32 = 7;
 
+/// A plugin's side: puts `msg` into the caller's error slot, to be freed with [`free_error`].
+///
+/// # Safety
+/// `err` is null or points to the caller's writable out-slot.
+pub unsafe fn set_err(err: *mut *mut c_char, msg: String) {
+    if !err.is_null() {
+        let c = std::ffi::CString::new(msg.replace('\0', " ")).unwrap_or_default();
+        // SAFETY: err points to the caller's out-slot.
+        unsafe { *err = c.into_raw() };
+    }
+}
+
+/// A plugin's `free_error`: frees a string it handed out through [`set_err`].
+///
+/// # Safety
+/// `err` is null or came from [`set_err`] (or `CString::into_raw`) and is freed once.
+pub unsafe extern "C" fn free_error(err: *mut c_char) {
+    if !err.is_null() {
+        drop(std::ffi::CString::from_raw(err));
+    }
+}
+
 /// The text of a caught panic (what a plugin reports instead of unwinding into C).
 pub fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<String>()

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::{self as abi, LoadOptions, PluginApi, TensorView};
 
+use triton_rust_core::batch::BatchTensor;
 use triton_rust_core::error::{Error, ErrorKind, Result};
 use triton_rust_core::tensor::{Bytes, DataType, DeviceView};
 
@@ -350,6 +351,26 @@ pub struct InputRef<'a> {
     pub dtype: i32,
     pub shape: &'a [i64],
     pub data: Bytes<'a>,
+}
+
+/// The inputs of a batch in the model's argument order: `order[k]` is the index in `inputs`
+/// of argument `k`, named `names[k]`.
+pub fn input_refs<'a>(
+    inputs: &'a [BatchTensor<'_>],
+    order: &[usize],
+    names: &'a [CString],
+) -> Result<Vec<InputRef<'a>>> {
+    order
+        .iter()
+        .zip(names)
+        .map(|(&i, name)| {
+            let t = &inputs[i];
+            let data = t
+                .bytes()
+                .ok_or_else(|| Error::internal(format!("input '{}' was not assembled", t.name)))?;
+            Ok(InputRef { name, dtype: to_abi(t.dtype)?, shape: &t.shape, data })
+        })
+        .collect()
 }
 
 /// One output from the plugin, valid during the callback.

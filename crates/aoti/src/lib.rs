@@ -12,13 +12,14 @@
 //! Outputs: `output_names[i]` names the package's flat output `i`; an empty name means
 //! the caller does not want that output (it is skipped).
 
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use triton_rust_abi::graphs::{fit, Fit};
 use triton_rust_abi::worker::Worker;
 use triton_rust_abi::{
-    self as abi, panic_text, LoadOptions, LogFn, OutputSink, PluginApi, TensorView,
+    self as abi, free_error, panic_text, set_err, LoadOptions, LogFn, OutputSink, PluginApi,
+    TensorView,
 };
 
 type Sink = unsafe extern "C" fn(ctx: *mut c_void, index: usize, out: *const TensorView) -> c_int;
@@ -86,20 +87,6 @@ pub extern "C" fn triton_rust_plugin_api() -> *const PluginApi {
 
 unsafe extern "C" fn runtime() -> *const c_char {
     tra_runtime()
-}
-
-fn set_err(err: *mut *mut c_char, msg: String) {
-    if !err.is_null() {
-        let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-        // SAFETY: err points to the caller's out-slot.
-        unsafe { *err = c.into_raw() };
-    }
-}
-
-unsafe extern "C" fn free_error(err: *mut c_char) {
-    if !err.is_null() {
-        drop(CString::from_raw(err));
-    }
 }
 
 unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) -> *mut c_void {

@@ -251,19 +251,7 @@ impl Engine for AotiEngine {
         outputs: &[&str],
         sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
     ) -> Result<()> {
-        let mut refs = Vec::with_capacity(inputs.len());
-        for (pos, &i) in self.input_order.iter().enumerate() {
-            let t = &inputs[i];
-            let data = t
-                .bytes()
-                .ok_or_else(|| Error::internal(format!("input '{}' was not assembled", t.name)))?;
-            refs.push(plugin::InputRef {
-                name: &self.input_names[pos],
-                dtype: to_abi(t.dtype)?,
-                shape: &t.shape,
-                data,
-            });
-        }
+        let refs = plugin::input_refs(inputs, &self.input_order, &self.input_names)?;
         let host_outputs = self.sig.device == Device::Cpu || self.outputs_on_host;
         let names = &self.output_names;
         let model = self.model.as_mut().ok_or_else(|| {

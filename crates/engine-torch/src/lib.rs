@@ -199,19 +199,7 @@ impl Engine for TorchEngine {
         outputs: &[&str],
         sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
     ) -> Result<()> {
-        let mut refs = Vec::with_capacity(inputs.len());
-        for (pos, &i) in self.input_order.iter().enumerate() {
-            let t = &inputs[i];
-            let data = t
-                .bytes()
-                .ok_or_else(|| Error::internal(format!("input '{}' was not assembled", t.name)))?;
-            refs.push(plugin::InputRef {
-                name: &self.input_names[pos],
-                dtype: to_abi(t.dtype)?,
-                shape: &t.shape,
-                data,
-            });
-        }
+        let refs = plugin::input_refs(inputs, &self.input_order, &self.input_names)?;
         let names: Vec<String> =
             self.output_order.iter().map(|&i| self.sig.outputs[i].name.clone()).collect();
         // On a GPU instance outputs stay where libtorch made them and the serving layer puts

@@ -187,25 +187,11 @@ unsafe extern "C" fn runtime() -> *const c_char {
     RUNTIME.as_ptr()
 }
 
-fn set_err(err: *mut *mut c_char, msg: String) {
-    if !err.is_null() {
-        let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-        // SAFETY: err points to the caller's out-slot.
-        unsafe { *err = c.into_raw() };
-    }
-}
-
-use abi::panic_text;
+use abi::{free_error, panic_text, set_err};
 
 /// A TorchScript module has no call spec.
 unsafe extern "C" fn call_spec(_model: *mut c_void, _err: *mut *mut c_char) -> *mut c_char {
     std::ptr::null_mut()
-}
-
-unsafe extern "C" fn free_error(err: *mut c_char) {
-    if !err.is_null() {
-        drop(CString::from_raw(err));
-    }
 }
 
 unsafe extern "C" fn free_model(model: *mut c_void) {
