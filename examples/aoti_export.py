@@ -180,18 +180,8 @@ class FastPitchExport(nn.Module):
 
     def forward(self, ids: torch.Tensor):
         fp = self.fp
-        ids = ids.long()
+        x, reps, mel_len, dur, pitch = fp.encode(ids)
         b, t = ids.shape
-        mask = (ids != 0).unsqueeze(-1).to(fp.embed.weight.dtype)
-        x = (fp.embed(ids) + fp.pe[:t].unsqueeze(0)) * mask
-        for blk in fp.encoder:
-            x = blk(x, mask)
-        log_dur = fp.duration(x, mask)
-        dur = torch.clamp(torch.exp(log_dur) - 1.0, 0.0, float(fp.max_duration)) * mask.squeeze(-1)
-        pitch = fp.pitch(x, mask)
-        x = x + fp.pitch_embed(pitch.unsqueeze(1)).transpose(1, 2) * mask
-        reps = torch.round(dur).long()
-        mel_len = reps.sum(dim=1)
         # at least 2 frames: Inductor's bmm lowering cannot decide "frames == 1" of an unbacked
         # size; a batch whose longest item has one frame gets a second, zero (masked) frame
         frames = torch.clamp(mel_len.max(), min=2).item()
@@ -200,13 +190,8 @@ class FastPitchExport(nn.Module):
         ends = torch.cumsum(reps, dim=1)  # frame j of an item is its symbol searchsorted(ends, j, right)
         pos = torch.arange(frames, device=x.device)
         src = torch.searchsorted(ends, pos.unsqueeze(0).expand(b, frames).contiguous(), right=True)
-        mel_mask = (pos[None, :] < mel_len[:, None]).unsqueeze(-1).to(x.dtype)
-        y = torch.gather(x, 1, src.clamp(max=t - 1).unsqueeze(-1).expand(b, frames, x.shape[2])) * mel_mask
-        y = (y + fp.pe[:frames].unsqueeze(0)) * mel_mask
-        for blk in fp.decoder:
-            y = blk(y, mel_mask)
-        mel = (fp.proj(y) * mel_mask).transpose(1, 2)
-        return mel, mel_len.unsqueeze(1), dur, pitch
+        y = torch.gather(x, 1, src.clamp(max=t - 1).unsqueeze(-1).expand(b, frames, x.shape[2]))
+        return fp.decode(y, mel_len, frames), mel_len.unsqueeze(1), dur, pitch
 
 
 def check_fastpitch(batch: int = 3, seed: int = 11) -> float:

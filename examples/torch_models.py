@@ -198,7 +198,9 @@ class FastPitch(nn.Module):
         self.proj = nn.Linear(d_model, n_mel)
         self.register_buffer("pe", sinusoid(4096, d_model), persistent=False)
 
-    def forward(self, ids) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def encode(self, ids) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Encoder, durations and pitch: (frames of the symbols, repeats per symbol, mel lengths,
+        durations, pitch)."""
         ids = ids.long()
         b, t = ids.shape
         mask = (ids != 0).unsqueeze(-1).to(self.embed.weight.dtype)
@@ -209,20 +211,27 @@ class FastPitch(nn.Module):
         dur = torch.clamp(torch.exp(log_dur) - 1.0, 0.0, float(self.max_duration)) * mask.squeeze(-1)
         pitch = self.pitch(x, mask)
         x = x + self.pitch_embed(pitch.unsqueeze(1)).transpose(1, 2) * mask
-        # length regulator: repeat each encoder frame by its rounded duration
         reps = torch.round(dur).long()
-        mel_len = reps.sum(dim=1)
+        return x, reps, reps.sum(dim=1), dur, pitch
+
+    def decode(self, y, mel_len, frames: int) -> torch.Tensor:
+        """The mel spectrogram of `frames` regulated frames `y` (past each item's length: masked)."""
+        mel_mask = (torch.arange(frames, device=y.device)[None, :] < mel_len[:, None]).unsqueeze(-1).to(y.dtype)
+        y = (y + self.pe[:frames].unsqueeze(0)) * mel_mask
+        for blk in self.decoder:
+            y = blk(y, mel_mask)
+        return (self.proj(y) * mel_mask).transpose(1, 2)
+
+    def forward(self, ids) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        x, reps, mel_len, dur, pitch = self.encode(ids)
+        b = x.shape[0]
+        # length regulator: repeat each encoder frame by its rounded duration
         frames = int(mel_len.max().item()) if b > 0 else 0
         y = torch.zeros(b, frames, x.shape[2], dtype=x.dtype, device=x.device)
         for i in range(b):
             expanded = torch.repeat_interleave(x[i], reps[i], dim=0)
             y[i, : expanded.shape[0]] = expanded
-        mel_mask = (torch.arange(frames, device=x.device)[None, :] < mel_len[:, None]).unsqueeze(-1).to(x.dtype)
-        y = (y + self.pe[:frames].unsqueeze(0)) * mel_mask
-        for blk in self.decoder:
-            y = blk(y, mel_mask)
-        mel = (self.proj(y) * mel_mask).transpose(1, 2)
-        return mel, mel_len.unsqueeze(1), dur, pitch
+        return self.decode(y, mel_len, frames), mel_len.unsqueeze(1), dur, pitch
 
 
 # ------------------------------------------------------------------ export

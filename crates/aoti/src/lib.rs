@@ -54,7 +54,8 @@ extern "C" {
 
 /// Calls into the C++ side with an error buffer; its text on failure.
 fn with_error<T>(call: impl FnOnce(*mut c_char, usize) -> T) -> (T, String) {
-    let mut buf = vec![0u8; 4096];
+    // on the stack: every run passes one
+    let mut buf = [0u8; 2048];
     let r = call(buf.as_mut_ptr() as *mut c_char, buf.len());
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     (r, String::from_utf8_lossy(&buf[..end]).into_owned())
