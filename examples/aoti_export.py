@@ -25,32 +25,28 @@ writes ``<repo>/<name>/1/model.pt2``; ``dlrm_aoti`` is the recommender as one mo
 "recommender"): ``<repo>/dlrm_aoti/1/tables/t*/`` (the embedding tables, as
 ``examples/recommenders.py`` writes ``dlrm_sparse``'s) and ``<repo>/dlrm_aoti/1/dense.pt2``.
 The default set (``CPU_MODELS``) is what CI builds, about 30-60 s of compiling each on two
-cores; ``bert_large_aoti`` is for a GPU (``--device cuda --half``; not exported on one yet).
+cores; ``bert_large_aoti`` is for a GPU (``--device cuda --half``; ``bench/gpu/aoti_perf.py``
+exports BERT-large and ResNet50 there through ``package``).
 
-FastPitch (``fastpitch_aoti``): ``torch.export`` expresses it, AOTInductor in torch 2.11 does not
-compile it. The output length is data-dependent: the mel length is the sum of the rounded
-predicted durations; the TorchScript model reads it on the host (``.item()``) and fills the
-frames item by item (``repeat_interleave`` in a Python loop over the batch), which
-``torch.export`` cannot trace with a dynamic batch. ``FastPitchExport`` (FastPitch's own
-modules and weights) writes the length regulator without the loop: each output frame finds its
-symbol with ``searchsorted`` over the cumulative durations and gathers it; the frame count is
-``.item()`` of the longest length, an unbacked size bounded with ``torch._check`` (2 to
-symbols x max_duration). Eager, it equals FastPitch exactly (``check_fastpitch``); exported
-with a dynamic batch, the program runs and equals eager exactly, ``OUTPUT__0`` [batch, 80, -1].
-``aoti_compile_and_package`` then fails in Inductor's lowering of the decoder's convolutions
-on that unbacked frame count (torch 2.11, CPU: ``torch/_inductor/kernel/conv.py`` asks
-``size_hints`` of the output strides, "LoweringException: TypeError: Cannot convert symbols to
-int"; before it, the attention's bmm lowering guarded on "frames == 1", which the lower bound of
-2 settles: a batch whose longest item has one frame gets a second, zero frame). What it would
-take: Inductor lowering convolutions of unbacked sizes (a size hint fallback there, as other
-lowerings take ``unbacked_symint_fallback``), or the decoder's convolutional feed-forward
-written as shifted matrix products (kernel 3: three ``matmul``s on padded, shifted frames) so
-no convolution meets the unbacked size, then CUDA packages checked against the TorchScript
-twin on the GPU (not done: the CUDA compile path was not tried).
+FastPitch (``fastpitch_aoti``, in the default set): its output length is data-dependent (the mel
+length is the sum of the rounded predicted durations). The TorchScript model reads it on the
+host (``.item()``) and fills the frames item by item (``repeat_interleave`` in a Python loop
+over the batch), which ``torch.export`` cannot trace with a dynamic batch. ``FastPitchExport``
+(FastPitch's own modules and weights) writes the length regulator without the loop: each output
+frame finds its symbol with ``searchsorted`` over the cumulative durations and gathers it; the
+frame count is ``.item()`` of the longest length, an unbacked size bounded with ``torch._check``
+(2 to symbols x max_duration: Inductor's bmm lowering cannot decide "frames == 1", so a batch
+whose longest item has one frame gets a second, zero frame). Inductor (torch 2.11) cannot lower
+a convolution over an unbacked size (``kernel/conv.py`` asks ``size_hints`` of its strides:
+"Cannot convert symbols to int"), so the decoder's convolutions, the only ones over the frames,
+are ``ShiftedConv1d``: the same function as matrix products of shifted frames. The package
+equals the TorchScript twin within float rounding (``OUTPUT__0`` [batch, 80, -1]); its CUDA
+package has not been built or checked on a GPU.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import inspect
 import json
 import os
@@ -61,6 +57,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch.utils import _pytree as pytree
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -170,13 +167,46 @@ def package(module: nn.Module, example_inputs: Sequence[torch.Tensor], path: str
 # ------------------------------------------------------------------ FastPitch
 
 
+class ShiftedConv1d(nn.Module):
+    """A ``Conv1d`` (stride 1, dilation 1, 'same' padding, one group) as matrix products of
+    shifted frames: output frame t is the bias plus, for each tap k, weight[:, :, k] times
+    input frame t + k - padding (zero outside). The same function as the convolution; what
+    Inductor lowers for it is a matmul, which takes a frame count it only knows at run time
+    (its convolution lowering does not, torch 2.11)."""
+
+    def __init__(self, conv: nn.Conv1d):
+        super().__init__()
+        k = conv.kernel_size[0]
+        if conv.stride != (1,) or conv.dilation != (1,) or conv.groups != 1 or conv.padding != (k // 2,) or k % 2 != 1:
+            raise ValueError(f"{conv}: only odd kernels with stride 1, dilation 1, one group and 'same' padding")
+        self.pad = k // 2
+        # [k, in, out]: tap k's matrix, applied as frames [.., in] @ weight[k]
+        self.weight = nn.Parameter(conv.weight.detach().permute(2, 1, 0).contiguous())
+        self.bias = nn.Parameter(conv.bias.detach().clone()) if conv.bias is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x [B, C_in, T] as Conv1d takes it
+        frames = x.shape[2]
+        xt = F.pad(x.transpose(1, 2), (0, 0, self.pad, self.pad))  # [B, T + 2 pad, C_in]
+        y = xt[:, 0:frames] @ self.weight[0]
+        for k in range(1, self.weight.shape[0]):
+            y = y + xt[:, k:k + frames] @ self.weight[k]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.transpose(1, 2)
+
+
 class FastPitchExport(nn.Module):
     """FastPitch (``torch_models.FastPitch``, its weights) with a length regulator that
-    ``torch.export`` can trace: no loop over the batch, the frame count an unbacked size."""
+    ``torch.export`` can trace: no loop over the batch, the frame count an unbacked size; the
+    decoder's convolutions (over that frame count) as ``ShiftedConv1d``."""
 
     def __init__(self, fp: torch_models.FastPitch):
         super().__init__()
-        self.fp = fp
+        self.fp = copy.deepcopy(fp)
+        for blk in self.fp.decoder:
+            blk.conv1 = ShiftedConv1d(blk.conv1)
+            blk.conv2 = ShiftedConv1d(blk.conv2)
 
     def forward(self, ids: torch.Tensor):
         fp = self.fp
@@ -247,7 +277,7 @@ EXAMPLES = {
     "fastpitch_aoti": lambda: (FastPitchExport(torch_models.make("fastpitch")), (torch_models.fastpitch_inputs(2),), 64),
 }
 CPU_MODELS = ("resnet50_aoti", "bert_small_aoti", "dlrm_dense_aoti", "dcnv2_dense_aoti", "wide_deep_dense_aoti",
-              "dlrm_aoti")
+              "dlrm_aoti", "fastpitch_aoti")
 
 
 def reference(name: str) -> nn.Module:
