@@ -1,4 +1,4 @@
-//! Compiles src/runtime.cpp against the libtorch `LIBTORCH` names (a libtorch directory:
+//! Compiles src/runtime.cpp (and src/modules.cpp, the package's CUDA modules) against the libtorch `LIBTORCH` names (a libtorch directory:
 //! a torch wheel's site-packages/torch, or NVIDIA's PyTorch image's) and links the plugin
 //! to it. With libtorch's CUDA libraries there (and CUDA's runtime headers: CUDA_HOME, or
 //! the torch wheel's nvidia packages) the GPU paths are built too (TRA_CUDA).
@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 fn main() {
     println!("cargo:rerun-if-changed=src/runtime.cpp");
+    println!("cargo:rerun-if-changed=src/modules.cpp");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-env-changed=CUDA_HOME");
     let libtorch = PathBuf::from(
@@ -19,6 +20,7 @@ fn main() {
         // torch 2.12 and later need C++20; earlier releases build with it too
         .std("c++20")
         .file("src/runtime.cpp")
+        .file("src/modules.cpp")
         .include(libtorch.join("include"))
         .include(libtorch.join("include/torch/csrc/api/include"))
         .define("_GLIBCXX_USE_CXX11_ABI", "1")

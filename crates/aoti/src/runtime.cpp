@@ -42,6 +42,12 @@ void clearCublasWorkspaces();
 }
 #endif
 
+// modules.cpp
+extern "C" {
+void* tra_modules_track(const char* lib_dir, const char* driver_lib, int* routed, char* err, size_t len);
+int tra_modules_release(void* tracker);
+}
+
 namespace {
 
 // The backend's TensorView (triton_rust_abi), field for field.
@@ -58,6 +64,7 @@ struct View {
 
 using Sink = int (*)(void* ctx, size_t index, const View* out);
 using Log = void (*)(int level, const char* message);
+constexpr int LOG_INFO = 0;
 constexpr int LOG_WARN = 1;
 constexpr int MEMORY_GPU = 1;
 
@@ -108,6 +115,8 @@ struct Model {
   Log log = nullptr;
 #ifdef TRA_CUDA
   std::unique_ptr<c10::cuda::CUDAStream> stream;
+  // the package's CUDA modules (modules.cpp): unloaded after the loader
+  void* modules = nullptr;
   bool graphs = false;
   at::cuda::MempoolId_t pool{0, 0};
   std::map<std::vector<std::vector<int64_t>>, std::unique_ptr<Graph>> captured;
@@ -157,6 +166,26 @@ std::unique_ptr<torch::inductor::AOTIModelPackageLoader> load_package(const char
   }
   return loader;
 }
+
+#ifdef TRA_CUDA
+// Routes the package library's CUDA module loads through modules.cpp, so that its kernels
+// are unloaded with it. A package whose modules cannot be tracked still serves; its reloads
+// leave its kernels' code in GPU memory, and the log says so.
+void track_modules(Model& m) {
+  if (m.unpacked.empty()) return;
+  char why[512] = {0};
+  int routed = 0;
+  m.modules = tra_modules_track(m.unpacked.c_str(), "libcuda.so.1", &routed, why, sizeof why);
+  if (!m.log) return;
+  if (m.modules) {
+    m.log(LOG_INFO, ("AOTInductor package: its CUDA module loads are tracked (" + std::to_string(routed) +
+                     " import slots), to be unloaded with the model").c_str());
+  } else if (why[0]) {
+    m.log(LOG_WARN, (std::string("AOTInductor package: its CUDA modules cannot be tracked (") + why +
+                     "); each reload of it leaves its kernels' code in GPU memory").c_str());
+  }
+}
+#endif
 
 std::string shape_text(const std::vector<int64_t>& s) {
   std::ostringstream o;
@@ -302,6 +331,7 @@ void* tra_load(const char* path, int gpu, int graphs, Log log, char* err, size_t
       if (m->graphs) m->pool = at::cuda::graph_pool_handle();
       c10::cuda::CUDAStreamGuard stream_guard(*m->stream);
       m->loader = load_package(path, gpu, &m->unpacked);
+      track_modules(*m);
 #else
       (void)graphs;
       put(err, len, "this libtriton_rust_aoti.so was built against a libtorch without CUDA: KIND_GPU instances need one built against a CUDA libtorch");
@@ -427,6 +457,15 @@ void tra_free(void* model) {
     m->captured.clear();
 #endif
     m->loader.reset();
+#ifdef TRA_CUDA
+    if (m->modules) {
+      c10::cuda::CUDAGuard device_guard(m->device);
+      int failed = tra_modules_release(m->modules);
+      if (failed && m->log) {
+        m->log(LOG_WARN, ("AOTInductor package: " + std::to_string(failed) + " of its CUDA modules did not unload").c_str());
+      }
+    }
+#endif
     if (!m->unpacked.empty()) {
       std::error_code ignored;
       std::filesystem::remove_all(m->unpacked, ignored);
