@@ -10,9 +10,11 @@ torch release and to auto-complete a config:
   * ``triton_rust.torch_version``: the exporting torch's ``torch.__version__``;
   * ``triton_rust.inputs`` / ``triton_rust.outputs``: JSON lists, in the package's flat order,
     of ``{"name", "dtype", "shape"}`` (dtype as torch names it without ``torch.``, ``-1`` for a
-    dynamic dimension). Names as Triton's PyTorch backend spells them: ``INPUT__i`` when the
-    exported call takes positional arguments only, else ``ARGS[i]`` and ``KWARGS[name]``;
-    ``OUTPUT__i`` for a tensor, tuple or list result, ``RESULT[key]`` for a dict.
+    dynamic dimension), and for an input that indexes an embedding table ``"range": [0, rows]``
+    (``index_ranges``: the engine refuses a request with a value outside it). Names as
+    Triton's PyTorch backend spells them: ``INPUT__i`` when the exported call takes positional
+    arguments only, else ``ARGS[i]`` and ``KWARGS[name]``; ``OUTPUT__i`` for a tensor, tuple or
+    list result, ``RESULT[key]`` for a dict.
 
 The example models are the TorchScript twins' architectures and fixed-seed weights
 (``examples/torch_models.py``: ResNet50, BERT QA; ``examples/recommenders.py``: the dense part
@@ -108,6 +110,32 @@ def _tensor_entry(name: str, val: Any) -> Dict[str, Any]:
     return {"name": name, "dtype": str(val.dtype).removeprefix("torch."), "shape": shape}
 
 
+# what an index passes through on its way from an input to a table, unchanged in value
+_SAME_VALUES = ("aten.to.", "aten._to_copy.", "aten.clone.", "aten.view.", "aten.reshape.", "aten.flatten.",
+                "aten.unsqueeze.", "aten.squeeze.", "aten.slice.", "aten.select.", "aten.expand.",
+                "aten.contiguous.", "aten.alias.", "aten.permute.", "aten.transpose.", "aten.t.")
+
+
+def index_ranges(exported: torch.export.ExportedProgram) -> Dict[str, Tuple[int, int]]:
+    """``{input placeholder: (0, rows)}`` for each input whose values index an embedding table
+    (through casts and views): the values the table has rows for. An index outside them fails
+    inside the compiled kernel; in a CPU package that check throws inside an OpenMP region,
+    which ends the process, so the engine checks these ranges before it runs a batch."""
+    ranges: Dict[str, Tuple[int, int]] = {}
+    for node in exported.graph.nodes:
+        if node.op != "call_function" or str(node.target) != "aten.embedding.default":
+            continue
+        weight, index = node.args[0], node.args[1]
+        while index.op == "call_function" and str(index.target).startswith(_SAME_VALUES):
+            index = index.args[0]
+        if index.op != "placeholder" or "val" not in weight.meta:
+            continue
+        rows = int(weight.meta["val"].shape[0])
+        lo, hi = ranges.get(index.name, (0, rows))
+        ranges[index.name] = (lo, min(hi, rows))
+    return ranges
+
+
 def metadata(exported: torch.export.ExportedProgram) -> Dict[str, str]:
     """The ``triton_rust.*`` metadata of an exported program (see the module doc)."""
     from torch.export.graph_signature import InputKind, OutputKind
@@ -122,6 +150,10 @@ def metadata(exported: torch.export.ExportedProgram) -> Dict[str, str]:
         raise ValueError(f"the call spec has {len(in_names)} inputs and {len(out_names)} outputs, the graph "
                          f"{len(user_in)} and {len(user_out)}: only tensor arguments and results are served")
     inputs = [_tensor_entry(name, nodes[n].meta["val"]) for name, n in zip(in_names, user_in)]
+    ranges = index_ranges(exported)
+    for entry, n in zip(inputs, user_in):
+        if n in ranges:
+            entry["range"] = list(ranges[n])
     outputs = [_tensor_entry(name, arg.meta["val"]) for name, arg in zip(out_names, user_out)]
     return {TORCH_VERSION_KEY: torch.__version__, INPUTS_KEY: json.dumps(inputs), OUTPUTS_KEY: json.dumps(outputs)}
 

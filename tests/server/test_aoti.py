@@ -308,6 +308,56 @@ def test_package_without_metadata_takes_args_and_kwargs_by_call_spec(server):
 # ------------------------------------------------------------------ clean failures
 
 
+def package_ranges(name: str) -> dict:
+    with zipfile.ZipFile(aoti_export.package_file(AOTI_MODELS, name)) as z:
+        meta = [json.loads(z.read(n)) for n in z.namelist() if n.endswith("wrapper_metadata.json")]
+    return {t["name"]: t.get("range") for t in json.loads(meta[0][aoti_export.INPUTS_KEY])}
+
+
+@pytest.mark.parametrize("name,input_name,value,want", [
+    ("fastpitch_aoti", "INPUT__0", 500, "holds 500 at element 3, outside [0, 148)"),
+    ("fastpitch_aoti", "INPUT__0", -1, "holds -1 at element 3, outside [0, 148)"),
+    ("bert_small_aoti", "INPUT__0", 30522, "holds 30522 at element 3, outside [0, 30522)"),
+    ("bert_small_aoti", "INPUT__1", 2, "holds 2 at element 3, outside [0, 2)"),
+])
+def test_an_index_past_its_table_fails_that_request_only(server, name, input_name, value, want):
+    """An index outside an embedding table: the compiled CPU kernel's check would throw inside
+    an OpenMP region and end the server, so the engine checks the range the package records
+    (examples/aoti_export.py, index_ranges) per request. Sent at once with good requests
+    that the batcher merges it with: the bad one is refused naming the input and the value,
+    the others are answered equal to eager torch."""
+    assert package_ranges(name)[input_name], f"{name}'s package records no range for {input_name}: export it again"
+    requests = [feeds(name, 2, seed=200 + i) for i in range(3)]
+    bad_inputs = {k: v.copy() for k, v in requests[1][0].items()}
+    bad_inputs[input_name][0, 3] = value
+    requests[1] = (bad_inputs, requests[1][1])
+    answers: list = [None] * 3
+    start = threading.Barrier(3)
+
+    def send(i: int) -> None:
+        client = make_client(server, "grpc")
+        start.wait()
+        try:
+            answers[i] = infer(client, "grpc", name, *requests[i])
+        except Exception as e:  # noqa: BLE001 - the refusal is what is checked
+            answers[i] = e
+        client.close()
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(f"\n{name} {input_name}={value}: {answers[1]}")
+    assert isinstance(answers[1], Exception) and input_name in str(answers[1]) and want in str(answers[1])
+    for i in (0, 2):
+        assert not isinstance(answers[i], Exception), answers[i]
+        for out, ref in zip(requests[i][1], reference(name, requests[i][0])):
+            got = own_frames(name, out, answers[i][out], ref)
+            assert float(np.abs(got.astype(np.float64) - ref).max()) <= TOLERANCE[name]
+    assert server.alive()
+
+
 def still_serving(server) -> None:
     inputs, outputs = feeds("dcnv2_dense_aoti", 3, seed=9)
     got = infer(make_client(server, "http"), "http", "dcnv2_dense_aoti", inputs, outputs)["OUTPUT__0"]

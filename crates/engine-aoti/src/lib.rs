@@ -17,11 +17,12 @@ use std::ffi::CString;
 use std::path::Path;
 
 use triton_rust_abi::plugin::{self, from_abi, to_abi};
-use triton_rust_core::batch::BatchTensor;
+use triton_rust_core::batch::{BatchTensor, RequestTensor};
 use triton_rust_core::config::{ModelConfig, TensorConfig, TensorSpec};
 use triton_rust_core::engine::{Device, Engine, EngineOptions, OutputView, Signature};
 use triton_rust_core::error::{Error, Result};
 use triton_rust_core::settings::Known;
+use triton_rust_core::tensor::DataType;
 
 pub mod names;
 pub mod package;
@@ -40,6 +41,9 @@ pub struct AotiEngine {
     input_names: Vec<CString>,
     /// One name per flat output of the package; empty where the config does not list it.
     output_names: Vec<CString>,
+    /// Per config input: the values `[lo, hi)` it may hold, where the package says
+    /// (`check_ranges`).
+    ranges: Vec<Option<(i64, i64)>>,
     outputs_on_host: bool,
 }
 
@@ -223,12 +227,15 @@ impl AotiEngine {
         }
         let input_names =
             input_order.iter().map(|&i| cstr(&inputs[i].name)).collect::<Result<_>>()?;
+        let ranges =
+            in_pos.iter().map(|&p| package.input_ranges.get(p).copied().flatten()).collect();
         Ok(AotiEngine {
             model,
             sig: Signature { inputs, outputs, device: options.device },
             input_order,
             input_names,
             output_names,
+            ranges,
             outputs_on_host: false,
         })
     }
@@ -243,6 +250,9 @@ impl Engine for AotiEngine {
     }
     fn outputs_landed(&mut self, on_host: bool) {
         self.outputs_on_host = on_host;
+    }
+    fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
+        check_ranges(&self.ranges, inputs)
     }
 
     fn run(
@@ -267,10 +277,61 @@ impl Engine for AotiEngine {
     }
 }
 
+/// The first element of integer `bytes` (little-endian `dtype`) outside `[lo, hi)`: its
+/// index and value.
+fn first_outside(dtype: DataType, bytes: &[u8], (lo, hi): (i64, i64)) -> Option<(usize, i64)> {
+    let size = dtype.size()?;
+    let value = |c: &[u8]| -> Option<i64> {
+        Some(match dtype {
+            DataType::I8 => c[0] as i8 as i64,
+            DataType::U8 => c[0] as i64,
+            DataType::I16 => i16::from_le_bytes([c[0], c[1]]) as i64,
+            DataType::I32 => i32::from_le_bytes(c.try_into().ok()?) as i64,
+            DataType::I64 => i64::from_le_bytes(c.try_into().ok()?),
+            _ => return None,
+        })
+    };
+    bytes.chunks_exact(size).enumerate().find_map(|(i, c)| {
+        let v = value(c)?;
+        (v < lo || v >= hi).then_some((i, v))
+    })
+}
+
+/// Inputs that index an embedding table hold only values it has rows for: an index past
+/// the table fails inside the package's compiled kernel, and in a CPU package that check
+/// throws inside an OpenMP region, which ends the process. Checked per request (the rest
+/// of its batch is still answered) where the request holds the input in host memory; one
+/// in GPU memory is not read back to be checked.
+fn check_ranges(ranges: &[Option<(i64, i64)>], inputs: &[RequestTensor<'_>]) -> Result<()> {
+    for (t, range) in inputs.iter().zip(ranges) {
+        let Some(range) = *range else { continue };
+        let host: Option<Vec<&[u8]>> = t.chunks.iter().map(|c| c.host()).collect();
+        let Some(pieces) = host else { continue };
+        let joined;
+        let bytes: &[u8] = match pieces.as_slice() {
+            [one] => one,
+            many => {
+                joined = many.concat();
+                &joined
+            }
+        };
+        if let Some((i, v)) = first_outside(t.dtype, bytes, range) {
+            return Err(Error::invalid_arg(format!(
+                "input '{}' holds {v} at element {i}, outside [{}, {}): the model looks it up in a table of {} rows",
+                t.name,
+                range.0,
+                range.1,
+                range.1 - range.0
+            )));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use triton_rust_core::tensor::DataType;
+    use triton_rust_core::tensor::Bytes;
 
     fn t(name: &str, dims: &[i64]) -> TensorConfig {
         TensorConfig { name: name.into(), dtype: DataType::F32, dims: dims.to_vec(), reshape: None }
@@ -330,5 +391,31 @@ mod tests {
         // a package without metadata: the config's tensors, batched
         let (specs, _) = tensors(&cfg, &[t("ARGS[0]", &[4])], None, None, true).unwrap();
         assert_eq!(specs[0].shape, vec![-1, 4]);
+    }
+
+    #[test]
+    fn values_outside_an_inputs_range_fail_its_request_only() {
+        let ids: Vec<u8> = [3i64, 147, 148, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let seg: Vec<u8> = [0i32, 1, -1].iter().flat_map(|v| v.to_le_bytes()).collect();
+        fn req(bytes: &[u8], dtype: DataType) -> RequestTensor<'_> {
+            RequestTensor {
+                name: "INPUT__0".into(),
+                dtype,
+                shape: vec![1, (bytes.len() / dtype.size().unwrap()) as i64],
+                chunks: vec![Bytes::Host(&bytes[..8]), Bytes::Host(&bytes[8..])],
+            }
+        }
+        let e = check_ranges(&[Some((0, 148))], &[req(&ids, DataType::I64)]).unwrap_err();
+        assert!(
+            e.message().contains("input 'INPUT__0' holds 148 at element 2, outside [0, 148)"),
+            "{e}"
+        );
+        assert!(check_ranges(&[Some((0, 149))], &[req(&ids, DataType::I64)]).is_ok());
+        assert!(check_ranges(&[None], &[req(&ids, DataType::I64)]).is_ok());
+        let e = check_ranges(&[Some((0, 2))], &[req(&seg, DataType::I32)]).unwrap_err();
+        assert!(e.message().contains("holds -1 at element 2"), "{e}");
+        assert_eq!(first_outside(DataType::U8, &[0, 1, 2, 9], (0, 9)), Some((3, 9)));
+        assert_eq!(first_outside(DataType::I16, &(-2i16).to_le_bytes(), (0, 9)), Some((0, -2)));
+        assert_eq!(first_outside(DataType::F32, &1f32.to_le_bytes(), (0, 9)), None);
     }
 }

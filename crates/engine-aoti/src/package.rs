@@ -23,6 +23,9 @@ pub struct Package {
     /// The inputs and outputs in the package's flat order, when the metadata lists them.
     pub inputs: Option<Vec<TensorSpec>>,
     pub outputs: Option<Vec<TensorSpec>>,
+    /// Per input in the same order: the values `[lo, hi)` it may hold, where the metadata
+    /// gives a `range` (an input that indexes an embedding table).
+    pub input_ranges: Vec<Option<(i64, i64)>>,
 }
 
 impl Package {
@@ -72,7 +75,8 @@ impl Package {
         let tensors = |key: &str| metadata.get(key).map(|t| tensor_list(key, t)).transpose();
         let inputs = tensors(INPUTS_KEY)?;
         let outputs = tensors(OUTPUTS_KEY)?;
-        Ok(Package { metadata, inputs, outputs })
+        let input_ranges = metadata.get(INPUTS_KEY).map(|t| ranges(INPUTS_KEY, t)).transpose()?;
+        Ok(Package { metadata, inputs, outputs, input_ranges: input_ranges.unwrap_or_default() })
     }
 
     /// The torch release that made the package (`2.11.0` of `2.11.0+cu130`), if it says.
@@ -100,6 +104,32 @@ fn tensor_list(key: &str, text: &str) -> Result<Vec<TensorSpec>> {
                 .and_then(|s| s.iter().map(Value::as_i64).collect::<Option<Vec<i64>>>())
                 .ok_or_else(|| bad(format!("'{name}' has no shape of integers")))?;
             Ok(TensorSpec { name: name.to_string(), dtype: torch_dtype(dtype)?, shape })
+        })
+        .collect()
+}
+
+/// The `range` of each entry of a tensor list (`[lo, hi]`, lo < hi; None where it has none).
+fn ranges(key: &str, text: &str) -> Result<Vec<Option<(i64, i64)>>> {
+    let list: Vec<Value> = serde_json::from_str(text).map_err(|e| {
+        Error::invalid_arg(format!("package metadata '{key}': not a JSON list: {e}"))
+    })?;
+    list.iter()
+        .map(|t| match &t["range"] {
+            Value::Null => Ok(None),
+            Value::Array(r) => {
+                match (r.first().and_then(Value::as_i64), r.get(1).and_then(Value::as_i64)) {
+                    (Some(lo), Some(hi)) if r.len() == 2 && lo < hi => Ok(Some((lo, hi))),
+                    _ => Err(Error::invalid_arg(format!(
+                        "package metadata '{key}': '{}' has range {}, not [lo, hi] with lo < hi",
+                        t["name"].as_str().unwrap_or("?"),
+                        t["range"]
+                    ))),
+                }
+            }
+            other => Err(Error::invalid_arg(format!(
+                "package metadata '{key}': '{}' has range {other}, not [lo, hi]",
+                t["name"].as_str().unwrap_or("?")
+            ))),
         })
         .collect()
 }
@@ -144,6 +174,15 @@ mod tests {
             ("INPUT__0", DataType::F32, &[-1, 3][..])
         );
         assert_eq!(p.outputs.unwrap()[0].dtype, DataType::I64);
+        assert_eq!(p.input_ranges, vec![None]);
+        let ranged = r#"{"triton_rust.inputs": "[{\"name\": \"ids\", \"dtype\": \"int64\", \"shape\": [-1, 8], \"range\": [0, 148]}, {\"name\": \"x\", \"dtype\": \"float32\", \"shape\": [-1]}]"}"#;
+        assert_eq!(
+            Package::from_metadata_json(ranged).unwrap().input_ranges,
+            vec![Some((0, 148)), None]
+        );
+        let reversed = ranged.replace("[0, 148]", "[148, 0]");
+        let e = Package::from_metadata_json(&reversed).unwrap_err();
+        assert!(e.message().contains("'ids' has range [148,0]"), "{e}");
         let plain = Package::from_metadata_json(r#"{"AOTI_DEVICE_KEY": "cuda"}"#).unwrap();
         assert!(plain.inputs.is_none() && plain.torch_release().is_none());
         let e = Package::from_metadata_json(r#"{"triton_rust.inputs": "[{\"name\": \"x\"}]"}"#);
