@@ -417,6 +417,10 @@ int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_ro
       if (host_outputs) {
         for (auto& o : out) o = o.to(c10::kCPU);
       } else {
+        // a package may return views (BERT's two logits are strided slices of one tensor):
+        // made contiguous on the instance's stream before the wait, because the backend
+        // copies outputs on a stream of its own once this returns
+        for (auto& o : out) o = o.contiguous();
         m.stream->synchronize();
       }
 #endif
