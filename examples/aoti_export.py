@@ -163,14 +163,16 @@ def metadata(exported: torch.export.ExportedProgram) -> Dict[str, str]:
 
 def package(module: nn.Module, example_inputs: Sequence[torch.Tensor], path: str, *, dynamic_batch: bool = True,
             max_batch: int = 1 << 17, device: str = "cpu", kwargs: Optional[Dict[str, torch.Tensor]] = None,
-            half: bool = False) -> Dict[str, str]:
+            half: bool = False, inductor_configs: Optional[Dict[str, Any]] = None) -> Dict[str, str]:
     """Export ``module`` called as ``module(*example_inputs, **kwargs)`` and write the
     AOTInductor package ``path``; returns the ``triton_rust.*`` metadata written into it.
 
     ``dynamic_batch``: dimension 0 of every input is ``torch.export.Dim("batch", min=1,
     max=max_batch)`` (the example batch must be at least 2: torch.export specialises a size
     of 1). ``device``: where the module and the inputs are moved (``"cuda"`` makes a CUDA
-    package for this machine's GPU). ``half``: FP16 weights and floating-point inputs."""
+    package for this machine's GPU). ``half``: FP16 weights and floating-point inputs.
+    ``inductor_configs``: Inductor's settings for the compile (e.g. ``{"max_autotune": True}``),
+    beside the metadata."""
     kwargs = dict(kwargs or {})
     module = module.eval().to(device)
     example = [x.to(device) for x in example_inputs]
@@ -192,8 +194,24 @@ def package(module: nn.Module, example_inputs: Sequence[torch.Tensor], path: str
         meta = metadata(exported)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         torch._inductor.aoti_compile_and_package(exported, package_path=path,
-                                                 inductor_configs={"aot_inductor.metadata": meta})
+                                                 inductor_configs={**(inductor_configs or {}),
+                                                                   "aot_inductor.metadata": meta})
     return meta
+
+
+def parse_inductor_configs(pairs: Sequence[str]) -> Dict[str, Any]:
+    """``["max_autotune=1", "coordinate_descent_tuning=true"]`` as Inductor settings: values
+    that read as JSON (numbers, true/false) are taken as such, others as text."""
+    out: Dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"Inductor setting {pair!r}: KEY=VALUE")
+        try:
+            out[key] = json.loads(text.lower() if text.lower() in ("true", "false") else text)
+        except json.JSONDecodeError:
+            out[key] = text
+    return out
 
 
 # ------------------------------------------------------------------ FastPitch

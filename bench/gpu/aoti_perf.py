@@ -136,7 +136,7 @@ def write_configs(repo, m, dense_perf):
     return names
 
 
-def export(module, m, feeds, repo, names, dev, dry_run):
+def export(module, m, feeds, repo, names, dev, dry_run, inductor=()):
     """The TorchScript twin and the CUDA package, in the folders the configs name. Returns the
     package's path and the seconds its export took."""
     import torch
@@ -145,6 +145,8 @@ def export(module, m, feeds, repo, names, dev, dry_run):
     pt = os.path.join(repo, names["torch"], "1", "model.pt")
     example_batch = 4  # torch.export specialises a dimension whose example size is 1
     kwargs = dict(dynamic_batch=True, max_batch=m["mb"], device="cuda")
+    if inductor:
+        kwargs["inductor_configs"] = aoti_export.parse_inductor_configs(inductor)
     if dry_run:
         # the call is checked against examples/aoti_export.py's signature, not made
         inspect.signature(aoti_export.package).bind(module, (), pt2, **kwargs)
@@ -213,6 +215,8 @@ def main():
     p.add_argument("--budget-s", type=float, default=480,
                    help="seconds this run may take: perf_analyzer runs that would start later are skipped (said so)")
     p.add_argument("--no-ts", action="store_true", help="serve and measure the package alone (no TorchScript twin)")
+    p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
+                   help="an Inductor setting for the package's export (e.g. max_autotune=true); repeatable")
     p.add_argument("--dry-run", action="store_true", help="write the configs and print the plan and commands; run nothing")
     a = p.parse_args()
     started = time.time()
@@ -242,7 +246,7 @@ def main():
     else:
         module, feeds = build_module(m, dev)
     names = write_configs(repo, m, dense_perf)
-    pt2, export_s = export(module, m, feeds, repo, names, dev, a.dry_run)
+    pt2, export_s = export(module, m, feeds, repo, names, dev, a.dry_run, a.inductor)
     if a.no_ts:
         shutil.rmtree(os.path.join(repo, names.pop("torch")))
 

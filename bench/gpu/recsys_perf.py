@@ -518,9 +518,10 @@ def export_aoti(name, a, rows_type, max_batch):
     path = os.path.join(a.work, f"{name}_dense.pt2")
     t0 = time.time()
     with torch.no_grad():
-        aoti_export.package(net, example, path, dynamic_batch=True, max_batch=max_batch, device="cuda")
+        aoti_export.package(net, example, path, dynamic_batch=True, max_batch=max_batch, device="cuda",
+                            inductor_configs=aoti_export.parse_inductor_configs(a.inductor))
     print(f"exported {name}'s network as a CUDA package ({os.path.getsize(path) / 1e6:.0f} MB, batch up to {max_batch}) "
-          f"in {time.time() - t0:.0f} s", flush=True)
+          f"in {time.time() - t0:.0f} s" + (f"; Inductor settings {a.inductor}" if a.inductor else ""), flush=True)
     del net
     torch.cuda.empty_cache()
     return path
@@ -578,6 +579,8 @@ def main():
                         "the same network exported here (dense.pt2, examples/aoti_export.py); the ensemble's network "
                         "stays TorchScript, so the exactness check compares the two")
     p.add_argument("--aoti-bare", default="", help="with --dense aoti: the aoti_bare binary, for the package's bare figures")
+    p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --dense aoti: an Inductor setting for the export (e.g. max_autotune=true); repeatable")
     p.add_argument("--paths", default="ens,one")
     p.add_argument("--wide-deep-batches", default="131072",
                    help="wide_deep's batch sweep at concurrency 1 (its seed: 1 and 16384 to 131072 in steps of 16384)")
