@@ -81,13 +81,14 @@ def built(tmp_path_factory):
     plugin.tra_modules_release.restype = ctypes.c_int
     plugin.tra_modules_release.argtypes = [ctypes.c_void_p]
 
-    def package(name: str, source: str, *flags: str):
-        """A package library, loaded, under a directory of its own as the loader unpacks one."""
+    def package(name: str, source: str, *flags: str, load: bool = True):
+        """A package library under a directory of its own, as the loader unpacks one (loaded,
+        unless `load` is false)."""
         d = root / name
         lib_dir = d / "model" / "data" / "aotinductor" / "model"
         lib_dir.mkdir(parents=True)
         path = cc(str(lib_dir / "model.so"), source, f"-L{root}", "-lfakecuda", f"-Wl,-rpath,{root}", *flags)
-        return str(d), ctypes.CDLL(path)
+        return str(d), ctypes.CDLL(path) if load else None
 
     def track(d: str):
         routed = ctypes.c_int(-1)
@@ -125,6 +126,23 @@ def test_other_libraries_calls_are_not_routed(built):
     assert plugin.tra_modules_count(tracker) == 2
     assert plugin.tra_modules_release(tracker) == 0
     assert driver.live_modules() == start + 2  # the untracked package's two remain
+
+
+def test_a_library_opened_through_a_link_is_found_by_its_real_directory(built, tmp_path):
+    """The plugin finds the unpacked directory in /proc/self/maps, which shows real paths;
+    the loader may have opened the library through a link (a /tmp that is one)."""
+    driver, plugin = built["driver"], built["plugin"]
+    real, _ = built["package"]("pkg_real", PACKAGE_C, load=False)
+    link = tmp_path / "via_link"
+    os.symlink(real, link)
+    lib = ctypes.CDLL(str(link / "model" / "data" / "aotinductor" / "model" / "model.so"))
+    start = driver.live_modules()
+    tracker, routed, err = built["track"](os.path.realpath(real))
+    assert tracker and routed == 2, err
+    assert lib.run() == 0
+    assert plugin.tra_modules_count(tracker) == 2
+    assert plugin.tra_modules_release(tracker) == 0
+    assert driver.live_modules() == start
 
 
 def test_a_package_that_unloads_its_own_modules_is_left_alone(built):

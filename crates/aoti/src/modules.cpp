@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -40,7 +41,7 @@ struct Driver {
 };
 
 struct Tracker {
-  std::string dir;  // the package library lies under it
+  std::string library;  // the package library, by the name it was opened by
   std::vector<void*> modules;
 };
 
@@ -51,10 +52,9 @@ std::vector<Tracker*> trackers;  // live ones
 void record(const void* caller, void* module) {
   Dl_info info{};
   if (!dladdr(caller, &info) || !info.dli_fname) return;
-  std::string file = info.dli_fname;
   std::lock_guard<std::mutex> lock(registry_lock);
   for (auto* t : trackers) {
-    if (file.compare(0, t->dir.size(), t->dir) == 0) {
+    if (t->library == info.dli_fname) {
       t->modules.push_back(module);
       return;
     }
@@ -82,6 +82,7 @@ struct Slot {
 struct Library {
   std::string prefix;  // a loaded object whose path starts with it
   std::string found;   // its path
+  std::string opened;  // the name it was opened by (dladdr gives that one)
   std::vector<Slot> slots;
   uintptr_t relro_start = 0, relro_end = 0;
 };
@@ -97,8 +98,19 @@ constexpr uint32_t JUMP_SLOT = R_AARCH64_JUMP_SLOT, GLOB_DAT = R_AARCH64_GLOB_DA
 // The import slots of the first loaded object under `lib->prefix`.
 int find_slots(dl_phdr_info* info, size_t, void* data) {
   auto* lib = static_cast<Library*>(data);
-  if (!info->dlpi_name || std::strncmp(info->dlpi_name, lib->prefix.c_str(), lib->prefix.size()) != 0) return 0;
-  lib->found = info->dlpi_name;
+  if (!info->dlpi_name || !info->dlpi_name[0]) return 0;
+  // the name it was opened by, or that name with its links resolved (as /proc/self/maps
+  // shows it, where the unpacked directory was found)
+  std::string name = info->dlpi_name;
+  if (name.compare(0, lib->prefix.size(), lib->prefix) != 0) {
+    char* real = realpath(info->dlpi_name, nullptr);
+    if (!real) return 0;
+    name = real;
+    std::free(real);
+    if (name.compare(0, lib->prefix.size(), lib->prefix) != 0) return 0;
+  }
+  lib->found = name;
+  lib->opened = info->dlpi_name;
   const ElfW(Dyn)* dynamic = nullptr;
   for (int i = 0; i < info->dlpi_phnum; ++i) {
     const auto& ph = info->dlpi_phdr[i];
@@ -215,7 +227,7 @@ void* tra_modules_track(const char* lib_dir, const char* driver_lib, int* routed
     }
     ++*routed;
   }
-  auto* t = new Tracker{dir, {}};
+  auto* t = new Tracker{lib.opened, {}};
   trackers.push_back(t);
   return t;
 }
