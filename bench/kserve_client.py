@@ -57,10 +57,21 @@ class Client:
     def unregister_cuda_shm(self, region: str):
         self._post_json(f"/v2/cudasharedmemory/region/{region}/unregister", {})
 
-    def infer(self, model: str, inputs: Dict[str, np.ndarray], outputs: List[str], shm=None) -> Dict[str, np.ndarray]:
+    def infer(self, model: str, inputs: Dict[str, np.ndarray], outputs: List[str], shm=None,
+              out_shm=None) -> Dict[str, np.ndarray]:
         """``shm``: inputs already in a registered region, name -> (region, offset, byte size,
-        shape, numpy dtype); the rest travel in the body."""
-        header = {"inputs": [], "outputs": [{"name": o, "parameters": {"binary_data": True}} for o in outputs]}
+        shape, numpy dtype); the rest travel in the body. ``out_shm``: outputs to be written into
+        a registered region, name -> (region, offset, byte size); for those the answer holds
+        (shape, numpy dtype) of what was written, the others come back in the body."""
+        out_shm = out_shm or {}
+        header = {"inputs": [], "outputs": []}
+        for o in outputs:
+            if o in out_shm:
+                region, offset, size = out_shm[o]
+                header["outputs"].append({"name": o, "parameters": {
+                    "shared_memory_region": region, "shared_memory_offset": offset, "shared_memory_byte_size": size}})
+            else:
+                header["outputs"].append({"name": o, "parameters": {"binary_data": True}})
         for name, (region, offset, size, shape, dtype) in (shm or {}).items():
             header["inputs"].append({"name": name, "shape": list(shape), "datatype": _DT[np.dtype(dtype)],
                                      "parameters": {"shared_memory_region": region, "shared_memory_offset": offset,
@@ -88,6 +99,9 @@ class Client:
         at = hlen
         out = {}
         for o in meta["outputs"]:
+            if o["name"] in out_shm:
+                out[o["name"]] = (tuple(o["shape"]), _NP[o["datatype"]])
+                continue
             size = o["parameters"]["binary_data_size"]
             out[o["name"]] = np.frombuffer(content[at:at + size], dtype=_NP[o["datatype"]]).reshape(o["shape"])
             at += size

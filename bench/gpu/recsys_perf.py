@@ -432,47 +432,18 @@ def perf(pa, port, model, batch, conc, data, out_dir, tag, metrics_model, interv
     return r
 
 
-def _cudart():
-    """The CUDA runtime torch has loaded into this process (whatever its soname), through ctypes:
-    the IPC handle Triton registers is the runtime's own cudaIpcMemHandle_t (64 bytes), which
-    torch's storage sharing wraps in a format of its own."""
-    import ctypes
-    import torch
-    torch.cuda.init()
-    with open("/proc/self/maps") as f:
-        paths = sorted({line.split()[-1] for line in f if "libcudart.so" in line})
-    if not paths:
-        raise RuntimeError("no libcudart is loaded in this process")
-    rt = ctypes.CDLL(paths[0])
-    def check(what, rc):
-        if rc != 0:
-            raise RuntimeError(f"{what} failed: CUDA error {rc}")
-    return rt, check
-
-
 def exactness_cuda_shm(client, name, dim, reqs, batch=1024):
     """Served rows of <name>_sparse for keys sent in CUDA shared memory (the lookup reads them
     on the GPU), against the fixture's rows. The keys are copied into a cudaMalloc'd buffer and
     shared with the server through its cudaIpcMemHandle_t, as Triton's own clients do."""
-    import ctypes
-    rt, check = _cudart()
+    from cuda_shm import Region
     worst, checked = 0.0, 0
     for k, (s, _) in enumerate(reqs):
         s = np.ascontiguousarray(s[:batch])
-        ptr = ctypes.c_void_p()
-        check("cudaMalloc", rt.cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(s.nbytes)))
-        try:
-            check("cudaMemcpy", rt.cudaMemcpy(ptr, s.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(s.nbytes), 1))
-            handle = ctypes.create_string_buffer(64)
-            check("cudaIpcGetMemHandle", rt.cudaIpcGetMemHandle(handle, ptr))
-            region = f"exact_{name}_{k}"
-            client.register_cuda_shm(region, handle.raw, 0, s.nbytes)
-            try:
-                got = client.infer(f"{name}_sparse", {}, ["OUTPUT0"], shm={"KEYS": (region, 0, s.nbytes, s.shape, np.int64)})["OUTPUT0"]
-            finally:
-                client.unregister_cuda_shm(region)
-        finally:
-            rt.cudaFree(ptr)
+        with Region(client, f"exact_{name}_{k}", s.nbytes) as region:
+            region.write(s)
+            got = client.infer(f"{name}_sparse", {}, ["OUTPUT0"],
+                               shm={"KEYS": (region.name, 0, s.nbytes, s.shape, np.int64)})["OUTPUT0"]
         for t in range(TABLES):
             worst = max(worst, float(np.abs(got[:, t, :].astype(np.float32) - synthetic_rows(SEED, t, s[:, t], dim)).max()))
         checked += s.size

@@ -141,12 +141,21 @@ std::set<std::string> mapped_package_files() {
 // Loads the package, and finds the directory the loader unpacked it into: libtorch's
 // loader extracts the package's libraries to a fresh temporary directory and leaves it
 // behind, so the plugin removes it at unload. Its library is the one file newly mapped by
-// this load (loads are serialised here so that no other load maps one meanwhile); the
+// this load (loads hold `loading()`, so that no other load maps one meanwhile); the
 // directory is what comes before the package's own `<name>/data/aotinductor/` path.
+// Held by every load, from reading the package's metadata to the end of the loader's
+// construction, so that no two threads read packages through libtorch at once (Triton loads
+// models in parallel). Before, with only the construction held, a server loading three CPU
+// packages at start failed twice in about 25 starts: a corrupted metadata read ("type must
+// be string, but is null") and a segfault in two load threads at once; rare enough that 24
+// further starts did not show it again.
+std::mutex& loading() {
+  static std::mutex m;
+  return m;
+}
+
 std::unique_ptr<torch::inductor::AOTIModelPackageLoader> load_package(const char* path, int device,
                                                                        std::string* unpacked) {
-  static std::mutex one_at_a_time;
-  std::lock_guard<std::mutex> lock(one_at_a_time);
   auto before = mapped_package_files();
   // run_single_threaded: without the container's own pool of model copies and its CUDA
   // event bookkeeping, which a graph capture cannot hold (an instance runs one batch at a
@@ -314,6 +323,7 @@ extern "C" {
 // own; `graphs` non-zero: runs asked to go through a graph capture one per input shape.
 void* tra_load(const char* path, int gpu, int graphs, Log log, char* err, size_t len) {
   try {
+    std::lock_guard<std::mutex> lock(loading());
     auto why = refusal(path, gpu);
     if (!why.empty()) {
       put(err, len, why);

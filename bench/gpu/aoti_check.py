@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""AOTInductor packages served on a GPU, checked rather than timed (run.sh aoti-check).
+
+FastPitch (FP32; no CUDA graph: its frame count is read on the host), ResNet50 and BERT-large
+QA (FP16, a CUDA graph per batch bucket), each exported as a CUDA package in this run
+(examples/aoti_export.py) and served on a KIND_GPU instance of GPU 0:
+
+- answers: requests of batch 1, 3 and the largest, equal to torch eager on the same GPU
+  (FastPitch: the TorchScript twin's module; the others: the module that was exported) within
+  the tolerance, with the outputs returned in the body and, again, written by the server into
+  CUDA shared memory (the path where the plugin's outputs are copied on the backend's stream:
+  BERT's logits and FastPitch's mel are strided views in the package);
+- bad input: a symbol id past FastPitch's table and a token id past BERT's vocabulary are
+  refused naming the input, and the model answers the next request;
+- the server log: each package's CUDA module loads tracked (crates/aoti/src/modules.cpp), no
+  module that failed to unload.
+
+`--device cpu` runs the same on the CPU (CPU packages, KIND_CPU, small BERT, no shared memory,
+no module lines): how the script itself is checked on a machine without a GPU.
+
+    python3 bench/gpu/aoti_check.py --server $TRITONSERVER --backends install/backends [--device cpu]
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..", "..")
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+import aoti_export  # noqa: E402
+import torch_models  # noqa: E402
+from kserve_client import InferError  # noqa: E402
+from tritonserver_process import serve  # noqa: E402
+
+TOL = {"fp16": 5e-2, "fp32 cuda": 1e-3, "fp32 cpu": 2e-5}
+
+
+def models(device):
+    """name -> (module, example inputs (torch), max batch, half, graph buckets, bad input or None,
+    reference module or None: the exported one)."""
+    gpu = device == "cuda"
+    bert = "bert_large_aoti" if gpu else "bert_small_aoti"
+    out = {
+        "fastpitch_aoti": (*aoti_export.EXAMPLES["fastpitch_aoti"](), False, (),
+                           ("INPUT__0", 148), torch_models.make("fastpitch")),
+        "resnet50_aoti": (torch_models.make("resnet50_pt"), (torch.randn(2, 3, 224, 224),), 32 if gpu else 8,
+                          gpu, (1, 2, 4, 8, 16, 32) if gpu else (), None, None),
+        bert: (*aoti_export.EXAMPLES[bert](), gpu, (1, 2, 4, 8, 16) if gpu else (), ("INPUT__0", 30522), None),
+    }
+    return out
+
+
+def config(name, max_batch, device, buckets):
+    group = "KIND_GPU gpus: [ 0 ]" if device == "cuda" else "KIND_CPU"
+    text = (f'name: "{name}"\nbackend: "rust"\nmax_batch_size: {max_batch}\n'
+            f'dynamic_batching {{ max_queue_delay_microseconds: 1000 }}\n'
+            f'instance_group [ {{ count: 1 kind: {group} }} ]\n'
+            f'parameters {{ key: "engine" value {{ string_value: "aoti" }} }}\n')
+    if buckets:
+        spec = ", ".join(f"{{ batch_size: {b} }}" for b in buckets)
+        text += f"optimization {{ cuda {{ graphs: true graph_spec [ {spec} ] }} }}\n"
+    return text
+
+
+def feeds(name, batch, seed, half):
+    """{input name: numpy array} of one request."""
+    if name == "fastpitch_aoti":
+        return {"INPUT__0": torch_models.fastpitch_inputs(batch, seed=seed, min_len=8, max_len=128).numpy()}
+    if name.startswith("bert"):
+        g = np.random.default_rng(seed)
+        ids = g.integers(1, 30522, (batch, 384)).astype(np.int32)
+        seg = np.zeros((batch, 384), np.int32)
+        seg[:, 150:] = 1
+        mask = np.ones((batch, 384), np.int32)
+        mask[:, 300:] = 0
+        return {"INPUT__0": ids, "INPUT__1": seg, "INPUT__2": mask}
+    x = np.random.default_rng(seed).standard_normal((batch, 3, 224, 224), dtype=np.float32)
+    return {"INPUT__0": x.astype(np.float16) if half else x}
+
+
+def eager(module, inputs, device):
+    with torch.inference_mode():
+        out = module(*[torch.from_numpy(v).to(device) for v in inputs.values()])
+    out = out if isinstance(out, (tuple, list)) else (out,)
+    return [o.cpu().numpy() for o in out]
+
+
+def compare(got, want):
+    """max |got - want| (both cut to want's shape where the served frames run longer, which
+    must then be zero); inf where the shapes cannot be compared."""
+    if got.shape != want.shape:
+        if got.ndim != want.ndim or got.shape[:-1] != want.shape[:-1] or got.shape[-1] < want.shape[-1] \
+                or np.any(got[..., want.shape[-1]:]):
+            return float("inf")
+        got = got[..., :want.shape[-1]]
+    if want.size == 0:
+        return 0.0
+    return float(np.abs(got.astype(np.float64) - want.astype(np.float64)).max())
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--server", required=True)
+    p.add_argument("--backends", required=True)
+    p.add_argument("--libtorch-dir", default=os.path.join(os.path.dirname(torch.__file__), "lib"))
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--work", default="/tmp/aoti_check")
+    p.add_argument("--port", type=int, default=18700)
+    p.add_argument("--only", default="", help="comma-separated model names")
+    a = p.parse_args()
+    dev = a.device
+    repo = os.path.join(a.work, "repo")
+    os.makedirs(repo, exist_ok=True)
+    gpu_name = torch.cuda.get_device_name(0) if dev == "cuda" else "none (CPU run)"
+    print(f"device: {gpu_name}; torch {torch.__version__}", flush=True)
+
+    plan = {}
+    for name, (module, example, mb, half, buckets, bad, ref) in models(dev).items():
+        if a.only and name not in a.only.split(","):
+            continue
+        path = os.path.join(repo, name, "1", "model.pt2")
+        t0 = time.time()
+        with torch.no_grad():
+            aoti_export.package(module, example, path, max_batch=mb, device=dev, half=half)
+        print(f"{name}: {dev} package{' (fp16)' if half else ''} exported in {time.time() - t0:.0f} s", flush=True)
+        with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
+            f.write(config(name, mb, dev, buckets))
+        ref = (ref if ref is not None else module).eval().to(dev)
+        cases = []
+        for b, seed in ((1, 1), (3, 2), (mb, 3)):
+            inputs = feeds(name, b, seed, half)
+            cases.append((b, inputs, eager(ref, inputs, dev)))
+        tol = TOL["fp16"] if half else TOL[f"fp32 {dev}"]
+        plan[name] = (cases, tol, bad)
+        del module, ref
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+
+    failures = []
+    log = os.path.join(a.work, "server.log")
+    with serve(a.server, repo, a.backends, a.port, log,
+               extra=[f"--backend-config=rust,libtorch-dir={a.libtorch_dir}"], timeout=900) as client:
+        for name, (cases, tol, bad) in plan.items():
+            outputs = [f"OUTPUT__{i}" for i in range(len(cases[0][2]))]
+            for b, inputs, want in cases:
+                got = client.infer(name, inputs, outputs)
+                diff = max(compare(got[o], w) for o, w in zip(outputs, want))
+                line = f"{name} batch {b}, outputs in the body: max |served - eager| {diff:.2e} (tolerance {tol:g})"
+                if dev == "cuda":
+                    from cuda_shm import Region
+                    sizes = [got[o].nbytes for o in outputs]
+                    with Region(client, f"{name}_out_{b}", sum(sizes)) as region:
+                        offsets = np.cumsum([0] + sizes[:-1]).tolist()
+                        shm = {o: (region.name, off, size) for o, off, size in zip(outputs, offsets, sizes)}
+                        written = client.infer(name, inputs, outputs, out_shm=shm)
+                        for o, off in zip(outputs, offsets):
+                            shape, dtype = written[o]
+                            whole = region.read((sum(sizes),), np.uint8)
+                            got_shm = whole[off:off + int(np.prod(shape)) * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
+                            diff = max(diff, compare(got_shm, want[outputs.index(o)]))
+                    line += f"; and written into CUDA shared memory: {diff:.2e}"
+                ok = diff <= tol
+                print(line + ("" if ok else "  FAIL"), flush=True)
+                if not ok:
+                    failures.append(f"{name} batch {b}: {diff:.2e}")
+            if bad:
+                input_name, rows = bad
+                inputs = {k: v.copy() for k, v in cases[1][1].items()}
+                inputs[input_name][0, 3] = rows
+                try:
+                    client.infer(name, inputs, outputs)
+                    msg, ok = "answered", False
+                except InferError as e:
+                    msg = str(e)
+                    ok = e.status == 400 and input_name in msg and f"outside [0, {rows})" in msg
+                after = client.infer(name, cases[0][1], outputs)
+                ok = ok and compare(after[outputs[0]], cases[0][2][0]) <= tol
+                print(f"{name} with {input_name}[0, 3] = {rows}: {msg}" + ("" if ok else "  FAIL"), flush=True)
+                if not ok:
+                    failures.append(f"{name}: bad input not refused cleanly")
+    with open(log, errors="replace") as f:
+        text = f.read()
+    said = {k: text.count(k) for k in ("CUDA module loads are tracked", "CUDA modules cannot be tracked",
+                                       "CUDA modules did not unload")}
+    print(f"server log: {said}", flush=True)
+    if dev == "cuda" and (said["CUDA module loads are tracked"] < len(plan) or said["CUDA modules did not unload"]):
+        failures.append(f"module tracking: {said}")
+    print("aoti_check: " + ("every check passed" if not failures else "FAILED: " + "; ".join(failures)), flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
