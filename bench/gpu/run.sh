@@ -25,6 +25,12 @@
 #                 and bare AOTInductor (aoti_bare, C++), with the targets PASS/MISS (aoti_perf.py;
 #                 its arguments after MODEL). ResNet50 ~5 minutes, BERT-large ~7 (export included).
 #                 carry [".carry", ".carry_pa"]
+#   aoti-check    FastPitch (FP32), ResNet50 and BERT-large (FP16, CUDA graphs) as CUDA AOTInductor
+#                 packages exported in this call and served on KIND_GPU, checked rather than timed:
+#                 answers in the body and written into CUDA shared memory equal to torch eager,
+#                 out-of-range ids refused, the packages' CUDA modules tracked (aoti_check.py; its
+#                 arguments, e.g. --only fastpitch_aoti). Not yet run on a GPU; exports take most of it.
+#                 carry [".carry"]
 #   aoti-recsys   recommenders (default DLRM) as ONE model whose network is a CUDA FP16
 #                 AOTInductor package (dense.pt2) at Criteo scale (recsys_perf.py --dense aoti;
 #                 its arguments), keys in CUDA shared memory, the key pool sized for the hit rate.
@@ -58,6 +64,7 @@
 #   run(command="bash bench/gpu/run.sh aoti-recsys --models dlrm --paths one --batches 4096,65536 --alphas 1.2 "
 #               "--concurrency 1 --shared-memory cuda --graphs", carry=[".carry", ".carry_pa"], timeout_s=600)
 #   run(command="bash bench/gpu/run.sh trust reload aoti 200", carry=[".carry"], timeout_s=600)
+#   run(command="bash bench/gpu/run.sh aoti-check", carry=[".carry"], timeout_s=600)
 #
 # The results come back under $OUT/<subcommand>/; commit the folder under bench/gpu/results/.
 set -uo pipefail
@@ -79,7 +86,7 @@ while [ $# -gt 0 ]; do
 done
 sub="${1:-}"; [ -n "$sub" ] || usage
 shift
-case "$sub" in models|recommenders|dense|trust|ort|aoti|aoti-recsys) ;; *) usage ;; esac
+case "$sub" in models|recommenders|dense|trust|ort|aoti|aoti-check|aoti-recsys) ;; *) usage ;; esac
 
 # ---- ort: gather a carried part; unpack once every part is here (no .carry needed) ----
 if [ "$sub" = ort ]; then
@@ -226,6 +233,10 @@ aoti)
         --backends "$backends" --perf-analyzer "$pa" --aoti-bare "$aoti_bare" --libtorch-dir "$TORCH_DIR/lib" "$@" || rc=1
     [ -f "$res/perf/report.md" ] && cp "$res/perf/report.md" "$res/report.md"
     [ -d "$res/perf" ] && tar -C "$res" -czf "$res/perf.tgz" perf && rm -rf "$res/perf"
+    ;;
+aoti-check)
+    OUT="$res" timeout "${AOTI_TIMEOUT:-570}" python3 bench/gpu/aoti_check.py --server "$server" \
+        --backends "$backends" --libtorch-dir "$TORCH_DIR/lib" "$@" || rc=1
     ;;
 aoti-recsys)
     nvidia-smi dmon -s puc -d 2 -o T > "$res/gpu_dmon.log" 2>&1 &
