@@ -225,11 +225,24 @@ std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, i
     // not happen inside it
     m.loader->run(g->inputs, stream);
     m.stream->synchronize();
+    bool capturing = false;
     try {
       g->graph.capture_begin(m.pool, cudaStreamCaptureModeThreadLocal);
+      capturing = true;
       g->outputs = m.loader->run(g->inputs, stream);
+      capturing = false;  // capture_end ends the capture even when it throws
       g->graph.capture_end();
     } catch (const std::exception& e) {
+      if (capturing) {
+        // a run that cannot be captured (one that reads a size on the host, as FastPitch's
+        // does) leaves the stream capturing: ended here whatever happened, so that the
+        // stream and the allocator's capture pool take ordinary work again (ending an
+        // invalidated capture throws too)
+        try {
+          g->graph.capture_end();
+        } catch (...) {
+        }
+      }
       (void)cudaGetLastError();
       m.uncapturable.insert(key);
       if (m.log) {
