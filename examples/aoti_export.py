@@ -77,27 +77,29 @@ def _leaf_positions(tree: Any) -> List[int]:
     return [i for i in pytree.tree_leaves(tree) if isinstance(i, int)]
 
 
+def _keyed(entries: Dict[str, Any], kind: str, what: str) -> Dict[int, str]:
+    """{flat position: "KIND[key]"} of a dict of leaf positions, each entry one tensor."""
+    named = {}
+    for key, sub in entries.items():
+        leaves = _leaf_positions(sub)
+        if len(leaves) != 1:
+            raise ValueError(f"{what} '{key}' is {len(leaves)} tensors; {kind}[{key}] names one")
+        named[leaves[0]] = f"{kind}[{key}]"
+    return named
+
+
 def io_names(exported: torch.export.ExportedProgram) -> Tuple[List[str], List[str]]:
     """The Triton names of the package's flat inputs and outputs, from its call spec."""
     in_spec, out_spec = exported.call_spec.in_spec, exported.call_spec.out_spec
     args, kwargs = pytree.tree_unflatten(list(range(in_spec.num_leaves)), in_spec)
     if kwargs:
         inputs = {i: f"ARGS[{i}]" for i in _leaf_positions(args)}
-        for key, sub in kwargs.items():
-            leaves = _leaf_positions(sub)
-            if len(leaves) != 1:
-                raise ValueError(f"keyword argument '{key}' is {len(leaves)} tensors; KWARGS[{key}] names one")
-            inputs[leaves[0]] = f"KWARGS[{key}]"
+        inputs.update(_keyed(kwargs, "KWARGS", "keyword argument"))
     else:
         inputs = {i: f"INPUT__{i}" for i in range(in_spec.num_leaves)}
     result = pytree.tree_unflatten(list(range(out_spec.num_leaves)), out_spec)
     if isinstance(result, dict):
-        outputs = {}
-        for key, sub in result.items():
-            leaves = _leaf_positions(sub)
-            if len(leaves) != 1:
-                raise ValueError(f"result entry '{key}' is {len(leaves)} tensors; RESULT[{key}] names one")
-            outputs[leaves[0]] = f"RESULT[{key}]"
+        outputs = _keyed(result, "RESULT", "result entry")
     else:
         outputs = {i: f"OUTPUT__{i}" for i in range(out_spec.num_leaves)}
     return [inputs[i] for i in sorted(inputs)], [outputs[i] for i in sorted(outputs)]

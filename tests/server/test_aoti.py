@@ -365,21 +365,16 @@ def still_serving(server) -> None:
     assert server.alive() and "panicked" not in server.log_text()
 
 
-def test_package_of_a_newer_torch_is_refused_naming_it(server):
-    r = server.load("wide_deep_future")
+@pytest.mark.parametrize("name,named", [
+    ("wide_deep_future", "2.99.0"),  # a package of a newer torch, refused naming its release
+    ("wide_deep_cuda", "KIND_GPU"),  # a CUDA package on a KIND_CPU instance, refused naming KIND_GPU
+])
+def test_a_package_this_instance_cannot_run_is_refused_naming_why(server, name, named):
+    r = server.load(name)
     msg = r.json().get("error", "")
-    print(f"\nwide_deep_future: {r.status_code} {msg}")
-    assert r.status_code == 400 and "2.99.0" in msg
-    assert not server.model_ready("wide_deep_future")
-    still_serving(server)
-
-
-def test_cuda_package_on_a_cpu_instance_is_refused_naming_kind_gpu(server):
-    r = server.load("wide_deep_cuda")
-    msg = r.json().get("error", "")
-    print(f"\nwide_deep_cuda: {r.status_code} {msg}")
-    assert r.status_code == 400 and "KIND_GPU" in msg
-    assert not server.model_ready("wide_deep_cuda")
+    print(f"\n{name}: {r.status_code} {msg}")
+    assert r.status_code == 400 and named in msg
+    assert not server.model_ready(name)
     still_serving(server)
 
 

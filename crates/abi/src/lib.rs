@@ -46,6 +46,16 @@ pub unsafe extern "C" fn free_error(err: *mut c_char) {
     }
 }
 
+/// A plugin's call into its C++ side, which writes a NUL-terminated message into the error
+/// buffer it is given when it fails: the call's result, and that text (empty when none).
+pub fn with_error<T>(call: impl FnOnce(*mut c_char, usize) -> T) -> (T, String) {
+    // on the stack: every run passes one
+    let mut buf = [0u8; 2048];
+    let r = call(buf.as_mut_ptr() as *mut c_char, buf.len());
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    (r, String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
 /// The text of a caught panic (what a plugin reports instead of unwinding into C).
 pub fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<String>()

@@ -18,8 +18,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use triton_rust_abi::graphs::{fit, Fit};
 use triton_rust_abi::worker::Worker;
 use triton_rust_abi::{
-    self as abi, free_error, panic_text, set_err, LoadOptions, LogFn, OutputSink, PluginApi,
-    TensorView,
+    self as abi, free_error, panic_text, set_err, with_error, LoadOptions, LogFn, OutputSink,
+    PluginApi, TensorView,
 };
 
 type Sink = unsafe extern "C" fn(ctx: *mut c_void, index: usize, out: *const TensorView) -> c_int;
@@ -52,22 +52,12 @@ extern "C" {
     fn tra_free(model: *mut c_void);
 }
 
-/// Calls into the C++ side with an error buffer; its text on failure.
-fn with_error<T>(call: impl FnOnce(*mut c_char, usize) -> T) -> (T, String) {
-    // on the stack: every run passes one
-    let mut buf = [0u8; 2048];
-    let r = call(buf.as_mut_ptr() as *mut c_char, buf.len());
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    (r, String::from_utf8_lossy(&buf[..end]).into_owned())
-}
-
 struct Model {
     handle: *mut c_void,
     /// GPU instances run on a long-lived thread (see `triton_rust_abi::worker`).
     worker: Option<Worker>,
     /// CUDA graphs: the batch-size buckets, and whether they are exact rows (no batching).
     graphs: Option<(Vec<i64>, bool)>,
-    batching: bool,
 }
 
 static API: PluginApi = PluginApi {
@@ -131,8 +121,7 @@ unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) ->
                 return Err(e);
             }
         };
-        let batching = !graphs.as_ref().is_some_and(|(_, exact)| *exact);
-        Ok(Model { handle, worker, graphs, batching })
+        Ok(Model { handle, worker, graphs })
     }));
     match result {
         Ok(Ok(m)) => Box::into_raw(Box::new(m)) as *mut c_void,
@@ -214,10 +203,10 @@ unsafe extern "C" fn run(
         let views = std::slice::from_raw_parts(inputs, n_inputs);
         let (graph, pad_rows) = match &m.graphs {
             None => (0, 0),
-            Some((buckets, _)) => {
+            Some((buckets, exact)) => {
                 let shapes: Vec<&[i64]> =
                     views.iter().map(|v| std::slice::from_raw_parts(v.shape, v.rank)).collect();
-                match fit(buckets, m.batching, &shapes) {
+                match fit(buckets, !exact, &shapes) {
                     Fit::Graph(rows) => (1, rows.unwrap_or(0)),
                     _ => (0, 0),
                 }

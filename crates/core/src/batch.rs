@@ -32,6 +32,21 @@ impl RequestTensor<'_> {
     pub fn byte_size(&self) -> usize {
         self.chunks.iter().map(Bytes::len).sum()
     }
+
+    /// The tensor's bytes in host memory as one slice: the request's own buffer when it is
+    /// one piece, the pieces joined otherwise. None when a piece lies in GPU memory.
+    pub fn host_bytes(&self) -> Option<std::borrow::Cow<'_, [u8]>> {
+        match self.chunks.as_slice() {
+            [one] => one.host().map(std::borrow::Cow::Borrowed),
+            pieces => {
+                let mut joined = Vec::with_capacity(self.byte_size());
+                for p in pieces {
+                    joined.extend_from_slice(p.host()?);
+                }
+                Some(std::borrow::Cow::Owned(joined))
+            }
+        }
+    }
 }
 
 /// What the model accepts beyond its config: checks only the backend can make.

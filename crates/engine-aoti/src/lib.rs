@@ -305,17 +305,8 @@ fn first_outside(dtype: DataType, bytes: &[u8], (lo, hi): (i64, i64)) -> Option<
 fn check_ranges(ranges: &[Option<(i64, i64)>], inputs: &[RequestTensor<'_>]) -> Result<()> {
     for (t, range) in inputs.iter().zip(ranges) {
         let Some(range) = *range else { continue };
-        let host: Option<Vec<&[u8]>> = t.chunks.iter().map(|c| c.host()).collect();
-        let Some(pieces) = host else { continue };
-        let joined;
-        let bytes: &[u8] = match pieces.as_slice() {
-            [one] => one,
-            many => {
-                joined = many.concat();
-                &joined
-            }
-        };
-        if let Some((i, v)) = first_outside(t.dtype, bytes, range) {
+        let Some(bytes) = t.host_bytes() else { continue };
+        if let Some((i, v)) = first_outside(t.dtype, &bytes, range) {
             return Err(Error::invalid_arg(format!(
                 "input '{}' holds {v} at element {i}, outside [{}, {}): the model looks it up in a table of {} rows",
                 t.name,

@@ -377,15 +377,7 @@ type DeviceRows = std::convert::Infallible;
 /// Decodes a request tensor's host bytes into values, straight from the server's buffer
 /// when it is one piece (device pieces never reach this engine: it takes no GPU inputs).
 fn from_chunks<T, const N: usize>(t: &RequestTensor<'_>, decode: fn([u8; N]) -> T) -> Vec<T> {
-    let joined: Vec<u8>;
-    let bytes: &[u8] = match t.chunks.as_slice() {
-        [Bytes::Host(b)] => b,
-        chunks => {
-            joined =
-                chunks.iter().flat_map(|c| c.host().unwrap_or_default().iter().copied()).collect();
-            &joined
-        }
-    };
+    let bytes = t.host_bytes().unwrap_or_default();
     bytes.chunks_exact(N).map(|c| decode(c.try_into().expect("N bytes"))).collect()
 }
 

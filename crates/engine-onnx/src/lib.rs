@@ -429,8 +429,7 @@ impl Engine for OnnxEngine {
         }
         // ONNX Runtime's strings are UTF-8 text without NUL (the layout is checked already)
         for t in inputs.iter().filter(|t| t.dtype == DataType::Bytes) {
-            let joined: Vec<u8> =
-                t.chunks.iter().filter_map(|c| c.host()).flatten().copied().collect();
+            let joined = t.host_bytes().unwrap_or_default();
             for (i, s) in decode_strings(&joined)?.iter().enumerate() {
                 if let Err(e) = std::str::from_utf8(s) {
                     return Err(Error::invalid_arg(format!(

@@ -118,13 +118,10 @@ struct InstanceStream {
 /// Calls a shim function that reports failure by a nonzero return and a message in the
 /// error buffer it is given; the message comes back in CUDA's own words.
 fn shim_call(call: impl FnOnce(*mut c_char, usize) -> c_int) -> Result<(), String> {
-    let mut err = [0 as c_char; 1024];
-    if call(err.as_mut_ptr(), err.len()) == 0 {
-        return Ok(());
+    match abi::with_error(call) {
+        (0, _) => Ok(()),
+        (_, why) => Err(why),
     }
-    // SAFETY: the shim writes a NUL-terminated message into the buffer, which was zeroed
-    // (so it is NUL-terminated even if the shim wrote nothing).
-    Err(unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned())
 }
 
 impl InstanceStream {
