@@ -195,6 +195,39 @@ def fmt_ms(us):
     return f"{us / 1e3:.2f}"
 
 
+def perf_capi(a, repo, model, batch, out_dir, extra, torch):
+    """perf_analyzer's row for `model` at `batch` through Triton's C API: perf_analyzer loads
+    libtritonserver.so from `a.capi_dir`/lib and the backends from `a.capi_dir`/backends, and
+    serves a repository holding this model alone (inputs from its host memory: the C API mode
+    has no shared memory). The plugin finds libtorch through TRITON_RUST_LIBTORCH_DIR, as the
+    C API mode passes no backend settings."""
+    import csv
+    one = os.path.join(a.work, "capi_repo")
+    shutil.rmtree(one, ignore_errors=True)
+    os.makedirs(one)
+    os.symlink(os.path.join(repo, model), os.path.join(one, model))
+    path = os.path.join(out_dir, f"{model}_b{batch}_c1_capi.csv")
+    cmd = [a.perf_analyzer, "-m", model, "-b", str(batch), "--concurrency-range", "1:1", "--service-kind", "triton_c_api",
+           "--triton-server-directory", a.capi_dir, "--model-repository", one, "--measurement-interval",
+           str(a.interval_ms), "--max-trials", str(a.max_trials), "-f", path, *extra]
+    env = dict(os.environ)
+    env["TRITON_RUST_LIBTORCH_DIR"] = a.libtorch_dir or os.path.join(os.path.dirname(torch.__file__), "lib")
+    env["LD_LIBRARY_PATH"] = os.path.join(a.capi_dir, "lib") + ":" + env.get("LD_LIBRARY_PATH", "")
+    print("  " + " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    with open(os.path.join(out_dir, f"{model}_b{batch}_capi.log"), "w") as f:
+        f.write(p.stdout + "\n--- stderr\n" + p.stderr)
+    if p.returncode != 0 or not os.path.exists(path):
+        print(p.stdout[-1500:], p.stderr[-1500:])
+        print(f"perf_analyzer (C API) gave no figure: rc {p.returncode}", flush=True)
+        return None
+    with open(path) as f:
+        row = next(csv.DictReader(f))
+    r = {k: float(v) for k, v in row.items() if v not in ("", None)}
+    r["Avg latency"] = sum(r.get(k, 0.0) for k in PARTS)
+    return r
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, choices=sorted(MODELS))
@@ -217,6 +250,10 @@ def main():
     p.add_argument("--no-ts", action="store_true", help="serve and measure the package alone (no TorchScript twin)")
     p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
                    help="an Inductor setting for the package's export (e.g. max_autotune=true); repeatable")
+    p.add_argument("--capi-dir", default="",
+                   help="a folder holding lib/libtritonserver.so and backends/rust/: batch 1 of the package is also "
+                        "measured with perf_analyzer's C API mode (the server in perf_analyzer's process: no network)")
+    p.add_argument("--capi-batches", default="1", help="batches measured in C API mode")
     p.add_argument("--dry-run", action="store_true", help="write the configs and print the plan and commands; run nothing")
     a = p.parse_args()
     started = time.time()
@@ -345,6 +382,18 @@ def main():
                 print(f"  {model} b={batch} c={conc}: {r['Inferences/Second']:.0f} infer/s, p50 {fmt_ms(r['p50 latency'])} ms, "
                       f"p99 {fmt_ms(r['p99 latency'])} ms", flush=True)
 
+    # 4b. the same package served in perf_analyzer's own process (Triton's C API: no network)
+    capi_batches = [int(b) for b in a.capi_batches.split(",")] if a.capi_dir else []
+    for batch in capi_batches:
+        if time.time() - started > a.budget_s:
+            skipped.append((names["aoti"] + " (C API)", batch))
+            continue
+        r = perf_capi(a, repo, names["aoti"], batch, out_dir, m["pa_extra"], torch)
+        if r is not None:
+            rows[("capi", names["aoti"], batch)] = r
+            print(f"  {names['aoti']} in-process (C API) b={batch}: {r['Inferences/Second']:.0f} infer/s, "
+                  f"p50 {fmt_ms(r['p50 latency'])} ms, p99 {fmt_ms(r['p99 latency'])} ms", flush=True)
+
     # 5. the table and the targets
     lines = [f"# {m['label']}: AOTInductor and TorchScript served (perf_analyzer, gRPC, "
              f"{a.shared_memory} shared memory, concurrency 1 unless the batch says c2) and bare", "",
@@ -353,12 +402,16 @@ def main():
             "bare TS graph/s", "bare AOTI graph/s", "served/bare TS graph", "served/bare AOTI"]
     lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for key, r in rows.items():
+        capi = key[0] == "capi"
+        if capi:
+            key = key[1:]
         model, batch = key[0], key[1]
         ts_g = (bare_ts.get(batch) or {}).get("graph_ips")
         ao = bare_aoti.get(batch) or {}
         ao_best = max(x for x in (ao.get("graph_ips"), ao.get("plain_ips"), 0.0) if x is not None)
-        cells = ["AOTI" if model == names["aoti"] else "TorchScript", str(batch) + (f" c{key[2]}" if len(key) > 2 else ""), f"{r['Inferences/Second']:.0f}",
-                 *[fmt_ms(r[k]) for k in PARTS], *[fmt_ms(r[k]) for k in PCTS], fmt_ms(r["Avg latency"]),
+        served = "AOTI" if model == names["aoti"] else "TorchScript"
+        cells = [served + (" in-process (C API)" if capi else ""), str(batch) + (f" c{key[2]}" if len(key) > 2 else ""), f"{r['Inferences/Second']:.0f}",
+                 *[fmt_ms(r.get(k, 0.0)) for k in PARTS], *[fmt_ms(r[k]) for k in PCTS], fmt_ms(r["Avg latency"]),
                  f"{ts_g:.0f}" if ts_g else "-", f"{ao.get('graph_ips') or 0:.0f}",
                  f"{r['Inferences/Second'] / ts_g:.2f}" if ts_g else "-",
                  f"{r['Inferences/Second'] / ao_best:.2f}" if ao_best else "-"]
@@ -384,6 +437,9 @@ def main():
     if (aoti, 1) in rows and (bare_aoti.get(1) or {}).get("graph_p50_ms"):
         target("served AOTI p50 / bare AOTI CUDA graph median, batch 1",
                rows[(aoti, 1)]["p50 latency"] / 1e3 / bare_aoti[1]["graph_p50_ms"], 1.2, False)
+    if ("capi", aoti, 1) in rows and (bare_aoti.get(1) or {}).get("graph_p50_ms"):
+        target("served AOTI in-process (perf_analyzer C API, no network) p50 / bare AOTI CUDA graph median, batch 1",
+               rows[("capi", aoti, 1)]["p50 latency"] / 1e3 / bare_aoti[1]["graph_p50_ms"], 1.2, False)
     lines += ["", "| target | value | bound | |", "|---|---|---|---|"]
     for t in targets:
         v = "-" if t["value"] is None else f"{t['value']:.2f}"

@@ -23,7 +23,9 @@
 #                 TorchScript twin, both served with CUDA graphs per batch bucket, through
 #                 perf_analyzer (gRPC, CUDA shared memory), against bare TorchScript (CUDA graph)
 #                 and bare AOTInductor (aoti_bare, C++), with the targets PASS/MISS (aoti_perf.py;
-#                 its arguments after MODEL). ResNet50 ~5 minutes, BERT-large ~7 (export included).
+#                 its arguments after MODEL); batch 1 of the package also through perf_analyzer's
+#                 C API mode (the server in its process, no network). ResNet50 ~5 minutes, BERT-large
+#                 ~7 (export included).
 #                 carry [".carry", ".carry_pa"]
 #   aoti-check    FastPitch (FP32), ResNet50 and BERT-large (FP16, CUDA graphs) as CUDA AOTInductor
 #                 packages exported in this call and served on KIND_GPU, checked rather than timed:
@@ -35,6 +37,9 @@
 #                 AOTInductor package (dense.pt2) at Criteo scale (recsys_perf.py --dense aoti;
 #                 its arguments), keys in CUDA shared memory, the key pool sized for the hit rate.
 #                 carry [".carry", ".carry_pa"]
+#   network       where the recommenders' dense networks spend their time, compiled by Inductor:
+#                 eager and compiled timed, TFLOP/s, the heaviest kernels (network_profile.py; its
+#                 arguments, e.g. --models dlrm --inductor max_autotune=true). carry [".carry"]
 #   trust reload torch|onnx|aoti|embedding [cycles] | soak | faults
 #                 load/infer/unload cycles on KIND_GPU (reload_cycles.py; aoti: unpacked package
 #                 folders left behind are counted too), 8 minutes of 256 clients
@@ -86,7 +91,7 @@ while [ $# -gt 0 ]; do
 done
 sub="${1:-}"; [ -n "$sub" ] || usage
 shift
-case "$sub" in models|recommenders|dense|trust|ort|aoti|aoti-check|aoti-recsys) ;; *) usage ;; esac
+case "$sub" in models|recommenders|dense|trust|ort|aoti|aoti-check|aoti-recsys|network) ;; *) usage ;; esac
 
 # ---- ort: gather a carried part; unpack once every part is here (no .carry needed) ----
 if [ "$sub" = ort ]; then
@@ -228,11 +233,21 @@ dense)
     ;;
 aoti)
     model="${1:?aoti MODEL (resnet50, bert, dlrm_dense, dcnv2_dense, wide_deep_dense)}"; shift
+    # perf_analyzer's C API mode: libtritonserver.so (the wheel's hashed name, beside the
+    # libraries it needs) under lib/, this backend under backends/
+    capi=/tmp/capi
+    mkdir -p "$capi/lib"
+    for f in "$PYT"/nvidia_pytriton.libs/*; do ln -sf "$f" "$capi/lib/"; done
+    ln -sf "$(ls "$PYT"/nvidia_pytriton.libs/libtritonserver-*.so | head -1)" "$capi/lib/libtritonserver.so"
+    ln -sfn "$backends" "$capi/backends"
     # the call's 600 s: aoti_perf.py skips perf_analyzer runs past its --budget-s (default 480)
     OUT="$res" timeout "${AOTI_TIMEOUT:-560}" python3 bench/gpu/aoti_perf.py --model "$model" --server "$server" \
-        --backends "$backends" --perf-analyzer "$pa" --aoti-bare "$aoti_bare" --libtorch-dir "$TORCH_DIR/lib" "$@" || rc=1
+        --backends "$backends" --perf-analyzer "$pa" --aoti-bare "$aoti_bare" --libtorch-dir "$TORCH_DIR/lib" --capi-dir "$capi" "$@" || rc=1
     [ -f "$res/perf/report.md" ] && cp "$res/perf/report.md" "$res/report.md"
     [ -d "$res/perf" ] && tar -C "$res" -czf "$res/perf.tgz" perf && rm -rf "$res/perf"
+    ;;
+network)
+    timeout "${NETWORK_TIMEOUT:-570}" python3 bench/gpu/network_profile.py "$@" || rc=1
     ;;
 aoti-check)
     OUT="$res" timeout "${AOTI_TIMEOUT:-570}" python3 bench/gpu/aoti_check.py --server "$server" \

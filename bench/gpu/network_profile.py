@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Where a recommender's dense network spends its time on this GPU, compiled by Inductor.
+
+For each model (dlrm, dcnv2, wide_deep; FP16 behind FP32 inputs, as recsys_perf.py exports
+dense.pt2), at its batch: the network in torch eager and compiled by Inductor (torch.compile,
+the code generator AOTInductor packages use), each timed with CUDA events (median of 20 runs,
+inputs already on the GPU), its floating-point work counted (torch.utils.flop_counter) so the
+achieved TFLOP/s stand beside the time, and the compiled run's kernels from torch.profiler,
+the heaviest first. DLRM's two interaction forms (`cat`, `split`) are both measured.
+
+    python3 bench/gpu/network_profile.py [--models dlrm,dcnv2,wide_deep] [--batch 65536]
+        [--inductor max_autotune=true]
+
+Prints everything; writes nothing.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
+
+import torch  # noqa: E402
+
+BATCHES = {"dlrm": 65536, "dcnv2": 65536, "wide_deep": 131072}
+
+
+def timed(fn, args, iters=20):
+    for _ in range(3):
+        fn(*args)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn(*args)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def flops(module, args):
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as counter:
+        module(*args)
+    return counter.get_total_flops()
+
+
+def kernels(fn, args, top):
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            fn(*args)
+        torch.cuda.synchronize()
+    rows = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            t = getattr(ev, "device_time", None) or getattr(ev, "cuda_time", 0)
+            n, total = rows.get(ev.name, (0, 0.0))
+            rows[ev.name] = (n + 1, total + t)
+    total = sum(t for _, t in rows.values()) or 1.0
+    print(f"    kernels of one run: {total / 5 / 1e3:.3f} ms in all (sum of kernel times)")
+    for name, (n, t) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"    {t / 5 / 1e3:8.3f} ms {100 * t / total:5.1f}%  x{n // 5:<3d} {name[:110]}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="dlrm,dcnv2,wide_deep")
+    p.add_argument("--batch", type=int, default=0, help="one batch for every model (default: each model's)")
+    p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
+                   help="an Inductor setting for the compiled runs (e.g. max_autotune=true); repeatable")
+    p.add_argument("--top", type=int, default=12)
+    a = p.parse_args()
+    import aoti_export
+    from recsys_perf import dense_network
+
+    options = aoti_export.parse_inductor_configs(a.inductor)
+    print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; Inductor settings {options or 'default'}",
+          flush=True)
+    for name in a.models.split(","):
+        forms = ["cat", "split"] if name == "dlrm" else [None]
+        batch = a.batch or BATCHES[name]
+        for form in forms:
+            net = dense_network(name, "fp16", "cuda", form) if form else dense_network(name, "fp16", "cuda")
+            g = torch.Generator(device="cuda").manual_seed(0)
+            dim = 65 if name == "wide_deep" else 128
+            args = (torch.randn(batch, 13, device="cuda", generator=g),
+                    torch.randn(batch, 26, dim, device="cuda", generator=g).half())
+            label = f"{name}{' ' + form if form else ''} batch {batch}"
+            with torch.inference_mode():
+                work = flops(net, args)
+                eager = timed(net, args)
+                t0 = time.time()
+                compiled = torch.compile(net, options=options or None, dynamic=False)
+                compiled(*args)
+                compile_s = time.time() - t0
+                fast = timed(compiled, args)
+                diff = float((compiled(*args) - net(*args)).abs().max())
+                print(f"{label}: {work / 1e9:.1f} GFLOP a run; eager {eager:.3f} ms ({work / eager / 1e9:.0f} TFLOP/s, "
+                      f"{batch / eager / 1e3:.2f} M/s); Inductor {fast:.3f} ms ({work / fast / 1e9:.0f} TFLOP/s, "
+                      f"{batch / fast / 1e3:.2f} M/s; compiled in {compile_s:.0f} s; max abs diff vs eager {diff:.1e})",
+                      flush=True)
+                kernels(compiled, args, a.top)
+            del net, compiled
+            torch._dynamo.reset()
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
