@@ -213,6 +213,10 @@ def perf_capi(a, repo, model, batch, out_dir, extra, torch):
     env = dict(os.environ)
     env["TRITON_RUST_LIBTORCH_DIR"] = a.libtorch_dir or os.path.join(os.path.dirname(torch.__file__), "lib")
     env["LD_LIBRARY_PATH"] = os.path.join(a.capi_dir, "lib") + ":" + env.get("LD_LIBRARY_PATH", "")
+    # perf_analyzer opens libtritonserver.so with its symbols kept local, and a backend finds
+    # the TRITONBACKEND_* functions among the process's global symbols (tritonserver's binary
+    # links the library, so there they are): preloaded, they are global here too
+    env["LD_PRELOAD"] = os.path.join(a.capi_dir, "lib", "libtritonserver.so")
     print("  " + " ".join(cmd), flush=True)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     with open(os.path.join(out_dir, f"{model}_b{batch}_capi.log"), "w") as f:
