@@ -7,7 +7,9 @@ QA (FP16, a CUDA graph per batch bucket), each exported as a CUDA package in thi
 
 - answers: requests of batch 1, 3 and the largest, equal to torch eager on the same GPU
   (FastPitch: the TorchScript twin's module; the others: the module that was exported) within
-  the tolerance, with the outputs returned in the body and, again, written by the server into
+  the tolerance (FastPitch on a GPU relative to each output's scale, and an item whose frame
+  count differs passes only where the durations that round apart lie at .5 within it:
+  `compare_fastpitch`), with the outputs returned in the body and, again, written by the server into
   CUDA shared memory (the path where the plugin's outputs are copied on the backend's stream:
   BERT's logits and FastPitch's mel are strided views in the package);
 - bad input: a symbol id past FastPitch's table and a token id past BERT's vocabulary are
@@ -106,6 +108,39 @@ def compare(got, want):
     return float(np.abs(got.astype(np.float64) - want.astype(np.float64)).max())
 
 
+def compare_fastpitch(got, want, tol):
+    """FastPitch's outputs (mel [B, 80, frames], mel length [B, 1], durations [B, T], pitch
+    [B, T]) against eager: (the largest difference, relative to each output's largest
+    magnitude where it exceeds 1, and what was not compared). Each item's frame count is its
+    durations rounded: where two correct compilations disagree by a few ulps on a duration at
+    .5, one frame more or less follows and that item's mel cannot be compared frame by frame.
+    Such an item passes only if every duration that rounds differently lies within `tol` of .5;
+    its durations and pitch are still compared."""
+    mel, length, dur, pitch = (np.asarray(x) for x in got)
+    w_mel, w_len, w_dur, w_pitch = (np.asarray(x) for x in want)
+
+    def rel(a, b):
+        if a.size == 0:
+            return 0.0
+        return float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()) / max(1.0, float(np.abs(b).max()))
+
+    worst = max(rel(dur, w_dur), rel(pitch, w_pitch))
+    skipped = []
+    for i in range(w_mel.shape[0]):
+        n, w_n = int(length[i, 0]), int(w_len[i, 0])
+        if n != w_n:
+            flips = np.round(dur[i]) != np.round(w_dur[i])
+            at_half = np.abs(w_dur[i] - np.floor(w_dur[i]) - 0.5) <= tol
+            if not flips.any() or not np.all(at_half[flips]):
+                return float("inf"), skipped
+            skipped.append(f"item {i}: {n} frames against {w_n}, durations {w_dur[i][flips].tolist()} rounding apart")
+            continue
+        worst = max(worst, rel(mel[i, :, :n], w_mel[i, :, :n]))
+        if np.any(mel[i, :, n:]):
+            return float("inf"), skipped
+    return worst, skipped
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--server", required=True)
@@ -160,10 +195,19 @@ def main():
                extra=[f"--backend-config=rust,libtorch-dir={a.libtorch_dir}"], timeout=900) as client:
         for name, (cases, tol, bad) in plan.items():
             outputs = [f"OUTPUT__{i}" for i in range(len(cases[0][2]))]
+            fastpitch = name.startswith("fastpitch") and dev == "cuda"
+
+            def differ(got, want):
+                if fastpitch:
+                    d, notes = compare_fastpitch(got, want, tol)
+                    return d, "; ".join(notes)
+                return max(compare(g, w) for g, w in zip(got, want)), ""
+            what = "relative " if fastpitch else ""
             for b, inputs, want in cases:
                 got = client.infer(name, inputs, outputs)
-                diff = max(compare(got[o], w) for o, w in zip(outputs, want))
-                line = f"{name} batch {b}, outputs in the body: max |served - eager| {diff:.2e} (tolerance {tol:g})"
+                diff, notes = differ([got[o] for o in outputs], want)
+                line = (f"{name} batch {b}, outputs in the body: max {what}|served - eager| {diff:.2e} (tolerance {tol:g})"
+                        + (f" [not compared frame by frame: {notes}]" if notes else ""))
                 if dev == "cuda":
                     from cuda_shm import Region
                     sizes = [got[o].nbytes for o in outputs]
@@ -171,11 +215,12 @@ def main():
                         offsets = np.cumsum([0] + sizes[:-1]).tolist()
                         shm = {o: (region.name, off, size) for o, off, size in zip(outputs, offsets, sizes)}
                         written = client.infer(name, inputs, outputs, out_shm=shm)
+                        whole = region.read((sum(sizes),), np.uint8)
+                        got_shm = []
                         for o, off in zip(outputs, offsets):
                             shape, dtype = written[o]
-                            whole = region.read((sum(sizes),), np.uint8)
-                            got_shm = whole[off:off + int(np.prod(shape)) * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
-                            diff = max(diff, compare(got_shm, want[outputs.index(o)]))
+                            got_shm.append(whole[off:off + int(np.prod(shape)) * np.dtype(dtype).itemsize].view(dtype).reshape(shape))
+                        diff = max(diff, differ(got_shm, want)[0])
                     line += f"; and written into CUDA shared memory: {diff:.2e}"
                 ok = diff <= tol
                 print(line + ("" if ok else "  FAIL"), flush=True)

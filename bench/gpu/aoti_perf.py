@@ -258,6 +258,8 @@ def main():
                    help="a folder holding lib/libtritonserver.so and backends/rust/: batch 1 of the package is also "
                         "measured with perf_analyzer's C API mode (the server in perf_analyzer's process: no network)")
     p.add_argument("--capi-batches", default="1", help="batches measured in C API mode")
+    p.add_argument("--verbose", action="store_true",
+                   help="server --log-verbose=1: each run's `timing:` line in server.log, their averages printed")
     p.add_argument("--dry-run", action="store_true", help="write the configs and print the plan and commands; run nothing")
     a = p.parse_args()
     started = time.time()
@@ -293,6 +295,8 @@ def main():
 
     # 2. bare references
     extra = ["--model-control-mode=none", f"--backend-config=rust,libtorch-dir={a.libtorch_dir or os.path.join(os.path.dirname(torch.__file__), 'lib')}"]
+    if a.verbose:
+        extra.append("--log-verbose=1")
     pa_runs = [(names[e], b) for b in m["batches"] for e in ("aoti", "torch") if e in names]
 
     def pa_cmd(model, batch):
@@ -460,6 +464,11 @@ def main():
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump({"model": m["base"], "gpu": smi, "export_seconds": export_s, "targets": targets,
                    "skipped": skipped, "wrong": wrong, "seconds": time.time() - started}, f, indent=1)
+    if a.verbose:
+        import timing_summary
+        print("where a run's time went in the server (the averages of its verbose timing lines, us):")
+        for (kind, label), (mean, count) in timing_summary.summarize(log).items():
+            print(f"  {kind}: {label} {mean:.0f} ({count} lines)")
     print("server log lines about CUDA graphs:")
     with open(log) as f:
         for line in f:

@@ -10,14 +10,14 @@ import sys
 
 def averages(lines):
     """{(kind, label): (mean, count)} over the `timing:` lines among `lines`, in the order
-    first seen; kind is the line's own prefix (`batch lookup`, `torch run`, `onnx run`) or `serve`."""
+    first seen; kind is the line's own prefix (`batch lookup`, `torch run`, `onnx run`, `aoti run`) or `serve`."""
     sums, counts = {}, {}
     for line in lines:
         if "timing:" not in line:
             continue
         # figures only: a line's parenthesised notes (the tables with the most misses) are not averaged
         body = line.split("timing:", 1)[1].strip().rstrip('"').split(" (", 1)[0]
-        kind, _, rest = body.partition(":") if body.startswith(("batch lookup", "torch run", "onnx run")) else ("serve", "", body)
+        kind, _, rest = body.partition(":") if body.startswith(("batch lookup", "torch run", "onnx run", "aoti run")) else ("serve", "", body)
         for label, value in re.findall(r"([a-z][a-z ]*?) (\d+)(?: us)?(?:,|$)", rest):
             key = (kind.strip(), label.strip())
             sums[key] = sums.get(key, 0) + int(value)

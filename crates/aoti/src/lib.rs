@@ -14,6 +14,7 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
 
 use triton_rust_abi::graphs::{fit, Fit};
 use triton_rust_abi::worker::Worker;
@@ -46,10 +47,23 @@ extern "C" {
         host_outputs: c_int,
         sink: Sink,
         ctx: *mut c_void,
+        times: *mut RunTimes,
         err: *mut c_char,
         len: usize,
     ) -> c_int;
     fn tra_free(model: *mut c_void);
+}
+
+/// Where a run's time went, in microseconds from `tra_run`'s start (filled by the C++
+/// side; logged as a `timing:` line with `--log-verbose=1`).
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct RunTimes {
+    staged_us: i64,
+    launched_us: i64,
+    synced_us: i64,
+    delivered_us: i64,
+    replayed: i32,
 }
 
 struct Model {
@@ -58,6 +72,9 @@ struct Model {
     worker: Option<Worker>,
     /// CUDA graphs: the batch-size buckets, and whether they are exact rows (no batching).
     graphs: Option<(Vec<i64>, bool)>,
+    /// The backend logs at verbose level: each run says where its time went.
+    log: Option<LogFn>,
+    verbose: bool,
 }
 
 static API: PluginApi = PluginApi {
@@ -121,7 +138,7 @@ unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) ->
                 return Err(e);
             }
         };
-        Ok(Model { handle, worker, graphs })
+        Ok(Model { handle, worker, graphs, log: o.log, verbose: o.verbose != 0 })
     }));
     match result {
         Ok(Ok(m)) => Box::into_raw(Box::new(m)) as *mut c_void,
@@ -217,8 +234,11 @@ unsafe extern "C" fn run(
         let handle = m.handle as usize;
         let ctx_addr = &ctx as *const SinkCtx<'_> as usize;
         let views_addr = views.as_ptr() as usize;
+        let t0 = Instant::now();
         let call = move || {
-            with_error(|e, len| unsafe {
+            let began = t0.elapsed();
+            let mut times = RunTimes::default();
+            let (rc, why) = with_error(|e, len| unsafe {
                 tra_run(
                     handle as *mut c_void,
                     views_addr as *const TensorView,
@@ -228,17 +248,35 @@ unsafe extern "C" fn run(
                     host_outputs,
                     forward,
                     ctx_addr as *mut c_void,
+                    &mut times,
                     e,
                     len,
                 )
-            })
+            });
+            (rc, why, began, times, t0.elapsed())
         };
-        let (rc, why) = match &m.worker {
+        let (rc, why, began, times, ended) = match &m.worker {
             Some(w) => w.run(call)?,
             None => call(),
         };
         if rc != 0 {
             return Err(why);
+        }
+        if let (true, Some(log)) = (m.verbose, m.log) {
+            let t = times;
+            let text = format!(
+                "timing: aoti run: handed over {} us, inputs staged {} us, {} {} us, gpu done {} us, outputs delivered {} us, handed back {} us",
+                began.as_micros(),
+                t.staged_us,
+                if t.replayed != 0 { "graph replayed" } else { "run queued" },
+                t.launched_us - t.staged_us,
+                t.synced_us - t.launched_us,
+                t.delivered_us - t.synced_us,
+                t0.elapsed().saturating_sub(ended).as_micros()
+            );
+            if let Ok(c) = std::ffi::CString::new(text) {
+                log(abi::LOG_VERBOSE, c.as_ptr());
+            }
         }
         Ok(())
     }));

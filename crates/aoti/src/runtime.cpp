@@ -21,6 +21,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -63,6 +64,17 @@ struct View {
 };
 
 using Sink = int (*)(void* ctx, size_t index, const View* out);
+
+// Where a run's time went, in microseconds from tra_run's start (the Rust side's RunTimes):
+// inputs in place, the work queued (and, on a GPU, the outputs made contiguous), the GPU
+// done, the outputs handed to the sink; `replayed` when a CUDA graph ran.
+struct RunTimes {
+  int64_t staged_us;
+  int64_t launched_us;
+  int64_t synced_us;
+  int64_t delivered_us;
+  int32_t replayed;
+};
 using Log = void (*)(int level, const char* message);
 constexpr int LOG_INFO = 0;
 constexpr int LOG_WARN = 1;
@@ -205,13 +217,20 @@ std::string shape_text(const std::vector<int64_t>& s) {
 }
 
 #ifdef TRA_CUDA
-std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, int64_t pad_rows) {
+// The shapes a run's graph is found by: the inputs' own, their first dimension padded to
+// `pad_rows` when it is > 0.
+std::vector<std::vector<int64_t>> graph_key(const std::vector<at::Tensor>& in, int64_t pad_rows) {
   std::vector<std::vector<int64_t>> key;
   for (const auto& t : in) {
     auto s = t.sizes().vec();
     if (pad_rows > 0 && !s.empty()) s[0] = pad_rows;
     key.push_back(s);
   }
+  return key;
+}
+
+std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, int64_t pad_rows) {
+  auto key = graph_key(in, pad_rows);
   auto stream = m.stream->stream();
   if (m.uncapturable.count(key)) return m.loader->run(in, stream);
   auto found = m.captured.find(key);
@@ -403,8 +422,12 @@ void tra_free_string(char* s) { free(s); }
 // `graph`: 0 no graph; 1 through the graph of these shapes, inputs' first dimension
 // padded to `pad_rows` when it is > 0. Returns 0, or 1 with the reason in err.
 int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_rows, int host_outputs, Sink sink,
-            void* ctx, char* err, size_t len) {
+            void* ctx, RunTimes* times, char* err, size_t len) {
   auto& m = *static_cast<Model*>(model);
+  auto t0 = std::chrono::steady_clock::now();
+  auto since = [&t0]() {
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+  };
   try {
     c10::InferenceMode inference;
 #ifdef TRA_CUDA
@@ -431,21 +454,27 @@ int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_ro
       auto t = at::from_blob(const_cast<void*>(v.data), shape, at::TensorOptions().dtype(type).device(where));
       in.push_back(where == m.device ? t : t.to(m.device));
     }
+    times->staged_us = since();
     std::vector<at::Tensor> out;
     if (m.device.is_cpu()) {
       out = m.loader->run(in);
+      times->launched_us = times->synced_us = since();
     } else {
 #ifdef TRA_CUDA
+      times->replayed = graph && m.graphs && !m.uncapturable.count(graph_key(in, pad_rows));
       out = graph && m.graphs ? run_graph(m, in, pad_rows) : m.loader->run(in, m.stream->stream());
       if (host_outputs) {
+        times->launched_us = since();
         for (auto& o : out) o = o.to(c10::kCPU);
       } else {
         // a package may return views (BERT's two logits are strided slices of one tensor):
         // made contiguous on the instance's stream before the wait, because the backend
         // copies outputs on a stream of its own once this returns
         for (auto& o : out) o = o.contiguous();
+        times->launched_us = since();
         m.stream->synchronize();
       }
+      times->synced_us = since();
 #endif
     }
     for (size_t i = 0; i < out.size(); ++i) {
@@ -464,6 +493,7 @@ int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_ro
         return 1;
       }
     }
+    times->delivered_us = since();
     return 0;
   } catch (const std::exception& e) {
     put(err, len, e.what());
