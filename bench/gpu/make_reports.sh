@@ -14,5 +14,9 @@ out="${OUT_ROOT:-docs/perf/h100}"
 # DLRM, DCNv2, Wide&Deep at Criteo scale against the all-in-HBM ceiling
 "$py" bench/gpu/recsys_report.py --runs "$r/recommenders_h100/dlrm" "$r/recommenders_h100/dcnv2" \
     "$r/recommenders_h100/wide_deep" --out "$out/recommenders" "$@"
-"$py" bench/gpu/aoti_report.py --dense "$r/aoti_h100/resnet50" "$r/aoti_h100/bert_large" \
-    --recsys "$r/aoti_h100/recsys_dlrm" "$r/aoti_h100/recsys_dcnv2_wide_deep" --out "$out/aoti" "$@"
+# AOTInductor packages: ResNet50 and BERT-large (batch 1 also through perf_analyzer's C API),
+# the recommenders as one model with one and with two GPU instances
+b="$r/aoti_h100_b"
+"$py" bench/gpu/aoti_report.py --dense "$b/resnet50" "$b/resnet50_b1_timing" "$b/bert_large" \
+    --recsys "$r/aoti_h100/recsys_dlrm" "$b/recsys_dlrm_two_instances" "$b/recsys_dlrm_two_instances_4096" \
+    "$r/aoti_h100/recsys_dcnv2_wide_deep" "$b/recsys_dcnv2_wide_deep_two_instances" --out "$out/aoti" "$@"
