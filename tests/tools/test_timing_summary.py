@@ -1,5 +1,5 @@
 """bench/gpu/timing_summary.py averages the backend's verbose `timing:` lines per kind of line
-(the lines as the serving layer, the torch plugin and the ONNX engine's GPU path write them)."""
+(the lines as the serving layer, the torch and AOTInductor plugins and the ONNX engine's GPU path write them)."""
 import os
 import sys
 
@@ -11,6 +11,7 @@ LOG = [
     'I1123 15:00:00.2 1 serve.rs:463] "timing: requests 3, rows 2, assemble 6 us, engine 19000 us, outputs into responses 100 us"',
     'I1123 15:00:00.3 1 gpu.rs:300] "timing: onnx run: input bytes 38535168, inputs staged 4500 us, graph run 14700 us, outputs delivered 40 us"',
     'I1123 15:00:00.4 1 plugin.rs:147] "timing: torch run: handed over 1 us, inputs staged 32 us, graph replayed 35 us, gpu done 1001 us, handed back 5 us, outputs delivered 1120 us"',
+    'I1125 15:08:08.2 1 plugin.rs:268] "timing: aoti run: handed over 2 us, inputs staged 3 us, graph replayed 19 us, gpu done 617 us, outputs delivered 34 us, handed back 1 us"',
     'I1123 15:00:00.5 1 lib.rs:807] "timing: batch lookup: keys 1703936, misses 6720, lookup 1369 us, below cache 478 us, scatter 250 us, fill queued 84 us (most misses: t0 3000, t9 2000)"',
     "an unrelated line with engine 5 us",
 ]
@@ -26,6 +27,8 @@ def test_averages_per_kind_and_label():
     assert got[("torch run", "handed back")] == (5.0, 1)
     assert got[("torch run", "graph replayed")] == (35.0, 1)
     assert not any(label == "engine" and kind != "serve" for kind, label in got)
+    assert got[("aoti run", "gpu done")] == (617.0, 1)
+    assert got[("aoti run", "graph replayed")] == (19.0, 1)
     assert got[("batch lookup", "fill queued")] == (84.0, 1), "the notes in parentheses are not figures"
     assert got[("batch lookup", "misses")] == (6720.0, 1)
     assert not any(label.startswith(("t", "most")) for kind, label in got if kind == "batch lookup")
