@@ -75,6 +75,7 @@ struct RunTimes {
   int64_t delivered_us;
   int32_t replayed;
 };
+
 using Log = void (*)(int level, const char* message);
 constexpr int LOG_INFO = 0;
 constexpr int LOG_WARN = 1;
