@@ -179,8 +179,8 @@ def main():
           "[docs/performance.md](../../../performance.md#pytorch-2-aotinductor-packages).", ""]
     for folder in a.dense:
         title, lines, rows = dense_tables(folder)
-        md += ["## " + title, ""] + lines[1:] + [""]
         name = os.path.basename(os.path.normpath(folder))
+        md += [f"## {title}", "", f"Results: `{os.path.relpath(folder)}`", ""] + lines[1:] + [""]
         if len({r["batch"] for r in rows if " " not in r["batch"]}) > 1:
             if not a.no_plots:
                 plot_dense(title, rows, os.path.join(a.out, f"{name}.png"))
