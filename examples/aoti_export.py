@@ -171,7 +171,9 @@ def package(module: nn.Module, example_inputs: Sequence[torch.Tensor], path: str
 
     ``dynamic_batch``: dimension 0 of every input is ``torch.export.Dim("batch", min=1,
     max=max_batch)`` (the example batch must be at least 2: torch.export specialises a size
-    of 1). ``device``: where the module and the inputs are moved (``"cuda"`` makes a CUDA
+    of 1). The example batch is also Inductor's size hint for that dimension: the generated
+    GPU kernels' block sizes are chosen for it, so a GPU package is best exported with a batch
+    of the size it will mostly run (the bench scripts use the largest they measure). ``device``: where the module and the inputs are moved (``"cuda"`` makes a CUDA
     package for this machine's GPU). ``half``: FP16 weights and floating-point inputs.
     ``inductor_configs``: Inductor's settings for the compile (e.g. ``{"max_autotune": True}``),
     beside the metadata."""

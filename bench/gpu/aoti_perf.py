@@ -136,14 +136,16 @@ def write_configs(repo, m, dense_perf):
     return names
 
 
-def export(module, m, feeds, repo, names, dev, dry_run, inductor=()):
+def export(module, m, feeds, repo, names, dev, dry_run, inductor=(), example_batch=0):
     """The TorchScript twin and the CUDA package, in the folders the configs name. Returns the
-    package's path and the seconds its export took."""
+    package's path and the seconds its export took. `example_batch`: the batch the package is
+    exported with, Inductor's size hint for the batch dimension (0: the largest batch served;
+    at least 2, as torch.export specialises a size of 1)."""
     import torch
     import aoti_export
     pt2 = os.path.join(repo, names["aoti"], "1", "model.pt2")
     pt = os.path.join(repo, names["torch"], "1", "model.pt")
-    example_batch = 4  # torch.export specialises a dimension whose example size is 1
+    example_batch = max(2, example_batch or m["mb"])
     kwargs = dict(dynamic_batch=True, max_batch=m["mb"], device="cuda")
     if inductor:
         kwargs["inductor_configs"] = aoti_export.parse_inductor_configs(inductor)
@@ -160,7 +162,7 @@ def export(module, m, feeds, repo, names, dev, dry_run, inductor=()):
     with torch.no_grad():
         aoti_export.package(module, example, pt2, **kwargs)
     secs = time.time() - t0
-    print(f"exported {pt2} ({os.path.getsize(pt2) / 1e6:.0f} MB) in {secs:.0f} s", flush=True)
+    print(f"exported {pt2} ({os.path.getsize(pt2) / 1e6:.0f} MB, example batch {example_batch}) in {secs:.0f} s", flush=True)
     return pt2, secs
 
 
@@ -254,6 +256,9 @@ def main():
     p.add_argument("--no-ts", action="store_true", help="serve and measure the package alone (no TorchScript twin)")
     p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
                    help="an Inductor setting for the package's export (e.g. max_autotune=true); repeatable")
+    p.add_argument("--example-batch", type=int, default=0,
+                   help="the batch the package is exported with, Inductor's size hint for the batch dimension "
+                        "(default: the largest batch; earlier runs used 4)")
     p.add_argument("--capi-dir", default="",
                    help="a folder holding lib/libtritonserver.so and backends/rust/: batch 1 of the package is also "
                         "measured with perf_analyzer's C API mode (the server in perf_analyzer's process: no network)")
@@ -289,7 +294,7 @@ def main():
     else:
         module, feeds = build_module(m, dev)
     names = write_configs(repo, m, dense_perf)
-    pt2, export_s = export(module, m, feeds, repo, names, dev, a.dry_run, a.inductor)
+    pt2, export_s = export(module, m, feeds, repo, names, dev, a.dry_run, a.inductor, a.example_batch)
     if a.no_ts:
         shutil.rmtree(os.path.join(repo, names.pop("torch")))
 

@@ -484,14 +484,17 @@ def export_aoti(name, a, rows_type, max_batch):
     import aoti_export
     net = dense_network(name, a.precision, "cuda", a.dlrm_interaction)
     emb = torch.float16 if rows_type == "TYPE_FP16" else torch.float32
-    # an example batch of 4: torch.export specialises a dimension whose example size is 1
-    example = (torch.rand(4, 13, device="cuda"), (torch.randn(4, TABLES, a.dim, device="cuda") * 0.05).to(emb))
+    # the example batch is Inductor's size hint for the dynamic batch dimension (aoti_export.package):
+    # by default the largest batch measured; at least 2 (torch.export specialises a size of 1)
+    eb = max(2, a.example_batch or max_batch)
+    example = (torch.rand(eb, 13, device="cuda"), (torch.randn(eb, TABLES, a.dim, device="cuda") * 0.05).to(emb))
     path = os.path.join(a.work, f"{name}_dense.pt2")
     t0 = time.time()
     with torch.no_grad():
         aoti_export.package(net, example, path, dynamic_batch=True, max_batch=max_batch, device="cuda",
                             inductor_configs=aoti_export.parse_inductor_configs(a.inductor))
-    print(f"exported {name}'s network as a CUDA package ({os.path.getsize(path) / 1e6:.0f} MB, batch up to {max_batch}) "
+    print(f"exported {name}'s network as a CUDA package ({os.path.getsize(path) / 1e6:.0f} MB, batch up to {max_batch}, "
+          f"example batch {eb}) "
           f"in {time.time() - t0:.0f} s" + (f"; Inductor settings {a.inductor}" if a.inductor else ""), flush=True)
     del net
     torch.cuda.empty_cache()
@@ -552,6 +555,9 @@ def main():
     p.add_argument("--aoti-bare", default="", help="with --dense aoti: the aoti_bare binary, for the package's bare figures")
     p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
                    help="with --dense aoti: an Inductor setting for the export (e.g. max_autotune=true); repeatable")
+    p.add_argument("--example-batch", type=int, default=0,
+                   help="with --dense aoti: the batch the package is exported with, Inductor's size hint for the batch "
+                        "dimension (default: the largest batch measured; earlier runs used 4)")
     p.add_argument("--paths", default="ens,one")
     p.add_argument("--wide-deep-batches", default="131072",
                    help="wide_deep's batch sweep at concurrency 1 (its seed: 1 and 16384 to 131072 in steps of 16384)")
