@@ -263,15 +263,14 @@ unsafe extern "C" fn run(
             return Err(why);
         }
         if let (true, Some(log)) = (m.verbose, m.log) {
-            let t = times;
             let text = format!(
                 "timing: aoti run: handed over {} us, inputs staged {} us, {} {} us, gpu done {} us, outputs delivered {} us, handed back {} us",
                 began.as_micros(),
-                t.staged_us,
-                if t.replayed != 0 { "graph replayed" } else { "run queued" },
-                t.launched_us - t.staged_us,
-                t.synced_us - t.launched_us,
-                t.delivered_us - t.synced_us,
+                times.staged_us,
+                if times.replayed != 0 { "graph replayed" } else { "run queued" },
+                times.launched_us - times.staged_us,
+                times.synced_us - times.launched_us,
+                times.delivered_us - times.synced_us,
                 t0.elapsed().saturating_sub(ended).as_micros()
             );
             if let Ok(c) = std::ffi::CString::new(text) {

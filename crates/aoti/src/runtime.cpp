@@ -218,21 +218,18 @@ std::string shape_text(const std::vector<int64_t>& s) {
 }
 
 #ifdef TRA_CUDA
-// The shapes a run's graph is found by: the inputs' own, their first dimension padded to
-// `pad_rows` when it is > 0.
-std::vector<std::vector<int64_t>> graph_key(const std::vector<at::Tensor>& in, int64_t pad_rows) {
+// Runs through the graph of these input shapes (their first dimension padded to `pad_rows`
+// when it is > 0), capturing it at its first run; `*replayed` says whether a graph ran (not
+// for shapes whose run cannot be captured).
+std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, int64_t pad_rows, int32_t* replayed) {
   std::vector<std::vector<int64_t>> key;
   for (const auto& t : in) {
     auto s = t.sizes().vec();
     if (pad_rows > 0 && !s.empty()) s[0] = pad_rows;
     key.push_back(s);
   }
-  return key;
-}
-
-std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, int64_t pad_rows) {
-  auto key = graph_key(in, pad_rows);
   auto stream = m.stream->stream();
+  *replayed = 0;
   if (m.uncapturable.count(key)) return m.loader->run(in, stream);
   auto found = m.captured.find(key);
   if (found == m.captured.end()) {
@@ -280,6 +277,7 @@ std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, i
   }
   auto& g = *found->second;
   g.graph.replay();
+  *replayed = 1;
   std::vector<at::Tensor> out;
   int64_t rows = in.empty() || in[0].dim() == 0 ? 0 : in[0].size(0);
   for (const auto& o : g.outputs) {
@@ -462,8 +460,7 @@ int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_ro
       times->launched_us = times->synced_us = since();
     } else {
 #ifdef TRA_CUDA
-      times->replayed = graph && m.graphs && !m.uncapturable.count(graph_key(in, pad_rows));
-      out = graph && m.graphs ? run_graph(m, in, pad_rows) : m.loader->run(in, m.stream->stream());
+      out = graph && m.graphs ? run_graph(m, in, pad_rows, &times->replayed) : m.loader->run(in, m.stream->stream());
       if (host_outputs) {
         times->launched_us = since();
         for (auto& o : out) o = o.to(c10::kCPU);
