@@ -47,8 +47,6 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 TOL = 5e-2  # fp16: |served - torch eager| per element
-PARTS = ["Client Send", "Network+Server Send/Recv", "Server Queue", "Server Compute Input",
-         "Server Compute Infer", "Server Compute Output", "Client Recv"]
 PCTS = ["p50 latency", "p90 latency", "p95 latency", "p99 latency"]
 
 # per model: its label, the largest batch served, the batches measured, the batch of the
@@ -203,7 +201,6 @@ def perf_capi(a, repo, model, batch, out_dir, extra, torch):
     serves a repository holding this model alone (inputs from its host memory: the C API mode
     has no shared memory). The plugin finds libtorch through TRITON_RUST_LIBTORCH_DIR, as the
     C API mode passes no backend settings."""
-    import csv
     one = os.path.join(a.work, "capi_repo")
     shutil.rmtree(one, ignore_errors=True)
     os.makedirs(one)
@@ -227,11 +224,8 @@ def perf_capi(a, repo, model, batch, out_dir, extra, torch):
         print(p.stdout[-1500:], p.stderr[-1500:])
         print(f"perf_analyzer (C API) gave no figure: rc {p.returncode}", flush=True)
         return None
-    with open(path) as f:
-        row = next(csv.DictReader(f))
-    r = {k: float(v) for k, v in row.items() if v not in ("", None)}
-    r["Avg latency"] = sum(r.get(k, 0.0) for k in PARTS)
-    return r
+    import dense_perf
+    return dense_perf.read_row(path)
 
 
 def main():
@@ -411,7 +405,7 @@ def main():
     lines = [f"# {m['label']}: AOTInductor and TorchScript served (perf_analyzer, gRPC, "
              f"{a.shared_memory} shared memory, concurrency 1 unless the batch says c2) and bare", "",
              f"GPU: {smi}; torch {torch.__version__}; package exported in {export_s:.0f} s; latencies in ms", ""]
-    cols = ["served", "batch", "Inferences/Second", *PARTS, "p50", "p90", "p95", "p99", "Avg latency",
+    cols = ["served", "batch", "Inferences/Second", *dense_perf.LATENCY_PARTS, "p50", "p90", "p95", "p99", "Avg latency",
             "bare TS graph/s", "bare AOTI graph/s", "served/bare TS graph", "served/bare AOTI"]
     lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for key, r in rows.items():
@@ -424,7 +418,7 @@ def main():
         ao_best = max(x for x in (ao.get("graph_ips"), ao.get("plain_ips"), 0.0) if x is not None)
         served = "AOTI" if model == names["aoti"] else "TorchScript"
         cells = [served + (" in-process (C API)" if capi else ""), str(batch) + (f" c{key[2]}" if len(key) > 2 else ""), f"{r['Inferences/Second']:.0f}",
-                 *[fmt_ms(r.get(k, 0.0)) for k in PARTS], *[fmt_ms(r[k]) for k in PCTS], fmt_ms(r["Avg latency"]),
+                 *[fmt_ms(r.get(k, 0.0)) for k in dense_perf.LATENCY_PARTS], *[fmt_ms(r[k]) for k in PCTS], fmt_ms(r["Avg latency"]),
                  f"{ts_g:.0f}" if ts_g else "-", f"{ao.get('graph_ips') or 0:.0f}",
                  f"{r['Inferences/Second'] / ts_g:.2f}" if ts_g else "-",
                  f"{r['Inferences/Second'] / ao_best:.2f}" if ao_best else "-"]

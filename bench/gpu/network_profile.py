@@ -86,7 +86,7 @@ def main():
         forms = ["cat", "split"] if name == "dlrm" else [None]
         batch = a.batch or BATCHES[name]
         for form in forms:
-            net = dense_network(name, "fp16", "cuda", form) if form else dense_network(name, "fp16", "cuda")
+            net = dense_network(name, "fp16", "cuda", form or "cat")  # the form matters to DLRM alone
             g = torch.Generator(device="cuda").manual_seed(0)
             dim = 65 if name == "wide_deep" else 128
             args = (torch.randn(batch, 13, device="cuda", generator=g),
