@@ -477,6 +477,20 @@ def sweep_plan(batches, conc_batch, concs):
     return plan
 
 
+def model_settings(pairs, name):
+    """The `--inductor` settings for model `name`: KEY=VALUE for every model, MODEL:KEY=VALUE for
+    that model alone."""
+    out = []
+    for pair in pairs:
+        model, sep, rest = pair.partition(":")
+        if sep and "=" not in model:
+            if model == name:
+                out.append(rest)
+        else:
+            out.append(pair)
+    return out
+
+
 def export_aoti(name, a, rows_type, max_batch):
     """The recommender's dense network as a CUDA AOTInductor package (examples/aoti_export.py),
     exported here with the same weights as the TorchScript file; returns its path."""
@@ -490,12 +504,13 @@ def export_aoti(name, a, rows_type, max_batch):
     example = (torch.rand(eb, 13, device="cuda"), (torch.randn(eb, TABLES, a.dim, device="cuda") * 0.05).to(emb))
     path = os.path.join(a.work, f"{name}_dense.pt2")
     t0 = time.time()
+    settings = model_settings(a.inductor, name)
     with torch.no_grad():
         aoti_export.package(net, example, path, dynamic_batch=True, max_batch=max_batch, device="cuda",
-                            inductor_configs=aoti_export.parse_inductor_configs(a.inductor))
+                            inductor_configs=aoti_export.parse_inductor_configs(settings))
     print(f"exported {name}'s network as a CUDA package ({os.path.getsize(path) / 1e6:.0f} MB, batch up to {max_batch}, "
           f"example batch {eb}) "
-          f"in {time.time() - t0:.0f} s" + (f"; Inductor settings {a.inductor}" if a.inductor else ""), flush=True)
+          f"in {time.time() - t0:.0f} s" + (f"; Inductor settings {settings}" if settings else ""), flush=True)
     del net
     torch.cuda.empty_cache()
     return path
@@ -553,8 +568,9 @@ def main():
                         "the same network exported here (dense.pt2, examples/aoti_export.py); the ensemble's network "
                         "stays TorchScript, so the exactness check compares the two")
     p.add_argument("--aoti-bare", default="", help="with --dense aoti: the aoti_bare binary, for the package's bare figures")
-    p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
-                   help="with --dense aoti: an Inductor setting for the export (e.g. max_autotune=true); repeatable")
+    p.add_argument("--inductor", action="append", default=[], metavar="[MODEL:]KEY=VALUE",
+                   help="with --dense aoti: an Inductor setting for the export (e.g. max_autotune=true, or "
+                        "dcnv2:max_autotune=true for that model alone); repeatable")
     p.add_argument("--example-batch", type=int, default=0,
                    help="with --dense aoti: the batch the package is exported with, Inductor's size hint for the batch "
                         "dimension (default: the largest batch measured; earlier runs used 4)")
