@@ -101,13 +101,17 @@ class DLRM(Recommender):
     fused concatenation alone took 1.4 ms on an H100, bench/gpu/recsys_profile.py). Measured
     bare on an H100, fp16 rows in: batch 65536 2.58 ms ``cat``, 2.08 ms ``split``; batch 4096
     eager 0.52 ms ``cat``, 0.98 ms ``split`` (more, smaller kernels: launch-bound unless
-    CUDA-graphed; bench/gpu/results/recsys_h100/nov23b_split/profile_split.log)."""
+    CUDA-graphed; bench/gpu/results/recsys_h100/nov23b_split/profile_split.log). ``triton``
+    runs the whole interaction, concatenation and padding included, as one Triton kernel
+    (``dot_interaction.py``) on CUDA FP16 tensors, for AOTInductor packages; ``split`` elsewhere,
+    TorchScript included (a script cannot hold the kernel)."""
 
     def __init__(self, rows: List[int], dim: int = 128, align: int = ALIGN, interaction: str = "cat"):
         super().__init__(rows, dim, align)
-        if interaction not in ("cat", "split"):
-            raise ValueError(f"interaction must be cat or split, not {interaction!r}")
-        self.split = interaction == "split"
+        if interaction not in ("cat", "split", "triton"):
+            raise ValueError(f"interaction must be cat, split or triton, not {interaction!r}")
+        self.split = interaction != "cat"
+        self.triton = interaction == "triton"
         self.bottom = mlp([NUM_DENSE + self.dense_pad, 512, 256, dim], last_relu=True)
         n = NUM_TABLES + 1
         self.pairs = n * (n - 1) // 2
@@ -117,8 +121,15 @@ class DLRM(Recommender):
         self.register_buffer("li", li, persistent=False)
         self.register_buffer("lj", lj, persistent=False)
 
+    @torch.jit.unused
+    def kernel_interaction(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        from dot_interaction import dot_interaction
+        return dot_interaction(x, emb, x.shape[1] + self.pairs + self.top_pad)
+
     def dense_part(self, dense, emb):
         x = self.bottom(self.padded_dense(dense))
+        if self.triton and emb.is_cuda and emb.dtype == torch.float16 and not torch.jit.is_scripting():
+            return torch.sigmoid(self.top(self.kernel_interaction(x, emb)))
         if self.split:
             # row i-1 holds vector i's products with vectors 0 (the bottom output) to 26:
             # z[:, i, j] of the stacked form for every i >= 1, which is all the pairs need

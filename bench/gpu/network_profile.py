@@ -6,7 +6,7 @@ dense.pt2), at its batch: the network in torch eager and compiled by Inductor (t
 the code generator AOTInductor packages use), each timed with CUDA events (median of 20 runs,
 inputs already on the GPU), its floating-point work counted (torch.utils.flop_counter) so the
 achieved TFLOP/s stand beside the time, and the compiled run's kernels from torch.profiler,
-the heaviest first. DLRM's two interaction forms (`cat`, `split`) are both measured.
+the heaviest first. DLRM's interaction forms (`--dlrm-forms`: `cat`, `split`, `triton`) are each measured.
 
     python3 bench/gpu/network_profile.py [--models dlrm,dcnv2,wide_deep] [--batch 65536]
         [--inductor max_autotune=true]
@@ -74,6 +74,7 @@ def main():
     p.add_argument("--batch", type=int, default=0, help="one batch for every model (default: each model's)")
     p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
                    help="an Inductor setting for the compiled runs (e.g. max_autotune=true); repeatable")
+    p.add_argument("--dlrm-forms", default="cat,split,triton", help="DLRM's interaction forms measured")
     p.add_argument("--top", type=int, default=12)
     a = p.parse_args()
     import aoti_export
@@ -83,7 +84,7 @@ def main():
     print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; Inductor settings {options or 'default'}",
           flush=True)
     for name in a.models.split(","):
-        forms = ["cat", "split"] if name == "dlrm" else [None]
+        forms = a.dlrm_forms.split(",") if name == "dlrm" else [None]
         batch = a.batch or BATCHES[name]
         for form in forms:
             net = dense_network(name, "fp16", "cuda", form or "cat")  # the form matters to DLRM alone

@@ -287,7 +287,8 @@ def dense_network(name, precision, device, interaction="cat"):
 
 def dense_module(name, precision, device, interaction="cat"):
     import torch
-    return torch.jit.script(dense_network(name, precision, device, interaction))
+    # a script cannot hold the Triton kernel: TorchScript runs the same numbers in the split form
+    return torch.jit.script(dense_network(name, precision, device, "split" if interaction == "triton" else interaction))
 
 
 # ------------------------------------------------------------------ the bare ceiling
@@ -588,9 +589,11 @@ def main():
     p.add_argument("--graphs", action="store_true", help="CUDA graphs for the dense network (ensemble step and single model)")
     p.add_argument("--one-instances", type=int, default=1,
                    help="instances of the single model (each with its own GPU cache of --cache-share)")
-    p.add_argument("--dlrm-interaction", default="split", choices=["cat", "split"],
+    p.add_argument("--dlrm-interaction", default="split", choices=["cat", "split", "triton"],
                    help="DLRM's dot interaction: the 27 vectors stacked, or computed without the stack (same numbers; "
-                        "split's network is ~0.9 ms faster at 65536 served, launch-bound eager at small batches: graph those)")
+                        "split's network is ~0.9 ms faster at 65536 served, launch-bound eager at small batches: graph those), "
+                        "or (--dense aoti) one Triton kernel in the package (examples/dot_interaction.py; the "
+                        "ensemble's TorchScript network stays split)")
     p.add_argument("--shared-memory", default="system", choices=["system", "cuda"],
                    help="perf_analyzer's inputs in system shared memory (HPS's published runs), or in CUDA shared "
                         "memory: the keys and dense features already on the GPU, as the ceiling has them")
