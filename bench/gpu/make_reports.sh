@@ -16,7 +16,11 @@ out="${OUT_ROOT:-docs/perf/h100}"
     "$r/recommenders_h100/wide_deep" --out "$out/recommenders" "$@"
 # AOTInductor packages: ResNet50 and BERT-large (batch 1 also through perf_analyzer's C API),
 # the recommenders as one model with one and with two GPU instances
+# (aoti_h100_c: packages exported at the batch they serve, DLRM's interaction as a Triton kernel)
 b="$r/aoti_h100_b"
+c="$r/aoti_h100_c"
 "$py" bench/gpu/aoti_report.py --dense "$b/resnet50" "$b/resnet50_b1_timing" "$b/bert_large" \
     --recsys "$r/aoti_h100/recsys_dlrm" "$b/recsys_dlrm_two_instances" "$b/recsys_dlrm_two_instances_4096" \
-    "$r/aoti_h100/recsys_dcnv2_wide_deep" "$b/recsys_dcnv2_wide_deep_two_instances" --out "$out/aoti" "$@"
+    "$c/recsys_dlrm_triton" "$c/recsys_dlrm_triton_ens_ceiling" "$c/recsys_dlrm_triton_4096" \
+    "$r/aoti_h100/recsys_dcnv2_wide_deep" "$b/recsys_dcnv2_wide_deep_two_instances" \
+    "$c/recsys_wide_deep_dcnv2_example_batch" --out "$out/aoti" "$@"
