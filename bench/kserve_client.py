@@ -57,6 +57,14 @@ class Client:
     def unregister_cuda_shm(self, region: str):
         self._post_json(f"/v2/cudasharedmemory/region/{region}/unregister", {})
 
+    def register_system_shm(self, region: str, key: str, byte_size: int, offset: int = 0):
+        """Registers POSIX shared memory `key` (shm_open's name, e.g. "/pool") as a region."""
+        self._post_json(f"/v2/systemsharedmemory/region/{region}/register",
+                        {"key": key, "offset": offset, "byte_size": byte_size})
+
+    def unregister_system_shm(self, region: str):
+        self._post_json(f"/v2/systemsharedmemory/region/{region}/unregister", {})
+
     def infer(self, model: str, inputs: Dict[str, np.ndarray], outputs: List[str], shm=None,
               out_shm=None) -> Dict[str, np.ndarray]:
         """``shm``: inputs already in a registered region, name -> (region, offset, byte size,

@@ -43,6 +43,7 @@ turns it into the tables and plots of docs/perf/.
 import argparse
 import csv
 import json
+import math
 import os
 import re
 import shutil
@@ -478,6 +479,34 @@ def sweep_plan(batches, conc_batch, concs):
     return plan
 
 
+def stream_check(a, client, m, batch, alpha, rows, plan, streams, out_dir):
+    """The one model under an endless stream (stream_load.py, our client): a pool of distinct
+    requests holding the lookups per table the stream's hit rate needs (pool_plan), drawn into
+    GPU memory, at --stream-concurrency; printed beside perf_analyzer's rows, kept in streams.json."""
+    import stream_load
+    from kserve_client import Client
+    need = max(1, math.ceil(plan["needed_lookups"] / batch))
+    cap = max(1, int(a.stream_gb * 1e9 // (batch * TABLES * 8)))
+    requests = min(need, cap)
+    lru = plan["lru"]
+    r = stream_load.run(lambda: Client(f"localhost:{a.port}"), lambda: scrape(a.port, f"{m}_sparse"), f"{m}_one",
+                        rows, batch, requests, alpha, SEED + 17, a.stream_concurrency, a.stream_passes,
+                        gpu=a.kind == "KIND_GPU")
+    r.update({"model": m, "batch": batch, "alpha": alpha, "lru_hit_rate": lru, "pool_needed_requests": need})
+    streams.append(r)
+    with open(os.path.join(out_dir, "streams.json"), "w") as f:
+        json.dump(streams, f, indent=1)
+    gap = None if r["hit_rate"] is None else r["hit_rate"] - lru
+    verdict = "-" if gap is None else f"{gap:+.4f} ({'within' if abs(gap) <= a.hit_rate_bound else 'NOT within'} {a.hit_rate_bound})"
+    print(f"  {m + '_one':<10} a={alpha:<4} b={batch:<6} c={a.stream_concurrency:<2} {r['inferences_per_s'] / 1e6:7.2f} M inf/s  "
+          f"p99 {r['p99_ms']:8.2f} ms  hit rate {r['hit_rate'] if r['hit_rate'] is None else round(r['hit_rate'], 4)}  "
+          f"endless stream (stream_load.py, HTTP; not perf_analyzer)", flush=True)
+    print(f"      p50 {r['p50_ms']:.2f} ms, p90 {r['p90_ms']:.2f}, p95 {r['p95_ms']:.2f}; a pool of {requests} distinct requests "
+          f"({r['pool_lookups_per_table']:,} lookups per table, {r['pool_gb']:.1f} GB of keys in {'GPU' if a.kind == 'KIND_GPU' else 'shared'} memory; the stream's rate "
+          f"needs {need}), one pass to warm, {a.stream_passes} measured; the endless stream's LRU rate {lru:.4f}: "
+          f"measured - stream {verdict}", flush=True)
+
+
 def model_settings(pairs, name):
     """The `--inductor` settings for model `name`: KEY=VALUE for every model, MODEL:KEY=VALUE for
     that model alone."""
@@ -562,6 +591,12 @@ def main():
     p.add_argument("--pool-gb", type=float, default=0.5,
                    help="auto pools: at most this many GB of keys and dense features per pool (perf_analyzer holds the "
                         "pool as JSON and, with --shared-memory cuda, in GPU memory)")
+    p.add_argument("--stream-concurrency", type=int, default=0,
+                   help="also serve each measured batch of the one model an endless stream (stream_load.py: a pool as large "
+                        "as the stream's hit rate needs, in GPU memory, our HTTP client) at this many requests in flight; "
+                        "0: not")
+    p.add_argument("--stream-gb", type=float, default=30.0, help="the endless stream's key pool: at most this many GB")
+    p.add_argument("--stream-passes", type=int, default=1, help="the endless stream: passes of its pool measured")
     p.add_argument("--hit-rate-bound", type=float, default=0.002,
                    help="how far the measured hit rate may be from the endless stream's (LRU) rate")
     p.add_argument("--dense", default="torchscript", choices=["torchscript", "aoti"],
@@ -760,7 +795,7 @@ def main():
             json.dump(bare_aoti, f, indent=1)
 
     # 3.-5. the server
-    runs = []
+    runs, streams = [], []
     log_path = os.path.join(out_dir, "server.log")
     # Triton's GPU memory pool holds the ensemble's intermediate tensors (the embeddings,
     # 872 MB per request at batch 65536); its 64 MB default sends them through host memory
@@ -841,6 +876,9 @@ def main():
                                   f"({'within' if abs(gap) <= a.hit_rate_bound else 'NOT within'} {a.hit_rate_bound})", flush=True)
                         with open(os.path.join(out_dir, "runs.json"), "w") as f:
                             json.dump(runs, f, indent=1)
+                if a.stream_concurrency and "one" in a.paths.split(","):
+                    for batch in sorted({b for b, _ in plan_m}):
+                        stream_check(a, client, m, batch, alpha, rows, plans[alpha], streams, out_dir)
         exact = {}
         for m in models:
             exact[m] = exactness(client, m, rows, a.dim, requests_of(a.conc_batch, alphas[-1])[:4])
