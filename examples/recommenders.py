@@ -103,7 +103,7 @@ class DLRM(Recommender):
     eager 0.52 ms ``cat``, 0.98 ms ``split`` (more, smaller kernels: launch-bound unless
     CUDA-graphed; bench/gpu/results/recsys_h100/nov23b_split/profile_split.log). ``triton``
     runs the whole interaction, concatenation and padding included, as one Triton kernel
-    (``dot_interaction.py``) on CUDA FP16 tensors, for AOTInductor packages; ``split`` elsewhere,
+    (``triton_kernels.dot_interaction``) on CUDA FP16 tensors, for AOTInductor packages; ``split`` elsewhere,
     TorchScript included (a script cannot hold the kernel)."""
 
     def __init__(self, rows: List[int], dim: int = 128, align: int = ALIGN, interaction: str = "cat"):
@@ -123,7 +123,7 @@ class DLRM(Recommender):
 
     @torch.jit.unused
     def kernel_interaction(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        from dot_interaction import dot_interaction
+        from triton_kernels import dot_interaction
         return dot_interaction(x, emb, x.shape[1] + self.pairs + self.top_pad)
 
     def dense_part(self, dense, emb):
@@ -147,16 +147,35 @@ class DLRM(Recommender):
 
 
 class DCNv2(Recommender):
-    def __init__(self, rows: List[int], dim: int = 128, cross_layers: int = 3, rank: int = 512, align: int = ALIGN):
+    """``cross``: ``torch`` computes each cross layer as written; ``triton`` runs its second
+    product and the rest of the layer as one Triton kernel (``triton_kernels.cross_layer``) on
+    CUDA FP16 tensors, for AOTInductor packages, and as written elsewhere (TorchScript
+    included)."""
+
+    def __init__(self, rows: List[int], dim: int = 128, cross_layers: int = 3, rank: int = 512, align: int = ALIGN,
+                 cross: str = "torch"):
         super().__init__(rows, dim, align)
+        if cross not in ("torch", "triton"):
+            raise ValueError(f"cross must be torch or triton, not {cross!r}")
+        self.triton = cross == "triton"
         self.bottom = mlp([NUM_DENSE + self.dense_pad, 512, 256, dim], last_relu=True)
         width = dim * (NUM_TABLES + 1)
         self.v = nn.ModuleList(nn.Linear(width, rank, bias=False) for _ in range(cross_layers))
         self.u = nn.ModuleList(nn.Linear(rank, width) for _ in range(cross_layers))
         self.deep = mlp([width, 1024, 1024, 512, 256, 1], last_relu=False)
 
+    @torch.jit.unused
+    def kernel_crosses(self, x0: torch.Tensor) -> torch.Tensor:
+        from triton_kernels import cross_layer
+        x = x0
+        for v, u in zip(self.v, self.u):
+            x = cross_layer(x0, x, v(x), u.weight, u.bias)
+        return x
+
     def dense_part(self, dense, emb):
         x0 = torch.cat([self.bottom(self.padded_dense(dense)), emb.flatten(1)], dim=1)
+        if self.triton and x0.is_cuda and x0.dtype == torch.float16 and not torch.jit.is_scripting():
+            return torch.sigmoid(self.deep(self.kernel_crosses(x0)))
         x = x0
         for v, u in zip(self.v, self.u):
             x = x0 * u(v(x)) + x
@@ -187,7 +206,7 @@ SEEDS = {"dlrm": 11, "dcnv2": 12, "wide_deep": 13}
 
 
 def make(name: str, rows: List[int], align: int = ALIGN, **options) -> Recommender:
-    """``options``: the model's own (DLRM's ``interaction``)."""
+    """``options``: the model's own (DLRM's ``interaction``, DCNv2's ``cross``)."""
     torch.manual_seed(SEEDS[name])
     model = MODELS[name](rows, align=align, **options)
     # He init keeps the activations' scale through the ReLU stacks, so predictions

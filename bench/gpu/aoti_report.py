@@ -46,7 +46,11 @@ def export_label(command, exported, model):
     """How a run exported `model`'s package: DLRM's interaction form, the example batch (runs
     before `--example-batch` existed exported with 4) and Inductor settings for that model."""
     parts = []
-    if model == "dlrm":
+    said = re.search(r"example batch \d+, (interaction|cross) (\w+)", exported)
+    if said:
+        parts.append(f"{said.group(1)} {said.group(2)}")
+    elif model == "dlrm":
+        # runs before the export line said its form: --dlrm-interaction, split by default
         form = re.search(r"--dlrm-interaction[ =](\w+)", command)
         parts.append(f"interaction {form.group(1) if form else 'split'}")
     eb = re.search(r"example batch (\d+)", exported)

@@ -6,7 +6,8 @@ dense.pt2), at its batch: the network in torch eager and compiled by Inductor (t
 the code generator AOTInductor packages use), each timed with CUDA events (median of 20 runs,
 inputs already on the GPU), its floating-point work counted (torch.utils.flop_counter) so the
 achieved TFLOP/s stand beside the time, and the compiled run's kernels from torch.profiler,
-the heaviest first. DLRM's interaction forms (`--dlrm-forms`: `cat`, `split`, `triton`) are each measured.
+the heaviest first. DLRM's interaction forms (`--dlrm-forms`: `cat`, `split`, `triton`) and DCNv2's cross-layer forms
+(`--dcnv2-forms`: `torch`, `triton`) are each measured.
 
     python3 bench/gpu/network_profile.py [--models dlrm,dcnv2,wide_deep] [--batch 65536]
         [--inductor max_autotune=true]
@@ -75,6 +76,7 @@ def main():
     p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
                    help="an Inductor setting for the compiled runs (e.g. max_autotune=true); repeatable")
     p.add_argument("--dlrm-forms", default="cat,split,triton", help="DLRM's interaction forms measured")
+    p.add_argument("--dcnv2-forms", default="torch,triton", help="DCNv2's cross-layer forms measured")
     p.add_argument("--top", type=int, default=12)
     a = p.parse_args()
     import aoti_export
@@ -84,10 +86,11 @@ def main():
     print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; Inductor settings {options or 'default'}",
           flush=True)
     for name in a.models.split(","):
-        forms = a.dlrm_forms.split(",") if name == "dlrm" else [None]
+        forms = {"dlrm": a.dlrm_forms.split(","), "dcnv2": a.dcnv2_forms.split(",")}.get(name, [None])
         batch = a.batch or BATCHES[name]
         for form in forms:
-            net = dense_network(name, "fp16", "cuda", form or "cat")  # the form matters to DLRM alone
+            net = (dense_network(name, "fp16", "cuda", interaction=form) if name == "dlrm" else
+                   dense_network(name, "fp16", "cuda", cross=form) if name == "dcnv2" else dense_network(name, "fp16", "cuda"))
             g = torch.Generator(device="cuda").manual_seed(0)
             dim = 65 if name == "wide_deep" else 128
             args = (torch.randn(batch, 13, device="cuda", generator=g),

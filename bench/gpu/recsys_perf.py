@@ -274,13 +274,14 @@ def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, gr
         [("dense.pt2", one_pt2)] if one_pt2 else [("dense.pt", dense_pt)])
 
 
-def dense_network(name, precision, device, interaction="cat"):
-    """The recommender's dense network as an nn.Module (fp16: behind fp32 inputs and output)."""
+def dense_network(name, precision, device, interaction="cat", cross="torch"):
+    """The recommender's dense network as an nn.Module (fp16: behind fp32 inputs and output);
+    `interaction`: DLRM's form, `cross`: DCNv2's (examples/recommenders.py)."""
     import recommenders
     from all_models import HalfDense  # the fp16 network behind fp32 inputs, as the six-model run serves it
 
     # the dense part does not depend on the tables' sizes: one-row tables keep it small
-    options = {"interaction": interaction} if name == "dlrm" else {}
+    options = {"dlrm": {"interaction": interaction}, "dcnv2": {"cross": cross}}.get(name, {})
     part = recommenders.DensePart(recommenders.make(name, [1] * TABLES, **options))
     m = HalfDense(part) if precision == "fp16" else part
     return m.to(device).eval()
@@ -288,7 +289,7 @@ def dense_network(name, precision, device, interaction="cat"):
 
 def dense_module(name, precision, device, interaction="cat"):
     import torch
-    # a script cannot hold the Triton kernel: TorchScript runs the same numbers in the split form
+    # a script cannot hold the Triton kernels: TorchScript runs the same numbers in the torch forms
     return torch.jit.script(dense_network(name, precision, device, "split" if interaction == "triton" else interaction))
 
 
@@ -526,7 +527,7 @@ def export_aoti(name, a, rows_type, max_batch):
     exported here with the same weights as the TorchScript file; returns its path."""
     import torch
     import aoti_export
-    net = dense_network(name, a.precision, "cuda", a.dlrm_interaction)
+    net = dense_network(name, a.precision, "cuda", a.aoti_dlrm_interaction, a.dcnv2_cross)
     emb = torch.float16 if rows_type == "TYPE_FP16" else torch.float32
     # the example batch is Inductor's size hint for the dynamic batch dimension (aoti_export.package):
     # by default the largest batch measured; at least 2 (torch.export specialises a size of 1)
@@ -535,11 +536,12 @@ def export_aoti(name, a, rows_type, max_batch):
     path = os.path.join(a.work, f"{name}_dense.pt2")
     t0 = time.time()
     settings = model_settings(a.inductor, name)
+    form = {"dlrm": f", interaction {a.aoti_dlrm_interaction}", "dcnv2": f", cross {a.dcnv2_cross}"}.get(name, "")
     with torch.no_grad():
         aoti_export.package(net, example, path, dynamic_batch=True, max_batch=max_batch, device="cuda",
                             inductor_configs=aoti_export.parse_inductor_configs(settings))
     print(f"exported {name}'s network as a CUDA package ({os.path.getsize(path) / 1e6:.0f} MB, batch up to {max_batch}, "
-          f"example batch {eb}) "
+          f"example batch {eb}{form}) "
           f"in {time.time() - t0:.0f} s" + (f"; Inductor settings {settings}" if settings else ""), flush=True)
     del net
     torch.cuda.empty_cache()
@@ -624,11 +626,16 @@ def main():
     p.add_argument("--graphs", action="store_true", help="CUDA graphs for the dense network (ensemble step and single model)")
     p.add_argument("--one-instances", type=int, default=1,
                    help="instances of the single model (each with its own GPU cache of --cache-share)")
-    p.add_argument("--dlrm-interaction", default="split", choices=["cat", "split", "triton"],
-                   help="DLRM's dot interaction: the 27 vectors stacked, or computed without the stack (same numbers; "
-                        "split's network is ~0.9 ms faster at 65536 served, launch-bound eager at small batches: graph those), "
-                        "or (--dense aoti) one Triton kernel in the package (examples/dot_interaction.py; the "
-                        "ensemble's TorchScript network stays split)")
+    p.add_argument("--dlrm-interaction", default="split", choices=["cat", "split"],
+                   help="DLRM's dot interaction in the TorchScript network: the 27 vectors stacked, or computed without "
+                        "the stack (same numbers; split's network is ~0.9 ms faster at 65536 served, launch-bound eager "
+                        "at small batches: graph those)")
+    p.add_argument("--aoti-dlrm-interaction", default="triton", choices=["cat", "split", "triton"],
+                   help="with --dense aoti: DLRM's interaction in the package; triton: one Triton kernel compiled into "
+                        "it (examples/triton_kernels.py; the network 1.27 ms instead of 1.99 at 65536 on an H100)")
+    p.add_argument("--dcnv2-cross", default="torch", choices=["torch", "triton"],
+                   help="with --dense aoti: DCNv2's cross layers in the package as written, or each one Triton kernel "
+                        "(examples/triton_kernels.py)")
     p.add_argument("--shared-memory", default="system", choices=["system", "cuda"],
                    help="perf_analyzer's inputs in system shared memory (HPS's published runs), or in CUDA shared "
                         "memory: the keys and dense features already on the GPU, as the ceiling has them")
@@ -697,6 +704,7 @@ def main():
              "cached_rows": sum(cache_rows(rows, a.cache_share, a.allocation)), "fixture": fixture,
              "graphs": a.graphs, "graph_rows": a.graph_rows, "host_memory": a.host_memory,
              "dlrm_interaction": a.dlrm_interaction, "one_instances": a.one_instances,
+             "aoti_dlrm_interaction": a.aoti_dlrm_interaction, "dcnv2_cross": a.dcnv2_cross,
              "stationary_hit_rate": {str(x): stationary_hit_rate(rows, cache_rows(rows, a.cache_share, a.allocation), x) for x in alphas},
              "fixture_seconds": time.time() - t0, "precision": a.precision, "requests_per_pool": a.requests,
              "dense": a.dense}

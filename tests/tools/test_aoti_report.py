@@ -36,6 +36,12 @@ def test_recsys_rows(tmp_path):
     assert small["ts_served"] == 9.0e6 and small["ts_ceiling"] is None
 
 
+def test_export_label_says_the_form():
+    line = ("exported dcnv2's network as a CUDA package (35 MB, batch up to 65536, example batch 65536, cross triton) "
+            "in 90 s")
+    assert aoti_report.export_label("run.sh aoti-recsys --models dcnv2", line, "dcnv2") == "cross triton; example batch 65536"
+
+
 def test_export_label_defaults():
     line = "exported wide_deep's network as a CUDA package (7 MB, batch up to 131072) in 10 s"
     assert aoti_report.export_label("run.sh aoti-recsys --models wide_deep", line, "wide_deep") == "example batch 4"

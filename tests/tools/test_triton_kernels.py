@@ -1,7 +1,7 @@
-"""examples/dot_interaction.py: the DLRM interaction kernel, run by Triton's interpreter on
-CPU tensors (TRITON_INTERPRET=1, in a process of its own: the setting is read when Triton is
-imported), equals the interaction in plain torch, and DLRM's ``triton`` form equals ``split``
-wherever the kernel is not used (CPU, TorchScript)."""
+"""examples/triton_kernels.py: DLRM's interaction and DCNv2's cross layer as Triton kernels,
+run by Triton's interpreter on CPU tensors (TRITON_INTERPRET=1, in a process of its own: the
+setting is read when Triton is imported), equal the same functions in plain torch; the models'
+``triton`` forms equal their torch forms wherever the kernels are not used (CPU, TorchScript)."""
 import os
 import subprocess
 import sys
@@ -16,7 +16,7 @@ KERNEL = r"""
 import sys
 sys.path.insert(0, "examples")
 import torch
-import dot_interaction as di
+import triton_kernels as di
 
 torch.manual_seed(0)
 for batch, tables, width in ((1, 26, 480), (5, 26, 480), (4, 26, 488), (3, 7, 160)):
@@ -37,6 +37,17 @@ except ValueError as e:
     print("refused:", e)
 else:
     raise SystemExit("40 tables were not refused")
+
+for batch, n, rank in ((5, 200, 64), (130, 136, 128)):
+    x0, x = torch.randn(batch, n).half(), torch.randn(batch, n).half()
+    h, w, b = torch.randn(batch, rank).half(), (torch.randn(n, rank) / rank ** 0.5).half(), torch.randn(n).half()
+    got = di.cross_layer(x0, x, h, w, b)
+    want = di.cross_reference(x0.float(), x.float(), h.float(), w.float(), b.float())
+    assert got.shape == (batch, n) and got.dtype == torch.float16
+    step = torch.finfo(torch.float16).eps * want.abs().clamp(min=1.0)
+    err = (got.float() - want).abs()
+    assert bool((err <= step).all()), float((err / step).max())
+    print("cross", batch, n, rank, float(err.max()))
 """
 
 
@@ -46,17 +57,20 @@ def test_kernel_equals_torch_in_the_interpreter():
     p = subprocess.run([PY, "-c", KERNEL], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "refused: dot_interaction: 40 tables" in p.stdout
+    assert p.stdout.count("cross ") == 2
 
 
-def test_triton_form_is_split_off_the_gpu():
+def test_triton_forms_equal_torch_off_the_gpu():
     pytest.importorskip("triton")
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     import torch
     import recommenders
 
-    nets = {form: recommenders.DensePart(recommenders.make("dlrm", [1] * 26, interaction=form)) for form in ("split", "triton")}
     dense, emb = torch.randn(6, 13), torch.randn(6, 26, 128) * 0.05
-    with torch.no_grad():
-        want = nets["split"](dense, emb)
-        assert torch.equal(nets["triton"](dense, emb), want)
-        assert torch.equal(torch.jit.script(nets["triton"])(dense, emb), want)
+    for name, option, plain in (("dlrm", "interaction", "split"), ("dcnv2", "cross", "torch")):
+        nets = {form: recommenders.DensePart(recommenders.make(name, [1] * 26, **{option: form}))
+                for form in (plain, "triton")}
+        with torch.no_grad():
+            want = nets[plain](dense, emb)
+            assert torch.equal(nets["triton"](dense, emb), want)
+            assert torch.equal(torch.jit.script(nets["triton"])(dense, emb), want)
