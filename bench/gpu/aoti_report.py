@@ -46,7 +46,7 @@ def export_label(command, exported, model):
     """How a run exported `model`'s package: DLRM's interaction form, the example batch (runs
     before `--example-batch` existed exported with 4) and Inductor settings for that model."""
     parts = []
-    said = re.search(r"example batch \d+, (interaction|cross) (\w+)", exported)
+    said = re.search(r"example batch \d+, (interaction|cross) ([^)]+)\)", exported)
     if said:
         parts.append(f"{said.group(1)} {said.group(2)}")
     elif model == "dlrm":

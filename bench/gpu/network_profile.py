@@ -77,6 +77,9 @@ def main():
                    help="an Inductor setting for the compiled runs (e.g. max_autotune=true); repeatable")
     p.add_argument("--dlrm-forms", default="cat,split,triton", help="DLRM's interaction forms measured")
     p.add_argument("--dcnv2-forms", default="torch,triton", help="DCNv2's cross-layer forms measured")
+    p.add_argument("--cross-configs", default="",
+                   help="DCNv2's cross-layer kernel measured in each of these configurations (examples/triton_kernels.py "
+                        "cross_config, e.g. 128x64x64w8s3,128x128x64w8s3); default: its default")
     p.add_argument("--top", type=int, default=12)
     a = p.parse_args()
     import aoti_export
@@ -87,10 +90,16 @@ def main():
           flush=True)
     for name in a.models.split(","):
         forms = {"dlrm": a.dlrm_forms.split(","), "dcnv2": a.dcnv2_forms.split(",")}.get(name, [None])
+        if name == "dcnv2" and "triton" in forms and a.cross_configs:
+            # one run per kernel configuration (read when the module is compiled)
+            forms = [f for f in forms if f != "triton"] + [f"triton {c}" for c in a.cross_configs.split(",")]
         batch = a.batch or BATCHES[name]
         for form in forms:
+            if form and form.startswith("triton "):
+                os.environ["TRITON_RUST_CROSS"] = form.split()[1]
             net = (dense_network(name, "fp16", "cuda", interaction=form) if name == "dlrm" else
-                   dense_network(name, "fp16", "cuda", cross=form) if name == "dcnv2" else dense_network(name, "fp16", "cuda"))
+                   dense_network(name, "fp16", "cuda", cross=form.split()[0]) if name == "dcnv2" else
+                   dense_network(name, "fp16", "cuda"))
             g = torch.Generator(device="cuda").manual_seed(0)
             dim = 65 if name == "wide_deep" else 128
             args = (torch.randn(batch, 13, device="cuda", generator=g),

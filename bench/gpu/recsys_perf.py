@@ -536,7 +536,14 @@ def export_aoti(name, a, rows_type, max_batch):
     path = os.path.join(a.work, f"{name}_dense.pt2")
     t0 = time.time()
     settings = model_settings(a.inductor, name)
-    form = {"dlrm": f", interaction {a.aoti_dlrm_interaction}", "dcnv2": f", cross {a.dcnv2_cross}"}.get(name, "")
+    if a.cross_config:
+        os.environ["TRITON_RUST_CROSS"] = a.cross_config  # read when the cross-layer kernel is traced
+    cross = a.dcnv2_cross
+    if cross == "triton":
+        import triton_kernels
+        cross += " " + "x".join(str(v) for v in triton_kernels.cross_config()[:3]) + "w{}s{}".format(
+            *triton_kernels.cross_config()[3:])
+    form = {"dlrm": f", interaction {a.aoti_dlrm_interaction}", "dcnv2": f", cross {cross}"}.get(name, "")
     with torch.no_grad():
         aoti_export.package(net, example, path, dynamic_batch=True, max_batch=max_batch, device="cuda",
                             inductor_configs=aoti_export.parse_inductor_configs(settings))
@@ -636,6 +643,9 @@ def main():
     p.add_argument("--dcnv2-cross", default="torch", choices=["torch", "triton"],
                    help="with --dense aoti: DCNv2's cross layers in the package as written, or each one Triton kernel "
                         "(examples/triton_kernels.py)")
+    p.add_argument("--cross-config", default="",
+                   help="with --dcnv2-cross triton: the kernel's tile, warps and stages (triton_kernels.cross_config, "
+                        "e.g. 128x64x64w8s3)")
     p.add_argument("--shared-memory", default="system", choices=["system", "cuda"],
                    help="perf_analyzer's inputs in system shared memory (HPS's published runs), or in CUDA shared "
                         "memory: the keys and dense features already on the GPU, as the ceiling has them")

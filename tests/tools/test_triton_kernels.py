@@ -13,6 +13,7 @@ PY = os.path.join(ROOT, ".venv", "bin", "python")
 PY = PY if os.path.exists(PY) else sys.executable
 
 KERNEL = r"""
+import os
 import sys
 sys.path.insert(0, "examples")
 import torch
@@ -38,7 +39,9 @@ except ValueError as e:
 else:
     raise SystemExit("40 tables were not refused")
 
-for batch, n, rank in ((5, 200, 64), (130, 136, 128)):
+for batch, n, rank, config in ((5, 200, 64, None), (130, 136, 128, "32x32x32w4s2")):
+    if config:
+        os.environ["TRITON_RUST_CROSS"] = config
     x0, x = torch.randn(batch, n).half(), torch.randn(batch, n).half()
     h, w, b = torch.randn(batch, rank).half(), (torch.randn(n, rank) / rank ** 0.5).half(), torch.randn(n).half()
     got = di.cross_layer(x0, x, h, w, b)
@@ -74,3 +77,15 @@ def test_triton_forms_equal_torch_off_the_gpu():
             want = nets[plain](dense, emb)
             assert torch.equal(nets["triton"](dense, emb), want)
             assert torch.equal(torch.jit.script(nets["triton"])(dense, emb), want)
+
+
+def test_cross_config_is_read_and_checked():
+    pytest.importorskip("triton")
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    import triton_kernels
+
+    assert triton_kernels.cross_config("64x128x32w4s4") == (64, 128, 32, 4, 4)
+    assert triton_kernels.cross_config() == triton_kernels.cross_config(triton_kernels.CROSS_DEFAULT)
+    for bad in ("128x64", "128x64x64w8", "100x64x64w8s3"):
+        with pytest.raises(ValueError):
+            triton_kernels.cross_config(bad)
