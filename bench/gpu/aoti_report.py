@@ -43,8 +43,9 @@ PER_EXEC = re.compile(r"per execution \(ms\): \w+: input ([\d.]+), infer ([\d.]+
 
 
 def export_label(command, exported, model):
-    """How a run exported `model`'s package: DLRM's interaction form, the example batch (runs
-    before `--example-batch` existed exported with 4) and Inductor settings for that model."""
+    """How a run exported `model`'s package, from its export line (and, for runs before that line
+    said the form, the command): DLRM's interaction or DCNv2's cross form, the example batch
+    (runs before `--example-batch` existed exported with 4) and Inductor settings."""
     parts = []
     said = re.search(r"example batch \d+, (interaction|cross) ([^)]+)\)", exported)
     if said:
@@ -55,13 +56,9 @@ def export_label(command, exported, model):
         parts.append(f"interaction {form.group(1) if form else 'split'}")
     eb = re.search(r"example batch (\d+)", exported)
     parts.append(f"example batch {eb.group(1) if eb else 4}")
-    for setting in re.findall(r"--inductor[ =](\S+)", command):
-        key, sep, rest = setting.partition(":")
-        if sep and "=" not in key:
-            if key == model:
-                parts.append(rest)
-        else:
-            parts.append(setting)
+    settings = re.search(r"Inductor settings \[(.*)\]", exported)  # the model's own, as the export said them
+    if settings:
+        parts += [x.strip().strip("'") for x in settings.group(1).split(",") if x.strip()]
     return "; ".join(parts)
 
 

@@ -8,7 +8,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench", 
 import aoti_report  # noqa: E402
 
 CONSOLE = """run.sh aoti-recsys --models dlrm --paths ens,one --batches 4096,65536 --one-instances 2 --dlrm-interaction triton --inductor dcnv2:max_autotune=true --inductor coordinate_descent_tuning=true
-exported dlrm's network as a CUDA package (7 MB, batch up to 65536, example batch 65536) in 85 s
+exported dlrm's network as a CUDA package (7 MB, batch up to 65536, example batch 65536) in 85 s; Inductor settings ['coordinate_descent_tuning=true']
   ceiling dlrm batch 65536: eager 21.04 M/s, graph 21.23 M/s
   bare AOTI network batch 65536: plain 1.343 ms (48.80 M/s), CUDA graph 1.269 ms (51.63 M/s)
   bare AOTI network batch 4096: plain 0.180 ms (22.70 M/s), CUDA graph 0.120 ms (34.10 M/s)
@@ -45,4 +45,6 @@ def test_export_label_says_the_form():
 def test_export_label_defaults():
     line = "exported wide_deep's network as a CUDA package (7 MB, batch up to 131072) in 10 s"
     assert aoti_report.export_label("run.sh aoti-recsys --models wide_deep", line, "wide_deep") == "example batch 4"
-    assert aoti_report.export_label("run.sh x --inductor dcnv2:max_autotune=true", line, "dcnv2") == "example batch 4; max_autotune=true"
+    tuned = line + "; Inductor settings ['max_autotune=true', 'max_autotune_gemm_backends=TRITON']"
+    assert (aoti_report.export_label("run.sh x", tuned, "dcnv2")
+            == "example batch 4; max_autotune=true; max_autotune_gemm_backends=TRITON")
