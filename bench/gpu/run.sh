@@ -36,10 +36,14 @@
 #   aoti-recsys   recommenders (default DLRM) as ONE model whose network is a CUDA FP16
 #                 AOTInductor package (dense.pt2) at Criteo scale (recsys_perf.py --dense aoti;
 #                 its arguments), keys in CUDA shared memory, the key pool sized for the hit rate.
+#                 DLRM's interaction is a Triton kernel in the package (--aoti-dlrm-interaction),
+#                 DCNv2's cross layers optionally (--dcnv2-cross triton); --stream-concurrency N
+#                 adds an endless stream at the cache's stationary hit rate (stream_load.py).
 #                 carry [".carry", ".carry_pa"]
 #   network       where the recommenders' dense networks spend their time, compiled by Inductor:
 #                 eager and compiled timed, TFLOP/s, the heaviest kernels (network_profile.py; its
-#                 arguments, e.g. --models dlrm --inductor max_autotune=true). carry [".carry"]
+#                 arguments, e.g. --models dlrm --inductor max_autotune=true, --dlrm-forms,
+#                 --dcnv2-forms, --cross-configs). carry [".carry"]
 #   trust reload torch|onnx|aoti|embedding [cycles] | soak | faults
 #                 load/infer/unload cycles on KIND_GPU (reload_cycles.py; aoti: unpacked package
 #                 folders left behind are counted too), 8 minutes of 256 clients
