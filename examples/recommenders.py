@@ -103,8 +103,8 @@ class DLRM(Recommender):
     eager 0.52 ms ``cat``, 0.98 ms ``split`` (more, smaller kernels: launch-bound unless
     CUDA-graphed; bench/gpu/results/recsys_h100/nov23b_split/profile_split.log). ``triton``
     runs the whole interaction, concatenation and padding included, as one Triton kernel
-    (``triton_kernels.dot_interaction``) on CUDA FP16 tensors, for AOTInductor packages; ``split`` elsewhere,
-    TorchScript included (a script cannot hold the kernel)."""
+    (``triton_kernels.dot_interaction``) on CUDA FP16 tensors, for AOTInductor packages;
+    ``split`` elsewhere, TorchScript included (a script cannot hold the kernel)."""
 
     def __init__(self, rows: List[int], dim: int = 128, align: int = ALIGN, interaction: str = "cat"):
         super().__init__(rows, dim, align)
