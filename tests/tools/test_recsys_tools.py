@@ -80,6 +80,6 @@ def test_dlrm_interaction_forms_give_the_same_predictions():
     try:
         recommenders.make("dlrm", [5] * 26, interaction="dot")
     except ValueError as e:
-        assert "cat or split" in str(e)
+        assert "cat, split or triton" in str(e)
     else:
         raise AssertionError("an unknown interaction is refused")
