@@ -388,10 +388,11 @@ def per_model(before, after):
     return res
 
 
-def perf(pa, port, model, batch, conc, data, out_dir, tag, metrics_model, interval_ms, shm="system"):
+def perf(pa, port, model, batch, conc, data, out_dir, tag, metrics_model, interval_ms, shm="system", protocol="grpc"):
     raw = os.path.join(out_dir, "raw", f"{tag}_b{batch}_c{conc}.csv")
     os.makedirs(os.path.dirname(raw), exist_ok=True)
-    cmd = [pa, "-m", model, "-b", "1", "--concurrency-range", f"{conc}:{conc}", "-i", "grpc", "-u", f"localhost:{port + 1}",
+    url = f"localhost:{port + 1}" if protocol == "grpc" else f"localhost:{port}"
+    cmd = [pa, "-m", model, "-b", "1", "--concurrency-range", f"{conc}:{conc}", "-i", protocol, "-u", url,
            "--shared-memory", shm, "--output-shared-memory-size", str(max(1 << 20, batch * 4 * 2)),
            "--input-data", data, "--measurement-interval", str(interval_ms), "--max-trials", "6", "-f", raw]
     k0, h0 = scrape(port, metrics_model)
@@ -600,6 +601,8 @@ def main():
     p.add_argument("--pool-gb", type=float, default=0.5,
                    help="auto pools: at most this many GB of keys and dense features per pool (perf_analyzer holds the "
                         "pool as JSON and, with --shared-memory cuda, in GPU memory)")
+    p.add_argument("--protocol", default="grpc", choices=["grpc", "http"],
+                   help="perf_analyzer's protocol to the server (its -i)")
     p.add_argument("--stream-concurrency", type=int, default=0,
                    help="also serve each measured batch of the one model an endless stream (stream_load.py: a pool as large "
                         "as the stream's hit rate needs, in GPU memory, our HTTP client) at this many requests in flight; "
@@ -859,7 +862,7 @@ def main():
                         st0 = model_stats(client, composing)
                         started = time.time()
                         r = perf(a.perf_analyzer, a.port, model, batch, conc, data, out_dir, f"{m}_{path}_a{alpha}",
-                                 f"{m}_sparse", a.interval_ms, a.shared_memory)
+                                 f"{m}_sparse", a.interval_ms, a.shared_memory, a.protocol)
                         if r is None:
                             continue
                         # wall-clock span, to line the run up with run.sh's vmstat and GPU samples

@@ -34,6 +34,9 @@ def test_recsys_rows(tmp_path):
     # 10 M reached but p99 above 1 ms; the ensemble's per-execution line is not the one model's
     assert small["ips"] == 11.38e6 and not small["pass"] and small["infer_ms"] == 0.36
     assert small["ts_served"] == 9.0e6 and small["ts_ceiling"] is None
+    assert big["protocol"] == small["protocol"] == "gRPC"
+    (tmp_path / "console.log").write_text(CONSOLE.replace("--paths ens,one", "--paths ens,one --protocol http"))
+    assert {r["protocol"] for r in aoti_report.recsys_rows(str(tmp_path))} == {"HTTP"}
 
 
 def test_export_label_says_the_form():
