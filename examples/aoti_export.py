@@ -173,8 +173,8 @@ def package(module: nn.Module, example_inputs: Sequence[torch.Tensor], path: str
     max=max_batch)`` (the example batch must be at least 2: torch.export specialises a size
     of 1). The example batch is also Inductor's size hint for that dimension: the generated
     GPU kernels' block sizes are chosen for it, so a GPU package is best exported with a batch
-    of the size it will mostly run (the bench scripts use the largest they measure). ``device``: where the module and the inputs are moved (``"cuda"`` makes a CUDA
-    package for this machine's GPU). ``half``: FP16 weights and floating-point inputs.
+    of the size it will mostly run (``example_batch``). ``device``: where the module and the
+    inputs are moved (``"cuda"`` makes a CUDA package for this machine's GPU). ``half``: FP16 weights and floating-point inputs.
     ``inductor_configs``: Inductor's settings for the compile (e.g. ``{"max_autotune": True}``),
     beside the metadata."""
     kwargs = dict(kwargs or {})
@@ -201,6 +201,12 @@ def package(module: nn.Module, example_inputs: Sequence[torch.Tensor], path: str
                                                  inductor_configs={**(inductor_configs or {}),
                                                                    "aot_inductor.metadata": meta})
     return meta
+
+
+def example_batch(asked: int, largest: int) -> int:
+    """The batch to export a GPU package with: `asked`, else the largest it will serve (the size
+    hint Inductor tunes for, see ``package``); at least 2, as torch.export specialises a size of 1."""
+    return max(2, asked or largest)
 
 
 def parse_inductor_configs(pairs: Sequence[str]) -> Dict[str, Any]:

@@ -132,14 +132,14 @@ def cross_layer(x0: torch.Tensor, x: torch.Tensor, h: torch.Tensor, weight: torc
     """``x0 * (h @ weight.T + bias) + x``: x0, x [B, N], h [B, R], weight [N, R], bias [N]."""
     batch, rank = h.shape
     n = weight.shape[0]
-    if rank % cross_config()[2] or weight.shape[1] != rank or x0.shape != (batch, n) or x.shape != (batch, n) or bias.shape != (n,):
+    bm, bn, bk, warps, stages = cross_config()
+    if rank % bk or weight.shape[1] != rank or x0.shape != (batch, n) or x.shape != (batch, n) or bias.shape != (n,):
         raise ValueError(f"cross_layer: h {tuple(h.shape)}, weight {tuple(weight.shape)}, x0 {tuple(x0.shape)}, "
                          f"x {tuple(x.shape)}, bias {tuple(bias.shape)} (the rank a multiple of the tile's depth)")
     if not _interpreted(h) or h.dtype != torch.float16:
         return cross_reference(x0, x, h, weight, bias)
     x0, x, h, weight, bias = (t.contiguous() for t in (x0, x, h, weight, bias))
     out = torch.empty_like(x)
-    bm, bn, bk, warps, stages = cross_config()
     grid = (triton.cdiv(batch, bm) * triton.cdiv(n, bn),)
     _launcher(_cross_layer_kernel)[grid](h, weight, bias, x0, x, out, batch, n, R=rank, BM=bm, BN=bn, BK=bk,
                                          GROUP_M=8, num_warps=warps, num_stages=stages)
@@ -149,11 +149,16 @@ def cross_layer(x0: torch.Tensor, x: torch.Tensor, h: torch.Tensor, weight: torc
 CROSS_DEFAULT = "128x64x64w8s3"
 
 
+def cross_config_text() -> str:
+    """The cross-layer kernel's configuration in effect: $TRITON_RUST_CROSS (read when a module
+    is exported, so a package keeps the one it was exported with), else CROSS_DEFAULT."""
+    return os.environ.get("TRITON_RUST_CROSS") or CROSS_DEFAULT
+
+
 def cross_config(text=None):
     """The cross-layer kernel's tile (rows x columns x depth), warps and pipeline stages, as
-    `BMxBNxBKwWsS`: `text`, else $TRITON_RUST_CROSS (read when a module is exported, so a
-    package keeps the one it was exported with), else CROSS_DEFAULT."""
-    text = text or os.environ.get("TRITON_RUST_CROSS") or CROSS_DEFAULT
+    `BMxBNxBKwWsS`: `text`, else the configuration in effect (cross_config_text)."""
+    text = text or cross_config_text()
     try:
         tile, rest = text.split("w")
         warps, stages = rest.split("s")

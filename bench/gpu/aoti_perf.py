@@ -143,7 +143,7 @@ def export(module, m, feeds, repo, names, dev, dry_run, inductor=(), example_bat
     import aoti_export
     pt2 = os.path.join(repo, names["aoti"], "1", "model.pt2")
     pt = os.path.join(repo, names["torch"], "1", "model.pt")
-    example_batch = max(2, example_batch or m["mb"])
+    example_batch = aoti_export.example_batch(example_batch, m["mb"])
     kwargs = dict(dynamic_batch=True, max_batch=m["mb"], device="cuda")
     if inductor:
         kwargs["inductor_configs"] = aoti_export.parse_inductor_configs(inductor)

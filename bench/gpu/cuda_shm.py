@@ -42,6 +42,13 @@ class Region:
         self.check("cudaMemcpy", self.rt.cudaMemcpy(self.ptr, a.ctypes.data_as(ctypes.c_void_p),
                                                     ctypes.c_size_t(a.nbytes), 1))
 
+    def write_tensor(self, tensor, offset: int = 0) -> None:
+        """Copies a contiguous CUDA tensor into the region at `offset` (device to device)."""
+        nbytes = tensor.numel() * tensor.element_size()
+        assert offset + nbytes <= self.nbytes, (offset, nbytes, self.nbytes)
+        self.check("cudaMemcpy", self.rt.cudaMemcpy(ctypes.c_void_p(self.ptr.value + offset),
+                                                    ctypes.c_void_p(tensor.data_ptr()), ctypes.c_size_t(nbytes), 3))
+
     def read(self, shape, dtype) -> np.ndarray:
         out = np.empty(shape, dtype)
         assert out.nbytes <= self.nbytes, (out.nbytes, self.nbytes)

@@ -481,7 +481,7 @@ def sweep_plan(batches, conc_batch, concs):
     return plan
 
 
-def stream_check(a, client, m, batch, alpha, rows, plan, streams, out_dir):
+def stream_check(a, m, batch, alpha, rows, plan, streams, out_dir):
     """The one model under an endless stream (stream_load.py, our client): a pool of distinct
     requests holding the lookups per table the stream's hit rate needs (pool_plan), drawn into
     GPU memory, at --stream-concurrency; printed beside perf_analyzer's rows, kept in streams.json."""
@@ -530,9 +530,7 @@ def export_aoti(name, a, rows_type, max_batch):
     import aoti_export
     net = dense_network(name, a.precision, "cuda", a.aoti_dlrm_interaction, a.dcnv2_cross)
     emb = torch.float16 if rows_type == "TYPE_FP16" else torch.float32
-    # the example batch is Inductor's size hint for the dynamic batch dimension (aoti_export.package):
-    # by default the largest batch measured; at least 2 (torch.export specialises a size of 1)
-    eb = max(2, a.example_batch or max_batch)
+    eb = aoti_export.example_batch(a.example_batch, max_batch)
     example = (torch.rand(eb, 13, device="cuda"), (torch.randn(eb, TABLES, a.dim, device="cuda") * 0.05).to(emb))
     path = os.path.join(a.work, f"{name}_dense.pt2")
     t0 = time.time()
@@ -542,8 +540,7 @@ def export_aoti(name, a, rows_type, max_batch):
     cross = a.dcnv2_cross
     if cross == "triton":
         import triton_kernels
-        cross += " " + "x".join(str(v) for v in triton_kernels.cross_config()[:3]) + "w{}s{}".format(
-            *triton_kernels.cross_config()[3:])
+        cross += " " + triton_kernels.cross_config_text()
     form = {"dlrm": f", interaction {a.aoti_dlrm_interaction}", "dcnv2": f", cross {cross}"}.get(name, "")
     with torch.no_grad():
         aoti_export.package(net, example, path, dynamic_batch=True, max_batch=max_batch, device="cuda",
@@ -899,7 +896,7 @@ def main():
                             json.dump(runs, f, indent=1)
                 if a.stream_concurrency and "one" in a.paths.split(","):
                     for batch in sorted({b for b, _ in plan_m}):
-                        stream_check(a, client, m, batch, alpha, rows, plans[alpha], streams, out_dir)
+                        stream_check(a, m, batch, alpha, rows, plans[alpha], streams, out_dir)
         exact = {}
         for m in models:
             exact[m] = exactness(client, m, rows, a.dim, requests_of(a.conc_batch, alphas[-1])[:4])

@@ -17,7 +17,6 @@ labelled, for what perf_analyzer cannot send.
 """
 from __future__ import annotations
 
-import ctypes
 import math
 import os
 import threading
@@ -96,6 +95,10 @@ class HostRegion:
         a = np.ascontiguousarray(array)
         self.map[offset:offset + a.nbytes] = a.tobytes()
 
+    def write_tensor(self, tensor, offset: int = 0) -> None:
+        """Copies a contiguous CPU tensor into the region at `offset`."""
+        self.write(tensor.numpy(), offset)
+
     def __exit__(self, *exc):
         try:
             self.client.unregister_system_shm(self.name)
@@ -141,13 +144,7 @@ def run(client_of, scrape, model, rows, batch, requests, alpha, seed, concurrenc
             outs.append(region(f"stream_out_{model}_{i}", out_bytes))
             made.append(outs[-1])
         for first, chunk in draw_keys(rows, batch, requests, alpha, seed, f"cuda:{device}" if gpu else "cpu"):
-            chunk = chunk.contiguous()
-            if gpu:
-                keys.check("cudaMemcpy", keys.rt.cudaMemcpy(ctypes.c_void_p(keys.ptr.value + first * req_bytes),
-                                                            ctypes.c_void_p(chunk.data_ptr()),
-                                                            ctypes.c_size_t(chunk.numel() * 8), 3))
-            else:
-                keys.write(chunk.numpy(), first * req_bytes)
+            keys.write_tensor(chunk.contiguous(), first * req_bytes)
         if gpu:
             torch.cuda.synchronize()
         rng = np.random.default_rng(seed + 1)

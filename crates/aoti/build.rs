@@ -1,8 +1,8 @@
 //! Compiles src/runtime.cpp (and src/modules.cpp, the package's CUDA modules) against the
 //! libtorch `LIBTORCH` names (a libtorch directory: a torch wheel's site-packages/torch, or
-//! NVIDIA's PyTorch image's) and links the plugin
-//! to it. With libtorch's CUDA libraries there (and CUDA's runtime headers: CUDA_HOME, or
-//! the torch wheel's nvidia packages) the GPU paths are built too (TRA_CUDA).
+//! NVIDIA's PyTorch image's) and links the plugin to it. With libtorch's CUDA libraries there
+//! (and CUDA's runtime headers: CUDA_HOME, or the torch wheel's nvidia packages) the GPU paths
+//! are built too (TRA_CUDA).
 use std::path::{Path, PathBuf};
 
 fn main() {
