@@ -95,7 +95,7 @@ def dot_interaction(x: torch.Tensor, emb: torch.Tensor, width: int) -> torch.Ten
 
 @triton.jit
 def _cross_layer_kernel(h_ptr, w_ptr, b_ptr, x0_ptr, x_ptr, out_ptr, B, N, R: tl.constexpr, BM: tl.constexpr,
-                        BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+                        BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, EARLY: tl.constexpr):
     # tiles in groups of GROUP_M rows of tiles, so that a group's h rows stay in L2 across N
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(B, BM)
@@ -108,17 +108,23 @@ def _cross_layer_kernel(h_ptr, w_ptr, b_ptr, x0_ptr, x_ptr, out_ptr, B, N, R: tl
     rm = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
     rn = pid_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
+    inside = (rm[:, None] < B) & (rn[None, :] < N)
+    at = rm[:, None] * N + rn[None, :]
+    if EARLY:
+        # the epilogue's two tiles asked for before the product, so that their reads overlap it
+        x0 = tl.load(x0_ptr + at, mask=inside, other=0.0)
+        x = tl.load(x_ptr + at, mask=inside, other=0.0)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k in range(0, R, BK):
         a = tl.load(h_ptr + rm[:, None] * R + (k + rk)[None, :], mask=rm[:, None] < B, other=0.0)
         w = tl.load(w_ptr + rn[None, :] * R + (k + rk)[:, None], mask=rn[None, :] < N, other=0.0)
         acc = tl.dot(a, w, acc)
-    inside = (rm[:, None] < B) & (rn[None, :] < N)
     bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
-    at = rm[:, None] * N + rn[None, :]
-    x0 = tl.load(x0_ptr + at, mask=inside, other=0.0).to(tl.float32)
-    x = tl.load(x_ptr + at, mask=inside, other=0.0).to(tl.float32)
-    tl.store(out_ptr + at, (x0 * (acc + bias[None, :]) + x).to(out_ptr.dtype.element_ty), mask=inside)
+    if not EARLY:
+        x0 = tl.load(x0_ptr + at, mask=inside, other=0.0)
+        x = tl.load(x_ptr + at, mask=inside, other=0.0)
+    out = x0.to(tl.float32) * (acc + bias[None, :]) + x.to(tl.float32)
+    tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=inside)
 
 
 def cross_reference(x0: torch.Tensor, x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
@@ -132,7 +138,7 @@ def cross_layer(x0: torch.Tensor, x: torch.Tensor, h: torch.Tensor, weight: torc
     """``x0 * (h @ weight.T + bias) + x``: x0, x [B, N], h [B, R], weight [N, R], bias [N]."""
     batch, rank = h.shape
     n = weight.shape[0]
-    bm, bn, bk, warps, stages = cross_config()
+    bm, bn, bk, warps, stages, early = cross_config()
     if rank % bk or weight.shape[1] != rank or x0.shape != (batch, n) or x.shape != (batch, n) or bias.shape != (n,):
         raise ValueError(f"cross_layer: h {tuple(h.shape)}, weight {tuple(weight.shape)}, x0 {tuple(x0.shape)}, "
                          f"x {tuple(x.shape)}, bias {tuple(bias.shape)} (the rank a multiple of the tile's depth)")
@@ -142,7 +148,7 @@ def cross_layer(x0: torch.Tensor, x: torch.Tensor, h: torch.Tensor, weight: torc
     out = torch.empty_like(x)
     grid = (triton.cdiv(batch, bm) * triton.cdiv(n, bn),)
     _launcher(_cross_layer_kernel)[grid](h, weight, bias, x0, x, out, batch, n, R=rank, BM=bm, BN=bn, BK=bk,
-                                         GROUP_M=8, num_warps=warps, num_stages=stages)
+                                         GROUP_M=8, EARLY=early, num_warps=warps, num_stages=stages)
     return out
 
 
@@ -156,16 +162,18 @@ def cross_config_text() -> str:
 
 
 def cross_config(text=None):
-    """The cross-layer kernel's tile (rows x columns x depth), warps and pipeline stages, as
-    `BMxBNxBKwWsS`: `text`, else the configuration in effect (cross_config_text)."""
+    """The cross-layer kernel's tile (rows x columns x depth), warps, pipeline stages and
+    whether the epilogue's tiles are read before the product (a trailing `e`), as
+    `BMxBNxBKwWsS[e]`: `text`, else the configuration in effect (cross_config_text)."""
     text = text or cross_config_text()
+    early = text.endswith("e")
     try:
-        tile, rest = text.split("w")
+        tile, rest = text.removesuffix("e").split("w")
         warps, stages = rest.split("s")
         bm, bn, bk = (int(v) for v in tile.split("x"))
-        config = (bm, bn, bk, int(warps), int(stages))
+        config = (bm, bn, bk, int(warps), int(stages), early)
     except ValueError:
-        raise ValueError(f"cross-layer kernel config {text!r}: BMxBNxBKwWARPSsSTAGES, e.g. {CROSS_DEFAULT}") from None
+        raise ValueError(f"cross-layer kernel config {text!r}: BMxBNxBKwWARPSsSTAGES[e], e.g. {CROSS_DEFAULT}") from None
     if bk % 16 or bm % 16 or bn % 16:
         raise ValueError(f"cross-layer kernel config {text!r}: tiles are multiples of 16")
     return config

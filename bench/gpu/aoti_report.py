@@ -74,7 +74,8 @@ def recsys_rows(folder):
                 command = line
                 i = re.search(r"--one-instances[ =](\d+)", line)
                 instances = int(i.group(1)) if i else 1
-                protocol = "HTTP" if re.search(r"--protocol[ =]http", line) else "gRPC"
+                said = re.search(r"--protocol[ =]([\w-]+)", line)
+                protocol = {"http": "HTTP", "grpc-streaming": "gRPC streaming"}.get(said.group(1) if said else "", "gRPC")
             m = re.search(r"exported (\w+)'s network", line)
             if m:
                 model = m.group(1)

@@ -451,7 +451,18 @@ int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_ro
       auto where = v.memory == MEMORY_GPU ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(v.device_id))
                                           : c10::Device(c10::kCPU);
       auto t = at::from_blob(const_cast<void*>(v.data), shape, at::TensorOptions().dtype(type).device(where));
-      in.push_back(where == m.device ? t : t.to(m.device));
+      if (where == m.device) {
+        in.push_back(t);
+      } else if (where.is_cpu()) {
+        // host memory (a client's, pageable) for a GPU instance: copied into pinned memory here,
+        // so that its copy to the GPU is queued on the instance's stream rather than waited for
+        // (the pinned block is not handed out again before that copy is done)
+        auto pinned = at::empty(shape, at::TensorOptions().dtype(type).pinned_memory(true));
+        std::memcpy(pinned.data_ptr(), v.data, pinned.nbytes());
+        in.push_back(pinned.to(m.device, /*non_blocking=*/true));
+      } else {
+        in.push_back(t.to(m.device));
+      }
     }
     times->staged_us = since();
     std::vector<at::Tensor> out;
@@ -463,7 +474,13 @@ int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_ro
       out = graph && m.graphs ? run_graph(m, in, pad_rows, &times->replayed) : m.loader->run(in, m.stream->stream());
       if (host_outputs) {
         times->launched_us = since();
-        for (auto& o : out) o = o.to(c10::kCPU);
+        // every output copied into pinned host memory on the instance's stream, then one wait
+        for (auto& o : out) {
+          auto host = at::empty(o.sizes(), o.options().device(c10::kCPU).pinned_memory(true));
+          host.copy_(o, /*non_blocking=*/true);
+          o = host;
+        }
+        m.stream->synchronize();
       } else {
         // a package may return views (BERT's two logits are strided slices of one tensor):
         // made contiguous on the instance's stream before the wait, because the backend
