@@ -622,9 +622,10 @@ def main():
     p.add_argument("--pool-gb", type=float, default=0.5,
                    help="auto pools: at most this many GB of keys and dense features per pool (perf_analyzer holds the "
                         "pool as JSON and, with --shared-memory cuda, in GPU memory)")
-    p.add_argument("--protocol", default="grpc", choices=["grpc", "http", "grpc-streaming"],
-                   help="perf_analyzer's protocol to the server (its -i; grpc-streaming: gRPC with --streaming, the "
-                        "requests of each client on one bidirectional stream)")
+    p.add_argument("--protocol", default="grpc",
+                   help="perf_analyzer's protocols to the server, each run once per protocol (its -i: grpc, http, or "
+                        "grpc-streaming: gRPC with --streaming, the requests of each client on one bidirectional "
+                        "stream), e.g. grpc,http")
     p.add_argument("--stream-concurrency", type=int, default=0,
                    help="also serve each measured batch of the one model an endless stream (stream_load.py: a pool as large "
                         "as the stream's hit rate needs, in GPU memory, our HTTP client) at this many requests in flight; "
@@ -695,6 +696,9 @@ def main():
     add_host_args(p)
     a = p.parse_args()
     apply_host_args(a)
+    for proto in a.protocol.split(","):
+        if proto not in ("grpc", "http", "grpc-streaming"):
+            p.error(f"--protocol: {proto!r} is not grpc, http or grpc-streaming")
 
     out_dir = os.path.join(os.environ.get("OUT", "/tmp/out"), "recsys")
     os.makedirs(out_dir, exist_ok=True)
@@ -880,13 +884,14 @@ def main():
                     plan_m = plan
                 for batch, conc in plan_m:
                     data = data_file(batch, alpha)
-                    for path in a.paths.split(","):
+                    for path, proto in [(x, y) for x in a.paths.split(",") for y in a.protocol.split(",")]:
                         model = f"{m}_{path}"
                         composing = [f"{m}_sparse", f"{m}_dense"] if path == "ens" else [model]
                         st0 = model_stats(client, composing)
                         started = time.time()
-                        r = perf(a.perf_analyzer, a.port, model, batch, conc, data, out_dir, f"{m}_{path}_a{alpha}",
-                                 f"{m}_sparse", a.interval_ms, a.shared_memory, a.protocol)
+                        tag = f"{m}_{path}_a{alpha}" + ("" if proto == "grpc" else f"_{proto}")
+                        r = perf(a.perf_analyzer, a.port, model, batch, conc, data, out_dir, tag,
+                                 f"{m}_sparse", a.interval_ms, a.shared_memory, proto)
                         if r is None:
                             continue
                         # wall-clock span, to line the run up with run.sh's vmstat and GPU samples
@@ -896,7 +901,7 @@ def main():
                         best = max(x for x in (ceil or {}).values() if x) if ceil else None
                         lru = plans[alpha]["lru"]
                         r.update({"model": m, "path": path, "alpha": alpha, "batch": batch, "concurrency": conc,
-                                  "ceiling_ips": best, "pool_requests": pool_size(batch, alpha),
+                                  "ceiling_ips": best, "pool_requests": pool_size(batch, alpha), "protocol": proto,
                                   "stationary_hit_rate": setup["stationary_hit_rate"][str(alpha)], "lru_hit_rate": lru,
                                   "dense": "aoti" if path == "one" and a.dense == "aoti" else "torchscript"})
                         aoti_net = (bare_aoti.get(m) or {}).get(batch)
@@ -907,7 +912,7 @@ def main():
                         ratio = f"{r['Inferences/Second'] / best:.2f}" if best else "-"
                         print(f"  {model:<10} a={alpha:<4} b={batch:<6} c={conc:<2} {r['Inferences/Second'] / 1e6:7.2f} M inf/s  "
                               f"p99 {r['p99 latency'] / 1e3:8.2f} ms  hit rate {hr}  {r['keys_per_s'] / 1e6:7.1f} M keys/s  "
-                              f"served/ceiling {ratio}", flush=True)
+                              f"served/ceiling {ratio}" + ("" if proto == "grpc" else f"  over {proto}"), flush=True)
                         print("      per execution (ms): " + "; ".join(
                             f"{k}: " + ", ".join(f"{x} {v:.2f}" for x, v in d.items()) for k, d in r["per_model_ms"].items())
                             + (f"; the package's network alone (aoti_bare): {aoti_net['plain_p50_ms']:.2f} ms, "

@@ -51,3 +51,24 @@ def test_export_label_defaults():
     tuned = line + "; Inductor settings ['max_autotune=true', 'max_autotune_gemm_backends=TRITON']"
     assert (aoti_report.export_label("run.sh x", tuned, "dcnv2")
             == "example batch 4; max_autotune=true; max_autotune_gemm_backends=TRITON")
+
+
+STREAM = """run.sh aoti-recsys --models dcnv2 --paths one --batches 65536 --one-instances 2 --stream-concurrency 4 --protocol grpc,http
+exported dcnv2's network as a CUDA package (35 MB, batch up to 65536, example batch 65536, cross triton 128x64x64w8s3) in 97 s
+  dcnv2_one  a=1.2  b=65536  c=4    10.07 M inf/s  p99    28.60 ms  hit rate 1.000    135.0 M keys/s  served/ceiling -
+  dcnv2_one  a=1.2  b=65536  c=4    10.17 M inf/s  p99    27.00 ms  hit rate 1.000    135.0 M keys/s  served/ceiling -  over http
+  dcnv2_one  a=1.2  b=65536  c=4     9.54 M inf/s  p99    36.82 ms  hit rate 0.9954  endless stream (stream_load.py, HTTP; not perf_analyzer)
+      p50 27.33 ms, p90 29.34, p95 32.11; a pool of 1882 distinct requests (123,338,752 lookups per table, 25.7 GB of keys in GPU memory; the stream's rate needs 1882), one pass to warm, 1 measured; the endless stream's LRU rate 0.9946: measured - stream +0.0008 (within 0.002)
+"""
+
+
+def test_stream_rows_and_protocols(tmp_path):
+    (tmp_path / "console.log").write_text(STREAM)
+    grpc, http, stream = aoti_report.recsys_rows(str(tmp_path))
+    assert (grpc["protocol"], http["protocol"]) == ("gRPC", "HTTP") and not grpc.get("stream")
+    assert stream["stream"] and stream["pool"] == 1882 and stream["gap"] == "+0.0008" and stream["within"] == "within"
+    assert stream["lru"] == "0.9946" and stream["ips"] == 9.54e6
+    out = tmp_path / "out"
+    aoti_report.main(["--recsys", str(tmp_path), "--out", str(out), "--no-plots"])
+    text = (out / "report.md").read_text()
+    assert "+0.0008 (PASS; pool of 1882 requests)" in text
