@@ -493,22 +493,24 @@ def stream_check(a, m, batch, alpha, rows, plan, streams, out_dir):
     cap = max(1, int(a.stream_gb * 1e9 // (batch * TABLES * 8)))
     requests = min(need, cap)
     lru = plan["lru"]
-    r = stream_load.run(lambda: Client(f"localhost:{a.port}"), lambda: scrape(a.port, f"{m}_sparse"), f"{m}_one",
-                        rows, batch, requests, alpha, SEED + 17, a.stream_concurrency, a.stream_passes,
-                        gpu=a.kind == "KIND_GPU")
-    r.update({"model": m, "batch": batch, "alpha": alpha, "lru_hit_rate": lru, "pool_needed_requests": need})
-    streams.append(r)
-    with open(os.path.join(out_dir, "streams.json"), "w") as f:
-        json.dump(streams, f, indent=1)
-    gap = None if r["hit_rate"] is None else r["hit_rate"] - lru
-    verdict = "-" if gap is None else f"{gap:+.4f} ({'within' if abs(gap) <= a.hit_rate_bound else 'NOT within'} {a.hit_rate_bound})"
-    print(f"  {m + '_one':<10} a={alpha:<4} b={batch:<6} c={a.stream_concurrency:<2} {r['inferences_per_s'] / 1e6:7.2f} M inf/s  "
-          f"p99 {r['p99_ms']:8.2f} ms  hit rate {r['hit_rate'] if r['hit_rate'] is None else round(r['hit_rate'], 4)}  "
-          f"endless stream (stream_load.py, HTTP; not perf_analyzer)", flush=True)
-    print(f"      p50 {r['p50_ms']:.2f} ms, p90 {r['p90_ms']:.2f}, p95 {r['p95_ms']:.2f}; a pool of {requests} distinct requests "
-          f"({r['pool_lookups_per_table']:,} lookups per table, {r['pool_gb']:.1f} GB of keys in {'GPU' if a.kind == 'KIND_GPU' else 'shared'} memory; the stream's rate "
-          f"needs {need}), one pass to warm, {a.stream_passes} measured; the endless stream's LRU rate {lru:.4f}: "
-          f"measured - stream {verdict}", flush=True)
+    levels = [int(c) for c in str(a.stream_concurrency).split(",")]
+    results = stream_load.run(lambda: Client(f"localhost:{a.port}"), lambda: scrape(a.port, f"{m}_sparse"), f"{m}_one",
+                              rows, batch, requests, alpha, SEED + 17, levels, a.stream_passes,
+                              gpu=a.kind == "KIND_GPU")
+    for r in results:
+        r.update({"model": m, "batch": batch, "alpha": alpha, "lru_hit_rate": lru, "pool_needed_requests": need})
+        streams.append(r)
+        with open(os.path.join(out_dir, "streams.json"), "w") as f:
+            json.dump(streams, f, indent=1)
+        gap = None if r["hit_rate"] is None else r["hit_rate"] - lru
+        verdict = "-" if gap is None else f"{gap:+.4f} ({'within' if abs(gap) <= a.hit_rate_bound else 'NOT within'} {a.hit_rate_bound})"
+        print(f"  {m + '_one':<10} a={alpha:<4} b={batch:<6} c={r['concurrency']:<2} {r['inferences_per_s'] / 1e6:7.2f} M inf/s  "
+              f"p99 {r['p99_ms']:8.2f} ms  hit rate {r['hit_rate'] if r['hit_rate'] is None else round(r['hit_rate'], 4)}  "
+              f"endless stream (stream_load.py, HTTP; not perf_analyzer)", flush=True)
+        print(f"      p50 {r['p50_ms']:.2f} ms, p90 {r['p90_ms']:.2f}, p95 {r['p95_ms']:.2f}; a pool of {requests} distinct requests "
+              f"({r['pool_lookups_per_table']:,} lookups per table, {r['pool_gb']:.1f} GB of keys in {'GPU' if a.kind == 'KIND_GPU' else 'shared'} memory; the stream's rate "
+              f"needs {need}), one pass to warm, {a.stream_passes} measured; the endless stream's LRU rate {lru:.4f}: "
+              f"measured - stream {verdict}", flush=True)
 
 
 def model_settings(pairs, name):
@@ -626,10 +628,10 @@ def main():
                    help="perf_analyzer's protocols to the server, each run once per protocol (its -i: grpc, http, or "
                         "grpc-streaming: gRPC with --streaming, the requests of each client on one bidirectional "
                         "stream), e.g. grpc,http")
-    p.add_argument("--stream-concurrency", type=int, default=0,
+    p.add_argument("--stream-concurrency", default="0",
                    help="also serve each measured batch of the one model an endless stream (stream_load.py: a pool as large "
-                        "as the stream's hit rate needs, in GPU memory, our HTTP client) at this many requests in flight; "
-                        "0: not")
+                        "as the stream's hit rate needs, in GPU memory, our HTTP client) at each of these numbers of "
+                        "requests in flight (e.g. 4,8: one pool, warmed once); 0: not")
     p.add_argument("--stream-gb", type=float, default=30.0, help="the endless stream's key pool: at most this many GB")
     p.add_argument("--stream-passes", type=int, default=1, help="the endless stream: passes of its pool measured")
     p.add_argument("--hit-rate-bound", type=float, default=0.002,
@@ -926,7 +928,7 @@ def main():
                                   f"({'within' if abs(gap) <= a.hit_rate_bound else 'NOT within'} {a.hit_rate_bound})", flush=True)
                         with open(os.path.join(out_dir, "runs.json"), "w") as f:
                             json.dump(runs, f, indent=1)
-                if a.stream_concurrency and "one" in a.paths.split(","):
+                if a.stream_concurrency != "0" and "one" in a.paths.split(","):
                     for batch in sorted({b for b, _ in plan_m}):
                         stream_check(a, m, batch, alpha, rows, plans[alpha], streams, out_dir)
         exact = {}

@@ -139,8 +139,9 @@ def run(client_of, scrape, model, rows, batch, requests, alpha, seed, concurrenc
         made.append(keys)
         dense = region(f"stream_dense_{model}", DENSE_POOL * dense_bytes)
         made.append(dense)
+        levels = list(concurrency) if isinstance(concurrency, (list, tuple)) else [concurrency]
         outs = []
-        for i in range(concurrency):
+        for i in range(max(levels)):
             outs.append(region(f"stream_out_{model}_{i}", out_bytes))
             made.append(outs[-1])
         for first, chunk in draw_keys(rows, batch, requests, alpha, seed, f"cuda:{device}" if gpu else "cpu"):
@@ -182,7 +183,7 @@ def run(client_of, scrape, model, rows, batch, requests, alpha, seed, concurrenc
             with lock:
                 latencies.extend(mine)
 
-        def send(count):
+        def send(count, concurrency):
             with lock:
                 state["stop"] = state["next"] + count
             threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
@@ -195,18 +196,21 @@ def run(client_of, scrape, model, rows, batch, requests, alpha, seed, concurrenc
                 raise RuntimeError(f"stream request failed: {state['error']}")
             return time.perf_counter() - start
 
-        warm_s = send(requests)
-        latencies.clear()
-        k0, h0 = scrape()
-        seconds = send(requests * passes)
-        k1, h1 = scrape()
-        lat = sorted(latencies)
-        return {"inferences_per_s": requests * passes * batch / seconds, "seconds": seconds, "warmup_seconds": warm_s,
-                "p50_ms": percentile(lat, 50), "p90_ms": percentile(lat, 90), "p95_ms": percentile(lat, 95),
-                "p99_ms": percentile(lat, 99), "hit_rate": (h1 - h0) / (k1 - k0) if k1 > k0 else None,
-                "pool_requests": requests, "pool_lookups_per_table": requests * batch,
-                "pool_gb": requests * req_bytes / 1e9, "concurrency": concurrency, "passes": passes,
-                "drawn_seconds": drawn_s}
+        warm_s = send(requests, max(levels))
+        results = []
+        for level in levels:  # the stream goes on where the last level left it: the cache stays warm
+            latencies.clear()
+            k0, h0 = scrape()
+            seconds = send(requests * passes, level)
+            k1, h1 = scrape()
+            lat = sorted(latencies)
+            results.append({"inferences_per_s": requests * passes * batch / seconds, "seconds": seconds,
+                            "warmup_seconds": warm_s, "p50_ms": percentile(lat, 50), "p90_ms": percentile(lat, 90),
+                            "p95_ms": percentile(lat, 95), "p99_ms": percentile(lat, 99),
+                            "hit_rate": (h1 - h0) / (k1 - k0) if k1 > k0 else None, "pool_requests": requests,
+                            "pool_lookups_per_table": requests * batch, "pool_gb": requests * req_bytes / 1e9,
+                            "concurrency": level, "passes": passes, "drawn_seconds": drawn_s})
+        return results if isinstance(concurrency, (list, tuple)) else results[0]
     finally:
         for r in reversed(made):
             try:
