@@ -17,10 +17,16 @@ out="${OUT_ROOT:-docs/perf/h100}"
 # AOTInductor packages: ResNet50 and BERT-large (batch 1 also through perf_analyzer's C API),
 # the recommenders as one model with one and with two GPU instances
 # (aoti_h100_c: packages exported at the batch they serve, DLRM's interaction as a Triton kernel)
+# (aoti_h100_d: batch 1 with the bare call host-timed; DLRM 4096 over gRPC, HTTP and gRPC streaming;
+# DCNv2's cross layers as a Triton kernel; each one model also under an endless stream whose
+# cache hit rate is the stationary one)
 b="$r/aoti_h100_b"
 c="$r/aoti_h100_c"
-"$py" bench/gpu/aoti_report.py --dense "$b/resnet50" "$b/resnet50_b1_timing" "$b/bert_large" \
+d="$r/aoti_h100_d"
+"$py" bench/gpu/aoti_report.py --dense "$b/resnet50" "$b/resnet50_b1_timing" "$d/resnet50_b1_pinned" "$b/bert_large" \
+    "$d/bert_b1_pinned" \
     --recsys "$r/aoti_h100/recsys_dlrm" "$b/recsys_dlrm_two_instances" "$b/recsys_dlrm_two_instances_4096" \
     "$c/recsys_dlrm_triton" "$c/recsys_dlrm_triton_ens_ceiling" "$c/recsys_dlrm_triton_4096" \
+    "$d/recsys_dlrm_stream" "$d/recsys_dlrm_stream_3inst" "$d/recsys_dlrm_4096_protocols" \
     "$r/aoti_h100/recsys_dcnv2_wide_deep" "$b/recsys_dcnv2_wide_deep_two_instances" \
-    "$c/recsys_wide_deep_dcnv2_example_batch" --out "$out/aoti" "$@"
+    "$c/recsys_wide_deep_dcnv2_example_batch" "$d/recsys_dcnv2_cross" --out "$out/aoti" "$@"
