@@ -24,6 +24,7 @@ product tile by tile and applies the rest to each tile while it is in registers,
 product is never written.
 """
 import os
+import re
 
 import torch
 import triton
@@ -138,7 +139,7 @@ def cross_layer(x0: torch.Tensor, x: torch.Tensor, h: torch.Tensor, weight: torc
     """``x0 * (h @ weight.T + bias) + x``: x0, x [B, N], h [B, R], weight [N, R], bias [N]."""
     batch, rank = h.shape
     n = weight.shape[0]
-    bm, bn, bk, warps, stages, early = cross_config()
+    bm, bn, bk, warps, stages, group, early = cross_config()
     if rank % bk or weight.shape[1] != rank or x0.shape != (batch, n) or x.shape != (batch, n) or bias.shape != (n,):
         raise ValueError(f"cross_layer: h {tuple(h.shape)}, weight {tuple(weight.shape)}, x0 {tuple(x0.shape)}, "
                          f"x {tuple(x.shape)}, bias {tuple(bias.shape)} (the rank a multiple of the tile's depth)")
@@ -148,7 +149,7 @@ def cross_layer(x0: torch.Tensor, x: torch.Tensor, h: torch.Tensor, weight: torc
     out = torch.empty_like(x)
     grid = (triton.cdiv(batch, bm) * triton.cdiv(n, bn),)
     _launcher(_cross_layer_kernel)[grid](h, weight, bias, x0, x, out, batch, n, R=rank, BM=bm, BN=bn, BK=bk,
-                                         GROUP_M=8, EARLY=early, num_warps=warps, num_stages=stages)
+                                         GROUP_M=group, EARLY=early, num_warps=warps, num_stages=stages)
     return out
 
 
@@ -162,18 +163,16 @@ def cross_config_text() -> str:
 
 
 def cross_config(text=None):
-    """The cross-layer kernel's tile (rows x columns x depth), warps, pipeline stages and
+    """The cross-layer kernel's tile (rows x columns x depth), warps, pipeline stages, rows of
+    tiles per group (`g`, default 8: a group's rows of h stay in L2 across the columns) and
     whether the epilogue's tiles are read before the product (a trailing `e`), as
-    `BMxBNxBKwWsS[e]`: `text`, else the configuration in effect (cross_config_text)."""
+    `BMxBNxBKwWsS[gG][e]`: `text`, else the configuration in effect (cross_config_text)."""
     text = text or cross_config_text()
-    early = text.endswith("e")
-    try:
-        tile, rest = text.removesuffix("e").split("w")
-        warps, stages = rest.split("s")
-        bm, bn, bk = (int(v) for v in tile.split("x"))
-        config = (bm, bn, bk, int(warps), int(stages), early)
-    except ValueError:
-        raise ValueError(f"cross-layer kernel config {text!r}: BMxBNxBKwWARPSsSTAGES[e], e.g. {CROSS_DEFAULT}") from None
-    if bk % 16 or bm % 16 or bn % 16:
-        raise ValueError(f"cross-layer kernel config {text!r}: tiles are multiples of 16")
+    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(?:g(\d+))?(e?)", text)
+    if not m:
+        raise ValueError(f"cross-layer kernel config {text!r}: BMxBNxBKwWARPSsSTAGES[gGROUP][e], e.g. {CROSS_DEFAULT}")
+    bm, bn, bk, warps, stages = (int(v) for v in m.groups()[:5])
+    config = (bm, bn, bk, warps, stages, int(m.group(6) or 8), m.group(7) == "e")
+    if bk % 16 or bm % 16 or bn % 16 or config[5] < 1:
+        raise ValueError(f"cross-layer kernel config {text!r}: tiles are multiples of 16, groups at least 1 row")
     return config

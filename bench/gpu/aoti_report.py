@@ -98,7 +98,9 @@ def recsys_rows(folder):
                 # our endless-stream client (stream_load.py): the cache at its stationary hit rate
                 rows.append({"model": r.group(1), "alpha": r.group(3), "batch": int(r.group(4)), "conc": int(r.group(5)),
                              "instances": instances, "folder": os.path.basename(os.path.normpath(folder)),
-                             "protocol": "endless stream: stream_load.py over HTTP, not perf_analyzer", "stream": True,
+                             "protocol": "endless stream: stream_load.py over HTTP" + (
+                                 ", compiled sender" if "stream_client (compiled)" in line else "") + ", not perf_analyzer",
+                             "stream": True,
                              "ips": float(r.group(6)) * 1e6, "p99": float(r.group(7)), "hit": r.group(8)})
             elif r:
                 over = re.search(r"  over ([\w-]+)\s*$", line)  # runs of several protocols say each row's

@@ -494,9 +494,10 @@ def stream_check(a, m, batch, alpha, rows, plan, streams, out_dir):
     requests = min(need, cap)
     lru = plan["lru"]
     levels = [int(c) for c in str(a.stream_concurrency).split(",")]
+    client_bin = a.stream_client if a.stream_client and os.path.exists(a.stream_client) else None
     results = stream_load.run(lambda: Client(f"localhost:{a.port}"), lambda: scrape(a.port, f"{m}_sparse"), f"{m}_one",
                               rows, batch, requests, alpha, SEED + 17, levels, a.stream_passes,
-                              gpu=a.kind == "KIND_GPU")
+                              gpu=a.kind == "KIND_GPU", client_bin=client_bin, url=f"localhost:{a.port}")
     for r in results:
         r.update({"model": m, "batch": batch, "alpha": alpha, "lru_hit_rate": lru, "pool_needed_requests": need})
         streams.append(r)
@@ -506,7 +507,7 @@ def stream_check(a, m, batch, alpha, rows, plan, streams, out_dir):
         verdict = "-" if gap is None else f"{gap:+.4f} ({'within' if abs(gap) <= a.hit_rate_bound else 'NOT within'} {a.hit_rate_bound})"
         print(f"  {m + '_one':<10} a={alpha:<4} b={batch:<6} c={r['concurrency']:<2} {r['inferences_per_s'] / 1e6:7.2f} M inf/s  "
               f"p99 {r['p99_ms']:8.2f} ms  hit rate {r['hit_rate'] if r['hit_rate'] is None else round(r['hit_rate'], 4)}  "
-              f"endless stream (stream_load.py, HTTP; not perf_analyzer)", flush=True)
+              f"endless stream (stream_load.py, HTTP, {r['client']}; not perf_analyzer)", flush=True)
         print(f"      p50 {r['p50_ms']:.2f} ms, p90 {r['p90_ms']:.2f}, p95 {r['p95_ms']:.2f}; a pool of {requests} distinct requests "
               f"({r['pool_lookups_per_table']:,} lookups per table, {r['pool_gb']:.1f} GB of keys in {'GPU' if a.kind == 'KIND_GPU' else 'shared'} memory; the stream's rate "
               f"needs {need}), one pass to warm, {a.stream_passes} measured; the endless stream's LRU rate {lru:.4f}: "
@@ -632,6 +633,9 @@ def main():
                    help="also serve each measured batch of the one model an endless stream (stream_load.py: a pool as large "
                         "as the stream's hit rate needs, in GPU memory, our HTTP client) at each of these numbers of "
                         "requests in flight (e.g. 4,8: one pool, warmed once); 0: not")
+    p.add_argument("--stream-client", default=os.path.join(ROOT, ".carry", "stream_client"),
+                   help="the endless stream's sender (examples/stream_client.rs, built by bench/gpu/pack.sh); where it "
+                        "is absent, Python threads send")
     p.add_argument("--stream-gb", type=float, default=30.0, help="the endless stream's key pool: at most this many GB")
     p.add_argument("--stream-passes", type=int, default=1, help="the endless stream: passes of its pool measured")
     p.add_argument("--hit-rate-bound", type=float, default=0.002,

@@ -244,10 +244,16 @@ aoti)
     for f in "$PYT"/nvidia_pytriton.libs/*; do ln -sf "$f" "$capi/lib/"; done
     ln -sf "$(ls "$PYT"/nvidia_pytriton.libs/libtritonserver-*.so | head -1)" "$capi/lib/libtritonserver.so"
     ln -sfn "$backends" "$capi/backends"
+    # the GPU's SM clock, power and use every second (did its clocks fall between batch-1 requests?)
+    nvidia-smi dmon -s puc -d 1 -o T > "$res/gpu_dmon.log" 2>&1 &
+    dm=$!
     # the call's 600 s: aoti_perf.py skips perf_analyzer runs past its --budget-s (default 480)
     OUT="$res" timeout "${AOTI_TIMEOUT:-560}" python3 bench/gpu/aoti_perf.py --model "$model" --server "$server" \
         --backends "$backends" --perf-analyzer "$pa" --aoti-bare "$aoti_bare" --libtorch-dir "$TORCH_DIR/lib" --capi-dir "$capi" "$@" || rc=1
+    kill "$dm" 2>/dev/null
     [ -f "$res/perf/report.md" ] && cp "$res/perf/report.md" "$res/report.md"
+    # the dmon samples go into the archive (a device call returns at most 8 files)
+    [ -d "$res/perf" ] && mv "$res/gpu_dmon.log" "$res/perf/" 2>/dev/null
     [ -d "$res/perf" ] && tar -C "$res" -czf "$res/perf.tgz" perf && rm -rf "$res/perf"
     ;;
 network)

@@ -7,8 +7,10 @@ table, 26 GB of int64 keys. That cannot go through JSON. Here the pool is drawn 
 (the same Zipf law and rank-to-key map as zipf_keys.py) straight into one CUDA shared-memory
 region, and each request names its slice of it by offset, as Triton's shared-memory protocol
 allows; outputs go to a region per request in flight. (For CPU instances the pool is drawn on
-the CPU into POSIX shared memory instead.) `concurrency` threads send requests of
-the pool in order, through HTTP. One pass of the pool warms the cache; the next passes are
+the CPU into POSIX shared memory instead.) `concurrency` threads send requests of the pool in
+order, through HTTP: examples/stream_client.rs's compiled threads where `client_bin` names it
+(a Python thread's own cost per request is a large part of a 4096-row request's time), else
+Python's. One pass of the pool warms the cache; the next passes are
 measured: inferences/s, latency percentiles (client side), and the hit rate from the server's
 own metrics.
 
@@ -17,8 +19,10 @@ labelled, for what perf_analyzer cannot send.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
+import subprocess
 import threading
 import time
 
@@ -112,12 +116,14 @@ def percentile(sorted_ms, q):
 
 
 def run(client_of, scrape, model, rows, batch, requests, alpha, seed, concurrency, passes=1, gpu=True, device=0,
-        log=print):
+        log=print, client_bin=None, url=None):
     """Draws a pool of `requests` distinct requests into GPU memory (`gpu`; else POSIX shared
     memory, for CPU instances), warms the cache with one pass, then measures `passes` passes at
-    `concurrency` requests in flight. `client_of()`: a new kserve_client.Client; `scrape()`:
-    (keys looked up, cache hits) from the server's metrics. Returns {inferences_per_s,
-    p50/p90/p95/p99 ms, hit_rate, pool_requests, pool_gb, ...}."""
+    `concurrency` requests in flight (a list: each in turn, and a list of results back).
+    `client_of()`: a new kserve_client.Client; `scrape()`: (keys looked up, cache hits) from the
+    server's metrics; `client_bin`, `url`: the compiled sender (examples/stream_client.rs) and
+    the server's HTTP address, else Python threads send. Returns {inferences_per_s,
+    p50/p90/p95/p99 ms, hit_rate, pool_requests, pool_gb, client, ...}."""
     import torch
 
     req_bytes = batch * TABLES * 8
@@ -183,7 +189,25 @@ def run(client_of, scrape, model, rows, batch, requests, alpha, seed, concurrenc
             with lock:
                 latencies.extend(mine)
 
+        def send_compiled(count, concurrency):
+            """`count` requests through examples/stream_client.rs (the same requests, sent by
+            compiled threads): its own wall-clock seconds."""
+            cmd = [client_bin, "--url", url, "--model", model, "--start", str(state["next"]), "--count", str(count),
+                   "--concurrency", str(concurrency),
+                   "--input", f"sparse,INT64,{batch}x{TABLES},{keys.name},{req_bytes},{requests}",
+                   "--input", f"dense,FP32,{batch}x13,{dense.name},{dense_bytes},{DENSE_POOL}",
+                   "--output", f"prediction,stream_out_{model}_,{out_bytes}"]
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            if p.returncode != 0:
+                raise RuntimeError(f"stream request failed: {p.stderr.strip()[-2000:]}")
+            r = json.loads(p.stdout)
+            latencies.extend(r["latencies_ms"])
+            state["next"] += count
+            return r["seconds"]
+
         def send(count, concurrency):
+            if client_bin:
+                return send_compiled(count, concurrency)
             with lock:
                 state["stop"] = state["next"] + count
             threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
@@ -209,7 +233,8 @@ def run(client_of, scrape, model, rows, batch, requests, alpha, seed, concurrenc
                             "p95_ms": percentile(lat, 95), "p99_ms": percentile(lat, 99),
                             "hit_rate": (h1 - h0) / (k1 - k0) if k1 > k0 else None, "pool_requests": requests,
                             "pool_lookups_per_table": requests * batch, "pool_gb": requests * req_bytes / 1e9,
-                            "concurrency": level, "passes": passes, "drawn_seconds": drawn_s})
+                            "concurrency": level, "passes": passes, "drawn_seconds": drawn_s,
+                            "client": "stream_client (compiled)" if client_bin else "Python threads"})
         return results if isinstance(concurrency, (list, tuple)) else results[0]
     finally:
         for r in reversed(made):

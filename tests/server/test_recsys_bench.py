@@ -21,7 +21,8 @@ ROOT = os.path.join(HERE, "..", "..")
 
 def run_recsys_perf(tmp_path, args):
     """recsys_perf.py at a tiny scale on KIND_CPU with `args`; returns stdout and its $OUT/recsys."""
-    subprocess.run(["cargo", "build", "--release", "-q", "--example", "criteo_fixture"], cwd=ROOT, check=True)
+    subprocess.run(["cargo", "build", "--release", "-q", "--example", "criteo_fixture", "--example", "stream_client"],
+                   cwd=ROOT, check=True)
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out))
     cmd = [sys.executable, os.path.join(ROOT, "bench", "gpu", "recsys_perf.py"),
@@ -85,20 +86,26 @@ def test_recsys_benchmark_wide_deep_sweeps(tmp_path):
         assert "### Batch 32, concurrency sweep" in (tmp_path / "report" / "report.md").read_text()
 
 
-def test_endless_stream_measures_the_streams_hit_rate(tmp_path):
+@pytest.mark.parametrize("client", ["compiled", "python"])
+def test_endless_stream_measures_the_streams_hit_rate(tmp_path, client):
     """perf_analyzer's pool of 2 requests fits in the cache (its lookups hit after the first
     pass); the stream client's pool, as large as pool_plan says the stream's hit rate needs,
-    measures that rate (within sampling error at this tiny scale)."""
+    measures that rate (within sampling error at this tiny scale), sent by the compiled client
+    (examples/stream_client.rs) at two concurrencies in turn, or by Python threads."""
+    sender = os.path.join(ROOT, "target", "release", "examples", "stream_client") if client == "compiled" else ""
+    port = "19330" if client == "compiled" else "19340"
     stdout, res = run_recsys_perf(tmp_path, [
         "--precision", "fp32", "--models", "dlrm", "--batches", "256", "--conc-batch", "256", "--concurrency", "1",
-        "--alphas", "1.05", "--requests", "2", "--interval-ms", "1500", "--port", "19330", "--paths", "one",
-        "--stream-concurrency", "2", "--stream-passes", "8"])
+        "--alphas", "1.05", "--requests", "2", "--interval-ms", "1500", "--port", port, "--paths", "one",
+        "--stream-concurrency", "2,1" if client == "compiled" else "2", "--stream-passes", "8",
+        "--stream-client", sender])
     runs = json.loads((res / "runs.json").read_text())
     streams = json.loads((res / "streams.json").read_text())
-    assert len(streams) == 1
-    s = streams[0]
-    assert s["pool_requests"] == s["pool_needed_requests"] > runs[0]["pool_requests"]
-    assert s["inferences_per_s"] > 0 and s["p50_ms"] <= s["p99_ms"]
-    assert runs[0]["hit_rate"] > s["lru_hit_rate"] + 0.03, "perf_analyzer's small pool hits (nearly) every time"
-    assert abs(s["hit_rate"] - s["lru_hit_rate"]) < 0.01, (s["hit_rate"], s["lru_hit_rate"])
+    assert [s["concurrency"] for s in streams] == ([2, 1] if client == "compiled" else [2])
+    for s in streams:
+        assert s["client"] == ("stream_client (compiled)" if client == "compiled" else "Python threads")
+        assert s["pool_requests"] == s["pool_needed_requests"] > runs[0]["pool_requests"]
+        assert s["inferences_per_s"] > 0 and s["p50_ms"] <= s["p99_ms"]
+        assert runs[0]["hit_rate"] > s["lru_hit_rate"] + 0.03, "perf_analyzer's small pool hits (nearly) every time"
+        assert abs(s["hit_rate"] - s["lru_hit_rate"]) < 0.01, (s["hit_rate"], s["lru_hit_rate"])
     assert "endless stream (stream_load.py" in stdout

@@ -39,7 +39,7 @@ except ValueError as e:
 else:
     raise SystemExit("40 tables were not refused")
 
-for batch, n, rank, config in ((5, 200, 64, None), (130, 136, 128, "32x32x32w4s2"), (70, 100, 64, "32x64x32w4s2e")):
+for batch, n, rank, config in ((5, 200, 64, None), (130, 136, 128, "32x32x32w4s2"), (70, 100, 64, "32x64x32w4s2g2e")):
     if config:
         os.environ["TRITON_RUST_CROSS"] = config
     x0, x = torch.randn(batch, n).half(), torch.randn(batch, n).half()
@@ -84,9 +84,10 @@ def test_cross_config_is_read_and_checked():
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     import triton_kernels
 
-    assert triton_kernels.cross_config("64x128x32w4s4") == (64, 128, 32, 4, 4, False)
-    assert triton_kernels.cross_config("64x128x32w4s4e") == (64, 128, 32, 4, 4, True)
+    assert triton_kernels.cross_config("64x128x32w4s4") == (64, 128, 32, 4, 4, 8, False)
+    assert triton_kernels.cross_config("64x128x32w4s4e") == (64, 128, 32, 4, 4, 8, True)
+    assert triton_kernels.cross_config("64x128x32w4s4g16e") == (64, 128, 32, 4, 4, 16, True)
     assert triton_kernels.cross_config() == triton_kernels.cross_config(triton_kernels.CROSS_DEFAULT)
-    for bad in ("128x64", "128x64x64w8", "100x64x64w8s3", "128x64x64w8s3p"):
+    for bad in ("128x64", "128x64x64w8", "100x64x64w8s3", "128x64x64w8s3p", "128x64x64w8s3g0", "128x64x64w8s3eg4"):
         with pytest.raises(ValueError):
             triton_kernels.cross_config(bad)
