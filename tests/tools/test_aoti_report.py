@@ -35,6 +35,10 @@ def test_recsys_rows(tmp_path):
     assert small["ips"] == 11.38e6 and not small["pass"] and small["infer_ms"] == 0.36
     assert small["ts_served"] == 9.0e6 and small["ts_ceiling"] is None
     assert big["protocol"] == small["protocol"] == "gRPC"
+    # two instances, each caching 10% of the rows: 20% in GPU memory in all, said beside the pass
+    aoti_report.main(["--recsys", str(tmp_path), "--out", str(tmp_path / "out"), "--no-plots"])
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "| 2 x 10% | 4 | 30.81 M |" in text and "PASS with 20% of the rows in GPU caches" in text
     (tmp_path / "console.log").write_text(CONSOLE.replace("--paths ens,one", "--paths ens,one --protocol http"))
     assert {r["protocol"] for r in aoti_report.recsys_rows(str(tmp_path))} == {"HTTP"}
 
