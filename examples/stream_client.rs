@@ -160,11 +160,10 @@ fn exchange(
     stream.write_all(body.as_bytes())?;
     let mut line = String::new();
     conn.read_line(&mut line)?;
-    let status = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: '{}'", line.trim())))?;
+    let status =
+        line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| {
+            std::io::Error::other(format!("not an HTTP answer: '{}'", line.trim()))
+        })?;
     let mut length = None;
     loop {
         line.clear();
@@ -220,9 +219,10 @@ fn main() {
                     let t = Instant::now();
                     let why = match exchange(&mut conn, &a.url, &a.model, &text) {
                         Ok((200, _)) => None,
-                        Ok((status, answer)) => {
-                            Some(format!("request {i}: HTTP {status}: {}", String::from_utf8_lossy(&answer)))
-                        }
+                        Ok((status, answer)) => Some(format!(
+                            "request {i}: HTTP {status}: {}",
+                            String::from_utf8_lossy(&answer)
+                        )),
                         Err(e) => Some(format!("request {i}: {e}")),
                     };
                     if let Some(why) = why {
