@@ -148,7 +148,8 @@ class DLRM(Recommender):
 
 class DCNv2(Recommender):
     """``cross``: ``torch`` computes each cross layer as written; ``triton`` runs its second
-    product and the rest of the layer as one Triton kernel (``triton_kernels.cross_layer``) on
+    product and the rest of the layer as one Triton kernel (``triton_kernels.cross_layer``,
+    which reads x0 from the bottom output and the embeddings without concatenating them) on
     CUDA FP16 tensors, for AOTInductor packages, and as written elsewhere (TorchScript
     included)."""
 
@@ -165,17 +166,25 @@ class DCNv2(Recommender):
         self.deep = mlp([width, 1024, 1024, 512, 256, 1], last_relu=False)
 
     @torch.jit.unused
-    def kernel_crosses(self, x0: torch.Tensor) -> torch.Tensor:
+    def kernel_crosses(self, bottom: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        """The cross layers through triton_kernels.cross_layer, x0 = [bottom | emb] never
+        concatenated: the first layer's product V x0 taken as two (V's columns for bottom, for emb)."""
         from triton_kernels import cross_layer
-        x = x0
+        d = bottom.shape[1]
+        x = None
         for v, u in zip(self.v, self.u):
-            x = cross_layer(x0, x, v(x), u.weight, u.bias)
+            if x is None:
+                h = F.linear(bottom, v.weight[:, :d]) + F.linear(emb, v.weight[:, d:])
+            else:
+                h = v(x)
+            x = cross_layer(bottom, emb, x, h, u.weight, u.bias)
         return x
 
     def dense_part(self, dense, emb):
-        x0 = torch.cat([self.bottom(self.padded_dense(dense)), emb.flatten(1)], dim=1)
-        if self.triton and x0.is_cuda and x0.dtype == torch.float16 and not torch.jit.is_scripting():
-            return torch.sigmoid(self.deep(self.kernel_crosses(x0)))
+        bottom = self.bottom(self.padded_dense(dense))
+        if self.triton and bottom.is_cuda and bottom.dtype == torch.float16 and not torch.jit.is_scripting():
+            return torch.sigmoid(self.deep(self.kernel_crosses(bottom, emb.flatten(1))))
+        x0 = torch.cat([bottom, emb.flatten(1)], dim=1)
         x = x0
         for v, u in zip(self.v, self.u):
             x = x0 * u(v(x)) + x

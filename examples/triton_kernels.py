@@ -21,10 +21,15 @@ rank 512. Inductor runs the product with cuBLAS and the rest as a separate pass 
 ``x0``, ``x`` and the product and writes the result, four [B, 3456] tensors: 0.58 ms against
 0.39 ms for the product at batch 65536 on an H100 (network_profile). The kernel computes the
 product tile by tile and applies the rest to each tile while it is in registers, so the
-product is never written.
+product is never written: 0.875 ms a layer there against 0.92 for the two (all three layers
+2.62 ms, bench/gpu/results/aoti_h100_d/network_dcnv2_cross). ``x0`` is the bottom MLP's output
+beside the 26 embeddings; the kernel reads it from those two tensors, so that it is never
+concatenated (a [B, 3456] tensor written and read again), and the first layer, where ``x`` is
+``x0``, reads it once.
 """
 import os
 import re
+from typing import Optional
 
 import torch
 import triton
@@ -95,8 +100,9 @@ def dot_interaction(x: torch.Tensor, emb: torch.Tensor, width: int) -> torch.Ten
 
 
 @triton.jit
-def _cross_layer_kernel(h_ptr, w_ptr, b_ptr, x0_ptr, x_ptr, out_ptr, B, N, R: tl.constexpr, BM: tl.constexpr,
-                        BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, EARLY: tl.constexpr):
+def _cross_layer_kernel(h_ptr, w_ptr, b_ptr, head_ptr, tail_ptr, x_ptr, out_ptr, B, N, R: tl.constexpr,
+                        D0: tl.constexpr, FIRST: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                        GROUP_M: tl.constexpr, EARLY: tl.constexpr):
     # tiles in groups of GROUP_M rows of tiles, so that a group's h rows stay in L2 across N
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(B, BM)
@@ -111,10 +117,18 @@ def _cross_layer_kernel(h_ptr, w_ptr, b_ptr, x0_ptr, x_ptr, out_ptr, B, N, R: tl
     rk = tl.arange(0, BK)
     inside = (rm[:, None] < B) & (rn[None, :] < N)
     at = rm[:, None] * N + rn[None, :]
+    # x0 = [head | tail]: its columns below D0 from head [B, D0], the rest from tail [B, N - D0]
+    head_at = head_ptr + rm[:, None] * D0 + rn[None, :]
+    tail_at = tail_ptr + rm[:, None] * (N - D0) + (rn - D0)[None, :]
+    in_head = inside & (rn < D0)[None, :]
+    in_tail = inside & (rn >= D0)[None, :]
     if EARLY:
-        # the epilogue's two tiles asked for before the product, so that their reads overlap it
-        x0 = tl.load(x0_ptr + at, mask=inside, other=0.0)
-        x = tl.load(x_ptr + at, mask=inside, other=0.0)
+        # the epilogue's tiles asked for before the product, so that their reads overlap it
+        x0 = tl.load(head_at, mask=in_head, other=0.0) + tl.load(tail_at, mask=in_tail, other=0.0)
+        if FIRST:
+            x = x0
+        else:
+            x = tl.load(x_ptr + at, mask=inside, other=0.0)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k in range(0, R, BK):
         a = tl.load(h_ptr + rm[:, None] * R + (k + rk)[None, :], mask=rm[:, None] < B, other=0.0)
@@ -122,34 +136,47 @@ def _cross_layer_kernel(h_ptr, w_ptr, b_ptr, x0_ptr, x_ptr, out_ptr, B, N, R: tl
         acc = tl.dot(a, w, acc)
     bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
     if not EARLY:
-        x0 = tl.load(x0_ptr + at, mask=inside, other=0.0)
-        x = tl.load(x_ptr + at, mask=inside, other=0.0)
+        x0 = tl.load(head_at, mask=in_head, other=0.0) + tl.load(tail_at, mask=in_tail, other=0.0)
+        if FIRST:
+            x = x0
+        else:
+            x = tl.load(x_ptr + at, mask=inside, other=0.0)
     out = x0.to(tl.float32) * (acc + bias[None, :]) + x.to(tl.float32)
     tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=inside)
 
 
-def cross_reference(x0: torch.Tensor, x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
-                    bias: torch.Tensor) -> torch.Tensor:
-    return x0 * torch.nn.functional.linear(h, weight, bias) + x
+def cross_reference(head: torch.Tensor, tail: torch.Tensor, x: Optional[torch.Tensor], h: torch.Tensor,
+                    weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The same layer in plain torch, x0 = [head | tail] (x: x0 itself where None)."""
+    x0 = torch.cat([head, tail], dim=1)
+    return x0 * torch.nn.functional.linear(h, weight, bias) + (x0 if x is None else x)
 
 
 @triton_op("triton_rust::cross_layer", mutates_args={})
-def cross_layer(x0: torch.Tensor, x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
-                bias: torch.Tensor) -> torch.Tensor:
-    """``x0 * (h @ weight.T + bias) + x``: x0, x [B, N], h [B, R], weight [N, R], bias [N]."""
+def cross_layer(head: torch.Tensor, tail: torch.Tensor, x: Optional[torch.Tensor], h: torch.Tensor,
+                weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``x0 * (h @ weight.T + bias) + x`` with ``x0 = [head | tail]`` along the columns, never
+    concatenated: head [B, D0] (DCNv2's bottom MLP output), tail [B, N - D0] (its embeddings,
+    flattened), x [B, N] or None for the first layer (x = x0), h [B, R], weight [N, R], bias [N]."""
     batch, rank = h.shape
     n = weight.shape[0]
+    d0 = head.shape[1]
     bm, bn, bk, warps, stages, group, early = cross_config()
-    if rank % bk or weight.shape[1] != rank or x0.shape != (batch, n) or x.shape != (batch, n) or bias.shape != (n,):
-        raise ValueError(f"cross_layer: h {tuple(h.shape)}, weight {tuple(weight.shape)}, x0 {tuple(x0.shape)}, "
-                         f"x {tuple(x.shape)}, bias {tuple(bias.shape)} (the rank a multiple of the tile's depth)")
+    if (rank % bk or weight.shape[1] != rank or head.shape[0] != batch or tail.shape != (batch, n - d0)
+            or (x is not None and x.shape != (batch, n)) or bias.shape != (n,)):
+        raise ValueError(f"cross_layer: h {tuple(h.shape)}, weight {tuple(weight.shape)}, head {tuple(head.shape)}, "
+                         f"tail {tuple(tail.shape)}, x {None if x is None else tuple(x.shape)}, bias {tuple(bias.shape)} "
+                         "(the rank a multiple of the tile's depth)")
     if not _interpreted(h) or h.dtype != torch.float16:
-        return cross_reference(x0, x, h, weight, bias)
-    x0, x, h, weight, bias = (t.contiguous() for t in (x0, x, h, weight, bias))
-    out = torch.empty_like(x)
+        return cross_reference(head, tail, x, h, weight, bias)
+    head, tail, h, weight, bias = (t.contiguous() for t in (head, tail, h, weight, bias))
+    first = x is None
+    x = head if first else x.contiguous()  # not read for the first layer
+    out = torch.empty((batch, n), dtype=h.dtype, device=h.device)
     grid = (triton.cdiv(batch, bm) * triton.cdiv(n, bn),)
-    _launcher(_cross_layer_kernel)[grid](h, weight, bias, x0, x, out, batch, n, R=rank, BM=bm, BN=bn, BK=bk,
-                                         GROUP_M=group, EARLY=early, num_warps=warps, num_stages=stages)
+    _launcher(_cross_layer_kernel)[grid](h, weight, bias, head, tail, x, out, batch, n, R=rank, D0=d0, FIRST=first,
+                                         BM=bm, BN=bn, BK=bk, GROUP_M=group, EARLY=early, num_warps=warps,
+                                         num_stages=stages)
     return out
 
 
