@@ -175,7 +175,7 @@ def run_sequences(server, model, with_sr, first_id=1, end=True, count=SEQUENCES,
 
 
 def runs_and_rows(server, model, before):
-    after = server.stats(model)
+    after = server.stats_after(model, before, SEQUENCES * CHUNKS)
     return (int(after["execution_count"]) - int(before["execution_count"]),
             int(after["inference_count"]) - int(before["inference_count"]))
 

@@ -108,7 +108,7 @@ def test_sklearn_pipeline_batched_equals_onnxruntime(server, models, protocol):
         worst = max(worst, float(np.abs(got["probabilities"] - want_prob).max()))
         labels += len(want_label)
     assert worst <= 1e-6, worst
-    after = server.stats("spam_pipeline")
+    after = server.stats_after("spam_pipeline", before, 24)
     runs = int(after["execution_count"]) - int(before["execution_count"])
     rows = int(after["inference_count"]) - int(before["inference_count"])
     assert runs < len(results), f"24 requests ran in {runs} executions: the dynamic batcher should have merged some"

@@ -96,7 +96,7 @@ def test_fastpitch_batched_equals_alone(server):
         t.start()
     for t in threads:
         t.join()
-    after = server.stats("fastpitch")
+    after = server.stats_after("fastpitch", before, len(ids))
     runs = after["execution_count"] - before["execution_count"]
     print(f"\n{len(ids)} concurrent requests ran in {runs} executions")
     worst = 0.0

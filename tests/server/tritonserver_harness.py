@@ -324,6 +324,18 @@ class TritonServer:
         r.raise_for_status()
         return r.json()["model_stats"][0]
 
+    def stats_after(self, model: str, before: dict, requests: int, timeout: float = 5.0) -> dict:
+        """The model's statistics once they count `requests` more successes than `before`: a
+        backend reports an execution's statistics after sending its responses, so a client
+        holding every answer can read the statistics a moment before they include the last."""
+        want = int(before["inference_stats"]["success"]["count"]) + requests
+        deadline = time.monotonic() + timeout
+        while True:
+            stats = self.stats(model)
+            if int(stats["inference_stats"]["success"]["count"]) >= want or time.monotonic() > deadline:
+                return stats
+            time.sleep(0.02)
+
     def model_ready(self, model: str) -> bool:
         return self.http("GET", f"/v2/models/{model}/ready").status_code == 200
 
