@@ -207,7 +207,8 @@ def tensor(name, dtype, dims):
 
 
 def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, graphs=False, host_memory="mapped", graph_rows=(),
-                 one_instances=1, rows_type="TYPE_FP32", pipeline_parts=1, key_upload=None, torch_params=(), one_pt2=None):
+                 one_instances=1, rows_type="TYPE_FP32", pipeline_parts=1, key_upload=None, torch_params=(), one_pt2=None,
+                 hit_rate_threshold=""):
     """<name>_sparse, <name>_dense, <name>_ens and <name>_one, all without batching; `one_pt2`:
     the single model's network as an AOTInductor package (dense.pt2) instead of the TorchScript
     file the ensemble's network serves. Every
@@ -224,6 +225,8 @@ def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, gr
         f'parameters {{ key: "store_name" value {{ string_value: "{os.path.basename(os.path.normpath(fixture))}" }} }}',
         f'parameters {{ key: "host_memory" value {{ string_value: "{host_memory}" }} }}',
     ]
+    if hit_rate_threshold:
+        store.append(f'parameters {{ key: "hit_rate_threshold" value {{ string_value: "{hit_rate_threshold}" }} }}')
     if key_upload:
         piece, tasks = key_upload
         store += [f'parameters {{ key: "gpu_key_piece" value {{ string_value: "{piece}" }} }}',
@@ -638,6 +641,11 @@ def main():
                         "is absent, Python threads send")
     p.add_argument("--stream-gb", type=float, default=30.0, help="the endless stream's key pool: at most this many GB")
     p.add_argument("--stream-passes", type=int, default=1, help="the endless stream: passes of its pool measured")
+    p.add_argument("--hit-rate-threshold", default="",
+                   help="the store's hit_rate_threshold (default: its own, 0.9): a lookup whose hit rate is below it "
+                        "inserts its misses before it returns, above it a background thread does and drops what it "
+                        "cannot keep up with; 1.0 makes every fill immediate, the LRU cache that Che's approximation "
+                        "models whatever the host's load")
     p.add_argument("--hit-rate-bound", type=float, default=0.002,
                    help="how far the measured hit rate may be from the endless stream's (LRU) rate")
     p.add_argument("--dense", default="torchscript", choices=["torchscript", "aoti"],
@@ -834,7 +842,8 @@ def main():
         write_models(repo, m, pt, fixture, a.dim, a.cache_share, a.kind, a.allocation, a.graphs, a.host_memory,
                      [int(r) for r in a.graph_rows.split(",") if r], a.one_instances, rows_type, a.pipeline_parts,
                      tuple(int(x) for x in a.key_upload.split(",")) if a.key_upload else None,
-                     [tuple(kv.split("=", 1)) for kv in a.torch_param], one_pt2=pt2)
+                     [tuple(kv.split("=", 1)) for kv in a.torch_param], one_pt2=pt2,
+                     hit_rate_threshold=a.hit_rate_threshold)
         if device == "cuda" and not a.no_ceiling:
             print(f"ceiling: {m} bare in torch, every table in HBM ({setup['table_gb_fp16']:.1f} GB fp16; "
                   "the TorchScript network)", flush=True)
