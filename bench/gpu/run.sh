@@ -37,8 +37,10 @@
 #                 AOTInductor package (dense.pt2) at Criteo scale (recsys_perf.py --dense aoti;
 #                 its arguments), keys in CUDA shared memory, the key pool sized for the hit rate.
 #                 DLRM's interaction is a Triton kernel in the package (--aoti-dlrm-interaction),
-#                 DCNv2's cross layers optionally (--dcnv2-cross triton); --stream-concurrency N
-#                 adds an endless stream at the cache's stationary hit rate (stream_load.py).
+#                 DCNv2's cross layers optionally (--dcnv2-cross triton); --stream-concurrency N[,M..]
+#                 adds an endless stream at the cache's stationary hit rate (stream_load.py; its
+#                 requests sent by .carry/stream_client, examples/stream_client.rs); --protocol
+#                 grpc,http,grpc-streaming measures each run over each.
 #                 carry [".carry", ".carry_pa"]
 #   network       where the recommenders' dense networks spend their time, compiled by Inductor:
 #                 eager and compiled timed, TFLOP/s, the heaviest kernels (network_profile.py; its
