@@ -174,7 +174,8 @@ def package(module: nn.Module, example_inputs: Sequence[torch.Tensor], path: str
     of 1). The example batch is also Inductor's size hint for that dimension: the generated
     GPU kernels' block sizes are chosen for it, so a GPU package is best exported with a batch
     of the size it will mostly run (``example_batch``). ``device``: where the module and the
-    inputs are moved (``"cuda"`` makes a CUDA package for this machine's GPU). ``half``: FP16 weights and floating-point inputs.
+    inputs are moved (``"cuda"`` makes a CUDA package for this machine's GPU). ``half``: FP16
+    weights and floating-point inputs.
     ``inductor_configs``: Inductor's settings for the compile (e.g. ``{"max_autotune": True}``),
     beside the metadata."""
     kwargs = dict(kwargs or {})

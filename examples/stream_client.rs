@@ -57,6 +57,15 @@ fn number(text: &str, what: &str) -> u64 {
     text.parse().unwrap_or_else(|_| usage(&format!("{what}: '{text}' is not a number")))
 }
 
+/// `value`'s comma-separated fields, as many as `form` names.
+fn fields<'v>(value: &'v str, flag: &str, form: &str) -> Vec<&'v str> {
+    let f: Vec<&str> = value.split(',').collect();
+    if f.len() != form.split(',').count() {
+        usage(&format!("{flag} '{value}': {form}"));
+    }
+    f
+}
+
 fn parse_args() -> Args {
     let mut a = Args {
         url: "localhost:8000".into(),
@@ -78,10 +87,7 @@ fn parse_args() -> Args {
             "--count" => a.count = number(value, flag),
             "--concurrency" => a.concurrency = number(value, flag).max(1) as usize,
             "--input" => {
-                let f: Vec<&str> = value.split(',').collect();
-                if f.len() != 6 {
-                    usage(&format!("--input '{value}': NAME,DTYPE,DxD..,REGION,BYTES,POOL"));
-                }
+                let f = fields(value, "--input", "NAME,DTYPE,DxD..,REGION,BYTES,POOL");
                 a.inputs.push(Input {
                     name: f[0].into(),
                     datatype: f[1].into(),
@@ -92,10 +98,7 @@ fn parse_args() -> Args {
                 });
             }
             "--output" => {
-                let f: Vec<&str> = value.split(',').collect();
-                if f.len() != 3 {
-                    usage(&format!("--output '{value}': NAME,REGION_PREFIX,BYTES"));
-                }
+                let f = fields(value, "--output", "NAME,REGION_PREFIX,BYTES");
                 a.outputs.push(Output {
                     name: f[0].into(),
                     prefix: f[1].into(),

@@ -100,6 +100,17 @@ def dot_interaction(x: torch.Tensor, emb: torch.Tensor, width: int) -> torch.Ten
 
 
 @triton.jit
+def _cross_layer_inputs(head_at, tail_at, x_at, in_head, in_tail, inside, FIRST: tl.constexpr):
+    """A tile's x0 (its columns from head or tail) and x (x0 itself in the first layer)."""
+    x0 = tl.load(head_at, mask=in_head, other=0.0) + tl.load(tail_at, mask=in_tail, other=0.0)
+    if FIRST:
+        x = x0
+    else:
+        x = tl.load(x_at, mask=inside, other=0.0)
+    return x0, x
+
+
+@triton.jit
 def _cross_layer_kernel(h_ptr, w_ptr, b_ptr, head_ptr, tail_ptr, x_ptr, out_ptr, B, N, R: tl.constexpr,
                         D0: tl.constexpr, FIRST: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                         GROUP_M: tl.constexpr, EARLY: tl.constexpr):
@@ -124,11 +135,7 @@ def _cross_layer_kernel(h_ptr, w_ptr, b_ptr, head_ptr, tail_ptr, x_ptr, out_ptr,
     in_tail = inside & (rn >= D0)[None, :]
     if EARLY:
         # the epilogue's tiles asked for before the product, so that their reads overlap it
-        x0 = tl.load(head_at, mask=in_head, other=0.0) + tl.load(tail_at, mask=in_tail, other=0.0)
-        if FIRST:
-            x = x0
-        else:
-            x = tl.load(x_ptr + at, mask=inside, other=0.0)
+        x0, x = _cross_layer_inputs(head_at, tail_at, x_ptr + at, in_head, in_tail, inside, FIRST)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k in range(0, R, BK):
         a = tl.load(h_ptr + rm[:, None] * R + (k + rk)[None, :], mask=rm[:, None] < B, other=0.0)
@@ -136,11 +143,7 @@ def _cross_layer_kernel(h_ptr, w_ptr, b_ptr, head_ptr, tail_ptr, x_ptr, out_ptr,
         acc = tl.dot(a, w, acc)
     bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
     if not EARLY:
-        x0 = tl.load(head_at, mask=in_head, other=0.0) + tl.load(tail_at, mask=in_tail, other=0.0)
-        if FIRST:
-            x = x0
-        else:
-            x = tl.load(x_ptr + at, mask=inside, other=0.0)
+        x0, x = _cross_layer_inputs(head_at, tail_at, x_ptr + at, in_head, in_tail, inside, FIRST)
     out = x0.to(tl.float32) * (acc + bias[None, :]) + x.to(tl.float32)
     tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=inside)
 

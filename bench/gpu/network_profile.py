@@ -117,7 +117,9 @@ def main():
                 with torch.inference_mode():
                     # the model's first form counted (the floating-point work of every form; the
                     # counter does not see inside our Triton kernels)
-                    work = works[name] if name in works else works.setdefault(name, flops(net, args))
+                    if name not in works:
+                        works[name] = flops(net, args)
+                    work = works[name]
                     eager = timed(net, args)
                     t0 = time.time()
                     compiled = torch.compile(net, options=options or None, dynamic=False)

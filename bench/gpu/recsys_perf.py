@@ -486,6 +486,11 @@ def sweep_plan(batches, conc_batch, concs):
     return plan
 
 
+def gap_text(gap, bound):
+    """A measured hit rate's distance from the stream's, and whether it is within `bound`."""
+    return f"{gap:+.4f} ({'within' if abs(gap) <= bound else 'NOT within'} {bound})"
+
+
 def stream_check(a, m, batch, alpha, rows, plan, streams, out_dir):
     """The one model under an endless stream (stream_load.py, our client): a pool of distinct
     requests holding the lookups per table the stream's hit rate needs (pool_plan), drawn into
@@ -496,10 +501,9 @@ def stream_check(a, m, batch, alpha, rows, plan, streams, out_dir):
     cap = max(1, int(a.stream_gb * 1e9 // (batch * TABLES * 8)))
     requests = min(need, cap)
     lru = plan["lru"]
-    levels = [int(c) for c in str(a.stream_concurrency).split(",")]
     client_bin = a.stream_client if a.stream_client and os.path.exists(a.stream_client) else None
     results = stream_load.run(lambda: Client(f"localhost:{a.port}"), lambda: scrape(a.port, f"{m}_sparse"), f"{m}_one",
-                              rows, batch, requests, alpha, SEED + 17, levels, a.stream_passes,
+                              rows, batch, requests, alpha, SEED + 17, a.stream_levels, a.stream_passes,
                               gpu=a.kind == "KIND_GPU", client_bin=client_bin, url=f"localhost:{a.port}")
     for r in results:
         r.update({"model": m, "batch": batch, "alpha": alpha, "lru_hit_rate": lru, "pool_needed_requests": need})
@@ -507,7 +511,7 @@ def stream_check(a, m, batch, alpha, rows, plan, streams, out_dir):
         with open(os.path.join(out_dir, "streams.json"), "w") as f:
             json.dump(streams, f, indent=1)
         gap = None if r["hit_rate"] is None else r["hit_rate"] - lru
-        verdict = "-" if gap is None else f"{gap:+.4f} ({'within' if abs(gap) <= a.hit_rate_bound else 'NOT within'} {a.hit_rate_bound})"
+        verdict = "-" if gap is None else gap_text(gap, a.hit_rate_bound)
         print(f"  {m + '_one':<10} a={alpha:<4} b={batch:<6} c={r['concurrency']:<2} {r['inferences_per_s'] / 1e6:7.2f} M inf/s  "
               f"p99 {r['p99_ms']:8.2f} ms  hit rate {r['hit_rate'] if r['hit_rate'] is None else round(r['hit_rate'], 4)}  "
               f"endless stream (stream_load.py, HTTP, {r['client']}; not perf_analyzer)", flush=True)
@@ -567,7 +571,10 @@ def export_aoti(name, a, rows_type, max_batch):
     key = json.dumps({"model": name, "precision": a.precision, "rows": rows_type, "form": form, "example_batch": eb,
                       "max_batch": max_batch, "inductor": settings, "torch": torch.__version__,
                       "examples": examples_digest()}, sort_keys=True)
-    reused = os.path.exists(path) and os.path.exists(path + ".key") and open(path + ".key").read() == key
+    reused = False
+    if os.path.exists(path) and os.path.exists(path + ".key"):
+        with open(path + ".key") as f:
+            reused = f.read() == key
     if not reused:
         with torch.no_grad():
             aoti_export.package(net, example, path, dynamic_batch=True, max_batch=max_batch, device="cuda",
@@ -710,9 +717,11 @@ def main():
     add_host_args(p)
     a = p.parse_args()
     apply_host_args(a)
-    for proto in a.protocol.split(","):
+    a.protocols = a.protocol.split(",")
+    for proto in a.protocols:
         if proto not in ("grpc", "http", "grpc-streaming"):
             p.error(f"--protocol: {proto!r} is not grpc, http or grpc-streaming")
+    a.stream_levels = [int(c) for c in a.stream_concurrency.split(",") if int(c) > 0]
 
     out_dir = os.path.join(os.environ.get("OUT", "/tmp/out"), "recsys")
     os.makedirs(out_dir, exist_ok=True)
@@ -899,7 +908,7 @@ def main():
                     plan_m = plan
                 for batch, conc in plan_m:
                     data = data_file(batch, alpha)
-                    for path, proto in [(x, y) for x in a.paths.split(",") for y in a.protocol.split(",")]:
+                    for path, proto in [(x, y) for x in a.paths.split(",") for y in a.protocols]:
                         model = f"{m}_{path}"
                         composing = [f"{m}_sparse", f"{m}_dense"] if path == "ens" else [model]
                         st0 = model_stats(client, composing)
@@ -937,11 +946,11 @@ def main():
                             gap = r["hit_rate"] - lru
                             print(f"      hit rate {r['hit_rate']:.4f} measured over a pool of {r['pool_requests']} requests; "
                                   f"the endless stream's: {lru:.4f} through this LRU cache, "
-                                  f"{r['stationary_hit_rate']:.4f} holding the hottest keys; measured - stream {gap:+.4f} "
-                                  f"({'within' if abs(gap) <= a.hit_rate_bound else 'NOT within'} {a.hit_rate_bound})", flush=True)
+                                  f"{r['stationary_hit_rate']:.4f} holding the hottest keys; measured - stream "
+                                  f"{gap_text(gap, a.hit_rate_bound)}", flush=True)
                         with open(os.path.join(out_dir, "runs.json"), "w") as f:
                             json.dump(runs, f, indent=1)
-                if a.stream_concurrency != "0" and "one" in a.paths.split(","):
+                if a.stream_levels and "one" in a.paths.split(","):
                     for batch in sorted({b for b, _ in plan_m}):
                         stream_check(a, m, batch, alpha, rows, plans[alpha], streams, out_dir)
         exact = {}

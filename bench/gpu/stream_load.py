@@ -7,10 +7,10 @@ table, 26 GB of int64 keys. That cannot go through JSON. Here the pool is drawn 
 (the same Zipf law and rank-to-key map as zipf_keys.py) straight into one CUDA shared-memory
 region, and each request names its slice of it by offset, as Triton's shared-memory protocol
 allows; outputs go to a region per request in flight. (For CPU instances the pool is drawn on
-the CPU into POSIX shared memory instead.) `concurrency` threads send requests of the pool in
-order, through HTTP: examples/stream_client.rs's compiled threads where `client_bin` names it
-(a Python thread's own cost per request is a large part of a 4096-row request's time), else
-Python's. One pass of the pool warms the cache; the next passes are
+the CPU into POSIX shared memory instead.) One thread per request in flight sends the pool's
+requests in order, through HTTP: examples/stream_client.rs's compiled threads where
+`client_bin` names it (a Python thread's own cost per request is a large part of a 4096-row
+request's time), else Python's. One pass of the pool warms the cache; the next passes are
 measured: inferences/s, latency percentiles (client side), and the hit rate from the server's
 own metrics.
 
@@ -119,11 +119,11 @@ def run(client_of, scrape, model, rows, batch, requests, alpha, seed, concurrenc
         log=print, client_bin=None, url=None):
     """Draws a pool of `requests` distinct requests into GPU memory (`gpu`; else POSIX shared
     memory, for CPU instances), warms the cache with one pass, then measures `passes` passes at
-    `concurrency` requests in flight (a list: each in turn, and a list of results back).
+    each number of requests in flight that `concurrency` lists, in turn (one result each).
     `client_of()`: a new kserve_client.Client; `scrape()`: (keys looked up, cache hits) from the
     server's metrics; `client_bin`, `url`: the compiled sender (examples/stream_client.rs) and
-    the server's HTTP address, else Python threads send. Returns {inferences_per_s,
-    p50/p90/p95/p99 ms, hit_rate, pool_requests, pool_gb, client, ...}."""
+    the server's HTTP address, else Python threads send. Returns a list, one {inferences_per_s,
+    p50/p90/p95/p99 ms, hit_rate, pool_requests, pool_gb, client, ...} per entry of `concurrency`."""
     import torch
 
     req_bytes = batch * TABLES * 8
@@ -145,9 +145,8 @@ def run(client_of, scrape, model, rows, batch, requests, alpha, seed, concurrenc
         made.append(keys)
         dense = region(f"stream_dense_{model}", DENSE_POOL * dense_bytes)
         made.append(dense)
-        levels = list(concurrency) if isinstance(concurrency, (list, tuple)) else [concurrency]
         outs = []
-        for i in range(max(levels)):
+        for i in range(max(concurrency)):
             outs.append(region(f"stream_out_{model}_{i}", out_bytes))
             made.append(outs[-1])
         for first, chunk in draw_keys(rows, batch, requests, alpha, seed, f"cuda:{device}" if gpu else "cpu"):
@@ -189,11 +188,11 @@ def run(client_of, scrape, model, rows, batch, requests, alpha, seed, concurrenc
             with lock:
                 latencies.extend(mine)
 
-        def send_compiled(count, concurrency):
+        def send_compiled(count, inflight):
             """`count` requests through examples/stream_client.rs (the same requests, sent by
             compiled threads): its own wall-clock seconds."""
             cmd = [client_bin, "--url", url, "--model", model, "--start", str(state["next"]), "--count", str(count),
-                   "--concurrency", str(concurrency),
+                   "--concurrency", str(inflight),
                    "--input", f"sparse,INT64,{batch}x{TABLES},{keys.name},{req_bytes},{requests}",
                    "--input", f"dense,FP32,{batch}x13,{dense.name},{dense_bytes},{DENSE_POOL}",
                    "--output", f"prediction,stream_out_{model}_,{out_bytes}"]
@@ -205,12 +204,12 @@ def run(client_of, scrape, model, rows, batch, requests, alpha, seed, concurrenc
             state["next"] += count
             return r["seconds"]
 
-        def send(count, concurrency):
+        def send(count, inflight):
             if client_bin:
-                return send_compiled(count, concurrency)
+                return send_compiled(count, inflight)
             with lock:
                 state["stop"] = state["next"] + count
-            threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
+            threads = [threading.Thread(target=worker, args=(i,)) for i in range(inflight)]
             start = time.perf_counter()
             for t in threads:
                 t.start()
@@ -220,9 +219,9 @@ def run(client_of, scrape, model, rows, batch, requests, alpha, seed, concurrenc
                 raise RuntimeError(f"stream request failed: {state['error']}")
             return time.perf_counter() - start
 
-        warm_s = send(requests, max(levels))
+        warm_s = send(requests, max(concurrency))
         results = []
-        for level in levels:  # the stream goes on where the last level left it: the cache stays warm
+        for level in concurrency:  # the stream goes on where the last level left it: the cache stays warm
             latencies.clear()
             k0, h0 = scrape()
             seconds = send(requests * passes, level)
@@ -235,7 +234,7 @@ def run(client_of, scrape, model, rows, batch, requests, alpha, seed, concurrenc
                             "pool_lookups_per_table": requests * batch, "pool_gb": requests * req_bytes / 1e9,
                             "concurrency": level, "passes": passes, "drawn_seconds": drawn_s,
                             "client": "stream_client (compiled)" if client_bin else "Python threads"})
-        return results if isinstance(concurrency, (list, tuple)) else results[0]
+        return results
     finally:
         for r in reversed(made):
             try:
