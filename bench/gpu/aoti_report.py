@@ -71,6 +71,7 @@ def recsys_rows(folder):
     same run served the TorchScript ensemble and measured the bare TorchScript ceiling, those."""
     rows, ens, network, ceiling, export = [], {}, {}, {}, {}
     command, model, instances, share, last, protocol = "", None, 1, 0.1, None, "gRPC"
+    shared = False  # runs before gpucache_sharing: each instance had its own cache
     with open(os.path.join(folder, "console.log")) as f:
         for line in f:
             if line.startswith("run.sh"):
@@ -81,6 +82,8 @@ def recsys_rows(folder):
                 share = float(c.group(1)) if c else 0.1
                 said = re.search(r"--protocol[ =]([\w-]+)", line)
                 protocol = PROTOCOLS.get(said.group(1) if said else "grpc", "gRPC")
+            if line.startswith("GPU caches: "):
+                shared = "shared" in line
             m = re.search(r"exported (\w+)'s network", line)
             if m:
                 model = m.group(1)
@@ -99,7 +102,7 @@ def recsys_rows(folder):
             elif r and "endless stream" in line:
                 # our endless-stream client (stream_load.py): the cache at its stationary hit rate
                 rows.append({"model": r.group(1), "alpha": r.group(3), "batch": int(r.group(4)), "conc": int(r.group(5)),
-                             "instances": instances, "share": share, "folder": os.path.basename(os.path.normpath(folder)),
+                             "instances": instances, "share": share, "shared": shared, "folder": os.path.basename(os.path.normpath(folder)),
                              "protocol": "endless stream: stream_load.py over HTTP" + (
                                  ", compiled sender" if "stream_client (compiled)" in line else "") + ", not perf_analyzer",
                              "stream": True,
@@ -107,7 +110,7 @@ def recsys_rows(folder):
             elif r:
                 over = re.search(r"  over ([\w-]+)\s*$", line)  # runs of several protocols say each row's
                 rows.append({"model": r.group(1), "alpha": r.group(3), "batch": int(r.group(4)), "conc": int(r.group(5)),
-                             "instances": instances, "share": share, "folder": os.path.basename(os.path.normpath(folder)),
+                             "instances": instances, "share": share, "shared": shared, "folder": os.path.basename(os.path.normpath(folder)),
                              "protocol": PROTOCOLS.get(over.group(1), over.group(1)) if over else protocol,
                              "ips": float(r.group(6)) * 1e6, "p99": float(r.group(7)), "hit": r.group(8)})
             p = POOL_GAP.search(line)
@@ -254,9 +257,10 @@ def main(argv=None):
         md += ["## Recommenders at Criteo scale as one model, network an AOTInductor package", "",
                "20.9 B parameters, 10% GPU cache, Zipf alpha 1.2, keys in CUDA shared memory, perf_analyzer gRPC "
                "(HTTP where the results column says so); "
-               "instances: the model's GPU instances x the share of the rows each one's own cache holds (two instances "
-               "of 10% hold 20% of the rows in GPU memory in all; a verdict says so where the rows cached in all are "
-               "more than the targets' 10%), c: requests in flight. "
+               "instances: the model's GPU instances sharing one cache of that share of the rows (gpucache_sharing "
+               "device, HPS's way), or, in runs made before that setting, N x the share each instance's own cache "
+               "held (two instances of 10% held 20% of the rows in GPU memory in all; a verdict says so where the "
+               "rows cached in all are more than the targets' 10%), c: requests in flight. "
                "Network alone: the package in the C++ runner (better of plain and CUDA graph), exported in that run "
                "as the export column says. TorchScript served: the same run's HPS-style ensemble (lookup model, "
                "then the TorchScript network) at the same batch and concurrency; TorchScript ceiling: that network "
@@ -276,9 +280,9 @@ def main(argv=None):
                 bound = f"{tgt / 1e6:.0f} M" + (f", p99 <= {r['p99_bound']:g} ms" if r["p99_bound"] else "") if tgt else "-"
                 where = r["folder"] + ("" if r["protocol"] == "gRPC" else f" ({r['protocol']})")
                 verdict = ('PASS' if r['pass'] else 'MISS') if tgt else ''
-                cached = r["instances"] * r["share"]
+                cached = r["share"] * (1 if r["shared"] else r["instances"])
                 if tgt and r["pass"] and cached > 0.1001:
-                    # each instance holds its own cache: the targets' 10% is of the rows in all
+                    # instances that each held their own cache: the targets' 10% is of the rows in all
                     verdict += f" with {cached:.0%} of the rows in GPU caches"
                 if tgt and r["pass"] and r.get("within") == "NOT within":
                     # perf_analyzer's pool (what its JSON holds) fits the cache better than a stream does
@@ -289,7 +293,8 @@ def main(argv=None):
                     verdict = (f"{r['gap']} ({'PASS' if r['within'] == 'within' else 'MISS'}; pool of {r['pool']} "
                                "requests)") if "gap" in r else ""
                 infer = f"{r['infer_ms']:.2f}" if "infer_ms" in r else "-"
-                md.append(f"| {where} | {r['export']} | {r['batch']} | {r['instances']} x {r['share']:.0%} | {r['conc']} | "
+                insts = f"{r['instances']} sharing {r['share']:.0%}" if r["shared"] else f"{r['instances']} x {r['share']:.0%}"
+                md.append(f"| {where} | {r['export']} | {r['batch']} | {insts} | {r['conc']} | "
                           f"{fmt(r['ips'])} | {r['p99']:.2f} | {r['hit']} | {infer} | "
                           f"{fmt(r['network'])} | {fmt(r['ts_served'])} | {fmt(r['ts_ceiling'])} | "
                           f"{bound} | {verdict} |")

@@ -208,7 +208,7 @@ def tensor(name, dtype, dims):
 
 def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, graphs=False, host_memory="mapped", graph_rows=(),
                  one_instances=1, rows_type="TYPE_FP32", pipeline_parts=1, key_upload=None, torch_params=(), one_pt2=None,
-                 hit_rate_threshold=""):
+                 hit_rate_threshold="", cache_sharing="device"):
     """<name>_sparse, <name>_dense, <name>_ens and <name>_one, all without batching; `one_pt2`:
     the single model's network as an AOTInductor package (dense.pt2) instead of the TorchScript
     file the ensemble's network serves. Every
@@ -225,6 +225,7 @@ def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, gr
         f'parameters {{ key: "store_name" value {{ string_value: "{os.path.basename(os.path.normpath(fixture))}" }} }}',
         f'parameters {{ key: "host_memory" value {{ string_value: "{host_memory}" }} }}',
     ]
+    store.append(f'parameters {{ key: "gpucache_sharing" value {{ string_value: "{cache_sharing}" }} }}')
     if hit_rate_threshold:
         store.append(f'parameters {{ key: "hit_rate_threshold" value {{ string_value: "{hit_rate_threshold}" }} }}')
     if key_upload:
@@ -232,7 +233,8 @@ def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, gr
         store += [f'parameters {{ key: "gpu_key_piece" value {{ string_value: "{piece}" }} }}',
                   f'parameters {{ key: "gpu_key_upload_tasks" value {{ string_value: "{tasks}" }} }}']
     group = f"instance_group [ {{ count: 1 kind: {kind} }} ]"
-    # the single model's instances: each holds its own cache of the same share
+    # the single model's instances: they share one cache per GPU (gpucache_sharing device),
+    # or each holds its own of the same share (instance)
     one_group = f"instance_group [ {{ count: {one_instances} kind: {kind} }} ]"
     # the network's CUDA graphs: one per request shape (no batching), captured at its first
     # request; with graph_rows only for requests of those rows (graph_spec's batch sizes)
@@ -681,7 +683,10 @@ def main():
     p.add_argument("--no-ceiling", action="store_true")
     p.add_argument("--graphs", action="store_true", help="CUDA graphs for the dense network (ensemble step and single model)")
     p.add_argument("--one-instances", type=int, default=1,
-                   help="instances of the single model (each with its own GPU cache of --cache-share)")
+                   help="instances of the single model (sharing one GPU cache of --cache-share, or each its own: "
+                        "--cache-sharing)")
+    p.add_argument("--cache-sharing", default="device", choices=["device", "instance"],
+                   help="gpucache_sharing: one cache per GPU shared by the instances (HPS's way), or one per instance")
     p.add_argument("--dlrm-interaction", default="split", choices=["cat", "split"],
                    help="DLRM's dot interaction in the TorchScript network: the 27 vectors stacked, or computed without "
                         "the stack (same numbers; split's network is ~0.9 ms faster at 65536 served, launch-bound eager "
@@ -767,7 +772,7 @@ def main():
              "allocation": a.allocation, "cached_rows_per_table": cache_rows(rows, a.cache_share, a.allocation),
              "cached_rows": sum(cache_rows(rows, a.cache_share, a.allocation)), "fixture": fixture,
              "graphs": a.graphs, "graph_rows": a.graph_rows, "host_memory": a.host_memory,
-             "dlrm_interaction": a.dlrm_interaction, "one_instances": a.one_instances,
+             "dlrm_interaction": a.dlrm_interaction, "one_instances": a.one_instances, "cache_sharing": a.cache_sharing,
              "aoti_dlrm_interaction": a.aoti_dlrm_interaction, "dcnv2_cross": a.dcnv2_cross,
              "stationary_hit_rate": {str(x): stationary_hit_rate(rows, cache_rows(rows, a.cache_share, a.allocation), x) for x in alphas},
              "fixture_seconds": time.time() - t0, "precision": a.precision, "requests_per_pool": a.requests,
@@ -775,6 +780,9 @@ def main():
     print(f"store: {TABLES} tables, {sum(rows):,} rows, {params / 1e9:.1f} B parameters, dim {a.dim}, "
           f"{setup['table_gb_fp16']:.1f} GB fp16 in {fixture}; GPU cache {setup['cached_rows']:,} rows "
           f"({setup['cached_rows'] / sum(rows):.1%}, {a.allocation}): {setup['cached_rows_per_table']}", flush=True)
+    # aoti_report.py reads this line: without it (runs before gpucache_sharing) each instance had its own
+    print(f"GPU caches: {'one per GPU, shared by the single model' if a.cache_sharing == 'device' else 'one per instance of the single model'}"
+          f"'s {a.one_instances} instance(s)", flush=True)
     cached = cache_rows(rows, a.cache_share, a.allocation)
     plans = {x: pool_plan(rows, cached, x, 1, a.hit_rate_bound) for x in alphas}
     setup["lru_hit_rate"] = {str(x): plans[x]["lru"] for x in alphas}
@@ -852,7 +860,7 @@ def main():
                      [int(r) for r in a.graph_rows.split(",") if r], a.one_instances, rows_type, a.pipeline_parts,
                      tuple(int(x) for x in a.key_upload.split(",")) if a.key_upload else None,
                      [tuple(kv.split("=", 1)) for kv in a.torch_param], one_pt2=pt2,
-                     hit_rate_threshold=a.hit_rate_threshold)
+                     hit_rate_threshold=a.hit_rate_threshold, cache_sharing=a.cache_sharing)
         if device == "cuda" and not a.no_ceiling:
             print(f"ceiling: {m} bare in torch, every table in HBM ({setup['table_gb_fp16']:.1f} GB fp16; "
                   "the TorchScript network)", flush=True)

@@ -39,6 +39,12 @@ def test_recsys_rows(tmp_path):
     aoti_report.main(["--recsys", str(tmp_path), "--out", str(tmp_path / "out"), "--no-plots"])
     text = (tmp_path / "out" / "report.md").read_text()
     assert "| 2 x 10% | 4 | 30.81 M |" in text and "PASS with 20% of the rows in GPU caches" in text
+    # the same run with the instances sharing one cache per GPU (gpucache_sharing device): 10% in all
+    (tmp_path / "console.log").write_text(CONSOLE.replace(
+        "exported dlrm", "GPU caches: one per GPU, shared by the single model's 2 instance(s)\nexported dlrm"))
+    aoti_report.main(["--recsys", str(tmp_path), "--out", str(tmp_path / "out"), "--no-plots"])
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "| 2 sharing 10% | 4 | 30.81 M |" in text and "PASS |" in text and "GPU caches |" not in text
     (tmp_path / "console.log").write_text(CONSOLE.replace("--paths ens,one", "--paths ens,one --protocol http"))
     assert {r["protocol"] for r in aoti_report.recsys_rows(str(tmp_path))} == {"HTTP"}
 

@@ -114,6 +114,9 @@ pub struct EmbeddingStore {
     /// Updates hold it for writing; cache fills for reading (see module docs).
     gate: RwLock<()>,
     caches: Mutex<Vec<Weak<InstanceCaches>>>,
+    /// The caches shared by the instances on each GPU (`attach_gpu_caches`), while any holds them.
+    #[cfg(feature = "gpu")]
+    gpu_shared: Mutex<Vec<(i32, Weak<InstanceCaches>, gpu::GpuInstance)>>,
     /// Update requests refused for a missing or wrong credential.
     pub refused_updates: AtomicU64,
     /// Stops the compactor when the store goes.
@@ -247,6 +250,8 @@ impl EmbeddingStore {
             remote,
             gate: RwLock::new(()),
             caches: Mutex::new(Vec::new()),
+            #[cfg(feature = "gpu")]
+            gpu_shared: Mutex::new(Vec::new()),
             refused_updates: AtomicU64::new(0),
             compactor: compactor.clone(),
             follower: Mutex::new(None),
@@ -367,6 +372,27 @@ impl EmbeddingStore {
         reg.retain(|w| w.strong_count() > 0);
         reg.push(Arc::downgrade(&inst));
         Ok(inst)
+    }
+
+    /// The caches on GPU `device` that every instance of this store there shares, as HPS
+    /// keeps one cache per GPU: made (and registered for updates) by the first instance,
+    /// the same caches and queue for the next ones while any instance holds them. Each
+    /// instance makes its own [`InstanceCaches::batch_lookup`] over them.
+    #[cfg(feature = "gpu")]
+    pub fn attach_gpu_caches(
+        self: &Arc<Self>,
+        device: i32,
+    ) -> Result<(gpu::GpuInstance, Arc<InstanceCaches>)> {
+        let mut shared = self.gpu_shared.lock();
+        shared.retain(|(_, held, _)| held.strong_count() > 0);
+        let live = shared.iter().find(|(d, _, _)| *d == device);
+        if let Some((caches, gpu)) = live.and_then(|(_, w, g)| Some((w.upgrade()?, g.clone()))) {
+            return Ok((gpu, caches));
+        }
+        let gpu = gpu::GpuInstance::new(device)?;
+        let caches = self.attach_caches(&|geo| gpu.new_cache(geo))?;
+        shared.push((device, Arc::downgrade(&caches), gpu.clone()));
+        Ok((gpu, caches))
     }
 
     /// A view of the store with no caches (lookups go straight to the host tier).

@@ -36,7 +36,7 @@ use triton_rust_embedding::{EmbeddingStore, InstanceCaches};
 mod settings;
 
 use settings::same_secret;
-pub use settings::{Credential, Interface, StoreSettings, TOKEN_PARAMETER};
+pub use settings::{CacheSharing, Credential, Interface, StoreSettings, TOKEN_PARAMETER};
 
 /// Stores shared by name across the models of one server process.
 static STORES: Mutex<Vec<(String, Weak<EmbeddingStore>)>> = Mutex::new(Vec::new());
@@ -126,8 +126,14 @@ impl EmbeddingEngine {
                 .attach_caches(&|geo| Ok(Arc::new(HostCache::new(geo)) as Arc<dyn CacheTier>))?,
             #[cfg(feature = "gpu")]
             Device::Gpu(id) => {
-                let instance = GpuInstance::new(id)?;
-                let caches = store.attach_caches(&|geo| instance.new_cache(geo))?;
+                let (instance, caches) = match settings.cache_sharing {
+                    CacheSharing::Device => store.attach_gpu_caches(id)?,
+                    CacheSharing::Instance => {
+                        let instance = GpuInstance::new(id)?;
+                        let caches = store.attach_caches(&|geo| instance.new_cache(geo))?;
+                        (instance, caches)
+                    }
+                };
                 let same_dim = (0..store.table_count()).all(|t| store.dim(t) == store.dim(0));
                 if same_dim && settings.interface != Interface::Update {
                     let format =

@@ -34,6 +34,30 @@ pub struct StoreSettings {
     /// into page-locked memory by up to this many tasks (`gpu_key_piece`,
     /// `gpu_key_upload_tasks`; `examples/batch_lookup_bench.rs` times the choices).
     pub key_upload: (usize, usize),
+    /// Whose GPU caches a `KIND_GPU` instance looks up in (`gpucache_sharing`).
+    pub cache_sharing: CacheSharing,
+}
+
+/// Whose GPU caches an instance uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheSharing {
+    /// One set of caches per GPU, shared by every instance of the store there (HPS's way):
+    /// `gpucacheper` is of the rows on that GPU, whatever the instance count.
+    Device,
+    /// Each instance its own caches of `gpucacheper` (two instances hold twice the rows).
+    Instance,
+}
+
+impl CacheSharing {
+    fn parse(text: Option<&str>) -> Result<CacheSharing> {
+        match text.map(str::trim) {
+            None | Some("device") => Ok(CacheSharing::Device),
+            Some("instance") => Ok(CacheSharing::Instance),
+            Some(other) => Err(Error::invalid_arg(format!(
+                "parameter 'gpucache_sharing' is '{other}'; use device (one cache per GPU, shared by its instances) or instance"
+            ))),
+        }
+    }
 }
 
 /// Where an update model's credential comes from. The secret itself never sits in the
@@ -126,6 +150,7 @@ impl StoreSettings {
         ("store_name", "the model's name"),
         ("gpucacheper", "0.1"),
         ("gpucache_allocation", "per_table"),
+        ("gpucache_sharing", "device"),
         ("hit_rate_threshold", "0.9"),
         ("host_memory", "mapped"),
         ("volatile_db", "none"),
@@ -239,6 +264,9 @@ impl StoreSettings {
             volatile_db: cfg.parameters.get("volatile_db").cloned(),
             credential,
             key_upload,
+            cache_sharing: CacheSharing::parse(
+                cfg.parameters.get("gpucache_sharing").map(String::as_str),
+            )?,
         })
     }
 }

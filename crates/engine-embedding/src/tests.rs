@@ -51,6 +51,21 @@ fn the_key_upload_is_read_from_the_config_and_checked() {
 }
 
 #[test]
+fn gpu_caches_are_shared_per_device_unless_the_config_says_per_instance() {
+    let sharing = |extra: &[(&str, &str)]| {
+        let mut p = vec![("embedding_table_names", "a"), ("embedding_vecsize_per_table", "4")];
+        p.extend_from_slice(extra);
+        StoreSettings::from_config(&cfg(&p), Path::new("/nonexistent"), &Default::default())
+            .map(|s| s.cache_sharing)
+    };
+    assert_eq!(sharing(&[]).unwrap(), CacheSharing::Device, "one cache per GPU, as HPS");
+    assert_eq!(sharing(&[("gpucache_sharing", " instance ")]).unwrap(), CacheSharing::Instance);
+    assert_eq!(sharing(&[("gpucache_sharing", "device")]).unwrap(), CacheSharing::Device);
+    let e = sharing(&[("gpucache_sharing", "model")]).unwrap_err();
+    assert!(e.message().contains("'gpucache_sharing' is 'model'"), "{e}");
+}
+
+#[test]
 fn an_update_model_needs_a_credential_or_says_it_is_open() {
     let e = Credential::from_config(&cfg(&[])).unwrap_err();
     assert!(
