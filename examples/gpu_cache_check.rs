@@ -4,7 +4,11 @@
 //!    smaller than the key space) is applied to the CPU cache and the GPU cache; the
 //!    hit/miss pattern of every lookup, every row returned, and the final insertion and
 //!    eviction counts must be identical.
-//! 2. Hit path speed: a table several times the GPU's cache, keys on the device, the
+//! 2. Shared caches under concurrency: several threads, each with its own stream (as the
+//!    instances of a model sharing one GPU cache), look up and fill the same slots at
+//!    once, with a cache far smaller than the keys so sets are rewritten all the time;
+//!    every row every lookup returns must be its key's row.
+//! 3. Hit path speed: a table several times the GPU's cache, keys on the device, the
 //!    warp-per-key lookup kernel timed alone; prints rows/s and GB/s moved.
 //!
 //!   cargo build --release --example gpu_cache_check
@@ -12,8 +16,11 @@
 use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
-use triton_rust_cuda::cache::{DeviceKeys, DeviceRows};
-use triton_rust_embedding::cache::{CacheGeometry, CacheTier, HostCache};
+use triton_rust_cuda::cache::{
+    BatchLookup, CacheSlots, DeviceKeys, DeviceRows, KeyLayout, Queue, RowFormat,
+};
+use triton_rust_cuda::{Bytes, BytesMut, Cuda, CudaError, DeviceOps};
+use triton_rust_embedding::cache::{CacheGeometry, CacheTier, HostCache, EMPTY_KEY};
 use triton_rust_embedding::gpu::GpuCache;
 use triton_rust_embedding::Zipf;
 
@@ -80,6 +87,8 @@ fn main() {
         c.evictions
     );
 
+    shared_under_concurrency(dim, arg("--threads", 4), arg("--rounds", 300));
+
     // Hit-path speed on a big cache.
     let rows = arg("--rows", 8_000_000);
     let batch = arg("--batch", 1_700_000);
@@ -120,5 +129,80 @@ fn main() {
         secs * 1e3,
         batch as f64 / secs / 1e9,
         bytes / secs / 1e9
+    );
+}
+
+/// Part 2: `threads` streams over one set of slots, each looking up batches of Zipf keys
+/// (rows read below the cache are `row(key)`), filling its misses and checking every row.
+fn shared_under_concurrency(dim: usize, threads: usize, rounds: usize) {
+    let sets = 64; // 2,048 slots for 100,000 keys: most lookups of cold keys evict
+    let first = Queue::new(0).expect("queue");
+    let slots = CacheSlots::new(&first, sets, dim, EMPTY_KEY).expect("slots");
+    let clock = std::sync::atomic::AtomicU64::new(1);
+    let zipf = Zipf::new(100_000, 0.9);
+    let (hits, checked, torn) = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|w| {
+                let (slots, clock, zipf) = (&slots, &clock, &zipf);
+                scope.spawn(move || {
+                    let queue = Queue::new(0).expect("queue");
+                    let mut lookup = BatchLookup::new(&queue, &[Some(slots)], dim, RowFormat::F32)
+                        .expect("lookup");
+                    let mut rng = rand::rngs::SmallRng::seed_from_u64(7 + w as u64);
+                    let (mut hits, mut checked, mut wrong) = (0usize, 0usize, 0usize);
+                    let mut host = vec![0u8; 4096 * dim * 4];
+                    for _ in 0..rounds {
+                        let keys: Vec<i64> =
+                            (0..4096).map(|_| zipf.rank(rng.gen()) as i64).collect();
+                        let epoch = clock.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let mut fetch =
+                            |_: &mut [i32], mk: &mut [i64], rows: &mut [f32], found: &mut [u8]| {
+                                for (j, &k) in mk.iter().enumerate() {
+                                    rows[j * dim..(j + 1) * dim].copy_from_slice(&row(k, dim));
+                                    found[j] = 1;
+                                }
+                                Ok::<(), CudaError>(())
+                            };
+                        let times = lookup
+                            .run(&keys, KeyLayout::Interleaved, epoch, &mut fetch)
+                            .expect("run");
+                        hits += keys.len() - times.misses;
+                        let view = lookup.rows(keys.len() * dim).expect("rows");
+                        Cuda.copy(
+                            Bytes::Device(view),
+                            BytesMut::Host(&mut host[..keys.len() * dim * 4]),
+                        )
+                        .expect("copy");
+                        let got: Vec<f32> = host[..keys.len() * dim * 4]
+                            .chunks_exact(4)
+                            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                            .collect();
+                        for (i, &k) in keys.iter().enumerate() {
+                            if got[i * dim..(i + 1) * dim] != row(k, dim)[..] {
+                                wrong += 1;
+                            }
+                            checked += 1;
+                        }
+                        lookup
+                            .fill_last(clock.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                            .expect("fill");
+                    }
+                    (hits, checked, wrong)
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|h| h.join().expect("worker"))
+            .fold((0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2))
+    });
+    let (inserted, evicted) = slots.counters().expect("counters");
+    assert_eq!(torn, 0, "{torn} of {checked} rows were not their key's row");
+    assert!(hits > 0 && evicted > 0, "the check must hit and evict to mean anything");
+    println!(
+        "shared slots: {threads} streams x {rounds} batches of 4096 keys over {} slots, {checked} rows checked, \
+         all their key's rows; hit rate {:.3}, {inserted} insertions, {evicted} evictions",
+        sets * 32,
+        hits as f64 / checked as f64
     );
 }
