@@ -51,6 +51,29 @@ __device__ __forceinline__ void copy_row(unsigned short* __restrict__ dst, const
 // (its row is read below the cache and written again).
 __device__ __forceinline__ unsigned read_version(const unsigned* v) { return *(const volatile unsigned*)v; }
 
+// A set's version read with acquire order: the tag and row loads after it are not made before it.
+__device__ __forceinline__ unsigned version_acquire(const unsigned* v) {
+#if __CUDA_ARCH__ >= 700
+    unsigned x;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(x) : "l"(v) : "memory");
+    return x;
+#else
+    unsigned x = read_version(v);
+    __threadfence();
+    return x;
+#endif
+}
+
+// The loads before it are made before the loads after it (lighter than __threadfence's
+// sequentially consistent fence).
+__device__ __forceinline__ void loads_in_order() {
+#if __CUDA_ARCH__ >= 700
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+#else
+    __threadfence();
+#endif
+}
+
 // Opens a set for rewriting (its lock held): the version turns odd before any tag or row changes.
 __device__ __forceinline__ void begin_rewrite(unsigned* version, int lane) {
     if (lane == 0) atomicAdd(version, 1u);
@@ -107,7 +130,7 @@ __device__ __forceinline__ bool read_slot_row(O* __restrict__ dst, const float* 
             if (vec) v4 = __ldcg((const float4*)src + j);
             else v = __ldcg(src + j);
         }
-        __threadfence();
+        loads_in_order();
         if (__any_sync(FULL, read_version(version) != v1)) return false;
         if (j < n) {
             if (vec) store4(dst, j, v4);
@@ -155,8 +178,7 @@ extern "C" __global__ void cache_lookup(const i64* __restrict__ keys, int n,
     u64 set = mix64((u64)key) % (u64)sets;
     size_t slot = set * 32 + lane;
     const unsigned* version = locks + 2 * sets + set;
-    unsigned v1 = read_version(version);
-    __threadfence();
+    unsigned v1 = version_acquire(version);
     // Empty slots hold EMPTY_KEY, which is never inserted: only the tags are read.
     bool match = key != EMPTY_KEY && (v1 & 1u) == 0u && __ldcg(&slot_keys[slot]) == key;
     unsigned m = __ballot_sync(FULL, match);
@@ -205,8 +227,7 @@ __device__ __forceinline__ void batch_lookup_as(const i64* __restrict__ keys, lo
     if (sets > 0 && key != EMPTY_KEY) {
         set = mix64((u64)key) % (u64)sets;
         version = (const unsigned*)desc[t * 6 + 4] + 2 * sets + set;
-        v1 = read_version(version);
-        __threadfence();
+        v1 = version_acquire(version);
         match = (v1 & 1u) == 0u && __ldcg(&slot_keys[set * 32 + lane]) == key;
     }
     unsigned m = __ballot_sync(FULL, match);
