@@ -4,10 +4,10 @@
 //!    smaller than the key space) is applied to the CPU cache and the GPU cache; the
 //!    hit/miss pattern of every lookup, every row returned, and the final insertion and
 //!    eviction counts must be identical.
-//! 2. Shared caches under concurrency: several threads, each with its own stream (as the
-//!    instances of a model sharing one GPU cache), look up and fill the same slots at
-//!    once, with a cache far smaller than the keys so sets are rewritten all the time;
-//!    every row every lookup returns must be its key's row.
+//! 2. Shared caches under concurrency: several threads, each with its own lookup buffers
+//!    on the caches' one queue (as the instances of a model sharing one GPU cache), look
+//!    up and fill the same slots at once, with a cache far smaller than the keys so sets
+//!    are rewritten all the time; every row every lookup returns must be its key's row.
 //! 3. Hit path speed: a table several times the GPU's cache, keys on the device, the
 //!    warp-per-key lookup kernel timed alone; prints rows/s and GB/s moved.
 //!
@@ -132,8 +132,9 @@ fn main() {
     );
 }
 
-/// Part 2: `threads` streams over one set of slots, each looking up batches of Zipf keys
-/// (rows read below the cache are `row(key)`), filling its misses and checking every row.
+/// Part 2: `threads` lookups over one set of slots and its queue, each looking up batches of
+/// Zipf keys (rows read below the cache are `row(key)`), filling its misses and checking
+/// every row.
 fn shared_under_concurrency(dim: usize, threads: usize, rounds: usize) {
     let sets = 64; // 2,048 slots for 100,000 keys: most lookups of cold keys evict
     let first = Queue::new(0).expect("queue");
@@ -143,9 +144,8 @@ fn shared_under_concurrency(dim: usize, threads: usize, rounds: usize) {
     let (hits, checked, torn) = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|w| {
-                let (slots, clock, zipf) = (&slots, &clock, &zipf);
+                let (slots, clock, zipf, queue) = (&slots, &clock, &zipf, first.clone());
                 scope.spawn(move || {
-                    let queue = Queue::new(0).expect("queue");
                     let mut lookup = BatchLookup::new(&queue, &[Some(slots)], dim, RowFormat::F32)
                         .expect("lookup");
                     let mut rng = rand::rngs::SmallRng::seed_from_u64(7 + w as u64);
@@ -200,7 +200,7 @@ fn shared_under_concurrency(dim: usize, threads: usize, rounds: usize) {
     assert_eq!(torn, 0, "{torn} of {checked} rows were not their key's row");
     assert!(hits > 0 && evicted > 0, "the check must hit and evict to mean anything");
     println!(
-        "shared slots: {threads} streams x {rounds} batches of 4096 keys over {} slots, {checked} rows checked, \
+        "shared slots: {threads} threads x {rounds} batches of 4096 keys over {} slots, {checked} rows checked, \
          all their key's rows; hit rate {:.3}, {inserted} insertions, {evicted} evictions",
         sets * 32,
         hits as f64 / checked as f64

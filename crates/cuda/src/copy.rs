@@ -13,8 +13,9 @@ use crate::error::{CudaError, Result};
 use crate::kernels;
 use crate::mem::{copy_host, Bytes, BytesMut, DeviceBuffer, DeviceOps, DeviceView};
 
-/// One instance's GPU work queue: its caches' lookups, fills and refreshes all go
-/// through it, in order, so an insert never overlaps a lookup of the same slots.
+/// The GPU work queue of a set of caches (one instance's, or shared by the instances that
+/// share those caches): their lookups, fills and refreshes all go through it, in order, so
+/// an insert never overlaps a lookup of the same slots.
 #[derive(Clone)]
 pub struct Queue {
     pub(crate) device: i32,

@@ -44,12 +44,12 @@ pub struct GpuCache {
     misses: AtomicU64,
 }
 
-/// One GPU instance's side of the store: the queue its cache work goes through (in order,
-/// so its own fill never overlaps its own lookup) and the clock the caches' LRU stamps come
-/// from (one clock, so a batch that looks up every table at once stamps them all alike).
-/// Instances that share caches on one GPU ([`crate::EmbeddingStore::attach_gpu_caches`])
-/// share the clock and keep a queue each ([`GpuInstance::beside`]): their lookups and fills
-/// run side by side, kept apart set by set on the GPU (see `triton_rust_cuda::cache`).
+/// The GPU side of a set of caches: the queue all their work goes through (so a fill never
+/// overlaps a lookup) and the clock their LRU stamps come from (one clock, so a batch that
+/// looks up every table at once stamps them all alike). One instance's own, or shared (a
+/// clone) by every instance of a store on one GPU ([`crate::EmbeddingStore::attach_gpu_caches`]):
+/// their lookups and fills then queue in one order, and each instance keeps its own
+/// buffers ([`BatchLookup`]).
 #[derive(Clone)]
 pub struct GpuInstance {
     queue: Queue,
@@ -59,11 +59,6 @@ pub struct GpuInstance {
 impl GpuInstance {
     pub fn new(device: i32) -> Result<GpuInstance> {
         Ok(GpuInstance { queue: Queue::new(device)?, clock: Arc::new(AtomicU64::new(1)) })
-    }
-
-    /// Another instance's side on the same GPU: a queue of its own, this one's clock.
-    pub fn beside(&self) -> Result<GpuInstance> {
-        Ok(GpuInstance { queue: Queue::new(self.queue.device())?, clock: self.clock.clone() })
     }
 
     /// A cache for one table of this instance.

@@ -376,9 +376,8 @@ impl EmbeddingStore {
 
     /// The caches on GPU `device` that every instance of this store there shares, as HPS
     /// keeps one cache per GPU: made (and registered for updates) by the first instance,
-    /// the same caches for the next ones while any instance holds them. Each instance gets
-    /// its own queue beside the others (same LRU clock) and makes its own
-    /// [`InstanceCaches::batch_lookup`] over them.
+    /// the same caches and queue for the next ones while any instance holds them. Each
+    /// instance makes its own [`InstanceCaches::batch_lookup`] over them.
     #[cfg(feature = "gpu")]
     pub fn attach_gpu_caches(
         self: &Arc<Self>,
@@ -387,8 +386,8 @@ impl EmbeddingStore {
         let mut shared = self.gpu_shared.lock();
         shared.retain(|(_, held, _)| held.strong_count() > 0);
         let live = shared.iter().find(|(d, _, _)| *d == device);
-        if let Some((caches, first)) = live.and_then(|(_, w, g)| Some((w.upgrade()?, g))) {
-            return Ok((first.beside()?, caches));
+        if let Some((caches, gpu)) = live.and_then(|(_, w, g)| Some((w.upgrade()?, g.clone()))) {
+            return Ok((gpu, caches));
         }
         let gpu = gpu::GpuInstance::new(device)?;
         let caches = self.attach_caches(&|geo| gpu.new_cache(geo))?;

@@ -6,12 +6,10 @@
 //! A lookup is one warp per key: the 32 lanes read the set's 32 keys at once, a
 //! ballot finds the way, and the warp copies the row (float4 when `dim % 4 == 0`).
 //! Empty slots hold `EMPTY_KEY`, so a lookup reads only the set's 32 keys (256 bytes
-//! of tags for a row of `dim × 4`), never the stamps. A warp rewrites a set only under
-//! the set's lock, so two inserts never race for a victim. The instances of one GPU may
-//! share a cache while each runs its lookups and fills on its own stream: a rewrite makes
-//! the set's version odd until it is done, and a lookup that sees the version move between
-//! reading the set's tags and its row takes the key as a miss (a seqlock), so no lookup
-//! returns a row torn by another stream's fill.
+//! of tags for a row of `dim × 4`), never the stamps. One warp handles one set's
+//! inserts in order, so two inserts never race for a victim. All of a cache's calls
+//! go through one stream (the instances sharing a cache share it), so a lookup and an
+//! insert never overlap.
 //!
 //! Files: `slots.rs` (one table's slots, its lookups and inserts), `rows.rs` (the rows
 //! buffer a GPU instance looks up into), `batch.rs` and `batch_args.rs` (a whole batch over

@@ -32,7 +32,7 @@ impl SlotsDesc {
     pub(crate) fn tickets(&self) -> (DevicePtr<'_>, usize) {
         let sets = self.fields[3] as usize;
         let addr = self.fields[4] as u64 + sets as u64 * 4;
-        // SAFETY: `addr .. + sets * 4` is the second third of the locks array of 3 * sets words
+        // SAFETY: `addr .. + sets * 4` is the second half of the locks array of 2 * sets words
         // (see `CacheSlots::new`), kept allocated by `_held` while `self` is borrowed.
         (unsafe { DevicePtr::held(self, addr) }, sets)
     }
@@ -43,11 +43,9 @@ struct Slots {
     stamps: CudaSlice<u64>,
     rows: CudaSlice<f32>,
     counters: CudaSlice<u64>,
-    /// Per set: a lock word (every warp that rewrites the set takes it in turn, from any
-    /// launch on any stream), then after all sets' locks, `batch_fill`'s ticket count (how
-    /// many of this fill's warps came for the set; only the first WAYS insert), then after
-    /// those, the set's version (odd while it is rewritten: lookups on other streams check
-    /// it, see `read_slot_row` in the kernels).
+    /// Per set, for `batch_fill`: a lock word (warps of one launch filling one set take
+    /// it in turn), then after all sets' locks, a ticket count (how many of this fill's
+    /// warps came for the set; only the first WAYS insert).
     locks: CudaSlice<u32>,
 }
 
@@ -82,7 +80,7 @@ impl CacheSlots {
             stamps: stream.alloc_zeros::<u64>(capacity).map_err(cuda_err)?,
             rows: stream.alloc_zeros::<f32>(capacity * dim).map_err(cuda_err)?,
             counters: stream.alloc_zeros::<u64>(2).map_err(cuda_err)?,
-            locks: stream.alloc_zeros::<u32>(3 * sets.max(1)).map_err(cuda_err)?,
+            locks: stream.alloc_zeros::<u32>(2 * sets.max(1)).map_err(cuda_err)?,
         };
         stream.synchronize().map_err(cuda_err)?;
         Ok(CacheSlots { kernels, _gpu: g, stream, sets, dim, slots: Arc::new(Mutex::new(slots)) })
@@ -129,10 +127,8 @@ impl CacheSlots {
             .arg(&epoch)
             .arg(out)
             .arg(&stride)
-            .arg(hit)
-            .arg(&slots.locks);
-        // SAFETY: argument types and order match cache_lookup; out holds n rows at out_stride,
-        // and the locks array 3 * sets words.
+            .arg(hit);
+        // SAFETY: argument types and order match cache_lookup; out holds n rows at out_stride.
         unsafe { b.launch(warps_config(n)) }.map_err(cuda_err)?;
         Ok(())
     }
@@ -215,14 +211,11 @@ impl CacheSlots {
         let d_sets = s.clone_htod(plan.group_set).map_err(cuda_err)?;
         let (groups, dim, flag) =
             (plan.group_set.len() as i32, self.dim as i32, only_if_present as i32);
-        let Slots { keys: sk, stamps, rows, counters, locks } = &mut *slots;
-        let sets = self.sets as i64;
+        let Slots { keys: sk, stamps, rows, counters, .. } = &mut *slots;
         let mut b = s.launch_builder(&self.kernels.insert);
         b.arg(&d_keys).arg(&d_vecs).arg(&d_order).arg(&d_starts).arg(&d_sets).arg(&groups);
         b.arg(sk).arg(stamps).arg(rows).arg(&dim).arg(&epoch).arg(&flag).arg(counters);
-        b.arg(locks).arg(&sets);
-        // SAFETY: argument types and order match cache_insert; the plan's sets are < sets,
-        // and the locks array holds 3 * sets words.
+        // SAFETY: argument types and order match cache_insert; the plan's sets are < sets.
         unsafe { b.launch(warps_config(plan.group_set.len())) }.map_err(cuda_err)?;
         s.synchronize().map_err(cuda_err)?;
         Ok(())

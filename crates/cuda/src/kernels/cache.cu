@@ -14,9 +14,9 @@ __device__ __forceinline__ u64 mix64(u64 k) {
 __device__ __forceinline__ void copy_row(float* __restrict__ dst, const float* __restrict__ src, int dim, int lane) {
     if ((dim & 3) == 0 && ((((size_t)dst) | ((size_t)src)) & 15) == 0) {
         const float4* s = (const float4*)src; float4* d = (float4*)dst;
-        for (int j = lane; j < (dim >> 2); j += 32) d[j] = __ldcg(&s[j]);
+        for (int j = lane; j < (dim >> 2); j += 32) d[j] = s[j];
     } else {
-        for (int j = lane; j < dim; j += 32) dst[j] = __ldcg(&src[j]);
+        for (int j = lane; j < dim; j += 32) dst[j] = src[j];
     }
 }
 
@@ -32,112 +32,15 @@ __device__ __forceinline__ void copy_row(unsigned short* __restrict__ dst, const
     if ((dim & 3) == 0 && (((size_t)src) & 15) == 0 && (((size_t)dst) & 7) == 0) {
         const float4* s = (const float4*)src; uint2* d = (uint2*)dst;
         for (int j = lane; j < (dim >> 2); j += 32) {
-            float4 v = __ldcg(&s[j]);
+            float4 v = s[j];
             uint2 o;
             o.x = (unsigned)f2h(v.x) | ((unsigned)f2h(v.y) << 16);
             o.y = (unsigned)f2h(v.z) | ((unsigned)f2h(v.w) << 16);
             d[j] = o;
         }
     } else {
-        for (int j = lane; j < dim; j += 32) dst[j] = f2h(__ldcg(&src[j]));
+        for (int j = lane; j < dim; j += 32) dst[j] = f2h(src[j]);
     }
-}
-
-// Every set has a version word (after its lock and fill-ticket words: a table's lock array
-// holds 3 * sets words), odd while a fill or insert rewrites the set. The caches of one GPU
-// may be shared by instances whose kernels run on their own streams, so a lookup can run
-// while another instance's fill rewrites a set: it reads the version before the set's tags
-// and again after the row (a seqlock), and a hit whose version moved is taken as a miss
-// (its row is read below the cache and written again).
-__device__ __forceinline__ unsigned read_version(const unsigned* v) { return *(const volatile unsigned*)v; }
-
-// A set's version read with acquire order: the tag and row loads after it are not made before it.
-__device__ __forceinline__ unsigned version_acquire(const unsigned* v) {
-#if __CUDA_ARCH__ >= 700
-    unsigned x;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(x) : "l"(v) : "memory");
-    return x;
-#else
-    unsigned x = read_version(v);
-    __threadfence();
-    return x;
-#endif
-}
-
-// The loads before it are made before the loads after it (lighter than __threadfence's
-// sequentially consistent fence).
-__device__ __forceinline__ void loads_in_order() {
-#if __CUDA_ARCH__ >= 700
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-#else
-    __threadfence();
-#endif
-}
-
-// Opens a set for rewriting (its lock held): the version turns odd before any tag or row changes.
-__device__ __forceinline__ void begin_rewrite(unsigned* version, int lane) {
-    if (lane == 0) atomicAdd(version, 1u);
-    __threadfence();
-    __syncwarp();
-}
-
-// Closes it: every lane's writes visible before the version turns even again.
-__device__ __forceinline__ void end_rewrite(unsigned* version, int lane) {
-    __threadfence();
-    __syncwarp();
-    if (lane == 0) atomicAdd(version, 1u);
-}
-
-// Takes a set's lock (all lanes spin together, so no lane waits on another).
-__device__ __forceinline__ void lock_set(unsigned* lock, int lane) {
-    for (;;) {
-        unsigned got = 0;
-        if (lane == 0) got = atomicCAS(lock, 0u, 1u) == 0u;
-        if (__shfl_sync(FULL, got, 0)) break;
-    }
-    __threadfence();
-}
-
-__device__ __forceinline__ void unlock_set(unsigned* lock, int lane) {
-    __threadfence();
-    __syncwarp();
-    if (lane == 0) atomicExch(lock, 0u);
-}
-
-__device__ __forceinline__ void store4(float* dst, int j, float4 v) { ((float4*)dst)[j] = v; }
-__device__ __forceinline__ void store4(unsigned short* dst, int j, float4 v) {
-    uint2 o;
-    o.x = (unsigned)f2h(v.x) | ((unsigned)f2h(v.y) << 16);
-    o.y = (unsigned)f2h(v.z) | ((unsigned)f2h(v.w) << 16);
-    ((uint2*)dst)[j] = o;
-}
-__device__ __forceinline__ void store1(float* dst, int j, float v) { dst[j] = v; }
-__device__ __forceinline__ void store1(unsigned short* dst, int j, float v) { dst[j] = f2h(v); }
-
-// A hit's row from its slot to dst, 32 lanes x (4 floats, or 1 when unaligned) at a time,
-// each part written only once the set's version is seen still at v1 after reading it.
-// False when it moved (part of the row may be written: the caller takes the key as a miss).
-template <typename O>
-__device__ __forceinline__ bool read_slot_row(O* __restrict__ dst, const float* __restrict__ src, int dim, int lane,
-        const unsigned* version, unsigned v1) {
-    bool vec = (dim & 3) == 0 && (((size_t)src) & 15) == 0 && (((size_t)dst) & (sizeof(O) * 4 - 1)) == 0;
-    int n = vec ? (dim >> 2) : dim;
-    for (int base = 0; base < n; base += 32) {
-        int j = base + lane;
-        float4 v4 = make_float4(0.f, 0.f, 0.f, 0.f);
-        float v = 0.f;
-        if (j < n) {
-            if (vec) v4 = __ldcg((const float4*)src + j);
-            else v = __ldcg(src + j);
-        }
-        loads_in_order();
-        if (__any_sync(FULL, read_version(version) != v1)) return false;
-        if (j < n) {
-            if (vec) store4(dst, j, v4);
-            else store1(dst, j, v);
-        }
-    }
-    return true;
 }
 
 // The way of `key` in a set of 32 (one slot per lane: stamp st, key sk), the same on every
@@ -169,25 +72,19 @@ __device__ __forceinline__ int way_for(u64 st, i64 sk, i64 key, int lane, int on
 extern "C" __global__ void cache_lookup(const i64* __restrict__ keys, int n,
         const i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps,
         const float* __restrict__ rows, long long sets, int dim, u64 epoch,
-        float* __restrict__ out, long long out_stride, unsigned char* __restrict__ hit,
-        const unsigned* __restrict__ locks) {
+        float* __restrict__ out, long long out_stride, unsigned char* __restrict__ hit) {
     long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (warp >= n) return;
     i64 key = keys[warp];
     u64 set = mix64((u64)key) % (u64)sets;
     size_t slot = set * 32 + lane;
-    const unsigned* version = locks + 2 * sets + set;
-    unsigned v1 = version_acquire(version);
     // Empty slots hold EMPTY_KEY, which is never inserted: only the tags are read.
-    bool match = key != EMPTY_KEY && (v1 & 1u) == 0u && __ldcg(&slot_keys[slot]) == key;
+    bool match = key != EMPTY_KEY && slot_keys[slot] == key;
     unsigned m = __ballot_sync(FULL, match);
+    if (m == 0) { if (lane == 0) hit[warp] = 0; return; }
     int way = __ffs(m) - 1;
-    if (m == 0 || !read_slot_row(out + (size_t)warp * out_stride, rows + (set * 32 + way) * (size_t)dim, dim, lane,
-                                 version, v1)) {
-        if (lane == 0) hit[warp] = 0;
-        return;
-    }
+    copy_row(out + (size_t)warp * out_stride, rows + (set * 32 + way) * (size_t)dim, dim, lane);
     if (lane == 0) { hit[warp] = 1; slot_stamps[set * 32 + way] = epoch; }
 }
 
@@ -222,20 +119,17 @@ __device__ __forceinline__ void batch_lookup_as(const i64* __restrict__ keys, lo
     i64 key = keys[i];
     bool match = false;
     u64 set = 0;
-    const unsigned* version = 0;
-    unsigned v1 = 0;
     if (sets > 0 && key != EMPTY_KEY) {
         set = mix64((u64)key) % (u64)sets;
-        version = (const unsigned*)desc[t * 6 + 4] + 2 * sets + set;
-        v1 = version_acquire(version);
-        match = (v1 & 1u) == 0u && __ldcg(&slot_keys[set * 32 + lane]) == key;
+        match = slot_keys[set * 32 + lane] == key;
     }
     unsigned m = __ballot_sync(FULL, match);
-    int way = __ffs(m) - 1;
-    if (m == 0 || !read_slot_row(out + (size_t)i * dim, rows + (set * 32 + way) * (size_t)dim, dim, lane, version, v1)) {
+    if (m == 0) {
         if (lane == 0) miss[atomicAdd(miss_count, 1u)] = (int)i;
         return;
     }
+    int way = __ffs(m) - 1;
+    copy_row(out + (size_t)i * dim, rows + (set * 32 + way) * (size_t)dim, dim, lane);
     if (lane == 0) slot_stamps[set * 32 + way] = epoch;
 }
 
@@ -279,17 +173,23 @@ extern "C" __global__ void batch_fill(const i64* __restrict__ keys, const int* _
     unsigned ticket = 0;
     if (lane == 0) ticket = atomicAdd(&locks[sets + set], 1u);
     if (__shfl_sync(FULL, ticket, 0) >= 32u) return;
-    lock_set(&locks[set], lane);
-    begin_rewrite(&locks[2 * sets + set], lane);
+    for (;;) {
+        unsigned got = 0;
+        if (lane == 0) got = atomicCAS(&locks[set], 0u, 1u) == 0u;
+        if (__shfl_sync(FULL, got, 0)) break;
+    }
+    __threadfence();
     size_t slot = set * 32 + lane;
     u64 st = __ldcg(&slot_stamps[slot]);
     i64 sk = __ldcg(&slot_keys[slot]);
     int way = way_for(st, sk, key, lane, 0, slot_keys, set, counters);
     copy_row(slot_rows + (set * 32 + way) * (size_t)dim, rows + (size_t)j * dim, dim, lane);
     __syncwarp();
-    if (lane == 0) slot_stamps[set * 32 + way] = epoch;
-    end_rewrite(&locks[2 * sets + set], lane);
-    unlock_set(&locks[set], lane);
+    if (lane == 0) {
+        slot_stamps[set * 32 + way] = epoch;
+        __threadfence();
+        atomicExch(&locks[set], 0u);
+    }
 }
 
 // One warp per row: writes rows[i] to out + idx[i] * out_stride (rows fetched below the cache).
@@ -324,30 +224,23 @@ extern "C" __global__ void cache_insert(const i64* __restrict__ keys, const floa
         const int* __restrict__ order, const int* __restrict__ group_start,
         const long long* __restrict__ group_set, int groups,
         i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps, float* __restrict__ rows,
-        int dim, u64 epoch, int only_if_present, u64* __restrict__ counters,
-        unsigned* __restrict__ locks, long long sets) {
+        int dim, u64 epoch, int only_if_present, u64* __restrict__ counters) {
     long long g = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (g >= groups) return;
     u64 set = (u64)group_set[g];
     size_t slot = set * 32 + lane;
-    // other instances' fills (their own streams) may write this set meanwhile: under its lock
-    lock_set(&locks[set], lane);
-    begin_rewrite(&locks[2 * sets + set], lane);
     for (int idx = group_start[g]; idx < group_start[g + 1]; ++idx) {
         int i = order[idx];
         i64 key = keys[i];
         if (key == EMPTY_KEY) continue;
-        u64 st = __ldcg(&slot_stamps[slot]);
-        i64 sk = __ldcg(&slot_keys[slot]);
+        u64 st = slot_stamps[slot];
+        i64 sk = slot_keys[slot];
         int way = way_for(st, sk, key, lane, only_if_present, slot_keys, set, counters);
         if (way < 0) continue;
         copy_row(rows + (set * 32 + way) * (size_t)dim, vecs + (size_t)i * dim, dim, lane);
         __syncwarp();
         if (lane == 0) slot_stamps[set * 32 + way] = epoch;
-        __threadfence();
         __syncwarp();
     }
-    end_rewrite(&locks[2 * sets + set], lane);
-    unlock_set(&locks[set], lane);
 }
