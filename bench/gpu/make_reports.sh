@@ -20,13 +20,19 @@ out="${OUT_ROOT:-docs/perf/h100}"
 # (aoti_h100_d: batch 1 with the bare call host-timed; DLRM 4096 over gRPC, HTTP and gRPC streaming;
 # DCNv2's cross layers as a Triton kernel; each one model also under an endless stream whose
 # cache hit rate is the stationary one)
+# (aoti_h100_e: the instances of a model share one GPU cache of 10% (gpucache_sharing device); batch 1
+# with --largest-concurrency 1, C API included; aoti_h100_e_seqlock: the shared cache with a stream per
+# instance, a design measured and not kept, see its README)
 b="$r/aoti_h100_b"
 c="$r/aoti_h100_c"
 d="$r/aoti_h100_d"
-"$py" bench/gpu/aoti_report.py --dense "$b/resnet50" "$b/resnet50_b1_timing" "$d/resnet50_b1_pinned" "$b/bert_large" \
-    "$d/bert_b1_pinned" \
+e="$r/aoti_h100_e"
+"$py" bench/gpu/aoti_report.py --dense "$b/resnet50" "$b/resnet50_b1_timing" "$d/resnet50_b1_pinned" \
+    "$e/resnet50_b1_capi" "$b/bert_large" "$d/bert_b1_pinned" "$e/bert_b1_capi" \
     --recsys "$r/aoti_h100/recsys_dlrm" "$b/recsys_dlrm_two_instances" "$b/recsys_dlrm_two_instances_4096" \
     "$c/recsys_dlrm_triton" "$c/recsys_dlrm_triton_ens_ceiling" "$c/recsys_dlrm_triton_4096" \
     "$d/recsys_dlrm_stream" "$d/recsys_dlrm_stream_3inst" "$d/recsys_dlrm_4096_protocols" \
     "$r/aoti_h100/recsys_dcnv2_wide_deep" "$b/recsys_dcnv2_wide_deep_two_instances" \
-    "$c/recsys_wide_deep_dcnv2_example_batch" "$d/recsys_dcnv2_cross" --out "$out/aoti" "$@"
+    "$c/recsys_wide_deep_dcnv2_example_batch" "$d/recsys_dcnv2_cross" \
+    "$e/recsys_dlrm_shared_3inst" "$e/recsys_dlrm_sharedq_3inst" "$e/recsys_dlrm_4096_shared" \
+    "$r/aoti_h100_e_seqlock/recsys_wide_deep_shared_seqlock" --out "$out/aoti" "$@"
