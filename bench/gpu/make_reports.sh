@@ -34,5 +34,6 @@ e="$r/aoti_h100_e"
     "$d/recsys_dlrm_stream" "$d/recsys_dlrm_stream_3inst" "$d/recsys_dlrm_4096_protocols" \
     "$r/aoti_h100/recsys_dcnv2_wide_deep" "$b/recsys_dcnv2_wide_deep_two_instances" \
     "$c/recsys_wide_deep_dcnv2_example_batch" "$d/recsys_dcnv2_cross" \
-    "$e/recsys_dlrm_shared_3inst" "$e/recsys_dlrm_sharedq_3inst" "$e/recsys_dlrm_4096_shared" \
+    "$e/recsys_dlrm_shared_3inst" "$e/recsys_dlrm_sharedq_3inst" "$e/recsys_dlrm_shared_4inst" \
+    "$e/recsys_dlrm_shared_5inst" "$e/recsys_dlrm_4096_shared" \
     "$r/aoti_h100_e_seqlock/recsys_wide_deep_shared_seqlock" --out "$out/aoti" "$@"
