@@ -1,7 +1,7 @@
 //! The hierarchical embedding store: the replacement for Merlin's HPS.
 //!
-//! Tiers, fastest first: a cache per instance (GPU memory on a GPU instance, host
-//! memory on a CPU one, same policy: `cache.rs`), the host tier holding every row
+//! Tiers, fastest first: a cache (GPU memory, one per GPU shared by the instances there,
+//! or host memory on a CPU instance, one each; same policy: `cache.rs`), the host tier holding every row
 //! loaded from disk (`host.rs`, memory-mapped), an optional Redis tier for rows beyond
 //! one machine (`redis.rs`), and the table's default vector for keys found nowhere.
 //! A lookup that misses the cache is filled from below and the rows are inserted into

@@ -1,4 +1,4 @@
-//! The store's metrics: per table counters, tier sizes and each instance's cache.
+//! The store's metrics: per table counters, tier sizes and each cache (a GPU's shared one, each CPU instance's).
 
 use super::*;
 
