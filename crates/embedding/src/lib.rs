@@ -374,24 +374,30 @@ impl EmbeddingStore {
         Ok(inst)
     }
 
-    /// The caches on GPU `device` that every instance of this store there shares, as HPS
-    /// keeps one cache per GPU: made (and registered for updates) by the first instance,
-    /// the same caches and queue for the next ones while any instance holds them. Each
+    /// An instance's caches on GPU `device` and the queue and clock they use. `shared`: the
+    /// caches every instance of this store there shares, as HPS keeps one cache per GPU:
+    /// made (and registered for updates) by the first instance, the same caches and queue
+    /// for the next ones while any instance holds them; else caches of its own. Each
     /// instance makes its own [`InstanceCaches::batch_lookup`] over them.
     #[cfg(feature = "gpu")]
     pub fn attach_gpu_caches(
         self: &Arc<Self>,
         device: i32,
+        shared: bool,
     ) -> Result<(gpu::GpuInstance, Arc<InstanceCaches>)> {
-        let mut shared = self.gpu_shared.lock();
-        shared.retain(|(_, held, _)| held.strong_count() > 0);
-        let live = shared.iter().find(|(d, _, _)| *d == device);
-        if let Some((caches, gpu)) = live.and_then(|(_, w, g)| Some((w.upgrade()?, g.clone()))) {
-            return Ok((gpu, caches));
+        let mut registry = self.gpu_shared.lock();
+        if shared {
+            registry.retain(|(_, held, _)| held.strong_count() > 0);
+            let live = registry.iter().find(|(d, _, _)| *d == device);
+            if let Some(found) = live.and_then(|(_, w, g)| Some((g.clone(), w.upgrade()?))) {
+                return Ok(found);
+            }
         }
         let gpu = gpu::GpuInstance::new(device)?;
         let caches = self.attach_caches(&|geo| gpu.new_cache(geo))?;
-        shared.push((device, Arc::downgrade(&caches), gpu.clone()));
+        if shared {
+            registry.push((device, Arc::downgrade(&caches), gpu.clone()));
+        }
         Ok((gpu, caches))
     }
 

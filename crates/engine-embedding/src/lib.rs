@@ -126,14 +126,8 @@ impl EmbeddingEngine {
                 .attach_caches(&|geo| Ok(Arc::new(HostCache::new(geo)) as Arc<dyn CacheTier>))?,
             #[cfg(feature = "gpu")]
             Device::Gpu(id) => {
-                let (instance, caches) = match settings.cache_sharing {
-                    CacheSharing::Device => store.attach_gpu_caches(id)?,
-                    CacheSharing::Instance => {
-                        let instance = GpuInstance::new(id)?;
-                        let caches = store.attach_caches(&|geo| instance.new_cache(geo))?;
-                        (instance, caches)
-                    }
-                };
+                let shared = settings.cache_sharing == CacheSharing::Device;
+                let (instance, caches) = store.attach_gpu_caches(id, shared)?;
                 let same_dim = (0..store.table_count()).all(|t| store.dim(t) == store.dim(0));
                 if same_dim && settings.interface != Interface::Update {
                     let format =
