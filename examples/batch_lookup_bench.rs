@@ -17,7 +17,7 @@ use triton_rust_embedding::cache::{CacheGeometry, CacheTier};
 use triton_rust_embedding::gpu::{
     BatchKeys, GpuCache, GpuInstance, KeyLayout, KeyUpload, RowFormat,
 };
-use triton_rust_embedding::Zipf;
+use triton_rust_embedding::{CacheRows, Zipf};
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
@@ -41,7 +41,9 @@ fn main() {
         arg("--dim", 128),
         arg("--iters", 20),
     );
-    let instance = GpuInstance::new(0).expect("a GPU");
+    // --fp16-cache 1: the caches keep their rows as fp16 (`gpucache_row_type: fp16`)
+    let cache_rows = if arg("--fp16-cache", 0) == 1 { CacheRows::F16 } else { CacheRows::F32 };
+    let instance = GpuInstance::new(0, cache_rows).expect("a GPU");
     let geo = CacheGeometry::for_rows(rows, dim);
     let t0 = Instant::now();
     let caches: Vec<Arc<dyn CacheTier>> =

@@ -8,8 +8,11 @@
 //!    on the caches' one queue (as the instances of a model sharing one GPU cache), look
 //!    up and fill the same slots at once, with a cache far smaller than the keys so sets
 //!    are rewritten all the time; every row every lookup returns must be its key's row.
+//!    Twice: slots of fp32 rows looked up as fp32, and slots of fp16 rows looked up as
+//!    fp16, whose rows must be the fp32 rows rounded to nearest even, bit for bit.
 //! 3. Hit path speed: a table several times the GPU's cache, keys on the device, the
-//!    warp-per-key lookup kernel timed alone; prints rows/s and GB/s moved.
+//!    warp-per-key lookup kernel timed alone, over fp32 and over fp16 rows; prints rows/s
+//!    and GB/s moved.
 //!
 //!   cargo build --release --example gpu_cache_check
 //!   target/release/examples/gpu_cache_check [--rows N] [--dim D] [--batch B]
@@ -43,7 +46,7 @@ fn main() {
     let cache_rows = arg("--cache-rows", 20_000);
     let geo = CacheGeometry::for_rows(cache_rows, dim);
     let cpu = HostCache::new(geo);
-    let gpu = GpuCache::new(0, geo).expect("GPU cache");
+    let gpu = GpuCache::new(0, geo, RowFormat::F32).expect("GPU cache");
     let zipf = Zipf::new(keyspace, 1.05);
     let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
     let (mut lookups, mut compared_rows) = (0usize, 0usize);
@@ -87,13 +90,20 @@ fn main() {
         c.evictions
     );
 
-    shared_under_concurrency(dim, arg("--threads", 4), arg("--rounds", 300));
+    for stored in [RowFormat::F32, RowFormat::F16] {
+        shared_under_concurrency(dim, arg("--threads", 4), arg("--rounds", 300), stored);
+    }
+    for stored in [RowFormat::F32, RowFormat::F16] {
+        hit_path(dim, &mut rng, stored);
+    }
+}
 
-    // Hit-path speed on a big cache.
+/// Part 3: the hit path's speed over a big cache whose rows are kept as `stored`.
+fn hit_path(dim: usize, rng: &mut rand::rngs::SmallRng, stored: RowFormat) {
     let rows = arg("--rows", 8_000_000);
     let batch = arg("--batch", 1_700_000);
     let geo = CacheGeometry::for_rows(rows, dim);
-    let big = GpuCache::new(0, geo).expect("GPU cache");
+    let big = GpuCache::new(0, geo, stored).expect("GPU cache");
     let chunk = 1 << 16;
     // coldest first, so the hottest Zipf ranks are the ones resident at the end
     let all: Vec<i64> = (0..rows as i64).rev().collect();
@@ -120,10 +130,12 @@ fn main() {
     let secs = t.elapsed().as_secs_f64() / iters as f64;
     let hit = d_keys.hits().unwrap();
     let hits = hit.iter().filter(|&&h| h == 1).count();
-    let bytes = batch as f64 * (dim as f64 * 4.0 * 2.0 + 8.0 + 32.0 * 16.0 / 32.0);
+    let bytes =
+        batch as f64 * (dim as f64 * (stored.size() as f64 + 4.0) + 8.0 + 32.0 * 16.0 / 32.0);
     println!(
-        "hit path: {filled} rows inserted, {resident} resident (cache {} rows, dim {dim}); batch {batch} Zipf keys, \
+        "hit path, {} rows: {filled} rows inserted, {resident} resident (cache {} rows, dim {dim}); batch {batch} Zipf keys, \
          {:.1}% hits; {:.3} ms per lookup = {:.2} B rows/s, {:.0} GB/s (row read+write, keys and slot tags)",
+        if stored == RowFormat::F16 { "fp16" } else { "fp32" },
         geo.capacity(),
         100.0 * hits as f64 / batch as f64,
         secs * 1e3,
@@ -132,13 +144,22 @@ fn main() {
     );
 }
 
-/// Part 2: `threads` lookups over one set of slots and its queue, each looking up batches of
-/// Zipf keys (rows read below the cache are `row(key)`), filling its misses and checking
-/// every row.
-fn shared_under_concurrency(dim: usize, threads: usize, rounds: usize) {
+/// `row(key)` as a lookup written as `format` answers it: fp32, or fp16 rounded to nearest even.
+fn row_bytes(key: i64, dim: usize, format: RowFormat) -> Vec<u8> {
+    let r = row(key, dim);
+    match format {
+        RowFormat::F32 => r.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        RowFormat::F16 => r.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
+    }
+}
+
+/// Part 2: `threads` lookups over one set of slots (rows kept as `stored`) and its queue,
+/// each looking up batches of Zipf keys written as `stored` (rows read below the cache are
+/// `row(key)`), filling its misses and checking every row.
+fn shared_under_concurrency(dim: usize, threads: usize, rounds: usize, stored: RowFormat) {
     let sets = 64; // 2,048 slots for 100,000 keys: most lookups of cold keys evict
     let first = Queue::new(0).expect("queue");
-    let slots = CacheSlots::new(&first, sets, dim, EMPTY_KEY).expect("slots");
+    let slots = CacheSlots::new(&first, sets, dim, EMPTY_KEY, stored).expect("slots");
     let clock = std::sync::atomic::AtomicU64::new(1);
     let zipf = Zipf::new(100_000, 0.9);
     let (hits, checked, torn) = std::thread::scope(|scope| {
@@ -146,11 +167,12 @@ fn shared_under_concurrency(dim: usize, threads: usize, rounds: usize) {
             .map(|w| {
                 let (slots, clock, zipf, queue) = (&slots, &clock, &zipf, first.clone());
                 scope.spawn(move || {
-                    let mut lookup = BatchLookup::new(&queue, &[Some(slots)], dim, RowFormat::F32)
-                        .expect("lookup");
+                    let mut lookup =
+                        BatchLookup::new(&queue, &[Some(slots)], dim, stored).expect("lookup");
+                    let bytes = dim * stored.size();
                     let mut rng = rand::rngs::SmallRng::seed_from_u64(7 + w as u64);
                     let (mut hits, mut checked, mut wrong) = (0usize, 0usize, 0usize);
-                    let mut host = vec![0u8; 4096 * dim * 4];
+                    let mut host = vec![0u8; 4096 * bytes];
                     for _ in 0..rounds {
                         let keys: Vec<i64> =
                             (0..4096).map(|_| zipf.rank(rng.gen()) as i64).collect();
@@ -170,15 +192,11 @@ fn shared_under_concurrency(dim: usize, threads: usize, rounds: usize) {
                         let view = lookup.rows(keys.len() * dim).expect("rows");
                         Cuda.copy(
                             Bytes::Device(view),
-                            BytesMut::Host(&mut host[..keys.len() * dim * 4]),
+                            BytesMut::Host(&mut host[..keys.len() * bytes]),
                         )
                         .expect("copy");
-                        let got: Vec<f32> = host[..keys.len() * dim * 4]
-                            .chunks_exact(4)
-                            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                            .collect();
                         for (i, &k) in keys.iter().enumerate() {
-                            if got[i * dim..(i + 1) * dim] != row(k, dim)[..] {
+                            if host[i * bytes..(i + 1) * bytes] != row_bytes(k, dim, stored)[..] {
                                 wrong += 1;
                             }
                             checked += 1;
@@ -200,8 +218,9 @@ fn shared_under_concurrency(dim: usize, threads: usize, rounds: usize) {
     assert_eq!(torn, 0, "{torn} of {checked} rows were not their key's row");
     assert!(hits > 0 && evicted > 0, "the check must hit and evict to mean anything");
     println!(
-        "shared slots: {threads} threads x {rounds} batches of 4096 keys over {} slots, {checked} rows checked, \
+        "shared slots, {} rows: {threads} threads x {rounds} batches of 4096 keys over {} slots, {checked} rows checked, \
          all their key's rows; hit rate {:.3}, {inserted} insertions, {evicted} evictions",
+        if stored == RowFormat::F16 { "fp16" } else { "fp32" },
         sets * 32,
         hits as f64 / checked as f64
     );

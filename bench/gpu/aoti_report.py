@@ -72,6 +72,7 @@ def recsys_rows(folder):
     rows, ens, network, ceiling, export = [], {}, {}, {}, {}
     command, model, instances, share, last, protocol = "", None, 1, 0.1, None, "gRPC"
     shared = False  # runs before gpucache_sharing: each instance had its own cache
+    fp16_rows = False  # runs before gpucache_row_type kept fp32 rows
     with open(os.path.join(folder, "console.log")) as f:
         for line in f:
             if line.startswith("run.sh"):
@@ -84,6 +85,7 @@ def recsys_rows(folder):
                 protocol = PROTOCOLS.get(said.group(1) if said else "grpc", "gRPC")
             if line.startswith("GPU caches: "):
                 shared = "shared" in line
+                fp16_rows = "rows kept as fp16" in line
             m = re.search(r"exported (\w+)'s network", line)
             if m:
                 model = m.group(1)
@@ -102,7 +104,7 @@ def recsys_rows(folder):
             elif r and "endless stream" in line:
                 # our endless-stream client (stream_load.py): the cache at its stationary hit rate
                 rows.append({"model": r.group(1), "alpha": r.group(3), "batch": int(r.group(4)), "conc": int(r.group(5)),
-                             "instances": instances, "share": share, "shared": shared, "folder": os.path.basename(os.path.normpath(folder)),
+                             "instances": instances, "share": share, "shared": shared, "fp16_rows": fp16_rows, "folder": os.path.basename(os.path.normpath(folder)),
                              "protocol": "endless stream: stream_load.py over HTTP" + (
                                  ", compiled sender" if "stream_client (compiled)" in line else "") + ", not perf_analyzer",
                              "stream": True,
@@ -110,7 +112,7 @@ def recsys_rows(folder):
             elif r:
                 over = re.search(r"  over ([\w-]+)\s*$", line)  # runs of several protocols say each row's
                 rows.append({"model": r.group(1), "alpha": r.group(3), "batch": int(r.group(4)), "conc": int(r.group(5)),
-                             "instances": instances, "share": share, "shared": shared, "folder": os.path.basename(os.path.normpath(folder)),
+                             "instances": instances, "share": share, "shared": shared, "fp16_rows": fp16_rows, "folder": os.path.basename(os.path.normpath(folder)),
                              "protocol": PROTOCOLS.get(over.group(1), over.group(1)) if over else protocol,
                              "ips": float(r.group(6)) * 1e6, "p99": float(r.group(7)), "hit": r.group(8)})
             p = POOL_GAP.search(line)
@@ -260,7 +262,9 @@ def main(argv=None):
                "instances: the model's GPU instances sharing one cache of that share of the rows (gpucache_sharing "
                "device, HPS's way), or, in runs made before that setting, N x the share each instance's own cache "
                "held (two instances of 10% held 20% of the rows in GPU memory in all; a verdict says so where the "
-               "rows cached in all are more than the targets' 10%), c: requests in flight. "
+               "rows cached in all are more than the targets' 10%); 'fp16 rows': the caches kept their rows as fp16 "
+               "(gpucache_row_type fp16: the network reads fp16 embeddings, so the answers are the same bits); "
+               "c: requests in flight. "
                "Network alone: the package in the C++ runner (better of plain and CUDA graph), exported in that run "
                "as the export column says. TorchScript served: the same run's HPS-style ensemble (lookup model, "
                "then the TorchScript network) at the same batch and concurrency; TorchScript ceiling: that network "
@@ -296,6 +300,7 @@ def main(argv=None):
                         "requests)" if "gap" in r else "")
                 infer = f"{r['infer_ms']:.2f}" if "infer_ms" in r else "-"
                 insts = f"{r['instances']} sharing {r['share']:.0%}" if r["shared"] else f"{r['instances']} x {r['share']:.0%}"
+                insts += ", fp16 rows" if r.get("fp16_rows") else ""
                 md.append(f"| {where} | {r['export']} | {r['batch']} | {insts} | {r['conc']} | "
                           f"{fmt(r['ips'])} | {r['p99']:.2f} | {r['hit']} | {infer} | "
                           f"{fmt(r['network'])} | {fmt(r['ts_served'])} | {fmt(r['ts_ceiling'])} | "

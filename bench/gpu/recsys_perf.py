@@ -208,7 +208,7 @@ def tensor(name, dtype, dims):
 
 def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, graphs=False, host_memory="mapped", graph_rows=(),
                  one_instances=1, rows_type="TYPE_FP32", pipeline_parts=1, key_upload=None, torch_params=(), one_pt2=None,
-                 hit_rate_threshold="", cache_sharing="device"):
+                 hit_rate_threshold="", cache_sharing="device", cache_rows_type="fp32"):
     """<name>_sparse, <name>_dense, <name>_ens and <name>_one, all without batching; `one_pt2`:
     the single model's network as an AOTInductor package (dense.pt2) instead of the TorchScript
     file the ensemble's network serves. Every
@@ -226,6 +226,7 @@ def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, gr
         f'parameters {{ key: "host_memory" value {{ string_value: "{host_memory}" }} }}',
     ]
     store.append(f'parameters {{ key: "gpucache_sharing" value {{ string_value: "{cache_sharing}" }} }}')
+    store.append(f'parameters {{ key: "gpucache_row_type" value {{ string_value: "{cache_rows_type}" }} }}')
     if hit_rate_threshold:
         store.append(f'parameters {{ key: "hit_rate_threshold" value {{ string_value: "{hit_rate_threshold}" }} }}')
     if key_upload:
@@ -687,6 +688,9 @@ def main():
                         "--cache-sharing)")
     p.add_argument("--cache-sharing", default="device", choices=["device", "instance"],
                    help="gpucache_sharing: one cache per GPU shared by the instances (HPS's way), or one per instance")
+    p.add_argument("--cache-rows", default="", choices=["", "fp32", "fp16"],
+                   help="gpucache_row_type: how the GPU caches keep their rows (default: fp16 when the embeddings "
+                        "reach the network as fp16, whose answers are then the same bits; else fp32)")
     p.add_argument("--dlrm-interaction", default="split", choices=["cat", "split"],
                    help="DLRM's dot interaction in the TorchScript network: the 27 vectors stacked, or computed without "
                         "the stack (same numbers; split's network is ~0.9 ms faster at 65536 served, launch-bound eager "
@@ -721,6 +725,8 @@ def main():
     p.add_argument("--cuda-pool-gb", type=int, default=4, help="tritonserver --cuda-memory-pool-byte-size for GPU 0")
     add_host_args(p)
     a = p.parse_args()
+    # fp16 cache rows where the embeddings reach the network as fp16 (the same bits either way)
+    a.cache_rows = a.cache_rows or (a.rows_type or ("fp16" if a.precision == "fp16" else "fp32"))
     apply_host_args(a)
     a.protocols = a.protocol.split(",")
     for proto in a.protocols:
@@ -773,6 +779,7 @@ def main():
              "cached_rows": sum(cache_rows(rows, a.cache_share, a.allocation)), "fixture": fixture,
              "graphs": a.graphs, "graph_rows": a.graph_rows, "host_memory": a.host_memory,
              "dlrm_interaction": a.dlrm_interaction, "one_instances": a.one_instances, "cache_sharing": a.cache_sharing,
+             "cache_rows": a.cache_rows,
              "aoti_dlrm_interaction": a.aoti_dlrm_interaction, "dcnv2_cross": a.dcnv2_cross,
              "stationary_hit_rate": {str(x): stationary_hit_rate(rows, cache_rows(rows, a.cache_share, a.allocation), x) for x in alphas},
              "fixture_seconds": time.time() - t0, "precision": a.precision, "requests_per_pool": a.requests,
@@ -782,7 +789,7 @@ def main():
           f"({setup['cached_rows'] / sum(rows):.1%}, {a.allocation}): {setup['cached_rows_per_table']}", flush=True)
     # aoti_report.py reads this line: without it (runs before gpucache_sharing) each instance had its own
     print(f"GPU caches: {'one per GPU, shared by the single model' if a.cache_sharing == 'device' else 'one per instance of the single model'}"
-          f"'s {a.one_instances} instance(s)", flush=True)
+          f"'s {a.one_instances} instance(s), rows kept as {a.cache_rows}", flush=True)
     cached = cache_rows(rows, a.cache_share, a.allocation)
     plans = {x: pool_plan(rows, cached, x, 1, a.hit_rate_bound) for x in alphas}
     setup["lru_hit_rate"] = {str(x): plans[x]["lru"] for x in alphas}
@@ -860,7 +867,8 @@ def main():
                      [int(r) for r in a.graph_rows.split(",") if r], a.one_instances, rows_type, a.pipeline_parts,
                      tuple(int(x) for x in a.key_upload.split(",")) if a.key_upload else None,
                      [tuple(kv.split("=", 1)) for kv in a.torch_param], one_pt2=pt2,
-                     hit_rate_threshold=a.hit_rate_threshold, cache_sharing=a.cache_sharing)
+                     hit_rate_threshold=a.hit_rate_threshold, cache_sharing=a.cache_sharing,
+                     cache_rows_type=a.cache_rows)
         if device == "cuda" and not a.no_ceiling:
             print(f"ceiling: {m} bare in torch, every table in HBM ({setup['table_gb_fp16']:.1f} GB fp16; "
                   "the TorchScript network)", flush=True)

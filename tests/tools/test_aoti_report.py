@@ -45,6 +45,12 @@ def test_recsys_rows(tmp_path):
     aoti_report.main(["--recsys", str(tmp_path), "--out", str(tmp_path / "out"), "--no-plots"])
     text = (tmp_path / "out" / "report.md").read_text()
     assert "| 2 sharing 10% | 4 | 30.81 M |" in text and "PASS |" in text and "GPU caches |" not in text
+    # caches that keep their rows as fp16 (gpucache_row_type fp16) say so in the instances column
+    (tmp_path / "console.log").write_text(CONSOLE.replace(
+        "exported dlrm",
+        "GPU caches: one per GPU, shared by the single model's 2 instance(s), rows kept as fp16\nexported dlrm"))
+    aoti_report.main(["--recsys", str(tmp_path), "--out", str(tmp_path / "out"), "--no-plots"])
+    assert "| 2 sharing 10%, fp16 rows | 4 | 30.81 M |" in (tmp_path / "out" / "report.md").read_text()
     (tmp_path / "console.log").write_text(CONSOLE.replace("--paths ens,one", "--paths ens,one --protocol http"))
     assert {r["protocol"] for r in aoti_report.recsys_rows(str(tmp_path))} == {"HTTP"}
 

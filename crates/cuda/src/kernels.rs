@@ -25,6 +25,17 @@ pub(crate) struct Kernels {
     pub(crate) batch_h: CudaFunction,
     pub(crate) scatter_h: CudaFunction,
     pub(crate) gather_keys: CudaFunction,
+    /// The kernels that read or write a cache's rows, over caches whose rows are fp16.
+    pub(crate) s16: RowKernels,
+}
+
+/// The kernels over a cache whose rows are fp16 (`RowFormat::F16` slots).
+pub(crate) struct RowKernels {
+    pub(crate) lookup: CudaFunction,
+    pub(crate) insert: CudaFunction,
+    pub(crate) batch: CudaFunction,
+    pub(crate) batch_h: CudaFunction,
+    pub(crate) fill: CudaFunction,
 }
 
 type Compiled = OnceLock<Result<Arc<Kernels>>>;
@@ -48,6 +59,13 @@ fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
             batch_h: f("batch_lookup_h")?,
             scatter_h: f("scatter_rows_h")?,
             gather_keys: f("gather_keys")?,
+            s16: RowKernels {
+                lookup: f("cache_lookup_s16")?,
+                insert: f("cache_insert_s16")?,
+                batch: f("batch_lookup_s16")?,
+                batch_h: f("batch_lookup_h_s16")?,
+                fill: f("batch_fill_s16")?,
+            },
         }))
     }))
     .unwrap_or_else(|p| {
@@ -102,6 +120,11 @@ mod tests {
             "batch_lookup_h",
             "scatter_rows_h",
             "gather_keys",
+            "cache_lookup_s16",
+            "cache_insert_s16",
+            "batch_lookup_s16",
+            "batch_lookup_h_s16",
+            "batch_fill_s16",
         ] {
             let decl = format!("extern \"C\" __global__ void {name}(");
             assert!(super::SOURCE.contains(&decl), "{name}");

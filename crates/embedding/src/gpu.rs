@@ -14,6 +14,7 @@ pub use triton_rust_cuda::cache::{
 use triton_rust_cuda::cache::{CacheSlots, InsertPlan, Queue, WAYS as DEVICE_WAYS};
 
 use crate::cache::{CacheCounters, CacheGeometry, CacheTier, EMPTY_KEY, WAYS};
+use crate::store_config::CacheRows;
 
 const _: () = assert!(WAYS == DEVICE_WAYS, "the kernels assume one warp per set");
 
@@ -54,16 +55,23 @@ pub struct GpuCache {
 pub struct GpuInstance {
     queue: Queue,
     clock: Arc<AtomicU64>,
+    /// How its caches keep their rows.
+    rows: RowFormat,
 }
 
 impl GpuInstance {
-    pub fn new(device: i32) -> Result<GpuInstance> {
-        Ok(GpuInstance { queue: Queue::new(device)?, clock: Arc::new(AtomicU64::new(1)) })
+    /// Caches on GPU `device` that keep their rows as `rows` says.
+    pub fn new(device: i32, rows: CacheRows) -> Result<GpuInstance> {
+        let rows = match rows {
+            CacheRows::F32 => RowFormat::F32,
+            CacheRows::F16 => RowFormat::F16,
+        };
+        Ok(GpuInstance { queue: Queue::new(device)?, clock: Arc::new(AtomicU64::new(1)), rows })
     }
 
     /// A cache for one table of this instance.
     pub fn new_cache(&self, geo: CacheGeometry) -> Result<Arc<dyn CacheTier>> {
-        Ok(Arc::new(GpuCache::with_queue(&self.queue, geo, self.clock.clone())?))
+        Ok(Arc::new(GpuCache::with_queue(&self.queue, geo, self.clock.clone(), self.rows)?))
     }
 
     /// The next lookup epoch.
@@ -84,19 +92,25 @@ impl GpuInstance {
     }
 }
 
-/// Creates a GPU cache on device `id` with its own queue and clock (tests, tools).
+/// Creates a GPU cache of fp32 rows on device `id` with its own queue and clock (tests, tools).
 pub fn new_cache(id: i32, geo: CacheGeometry) -> Result<Arc<dyn CacheTier>> {
-    GpuInstance::new(id)?.new_cache(geo)
+    GpuInstance::new(id, CacheRows::F32)?.new_cache(geo)
 }
 
 impl GpuCache {
-    /// A cache with its own queue and clock (tools that measure one table's cache).
-    pub fn new(device: i32, geo: CacheGeometry) -> Result<GpuCache> {
-        GpuCache::with_queue(&Queue::new(device)?, geo, Arc::new(AtomicU64::new(1)))
+    /// A cache with its own queue and clock, its rows kept as `rows` (tools that measure
+    /// one table's cache).
+    pub fn new(device: i32, geo: CacheGeometry, rows: RowFormat) -> Result<GpuCache> {
+        GpuCache::with_queue(&Queue::new(device)?, geo, Arc::new(AtomicU64::new(1)), rows)
     }
 
-    fn with_queue(queue: &Queue, geo: CacheGeometry, clock: Arc<AtomicU64>) -> Result<GpuCache> {
-        let slots = CacheSlots::new(queue, geo.sets, geo.dim, EMPTY_KEY)?;
+    fn with_queue(
+        queue: &Queue,
+        geo: CacheGeometry,
+        clock: Arc<AtomicU64>,
+        rows: RowFormat,
+    ) -> Result<GpuCache> {
+        let slots = CacheSlots::new(queue, geo.sets, geo.dim, EMPTY_KEY, rows)?;
         Ok(GpuCache { slots, geo, clock, hits: AtomicU64::new(0), misses: AtomicU64::new(0) })
     }
 

@@ -393,7 +393,7 @@ impl EmbeddingStore {
                 return Ok(found);
             }
         }
-        let gpu = gpu::GpuInstance::new(device)?;
+        let gpu = gpu::GpuInstance::new(device, self.config.cache_rows)?;
         let caches = self.attach_caches(&|geo| gpu.new_cache(geo))?;
         if shared {
             registry.push((device, Arc::downgrade(&caches), gpu.clone()));

@@ -31,6 +31,8 @@ pub struct StoreConfig {
     /// whole store as `cache_allocation` says.
     pub cache_ratio: f64,
     pub cache_allocation: CacheAllocation,
+    /// How the GPU caches keep their rows (`gpucache_row_type`); the CPU cache keeps fp32.
+    pub cache_rows: CacheRows,
     /// HPS `hit_rate_threshold`: below it, misses are inserted before the lookup returns.
     pub hit_rate_threshold: f64,
     /// Where the update logs of tables without files live (`<dir>/<table>/`); tables with
@@ -65,6 +67,30 @@ impl CacheAllocation {
             "store" => Ok(CacheAllocation::Store),
             other => Err(Error::invalid_arg(format!(
                 "gpucache_allocation must be per_table or store; got '{other}'"
+            ))),
+        }
+    }
+}
+
+/// How a GPU cache keeps its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheRows {
+    /// As the tables hold them (HPS's way).
+    #[default]
+    F32,
+    /// Rounded once to fp16 when they go in: half the GPU memory per row and half the bytes
+    /// each hit reads. A TYPE_FP16 lookup answers the same bits as from fp32 rows; a
+    /// TYPE_FP32 lookup answers the fp16 value.
+    F16,
+}
+
+impl CacheRows {
+    pub fn parse(s: &str) -> Result<CacheRows> {
+        match s.trim() {
+            "" | "fp32" => Ok(CacheRows::F32),
+            "fp16" => Ok(CacheRows::F16),
+            other => Err(Error::invalid_arg(format!(
+                "gpucache_row_type must be fp32 or fp16; got '{other}'"
             ))),
         }
     }

@@ -10,7 +10,7 @@ use triton_rust_core::settings::{BackendSettings, Known};
 use triton_rust_embedding::settings::TableSettings;
 use triton_rust_embedding::stream::StreamSpec;
 use triton_rust_embedding::table::HostRows;
-use triton_rust_embedding::{CacheAllocation, StoreConfig, TableConfig};
+use triton_rust_embedding::{CacheAllocation, CacheRows, StoreConfig, TableConfig};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Interface {
@@ -151,6 +151,7 @@ impl StoreSettings {
         ("gpucacheper", "0.1"),
         ("gpucache_allocation", "per_table"),
         ("gpucache_sharing", "device"),
+        ("gpucache_row_type", "fp32"),
         ("hit_rate_threshold", "0.9"),
         ("host_memory", "mapped"),
         ("volatile_db", "none"),
@@ -228,6 +229,9 @@ impl StoreSettings {
             cache_ratio: number("gpucacheper", 0.1)?,
             cache_allocation: CacheAllocation::parse(
                 cfg.parameters.get("gpucache_allocation").map_or("", |s| s.as_str()),
+            )?,
+            cache_rows: CacheRows::parse(
+                cfg.parameters.get("gpucache_row_type").map_or("", |s| s.as_str()),
             )?,
             hit_rate_threshold: number("hit_rate_threshold", 0.9)?,
             update_log_dir: cfg

@@ -1,5 +1,6 @@
 use super::*;
 use triton_rust_core::config::ModelConfig;
+use triton_rust_embedding::CacheRows;
 
 #[test]
 fn secrets_compare_whole() {
@@ -63,6 +64,21 @@ fn gpu_caches_are_shared_per_device_unless_the_config_says_per_instance() {
     assert_eq!(sharing(&[("gpucache_sharing", "device")]).unwrap(), CacheSharing::Device);
     let e = sharing(&[("gpucache_sharing", "model")]).unwrap_err();
     assert!(e.message().contains("'gpucache_sharing' is 'model'"), "{e}");
+}
+
+#[test]
+fn gpu_caches_keep_fp32_rows_unless_the_config_says_fp16() {
+    let rows = |extra: &[(&str, &str)]| {
+        let mut p = vec![("embedding_table_names", "a"), ("embedding_vecsize_per_table", "4")];
+        p.extend_from_slice(extra);
+        StoreSettings::from_config(&cfg(&p), Path::new("/nonexistent"), &Default::default())
+            .map(|s| s.store.cache_rows)
+    };
+    assert_eq!(rows(&[]).unwrap(), CacheRows::F32, "as the tables hold them, as HPS");
+    assert_eq!(rows(&[("gpucache_row_type", " fp16 ")]).unwrap(), CacheRows::F16);
+    assert_eq!(rows(&[("gpucache_row_type", "fp32")]).unwrap(), CacheRows::F32);
+    let e = rows(&[("gpucache_row_type", "bf16")]).unwrap_err();
+    assert!(e.message().contains("gpucache_row_type must be fp32 or fp16; got 'bf16'"), "{e}");
 }
 
 #[test]

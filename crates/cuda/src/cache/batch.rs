@@ -39,6 +39,8 @@ pub struct BatchLookup {
     tables: usize,
     dim: usize,
     format: RowFormat,
+    /// How the caches keep their rows (all alike).
+    stored: RowFormat,
     key_upload: KeyUpload,
     /// The last run wrote its rows into the caller's buffer (`run_keys` with an `out`).
     external: bool,
@@ -65,7 +67,8 @@ pub struct BatchLookup {
 
 impl BatchLookup {
     /// A lookup over `caches` (one per table, `None` for a table without a cache), all on
-    /// `queue`, every table of dim `dim`, its rows written as `format`.
+    /// `queue`, every table of dim `dim` and every cache's rows kept alike, its rows written
+    /// as `format`.
     pub fn new(
         queue: &Queue,
         caches: &[Option<&CacheSlots>],
@@ -79,6 +82,12 @@ impl BatchLookup {
                 "batch lookup: a cache of dim {} in a lookup of dim {dim}",
                 c.dim()
             )));
+        }
+        let stored = caches.iter().flatten().next().map_or(RowFormat::F32, |c| c.rows());
+        if caches.iter().flatten().any(|c| c.rows() != stored) {
+            return Err(CudaError::internal(
+                "batch lookup: caches keeping their rows in different formats",
+            ));
         }
         let slots: Vec<Option<SlotsDesc>> =
             caches.iter().map(|c| c.map(CacheSlots::descriptor)).collect();
@@ -95,6 +104,7 @@ impl BatchLookup {
             tables: caches.len(),
             dim,
             format,
+            stored,
             key_upload: KeyUpload::default(),
             external: false,
             desc,
@@ -301,8 +311,13 @@ impl BatchLookup {
         let n = keys.len();
         let q = &self.queue;
         let (tables, dim_i, desc) = (self.tables as i32, self.dim as i32, self.desc.ptr());
-        let kernel =
-            if self.format == RowFormat::F16 { &self.kernels.batch_h } else { &self.kernels.batch };
+        let k = &self.kernels;
+        let kernel = match (self.stored, self.format) {
+            (RowFormat::F32, RowFormat::F32) => &k.batch,
+            (RowFormat::F32, RowFormat::F16) => &k.batch_h,
+            (RowFormat::F16, RowFormat::F32) => &k.s16.batch,
+            (RowFormat::F16, RowFormat::F16) => &k.s16.batch_h,
+        };
         let (d_keys, d_starts) = (self.keys.1.ptr(), self.starts.1.ptr());
         let (d_miss, d_count) = (self.miss.1.ptr(), self.count.1.ptr());
         let out = into.unwrap_or(self.out.ptr());
@@ -320,7 +335,8 @@ impl BatchLookup {
                 .arg(&dim_i)
                 .arg(&epoch);
             b.arg(&out).arg(&d_miss).arg(&d_count);
-            // SAFETY: argument types and order match batch_lookup(_h); this stream has
+            // SAFETY: argument types and order match batch_lookup(_h)(_s16), the one for the
+            // caches' rows and the output's format; this stream has
             // the copy of keys[at .. at + len] queued before it; every buffer was sized for n
             // keys and n rows, and the descriptors name cache slots `self.slots` holds.
             unsafe { b.launch(warps_config(len)) }.map_err(cuda_err)?;
@@ -459,7 +475,11 @@ impl BatchLookup {
             let (tickets, sets) = s.tickets();
             zero(q, tickets, sets * 4)?;
         }
-        let mut b = q.stream.launch_builder(&self.kernels.fill);
+        let fill = match self.stored {
+            RowFormat::F32 => &self.kernels.fill,
+            RowFormat::F16 => &self.kernels.s16.fill,
+        };
+        let mut b = q.stream.launch_builder(fill);
         b.arg(&keys)
             .arg(&miss)
             .arg(&found)
@@ -471,7 +491,8 @@ impl BatchLookup {
             .arg(&dim_i)
             .arg(&epoch)
             .arg(&rows);
-        // SAFETY: argument types and order match batch_fill; the buffers hold the last
+        // SAFETY: argument types and order match batch_fill(_s16), the one for the caches'
+        // rows; the buffers hold the last
         // run's keys, misses, flags and rows (m of each), untouched since, and stay
         // allocated until the queue has passed this kernel (see `make_room` and `Drop`).
         unsafe { b.launch(warps_config(m)) }.map_err(cuda_err)?;

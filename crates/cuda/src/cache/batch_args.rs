@@ -42,9 +42,12 @@ pub struct BatchTimes {
     pub scatter_us: u64,
 }
 
-/// How a [`BatchLookup`](super::BatchLookup) writes its rows: as the caches hold them (fp32), or as fp16
-/// for a network that reads fp16 (half the bytes written, and no cast in the network).
-/// The rows read below the cache and the caches themselves stay fp32 either way.
+/// How a [`BatchLookup`](super::BatchLookup) writes its rows: fp32, or fp16 for a network
+/// that reads fp16 (half the bytes written, and no cast in the network). Also how a cache
+/// keeps its rows ([`CacheSlots::new`](super::CacheSlots::new)): fp16 rows halve the bytes
+/// each hit reads, and a TYPE_FP16 lookup of them gives the bits a TYPE_FP16 lookup of fp32
+/// rows gives (each row is rounded once, to nearest even, either way). The rows read below
+/// the cache stay fp32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowFormat {
     F32,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr as _, PushKernelArg};
 use parking_lot::Mutex;
 
+use super::batch_args::RowFormat;
 use super::rows::DeviceRows;
 use crate::buffer::DevicePtr;
 use crate::context::{cuda_err, GpuState};
@@ -41,7 +42,8 @@ impl SlotsDesc {
 struct Slots {
     keys: CudaSlice<i64>,
     stamps: CudaSlice<u64>,
-    rows: CudaSlice<f32>,
+    /// `dim` elements a slot, fp32 or fp16 (`CacheSlots::rows`).
+    rows: CudaSlice<u8>,
     counters: CudaSlice<u64>,
     /// Per set, for `batch_fill`: a lock word (warps of one launch filling one set take
     /// it in turn), then after all sets' locks, a ticket count (how many of this fill's
@@ -49,13 +51,15 @@ struct Slots {
     locks: CudaSlice<u32>,
 }
 
-/// One table's cache slots on one GPU: `sets × WAYS` keys, stamps and rows of `dim`.
+/// One table's cache slots on one GPU: `sets × WAYS` keys, stamps and rows of `dim`,
+/// kept as fp32 or fp16.
 pub struct CacheSlots {
     kernels: Arc<Kernels>,
     _gpu: Arc<GpuState>,
     stream: Arc<CudaStream>,
     sets: usize,
     dim: usize,
+    rows: RowFormat,
     /// Shared with every [`super::BatchLookup`] whose descriptors name these slots, so the
     /// memory outlives them all.
     slots: Arc<Mutex<Slots>>,
@@ -70,20 +74,27 @@ pub struct InsertPlan<'a> {
 
 impl CacheSlots {
     /// Empty slots hold `empty_key`, which must never be inserted. The slots' work goes
-    /// through `queue`.
-    pub fn new(queue: &Queue, sets: usize, dim: usize, empty_key: i64) -> Result<CacheSlots> {
+    /// through `queue`; their rows are kept as `rows` says.
+    pub fn new(
+        queue: &Queue,
+        sets: usize,
+        dim: usize,
+        empty_key: i64,
+        rows: RowFormat,
+    ) -> Result<CacheSlots> {
         let (g, kernels) = kernels::device(queue.device)?;
         let stream = queue.stream.clone();
         let capacity = sets * WAYS;
         let slots = Slots {
             keys: stream.clone_htod(&vec![empty_key; capacity]).map_err(cuda_err)?,
             stamps: stream.alloc_zeros::<u64>(capacity).map_err(cuda_err)?,
-            rows: stream.alloc_zeros::<f32>(capacity * dim).map_err(cuda_err)?,
+            rows: stream.alloc_zeros::<u8>(capacity * dim * rows.size()).map_err(cuda_err)?,
             counters: stream.alloc_zeros::<u64>(2).map_err(cuda_err)?,
             locks: stream.alloc_zeros::<u32>(2 * sets.max(1)).map_err(cuda_err)?,
         };
         stream.synchronize().map_err(cuda_err)?;
-        Ok(CacheSlots { kernels, _gpu: g, stream, sets, dim, slots: Arc::new(Mutex::new(slots)) })
+        let slots = Arc::new(Mutex::new(slots));
+        Ok(CacheSlots { kernels, _gpu: g, stream, sets, dim, rows, slots })
     }
 
     /// The slots' descriptor for [`super::BatchLookup`] (the slots are never reallocated).
@@ -104,6 +115,11 @@ impl CacheSlots {
         self.dim
     }
 
+    /// How the rows are kept.
+    pub fn rows(&self) -> RowFormat {
+        self.rows
+    }
+
     pub(crate) fn launch_lookup(
         &self,
         keys: &CudaSlice<i64>,
@@ -116,7 +132,11 @@ impl CacheSlots {
         let slots = self.slots.lock();
         let (n_i, sets, dim, stride) =
             (n as i32, self.sets as i64, self.dim as i32, out_stride as i64);
-        let mut b = self.stream.launch_builder(&self.kernels.lookup);
+        let f = match self.rows {
+            RowFormat::F32 => &self.kernels.lookup,
+            RowFormat::F16 => &self.kernels.s16.lookup,
+        };
+        let mut b = self.stream.launch_builder(f);
         b.arg(keys)
             .arg(&n_i)
             .arg(&slots.keys)
@@ -128,7 +148,8 @@ impl CacheSlots {
             .arg(out)
             .arg(&stride)
             .arg(hit);
-        // SAFETY: argument types and order match cache_lookup; out holds n rows at out_stride.
+        // SAFETY: argument types and order match cache_lookup(_s16), the one for the rows'
+        // format; out holds n rows at out_stride.
         unsafe { b.launch(warps_config(n)) }.map_err(cuda_err)?;
         Ok(())
     }
@@ -212,10 +233,15 @@ impl CacheSlots {
         let (groups, dim, flag) =
             (plan.group_set.len() as i32, self.dim as i32, only_if_present as i32);
         let Slots { keys: sk, stamps, rows, counters, .. } = &mut *slots;
-        let mut b = s.launch_builder(&self.kernels.insert);
+        let f = match self.rows {
+            RowFormat::F32 => &self.kernels.insert,
+            RowFormat::F16 => &self.kernels.s16.insert,
+        };
+        let mut b = s.launch_builder(f);
         b.arg(&d_keys).arg(&d_vecs).arg(&d_order).arg(&d_starts).arg(&d_sets).arg(&groups);
         b.arg(sk).arg(stamps).arg(rows).arg(&dim).arg(&epoch).arg(&flag).arg(counters);
-        // SAFETY: argument types and order match cache_insert; the plan's sets are < sets.
+        // SAFETY: argument types and order match cache_insert(_s16), the one for the rows'
+        // format; the plan's sets are < sets.
         unsafe { b.launch(warps_config(plan.group_set.len())) }.map_err(cuda_err)?;
         s.synchronize().map_err(cuda_err)?;
         Ok(())

@@ -43,6 +43,39 @@ __device__ __forceinline__ void copy_row(unsigned short* __restrict__ dst, const
     }
 }
 
+// fp16 bits -> fp32 (exact).
+__device__ __forceinline__ float h2f(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// A row kept as fp16 (a cache whose rows are fp16) copied as it is: 16 bytes a lane.
+__device__ __forceinline__ void copy_row(unsigned short* __restrict__ dst, const unsigned short* __restrict__ src, int dim, int lane) {
+    if ((dim & 7) == 0 && ((((size_t)dst) | ((size_t)src)) & 15) == 0) {
+        const uint4* s = (const uint4*)src; uint4* d = (uint4*)dst;
+        for (int j = lane; j < (dim >> 3); j += 32) d[j] = s[j];
+    } else {
+        for (int j = lane; j < dim; j += 32) dst[j] = src[j];
+    }
+}
+
+// A row kept as fp16 written as floats.
+__device__ __forceinline__ void copy_row(float* __restrict__ dst, const unsigned short* __restrict__ src, int dim, int lane) {
+    if ((dim & 3) == 0 && (((size_t)src) & 7) == 0 && (((size_t)dst) & 15) == 0) {
+        const uint2* s = (const uint2*)src; float4* d = (float4*)dst;
+        for (int j = lane; j < (dim >> 2); j += 32) {
+            uint2 v = s[j];
+            float4 o;
+            o.x = h2f((unsigned short)(v.x & 0xffffu)); o.y = h2f((unsigned short)(v.x >> 16));
+            o.z = h2f((unsigned short)(v.y & 0xffffu)); o.w = h2f((unsigned short)(v.y >> 16));
+            d[j] = o;
+        }
+    } else {
+        for (int j = lane; j < dim; j += 32) dst[j] = h2f(src[j]);
+    }
+}
+
 // The way of `key` in a set of 32 (one slot per lane: stamp st, key sk), the same on every
 // lane: its own way when present; else -1 when only_if_present, else the least recently
 // stamped way (lowest lane on ties), which lane 0 claims for key and counts (an insert, and
@@ -68,10 +101,12 @@ __device__ __forceinline__ int way_for(u64 st, i64 sk, i64 key, int lane, int on
     return way;
 }
 
-// One warp per key: hits copy their row to out and stamp the slot with epoch.
-extern "C" __global__ void cache_lookup(const i64* __restrict__ keys, int n,
+// One warp per key: hits copy their row to out and stamp the slot with epoch. Rows are
+// kept as S: float, or fp16 bits (unsigned short) in a cache whose rows are fp16.
+template <typename S>
+__device__ __forceinline__ void cache_lookup_as(const i64* __restrict__ keys, int n,
         const i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps,
-        const float* __restrict__ rows, long long sets, int dim, u64 epoch,
+        const S* __restrict__ rows, long long sets, int dim, u64 epoch,
         float* __restrict__ out, long long out_stride, unsigned char* __restrict__ hit) {
     long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
@@ -88,6 +123,20 @@ extern "C" __global__ void cache_lookup(const i64* __restrict__ keys, int n,
     if (lane == 0) { hit[warp] = 1; slot_stamps[set * 32 + way] = epoch; }
 }
 
+extern "C" __global__ void cache_lookup(const i64* __restrict__ keys, int n,
+        const i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps,
+        const float* __restrict__ rows, long long sets, int dim, u64 epoch,
+        float* __restrict__ out, long long out_stride, unsigned char* __restrict__ hit) {
+    cache_lookup_as(keys, n, slot_keys, slot_stamps, rows, sets, dim, epoch, out, out_stride, hit);
+}
+
+extern "C" __global__ void cache_lookup_s16(const i64* __restrict__ keys, int n,
+        const i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps,
+        const unsigned short* __restrict__ rows, long long sets, int dim, u64 epoch,
+        float* __restrict__ out, long long out_stride, unsigned char* __restrict__ hit) {
+    cache_lookup_as(keys, n, slot_keys, slot_stamps, rows, sets, dim, epoch, out, out_stride, hit);
+}
+
 // The whole-batch kernels. Table t's slots are described by desc[t*6 .. t*6+6] = (slot
 // keys, slot stamps, slot rows, sets, set locks, counters). Key i belongs to table
 // i % tables (interleaved: keys [batch, tables]) or to the t with key_start[t] <= i <
@@ -102,8 +151,9 @@ __device__ __forceinline__ int table_of(long long i, int tables, int interleaved
 // One warp per key of keys[first .. first + n] (a launch per piece of the batch, each
 // queued as soon as its keys are on the GPU): hits copy their row and stamp the slot;
 // misses append their index i in the whole batch to miss[] (order not kept).
-// Rows land as O: float, or fp16 bits (unsigned short) for a TYPE_FP16 output.
-template <typename O>
+// Rows land as O: float, or fp16 bits (unsigned short) for a TYPE_FP16 output; the cache
+// keeps them as S (the same choice).
+template <typename S, typename O>
 __device__ __forceinline__ void batch_lookup_as(const i64* __restrict__ keys, long long first, int n, int tables, int interleaved,
         const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
         O* __restrict__ out, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
@@ -114,7 +164,7 @@ __device__ __forceinline__ void batch_lookup_as(const i64* __restrict__ keys, lo
     int t = table_of(i, tables, interleaved, key_start);
     const i64* slot_keys = (const i64*)desc[t * 6];
     u64* slot_stamps = (u64*)desc[t * 6 + 1];
-    const float* rows = (const float*)desc[t * 6 + 2];
+    const S* rows = (const S*)desc[t * 6 + 2];
     long long sets = desc[t * 6 + 3];
     i64 key = keys[i];
     bool match = false;
@@ -136,13 +186,26 @@ __device__ __forceinline__ void batch_lookup_as(const i64* __restrict__ keys, lo
 extern "C" __global__ void batch_lookup(const i64* __restrict__ keys, long long first, int n, int tables, int interleaved,
         const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
         float* __restrict__ out, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
-    batch_lookup_as(keys, first, n, tables, interleaved, key_start, desc, dim, epoch, out, miss, miss_count);
+    batch_lookup_as<float>(keys, first, n, tables, interleaved, key_start, desc, dim, epoch, out, miss, miss_count);
 }
 
 extern "C" __global__ void batch_lookup_h(const i64* __restrict__ keys, long long first, int n, int tables, int interleaved,
         const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
         unsigned short* __restrict__ out, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
-    batch_lookup_as(keys, first, n, tables, interleaved, key_start, desc, dim, epoch, out, miss, miss_count);
+    batch_lookup_as<float>(keys, first, n, tables, interleaved, key_start, desc, dim, epoch, out, miss, miss_count);
+}
+
+// The same over caches whose rows are fp16.
+extern "C" __global__ void batch_lookup_s16(const i64* __restrict__ keys, long long first, int n, int tables, int interleaved,
+        const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
+        float* __restrict__ out, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
+    batch_lookup_as<unsigned short>(keys, first, n, tables, interleaved, key_start, desc, dim, epoch, out, miss, miss_count);
+}
+
+extern "C" __global__ void batch_lookup_h_s16(const i64* __restrict__ keys, long long first, int n, int tables, int interleaved,
+        const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
+        unsigned short* __restrict__ out, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
+    batch_lookup_as<unsigned short>(keys, first, n, tables, interleaved, key_start, desc, dim, epoch, out, miss, miss_count);
 }
 
 // One warp per missed key of the last batch_lookup: inserts row j (fetched below the
@@ -152,7 +215,8 @@ extern "C" __global__ void batch_lookup_h(const i64* __restrict__ keys, long lon
 // turn (all lanes spin together, so no lane waits on another), read the set's tags past
 // L1, and replace the way holding the key or the least recently stamped one, as
 // cache_insert does.
-extern "C" __global__ void batch_fill(const i64* __restrict__ keys, const int* __restrict__ miss,
+template <typename S>
+__device__ __forceinline__ void batch_fill_as(const i64* __restrict__ keys, const int* __restrict__ miss,
         const unsigned char* __restrict__ found, int m, int tables, int interleaved,
         const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
         const float* __restrict__ rows) {
@@ -166,7 +230,7 @@ extern "C" __global__ void batch_fill(const i64* __restrict__ keys, const int* _
     if (sets <= 0 || key == EMPTY_KEY) return;
     i64* slot_keys = (i64*)desc[t * 6];
     u64* slot_stamps = (u64*)desc[t * 6 + 1];
-    float* slot_rows = (float*)desc[t * 6 + 2];
+    S* slot_rows = (S*)desc[t * 6 + 2];
     unsigned* locks = (unsigned*)desc[t * 6 + 4];
     u64* counters = (u64*)desc[t * 6 + 5];
     u64 set = mix64((u64)key) % (u64)sets;
@@ -190,6 +254,22 @@ extern "C" __global__ void batch_fill(const i64* __restrict__ keys, const int* _
         __threadfence();
         atomicExch(&locks[set], 0u);
     }
+}
+
+extern "C" __global__ void batch_fill(const i64* __restrict__ keys, const int* __restrict__ miss,
+        const unsigned char* __restrict__ found, int m, int tables, int interleaved,
+        const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
+        const float* __restrict__ rows) {
+    batch_fill_as<float>(keys, miss, found, m, tables, interleaved, key_start, desc, dim, epoch, rows);
+}
+
+// The same into caches whose rows are fp16 (each row rounded once, as a TYPE_FP16 lookup
+// of an fp32 cache rounds it).
+extern "C" __global__ void batch_fill_s16(const i64* __restrict__ keys, const int* __restrict__ miss,
+        const unsigned char* __restrict__ found, int m, int tables, int interleaved,
+        const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
+        const float* __restrict__ rows) {
+    batch_fill_as<unsigned short>(keys, miss, found, m, tables, interleaved, key_start, desc, dim, epoch, rows);
 }
 
 // One warp per row: writes rows[i] to out + idx[i] * out_stride (rows fetched below the cache).
@@ -220,10 +300,11 @@ extern "C" __global__ void gather_keys(const i64* __restrict__ keys, const int* 
 }
 
 // One warp per set: inserts (or, with only_if_present, refreshes) that set's keys in order.
-extern "C" __global__ void cache_insert(const i64* __restrict__ keys, const float* __restrict__ vecs,
+template <typename S>
+__device__ __forceinline__ void cache_insert_as(const i64* __restrict__ keys, const float* __restrict__ vecs,
         const int* __restrict__ order, const int* __restrict__ group_start,
         const long long* __restrict__ group_set, int groups,
-        i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps, float* __restrict__ rows,
+        i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps, S* __restrict__ rows,
         int dim, u64 epoch, int only_if_present, u64* __restrict__ counters) {
     long long g = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
@@ -243,4 +324,20 @@ extern "C" __global__ void cache_insert(const i64* __restrict__ keys, const floa
         if (lane == 0) slot_stamps[set * 32 + way] = epoch;
         __syncwarp();
     }
+}
+
+extern "C" __global__ void cache_insert(const i64* __restrict__ keys, const float* __restrict__ vecs,
+        const int* __restrict__ order, const int* __restrict__ group_start,
+        const long long* __restrict__ group_set, int groups,
+        i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps, float* __restrict__ rows,
+        int dim, u64 epoch, int only_if_present, u64* __restrict__ counters) {
+    cache_insert_as(keys, vecs, order, group_start, group_set, groups, slot_keys, slot_stamps, rows, dim, epoch, only_if_present, counters);
+}
+
+extern "C" __global__ void cache_insert_s16(const i64* __restrict__ keys, const float* __restrict__ vecs,
+        const int* __restrict__ order, const int* __restrict__ group_start,
+        const long long* __restrict__ group_set, int groups,
+        i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps, unsigned short* __restrict__ rows,
+        int dim, u64 epoch, int only_if_present, u64* __restrict__ counters) {
+    cache_insert_as(keys, vecs, order, group_start, group_set, groups, slot_keys, slot_stamps, rows, dim, epoch, only_if_present, counters);
 }
