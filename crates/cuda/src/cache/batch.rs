@@ -28,10 +28,18 @@ use crate::upload::in_parts;
 /// below the cache are already on the GPU afterwards, so [`BatchLookup::fill_last`]
 /// inserts them into the caches with one more kernel, queued after the response's rows
 /// are complete and never waited for. Every buffer is kept and reused; nothing is
-/// allocated per batch once the largest batch was seen, and the queue is waited on twice
-/// per batch (after the miss count, and when the rows are in place).
+/// allocated per batch once the largest batch was seen.
+///
+/// Two streams: the caches' queue runs what reads or writes the slots (the lookup and the
+/// fill kernels, and what they read first: the keys, the table starts, the zeroed miss
+/// count), in one order with every other lookup sharing those caches; this lookup's own
+/// stream runs the rest (the misses down and their rows up, the scatter), so that one
+/// instance's copies never hold up another's lookup on a shared queue. Each waits on the
+/// other by events where one reads what the other wrote; the host waits on its own stream.
 pub struct BatchLookup {
     queue: Queue,
+    /// This lookup's own stream (see above).
+    own: Queue,
     /// The keys' copies to the GPU, beside the queue's lookups: a piece's lookup waits for
     /// its own copy only, so the next piece's DMA overlaps it.
     upload: Arc<CudaStream>,
@@ -99,6 +107,7 @@ impl BatchLookup {
         let pair = || (PinnedBuf::new(d), DeviceMem::growing(d));
         Ok(BatchLookup {
             queue: queue.clone(),
+            own: Queue { device: d, stream: queue.stream.fork().map_err(cuda_err)? },
             upload: queue.stream.fork().map_err(cuda_err)?,
             kernels,
             tables: caches.len(),
@@ -239,7 +248,8 @@ impl BatchLookup {
             self.scatter_fetched(m, into)?;
             self.last = Some((m, interleaved));
         }
-        self.queue.wait()?;
+        // the hits' rows were written on the queue before `count_misses` waited for them
+        self.own.wait()?;
         times.scatter_us = us(t1).saturating_sub(times.fetch_us);
         Ok(times)
     }
@@ -382,18 +392,21 @@ impl BatchLookup {
         sent
     }
 
-    /// Waits for the lookup and returns how many keys missed.
+    /// Waits for the lookup and returns how many keys missed. The count comes down on this
+    /// lookup's own stream once it has passed the queue's work so far (the lookup), so the
+    /// wait does not take in what other lookups queue after it.
     fn count_misses(&mut self, n: usize) -> Result<usize> {
+        self.own.stream.join(&self.queue.stream).map_err(cuda_err)?;
         let h_count = self.count.0.slice(1)?;
-        dtoh(&self.queue, h_count, self.count.1.ptr())?;
-        self.queue.wait()?;
+        dtoh(&self.own, h_count, self.count.1.ptr())?;
+        self.own.wait()?;
         Ok((h_count[0] as usize).min(n))
     }
 
     /// The `m` missed indices to the host, and their keys beside them (gathered on the GPU
     /// when the keys are there).
     fn missed_keys_to_host(&mut self, keys: BatchKeys<'_>, m: usize) -> Result<()> {
-        let q = &self.queue;
+        let q = &self.own;
         let h_miss = self.miss.0.slice(m)?;
         dtoh(q, h_miss, self.miss.1.ptr())?;
         q.wait()?;
@@ -429,7 +442,7 @@ impl BatchLookup {
     /// The `m` rows the fetcher filled to the GPU, with their flags and the miss list in the
     /// fetcher's order, and the scatter of the rows into place queued.
     fn scatter_fetched(&mut self, m: usize, into: Option<DevicePtr<'_>>) -> Result<()> {
-        let (q, dim) = (&self.queue, self.dim);
+        let (q, dim) = (&self.own, self.dim);
         let rows = self.fetched.0.slice(m * dim)?;
         self.fetched.1.reserve(m * dim * 4)?;
         let d_rows = self.fetched.1.ptr();
@@ -462,6 +475,8 @@ impl BatchLookup {
         let Some((m, interleaved)) = self.last.take() else { return Ok(()) };
         let q = &self.queue;
         gpu(q.device)?;
+        // the rows, flags and miss order came up on this lookup's own stream
+        q.stream.join(&self.own.stream).map_err(cuda_err)?;
         let (keys, miss, found, starts, rows) = (
             self.keys.1.ptr(),
             self.miss.1.ptr(),
@@ -515,6 +530,7 @@ impl Drop for BatchLookup {
         // a queued fill may still read the buffers freed below
         if gpu(self.queue.device).is_ok() {
             let _ = self.queue.stream.synchronize();
+            let _ = self.own.stream.synchronize();
         }
     }
 }
