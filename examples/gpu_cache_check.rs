@@ -9,10 +9,7 @@
 //!    up and fill the same slots at once, with a cache far smaller than the keys so sets
 //!    are rewritten all the time; every row every lookup returns must be its key's row.
 //!    Twice: slots of fp32 rows looked up as fp32, and slots of fp16 rows looked up as
-//!    fp16, whose rows must be the fp32 rows rounded to nearest even, bit for bit. Keys come
-//!    from the host and from GPU memory in turn, and every seventh batch has 32768 keys, more
-//!    misses than a lookup brings down with its miss count, so both ways of listing the
-//!    misses run; every missed key the fetcher is given must be the batch's key there.
+//!    fp16, whose rows must be the fp32 rows rounded to nearest even, bit for bit.
 //! 3. Hit path speed: a table several times the GPU's cache, keys on the device, the
 //!    warp-per-key lookup kernel timed alone, over fp32 and over fp16 rows; prints rows/s
 //!    and GB/s moved.
@@ -23,7 +20,7 @@ use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
 use triton_rust_cuda::cache::{
-    BatchKeys, BatchLookup, CacheSlots, DeviceKeys, DeviceRows, KeyLayout, Queue, RowFormat,
+    BatchLookup, CacheSlots, DeviceKeys, DeviceRows, KeyLayout, Queue, RowFormat,
 };
 use triton_rust_cuda::{Bytes, BytesMut, Cuda, CudaError, DeviceOps};
 use triton_rust_embedding::cache::{CacheGeometry, CacheTier, HostCache, EMPTY_KEY};
@@ -175,41 +172,22 @@ fn shared_under_concurrency(dim: usize, threads: usize, rounds: usize, stored: R
                     let bytes = dim * stored.size();
                     let mut rng = rand::rngs::SmallRng::seed_from_u64(7 + w as u64);
                     let (mut hits, mut checked, mut wrong) = (0usize, 0usize, 0usize);
-                    const BIG: usize = 32768;
-                    let mut host = vec![0u8; BIG * bytes];
-                    let mut d_keys =
-                        [4096, BIG].map(|k| Cuda.alloc(0, k * 8).expect("device keys"));
-                    for round in 0..rounds {
-                        let n = if round % 7 == 6 { BIG } else { 4096 };
-                        let keys: Vec<i64> = (0..n).map(|_| zipf.rank(rng.gen()) as i64).collect();
+                    let mut host = vec![0u8; 4096 * bytes];
+                    for _ in 0..rounds {
+                        let keys: Vec<i64> =
+                            (0..4096).map(|_| zipf.rank(rng.gen()) as i64).collect();
                         let epoch = clock.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let mut fetch = |idx: &mut [i32],
-                                         mk: &mut [i64],
-                                         rows: &mut [f32],
-                                         found: &mut [u8]| {
-                            for (j, (&i, &k)) in idx.iter().zip(mk.iter()).enumerate() {
-                                assert_eq!(k, keys[i as usize], "missed key {i} of the batch");
-                                rows[j * dim..(j + 1) * dim].copy_from_slice(&row(k, dim));
-                                found[j] = 1;
-                            }
-                            Ok::<(), CudaError>(())
-                        };
-                        let times = if round % 2 == 0 {
-                            lookup.run(&keys, KeyLayout::Interleaved, epoch, &mut fetch)
-                        } else {
-                            let kb: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
-                            let d = &mut d_keys[usize::from(n == BIG)];
-                            Cuda.copy(Bytes::Host(&kb), BytesMut::Device(d.view_mut()))
-                                .expect("keys up");
-                            lookup.run_keys(
-                                BatchKeys::Device(d.view()),
-                                KeyLayout::Interleaved,
-                                epoch,
-                                &mut fetch,
-                                None,
-                            )
-                        }
-                        .expect("run");
+                        let mut fetch =
+                            |_: &mut [i32], mk: &mut [i64], rows: &mut [f32], found: &mut [u8]| {
+                                for (j, &k) in mk.iter().enumerate() {
+                                    rows[j * dim..(j + 1) * dim].copy_from_slice(&row(k, dim));
+                                    found[j] = 1;
+                                }
+                                Ok::<(), CudaError>(())
+                            };
+                        let times = lookup
+                            .run(&keys, KeyLayout::Interleaved, epoch, &mut fetch)
+                            .expect("run");
                         hits += keys.len() - times.misses;
                         let view = lookup.rows(keys.len() * dim).expect("rows");
                         Cuda.copy(
@@ -240,7 +218,7 @@ fn shared_under_concurrency(dim: usize, threads: usize, rounds: usize, stored: R
     assert_eq!(torn, 0, "{torn} of {checked} rows were not their key's row");
     assert!(hits > 0 && evicted > 0, "the check must hit and evict to mean anything");
     println!(
-        "shared slots, {} rows: {threads} threads x {rounds} batches of 4096 or 32768 keys (host and GPU memory) over {} slots, {checked} rows checked, \
+        "shared slots, {} rows: {threads} threads x {rounds} batches of 4096 keys over {} slots, {checked} rows checked, \
          all their key's rows; hit rate {:.3}, {inserted} insertions, {evicted} evictions",
         if stored == RowFormat::F16 { "fp16" } else { "fp32" },
         sets * 32,

@@ -71,13 +71,7 @@ pub struct BatchLookup {
     fill_queued: bool,
     /// The most keys a run has had room for.
     max_keys: usize,
-    /// How many missed indices (and keys) come down with the miss count, in the same wait:
-    /// twice the last run's misses, at least [`PREFETCH_MISSES`].
-    prefetch: usize,
 }
-
-/// The fewest missed indices a run brings down with its miss count (`BatchLookup::prefetch`).
-const PREFETCH_MISSES: usize = 16 << 10;
 
 impl BatchLookup {
     /// A lookup over `caches` (one per table, `None` for a table without a cache), all on
@@ -136,7 +130,6 @@ impl BatchLookup {
             last: None,
             fill_queued: false,
             max_keys: 0,
-            prefetch: PREFETCH_MISSES,
         })
     }
 
@@ -238,14 +231,12 @@ impl BatchLookup {
         let interleaved = self.place_layout(layout, n)?;
         self.clear_misses(n)?;
         self.send_keys(keys, interleaved, epoch, into)?;
-        let (m, listed) = self.count_misses(keys, n)?;
+        let m = self.count_misses(n)?;
         times.misses = m;
         times.lookup_us = us(t0);
         let t1 = Instant::now();
         if m > 0 {
-            if !listed {
-                self.missed_keys_to_host(keys, m)?;
-            }
+            self.missed_keys_to_host(keys, m)?;
             let dim = self.dim;
             let h_miss = self.miss.0.slice(m)?;
             let h_mkeys = self.missed_keys.0.slice(m)?;
@@ -401,74 +392,51 @@ impl BatchLookup {
         sent
     }
 
-    /// Waits for the lookup and returns how many keys missed, and whether their indices
-    /// and keys are on the host already. The count comes down on this lookup's own stream
-    /// once it has passed the queue's work so far (the lookup), so the wait does not take in
-    /// what other lookups queue after it; the first `prefetch` missed indices (and their
-    /// keys) come down in the same wait, so a run with no more misses than that waits once
-    /// before its reads below the cache.
-    fn count_misses(&mut self, keys: BatchKeys<'_>, n: usize) -> Result<(usize, bool)> {
+    /// Waits for the lookup and returns how many keys missed. The count comes down on this
+    /// lookup's own stream once it has passed the queue's work so far (the lookup), so the
+    /// wait does not take in what other lookups queue after it.
+    fn count_misses(&mut self, n: usize) -> Result<usize> {
         self.own.stream.join(&self.queue.stream).map_err(cuda_err)?;
-        let cap = self.prefetch.min(n);
-        dtoh(&self.own, self.count.0.slice(1)?, self.count.1.ptr())?;
-        self.queue_missed_down(keys, cap)?;
+        let h_count = self.count.0.slice(1)?;
+        dtoh(&self.own, h_count, self.count.1.ptr())?;
         self.own.wait()?;
-        let m = (self.count.0.slice(1)?[0] as usize).min(n);
-        self.prefetch = (2 * m).max(PREFETCH_MISSES);
-        if m > cap {
-            return Ok((m, false));
-        }
-        self.gather_on_host(keys, m)?;
-        Ok((m, true))
-    }
-
-    /// Queues on this lookup's own stream the first `cap` missed indices down to the host,
-    /// and, for keys on the GPU, their keys gathered there and brought down beside them
-    /// (as many as missed, at most `cap`; the count is read on the GPU).
-    fn queue_missed_down(&mut self, keys: BatchKeys<'_>, cap: usize) -> Result<()> {
-        let q = &self.own;
-        // `miss.1` has room for n >= cap indices (`clear_misses`)
-        dtoh(q, self.miss.0.slice(cap)?, self.miss.1.ptr())?;
-        if let BatchKeys::Device(_) = keys {
-            self.missed_keys.1.reserve(cap * 8)?;
-            let (d_keys, d_miss, d_count) =
-                (self.keys.1.ptr(), self.miss.1.ptr(), self.count.1.ptr());
-            let d_mkeys = self.missed_keys.1.ptr();
-            let cap_i = cap as i32;
-            let mut b = q.stream.launch_builder(&self.kernels.gather_keys);
-            b.arg(&d_keys).arg(&d_miss).arg(&d_count).arg(&cap_i).arg(&d_mkeys);
-            let cfg = LaunchConfig {
-                grid_dim: ((cap as u32).div_ceil(256).max(1), 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: argument types and order match gather_keys; the kernel reads at most
-            // the count's indices, each < n, written by this run's lookup (ordered before by
-            // the join); `d_keys` holds n keys and `d_mkeys` room for cap.
-            unsafe { b.launch(cfg) }.map_err(cuda_err)?;
-            dtoh(q, self.missed_keys.0.slice(cap)?, d_mkeys)?;
-        }
-        Ok(())
-    }
-
-    /// The missed keys of host `keys` beside their `m` indices, which are on the host.
-    fn gather_on_host(&mut self, keys: BatchKeys<'_>, m: usize) -> Result<()> {
-        if let BatchKeys::Host(keys) = keys {
-            let h_miss = self.miss.0.slice(m)?;
-            let h_mkeys = self.missed_keys.0.slice(m)?;
-            for (k, &i) in h_mkeys.iter_mut().zip(h_miss.iter()) {
-                *k = keys[i as usize];
-            }
-        }
-        Ok(())
+        Ok((h_count[0] as usize).min(n))
     }
 
     /// The `m` missed indices to the host, and their keys beside them (gathered on the GPU
-    /// when the keys are there), when more missed than `count_misses` brought down.
+    /// when the keys are there).
     fn missed_keys_to_host(&mut self, keys: BatchKeys<'_>, m: usize) -> Result<()> {
-        self.queue_missed_down(keys, m)?;
-        self.own.wait()?;
-        self.gather_on_host(keys, m)
+        let q = &self.own;
+        let h_miss = self.miss.0.slice(m)?;
+        dtoh(q, h_miss, self.miss.1.ptr())?;
+        q.wait()?;
+        let h_mkeys = self.missed_keys.0.slice(m)?;
+        match keys {
+            BatchKeys::Host(keys) => {
+                for (k, &i) in h_mkeys.iter_mut().zip(h_miss.iter()) {
+                    *k = keys[i as usize];
+                }
+            }
+            BatchKeys::Device(_) => {
+                self.missed_keys.1.reserve(m * 8)?;
+                let (d_keys, d_miss) = (self.keys.1.ptr(), self.miss.1.ptr());
+                let d_mkeys = self.missed_keys.1.ptr();
+                let m_i = m as i32;
+                let mut b = q.stream.launch_builder(&self.kernels.gather_keys);
+                b.arg(&d_keys).arg(&d_miss).arg(&m_i).arg(&d_mkeys);
+                let cfg = LaunchConfig {
+                    grid_dim: ((m as u32).div_ceil(256), 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: argument types and order match gather_keys; the m indices in
+                // `d_miss` are < n, `d_keys` holds n keys and `d_mkeys` room for m.
+                unsafe { b.launch(cfg) }.map_err(cuda_err)?;
+                dtoh(q, h_mkeys, d_mkeys)?;
+                q.wait()?;
+            }
+        }
+        Ok(())
     }
 
     /// The `m` rows the fetcher filled to the GPU, with their flags and the miss list in the

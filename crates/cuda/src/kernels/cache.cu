@@ -292,13 +292,11 @@ extern "C" __global__ void scatter_rows_h(const float* __restrict__ rows, const 
     scatter_rows_as(rows, idx, n, out, out_stride, dim);
 }
 
-// One thread per missed key: out[j] = keys[idx[j]] for j < min(*count, cap) (a batch whose
-// keys came in GPU memory tells the host which keys missed; launched before the host knows
-// the count, for the first cap of them).
-extern "C" __global__ void gather_keys(const i64* __restrict__ keys, const int* __restrict__ idx,
-        const unsigned* __restrict__ count, int cap, i64* __restrict__ out) {
+// One thread per missed key: out[j] = keys[idx[j]] (a batch whose keys came in GPU memory
+// tells the host which keys missed).
+extern "C" __global__ void gather_keys(const i64* __restrict__ keys, const int* __restrict__ idx, int m, i64* __restrict__ out) {
     long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (j < cap && j < (long long)*count) out[j] = keys[idx[j]];
+    if (j < m) out[j] = keys[idx[j]];
 }
 
 // One warp per set: inserts (or, with only_if_present, refreshes) that set's keys in order.
