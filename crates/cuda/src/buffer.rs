@@ -44,14 +44,6 @@ impl<'a> DevicePtr<'a> {
     pub(crate) fn of_view_mut(view: &'a DeviceViewMut<'_>) -> Result<DevicePtr<'a>> {
         Self::of_addr(view.raw_addr())
     }
-    /// An address inside memory that `owner` keeps allocated.
-    ///
-    /// # Safety
-    /// `addr` and the bytes its users touch lie in memory that stays allocated while
-    /// `owner` is borrowed.
-    pub(crate) unsafe fn held<T: ?Sized>(_owner: &'a T, addr: u64) -> DevicePtr<'a> {
-        DevicePtr { addr, _owner: PhantomData }
-    }
     fn of_addr(addr: Option<u64>) -> Result<DevicePtr<'a>> {
         addr.map(|addr| DevicePtr { addr, _owner: PhantomData })
             .ok_or_else(|| CudaError::internal("a simulated device buffer reached the CUDA driver"))

@@ -21,6 +21,8 @@ pub(crate) struct Kernels {
     pub(crate) scatter: CudaFunction,
     pub(crate) batch: CudaFunction,
     pub(crate) fill: CudaFunction,
+    /// After a fill (of either row format), its sets' ticket counts back to zero.
+    pub(crate) fill_reset: CudaFunction,
     /// `batch` and `scatter` writing fp16 rows.
     pub(crate) batch_h: CudaFunction,
     pub(crate) scatter_h: CudaFunction,
@@ -56,6 +58,7 @@ fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
             scatter: f("scatter_rows")?,
             batch: f("batch_lookup")?,
             fill: f("batch_fill")?,
+            fill_reset: f("batch_fill_reset")?,
             batch_h: f("batch_lookup_h")?,
             scatter_h: f("scatter_rows_h")?,
             gather_keys: f("gather_keys")?,
@@ -117,6 +120,7 @@ mod tests {
             "scatter_rows",
             "batch_lookup",
             "batch_fill",
+            "batch_fill_reset",
             "batch_lookup_h",
             "scatter_rows_h",
             "gather_keys",

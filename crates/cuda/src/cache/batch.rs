@@ -54,8 +54,9 @@ pub struct BatchLookup {
     external: bool,
     /// Every table's descriptor, on the GPU (the kernels read it there).
     desc: DeviceMem,
-    /// The cached tables' slots that `desc` names, held so they outlive this lookup.
-    slots: Vec<SlotsDesc>,
+    /// The cached tables' slots that `desc` names, held so they outlive this lookup and
+    /// every kernel it queued.
+    _slots: Vec<SlotsDesc>,
     keys: (PinnedBuf<i64>, DeviceMem),
     starts: (PinnedBuf<i32>, DeviceMem),
     miss: (PinnedBuf<i32>, DeviceMem),
@@ -117,8 +118,7 @@ impl BatchLookup {
             key_upload: KeyUpload::default(),
             external: false,
             desc,
-            // the fill zeroes the tickets of the tables whose caches have sets
-            slots: slots.into_iter().flatten().filter(|s| s.fields[3] > 0).collect(),
+            _slots: slots.into_iter().flatten().filter(|s| s.fields[3] > 0).collect(),
             keys: pair(),
             starts: (PinnedBuf::new(d), DeviceMem::growing(d)),
             miss: (PinnedBuf::new(d), DeviceMem::growing(d)),
@@ -471,6 +471,9 @@ impl BatchLookup {
     /// Queues the insertion of the last run's rows found below the cache into the caches
     /// (stamped with `epoch`) and returns without waiting: the next run's work queues
     /// behind it. At most once per run; nothing to do when the last run had no misses.
+    /// Two kernels: the fill, then the reset of the ticket counts of the sets it touched
+    /// (one launch where clearing every table's tickets took one copy-engine memset per
+    /// table on the shared queue).
     pub fn fill_last(&mut self, epoch: u64) -> Result<()> {
         let Some((m, interleaved)) = self.last.take() else { return Ok(()) };
         let q = &self.queue;
@@ -486,10 +489,6 @@ impl BatchLookup {
         );
         let (m_i, tables, dim_i, desc) =
             (m as i32, self.tables as i32, self.dim as i32, self.desc.ptr());
-        for s in &self.slots {
-            let (tickets, sets) = s.tickets();
-            zero(q, tickets, sets * 4)?;
-        }
         let fill = match self.stored {
             RowFormat::F32 => &self.kernels.fill,
             RowFormat::F16 => &self.kernels.s16.fill,
@@ -511,6 +510,17 @@ impl BatchLookup {
         // run's keys, misses, flags and rows (m of each), untouched since, and stay
         // allocated until the queue has passed this kernel (see `make_room` and `Drop`).
         unsafe { b.launch(warps_config(m)) }.map_err(cuda_err)?;
+        let mut r = q.stream.launch_builder(&self.kernels.fill_reset);
+        r.arg(&keys).arg(&miss).arg(&found).arg(&m_i).arg(&tables).arg(&interleaved);
+        r.arg(&starts).arg(&desc);
+        let cfg = LaunchConfig {
+            grid_dim: ((m as u32).div_ceil(256), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument types and order match batch_fill_reset; the same buffers as the
+        // fill's, read after it on the same queue.
+        unsafe { r.launch(cfg) }.map_err(cuda_err)?;
         self.fill_queued = true;
         Ok(())
     }

@@ -8,7 +8,6 @@ use parking_lot::Mutex;
 
 use super::batch_args::RowFormat;
 use super::rows::DeviceRows;
-use crate::buffer::DevicePtr;
 use crate::context::{cuda_err, GpuState};
 use crate::copy::Queue;
 use crate::error::{CudaError, Result};
@@ -28,17 +27,6 @@ pub(crate) struct SlotsDesc {
     _held: Arc<Mutex<Slots>>,
 }
 
-impl SlotsDesc {
-    /// The fill tickets (the lock array's second half, a word per set) and the number of sets.
-    pub(crate) fn tickets(&self) -> (DevicePtr<'_>, usize) {
-        let sets = self.fields[3] as usize;
-        let addr = self.fields[4] as u64 + sets as u64 * 4;
-        // SAFETY: `addr .. + sets * 4` is the second half of the locks array of 2 * sets words
-        // (see `CacheSlots::new`), kept allocated by `_held` while `self` is borrowed.
-        (unsafe { DevicePtr::held(self, addr) }, sets)
-    }
-}
-
 struct Slots {
     keys: CudaSlice<i64>,
     stamps: CudaSlice<u64>,
@@ -47,7 +35,8 @@ struct Slots {
     counters: CudaSlice<u64>,
     /// Per set, for `batch_fill`: a lock word (warps of one launch filling one set take
     /// it in turn), then after all sets' locks, a ticket count (how many of this fill's
-    /// warps came for the set; only the first WAYS insert).
+    /// warps came for the set; only the first WAYS insert), zeroed again by
+    /// `batch_fill_reset` after each fill for the sets it touched.
     locks: CudaSlice<u32>,
 }
 

@@ -272,6 +272,23 @@ extern "C" __global__ void batch_fill_s16(const i64* __restrict__ keys, const in
     batch_fill_as<unsigned short>(keys, miss, found, m, tables, interleaved, key_start, desc, dim, epoch, rows);
 }
 
+// One thread per missed key of the fill just before it on the same queue: zeroes the ticket
+// count of every set that fill took tickets for (its conditions exactly), so the next fill
+// finds them all zero without clearing every set of every table.
+extern "C" __global__ void batch_fill_reset(const i64* __restrict__ keys, const int* __restrict__ miss,
+        const unsigned char* __restrict__ found, int m, int tables, int interleaved,
+        const int* __restrict__ key_start, const long long* __restrict__ desc) {
+    long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= m || !found[j]) return;
+    int i = miss[j];
+    int t = table_of(i, tables, interleaved, key_start);
+    long long sets = desc[t * 6 + 3];
+    i64 key = keys[i];
+    if (sets <= 0 || key == EMPTY_KEY) return;
+    unsigned* locks = (unsigned*)desc[t * 6 + 4];
+    locks[sets + mix64((u64)key) % (u64)sets] = 0u;
+}
+
 // One warp per row: writes rows[i] to out + idx[i] * out_stride (rows fetched below the cache).
 template <typename O>
 __device__ __forceinline__ void scatter_rows_as(const float* __restrict__ rows, const int* __restrict__ idx, int n,
