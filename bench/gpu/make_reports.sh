@@ -23,12 +23,15 @@ out="${OUT_ROOT:-docs/perf/h100}"
 # (aoti_h100_e: the instances of a model share one GPU cache of 10% (gpucache_sharing device); batch 1
 # with --largest-concurrency 1, C API included; aoti_h100_e_seqlock: the shared cache with a stream per
 # instance, a design measured and not kept, see its README)
+# (aoti_h100_f: fp16 cache rows, each instance's miss copies on its own stream, one reset kernel per
+# fill; builds per folder in its README; aoti_h100_f_prefetch: a change measured and not kept)
 b="$r/aoti_h100_b"
 c="$r/aoti_h100_c"
 d="$r/aoti_h100_d"
 e="$r/aoti_h100_e"
+f="$r/aoti_h100_f"
 "$py" bench/gpu/aoti_report.py --dense "$b/resnet50" "$b/resnet50_b1_timing" "$d/resnet50_b1_pinned" \
-    "$e/resnet50_b1_capi" "$b/bert_large" "$d/bert_b1_pinned" "$e/bert_b1_capi" \
+    "$e/resnet50_b1_capi" "$f/resnet50_b1_vB" "$b/bert_large" "$d/bert_b1_pinned" "$e/bert_b1_capi" \
     --recsys "$r/aoti_h100/recsys_dlrm" "$b/recsys_dlrm_two_instances" "$b/recsys_dlrm_two_instances_4096" \
     "$c/recsys_dlrm_triton" "$c/recsys_dlrm_triton_ens_ceiling" "$c/recsys_dlrm_triton_4096" \
     "$d/recsys_dlrm_stream" "$d/recsys_dlrm_stream_3inst" "$d/recsys_dlrm_4096_protocols" \
@@ -36,4 +39,13 @@ e="$r/aoti_h100_e"
     "$c/recsys_wide_deep_dcnv2_example_batch" "$d/recsys_dcnv2_cross" \
     "$e/recsys_dlrm_shared_3inst" "$e/recsys_dlrm_sharedq_3inst" "$e/recsys_dlrm_shared_4inst" \
     "$e/recsys_dlrm_shared_5inst" "$e/recsys_dlrm_4096_shared" \
-    "$r/aoti_h100_e_seqlock/recsys_wide_deep_shared_seqlock" --out "$out/aoti" "$@"
+    "$r/aoti_h100_e_seqlock/recsys_wide_deep_shared_seqlock" \
+    "$f/recsys_dlrm_fp16rows_3inst" "$f/recsys_dlrm_4096_fp16rows" "$f/recsys_dlrm_fp16rows_ownstream_3inst" \
+    "$f/recsys_dlrm_fp16rows_ownstream_4inst" "$f/recsys_dlrm_fp16rows_ownstream_5inst" \
+    "$f/recsys_dlrm_fp16rows_ownstream_6inst" "$f/recsys_dlrm_4096_fp16rows_ownstream" \
+    "$f/recsys_wide_deep_fp16rows_ownstream" "$f/recsys_wide_deep_4inst" "$f/recsys_dcnv2_fp16rows_ownstream" \
+    "$f/recsys_dcnv2_cross_fp16rows_ownstream" "$r/aoti_h100_f_prefetch/recsys_dlrm_prefetch_5inst" \
+    "$r/aoti_h100_f_prefetch/recsys_dlrm_prefetch_4inst" "$r/aoti_h100_f_prefetch/recsys_dlrm_4096_prefetch" \
+    "$r/aoti_h100_f_prefetch/recsys_dlrm_4096_prev_ab" "$r/aoti_h100_f_prefetch/recsys_dlrm_prev_ab_5inst" \
+    "$f/recsys_dlrm_5inst_prev" "$f/recsys_dlrm_5inst_vA" "$f/recsys_dlrm_5inst_vB" \
+    "$f/recsys_wide_deep_4inst_vB" "$f/recsys_dlrm_4096_vB" "$f/recsys_dcnv2_cross_vB" --out "$out/aoti" "$@"
