@@ -215,24 +215,6 @@ extern "C" __global__ void batch_lookup_h_s16(const i64* __restrict__ keys, long
 // turn (all lanes spin together, so no lane waits on another), read the set's tags past
 // L1, and replace the way holding the key or the least recently stamped one, as
 // cache_insert does.
-// Item j of a fill (missed row j of the last batch_lookup): its table t, key, the table's set
-// count and the key's set; false when it inserts nothing (past the end, not found below the
-// cache, a table without a cache, the empty key). batch_fill and batch_fill_reset both ask it,
-// so the reset clears exactly the sets the fill took tickets for.
-__device__ __forceinline__ bool fill_item(long long j, const i64* __restrict__ keys, const int* __restrict__ miss,
-        const unsigned char* __restrict__ found, int m, int tables, int interleaved,
-        const int* __restrict__ key_start, const long long* __restrict__ desc,
-        int* t, i64* key, long long* sets, u64* set) {
-    if (j >= m || !found[j]) return false;
-    int i = miss[j];
-    *t = table_of(i, tables, interleaved, key_start);
-    *sets = desc[*t * 6 + 3];
-    *key = keys[i];
-    if (*sets <= 0 || *key == EMPTY_KEY) return false;
-    *set = mix64((u64)*key) % (u64)*sets;
-    return true;
-}
-
 template <typename S>
 __device__ __forceinline__ void batch_fill_as(const i64* __restrict__ keys, const int* __restrict__ miss,
         const unsigned char* __restrict__ found, int m, int tables, int interleaved,
@@ -240,13 +222,18 @@ __device__ __forceinline__ void batch_fill_as(const i64* __restrict__ keys, cons
         const float* __restrict__ rows) {
     long long j = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
-    int t; i64 key; long long sets; u64 set;
-    if (!fill_item(j, keys, miss, found, m, tables, interleaved, key_start, desc, &t, &key, &sets, &set)) return;
+    if (j >= m || !found[j]) return;
+    int i = miss[j];
+    int t = table_of(i, tables, interleaved, key_start);
+    long long sets = desc[t * 6 + 3];
+    i64 key = keys[i];
+    if (sets <= 0 || key == EMPTY_KEY) return;
     i64* slot_keys = (i64*)desc[t * 6];
     u64* slot_stamps = (u64*)desc[t * 6 + 1];
     S* slot_rows = (S*)desc[t * 6 + 2];
     unsigned* locks = (unsigned*)desc[t * 6 + 4];
     u64* counters = (u64*)desc[t * 6 + 5];
+    u64 set = mix64((u64)key) % (u64)sets;
     unsigned ticket = 0;
     if (lane == 0) ticket = atomicAdd(&locks[sets + set], 1u);
     if (__shfl_sync(FULL, ticket, 0) >= 32u) return;
@@ -292,9 +279,14 @@ extern "C" __global__ void batch_fill_reset(const i64* __restrict__ keys, const 
         const unsigned char* __restrict__ found, int m, int tables, int interleaved,
         const int* __restrict__ key_start, const long long* __restrict__ desc) {
     long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    int t; i64 key; long long sets; u64 set;
-    if (!fill_item(j, keys, miss, found, m, tables, interleaved, key_start, desc, &t, &key, &sets, &set)) return;
-    ((unsigned*)desc[t * 6 + 4])[sets + set] = 0u;
+    if (j >= m || !found[j]) return;
+    int i = miss[j];
+    int t = table_of(i, tables, interleaved, key_start);
+    long long sets = desc[t * 6 + 3];
+    i64 key = keys[i];
+    if (sets <= 0 || key == EMPTY_KEY) return;
+    unsigned* locks = (unsigned*)desc[t * 6 + 4];
+    locks[sets + mix64((u64)key) % (u64)sets] = 0u;
 }
 
 // One warp per row: writes rows[i] to out + idx[i] * out_stride (rows fetched below the cache).
