@@ -177,7 +177,8 @@ def repo(tmp_path_factory, example_models, redis):
         embedding_vecsize_per_table=BATCHED_DIM, default_value_for_each_table=BATCHED_DEFAULT,
         vocabulary_size_per_table=",".join([str(BATCHED_VOCAB)] * len(BATCHED_TABLES)), gpucacheper="0.25"))
 
-    # emb_batched_fp16: the same tables, rows given as fp16
+    # emb_batched_fp16: the same tables, rows given as fp16; its GPU caches would keep fp16 rows
+    # (gpucache_row_type), which a KIND_CPU instance's cache does not: the same answers either way
     os.makedirs(os.path.join(r.root, "emb_batched_fp16"))
     os.symlink(os.path.join(r.root, "emb_batched", "1"), os.path.join(r.root, "emb_batched_fp16", "1"))
     r.write_config("emb_batched_fp16", embedding_config(
@@ -185,7 +186,8 @@ def repo(tmp_path_factory, example_models, redis):
         f'input [ {{ name: "KEYS" data_type: TYPE_INT64 dims: [ -1, {len(BATCHED_TABLES)} ] }} ]\n'
         f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP16 dims: [ -1, {len(BATCHED_TABLES)}, {BATCHED_DIM} ] }} ]\n',
         embedding_interface="batched", embedding_table_names=",".join(BATCHED_TABLES),
-        embedding_vecsize_per_table=BATCHED_DIM, default_value_for_each_table=BATCHED_DEFAULT, gpucacheper="0.25"))
+        embedding_vecsize_per_table=BATCHED_DIM, default_value_for_each_table=BATCHED_DEFAULT, gpucacheper="0.25",
+        gpucache_row_type="fp16"))
 
     # live_lookup + live_update: one store ("live") seen by a lookup and an update model
     write_table(os.path.join(r.root, "live_lookup", "1", "tables"), "u", LIVE_ROWS, LIVE_DIM, 300)
@@ -373,7 +375,9 @@ def test_batched_interface_exact_and_concurrent(server, repo):
 
 def test_batched_interface_fp16_rows(server, repo):
     """OUTPUT0 declared TYPE_FP16: the same rows, each rounded to fp16 once (the GPU path's
-    kernel does the same rounding, cvt.rn; bench/gpu/recsys_perf.py checks it there)."""
+    kernel does the same rounding, cvt.rn, whether its cache keeps fp32 rows or, with
+    gpucache_row_type fp16 as this model asks, fp16 ones; bench/gpu/recsys_perf.py checks it
+    there). On a CPU instance the parameter loads and the cache keeps fp32."""
     tables = batched_rows(repo)
     rng = np.random.default_rng(9)
     client = make_client(server, "http")

@@ -332,6 +332,11 @@ impl EmbeddingStore {
         self.tables.len()
     }
 
+    /// How this store's GPU caches keep their rows.
+    pub fn cache_rows(&self) -> CacheRows {
+        self.config.cache_rows
+    }
+
     pub fn dim(&self, table: usize) -> usize {
         self.tables[table].config.dim
     }

@@ -85,6 +85,14 @@ pub enum CacheRows {
 }
 
 impl CacheRows {
+    /// The parameter's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheRows::F32 => "fp32",
+            CacheRows::F16 => "fp16",
+        }
+    }
+
     pub fn parse(s: &str) -> Result<CacheRows> {
         match s.trim() {
             "" | "fp32" => Ok(CacheRows::F32),

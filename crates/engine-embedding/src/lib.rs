@@ -58,6 +58,14 @@ fn shared_store(settings: &StoreSettings) -> Result<Arc<EmbeddingStore>> {
                 settings.name
             )));
         }
+        // the store's GPU caches are made once for all its models: they must agree on their rows
+        if store.cache_rows() != settings.store.cache_rows {
+            return Err(Error::invalid_arg(format!(
+                "store '{}' is already loaded with gpucache_row_type {}; models sharing a store_name must ask the same",
+                settings.name,
+                store.cache_rows().name()
+            )));
+        }
         return Ok(store);
     }
     let remote = match &settings.volatile_db {

@@ -82,6 +82,30 @@ fn gpu_caches_keep_fp32_rows_unless_the_config_says_fp16() {
 }
 
 #[test]
+fn models_sharing_a_store_must_ask_the_same_cache_rows() {
+    let settings = |rows: &str| {
+        let p = [
+            ("embedding_table_names", "a"),
+            ("embedding_vecsize_per_table", "4"),
+            ("sparse_files", "none"),
+            ("store_name", "cache_rows_agree"),
+            ("gpucache_row_type", rows),
+        ];
+        StoreSettings::from_config(&cfg(&p), Path::new("/nonexistent"), &Default::default())
+            .unwrap()
+    };
+    let first = shared_store(&settings("fp16")).unwrap();
+    let again = shared_store(&settings("fp16")).unwrap();
+    assert!(Arc::ptr_eq(&first, &again), "the same store for the same settings");
+    let e = shared_store(&settings("fp32")).err().expect("a store of other cache rows");
+    assert!(
+        e.message()
+            .contains("store 'cache_rows_agree' is already loaded with gpucache_row_type fp16"),
+        "{e}"
+    );
+}
+
+#[test]
 fn an_update_model_needs_a_credential_or_says_it_is_open() {
     let e = Credential::from_config(&cfg(&[])).unwrap_err();
     assert!(
