@@ -348,7 +348,7 @@ impl BatchLookup {
             // SAFETY: argument types and order match batch_lookup(_h)(_s16), the one for the
             // caches' rows and the output's format; this stream has
             // the copy of keys[at .. at + len] queued before it; every buffer was sized for n
-            // keys and n rows, and the descriptors name cache slots `self.slots` holds.
+            // keys and n rows, and the descriptors name cache slots `self._slots` holds.
             unsafe { b.launch(warps_config(len)) }.map_err(cuda_err)?;
             Ok(())
         };
