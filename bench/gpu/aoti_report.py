@@ -272,7 +272,9 @@ def main(argv=None):
                "(at most 0.5 GB), which the cache holds better than it holds an endless stream: its rows say how far "
                "their hit rate is above the stream's. The endless-stream rows (our client, stream_load.py, HTTP, the "
                "keys of a pool as large as the stationary rate needs in GPU memory) are at the stream's rate. "
-               "Rows in the order the runs were made.", ""]
+               "Rows in the order the runs were made. Some folders ran builds that were measured and not kept; "
+               "their results folder's README says which (aoti_h100_e_seqlock, aoti_h100_f_prefetch, and "
+               "aoti_h100_f's _vA).", ""]
         fmt = lambda v: f"{v / 1e6:.2f} M" if v else "-"  # noqa: E731
         for model in sorted({r["model"] for r in rows}, key=lambda m: order.get(m, 3)):
             md += [f"### {model}", "",
