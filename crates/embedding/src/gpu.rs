@@ -45,12 +45,13 @@ pub struct GpuCache {
     misses: AtomicU64,
 }
 
-/// The GPU side of a set of caches: the queue all their work goes through (so a fill never
-/// overlaps a lookup) and the clock their LRU stamps come from (one clock, so a batch that
-/// looks up every table at once stamps them all alike). One instance's own, or shared (a
-/// clone) by every instance of a store on one GPU ([`crate::EmbeddingStore::attach_gpu_caches`]):
-/// their lookups and fills then queue in one order, and each instance keeps its own
-/// buffers ([`BatchLookup`]).
+/// The GPU side of a set of caches: the queue all their slot work goes through (so a fill
+/// never overlaps a lookup), the clock their LRU stamps come from (one clock, so a batch that
+/// looks up every table at once stamps them all alike) and how they keep their rows. One
+/// instance's own, or shared (a clone) by every instance of a store on one GPU
+/// ([`crate::EmbeddingStore::attach_gpu_caches`]): their lookups and fills then queue in one
+/// order, and each instance keeps its own buffers and its own stream for the rest of its
+/// lookups ([`BatchLookup`]).
 #[derive(Clone)]
 pub struct GpuInstance {
     queue: Queue,

@@ -51,14 +51,16 @@ fn the_key_upload_is_read_from_the_config_and_checked() {
     assert!(settings(&[("gpu_key_upload_tasks", "0")]).is_err());
 }
 
+/// The settings of a store of one table ("a", dim 4) with `extra` parameters.
+fn one_table(extra: &[(&str, &str)]) -> Result<StoreSettings> {
+    let mut p = vec![("embedding_table_names", "a"), ("embedding_vecsize_per_table", "4")];
+    p.extend_from_slice(extra);
+    StoreSettings::from_config(&cfg(&p), Path::new("/nonexistent"), &Default::default())
+}
+
 #[test]
 fn gpu_caches_are_shared_per_device_unless_the_config_says_per_instance() {
-    let sharing = |extra: &[(&str, &str)]| {
-        let mut p = vec![("embedding_table_names", "a"), ("embedding_vecsize_per_table", "4")];
-        p.extend_from_slice(extra);
-        StoreSettings::from_config(&cfg(&p), Path::new("/nonexistent"), &Default::default())
-            .map(|s| s.cache_sharing)
-    };
+    let sharing = |extra: &[(&str, &str)]| one_table(extra).map(|s| s.cache_sharing);
     assert_eq!(sharing(&[]).unwrap(), CacheSharing::Device, "one cache per GPU, as HPS");
     assert_eq!(sharing(&[("gpucache_sharing", " instance ")]).unwrap(), CacheSharing::Instance);
     assert_eq!(sharing(&[("gpucache_sharing", "device")]).unwrap(), CacheSharing::Device);
@@ -68,12 +70,7 @@ fn gpu_caches_are_shared_per_device_unless_the_config_says_per_instance() {
 
 #[test]
 fn gpu_caches_keep_fp32_rows_unless_the_config_says_fp16() {
-    let rows = |extra: &[(&str, &str)]| {
-        let mut p = vec![("embedding_table_names", "a"), ("embedding_vecsize_per_table", "4")];
-        p.extend_from_slice(extra);
-        StoreSettings::from_config(&cfg(&p), Path::new("/nonexistent"), &Default::default())
-            .map(|s| s.store.cache_rows)
-    };
+    let rows = |extra: &[(&str, &str)]| one_table(extra).map(|s| s.store.cache_rows);
     assert_eq!(rows(&[]).unwrap(), CacheRows::F32, "as the tables hold them, as HPS");
     assert_eq!(rows(&[("gpucache_row_type", " fp16 ")]).unwrap(), CacheRows::F16);
     assert_eq!(rows(&[("gpucache_row_type", "fp32")]).unwrap(), CacheRows::F32);
@@ -84,15 +81,12 @@ fn gpu_caches_keep_fp32_rows_unless_the_config_says_fp16() {
 #[test]
 fn models_sharing_a_store_must_ask_the_same_cache_rows() {
     let settings = |rows: &str| {
-        let p = [
-            ("embedding_table_names", "a"),
-            ("embedding_vecsize_per_table", "4"),
+        let extra = [
             ("sparse_files", "none"),
             ("store_name", "cache_rows_agree"),
             ("gpucache_row_type", rows),
         ];
-        StoreSettings::from_config(&cfg(&p), Path::new("/nonexistent"), &Default::default())
-            .unwrap()
+        one_table(&extra).unwrap()
     };
     let first = shared_store(&settings("fp16")).unwrap();
     let again = shared_store(&settings("fp16")).unwrap();
