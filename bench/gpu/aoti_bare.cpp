@@ -6,14 +6,16 @@
 //   graph  one CUDA graph capture of the run (at::cuda::CUDAGraph, after warm-up runs),
 //          replayed, each replay timed the same way; and calls as a server makes them, timed
 //          on the host (`graph_call`): the inputs copied into the graph's own from other device
-//          buffers, the replay, the wait for the stream.
+//          buffers, the replay, the wait for the stream; with --gaps-us, those calls again with the
+//          host idle that long between them, and from inputs in pageable host memory (staged
+//          through pinned memory, as a server does for a client's host buffers).
 // Prints one JSON line per batch on stdout (median and p99 ms, inferences/s = batch / median);
 // notes go to stderr. The package is loaded as the rust backend's AOTInductor plugin loads it
 // (single-threaded runner, one model copy), and the directory the loader unpacks it into is
 // removed at exit.
 //
 //   aoti_bare --package model.pt2 --batches 1,16,128 [--iters 200] [--warmup 10]
-//             [--input float16:3,224,224 ...] [--int-high 2] [--device 0]
+//             [--input float16:3,224,224 ...] [--int-high 2] [--device 0] [--gaps-us 0,100]
 //   aoti_bare --package model.pt2 --print-inputs     # the inputs the metadata gives, as JSON
 //
 // Inputs: their element type and shape without the batch dimension, from the package's
@@ -41,6 +43,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <set>
@@ -67,12 +70,13 @@ struct Args {
   int device = 0;
   std::vector<InputSpec> inputs;
   bool print_inputs = false;
+  std::vector<int64_t> gaps_us;
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "aoti_bare: " << why << "\n"
             << "usage: aoti_bare --package model.pt2 --batches 1,16,128 [--iters 200] [--warmup 10]\n"
-            << "                 [--input DTYPE:D1,D2,...[:HIGH] ...] [--int-high 2] [--device 0]\n";
+            << "                 [--input DTYPE:D1,D2,...[:HIGH] ...] [--int-high 2] [--device 0] [--gaps-us 0,100]\n";
   std::exit(2);
 }
 
@@ -118,6 +122,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--int-high") a.int_high = std::stoll(value());
     else if (k == "--device") a.device = std::stoi(value());
     else if (k == "--print-inputs") a.print_inputs = true;
+    else if (k == "--gaps-us") a.gaps_us = int_list(value());
     else if (k == "--input") {
       a.inputs.push_back(parse_input(value()));
       a.inputs.back().name = "input " + std::to_string(a.inputs.size() - 1);
@@ -429,6 +434,45 @@ int bench(const Args& a) {
           wall.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
         }
         auto waited = stats(wall);
+        // the same calls with the host idle `gap` us between them (a server at concurrency 1
+        // leaves the GPU idle while a request comes and goes); and with the inputs in pageable
+        // host memory, staged through pinned memory and copied up on the stream, as a server
+        // does for a client's host buffers
+        std::string gap_json;
+        for (auto gap : a.gaps_us) {
+          std::vector<double> g_wall, h_wall;
+          std::vector<at::Tensor> host, pinned;
+          for (const auto& t : sources) {
+            host.push_back(t.cpu());
+            pinned.push_back(at::empty(t.sizes(), t.options().device(c10::kCPU).pinned_memory(true)));
+          }
+          auto host_call = [&] {
+            for (size_t k = 0; k < inputs.size(); ++k) {
+              std::memcpy(pinned[k].data_ptr(), host[k].data_ptr(), host[k].nbytes());
+              inputs[k].copy_(pinned[k], true);
+            }
+            graph.replay();
+            stream.synchronize();
+          };
+          auto idle = [gap] {
+            auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(gap);
+            while (std::chrono::steady_clock::now() < until) {
+            }
+          };
+          for (int i = 0; i < a.warmup; ++i) call(), host_call();
+          for (int i = 0; i < a.iters; ++i) {
+            idle();
+            auto t0 = std::chrono::steady_clock::now();
+            call();
+            g_wall.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+            idle();
+            t0 = std::chrono::steady_clock::now();
+            host_call();
+            h_wall.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+          }
+          gap_json += ", \"graph_call_gap" + std::to_string(gap) + "_p50_ms\": " + fmt(stats(g_wall).p50) +
+                      ", \"graph_call_host_gap" + std::to_string(gap) + "_p50_ms\": " + fmt(stats(h_wall).p50);
+        }
         double diff = 0;
         for (size_t k = 0; k < graph_out.size() && k < plain_out.size(); ++k) {
           if (graph_out[k].is_floating_point()) {
@@ -437,7 +481,8 @@ int bench(const Args& a) {
         }
         graph_json = ", \"graph_p50_ms\": " + fmt(replayed.p50) + ", \"graph_p99_ms\": " + fmt(replayed.p99) +
                      ", \"graph_ips\": " + fmt(batch / replayed.p50 * 1e3) + ", \"graph_vs_plain_max_abs\": " + fmt(diff) +
-                     ", \"graph_call_p50_ms\": " + fmt(waited.p50) + ", \"graph_call_p99_ms\": " + fmt(waited.p99);
+                     ", \"graph_call_p50_ms\": " + fmt(waited.p50) + ", \"graph_call_p99_ms\": " + fmt(waited.p99) +
+                     gap_json;
       } catch (const std::exception& e) {
         (void)cudaGetLastError();
         std::string what = e.what();
