@@ -168,18 +168,12 @@ class DCNv2(Recommender):
     @torch.jit.unused
     def kernel_crosses(self, bottom: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         """The cross layers through triton_kernels.cross_layer, x0 = [bottom | emb] never
-        concatenated: the first layer's product V x0 taken as triton_kernels.first_form says (by
-        default as two, V's columns for bottom and for emb, added)."""
-        from triton_kernels import cross_layer, first_form, first_product
+        concatenated: the first layer's product V x0 taken as two (V's columns for bottom, for emb)."""
+        from triton_kernels import cross_layer
         d = bottom.shape[1]
-        first = first_form()
         x = None
         for v, u in zip(self.v, self.u):
-            if x is None and first == "kernel":
-                h = first_product(bottom, emb, v.weight)
-            elif x is None and first == "addmm":
-                h = torch.addmm(F.linear(bottom, v.weight[:, :d].contiguous()), emb, v.weight[:, d:].contiguous().t())
-            elif x is None:
+            if x is None:
                 h = F.linear(bottom, v.weight[:, :d]) + F.linear(emb, v.weight[:, d:])
             else:
                 h = v(x)

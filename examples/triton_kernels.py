@@ -26,12 +26,6 @@ product is never written: 0.875 ms a layer there against 0.92 for the two (all t
 beside the 26 embeddings; the kernel reads it from those two tensors, so that it is never
 concatenated (a [B, 3456] tensor written and read again), and the first layer, where ``x`` is
 ``x0``, reads it once.
-
-``first_product`` (DCNv2). The first layer's ``h = x0 @ V.T`` read from the same two tensors,
-one Triton GEMM whose depth runs over the bottom output's columns, then the embeddings'. Taken
-as two products and added (``first_form`` ``linear``), the compiled network on an H100 still
-wrote ``x0`` whole (its profile's ``cat`` kernel, 0.30 ms at batch 65536); which form serves
-best is measured by ``bench/gpu/run.sh network --cross-configs C,C:addmm,C:kernel``.
 """
 import os
 import re
@@ -119,7 +113,7 @@ def _cross_layer_inputs(head_at, tail_at, x_at, in_head, in_tail, inside, FIRST:
 @triton.jit
 def _cross_layer_kernel(h_ptr, w_ptr, b_ptr, head_ptr, tail_ptr, x_ptr, out_ptr, B, N, R: tl.constexpr,
                         D0: tl.constexpr, FIRST: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                        GROUP_M: tl.constexpr, EARLY: tl.constexpr):
+                        GROUP_M: tl.constexpr, EARLY: tl.constexpr, SPECIALIZE: tl.constexpr):
     # tiles in groups of GROUP_M rows of tiles, so that a group's h rows stay in L2 across N
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(B, BM)
@@ -143,7 +137,7 @@ def _cross_layer_kernel(h_ptr, w_ptr, b_ptr, head_ptr, tail_ptr, x_ptr, out_ptr,
         # the epilogue's tiles asked for before the product, so that their reads overlap it
         x0, x = _cross_layer_inputs(head_at, tail_at, x_ptr + at, in_head, in_tail, inside, FIRST)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k in range(0, R, BK):
+    for k in tl.range(0, R, BK, warp_specialize=SPECIALIZE):
         a = tl.load(h_ptr + rm[:, None] * R + (k + rk)[None, :], mask=rm[:, None] < B, other=0.0)
         w = tl.load(w_ptr + rn[None, :] * R + (k + rk)[:, None], mask=rn[None, :] < N, other=0.0)
         acc = tl.dot(a, w, acc)
@@ -170,7 +164,7 @@ def cross_layer(head: torch.Tensor, tail: torch.Tensor, x: Optional[torch.Tensor
     batch, rank = h.shape
     n = weight.shape[0]
     d0 = head.shape[1]
-    bm, bn, bk, warps, stages, group, early = cross_config()
+    bm, bn, bk, warps, stages, group, early, specialize = cross_config()
     if (rank % bk or weight.shape[1] != rank or head.shape[0] != batch or tail.shape != (batch, n - d0)
             or (x is not None and x.shape != (batch, n)) or bias.shape != (n,)):
         raise ValueError(f"cross_layer: h {tuple(h.shape)}, weight {tuple(weight.shape)}, head {tuple(head.shape)}, "
@@ -184,70 +178,12 @@ def cross_layer(head: torch.Tensor, tail: torch.Tensor, x: Optional[torch.Tensor
     out = torch.empty((batch, n), dtype=h.dtype, device=h.device)
     grid = (triton.cdiv(batch, bm) * triton.cdiv(n, bn),)
     _launcher(_cross_layer_kernel)[grid](h, weight, bias, head, tail, x, out, batch, n, R=rank, D0=d0, FIRST=first,
-                                         BM=bm, BN=bn, BK=bk, GROUP_M=group, EARLY=early, num_warps=warps,
-                                         num_stages=stages)
-    return out
-
-
-@triton.jit
-def _first_product_kernel(head_ptr, tail_ptr, w_ptr, out_ptr, B, R: tl.constexpr, N: tl.constexpr, D0: tl.constexpr,
-                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
-    # [head | tail] @ w.T, the depth's first D0 from head [B, D0], the rest from tail [B, N - D0]
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(B, BM)
-    tiles_n = tl.cdiv(R, BN)
-    in_group = GROUP_M * tiles_n
-    first_m = (pid // in_group) * GROUP_M
-    rows_here = tl.minimum(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % rows_here
-    pid_n = (pid % in_group) // rows_here
-    rm = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
-    rn = pid_n * BN + tl.arange(0, BN)
-    rk = tl.arange(0, BK)
-    rows = rm[:, None] < B
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k in range(0, D0, BK):
-        a = tl.load(head_ptr + rm[:, None] * D0 + (k + rk)[None, :], mask=rows, other=0.0)
-        w = tl.load(w_ptr + rn[None, :] * N + (k + rk)[:, None])
-        acc = tl.dot(a, w, acc)
-    for k in range(D0, N, BK):
-        a = tl.load(tail_ptr + rm[:, None] * (N - D0) + (k - D0 + rk)[None, :], mask=rows, other=0.0)
-        w = tl.load(w_ptr + rn[None, :] * N + (k + rk)[:, None])
-        acc = tl.dot(a, w, acc)
-    tl.store(out_ptr + rm[:, None] * R + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=rows)
-
-
-def first_reference(head: torch.Tensor, tail: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """The first cross layer's product in plain torch: [head | tail] @ weight.T."""
-    return torch.nn.functional.linear(torch.cat([head, tail], dim=1), weight)
-
-
-# the first product's tile (rows x columns x depth), warps, stages and rows of tiles per group
-FIRST_TILE = (128, 128, 64, 8, 3, 8)
-
-
-@triton_op("triton_rust::first_product", mutates_args={})
-def first_product(head: torch.Tensor, tail: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``[head | tail] @ weight.T`` (DCNv2's first cross layer's product V x0), x0 never
-    concatenated: head [B, D0], tail [B, N - D0], weight [R, N]."""
-    batch, d0 = head.shape
-    rank, n = weight.shape
-    bm, bn, bk, warps, stages, group = FIRST_TILE
-    if d0 % bk or n % bk or rank % bn or tail.shape != (batch, n - d0):
-        raise ValueError(f"first_product: head {tuple(head.shape)}, tail {tuple(tail.shape)}, weight "
-                         f"{tuple(weight.shape)} (widths multiples of {bk}, the rank of {bn})")
-    if not _interpreted(head) or head.dtype != torch.float16:
-        return first_reference(head, tail, weight)
-    head, tail, weight = (t.contiguous() for t in (head, tail, weight))
-    out = torch.empty((batch, rank), dtype=head.dtype, device=head.device)
-    grid = (triton.cdiv(batch, bm) * triton.cdiv(rank, bn),)
-    _launcher(_first_product_kernel)[grid](head, tail, weight, out, batch, R=rank, N=n, D0=d0, BM=bm, BN=bn, BK=bk,
-                                           GROUP_M=group, num_warps=warps, num_stages=stages)
+                                         BM=bm, BN=bn, BK=bk, GROUP_M=group, EARLY=early, SPECIALIZE=specialize,
+                                         num_warps=warps, num_stages=stages)
     return out
 
 
 CROSS_DEFAULT = "128x64x64w8s3"
-FIRSTS = ("linear", "addmm", "kernel")
 
 
 def cross_config_text() -> str:
@@ -258,28 +194,16 @@ def cross_config_text() -> str:
 
 def cross_config(text=None):
     """The cross-layer kernel's tile (rows x columns x depth), warps, pipeline stages, rows of
-    tiles per group (`g`, default 8: a group's rows of h stay in L2 across the columns) and
-    whether the epilogue's tiles are read before the product (a trailing `e`), as
-    `BMxBNxBKwWsS[gG][e]`: `text`, else the configuration in effect (cross_config_text)."""
-    text = (text or cross_config_text()).split(":")[0]
-    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(?:g(\d+))?(e?)", text)
+    tiles per group (`g`, default 8: a group's rows of h stay in L2 across the columns),
+    whether the epilogue's tiles are read before the product (`e`) and whether Triton splits
+    the product's loads and multiplies between warps (`k`, its warp specialization), as
+    `BMxBNxBKwWsS[gG][e][k]`: `text`, else the configuration in effect (cross_config_text)."""
+    text = text or cross_config_text()
+    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(?:g(\d+))?(e?)(k?)", text)
     if not m:
-        raise ValueError(f"cross-layer kernel config {text!r}: BMxBNxBKwWARPSsSTAGES[gGROUP][e], e.g. {CROSS_DEFAULT}")
+        raise ValueError(f"cross-layer kernel config {text!r}: BMxBNxBKwWARPSsSTAGES[gGROUP][e][k], e.g. {CROSS_DEFAULT}")
     bm, bn, bk, warps, stages = (int(v) for v in m.groups()[:5])
-    config = (bm, bn, bk, warps, stages, int(m.group(6) or 8), m.group(7) == "e")
+    config = (bm, bn, bk, warps, stages, int(m.group(6) or 8), m.group(7) == "e", m.group(8) == "k")
     if bk % 16 or bm % 16 or bn % 16 or config[5] < 1:
         raise ValueError(f"cross-layer kernel config {text!r}: tiles are multiples of 16, groups at least 1 row")
     return config
-
-
-def first_form(text=None) -> str:
-    """How the first cross layer's product V x0 is taken, after a `:` in the configuration
-    (`text`, else the one in effect): `linear` (the default: two products, V's columns for the
-    bottom output and for the embeddings, added), `addmm` (the same, the second product adding
-    the first, V's two parts copied apart) or `kernel` (first_product, one Triton kernel reading
-    x0 from its two parts)."""
-    text = text or cross_config_text()
-    form = text.split(":", 1)[1] if ":" in text else "linear"
-    if form not in FIRSTS:
-        raise ValueError(f"cross-layer kernel config {text!r}: the first product after ':' is one of {', '.join(FIRSTS)}")
-    return form

@@ -46,6 +46,8 @@
 #                 eager and compiled timed, TFLOP/s, the heaviest kernels (network_profile.py; its
 #                 arguments, e.g. --models dlrm --inductor max_autotune=true, --dlrm-forms,
 #                 --dcnv2-forms, --cross-configs). carry [".carry"]
+#   cross         DCNv2's cross-layer kernel alone in many configurations, timed and checked
+#                 (cross_sweep.py; its arguments, e.g. --configs, --best-to FILE). carry [".carry"]
 #   trust reload torch|onnx|aoti|embedding [cycles] | soak | faults
 #                 load/infer/unload cycles on KIND_GPU (reload_cycles.py; aoti: unpacked package
 #                 folders left behind are counted too), 8 minutes of 256 clients
@@ -97,7 +99,7 @@ while [ $# -gt 0 ]; do
 done
 sub="${1:-}"; [ -n "$sub" ] || usage
 shift
-case "$sub" in models|recommenders|dense|trust|ort|aoti|aoti-check|aoti-recsys|network) ;; *) usage ;; esac
+case "$sub" in models|recommenders|dense|trust|ort|aoti|aoti-check|aoti-recsys|network|cross) ;; *) usage ;; esac
 
 # ---- ort: gather a carried part; unpack once every part is here (no .carry needed) ----
 if [ "$sub" = ort ]; then
@@ -260,6 +262,9 @@ aoti)
     ;;
 network)
     timeout "${NETWORK_TIMEOUT:-570}" python3 bench/gpu/network_profile.py "$@" || rc=1
+    ;;
+cross)
+    timeout "${CROSS_TIMEOUT:-570}" python3 bench/gpu/cross_sweep.py "$@" || rc=1
     ;;
 aoti-check)
     OUT="$res" timeout "${AOTI_TIMEOUT:-570}" python3 bench/gpu/aoti_check.py --server "$server" \
