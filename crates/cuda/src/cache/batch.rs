@@ -349,7 +349,8 @@ impl BatchLookup {
             // caches' rows and the output's format; this stream has
             // the copy of keys[at .. at + len] queued before it; every buffer was sized for n
             // keys and n rows, and the descriptors name cache slots `self._slots` holds.
-            unsafe { b.launch(warps_config(len)) }.map_err(cuda_err)?;
+            // (two keys a warp)
+            unsafe { b.launch(warps_config(len.div_ceil(2))) }.map_err(cuda_err)?;
             Ok(())
         };
         let up = &self.upload;

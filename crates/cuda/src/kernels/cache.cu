@@ -11,12 +11,13 @@ __device__ __forceinline__ u64 mix64(u64 k) {
     k ^= k >> 33; return k;
 }
 
-__device__ __forceinline__ void copy_row(float* __restrict__ dst, const float* __restrict__ src, int dim, int lane) {
+// A row copied by `lanes` lanes of a warp (lane: this one's place among them).
+__device__ __forceinline__ void copy_row(float* __restrict__ dst, const float* __restrict__ src, int dim, int lane, int lanes = 32) {
     if ((dim & 3) == 0 && ((((size_t)dst) | ((size_t)src)) & 15) == 0) {
         const float4* s = (const float4*)src; float4* d = (float4*)dst;
-        for (int j = lane; j < (dim >> 2); j += 32) d[j] = s[j];
+        for (int j = lane; j < (dim >> 2); j += lanes) d[j] = s[j];
     } else {
-        for (int j = lane; j < dim; j += 32) dst[j] = src[j];
+        for (int j = lane; j < dim; j += lanes) dst[j] = src[j];
     }
 }
 
@@ -28,10 +29,10 @@ __device__ __forceinline__ unsigned short f2h(float f) {
 }
 
 // A row of floats written as fp16 (a batch lookup whose output is TYPE_FP16).
-__device__ __forceinline__ void copy_row(unsigned short* __restrict__ dst, const float* __restrict__ src, int dim, int lane) {
+__device__ __forceinline__ void copy_row(unsigned short* __restrict__ dst, const float* __restrict__ src, int dim, int lane, int lanes = 32) {
     if ((dim & 3) == 0 && (((size_t)src) & 15) == 0 && (((size_t)dst) & 7) == 0) {
         const float4* s = (const float4*)src; uint2* d = (uint2*)dst;
-        for (int j = lane; j < (dim >> 2); j += 32) {
+        for (int j = lane; j < (dim >> 2); j += lanes) {
             float4 v = s[j];
             uint2 o;
             o.x = (unsigned)f2h(v.x) | ((unsigned)f2h(v.y) << 16);
@@ -39,7 +40,7 @@ __device__ __forceinline__ void copy_row(unsigned short* __restrict__ dst, const
             d[j] = o;
         }
     } else {
-        for (int j = lane; j < dim; j += 32) dst[j] = f2h(src[j]);
+        for (int j = lane; j < dim; j += lanes) dst[j] = f2h(src[j]);
     }
 }
 
@@ -51,20 +52,20 @@ __device__ __forceinline__ float h2f(unsigned short h) {
 }
 
 // A row kept as fp16 (a cache whose rows are fp16) copied as it is: 16 bytes a lane.
-__device__ __forceinline__ void copy_row(unsigned short* __restrict__ dst, const unsigned short* __restrict__ src, int dim, int lane) {
+__device__ __forceinline__ void copy_row(unsigned short* __restrict__ dst, const unsigned short* __restrict__ src, int dim, int lane, int lanes = 32) {
     if ((dim & 7) == 0 && ((((size_t)dst) | ((size_t)src)) & 15) == 0) {
         const uint4* s = (const uint4*)src; uint4* d = (uint4*)dst;
-        for (int j = lane; j < (dim >> 3); j += 32) d[j] = s[j];
+        for (int j = lane; j < (dim >> 3); j += lanes) d[j] = s[j];
     } else {
-        for (int j = lane; j < dim; j += 32) dst[j] = src[j];
+        for (int j = lane; j < dim; j += lanes) dst[j] = src[j];
     }
 }
 
 // A row kept as fp16 written as floats.
-__device__ __forceinline__ void copy_row(float* __restrict__ dst, const unsigned short* __restrict__ src, int dim, int lane) {
+__device__ __forceinline__ void copy_row(float* __restrict__ dst, const unsigned short* __restrict__ src, int dim, int lane, int lanes = 32) {
     if ((dim & 3) == 0 && (((size_t)src) & 7) == 0 && (((size_t)dst) & 15) == 0) {
         const uint2* s = (const uint2*)src; float4* d = (float4*)dst;
-        for (int j = lane; j < (dim >> 2); j += 32) {
+        for (int j = lane; j < (dim >> 2); j += lanes) {
             uint2 v = s[j];
             float4 o;
             o.x = h2f((unsigned short)(v.x & 0xffffu)); o.y = h2f((unsigned short)(v.x >> 16));
@@ -72,7 +73,7 @@ __device__ __forceinline__ void copy_row(float* __restrict__ dst, const unsigned
             d[j] = o;
         }
     } else {
-        for (int j = lane; j < dim; j += 32) dst[j] = h2f(src[j]);
+        for (int j = lane; j < dim; j += lanes) dst[j] = h2f(src[j]);
     }
 }
 
@@ -148,8 +149,10 @@ __device__ __forceinline__ int table_of(long long i, int tables, int interleaved
     return t;
 }
 
-// One warp per key of keys[first .. first + n] (a launch per piece of the batch, each
-// queued as soon as its keys are on the GPU): hits copy their row and stamp the slot;
+// Two keys of keys[first .. first + n] per warp, a half-warp each (a launch per piece of the
+// batch, each queued as soon as its keys are on the GPU): each lane of a half reads two of
+// the set's 32 tags, so a warp keeps two keys' reads in flight where it would keep one; hits
+// copy their row and stamp the slot (the lowest matching way, as cache_lookup takes);
 // misses append their index i in the whole batch to miss[] (order not kept).
 // Rows land as O: float, or fp16 bits (unsigned short) for a TYPE_FP16 output; the cache
 // keeps them as S (the same choice).
@@ -159,28 +162,37 @@ __device__ __forceinline__ void batch_lookup_as(const i64* __restrict__ keys, lo
         O* __restrict__ out, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
     long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
-    if (warp >= n) return;
-    long long i = first + warp;
-    int t = table_of(i, tables, interleaved, key_start);
+    int half = lane >> 4, hl = lane & 15;
+    long long w = warp * 2 + half;
+    if (warp * 2 >= n) return;  // the whole warp: both its keys are past the end
+    bool live = w < n;
+    long long i = first + w;
+    int t = live ? table_of(i, tables, interleaved, key_start) : 0;
     const i64* slot_keys = (const i64*)desc[t * 6];
     u64* slot_stamps = (u64*)desc[t * 6 + 1];
     const S* rows = (const S*)desc[t * 6 + 2];
     long long sets = desc[t * 6 + 3];
-    i64 key = keys[i];
-    bool match = false;
+    i64 key = live ? keys[i] : EMPTY_KEY;
+    unsigned two = 0;
     u64 set = 0;
     if (sets > 0 && key != EMPTY_KEY) {
         set = mix64((u64)key) % (u64)sets;
-        match = slot_keys[set * 32 + lane] == key;
+        // ways 2*hl and 2*hl + 1, 16 bytes (a set's tags start 256-byte aligned)
+        longlong2 tags = *(const longlong2*)(slot_keys + set * 32 + 2 * hl);
+        two = (unsigned)(tags.x == key) | ((unsigned)(tags.y == key) << 1);
     }
-    unsigned m = __ballot_sync(FULL, match);
-    if (m == 0) {
-        if (lane == 0) miss[atomicAdd(miss_count, 1u)] = (int)i;
+    // every lane takes part in both ballots; each half reads its own 16 bits
+    unsigned even = (__ballot_sync(FULL, two & 1u) >> (half * 16)) & 0xffffu;
+    unsigned odd = (__ballot_sync(FULL, two >> 1) >> (half * 16)) & 0xffffu;
+    if (!live) return;
+    if ((even | odd) == 0) {
+        if (hl == 0) miss[atomicAdd(miss_count, 1u)] = (int)i;
         return;
     }
-    int way = __ffs(m) - 1;
-    copy_row(out + (size_t)i * dim, rows + (set * 32 + way) * (size_t)dim, dim, lane);
-    if (lane == 0) slot_stamps[set * 32 + way] = epoch;
+    int pair = __ffs(even | odd) - 1;
+    int way = 2 * pair + (((even >> pair) & 1u) ? 0 : 1);
+    copy_row(out + (size_t)i * dim, rows + (set * 32 + way) * (size_t)dim, dim, hl, 16);
+    if (hl == 0) slot_stamps[set * 32 + way] = epoch;
 }
 
 extern "C" __global__ void batch_lookup(const i64* __restrict__ keys, long long first, int n, int tables, int interleaved,
