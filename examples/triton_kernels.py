@@ -29,7 +29,7 @@ concatenated (a [B, 3456] tensor written and read again), and the first layer, w
 """
 import os
 import re
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 import triton
@@ -148,44 +148,6 @@ def _cross_layer_kernel(h_ptr, w_ptr, b_ptr, head_ptr, tail_ptr, x_ptr, out_ptr,
     tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=inside)
 
 
-@triton.jit
-def _cross_rows_step(hb, w_ptr, b_ptr, x0_at, x_at, out_at, rn, rk, rows, R: tl.constexpr, FIRST: tl.constexpr):
-    """One [BM, BN] tile of the rows kernel: its epilogue's reads asked for first, so that they
-    are in flight during the product, which takes the whole depth at once."""
-    x0 = tl.load(x0_at, mask=rows, other=0.0)
-    if FIRST:
-        x = x0
-    else:
-        x = tl.load(x_at, mask=rows, other=0.0)
-    w = tl.load(w_ptr + rn[None, :] * R + rk[:, None])
-    acc = tl.dot(hb, w)
-    bias = tl.load(b_ptr + rn).to(tl.float32)
-    out = x0.to(tl.float32) * (acc + bias[None, :]) + x.to(tl.float32)
-    tl.store(out_at, out.to(out_at.dtype.element_ty), mask=rows)
-
-
-@triton.jit
-def _cross_rows_kernel(h_ptr, w_ptr, b_ptr, head_ptr, tail_ptr, x_ptr, out_ptr, B, N: tl.constexpr, R: tl.constexpr,
-                       D0: tl.constexpr, FIRST: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    # one block of BM rows across all N columns: its rows of h are read once and kept, and the
-    # weight's tiles (all of it a few MB, in L2) stream past them, where the tile kernel reads
-    # h again for every column tile
-    rm = (tl.program_id(0) * BM + tl.arange(0, BM)).to(tl.int64)
-    rows = rm[:, None] < B
-    rk = tl.arange(0, R)
-    hb = tl.load(h_ptr + rm[:, None] * R + rk[None, :], mask=rows, other=0.0)
-    cn = tl.arange(0, BN)
-    for n0 in range(0, D0, BN):  # x0's columns from head
-        rn = n0 + cn
-        _cross_rows_step(hb, w_ptr, b_ptr, head_ptr + rm[:, None] * D0 + rn[None, :], x_ptr + rm[:, None] * N + rn[None, :],
-                         out_ptr + rm[:, None] * N + rn[None, :], rn, rk, rows, R, FIRST)
-    for n0 in range(D0, N, BN):  # and from tail
-        rn = n0 + cn
-        _cross_rows_step(hb, w_ptr, b_ptr, tail_ptr + rm[:, None] * (N - D0) + (rn - D0)[None, :],
-                         x_ptr + rm[:, None] * N + rn[None, :], out_ptr + rm[:, None] * N + rn[None, :], rn, rk, rows,
-                         R, FIRST)
-
-
 def cross_reference(head: torch.Tensor, tail: torch.Tensor, x: Optional[torch.Tensor], h: torch.Tensor,
                     weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """The same layer in plain torch, x0 = [head | tail] (x: x0 itself where None)."""
@@ -202,29 +164,22 @@ def cross_layer(head: torch.Tensor, tail: torch.Tensor, x: Optional[torch.Tensor
     batch, rank = h.shape
     n = weight.shape[0]
     d0 = head.shape[1]
-    c = cross_config()
-    fits = (rank & (rank - 1) == 0 and d0 % c.bn == 0 and n % c.bn == 0) if c.rows else rank % c.bk == 0
-    if (not fits or weight.shape[1] != rank or head.shape[0] != batch or tail.shape != (batch, n - d0)
+    bm, bn, bk, warps, stages, group, early = cross_config()
+    if (rank % bk or weight.shape[1] != rank or head.shape[0] != batch or tail.shape != (batch, n - d0)
             or (x is not None and x.shape != (batch, n)) or bias.shape != (n,)):
         raise ValueError(f"cross_layer: h {tuple(h.shape)}, weight {tuple(weight.shape)}, head {tuple(head.shape)}, "
                          f"tail {tuple(tail.shape)}, x {None if x is None else tuple(x.shape)}, bias {tuple(bias.shape)} "
-                         "(the rank a multiple of the tile's depth; for the rows kernel a power of two, and both "
-                         "parts of x0 whole tiles wide)")
+                         "(the rank a multiple of the tile's depth)")
     if not _interpreted(h) or h.dtype != torch.float16:
         return cross_reference(head, tail, x, h, weight, bias)
     head, tail, h, weight, bias = (t.contiguous() for t in (head, tail, h, weight, bias))
     first = x is None
     x = head if first else x.contiguous()  # not read for the first layer
     out = torch.empty((batch, n), dtype=h.dtype, device=h.device)
-    if c.rows:
-        _launcher(_cross_rows_kernel)[(triton.cdiv(batch, c.bm),)](
-            h, weight, bias, head, tail, x, out, batch, N=n, R=rank, D0=d0, FIRST=first, BM=c.bm, BN=c.bn,
-            num_warps=c.warps, num_stages=c.stages)
-        return out
-    grid = (triton.cdiv(batch, c.bm) * triton.cdiv(n, c.bn),)
+    grid = (triton.cdiv(batch, bm) * triton.cdiv(n, bn),)
     _launcher(_cross_layer_kernel)[grid](h, weight, bias, head, tail, x, out, batch, n, R=rank, D0=d0, FIRST=first,
-                                         BM=c.bm, BN=c.bn, BK=c.bk, GROUP_M=c.group, EARLY=c.early,
-                                         num_warps=c.warps, num_stages=c.stages)
+                                         BM=bm, BN=bn, BK=bk, GROUP_M=group, EARLY=early, num_warps=warps,
+                                         num_stages=stages)
     return out
 
 
@@ -237,39 +192,17 @@ def cross_config_text() -> str:
     return os.environ.get("TRITON_RUST_CROSS") or CROSS_DEFAULT
 
 
-class CrossConfig(NamedTuple):
-    bm: int
-    bn: int
-    bk: int  # 0 for the rows kernel (its product takes the whole depth at once)
-    warps: int
-    stages: int
-    group: int
-    early: bool
-    rows: bool
-
-
-def cross_config(text=None) -> CrossConfig:
-    """The cross-layer kernel's configuration: `text`, else the one in effect (cross_config_text).
-
-    `BMxBNxBKwWsS[gG][e]`: the tile kernel, one [BM, BN] tile of the output per program, its
-    product over the depth in steps of BK; W warps, S pipeline stages, G rows of tiles per group
-    (default 8: a group's rows of h stay in L2 across the columns), `e`: the epilogue's tiles read
-    before the product.
-
-    `rBMxBNwWsS`: the rows kernel, one block of BM rows per program across all the columns, BN at
-    a time, its rows of h read once."""
+def cross_config(text=None):
+    """The cross-layer kernel's tile (rows x columns x depth), warps, pipeline stages, rows of
+    tiles per group (`g`, default 8: a group's rows of h stay in L2 across the columns) and
+    whether the epilogue's tiles are read before the product (a trailing `e`), as
+    `BMxBNxBKwWsS[gG][e]`: `text`, else the configuration in effect (cross_config_text)."""
     text = text or cross_config_text()
     m = re.fullmatch(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(?:g(\d+))?(e?)", text)
-    r = re.fullmatch(r"r(\d+)x(\d+)w(\d+)s(\d+)", text)
-    if r:
-        bm, bn, warps, stages = (int(v) for v in r.groups())
-        config = CrossConfig(bm, bn, 0, warps, stages, 1, True, True)
-    elif m:
-        bm, bn, bk, warps, stages = (int(v) for v in m.groups()[:5])
-        config = CrossConfig(bm, bn, bk, warps, stages, int(m.group(6) or 8), m.group(7) == "e", False)
-    else:
-        raise ValueError(f"cross-layer kernel config {text!r}: BMxBNxBKwWARPSsSTAGES[gGROUP][e] or rBMxBNwWARPSsSTAGES, "
-                         f"e.g. {CROSS_DEFAULT}")
-    if config.bk % 16 or config.bm % 16 or config.bn % 16 or config.group < 1:
+    if not m:
+        raise ValueError(f"cross-layer kernel config {text!r}: BMxBNxBKwWARPSsSTAGES[gGROUP][e], e.g. {CROSS_DEFAULT}")
+    bm, bn, bk, warps, stages = (int(v) for v in m.groups()[:5])
+    config = (bm, bn, bk, warps, stages, int(m.group(6) or 8), m.group(7) == "e")
+    if bk % 16 or bm % 16 or bn % 16 or config[5] < 1:
         raise ValueError(f"cross-layer kernel config {text!r}: tiles are multiples of 16, groups at least 1 row")
     return config

@@ -16,12 +16,10 @@ import sys
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
-# the tile kernel: the default and its neighbours that came closest on an H100
-# (results/aoti_h100_g/cross_sweep); the rows kernel: blocks of rows and column steps whose
-# rows of h and weight stages fit in shared memory
-GRID = ("128x64x64w8s3,128x64x64w8s4,128x64x64w8s3g1,128x64x64w8s3g4,128x64x32w8s5,64x128x64w4s3,"
-        "r128x32w8s2,r128x32w8s3,r128x32w4s2,r128x16w8s3,r128x16w4s3,r128x64w8s1,r64x64w4s2,r64x64w8s2,"
-        "r64x32w4s3,r64x32w4s4,r64x128w4s1,r32x64w4s3")
+# tiles (rows x columns x depth), warps, stages and groups around the default
+GRID = ("128x64x64w8s3,128x64x64w8s4,128x64x64w8s2,128x64x64w4s3,128x64x64w4s4,128x64x128w8s2,128x64x32w8s5,"
+        "64x64x64w4s3,64x128x64w4s3,128x128x64w8s3,128x128x64w8s4,128x128x32w8s4,256x64x64w8s3,64x256x64w8s3,"
+        "128x64x64w8s3g1,128x64x64w8s3g4,128x64x64w8s3g16,128x64x64w8s3e,128x128x64w8s3e")
 
 
 def main():
