@@ -100,6 +100,10 @@ pub(crate) fn device(id: i32) -> Result<(Arc<GpuState>, Arc<Kernels>)> {
 }
 
 /// One warp per item, 256 threads a block.
+/// Keys a warp of the batch lookup (`batch_lookup*`) takes: 32 / `LOOKUP_LANES` in the
+/// kernels' source, which the tests hold to this.
+pub(crate) const LOOKUP_KEYS_PER_WARP: usize = 4;
+
 pub(crate) fn warps_config(warps: usize) -> LaunchConfig {
     let threads = warps as u64 * 32;
     let block = 256u64;
@@ -133,5 +137,13 @@ mod tests {
             let decl = format!("extern \"C\" __global__ void {name}(");
             assert!(super::SOURCE.contains(&decl), "{name}");
         }
+    }
+
+    #[test]
+    fn the_batch_lookup_launch_matches_its_lanes_a_key() {
+        let lanes = 32 / super::LOOKUP_KEYS_PER_WARP;
+        assert_eq!(lanes * super::LOOKUP_KEYS_PER_WARP, 32);
+        let define = format!("#define LOOKUP_LANES {lanes}\n");
+        assert!(super::SOURCE.contains(&define), "cache.cu must say {define:?}");
     }
 }

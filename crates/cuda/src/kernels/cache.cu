@@ -149,22 +149,24 @@ __device__ __forceinline__ int table_of(long long i, int tables, int interleaved
     return t;
 }
 
-// Two keys of keys[first .. first + n] per warp, a half-warp each (a launch per piece of the
-// batch, each queued as soon as its keys are on the GPU): each lane of a half reads two of
-// the set's 32 tags, so a warp keeps two keys' reads in flight where it would keep one; hits
-// copy their row and stamp the slot (the lowest matching way, as cache_lookup takes);
-// misses append their index i in the whole batch to miss[] (order not kept).
-// Rows land as O: float, or fp16 bits (unsigned short) for a TYPE_FP16 output; the cache
-// keeps them as S (the same choice).
+// LOOKUP_LANES lanes a key of keys[first .. first + n], so 32 / LOOKUP_LANES keys a warp (a
+// launch per piece of the batch, each queued as soon as its keys are on the GPU): each lane
+// of a key's group reads 32 / LOOKUP_LANES of the set's 32 tags, 16 bytes at a time, so a
+// warp keeps several keys' reads in flight; hits copy their row and stamp the slot (the lowest
+// matching way, as cache_lookup takes); misses append their index i in the whole batch to
+// miss[] (order not kept). Rows land as O: float, or fp16 bits (unsigned short) for a
+// TYPE_FP16 output; the cache keeps them as S (the same choice).
+#define LOOKUP_LANES 8
 template <typename S, typename O>
 __device__ __forceinline__ void batch_lookup_as(const i64* __restrict__ keys, long long first, int n, int tables, int interleaved,
         const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
         O* __restrict__ out, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
+    const int L = LOOKUP_LANES, PER = 32 / LOOKUP_LANES;  // lanes a key; keys a warp = tags a lane
     long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
-    int half = lane >> 4, hl = lane & 15;
-    long long w = warp * 2 + half;
-    if (warp * 2 >= n) return;  // the whole warp: both its keys are past the end
+    int g = lane / L, gl = lane % L;
+    if (warp * PER >= n) return;  // the whole warp: all its keys are past the end
+    long long w = warp * PER + g;
     bool live = w < n;
     long long i = first + w;
     int t = live ? table_of(i, tables, interleaved, key_start) : 0;
@@ -173,26 +175,30 @@ __device__ __forceinline__ void batch_lookup_as(const i64* __restrict__ keys, lo
     const S* rows = (const S*)desc[t * 6 + 2];
     long long sets = desc[t * 6 + 3];
     i64 key = live ? keys[i] : EMPTY_KEY;
-    unsigned two = 0;
+    unsigned bits = 0;  // bit p: way PER * gl + p holds the key
     u64 set = 0;
     if (sets > 0 && key != EMPTY_KEY) {
         set = mix64((u64)key) % (u64)sets;
-        // ways 2*hl and 2*hl + 1, 16 bytes (a set's tags start 256-byte aligned)
-        longlong2 tags = *(const longlong2*)(slot_keys + set * 32 + 2 * hl);
-        two = (unsigned)(tags.x == key) | ((unsigned)(tags.y == key) << 1);
+        // a set's tags start 256-byte aligned
+        const longlong2* tags = (const longlong2*)(slot_keys + set * 32 + PER * gl);
+        #pragma unroll
+        for (int q = 0; q < PER / 2; ++q) {
+            longlong2 v = tags[q];
+            bits |= ((unsigned)(v.x == key) << (2 * q)) | ((unsigned)(v.y == key) << (2 * q + 1));
+        }
     }
-    // every lane takes part in both ballots; each half reads its own 16 bits
-    unsigned even = (__ballot_sync(FULL, two & 1u) >> (half * 16)) & 0xffffu;
-    unsigned odd = (__ballot_sync(FULL, two >> 1) >> (half * 16)) & 0xffffu;
+    // every lane takes part: the group's lanes with a match, and the first one's bits
+    unsigned any = (__ballot_sync(FULL, bits != 0) >> (g * L)) & ((1u << L) - 1u);
+    int at = any != 0 ? __ffs(any) - 1 : 0;
+    unsigned its = __shfl_sync(FULL, bits, g * L + at);
     if (!live) return;
-    if ((even | odd) == 0) {
-        if (hl == 0) miss[atomicAdd(miss_count, 1u)] = (int)i;
+    if (any == 0) {
+        if (gl == 0) miss[atomicAdd(miss_count, 1u)] = (int)i;
         return;
     }
-    int pair = __ffs(even | odd) - 1;
-    int way = 2 * pair + (((even >> pair) & 1u) ? 0 : 1);
-    copy_row(out + (size_t)i * dim, rows + (set * 32 + way) * (size_t)dim, dim, hl, 16);
-    if (hl == 0) slot_stamps[set * 32 + way] = epoch;
+    int way = PER * at + __ffs(its) - 1;
+    copy_row(out + (size_t)i * dim, rows + (set * 32 + way) * (size_t)dim, dim, gl, L);
+    if (gl == 0) slot_stamps[set * 32 + way] = epoch;
 }
 
 extern "C" __global__ void batch_lookup(const i64* __restrict__ keys, long long first, int n, int tables, int interleaved,
