@@ -11,8 +11,9 @@
 //!    Twice: slots of fp32 rows looked up as fp32, and slots of fp16 rows looked up as
 //!    fp16, whose rows must be the fp32 rows rounded to nearest even, bit for bit.
 //! 3. Hit path speed: a table several times the GPU's cache, keys on the device, the
-//!    warp-per-key lookup kernel timed alone, over fp32 and over fp16 rows; prints rows/s
-//!    and GB/s moved.
+//!    one table's warp-per-key lookup kernel (`cache_lookup`; the batch lookup's kernel is
+//!    checked by part 2 and timed by the served runs) timed alone, over fp32 and over fp16
+//!    rows; prints rows/s and GB/s moved.
 //!
 //!   cargo build --release --example gpu_cache_check
 //!   target/release/examples/gpu_cache_check [--rows N] [--dim D] [--batch B]

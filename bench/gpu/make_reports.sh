@@ -25,13 +25,16 @@ out="${OUT_ROOT:-docs/perf/h100}"
 # instance, a design measured and not kept, see its README)
 # (aoti_h100_f: fp16 cache rows, each instance's miss copies on its own stream, one reset kernel per
 # fill; builds per folder in its README; aoti_h100_f_prefetch: a change measured and not kept)
+# (aoti_h100_g: the batch lookup's keys a warp, A/B pairs on one machine; DCNv2's cross-layer
+# kernel tried further; builds per folder in its README)
 b="$r/aoti_h100_b"
 c="$r/aoti_h100_c"
 d="$r/aoti_h100_d"
 e="$r/aoti_h100_e"
 f="$r/aoti_h100_f"
+g="$r/aoti_h100_g"
 "$py" bench/gpu/aoti_report.py --dense "$b/resnet50" "$b/resnet50_b1_timing" "$d/resnet50_b1_pinned" \
-    "$e/resnet50_b1_capi" "$f/resnet50_b1_vB" "$b/bert_large" "$d/bert_b1_pinned" "$e/bert_b1_capi" \
+    "$e/resnet50_b1_capi" "$f/resnet50_b1_vB" "$g/resnet50_b1_gaps" "$b/bert_large" "$d/bert_b1_pinned" "$e/bert_b1_capi" \
     --recsys "$r/aoti_h100/recsys_dlrm" "$b/recsys_dlrm_two_instances" "$b/recsys_dlrm_two_instances_4096" \
     "$c/recsys_dlrm_triton" "$c/recsys_dlrm_triton_ens_ceiling" "$c/recsys_dlrm_triton_4096" \
     "$d/recsys_dlrm_stream" "$d/recsys_dlrm_stream_3inst" "$d/recsys_dlrm_4096_protocols" \
@@ -48,4 +51,9 @@ f="$r/aoti_h100_f"
     "$r/aoti_h100_f_prefetch/recsys_dlrm_prefetch_4inst" "$r/aoti_h100_f_prefetch/recsys_dlrm_4096_prefetch" \
     "$r/aoti_h100_f_prefetch/recsys_dlrm_4096_prev_ab" "$r/aoti_h100_f_prefetch/recsys_dlrm_prev_ab_5inst" \
     "$f/recsys_dlrm_5inst_prev" "$f/recsys_dlrm_5inst_vA" "$f/recsys_dlrm_5inst_vB" \
-    "$f/recsys_wide_deep_4inst_vB" "$f/recsys_dlrm_4096_vB" "$f/recsys_dcnv2_cross_vB" --out "$out/aoti" "$@"
+    "$f/recsys_wide_deep_4inst_vB" "$f/recsys_dlrm_4096_vB" "$f/recsys_dcnv2_cross_vB" \
+    "$g/recsys_dcnv2_first_5inst" "$g/recsys_dcnv2_best" "$g/recsys_dcnv2_rows" "$g/recsys_dcnv2_warp_per_key" \
+    "$g/recsys_dcnv2_halfwarp" "$g/recsys_dcnv2_halfwarp_b" "$g/recsys_dcnv2_quarterwarp" "$g/recsys_dcnv2_eighthwarp" \
+    "$g/recsys_dcnv2_quarterwarp_b" "$g/recsys_dlrm_5inst_quarterwarp" "$g/recsys_dlrm_4096_quarterwarp" \
+    "$g/recsys_dlrm_4096_quarterwarp_b" "$g/recsys_dlrm_4096_warp_per_key_b" "$g/recsys_dlrm_4096_quarterwarp_c" \
+    "$g/recsys_wide_deep_4inst_quarterwarp" --out "$out/aoti" "$@"

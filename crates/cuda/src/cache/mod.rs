@@ -3,10 +3,14 @@
 //! epochs, counters of hits and misses, grouping inserts by set) belongs to the store
 //! (`triton_rust_embedding::gpu`); this module only runs what it is told on the GPU.
 //!
-//! A lookup is one warp per key: the 32 lanes read the set's 32 keys at once, a
-//! ballot finds the way, and the warp copies the row (float4 when `dim % 4 == 0`).
-//! Empty slots hold `EMPTY_KEY`, so a lookup reads only the set's 32 keys (256 bytes
-//! of tags for a row of `dim × 4`), never the stamps. One warp handles one set's
+//! A table's lookup (`cache_lookup`) is one warp per key: the 32 lanes read the set's 32
+//! keys at once, a ballot finds the way, and the warp copies the row (float4 when
+//! `dim % 4 == 0`). A whole batch's lookup (`batch_lookup*`, `BatchLookup`) takes four keys
+//! a warp, eight lanes each: a lane reads four of the set's keys (32 bytes), one ballot and
+//! one shuffle find the way, and the eight lanes copy the row; a warp so keeps four keys'
+//! reads in flight, and the lookup holds a quarter of the warps the network's kernels
+//! beside it would otherwise wait for. Empty slots hold `EMPTY_KEY`, so a lookup reads only
+//! the set's 32 keys (256 bytes of tags for a row of `dim × 4`), never the stamps. One warp handles one set's
 //! inserts in order, so two inserts never race for a victim. All of a cache's calls
 //! go through one stream (the instances sharing a cache share it), so a lookup and an
 //! insert never overlap.
