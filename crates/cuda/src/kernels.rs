@@ -99,11 +99,11 @@ pub(crate) fn device(id: i32) -> Result<(Arc<GpuState>, Arc<Kernels>)> {
     Ok((g, k))
 }
 
-/// One warp per item, 256 threads a block.
 /// Keys a warp of the batch lookup (`batch_lookup*`) takes: 32 / `LOOKUP_LANES` in the
 /// kernels' source, which the tests hold to this.
 pub(crate) const LOOKUP_KEYS_PER_WARP: usize = 4;
 
+/// One warp per item, 256 threads a block.
 pub(crate) fn warps_config(warps: usize) -> LaunchConfig {
     let threads = warps as u64 * 32;
     let block = 256u64;

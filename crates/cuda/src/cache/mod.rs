@@ -10,10 +10,10 @@
 //! one shuffle find the way, and the eight lanes copy the row; a warp so keeps four keys'
 //! reads in flight, and the lookup holds a quarter of the warps the network's kernels
 //! beside it would otherwise wait for. Empty slots hold `EMPTY_KEY`, so a lookup reads only
-//! the set's 32 keys (256 bytes of tags for a row of `dim × 4`), never the stamps. One warp handles one set's
-//! inserts in order, so two inserts never race for a victim. All of a cache's calls
-//! go through one stream (the instances sharing a cache share it), so a lookup and an
-//! insert never overlap.
+//! the set's 32 keys (256 bytes of tags for a row of `dim × 4`), never the stamps. One warp
+//! handles one set's inserts in order, so two inserts never race for a victim. All of a
+//! cache's calls go through one stream (the instances sharing a cache share it), so a lookup
+//! and an insert never overlap.
 //!
 //! Files: `slots.rs` (one table's slots, its lookups and inserts), `rows.rs` (the rows
 //! buffer a GPU instance looks up into), `batch.rs` and `batch_args.rs` (a whole batch over
