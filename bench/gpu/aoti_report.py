@@ -273,8 +273,9 @@ def main(argv=None):
                "their hit rate is above the stream's. The endless-stream rows (our client, stream_load.py, HTTP, the "
                "keys of a pool as large as the stationary rate needs in GPU memory) are at the stream's rate. "
                "Rows in the order the runs were made. Some folders ran builds that were measured and not kept; "
-               "their results folder's README says which (aoti_h100_e_seqlock, aoti_h100_f_prefetch, and "
-               "aoti_h100_f's _vA).", ""]
+               "their results folder's README says which (aoti_h100_e_seqlock, aoti_h100_f_prefetch, "
+               "aoti_h100_f's _vA, and in aoti_h100_g the lookup at one, two and eight keys a warp, the "
+               "first product's and the cross kernel's trials: every folder there but the quarterwarp ones).", ""]
         fmt = lambda v: f"{v / 1e6:.2f} M" if v else "-"  # noqa: E731
         for model in sorted({r["model"] for r in rows}, key=lambda m: order.get(m, 3)):
             md += [f"### {model}", "",
