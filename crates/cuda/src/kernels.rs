@@ -105,10 +105,14 @@ pub(crate) const LOOKUP_KEYS_PER_WARP: usize = 4;
 
 /// One warp per item, 256 threads a block.
 pub(crate) fn warps_config(warps: usize) -> LaunchConfig {
-    let threads = warps as u64 * 32;
+    threads_config(warps * 32)
+}
+
+/// One thread per item, 256 threads a block.
+pub(crate) fn threads_config(threads: usize) -> LaunchConfig {
     let block = 256u64;
     LaunchConfig {
-        grid_dim: (threads.div_ceil(block) as u32, 1, 1),
+        grid_dim: ((threads as u64).div_ceil(block) as u32, 1, 1),
         block_dim: (block as u32, 1, 1),
         shared_mem_bytes: 0,
     }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaStream, PushKernelArg};
 
 use super::batch_args::{BatchKeys, BatchTimes, FetchMisses, KeyLayout, KeyUpload, RowFormat};
 use super::slots::{CacheSlots, SlotsDesc, DESC};
@@ -14,7 +14,7 @@ use crate::buffer::{DeviceMem, DevicePtr};
 use crate::context::{cuda_err, gpu};
 use crate::copy::{dtod_on, dtoh, htod, htod_now, htod_on, zero, Queue};
 use crate::error::{CudaError, Result};
-use crate::kernels::{self, warps_config, Kernels, LOOKUP_KEYS_PER_WARP};
+use crate::kernels::{self, threads_config, warps_config, Kernels, LOOKUP_KEYS_PER_WARP};
 use crate::mem::{DeviceView, DeviceViewMut};
 use crate::pinned::PinnedBuf;
 use crate::upload::in_parts;
@@ -118,7 +118,7 @@ impl BatchLookup {
             key_upload: KeyUpload::default(),
             external: false,
             desc,
-            _slots: slots.into_iter().flatten().filter(|s| s.fields[3] > 0).collect(),
+            _slots: slots.into_iter().flatten().collect(),
             keys: pair(),
             starts: (PinnedBuf::new(d), DeviceMem::growing(d)),
             miss: (PinnedBuf::new(d), DeviceMem::growing(d)),
@@ -425,11 +425,7 @@ impl BatchLookup {
                 let m_i = m as i32;
                 let mut b = q.stream.launch_builder(&self.kernels.gather_keys);
                 b.arg(&d_keys).arg(&d_miss).arg(&m_i).arg(&d_mkeys);
-                let cfg = LaunchConfig {
-                    grid_dim: ((m as u32).div_ceil(256), 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                };
+                let cfg = threads_config(m);
                 // SAFETY: argument types and order match gather_keys; the m indices in
                 // `d_miss` are < n, `d_keys` holds n keys and `d_mkeys` room for m.
                 unsafe { b.launch(cfg) }.map_err(cuda_err)?;
@@ -514,11 +510,7 @@ impl BatchLookup {
         let mut r = q.stream.launch_builder(&self.kernels.fill_reset);
         r.arg(&keys).arg(&miss).arg(&found).arg(&m_i).arg(&tables).arg(&interleaved);
         r.arg(&starts).arg(&desc);
-        let cfg = LaunchConfig {
-            grid_dim: ((m as u32).div_ceil(256), 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = threads_config(m);
         // SAFETY: argument types and order match batch_fill_reset; the same buffers as the
         // fill's, read after it on the same queue.
         unsafe { r.launch(cfg) }.map_err(cuda_err)?;

@@ -233,6 +233,25 @@ extern "C" __global__ void batch_lookup_h_s16(const i64* __restrict__ keys, long
 // turn (all lanes spin together, so no lane waits on another), read the set's tags past
 // L1, and replace the way holding the key or the least recently stamped one, as
 // cache_insert does.
+// Whether the fill's j-th missed row goes into a cache, and if so its table's descriptor d
+// (desc + t * 6), its key and its set: not when it was not found below the cache, nor for a
+// table without a cache or the empty key. The fill and the reset of its tickets both ask
+// this, so they agree on every set.
+__device__ __forceinline__ bool fill_target(const i64* __restrict__ keys, const int* __restrict__ miss,
+        const unsigned char* __restrict__ found, long long j, int m, int tables, int interleaved,
+        const int* __restrict__ key_start, const long long* __restrict__ desc,
+        const long long** d, i64* key, u64* set) {
+    if (j >= m || !found[j]) return false;
+    int i = miss[j];
+    int t = table_of(i, tables, interleaved, key_start);
+    long long sets = desc[t * 6 + 3];
+    *key = keys[i];
+    if (sets <= 0 || *key == EMPTY_KEY) return false;
+    *d = desc + t * 6;
+    *set = mix64((u64)*key) % (u64)sets;
+    return true;
+}
+
 template <typename S>
 __device__ __forceinline__ void batch_fill_as(const i64* __restrict__ keys, const int* __restrict__ miss,
         const unsigned char* __restrict__ found, int m, int tables, int interleaved,
@@ -240,18 +259,16 @@ __device__ __forceinline__ void batch_fill_as(const i64* __restrict__ keys, cons
         const float* __restrict__ rows) {
     long long j = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
-    if (j >= m || !found[j]) return;
-    int i = miss[j];
-    int t = table_of(i, tables, interleaved, key_start);
-    long long sets = desc[t * 6 + 3];
-    i64 key = keys[i];
-    if (sets <= 0 || key == EMPTY_KEY) return;
-    i64* slot_keys = (i64*)desc[t * 6];
-    u64* slot_stamps = (u64*)desc[t * 6 + 1];
-    S* slot_rows = (S*)desc[t * 6 + 2];
-    unsigned* locks = (unsigned*)desc[t * 6 + 4];
-    u64* counters = (u64*)desc[t * 6 + 5];
-    u64 set = mix64((u64)key) % (u64)sets;
+    const long long* d;
+    i64 key;
+    u64 set;
+    if (!fill_target(keys, miss, found, j, m, tables, interleaved, key_start, desc, &d, &key, &set)) return;
+    long long sets = d[3];
+    i64* slot_keys = (i64*)d[0];
+    u64* slot_stamps = (u64*)d[1];
+    S* slot_rows = (S*)d[2];
+    unsigned* locks = (unsigned*)d[4];
+    u64* counters = (u64*)d[5];
     unsigned ticket = 0;
     if (lane == 0) ticket = atomicAdd(&locks[sets + set], 1u);
     if (__shfl_sync(FULL, ticket, 0) >= 32u) return;
@@ -291,20 +308,17 @@ extern "C" __global__ void batch_fill_s16(const i64* __restrict__ keys, const in
 }
 
 // One thread per missed key of the fill just before it on the same queue: zeroes the ticket
-// count of every set that fill took tickets for (its conditions exactly), so the next fill
+// count of every set that fill took tickets for (fill_target, as the fill asks it), so the next fill
 // finds them all zero without clearing every set of every table.
 extern "C" __global__ void batch_fill_reset(const i64* __restrict__ keys, const int* __restrict__ miss,
         const unsigned char* __restrict__ found, int m, int tables, int interleaved,
         const int* __restrict__ key_start, const long long* __restrict__ desc) {
     long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= m || !found[j]) return;
-    int i = miss[j];
-    int t = table_of(i, tables, interleaved, key_start);
-    long long sets = desc[t * 6 + 3];
-    i64 key = keys[i];
-    if (sets <= 0 || key == EMPTY_KEY) return;
-    unsigned* locks = (unsigned*)desc[t * 6 + 4];
-    locks[sets + mix64((u64)key) % (u64)sets] = 0u;
+    const long long* d;
+    i64 key;
+    u64 set;
+    if (!fill_target(keys, miss, found, j, m, tables, interleaved, key_start, desc, &d, &key, &set)) return;
+    ((unsigned*)d[4])[d[3] + set] = 0u;
 }
 
 // One warp per row: writes rows[i] to out + idx[i] * out_stride (rows fetched below the cache).
