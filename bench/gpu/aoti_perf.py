@@ -116,9 +116,10 @@ def graph_buckets(m):
     return sorted(set(m["batches"]) | {m["mb"]})
 
 
-def write_configs(repo, m, dense_perf):
+def write_configs(repo, m, dense_perf, batcher=True):
     """`<m>_aoti_graphs` (the package) and `<m>_graphs` (TorchScript): the same config but the
-    engine and the file; a CUDA graph per measured batch, captured at load."""
+    engine and the file; a CUDA graph per measured batch, captured at load; `batcher` False:
+    no dynamic batching (Triton's default scheduler)."""
     buckets = graph_buckets(m)
     # the warm-up requests Triton runs at load capture each bucket's graph (3 runs each)
     warm = dense_perf.warmup_block(buckets, m["ins"], 3)
@@ -127,7 +128,8 @@ def write_configs(repo, m, dense_perf):
     names = {}
     for engine, name in (("aoti", f"{m['base']}_aoti_graphs"), ("torch", f"{m['base']}_graphs")):
         os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
-        text = dense_perf.config(name, m["mb"], ins, outs, True, engine=engine, buckets=buckets, warmup=warm)
+        text = dense_perf.config(name, m["mb"], ins, outs, True, engine=engine, buckets=buckets, warmup=warm,
+                                batcher=batcher)
         with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
             f.write(text)
         names[engine] = name
@@ -257,6 +259,9 @@ def main():
                    help="a folder holding lib/libtritonserver.so and backends/rust/: batch 1 of the package is also "
                         "measured with perf_analyzer's C API mode (the server in perf_analyzer's process: no network)")
     p.add_argument("--capi-batches", default="1", help="batches measured in C API mode")
+    p.add_argument("--no-batcher", action="store_true",
+                   help="serve without dynamic batching (Triton's default scheduler: each request runs alone), "
+                        "to compare the queue's time at batch 1 with and without the batcher")
     p.add_argument("--verbose", action="store_true",
                    help="server --log-verbose=1: each run's `timing:` line in server.log, their averages printed")
     p.add_argument("--dry-run", action="store_true", help="write the configs and print the plan and commands; run nothing")
@@ -287,7 +292,7 @@ def main():
         module, feeds = None, None
     else:
         module, feeds = build_module(m, dev)
-    names = write_configs(repo, m, dense_perf)
+    names = write_configs(repo, m, dense_perf, batcher=not a.no_batcher)
     pt2, export_s = export(module, m, feeds, repo, names, dev, a.dry_run, a.inductor, a.example_batch)
     if a.no_ts:
         shutil.rmtree(os.path.join(repo, names.pop("torch")))
