@@ -55,15 +55,21 @@ extern "C" {
 }
 
 /// Where a run's time went, in microseconds from `tra_run`'s start (filled by the C++
-/// side; logged as a `timing:` line with `--log-verbose=1`).
+/// side; logged as a `timing:` line with `--log-verbose=1`). Through a CUDA graph also
+/// when its inputs' copies were queued, and with `gpu_events` set (by the caller, when it
+/// logs) what the GPU spent on those copies and on the graph.
 #[repr(C)]
 #[derive(Default, Clone, Copy)]
 struct RunTimes {
     staged_us: i64,
+    copied_us: i64,
     launched_us: i64,
     synced_us: i64,
     delivered_us: i64,
+    gpu_copies_us: i64,
+    gpu_graph_us: i64,
     replayed: i32,
+    gpu_events: i32,
 }
 
 struct Model {
@@ -235,9 +241,10 @@ unsafe extern "C" fn run(
         let ctx_addr = &ctx as *const SinkCtx<'_> as usize;
         let views_addr = views.as_ptr() as usize;
         let t0 = Instant::now();
+        let verbose = m.verbose && m.log.is_some();
         let call = move || {
             let began = t0.elapsed();
-            let mut times = RunTimes::default();
+            let mut times = RunTimes { gpu_events: verbose as i32, ..RunTimes::default() };
             let (rc, why) = with_error(|e, len| unsafe {
                 tra_run(
                     handle as *mut c_void,
@@ -263,12 +270,27 @@ unsafe extern "C" fn run(
             return Err(why);
         }
         if let (true, Some(log)) = (m.verbose, m.log) {
+            let queued = if times.replayed != 0 {
+                format!(
+                    "inputs copied {} us, graph replayed {} us",
+                    times.copied_us - times.staged_us,
+                    times.launched_us - times.copied_us
+                )
+            } else {
+                format!("run queued {} us", times.launched_us - times.staged_us)
+            };
+            let gpu = if times.replayed != 0 && times.gpu_graph_us > 0 {
+                format!(
+                    ", gpu copies {} us, gpu graph {} us",
+                    times.gpu_copies_us, times.gpu_graph_us
+                )
+            } else {
+                String::new()
+            };
             let text = format!(
-                "timing: aoti run: handed over {} us, inputs staged {} us, {} {} us, gpu done {} us, outputs delivered {} us, handed back {} us",
+                "timing: aoti run: handed over {} us, inputs staged {} us, {queued}, gpu done {} us, outputs delivered {} us, handed back {} us{gpu}",
                 began.as_micros(),
                 times.staged_us,
-                if times.replayed != 0 { "graph replayed" } else { "run queued" },
-                times.launched_us - times.staged_us,
                 times.synced_us - times.launched_us,
                 times.delivered_us - times.synced_us,
                 t0.elapsed().saturating_sub(ended).as_micros()

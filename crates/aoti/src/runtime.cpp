@@ -67,13 +67,19 @@ using Sink = int (*)(void* ctx, size_t index, const View* out);
 
 // Where a run's time went, in microseconds from tra_run's start (the Rust side's RunTimes):
 // inputs in place, the work queued (and, on a GPU, the outputs made contiguous), the GPU
-// done, the outputs handed to the sink; `replayed` when a CUDA graph ran.
+// done, the outputs handed to the sink; `replayed` when a CUDA graph ran. Through a graph
+// also: its inputs' copies queued (`copied_us`), and, when the caller sets `gpu_events`,
+// what the GPU spent on those copies and on the graph (CUDA events; 0 when not measured).
 struct RunTimes {
   int64_t staged_us;
+  int64_t copied_us;
   int64_t launched_us;
   int64_t synced_us;
   int64_t delivered_us;
+  int64_t gpu_copies_us;
+  int64_t gpu_graph_us;
   int32_t replayed;
+  int32_t gpu_events;
 };
 
 using Log = void (*)(int level, const char* message);
@@ -134,6 +140,13 @@ struct Model {
   at::cuda::MempoolId_t pool{0, 0};
   std::map<std::vector<std::vector<int64_t>>, std::unique_ptr<Graph>> captured;
   std::set<std::vector<std::vector<int64_t>>> uncapturable;
+  // page-locked buffers, one per input and one per output, reused from run to run (each run
+  // waits for its stream before it returns, so no copy from or into them is in flight when
+  // the next run fills them): a client's host inputs go up from them, outputs wanted on the
+  // host come down into them
+  std::vector<at::Tensor> host_in, host_out;
+  // the events that time a replay's copies and graph on the GPU, made at the first run asking
+  cudaEvent_t events[3] = {nullptr, nullptr, nullptr};
 #endif
 };
 
@@ -218,10 +231,55 @@ std::string shape_text(const std::vector<int64_t>& s) {
 }
 
 #ifdef TRA_CUDA
+// A tensor of `shape` and `type` over reusable page-locked buffer `i` of `bufs`, which grows
+// to the largest tensor it has held.
+at::Tensor pinned_view(std::vector<at::Tensor>& bufs, size_t i, at::IntArrayRef shape, c10::ScalarType type) {
+  if (bufs.size() <= i) bufs.resize(i + 1);
+  int64_t bytes = static_cast<int64_t>(c10::elementSize(type));
+  for (auto d : shape) bytes *= d;
+  auto& buf = bufs[i];
+  if (!buf.defined() || buf.numel() < bytes) {
+    buf = at::empty({std::max<int64_t>(bytes, 1)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  }
+  return at::from_blob(buf.data_ptr(), shape, at::TensorOptions().dtype(type));
+}
+
+// Input `in` on the instance's GPU: itself there, else copied up on the instance's stream
+// (from page-locked memory, or from another GPU).
+at::Tensor on_device(const Model& m, const at::Tensor& in) {
+  return in.device() == m.device ? in : in.to(m.device, /*non_blocking=*/true);
+}
+
+void record(Model& m, int k, const RunTimes* times) {
+  if (!times->gpu_events) return;
+  if (!m.events[k]) {
+    if (cudaEventCreate(&m.events[k]) != cudaSuccess) {
+      (void)cudaGetLastError();
+      m.events[k] = nullptr;
+      return;
+    }
+  }
+  (void)cudaEventRecord(m.events[k], m.stream->stream());
+}
+
+// Microseconds between two recorded events (after the stream's wait), 0 when not measured.
+int64_t between(const Model& m, int a, int b, const RunTimes* times) {
+  float ms = 0;
+  if (!times->gpu_events || !m.events[a] || !m.events[b] ||
+      cudaEventElapsedTime(&ms, m.events[a], m.events[b]) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return static_cast<int64_t>(ms * 1000.0f);
+}
+
 // Runs through the graph of these input shapes (their first dimension padded to `pad_rows`
-// when it is > 0), capturing it at its first run; `*replayed` says whether a graph ran (not
-// for shapes whose run cannot be captured).
-std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, int64_t pad_rows, int32_t* replayed) {
+// when it is > 0), capturing it at its first run; `times->replayed` says whether a graph ran
+// (not for shapes whose run cannot be captured). `in` are on the instance's GPU or in
+// page-locked host memory: a replay copies each straight into the graph's own input.
+template <typename Since>
+std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, int64_t pad_rows, RunTimes* times,
+                                  const Since& since) {
   std::vector<std::vector<int64_t>> key;
   for (const auto& t : in) {
     auto s = t.sizes().vec();
@@ -229,8 +287,13 @@ std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, i
     key.push_back(s);
   }
   auto stream = m.stream->stream();
-  *replayed = 0;
-  if (m.uncapturable.count(key)) return m.loader->run(in, stream);
+  times->replayed = 0;
+  auto plain = [&] {
+    std::vector<at::Tensor> dev;
+    for (const auto& t : in) dev.push_back(on_device(m, t));
+    return m.loader->run(dev, stream);
+  };
+  if (m.uncapturable.count(key)) return plain();
   auto found = m.captured.find(key);
   if (found == m.captured.end()) {
     auto g = std::make_unique<Graph>();
@@ -267,17 +330,21 @@ std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, i
                            shape_text(key[0]) + ", running it without one: " + e.what();
         m.log(LOG_WARN, text.c_str());
       }
-      return m.loader->run(in, stream);
+      return plain();
     }
     found = m.captured.emplace(key, std::move(g)).first;
   } else {
+    record(m, 0, times);
     for (size_t i = 0; i < in.size(); ++i) {
       found->second->inputs[i].narrow(0, 0, in[i].size(0)).copy_(in[i], true);
     }
   }
+  times->copied_us = since();
+  record(m, 1, times);
   auto& g = *found->second;
   g.graph.replay();
-  *replayed = 1;
+  record(m, 2, times);
+  times->replayed = 1;
   std::vector<at::Tensor> out;
   int64_t rows = in.empty() || in[0].dim() == 0 ? 0 : in[0].size(0);
   for (const auto& o : g.outputs) {
@@ -451,17 +518,20 @@ int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_ro
       auto where = v.memory == MEMORY_GPU ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(v.device_id))
                                           : c10::Device(c10::kCPU);
       auto t = at::from_blob(const_cast<void*>(v.data), shape, at::TensorOptions().dtype(type).device(where));
-      if (where == m.device) {
-        in.push_back(t);
+      if (where == m.device || m.device.is_cpu()) {
+        // a CPU instance's GPU inputs are refused by the backend before they come here
+        in.push_back(where == m.device ? t : t.to(m.device));
       } else if (where.is_cpu()) {
-        // host memory (a client's, pageable) for a GPU instance: copied into pinned memory here,
-        // so that its copy to the GPU is queued on the instance's stream rather than waited for
-        // (the pinned block is not handed out again before that copy is done)
-        auto pinned = at::empty(shape, at::TensorOptions().dtype(type).pinned_memory(true));
-        std::memcpy(pinned.data_ptr(), v.data, pinned.nbytes());
-        in.push_back(pinned.to(m.device, /*non_blocking=*/true));
+#ifdef TRA_CUDA
+        // host memory (a client's, pageable) for a GPU instance: copied into this input's
+        // page-locked buffer here, so that its copy to the GPU is queued on the instance's
+        // stream (straight into a graph's input) rather than waited for
+        auto pinned = pinned_view(m.host_in, i, shape, type);
+        std::memcpy(pinned.data_ptr(), v.data, v.bytes);
+        in.push_back(pinned);
+#endif
       } else {
-        in.push_back(t.to(m.device));
+        in.push_back(t);
       }
     }
     times->staged_us = since();
@@ -471,14 +541,19 @@ int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_ro
       times->launched_us = times->synced_us = since();
     } else {
 #ifdef TRA_CUDA
-      out = graph && m.graphs ? run_graph(m, in, pad_rows, &times->replayed) : m.loader->run(in, m.stream->stream());
+      if (graph && m.graphs) {
+        out = run_graph(m, in, pad_rows, times, since);
+      } else {
+        for (auto& t : in) t = on_device(m, t);
+        out = m.loader->run(in, m.stream->stream());
+      }
       if (host_outputs) {
         times->launched_us = since();
-        // every output copied into pinned host memory on the instance's stream, then one wait
-        for (auto& o : out) {
-          auto host = at::empty(o.sizes(), o.options().device(c10::kCPU).pinned_memory(true));
-          host.copy_(o, /*non_blocking=*/true);
-          o = host;
+        // every output copied into its page-locked buffer on the instance's stream, then one wait
+        for (size_t i = 0; i < out.size(); ++i) {
+          auto host = pinned_view(m.host_out, i, out[i].sizes(), out[i].scalar_type());
+          host.copy_(out[i], /*non_blocking=*/true);
+          out[i] = host;
         }
         m.stream->synchronize();
       } else {
@@ -490,6 +565,10 @@ int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_ro
         m.stream->synchronize();
       }
       times->synced_us = since();
+      if (times->replayed) {
+        times->gpu_copies_us = between(m, 0, 1, times);
+        times->gpu_graph_us = between(m, 1, 2, times);
+      }
 #endif
     }
     for (size_t i = 0; i < out.size(); ++i) {
@@ -515,6 +594,16 @@ int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_ro
   } catch (...) {
     put(err, len, "unknown error while running the package");
   }
+#ifdef TRA_CUDA
+  // a failed run may have left copies from or into the page-locked buffers queued: the next
+  // run refills them only after they are done
+  if (!m.device.is_cpu()) {
+    try {
+      m.stream->synchronize();
+    } catch (...) {
+    }
+  }
+#endif
   return 1;
 }
 
@@ -527,6 +616,9 @@ void tra_free(void* model) {
 #ifdef TRA_CUDA
     if (gpu) m->stream->synchronize();
     m->captured.clear();
+    for (auto& e : m->events) {
+      if (e) (void)cudaEventDestroy(e);
+    }
 #endif
     m->loader.reset();
 #ifdef TRA_CUDA
