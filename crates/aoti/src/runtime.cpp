@@ -298,7 +298,7 @@ std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, i
   if (found == m.captured.end()) {
     auto g = std::make_unique<Graph>();
     for (size_t i = 0; i < in.size(); ++i) {
-      g->inputs.push_back(at::zeros(key[i], in[i].options()));
+      g->inputs.push_back(at::zeros(key[i], in[i].options().device(m.device)));
       g->inputs.back().narrow(0, 0, in[i].size(0)).copy_(in[i], true);
     }
     // one run outside the capture: lazy initialisation (cuBLAS handles, workspaces) must
