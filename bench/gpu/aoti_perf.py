@@ -482,9 +482,10 @@ def main():
                    "skipped": skipped, "wrong": wrong, "seconds": time.time() - started}, f, indent=1)
     if a.verbose:
         import timing_summary
-        print("where a run's time went in the server (the averages of its verbose timing lines, us):")
-        for (kind, label), (mean, count) in timing_summary.summarize(log).items():
-            print(f"  {kind}: {label} {mean:.0f} ({count} lines)")
+        print("where a run's time went in the server (its verbose timing lines, us: the mean, which counts "
+              "the warm-up and the checks' larger batches too, and the median):")
+        for (kind, label), (mean, median, count) in timing_summary.summarize(log).items():
+            print(f"  {kind}: {label} {mean:.0f} / p50 {median} ({count} lines)")
     print("server log lines about CUDA graphs:")
     with open(log) as f:
         for line in f:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Averages the backend's verbose `timing:` lines in a server log, per kind of line
-(server run with --log-verbose=1): where a batch's time goes inside the server.
+"""Averages (and medians) of the backend's verbose `timing:` lines in a server log, per kind of
+line (server run with --log-verbose=1): where a batch's time goes inside the server.
 
     python3 bench/gpu/timing_summary.py server.log
 """
@@ -8,10 +8,10 @@ import re
 import sys
 
 
-def averages(lines):
-    """{(kind, label): (mean, count)} over the `timing:` lines among `lines`, in the order
+def figures(lines):
+    """{(kind, label): [value, ...]} over the `timing:` lines among `lines`, in the order
     first seen; kind is the line's own prefix (`batch lookup`, `torch run`, `onnx run`, `aoti run`) or `serve`."""
-    sums, counts = {}, {}
+    found = {}
     for line in lines:
         if "timing:" not in line:
             continue
@@ -19,17 +19,28 @@ def averages(lines):
         body = line.split("timing:", 1)[1].strip().rstrip('"').split(" (", 1)[0]
         kind, _, rest = body.partition(":") if body.startswith(("batch lookup", "torch run", "onnx run", "aoti run")) else ("serve", "", body)
         for label, value in re.findall(r"([a-z][a-z ]*?) (\d+)(?: us)?(?:,|$)", rest):
-            key = (kind.strip(), label.strip())
-            sums[key] = sums.get(key, 0) + int(value)
-            counts[key] = counts.get(key, 0) + 1
-    return {k: (sums[k] / counts[k], counts[k]) for k in sums}
+            found.setdefault((kind.strip(), label.strip()), []).append(int(value))
+    return found
+
+
+def averages(lines):
+    """{(kind, label): (mean, count)}, as figures() finds them."""
+    return {k: (sum(v) / len(v), len(v)) for k, v in figures(lines).items()}
+
+
+def medians(lines):
+    """{(kind, label): median} (the upper one of an even count), as figures() finds them: a
+    typical run, where a mean also counts the warm-up and any larger batches."""
+    return {k: sorted(v)[len(v) // 2] for k, v in figures(lines).items()}
 
 
 def summarize(path):
+    """{(kind, label): (mean, median, count)} of a server log's timing lines."""
     with open(path, errors="replace") as f:
-        return averages(f)
+        found = figures(f)
+    return {k: (sum(v) / len(v), sorted(v)[len(v) // 2], len(v)) for k, v in found.items()}
 
 
 if __name__ == "__main__":
-    for (kind, label), (avg, n) in sorted(summarize(sys.argv[1]).items()):
-        print(f"{kind:<14} {label:<28} {avg:>12.1f}  (n={n})")
+    for (kind, label), (avg, median, n) in sorted(summarize(sys.argv[1]).items()):
+        print(f"{kind:<14} {label:<28} {avg:>12.1f} {median:>10}  (n={n})")

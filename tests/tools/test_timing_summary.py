@@ -4,7 +4,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench", "gpu"))
-from timing_summary import averages  # noqa: E402
+from timing_summary import averages, medians  # noqa: E402
 
 LOG = [
     'I1123 15:00:00.1 1 serve.rs:463] "timing: requests 1, rows 128, assemble 4 us, engine 19385 us, outputs into responses 192 us"',
@@ -32,3 +32,11 @@ def test_averages_per_kind_and_label():
     assert got[("batch lookup", "fill queued")] == (84.0, 1), "the notes in parentheses are not figures"
     assert got[("batch lookup", "misses")] == (6720.0, 1)
     assert not any(label.startswith(("t", "most")) for kind, label in got if kind == "batch lookup")
+
+
+def test_medians_are_the_typical_run():
+    lines = [f'"timing: aoti run: handed over 0 us, inputs staged {v} us, gpu done 580 us"' for v in (14, 13, 15, 900)]
+    got = medians(lines)
+    assert got[("aoti run", "inputs staged")] == 15, "the upper median of 13, 14, 15, 900"
+    assert averages(lines)[("aoti run", "inputs staged")] == (235.5, 4), "the mean counts the large one"
+    assert got[("aoti run", "gpu done")] == 580
