@@ -39,7 +39,7 @@ h="$r/aoti_h100_h"
 "$py" bench/gpu/aoti_report.py --dense "$b/resnet50" "$b/resnet50_b1_timing" "$d/resnet50_b1_pinned" \
     "$e/resnet50_b1_capi" "$f/resnet50_b1_vB" "$g/resnet50_b1_gaps" \
     "$h/resnet50_b1_sys_verbose" "$h/resnet50_b1_nobatcher" "$h/resnet50_b1_sys_staged" "$h/resnet50_b1_sys_staged_b" \
-    "$h/resnet50_b1_sys_raw_memcpy" "$h/resnet50_b1_sys_staged_c" "$b/bert_large" "$d/bert_b1_pinned" "$e/bert_b1_capi" \
+    "$h/resnet50_b1_sys_raw_memcpy" "$h/resnet50_b1_sys_staged_c" "$b/bert_large" "$d/bert_b1_pinned" "$e/bert_b1_capi" "$h/bert_b1_main" \
     --recsys "$r/aoti_h100/recsys_dlrm" "$b/recsys_dlrm_two_instances" "$b/recsys_dlrm_two_instances_4096" \
     "$c/recsys_dlrm_triton" "$c/recsys_dlrm_triton_ens_ceiling" "$c/recsys_dlrm_triton_4096" \
     "$d/recsys_dlrm_stream" "$d/recsys_dlrm_stream_3inst" "$d/recsys_dlrm_4096_protocols" \
