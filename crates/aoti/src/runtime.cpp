@@ -333,6 +333,7 @@ std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, i
       return plain();
     }
     found = m.captured.emplace(key, std::move(g)).first;
+    record(m, 0, times);  // this run's inputs went in before the capture
   } else {
     record(m, 0, times);
     for (size_t i = 0; i < in.size(); ++i) {
@@ -519,7 +520,7 @@ int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_ro
                                           : c10::Device(c10::kCPU);
       auto t = at::from_blob(const_cast<void*>(v.data), shape, at::TensorOptions().dtype(type).device(where));
       if (where == m.device || m.device.is_cpu()) {
-        // a CPU instance's GPU inputs are refused by the backend before they come here
+        // (the backend refuses GPU inputs for a CPU instance; one that came would be copied down)
         in.push_back(where == m.device ? t : t.to(m.device));
       } else if (where.is_cpu()) {
 #ifdef TRA_CUDA
@@ -527,6 +528,11 @@ int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_ro
         // page-locked buffer here, so that its copy to the GPU is queued on the instance's
         // stream (straight into a graph's input) rather than waited for
         auto pinned = pinned_view(m.host_in, i, shape, type);
+        if (v.bytes != pinned.nbytes()) {
+          put(err, len, std::string("input '") + v.name + "': " + std::to_string(v.bytes) + " bytes for a shape of " +
+                            std::to_string(pinned.nbytes()));
+          return 1;
+        }
         std::memcpy(pinned.data_ptr(), v.data, v.bytes);
         in.push_back(pinned);
 #endif
