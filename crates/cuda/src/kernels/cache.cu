@@ -226,13 +226,6 @@ extern "C" __global__ void batch_lookup_h_s16(const i64* __restrict__ keys, long
     batch_lookup_as<unsigned short>(keys, first, n, tables, interleaved, key_start, desc, dim, epoch, out, miss, miss_count);
 }
 
-// One warp per missed key of the last batch_lookup: inserts row j (fetched below the
-// cache, already on the GPU) for key keys[miss[j]] when found[j]. A set takes at most 32
-// of a fill's rows (a ticket per warp; more could not all stay, and warps queueing on one
-// lock would hold SMs the network's kernels need). Those warps take the set's lock in
-// turn (all lanes spin together, so no lane waits on another), read the set's tags past
-// L1, and replace the way holding the key or the least recently stamped one, as
-// cache_insert does.
 // Whether the fill's j-th missed row goes into a cache, and if so its table's descriptor d
 // (desc + t * 6), its key and its set: not when it was not found below the cache, nor for a
 // table without a cache or the empty key. The fill and the reset of its tickets both ask
@@ -252,6 +245,13 @@ __device__ __forceinline__ bool fill_target(const i64* __restrict__ keys, const 
     return true;
 }
 
+// One warp per missed key of the last batch_lookup: inserts row j (fetched below the
+// cache, already on the GPU) for key keys[miss[j]] when found[j]. A set takes at most 32
+// of a fill's rows (a ticket per warp; more could not all stay, and warps queueing on one
+// lock would hold SMs the network's kernels need). Those warps take the set's lock in
+// turn (all lanes spin together, so no lane waits on another), read the set's tags past
+// L1, and replace the way holding the key or the least recently stamped one, as
+// cache_insert does.
 template <typename S>
 __device__ __forceinline__ void batch_fill_as(const i64* __restrict__ keys, const int* __restrict__ miss,
         const unsigned char* __restrict__ found, int m, int tables, int interleaved,
