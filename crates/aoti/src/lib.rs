@@ -241,7 +241,9 @@ unsafe extern "C" fn run(
         let ctx_addr = &ctx as *const SinkCtx<'_> as usize;
         let views_addr = views.as_ptr() as usize;
         let t0 = Instant::now();
-        let verbose = m.verbose && m.log.is_some();
+        // the plugin's log when the backend logs at verbose level: each run says where its time went
+        let timing_log = m.log.filter(|_| m.verbose);
+        let verbose = timing_log.is_some();
         let call = move || {
             let began = t0.elapsed();
             let mut times = RunTimes { gpu_events: verbose as i32, ..RunTimes::default() };
@@ -269,7 +271,7 @@ unsafe extern "C" fn run(
         if rc != 0 {
             return Err(why);
         }
-        if let (true, Some(log)) = (m.verbose, m.log) {
+        if let Some(log) = timing_log {
             let queued = if times.replayed != 0 {
                 format!(
                     "inputs copied {} us, graph replayed {} us",

@@ -222,6 +222,12 @@ void track_modules(Model& m) {
 }
 #endif
 
+using Clock = std::chrono::steady_clock;
+
+int64_t micros_since(Clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
+}
+
 std::string shape_text(const std::vector<int64_t>& s) {
   std::ostringstream o;
   o << "[";
@@ -277,9 +283,8 @@ int64_t between(const Model& m, int a, int b, const RunTimes* times) {
 // when it is > 0), capturing it at its first run; `times->replayed` says whether a graph ran
 // (not for shapes whose run cannot be captured). `in` are on the instance's GPU or in
 // page-locked host memory: a replay copies each straight into the graph's own input.
-template <typename Since>
 std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, int64_t pad_rows, RunTimes* times,
-                                  const Since& since) {
+                                  Clock::time_point t0) {
   std::vector<std::vector<int64_t>> key;
   for (const auto& t : in) {
     auto s = t.sizes().vec();
@@ -340,7 +345,7 @@ std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, i
       found->second->inputs[i].narrow(0, 0, in[i].size(0)).copy_(in[i], true);
     }
   }
-  times->copied_us = since();
+  times->copied_us = micros_since(t0);
   record(m, 1, times);
   auto& g = *found->second;
   g.graph.replay();
@@ -491,10 +496,8 @@ void tra_free_string(char* s) { free(s); }
 int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_rows, int host_outputs, Sink sink,
             void* ctx, RunTimes* times, char* err, size_t len) {
   auto& m = *static_cast<Model*>(model);
-  auto t0 = std::chrono::steady_clock::now();
-  auto since = [&t0]() {
-    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
-  };
+  auto t0 = Clock::now();
+  auto since = [t0]() { return micros_since(t0); };
   try {
     c10::InferenceMode inference;
 #ifdef TRA_CUDA
@@ -548,7 +551,7 @@ int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_ro
     } else {
 #ifdef TRA_CUDA
       if (graph && m.graphs) {
-        out = run_graph(m, in, pad_rows, times, since);
+        out = run_graph(m, in, pad_rows, times, t0);
       } else {
         for (auto& t : in) t = on_device(m, t);
         out = m.loader->run(in, m.stream->stream());
