@@ -197,17 +197,31 @@ def fmt_ms(us):
     return f"{us / 1e3:.2f}"
 
 
-def perf_capi(a, repo, model, batch, out_dir, extra, torch):
+def perf_capi(a, repo, model, batch, out_dir, extra, torch, variant=None):
     """perf_analyzer's row for `model` at `batch` through Triton's C API: perf_analyzer loads
     libtritonserver.so from `a.capi_dir`/lib and the backends from `a.capi_dir`/backends, and
     serves a repository holding this model alone (inputs from its host memory: the C API mode
     has no shared memory). The plugin finds libtorch through TRITON_RUST_LIBTORCH_DIR, as the
-    C API mode passes no backend settings."""
+    C API mode passes no backend settings. `variant` (capi_variants): its plugin is served,
+    and its config without dynamic batching where it says so; its label names the files."""
     one = os.path.join(a.work, "capi_repo")
     shutil.rmtree(one, ignore_errors=True)
     os.makedirs(one)
-    os.symlink(os.path.join(repo, model), os.path.join(one, model))
-    path = os.path.join(out_dir, f"{model}_b{batch}_c1_capi.csv")
+    suffix = ""
+    if variant is None:
+        os.symlink(os.path.join(repo, model), os.path.join(one, model))
+    else:
+        suffix = "_" + variant["file_label"]
+        os.makedirs(os.path.join(one, model))
+        os.symlink(os.path.join(repo, model, "1"), os.path.join(one, model, "1"))
+        with open(os.path.join(repo, model, "config.pbtxt")) as f:
+            text = f.read()
+        if variant["no_batcher"]:
+            text = "".join(line for line in text.splitlines(keepends=True) if not line.startswith("dynamic_batching"))
+        with open(os.path.join(one, model, "config.pbtxt"), "w") as f:
+            f.write(text)
+        shutil.copyfile(variant["plugin"], os.path.join(a.capi_dir, "backends", "rust", "libtriton_rust_aoti.so"))
+    path = os.path.join(out_dir, f"{model}_b{batch}_c1_capi{suffix}.csv")
     cmd = [a.perf_analyzer, "-m", model, "-b", str(batch), "--concurrency-range", "1:1", "--service-kind", "triton_c_api",
            "--triton-server-directory", a.capi_dir, "--model-repository", one, "--measurement-interval",
            str(a.interval_ms), "--max-trials", str(a.max_trials), "-f", path, *extra]
@@ -220,7 +234,7 @@ def perf_capi(a, repo, model, batch, out_dir, extra, torch):
     env["LD_PRELOAD"] = os.path.join(a.capi_dir, "lib", "libtritonserver.so")
     print("  " + " ".join(cmd), flush=True)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    with open(os.path.join(out_dir, f"{model}_b{batch}_capi.log"), "w") as f:
+    with open(os.path.join(out_dir, f"{model}_b{batch}_capi{suffix}.log"), "w") as f:
         f.write(p.stdout + "\n--- stderr\n" + p.stderr)
     if p.returncode != 0 or not os.path.exists(path):
         print(p.stdout[-1500:], p.stderr[-1500:])
@@ -228,6 +242,20 @@ def perf_capi(a, repo, model, batch, out_dir, extra, torch):
         return None
     import dense_perf
     return dense_perf.read_row(path)
+
+
+def capi_variants(text, rounds):
+    """`--capi-variants` (LABEL=PLUGIN[:nobatcher],...) as the C API runs to make, in turn,
+    `rounds` times over: each a dict with its label, plugin file and whether it serves
+    without dynamic batching."""
+    variants = []
+    for item in filter(None, text.split(",")):
+        label, _, spec = item.partition("=")
+        plugin, _, flag = spec.partition(":")
+        if not label or not plugin or flag not in ("", "nobatcher"):
+            raise SystemExit(f"--capi-variants: '{item}' is not LABEL=PLUGIN[:nobatcher]")
+        variants.append({"label": label, "plugin": os.path.abspath(plugin), "no_batcher": flag == "nobatcher"})
+    return [dict(v, round=r, file_label=f"{v['label']}_r{r}") for r in range(1, rounds + 1) for v in variants]
 
 
 def main():
@@ -262,6 +290,11 @@ def main():
     p.add_argument("--no-batcher", action="store_true",
                    help="serve without dynamic batching (Triton's default scheduler: each request runs alone), "
                         "to compare the queue's time at batch 1 with and without the batcher")
+    p.add_argument("--capi-variants", default="",
+                   help="LABEL=PLUGIN[:nobatcher],...: batch 1 in C API mode once for each, in turn (--capi-rounds "
+                        "times over), serving that libtriton_rust_aoti.so, without dynamic batching where it says "
+                        "nobatcher: an A/B of builds and schedulers on one export")
+    p.add_argument("--capi-rounds", type=int, default=1, help="how many times the --capi-variants are run in turn")
     p.add_argument("--verbose", action="store_true",
                    help="server --log-verbose=1: each run's `timing:` line in server.log, their averages printed")
     p.add_argument("--dry-run", action="store_true", help="write the configs and print the plan and commands; run nothing")
@@ -397,7 +430,7 @@ def main():
                       f"p99 {fmt_ms(r['p99 latency'])} ms", flush=True)
 
     # 4b. the same package served in perf_analyzer's own process (Triton's C API: no network)
-    capi_batches = [int(b) for b in a.capi_batches.split(",")] if a.capi_dir else []
+    capi_batches = [int(b) for b in a.capi_batches.split(",") if b] if a.capi_dir else []
     for batch in capi_batches:
         if time.time() - started > a.budget_s:
             skipped.append((names["aoti"] + " (C API)", batch))
@@ -408,6 +441,28 @@ def main():
             print(f"  {names['aoti']} in-process (C API) b={batch}: {r['Inferences/Second']:.0f} infer/s, "
                   f"p50 {fmt_ms(r['p50 latency'])} ms, p99 {fmt_ms(r['p99 latency'])} ms", flush=True)
 
+    # 4c. the A/B: each variant in turn, the plugin served put back afterwards
+    variants = capi_variants(a.capi_variants, a.capi_rounds) if a.capi_dir else []
+    if variants:
+        served = os.path.join(a.capi_dir, "backends", "rust", "libtriton_rust_aoti.so")
+        kept = served + ".kept"
+        shutil.copyfile(served, kept)
+        try:
+            for v in variants:
+                if time.time() - started > a.budget_s:
+                    skipped.append((names["aoti"] + f" (C API, {v['file_label']})", 1))
+                    continue
+                r = perf_capi(a, repo, names["aoti"], 1, out_dir, m["pa_extra"], torch, variant=v)
+                if r is not None:
+                    rows[("capi", names["aoti"], 1, v["file_label"])] = r
+                    print(f"  {names['aoti']} in-process (C API) b=1 {v['file_label']}: "
+                          f"{r['Inferences/Second']:.0f} infer/s, p50 {fmt_ms(r['p50 latency'])} ms, "
+                          f"p99 {fmt_ms(r['p99 latency'])} ms, queue {fmt_ms(r.get('Server Queue', 0))} ms, "
+                          f"compute infer {fmt_ms(r.get('Server Compute Infer', 0))} ms", flush=True)
+        finally:
+            shutil.copyfile(kept, served)
+            os.remove(kept)
+
     # 5. the table and the targets
     lines = [f"# {m['label']}: AOTInductor and TorchScript served (perf_analyzer, gRPC, "
              f"{a.shared_memory} shared memory, concurrency 1 unless the batch says c2) and bare", "",
@@ -417,14 +472,17 @@ def main():
     lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for key, r in rows.items():
         capi = key[0] == "capi"
+        label = ""
         if capi:
             key = key[1:]
+            if len(key) > 2:
+                label, key = f", {key[2]}", key[:2]
         model, batch = key[0], key[1]
         ts_g = (bare_ts.get(batch) or {}).get("graph_ips")
         ao = bare_aoti.get(batch) or {}
         ao_best = max(x for x in (ao.get("graph_ips"), ao.get("plain_ips"), 0.0) if x is not None)
         served = "AOTI" if model == names["aoti"] else "TorchScript"
-        cells = [served + (" in-process (C API)" if capi else ""), str(batch) + (f" c{key[2]}" if len(key) > 2 else ""), f"{r['Inferences/Second']:.0f}",
+        cells = [served + (f" in-process (C API{label})" if capi else ""), str(batch) + (f" c{key[2]}" if len(key) > 2 else ""), f"{r['Inferences/Second']:.0f}",
                  *[fmt_ms(r.get(k, 0.0)) for k in dense_perf.LATENCY_PARTS], *[fmt_ms(r[k]) for k in PCTS], fmt_ms(r["Avg latency"]),
                  f"{ts_g:.0f}" if ts_g else "-", f"{ao.get('graph_ips') or 0:.0f}",
                  f"{r['Inferences/Second'] / ts_g:.2f}" if ts_g else "-",
