@@ -29,6 +29,8 @@ out="${OUT_ROOT:-docs/perf/h100}"
 # kernel tried further; builds per folder in its README)
 # (aoti_h100_h: batch 1 step by step from the verbose timing lines, host inputs staged straight into
 # the graph's; main's build served; builds per folder in its README)
+# (aoti_h100_i: A/B runs in one call each (ab.sh, aoti_perf.py --capi-variants): batch 1's staging
+# and scheduler, the parallel read of missed rows; builds per folder in its README)
 b="$r/aoti_h100_b"
 c="$r/aoti_h100_c"
 d="$r/aoti_h100_d"
@@ -36,10 +38,11 @@ e="$r/aoti_h100_e"
 f="$r/aoti_h100_f"
 g="$r/aoti_h100_g"
 h="$r/aoti_h100_h"
+i="$r/aoti_h100_i"
 "$py" bench/gpu/aoti_report.py --dense "$b/resnet50" "$b/resnet50_b1_timing" "$d/resnet50_b1_pinned" \
     "$e/resnet50_b1_capi" "$f/resnet50_b1_vB" "$g/resnet50_b1_gaps" \
     "$h/resnet50_b1_sys_verbose" "$h/resnet50_b1_nobatcher" "$h/resnet50_b1_sys_staged" "$h/resnet50_b1_sys_staged_b" \
-    "$h/resnet50_b1_sys_raw_memcpy" "$h/resnet50_b1_sys_staged_c" "$b/bert_large" "$d/bert_b1_pinned" "$e/bert_b1_capi" "$h/bert_b1_main" \
+    "$h/resnet50_b1_sys_raw_memcpy" "$h/resnet50_b1_sys_staged_c" "$i/resnet50_b1_capi_ab" "$b/bert_large" "$d/bert_b1_pinned" "$e/bert_b1_capi" "$h/bert_b1_main" \
     --recsys "$r/aoti_h100/recsys_dlrm" "$b/recsys_dlrm_two_instances" "$b/recsys_dlrm_two_instances_4096" \
     "$c/recsys_dlrm_triton" "$c/recsys_dlrm_triton_ens_ceiling" "$c/recsys_dlrm_triton_4096" \
     "$d/recsys_dlrm_stream" "$d/recsys_dlrm_stream_3inst" "$d/recsys_dlrm_4096_protocols" \
@@ -62,4 +65,5 @@ h="$r/aoti_h100_h"
     "$g/recsys_dcnv2_quarterwarp_b" "$g/recsys_dlrm_5inst_quarterwarp" "$g/recsys_dlrm_4096_quarterwarp" \
     "$g/recsys_dlrm_4096_quarterwarp_b" "$g/recsys_dlrm_4096_warp_per_key_b" "$g/recsys_dlrm_4096_quarterwarp_c" \
     "$g/recsys_wide_deep_4inst_quarterwarp" "$h/recsys_dcnv2_main" "$h/recsys_dlrm_4096_main" \
-    "$h/recsys_dlrm_4096_main_b" --out "$out/aoti" "$@"
+    "$h/recsys_dlrm_4096_main_b" "$i/recsys_dlrm_4096_main_1" "$i/recsys_dlrm_4096_per256_2" \
+    "$i/recsys_dlrm_4096_main_3" "$i/recsys_dcnv2_per256_1" "$i/recsys_dcnv2_main_2" --out "$out/aoti" "$@"

@@ -250,26 +250,6 @@ at::Tensor pinned_view(std::vector<at::Tensor>& bufs, size_t i, at::IntArrayRef 
   return at::from_blob(buf.data_ptr(), shape, at::TensorOptions().dtype(type));
 }
 
-#ifdef TRA_WC_STAGING
-// pinned_view over write-combined page-locked memory (written by the host, read by the GPU)
-at::Tensor wc_view(std::vector<at::Tensor>& bufs, size_t i, at::IntArrayRef shape, c10::ScalarType type) {
-  if (bufs.size() <= i) bufs.resize(i + 1);
-  int64_t bytes = static_cast<int64_t>(c10::elementSize(type));
-  for (auto d : shape) bytes *= d;
-  auto& buf = bufs[i];
-  if (!buf.defined() || buf.numel() < bytes) {
-    void* p = nullptr;
-    if (cudaHostAlloc(&p, std::max<int64_t>(bytes, 1), cudaHostAllocWriteCombined) != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw std::runtime_error("cudaHostAlloc failed");
-    }
-    buf = at::from_blob(p, {std::max<int64_t>(bytes, 1)}, [](void* q) { (void)cudaFreeHost(q); },
-                        at::TensorOptions().dtype(at::kByte));
-  }
-  return at::from_blob(buf.data_ptr(), shape, at::TensorOptions().dtype(type));
-}
-#endif
-
 // Input `in` on the instance's GPU: itself there, else copied up on the instance's stream
 // (from page-locked memory, or from another GPU).
 at::Tensor on_device(const Model& m, const at::Tensor& in) {
@@ -550,20 +530,7 @@ int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_ro
         // host memory (a client's, pageable) for a GPU instance: copied into this input's
         // page-locked buffer here, so that its copy to the GPU is queued on the instance's
         // stream (straight into a graph's input) rather than waited for
-#ifdef TRA_PAGEABLE_INPUTS
-        if (v.bytes != static_cast<size_t>(t.nbytes())) {
-          put(err, len, std::string("input '") + v.name + "': " + std::to_string(v.bytes) + " bytes for a shape of " +
-                            std::to_string(t.nbytes()));
-          return 1;
-        }
-        in.push_back(t);
-        continue;
-#endif
-#ifdef TRA_WC_STAGING
-        auto pinned = wc_view(m.host_in, i, shape, type);
-#else
         auto pinned = pinned_view(m.host_in, i, shape, type);
-#endif
         if (v.bytes != pinned.nbytes()) {
           put(err, len, std::string("input '") + v.name + "': " + std::to_string(v.bytes) + " bytes for a shape of " +
                             std::to_string(pinned.nbytes()));

@@ -389,11 +389,13 @@ impl Drop for InstanceCaches {
 
 /// Reads the missed rows of several tables below the cache into `rows` (`groups` say
 /// which part of `keys` is which table's, in order and together covering `keys`), split
-/// over up to 16 runs of at least 1024 keys each, on the process's worker pool (rayon:
+/// over up to 16 runs of at least 256 keys each, on the process's worker pool (rayon:
 /// starting that many threads per batch costs ~0.5 ms on a 2-CPU VM,
 /// `triton_rust_cuda`'s `examples/pool_vs_spawn.rs`);
 /// every run takes an equal share of the keys, cut where the tables change. Reading rows
-/// scattered over tens of GB is bound by memory latency, not bandwidth, so more readers help.
+/// scattered over tens of GB is bound by memory latency, not bandwidth, so more readers help:
+/// DLRM at 4096 misses ~575 rows a batch, 0.1–0.3 ms on one thread of the H100 machine, and
+/// three runs instead of one served it faster (`bench/gpu/results/aoti_h100_i/`).
 #[cfg(feature = "gpu")]
 pub(crate) fn fetch_parallel(
     store: &EmbeddingStore,
@@ -403,7 +405,7 @@ pub(crate) fn fetch_parallel(
     dim: usize,
 ) -> Vec<bool> {
     use rayon::prelude::*;
-    const PER_RUN: usize = 1024;
+    const PER_RUN: usize = 256;
     let n = keys.len();
     let runs = rayon::current_num_threads().clamp(1, 16).min(n.div_ceil(PER_RUN)).max(1);
     let per = n.div_ceil(runs).max(1);
