@@ -542,7 +542,7 @@ def main():
         import timing_summary
         print("where a run's time went in the server (its verbose timing lines, us: the mean, which counts "
               "the warm-up and the checks' larger batches too, and the median):")
-        for (kind, label), (mean, median, count) in timing_summary.summarize(log).items():
+        for (kind, label), (mean, median, _p99, count) in timing_summary.summarize(log).items():
             print(f"  {kind}: {label} {mean:.0f} / p50 {median} ({count} lines)")
     print("server log lines about CUDA graphs:")
     with open(log) as f:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Averages (and medians) of the backend's verbose `timing:` lines in a server log, per kind of
+"""Averages (medians, 99th percentiles) of the backend's verbose `timing:` lines in a server log, per kind of
 line (server run with --log-verbose=1): where a batch's time goes inside the server.
 
     python3 bench/gpu/timing_summary.py server.log
@@ -28,19 +28,28 @@ def averages(lines):
     return {k: (sum(v) / len(v), len(v)) for k, v in figures(lines).items()}
 
 
+def rank(values, q):
+    """The value at fraction `q` of `values` sorted (nearest rank: q 0.5 the median, the upper
+    one of an even count; q 0.99 the 99th percentile)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def medians(lines):
     """{(kind, label): median} (the upper one of an even count), as figures() finds them: a
     typical run, where a mean also counts the warm-up and any larger batches."""
-    return {k: sorted(v)[len(v) // 2] for k, v in figures(lines).items()}
+    return {k: rank(v, 0.5) for k, v in figures(lines).items()}
 
 
 def summarize(path):
-    """{(kind, label): (mean, median, count)} of a server log's timing lines."""
+    """{(kind, label): (mean, median, p99, count)} of a server log's timing lines: the p99
+    says which step a slow batch's time went to."""
     with open(path, errors="replace") as f:
         found = figures(f)
-    return {k: (sum(v) / len(v), sorted(v)[len(v) // 2], len(v)) for k, v in found.items()}
+    return {k: (sum(v) / len(v), rank(v, 0.5), rank(v, 0.99), len(v)) for k, v in found.items()}
 
 
 if __name__ == "__main__":
-    for (kind, label), (avg, median, n) in sorted(summarize(sys.argv[1]).items()):
-        print(f"{kind:<14} {label:<28} {avg:>12.1f} {median:>10}  (n={n})")
+    print(f"{'kind':<14} {'step (us, or a count)':<28} {'mean':>12} {'median':>10} {'p99':>10}")
+    for (kind, label), (avg, median, p99, n) in sorted(summarize(sys.argv[1]).items()):
+        print(f"{kind:<14} {label:<28} {avg:>12.1f} {median:>10} {p99:>10}  (n={n})")

@@ -4,7 +4,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench", "gpu"))
-from timing_summary import averages, medians  # noqa: E402
+from timing_summary import averages, medians, summarize  # noqa: E402
 
 LOG = [
     'I1123 15:00:00.1 1 serve.rs:463] "timing: requests 1, rows 128, assemble 4 us, engine 19385 us, outputs into responses 192 us"',
@@ -40,3 +40,15 @@ def test_medians_are_the_typical_run():
     assert got[("aoti run", "inputs staged")] == 15, "the upper median of 13, 14, 15, 900"
     assert averages(lines)[("aoti run", "inputs staged")] == (235.5, 4), "the mean counts the large one"
     assert got[("aoti run", "gpu done")] == 580
+
+
+def test_the_99th_percentile_says_where_slow_batches_went(tmp_path):
+    # 200 batch lookups: 198 read their misses below the cache in 100 us, two in 900 and 950
+    lines = [f'"timing: batch lookup: keys 106496, misses 575, lookup 40 us, below cache {v} us, scatter 20 us"'
+             for v in [100] * 198 + [900, 950]]
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(lines) + "\n")
+    mean, median, p99, n = summarize(str(log))[("batch lookup", "below cache")]
+    assert (median, p99, n) == (100, 900, 200), "nearest rank: index 198 of 200 sorted, the second slowest"
+    assert mean == (198 * 100 + 900 + 950) / 200
+    assert summarize(str(log))[("batch lookup", "scatter")][2] == 20
