@@ -22,7 +22,7 @@ pub mod plugin;
 pub mod graphs;
 pub mod worker;
 
-pub const ABI_VERSION: u32 = 7;
+pub const ABI_VERSION: u32 = 8;
 
 /// A plugin's side: puts `msg` into the caller's error slot, to be freed with [`free_error`].
 ///
@@ -206,4 +206,17 @@ pub struct PluginApi {
     /// (a TorchScript module) or on failure (`*err` set then).
     pub call_spec: unsafe extern "C" fn(model: *mut c_void, err: *mut *mut c_char) -> *mut c_char,
     pub free_error: unsafe extern "C" fn(err: *mut c_char),
+    /// Where the CUDA graph that a batch of `inputs` (in the model's argument order; their
+    /// element types and shapes, their data ignored) would replay reads input `index`: the
+    /// GPU address of that graph's own input, whose first rows a caller may fill (an
+    /// embedding lookup writing straight into the network's input) and then pass as that
+    /// input to `run`, which copies nothing for it. Null when no graph already captured
+    /// would replay such a batch. The memory is the model's until it is freed; the caller
+    /// writes it only while no run of the model is in flight.
+    pub graph_input: unsafe extern "C" fn(
+        model: *mut c_void,
+        inputs: *const TensorView,
+        n_inputs: usize,
+        index: usize,
+    ) -> *mut c_void,
 }

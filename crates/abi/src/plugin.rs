@@ -14,7 +14,7 @@ use crate::{self as abi, LoadOptions, PluginApi, TensorView};
 
 use triton_rust_core::batch::BatchTensor;
 use triton_rust_core::error::{Error, ErrorKind, Result};
-use triton_rust_core::tensor::{Bytes, DataType, DeviceView};
+use triton_rust_core::tensor::{Bytes, DataType, DeviceView, DeviceViewMut};
 
 use crate::dtype;
 use triton_rust_os::{open_global, own_library_dir};
@@ -410,6 +410,34 @@ unsafe extern "C" fn sink_trampoline(ctx: *mut c_void, view: *const TensorView) 
     }
 }
 
+/// The plugin's views of `inputs`, valid while they are.
+fn views_of(inputs: &[InputRef<'_>]) -> Result<Vec<TensorView>> {
+    inputs
+        .iter()
+        .map(|i| {
+            let (data, bytes, memory, device_id) = match i.data {
+                Bytes::Host(h) => (h.as_ptr() as *const c_void, h.len(), abi::MEMORY_CPU, 0),
+                Bytes::Device(v) => {
+                    let addr = v.raw_addr().ok_or_else(|| {
+                        Error::internal("a simulated device buffer reached libtorch")
+                    })?;
+                    (addr as *const c_void, v.len(), abi::MEMORY_GPU, v.device() as i64)
+                }
+            };
+            Ok(TensorView {
+                name: i.name.as_ptr(),
+                dtype: i.dtype,
+                shape: i.shape.as_ptr(),
+                rank: i.shape.len(),
+                data,
+                bytes,
+                memory,
+                device_id,
+            })
+        })
+        .collect()
+}
+
 impl PluginModel {
     pub fn run(
         &mut self,
@@ -418,30 +446,7 @@ impl PluginModel {
         host_outputs: bool,
         sink: &mut dyn FnMut(OutputRef<'_>) -> Result<()>,
     ) -> Result<()> {
-        let views: Vec<TensorView> = inputs
-            .iter()
-            .map(|i| {
-                let (data, bytes, memory, device_id) = match i.data {
-                    Bytes::Host(h) => (h.as_ptr() as *const c_void, h.len(), abi::MEMORY_CPU, 0),
-                    Bytes::Device(v) => {
-                        let addr = v.raw_addr().ok_or_else(|| {
-                            Error::internal("a simulated device buffer reached libtorch")
-                        })?;
-                        (addr as *const c_void, v.len(), abi::MEMORY_GPU, v.device() as i64)
-                    }
-                };
-                Ok(TensorView {
-                    name: i.name.as_ptr(),
-                    dtype: i.dtype,
-                    shape: i.shape.as_ptr(),
-                    rank: i.shape.len(),
-                    data,
-                    bytes,
-                    memory,
-                    device_id,
-                })
-            })
-            .collect::<Result<_>>()?;
+        let views = views_of(inputs)?;
         let names: Vec<*const c_char> = outputs.iter().map(|n| n.as_ptr()).collect();
         let mut ctx = SinkCtx { names: outputs, sink, error: None };
         let mut err = std::ptr::null_mut();
@@ -474,6 +479,28 @@ impl PluginModel {
 }
 
 impl PluginModel {
+    /// Input `index` of the CUDA graph a batch of `inputs` (their types and shapes; data
+    /// ignored) would replay on GPU `device`, if one is captured (`PluginApi::graph_input`):
+    /// its first `len` bytes, the batch's rows of it. The view is not tied to a borrow of
+    /// the model because the model's `run` takes it back as that input: it stays valid
+    /// until the model is freed, and may be written only while no run is in flight.
+    pub fn graph_input(
+        &self,
+        inputs: &[InputRef<'_>],
+        index: usize,
+        device: i32,
+        len: usize,
+    ) -> Option<DeviceViewMut<'static>> {
+        let views = views_of(inputs).ok()?;
+        // SAFETY: the views point at live inputs for the call; the handle is this plugin's.
+        let addr = unsafe {
+            (self.plugin.api.graph_input)(self.handle, views.as_ptr(), views.len(), index)
+        };
+        // SAFETY: the plugin's contract: the graph's own input for a batch of this shape
+        // on `device` (room for at least its rows: `len` bytes), kept until the model is freed.
+        (!addr.is_null()).then(|| unsafe { DeviceViewMut::from_raw(device, addr as u64, len) })
+    }
+
     /// The model's call spec (`[in_spec, out_spec]`, torch's serialized pytree specs), if
     /// it has one.
     pub fn call_spec(&self) -> Result<Option<[String; 2]>> {

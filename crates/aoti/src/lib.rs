@@ -51,6 +51,13 @@ extern "C" {
         err: *mut c_char,
         len: usize,
     ) -> c_int;
+    fn tra_graph_input(
+        model: *mut c_void,
+        inputs: *const TensorView,
+        n: usize,
+        pad_rows: i64,
+        index: usize,
+    ) -> *mut c_void;
     fn tra_free(model: *mut c_void);
 }
 
@@ -91,6 +98,7 @@ static API: PluginApi = PluginApi {
     free_model,
     free_error,
     call_spec,
+    graph_input,
 };
 
 /// The plugin's function table (see `triton_rust_abi::ENTRY_SYMBOL`).
@@ -191,6 +199,37 @@ unsafe extern "C" fn call_spec(model: *mut c_void, err: *mut *mut c_char) -> *mu
     owned.into_raw()
 }
 
+/// Whether a batch of `views` runs through a CUDA graph (1) or not (0), and the rows its
+/// inputs are padded to for it (0: as they are).
+unsafe fn graph_plan(m: &Model, views: &[TensorView]) -> (c_int, i64) {
+    let Some((buckets, exact)) = &m.graphs else { return (0, 0) };
+    let shapes: Vec<&[i64]> =
+        views.iter().map(|v| std::slice::from_raw_parts(v.shape, v.rank)).collect();
+    match fit(buckets, !exact, &shapes) {
+        Fit::Graph(rows) => (1, rows.unwrap_or(0)),
+        _ => (0, 0),
+    }
+}
+
+/// The graph's own input `index` for a batch of `inputs` (`PluginApi::graph_input`). Only
+/// reads what runs captured (the caller runs no batch meanwhile), so on the caller's thread.
+unsafe extern "C" fn graph_input(
+    model: *mut c_void,
+    inputs: *const TensorView,
+    n_inputs: usize,
+    index: usize,
+) -> *mut c_void {
+    catch_unwind(AssertUnwindSafe(|| {
+        let m = &*(model as *mut Model);
+        let views = std::slice::from_raw_parts(inputs, n_inputs);
+        match graph_plan(m, views) {
+            (0, _) => std::ptr::null_mut(),
+            (_, pad_rows) => tra_graph_input(m.handle, inputs, n_inputs, pad_rows, index),
+        }
+    }))
+    .unwrap_or(std::ptr::null_mut())
+}
+
 /// What the C++ side's sink calls back with: the caller's sink and output names.
 struct SinkCtx<'a> {
     names: &'a [*const c_char],
@@ -224,17 +263,7 @@ unsafe extern "C" fn run(
     let result = catch_unwind(AssertUnwindSafe(|| -> Result<(), String> {
         let m = &mut *(model as *mut Model);
         let views = std::slice::from_raw_parts(inputs, n_inputs);
-        let (graph, pad_rows) = match &m.graphs {
-            None => (0, 0),
-            Some((buckets, exact)) => {
-                let shapes: Vec<&[i64]> =
-                    views.iter().map(|v| std::slice::from_raw_parts(v.shape, v.rank)).collect();
-                match fit(buckets, !exact, &shapes) {
-                    Fit::Graph(rows) => (1, rows.unwrap_or(0)),
-                    _ => (0, 0),
-                }
-            }
-        };
+        let (graph, pad_rows) = graph_plan(m, views);
         let names = std::slice::from_raw_parts(output_names, n_outputs);
         let ctx = SinkCtx { names, sink, ctx: sink_ctx };
         let handle = m.handle as usize;

@@ -283,14 +283,23 @@ int64_t between(const Model& m, int a, int b, const RunTimes* times) {
 // when it is > 0), capturing it at its first run; `times->replayed` says whether a graph ran
 // (not for shapes whose run cannot be captured). `in` are on the instance's GPU or in
 // page-locked host memory: a replay copies each straight into the graph's own input.
+using GraphKey = std::vector<std::vector<int64_t>>;
+
+// The graph a batch of inputs of these shapes runs through: theirs, the first dimension
+// padded to `pad_rows` when it is > 0.
+GraphKey graph_key(const std::vector<std::vector<int64_t>>& shapes, int64_t pad_rows) {
+  GraphKey key = shapes;
+  for (auto& s : key) {
+    if (pad_rows > 0 && !s.empty()) s[0] = pad_rows;
+  }
+  return key;
+}
+
 std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, int64_t pad_rows, RunTimes* times,
                                   Clock::time_point t0) {
-  std::vector<std::vector<int64_t>> key;
-  for (const auto& t : in) {
-    auto s = t.sizes().vec();
-    if (pad_rows > 0 && !s.empty()) s[0] = pad_rows;
-    key.push_back(s);
-  }
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& t : in) shapes.push_back(t.sizes().vec());
+  auto key = graph_key(shapes, pad_rows);
   auto stream = m.stream->stream();
   times->replayed = 0;
   auto plain = [&] {
@@ -342,7 +351,10 @@ std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, i
   } else {
     record(m, 0, times);
     for (size_t i = 0; i < in.size(); ++i) {
-      found->second->inputs[i].narrow(0, 0, in[i].size(0)).copy_(in[i], true);
+      auto& own = found->second->inputs[i];
+      // an input written straight into the graph's own (tra_graph_input) is in place already
+      if (in[i].data_ptr() == own.data_ptr()) continue;
+      own.narrow(0, 0, in[i].size(0)).copy_(in[i], true);
     }
   }
   times->copied_us = micros_since(t0);
@@ -614,6 +626,35 @@ int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_ro
   }
 #endif
   return 1;
+}
+
+// The GPU address of input `index` of the graph captured for inputs of these shapes (the
+// first dimension padded to `pad_rows` when it is > 0) and of that input's element type;
+// null when there is none. Its first rows may be written, while no run is in flight, and
+// passed to tra_run as that input, which then copies nothing for it.
+void* tra_graph_input(void* model, const View* inputs, size_t n, int64_t pad_rows, size_t index) {
+#ifdef TRA_CUDA
+  try {
+    auto& m = *static_cast<Model*>(model);
+    if (!m.graphs || index >= n) return nullptr;
+    std::vector<std::vector<int64_t>> shapes;
+    for (size_t i = 0; i < n; ++i) shapes.emplace_back(inputs[i].shape, inputs[i].shape + inputs[i].rank);
+    auto found = m.captured.find(graph_key(shapes, pad_rows));
+    if (found == m.captured.end() || index >= found->second->inputs.size()) return nullptr;
+    const auto& own = found->second->inputs[index];
+    c10::ScalarType type;
+    if (!scalar_of(inputs[index].dtype, &type) || own.scalar_type() != type || !own.is_contiguous()) return nullptr;
+    return own.data_ptr();
+  } catch (...) {
+  }
+#else
+  (void)model;
+  (void)inputs;
+  (void)n;
+  (void)pad_rows;
+  (void)index;
+#endif
+  return nullptr;
 }
 
 // Frees the model (graphs before the loader), then removes what the loader unpacked;

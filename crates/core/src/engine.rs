@@ -57,6 +57,19 @@ pub trait Engine: Send {
     fn lookup(&mut self) -> Option<&mut dyn Lookup> {
         None
     }
+    /// Where this engine's CUDA graph for a batch of `inputs` (as `run` would take them;
+    /// their data unread) reads input `name`: that input's bytes for this batch in the
+    /// graph's own GPU memory, for a caller to write and pass to `run` as that input, which
+    /// then copies nothing for it. `None` when no graph already captured would run such a
+    /// batch. The memory is the engine's: the view stays valid while the engine lives, and
+    /// may be written only while none of its runs is in flight.
+    fn graph_input(
+        &self,
+        _inputs: &[BatchTensor<'_>],
+        _name: &str,
+    ) -> Option<crate::tensor::DeviceViewMut<'static>> {
+        None
+    }
     /// Runs the model once on `inputs` and passes each of `outputs` to `sink`.
     fn run(
         &mut self,

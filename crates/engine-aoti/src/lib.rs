@@ -254,6 +254,18 @@ impl Engine for AotiEngine {
     fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
         check_ranges(&self.ranges, inputs)
     }
+    fn graph_input(
+        &self,
+        inputs: &[BatchTensor<'_>],
+        name: &str,
+    ) -> Option<triton_rust_core::tensor::DeviceViewMut<'static>> {
+        let Device::Gpu(gpu) = self.sig.device else { return None };
+        let index = self.input_names.iter().position(|n| n.to_str() == Ok(name))?;
+        let t = &inputs[*self.input_order.get(index)?];
+        let len = t.shape.iter().map(|&d| d.max(0) as usize).product::<usize>() * t.dtype.size()?;
+        let refs = plugin::input_refs(inputs, &self.input_order, &self.input_names).ok()?;
+        self.model.as_ref()?.graph_input(&refs, index, gpu, len)
+    }
 
     fn run(
         &mut self,

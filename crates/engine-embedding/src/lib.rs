@@ -655,11 +655,29 @@ impl Lookup for EmbeddingEngine {
         else {
             return Ok(false);
         };
+        let tables = self.caches.store().table_count();
+        // keys already in GPU memory (CUDA shared memory) go to the GPU lookup as they are
+        if let Some(Bytes::Device(view)) = inputs.first().and_then(|t| t.bytes()) {
+            if tables == 0 || view.len() % (8 * tables) != 0 {
+                return Err(Error::invalid_arg(format!(
+                    "input '{}': {} bytes are not whole rows of {tables} int64 keys",
+                    self.sig.inputs[0].name,
+                    view.len()
+                )));
+            }
+            self.caches.lookup_batch_device(
+                BatchKeys::Device(view),
+                KeyLayout::Interleaved,
+                instance,
+                lookup,
+                Some(out),
+            )?;
+            return Ok(true);
+        }
         let bytes = inputs.first().and_then(|t| t.host_bytes()).ok_or_else(|| {
             Error::unsupported("the embedding engine takes its keys in host memory")
         })?;
         let keys = as_i64(bytes);
-        let tables = self.caches.store().table_count();
         if tables == 0 || keys.len() % tables != 0 {
             return Err(Error::invalid_arg(format!(
                 "input '{}': {} keys are not whole rows of {tables} tables",

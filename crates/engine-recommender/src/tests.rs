@@ -367,6 +367,150 @@ fn a_large_batch_runs_in_parts_each_lookup_beside_the_network_on_the_part_before
     assert_eq!(log.lock().unwrap().drain(..).collect::<Vec<_>>(), ["run [3000, 2]"]);
 }
 
+/// prediction = dense + both embeddings, per row, like `PartDense`; it offers a "captured
+/// graph" for batches of 16 rows, whose embeddings input is its own buffer, and says in
+/// `in_place` whether each run's embeddings were read from there.
+struct GraphDense {
+    sig: Signature,
+    graph_rows: std::sync::Mutex<Option<&'static mut [u8]>>,
+    graph_addr: usize,
+    in_place: Arc<std::sync::Mutex<Vec<bool>>>,
+}
+impl Engine for GraphDense {
+    fn signature(&self) -> &Signature {
+        &self.sig
+    }
+    fn accepts_device_inputs(&self) -> bool {
+        true
+    }
+    fn graph_input(
+        &self,
+        inputs: &[BatchTensor<'_>],
+        name: &str,
+    ) -> Option<DeviceViewMut<'static>> {
+        assert_eq!(name, "embeddings");
+        let names: Vec<&str> = inputs.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["dense", "embeddings"], "asked with the network's inputs in its order");
+        if inputs[1].shape != [16, 2, 1] {
+            return None;
+        }
+        let rows = self.graph_rows.lock().unwrap().take()?;
+        Some(DeviceViewMut::simulated(0, rows))
+    }
+    fn run(
+        &mut self,
+        inputs: &[BatchTensor<'_>],
+        _: &[&str],
+        sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let bytes = |t: &BatchTensor<'_>| -> Vec<u8> {
+            match t.bytes().unwrap() {
+                Bytes::Host(b) => b.to_vec(),
+                Bytes::Device(v) => v.simulated_bytes().unwrap().to_vec(),
+            }
+        };
+        let emb_at = match inputs[1].bytes().unwrap() {
+            Bytes::Device(v) => v.simulated_bytes().unwrap().as_ptr() as usize,
+            Bytes::Host(b) => b.as_ptr() as usize,
+        };
+        self.in_place.lock().unwrap().push(emb_at == self.graph_addr);
+        let floats = |b: Vec<u8>| -> Vec<f32> {
+            b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+        };
+        let (dense, emb) = (floats(bytes(&inputs[0])), floats(bytes(&inputs[1])));
+        let rows = inputs[0].shape[0] as usize;
+        let out: Vec<u8> = (0..rows)
+            .flat_map(|i| (dense[i] + emb[2 * i] + emb[2 * i + 1]).to_le_bytes())
+            .collect();
+        sink(OutputView {
+            name: "prediction",
+            dtype: DataType::F32,
+            shape: &[rows as i64, 1],
+            data: Bytes::Host(&out),
+        })
+    }
+}
+
+#[test]
+fn a_batch_with_a_captured_graph_is_looked_up_straight_into_its_input() {
+    let spec = |name: &str, dtype, shape: Vec<i64>| TensorSpec { name: name.into(), dtype, shape };
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let lookup = PartLookup {
+        sig: Signature {
+            inputs: vec![spec("sparse", DataType::I64, vec![-1, 2])],
+            outputs: vec![spec(LOOKUP_OUTPUT, DataType::F32, vec![-1, 2, 1])],
+            device: Device::Gpu(0),
+        },
+        log: log.clone(),
+        started: Arc::new((std::sync::Mutex::new(0usize), std::sync::Condvar::new())),
+    };
+    // the graph's input: 16 rows of two f32 embeddings, filled with a mark
+    let graph_rows: &'static mut [u8] = Box::leak(vec![0xAB; 16 * 2 * 4].into_boxed_slice());
+    let graph_addr = graph_rows.as_ptr() as usize;
+    let in_place = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let dense = GraphDense {
+        sig: Signature {
+            inputs: vec![
+                spec("dense", DataType::F32, vec![-1, 1]),
+                spec("embeddings", DataType::F32, vec![-1, 2, 1]),
+            ],
+            outputs: vec![spec("prediction", DataType::F32, vec![-1, 1])],
+            device: Device::Gpu(0),
+        },
+        graph_rows: std::sync::Mutex::new(Some(graph_rows)),
+        graph_addr,
+        in_place: in_place.clone(),
+    };
+    let dir = std::env::temp_dir().join(format!("trt-chain-graph-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("dense.pt"), b"x").unwrap();
+    let plan = plan(&config(""), &dir, CLAIMS).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let mut chain = Chain::new(Box::new(lookup), Box::new(dense), &plan, Device::Gpu(0))
+        .unwrap()
+        .with_gpu(Box::new(Copies(vec![], false)), Arc::new(FakeDevice::default()));
+    let run = |chain: &mut Chain, rows: usize| -> Vec<f32> {
+        let keys: Vec<u8> = (0..rows as i64 * 2).flat_map(|k| k.to_le_bytes()).collect();
+        let dense: Vec<u8> = (0..rows).flat_map(|i| (0.5 * i as f32).to_le_bytes()).collect();
+        let t = |name: &str, dtype, shape: Vec<i64>, b| BatchTensor {
+            name: name.into(),
+            dtype,
+            shape,
+            data: BatchData::Borrowed(Bytes::Host(b)),
+        };
+        let inputs = [
+            t("dense", DataType::F32, vec![rows as i64, 1], &dense),
+            t("sparse", DataType::I64, vec![rows as i64, 2], &keys),
+        ];
+        let mut got = Vec::new();
+        chain
+            .run(&inputs, &["prediction"], &mut |o| {
+                got = o
+                    .data
+                    .host()
+                    .unwrap()
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .collect();
+                Ok(())
+            })
+            .unwrap();
+        got
+    };
+    let want = |rows: usize| -> Vec<f32> {
+        (0..rows).map(|i| 0.5 * i as f32 + (2 * i) as f32 + (2 * i + 1) as f32).collect()
+    };
+    assert_eq!(run(&mut chain, 4), want(4), "no graph for 4 rows");
+    assert_eq!(log.lock().unwrap().drain(..).collect::<Vec<_>>(), ["run [4, 2]"]);
+    assert_eq!(run(&mut chain, 16), want(16), "16 rows: the graph's");
+    assert_eq!(
+        log.lock().unwrap().drain(..).collect::<Vec<_>>(),
+        ["run_into [16, 2]"],
+        "the lookup wrote into the graph's input"
+    );
+    assert_eq!(*in_place.lock().unwrap(), [false, true], "and the network read it there");
+}
+
 #[test]
 fn settings_parse_tables_strictly_and_are_documented() {
     let mut c = config("");

@@ -170,6 +170,7 @@ static API: PluginApi = PluginApi {
     free_model,
     free_error,
     call_spec,
+    graph_input,
 };
 
 /// The plugin's function table (see `triton_rust_abi::ENTRY_SYMBOL`).
@@ -188,6 +189,16 @@ use abi::{free_error, panic_text, set_err};
 
 /// A TorchScript module has no call spec.
 unsafe extern "C" fn call_spec(_model: *mut c_void, _err: *mut *mut c_char) -> *mut c_char {
+    std::ptr::null_mut()
+}
+
+/// TorchScript graphs take their inputs by copy: no graph input is offered.
+unsafe extern "C" fn graph_input(
+    _model: *mut c_void,
+    _inputs: *const TensorView,
+    _n_inputs: usize,
+    _index: usize,
+) -> *mut c_void {
     std::ptr::null_mut()
 }
 
