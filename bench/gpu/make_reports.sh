@@ -66,4 +66,5 @@ i="$r/aoti_h100_i"
     "$g/recsys_dlrm_4096_quarterwarp_b" "$g/recsys_dlrm_4096_warp_per_key_b" "$g/recsys_dlrm_4096_quarterwarp_c" \
     "$g/recsys_wide_deep_4inst_quarterwarp" "$h/recsys_dcnv2_main" "$h/recsys_dlrm_4096_main" \
     "$h/recsys_dlrm_4096_main_b" "$i/recsys_dlrm_4096_main_1" "$i/recsys_dlrm_4096_per256_2" \
-    "$i/recsys_dlrm_4096_main_3" "$i/recsys_dcnv2_per256_1" "$i/recsys_dcnv2_main_2" --out "$out/aoti" "$@"
+    "$i/recsys_dlrm_4096_main_3" "$i/recsys_dcnv2_per256_1" "$i/recsys_dcnv2_main_2" \
+    "$i/recsys_dlrm_4096_per256_b" "$i/recsys_dcnv2_graph_input" --out "$out/aoti" "$@"
