@@ -14,7 +14,10 @@
 //! and the network has nothing to cast). Every embedding-store parameter applies as for an embedding
 //! model. On a GPU instance the lookup writes the rows into its own device buffer (every
 //! table in one pass) and the network reads that buffer as its input, in place: the
-//! embeddings never leave the GPU and never pass through Triton. The network's other
+//! embeddings never leave the GPU and never pass through Triton. Where the network replays
+//! a CUDA graph already captured for the batch's shape and offers that graph's own input
+//! (`Engine::graph_input`: the AOTInductor engine does), the lookup writes into it instead,
+//! and the replay copies nothing for them. The network's other
 //! inputs (the dense features, in host memory) go to the GPU on a thread of their own
 //! while the lookup runs, when a [`Stager`] is given and they are large enough to pay
 //! for the thread.
