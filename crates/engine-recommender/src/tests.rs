@@ -160,6 +160,25 @@ struct PartLookup {
     log: Arc<std::sync::Mutex<Vec<String>>>,
     started: Arc<(std::sync::Mutex<usize>, std::sync::Condvar)>,
 }
+impl PartLookup {
+    /// On GPU 0 (simulated): keys [rows, 2] in, rows [rows, 2, 1] of f32 out.
+    fn new(
+        log: Arc<std::sync::Mutex<Vec<String>>>,
+        started: Arc<(std::sync::Mutex<usize>, std::sync::Condvar)>,
+    ) -> PartLookup {
+        let spec =
+            |name: &str, dtype, shape: Vec<i64>| TensorSpec { name: name.into(), dtype, shape };
+        PartLookup {
+            sig: Signature {
+                inputs: vec![spec("sparse", DataType::I64, vec![-1, 2])],
+                outputs: vec![spec(LOOKUP_OUTPUT, DataType::F32, vec![-1, 2, 1])],
+                device: Device::Gpu(0),
+            },
+            log,
+            started,
+        }
+    }
+}
 impl Engine for PartLookup {
     fn signature(&self) -> &Signature {
         &self.sig
@@ -273,20 +292,72 @@ impl Engine for PartDense {
     }
 }
 
+/// A chain of `lookup` and `dense` on GPU 0 (simulated), run in `parts` parts.
+fn gpu_chain(lookup: Box<dyn Engine>, dense: Box<dyn Engine>, parts: usize) -> Chain {
+    let mut c = config("");
+    c.parameters.insert("recommender_pipeline_parts".into(), parts.to_string());
+    let dir = std::env::temp_dir().join(format!("trt-chain-{parts}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("dense.pt"), b"x").unwrap();
+    let plan = plan(&c, &dir, CLAIMS).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(plan.pipeline_parts, parts);
+    Chain::new(lookup, dense, &plan, Device::Gpu(0))
+        .unwrap()
+        .with_gpu(Box::new(Copies(vec![], false)), Arc::new(FakeDevice::default()))
+}
+
+/// The chain's prediction for `rows` rows whose keys are 0, 1, 2, ... and dense feature
+/// 0.5 × the row (host inputs).
+fn run_rows(chain: &mut Chain, rows: usize) -> Vec<f32> {
+    let keys: Vec<u8> = (0..rows as i64 * 2).flat_map(|k| k.to_le_bytes()).collect();
+    let dense: Vec<u8> = (0..rows).flat_map(|i| (0.5 * i as f32).to_le_bytes()).collect();
+    let t = |name: &str, dtype, shape: Vec<i64>, b| BatchTensor {
+        name: name.into(),
+        dtype,
+        shape,
+        data: BatchData::Borrowed(Bytes::Host(b)),
+    };
+    let inputs = [
+        t("dense", DataType::F32, vec![rows as i64, 1], &dense),
+        t("sparse", DataType::I64, vec![rows as i64, 2], &keys),
+    ];
+    let mut got = None;
+    chain
+        .run(&inputs, &["prediction"], &mut |o| {
+            assert_eq!(
+                (o.name, o.shape),
+                ("prediction", &[rows as i64, 1][..]),
+                "one output of every row"
+            );
+            // gathered on the host when run in parts; the network's own buffer when whole
+            let b = o.data.host().or_else(|| match o.data {
+                Bytes::Device(v) => v.simulated_bytes(),
+                Bytes::Host(_) => None,
+            });
+            got = Some(
+                b.unwrap()
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
+            );
+            Ok(())
+        })
+        .unwrap();
+    got.expect("the prediction")
+}
+
+/// What `run_rows` should give: dense + both embeddings (each key's row is the key).
+fn want_rows(rows: usize) -> Vec<f32> {
+    (0..rows).map(|i| 0.5 * i as f32 + (2 * i) as f32 + (2 * i + 1) as f32).collect()
+}
+
 #[test]
 fn a_large_batch_runs_in_parts_each_lookup_beside_the_network_on_the_part_before() {
     let spec = |name: &str, dtype, shape: Vec<i64>| TensorSpec { name: name.into(), dtype, shape };
     let log = Arc::new(std::sync::Mutex::new(Vec::new()));
     let started = Arc::new((std::sync::Mutex::new(0usize), std::sync::Condvar::new()));
-    let lookup = PartLookup {
-        sig: Signature {
-            inputs: vec![spec("sparse", DataType::I64, vec![-1, 2])],
-            outputs: vec![spec(LOOKUP_OUTPUT, DataType::F32, vec![-1, 2, 1])],
-            device: Device::Gpu(0),
-        },
-        log: log.clone(),
-        started: started.clone(),
-    };
+    let lookup = PartLookup::new(log.clone(), started.clone());
     let dense = PartDense {
         sig: Signature {
             inputs: vec![
@@ -299,86 +370,36 @@ fn a_large_batch_runs_in_parts_each_lookup_beside_the_network_on_the_part_before
         started: started.clone(),
         runs: 0,
     };
-    let mut c = config("");
-    c.parameters.insert("recommender_pipeline_parts".into(), "3".into());
-    let dir = std::env::temp_dir().join(format!("trt-chain-parts-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("dense.pt"), b"x").unwrap();
-    let plan = plan(&c, &dir, CLAIMS).unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
-    assert_eq!(plan.pipeline_parts, 3);
-    let mut chain = Chain::new(Box::new(lookup), Box::new(dense), &plan, Device::Gpu(0))
-        .unwrap()
-        .with_gpu(Box::new(Copies(vec![], false)), Arc::new(FakeDevice::default()));
+    let mut chain = gpu_chain(Box::new(lookup), Box::new(dense), 3);
     assert!(
         chain.accepts_device_inputs(),
         "both engines take GPU inputs on a GPU instance: CUDA shared memory goes straight in"
     );
-    let run = |chain: &mut Chain, rows: usize| -> Vec<f32> {
-        let keys: Vec<u8> = (0..rows as i64 * 2).flat_map(|k| k.to_le_bytes()).collect();
-        let dense: Vec<u8> = (0..rows).flat_map(|i| (0.5 * i as f32).to_le_bytes()).collect();
-        let t = |name: &str, dtype, shape: Vec<i64>, b| BatchTensor {
-            name: name.into(),
-            dtype,
-            shape,
-            data: BatchData::Borrowed(Bytes::Host(b)),
-        };
-        let inputs = [
-            t("dense", DataType::F32, vec![rows as i64, 1], &dense),
-            t("sparse", DataType::I64, vec![rows as i64, 2], &keys),
-        ];
-        let mut got = None;
-        chain
-            .run(&inputs, &["prediction"], &mut |o| {
-                assert_eq!(
-                    (o.name, o.shape),
-                    ("prediction", &[rows as i64, 1][..]),
-                    "one output of every row"
-                );
-                // gathered on the host when run in parts; the network's own buffer when whole
-                let b = o.data.host().or_else(|| match o.data {
-                    Bytes::Device(v) => v.simulated_bytes(),
-                    Bytes::Host(_) => None,
-                });
-                got = Some(
-                    b.unwrap()
-                        .chunks_exact(4)
-                        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                        .collect(),
-                );
-                Ok(())
-            })
-            .unwrap();
-        got.expect("the prediction")
-    };
-    let want = |rows: usize| -> Vec<f32> {
-        (0..rows).map(|i| 0.5 * i as f32 + (2 * i) as f32 + (2 * i + 1) as f32).collect()
-    };
     assert_eq!(
-        run(&mut chain, 4000),
-        want(4000),
+        run_rows(&mut chain, 4000),
+        want_rows(4000),
         "three parts of 1334, 1334 and 1332 rows, gathered in order"
     );
     assert_eq!(
         log.lock().unwrap().drain(..).collect::<Vec<_>>(),
         ["run_into [1334, 2]", "run_into [1334, 2]", "run_into [1332, 2]"]
     );
-    assert_eq!(run(&mut chain, 3000), want(3000), "under 3 × 1024 rows: whole");
+    assert_eq!(run_rows(&mut chain, 3000), want_rows(3000), "under 3 × 1024 rows: whole");
     assert_eq!(log.lock().unwrap().drain(..).collect::<Vec<_>>(), ["run [3000, 2]"]);
 }
 
-/// prediction = dense + both embeddings, per row, like `PartDense`; it offers a "captured
-/// graph" for batches of 16 rows, whose embeddings input is its own buffer, and says in
-/// `in_place` whether each run's embeddings were read from there.
+/// `PartDense` (which never waits here) offering a "captured graph" for batches of 16
+/// rows, whose embeddings input is its own buffer; `in_place` says whether each run's
+/// embeddings were read from there.
 struct GraphDense {
-    sig: Signature,
+    inner: PartDense,
     graph_rows: std::sync::Mutex<Option<&'static mut [u8]>>,
     graph_addr: usize,
     in_place: Arc<std::sync::Mutex<Vec<bool>>>,
 }
 impl Engine for GraphDense {
     fn signature(&self) -> &Signature {
-        &self.sig
+        &self.inner.sig
     }
     fn accepts_device_inputs(&self) -> bool {
         true
@@ -400,34 +421,15 @@ impl Engine for GraphDense {
     fn run(
         &mut self,
         inputs: &[BatchTensor<'_>],
-        _: &[&str],
+        outputs: &[&str],
         sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
     ) -> Result<()> {
-        let bytes = |t: &BatchTensor<'_>| -> Vec<u8> {
-            match t.bytes().unwrap() {
-                Bytes::Host(b) => b.to_vec(),
-                Bytes::Device(v) => v.simulated_bytes().unwrap().to_vec(),
-            }
-        };
         let emb_at = match inputs[1].bytes().unwrap() {
             Bytes::Device(v) => v.simulated_bytes().unwrap().as_ptr() as usize,
             Bytes::Host(b) => b.as_ptr() as usize,
         };
         self.in_place.lock().unwrap().push(emb_at == self.graph_addr);
-        let floats = |b: Vec<u8>| -> Vec<f32> {
-            b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
-        };
-        let (dense, emb) = (floats(bytes(&inputs[0])), floats(bytes(&inputs[1])));
-        let rows = inputs[0].shape[0] as usize;
-        let out: Vec<u8> = (0..rows)
-            .flat_map(|i| (dense[i] + emb[2 * i] + emb[2 * i + 1]).to_le_bytes())
-            .collect();
-        sink(OutputView {
-            name: "prediction",
-            dtype: DataType::F32,
-            shape: &[rows as i64, 1],
-            data: Bytes::Host(&out),
-        })
+        self.inner.run(inputs, outputs, sink)
     }
 }
 
@@ -435,74 +437,32 @@ impl Engine for GraphDense {
 fn a_batch_with_a_captured_graph_is_looked_up_straight_into_its_input() {
     let spec = |name: &str, dtype, shape: Vec<i64>| TensorSpec { name: name.into(), dtype, shape };
     let log = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let lookup = PartLookup {
-        sig: Signature {
-            inputs: vec![spec("sparse", DataType::I64, vec![-1, 2])],
-            outputs: vec![spec(LOOKUP_OUTPUT, DataType::F32, vec![-1, 2, 1])],
-            device: Device::Gpu(0),
-        },
-        log: log.clone(),
-        started: Arc::new((std::sync::Mutex::new(0usize), std::sync::Condvar::new())),
-    };
+    let lookup = PartLookup::new(log.clone(), Default::default());
     // the graph's input: 16 rows of two f32 embeddings, filled with a mark
     let graph_rows: &'static mut [u8] = Box::leak(vec![0xAB; 16 * 2 * 4].into_boxed_slice());
     let graph_addr = graph_rows.as_ptr() as usize;
     let in_place = Arc::new(std::sync::Mutex::new(Vec::new()));
     let dense = GraphDense {
-        sig: Signature {
-            inputs: vec![
-                spec("dense", DataType::F32, vec![-1, 1]),
-                spec("embeddings", DataType::F32, vec![-1, 2, 1]),
-            ],
-            outputs: vec![spec("prediction", DataType::F32, vec![-1, 1])],
-            device: Device::Gpu(0),
+        inner: PartDense {
+            sig: Signature {
+                inputs: vec![
+                    spec("dense", DataType::F32, vec![-1, 1]),
+                    spec("embeddings", DataType::F32, vec![-1, 2, 1]),
+                ],
+                outputs: vec![spec("prediction", DataType::F32, vec![-1, 1])],
+                device: Device::Gpu(0),
+            },
+            started: Arc::new((std::sync::Mutex::new(0usize), std::sync::Condvar::new())),
+            runs: 1, // its wait for a next part is for the first run only
         },
         graph_rows: std::sync::Mutex::new(Some(graph_rows)),
         graph_addr,
         in_place: in_place.clone(),
     };
-    let dir = std::env::temp_dir().join(format!("trt-chain-graph-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("dense.pt"), b"x").unwrap();
-    let plan = plan(&config(""), &dir, CLAIMS).unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
-    let mut chain = Chain::new(Box::new(lookup), Box::new(dense), &plan, Device::Gpu(0))
-        .unwrap()
-        .with_gpu(Box::new(Copies(vec![], false)), Arc::new(FakeDevice::default()));
-    let run = |chain: &mut Chain, rows: usize| -> Vec<f32> {
-        let keys: Vec<u8> = (0..rows as i64 * 2).flat_map(|k| k.to_le_bytes()).collect();
-        let dense: Vec<u8> = (0..rows).flat_map(|i| (0.5 * i as f32).to_le_bytes()).collect();
-        let t = |name: &str, dtype, shape: Vec<i64>, b| BatchTensor {
-            name: name.into(),
-            dtype,
-            shape,
-            data: BatchData::Borrowed(Bytes::Host(b)),
-        };
-        let inputs = [
-            t("dense", DataType::F32, vec![rows as i64, 1], &dense),
-            t("sparse", DataType::I64, vec![rows as i64, 2], &keys),
-        ];
-        let mut got = Vec::new();
-        chain
-            .run(&inputs, &["prediction"], &mut |o| {
-                got = o
-                    .data
-                    .host()
-                    .unwrap()
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                    .collect();
-                Ok(())
-            })
-            .unwrap();
-        got
-    };
-    let want = |rows: usize| -> Vec<f32> {
-        (0..rows).map(|i| 0.5 * i as f32 + (2 * i) as f32 + (2 * i + 1) as f32).collect()
-    };
-    assert_eq!(run(&mut chain, 4), want(4), "no graph for 4 rows");
+    let mut chain = gpu_chain(Box::new(lookup), Box::new(dense), 1);
+    assert_eq!(run_rows(&mut chain, 4), want_rows(4), "no graph for 4 rows");
     assert_eq!(log.lock().unwrap().drain(..).collect::<Vec<_>>(), ["run [4, 2]"]);
-    assert_eq!(run(&mut chain, 16), want(16), "16 rows: the graph's");
+    assert_eq!(run_rows(&mut chain, 16), want_rows(16), "16 rows: the graph's");
     assert_eq!(
         log.lock().unwrap().drain(..).collect::<Vec<_>>(),
         ["run_into [16, 2]"],
