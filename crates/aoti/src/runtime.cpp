@@ -117,6 +117,9 @@ int32_t code_of(c10::ScalarType t) {
 }
 
 #ifdef TRA_CUDA
+// A graph's input shapes: what it is captured for.
+using GraphKey = std::vector<std::vector<int64_t>>;
+
 // One captured run: fixed input buffers the batch is copied into, the outputs the
 // replay writes.
 struct Graph {
@@ -138,8 +141,8 @@ struct Model {
   void* modules = nullptr;
   bool graphs = false;
   at::cuda::MempoolId_t pool{0, 0};
-  std::map<std::vector<std::vector<int64_t>>, std::unique_ptr<Graph>> captured;
-  std::set<std::vector<std::vector<int64_t>>> uncapturable;
+  std::map<GraphKey, std::unique_ptr<Graph>> captured;
+  std::set<GraphKey> uncapturable;
   // page-locked buffers, one per input and one per output, reused from run to run (each run
   // waits for its stream before it returns, so no copy from or into them is in flight when
   // the next run fills them): a client's host inputs go up from them, outputs wanted on the
@@ -279,25 +282,23 @@ int64_t between(const Model& m, int a, int b, const RunTimes* times) {
   return static_cast<int64_t>(ms * 1000.0f);
 }
 
+// The graph a batch of inputs of these shapes runs through: theirs, the first dimension
+// padded to `pad_rows` when it is > 0.
+GraphKey graph_key(GraphKey shapes, int64_t pad_rows) {
+  for (auto& s : shapes) {
+    if (pad_rows > 0 && !s.empty()) s[0] = pad_rows;
+  }
+  return shapes;
+}
+
 // Runs through the graph of these input shapes (their first dimension padded to `pad_rows`
 // when it is > 0), capturing it at its first run; `times->replayed` says whether a graph ran
 // (not for shapes whose run cannot be captured). `in` are on the instance's GPU or in
-// page-locked host memory: a replay copies each straight into the graph's own input.
-using GraphKey = std::vector<std::vector<int64_t>>;
-
-// The graph a batch of inputs of these shapes runs through: theirs, the first dimension
-// padded to `pad_rows` when it is > 0.
-GraphKey graph_key(const std::vector<std::vector<int64_t>>& shapes, int64_t pad_rows) {
-  GraphKey key = shapes;
-  for (auto& s : key) {
-    if (pad_rows > 0 && !s.empty()) s[0] = pad_rows;
-  }
-  return key;
-}
-
+// page-locked host memory: a replay copies each straight into the graph's own input, unless
+// it is that input already (tra_graph_input).
 std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, int64_t pad_rows, RunTimes* times,
                                   Clock::time_point t0) {
-  std::vector<std::vector<int64_t>> shapes;
+  GraphKey shapes;
   for (const auto& t : in) shapes.push_back(t.sizes().vec());
   auto key = graph_key(shapes, pad_rows);
   auto stream = m.stream->stream();
@@ -352,8 +353,7 @@ std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, i
     record(m, 0, times);
     for (size_t i = 0; i < in.size(); ++i) {
       auto& own = found->second->inputs[i];
-      // an input written straight into the graph's own (tra_graph_input) is in place already
-      if (in[i].data_ptr() == own.data_ptr()) continue;
+      if (in[i].data_ptr() == own.data_ptr()) continue;  // in place already
       own.narrow(0, 0, in[i].size(0)).copy_(in[i], true);
     }
   }
@@ -637,7 +637,7 @@ void* tra_graph_input(void* model, const View* inputs, size_t n, int64_t pad_row
   try {
     auto& m = *static_cast<Model*>(model);
     if (!m.graphs || index >= n) return nullptr;
-    std::vector<std::vector<int64_t>> shapes;
+    GraphKey shapes;
     for (size_t i = 0; i < n; ++i) shapes.emplace_back(inputs[i].shape, inputs[i].shape + inputs[i].rank);
     auto found = m.captured.find(graph_key(shapes, pad_rows));
     if (found == m.captured.end() || index >= found->second->inputs.size()) return nullptr;

@@ -239,6 +239,26 @@ struct PartDense {
     started: Arc<(std::sync::Mutex<usize>, std::sync::Condvar)>,
     runs: usize,
 }
+impl PartDense {
+    /// On GPU 0 (simulated): dense [rows, 1] and embeddings [rows, 2, 1] in, prediction
+    /// [rows, 1] out; `runs` it has made already.
+    fn new(started: Arc<(std::sync::Mutex<usize>, std::sync::Condvar)>, runs: usize) -> PartDense {
+        let spec =
+            |name: &str, dtype, shape: Vec<i64>| TensorSpec { name: name.into(), dtype, shape };
+        PartDense {
+            sig: Signature {
+                inputs: vec![
+                    spec("dense", DataType::F32, vec![-1, 1]),
+                    spec("embeddings", DataType::F32, vec![-1, 2, 1]),
+                ],
+                outputs: vec![spec("prediction", DataType::F32, vec![-1, 1])],
+                device: Device::Gpu(0),
+            },
+            started,
+            runs,
+        }
+    }
+}
 impl Engine for PartDense {
     fn signature(&self) -> &Signature {
         &self.sig
@@ -354,22 +374,10 @@ fn want_rows(rows: usize) -> Vec<f32> {
 
 #[test]
 fn a_large_batch_runs_in_parts_each_lookup_beside_the_network_on_the_part_before() {
-    let spec = |name: &str, dtype, shape: Vec<i64>| TensorSpec { name: name.into(), dtype, shape };
     let log = Arc::new(std::sync::Mutex::new(Vec::new()));
     let started = Arc::new((std::sync::Mutex::new(0usize), std::sync::Condvar::new()));
     let lookup = PartLookup::new(log.clone(), started.clone());
-    let dense = PartDense {
-        sig: Signature {
-            inputs: vec![
-                spec("dense", DataType::F32, vec![-1, 1]),
-                spec("embeddings", DataType::F32, vec![-1, 2, 1]),
-            ],
-            outputs: vec![spec("prediction", DataType::F32, vec![-1, 1])],
-            device: Device::Gpu(0),
-        },
-        started: started.clone(),
-        runs: 0,
-    };
+    let dense = PartDense::new(started.clone(), 0);
     let mut chain = gpu_chain(Box::new(lookup), Box::new(dense), 3);
     assert!(
         chain.accepts_device_inputs(),
@@ -435,7 +443,6 @@ impl Engine for GraphDense {
 
 #[test]
 fn a_batch_with_a_captured_graph_is_looked_up_straight_into_its_input() {
-    let spec = |name: &str, dtype, shape: Vec<i64>| TensorSpec { name: name.into(), dtype, shape };
     let log = Arc::new(std::sync::Mutex::new(Vec::new()));
     let lookup = PartLookup::new(log.clone(), Default::default());
     // the graph's input: 16 rows of two f32 embeddings, filled with a mark
@@ -443,18 +450,8 @@ fn a_batch_with_a_captured_graph_is_looked_up_straight_into_its_input() {
     let graph_addr = graph_rows.as_ptr() as usize;
     let in_place = Arc::new(std::sync::Mutex::new(Vec::new()));
     let dense = GraphDense {
-        inner: PartDense {
-            sig: Signature {
-                inputs: vec![
-                    spec("dense", DataType::F32, vec![-1, 1]),
-                    spec("embeddings", DataType::F32, vec![-1, 2, 1]),
-                ],
-                outputs: vec![spec("prediction", DataType::F32, vec![-1, 1])],
-                device: Device::Gpu(0),
-            },
-            started: Arc::new((std::sync::Mutex::new(0usize), std::sync::Condvar::new())),
-            runs: 1, // its wait for a next part is for the first run only
-        },
+        // its wait for a next part is for the first run only
+        inner: PartDense::new(Default::default(), 1),
         graph_rows: std::sync::Mutex::new(Some(graph_rows)),
         graph_addr,
         in_place: in_place.clone(),
