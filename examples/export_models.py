@@ -36,6 +36,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model_files import ensure_free_space, tmp_path  # noqa: E402
+
 OPSET = 17
 IR_VERSION = 8  # ONNX Runtime releases back to 1.13 read IR 8 + opset 17
 PROTOBUF_LIMIT = 2 * 1024**3 - 64 * 1024**2  # stay clear of the 2 GiB message limit
@@ -334,8 +337,8 @@ DEFAULT_MODELS = ["resnet50", "bert_small", "bert_large", "identity"]
 
 def save_model(model: onnx.ModelProto, path: str) -> None:
     """Save in one file when it fits in a protobuf message, else with external data beside it."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
+    ensure_free_space(path, model.ByteSize(), "ONNX model")
+    tmp = tmp_path(path)
     if model.ByteSize() < PROTOBUF_LIMIT:
         with open(tmp, "wb") as f:
             f.write(model.SerializeToString())

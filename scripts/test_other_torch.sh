@@ -20,7 +20,7 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import torch" 2>/dev/
     echo "[other torch] venv with torch==$version at $venv"
     python3 -m venv "$venv"
     grep -v '^torch==' requirements.txt > "$venv/requirements.txt"
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==$version" -r "$venv/requirements.txt" </dev/null
+    "$venv/bin/python" -m pip install -q --no-cache-dir --disable-pip-version-check "torch==$version" -r "$venv/requirements.txt" </dev/null
 fi
 torch_dir="$("$venv/bin/python" -c 'import os, torch; print(os.path.dirname(torch.__file__))')"
 echo "[other torch] $("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)') at $torch_dir"
