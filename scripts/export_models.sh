@@ -7,6 +7,13 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/env.sh
+# Inductor's compile cache (precompiled headers and kernels, about 0.9 GB for the packages below)
+# lives for this run only, unless the caller chose where it goes.
+if [ -z "${TORCHINDUCTOR_CACHE_DIR:-}" ]; then
+    TORCHINDUCTOR_CACHE_DIR="$(mktemp -d -t inductor-cache.XXXXXX)"
+    export TORCHINDUCTOR_CACHE_DIR
+    trap 'rm -rf "$TORCHINDUCTOR_CACHE_DIR"' EXIT
+fi
 python examples/export_models.py --repo models --models resnet50,bert_large,bert_small,identity "$@"
 python examples/torch_models.py --repo models --models fastpitch,resnet50_pt,bert_small_pt,bert_large_pt "$@"
 python examples/recommenders.py --repo models --models dlrm,dcnv2,wide_deep "$@"
