@@ -83,3 +83,15 @@ def test_dlrm_interaction_forms_give_the_same_predictions():
         assert "cat, split or triton" in str(e)
     else:
         raise AssertionError("an unknown interaction is refused")
+
+
+def test_exactness_fails_on_rows_or_on_predictions_past_the_bound():
+    ok = {"rows_checked": 10, "rows_max_abs_diff": 0.0, "single_vs_ensemble_max_abs_diff": 3.3e-4}
+    assert recsys_perf.exactness_problems(ok, 2e-3) == []
+    assert recsys_perf.exactness_problems({"rows_max_abs_diff": 0.0}, 2e-3) == []  # keys-only check
+    stale = dict(ok, single_vs_ensemble_max_abs_diff=0.12)
+    assert "predictions differ" in " ".join(recsys_perf.exactness_problems(stale, 2e-3))
+    nan = dict(ok, single_vs_ensemble_max_abs_diff=float("nan"))
+    assert recsys_perf.exactness_problems(nan, 2e-3)
+    rows = dict(ok, rows_max_abs_diff=0.5)
+    assert "rows differ" in " ".join(recsys_perf.exactness_problems(rows, 2e-3))
