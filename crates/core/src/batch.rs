@@ -205,13 +205,16 @@ fn check_tensor(
         return Err(Error::invalid_arg(format!("input '{name}' is empty (shape {:?})", t.shape)));
     }
     if let Some(size) = t.dtype.size() {
-        if t.byte_size() != count * size {
+        // checked: a shape whose byte count wraps to the bytes sent must not pass
+        let need = count.checked_mul(size).ok_or_else(|| {
+            Error::invalid_arg(format!("input '{name}' has shape {:?}, too large", t.shape))
+        })?;
+        if t.byte_size() != need {
             return Err(Error::invalid_arg(format!(
-                "input '{name}' holds {} bytes but shape {:?} of {} needs {}",
+                "input '{name}' holds {} bytes but shape {:?} of {} needs {need}",
                 t.byte_size(),
                 t.shape,
                 t.dtype.wire_name(),
-                count * size
             )));
         }
     } else {

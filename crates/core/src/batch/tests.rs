@@ -57,6 +57,12 @@ fn checks_name_the_problem() {
         t("B", DataType::I32, &[1, 2], vec![&b])
     ])
     .contains("holds 12 bytes"));
+    // 2^62 FP32 elements are 2^64 bytes: wrapped, that is the 0 bytes sent
+    assert!(err(vec![
+        t("A", DataType::F32, &[1, 1 << 62], vec![]),
+        t("B", DataType::I32, &[1, 2], vec![&b])
+    ])
+    .contains("'A' has shape [1, 4611686018427387904], too large"));
     assert!(err(vec![
         t("A", DataType::F32, &[1, 0], vec![]),
         t("B", DataType::I32, &[1, 2], vec![&b])
