@@ -11,6 +11,7 @@ TRITON_RUST_AOTI_MODELS names another repository holding the *_aoti models
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -115,6 +116,20 @@ def rewrite_metadata(src: str, dst: str, **changes: str) -> None:
     assert seen, f"no *_metadata.json in {src}"
 
 
+def break_library(src: str, dst: str) -> None:
+    """A copy of package `src` whose compiled library is not a library: the loader unpacks it,
+    then fails to open it."""
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        broken = 0
+        for info in zin.infolist():
+            data = zin.read(info)
+            if info.filename.endswith(".so"):
+                data, broken = b"not an ELF file" * 64, broken + 1
+            zout.writestr(info, data, compress_type=info.compress_type)
+    assert broken, f"no library in {src}"
+
+
 def link_model(repo: ModelRepo, src_repo: str, name: str, as_name: str | None = None, edit=lambda c: c) -> None:
     """`name` of `src_repo` into `repo` (its version directory linked, its config copied)."""
     dst = as_name or name
@@ -184,10 +199,14 @@ def repo(tmp_path_factory, packages, scaled_package):
         link_model(repo, packages, name)
     src = os.path.join(packages, "wide_deep_dense_aoti", "1", "model.pt2")
     for as_name, change in (("wide_deep_future", {"triton_rust.torch_version": "2.99.0"}),
-                            ("wide_deep_cuda", {"AOTI_DEVICE_KEY": "cuda"})):
+                            ("wide_deep_cuda", {"AOTI_DEVICE_KEY": "cuda"}),
+                            ("wide_deep_isa", {"AOTI_CPU_ISA": f"AVX2 {isa_this_cpu_lacks() or 'AVX512'}"})):
         rewrite_metadata(src, os.path.join(repo.root, as_name, "1", "model.pt2"), **change)
         with open(os.path.join(packages, "wide_deep_dense_aoti", "config.pbtxt")) as f:
             repo.write_config(as_name, f.read().replace('name: "wide_deep_dense_aoti"', f'name: "{as_name}"'))
+    break_library(src, os.path.join(repo.root, "wide_deep_broken", "1", "model.pt2"))
+    with open(os.path.join(packages, "wide_deep_dense_aoti", "config.pbtxt")) as f:
+        repo.write_config("wide_deep_broken", f.read().replace('name: "wide_deep_dense_aoti"', 'name: "wide_deep_broken"'))
     os.makedirs(os.path.join(repo.root, "scaled_kwargs", "1"))
     shutil.copy(scaled_package, os.path.join(repo.root, "scaled_kwargs", "1", "model.pt2"))
     repo.write_config("scaled_kwargs", SCALED_CONFIG)
@@ -365,16 +384,49 @@ def still_serving(server) -> None:
     assert server.alive() and "panicked" not in server.log_text()
 
 
+def isa_this_cpu_lacks() -> str | None:
+    """One of Inductor's CPU instruction-set names (AOTI_CPU_ISA) this machine's CPU lacks."""
+    with open("/proc/cpuinfo") as f:
+        flags = set(next((line for line in f if line.startswith("flags")), "").split())
+    for name, flag in (("AMX_TILE", "amx_tile"), ("AVX512_VNNI", "avx512_vnni"), ("AVX512", "avx512f")):
+        if flag not in flags:
+            return name
+    return None
+
+
 @pytest.mark.parametrize("name,named", [
     ("wide_deep_future", "2.99.0"),  # a package of a newer torch, refused naming its release
     ("wide_deep_cuda", "KIND_GPU"),  # a CUDA package on a KIND_CPU instance, refused naming KIND_GPU
+    # a CPU package whose kernels use instructions this CPU lacks, refused naming them
+    ("wide_deep_isa", isa_this_cpu_lacks() or "(this CPU has every instruction set Inductor names)"),
 ])
 def test_a_package_this_instance_cannot_run_is_refused_naming_why(server, name, named):
+    if name == "wide_deep_isa" and not isa_this_cpu_lacks():
+        pytest.skip("this CPU has AMX, AVX-512 and VNNI: no package can ask for more")
     r = server.load(name)
     msg = r.json().get("error", "")
     print(f"\n{name}: {r.status_code} {msg}")
     assert r.status_code == 400 and named in msg
     assert not server.model_ready(name)
+    still_serving(server)
+
+
+def unpacked_in_tmp() -> set:
+    """The folders in /tmp holding an unpacked package (libtorch 2.11 unpacks into /tmp/XXXXXX)."""
+    return {d for d in glob.glob("/tmp/??????") if glob.glob(os.path.join(d, "*", "data", "aotinductor"))}
+
+
+def test_a_package_that_fails_to_load_leaves_nothing_unpacked(server):
+    """The loader unpacks the package before it opens its library; when that fails, what it
+    unpacked is removed, and the server goes on."""
+    before = unpacked_in_tmp()
+    r = server.load("wide_deep_broken")
+    msg = r.json().get("error", "")
+    print(f"\nwide_deep_broken: {r.status_code} {msg}")
+    assert r.status_code == 400 and "wide_deep_broken" in msg
+    assert not server.model_ready("wide_deep_broken")
+    left = sorted(unpacked_in_tmp() - before)
+    assert not left, f"left in /tmp by the failed load: {left}"
     still_serving(server)
 
 

@@ -8,6 +8,7 @@
 // as text in the caller's buffer. With TRA_CUDA undefined (a CPU-only libtorch) the GPU
 // paths answer with an error instead.
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <caffe2/serialize/inline_container.h>
 #include <torch/headeronly/version.h>
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -183,14 +184,60 @@ std::mutex& loading() {
   return m;
 }
 
+// The folders directly inside the temporary directories the loader may unpack into.
+std::set<std::string> temp_folders() {
+  std::set<std::string> found;
+  std::error_code ec;
+  auto tmp = std::filesystem::temp_directory_path(ec);
+  for (const auto& root : {std::filesystem::path("/tmp"), tmp}) {
+    if (root.empty()) continue;
+    for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
+      if (e.is_directory(ec)) found.insert(e.path().string());
+    }
+  }
+  return found;
+}
+
+// Removes the folders made since `before` that hold package `path` unpacked: one of the
+// package's libraries under `<folder>/<top>/` (libtorch's reader names the records without
+// the archive's top folder). Another process's folders never hold this package's files.
+void remove_unpacked_since(const std::set<std::string>& before, const char* path) {
+  std::vector<std::string> libraries;
+  try {
+    for (const auto& r : caffe2::serialize::PyTorchStreamReader(path).getAllRecords()) {
+      if (r.size() > 3 && r.compare(r.size() - 3, 3, ".so") == 0) libraries.push_back(r);
+    }
+  } catch (const std::exception&) {
+    return;
+  }
+  std::error_code ec;
+  for (const auto& folder : temp_folders()) {
+    if (before.count(folder)) continue;
+    bool ours = false;
+    for (const auto& top : std::filesystem::directory_iterator(folder, ec)) {
+      for (const auto& lib : libraries) ours = ours || std::filesystem::exists(top.path() / lib, ec);
+    }
+    if (ours) std::filesystem::remove_all(folder, ec);
+  }
+}
+
 std::unique_ptr<torch::inductor::AOTIModelPackageLoader> load_package(const char* path, int device,
                                                                        std::string* unpacked) {
   auto before = mapped_package_files();
+  auto folders_before = temp_folders();
   // run_single_threaded: without the container's own pool of model copies and its CUDA
   // event bookkeeping, which a graph capture cannot hold (an instance runs one batch at a
   // time anyway)
-  auto loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(path, "model", true, 1,
-                                                                          static_cast<c10::DeviceIndex>(device));
+  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;
+  try {
+    loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(path, "model", true, 1,
+                                                                       static_cast<c10::DeviceIndex>(device));
+  } catch (...) {
+    // the loader unpacks the package before it opens the library; a failure after that
+    // (a library that does not open, constants that do not fit) leaves the folder behind
+    remove_unpacked_since(folders_before, path);
+    throw;
+  }
   for (const auto& file : mapped_package_files()) {
     if (before.count(file)) continue;
     auto data = file.find("/data/aotinductor/");
@@ -404,9 +451,38 @@ int compute_capability(int device) {
 #endif
 }
 
+// The instruction sets of `isa` (AOTI_CPU_ISA: Inductor's names for what a CPU package's
+// kernels were compiled for, e.g. "AVX512 AVX512_VNNI") that this CPU lacks. Its kernels
+// would stop the server with an illegal instruction at the first request.
+std::string missing_isa(const std::string& isa) {
+  std::string missing;
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+  __builtin_cpu_init();
+  std::istringstream words(isa);
+  std::string w;
+  while (words >> w) {
+    bool has = true;
+    if (w == "AVX2") {
+      has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    } else if (w == "AVX512") {
+      has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    } else if (w == "AVX512_VNNI") {
+      has = __builtin_cpu_supports("avx512vnni");
+    } else if (w == "AMX_TILE") {
+      has = __builtin_cpu_supports("amx-tile");
+    }
+    if (!has) missing += (missing.empty() ? "" : " ") + w;
+  }
+#else
+  (void)isa;
+#endif
+  return missing;
+}
+
 // Why the package cannot run on this instance (empty: it can), from the metadata
-// AOTInductor writes into it: the device it was compiled for, and on a GPU its compute
-// capability.
+// AOTInductor writes into it: the device it was compiled for; on a GPU its compute
+// capability, on the CPU the instruction sets its kernels use.
 std::string refusal(const char* path, int gpu) {
   auto meta = torch::inductor::AOTIModelPackageLoader::load_metadata_from_package(path, "model");
   auto key = meta.count("AOTI_DEVICE_KEY") ? meta["AOTI_DEVICE_KEY"] : std::string();
@@ -418,6 +494,14 @@ std::string refusal(const char* path, int gpu) {
   if (gpu >= 0 && key == "cpu") {
     return "the package was compiled for the CPU: serve it from a KIND_CPU instance, or export it again "
            "with CUDA inputs for a KIND_GPU instance";
+  }
+  auto isa = meta.count("AOTI_CPU_ISA") ? meta["AOTI_CPU_ISA"] : std::string();
+  if (key == "cpu") {
+    auto missing = missing_isa(isa);
+    if (!missing.empty()) {
+      return "the package's kernels were compiled for a CPU with " + isa + ", and this CPU lacks " + missing +
+             ": export it again on a machine of the kind that serves it";
+    }
   }
   auto want = meta.count("AOTI_COMPUTE_CAPABILITY") ? meta["AOTI_COMPUTE_CAPABILITY"] : std::string();
   if (gpu >= 0 && !want.empty()) {
@@ -467,6 +551,8 @@ void* tra_load(const char* path, int gpu, int graphs, Log log, char* err, size_t
       m->loader = load_package(path, -1, &m->unpacked);
     }
     return m.release();
+  } catch (const c10::Error& e) {
+    put(err, len, e.what_without_backtrace());  // libtorch's own message, not its stack
   } catch (const std::exception& e) {
     put(err, len, e.what());
   } catch (...) {
