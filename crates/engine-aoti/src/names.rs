@@ -19,9 +19,7 @@ pub enum Slot {
 
 /// What a name says of its position, if anything.
 pub fn slot(name: &str) -> Option<Slot> {
-    if let Some((_, i)) = name.rsplit_once("__") {
-        return i.parse().ok().map(Slot::Position);
-    }
+    // the bracket forms first: a key may hold `__` (`KWARGS[a__b]`)
     let inner = |prefix: &str| name.strip_prefix(prefix).and_then(|r| r.strip_suffix(']'));
     if let Some(i) = inner("ARGS[") {
         return i.parse().ok().map(Slot::Position);
@@ -29,10 +27,14 @@ pub fn slot(name: &str) -> Option<Slot> {
     if let Some(k) = inner("KWARGS[") {
         return Some(Slot::Key(k.to_string()));
     }
-    inner("RESULT[").map(|r| match r.parse() {
-        Ok(i) => Slot::Position(i),
-        Err(_) => Slot::Key(r.to_string()),
-    })
+    if let Some(r) = inner("RESULT[") {
+        return Some(match r.parse() {
+            Ok(i) => Slot::Position(i),
+            Err(_) => Slot::Key(r.to_string()),
+        });
+    }
+    let (_, i) = name.rsplit_once("__")?;
+    i.parse().ok().map(Slot::Position)
 }
 
 /// A serialized pytree spec (`[protocol, tree]`): its tree.
@@ -87,7 +89,9 @@ pub fn result_key_position(out_spec: &str, key: &str) -> Result<Option<usize>> {
 /// The flat positions of the config's tensors `names`. `listed`: the names the package's
 /// metadata gives its flat tensors, if it does; `spec`: the part of the call spec to
 /// resolve keys with (inputs: the input spec, outputs: the output spec), if known yet;
-/// `None` for a key then means "not known yet" and the config's order is used.
+/// `None` for a key then means "not known yet" and the config's order is used, unless the
+/// package lists its names: those are all it has, so a key they lack is an error.
+/// Two tensors at one position are an error.
 pub fn positions(
     names: &[&str],
     listed: Option<&[String]>,
@@ -104,6 +108,14 @@ pub fn positions(
         let pos = match slot(name) {
             Some(Slot::Position(i)) => Some(i),
             Some(Slot::Key(k)) => match spec {
+                None if listed.is_some() => {
+                    return Err(Error::invalid_arg(format!(
+                        "tensor '{name}': the package names its {} {:?}, and no {} named '{k}'",
+                        if inputs { "inputs" } else { "outputs" },
+                        listed.unwrap_or_default(),
+                        if inputs { "keyword argument" } else { "result entry" }
+                    )))
+                }
                 None => return Ok((0..names.len()).collect()),
                 Some(s) => {
                     let found =
@@ -132,7 +144,18 @@ pub fn positions(
             if inputs { "inputs" } else { "outputs" }
         )));
     }
-    Ok(out.into_iter().map(|p| p.unwrap_or(0)).collect())
+    let out: Vec<usize> = out.into_iter().map(|p| p.unwrap_or(0)).collect();
+    for (j, p) in out.iter().enumerate() {
+        if let Some(i) = out[..j].iter().position(|q| q == p) {
+            return Err(Error::invalid_arg(format!(
+                "tensors '{}' and '{}' are both the package's {} {p}: name each once",
+                names[i],
+                names[j],
+                if inputs { "input" } else { "output" }
+            )));
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -151,6 +174,29 @@ mod tests {
         assert_eq!(slot("RESULT[0]"), Some(Slot::Position(0)));
         assert_eq!(slot("RESULT[logits]"), Some(Slot::Key("logits".into())));
         assert_eq!(slot("dense"), None);
+        assert_eq!(slot("KWARGS[a__b]"), Some(Slot::Key("a__b".into())));
+        assert_eq!(slot("RESULT[x__1]"), Some(Slot::Key("x__1".into())));
+    }
+
+    #[test]
+    fn a_key_the_listed_names_lack_is_an_error_not_the_config_order() {
+        let listed: Vec<String> =
+            ["ARGS[0]", "KWARGS[bias]", "KWARGS[scale]"].iter().map(|s| s.to_string()).collect();
+        let ok =
+            positions(&["KWARGS[scale]", "ARGS[0]", "KWARGS[bias]"], Some(&listed), None, true);
+        assert_eq!(ok.unwrap(), vec![2, 0, 1]);
+        let typo =
+            positions(&["KWARGS[scale]", "ARGS[0]", "KWARGS[sacle]"], Some(&listed), None, true);
+        let e = typo.unwrap_err();
+        assert!(e.message().contains("'KWARGS[sacle]'") && e.message().contains("'sacle'"), "{e}");
+    }
+
+    #[test]
+    fn two_tensors_at_one_position_are_an_error() {
+        let e = positions(&["OUTPUT__0", "RESULT[0]"], None, None, false).unwrap_err();
+        assert!(e.message().contains("'OUTPUT__0' and 'RESULT[0]'"), "{e}");
+        let listed = vec!["INPUT__0".to_string()];
+        assert!(positions(&["INPUT__0", "ARGS[0]"], Some(&listed), None, true).is_err());
     }
 
     #[test]
