@@ -252,7 +252,14 @@ impl Engine for AotiEngine {
         self.outputs_on_host = on_host;
     }
     fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
-        check_ranges(&self.ranges, inputs)
+        let ranges: Vec<(&str, Option<(i64, i64)>)> = self
+            .sig
+            .inputs
+            .iter()
+            .map(|t| t.name.as_str())
+            .zip(self.ranges.iter().copied())
+            .collect();
+        check_ranges(&ranges, inputs)
     }
     fn graph_input(
         &self,
@@ -314,9 +321,12 @@ fn first_outside(dtype: DataType, bytes: &[u8], (lo, hi): (i64, i64)) -> Option<
 /// throws inside an OpenMP region, which ends the process. Checked per request (the rest
 /// of its batch is still answered) where the request holds the input in host memory; one
 /// in GPU memory is not read back to be checked.
-fn check_ranges(ranges: &[Option<(i64, i64)>], inputs: &[RequestTensor<'_>]) -> Result<()> {
-    for (t, range) in inputs.iter().zip(ranges) {
-        let Some(range) = *range else { continue };
+/// `ranges`: the range of each input, by name; inputs the request lacks (a recommender's
+/// network gets its embeddings from the lookup, not the request) are not checked.
+fn check_ranges(ranges: &[(&str, Option<(i64, i64)>)], inputs: &[RequestTensor<'_>]) -> Result<()> {
+    for &(name, range) in ranges {
+        let Some(range) = range else { continue };
+        let Some(t) = inputs.iter().find(|t| t.name == name) else { continue };
         let Some(bytes) = t.host_bytes() else { continue };
         if let Some((i, v)) = first_outside(t.dtype, &bytes, range) {
             return Err(Error::invalid_arg(format!(
@@ -408,14 +418,19 @@ mod tests {
                 chunks: vec![Bytes::Host(&bytes[..8]), Bytes::Host(&bytes[8..])],
             }
         }
-        let e = check_ranges(&[Some((0, 148))], &[req(&ids, DataType::I64)]).unwrap_err();
+        let one = |r| [("INPUT__0", r)];
+        let e = check_ranges(&one(Some((0, 148))), &[req(&ids, DataType::I64)]).unwrap_err();
         assert!(
             e.message().contains("input 'INPUT__0' holds 148 at element 2, outside [0, 148)"),
             "{e}"
         );
-        assert!(check_ranges(&[Some((0, 149))], &[req(&ids, DataType::I64)]).is_ok());
-        assert!(check_ranges(&[None], &[req(&ids, DataType::I64)]).is_ok());
-        let e = check_ranges(&[Some((0, 2))], &[req(&seg, DataType::I32)]).unwrap_err();
+        assert!(check_ranges(&one(Some((0, 149))), &[req(&ids, DataType::I64)]).is_ok());
+        assert!(check_ranges(&one(None), &[req(&ids, DataType::I64)]).is_ok());
+        // by name: an input the request lacks is not checked, one in another place is
+        let two = [("INPUT__1", Some((0, 148))), ("INPUT__0", Some((0, 148)))];
+        assert!(check_ranges(&two, &[req(&ids, DataType::I64)]).is_err());
+        assert!(check_ranges(&two[..1], &[req(&ids, DataType::I64)]).is_ok());
+        let e = check_ranges(&one(Some((0, 2))), &[req(&seg, DataType::I32)]).unwrap_err();
         assert!(e.message().contains("holds -1 at element 2"), "{e}");
         assert_eq!(first_outside(DataType::U8, &[0, 1, 2, 9], (0, 9)), Some((3, 9)));
         assert_eq!(first_outside(DataType::I16, &(-2i16).to_le_bytes(), (0, 9)), Some((0, -2)));

@@ -626,11 +626,14 @@ impl Engine for Chain {
             && self.dense.accepts_device_inputs()
     }
 
+    /// The keys by the lookup's checks, and what the network takes from the request by its
+    /// own (an AOTInductor package's index ranges, ONNX's shared dimensions): engines check
+    /// their inputs by name, so the network is shown the whole request.
     fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
-        match inputs.iter().position(|t| t.name == self.sparse_input) {
-            Some(i) => self.lookup.check_request(&inputs[i..=i]),
-            None => Ok(()),
+        if let Some(i) = inputs.iter().position(|t| t.name == self.sparse_input) {
+            self.lookup.check_request(&inputs[i..=i])?;
         }
+        self.dense.check_request(inputs)
     }
 
     fn run(

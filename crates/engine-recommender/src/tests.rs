@@ -535,3 +535,67 @@ fn plans_the_two_engines_and_names_what_is_wrong() {
     assert!(plan(&c, &dir, CLAIMS).unwrap_err().message().contains("shared by every table"));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// A network whose own check refuses a request whose "dense" input holds a byte 0xFF.
+struct CheckedDense(Signature);
+impl Engine for CheckedDense {
+    fn signature(&self) -> &Signature {
+        &self.0
+    }
+    fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
+        let dense = inputs.iter().find(|t| t.name == "dense").expect("the request's dense input");
+        match dense.host_bytes() {
+            Some(b) if b.contains(&0xFF) => Err(Error::invalid_arg("input 'dense' holds 0xFF")),
+            _ => Ok(()),
+        }
+    }
+    fn run(
+        &mut self,
+        _: &[BatchTensor<'_>],
+        _: &[&str],
+        _: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+    ) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn the_networks_own_check_sees_the_inputs_it_takes_from_the_request() {
+    let spec = |name: &str, dtype| TensorSpec { name: name.into(), dtype, shape: vec![-1] };
+    let sig = |inputs| Signature {
+        inputs,
+        outputs: vec![spec("prediction", DataType::F32)],
+        device: Device::Cpu,
+    };
+    let lookup = Lookup(sig(vec![spec("sparse", DataType::I64)]), vec![]);
+    let dense =
+        CheckedDense(sig(vec![spec("dense", DataType::F32), spec("embeddings", DataType::F32)]));
+    let plan = ChainPlan {
+        lookup_config: config(""),
+        dense_config: config(""),
+        dense_engine: "torch",
+        dense_file: "dense.pt".into(),
+        sparse_input: "sparse".into(),
+        embeddings_input: "embeddings".into(),
+        pipeline_parts: 1,
+    };
+    let chain = Chain::new(Box::new(lookup), Box::new(dense), &plan, Device::Cpu).unwrap();
+    fn t<'a>(name: &str, dtype: DataType, b: &'a [u8]) -> RequestTensor<'a> {
+        RequestTensor {
+            name: name.into(),
+            dtype,
+            shape: vec![1, (b.len() / 4) as i64],
+            chunks: vec![Bytes::Host(b)],
+        }
+    }
+    let keys = vec![0u8; 24];
+    let request = |features: &[u8]| {
+        chain.check_request(&[
+            t("dense", DataType::F32, features),
+            t("sparse", DataType::I64, &keys),
+        ])
+    };
+    assert!(request(&[0u8; 52]).is_ok());
+    let e = request(&[0xFFu8; 52]).unwrap_err();
+    assert!(e.message().contains("input 'dense' holds 0xFF"), "{e}");
+}
