@@ -338,6 +338,15 @@ GraphKey graph_key(GraphKey shapes, int64_t pad_rows) {
   return shapes;
 }
 
+// Copies `src` into the first rows of `dst` (a graph's input, padded); a rank-0 input whole.
+void copy_rows(at::Tensor& dst, const at::Tensor& src) {
+  if (src.dim() == 0) {
+    dst.copy_(src, true);
+  } else {
+    dst.narrow(0, 0, src.size(0)).copy_(src, true);
+  }
+}
+
 // Runs through the graph of these input shapes (their first dimension padded to `pad_rows`
 // when it is > 0), capturing it at its first run; `times->replayed` says whether a graph ran
 // (not for shapes whose run cannot be captured). `in` are on the instance's GPU or in
@@ -361,7 +370,7 @@ std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, i
     auto g = std::make_unique<Graph>();
     for (size_t i = 0; i < in.size(); ++i) {
       g->inputs.push_back(at::zeros(key[i], in[i].options().device(m.device)));
-      g->inputs.back().narrow(0, 0, in[i].size(0)).copy_(in[i], true);
+      copy_rows(g->inputs.back(), in[i]);
     }
     // one run outside the capture: lazy initialisation (cuBLAS handles, workspaces) must
     // not happen inside it
@@ -401,7 +410,7 @@ std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, i
     for (size_t i = 0; i < in.size(); ++i) {
       auto& own = found->second->inputs[i];
       if (in[i].data_ptr() == own.data_ptr()) continue;  // in place already
-      own.narrow(0, 0, in[i].size(0)).copy_(in[i], true);
+      copy_rows(own, in[i]);
     }
   }
   times->copied_us = micros_since(t0);
