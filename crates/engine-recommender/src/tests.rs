@@ -34,6 +34,19 @@ fn config(extra: &str) -> ModelConfig {
     .unwrap()
 }
 
+/// The plan of a chain of `config("")`'s lookup and a TorchScript network, in one part.
+fn torch_plan() -> ChainPlan {
+    ChainPlan {
+        lookup_config: config(""),
+        dense_config: config(""),
+        dense_engine: "torch",
+        dense_file: "dense.pt".into(),
+        sparse_input: "sparse".into(),
+        embeddings_input: "embeddings".into(),
+        pipeline_parts: 1,
+    }
+}
+
 /// A lookup that gives "device" rows (simulated) of 4 bytes per key.
 struct Lookup(Signature, Vec<u8>);
 impl Engine for Lookup {
@@ -108,15 +121,7 @@ fn large_host_inputs_reach_the_network_staged_beside_the_lookup() {
         sig(vec![spec("dense", DataType::F32), spec("embeddings", DataType::F32)]),
         seen.clone(),
     );
-    let plan = ChainPlan {
-        lookup_config: config(""),
-        dense_config: config(""),
-        dense_engine: "torch",
-        dense_file: "dense.pt".into(),
-        sparse_input: "sparse".into(),
-        embeddings_input: "embeddings".into(),
-        pipeline_parts: 1,
-    };
+    let plan = torch_plan();
     let mut chain = Chain::new(Box::new(lookup), Box::new(dense), &plan, Device::Gpu(0))
         .unwrap()
         .with_gpu(Box::new(Copies(vec![], false)), Arc::new(FakeDevice::default()));
@@ -570,15 +575,7 @@ fn the_networks_own_check_sees_the_inputs_it_takes_from_the_request() {
     let lookup = Lookup(sig(vec![spec("sparse", DataType::I64)]), vec![]);
     let dense =
         CheckedDense(sig(vec![spec("dense", DataType::F32), spec("embeddings", DataType::F32)]));
-    let plan = ChainPlan {
-        lookup_config: config(""),
-        dense_config: config(""),
-        dense_engine: "torch",
-        dense_file: "dense.pt".into(),
-        sparse_input: "sparse".into(),
-        embeddings_input: "embeddings".into(),
-        pipeline_parts: 1,
-    };
+    let plan = torch_plan();
     let chain = Chain::new(Box::new(lookup), Box::new(dense), &plan, Device::Cpu).unwrap();
     fn t<'a>(name: &str, dtype: DataType, b: &'a [u8]) -> RequestTensor<'a> {
         RequestTensor {
