@@ -504,8 +504,8 @@ std::string refusal(const char* path, int gpu) {
     return "the package was compiled for the CPU: serve it from a KIND_CPU instance, or export it again "
            "with CUDA inputs for a KIND_GPU instance";
   }
-  auto isa = meta.count("AOTI_CPU_ISA") ? meta["AOTI_CPU_ISA"] : std::string();
   if (key == "cpu") {
+    auto isa = meta.count("AOTI_CPU_ISA") ? meta["AOTI_CPU_ISA"] : std::string();
     auto missing = missing_isa(isa);
     if (!missing.empty()) {
       return "the package's kernels were compiled for a CPU with " + isa + ", and this CPU lacks " + missing +

@@ -41,9 +41,9 @@ pub struct AotiEngine {
     input_names: Vec<CString>,
     /// One name per flat output of the package; empty where the config does not list it.
     output_names: Vec<CString>,
-    /// Per config input: the values `[lo, hi)` it may hold, where the package says
-    /// (`check_ranges`).
-    ranges: Vec<Option<(i64, i64)>>,
+    /// The inputs whose values the package bounds, by name, and the values `[lo, hi)` each
+    /// may hold (`check_ranges`).
+    ranges: Vec<(String, (i64, i64))>,
     outputs_on_host: bool,
 }
 
@@ -227,8 +227,13 @@ impl AotiEngine {
         }
         let input_names =
             input_order.iter().map(|&i| cstr(&inputs[i].name)).collect::<Result<_>>()?;
-        let ranges =
-            in_pos.iter().map(|&p| package.input_ranges.get(p).copied().flatten()).collect();
+        let ranges = in_pos
+            .iter()
+            .zip(&inputs)
+            .filter_map(|(&p, t)| {
+                Some((t.name.clone(), package.input_ranges.get(p).copied().flatten()?))
+            })
+            .collect();
         Ok(AotiEngine {
             model,
             sig: Signature { inputs, outputs, device: options.device },
@@ -252,14 +257,7 @@ impl Engine for AotiEngine {
         self.outputs_on_host = on_host;
     }
     fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
-        let ranges: Vec<(&str, Option<(i64, i64)>)> = self
-            .sig
-            .inputs
-            .iter()
-            .map(|t| t.name.as_str())
-            .zip(self.ranges.iter().copied())
-            .collect();
-        check_ranges(&ranges, inputs)
+        check_ranges(&self.ranges, inputs)
     }
     fn graph_input(
         &self,
@@ -323,10 +321,10 @@ fn first_outside(dtype: DataType, bytes: &[u8], (lo, hi): (i64, i64)) -> Option<
 /// in GPU memory is not read back to be checked.
 /// `ranges`: the range of each input, by name; inputs the request lacks (a recommender's
 /// network gets its embeddings from the lookup, not the request) are not checked.
-fn check_ranges(ranges: &[(&str, Option<(i64, i64)>)], inputs: &[RequestTensor<'_>]) -> Result<()> {
-    for &(name, range) in ranges {
-        let Some(range) = range else { continue };
-        let Some(t) = inputs.iter().find(|t| t.name == name) else { continue };
+fn check_ranges(ranges: &[(String, (i64, i64))], inputs: &[RequestTensor<'_>]) -> Result<()> {
+    for (name, range) in ranges {
+        let range = *range;
+        let Some(t) = inputs.iter().find(|t| t.name == *name) else { continue };
         let Some(bytes) = t.host_bytes() else { continue };
         if let Some((i, v)) = first_outside(t.dtype, &bytes, range) {
             return Err(Error::invalid_arg(format!(
@@ -418,7 +416,9 @@ mod tests {
                 chunks: vec![Bytes::Host(&bytes[..8]), Bytes::Host(&bytes[8..])],
             }
         }
-        let one = |r| [("INPUT__0", r)];
+        let one = |r: Option<(i64, i64)>| -> Vec<(String, (i64, i64))> {
+            r.map(|r| ("INPUT__0".to_string(), r)).into_iter().collect()
+        };
         let e = check_ranges(&one(Some((0, 148))), &[req(&ids, DataType::I64)]).unwrap_err();
         assert!(
             e.message().contains("input 'INPUT__0' holds 148 at element 2, outside [0, 148)"),
@@ -427,7 +427,7 @@ mod tests {
         assert!(check_ranges(&one(Some((0, 149))), &[req(&ids, DataType::I64)]).is_ok());
         assert!(check_ranges(&one(None), &[req(&ids, DataType::I64)]).is_ok());
         // by name: an input the request lacks is not checked, one in another place is
-        let two = [("INPUT__1", Some((0, 148))), ("INPUT__0", Some((0, 148)))];
+        let two = [("INPUT__1".to_string(), (0, 148)), ("INPUT__0".to_string(), (0, 148))];
         assert!(check_ranges(&two, &[req(&ids, DataType::I64)]).is_err());
         assert!(check_ranges(&two[..1], &[req(&ids, DataType::I64)]).is_ok());
         let e = check_ranges(&one(Some((0, 2))), &[req(&seg, DataType::I32)]).unwrap_err();
