@@ -4,7 +4,8 @@
 
 One model kind per run (`--kind torch|onnx|aoti|embedding`): ResNet50 as TorchScript, ResNet50
 as ONNX on ONNX Runtime's CUDA provider (needs `--ort-lib`, onnxruntime-gpu's library),
-ResNet50 as a CUDA AOTInductor package (exported here by examples/aoti_export.py; the server's
+ResNet50 (or, with `--model fastpitch`, FastPitch, whose data-dependent frame count no CUDA graph
+can capture) as a CUDA AOTInductor package (exported here by examples/aoti_export.py; the server's
 TMPDIR is a folder of its own, and every `--every` cycles the script counts the unpacked
 package folders left there and in /tmp: none may remain after an unload),
 or an embedding store with a GPU cache (4 tables x 200k rows x 128). The server runs with
@@ -12,7 +13,8 @@ or an embedding store with a GPU cache (4 tables x 200k rows x 128). The server 
 checks one inference, unloads it and waits until it is gone. Every `--every` cycles it
 prints the server's GPU memory (nvidia-smi, this process) and RSS, and at the end the
 growth after cycle 20 (the bound: 64 MiB each; for an AOTInductor package, 64 MiB for the two
-together).
+together). `--graphs` asks for CUDA graphs (`optimization { cuda { graphs: true } }`), so each
+cycle also captures (ResNet50) or tries to capture and falls back (FastPitch) at its inference.
 
     python3 bench/gpu/reload_cycles.py --server $PYT/pytriton/tritonserver/bin/tritonserver \\
         --backends /tmp/rust_backends --kind torch --cycles 200
@@ -63,8 +65,12 @@ def memory_map(pid):
     return by
 
 
-def make_model(kind, repo, gpu, params=()):
-    """Writes the model; returns (name, feeds, output name, expected output shape)."""
+def make_model(kind, repo, gpu, params=(), model="resnet50", graphs=False):
+    """Writes the model; returns (name, feeds, output name, expected output shape; None where
+    only the batch dimension is known)."""
+    graphs_text = "optimization { cuda { graphs: true } }\n" if graphs else ""
+    if model == "fastpitch":
+        return make_fastpitch(repo, gpu, params, graphs_text)
     group = (f"instance_group [ {{ count: 1 kind: KIND_GPU gpus: [ {gpu} ] }} ]" if gpu != "cpu"
              else "instance_group [ { count: 1 kind: KIND_CPU } ]")
     rng = np.random.default_rng(0)
@@ -101,7 +107,7 @@ def make_model(kind, repo, gpu, params=()):
         with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
             f.write(f'name: "{name}"\nbackend: "rust"\nmax_batch_size: 8\n'
                     f'input [ {{ name: "{inp}" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] }} ]\n'
-                    f'output [ {{ name: "{out}" data_type: TYPE_FP32 dims: [ 1000 ] }} ]\n{group}\n'
+                    f'output [ {{ name: "{out}" data_type: TYPE_FP32 dims: [ 1000 ] }} ]\n{group}\n{graphs_text}'
                     f'parameters {{ key: "engine" value {{ string_value: "{engine}" }} }}\n'
                     + "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in params))
         return name, {inp: rng.standard_normal((2, 3, 224, 224)).astype(np.float32)}, out, (2, 1000)
@@ -121,6 +127,35 @@ def make_model(kind, repo, gpu, params=()):
                 + "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in params.items()))
     keys = rng.integers(0, rows, 4096 * tables).astype(np.int64)
     return name, {"KEYS": keys, "NUMKEYS": np.full(tables, 4096, np.int32)}, "OUTPUT0", (4096 * tables * dim,)
+
+
+def make_fastpitch(repo, gpu, params, graphs_text):
+    """FastPitch as an AOTInductor package, its inputs and outputs auto-completed from it."""
+    import time
+    import torch
+    import aoti_export
+    import torch_models
+    name = "fastpitch_aoti"
+    path = os.path.join(repo, name, "1", "model.pt2")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    device = "cpu" if gpu == "cpu" else "cuda"
+    if not os.path.exists(path):
+        t0 = time.time()
+        module, example, max_batch = aoti_export.EXAMPLES["fastpitch_aoti"]()
+        with torch.no_grad():
+            aoti_export.package(module.to(device).eval(), example, path, max_batch=8, device=device)
+        print(f"exported {path} ({os.path.getsize(path) / 1e6:.0f} MB) in {time.time() - t0:.0f} s", flush=True)
+        del module
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    group = (f"instance_group [ {{ count: 1 kind: KIND_GPU gpus: [ {gpu} ] }} ]" if gpu != "cpu"
+             else "instance_group [ { count: 1 kind: KIND_CPU } ]")
+    with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
+        f.write(f'name: "{name}"\nbackend: "rust"\nmax_batch_size: 8\n{group}\n{graphs_text}'
+                'parameters { key: "engine" value { string_value: "aoti" } }\n'
+                + "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in params))
+    feeds = {"INPUT__0": torch_models.fastpitch_inputs(2, seed=1, min_len=8, max_len=64).numpy()}
+    return name, feeds, "OUTPUT__0", None
 
 
 def unpacked_left(dirs, before):
@@ -143,6 +178,9 @@ def main():
     p.add_argument("--server", required=True)
     p.add_argument("--backends", required=True)
     p.add_argument("--kind", choices=["torch", "onnx", "aoti", "embedding"], required=True)
+    p.add_argument("--model", choices=["resnet50", "fastpitch"], default="resnet50",
+                   help="the model of --kind aoti (FastPitch only as an AOTInductor package)")
+    p.add_argument("--graphs", action="store_true", help="CUDA graphs asked for in the config (torch, onnx, aoti)")
     p.add_argument("--cycles", type=int, default=200)
     p.add_argument("--every", type=int, default=20)
     p.add_argument("--work", default="/tmp/reload_cycles")
@@ -157,7 +195,11 @@ def main():
     repo = os.path.join(a.work, a.kind)
     os.makedirs(repo, exist_ok=True)
     params = [tuple(kv.split("=", 1)) for kv in a.param]
-    name, feeds, out, shape = make_model(a.kind, repo, a.gpu, params)
+    if a.model != "resnet50" and a.kind != "aoti":
+        p.error("--model fastpitch needs --kind aoti")
+    if a.graphs and a.kind == "embedding":
+        p.error("--graphs is for the torch, onnx and aoti kinds")
+    name, feeds, out, shape = make_model(a.kind, repo, a.gpu, params, a.model, a.graphs)
     extra = ["--model-control-mode=explicit"]
     tmp_dirs, tmp_before = [], set()
     if a.kind == "aoti":
@@ -179,6 +221,7 @@ def main():
            if os.path.exists("/dev/nvidiactl") else "none (dry run)")
     print(f"GPU: {smi}; {a.kind}: model '{name}' on {'KIND_CPU' if a.gpu == 'cpu' else 'KIND_GPU'}, {a.cycles} load/infer/unload cycles"
           + (f"; parameters {dict(params)}" if params else "") + (f"; {a.infers} inferences a cycle" if a.infers != 1 else "")
+          + ("; CUDA graphs asked for" if a.graphs else "")
           + (f"; MALLOC_ARENA_MAX={os.environ['MALLOC_ARENA_MAX']}" if os.environ.get("MALLOC_ARENA_MAX") else ""))
     rows = []
     left = {}
@@ -196,7 +239,8 @@ def main():
                 raise SystemExit(f"cycle {cycle}: load failed: {body}")
             for _ in range(a.infers):
                 got = client.infer(name, feeds, [out])[out]
-            if tuple(got.shape) != shape or not np.isfinite(got).all():
+            want = shape or (len(next(iter(feeds.values()))),) + tuple(got.shape[1:])
+            if tuple(got.shape) != want or not np.isfinite(got).all():
                 raise SystemExit(f"cycle {cycle}: bad output {got.shape}")
             status, body = post(a.port, f"/v2/repository/models/{name}/unload")
             if status != 200:
