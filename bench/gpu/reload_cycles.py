@@ -4,11 +4,12 @@
 
 One model kind per run (`--kind torch|onnx|aoti|embedding`): ResNet50 as TorchScript, ResNet50
 as ONNX on ONNX Runtime's CUDA provider (needs `--ort-lib`, onnxruntime-gpu's library),
-ResNet50 (or, with `--model fastpitch`, FastPitch, whose data-dependent frame count no CUDA graph
-can capture) as a CUDA AOTInductor package (exported here by examples/aoti_export.py; the server's
+ResNet50 as a CUDA AOTInductor package (exported here by examples/aoti_export.py; the server's
 TMPDIR is a folder of its own, and every `--every` cycles the script counts the unpacked
 package folders left there and in /tmp: none may remain after an unload),
-or an embedding store with a GPU cache (4 tables x 200k rows x 128). The server runs with
+or an embedding store with a GPU cache (4 tables x 200k rows x 128). `--model fastpitch` serves
+FastPitch instead of ResNet50 (TorchScript, or an AOTInductor package): its data-dependent frame
+count is read on the host, so no CUDA graph can capture it. The server runs with
 `--model-control-mode=explicit`; each cycle loads the model through the repository API,
 checks one inference, unloads it and waits until it is gone. Every `--every` cycles it
 prints the server's GPU memory (nvidia-smi, this process) and RSS, and at the end the
@@ -70,7 +71,7 @@ def make_model(kind, repo, gpu, params=(), model="resnet50", graphs=False):
     only the batch dimension is known)."""
     graphs_text = "optimization { cuda { graphs: true } }\n" if graphs else ""
     if model == "fastpitch":
-        return make_fastpitch(repo, gpu, params, graphs_text)
+        return make_fastpitch(kind, repo, gpu, params, graphs_text)
     group = (f"instance_group [ {{ count: 1 kind: KIND_GPU gpus: [ {gpu} ] }} ]" if gpu != "cpu"
              else "instance_group [ { count: 1 kind: KIND_CPU } ]")
     rng = np.random.default_rng(0)
@@ -129,19 +130,28 @@ def make_model(kind, repo, gpu, params=(), model="resnet50", graphs=False):
     return name, {"KEYS": keys, "NUMKEYS": np.full(tables, 4096, np.int32)}, "OUTPUT0", (4096 * tables * dim,)
 
 
-def make_fastpitch(repo, gpu, params, graphs_text):
-    """FastPitch as an AOTInductor package, its inputs and outputs auto-completed from it."""
+def make_fastpitch(kind, repo, gpu, params, graphs_text):
+    """FastPitch as an AOTInductor package (its inputs and outputs auto-completed from it) or
+    as TorchScript."""
     import time
     import torch
-    import aoti_export
     import torch_models
-    name = "fastpitch_aoti"
-    path = os.path.join(repo, name, "1", "model.pt2")
+    name = f"fastpitch_{kind}"
+    path = os.path.join(repo, name, "1", "model.pt2" if kind == "aoti" else "model.pt")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     device = "cpu" if gpu == "cpu" else "cuda"
-    if not os.path.exists(path):
+    io = ""
+    if kind == "torch":
+        torch.jit.script(torch_models.make("fastpitch").eval()).save(path)
+        io = ('input [ { name: "INPUT__0" data_type: TYPE_INT64 dims: [ 128 ] } ]\n'
+              'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 80, -1 ] },\n'
+              '         { name: "OUTPUT__1" data_type: TYPE_INT64 dims: [ 1 ] },\n'
+              '         { name: "OUTPUT__2" data_type: TYPE_FP32 dims: [ 128 ] },\n'
+              '         { name: "OUTPUT__3" data_type: TYPE_FP32 dims: [ 128 ] } ]\n')
+    elif not os.path.exists(path):
+        import aoti_export
         t0 = time.time()
-        module, example, max_batch = aoti_export.EXAMPLES["fastpitch_aoti"]()
+        module, example, _ = aoti_export.EXAMPLES["fastpitch_aoti"]()
         with torch.no_grad():
             aoti_export.package(module.to(device).eval(), example, path, max_batch=8, device=device)
         print(f"exported {path} ({os.path.getsize(path) / 1e6:.0f} MB) in {time.time() - t0:.0f} s", flush=True)
@@ -151,8 +161,8 @@ def make_fastpitch(repo, gpu, params, graphs_text):
     group = (f"instance_group [ {{ count: 1 kind: KIND_GPU gpus: [ {gpu} ] }} ]" if gpu != "cpu"
              else "instance_group [ { count: 1 kind: KIND_CPU } ]")
     with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
-        f.write(f'name: "{name}"\nbackend: "rust"\nmax_batch_size: 8\n{group}\n{graphs_text}'
-                'parameters { key: "engine" value { string_value: "aoti" } }\n'
+        f.write(f'name: "{name}"\nbackend: "rust"\nmax_batch_size: 8\n{io}{group}\n{graphs_text}'
+                f'parameters {{ key: "engine" value {{ string_value: "{kind}" }} }}\n'
                 + "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in params))
     feeds = {"INPUT__0": torch_models.fastpitch_inputs(2, seed=1, min_len=8, max_len=64).numpy()}
     return name, feeds, "OUTPUT__0", None
@@ -179,7 +189,7 @@ def main():
     p.add_argument("--backends", required=True)
     p.add_argument("--kind", choices=["torch", "onnx", "aoti", "embedding"], required=True)
     p.add_argument("--model", choices=["resnet50", "fastpitch"], default="resnet50",
-                   help="the model of --kind aoti (FastPitch only as an AOTInductor package)")
+                   help="the model of --kind aoti or torch")
     p.add_argument("--graphs", action="store_true", help="CUDA graphs asked for in the config (torch, onnx, aoti)")
     p.add_argument("--cycles", type=int, default=200)
     p.add_argument("--every", type=int, default=20)
@@ -195,8 +205,8 @@ def main():
     repo = os.path.join(a.work, a.kind)
     os.makedirs(repo, exist_ok=True)
     params = [tuple(kv.split("=", 1)) for kv in a.param]
-    if a.model != "resnet50" and a.kind != "aoti":
-        p.error("--model fastpitch needs --kind aoti")
+    if a.model != "resnet50" and a.kind not in ("aoti", "torch"):
+        p.error("--model fastpitch needs --kind aoti or torch")
     if a.graphs and a.kind == "embedding":
         p.error("--graphs is for the torch, onnx and aoti kinds")
     name, feeds, out, shape = make_model(a.kind, repo, a.gpu, params, a.model, a.graphs)

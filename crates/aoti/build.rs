@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 fn main() {
     println!("cargo:rerun-if-changed=src/runtime.cpp");
     println!("cargo:rerun-if-changed=src/modules.cpp");
+    println!("cargo:rerun-if-changed=../abi/include/failed_capture.h");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-env-changed=CUDA_HOME");
     let libtorch = PathBuf::from(
@@ -32,7 +33,8 @@ fn main() {
     let mut links = vec!["torch", "torch_cpu", "c10"];
     let cuda = cuda_runtime(&libtorch).filter(|_| lib.join("libtorch_cuda.so").is_file());
     if let Some((include, libdir, cudart)) = &cuda {
-        build.define("TRA_CUDA", None).include(include);
+        // failed_capture.h (shared with the TorchScript plugin)
+        build.define("TRA_CUDA", None).include(include).include("../abi/include");
         for extra in [libtorch.join("../triton/backends/nvidia/include")] {
             if extra.is_dir() {
                 build.include(extra);

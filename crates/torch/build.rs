@@ -7,14 +7,19 @@ use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-changed=src/stream_shim.cpp");
+    println!("cargo:rerun-if-changed=../abi/include/failed_capture.h");
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-env-changed=CUDA_HOME");
     let libtorch = PathBuf::from(
         std::env::var("LIBTORCH")
             .expect("LIBTORCH must point at libtorch (e.g. site-packages/torch)"),
     );
-    let mut includes =
-        vec![libtorch.join("include"), libtorch.join("include/torch/csrc/api/include")];
+    let mut includes = vec![
+        libtorch.join("include"),
+        libtorch.join("include/torch/csrc/api/include"),
+        // failed_capture.h, shared with the AOTInductor plugin
+        PathBuf::from("../abi/include"),
+    ];
     // CUDA's runtime (headers, and libcudart for cudaGetLastError)
     let cudart = match std::env::var("CUDA_HOME").map(PathBuf::from) {
         Ok(home) if home.join("include").exists() => {

@@ -20,6 +20,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
+
+#include "failed_capture.h"
 #endif
 
 #include <chrono>
@@ -376,10 +378,10 @@ std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, i
     // not happen inside it
     m.loader->run(g->inputs, stream);
     m.stream->synchronize();
-    bool capturing = false;
+    bool begun = false, capturing = false;
     try {
       g->graph.capture_begin(m.pool, cudaStreamCaptureModeThreadLocal);
-      capturing = true;
+      begun = capturing = true;
       g->outputs = m.loader->run(g->inputs, stream);
       capturing = false;  // capture_end ends the capture even when it throws
       g->graph.capture_end();
@@ -393,6 +395,14 @@ std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, i
           g->graph.capture_end();
         } catch (...) {
         }
+      }
+      if (begun) {
+        // the pool's reference and the allocators' routing, which libtorch keeps after a
+        // failed capture (failed_capture.h); with no graph of this model holding the pool
+        // it may now be released for good, so later captures take a new one
+        g->outputs.clear();
+        triton_rust::give_back_failed_capture(g->graph, m.device.index(), m.pool);
+        if (m.captured.empty()) m.pool = at::cuda::graph_pool_handle();
       }
       (void)cudaGetLastError();
       m.uncapturable.insert(key);

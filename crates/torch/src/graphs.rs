@@ -223,6 +223,11 @@ impl Graphs {
                 Err(e) => format!("{e}"),
                 Ok(_) => ended,
             };
+            // graph_end gave the pool's reference back: with no graph of ours holding it, the
+            // pool may now be released for good, and a capture into it again would be refused
+            if self.captured.is_empty() {
+                self.pool = None;
+            }
             return Err(format!("the model cannot be captured ({why})"));
         }
         let mut captured = Captured { api: self.api, graph, inputs: statics, outputs: Vec::new() };

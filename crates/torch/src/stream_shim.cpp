@@ -13,6 +13,8 @@
 #include <cuda_runtime_api.h>
 #include <torch/csrc/jit/api/module.h>
 
+#include "failed_capture.h"
+
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -130,35 +132,46 @@ void trt_graph_pool(unsigned long long* first, unsigned long long* second) {
   *second = id.second;
 }
 
+// A graph, and the pool and device it captures into (a failed capture gives them back).
+struct ShimGraph {
+  at::cuda::CUDAGraph graph;
+  at::cuda::MempoolId_t pool;
+  c10::DeviceIndex device;
+};
+
 // Starts capturing the calling thread's current stream (the instance's). Capture mode
 // is thread-local: other threads of the server (other models) go on using CUDA.
 void* trt_graph_begin(unsigned long long pool_first, unsigned long long pool_second, char* err, size_t len) {
-  auto* graph = new at::cuda::CUDAGraph();
+  ShimGraph* g = nullptr;
   try {
-    graph->capture_begin({pool_first, pool_second}, cudaStreamCaptureModeThreadLocal);
-    return graph;
+    g = new ShimGraph{at::cuda::CUDAGraph(), {pool_first, pool_second}, c10::cuda::current_device()};
+    g->graph.capture_begin(g->pool, cudaStreamCaptureModeThreadLocal);
+    return g;
   } catch (const std::exception& e) {
     put_error(err, len, e.what());
   } catch (...) {
     put_error(err, len, "capture_begin failed");
   }
-  delete graph;
+  delete g;
   return nullptr;
 }
 
 // Ends the capture and instantiates the graph. On failure (the model did something a
-// graph cannot hold: a host sync, a data-dependent shape) the graph is destroyed and
-// the stream leaves capture mode; returns 1.
+// graph cannot hold: a host sync, a data-dependent shape) the stream leaves capture mode,
+// the pool's reference and the allocators' routing go back (failed_capture.h) and the graph
+// is destroyed; returns 1. The pool is then free to be released for good: the caller makes a
+// new one for its next capture when no graph of its own holds this one.
 int trt_graph_end(void* graph, char* err, size_t len) {
-  auto* g = static_cast<at::cuda::CUDAGraph*>(graph);
+  auto* g = static_cast<ShimGraph*>(graph);
   try {
-    g->capture_end();
+    g->graph.capture_end();
     return 0;
   } catch (const std::exception& e) {
     put_error(err, len, e.what());
   } catch (...) {
     put_error(err, len, "capture_end failed");
   }
+  triton_rust::give_back_failed_capture(g->graph, g->device, g->pool);
   delete g;
   // a failed capture leaves its error as the thread's last CUDA error: clear it, it is
   // not sticky and must not be reported by the next unrelated call
@@ -168,7 +181,7 @@ int trt_graph_end(void* graph, char* err, size_t len) {
 
 int trt_graph_replay(void* graph, char* err, size_t len) {
   try {
-    static_cast<at::cuda::CUDAGraph*>(graph)->replay();
+    static_cast<ShimGraph*>(graph)->graph.replay();
     return 0;
   } catch (const std::exception& e) {
     put_error(err, len, e.what());
@@ -180,7 +193,7 @@ int trt_graph_replay(void* graph, char* err, size_t len) {
 
 void trt_graph_free(void* graph) {
   try {
-    delete static_cast<at::cuda::CUDAGraph*>(graph);
+    delete static_cast<ShimGraph*>(graph);
   } catch (...) {
   }
 }
