@@ -31,6 +31,8 @@ out="${OUT_ROOT:-docs/perf/h100}"
 # the graph's; main's build served; builds per folder in its README)
 # (aoti_h100_i: A/B runs in one call each (ab.sh, aoti_perf.py --capi-variants): batch 1's staging
 # and scheduler, the parallel read of missed rows; builds per folder in its README)
+# (aoti_h100_j: the four recommender targets on main's final build with the checks after the runs;
+# reloads with CUDA graphs asked for, a failed capture's pool before and after its fix)
 b="$r/aoti_h100_b"
 c="$r/aoti_h100_c"
 d="$r/aoti_h100_d"
@@ -39,6 +41,7 @@ f="$r/aoti_h100_f"
 g="$r/aoti_h100_g"
 h="$r/aoti_h100_h"
 i="$r/aoti_h100_i"
+j="$r/aoti_h100_j"
 "$py" bench/gpu/aoti_report.py --dense "$b/resnet50" "$b/resnet50_b1_timing" "$d/resnet50_b1_pinned" \
     "$e/resnet50_b1_capi" "$f/resnet50_b1_vB" "$g/resnet50_b1_gaps" \
     "$h/resnet50_b1_sys_verbose" "$h/resnet50_b1_nobatcher" "$h/resnet50_b1_sys_staged" "$h/resnet50_b1_sys_staged_b" \
@@ -67,4 +70,5 @@ i="$r/aoti_h100_i"
     "$g/recsys_wide_deep_4inst_quarterwarp" "$h/recsys_dcnv2_main" "$h/recsys_dlrm_4096_main" \
     "$h/recsys_dlrm_4096_main_b" "$i/recsys_dlrm_4096_main_1" "$i/recsys_dlrm_4096_per256_2" \
     "$i/recsys_dlrm_4096_main_3" "$i/recsys_dcnv2_per256_1" "$i/recsys_dcnv2_main_2" \
-    "$i/recsys_dlrm_4096_per256_b" "$i/recsys_dcnv2_graph_input" --out "$out/aoti" "$@"
+    "$i/recsys_dlrm_4096_per256_b" "$i/recsys_dcnv2_graph_input" \
+    "$j/recsys_dlrm_65536" "$j/recsys_dlrm_4096" "$j/recsys_wide_deep_131072" "$j/recsys_dcnv2_65536" --out "$out/aoti" "$@"

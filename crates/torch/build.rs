@@ -18,7 +18,7 @@ fn main() {
         libtorch.join("include"),
         libtorch.join("include/torch/csrc/api/include"),
         // failed_capture.h, shared with the AOTInductor plugin
-        PathBuf::from("../abi/include"),
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../abi/include"),
     ];
     // CUDA's runtime (headers, and libcudart for cudaGetLastError)
     let cudart = match std::env::var("CUDA_HOME").map(PathBuf::from) {
