@@ -50,7 +50,8 @@
 #                 (cross_sweep.py; its arguments, e.g. --configs, --best-to FILE). carry [".carry"]
 #   trust reload torch|onnx|aoti|embedding [cycles] | soak | faults
 #                 load/infer/unload cycles on KIND_GPU (reload_cycles.py; aoti: unpacked package
-#                 folders left behind are counted too), 8 minutes of 256 clients
+#                 folders left behind are counted too; its options after the cycles, e.g.
+#                 `trust reload aoti 200 --model fastpitch --graphs`), 8 minutes of 256 clients
 #                 (soak.py: needs the repository `models` leaves in /tmp/all_models on a still-warm
 #                 machine), bad inputs and a device-side assert (gpu_faults.py).
 #                 carry [".carry"]
