@@ -34,7 +34,10 @@ fn main() {
     let cuda = cuda_runtime(&libtorch).filter(|_| lib.join("libtorch_cuda.so").is_file());
     if let Some((include, libdir, cudart)) = &cuda {
         // failed_capture.h (shared with the TorchScript plugin)
-        build.define("TRA_CUDA", None).include(include).include(Path::new(env!("CARGO_MANIFEST_DIR")).join("../abi/include"));
+        build
+            .define("TRA_CUDA", None)
+            .include(include)
+            .include(Path::new(env!("CARGO_MANIFEST_DIR")).join("../abi/include"));
         for extra in [libtorch.join("../triton/backends/nvidia/include")] {
             if extra.is_dir() {
                 build.include(extra);
