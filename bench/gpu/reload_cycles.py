@@ -66,14 +66,19 @@ def memory_map(pid):
     return by
 
 
+def parameters_text(pairs):
+    """Config `parameters` entries, one per (key, value)."""
+    return "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in pairs)
+
+
 def make_model(kind, repo, gpu, params=(), model="resnet50", graphs=False):
     """Writes the model; returns (name, feeds, output name, expected output shape; None where
     only the batch dimension is known)."""
     graphs_text = "optimization { cuda { graphs: true } }\n" if graphs else ""
-    if model == "fastpitch":
-        return make_fastpitch(kind, repo, gpu, params, graphs_text)
     group = (f"instance_group [ {{ count: 1 kind: KIND_GPU gpus: [ {gpu} ] }} ]" if gpu != "cpu"
              else "instance_group [ { count: 1 kind: KIND_CPU } ]")
+    if model == "fastpitch":
+        return make_fastpitch(kind, repo, gpu, params, group + "\n" + graphs_text)
     rng = np.random.default_rng(0)
     if kind in ("torch", "onnx", "aoti"):
         name = f"resnet50_{kind}"
@@ -109,8 +114,7 @@ def make_model(kind, repo, gpu, params=(), model="resnet50", graphs=False):
             f.write(f'name: "{name}"\nbackend: "rust"\nmax_batch_size: 8\n'
                     f'input [ {{ name: "{inp}" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] }} ]\n'
                     f'output [ {{ name: "{out}" data_type: TYPE_FP32 dims: [ 1000 ] }} ]\n{group}\n{graphs_text}'
-                    f'parameters {{ key: "engine" value {{ string_value: "{engine}" }} }}\n'
-                    + "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in params))
+                    + parameters_text([("engine", engine), *params]))
         return name, {inp: rng.standard_normal((2, 3, 224, 224)).astype(np.float32)}, out, (2, 1000)
     name, tables, rows, dim = "store_gpu", 4, 200_000, 128
     for t in range(tables):
@@ -125,12 +129,12 @@ def make_model(kind, repo, gpu, params=(), model="resnet50", graphs=False):
                 'input [ { name: "KEYS" data_type: TYPE_INT64 dims: [ -1 ] },\n'
                 '        { name: "NUMKEYS" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
                 'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n' + group + "\n"
-                + "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in params.items()))
+                + parameters_text(params.items()))
     keys = rng.integers(0, rows, 4096 * tables).astype(np.int64)
     return name, {"KEYS": keys, "NUMKEYS": np.full(tables, 4096, np.int32)}, "OUTPUT0", (4096 * tables * dim,)
 
 
-def make_fastpitch(kind, repo, gpu, params, graphs_text):
+def make_fastpitch(kind, repo, gpu, params, placement):
     """FastPitch as an AOTInductor package (its inputs and outputs auto-completed from it) or
     as TorchScript."""
     import time
@@ -158,12 +162,9 @@ def make_fastpitch(kind, repo, gpu, params, graphs_text):
         del module
         if device == "cuda":
             torch.cuda.empty_cache()
-    group = (f"instance_group [ {{ count: 1 kind: KIND_GPU gpus: [ {gpu} ] }} ]" if gpu != "cpu"
-             else "instance_group [ { count: 1 kind: KIND_CPU } ]")
     with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
-        f.write(f'name: "{name}"\nbackend: "rust"\nmax_batch_size: 8\n{io}{group}\n{graphs_text}'
-                f'parameters {{ key: "engine" value {{ string_value: "{kind}" }} }}\n'
-                + "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in params))
+        f.write(f'name: "{name}"\nbackend: "rust"\nmax_batch_size: 8\n{io}{placement}'
+                + parameters_text([("engine", kind), *params]))
     feeds = {"INPUT__0": torch_models.fastpitch_inputs(2, seed=1, min_len=8, max_len=64).numpy()}
     return name, feeds, "OUTPUT__0", None
 
