@@ -24,6 +24,10 @@ use crate::ffi::{
 
 pub struct Request {
     raw: *mut sys::TRITONBACKEND_Request,
+    /// States made and filled on this request (`StateNew`, `StateBuffer`), handed to the
+    /// sequence by `commit_states` (`StateUpdate`). One that is never committed stays the
+    /// request's own and goes with it: the sequence keeps its state as it was.
+    staged: std::cell::RefCell<Vec<*mut sys::TRITONBACKEND_State>>,
 }
 
 // SAFETY: a request may be handled from any thread; Triton does not touch it while we own it.
@@ -33,7 +37,7 @@ impl Request {
     /// # Safety
     /// `raw` must be a request Triton handed to `execute`, not yet released.
     pub(crate) unsafe fn from_raw(raw: *mut sys::TRITONBACKEND_Request) -> Self {
-        Request { raw }
+        Request { raw, staged: Default::default() }
     }
 }
 
@@ -149,10 +153,10 @@ impl InferRequest for Request {
         Ok(out)
     }
 
-    /// Triton's implicit state API: `StateNew` makes the state on the request, the
-    /// buffer is filled, and `StateUpdate` hands it to the sequence. The state and its
-    /// buffer belong to the request; neither is touched after the update.
-    fn update_state(
+    /// Triton's implicit state API: `StateNew` makes the state on the request and the
+    /// buffer is filled here; `StateUpdate` hands it to the sequence in `commit_states`.
+    /// The state and its buffer belong to the request; neither is touched after the update.
+    fn stage_state(
         &self,
         name: &str,
         dtype: DataType,
@@ -193,9 +197,17 @@ impl InferRequest for Request {
                 }),
             })?;
         }
-        // SAFETY: the buffer is filled and no longer borrowed.
-        check(unsafe { sys::TRITONBACKEND_StateUpdate(state) })?;
+        self.staged.borrow_mut().push(state);
         Ok(landed)
+    }
+
+    fn commit_states(&self) -> Result<()> {
+        for state in self.staged.borrow_mut().drain(..) {
+            // SAFETY: a state made on this live request, filled, its buffer no longer
+            // borrowed, and updated once (drained).
+            check(unsafe { sys::TRITONBACKEND_StateUpdate(state) })?;
+        }
+        Ok(())
     }
 
     fn requested_outputs(&self) -> Result<Vec<String>> {

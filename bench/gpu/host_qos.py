@@ -36,9 +36,10 @@ def hold_cpu_latency(us=0):
     return fd
 
 
-def _spin(cpu, yielding):
-    """A child's life: pinned to `cpu`, SCHED_IDLE, spinning until its parent dies."""
-    parent = os.getppid()
+def _spin(cpu, yielding, parent):
+    """A child's life: pinned to `cpu`, SCHED_IDLE, spinning until its parent dies. `parent` is
+    the pid the parent read of itself before the fork: read here, after the fork, it would already
+    be the reaper's if the parent died first, and the check below would pass."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         if os.getppid() != parent:  # the parent died before the signal was set
@@ -50,8 +51,9 @@ def _spin(cpu, yielding):
     if yielding:
         # yielding on every turn: a runnable thread that the scheduler would let wait behind a
         # spinner's slice (a busy host, e.g. 64 clients) gets the CPU back within microseconds
-        while True:
+        while os.getppid() == parent:
             os.sched_yield()
+        os._exit(0)
     while True:
         pass
 
@@ -66,10 +68,11 @@ def keep_cpus_polling(mode="yield"):
     if mode not in POLL_MODES:
         raise ValueError(f"CPU idle polling: mode {mode!r}, not one of {POLL_MODES}")
     pids = []
+    me = os.getpid()
     for cpu in sorted(os.sched_getaffinity(0)):
         pid = os.fork()
         if pid == 0:
-            _spin(cpu, mode == "yield")
+            _spin(cpu, mode == "yield", me)
         pids.append(pid)
 
     def stop():

@@ -98,12 +98,13 @@ def test_concurrent_requests_are_batched(server, protocol):
     rng = np.random.default_rng(64)
     # distinct data per request (row count 1 or 2 so merged batches mix request sizes)
     payloads = [rng.standard_normal((1 + i % 2, 16), dtype=np.float32) + 1000 * i for i in range(N_REQUESTS)]
-    before = counts(server.stats("identity"))
+    raw_before = server.stats("identity")
+    before = counts(raw_before)
     results = FIRE[protocol](server, "identity", payloads)
     for i, (out, err) in enumerate(results):
         assert err is None, f"request {i} failed: {err}"
         np.testing.assert_array_equal(out, payloads[i], err_msg=f"request {i} got another request's data")
-    d = delta(counts(server.stats("identity")), before)
+    d = delta(counts(server.stats_after("identity", raw_before, N_REQUESTS)), before)
     rows = sum(len(p) for p in payloads)
     print(f"\n[identity {protocol}] {N_REQUESTS} requests ({rows} rows): inference_count={d['inference_count']} "
           f"execution_count={d['execution_count']} success={d['success']} queue={d['queue']} "
@@ -123,9 +124,10 @@ def test_one_bad_request_fails_alone(server, protocol):
     payloads = [rng.standard_normal((1, 16), dtype=np.float32) + 100 * i for i in range(n)]
     payloads[5][0, 7] = np.nan
     payloads[11][0, 0] = np.inf
-    before = counts(server.stats("identity_strict"))
+    raw_before = server.stats("identity_strict")
+    before = counts(raw_before)
     results = FIRE[protocol](server, "identity_strict", payloads)
-    d = delta(counts(server.stats("identity_strict")), before)
+    d = delta(counts(server.stats_after("identity_strict", raw_before, n)), before)
     for i, (out, err) in enumerate(results):
         if i in bad:
             assert err is not None, f"request {i} holds a non-finite value but succeeded"

@@ -325,18 +325,10 @@ def batch_counts(stats: dict) -> dict:
 
 
 def stats_delta(server, before: dict, requests: int) -> dict:
-    """The stats change once all `requests` are counted. The backend sends a response before it
-    reports that request's statistics, so a client can read the stats a moment too early: poll."""
-    t0 = time.monotonic()
-    while True:
-        after = batch_counts(server.stats("emb_batched"))
-        d = {k: after[k] - before[k] for k in after}
-        if d["success"] + d["fail"] >= requests or time.monotonic() - t0 > 5:
-            break
-        time.sleep(0.02)
-    if time.monotonic() - t0 > 0.01:
-        print(f"[emb_batched] statistics complete {1000 * (time.monotonic() - t0):.0f} ms after the last response")
-    return d
+    """The stats change once all `requests` are counted (the harness's stats_after waits for them)."""
+    finished = {"inference_stats": {"success": {"count": before["success"]}, "fail": {"count": before["fail"]}}}
+    after = batch_counts(server.stats_after("emb_batched", finished, requests))
+    return {k: after[k] - before[k] for k in after}
 
 
 def fire_grpc_batched(server, payloads):

@@ -324,16 +324,25 @@ class TritonServer:
         r.raise_for_status()
         return r.json()["model_stats"][0]
 
-    def stats_after(self, model: str, before: dict, requests: int, timeout: float = 5.0) -> dict:
-        """The model's statistics once they count `requests` more successes than `before`: a
-        backend reports an execution's statistics after sending its responses, so a client
-        holding every answer can read the statistics a moment before they include the last."""
-        want = int(before["inference_stats"]["success"]["count"]) + requests
+    def stats_after(self, model: str, before: dict, requests: int, timeout: float = 120.0) -> dict:
+        """The model's statistics once they count `requests` more finished requests (successes
+        and failures) than `before`. The backend keeps Triton's order: it sends an execution's
+        responses, then reports its statistics, so a client holding every answer can read the
+        statistics before they include the last; on a busy machine that gap can be long. Tests
+        read statistics through this, never right after their answers; it fails rather than
+        return incomplete figures."""
+        def finished(stats):
+            s = stats["inference_stats"]
+            return int(s["success"]["count"]) + int(s["fail"]["count"])
+        want = finished(before) + requests
         deadline = time.monotonic() + timeout
         while True:
             stats = self.stats(model)
-            if int(stats["inference_stats"]["success"]["count"]) >= want or time.monotonic() > deadline:
+            if finished(stats) >= want:
                 return stats
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{model}: statistics count {finished(stats) - finished(before)} of "
+                                     f"{requests} requests {timeout:.0f} s after the last answer")
             time.sleep(0.02)
 
     def model_ready(self, model: str) -> bool:

@@ -151,7 +151,10 @@ pub fn check_request<'a>(
             .iter()
             .position(|g| g.name == c.name)
             .ok_or_else(|| Error::invalid_arg(format!("missing input '{}'", c.name)))?;
-        let t = given.swap_remove(pos);
+        let mut t = given.swap_remove(pos);
+        if cfg.sequence.as_ref().and_then(|s| s.string_corrid.as_deref()) == Some(c.name.as_str()) {
+            t = string_corrid(t)?;
+        }
         check_tensor(cfg, c, policy, &t)?;
         if cfg.batching() {
             let b = t.shape[0] as usize;
@@ -258,6 +261,29 @@ fn check_tensor(
         }
     }
     Ok(())
+}
+
+/// A string correlation id as Triton fills its control: one string in a buffer sized for
+/// the longest id, the bytes after the string unused. The tensor is cut to that string, so
+/// it batches and checks like any one-string input.
+fn string_corrid(mut t: RequestTensor<'_>) -> Result<RequestTensor<'_>> {
+    let name = t.name.clone();
+    let bad = |why: String| Error::invalid_arg(format!("correlation id input '{name}': {why}"));
+    let [Bytes::Host(bytes)] = t.chunks.as_slice() else {
+        return Err(bad("expected one buffer in host memory".into()));
+    };
+    let bytes: &[u8] = *bytes;
+    let len =
+        bytes
+            .get(..4)
+            .map(|p| u32::from_le_bytes(p.try_into().expect("4 bytes")) as usize)
+            .ok_or_else(|| bad(format!("{} bytes, too few for a string's length", bytes.len())))?;
+    let end = 4usize
+        .checked_add(len)
+        .filter(|&e| e <= bytes.len())
+        .ok_or_else(|| bad(format!("says {len} bytes but only {} follow", bytes.len() - 4)))?;
+    t.chunks = vec![Bytes::Host(&bytes[..end])];
+    Ok(t)
 }
 
 /// A BYTES input must hold exactly its shape's count of well-formed strings, in host

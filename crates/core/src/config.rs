@@ -109,6 +109,9 @@ pub struct SequenceConfig {
     /// START, END, READY and CORRID tensors, one value per request (dims `[1]`).
     pub controls: Vec<TensorConfig>,
     pub states: Vec<StateConfig>,
+    /// The CORRID control, when its `data_type` is `TYPE_STRING`: Triton fills it from a
+    /// buffer sized for its longest id, the id first and unused bytes after it.
+    pub string_corrid: Option<String>,
 }
 
 impl SequenceConfig {
@@ -119,6 +122,7 @@ impl SequenceConfig {
             SequenceStrategy::Direct
         };
         let mut controls = Vec::new();
+        let mut string_corrid = None;
         for c in v.get("control_input").and_then(Value::as_array).into_iter().flatten() {
             let name = c.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
             if name.is_empty() {
@@ -151,6 +155,9 @@ impl SequenceConfig {
                     "sequence_batching control_input '{name}' ({kind}) gives none of int32_false_true, fp32_false_true, bool_false_true"
                 )));
             };
+            if kind == "CONTROL_SEQUENCE_CORRID" && dtype == DataType::Bytes {
+                string_corrid = Some(name.clone());
+            }
             controls.push(TensorConfig { name, dtype, dims: vec![1], reshape: None });
         }
         let mut states = Vec::new();
@@ -184,7 +191,7 @@ impl SequenceConfig {
                 .unwrap_or_default();
             states.push(StateConfig { input, output, dtype, dims });
         }
-        Ok(SequenceConfig { strategy, controls, states })
+        Ok(SequenceConfig { strategy, controls, states, string_corrid })
     }
 
     /// The names of the inputs the server adds to every request: controls, then states.

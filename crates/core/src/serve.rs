@@ -47,11 +47,13 @@ pub trait InferRequest {
     fn parameters(&self) -> Result<Vec<(String, String)>> {
         Ok(Vec::new())
     }
-    /// Stores the next value of the sequence's implicit state `name` (the state's
+    /// Stages the next value of the sequence's implicit state `name` (the state's
     /// `output_name`): the server gives a buffer of `byte_size` bytes, on `prefer` when it
-    /// can, `fill` writes it, and the value becomes the state input of the sequence's
-    /// next request. Returns where the buffer was.
-    fn update_state(
+    /// can, and `fill` writes it. The value becomes the state input of the sequence's next
+    /// request only at `commit_states`, which `execute` calls once every output of the
+    /// request was delivered: a request that fails after its state was staged leaves the
+    /// sequence's state as it was. Returns where the buffer was.
+    fn stage_state(
         &self,
         name: &str,
         _dtype: DataType,
@@ -61,6 +63,10 @@ pub trait InferRequest {
         _fill: &mut dyn FnMut(BytesMut<'_>) -> Result<()>,
     ) -> Result<Device> {
         Err(Error::unsupported(format!("state '{name}': this server keeps no sequence state")))
+    }
+    /// Hands every state staged on this request to its sequence.
+    fn commit_states(&self) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -444,6 +450,12 @@ pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<
         }
     }
     drop(engine);
+    // a sequence moves on only with a request that succeeded whole
+    for slot in slots.iter_mut().filter(|s| s.outcome.is_ok() && s.checked.is_some()) {
+        if let Err(e) = slot.request.commit_states() {
+            slot.outcome = Err(e.context("sequence state"));
+        }
+    }
     let run_end = transport.now_ns();
     let compute_end = run_end.saturating_sub(sink_ns).max(compute_start);
     let exec_end = transport.now_ns();

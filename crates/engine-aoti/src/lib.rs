@@ -27,7 +27,7 @@ use triton_rust_core::tensor::DataType;
 pub mod names;
 pub mod package;
 
-use package::Package;
+use package::{DimBounds, Package};
 
 /// The AOTInductor engine reads no model parameters of its own.
 pub const KNOWN: &[Known] = &[];
@@ -44,6 +44,9 @@ pub struct AotiEngine {
     /// The inputs whose values the package bounds, by name, and the values `[lo, hi)` each
     /// may hold (`check_ranges`).
     ranges: Vec<(String, (i64, i64))>,
+    /// The sizes the package was exported for, by input name and dimension of the request's
+    /// shape (`check_dims`).
+    dims: Vec<(String, usize, DimBounds)>,
     outputs_on_host: bool,
 }
 
@@ -159,6 +162,7 @@ impl AotiEngine {
         let (outputs, mut out_pos) =
             tensors(cfg, &cfg.outputs, package.outputs.as_deref(), None, false)?;
         if cfg.batching() {
+            check_batch_dims(cfg, &package, &in_pos, &inputs)?;
             if let Some(t) = inputs.iter().chain(&outputs).find(|t| t.shape.first() != Some(&-1)) {
                 return Err(Error::invalid_arg(format!(
                     "max_batch_size {} asks for batching, but the package's tensor '{}' has shape {:?}, a fixed first dimension: export it with a dynamic batch dimension (torch.export.Dim(\"batch\") on dimension 0 of every input; examples/aoti_export.py), or serve it with max_batch_size: 0",
@@ -234,8 +238,21 @@ impl AotiEngine {
                 Some((t.name.clone(), package.input_ranges.get(p).copied().flatten()?))
             })
             .collect();
+        let dims = in_pos
+            .iter()
+            .zip(&cfg.inputs)
+            .filter(|(_, c)| c.reshape.is_none())
+            .flat_map(|(&p, c)| {
+                package
+                    .dims
+                    .range((p, 0)..(p + 1, 0))
+                    .filter(|((_, d), _)| !(cfg.batching() && *d == 0))
+                    .map(move |(&(_, d), &b)| (c.name.clone(), d, b))
+            })
+            .collect();
         Ok(AotiEngine {
             model,
+            dims,
             sig: Signature { inputs, outputs, device: options.device },
             input_order,
             input_names,
@@ -257,6 +274,7 @@ impl Engine for AotiEngine {
         self.outputs_on_host = on_host;
     }
     fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
+        check_dims(&self.dims, inputs)?;
         check_ranges(&self.ranges, inputs)
     }
     fn graph_input(
@@ -292,6 +310,55 @@ impl Engine for AotiEngine {
             sink(OutputView { name, dtype: from_abi(out.dtype)?, shape: out.shape, data: out.data })
         })
     }
+}
+
+/// Under batching, every input's first dimension must be the package's dynamic batch, and
+/// reach `max_batch_size`: a package exported with a static batch (no metadata says so, its
+/// wrapper does) would fail every merged batch, and one exported for smaller batches than
+/// the config asks would be run past its export.
+fn check_batch_dims(
+    cfg: &ModelConfig,
+    package: &Package,
+    in_pos: &[usize],
+    inputs: &[TensorSpec],
+) -> Result<()> {
+    for (j, &p) in in_pos.iter().enumerate() {
+        let Some(b) = package.dims.get(&(p, 0)) else { continue };
+        let name = &inputs[j].name;
+        if let Some(fixed) = b.fixed {
+            return Err(Error::invalid_arg(format!(
+                "max_batch_size {} asks for batching, but the package's input '{name}' was exported with a fixed first dimension of {fixed}: export it with a dynamic batch dimension (torch.export.Dim(\"batch\", max=N) on dimension 0 of every input; docs/pytorch2.md), or serve it with max_batch_size: 0",
+                cfg.max_batch_size
+            )));
+        }
+        if let Some(max) = b.max.filter(|&m| m < cfg.max_batch_size) {
+            return Err(Error::invalid_arg(format!(
+                "max_batch_size {} is larger than the batch the package's input '{name}' was exported for (at most {max}): set max_batch_size to at most {max}, or export with torch.export.Dim(\"batch\", max={})",
+                cfg.max_batch_size, cfg.max_batch_size
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Every dimension of a request's input within the sizes the package was exported for:
+/// past them the compiled code indexes out of bounds (a sequence longer than BERT's
+/// position table), which on a CPU ends the process and on a GPU trips a device-side
+/// assertion that poisons the GPU's context. `dims`: (input, dimension of the request's
+/// shape, bounds); the batch dimension of a batching model is held by `max_batch_size`.
+fn check_dims(dims: &[(String, usize, DimBounds)], inputs: &[RequestTensor<'_>]) -> Result<()> {
+    for (name, d, bounds) in dims {
+        let Some(t) = inputs.iter().find(|t| t.name == *name) else { continue };
+        let Some(&size) = t.shape.get(*d) else { continue };
+        if !bounds.admits(size) {
+            return Err(Error::invalid_arg(format!(
+                "input '{name}' has size {size} in dimension {d} (shape {:?}), and the package was exported for {} there",
+                t.shape,
+                bounds.describe()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The first element of integer `bytes` (little-endian `dtype`) outside `[lo, hi)`: its
@@ -402,6 +469,54 @@ mod tests {
         // a package without metadata: the config's tensors, batched
         let (specs, _) = tensors(&cfg, &[t("ARGS[0]", &[4])], None, None, true).unwrap();
         assert_eq!(specs[0].shape, vec![-1, 4]);
+    }
+
+    #[test]
+    fn sizes_past_the_export_are_refused_naming_input_and_dimension() {
+        let seq = DimBounds { min: Some(8), max: Some(128), fixed: None };
+        let dims = vec![("INPUT__0".to_string(), 1, seq)];
+        let ids = [0u8; 8 * 600];
+        let req = |len: i64| RequestTensor {
+            name: "INPUT__0".into(),
+            dtype: DataType::I64,
+            shape: vec![1, len],
+            chunks: vec![Bytes::Host(&ids[..8 * len as usize])],
+        };
+        assert!(check_dims(&dims, &[req(8)]).is_ok());
+        assert!(check_dims(&dims, &[req(128)]).is_ok());
+        for len in [600, 7] {
+            let e = check_dims(&dims, &[req(len)]).unwrap_err();
+            assert_eq!(e.kind(), triton_rust_core::error::ErrorKind::InvalidArg);
+            assert!(
+                e.message().contains(&format!("input 'INPUT__0' has size {len} in dimension 1"))
+                    && e.message().contains("exported for 8 to 128"),
+                "{e}"
+            );
+        }
+        // another input's bounds do not apply
+        assert!(check_dims(&[("x".to_string(), 1, seq)], &[req(600)]).is_ok());
+    }
+
+    #[test]
+    fn a_static_or_small_batch_is_refused_at_load_under_batching() {
+        let cfg = ModelConfig { max_batch_size: 8, ..Default::default() };
+        let mut package = Package::default();
+        let inputs = [listed("INPUT__0", &[-1, 3])];
+        assert!(check_batch_dims(&cfg, &package, &[0], &inputs).is_ok(), "nothing known");
+        package.dims.insert((0, 0), DimBounds { fixed: Some(1), ..Default::default() });
+        let e = check_batch_dims(&cfg, &package, &[0], &inputs).unwrap_err();
+        assert!(
+            e.message().contains("input 'INPUT__0' was exported with a fixed first dimension of 1"),
+            "{e}"
+        );
+        package.dims.insert((0, 0), DimBounds { min: Some(1), max: Some(4), fixed: None });
+        let e = check_batch_dims(&cfg, &package, &[0], &inputs).unwrap_err();
+        assert!(
+            e.message().contains("max_batch_size 8 is larger") && e.message().contains("at most 4"),
+            "{e}"
+        );
+        package.dims.insert((0, 0), DimBounds { min: Some(1), max: Some(8), fixed: None });
+        assert!(check_batch_dims(&cfg, &package, &[0], &inputs).is_ok());
     }
 
     #[test]

@@ -70,7 +70,9 @@ fn shared_store(settings: &StoreSettings) -> Result<Arc<EmbeddingStore>> {
     }
     let remote = match &settings.volatile_db {
         None => None,
-        Some(spec) => Some(triton_rust_embedding::redis::RedisTier::from_spec(spec)?),
+        Some(spec) => {
+            Some(triton_rust_embedding::redis::RedisTier::from_spec(spec, &settings.redis_access)?)
+        }
     };
     let store = EmbeddingStore::open(settings.store.clone(), remote)?;
     for (i, t) in store.tables().enumerate() {

@@ -7,6 +7,7 @@ use std::path::Path;
 use triton_rust_core::config::ModelConfig;
 use triton_rust_core::error::{Error, Result};
 use triton_rust_core::settings::{BackendSettings, Known};
+use triton_rust_embedding::redis::{Access, Credential as RedisCredential};
 use triton_rust_embedding::settings::TableSettings;
 use triton_rust_embedding::stream::StreamSpec;
 use triton_rust_embedding::table::HostRows;
@@ -28,6 +29,9 @@ pub struct StoreSettings {
     /// Keys must lie in [0, size) when given (per table).
     pub vocabulary: Vec<Option<u64>>,
     pub volatile_db: Option<String>,
+    /// The Redis tier's login and TLS authorities (`volatile_db_credential_*`,
+    /// `volatile_db_tls_ca_file`).
+    pub redis_access: Access,
     /// Who may update (the update interface only).
     pub credential: Credential,
     /// A GPU instance's whole-batch lookup sends its keys in pieces of this many keys, copied
@@ -155,6 +159,9 @@ impl StoreSettings {
         ("hit_rate_threshold", "0.9"),
         ("host_memory", "mapped"),
         ("volatile_db", "none"),
+        ("volatile_db_credential_file", "none"),
+        ("volatile_db_credential_env", "none"),
+        ("volatile_db_tls_ca_file", "the system's roots"),
         ("update_log_dir", "<table files>/updates/"),
         ("update_compaction_rows", "1000000"),
         ("update_stream", "none"),
@@ -266,6 +273,7 @@ impl StoreSettings {
             store,
             vocabulary,
             volatile_db: cfg.parameters.get("volatile_db").cloned(),
+            redis_access: redis_access(cfg)?,
             credential,
             key_upload,
             cache_sharing: CacheSharing::parse(
@@ -273,6 +281,53 @@ impl StoreSettings {
             )?,
         })
     }
+}
+
+/// The Redis tier's login, read at load from the file or environment variable the config
+/// names (never the secret itself: any client may read a model's config through the config
+/// API), and the CA file a `rediss:` server's certificate is checked against.
+fn redis_access(cfg: &ModelConfig) -> Result<Access> {
+    let param = |k: &str| cfg.parameters.get(k).map(|s| s.trim()).filter(|s| !s.is_empty());
+    let (file, env) = (param("volatile_db_credential_file"), param("volatile_db_credential_env"));
+    let credential = match (file, env) {
+        (Some(_), Some(_)) => {
+            return Err(Error::invalid_arg(
+                "set one of volatile_db_credential_file and volatile_db_credential_env, not both",
+            ))
+        }
+        (Some(path), None) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                Error::invalid_arg(format!(
+                    "volatile_db_credential_file '{path}' cannot be read: {e}"
+                ))
+            })?;
+            Some(RedisCredential::parse(&text, format!("file '{path}'"))?)
+        }
+        (None, Some(var)) => {
+            let text = std::env::var(var).map_err(|_| {
+                Error::invalid_arg(format!(
+                    "volatile_db_credential_env names '{var}', which is not set in the server's environment"
+                ))
+            })?;
+            Some(RedisCredential::parse(&text, format!("environment variable '{var}'"))?)
+        }
+        (None, None) => None,
+    };
+    let ca_file = match param("volatile_db_tls_ca_file") {
+        None => None,
+        Some(path) => {
+            let pem = std::fs::read(path).map_err(|e| {
+                Error::invalid_arg(format!("volatile_db_tls_ca_file '{path}' cannot be read: {e}"))
+            })?;
+            Some((path.to_string(), pem))
+        }
+    };
+    if (credential.is_some() || ca_file.is_some()) && param("volatile_db").is_none() {
+        return Err(Error::invalid_arg(
+            "volatile_db_credential_* or volatile_db_tls_ca_file is set without a volatile_db",
+        ));
+    }
+    Ok(Access { credential, ca_file })
 }
 
 /// This server's name among the nodes following a stream: `--backend-config=rust,node-name=…`,

@@ -384,3 +384,48 @@ fn non_batching_model_runs_requests_alone() {
         vec![(vec![3], 0..12)]
     );
 }
+
+#[test]
+fn a_string_correlation_id_is_read_from_triton_s_fixed_size_control_buffer() {
+    use crate::tensor::encode_strings;
+    let mut c = ModelConfig::from_json(
+        r#"{"max_batch_size": 8,
+            "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
+            "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}],
+            "sequence_batching": {"control_input": [{"name": "CORRID",
+                "control": [{"kind": "CONTROL_SEQUENCE_CORRID", "data_type": "TYPE_STRING"}]}]}}"#,
+    )
+    .unwrap();
+    c.add_sequence_inputs().unwrap();
+    assert_eq!(c.sequence.as_ref().unwrap().string_corrid.as_deref(), Some("CORRID"));
+    let p = InputPolicy::default();
+    let x = f32s(&[1.0]);
+    // as Triton fills it: the id, then the buffer's unused bytes
+    let mut short = encode_strings(&["seq-7"]).unwrap();
+    short.extend([0u8; 23]);
+    let mut long = encode_strings(&["sequence-0042"]).unwrap();
+    long.extend([0xAB; 15]);
+    let req = |id: &'static [u8]| {
+        vec![
+            t("x", DataType::F32, &[1, 1], vec![&x]),
+            t("CORRID", DataType::Bytes, &[1, 1], vec![id]),
+        ]
+    };
+    let short: &'static [u8] = Box::leak(short.into_boxed_slice());
+    let long: &'static [u8] = Box::leak(long.into_boxed_slice());
+    let r1 = check_request(&c, &p, req(short)).unwrap();
+    let r2 = check_request(&c, &p, req(long)).unwrap();
+    let batch = assemble(&c, &[&r1, &r2]).unwrap();
+    let ids = batch.tensors.iter().find(|t| t.name == "CORRID").unwrap().host_bytes().unwrap();
+    assert_eq!(decode_strings(&ids).unwrap(), vec![&b"seq-7"[..], b"sequence-0042"]);
+    // a length past the buffer is still refused, naming the input
+    let e = check_request(&c, &p, req(&[40, 0, 0, 0, b'a'])).unwrap_err().to_string();
+    assert!(e.contains("correlation id input 'CORRID'") && e.contains("40 bytes"), "{e}");
+    // a string input that is not the correlation id keeps the strict check
+    let strict = ModelConfig::from_json(
+        r#"{"max_batch_size": 8, "input": [{"name": "CORRID", "data_type": "TYPE_STRING", "dims": [1]}]}"#,
+    )
+    .unwrap();
+    assert!(check_request(&strict, &p, vec![t("CORRID", DataType::Bytes, &[1, 1], vec![short])])
+        .is_err());
+}

@@ -103,10 +103,14 @@ fn each_sequence_gets_its_own_rows_of_the_state_output_back() {
         request("a", &[1, 2], &[1.0, 2.0], None),
         request("refused", &[1, 2], &[13.0, 0.0], None),
         request("b", &[1, 2], &[5.0, 6.0], None),
+        request("undeliverable", &[1, 2], &[7.0, 8.0], None),
     ];
     for r in &mut requests {
         r.outputs.clear();
     }
+    // this client asks for the state output too, and it cannot be delivered: the state
+    // is staged when the run gives it, the response fails after, so nothing may be committed
+    requests[3].outputs = vec!["Y".to_string()];
     let states: Vec<_> = requests.iter().map(|r| r.id.clone()).collect();
     let kept = Rc::new(RefCell::new(Vec::new()));
     /// Each request's id with the states it handed back.
@@ -116,7 +120,9 @@ fn each_sequence_gets_its_own_rows_of_the_state_output_back() {
         type Request = FakeRequest;
         type Response = FakeResponse;
         fn respond(&self, r: &FakeRequest) -> Result<FakeResponse> {
-            self.0.respond(r)
+            let mut resp = self.0.respond(r)?;
+            resp.undeliverable = r.id == "undeliverable";
+            Ok(resp)
         }
         fn report(&self, r: &FakeRequest, ok: bool, t: Timing) {
             self.1.borrow_mut().push((r.id.clone(), r.states.borrow().clone()));
@@ -139,12 +145,19 @@ fn each_sequence_gets_its_own_rows_of_the_state_output_back() {
     assert_eq!(kept[0].1, vec![("Y".to_string(), vec![1, 2], to_bytes(&[2.0, 4.0]))]);
     assert!(kept[1].1.is_empty(), "a refused request leaves its sequence's state as it was");
     assert_eq!(kept[2].1, vec![("Y".to_string(), vec![1, 2], to_bytes(&[10.0, 12.0]))]);
+    assert!(
+        kept[3].1.is_empty(),
+        "a request whose output could not be delivered leaves its sequence's state as it was"
+    );
     let sent = spy.0.sent.borrow();
-    assert!(sent.iter().all(|s| s.2.is_empty()), "no client asked for Y: no response output");
+    assert!(sent.iter().all(|s| s.2.is_empty()), "no client got Y");
+    let failed = sent.iter().find(|s| s.0 == "undeliverable").unwrap().1.clone().unwrap_err();
+    assert!(failed.message().contains("too small"), "{failed}");
+    assert!(sent.iter().find(|s| s.0 == "b").unwrap().1.is_ok());
     assert_eq!(
         *factory.runs.lock().unwrap(),
-        vec![(2, Device::Cpu)],
-        "the two sequences ran as one batch"
+        vec![(3, Device::Cpu)],
+        "the three sequences ran as one batch"
     );
 }
 

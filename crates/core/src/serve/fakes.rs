@@ -27,6 +27,8 @@ pub(super) struct FakeRequest {
     pub(super) outputs: Vec<String>,
     /// States handed back for the sequence's next request: (name, shape, bytes).
     pub(super) states: RefCell<Vec<FakeState>>,
+    /// States staged and not yet committed.
+    pub(super) staged: RefCell<Vec<FakeState>>,
 }
 
 impl InferRequest for FakeRequest {
@@ -54,7 +56,7 @@ impl InferRequest for FakeRequest {
     fn requested_outputs(&self) -> Result<Vec<String>> {
         Ok(self.outputs.clone())
     }
-    fn update_state(
+    fn stage_state(
         &self,
         name: &str,
         _dtype: DataType,
@@ -65,8 +67,12 @@ impl InferRequest for FakeRequest {
     ) -> Result<Device> {
         let mut buf = vec![0u8; byte_size];
         fill(BytesMut::Host(&mut buf))?;
-        self.states.borrow_mut().push((name.to_string(), shape.to_vec(), buf));
+        self.staged.borrow_mut().push((name.to_string(), shape.to_vec(), buf));
         Ok(Device::Cpu)
+    }
+    fn commit_states(&self) -> Result<()> {
+        self.states.borrow_mut().append(&mut self.staged.borrow_mut());
+        Ok(())
     }
 }
 
@@ -76,6 +82,8 @@ pub(super) struct FakeResponse {
     pub(super) sent: Rc<RefCell<Vec<Sent>>>,
     /// Like Triton for a gRPC/HTTP client: host memory whatever is asked.
     pub(super) host_only: bool,
+    /// No output can be delivered (as for a client's shared-memory region too small).
+    pub(super) undeliverable: bool,
 }
 
 impl InferResponse for FakeResponse {
@@ -87,6 +95,11 @@ impl InferResponse for FakeResponse {
         byte_size: usize,
         prefer: Device,
     ) -> Result<BytesMut<'_>> {
+        if self.undeliverable {
+            return Err(Error::invalid_arg(format!(
+                "output '{name}': the client's shared-memory region is too small"
+            )));
+        }
         // like Triton for an ensemble step: the memory asked for (host_only: a client's)
         let prefer = if self.host_only { Device::Cpu } else { prefer };
         self.outputs.push((name.to_string(), shape.to_vec(), vec![0u8; byte_size], prefer));
@@ -120,6 +133,7 @@ impl Transport for FakeServer {
             outputs: Vec::new(),
             sent: self.sent.clone(),
             host_only: self.host_only,
+            undeliverable: false,
         })
     }
     fn report(&self, request: &FakeRequest, success: bool, _timing: Timing) {
@@ -273,5 +287,6 @@ pub(super) fn request(id: &str, shape: &[i64], values: &[f32], gpu: Option<i32>)
         inputs: vec![("X".into(), shape.to_vec(), to_bytes(values), gpu)],
         outputs: vec!["Y".into()],
         states: RefCell::default(),
+        staged: RefCell::default(),
     }
 }

@@ -65,9 +65,10 @@ pub(super) fn run_group<T: Transport>(
             }
             let (shape, range) = &parts[k];
             if is_state {
-                // the sequence's next state: kept by the server for its next request
+                // the sequence's next state, staged: committed by `execute` once every
+                // output of this request was delivered
                 let mut copy = |dst: BytesMut<'_>| copy_part(ops, &view, range.clone(), dst);
-                if let Err(e) = slot.request.update_state(
+                if let Err(e) = slot.request.stage_state(
                     view.name,
                     view.dtype,
                     shape,
