@@ -70,9 +70,10 @@ def recsys_rows(folder):
     with the package's network alone at that batch, how the package was exported, and where the
     same run served the TorchScript ensemble and measured the bare TorchScript ceiling, those."""
     rows, ens, network, ceiling, export = [], {}, {}, {}, {}
-    command, model, instances, share, last, protocol = "", None, 1, 0.1, None, "gRPC"
+    command, model, instances, share, last, protocol, shm = "", None, 1, 0.1, None, "gRPC", "cuda"
     shared = False  # runs before gpucache_sharing: each instance had its own cache
     fp16_rows = False  # runs before gpucache_row_type kept fp32 rows
+    allocation = "store"  # recsys_perf.py's default, not the backend's (per_table)
     with open(os.path.join(folder, "console.log")) as f:
         for line in f:
             if line.startswith("run.sh"):
@@ -83,6 +84,11 @@ def recsys_rows(folder):
                 share = float(c.group(1)) if c else 0.1
                 said = re.search(r"--protocol[ =]([\w-]+)", line)
                 protocol = PROTOCOLS.get(said.group(1) if said else "grpc", "gRPC")
+                said = re.search(r"--shared-memory[ =](\w+)", line)
+                shm = said.group(1) if said else "cuda"
+            said = re.match(r"store: .*GPU cache [\d,]+ rows \([\d.]+%, (\w+)\)", line)
+            if said:
+                allocation = said.group(1)
             if line.startswith("GPU caches: "):
                 shared = "shared" in line
                 fp16_rows = "rows kept as fp16" in line
@@ -104,7 +110,9 @@ def recsys_rows(folder):
             elif r and "endless stream" in line:
                 # our endless-stream client (stream_load.py): the cache at its stationary hit rate
                 rows.append({"model": r.group(1), "alpha": r.group(3), "batch": int(r.group(4)), "conc": int(r.group(5)),
-                             "instances": instances, "share": share, "shared": shared, "fp16_rows": fp16_rows, "folder": os.path.basename(os.path.normpath(folder)),
+                             "instances": instances, "share": share, "shared": shared, "fp16_rows": fp16_rows,
+                             "shm": shm, "allocation": allocation,
+                             "folder": os.path.basename(os.path.normpath(folder)),
                              "protocol": "endless stream: stream_load.py over HTTP" + (
                                  ", compiled sender" if "stream_client (compiled)" in line else "") + ", not perf_analyzer",
                              "stream": True,
@@ -112,7 +120,9 @@ def recsys_rows(folder):
             elif r:
                 over = re.search(r"  over ([\w-]+)\s*$", line)  # runs of several protocols say each row's
                 rows.append({"model": r.group(1), "alpha": r.group(3), "batch": int(r.group(4)), "conc": int(r.group(5)),
-                             "instances": instances, "share": share, "shared": shared, "fp16_rows": fp16_rows, "folder": os.path.basename(os.path.normpath(folder)),
+                             "instances": instances, "share": share, "shared": shared, "fp16_rows": fp16_rows,
+                             "shm": shm, "allocation": allocation,
+                             "folder": os.path.basename(os.path.normpath(folder)),
                              "protocol": PROTOCOLS.get(over.group(1), over.group(1)) if over else protocol,
                              "ips": float(r.group(6)) * 1e6, "p99": float(r.group(7)), "hit": r.group(8)})
             p = POOL_GAP.search(line)
@@ -257,11 +267,12 @@ def main(argv=None):
     rows = [r for folder in a.recsys for r in recsys_rows(folder)]
     if rows:
         md += ["## Recommenders at Criteo scale as one model, network an AOTInductor package", "",
-               "20.9 B parameters, 10% GPU cache, Zipf alpha 1.2, keys in CUDA shared memory, perf_analyzer gRPC "
-               "(HTTP where the results column says so); "
+               "20.9 B parameters, 10% GPU cache (gpucache_allocation store unless the instances column says "
+               "per_table), Zipf alpha 1.2, keys in CUDA shared memory (system shared memory where the results "
+               "column says so), perf_analyzer gRPC (HTTP where the results column says so); "
                "instances: the model's GPU instances sharing one cache of that share of the rows (gpucache_sharing "
-               "device, HPS's way), or, in runs made before that setting, N x the share each instance's own cache "
-               "held (two instances of 10% held 20% of the rows in GPU memory in all; a verdict says so where the "
+               "device, HPS's way), or N x the share where each instance kept its own cache (gpucache_sharing "
+               "instance: two instances of 10% hold 20% of the rows in GPU memory in all; a verdict says so where the "
                "rows cached in all are more than the targets' 10%); 'fp16 rows': the caches kept their rows as fp16 "
                "(gpucache_row_type fp16: the network reads fp16 embeddings, so the answers are the same bits); "
                "c: requests in flight. "
@@ -272,10 +283,7 @@ def main(argv=None):
                "(at most 0.5 GB), which the cache holds better than it holds an endless stream: its rows say how far "
                "their hit rate is above the stream's. The endless-stream rows (our client, stream_load.py, HTTP, the "
                "keys of a pool as large as the stationary rate needs in GPU memory) are at the stream's rate. "
-               "Rows in the order the runs were made. Some folders ran builds that were measured and not kept; "
-               "their results folder's README says which (aoti_h100_e_seqlock, aoti_h100_f_prefetch, "
-               "aoti_h100_f's _vA, and in aoti_h100_g the lookup at one, two and eight keys a warp, the "
-               "first product's and the cross kernel's trials: every folder there but the quarterwarp ones).", ""]
+               "Rows in the order make_reports.sh names the folders; each folder's console.log holds its command.", ""]
         fmt = lambda v: f"{v / 1e6:.2f} M" if v else "-"  # noqa: E731
         for model in sorted({r["model"] for r in rows}, key=lambda m: order.get(m, 3)):
             md += [f"### {model}", "",
@@ -285,7 +293,8 @@ def main(argv=None):
             for r in (q for q in rows if q["model"] == model):
                 tgt = r["target"]
                 bound = f"{tgt / 1e6:.0f} M" + (f", p99 <= {r['p99_bound']:g} ms" if r["p99_bound"] else "") if tgt else "-"
-                where = r["folder"] + ("" if r["protocol"] == "gRPC" else f" ({r['protocol']})")
+                where = r["folder"] + ("" if r["protocol"] == "gRPC" else f" ({r['protocol']})") + (
+                    f" (keys in {r['shm']} shared memory)" if r.get("shm", "cuda") != "cuda" else "")
                 verdict = ('PASS' if r['pass'] else 'MISS') if tgt else ''
                 cached = r["share"] * (1 if r["shared"] else r["instances"])
                 if tgt and r["pass"] and cached > 0.1001:
@@ -304,6 +313,7 @@ def main(argv=None):
                 infer = f"{r['infer_ms']:.2f}" if "infer_ms" in r else "-"
                 insts = f"{r['instances']} sharing {r['share']:.0%}" if r["shared"] else f"{r['instances']} x {r['share']:.0%}"
                 insts += ", fp16 rows" if r.get("fp16_rows") else ""
+                insts += f", {r['allocation']}" if r.get("allocation", "store") != "store" else ""
                 md.append(f"| {where} | {r['export']} | {r['batch']} | {insts} | {r['conc']} | "
                           f"{fmt(r['ips'])} | {r['p99']:.2f} | {r['hit']} | {infer} | "
                           f"{fmt(r['network'])} | {fmt(r['ts_served'])} | {fmt(r['ts_ceiling'])} | "

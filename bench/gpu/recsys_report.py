@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Seed-style report of the Criteo-scale recommender runs (issue 8), from the folders
-bench/gpu/recsys_perf.py writes (runs.json, ceiling.json, setup.json, exact.json, the CSVs).
+bench/gpu/recsys_perf.py writes (runs.json, ceiling.json, setup.json, exact.json, the CSVs), or
+from results folders of `run.sh recommenders` that keep them in their `recsys.tgz`.
 
 Writes into --out: `report.md` (per model: the store and its cache, the batch sweep and the
 concurrency sweep in the columns of NVIDIA's DeepLearningExamples Triton reports with the
@@ -9,8 +10,8 @@ exponent; the exactness check; HPS's published figures beside ours) and PNG plot
 throughput vs batch (ensemble, single model, ceiling, HPS's published points), where a
 request's time goes per batch, and throughput and p99 vs concurrency.
 
-    python3 bench/gpu/recsys_report.py --runs bench/gpu/results/recsys_h100/dlrm \\
-        bench/gpu/results/recsys_h100/dcnv2 --out docs/perf/h100/recsys
+    python3 bench/gpu/recsys_report.py --runs bench/gpu/results/recommenders/dlrm \\
+        bench/gpu/results/recommenders/dcnv2 --out docs/perf/h100/recommenders
 """
 import argparse
 import json
@@ -18,7 +19,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report import PARTS, PCTS, breakdown, save  # noqa: E402
+from report import PARTS, PCTS, breakdown, save, unpacked  # noqa: E402
 
 # Merlin HPS's last published figures (../shared/seeds/002: 1x A100-80GB, 22 B-parameter
 # models, hps gpucacheper 0.1, perf_analyzer system shared memory, concurrency 1, FP16,
@@ -129,6 +130,17 @@ def served_network(setup, model):
     return "; ".join(parts)
 
 
+def gpu_of(folder, results):
+    """The GPU's name: recsys_perf.py's gpu.txt where the run wrote one, else nvidia-smi's line in
+    the host facts run.sh writes beside the archive (host.txt)."""
+    gpu_file = os.path.join(folder, "gpu.txt")
+    if os.path.exists(gpu_file):
+        return open(gpu_file).read().strip()
+    host = os.path.join(results, "host.txt")
+    lines = open(host).read().splitlines() if os.path.exists(host) else []
+    return next((line.strip() for line in lines if line.startswith("NVIDIA")), "GPU not recorded")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", required=True, nargs="+", help="folders written by recsys_perf.py")
@@ -142,11 +154,11 @@ def main():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     md = []
-    for folder in a.runs:
+    for results in a.runs:
+        folder = unpacked(results, "recsys.tgz", "recsys")
         load = lambda name: json.load(open(os.path.join(folder, name)))  # noqa: E731
         runs, ceilings, setup, exact = load("runs.json"), load("ceiling.json"), load("setup.json"), load("exact.json")
-        gpu_file = os.path.join(folder, "gpu.txt")
-        gpu_name = open(gpu_file).read().strip() if os.path.exists(gpu_file) else "GPU not recorded"
+        gpu_name = gpu_of(folder, results)
         gpu = f"{gpu_name}; perf_analyzer gRPC, {setup.get('shared_memory', 'system')} shared memory, FP16"
         first_alpha = runs[0]["alpha"]
         for m in sorted({r["model"] for r in runs}, key=lambda m: list(LABEL).index(m)):

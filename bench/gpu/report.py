@@ -2,7 +2,8 @@
 """Seed-style performance report from perf_analyzer's CSV files (issue 9).
 
 Reads a folder written by bench/gpu/dense_perf.py (`<model>_<mode>_b<batch>_c<conc>[_cudashm][_http].csv`
-and `refs.json`, the bare-engine figures of the same run) and writes, into --out:
+and `refs.json`, the bare-engine figures of the same run), or a results folder of `run.sh dense`
+that keeps them in its `perf.tgz`, and writes, into --out:
 
 - `report.md`: per model, the offline table (client batch sweep at concurrency 1) and the
   online table (concurrency sweep, requests of batch 1) in the columns of NVIDIA's
@@ -12,20 +13,38 @@ and `refs.json`, the bare-engine figures of the same run) and writes, into --out
 - PNG plots: throughput vs batch (served and bare), latency vs batch, the latency breakdown
   per batch, and online throughput and latency vs concurrency with its breakdown.
 
-    python3 bench/gpu/report.py --perf <folder with the CSVs and refs.json> [more folders] --out docs/perf/h100
+    python3 bench/gpu/report.py --perf bench/gpu/results/dense/resnet50 [more folders] --out docs/perf/h100/dense
 """
 import argparse
+import atexit
 import csv
 import glob
 import json
 import os
 import re
+import shutil
+import tarfile
+import tempfile
 import textwrap
 
 PARTS = ["Client Send", "Network+Server Send/Recv", "Server Queue", "Server Compute Input",
          "Server Compute Infer", "Server Compute Output", "Client Recv"]
 PCTS = ["p50 latency", "p90 latency", "p95 latency", "p99 latency"]
 NAME = re.compile(r"^(?P<base>[a-z0-9_]+?)_(?P<mode>eager|graphs|online)_b(?P<batch>\d+)_c(?P<conc>\d+)(?P<cuda>_cudashm)?(?P<http>_http)?\.csv$")
+
+
+def unpacked(folder, archive, inner):
+    """Where a results folder's files are: run.sh packs a benchmark's files into one archive
+    (`perf.tgz` holding `perf/`, `recsys.tgz` holding `recsys/`) beside its console; such an
+    archive is unpacked into a temporary folder that goes when the program ends."""
+    path = os.path.join(folder, archive)
+    if not os.path.exists(path):
+        return folder
+    tmp = tempfile.mkdtemp(prefix="report_")
+    atexit.register(shutil.rmtree, tmp, True)
+    with tarfile.open(path) as tar:
+        tar.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    return os.path.join(tmp, inner)
 
 
 def read(folder):
@@ -145,13 +164,15 @@ def save(plt, fig, gpu, out, name):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--perf", required=True, nargs="+",
-                   help="folders with perf_analyzer's CSV files and refs.json (one per dense_perf.py run; models are merged)")
+                   help="folders with perf_analyzer's CSV files and refs.json, or results folders holding them in "
+                        "perf.tgz (one per dense_perf.py run; models are merged)")
     p.add_argument("--out", required=True)
     p.add_argument("--no-plots", action="store_true")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     refs, runs = None, {}
     for folder in a.perf:
+        folder = unpacked(folder, "perf.tgz", "perf")
         with open(os.path.join(folder, "refs.json")) as f:
             r = json.load(f)
         if refs is None:

@@ -61,7 +61,9 @@
 #                 warm, ~30 s): carry [".carry_ort/ort-of-6.tar.zst.part-aa", ".carry_ort/tools"], ...
 #
 # Options (before the subcommand):
-#   --results DIR          the results folder (default $OUT/SUBCOMMAND, or /tmp/out/SUBCOMMAND)
+#   --results DIR          the results folder (default $OUT/BENCHMARK, or /tmp/out/BENCHMARK: the
+#                          subcommand; aoti/MODEL for aoti; trust/reload_KIND, trust/soak, trust/faults
+#                          for trust): the path its benchmark has under bench/gpu/results/ (README there)
 #   --cpu-poll-idle[=yield|spin]   keep every CPU from halting while the run lasts (host_qos.py):
 #                          a host tuning that a user's server does not have; off by default
 #   --cpu-latency-qos      hold /dev/cpu_dma_latency at 0 us while the run lasts; off by default
@@ -80,7 +82,10 @@
 #   run(command="bash bench/gpu/run.sh trust reload aoti 200", carry=[".carry"], timeout_s=600)
 #   run(command="bash bench/gpu/run.sh aoti-check", carry=[".carry"], timeout_s=600)
 #
-# The results come back under $OUT/<subcommand>/; commit the folder under bench/gpu/results/.
+# The results come back under $OUT/<benchmark>/. Committed, they replace that benchmark's folder under
+# bench/gpu/results/ whole (git rm -r it first; git keeps the history): one folder per benchmark,
+# never one per attempt. A benchmark made of several calls names each call's folder with --results
+# (bench/gpu/results/README.md lists them).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 usage() { sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//' >&2; exit 2; }
@@ -123,7 +128,13 @@ fi
 
 [ -f .carry/libtriton_rust.so ] || { echo "no .carry/ here: bash bench/gpu/pack.sh, and carry [\".carry\"]" >&2; exit 1; }
 out="${OUT:-/tmp/out}"
-res="${results:-$out/$sub}"
+# by default the folder is named for the benchmark, as under bench/gpu/results/
+bench="$sub"
+case "$sub" in
+aoti) bench="aoti/${1:-}" ;;
+trust) if [ "${1:-}" = reload ]; then bench="trust/reload_${2:-}"; else bench="trust/${1:-}"; fi ;;
+esac
+res="${results:-$out/$bench}"
 mkdir -p "$res"
 if [ -z "${_RUN_SH_LOGGED:-}" ]; then
     # everything printed goes to the console and to console.log

@@ -9,7 +9,7 @@ as unexpected), wrong answers, and the server's RSS and GPU memory. Every good a
 compared with the first answer to the same input, within 1e-3 of the output's largest
 magnitude (at least 1e-3): FP32, where the batch a request lands in changes results by
 ~1e-6 for most models; FastPitch's convolutions move by up to 3.4e-3 on values of a few
-units on an H100 (bench/gpu/results/soak_h100.log, an absolute 1e-3 then). A reload
+units on an H100, which an absolute 1e-3 would count as wrong answers. A reload
 changes a parameter in the model's config and loads it: Triton loads the new copy before
 it retires the old one, so clients see no gap (a comment-only change is no change to
 Triton and does not reload).
