@@ -72,11 +72,14 @@ def vad_batched():
     return model
 
 
-def accumulator_onnx():
+def accumulator_onnx(corrid=None):
+    """A running sum per sequence; ID echoes the CORRID control (UINT64, or STRING with
+    `corrid="string"`: Triton's string correlation ids)."""
     import onnx
     from onnx import TensorProto, helper
 
     f = TensorProto.FLOAT
+    corrid_type = TensorProto.STRING if corrid == "string" else TensorProto.UINT64
     nodes = [
         helper.make_node("Cast", ["START"], ["start_f"], to=f),
         helper.make_node("Sub", ["one", "start_f"], ["keep"]),
@@ -89,11 +92,11 @@ def accumulator_onnx():
         nodes, "accumulator",
         [helper.make_tensor_value_info("INPUT", f, ["batch", 4]),
          helper.make_tensor_value_info("START", TensorProto.INT32, ["batch", 1]),
-         helper.make_tensor_value_info("CORRID", TensorProto.UINT64, ["batch", 1]),
+         helper.make_tensor_value_info("CORRID", corrid_type, ["batch", 1]),
          helper.make_tensor_value_info("STATE_IN", f, ["batch", 4])],
         [helper.make_tensor_value_info("OUTPUT", f, ["batch", 4]),
          helper.make_tensor_value_info("STATE_OUT", f, ["batch", 4]),
-         helper.make_tensor_value_info("ID", TensorProto.UINT64, ["batch", 1])],
+         helper.make_tensor_value_info("ID", corrid_type, ["batch", 1])],
         initializer=[helper.make_tensor("one", f, [], [1.0])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -127,6 +130,7 @@ def write_all(out_dir: str) -> None:
 
     onnx.save(vad_batched(), os.path.join(out_dir, "vad_batched.onnx"))
     onnx.save(accumulator_onnx(), os.path.join(out_dir, "accumulator.onnx"))
+    onnx.save(accumulator_onnx("string"), os.path.join(out_dir, "accumulator_str.onnx"))
     accumulator_torchscript().save(os.path.join(out_dir, "accumulator_pt.pt"))
 
 

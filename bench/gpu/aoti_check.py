@@ -16,6 +16,11 @@ QA (FP16, a CUDA graph per batch bucket), each exported as a CUDA package in thi
   refused naming the input, and the model answers the next request;
 - FastPitch again with CUDA graphs asked for (`fastpitch_aoti_graphs`, the same package): its
   runs cannot be captured, and each falls back to a plain run with the same answers;
+- sizes past the export: docs/pytorch2.md's TinyBert (position table of 512), exported in plain
+  torch with a sequence `Dim` of 8..128 and no metadata of ours, served beside the others on the
+  same GPU; sequences of 600 and 4096 tokens are refused with a 400 naming the input and the
+  dimension (the compiled code would index past the position table: a device-side assertion
+  that poisons the GPU's context), and then every model on that GPU still answers equal to eager;
 - the server log: each package's CUDA module loads tracked (crates/aoti/src/modules.cpp), no
   module that failed to unload.
 
@@ -58,6 +63,82 @@ def models(device):
         bert: (*aoti_export.EXAMPLES[bert](), gpu, (1, 2, 4, 8, 16) if gpu else (), ("INPUT__0", 30522), None),
     }
     return out
+
+
+class TinyBert(torch.nn.Module):
+    """docs/pytorch2.md's recipe model: token and position embeddings, a head."""
+
+    def __init__(self, vocab=1000, positions=512, hidden=32):
+        super().__init__()
+        self.tokens = torch.nn.Embedding(vocab, hidden)
+        self.positions = torch.nn.Embedding(positions, hidden)
+        self.head = torch.nn.Linear(hidden, 2)
+
+    def forward(self, input_ids):
+        where = torch.arange(input_ids.shape[1], device=input_ids.device)
+        return self.head(torch.tanh(self.tokens(input_ids) + self.positions(where)))
+
+
+RANGE_MODEL = "tiny_bert_range"
+
+
+def export_range_model(repo, dev):
+    """The recipe's package for `dev` (plain torch.export, a sequence Dim of 8..128, no metadata)
+    and its config (inputs listed); returns the eager module."""
+    torch.manual_seed(0)
+    module = TinyBert().eval().to(dev)
+    batch = torch.export.Dim("batch", min=1, max=8)
+    seq = torch.export.Dim("seq", min=8, max=128)
+    with torch.no_grad():
+        ep = torch.export.export(module, (torch.randint(0, 1000, (4, 32), device=dev),),
+                                 dynamic_shapes=({0: batch, 1: seq},))
+        os.makedirs(os.path.join(repo, RANGE_MODEL, "1"), exist_ok=True)
+        torch._inductor.aoti_compile_and_package(ep, package_path=os.path.join(repo, RANGE_MODEL, "1", "model.pt2"))
+    group = "KIND_GPU gpus: [ 0 ]" if dev == "cuda" else "KIND_CPU"
+    with open(os.path.join(repo, RANGE_MODEL, "config.pbtxt"), "w") as f:
+        f.write(f'name: "{RANGE_MODEL}"\nbackend: "rust"\nplatform: "torch_aoti"\nmax_batch_size: 8\n'
+                'input [ { name: "INPUT__0" data_type: TYPE_INT64 dims: [ -1 ] } ]\n'
+                'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ -1, 2 ] } ]\n'
+                f'dynamic_batching {{ }}\ninstance_group [ {{ count: 1 kind: {group} }} ]\n')
+    return module
+
+
+def check_range_model(client, module, dev, plan, tol_of):
+    """Sequences past the export refused with a 400; then every model still answers. Returns
+    the failures."""
+    failures = []
+    ids = np.random.default_rng(5).integers(0, 1000, (2, 40)).astype(np.int64)
+    want = eager(module, {"INPUT__0": ids}, dev)[0]
+    d = compare(client.infer(RANGE_MODEL, {"INPUT__0": ids}, ["OUTPUT__0"])["OUTPUT__0"], want)
+    print(f"{RANGE_MODEL} (sequence Dim 8..128) 2 x 40 tokens: max |served - eager| {d:.2e}", flush=True)
+    if d > TOL[f"fp32 {dev}"]:
+        failures.append(f"{RANGE_MODEL}: {d:.2e}")
+    for length in (600, 4096):
+        try:
+            client.infer(RANGE_MODEL, {"INPUT__0": np.zeros((1, length), np.int64)}, ["OUTPUT__0"])
+            msg, ok = "answered", False
+        except InferError as e:
+            msg = str(e)
+            ok = e.status == 400 and f"input 'INPUT__0' has size {length} in dimension 1" in msg
+        print(f"{RANGE_MODEL}, a sequence of {length}: {msg}" + ("" if ok else "  FAIL"), flush=True)
+        if not ok:
+            failures.append(f"{RANGE_MODEL}: a sequence of {length} not refused cleanly")
+    # every model on that GPU goes on answering
+    for name, (cases, tol, _) in plan.items():
+        b, inputs, want = cases[0]
+        outputs = [f"OUTPUT__{i}" for i in range(len(want))]
+        try:
+            got = client.infer(name, inputs, outputs)
+            d = compare(got[outputs[0]], want[0]) if not name.startswith("fastpitch") else \
+                compare_fastpitch([got[o] for o in outputs], want, tol)[0]
+            ok = d <= tol
+            msg = f"max |served - eager| {d:.2e}"
+        except InferError as e:
+            ok, msg = False, str(e)
+        print(f"after the refusals, {name} batch {b}: {msg}" + ("" if ok else "  FAIL"), flush=True)
+        if not ok:
+            failures.append(f"{name} after the refusals: {msg}")
+    return failures
 
 
 def config(name, max_batch, device, buckets):
@@ -189,6 +270,13 @@ def main():
         if dev == "cuda":
             torch.cuda.empty_cache()
 
+    range_module = None
+    if not a.only or RANGE_MODEL in a.only.split(","):
+        t0 = time.time()
+        range_module = export_range_model(repo, dev)
+        print(f"{RANGE_MODEL}: {dev} package (plain torch.export, no metadata) exported in {time.time() - t0:.0f} s",
+              flush=True)
+
     failures = []
     log = os.path.join(a.work, "server.log")
     with serve(a.server, repo, a.backends, a.port, log,
@@ -241,12 +329,14 @@ def main():
                 print(f"{name} with {input_name}[0, 3] = {rows}: {msg}" + ("" if ok else "  FAIL"), flush=True)
                 if not ok:
                     failures.append(f"{name}: bad input not refused cleanly")
+        if range_module is not None:
+            failures += check_range_model(client, range_module, dev, plan, None)
     with open(log, errors="replace") as f:
         text = f.read()
     said = {k: text.count(k) for k in ("CUDA module loads are tracked", "CUDA modules cannot be tracked",
                                        "CUDA modules did not unload", "no CUDA graph for input shapes")}
     print(f"server log: {said}", flush=True)
-    if dev == "cuda" and (said["CUDA module loads are tracked"] < len(plan) or said["CUDA modules did not unload"]):
+    if dev == "cuda" and (said["CUDA module loads are tracked"] < len(plan) + (range_module is not None) or said["CUDA modules did not unload"]):
         failures.append(f"module tracking: {said}")
     print("aoti_check: " + ("every check passed" if not failures else "FAILED: " + "; ".join(failures)), flush=True)
     return 1 if failures else 0

@@ -98,6 +98,13 @@ def repo(tmp_path_factory, example_models, models):
                   'input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
                   'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "ID" data_type: TYPE_UINT64 dims: [ 1 ] } ]\n'
                   + ACCUMULATOR_SEQUENCE.format(strategy="oldest { max_candidate_sequences: 8 max_queue_delay_microseconds: 2000 }", corrid="TYPE_UINT64"))
+    # string correlation ids; STATE_OUT listed as an output so a client may ask for it
+    with open(os.path.join(models, "accumulator_str.onnx"), "rb") as f:
+        r.add_raw("accumulator_str", f.read(), 'name: "accumulator_str"\nbackend: "rust"\nmax_batch_size: 8\n'
+                  'input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+                  'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "STATE_OUT" data_type: TYPE_FP32 dims: [ 4 ] },\n'
+                  '         { name: "ID" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
+                  + ACCUMULATOR_SEQUENCE.format(strategy="oldest { max_candidate_sequences: 8 max_queue_delay_microseconds: 2000 }", corrid="TYPE_STRING"))
     os.makedirs(os.path.join(r.root, "accumulator_pt", "1"))
     shutil.copy(os.path.join(models, "accumulator_pt.pt"), os.path.join(r.root, "accumulator_pt", "1", "model.pt"))
     # TorchScript has no signature: the config lists the state's output where the result has it
@@ -236,6 +243,82 @@ def test_controls_and_state_reach_onnx_and_torchscript_models(server, model):
     for seq, outs in got.items():
         np.testing.assert_array_equal(np.array(outs), np.array(sequence_models.accumulate_reference(chunks[seq])))
     print(f"\n[sequences] {model}: 8 sequences of 6 requests: running sums kept by the server, CORRID above 2^32 delivered")
+
+
+def test_string_correlation_ids_keep_each_sequence_exact(server):
+    """Triton fills a TYPE_STRING CORRID control from a buffer sized for its longest id: ids of
+    different lengths, several sequences at once, each equal to its own running sum."""
+    import tritonclient.grpc as grpcclient
+
+    rng = np.random.default_rng(11)
+    ids = ["a", "seq-2", "a-much-longer-correlation-id-0003", "x4", "sequence five", "6"]
+    chunks = {s: [rng.integers(-5, 6, 4).astype(np.float32) for _ in range(5)] for s in ids}
+    got, errors = {}, []
+
+    def one(seq):
+        try:
+            client = grpcclient.InferenceServerClient(server.grpc_url)
+            outs = []
+            for k, c in enumerate(chunks[seq]):
+                x = grpcclient.InferInput("INPUT", [1, 4], "FP32")
+                x.set_data_from_numpy(c.reshape(1, 4))
+                res = client.infer("accumulator_str", [x], outputs=[grpcclient.InferRequestedOutput("OUTPUT"),
+                                                                    grpcclient.InferRequestedOutput("ID")],
+                                   sequence_id=seq, sequence_start=(k == 0), sequence_end=(k == len(chunks[seq]) - 1))
+                echoed = res.as_numpy("ID").reshape(-1)[0]
+                assert (echoed.decode() if isinstance(echoed, bytes) else str(echoed)) == seq, (echoed, seq)
+                outs.append(res.as_numpy("OUTPUT").reshape(4))
+            got[seq] = outs
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"sequence {seq!r}: {e}")
+
+    threads = [threading.Thread(target=one, args=(s,)) for s in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for seq, outs in got.items():
+        np.testing.assert_array_equal(np.array(outs), np.array(sequence_models.accumulate_reference(chunks[seq])))
+    print(f"\n[sequences] accumulator_str: {len(ids)} sequences with string ids of 1 to {max(map(len, ids))} bytes, "
+          "each its own running sum, each id echoed")
+
+
+def test_a_request_whose_output_cannot_be_delivered_leaves_the_state(server):
+    """The client asks for the state output and for ID in a system shared-memory region too small
+    for it: Triton cannot take ID, the request fails, and the sequence's state stays as the
+    previous request left it (a retry counts once)."""
+    import tritonclient.http as httpclient
+    import tritonclient.utils.shared_memory as shm
+
+    client = httpclient.InferenceServerClient(server.http_url)
+    key = f"/seq-small-{os.getpid()}"
+    region = shm.create_shared_memory_region("seq_small", key, 4)  # ID needs 4 + len(id) bytes
+    client.register_system_shared_memory("seq_small", key, 4)
+    try:
+        def send(values, small=False):
+            x = httpclient.InferInput("INPUT", [1, 4], "FP32")
+            x.set_data_from_numpy(np.full((1, 4), values, np.float32))
+            outs = [httpclient.InferRequestedOutput("OUTPUT", binary_data=True),
+                    httpclient.InferRequestedOutput("STATE_OUT", binary_data=True)]
+            ident = httpclient.InferRequestedOutput("ID", binary_data=True)
+            if small:
+                ident.set_shared_memory("seq_small", 4)
+            outs.append(ident)
+            return client.infer("accumulator_str", [x], outputs=outs, sequence_id="retry",
+                                sequence_start=(values == 1.0), sequence_end=(values == 4.0))
+
+        assert send(1.0).as_numpy("OUTPUT").tolist() == [[1.0] * 4]
+        with pytest.raises(Exception) as e:
+            send(2.0, small=True)
+        print(f"\n[sequences] the undeliverable request: {e.value}")
+        again = send(3.0).as_numpy("OUTPUT").tolist()
+        assert again == [[4.0] * 4], f"the failed request moved the state: 1 + 3 = 4 expected, got {again}"
+        assert send(4.0).as_numpy("OUTPUT").tolist() == [[8.0] * 4]
+    finally:
+        client.unregister_system_shared_memory("seq_small")
+        shm.destroy_shared_memory_region(region)
+    print("[sequences] after it the sequence went on from the last delivered sum (1 + 3 = 4, then 8)")
 
 
 def test_an_abandoned_sequence_is_reclaimed_without_a_leak(server, references):
