@@ -54,7 +54,7 @@ ALIGN = 8
 def padding(width: int, align: int) -> int:
     """Zero columns that make ``width`` a multiple of ``align``: cuBLAS runs its fast FP16 GEMM
     kernels only when a row of the input is a multiple of 16 bytes (else CUTLASS's align-1
-    kernels, 1.1-4x slower on an H100: bench/gpu/results/recsys_h100/network_profile.log), so
+    kernels, 1.1-4x slower on an H100: git show 3392834:bench/gpu/results/recsys_h100/network_profile.log), so
     NVIDIA's DLRM pads its interaction's 479 columns to 480. Zero columns (and the weights
     they meet) change no output; ``align=1`` means no padding."""
     return (-width) % align
@@ -101,7 +101,7 @@ class DLRM(Recommender):
     fused concatenation alone took 1.4 ms on an H100, bench/gpu/recsys_profile.py). Measured
     bare on an H100, fp16 rows in: batch 65536 2.58 ms ``cat``, 2.08 ms ``split``; batch 4096
     eager 0.52 ms ``cat``, 0.98 ms ``split`` (more, smaller kernels: launch-bound unless
-    CUDA-graphed; bench/gpu/results/recsys_h100/nov23b_split/profile_split.log). ``triton``
+    CUDA-graphed; git show 5644c82:bench/gpu/results/recsys_h100/nov23b_split/profile_split.log). ``triton``
     runs the whole interaction, concatenation and padding included, as one Triton kernel
     (``triton_kernels.dot_interaction``) on CUDA FP16 tensors, for AOTInductor packages;
     ``split`` elsewhere, TorchScript included (a script cannot hold the kernel)."""

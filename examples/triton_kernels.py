@@ -12,9 +12,9 @@ MLP ``[x | pairs | zero padding]``. Written with ``torch.bmm`` (``recommenders.D
 and ``split`` forms), Inductor runs it as two batched products that read the embeddings twice
 (cuBLAS picks WMMA kernels aligned to two elements for 65,536 products of 26 x 128 x 26), then
 gathers the pairs and concatenates: on an H100 at batch 65536 about 0.7 ms of a 1.8 ms network
-(bench/gpu/results/aoti_h100_b/network_profile). The kernel reads each sample's 27 vectors once,
+(git show 5acfa20:bench/gpu/results/aoti_h100_b/network_profile/console.log). The kernel reads each sample's 27 vectors once,
 multiplies them on the tensor cores (one 32 x 128 x 32 product per sample, FP32 accumulation)
-and writes the top MLP's input whole: 0.35 ms there (bench/gpu/results/aoti_h100_c).
+and writes the top MLP's input whole: 0.354 ms there (bench/gpu/results/network/dlrm_interaction).
 
 ``cross_layer`` (DCNv2). A cross layer is ``x0 * (h @ U.T + b) + x`` with ``h = x @ V.T`` of
 rank 512. Inductor runs the product with cuBLAS and the rest as a separate pass that reads
@@ -22,7 +22,7 @@ rank 512. Inductor runs the product with cuBLAS and the rest as a separate pass 
 0.39 ms for the product at batch 65536 on an H100 (network_profile). The kernel computes the
 product tile by tile and applies the rest to each tile while it is in registers, so the
 product is never written: 0.875 ms a layer there against 0.92 for the two (all three layers
-2.62 ms, bench/gpu/results/aoti_h100_d/network_dcnv2_cross). ``x0`` is the bottom MLP's output
+2.62 ms, git show 5acfa20:bench/gpu/results/aoti_h100_d/network_dcnv2_cross/console.log). ``x0`` is the bottom MLP's output
 beside the 26 embeddings; the kernel reads it from those two tensors, so that it is never
 concatenated (a [B, 3456] tensor written and read again), and the first layer, where ``x`` is
 ``x0``, reads it once.

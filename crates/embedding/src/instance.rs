@@ -395,7 +395,7 @@ impl Drop for InstanceCaches {
 /// every run takes an equal share of the keys, cut where the tables change. Reading rows
 /// scattered over tens of GB is bound by memory latency, not bandwidth, so more readers help:
 /// DLRM at 4096 misses ~575 rows a batch, 0.1–0.3 ms on one thread of the H100 machine, and
-/// three runs instead of one served it faster (`bench/gpu/results/aoti_h100_i/`).
+/// three runs instead of one served it faster (an H100 run kept in git: `git show 5acfa20:bench/gpu/results/aoti_h100_i/README.md`).
 #[cfg(feature = "gpu")]
 pub(crate) fn fetch_parallel(
     store: &EmbeddingStore,

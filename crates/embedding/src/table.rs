@@ -131,7 +131,7 @@ pub enum HostRows {
     /// scattered over a large table that miss the TLB far less often. Measured with
     /// `examples/host_read_bench.rs`: on a 2-core CI machine 0.09 µs a row against 0.10–0.3
     /// mapped; on the H100 machine (a virtual machine, 16 threads) 0.2–0.6 µs either way
-    /// (`bench/gpu/results/recsys_h100/host_read_bench.log`).
+    /// (`git show 2db98ae:bench/gpu/results/recsys_h100/host_read_bench.log`).
     HugePages,
 }
 

@@ -124,7 +124,7 @@ impl Staging {
 /// would take most of a large batch's time (4.4 ms for 38.5 MB on the H100 machine).
 ///
 /// Small copies are a plain memcpy: waking libtorch's thread pool cost ~300 us at batch 1
-/// (301 KB; bench/gpu/results/dense_perf_h100_parallel_copy_timing.log).
+/// (301 KB; git show b8ff342:bench/gpu/results/dense_perf_h100_parallel_copy_timing.log).
 fn copy_in(src: &[u8], dst: *mut u8) -> Result<(), String> {
     if src.len() < PARALLEL {
         // SAFETY: dst has room for src.len() bytes (pinned range) and does not overlap src.

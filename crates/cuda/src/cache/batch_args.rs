@@ -79,7 +79,7 @@ pub enum KeyLayout<'a> {
 /// best `examples/batch_lookup_bench.rs` found on an H100 host for a batch of 65536 × 26 keys
 /// (13.6 MB): 0.84 ms for keys and kernel with fp16 rows against 0.87 ms for 2 MiB pieces on
 /// 4 tasks, 1.75 ms in one piece, 1.47 ms in 512 KiB pieces
-/// (`bench/gpu/results/recsys_h100/nov23c_ab1/batch_lookup_bench.log`).
+/// (`git show 597bde3:bench/gpu/results/recsys_h100/nov23c_ab1/batch_lookup_bench.log`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyUpload {
     pub piece_keys: usize,
