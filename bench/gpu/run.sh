@@ -30,8 +30,9 @@
 #   aoti-check    FastPitch (FP32), ResNet50 and BERT-large (FP16, CUDA graphs) as CUDA AOTInductor
 #                 packages exported in this call and served on KIND_GPU, checked rather than timed:
 #                 answers in the body and written into CUDA shared memory equal to torch eager,
-#                 out-of-range ids refused, the packages' CUDA modules tracked (aoti_check.py; its
-#                 arguments, e.g. --only fastpitch_aoti). Not yet run on a GPU; exports take most of it.
+#                 out-of-range ids refused, sequences past a package's exported range refused with
+#                 every model still answering, the packages' CUDA modules tracked (aoti_check.py; its
+#                 arguments, e.g. --only fastpitch_aoti). About 4 minutes on an H100, exports most of it.
 #                 carry [".carry"]
 #   aoti-recsys   recommenders (default DLRM) as ONE model whose network is a CUDA FP16
 #                 AOTInductor package (dense.pt2) at Criteo scale (recsys_perf.py --dense aoti;
