@@ -272,7 +272,7 @@ fn string_corrid(mut t: RequestTensor<'_>) -> Result<RequestTensor<'_>> {
     let [Bytes::Host(bytes)] = t.chunks.as_slice() else {
         return Err(bad("expected one buffer in host memory".into()));
     };
-    let bytes: &[u8] = *bytes;
+    let bytes: &[u8] = bytes;
     let len =
         bytes
             .get(..4)

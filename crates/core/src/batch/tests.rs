@@ -417,7 +417,7 @@ fn a_string_correlation_id_is_read_from_triton_s_fixed_size_control_buffer() {
     let r2 = check_request(&c, &p, req(long)).unwrap();
     let batch = assemble(&c, &[&r1, &r2]).unwrap();
     let ids = batch.tensors.iter().find(|t| t.name == "CORRID").unwrap().host_bytes().unwrap();
-    assert_eq!(decode_strings(&ids).unwrap(), vec![&b"seq-7"[..], b"sequence-0042"]);
+    assert_eq!(decode_strings(ids).unwrap(), vec![&b"seq-7"[..], b"sequence-0042"]);
     // a length past the buffer is still refused, naming the input
     let e = check_request(&c, &p, req(&[40, 0, 0, 0, b'a'])).unwrap_err().to_string();
     assert!(e.contains("correlation id input 'CORRID'") && e.contains("40 bytes"), "{e}");
