@@ -626,10 +626,10 @@ def test_online_update(server, repo):
 # ---------------------------------------------------------------------------- redis tier
 
 
-def redis_lookup(client, model, keys):
+def redis_lookup(client, model, keys, dim=REDIS_DIM):
     keys = np.asarray(keys, dtype=np.int64)
     out = infer(client, "http", model, {"KEYS": keys, "NUMKEYS": np.array([len(keys)], np.int32)}, ["OUTPUT0"])
-    return out["OUTPUT0"].reshape(len(keys), REDIS_DIM)
+    return out["OUTPUT0"].reshape(len(keys), dim)
 
 
 def test_redis_tier(server, redis):

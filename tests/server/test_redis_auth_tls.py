@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from conftest import module_server
-from test_embedding import Redis, embedding_config, hps_io
-from tritonserver_harness import ModelRepo, free_ports, infer, make_client
+from test_embedding import Redis, embedding_config, hps_io, redis_lookup
+from tritonserver_harness import ModelRepo, free_ports, make_client
 
 DIM, DEFAULT, ROWS = 4, -3.0, 50
 PASSWORD = "s3cret-Pass:with-colon"
@@ -117,12 +117,6 @@ def server(request, tmp_path_factory, repo):
                          env={"TEST_REDIS_LOGIN": f"alice:{PASSWORD}"})
 
 
-def lookup(client, model, keys):
-    keys = np.asarray(keys, dtype=np.int64)
-    out = infer(client, "http", model, {"KEYS": keys, "NUMKEYS": np.array([len(keys)], np.int32)}, ["OUTPUT0"])
-    return out["OUTPUT0"].reshape(len(keys), DIM)
-
-
 def test_a_login_over_tls_and_plain_gets_exact_rows(server, redises):
     rng = np.random.default_rng(7)
     rows = rng.standard_normal((ROWS, DIM)).astype(np.float32)
@@ -134,7 +128,7 @@ def test_a_login_over_tls_and_plain_gets_exact_rows(server, redises):
     for model in ("tls_alice", "plain_alice", "requirepass"):
         r = server.load(model)
         assert r.status_code == 200, f"{model}: {r.text}"
-        got = lookup(client, model, keys)
+        got = redis_lookup(client, model, keys, DIM)
         assert np.array_equal(got, want), f"{model}: {got} != {want}"
         print(f"\n[redis auth] {model}: {len(keys)} rows exact")
 

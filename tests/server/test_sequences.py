@@ -210,35 +210,44 @@ def test_inputs_are_autocompleted_without_the_state(server):
     assert sorted(t["name"] for t in cfg["input"]) == ["input", "sr"], cfg["input"]
 
 
-@pytest.mark.parametrize("model", ["accumulator", "accumulator_pt"])
-def test_controls_and_state_reach_onnx_and_torchscript_models(server, model):
+def accumulate_at_once(server, model, chunks: dict, corrid_of, outputs=("OUTPUT", "ID")):
+    """One gRPC client per sequence, all at once; each sends its chunks as one sequence (id
+    `corrid_of(seq)`) and checks that ID echoes it. Returns ({seq: [OUTPUT rows]}, [errors])."""
     import tritonclient.grpc as grpcclient
 
-    rng = np.random.default_rng(7)
-    chunks = {seq: [rng.integers(-5, 6, 4).astype(np.float32) for _ in range(6)] for seq in range(8)}
     got, errors = {}, []
 
     def one(seq):
         try:
             client = grpcclient.InferenceServerClient(server.grpc_url)
-            outs = []
-            corr = 7_000_000_000 + seq  # above 2^32: the CORRID control carries all 64 bits
+            outs, corr = [], corrid_of(seq)
             for k, c in enumerate(chunks[seq]):
                 x = grpcclient.InferInput("INPUT", [1, 4], "FP32")
                 x.set_data_from_numpy(c.reshape(1, 4))
-                res = client.infer(model, [x], outputs=[grpcclient.InferRequestedOutput("OUTPUT"), grpcclient.InferRequestedOutput("ID")],
+                res = client.infer(model, [x], outputs=[grpcclient.InferRequestedOutput(o) for o in outputs],
                                    sequence_id=corr, sequence_start=(k == 0), sequence_end=(k == len(chunks[seq]) - 1))
-                assert int(res.as_numpy("ID").reshape(-1)[0]) == corr
+                echoed = res.as_numpy("ID").reshape(-1)[0]
+                echoed = echoed.decode() if isinstance(echoed, bytes) else echoed
+                assert echoed == corr, (echoed, corr)
                 outs.append(res.as_numpy("OUTPUT").reshape(4))
             got[seq] = outs
         except Exception as e:  # noqa: BLE001
-            errors.append(f"sequence {seq}: {e}")
+            errors.append(f"sequence {seq!r}: {e}")
 
-    threads = [threading.Thread(target=one, args=(s,)) for s in range(8)]
+    threads = [threading.Thread(target=one, args=(s,)) for s in chunks]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    return got, errors
+
+
+@pytest.mark.parametrize("model", ["accumulator", "accumulator_pt"])
+def test_controls_and_state_reach_onnx_and_torchscript_models(server, model):
+    rng = np.random.default_rng(7)
+    chunks = {seq: [rng.integers(-5, 6, 4).astype(np.float32) for _ in range(6)] for seq in range(8)}
+    # above 2^32: the CORRID control carries all 64 bits
+    got, errors = accumulate_at_once(server, model, chunks, lambda seq: 7_000_000_000 + seq)
     assert not errors, errors
     for seq, outs in got.items():
         np.testing.assert_array_equal(np.array(outs), np.array(sequence_models.accumulate_reference(chunks[seq])))
@@ -248,35 +257,10 @@ def test_controls_and_state_reach_onnx_and_torchscript_models(server, model):
 def test_string_correlation_ids_keep_each_sequence_exact(server):
     """Triton fills a TYPE_STRING CORRID control from a buffer sized for its longest id: ids of
     different lengths, several sequences at once, each equal to its own running sum."""
-    import tritonclient.grpc as grpcclient
-
     rng = np.random.default_rng(11)
     ids = ["a", "seq-2", "a-much-longer-correlation-id-0003", "x4", "sequence five", "6"]
     chunks = {s: [rng.integers(-5, 6, 4).astype(np.float32) for _ in range(5)] for s in ids}
-    got, errors = {}, []
-
-    def one(seq):
-        try:
-            client = grpcclient.InferenceServerClient(server.grpc_url)
-            outs = []
-            for k, c in enumerate(chunks[seq]):
-                x = grpcclient.InferInput("INPUT", [1, 4], "FP32")
-                x.set_data_from_numpy(c.reshape(1, 4))
-                res = client.infer("accumulator_str", [x], outputs=[grpcclient.InferRequestedOutput("OUTPUT"),
-                                                                    grpcclient.InferRequestedOutput("ID")],
-                                   sequence_id=seq, sequence_start=(k == 0), sequence_end=(k == len(chunks[seq]) - 1))
-                echoed = res.as_numpy("ID").reshape(-1)[0]
-                assert (echoed.decode() if isinstance(echoed, bytes) else str(echoed)) == seq, (echoed, seq)
-                outs.append(res.as_numpy("OUTPUT").reshape(4))
-            got[seq] = outs
-        except Exception as e:  # noqa: BLE001
-            errors.append(f"sequence {seq!r}: {e}")
-
-    threads = [threading.Thread(target=one, args=(s,)) for s in ids]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    got, errors = accumulate_at_once(server, "accumulator_str", chunks, lambda seq: seq)
     assert not errors, errors
     for seq, outs in got.items():
         np.testing.assert_array_equal(np.array(outs), np.array(sequence_models.accumulate_reference(chunks[seq])))
