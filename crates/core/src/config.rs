@@ -115,40 +115,32 @@ pub struct SequenceConfig {
 }
 
 impl SequenceConfig {
-    fn from_value(v: &Value) -> Result<SequenceConfig> {
-        let strategy = if v.get("oldest").is_some() {
-            SequenceStrategy::Oldest
-        } else {
-            SequenceStrategy::Direct
-        };
+    fn from_raw(v: &raw::RawSequence) -> Result<SequenceConfig> {
+        let strategy =
+            if v.oldest.is_some() { SequenceStrategy::Oldest } else { SequenceStrategy::Direct };
         let mut controls = Vec::new();
         let mut string_corrid = None;
-        for c in v.get("control_input").and_then(Value::as_array).into_iter().flatten() {
-            let name = c.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+        for c in &v.control_input {
+            let name = c.name.clone();
             if name.is_empty() {
                 return Err(Error::invalid_arg("a sequence_batching control_input has no name"));
             }
-            let kinds = c.get("control").and_then(Value::as_array).cloned().unwrap_or_default();
-            let [control] = kinds.as_slice() else {
+            let [control] = c.control.as_slice() else {
                 return Err(Error::invalid_arg(format!(
                     "sequence_batching control_input '{name}' must have exactly one control"
                 )));
             };
-            let kind =
-                control.get("kind").and_then(Value::as_str).unwrap_or("CONTROL_SEQUENCE_START");
-            let filled = |key: &str| {
-                control.get(key).and_then(Value::as_array).is_some_and(|a| !a.is_empty())
-            };
+            let kind = control.kind.as_deref().unwrap_or("CONTROL_SEQUENCE_START");
             let dtype = if kind == "CONTROL_SEQUENCE_CORRID" {
-                let t = control.get("data_type").and_then(Value::as_str).unwrap_or("TYPE_INVALID");
+                let t = control.data_type.as_deref().unwrap_or("TYPE_INVALID");
                 DataType::from_config_name(t).map_err(|e| {
                     Error::invalid_arg(format!("sequence_batching control_input '{name}': {e}"))
                 })?
-            } else if filled("fp32_false_true") {
+            } else if !control.fp32_false_true.is_empty() {
                 DataType::F32
-            } else if filled("bool_false_true") {
+            } else if !control.bool_false_true.is_empty() {
                 DataType::Bool
-            } else if filled("int32_false_true") {
+            } else if !control.int32_false_true.is_empty() {
                 DataType::I32
             } else {
                 return Err(Error::invalid_arg(format!(
@@ -161,35 +153,19 @@ impl SequenceConfig {
             controls.push(TensorConfig { name, dtype, dims: vec![1], reshape: None });
         }
         let mut states = Vec::new();
-        for st in v.get("state").and_then(Value::as_array).into_iter().flatten() {
-            let text = |k: &str| st.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
-            let (input, output) = (text("input_name"), text("output_name"));
+        for st in &v.state {
+            let (input, output) = (st.input_name.clone(), st.output_name.clone());
             if input.is_empty() || output.is_empty() {
                 return Err(Error::invalid_arg(
                     "a sequence_batching state needs both input_name and output_name",
                 ));
             }
-            let dtype = DataType::from_config_name(
-                st.get("data_type").and_then(Value::as_str).unwrap_or("TYPE_INVALID"),
-            )
-            .map_err(|e| Error::invalid_arg(format!("sequence_batching state '{input}': {e}")))?;
-            let dims = st
-                .get("dims")
-                .and_then(Value::as_array)
-                .map(|d| {
-                    d.iter()
-                        .map(|x| {
-                            as_i64(x).ok_or_else(|| {
-                                Error::invalid_arg(format!(
-                                    "sequence_batching state '{input}': bad dims"
-                                ))
-                            })
-                        })
-                        .collect::<Result<Vec<_>>>()
-                })
-                .transpose()?
-                .unwrap_or_default();
-            states.push(StateConfig { input, output, dtype, dims });
+            let dtype =
+                DataType::from_config_name(st.data_type.as_deref().unwrap_or("TYPE_INVALID"))
+                    .map_err(|e| {
+                        Error::invalid_arg(format!("sequence_batching state '{input}': {e}"))
+                    })?;
+            states.push(StateConfig { input, output, dtype, dims: raw::ints(&st.dims) });
         }
         Ok(SequenceConfig { strategy, controls, states, string_corrid })
     }
@@ -209,28 +185,24 @@ impl SequenceConfig {
 }
 
 /// The sections and fields of a model config this backend refuses, with why.
-fn unsupported_sections(v: &Value) -> Vec<String> {
+fn unsupported_sections(v: &raw::RawConfig) -> Vec<String> {
     let mut out = Vec::new();
-    if v.get("model_transaction_policy").and_then(|p| p.get("decoupled")).and_then(Value::as_bool)
-        == Some(true)
-    {
+    if v.model_transaction_policy.decoupled {
         out.push(
             "model_transaction_policy.decoupled: the rust backend sends exactly one response per request; \
              decoupled models (several or no responses per request) are not supported yet"
                 .to_string(),
         );
     }
-    for t in v.get("input").and_then(Value::as_array).into_iter().flatten() {
-        if t.get("allow_ragged_batch").and_then(Value::as_bool) == Some(true) {
-            let name = t.get("name").and_then(Value::as_str).unwrap_or_default();
-            out.push(format!(
-                "input '{name}' has allow_ragged_batch: ragged batching is not supported by the rust backend yet; \
-                 requests of different shapes are batched only when their shapes agree"
-            ));
-        }
+    for t in v.input.iter().filter(|t| t.allow_ragged_batch) {
+        out.push(format!(
+            "input '{}' has allow_ragged_batch: ragged batching is not supported by the rust backend yet; \
+             requests of different shapes are batched only when their shapes agree",
+            t.name
+        ));
     }
-    for key in ["batch_input", "batch_output"] {
-        if v.get(key).and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
+    for (key, list) in [("batch_input", &v.batch_input), ("batch_output", &v.batch_output)] {
+        if !list.is_empty() {
             out.push(format!(
                 "{key}: ragged batching's batch tensors are not supported by the rust backend yet"
             ));
@@ -239,70 +211,24 @@ fn unsupported_sections(v: &Value) -> Vec<String> {
     out
 }
 
-/// Reads an integer that protobuf's JSON mapping may have written as a string.
-fn as_i64(v: &Value) -> Option<i64> {
-    v.as_i64().or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+fn string_map(v: &BTreeMap<String, raw::RawParameter>) -> BTreeMap<String, String> {
+    v.iter().map(|(k, p)| (k.clone(), p.text())).collect()
 }
 
-fn string_map(v: Option<&Value>) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    if let Some(Value::Object(map)) = v {
-        for (k, v) in map {
-            let s = match v {
-                Value::String(s) => s.clone(),
-                Value::Object(o) => {
-                    o.get("string_value").and_then(Value::as_str).unwrap_or_default().to_string()
-                }
-                other => other.to_string(),
-            };
-            out.insert(k.clone(), s);
-        }
-    }
-    out
-}
-
-fn tensors(v: Option<&Value>, what: &str) -> Result<Vec<TensorConfig>> {
-    let Some(list) = v.and_then(Value::as_array) else { return Ok(Vec::new()) };
+fn tensors(list: &[raw::RawTensor], what: &str) -> Result<Vec<TensorConfig>> {
     list.iter()
         .map(|t| {
-            let name = t.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+            let name = t.name.clone();
             if name.is_empty() {
                 return Err(Error::invalid_arg(format!(
                     "an {what} in the model config has no name"
                 )));
             }
-            let dtype_name = t.get("data_type").and_then(Value::as_str).unwrap_or("TYPE_INVALID");
-            let dtype = DataType::from_config_name(dtype_name)
-                .map_err(|e| Error::invalid_arg(format!("{what} '{name}': {e}")))?;
-            let dims = match t.get("dims").and_then(Value::as_array) {
-                Some(d) => d
-                    .iter()
-                    .map(|x| {
-                        as_i64(x)
-                            .ok_or_else(|| Error::invalid_arg(format!("{what} '{name}': bad dims")))
-                    })
-                    .collect::<Result<Vec<_>>>()?,
-                None => Vec::new(),
-            };
-            // protobuf's JSON leaves an empty repeated field out: `reshape: { shape: [ ] }` is `{}`
-            let reshape: Option<Vec<i64>> = match t.get("reshape") {
-                None => None,
-                Some(r) => Some(
-                    r.get("shape")
-                        .and_then(Value::as_array)
-                        .map(|d| {
-                            d.iter()
-                                .map(|x| {
-                                    as_i64(x).ok_or_else(|| {
-                                        Error::invalid_arg(format!("{what} '{name}': bad reshape"))
-                                    })
-                                })
-                                .collect::<Result<Vec<i64>>>()
-                        })
-                        .transpose()?
-                        .unwrap_or_default(),
-                ),
-            };
+            let dtype =
+                DataType::from_config_name(t.data_type.as_deref().unwrap_or("TYPE_INVALID"))
+                    .map_err(|e| Error::invalid_arg(format!("{what} '{name}': {e}")))?;
+            let dims = raw::ints(&t.dims);
+            let reshape = t.reshape.as_ref().map(|r| raw::ints(&r.shape));
             if let Some(r) = &reshape {
                 let fixed = |d: &[i64]| d.iter().all(|&x| x >= 0);
                 if r.iter().filter(|&&d| d == -1).count() > 1
@@ -320,17 +246,15 @@ fn tensors(v: Option<&Value>, what: &str) -> Result<Vec<TensorConfig>> {
         .collect()
 }
 
-fn accelerators(v: Option<&Value>) -> Vec<Accelerator> {
-    v.and_then(Value::as_array)
-        .map(|list| {
-            list.iter()
-                .map(|a| Accelerator {
-                    name: a.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
-                    parameters: string_map(a.get("parameters")),
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+fn accelerators(list: &[raw::RawAccelerator]) -> Vec<Accelerator> {
+    list.iter()
+        .map(|a| Accelerator { name: a.name.clone(), parameters: string_map(&a.parameters) })
+        .collect()
+}
+
+/// `Some(text)` unless empty (protobuf writes an unset string as `""` or leaves it out).
+fn given(text: &str) -> Option<String> {
+    (!text.is_empty()).then(|| text.to_string())
 }
 
 impl ModelConfig {
@@ -341,58 +265,26 @@ impl ModelConfig {
     }
 
     pub fn from_value(v: &Value) -> Result<ModelConfig> {
-        let opt = v.get("optimization");
-        let accel = opt.and_then(|o| o.get("execution_accelerators"));
+        use serde::Deserialize;
+        let raw = raw::RawConfig::deserialize(v)
+            .map_err(|e| Error::invalid_arg(format!("the model config does not read: {e}")))?;
+        let opt = &raw.optimization;
         let cfg = ModelConfig {
-            name: v.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
-            max_batch_size: v.get("max_batch_size").and_then(as_i64).unwrap_or(0),
-            inputs: tensors(v.get("input"), "input")?,
-            outputs: tensors(v.get("output"), "output")?,
-            parameters: string_map(v.get("parameters")),
-            platform: v
-                .get("platform")
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
-                .map(str::to_string),
-            default_model_filename: v
-                .get("default_model_filename")
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
-                .map(str::to_string),
-            graph_optimization_level: opt
-                .and_then(|o| o.get("graph"))
-                .and_then(|g| g.get("level"))
-                .and_then(as_i64),
-            gpu_accelerators: accelerators(accel.and_then(|a| a.get("gpu_execution_accelerator"))),
-            cpu_accelerators: accelerators(accel.and_then(|a| a.get("cpu_execution_accelerator"))),
-            instance_kinds: v
-                .get("instance_group")
-                .and_then(Value::as_array)
-                .map(|groups| {
-                    groups
-                        .iter()
-                        .filter_map(|g| g.get("kind").and_then(Value::as_str).map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            cuda_graphs: opt
-                .and_then(|o| o.get("cuda"))
-                .and_then(|c| c.get("graphs"))
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            cuda_graph_batches: opt
-                .and_then(|o| o.get("cuda"))
-                .and_then(|c| c.get("graph_spec"))
-                .and_then(Value::as_array)
-                .map(|specs| {
-                    specs
-                        .iter()
-                        .map(|g| g.get("batch_size").and_then(as_i64).unwrap_or(0))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            sequence: v.get("sequence_batching").map(SequenceConfig::from_value).transpose()?,
-            unsupported: unsupported_sections(v),
+            name: raw.name.clone(),
+            max_batch_size: raw.max_batch_size.0,
+            inputs: tensors(&raw.input, "input")?,
+            outputs: tensors(&raw.output, "output")?,
+            parameters: string_map(&raw.parameters),
+            platform: given(&raw.platform),
+            default_model_filename: given(&raw.default_model_filename),
+            graph_optimization_level: opt.graph.level.map(|l| l.0),
+            gpu_accelerators: accelerators(&opt.execution_accelerators.gpu_execution_accelerator),
+            cpu_accelerators: accelerators(&opt.execution_accelerators.cpu_execution_accelerator),
+            instance_kinds: raw.instance_group.iter().filter_map(|g| g.kind.clone()).collect(),
+            cuda_graphs: opt.cuda.graphs,
+            cuda_graph_batches: opt.cuda.graph_spec.iter().map(|g| g.batch_size.0).collect(),
+            sequence: raw.sequence_batching.as_ref().map(SequenceConfig::from_raw).transpose()?,
+            unsupported: unsupported_sections(&raw),
         };
         if cfg.max_batch_size < 0 {
             return Err(Error::invalid_arg(format!(
@@ -679,6 +571,8 @@ pub fn request_shape_fits(cfg: &ModelConfig, t: &TensorConfig, shape: &[i64]) ->
         shape_matches(&t.dims, shape)
     }
 }
+
+mod raw;
 
 #[cfg(test)]
 mod tests;

@@ -252,3 +252,29 @@ fn request_shapes() {
     assert!(request_shape_fits(&c, &c.inputs[0], &[4, 3, 224, 224]));
     assert!(!request_shape_fits(&c, &c.inputs[0], &[3, 224, 224]));
 }
+
+#[test]
+fn protobuf_json_reads_through_the_derived_types() {
+    // int64 fields as strings, a parameter as protobuf writes it and as a bare string, an
+    // empty reshape written as {}, fields this backend does not read
+    let c = ModelConfig::from_json(
+        r#"{"name": "m", "max_batch_size": "8", "version_policy": {"latest": {"num_versions": 1}},
+            "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": ["1"], "reshape": {}, "is_shape_tensor": false}],
+            "output": [{"name": "y", "data_type": "TYPE_INT64", "dims": [-1, "3"]}],
+            "parameters": {"a": {"string_value": "1"}, "b": "2"},
+            "optimization": {"graph": {"level": "2"}, "cuda": {"graphs": true, "graph_spec": [{"batch_size": "4"}]}},
+            "instance_group": [{"kind": "KIND_GPU", "count": 2}, {"count": 1}]}"#,
+    )
+    .unwrap();
+    assert_eq!(c.max_batch_size, 8);
+    assert_eq!(c.inputs[0].reshape, Some(vec![]));
+    assert_eq!(c.outputs[0].dims, vec![-1, 3]);
+    assert_eq!((c.parameters["a"].as_str(), c.parameters["b"].as_str()), ("1", "2"));
+    assert_eq!((c.graph_optimization_level, c.cuda_graph_batches.clone()), (Some(2), vec![4]));
+    assert_eq!(c.instance_kinds, vec!["KIND_GPU".to_string()]);
+    // a value of the wrong kind is refused, saying what it was
+    let e = ModelConfig::from_json(r#"{"max_batch_size": "eight"}"#).unwrap_err();
+    assert!(e.message().contains("'eight' is not an integer"), "{e}");
+    let e = ModelConfig::from_json(r#"{"input": [{"name": "x", "dims": [true]}]}"#).unwrap_err();
+    assert!(e.message().contains("the model config does not read"), "{e}");
+}
