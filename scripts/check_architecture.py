@@ -11,6 +11,10 @@
 4. Inside `crates/cuda`, one-way layers: each file's `use crate::...` / `use super::...`
    imports name only files of its own layer or lower ones, never form a cycle, and every
    file has a layer (a new file must be placed); no file is longer than 600 lines.
+5. Inside every crate, no file imports upward into its crate root: what a file below the root
+   uses is defined in a module it names (`crate::module::Item`), never in `lib.rs` itself
+   (`crate::Item`, or from a file right below the root `super::Item` or `super::*`), so the
+   root stays the crate's table of contents. Test modules are exempt.
 """
 import json
 import re
@@ -18,6 +22,8 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+from arch_imports import upward_imports
 
 ROOT = Path(__file__).resolve().parent.parent
 # The rooms allowed to hold `unsafe`: Triton's C API (the cdylib), CUDA, the OS
@@ -188,6 +194,22 @@ def visit_file(n, path):
 for n in sorted(cuda_graph):
     visit_file(n, [])
 print("crates/cuda layers, bottom up: " + " | ".join(", ".join(files) for _, files in CUDA_LAYERS))
+
+
+# 5. no import up into a crate's root (the rule's reading of a crate: scripts/arch_imports.py)
+def crate_sources():
+    for name, pkg in sorted(members.items()):
+        for target in pkg["targets"]:
+            if "lib" in target["kind"] or "cdylib" in target["kind"] or "rlib" in target["kind"]:
+                yield name, Path(target["src_path"]).parent
+                break
+
+
+for name, src in crate_sources():
+    for f, what in upward_imports(src):
+        fail(f"{name}: {f.relative_to(ROOT)} imports {what}, an item its crate root defines: "
+             f"move it into a module and name that module")
+print("no file imports up into its crate's root (every crate)")
 
 if failures:
     sys.exit(f"{len(failures)} architecture rule(s) broken")

@@ -22,6 +22,8 @@ pub mod plugin;
 pub mod graphs;
 pub mod worker;
 
+pub use worker::panic_text;
+
 pub const ABI_VERSION: u32 = 8;
 
 /// A plugin's side: puts `msg` into the caller's error slot, to be freed with [`free_error`].
@@ -54,14 +56,6 @@ pub fn with_error<T>(call: impl FnOnce(*mut c_char, usize) -> T) -> (T, String) 
     let r = call(buf.as_mut_ptr() as *mut c_char, buf.len());
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     (r, String::from_utf8_lossy(&buf[..end]).into_owned())
-}
-
-/// The text of a caught panic (what a plugin reports instead of unwinding into C).
-pub fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "panic".into())
 }
 
 /// What `run` returns: done, failed (the error says why), or failed because the GPU's CUDA

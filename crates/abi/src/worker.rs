@@ -101,10 +101,18 @@ impl Worker {
         self.jobs.send(job).map_err(|_| "the torch worker thread is gone".to_string())?;
         match recv_spinning(&done_rx, spins().1) {
             Ok(Ok(r)) => Ok(r),
-            Ok(Err(p)) => Err(format!("libtorch panicked: {}", crate::panic_text(p))),
+            Ok(Err(p)) => Err(format!("libtorch panicked: {}", panic_text(p))),
             Err(_) => Err("the torch worker thread is gone".into()),
         }
     }
+}
+
+/// The text of a caught panic (what a plugin reports instead of unwinding into C).
+pub fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "panic".into())
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use super::mix64;
+use crate::keys::mix64;
 use triton_rust_core::error::{Error, Result};
 
 pub const WAYS: usize = 32;

@@ -13,8 +13,8 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::mix64;
 use super::table::npy_header;
+use crate::keys::mix64;
 use triton_rust_core::error::{Error, Result};
 
 /// The fp16 bit patterns of row `key` of table `table` (dim elements into `out`).

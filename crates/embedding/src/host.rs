@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::RwLock;
 
-use super::mix64;
 use super::table::TableFiles;
+use crate::keys::mix64;
 use triton_rust_core::error::{Error, Result};
 
 const SHARDS: usize = 64;

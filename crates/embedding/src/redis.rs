@@ -21,8 +21,21 @@ use parking_lot::Mutex;
 use redis::cluster::{cluster_pipe, ClusterClient, ClusterConnection};
 use redis::{Client, Connection, IntoConnectionInfo, TlsCertificates};
 
-use super::RemoteTier;
 use triton_rust_core::error::{Error, Result};
+
+/// Rows that live outside this machine (Redis). Misses are `found[i] = false`.
+pub trait RemoteTier: Send + Sync {
+    fn get_many(
+        &self,
+        table: &str,
+        dim: usize,
+        keys: &[i64],
+        out: &mut [f32],
+        found: &mut [bool],
+    ) -> Result<()>;
+    fn set_many(&self, table: &str, dim: usize, keys: &[i64], vectors: &[f32]) -> Result<()>;
+    fn name(&self) -> &'static str;
+}
 
 const TIMEOUT: Duration = Duration::from_millis(200);
 const BACKOFF: Duration = Duration::from_millis(500);

@@ -17,7 +17,7 @@ use std::time::Duration;
 use redis::Value;
 use triton_rust_core::error::{Error, Result};
 
-use crate::EmbeddingStore;
+use crate::store::EmbeddingStore;
 
 /// Where to follow updates from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,7 +14,8 @@ use std::ffi::{c_int, c_void};
 use tch::{CModule, IValue, Tensor};
 use triton_rust_abi::graphs::{self, Fit};
 
-use super::{dtype_of, shim_call, tensors, CudaApi};
+use crate::convert::{dtype_of, tensors};
+use crate::shim::{shim_call, CudaApi};
 
 /// More distinct shapes than this run eagerly (logged once): each graph holds its
 /// static inputs and outputs.

@@ -9,136 +9,8 @@
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use tch::{CModule, Device, IValue, Kind, Tensor};
-use triton_rust_abi::{self as abi, dtype, LoadOptions, OutputSink, PluginApi, TensorView};
-
-/// The CUDA helpers of libtriton_rust_torch_cuda.so (per-instance streams, CUDA
-/// graphs), which the backend opens (with global symbols) before the first GPU model.
-#[derive(Clone, Copy)]
-struct CudaApi {
-    new: unsafe extern "C" fn(c_int) -> *mut c_void,
-    enter: unsafe extern "C" fn(*mut c_void) -> c_int,
-    sync: unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int,
-    free: unsafe extern "C" fn(*mut c_void),
-    release: unsafe extern "C" fn() -> c_int,
-    graph_pool: unsafe extern "C" fn(*mut u64, *mut u64),
-    graph_begin: unsafe extern "C" fn(u64, u64, *mut c_char, usize) -> *mut c_void,
-    graph_end: unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int,
-    graph_replay: unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int,
-    graph_free: unsafe extern "C" fn(*mut c_void),
-    /// Host to device or device to host (pinned memory: not waited for).
-    copy_async: unsafe extern "C" fn(
-        *mut c_void,
-        *mut c_void,
-        *const c_void,
-        usize,
-        *mut c_char,
-        usize,
-    ) -> c_int,
-    fusion_strategy:
-        unsafe extern "C" fn(*const abi::FusionStep, usize, *mut c_char, usize) -> c_int,
-}
-
-fn cuda_api() -> Result<CudaApi, String> {
-    let find = |name: &CStr| {
-        // SAFETY: dlsym only looks the symbol up.
-        let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
-        if p.is_null() {
-            Err(format!(
-                "{} not found: libtriton_rust_torch_cuda.so is not loaded",
-                name.to_string_lossy()
-            ))
-        } else {
-            Ok(p)
-        }
-    };
-    // SAFETY: the shim defines these with exactly these signatures (src/stream_shim.cpp).
-    unsafe {
-        Ok(CudaApi {
-            new: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int) -> *mut c_void>(
-                find(c"trt_stream_new")?,
-            ),
-            enter: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void) -> c_int>(
-                find(c"trt_stream_enter")?,
-            ),
-            sync: std::mem::transmute::<
-                *mut c_void,
-                unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int,
-            >(find(c"trt_stream_sync")?),
-            free: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void)>(find(
-                c"trt_stream_free",
-            )?),
-            release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> c_int>(find(
-                c"trt_release_cached",
-            )?),
-            graph_pool: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut u64, *mut u64)>(
-                find(c"trt_graph_pool")?,
-            ),
-            graph_begin: std::mem::transmute::<
-                *mut c_void,
-                unsafe extern "C" fn(u64, u64, *mut c_char, usize) -> *mut c_void,
-            >(find(c"trt_graph_begin")?),
-            graph_end: std::mem::transmute::<
-                *mut c_void,
-                unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int,
-            >(find(c"trt_graph_end")?),
-            graph_replay: std::mem::transmute::<
-                *mut c_void,
-                unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> c_int,
-            >(find(c"trt_graph_replay")?),
-            graph_free: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void)>(
-                find(c"trt_graph_free")?,
-            ),
-            copy_async: std::mem::transmute::<
-                *mut c_void,
-                unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *const c_void,
-                    usize,
-                    *mut c_char,
-                    usize,
-                ) -> c_int,
-            >(find(c"trt_copy_async")?),
-            fusion_strategy: std::mem::transmute::<
-                *mut c_void,
-                unsafe extern "C" fn(*const abi::FusionStep, usize, *mut c_char, usize) -> c_int,
-            >(find(c"trt_set_fusion_strategy")?),
-        })
-    }
-}
-
-/// A model instance's own CUDA stream (from libtorch's pool): its work does not queue
-/// behind other instances' on the device's default stream.
-struct InstanceStream {
-    api: CudaApi,
-    stream: *mut c_void,
-}
-
-/// Calls a shim function that reports failure by a nonzero return and a message in the
-/// error buffer it is given; the message comes back in CUDA's own words.
-fn shim_call(call: impl FnOnce(*mut c_char, usize) -> c_int) -> Result<(), String> {
-    match abi::with_error(call) {
-        (0, _) => Ok(()),
-        (_, why) => Err(why),
-    }
-}
-
-impl InstanceStream {
-    /// Waits for the stream's work; a CUDA error from it (a device-side assert, say)
-    /// comes back in CUDA's words, which the caller recognises.
-    fn sync(&self) -> Result<(), String> {
-        // SAFETY: the stream is alive while self is; the buffer outlives the call.
-        shim_call(|err, len| unsafe { (self.api.sync)(self.stream, err, len) })
-    }
-}
-
-impl Drop for InstanceStream {
-    fn drop(&mut self) {
-        // SAFETY: created by api.new, freed once.
-        unsafe { (self.api.free)(self.stream) };
-    }
-}
+use tch::{CModule, Device, IValue, Tensor};
+use triton_rust_abi::{self as abi, LoadOptions, OutputSink, PluginApi, TensorView};
 
 struct Model {
     module: CModule,
@@ -158,8 +30,13 @@ struct Model {
     outputs: staging::Pinned,
 }
 
+mod convert;
 mod graphs;
+mod shim;
 mod staging;
+
+use convert::{dtype_of, kind_of, tensors};
+use shim::{cuda_api, shim_call, InstanceStream};
 use triton_rust_abi::worker;
 
 static API: PluginApi = PluginApi {
@@ -306,55 +183,6 @@ unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) ->
             std::ptr::null_mut()
         }
     }
-}
-
-fn kind_of(d: i32) -> Result<Kind, String> {
-    Ok(match d {
-        dtype::BOOL => Kind::Bool,
-        dtype::U8 => Kind::Uint8,
-        dtype::I8 => Kind::Int8,
-        dtype::I16 => Kind::Int16,
-        dtype::I32 => Kind::Int,
-        dtype::I64 => Kind::Int64,
-        dtype::F16 => Kind::Half,
-        dtype::F32 => Kind::Float,
-        dtype::F64 => Kind::Double,
-        dtype::BF16 => Kind::BFloat16,
-        other => return Err(format!("element type {other} is not supported by the torch engine")),
-    })
-}
-
-fn dtype_of(k: Kind) -> Result<i32, String> {
-    Ok(match k {
-        Kind::Bool => dtype::BOOL,
-        Kind::Uint8 => dtype::U8,
-        Kind::Int8 => dtype::I8,
-        Kind::Int16 => dtype::I16,
-        Kind::Int => dtype::I32,
-        Kind::Int64 => dtype::I64,
-        Kind::Half => dtype::F16,
-        Kind::Float => dtype::F32,
-        Kind::Double => dtype::F64,
-        Kind::BFloat16 => dtype::BF16,
-        other => {
-            return Err(format!("the model produced a {other:?} tensor, which Triton cannot carry"))
-        }
-    })
-}
-
-/// Flattens a module's result into tensors: a tensor, or a tuple/list of them.
-fn tensors(v: IValue, out: &mut Vec<Tensor>) -> Result<(), String> {
-    match v {
-        IValue::Tensor(t) => out.push(t),
-        IValue::Tuple(items) | IValue::GenericList(items) => {
-            for i in items {
-                tensors(i, out)?;
-            }
-        }
-        IValue::TensorList(ts) => out.extend(ts),
-        other => return Err(format!("the model returned a {other:?}; expected tensors")),
-    }
-    Ok(())
 }
 
 /// Where a run's time went (`--log-verbose=1`).

@@ -5,7 +5,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::{shim_call, InstanceStream};
+use crate::shim::{shim_call, InstanceStream};
 
 /// Bytes per chunk: large enough that a copy's launch cost is small, small enough that
 /// the first DMA starts early.

@@ -1,7 +1,8 @@
-use super::cache::HostCache;
 use super::instance::fetch_parallel;
-use super::table::{write_table, VectorType};
 use super::*;
+use crate::cache::HostCache;
+use crate::keys::Zipf;
+use crate::table::{write_table, VectorType};
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 
