@@ -29,6 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # The rooms allowed to hold `unsafe`: Triton's C API (the cdylib), CUDA, the OS
 # (mmap, dlopen), and the plugin ABI with the libtorch plugin behind it.
 FFI_AND_CUDA = {"triton_rust", "triton_rust_cuda", "triton_rust_os", "triton_rust_abi", "triton_rust_torch", "triton_rust_aoti"}
+# The engine crates a composing engine may build on (its claim's `builds_on`).
+COMPOSED = {"triton_rust_engine_recommender": {"triton_rust_engine_embedding", "triton_rust_engine_onnx",
+                                               "triton_rust_engine_torch", "triton_rust_engine_aoti"}}
 TRITON = {"triton_rust", "triton-sys"}
 RUNTIMES = {"ort", "tch", "cudarc", "triton_rust_abi", "libloading"}
 
@@ -80,8 +83,11 @@ for name in sorted(members):
         fail(f"{name} depends on the Triton crate: {sorted(deps & TRITON)}")
     if name == "triton_rust_core" and deps & RUNTIMES:
         fail(f"the core depends on {sorted(deps & RUNTIMES)}")
-    if name.startswith("triton_rust_engine_") and any(d.startswith("triton_rust_engine_") for d in deps):
-        fail(f"{name} depends on another engine crate")
+    # engines stand alone; a composing engine (the recommender: a lookup and a network as
+    # one model) builds on the engines it composes, and nothing builds on it
+    engines = {d for d in deps if d.startswith("triton_rust_engine_")}
+    if name.startswith("triton_rust_engine_") and engines - COMPOSED.get(name, set()):
+        fail(f"{name} depends on another engine crate: {sorted(engines - COMPOSED.get(name, set()))}")
 print("dependencies: no crate but the cdylib reaches triton-sys; the core reaches no ort, tch, cudarc or plugin ABI")
 
 # 3. cycles among workspace crates

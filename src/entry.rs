@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use std::sync::Arc;
 
-use triton_rust_core::engine::Device;
+use triton_rust_core::engine::{Device, EngineKinds};
 use triton_rust_core::error::{Error, Result};
 use triton_rust_core::panic::panic_text;
 use triton_rust_core::serve::{
@@ -19,11 +19,18 @@ use triton_rust_core::serve::{
 };
 use triton_rust_core::settings::MmapThreshold;
 
-use crate::engines::Engines;
+use crate::engines;
 use crate::ffi::{check, from_c, sys, to_triton_error};
 use crate::message::{read_json, OwnedMessage};
 use crate::metrics::MetricsPublisher;
 use crate::request::{Instance, Request};
+
+/// What Triton keeps for the backend: its settings, and the engine kinds with what they
+/// keep for all the backend's models (e.g. the embedding stores shared by name).
+struct TritonBackend {
+    settings: BackendSettings,
+    kinds: Arc<EngineKinds>,
+}
 
 /// What Triton keeps for a model: the core's state and, while it is loaded, the
 /// publisher of its engine's metrics (declared first: stopped before the model goes).
@@ -101,7 +108,8 @@ pub extern "C" fn TRITONBACKEND_Initialize(
             env!("CARGO_PKG_VERSION"),
             settings.cmdline
         );
-        let boxed = Box::into_raw(Box::new(settings));
+        let boxed =
+            Box::into_raw(Box::new(TritonBackend { settings, kinds: Arc::new(engines::kinds()) }));
         check(unsafe { sys::TRITONBACKEND_BackendSetState(backend, boxed.cast()) }).inspect_err(
             |_| {
                 drop(unsafe { Box::from_raw(boxed) });
@@ -115,9 +123,7 @@ pub extern "C" fn TRITONBACKEND_Finalize(
     backend: *mut sys::TRITONBACKEND_Backend,
 ) -> *mut sys::TRITONSERVER_Error {
     guard("TRITONBACKEND_Finalize", || {
-        drop(unsafe {
-            take_state::<BackendSettings, _>(backend, sys::TRITONBACKEND_BackendState)?
-        });
+        drop(unsafe { take_state::<TritonBackend, _>(backend, sys::TRITONBACKEND_BackendState)? });
         Ok(())
     })
 }
@@ -143,8 +149,7 @@ pub extern "C" fn TRITONBACKEND_ModelInitialize(
         check(unsafe { sys::TRITONBACKEND_ModelAutoCompleteConfig(model, &mut autocomplete) })?;
         let mut backend = std::ptr::null_mut();
         check(unsafe { sys::TRITONBACKEND_ModelBackend(model, &mut backend) })?;
-        let settings: &BackendSettings =
-            unsafe { state(backend, sys::TRITONBACKEND_BackendState)? };
+        let backend: &TritonBackend = unsafe { state(backend, sys::TRITONBACKEND_BackendState)? };
 
         let ctx = ModelContext {
             name: name.clone(),
@@ -152,8 +157,8 @@ pub extern "C" fn TRITONBACKEND_ModelInitialize(
             repository,
             config_json,
             autocomplete,
-            backend: settings,
-            engines: Arc::new(Engines),
+            backend: &backend.settings,
+            kinds: backend.kinds.clone(),
         };
         let (state, completed) =
             ModelState::load(ctx).map_err(|e| e.context(format!("model '{name}'")))?;

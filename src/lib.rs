@@ -6,7 +6,7 @@
 //! releases what ([`request`]: requests, responses, the instance's statistics;
 //! [`message`]; [`metrics`]; [`log`], the `log` facade's sink); and [`entry`], the
 //! `TRITONBACKEND_*` functions Triton calls, each catching panics. [`engines`] names
-//! the engine crates for the core's `EngineFactory`. The serving logic itself is
+//! the engine kinds for the core (`EngineKinds`). The serving logic itself is
 //! `triton_rust_core::serve`, which reaches Triton only through the `Transport`
 //! implemented in [`request`]. README "Map" shows every room.
 

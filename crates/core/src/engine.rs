@@ -1,18 +1,21 @@
-//! Engines: the things that run a model on a batch.
+//! Engines: the things that load a model and run it on a batch.
 //!
-//! One small trait, [`Engine`], and [`Lookup`] for what only a store lookup offers; each
-//! engine is its own crate (`triton_rust_engine_onnx`, `_torch`, `_embedding`,
-//! `_recommender`) and the cdylib's [`EngineFactory`] names them all, each with the
-//! [`EngineClaim`] saying which models it serves. Engines
-//! know nothing of Triton: they take assembled [`BatchTensor`]s and hand each output
-//! to a sink as a borrowed view, so the caller copies it straight into the responses.
+//! Each engine crate offers an [`EngineKind`]: its [`EngineClaim`] (which models it serves)
+//! and a load that returns a [`LoadedModel`] (settings parsed once, what the instances
+//! share), which makes one [`Engine`] per instance (what varies per instance: the run).
+//! The cdylib lists the kinds ([`EngineKinds`]). Engines know nothing of Triton: they take
+//! assembled [`BatchTensor`]s and hand each output to a sink as a borrowed view, so the
+//! caller copies it straight into the responses.
 
+use std::any::Any;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use crate::batch::{BatchTensor, RequestTensor};
 use crate::config::{ModelConfig, TensorSpec};
 use crate::error::{Error, Result};
 use crate::settings::{BackendSettings, CoreSettings, Known};
+use crate::telemetry::MetricsSource;
 pub use crate::tensor::Device;
 use crate::tensor::{Bytes, DataType};
 
@@ -26,50 +29,21 @@ pub struct OutputView<'a> {
     pub data: Bytes<'a>,
 }
 
-/// What a loaded model takes and gives (full shapes, -1 where free), and where it runs.
+/// What a loaded model takes and gives (full shapes, -1 where free).
+#[derive(Debug, Clone, Default)]
 pub struct Signature {
     pub inputs: Vec<TensorSpec>,
     pub outputs: Vec<TensorSpec>,
-    pub device: Device,
 }
 
+/// One instance's runner: what varies per instance (its device's resources, the model
+/// loaded there) and what a run hands back. Made by [`LoadedModel::instance`].
 pub trait Engine: Send {
-    fn signature(&self) -> &Signature;
-    /// Whether `run` can take inputs that live in GPU memory.
-    fn accepts_device_inputs(&self) -> bool {
-        false
-    }
-    /// Metrics this engine's model publishes on Triton's endpoint (shared by its instances).
-    fn metrics_source(&self) -> Option<std::sync::Arc<dyn crate::telemetry::MetricsSource>> {
-        None
-    }
-    /// Checks one request's inputs (already in config order and checked against the
-    /// config) for what only this engine can see; the error fails that request only.
-    fn check_request(&self, _inputs: &[RequestTensor<'_>]) -> Result<()> {
-        Ok(())
-    }
     /// Where the responses of the last `run` took its outputs: all into host memory
     /// (`true`), or not. A GPU engine may then hand later outputs over in host memory,
     /// copied on its own stream before it waits for the model, instead of waiting first
     /// and copying each output after.
     fn outputs_landed(&mut self, _on_host: bool) {}
-    /// The embedding store's hooks, for an engine that is a store lookup.
-    fn lookup(&mut self) -> Option<&mut dyn Lookup> {
-        None
-    }
-    /// Where this engine's CUDA graph for a batch of `inputs` (as `run` would take them;
-    /// their data unread) reads input `name`: that input's bytes for this batch in the
-    /// graph's own GPU memory, for a caller to write and pass to `run` as that input, which
-    /// then copies nothing for it. `None` when no graph already captured would run such a
-    /// batch. The memory is the engine's: the view stays valid while the engine lives, and
-    /// may be written only while none of its runs is in flight.
-    fn graph_input(
-        &self,
-        _inputs: &[BatchTensor<'_>],
-        _name: &str,
-    ) -> Option<crate::tensor::DeviceViewMut<'static>> {
-        None
-    }
     /// Runs the model once on `inputs` and passes each of `outputs` to `sink`.
     fn run(
         &mut self,
@@ -79,48 +53,110 @@ pub trait Engine: Send {
     ) -> Result<()>;
 }
 
-impl dyn Engine + '_ {
-    /// Inputs as the model file declares them (full shapes, -1 where free).
+/// A model, loaded: its settings parsed once, what its instances share (a store, a
+/// runtime, a plugin, what the model file says of itself), and the answers that do not
+/// depend on an instance. Made once per model by [`EngineKind::load`]; it makes one
+/// [`Engine`] per instance.
+pub trait LoadedModel: Send + Sync {
+    fn signature(&self) -> &Signature;
+    /// Whether an instance on `device` takes inputs that live in GPU memory where they are.
+    fn accepts_device_inputs(&self, _device: Device) -> bool {
+        false
+    }
+    /// Metrics the model publishes on Triton's endpoint (shared by its instances).
+    fn metrics_source(&self) -> Option<Arc<dyn MetricsSource>> {
+        None
+    }
+    /// Checks who is asking, from the request's parameters (key, value as text), before
+    /// anything else is looked at; the error fails that request only.
+    fn authorize(&self, _parameters: &[(String, String)]) -> Result<()> {
+        Ok(())
+    }
+    /// Checks one request's inputs (already in config order and checked against the
+    /// config) for what only this model can see; the error fails that request only.
+    fn check_request(&self, _inputs: &[RequestTensor<'_>]) -> Result<()> {
+        Ok(())
+    }
+    /// The runner of one instance on `device`. `config` is the model's config as the
+    /// server completed it (auto-complete may have filled in what the load did not see).
+    fn instance(&self, config: &ModelConfig, device: Device) -> Result<Box<dyn Engine>>;
+}
+
+impl dyn LoadedModel + '_ {
+    /// Inputs as the model declares them (full shapes, -1 where free).
     pub fn inputs(&self) -> &[TensorSpec] {
         &self.signature().inputs
     }
     pub fn outputs(&self) -> &[TensorSpec] {
         &self.signature().outputs
     }
-    pub fn device(&self) -> Device {
-        self.signature().device
-    }
 }
 
-/// What an embedding-store lookup offers beyond [`Engine`].
-pub trait Lookup {
-    /// Checks who is asking, from the request's parameters (key, value as text), before
-    /// anything else is looked at; the error fails that request only.
-    fn authorize(&self, _parameters: &[(String, String)]) -> Result<()> {
-        Ok(())
-    }
-    /// Runs the lookup once on `inputs`, writing its one output into `out` (GPU memory with
-    /// room for all of it) instead of a buffer of its own; `Ok(false)`, having done
-    /// nothing, when it cannot (the caller then uses `run`). With it a recommender chain
-    /// looks up one part of a batch while its network runs on the part before.
-    fn run_into(
-        &mut self,
-        _inputs: &[BatchTensor<'_>],
-        _out: &mut triton_rust_cuda::DeviceViewMut<'_>,
-    ) -> Result<bool> {
-        Ok(false)
-    }
-}
-
-/// What an engine may read when it is created.
-pub struct EngineOptions<'a> {
+/// What a model's load may read.
+pub struct ModelLoad<'a> {
     pub config: &'a ModelConfig,
     pub backend: &'a BackendSettings,
-    pub device: Device,
-    /// Created at model load only to read the model's tensors and validate the config:
-    /// engines skip per-instance resources (the embedding engine's caches, GPU state),
-    /// and the probe is dropped once it has been read.
-    pub probe: bool,
+    /// The model file, or the version directory for an engine whose claim has no file.
+    pub model_file: &'a Path,
+    /// What the backend keeps for all its models.
+    pub shared: &'a Shared,
+}
+
+/// An engine crate's offer: the models it claims and how it loads one.
+pub trait EngineKind: Send + Sync {
+    fn claim(&self) -> &'static EngineClaim;
+    fn load(&self, load: &ModelLoad<'_>) -> Result<Box<dyn LoadedModel>>;
+}
+
+/// What the backend keeps across its models for the engines (one value of each type, made
+/// on first use, e.g. the embedding stores shared by name), dropped with the backend.
+#[derive(Default)]
+pub struct Shared(Mutex<Vec<Arc<dyn Any + Send + Sync>>>);
+
+impl Shared {
+    /// The backend's one `T`.
+    pub fn get<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = all.iter().find_map(|v| v.clone().downcast::<T>().ok()) {
+            return t;
+        }
+        let t = Arc::new(T::default());
+        all.push(t.clone());
+        t
+    }
+}
+
+/// The engine kinds of this build, in the order a model file is looked for, and what the
+/// backend keeps for them.
+pub struct EngineKinds {
+    kinds: Vec<Box<dyn EngineKind>>,
+    claims: Vec<&'static EngineClaim>,
+    shared: Shared,
+}
+
+impl EngineKinds {
+    pub fn new(kinds: Vec<Box<dyn EngineKind>>) -> EngineKinds {
+        let claims = kinds.iter().map(|k| k.claim()).collect();
+        EngineKinds { kinds, claims, shared: Shared::default() }
+    }
+    pub fn claims(&self) -> &[&'static EngineClaim] {
+        &self.claims
+    }
+    /// Loads a model with the kind that claims `claim`.
+    pub fn load(
+        &self,
+        claim: &EngineClaim,
+        config: &ModelConfig,
+        backend: &BackendSettings,
+        model_file: &Path,
+    ) -> Result<Box<dyn LoadedModel>> {
+        let kind = self
+            .kinds
+            .iter()
+            .find(|k| std::ptr::eq(k.claim(), claim))
+            .ok_or_else(|| Error::internal(format!("no engine is named '{}'", claim.name())))?;
+        kind.load(&ModelLoad { config, backend, model_file, shared: &self.shared })
+    }
 }
 
 /// What one engine serves: the names the `engine` parameter may give it, the model file
@@ -140,8 +176,6 @@ pub struct EngineClaim {
     pub builds_on: &'static [&'static str],
     /// Whether it serves `sequence_batching`.
     pub keeps_sequences: bool,
-    /// Whether its load-time probe is a whole engine a CPU instance may take over.
-    pub probe_serves: bool,
 }
 
 impl EngineClaim {
@@ -151,13 +185,16 @@ impl EngineClaim {
 }
 
 /// The claim for a file name, by its ending.
-pub fn claim_for_file<'c>(claims: &'c [EngineClaim], file: &str) -> Option<&'c EngineClaim> {
-    claims.iter().find(|c| c.file_suffixes.iter().any(|s| file.ends_with(s)))
+pub fn claim_for_file(claims: &[&'static EngineClaim], file: &str) -> Option<&'static EngineClaim> {
+    claims.iter().copied().find(|c| c.file_suffixes.iter().any(|s| file.ends_with(s)))
 }
 
 /// The parameters known for a model served by `claim`: its own, those of the engines it
 /// builds on, and the core's.
-pub fn known_parameters<'c>(claims: &'c [EngineClaim], claim: &'c EngineClaim) -> Vec<&'c [Known]> {
+pub fn known_parameters(
+    claims: &[&'static EngineClaim],
+    claim: &EngineClaim,
+) -> Vec<&'static [Known]> {
     let mut known = vec![CoreSettings::KNOWN, claim.parameters];
     known.extend(
         claims.iter().filter(|c| claim.builds_on.contains(&c.name())).map(|c| c.parameters),
@@ -169,17 +206,17 @@ pub fn known_parameters<'c>(claims: &'c [EngineClaim], claim: &'c EngineClaim) -
 /// parameter if given, else the config's `platform` where an engine has that name
 /// (Triton's `torch_aoti`), else from the file name (`default_model_filename`, or the first
 /// engine whose default file is there, else the first engine's).
-pub fn select<'c>(
-    claims: &'c [EngineClaim],
+pub fn select(
+    claims: &[&'static EngineClaim],
     config: &ModelConfig,
     engine: Option<&str>,
     version_dir: &Path,
-) -> Result<(&'c EngineClaim, PathBuf)> {
+) -> Result<(&'static EngineClaim, PathBuf)> {
     let names = || claims.iter().map(|c| c.name()).collect::<Vec<_>>().join(", ");
     let platform =
         config.platform.as_deref().filter(|p| claims.iter().any(|c| c.names.contains(p)));
     let claim = match engine.or(platform) {
-        Some(e) => claims.iter().find(|c| c.names.contains(&e)).ok_or_else(|| {
+        Some(e) => claims.iter().copied().find(|c| c.names.contains(&e)).ok_or_else(|| {
             Error::unsupported(format!(
                 "parameter 'engine' is '{e}'; this build of the rust backend has the engines: {}",
                 names()
@@ -192,7 +229,7 @@ pub fn select<'c>(
                 ))
             })?,
             None => {
-                let with_file = || claims.iter().filter_map(|c| Some((c, c.default_file?)));
+                let with_file = || claims.iter().copied().filter_map(|c| Some((c, c.default_file?)));
                 with_file()
                     .find(|(_, f)| version_dir.join(f).exists())
                     .or_else(|| with_file().next())
@@ -217,24 +254,11 @@ pub fn select<'c>(
     Ok((claim, file))
 }
 
-/// Makes engines: the one place that knows every engine crate (the cdylib's).
-pub trait EngineFactory: Send + Sync {
-    /// The engines this build serves, in the order a model file is looked for.
-    fn claims(&self) -> &'static [EngineClaim];
-    /// Makes the engine named `engine` (a claim's name).
-    fn create(
-        &self,
-        engine: &str,
-        model_file: &Path,
-        options: &EngineOptions<'_>,
-    ) -> Result<Box<dyn Engine>>;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const CLAIMS: &[EngineClaim] = &[
+    static CLAIM_LIST: &[EngineClaim] = &[
         EngineClaim {
             names: &["onnx", "onnxruntime"],
             default_file: Some("model.onnx"),
@@ -242,7 +266,6 @@ mod tests {
             parameters: &[("intra_op_thread_count", "")],
             builds_on: &[],
             keeps_sequences: true,
-            probe_serves: true,
         },
         EngineClaim {
             names: &["torch"],
@@ -251,7 +274,6 @@ mod tests {
             parameters: &[],
             builds_on: &[],
             keeps_sequences: true,
-            probe_serves: false,
         },
         EngineClaim {
             names: &["chain"],
@@ -260,9 +282,10 @@ mod tests {
             parameters: &[("x", "")],
             builds_on: &["onnx"],
             keeps_sequences: false,
-            probe_serves: false,
         },
     ];
+
+    static CLAIMS: &[&EngineClaim] = &[&CLAIM_LIST[0], &CLAIM_LIST[1], &CLAIM_LIST[2]];
 
     #[test]
     fn select_names_missing_file_and_unknown_engine() {
@@ -290,7 +313,7 @@ mod tests {
 
     #[test]
     fn known_parameters_take_in_what_an_engine_builds_on() {
-        let known = known_parameters(CLAIMS, &CLAIMS[2]);
+        let known = known_parameters(CLAIMS, CLAIMS[2]);
         let names: Vec<&str> = known.iter().flat_map(|k| k.iter().map(|(n, _)| *n)).collect();
         assert!(["x", "intra_op_thread_count", "engine", "valid_range"]
             .iter()

@@ -1,7 +1,8 @@
 //! Serving: where the server's view (models, instances, requests) meets the engines.
 //!
-//! `ModelState` reads the config, picks the engine, auto-completes and checks the
-//! config against a load-time probe of the model; `InstanceState` owns one engine;
+//! `ModelState` reads the config, picks the engine kind, loads the model once with it,
+//! auto-completes and checks the config against the loaded model; `InstanceState` owns
+//! the one engine the loaded model made for it;
 //! [`execute`] is the batch path: check each request, group, assemble, run once per
 //! group, scatter outputs into the responses, report statistics. A request's own
 //! problem fails that request only.
@@ -20,7 +21,7 @@ use crate::batch::{
     InputPolicy, RequestTensor,
 };
 use crate::config::{autocomplete, check_against_model, ModelConfig};
-use crate::engine::{self, Device, Engine, EngineClaim, EngineFactory, EngineOptions, OutputView};
+use crate::engine::{self, Device, Engine, EngineKinds, LoadedModel, OutputView};
 use crate::error::{Error, ErrorKind, Result};
 use crate::settings::{self, CoreSettings};
 use crate::telemetry::MetricsSource;
@@ -108,21 +109,14 @@ pub struct ModelContext<'a> {
     pub config_json: String,
     pub autocomplete: bool,
     pub backend: &'a BackendSettings,
-    pub engines: Arc<dyn EngineFactory>,
+    pub kinds: Arc<EngineKinds>,
 }
 
 pub struct ModelState {
     name: String,
     config: ModelConfig,
-    claim: &'static EngineClaim,
-    model_file: PathBuf,
-    backend: BackendSettings,
     policy: InputPolicy,
-    engines: Arc<dyn EngineFactory>,
-    /// The load-time probe, kept only when a CPU instance will take it over (a GPU-only
-    /// model keeps no CPU copy of itself).
-    spare: Mutex<Option<Box<dyn Engine>>>,
-    metrics: Option<Arc<dyn MetricsSource>>,
+    loaded: Arc<dyn LoadedModel>,
 }
 
 impl ModelState {
@@ -134,10 +128,10 @@ impl ModelState {
         let mut config = ModelConfig::from_value(&raw)?;
         config.check_supported()?;
         let version_dir = ctx.repository.join(ctx.version.to_string());
-        let core = CoreSettings::from_config(&config)?;
-        let claims = ctx.engines.claims();
+        let claims = ctx.kinds.claims();
+        let engine_named = CoreSettings::engine_named(&config);
         let (claim, model_file) =
-            engine::select(claims, &config, core.engine.as_deref(), &version_dir)?;
+            engine::select(claims, &config, engine_named.as_deref(), &version_dir)?;
         settings::warn_unknown_parameters(
             &ctx.name,
             &config.parameters,
@@ -152,22 +146,14 @@ impl ModelState {
         // the inputs the sequence batcher adds are the model's like any other (an engine
         // whose signature comes from the config, TorchScript's, sees them too)
         config.add_sequence_inputs()?;
-        let probe = ctx.engines.create(
-            claim.name(),
-            &model_file,
-            &EngineOptions {
-                config: &config,
-                backend: ctx.backend,
-                device: Device::Cpu,
-                probe: true,
-            },
-        )?;
+        let loaded: Arc<dyn LoadedModel> =
+            ctx.kinds.load(claim, &config, ctx.backend, &model_file)?.into();
         let mut completed = None;
         if ctx.autocomplete {
             if let Some(v) = autocomplete(
                 &raw,
-                probe.inputs(),
-                probe.outputs(),
+                loaded.inputs(),
+                loaded.outputs(),
                 ctx.backend.default_max_batch_size,
             )? {
                 raw = v;
@@ -181,11 +167,11 @@ impl ModelState {
                 );
             }
         }
-        config.adopt_scalars(probe.inputs(), probe.outputs());
-        check_against_model(&config, probe.inputs(), probe.outputs())
-            .and_then(|()| check_states(&config, probe.outputs()))
+        config.adopt_scalars(loaded.inputs(), loaded.outputs());
+        check_against_model(&config, loaded.inputs(), loaded.outputs())
+            .and_then(|()| check_states(&config, loaded.outputs()))
             .map_err(|e| e.context(format!("model file '{}'", model_file.display())))?;
-        // (auto-complete may have added inputs valid_range names)
+        // read once the config is complete (auto-complete may add inputs valid_range names)
         let core = CoreSettings::from_config(&config)?;
         let policy = InputPolicy {
             reject_nonfinite: core.reject_nonfinite,
@@ -199,30 +185,7 @@ impl ModelState {
             model_file.display(),
             claim.name()
         );
-        let metrics = probe.metrics_source();
-        // Triton completes instance_group before the model is loaded; with none given
-        // (a config read outside Triton) a CPU instance may come.
-        let cpu_instance = config.instance_kinds.is_empty()
-            || config.instance_kinds.iter().any(|k| k == "KIND_CPU");
-        // only some probes are whole engines (the embedding and torch probes are not)
-        let spare = if cpu_instance && claim.probe_serves {
-            Some(probe)
-        } else {
-            drop(probe);
-            None
-        };
-        let state = ModelState {
-            name: ctx.name,
-            config,
-            claim,
-            model_file,
-            backend: ctx.backend.clone(),
-            policy,
-            engines: ctx.engines,
-            spare: Mutex::new(spare),
-            metrics,
-        };
-        Ok((state, completed))
+        Ok((ModelState { name: ctx.name, config, policy, loaded }, completed))
     }
 
     pub fn name(&self) -> &str {
@@ -233,14 +196,9 @@ impl ModelState {
         &self.config
     }
 
-    /// What the model's engine publishes (e.g. the embedding store's counters).
+    /// What the model publishes (e.g. the embedding store's counters).
     pub fn metrics_source(&self) -> Option<Arc<dyn MetricsSource>> {
-        self.metrics.clone()
-    }
-
-    /// Whether the load-time probe is still held for a CPU instance.
-    pub fn holds_spare_engine(&self) -> bool {
-        self.spare.lock().map(|s| s.is_some()).unwrap_or(false)
+        self.loaded.metrics_source()
     }
 }
 
@@ -280,53 +238,29 @@ pub struct InstanceState {
     device_inputs_seen: Mutex<Vec<String>>,
     config: ModelConfig,
     policy: InputPolicy,
+    loaded: Arc<dyn LoadedModel>,
     engine: Mutex<Box<dyn Engine>>,
 }
 
 impl InstanceState {
     pub fn new(model: &ModelState, ctx: InstanceContext) -> Result<InstanceState> {
-        let spare = if ctx.device == Device::Cpu {
-            model.spare.lock().ok().and_then(|mut s| s.take())
-        } else {
-            None
-        };
-        let engine = match spare {
-            Some(e) => e,
-            None => model.engines.create(
-                model.claim.name(),
-                &model.model_file,
-                &EngineOptions {
-                    config: &model.config,
-                    backend: &model.backend,
-                    device: ctx.device,
-                    probe: false,
-                },
-            )?,
-        };
-        Ok(Self::with_engine(model, ctx, engine))
-    }
-
-    /// An instance around an engine made elsewhere (tests).
-    pub fn with_engine(
-        model: &ModelState,
-        ctx: InstanceContext,
-        engine: Box<dyn Engine>,
-    ) -> InstanceState {
+        let engine = model.loaded.instance(&model.config, ctx.device)?;
         let mut policy = model.policy.clone();
-        policy.accepts_device_inputs = engine.accepts_device_inputs();
+        policy.accepts_device_inputs = model.loaded.accepts_device_inputs(ctx.device);
         log::info!("instance '{}' of model '{}' ready on {:?}", ctx.name, model.name, ctx.device);
         if model.config.cuda_graphs && ctx.device == Device::Cpu {
             log::info!("model '{}': optimization.cuda.graphs applies to KIND_GPU instances; this KIND_CPU one runs without", model.name);
         }
-        InstanceState {
+        Ok(InstanceState {
             name: ctx.name,
             model: model.name.clone(),
             device: ctx.device,
             device_inputs_seen: Mutex::new(Vec::new()),
             config: model.config.clone(),
             policy,
+            loaded: model.loaded.clone(),
             engine: Mutex::new(engine),
-        }
+        })
     }
 
     /// Logs, once per input, that it arrived in GPU memory and is used in place: the
@@ -347,6 +281,7 @@ impl InstanceState {
 /// GPUs that hit an unrecoverable CUDA error (a device-side assert, an illegal address):
 /// the error is sticky for the whole process's context on that device, so every model
 /// there is refused clearly from then on instead of failing in confusing ways.
+// (process-wide because the fault is: it lives in the process's context on that device)
 static GPU_FAULTS: Mutex<Vec<(i32, String)>> = Mutex::new(Vec::new());
 
 /// Records a sticky CUDA fault on `device` seen by `model`'s engine, if `error` is one
@@ -418,7 +353,7 @@ pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<
         }
     };
     let mut slots: Vec<Slot<'_, T::Request, T::Response>> =
-        requests.iter().map(|req| inst.prepare(&mut **engine, transport, req)).collect();
+        requests.iter().map(|req| inst.prepare(transport, req)).collect();
 
     // Requests that passed, grouped by shape and memory (positions in `slots`).
     let passed: Vec<usize> = (0..slots.len()).filter(|&i| slots[i].checked.is_some()).collect();
@@ -434,7 +369,15 @@ pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<
     let mut sink_ns = 0u64;
     let mut rows_run = 0u64;
     for members in &groups {
-        match run_group(&mut **engine, cfg, transport, members, &mut slots, &mut sink_ns) {
+        match run_group(
+            &mut **engine,
+            inst.device,
+            cfg,
+            transport,
+            members,
+            &mut slots,
+            &mut sink_ns,
+        ) {
             Ok(rows) => rows_run += rows as u64,
             Err(e) => {
                 log::error!(
@@ -477,7 +420,6 @@ impl InstanceState {
     /// the engine); a failure stays this request's own.
     fn prepare<'r, T: Transport>(
         &self,
-        engine: &mut dyn Engine,
         transport: &T,
         req: &'r T::Request,
     ) -> Slot<'r, T::Request, T::Response> {
@@ -488,13 +430,11 @@ impl InstanceState {
         } else if req.is_cancelled() {
             Err(Error::new(ErrorKind::Cancelled, "request was cancelled"))
         } else {
-            let authorized = req
-                .parameters()
-                .and_then(|p| engine.lookup().map_or(Ok(()), |lookup| lookup.authorize(&p)));
-            authorized
+            req.parameters()
+                .and_then(|p| self.loaded.authorize(&p))
                 .and_then(|()| req.inputs())
                 .and_then(|t| check_request(&self.config, &self.policy, t))
-                .and_then(|c| engine.check_request(&c.tensors).map(|()| c))
+                .and_then(|c| self.loaded.check_request(&c.tensors).map(|()| c))
                 .and_then(|c| Ok((c, req.requested_outputs()?)))
         };
         match prepared {

@@ -42,7 +42,19 @@ impl CoreSettings {
         ("valid_range", "none"),
     ];
 
+    /// The engine the `engine` parameter names, lower case (read before the rest: it says
+    /// which engine loads the model, and the rest is read once the config is complete).
+    pub fn engine_named(config: &ModelConfig) -> Option<String> {
+        config
+            .parameters
+            .get("engine")
+            .map(|s| s.trim().to_ascii_lowercase())
+            .filter(|s| !s.is_empty())
+    }
+
     pub fn from_config(config: &ModelConfig) -> Result<CoreSettings> {
+        #[cfg(test)]
+        PARSED.with(|n| n.set(n.get() + 1));
         let valid_range = match config.parameters.get("valid_range") {
             None => Vec::new(),
             Some(spec) => {
@@ -58,15 +70,17 @@ impl CoreSettings {
             }
         };
         Ok(CoreSettings {
-            engine: config
-                .parameters
-                .get("engine")
-                .map(|s| s.trim().to_ascii_lowercase())
-                .filter(|s| !s.is_empty()),
+            engine: Self::engine_named(config),
             reject_nonfinite: config.parameter_bool("reject_nonfinite")?.unwrap_or(false),
             valid_range,
         })
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How many times this thread parsed a model's core settings (`settings_parsed_once`).
+    pub(crate) static PARSED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// `malloc-mmap-threshold` when not given.

@@ -25,6 +25,7 @@ pub struct GpuState {
     pub(crate) copy_stream: Arc<CudaStream>,
 }
 
+// Process-wide because CUDA is: one primary context per device per process.
 static DEVICES: Mutex<Option<HashMap<i32, Arc<GpuState>>>> = Mutex::new(None);
 
 /// The device's state, its context bound to the calling thread.

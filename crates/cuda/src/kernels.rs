@@ -43,6 +43,7 @@ pub(crate) struct RowKernels {
 type Compiled = OnceLock<Result<Arc<Kernels>>>;
 
 /// Per device, the kernels once compiled (or why they could not be).
+// Process-wide as the primary contexts the kernels are loaded into are (`context.rs`).
 static COMPILED: Mutex<Option<HashMap<i32, Arc<Compiled>>>> = Mutex::new(None);
 
 fn compile(g: &GpuState) -> Result<Arc<Kernels>> {

@@ -14,41 +14,28 @@
 //! `optimization { cuda { graphs: true } }` captures a CUDA graph per batch bucket.
 
 use std::ffi::CString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
 use triton_rust_abi::plugin::{self, from_abi, to_abi};
 use triton_rust_core::batch::{BatchTensor, RequestTensor};
 use triton_rust_core::config::{ModelConfig, TensorConfig, TensorSpec};
-use triton_rust_core::engine::{Device, Engine, EngineOptions, OutputView, Signature};
+use triton_rust_core::engine::{
+    Device, Engine, EngineClaim, EngineKind, LoadedModel, ModelLoad, OutputView, Signature,
+};
 use triton_rust_core::error::{Error, Result};
 use triton_rust_core::settings::Known;
-use triton_rust_core::tensor::DataType;
 
+mod checks;
 pub mod names;
 pub mod package;
+
+use checks::{check_batch_dims, check_dims, check_ranges};
 
 use package::{DimBounds, Package};
 
 /// The AOTInductor engine reads no model parameters of its own.
 pub const KNOWN: &[Known] = &[];
-
-pub struct AotiEngine {
-    /// `None` for the load-time probe.
-    model: Option<plugin::PluginModel>,
-    sig: Signature,
-    /// The config's inputs (their index in `sig.inputs`) in the package's flat order.
-    input_order: Vec<usize>,
-    input_names: Vec<CString>,
-    /// One name per flat output of the package; empty where the config does not list it.
-    output_names: Vec<CString>,
-    /// The inputs whose values the package bounds, by name, and the values `[lo, hi)` each
-    /// may hold (`check_ranges`).
-    ranges: Vec<(String, (i64, i64))>,
-    /// The sizes the package was exported for, by input name and dimension of the request's
-    /// shape (`check_dims`).
-    dims: Vec<(String, usize, DimBounds)>,
-    outputs_on_host: bool,
-}
 
 /// `2.11.0` of the plugin's runtime text `libtorch 2.11.0 (AOTInductor, CUDA)`.
 fn runtime_release(runtime: &str) -> &str {
@@ -140,27 +127,77 @@ fn tensors(
     Ok((specs, pos))
 }
 
-impl AotiEngine {
-    pub fn load(model_file: &Path, options: &EngineOptions<'_>) -> Result<AotiEngine> {
-        let cfg = options.config;
+/// PyTorch 2 packages: `model.pt2`, or a file ending in `.pt2`.
+pub static CLAIM: EngineClaim = EngineClaim {
+    names: &["aoti", "torch_aoti"],
+    default_file: Some("model.pt2"),
+    file_suffixes: &[".pt2"],
+    parameters: KNOWN,
+    builds_on: &[],
+    keeps_sequences: true,
+};
+
+/// The AOTInductor engine kind.
+pub struct AotiKind;
+
+impl EngineKind for AotiKind {
+    fn claim(&self) -> &'static EngineClaim {
+        &CLAIM
+    }
+    fn load(&self, load: &ModelLoad<'_>) -> Result<Box<dyn LoadedModel>> {
+        Ok(Box::new(AotiModel::load(load)?))
+    }
+}
+
+/// A package, loaded: what it says of itself, the plugin, the signature. Each instance
+/// loads the package on its device.
+pub struct AotiModel {
+    package: Package,
+    plugin: Arc<plugin::Plugin>,
+    model_file: PathBuf,
+    /// Why a package made by another torch release may still load (named if it fails).
+    across: Option<String>,
+    sig: Signature,
+    /// Where the config's tensors sit in the package's flat order, and what requests are
+    /// checked against: made by the first instance from the completed config (and, for a
+    /// package that does not list its tensors, the loaded package's call spec).
+    layout: OnceLock<Arc<Layout>>,
+}
+
+/// The config's tensors in the package's flat order, and the bounds requests are checked against.
+struct Layout {
+    /// The config's inputs (their index in the signature's inputs) in the package's order.
+    input_order: Vec<usize>,
+    input_names: Vec<CString>,
+    /// One name per flat output of the package; empty where the config does not list it.
+    output_names: Vec<CString>,
+    /// The inputs whose values the package bounds, by name, and the values `[lo, hi)` each
+    /// may hold (`check_ranges`).
+    ranges: Vec<(String, (i64, i64))>,
+    /// The sizes the package was exported for, by input name and dimension of the request's
+    /// shape (`check_dims`).
+    dims: Vec<(String, usize, DimBounds)>,
+}
+
+impl AotiModel {
+    pub fn load(load: &ModelLoad<'_>) -> Result<AotiModel> {
+        let (cfg, model_file) = (load.config, load.model_file);
         let package = Package::read(model_file)?;
         let plugin = plugin::plugin(
             &plugin::AOTI,
-            options.backend.libtorch_dir.as_ref().map(|(d, source)| (d.as_path(), *source)),
+            load.backend.libtorch_dir.as_ref().map(|(d, source)| (d.as_path(), *source)),
         )?;
         let runs = runtime_release(plugin.runtime()).to_string();
         let made = package.torch_release().map(str::to_string);
         let across = check_release(made.as_deref(), &runs, model_file)?;
-        if let (Some(note), false) = (&across, options.probe) {
+        if let Some(note) = &across {
             log::info!("model '{}': {note}", cfg.name);
         }
         for t in cfg.inputs.iter().chain(&cfg.outputs) {
             to_abi(t.dtype).map_err(|e| e.context(format!("tensor '{}'", t.name)))?;
         }
-        let (inputs, mut in_pos) =
-            tensors(cfg, &cfg.inputs, package.inputs.as_deref(), None, true)?;
-        let (outputs, mut out_pos) =
-            tensors(cfg, &cfg.outputs, package.outputs.as_deref(), None, false)?;
+        let (inputs, in_pos) = tensors(cfg, &cfg.inputs, package.inputs.as_deref(), None, true)?;
+        let (outputs, _) = tensors(cfg, &cfg.outputs, package.outputs.as_deref(), None, false)?;
         if cfg.batching() {
             check_batch_dims(cfg, &package, &in_pos, &inputs)?;
             if let Some(t) = inputs.iter().chain(&outputs).find(|t| t.shape.first() != Some(&-1)) {
@@ -170,46 +207,38 @@ impl AotiEngine {
                 )));
             }
         }
-        let gpu = match options.device {
-            Device::Gpu(id) => Some(id),
-            Device::Cpu => None,
+        Ok(AotiModel {
+            package,
+            plugin,
+            model_file: model_file.to_path_buf(),
+            across,
+            sig: Signature { inputs, outputs },
+            layout: OnceLock::new(),
+        })
+    }
+
+    /// The layout for the completed config `cfg`, with `model` (a loaded instance) to ask
+    /// for the call spec when the package does not list its tensors.
+    fn layout(&self, cfg: &ModelConfig, model: &plugin::PluginModel) -> Result<Layout> {
+        let package = &self.package;
+        let (inputs, mut in_pos) =
+            tensors(cfg, &cfg.inputs, package.inputs.as_deref(), None, true)?;
+        let (outputs, mut out_pos) =
+            tensors(cfg, &cfg.outputs, package.outputs.as_deref(), None, false)?;
+        // keyword arguments and dict entries of a package that does not list its
+        // tensors: placed through the call spec, known now that it is loaded
+        let keyed = |ts: &[TensorConfig]| {
+            ts.iter().any(|t| matches!(names::slot(&t.name), Some(names::Slot::Key(_))))
         };
-        let buckets = cfg.cuda_graph_buckets()?;
-        let model = if options.probe {
-            None
-        } else {
-            let model = plugin.load(&plugin::LoadSpec {
-                path: model_file,
-                gpu,
-                intra_op_threads: 0,
-                cudnn: true,
-                optimized_execution: true,
-                tensor_fuser: None,
-                jit_profiling: None,
-                fusion_strategy: &[],
-                cuda_graphs: if gpu.is_some() { buckets.as_deref() } else { None },
-                graph_exact_rows: !cfg.batching(),
-            });
-            let model = match (model, &across) {
-                (Err(e), Some(note)) => return Err(e.context(note.clone())),
-                (m, _) => m?,
-            };
-            // keyword arguments and dict entries of a package that does not list its
-            // tensors: placed through the call spec, known now that it is loaded
-            let keyed = |ts: &[TensorConfig]| {
-                ts.iter().any(|t| matches!(names::slot(&t.name), Some(names::Slot::Key(_))))
-            };
-            if package.inputs.is_none() && keyed(&cfg.inputs)
-                || package.outputs.is_none() && keyed(&cfg.outputs)
-            {
-                let spec = model.call_spec()?.ok_or_else(|| {
-                    Error::invalid_arg("the package has no call spec to place KWARGS/RESULT names")
-                })?;
-                in_pos = tensors(cfg, &cfg.inputs, None, Some(&spec[0]), true)?.1;
-                out_pos = tensors(cfg, &cfg.outputs, None, Some(&spec[1]), false)?.1;
-            }
-            Some(model)
-        };
+        if package.inputs.is_none() && keyed(&cfg.inputs)
+            || package.outputs.is_none() && keyed(&cfg.outputs)
+        {
+            let spec = model.call_spec()?.ok_or_else(|| {
+                Error::invalid_arg("the package has no call spec to place KWARGS/RESULT names")
+            })?;
+            in_pos = tensors(cfg, &cfg.inputs, None, Some(&spec[0]), true)?.1;
+            out_pos = tensors(cfg, &cfg.outputs, None, Some(&spec[1]), false)?.1;
+        }
         let cstr =
             |s: &str| CString::new(s).map_err(|_| Error::invalid_arg("tensor name has a NUL"));
         let mut input_order: Vec<usize> = (0..in_pos.len()).collect();
@@ -250,44 +279,95 @@ impl AotiEngine {
                     .map(move |(&(_, d), &b)| (c.name.clone(), d, b))
             })
             .collect();
-        Ok(AotiEngine {
-            model,
-            dims,
-            sig: Signature { inputs, outputs, device: options.device },
-            input_order,
-            input_names,
-            output_names,
-            ranges,
-            outputs_on_host: false,
-        })
+        Ok(Layout { input_order, input_names, output_names, ranges, dims })
     }
 }
 
-impl Engine for AotiEngine {
+impl LoadedModel for AotiModel {
     fn signature(&self) -> &Signature {
         &self.sig
     }
-    fn accepts_device_inputs(&self) -> bool {
+    fn accepts_device_inputs(&self, _device: Device) -> bool {
         true
     }
-    fn outputs_landed(&mut self, on_host: bool) {
-        self.outputs_on_host = on_host;
-    }
     fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
-        check_dims(&self.dims, inputs)?;
-        check_ranges(&self.ranges, inputs)
+        let Some(layout) = self.layout.get() else { return Ok(()) };
+        check_dims(&layout.dims, inputs)?;
+        check_ranges(&layout.ranges, inputs)
     }
-    fn graph_input(
+    fn instance(&self, cfg: &ModelConfig, device: Device) -> Result<Box<dyn Engine>> {
+        Ok(Box::new(self.engine(cfg, device)?))
+    }
+}
+
+impl AotiModel {
+    /// The package loaded for an instance on `device` (`cfg`: the completed config).
+    pub fn engine(&self, cfg: &ModelConfig, device: Device) -> Result<AotiEngine> {
+        let gpu = match device {
+            Device::Gpu(id) => Some(id),
+            Device::Cpu => None,
+        };
+        let buckets = cfg.cuda_graph_buckets()?;
+        let model = self.plugin.load(&plugin::LoadSpec {
+            path: &self.model_file,
+            gpu,
+            intra_op_threads: 0,
+            cudnn: true,
+            optimized_execution: true,
+            tensor_fuser: None,
+            jit_profiling: None,
+            fusion_strategy: &[],
+            cuda_graphs: if gpu.is_some() { buckets.as_deref() } else { None },
+            graph_exact_rows: !cfg.batching(),
+        });
+        let model = match (model, &self.across) {
+            (Err(e), Some(note)) => return Err(e.context(note.clone())),
+            (m, _) => m?,
+        };
+        let layout = match self.layout.get() {
+            Some(l) => l.clone(),
+            None => {
+                let l = Arc::new(self.layout(cfg, &model)?);
+                self.layout.get_or_init(|| l).clone()
+            }
+        };
+        Ok(AotiEngine { model, device, layout, outputs_on_host: false })
+    }
+}
+
+/// One instance's package, loaded on its device.
+pub struct AotiEngine {
+    model: plugin::PluginModel,
+    device: Device,
+    layout: Arc<Layout>,
+    outputs_on_host: bool,
+}
+
+impl AotiEngine {
+    /// Where this instance's CUDA graph for a batch of `inputs` (as `run` would take them;
+    /// their data unread) reads input `name`: that input's bytes for this batch in the
+    /// graph's own GPU memory, for a caller to write and pass to `run` as that input, which
+    /// then copies nothing for it. `None` when no graph already captured would run such a
+    /// batch. The memory is the engine's: the view stays valid while the engine lives, and
+    /// may be written only while none of its runs is in flight.
+    pub fn graph_input(
         &self,
         inputs: &[BatchTensor<'_>],
         name: &str,
     ) -> Option<triton_rust_core::tensor::DeviceViewMut<'static>> {
-        let Device::Gpu(gpu) = self.sig.device else { return None };
-        let index = self.input_names.iter().position(|n| n.to_str() == Ok(name))?;
-        let t = &inputs[*self.input_order.get(index)?];
+        let Device::Gpu(gpu) = self.device else { return None };
+        let l = &self.layout;
+        let index = l.input_names.iter().position(|n| n.to_str() == Ok(name))?;
+        let t = &inputs[*l.input_order.get(index)?];
         let len = t.shape.iter().map(|&d| d.max(0) as usize).product::<usize>() * t.dtype.size()?;
-        let refs = plugin::input_refs(inputs, &self.input_order, &self.input_names).ok()?;
-        self.model.as_ref()?.graph_input(&refs, index, gpu, len)
+        let refs = plugin::input_refs(inputs, &l.input_order, &l.input_names).ok()?;
+        self.model.graph_input(&refs, index, gpu, len)
+    }
+}
+
+impl Engine for AotiEngine {
+    fn outputs_landed(&mut self, on_host: bool) {
+        self.outputs_on_host = on_host;
     }
 
     fn run(
@@ -296,13 +376,11 @@ impl Engine for AotiEngine {
         outputs: &[&str],
         sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
     ) -> Result<()> {
-        let refs = plugin::input_refs(inputs, &self.input_order, &self.input_names)?;
-        let host_outputs = self.sig.device == Device::Cpu || self.outputs_on_host;
-        let names = &self.output_names;
-        let model = self.model.as_mut().ok_or_else(|| {
-            Error::internal("the load-time probe of an AOTInductor package cannot run")
-        })?;
-        model.run(&refs, names, host_outputs, &mut |out| {
+        let l = &self.layout;
+        let refs = plugin::input_refs(inputs, &l.input_order, &l.input_names)?;
+        let host_outputs = self.device == Device::Cpu || self.outputs_on_host;
+        let names = &l.output_names;
+        self.model.run(&refs, names, host_outputs, &mut |out| {
             let name = names[out.index].to_str().unwrap_or_default();
             if name.is_empty() || !outputs.contains(&name) {
                 return Ok(());
@@ -312,104 +390,12 @@ impl Engine for AotiEngine {
     }
 }
 
-/// Under batching, every input's first dimension must be the package's dynamic batch, and
-/// reach `max_batch_size`: a package exported with a static batch (no metadata says so, its
-/// wrapper does) would fail every merged batch, and one exported for smaller batches than
-/// the config asks would be run past its export.
-fn check_batch_dims(
-    cfg: &ModelConfig,
-    package: &Package,
-    in_pos: &[usize],
-    inputs: &[TensorSpec],
-) -> Result<()> {
-    for (j, &p) in in_pos.iter().enumerate() {
-        let Some(b) = package.dims.get(&(p, 0)) else { continue };
-        let name = &inputs[j].name;
-        if let Some(fixed) = b.fixed {
-            return Err(Error::invalid_arg(format!(
-                "max_batch_size {} asks for batching, but the package's input '{name}' was exported with a fixed first dimension of {fixed}: export it with a dynamic batch dimension (torch.export.Dim(\"batch\", max=N) on dimension 0 of every input; docs/pytorch2.md), or serve it with max_batch_size: 0",
-                cfg.max_batch_size
-            )));
-        }
-        if let Some(max) = b.max.filter(|&m| m < cfg.max_batch_size) {
-            return Err(Error::invalid_arg(format!(
-                "max_batch_size {} is larger than the batch the package's input '{name}' was exported for (at most {max}): set max_batch_size to at most {max}, or export with torch.export.Dim(\"batch\", max={})",
-                cfg.max_batch_size, cfg.max_batch_size
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Every dimension of a request's input within the sizes the package was exported for:
-/// past them the compiled code indexes out of bounds (a sequence longer than BERT's
-/// position table), which on a CPU ends the process and on a GPU trips a device-side
-/// assertion that poisons the GPU's context. `dims`: (input, dimension of the request's
-/// shape, bounds); the batch dimension of a batching model is held by `max_batch_size`.
-fn check_dims(dims: &[(String, usize, DimBounds)], inputs: &[RequestTensor<'_>]) -> Result<()> {
-    for (name, d, bounds) in dims {
-        let Some(t) = inputs.iter().find(|t| t.name == *name) else { continue };
-        let Some(&size) = t.shape.get(*d) else { continue };
-        if !bounds.admits(size) {
-            return Err(Error::invalid_arg(format!(
-                "input '{name}' has size {size} in dimension {d} (shape {:?}), and the package was exported for {} there",
-                t.shape,
-                bounds.describe()
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// The first element of integer `bytes` (little-endian `dtype`) outside `[lo, hi)`: its
-/// index and value.
-fn first_outside(dtype: DataType, bytes: &[u8], (lo, hi): (i64, i64)) -> Option<(usize, i64)> {
-    let size = dtype.size()?;
-    let value = |c: &[u8]| -> Option<i64> {
-        Some(match dtype {
-            DataType::I8 => c[0] as i8 as i64,
-            DataType::U8 => c[0] as i64,
-            DataType::I16 => i16::from_le_bytes([c[0], c[1]]) as i64,
-            DataType::I32 => i32::from_le_bytes(c.try_into().ok()?) as i64,
-            DataType::I64 => i64::from_le_bytes(c.try_into().ok()?),
-            _ => return None,
-        })
-    };
-    bytes.chunks_exact(size).enumerate().find_map(|(i, c)| {
-        let v = value(c)?;
-        (v < lo || v >= hi).then_some((i, v))
-    })
-}
-
-/// Inputs that index an embedding table hold only values it has rows for: an index past
-/// the table fails inside the package's compiled kernel, and in a CPU package that check
-/// throws inside an OpenMP region, which ends the process. Checked per request (the rest
-/// of its batch is still answered) where the request holds the input in host memory; one
-/// in GPU memory is not read back to be checked.
-/// `ranges`: the range of each input, by name; inputs the request lacks (a recommender's
-/// network gets its embeddings from the lookup, not the request) are not checked.
-fn check_ranges(ranges: &[(String, (i64, i64))], inputs: &[RequestTensor<'_>]) -> Result<()> {
-    for (name, range) in ranges {
-        let range = *range;
-        let Some(t) = inputs.iter().find(|t| t.name == *name) else { continue };
-        let Some(bytes) = t.host_bytes() else { continue };
-        if let Some((i, v)) = first_outside(t.dtype, &bytes, range) {
-            return Err(Error::invalid_arg(format!(
-                "input '{}' holds {v} at element {i}, outside [{}, {}): the model looks it up in a table of {} rows",
-                t.name,
-                range.0,
-                range.1,
-                range.1 - range.0
-            )));
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checks::first_outside;
     use triton_rust_core::tensor::Bytes;
+    use triton_rust_core::tensor::DataType;
 
     fn t(name: &str, dims: &[i64]) -> TensorConfig {
         TensorConfig { name: name.into(), dtype: DataType::F32, dims: dims.to_vec(), reshape: None }

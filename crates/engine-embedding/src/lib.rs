@@ -17,12 +17,13 @@
 //! ours, `gpucache_allocation` (`per_table`, HPS's meaning, or `store`: the share is of all
 //! the store's rows, small tables cached whole).
 
-use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 
 use triton_rust_core::batch::{BatchTensor, RequestTensor};
-use triton_rust_core::config::{TensorConfig, TensorSpec};
-use triton_rust_core::engine::{Device, Engine, EngineOptions, Lookup, OutputView, Signature};
+use triton_rust_core::config::ModelConfig;
+use triton_rust_core::engine::{
+    Device, Engine, EngineClaim, EngineKind, LoadedModel, ModelLoad, OutputView, Shared, Signature,
+};
 use triton_rust_core::error::{Error, Result};
 use triton_rust_core::telemetry::MetricsSource;
 use triton_rust_core::tensor::{Bytes, DataType};
@@ -33,19 +34,25 @@ use triton_rust_embedding::gpu::{
 };
 use triton_rust_embedding::{EmbeddingStore, InstanceCaches};
 
+mod model;
 mod rows;
 mod settings;
 
-use rows::{as_f32, as_i32, as_i64, from_chunks, DeviceRows, RowSink};
+use model::{signature, Model};
+
+use rows::{as_f32, as_i32, as_i64, DeviceRows, RowSink};
 
 use settings::same_secret;
 pub use settings::{CacheSharing, Credential, Interface, StoreSettings, TOKEN_PARAMETER};
 
-/// Stores shared by name across the models of one server process.
-static STORES: Mutex<Vec<(String, Weak<EmbeddingStore>)>> = Mutex::new(Vec::new());
+/// The stores shared by name among the models of one backend (kept in the backend's
+/// [`Shared`]: a store lives while a model uses it, the registry while the backend does).
+#[derive(Default)]
+pub struct Stores(Mutex<Vec<(String, Weak<EmbeddingStore>)>>);
 
-fn shared_store(settings: &StoreSettings) -> Result<Arc<EmbeddingStore>> {
-    let mut stores = STORES.lock().map_err(|_| Error::internal("store registry poisoned"))?;
+/// The store `settings` name: the one already open under that name, else opened now.
+fn shared_store(stores: &Stores, settings: &StoreSettings) -> Result<Arc<EmbeddingStore>> {
+    let mut stores = stores.0.lock().map_err(|_| Error::internal("store registry poisoned"))?;
     stores.retain(|(_, w)| w.strong_count() > 0);
     if let Some(store) =
         stores.iter().find(|(n, _)| *n == settings.name).and_then(|(_, w)| w.upgrade())
@@ -93,23 +100,46 @@ fn shared_store(settings: &StoreSettings) -> Result<Arc<EmbeddingStore>> {
     Ok(store)
 }
 
-pub struct EmbeddingEngine {
-    settings: StoreSettings,
-    caches: Arc<InstanceCaches>,
-    /// The GPU instance's output buffer for tables of different dims (grown as batches grow).
-    device_rows: Option<DeviceRows>,
-    /// A GPU instance's whole-batch lookup (tables of one dim: every table in one pass).
-    #[cfg(feature = "gpu")]
-    gpu: Option<(GpuInstance, BatchLookup)>,
-    /// The batched interface's rows: F32, or F16 when its output is declared so.
-    rows_type: DataType,
-    sig: Signature,
+/// Embedding stores (HPS's models): a version directory of tables, no model file.
+pub static CLAIM: EngineClaim = EngineClaim {
+    names: &["embedding", "hps"],
+    default_file: None,
+    file_suffixes: &[],
+    parameters: StoreSettings::KNOWN,
+    builds_on: &[],
+    keeps_sequences: false,
+};
+
+/// The embedding engine kind.
+pub struct EmbeddingKind;
+
+impl EngineKind for EmbeddingKind {
+    fn claim(&self) -> &'static EngineClaim {
+        &CLAIM
+    }
+    fn load(&self, load: &ModelLoad<'_>) -> Result<Box<dyn LoadedModel>> {
+        Ok(Box::new(EmbeddingModel::load(load)?))
+    }
 }
 
-impl EmbeddingEngine {
-    pub fn load(version_dir: &Path, options: &EngineOptions<'_>) -> Result<EmbeddingEngine> {
-        let settings = StoreSettings::from_config(options.config, version_dir, options.backend)?;
-        let store = shared_store(&settings)?;
+/// An embedding model, loaded: its settings and its store (shared by name with the
+/// backend's other models); each instance attaches caches on its device.
+pub struct EmbeddingModel(Arc<Model>);
+
+impl EmbeddingModel {
+    pub fn load(load: &ModelLoad<'_>) -> Result<EmbeddingModel> {
+        let settings = StoreSettings::from_config(load.config, load.model_file, load.backend)?;
+        EmbeddingModel::open(settings, load.config, load.shared)
+    }
+
+    /// The model `settings` describe, its tensors named by `cfg` (the recommender opens its
+    /// lookup this way, with the batched interface).
+    pub fn open(
+        settings: StoreSettings,
+        cfg: &ModelConfig,
+        shared: &Shared,
+    ) -> Result<EmbeddingModel> {
+        let store = shared_store(&shared.get::<Stores>(), &settings)?;
         if settings.interface == Interface::Update {
             // acknowledged means durable
             if let Err(table) = store.durable() {
@@ -121,32 +151,39 @@ impl EmbeddingEngine {
         }
         // The batched interface writes its rows as its output is declared: TYPE_FP32 (the
         // caches' own), or TYPE_FP16 for an fp16 network (half the bytes, no cast in it).
-        let rows_type = match (settings.interface, options.config.outputs.first().map(|t| t.dtype)) {
+        let rows_type = match (settings.interface, cfg.outputs.first().map(|t| t.dtype)) {
             (Interface::Batched, Some(DataType::F16)) => DataType::F16,
             (Interface::Batched, Some(d)) if d != DataType::F32 => {
                 return Err(Error::invalid_arg(format!(
                     "output '{}' of the batched interface holds the rows: TYPE_FP32 or TYPE_FP16, not {d:?}",
-                    options.config.outputs[0].name
+                    cfg.outputs[0].name
                 )))
             }
             _ => DataType::F32,
         };
+        let sig = signature(&settings, &store, cfg, rows_type)?;
+        Ok(EmbeddingModel(Arc::new(Model { settings, store, rows_type, sig })))
+    }
+
+    /// The engine of an instance on `device`: the store's caches attached there.
+    pub fn engine(&self, device: Device) -> Result<EmbeddingEngine> {
+        let m = &self.0;
+        let store = &m.store;
         #[cfg(feature = "gpu")]
         let mut gpu = None;
-        let caches = match options.device {
-            _ if options.probe => store.attach_caches_none(),
+        let caches = match device {
             Device::Cpu => store
                 .attach_caches(&|geo| Ok(Arc::new(HostCache::new(geo)) as Arc<dyn CacheTier>))?,
             #[cfg(feature = "gpu")]
             Device::Gpu(id) => {
-                let shared = settings.cache_sharing == CacheSharing::Device;
+                let shared = m.settings.cache_sharing == CacheSharing::Device;
                 let (instance, caches) = store.attach_gpu_caches(id, shared)?;
                 let same_dim = (0..store.table_count()).all(|t| store.dim(t) == store.dim(0));
-                if same_dim && settings.interface != Interface::Update {
+                if same_dim && m.settings.interface != Interface::Update {
                     let format =
-                        if rows_type == DataType::F16 { RowFormat::F16 } else { RowFormat::F32 };
+                        if m.rows_type == DataType::F16 { RowFormat::F16 } else { RowFormat::F32 };
                     let mut lookup = caches.batch_lookup(&instance, format)?;
-                    let (piece_keys, threads) = settings.key_upload;
+                    let (piece_keys, threads) = m.settings.key_upload;
                     lookup.set_key_upload(KeyUpload { piece_keys, threads });
                     gpu = Some((instance, lookup));
                 }
@@ -159,215 +196,30 @@ impl EmbeddingEngine {
                 ))
             }
         };
-        let cfg = options.config;
-        let name_or = |list: &[TensorConfig], i: usize, default: &str| {
-            list.get(i).map(|t| t.name.clone()).unwrap_or_else(|| default.to_string())
-        };
-        let t = |name: String, dtype, shape: Vec<i64>| TensorSpec { name, dtype, shape };
-        let tables = store.table_count() as i64;
-        let (inputs, outputs) = match settings.interface {
-            Interface::Hps => {
-                if cfg.max_batch_size != 0 {
-                    return Err(Error::invalid_arg("the hps interface takes a whole request's keys: set max_batch_size: 0 (or use embedding_interface batched)"));
-                }
-                (
-                    vec![
-                        t(name_or(&cfg.inputs, 0, "KEYS"), DataType::I64, vec![-1]),
-                        t(name_or(&cfg.inputs, 1, "NUMKEYS"), DataType::I32, vec![-1]),
-                    ],
-                    vec![t(name_or(&cfg.outputs, 0, "OUTPUT0"), DataType::F32, vec![-1])],
-                )
-            }
-            Interface::Batched => {
-                let dim = store.dim(0);
-                if (0..store.table_count()).any(|i| store.dim(i) != dim) {
-                    return Err(Error::invalid_arg("the batched interface needs every table to have the same dim (use the hps interface otherwise)"));
-                }
-                (
-                    vec![t(name_or(&cfg.inputs, 0, "KEYS"), DataType::I64, vec![-1, tables])],
-                    vec![t(
-                        name_or(&cfg.outputs, 0, "OUTPUT0"),
-                        rows_type,
-                        vec![-1, tables, dim as i64],
-                    )],
-                )
-            }
-            Interface::Update => {
-                if cfg.max_batch_size != 0 {
-                    return Err(Error::invalid_arg(
-                        "the update interface takes a whole request: set max_batch_size: 0",
-                    ));
-                }
-                (
-                    vec![
-                        t(name_or(&cfg.inputs, 0, "KEYS"), DataType::I64, vec![-1]),
-                        t(name_or(&cfg.inputs, 1, "NUMKEYS"), DataType::I32, vec![-1]),
-                        t(name_or(&cfg.inputs, 2, "VECTORS"), DataType::F32, vec![-1]),
-                    ],
-                    vec![t(name_or(&cfg.outputs, 0, "UPDATED"), DataType::I64, vec![1])],
-                )
-            }
-        };
         Ok(EmbeddingEngine {
-            settings,
+            model: m.clone(),
+            device,
             caches,
             device_rows: None,
             #[cfg(feature = "gpu")]
             gpu,
-            rows_type,
-            sig: Signature { inputs, outputs, device: options.device },
         })
-    }
-
-    fn store(&self) -> &Arc<EmbeddingStore> {
-        self.caches.store()
-    }
-
-    /// Splits a request's KEYS by NUMKEYS, checking what only we can see.
-    fn split<'k>(&self, keys: &'k [i64], numkeys: &[i32]) -> Result<Vec<&'k [i64]>> {
-        self.check_counts(numkeys, keys.len())?;
-        let mut out = Vec::with_capacity(numkeys.len());
-        let mut at = 0usize;
-        for (t, &n) in numkeys.iter().enumerate() {
-            let part = &keys[at..at + n as usize];
-            self.check_vocabulary(t, part)?;
-            out.push(part);
-            at += n as usize;
-        }
-        Ok(out)
-    }
-
-    /// Checks NUMKEYS against the store and the number of keys sent.
-    fn check_counts(&self, numkeys: &[i32], keys: usize) -> Result<()> {
-        let store = self.store();
-        let (kname, nname) = (&self.sig.inputs[0].name, &self.sig.inputs[1].name);
-        if numkeys.len() != store.table_count() {
-            return Err(Error::invalid_arg(format!(
-                "input '{nname}' has {} entries but the store has {} tables",
-                numkeys.len(),
-                store.table_count()
-            )));
-        }
-        if let Some((t, n)) = numkeys.iter().enumerate().find(|(_, &n)| n < 0) {
-            return Err(Error::invalid_arg(format!(
-                "input '{nname}' has a negative count {n} for table {t}"
-            )));
-        }
-        let total: i64 = numkeys.iter().map(|&n| n as i64).sum();
-        if total != keys as i64 {
-            return Err(Error::invalid_arg(format!(
-                "input '{nname}' sums to {total} but input '{kname}' holds {keys} keys"
-            )));
-        }
-        Ok(())
-    }
-
-    /// Whether any table has a vocabulary size to check keys against.
-    fn checks_vocabulary(&self) -> bool {
-        self.settings.vocabulary.iter().any(Option::is_some)
-    }
-
-    /// Looks a batch up on the GPU in one pass when this instance has the whole-batch
-    /// lookup, and hands the rows to `sink`. `Ok(false)` when it has not.
-    #[cfg(feature = "gpu")]
-    fn run_batch_on_gpu(
-        &mut self,
-        keys: BatchKeys<'_>,
-        layout: KeyLayout<'_>,
-        out: Option<(&str, &[i64])>,
-        sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
-    ) -> Result<bool> {
-        let dtype = self.rows_type; // the lookup's row format was made from it
-        let Some((instance, lookup)) = self.gpu.as_mut() else { return Ok(false) };
-        self.caches.lookup_batch_device(keys, layout, instance, lookup, None)?;
-        if let Some((name, shape)) = out {
-            let elements = keys.len() * lookup.dim();
-            let rows = lookup
-                .rows(elements)
-                .ok_or_else(|| Error::internal("batch lookup: rows buffer too small"))?;
-            sink(OutputView { name, dtype, shape, data: Bytes::Device(rows) })?;
-        }
-        Ok(true)
-    }
-
-    fn check_vocabulary(&self, table: usize, keys: &[i64]) -> Result<()> {
-        if let Some(Some(size)) = self.settings.vocabulary.get(table) {
-            if let Some(k) = keys.iter().find(|&&k| k < 0 || k as u64 >= *size) {
-                let name =
-                    self.store().tables().nth(table).map(|t| t.name.clone()).unwrap_or_default();
-                return Err(Error::invalid_arg(format!(
-                    "input '{}': key {k} is out of range for table '{name}' (vocabulary size {size})",
-                    self.sig.inputs[0].name
-                )));
-            }
-        }
-        Ok(())
     }
 }
 
-impl Engine for EmbeddingEngine {
-    fn signature(&self) -> &Signature {
-        &self.sig
-    }
-
-    /// A GPU instance's whole-batch lookup takes the batched interface's keys where they are.
+/// One instance: the store's caches on its device, and its lookup's buffers.
+pub struct EmbeddingEngine {
+    model: Arc<Model>,
+    device: Device,
+    caches: Arc<InstanceCaches>,
+    /// The GPU instance's output buffer for tables of different dims (grown as batches grow).
+    device_rows: Option<DeviceRows>,
+    /// A GPU instance's whole-batch lookup (tables of one dim: every table in one pass).
     #[cfg(feature = "gpu")]
-    fn accepts_device_inputs(&self) -> bool {
-        self.gpu.is_some() && self.settings.interface == Interface::Batched
-    }
+    gpu: Option<(GpuInstance, BatchLookup)>,
+}
 
-    fn metrics_source(&self) -> Option<Arc<dyn MetricsSource>> {
-        Some(self.store().clone())
-    }
-
-    fn lookup(&mut self) -> Option<&mut dyn Lookup> {
-        Some(self)
-    }
-
-    fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
-        match self.settings.interface {
-            Interface::Hps if !self.checks_vocabulary() => {
-                // nothing to read in the keys themselves: check their count only
-                self.check_counts(&from_chunks(&inputs[1], i32::from_le_bytes), inputs[0].byte_size() / 8)
-            }
-            Interface::Hps | Interface::Update => {
-                let keys = from_chunks(&inputs[0], i64::from_le_bytes);
-                let numkeys = from_chunks(&inputs[1], i32::from_le_bytes);
-                let parts = self.split(&keys, &numkeys)?;
-                if self.settings.interface == Interface::Update {
-                    let want: usize = parts.iter().enumerate().map(|(t, p)| p.len() * self.store().dim(t)).sum();
-                    let got = inputs[2].byte_size() / 4;
-                    if got != want {
-                        return Err(Error::invalid_arg(format!(
-                            "input '{}' holds {got} values; the keys need {want} (Σ numkeys_i × dim_i)",
-                            self.sig.inputs[2].name
-                        )));
-                    }
-                    let vals = from_chunks(&inputs[2], f32::from_le_bytes);
-                    if let Some(i) = vals.iter().position(|v| !v.is_finite()) {
-                        return Err(Error::invalid_arg(format!("input '{}' holds a NaN or infinite value at element {i}", self.sig.inputs[2].name)));
-                    }
-                }
-                Ok(())
-            }
-            Interface::Batched if !self.checks_vocabulary() => Ok(()),
-            Interface::Batched if inputs[0].chunks.iter().any(|c| !c.device().is_host()) => Err(Error::invalid_arg(format!(
-                "input '{}' is in GPU memory, where its keys cannot be checked against vocabulary_size_per_table; \
-                 send it in host memory, or serve this model without vocabulary sizes",
-                self.sig.inputs[0].name
-            ))),
-            Interface::Batched => {
-                let keys = from_chunks(&inputs[0], i64::from_le_bytes);
-                let tables = self.store().table_count();
-                for t in 0..tables {
-                    let col: Vec<i64> = keys.iter().skip(t).step_by(tables).copied().collect();
-                    self.check_vocabulary(t, &col)?;
-                }
-                Ok(())
-            }
-        }
-    }
-
+impl Engine for EmbeddingEngine {
     fn run(
         &mut self,
         inputs: &[BatchTensor<'_>],
@@ -382,14 +234,14 @@ impl Engine for EmbeddingEngine {
                 ))
             })
         };
-        let store = self.store().clone();
-        let out_name = self.sig.outputs[0].name.clone();
+        let store = self.model.store.clone();
+        let out_name = self.model.sig.outputs[0].name.clone();
         let wanted = outputs.iter().any(|o| *o == out_name);
-        match self.settings.interface {
+        match self.model.settings.interface {
             Interface::Hps => {
                 let keys = as_i64(host(0)?);
                 let numkeys = as_i32(host(1)?);
-                let parts = self.split(&keys, &numkeys)?;
+                let parts = self.model.split(&keys, &numkeys)?;
                 let total: usize =
                     parts.iter().enumerate().map(|(t, p)| p.len() * store.dim(t)).sum();
                 #[cfg(feature = "gpu")]
@@ -407,7 +259,7 @@ impl Engine for EmbeddingEngine {
                     }
                 }
                 // table after table, each table's rows contiguous
-                let mut rows = RowSink::new(&mut self.device_rows, self.sig.device, total)?;
+                let mut rows = RowSink::new(&mut self.device_rows, self.device, total)?;
                 let mut at = 0;
                 for (t, part) in parts.iter().enumerate() {
                     rows.put(&self.caches, t, part, at, store.dim(t))?;
@@ -458,7 +310,7 @@ impl Engine for EmbeddingEngine {
                     }
                 }
                 // [batch, tables, dim]: table t's row of sample b at (b * tables + t) * dim
-                let mut rows = RowSink::new(&mut self.device_rows, self.sig.device, total)?;
+                let mut rows = RowSink::new(&mut self.device_rows, self.device, total)?;
                 for t in 0..tables {
                     let col: Vec<i64> = keys.iter().skip(t).step_by(tables).copied().collect();
                     rows.put(&self.caches, t, &col, t * dim, tables * dim)?;
@@ -466,7 +318,7 @@ impl Engine for EmbeddingEngine {
                 if wanted {
                     let shape = [batch as i64, tables as i64, dim as i64];
                     let data = rows.bytes(total)?;
-                    if self.rows_type == DataType::F16 {
+                    if self.model.rows_type == DataType::F16 {
                         // host rows (a CPU instance: the GPU path writes fp16 itself)
                         let f32s = data.host().ok_or_else(|| {
                             Error::internal("fp16 rows: the rows are not on the host")
@@ -495,7 +347,7 @@ impl Engine for EmbeddingEngine {
                 let keys = as_i64(host(0)?);
                 let numkeys = as_i32(host(1)?);
                 let vectors = as_f32(host(2)?);
-                let parts = self.split(&keys, &numkeys)?;
+                let parts = self.model.split(&keys, &numkeys)?;
                 let mut at = 0;
                 for (t, part) in parts.iter().enumerate() {
                     let n = part.len() * store.dim(t);
@@ -519,9 +371,25 @@ impl Engine for EmbeddingEngine {
     }
 }
 
-impl Lookup for EmbeddingEngine {
+impl LoadedModel for EmbeddingModel {
+    fn signature(&self) -> &Signature {
+        &self.0.sig
+    }
+
+    /// A GPU instance's whole-batch lookup takes the batched interface's keys where they are.
+    fn accepts_device_inputs(&self, device: Device) -> bool {
+        cfg!(feature = "gpu")
+            && device != Device::Cpu
+            && self.0.settings.interface == Interface::Batched
+    }
+
+    fn metrics_source(&self) -> Option<Arc<dyn MetricsSource>> {
+        Some(self.0.store.clone())
+    }
+
     fn authorize(&self, parameters: &[(String, String)]) -> Result<()> {
-        let Credential::Secret { secret, .. } = &self.settings.credential else { return Ok(()) };
+        let m = &self.0;
+        let Credential::Secret { secret, .. } = &m.settings.credential else { return Ok(()) };
         let given = parameters.iter().find_map(|(k, v)| {
             if k.eq_ignore_ascii_case(TOKEN_PARAMETER) {
                 Some(v.trim())
@@ -534,7 +402,7 @@ impl Lookup for EmbeddingEngine {
         match given {
             Some(token) if same_secret(token.as_bytes(), secret) => Ok(()),
             _ => {
-                self.store().refused_updates.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                m.store.refused_updates.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 Err(Error::invalid_arg(format!(
                     "update refused: missing or wrong credential (send it as the request parameter '{TOKEN_PARAMETER}', \
                      or as that header or 'authorization: Bearer …' with the server's header forwarding on)"
@@ -543,14 +411,52 @@ impl Lookup for EmbeddingEngine {
         }
     }
 
+    fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
+        self.0.check_request(inputs)
+    }
+
+    fn instance(&self, _config: &ModelConfig, device: Device) -> Result<Box<dyn Engine>> {
+        Ok(Box::new(self.engine(device)?))
+    }
+}
+
+impl EmbeddingEngine {
+    /// Looks a batch up on the GPU in one pass when this instance has the whole-batch
+    /// lookup, and hands the rows to `sink`. `Ok(false)` when it has not.
     #[cfg(feature = "gpu")]
-    fn run_into(
+    fn run_batch_on_gpu(
+        &mut self,
+        keys: BatchKeys<'_>,
+        layout: KeyLayout<'_>,
+        out: Option<(&str, &[i64])>,
+        sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+    ) -> Result<bool> {
+        let dtype = self.model.rows_type; // the lookup's row format was made from it
+        let Some((instance, lookup)) = self.gpu.as_mut() else { return Ok(false) };
+        self.caches.lookup_batch_device(keys, layout, instance, lookup, None)?;
+        if let Some((name, shape)) = out {
+            let elements = keys.len() * lookup.dim();
+            let rows = lookup
+                .rows(elements)
+                .ok_or_else(|| Error::internal("batch lookup: rows buffer too small"))?;
+            sink(OutputView { name, dtype, shape, data: Bytes::Device(rows) })?;
+        }
+        Ok(true)
+    }
+
+    #[cfg(feature = "gpu")]
+    /// Runs the lookup once on `inputs` (the batched interface's keys), writing its rows
+    /// into `out` (GPU memory with room for all of them) instead of a buffer of its own;
+    /// `Ok(false)`, having done nothing, when it cannot (a CPU instance; the caller then
+    /// uses `run`). With it a recommender looks up one part of a batch while its network
+    /// runs on the part before.
+    pub fn run_into(
         &mut self,
         inputs: &[BatchTensor<'_>],
         out: &mut triton_rust_cuda::DeviceViewMut<'_>,
     ) -> Result<bool> {
         let Some((instance, lookup)) =
-            self.gpu.as_mut().filter(|_| self.settings.interface == Interface::Batched)
+            self.gpu.as_mut().filter(|_| self.model.settings.interface == Interface::Batched)
         else {
             return Ok(false);
         };
@@ -560,7 +466,7 @@ impl Lookup for EmbeddingEngine {
             if tables == 0 || view.len() % (8 * tables) != 0 {
                 return Err(Error::invalid_arg(format!(
                     "input '{}': {} bytes are not whole rows of {tables} int64 keys",
-                    self.sig.inputs[0].name,
+                    self.model.sig.inputs[0].name,
                     view.len()
                 )));
             }
@@ -580,7 +486,7 @@ impl Lookup for EmbeddingEngine {
         if tables == 0 || keys.len() % tables != 0 {
             return Err(Error::invalid_arg(format!(
                 "input '{}': {} keys are not whole rows of {tables} tables",
-                self.sig.inputs[0].name,
+                self.model.sig.inputs[0].name,
                 keys.len()
             )));
         }

@@ -13,6 +13,12 @@ use triton_rust_embedding::stream::StreamSpec;
 use triton_rust_embedding::table::HostRows;
 use triton_rust_embedding::{CacheAllocation, CacheRows, StoreConfig, TableConfig};
 
+#[cfg(test)]
+thread_local! {
+    /// How many times this thread parsed a model's store settings (tests count them).
+    pub(crate) static PARSED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Interface {
     Hps,
@@ -179,6 +185,8 @@ impl StoreSettings {
         version_dir: &Path,
         backend: &BackendSettings,
     ) -> Result<StoreSettings> {
+        #[cfg(test)]
+        PARSED.with(|n| n.set(n.get() + 1));
         let interface = match cfg.parameters.get("embedding_interface").map(|s| s.trim()) {
             None | Some("hps") => Interface::Hps,
             Some("batched") => Interface::Batched,

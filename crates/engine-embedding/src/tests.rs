@@ -1,4 +1,5 @@
 use super::*;
+use std::path::Path;
 use triton_rust_core::config::ModelConfig;
 use triton_rust_embedding::CacheRows;
 
@@ -88,10 +89,11 @@ fn models_sharing_a_store_must_ask_the_same_cache_rows() {
         ];
         one_table(&extra).unwrap()
     };
-    let first = shared_store(&settings("fp16")).unwrap();
-    let again = shared_store(&settings("fp16")).unwrap();
+    let stores = Stores::default();
+    let first = shared_store(&stores, &settings("fp16")).unwrap();
+    let again = shared_store(&stores, &settings("fp16")).unwrap();
     assert!(Arc::ptr_eq(&first, &again), "the same store for the same settings");
-    let e = shared_store(&settings("fp32")).err().expect("a store of other cache rows");
+    let e = shared_store(&stores, &settings("fp32")).err().expect("a store of other cache rows");
     assert!(
         e.message()
             .contains("store 'cache_rows_agree' is already loaded with gpucache_row_type fp16"),
@@ -123,4 +125,38 @@ fn an_update_model_needs_a_credential_or_says_it_is_open() {
     let e = Credential::from_config(&cfg(&[("update_credential_file", "/nonexistent/secret")]))
         .unwrap_err();
     assert!(e.message().contains("/nonexistent/secret"), "{e}");
+}
+
+#[test]
+fn settings_are_parsed_once_per_model_however_many_instances_it_has() {
+    let mut c = cfg(&[
+        ("embedding_table_names", "a,b"),
+        ("embedding_vecsize_per_table", "4,4"),
+        ("sparse_files", "none,none"),
+        ("embedding_interface", "batched"),
+        ("store_name", "parsed_once"),
+    ]);
+    c.max_batch_size = 8;
+    let shared = Shared::default();
+    let backend = Default::default();
+    let load = ModelLoad {
+        config: &c,
+        backend: &backend,
+        model_file: Path::new("/nonexistent"),
+        shared: &shared,
+    };
+    let before = settings::PARSED.with(|n| n.get());
+    let model = EmbeddingKind.load(&load).unwrap();
+    let engines: Vec<_> = (0..3).map(|_| model.instance(&c, Device::Cpu).unwrap()).collect();
+    assert_eq!(engines.len(), 3);
+    assert_eq!(
+        settings::PARSED.with(|n| n.get()) - before,
+        1,
+        "one parse for the model and its 3 instances"
+    );
+    assert_eq!(model.signature().outputs[0].shape, vec![-1, 2, 4]);
+    // a second model naming the same store gets that store, through the backend's registry
+    let again = EmbeddingKind.load(&load).unwrap();
+    let (a, b) = (model.metrics_source().unwrap(), again.metrics_source().unwrap());
+    assert!(std::ptr::eq(Arc::as_ptr(&a) as *const u8, Arc::as_ptr(&b) as *const u8), "one store");
 }

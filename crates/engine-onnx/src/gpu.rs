@@ -34,7 +34,8 @@ use triton_rust_core::tensor::{Bytes, BytesMut, DataType, DeviceOps};
 use triton_rust_cuda::upload::Uploader;
 use triton_rust_cuda::{view_in, view_mut_in, Cuda};
 
-use crate::{dtype_from_ort, ort_err, runtime_error};
+use crate::runtime::{ort_err, runtime_error};
+use crate::session::dtype_from_ort;
 
 /// More captured shapes than this run without a graph (each holds its own tensors).
 const MAX_GRAPHS: usize = 64;

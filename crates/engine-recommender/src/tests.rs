@@ -1,6 +1,11 @@
 use super::*;
-use triton_rust_core::engine::Lookup as LookupHooks;
+use crate::chain::STAGE_BESIDE;
+use crate::settings::LOOKUP_OUTPUT;
+use triton_rust_core::batch::BatchData;
+use triton_rust_core::config::TensorSpec;
+use triton_rust_core::engine::OutputView;
 use triton_rust_core::fake_device::FakeDevice;
+use triton_rust_core::tensor::{Bytes, DataType};
 use triton_rust_cuda::DeviceViewMut;
 
 const CLAIM: EngineClaim = EngineClaim {
@@ -10,17 +15,14 @@ const CLAIM: EngineClaim = EngineClaim {
     parameters: &[],
     builds_on: &[],
     keeps_sequences: true,
-    probe_serves: true,
 };
-static CLAIMS: &[EngineClaim] = &[
-    CLAIM,
-    EngineClaim {
-        names: &["torch"],
-        default_file: Some("model.pt"),
-        file_suffixes: &[".pt", ".pth"],
-        ..CLAIM
-    },
-];
+static TORCH: EngineClaim = EngineClaim {
+    names: &["torch"],
+    default_file: Some("model.pt"),
+    file_suffixes: &[".pt", ".pth"],
+    ..CLAIM
+};
+static CLAIMS: &[&EngineClaim] = &[&CLAIM, &TORCH];
 
 fn config(extra: &str) -> ModelConfig {
     ModelConfig::from_json(&format!(
@@ -32,6 +34,10 @@ fn config(extra: &str) -> ModelConfig {
                                 "embedding_vecsize_per_table": {{"string_value": "4"}}}}}}"#
     ))
     .unwrap()
+}
+
+fn settings(c: &ModelConfig) -> RecommenderSettings {
+    RecommenderSettings::from_config(c).unwrap()
 }
 
 /// The plan of a chain of `config("")`'s lookup and a TorchScript network, in one part.
@@ -49,10 +55,12 @@ fn torch_plan() -> ChainPlan {
 
 /// A lookup that gives "device" rows (simulated) of 4 bytes per key.
 struct Lookup(Signature, Vec<u8>);
-impl Engine for Lookup {
-    fn signature(&self) -> &Signature {
-        &self.0
+impl LookupStep for Lookup {
+    fn run_into(&mut self, _: &[BatchTensor<'_>], _: &mut DeviceViewMut<'_>) -> Result<bool> {
+        Ok(false)
     }
+}
+impl Engine for Lookup {
     fn run(
         &mut self,
         inputs: &[BatchTensor<'_>],
@@ -72,13 +80,8 @@ impl Engine for Lookup {
 /// A network that answers with where each input was and its bytes.
 type Seen = std::sync::Arc<std::sync::Mutex<Vec<(bool, Vec<u8>)>>>;
 struct Dense(Signature, Seen);
+impl Network for Dense {}
 impl Engine for Dense {
-    fn signature(&self) -> &Signature {
-        &self.0
-    }
-    fn accepts_device_inputs(&self) -> bool {
-        true
-    }
     fn run(
         &mut self,
         inputs: &[BatchTensor<'_>],
@@ -110,25 +113,16 @@ impl Stager for Copies {
 #[test]
 fn large_host_inputs_reach_the_network_staged_beside_the_lookup() {
     let spec = |name: &str, dtype| TensorSpec { name: name.into(), dtype, shape: vec![-1] };
-    let sig = |inputs| Signature {
-        inputs,
-        outputs: vec![spec("prediction", DataType::F32)],
-        device: Device::Gpu(0),
-    };
+    let sig = |inputs| Signature { inputs, outputs: vec![spec("prediction", DataType::F32)] };
     let lookup = Lookup(sig(vec![spec("sparse", DataType::I64)]), vec![]);
     let seen = Seen::default();
     let dense = Dense(
         sig(vec![spec("dense", DataType::F32), spec("embeddings", DataType::F32)]),
         seen.clone(),
     );
-    let plan = torch_plan();
-    let mut chain = Chain::new(Box::new(lookup), Box::new(dense), &plan, Device::Gpu(0))
-        .unwrap()
+    let joint = Arc::new(Joint::new(&lookup.0, &dense.0, &torch_plan()).unwrap());
+    let mut chain = Chain::new(Box::new(lookup), Box::new(dense), joint, Device::Gpu(0), true)
         .with_gpu(Box::new(Copies(vec![], false)), Arc::new(FakeDevice::default()));
-    assert!(
-        !chain.accepts_device_inputs(),
-        "a lookup that reads host keys only: GPU inputs are refused up front"
-    );
     let run = |chain: &mut Chain, dense_bytes: usize| -> Result<Vec<(bool, Vec<u8>)>> {
         let (features, keys) =
             ((0..dense_bytes).map(|i| i as u8).collect::<Vec<u8>>(), vec![1u8; 64]);
@@ -177,7 +171,6 @@ impl PartLookup {
             sig: Signature {
                 inputs: vec![spec("sparse", DataType::I64, vec![-1, 2])],
                 outputs: vec![spec(LOOKUP_OUTPUT, DataType::F32, vec![-1, 2, 1])],
-                device: Device::Gpu(0),
             },
             log,
             started,
@@ -185,12 +178,6 @@ impl PartLookup {
     }
 }
 impl Engine for PartLookup {
-    fn signature(&self) -> &Signature {
-        &self.sig
-    }
-    fn accepts_device_inputs(&self) -> bool {
-        true // keys in GPU memory (a GPU instance's whole-batch lookup)
-    }
     fn run(
         &mut self,
         inputs: &[BatchTensor<'_>],
@@ -208,11 +195,8 @@ impl Engine for PartLookup {
             data: Bytes::Device(DeviceView::simulated(0, &rows)),
         })
     }
-    fn lookup(&mut self) -> Option<&mut dyn LookupHooks> {
-        Some(self)
-    }
 }
-impl LookupHooks for PartLookup {
+impl LookupStep for PartLookup {
     fn run_into(
         &mut self,
         inputs: &[BatchTensor<'_>],
@@ -257,20 +241,14 @@ impl PartDense {
                     spec("embeddings", DataType::F32, vec![-1, 2, 1]),
                 ],
                 outputs: vec![spec("prediction", DataType::F32, vec![-1, 1])],
-                device: Device::Gpu(0),
             },
             started,
             runs,
         }
     }
 }
+impl Network for PartDense {}
 impl Engine for PartDense {
-    fn signature(&self) -> &Signature {
-        &self.sig
-    }
-    fn accepts_device_inputs(&self) -> bool {
-        true
-    }
     fn run(
         &mut self,
         inputs: &[BatchTensor<'_>],
@@ -318,17 +296,22 @@ impl Engine for PartDense {
 }
 
 /// A chain of `lookup` and `dense` on GPU 0 (simulated), run in `parts` parts.
-fn gpu_chain(lookup: Box<dyn Engine>, dense: Box<dyn Engine>, parts: usize) -> Chain {
+fn gpu_chain(
+    lookup: PartLookup,
+    dense: Box<dyn Network>,
+    dense_sig: &Signature,
+    parts: usize,
+) -> Chain {
     let mut c = config("");
     c.parameters.insert("recommender_pipeline_parts".into(), parts.to_string());
     let dir = std::env::temp_dir().join(format!("trt-chain-{parts}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("dense.pt"), b"x").unwrap();
-    let plan = plan(&c, &dir, CLAIMS).unwrap();
+    let plan = plan(&c, &settings(&c), &dir, CLAIMS).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(plan.pipeline_parts, parts);
-    Chain::new(lookup, dense, &plan, Device::Gpu(0))
-        .unwrap()
+    let joint = Arc::new(Joint::new(&lookup.sig, dense_sig, &plan).unwrap());
+    Chain::new(Box::new(lookup), dense, joint, Device::Gpu(0), true)
         .with_gpu(Box::new(Copies(vec![], false)), Arc::new(FakeDevice::default()))
 }
 
@@ -383,11 +366,8 @@ fn a_large_batch_runs_in_parts_each_lookup_beside_the_network_on_the_part_before
     let started = Arc::new((std::sync::Mutex::new(0usize), std::sync::Condvar::new()));
     let lookup = PartLookup::new(log.clone(), started.clone());
     let dense = PartDense::new(started.clone(), 0);
-    let mut chain = gpu_chain(Box::new(lookup), Box::new(dense), 3);
-    assert!(
-        chain.accepts_device_inputs(),
-        "both engines take GPU inputs on a GPU instance: CUDA shared memory goes straight in"
-    );
+    let sig = dense.sig.clone();
+    let mut chain = gpu_chain(lookup, Box::new(dense), &sig, 3);
     assert_eq!(
         run_rows(&mut chain, 4000),
         want_rows(4000),
@@ -410,13 +390,7 @@ struct GraphDense {
     graph_addr: usize,
     in_place: Arc<std::sync::Mutex<Vec<bool>>>,
 }
-impl Engine for GraphDense {
-    fn signature(&self) -> &Signature {
-        &self.inner.sig
-    }
-    fn accepts_device_inputs(&self) -> bool {
-        true
-    }
+impl Network for GraphDense {
     fn graph_input(
         &self,
         inputs: &[BatchTensor<'_>],
@@ -431,6 +405,8 @@ impl Engine for GraphDense {
         let rows = self.graph_rows.lock().unwrap().take()?;
         Some(DeviceViewMut::simulated(0, rows))
     }
+}
+impl Engine for GraphDense {
     fn run(
         &mut self,
         inputs: &[BatchTensor<'_>],
@@ -461,7 +437,8 @@ fn a_batch_with_a_captured_graph_is_looked_up_straight_into_its_input() {
         graph_addr,
         in_place: in_place.clone(),
     };
-    let mut chain = gpu_chain(Box::new(lookup), Box::new(dense), 1);
+    let sig = dense.inner.sig.clone();
+    let mut chain = gpu_chain(lookup, Box::new(dense), &sig, 1);
     assert_eq!(run_rows(&mut chain, 4), want_rows(4), "no graph for 4 rows");
     assert_eq!(log.lock().unwrap().drain(..).collect::<Vec<_>>(), ["run [4, 2]"]);
     assert_eq!(run_rows(&mut chain, 16), want_rows(16), "16 rows: the graph's");
@@ -491,92 +468,80 @@ fn settings_parse_tables_strictly_and_are_documented() {
 fn plans_the_two_engines_and_names_what_is_wrong() {
     let dir = std::env::temp_dir().join(format!("trt-chain-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let e = plan(&config(""), &dir, CLAIMS).unwrap_err();
+    let e = plan(&config(""), &settings(&config("")), &dir, CLAIMS).unwrap_err();
     assert!(e.message().contains("dense.onnx, dense.pt or dense.pt2"), "{e}");
     std::fs::write(dir.join("dense.onnx"), b"x").unwrap();
-    let p = plan(&config(""), &dir, CLAIMS).unwrap();
+    let p = plan(&config(""), &settings(&config("")), &dir, CLAIMS).unwrap();
     assert_eq!(p.dense_engine, "onnx");
     assert_eq!(
         p.lookup_config.inputs.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
         ["sparse"]
     );
-    assert_eq!(p.lookup_config.parameters["embedding_interface"], "batched");
     let dense: Vec<_> =
         p.dense_config.inputs.iter().map(|t| (t.name.as_str(), t.dims.clone())).collect();
     assert_eq!(dense, [("dense", vec![13]), ("embeddings", vec![3, 4])]);
-    let e = plan(
-        &config(r#", {"name": "embeddings", "data_type": "TYPE_FP32", "dims": [3, 4]}"#),
-        &dir,
-        CLAIMS,
-    )
-    .unwrap_err();
+    let c = config(r#", {"name": "embeddings", "data_type": "TYPE_FP32", "dims": [3, 4]}"#);
+    let e = plan(&c, &settings(&c), &dir, CLAIMS).unwrap_err();
     assert!(e.message().contains("clients do not send it"), "{e}");
     let mut c = config("");
     c.parameters.insert("recommender_sparse_input".into(), "ids".into());
-    assert!(plan(&c, &dir, CLAIMS).unwrap_err().message().contains("'ids'"));
+    assert!(plan(&c, &settings(&c), &dir, CLAIMS).unwrap_err().message().contains("'ids'"));
     let mut c = config("");
     c.max_batch_size = 0;
     assert!(
-        plan(&c, &dir, CLAIMS).unwrap_err().message().contains("[-1, 3]"),
+        plan(&c, &settings(&c), &dir, CLAIMS).unwrap_err().message().contains("[-1, 3]"),
         "without batching the keys carry their own batch dim"
     );
     c.inputs[1].dims = vec![-1, 3];
     c.inputs[0].dims = vec![-1, 13];
-    let p = plan(&c, &dir, CLAIMS).unwrap();
+    let p = plan(&c, &settings(&c), &dir, CLAIMS).unwrap();
     assert_eq!(p.lookup_config.outputs[0].dims, [-1, 3, 4]);
     assert_eq!(p.dense_config.inputs[1].dims, [-1, 3, 4]);
     let mut c = config("");
     c.parameters.insert("recommender_embeddings_type".into(), "TYPE_FP16".into());
-    let p = plan(&c, &dir, CLAIMS).unwrap();
+    let p = plan(&c, &settings(&c), &dir, CLAIMS).unwrap();
     assert_eq!(
         (p.lookup_config.outputs[0].dtype, p.dense_config.inputs[1].dtype),
         (DataType::F16, DataType::F16),
         "fp16 rows end to end"
     );
     c.parameters.insert("recommender_embeddings_type".into(), "TYPE_BF16".into());
-    assert!(plan(&c, &dir, CLAIMS).unwrap_err().message().contains("TYPE_FP32 or TYPE_FP16"));
+    let e = RecommenderSettings::from_config(&c).unwrap_err();
+    assert!(e.message().contains("TYPE_FP32 or TYPE_FP16"), "{e}");
     let mut c = config("");
     c.parameters.insert("embedding_vecsize_per_table".into(), "4,8,4".into());
-    assert!(plan(&c, &dir, CLAIMS).unwrap_err().message().contains("shared by every table"));
+    let e = RecommenderSettings::from_config(&c).unwrap_err();
+    assert!(e.message().contains("shared by every table"), "{e}");
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// A network whose own check refuses a request whose "dense" input holds a byte 0xFF.
-struct CheckedDense(Signature);
-impl Engine for CheckedDense {
+/// A model whose own check refuses a request whose "dense" input holds a byte 0xFF
+/// (`CheckedModel(true)`), or takes every request.
+struct CheckedModel(bool, Signature);
+impl LoadedModel for CheckedModel {
     fn signature(&self) -> &Signature {
-        &self.0
+        &self.1
     }
     fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
+        if !self.0 {
+            assert_eq!(inputs.len(), 1, "the lookup is shown its keys only");
+            return Ok(());
+        }
         let dense = inputs.iter().find(|t| t.name == "dense").expect("the request's dense input");
         match dense.host_bytes() {
             Some(b) if b.contains(&0xFF) => Err(Error::invalid_arg("input 'dense' holds 0xFF")),
             _ => Ok(()),
         }
     }
-    fn run(
-        &mut self,
-        _: &[BatchTensor<'_>],
-        _: &[&str],
-        _: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
-    ) -> Result<()> {
-        Ok(())
+    fn instance(&self, _: &ModelConfig, _: Device) -> Result<Box<dyn Engine>> {
+        Err(Error::internal("not in this test"))
     }
 }
 
 #[test]
 fn the_networks_own_check_sees_the_inputs_it_takes_from_the_request() {
-    let spec = |name: &str, dtype| TensorSpec { name: name.into(), dtype, shape: vec![-1] };
-    let sig = |inputs| Signature {
-        inputs,
-        outputs: vec![spec("prediction", DataType::F32)],
-        device: Device::Cpu,
-    };
-    let lookup = Lookup(sig(vec![spec("sparse", DataType::I64)]), vec![]);
-    let dense =
-        CheckedDense(sig(vec![spec("dense", DataType::F32), spec("embeddings", DataType::F32)]));
-    let plan = torch_plan();
-    let chain = Chain::new(Box::new(lookup), Box::new(dense), &plan, Device::Cpu).unwrap();
+    let (lookup, dense) =
+        (CheckedModel(false, Signature::default()), CheckedModel(true, Signature::default()));
     fn t<'a>(name: &str, dtype: DataType, b: &'a [u8]) -> RequestTensor<'a> {
         RequestTensor {
             name: name.into(),
@@ -587,10 +552,12 @@ fn the_networks_own_check_sees_the_inputs_it_takes_from_the_request() {
     }
     let keys = vec![0u8; 24];
     let request = |features: &[u8]| {
-        chain.check_request(&[
-            t("dense", DataType::F32, features),
-            t("sparse", DataType::I64, &keys),
-        ])
+        check_both(
+            "sparse",
+            &lookup,
+            &dense,
+            &[t("dense", DataType::F32, features), t("sparse", DataType::I64, &keys)],
+        )
     };
     assert!(request(&[0u8; 52]).is_ok());
     let e = request(&[0xFFu8; 52]).unwrap_err();

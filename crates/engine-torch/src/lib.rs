@@ -13,7 +13,7 @@
 //! `triton_rust_abi::plugin`; this crate is safe code.
 
 use std::ffi::CString;
-use std::path::Path;
+use std::path::PathBuf;
 
 mod settings;
 pub use settings::TorchSettings;
@@ -21,7 +21,9 @@ pub use settings::TorchSettings;
 use triton_rust_abi::plugin::{self, from_abi, to_abi};
 use triton_rust_core::batch::BatchTensor;
 use triton_rust_core::config::{ModelConfig, TensorConfig, TensorSpec};
-use triton_rust_core::engine::{Device, Engine, EngineOptions, OutputView, Signature};
+use triton_rust_core::engine::{
+    Device, Engine, EngineClaim, EngineKind, LoadedModel, ModelLoad, OutputView, Signature,
+};
 use triton_rust_core::error::{Error, Result};
 
 pub use plugin::{LIBTORCH_NEEDED, PLUGIN_FILE};
@@ -47,22 +49,40 @@ fn specs(cfg: &ModelConfig, tensors: &[TensorConfig]) -> Vec<TensorSpec> {
         .collect()
 }
 
-pub struct TorchEngine {
-    /// `None` for the load-time probe.
-    model: Option<plugin::PluginModel>,
-    sig: Signature,
-    input_order: Vec<usize>,
-    input_names: Vec<CString>,
-    output_order: Vec<usize>,
-    output_names: Vec<CString>,
-    /// The last batch's responses all took their outputs in host memory (a GPU instance
-    /// serving gRPC/HTTP clients or system shared memory, not an ensemble step).
-    outputs_on_host: bool,
+/// TorchScript models: `model.pt`, or a file ending in `.pt` or `.pth`.
+pub static CLAIM: EngineClaim = EngineClaim {
+    names: &["torch", "torchscript", "pytorch"],
+    default_file: Some("model.pt"),
+    file_suffixes: &[".pt", ".pth"],
+    parameters: TorchSettings::KNOWN,
+    builds_on: &[],
+    keeps_sequences: true,
+};
+
+/// The TorchScript engine kind.
+pub struct TorchKind;
+
+impl EngineKind for TorchKind {
+    fn claim(&self) -> &'static EngineClaim {
+        &CLAIM
+    }
+    fn load(&self, load: &ModelLoad<'_>) -> Result<Box<dyn LoadedModel>> {
+        Ok(Box::new(TorchModel::load(load)?))
+    }
 }
 
-impl TorchEngine {
-    pub fn load(model_file: &Path, options: &EngineOptions<'_>) -> Result<TorchEngine> {
-        let cfg = options.config;
+/// A TorchScript model, loaded: its settings, the plugin, and its signature (the config's).
+/// The module itself is loaded by each instance, on its device.
+pub struct TorchModel {
+    settings: TorchSettings,
+    plugin: std::sync::Arc<plugin::Plugin>,
+    model_file: PathBuf,
+    sig: Signature,
+}
+
+impl TorchModel {
+    pub fn load(load: &ModelLoad<'_>) -> Result<TorchModel> {
+        let cfg = load.config;
         if cfg.inputs.is_empty() || cfg.outputs.is_empty() {
             return Err(Error::invalid_arg(
                 "a TorchScript model carries no input/output signature: list every input and output in config.pbtxt",
@@ -76,71 +96,92 @@ impl TorchEngine {
         let settings = TorchSettings::from_config(cfg)?;
         let plugin = plugin::plugin(
             &plugin::TORCHSCRIPT,
-            options.backend.libtorch_dir.as_ref().map(|(d, source)| (d.as_path(), *source)),
+            load.backend.libtorch_dir.as_ref().map(|(d, source)| (d.as_path(), *source)),
         )?;
-        // The load-time probe only needs the signature, which comes from the config: it
-        // checks that libtorch loads and does not load the module (each TorchScript load
-        // registers classes libtorch never frees).
-        let gpu = match options.device {
+        if let Some(text) = &settings.fusion_strategy {
+            log::info!(
+                "model '{}' asks for TorchScript's fusion strategy {text} (process-wide) on its KIND_GPU instances",
+                cfg.name
+            );
+        }
+        let sig = Signature { inputs: specs(cfg, &cfg.inputs), outputs: specs(cfg, &cfg.outputs) };
+        Ok(TorchModel { settings, plugin, model_file: load.model_file.to_path_buf(), sig })
+    }
+}
+
+impl LoadedModel for TorchModel {
+    fn signature(&self) -> &Signature {
+        &self.sig
+    }
+    fn accepts_device_inputs(&self, _device: Device) -> bool {
+        true
+    }
+    fn instance(&self, cfg: &ModelConfig, device: Device) -> Result<Box<dyn Engine>> {
+        Ok(Box::new(self.engine(cfg, device)?))
+    }
+}
+
+impl TorchModel {
+    /// The module loaded for an instance on `device` (`cfg`: the completed config).
+    pub fn engine(&self, cfg: &ModelConfig, device: Device) -> Result<TorchEngine> {
+        let settings = &self.settings;
+        let gpu = match device {
             Device::Gpu(id) => Some(id),
             Device::Cpu => None,
         };
+        if settings.fusion_strategy.is_some() && gpu.is_none() {
+            return Err(Error::invalid_arg(format!(
+                "parameter '{FUSION_STRATEGY}' is set through the GPU helper library: give it to KIND_GPU instances only"
+            )));
+        }
         // (a KIND_CPU instance with graphs asked for says so when it is made: serve.rs)
         let buckets = cfg.cuda_graph_buckets()?;
-        if let Some(text) = &settings.fusion_strategy {
-            // (the load-time probe runs as a CPU engine: it checks the spelling only)
-            if gpu.is_none() && !options.probe {
-                return Err(Error::invalid_arg(format!(
-                    "parameter '{FUSION_STRATEGY}' is set through the GPU helper library: give it to KIND_GPU instances only"
-                )));
-            }
-            if !options.probe {
-                log::info!(
-                    "TorchScript's fusion strategy (process-wide) set to {text} by model '{}'",
-                    cfg.name
-                );
-            }
-        }
-        let model = if options.probe {
-            None
-        } else {
-            Some(plugin.load(&plugin::LoadSpec {
-                path: model_file,
-                gpu,
-                intra_op_threads: settings.intra_op_threads as i32,
-                cudnn: settings.cudnn,
-                optimized_execution: settings.optimized_execution,
-                tensor_fuser: settings.tensor_fuser,
-                jit_profiling: settings.jit_profiling,
-                fusion_strategy: &settings.fusion_steps,
-                cuda_graphs: if gpu.is_some() { buckets.as_deref() } else { None },
-                graph_exact_rows: !cfg.batching(),
-            })?)
-        };
+        let model = self.plugin.load(&plugin::LoadSpec {
+            path: &self.model_file,
+            gpu,
+            intra_op_threads: settings.intra_op_threads as i32,
+            cudnn: settings.cudnn,
+            optimized_execution: settings.optimized_execution,
+            tensor_fuser: settings.tensor_fuser,
+            jit_profiling: settings.jit_profiling,
+            fusion_strategy: &settings.fusion_steps,
+            cuda_graphs: if gpu.is_some() { buckets.as_deref() } else { None },
+            graph_exact_rows: !cfg.batching(),
+        })?;
         let cstr =
             |s: &str| CString::new(s).map_err(|_| Error::invalid_arg("tensor name has a NUL"));
         let input_order = positional_order(&cfg.inputs);
         let output_order = positional_order(&cfg.outputs);
         Ok(TorchEngine {
             model,
-            sig: Signature {
-                inputs: specs(cfg, &cfg.inputs),
-                outputs: specs(cfg, &cfg.outputs),
-                device: options.device,
-            },
+            device,
             input_names: input_order
                 .iter()
                 .map(|&i| cstr(&cfg.inputs[i].name))
                 .collect::<Result<_>>()?,
-            output_names: output_order
+            output_names: output_order.iter().map(|&i| cfg.outputs[i].name.clone()).collect(),
+            output_cnames: output_order
                 .iter()
                 .map(|&i| cstr(&cfg.outputs[i].name))
                 .collect::<Result<_>>()?,
             input_order,
-            output_order,
             outputs_on_host: false,
         })
     }
+}
+
+/// One instance's module, loaded on its device.
+pub struct TorchEngine {
+    model: plugin::PluginModel,
+    device: Device,
+    input_order: Vec<usize>,
+    input_names: Vec<CString>,
+    /// The outputs' names in the module's result order.
+    output_names: Vec<String>,
+    output_cnames: Vec<CString>,
+    /// The last batch's responses all took their outputs in host memory (a GPU instance
+    /// serving gRPC/HTTP clients or system shared memory, not an ensemble step).
+    outputs_on_host: bool,
 }
 
 /// The model parameter naming TorchScript's fusion strategy.
@@ -183,12 +224,6 @@ pub fn parse_fusion_strategy(text: &str) -> Result<Vec<triton_rust_abi::FusionSt
 }
 
 impl Engine for TorchEngine {
-    fn signature(&self) -> &Signature {
-        &self.sig
-    }
-    fn accepts_device_inputs(&self) -> bool {
-        true
-    }
     fn outputs_landed(&mut self, on_host: bool) {
         self.outputs_on_host = on_host;
     }
@@ -200,16 +235,12 @@ impl Engine for TorchEngine {
         sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
     ) -> Result<()> {
         let refs = plugin::input_refs(inputs, &self.input_order, &self.input_names)?;
-        let names: Vec<String> =
-            self.output_order.iter().map(|&i| self.sig.outputs[i].name.clone()).collect();
         // On a GPU instance outputs stay where libtorch made them and the serving layer puts
         // them in the memory the response asks for, unless the last responses all wanted
         // host memory: then the plugin copies them there before its one wait.
-        let host_outputs = self.sig.device == Device::Cpu || self.outputs_on_host;
-        let model = self.model.as_mut().ok_or_else(|| {
-            Error::internal("the load-time probe of a TorchScript model cannot run")
-        })?;
-        model.run(&refs, &self.output_names, host_outputs, &mut |out| {
+        let host_outputs = self.device == Device::Cpu || self.outputs_on_host;
+        let names = &self.output_names;
+        self.model.run(&refs, &self.output_cnames, host_outputs, &mut |out| {
             let name = &names[out.index];
             if !outputs.contains(&name.as_str()) {
                 return Ok(());

@@ -45,13 +45,8 @@ fn a_mixed_batch_answers_each_request_and_runs_the_good_ones_once() {
     assert!(err.message().contains("input 'X'") && err.message().contains("shape"), "{err}");
     assert!(by_id("bad-shape").2.is_empty(), "a refused request gets no outputs");
     assert!(by_id("engine-refuses").1.as_ref().unwrap_err().message().contains("13"));
-    // the two good requests ran together, once, as 3 rows; the probe engine was reused
+    // the two good requests ran together, once, as 3 rows
     assert_eq!(*factory.runs.lock().unwrap(), vec![(3, Device::Cpu)]);
-    assert_eq!(
-        factory.created.load(Ordering::Relaxed),
-        1,
-        "the first CPU instance takes the load-time probe"
-    );
     let reports = server.reports.borrow();
     assert_eq!(reports.len(), 4, "statistics for every request");
     assert_eq!(reports.iter().filter(|r| r.1).count(), 2);
@@ -62,35 +57,11 @@ fn a_mixed_batch_answers_each_request_and_runs_the_good_ones_once() {
 fn each_sequence_gets_its_own_rows_of_the_state_output_back() {
     // Y is the model's output and, through sequence_batching, also the state fed to X
     // of the next request: X is a state input the server adds, and clients ask for nothing
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "trt-seq-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(dir.join("1")).unwrap();
-    std::fs::write(dir.join("1/model.onnx"), b"stands in for a model file").unwrap();
     let config = r#"{"name": "doubler", "max_batch_size": 8,
         "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [2]}],
         "sequence_batching": {"oldest": {}, "state": [{"input_name": "X", "output_name": "Y", "data_type": "TYPE_FP32", "dims": [2]}]},
         "instance_group": [{"kind": "KIND_CPU", "count": 1}]}"#;
-    let factory = Arc::new(Factory {
-        runs: Arc::default(),
-        landed: Arc::default(),
-        created: AtomicUsize::new(0),
-    });
-    let settings = BackendSettings::default();
-    let ctx = ModelContext {
-        name: "doubler".into(),
-        version: 1,
-        repository: dir.clone(),
-        config_json: config.into(),
-        autocomplete: false,
-        backend: &settings,
-        engines: factory.clone(),
-    };
-    let (m, _) = ModelState::load(ctx).unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
+    let (m, factory) = load_config(config).unwrap();
     assert_eq!(
         m.config().inputs.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
         ["X"],
@@ -164,17 +135,11 @@ fn each_sequence_gets_its_own_rows_of_the_state_output_back() {
 #[test]
 fn gpu_resident_inputs_are_gathered_on_their_device_and_answered_there() {
     let (m, factory) = model("KIND_GPU");
-    assert!(!m.holds_spare_engine(), "a GPU-only model keeps no CPU probe");
     let inst = InstanceState::new(
         &m,
         InstanceContext { name: "doubler_gpu".into(), device: Device::Gpu(0) },
     )
     .unwrap();
-    assert_eq!(
-        factory.created.load(Ordering::Relaxed),
-        2,
-        "probe dropped at load, the GPU instance made its own"
-    );
     let server = FakeServer::default();
     let requests = vec![
         request("gpu-1", &[1, 2], &[1.0, 2.0], Some(0)),
@@ -231,13 +196,35 @@ fn a_gpu_engine_learns_whether_responses_want_its_outputs_on_the_host() {
 }
 
 #[test]
-fn a_cpu_model_hands_its_probe_to_the_first_instance_only() {
-    let (m, factory) = model("KIND_CPU");
-    assert!(m.holds_spare_engine());
-    let _a =
-        InstanceState::new(&m, InstanceContext { name: "a".into(), device: Device::Cpu }).unwrap();
-    assert!(!m.holds_spare_engine());
-    let _b =
-        InstanceState::new(&m, InstanceContext { name: "b".into(), device: Device::Cpu }).unwrap();
-    assert_eq!(factory.created.load(Ordering::Relaxed), 2);
+fn settings_are_parsed_once_per_model_however_many_instances_it_has() {
+    let core_before = crate::settings::PARSED.with(|n| n.get());
+    let (m, counts) = model("KIND_CPU");
+    let instances: Vec<InstanceState> = [Device::Cpu, Device::Cpu, Device::Gpu(0), Device::Gpu(1)]
+        .into_iter()
+        .enumerate()
+        .map(|(i, device)| {
+            InstanceState::new(&m, InstanceContext { name: format!("doubler_{i}"), device })
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(counts.loads.load(Ordering::Relaxed), 1, "one load per model");
+    assert_eq!(counts.settings_parsed.load(Ordering::Relaxed), 1, "the engine's settings once");
+    assert_eq!(crate::settings::PARSED.with(|n| n.get()) - core_before, 1, "the core's once");
+    assert_eq!(counts.instances.load(Ordering::Relaxed), 4, "one engine per instance");
+    // each instance runs with what its model parsed
+    let server = FakeServer::default();
+    execute(&instances[3], &server, vec![request("r", &[1, 2], &[1.0, 2.0], None)]);
+    assert_eq!(floats(&server.sent.borrow()[0].2[0].2), vec![2.0, 4.0]);
+}
+
+#[test]
+fn a_bad_engine_setting_fails_the_load_naming_it() {
+    let e = load_config(
+        r#"{"name": "doubler", "max_batch_size": 8, "parameters": {"scale": {"string_value": "x"}},
+            "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [2]}],
+            "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [2]}]}"#,
+    )
+    .err()
+    .unwrap();
+    assert!(e.message().contains("'scale'"), "{e}");
 }

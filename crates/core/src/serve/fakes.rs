@@ -8,8 +8,9 @@ pub(super) use std::rc::Rc;
 pub(super) use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub(super) use crate::batch::BatchTensor;
+pub(super) use crate::batch::RequestTensor;
 pub(super) use crate::config::TensorSpec;
-pub(super) use crate::engine::Signature;
+pub(super) use crate::engine::{EngineClaim, EngineKind, ModelLoad, Signature};
 pub(super) use crate::fake_device::FakeDevice;
 pub(super) use crate::tensor::{DeviceView, DeviceViewMut};
 
@@ -151,30 +152,63 @@ impl Transport for FakeServer {
     }
 }
 
+/// What the fake kind's models did, for the tests to read.
+#[derive(Default)]
+pub(super) struct Counts {
+    pub(super) runs: Mutex<Vec<(usize, Device)>>,
+    pub(super) landed: Mutex<Vec<bool>>,
+    /// Models loaded, and typed settings parsed (at each load).
+    pub(super) loads: AtomicUsize,
+    pub(super) settings_parsed: AtomicUsize,
+    /// Engines made for instances.
+    pub(super) instances: AtomicUsize,
+}
+
 /// Y = 2 X on [batch, 2] floats; refuses a request holding 13 (a check only the
-/// engine can make); reads GPU inputs (simulated) and answers on the same side.
-pub(super) struct Doubler {
-    pub(super) sig: Signature,
-    pub(super) runs: Arc<Mutex<Vec<(usize, Device)>>>,
-    pub(super) landed: Arc<Mutex<Vec<bool>>>,
+/// model can make); reads GPU inputs (simulated) and answers on the same side.
+pub(super) struct DoublerKind(pub(super) Arc<Counts>);
+
+static DOUBLER: EngineClaim = EngineClaim {
+    names: &["doubler"],
+    default_file: Some("model.onnx"),
+    file_suffixes: &[".onnx"],
+    parameters: &[("scale", "2")],
+    builds_on: &[],
+    keeps_sequences: true,
+};
+
+impl EngineKind for DoublerKind {
+    fn claim(&self) -> &'static EngineClaim {
+        &DOUBLER
+    }
+    fn load(&self, load: &ModelLoad<'_>) -> Result<Box<dyn LoadedModel>> {
+        self.0.loads.fetch_add(1, Ordering::Relaxed);
+        self.0.settings_parsed.fetch_add(1, Ordering::Relaxed);
+        let scale: f32 = load.config.parameters.get("scale").map_or(Ok(2.0), |s| {
+            s.parse().map_err(|_| Error::invalid_arg("parameter 'scale' is a number"))
+        })?;
+        let spec =
+            |name: &str| TensorSpec { name: name.into(), dtype: DataType::F32, shape: vec![-1, 2] };
+        Ok(Box::new(DoublerModel {
+            sig: Signature { inputs: vec![spec("X")], outputs: vec![spec("Y")] },
+            scale,
+            counts: self.0.clone(),
+        }))
+    }
 }
 
-pub(super) fn floats(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
-}
-pub(super) fn to_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+struct DoublerModel {
+    sig: Signature,
+    scale: f32,
+    counts: Arc<Counts>,
 }
 
-impl Engine for Doubler {
+impl LoadedModel for DoublerModel {
     fn signature(&self) -> &Signature {
         &self.sig
     }
-    fn accepts_device_inputs(&self) -> bool {
+    fn accepts_device_inputs(&self, _device: Device) -> bool {
         true
-    }
-    fn outputs_landed(&mut self, on_host: bool) {
-        self.landed.lock().unwrap().push(on_host);
     }
     fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
         let bytes = match inputs[0].chunks[0] {
@@ -185,6 +219,28 @@ impl Engine for Doubler {
             return Err(Error::invalid_arg("input 'X' holds 13, which this model refuses"));
         }
         Ok(())
+    }
+    fn instance(&self, _config: &ModelConfig, _device: Device) -> Result<Box<dyn Engine>> {
+        self.counts.instances.fetch_add(1, Ordering::Relaxed);
+        Ok(Box::new(Doubler { scale: self.scale, counts: self.counts.clone() }))
+    }
+}
+
+struct Doubler {
+    scale: f32,
+    counts: Arc<Counts>,
+}
+
+pub(super) fn floats(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+pub(super) fn to_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+impl Engine for Doubler {
+    fn outputs_landed(&mut self, on_host: bool) {
+        self.counts.landed.lock().unwrap().push(on_host);
     }
     fn run(
         &mut self,
@@ -197,8 +253,8 @@ impl Engine for Doubler {
             Bytes::Host(b) => (b, Device::Cpu),
             Bytes::Device(v) => (v.simulated_bytes().unwrap(), Device::Gpu(v.device())),
         };
-        self.runs.lock().unwrap().push((inputs[0].shape[0] as usize, device));
-        let y = to_bytes(&floats(src).iter().map(|x| x * 2.0).collect::<Vec<_>>());
+        self.counts.runs.lock().unwrap().push((inputs[0].shape[0] as usize, device));
+        let y = to_bytes(&floats(src).iter().map(|x| x * self.scale).collect::<Vec<_>>());
         let data = match device {
             Device::Gpu(id) => Bytes::Device(DeviceView::simulated(id, &y)),
             Device::Cpu => Bytes::Host(&y),
@@ -207,46 +263,14 @@ impl Engine for Doubler {
     }
 }
 
-pub(super) struct Factory {
-    pub(super) runs: Arc<Mutex<Vec<(usize, Device)>>>,
-    pub(super) landed: Arc<Mutex<Vec<bool>>>,
-    pub(super) created: AtomicUsize,
+/// The doubler's kinds, for a model context.
+pub(super) fn kinds() -> (Arc<EngineKinds>, Arc<Counts>) {
+    let counts = Arc::new(Counts::default());
+    (Arc::new(EngineKinds::new(vec![Box::new(DoublerKind(counts.clone()))])), counts)
 }
 
-impl EngineFactory for Factory {
-    fn claims(&self) -> &'static [EngineClaim] {
-        &[EngineClaim {
-            names: &["doubler"],
-            default_file: Some("model.onnx"),
-            file_suffixes: &[".onnx"],
-            parameters: &[],
-            builds_on: &[],
-            keeps_sequences: true,
-            probe_serves: true,
-        }]
-    }
-    fn create(
-        &self,
-        _engine: &str,
-        _file: &std::path::Path,
-        options: &EngineOptions<'_>,
-    ) -> Result<Box<dyn Engine>> {
-        self.created.fetch_add(1, Ordering::Relaxed);
-        let spec =
-            |name: &str| TensorSpec { name: name.into(), dtype: DataType::F32, shape: vec![-1, 2] };
-        Ok(Box::new(Doubler {
-            sig: Signature {
-                inputs: vec![spec("X")],
-                outputs: vec![spec("Y")],
-                device: options.device,
-            },
-            runs: self.runs.clone(),
-            landed: self.landed.clone(),
-        }))
-    }
-}
-
-pub(super) fn model(instance_kind: &str) -> (ModelState, Arc<Factory>) {
+/// Loads the doubler with `config` (its version directory made and removed here).
+pub(super) fn load_config(config: &str) -> Result<(ModelState, Arc<Counts>)> {
     static N: AtomicUsize = AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
         "trt-serve-{}-{}",
@@ -255,30 +279,30 @@ pub(super) fn model(instance_kind: &str) -> (ModelState, Arc<Factory>) {
     ));
     std::fs::create_dir_all(dir.join("1")).unwrap();
     std::fs::write(dir.join("1/model.onnx"), b"stands in for a model file").unwrap();
-    let config = format!(
-        r#"{{"name": "doubler", "max_batch_size": 8,
-            "input": [{{"name": "X", "data_type": "TYPE_FP32", "dims": [2]}}],
-            "output": [{{"name": "Y", "data_type": "TYPE_FP32", "dims": [2]}}],
-            "instance_group": [{{"kind": "{instance_kind}", "count": 1}}]}}"#
-    );
-    let factory = Arc::new(Factory {
-        runs: Arc::default(),
-        landed: Arc::default(),
-        created: AtomicUsize::new(0),
-    });
+    let (kinds, counts) = kinds();
     let settings = BackendSettings::default();
     let ctx = ModelContext {
         name: "doubler".into(),
         version: 1,
         repository: dir.clone(),
-        config_json: config,
+        config_json: config.into(),
         autocomplete: false,
         backend: &settings,
-        engines: factory.clone(),
+        kinds,
     };
-    let (state, _) = ModelState::load(ctx).unwrap();
+    let loaded = ModelState::load(ctx);
     std::fs::remove_dir_all(&dir).unwrap();
-    (state, factory)
+    Ok((loaded?.0, counts))
+}
+
+pub(super) fn model(instance_kind: &str) -> (ModelState, Arc<Counts>) {
+    load_config(&format!(
+        r#"{{"name": "doubler", "max_batch_size": 8,
+            "input": [{{"name": "X", "data_type": "TYPE_FP32", "dims": [2]}}],
+            "output": [{{"name": "Y", "data_type": "TYPE_FP32", "dims": [2]}}],
+            "instance_group": [{{"kind": "{instance_kind}", "count": 1}}]}}"#
+    ))
+    .unwrap()
 }
 
 pub(super) fn request(id: &str, shape: &[i64], values: &[f32], gpu: Option<i32>) -> FakeRequest {

@@ -8,6 +8,7 @@ use super::*;
 /// own output fails gets its own error.
 pub(super) fn run_group<T: Transport>(
     engine: &mut dyn Engine,
+    device: Device,
     cfg: &ModelConfig,
     transport: &T,
     members: &[usize],
@@ -52,7 +53,7 @@ pub(super) fn run_group<T: Transport>(
     let t_run = clock();
     // a GPU engine's outputs are offered to Triton as GPU memory wherever the engine put
     // them: the memory Triton gives back tells where the responses want them
-    let prefer = engine.device();
+    let prefer = device;
     let (mut to_host, mut to_device) = (false, false);
     engine.run(&batch.tensors, &names, &mut |view| {
         let t0 = transport.now_ns();

@@ -1,0 +1,190 @@
+//! What an embedding model's instances share: its settings, its store, its tensors, and the
+//! checks of a request that only the store can make.
+
+use std::sync::Arc;
+
+use triton_rust_core::batch::RequestTensor;
+use triton_rust_core::config::{ModelConfig, TensorConfig, TensorSpec};
+use triton_rust_core::engine::Signature;
+use triton_rust_core::error::{Error, Result};
+use triton_rust_core::tensor::DataType;
+use triton_rust_embedding::EmbeddingStore;
+
+use crate::rows::from_chunks;
+use crate::settings::{Interface, StoreSettings};
+
+/// What an embedding model's instances share.
+pub(crate) struct Model {
+    pub(crate) settings: StoreSettings,
+    pub(crate) store: Arc<EmbeddingStore>,
+    /// The batched interface's rows: F32, or F16 when its output is declared so.
+    pub(crate) rows_type: DataType,
+    pub(crate) sig: Signature,
+}
+
+/// The tensors of the model's interface, named as the config names them.
+pub(crate) fn signature(
+    settings: &StoreSettings,
+    store: &EmbeddingStore,
+    cfg: &ModelConfig,
+    rows_type: DataType,
+) -> Result<Signature> {
+    let name_or = |list: &[TensorConfig], i: usize, default: &str| {
+        list.get(i).map(|t| t.name.clone()).unwrap_or_else(|| default.to_string())
+    };
+    let t = |name: String, dtype, shape: Vec<i64>| TensorSpec { name, dtype, shape };
+    let tables = store.table_count() as i64;
+    let (inputs, outputs) = match settings.interface {
+        Interface::Hps => {
+            if cfg.max_batch_size != 0 {
+                return Err(Error::invalid_arg("the hps interface takes a whole request's keys: set max_batch_size: 0 (or use embedding_interface batched)"));
+            }
+            (
+                vec![
+                    t(name_or(&cfg.inputs, 0, "KEYS"), DataType::I64, vec![-1]),
+                    t(name_or(&cfg.inputs, 1, "NUMKEYS"), DataType::I32, vec![-1]),
+                ],
+                vec![t(name_or(&cfg.outputs, 0, "OUTPUT0"), DataType::F32, vec![-1])],
+            )
+        }
+        Interface::Batched => {
+            let dim = store.dim(0);
+            if (0..store.table_count()).any(|i| store.dim(i) != dim) {
+                return Err(Error::invalid_arg("the batched interface needs every table to have the same dim (use the hps interface otherwise)"));
+            }
+            (
+                vec![t(name_or(&cfg.inputs, 0, "KEYS"), DataType::I64, vec![-1, tables])],
+                vec![t(
+                    name_or(&cfg.outputs, 0, "OUTPUT0"),
+                    rows_type,
+                    vec![-1, tables, dim as i64],
+                )],
+            )
+        }
+        Interface::Update => {
+            if cfg.max_batch_size != 0 {
+                return Err(Error::invalid_arg(
+                    "the update interface takes a whole request: set max_batch_size: 0",
+                ));
+            }
+            (
+                vec![
+                    t(name_or(&cfg.inputs, 0, "KEYS"), DataType::I64, vec![-1]),
+                    t(name_or(&cfg.inputs, 1, "NUMKEYS"), DataType::I32, vec![-1]),
+                    t(name_or(&cfg.inputs, 2, "VECTORS"), DataType::F32, vec![-1]),
+                ],
+                vec![t(name_or(&cfg.outputs, 0, "UPDATED"), DataType::I64, vec![1])],
+            )
+        }
+    };
+    Ok(Signature { inputs, outputs })
+}
+
+impl Model {
+    fn store(&self) -> &Arc<EmbeddingStore> {
+        &self.store
+    }
+
+    /// Splits a request's KEYS by NUMKEYS, checking what only we can see.
+    pub(crate) fn split<'k>(&self, keys: &'k [i64], numkeys: &[i32]) -> Result<Vec<&'k [i64]>> {
+        self.check_counts(numkeys, keys.len())?;
+        let mut out = Vec::with_capacity(numkeys.len());
+        let mut at = 0usize;
+        for (t, &n) in numkeys.iter().enumerate() {
+            let part = &keys[at..at + n as usize];
+            self.check_vocabulary(t, part)?;
+            out.push(part);
+            at += n as usize;
+        }
+        Ok(out)
+    }
+
+    /// Checks NUMKEYS against the store and the number of keys sent.
+    fn check_counts(&self, numkeys: &[i32], keys: usize) -> Result<()> {
+        let store = self.store();
+        let (kname, nname) = (&self.sig.inputs[0].name, &self.sig.inputs[1].name);
+        if numkeys.len() != store.table_count() {
+            return Err(Error::invalid_arg(format!(
+                "input '{nname}' has {} entries but the store has {} tables",
+                numkeys.len(),
+                store.table_count()
+            )));
+        }
+        if let Some((t, n)) = numkeys.iter().enumerate().find(|(_, &n)| n < 0) {
+            return Err(Error::invalid_arg(format!(
+                "input '{nname}' has a negative count {n} for table {t}"
+            )));
+        }
+        let total: i64 = numkeys.iter().map(|&n| n as i64).sum();
+        if total != keys as i64 {
+            return Err(Error::invalid_arg(format!(
+                "input '{nname}' sums to {total} but input '{kname}' holds {keys} keys"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether any table has a vocabulary size to check keys against.
+    fn checks_vocabulary(&self) -> bool {
+        self.settings.vocabulary.iter().any(Option::is_some)
+    }
+
+    fn check_vocabulary(&self, table: usize, keys: &[i64]) -> Result<()> {
+        if let Some(Some(size)) = self.settings.vocabulary.get(table) {
+            if let Some(k) = keys.iter().find(|&&k| k < 0 || k as u64 >= *size) {
+                let name =
+                    self.store().tables().nth(table).map(|t| t.name.clone()).unwrap_or_default();
+                return Err(Error::invalid_arg(format!(
+                    "input '{}': key {k} is out of range for table '{name}' (vocabulary size {size})",
+                    self.sig.inputs[0].name
+                )));
+            }
+        }
+        Ok(())
+    }
+    /// The checks of one request only the store can make: key counts, vocabularies, values.
+    pub(crate) fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
+        let m = self;
+        match m.settings.interface {
+            Interface::Hps if !m.checks_vocabulary() => {
+                // nothing to read in the keys themselves: check their count only
+                m.check_counts(&from_chunks(&inputs[1], i32::from_le_bytes), inputs[0].byte_size() / 8)
+            }
+            Interface::Hps | Interface::Update => {
+                let keys = from_chunks(&inputs[0], i64::from_le_bytes);
+                let numkeys = from_chunks(&inputs[1], i32::from_le_bytes);
+                let parts = m.split(&keys, &numkeys)?;
+                if m.settings.interface == Interface::Update {
+                    let want: usize = parts.iter().enumerate().map(|(t, p)| p.len() * m.store().dim(t)).sum();
+                    let got = inputs[2].byte_size() / 4;
+                    if got != want {
+                        return Err(Error::invalid_arg(format!(
+                            "input '{}' holds {got} values; the keys need {want} (Σ numkeys_i × dim_i)",
+                            m.sig.inputs[2].name
+                        )));
+                    }
+                    let vals = from_chunks(&inputs[2], f32::from_le_bytes);
+                    if let Some(i) = vals.iter().position(|v| !v.is_finite()) {
+                        return Err(Error::invalid_arg(format!("input '{}' holds a NaN or infinite value at element {i}", m.sig.inputs[2].name)));
+                    }
+                }
+                Ok(())
+            }
+            Interface::Batched if !m.checks_vocabulary() => Ok(()),
+            Interface::Batched if inputs[0].chunks.iter().any(|c| !c.device().is_host()) => Err(Error::invalid_arg(format!(
+                "input '{}' is in GPU memory, where its keys cannot be checked against vocabulary_size_per_table; \
+                 send it in host memory, or serve this model without vocabulary sizes",
+                m.sig.inputs[0].name
+            ))),
+            Interface::Batched => {
+                let keys = from_chunks(&inputs[0], i64::from_le_bytes);
+                let tables = m.store().table_count();
+                for t in 0..tables {
+                    let col: Vec<i64> = keys.iter().skip(t).step_by(tables).copied().collect();
+                    m.check_vocabulary(t, &col)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}

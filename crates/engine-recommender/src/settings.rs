@@ -1,0 +1,199 @@
+//! The recommender's settings, and how its config splits into the lookup's and the network's.
+
+use std::path::{Path, PathBuf};
+
+use triton_rust_core::config::{ModelConfig, TensorConfig};
+use triton_rust_core::engine::{claim_for_file, EngineClaim};
+use triton_rust_core::error::{Error, Result};
+use triton_rust_core::settings::Known;
+use triton_rust_core::tensor::DataType;
+use triton_rust_embedding::settings::TableSettings;
+
+#[cfg(test)]
+thread_local! {
+    /// How many times this thread parsed a recommender's settings (tests count them).
+    pub(crate) static PARSED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The embedding lookup's output name inside the chain.
+pub const LOOKUP_OUTPUT: &str = "OUTPUT0";
+
+/// How a recommender model splits into its two engines.
+#[derive(Debug)]
+pub struct ChainPlan {
+    pub lookup_config: ModelConfig,
+    pub dense_config: ModelConfig,
+    /// The network's engine (a claim's name).
+    pub dense_engine: &'static str,
+    pub dense_file: PathBuf,
+    pub sparse_input: String,
+    pub embeddings_input: String,
+    pub pipeline_parts: usize,
+}
+
+/// The recommender's own model parameters, read once at load; the tables come from the
+/// store's parser (`TableSettings`), so both engines read them alike.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecommenderSettings {
+    pub sparse_input: String,
+    pub embeddings_input: String,
+    pub embeddings_type: DataType,
+    pub pipeline_parts: usize,
+    /// `recommender_dense_model`, under the version directory.
+    pub dense_model: Option<String>,
+    pub tables: usize,
+    /// The row width every table shares.
+    pub dim: usize,
+}
+
+impl RecommenderSettings {
+    pub const KNOWN: &'static [Known] = &[
+        ("recommender_sparse_input", "sparse"),
+        ("recommender_embeddings_input", "embeddings"),
+        ("recommender_embeddings_type", "TYPE_FP32"),
+        ("recommender_pipeline_parts", "1"),
+        ("recommender_dense_model", "dense.onnx, else dense.pt, else dense.pt2"),
+    ];
+
+    pub fn from_config(config: &ModelConfig) -> Result<RecommenderSettings> {
+        #[cfg(test)]
+        PARSED.with(|n| n.set(n.get() + 1));
+        let param = |key: &str, default: &str| -> String {
+            config
+                .parameters
+                .get(key)
+                .map(|s| s.trim())
+                .filter(|s| !s.is_empty())
+                .unwrap_or(default)
+                .to_string()
+        };
+        let tables = TableSettings::from_parameters(&config.parameters)?;
+        let dim = match tables.dims.as_slice() {
+            [d, rest @ ..] if rest.iter().all(|x| x == d) => *d,
+            _ => return Err(Error::invalid_arg(
+                "the recommender engine needs one embedding_vecsize_per_table shared by every table",
+            )),
+        };
+        let embeddings_type = match param("recommender_embeddings_type", "TYPE_FP32").as_str() {
+            "TYPE_FP32" => DataType::F32,
+            "TYPE_FP16" => DataType::F16,
+            other => {
+                return Err(Error::invalid_arg(format!(
+                    "parameter recommender_embeddings_type is TYPE_FP32 or TYPE_FP16, not '{other}'"
+                )))
+            }
+        };
+        let pipeline_parts = param("recommender_pipeline_parts", "1")
+            .parse::<usize>()
+            .ok()
+            .filter(|p| (1..=16).contains(p))
+            .ok_or_else(|| {
+                Error::invalid_arg(
+                    "parameter recommender_pipeline_parts is a number of parts from 1 to 16",
+                )
+            })?;
+        Ok(RecommenderSettings {
+            sparse_input: param("recommender_sparse_input", "sparse"),
+            embeddings_input: param("recommender_embeddings_input", "embeddings"),
+            embeddings_type,
+            pipeline_parts,
+            dense_model: config
+                .parameters
+                .get("recommender_dense_model")
+                .map(|s| s.trim().to_string()),
+            tables: tables.names.len(),
+            dim,
+        })
+    }
+}
+
+/// Splits a recommender model's config into the lookup's and the dense network's; the
+/// network's engine is the one of `claims` its file's name says.
+pub fn plan(
+    config: &ModelConfig,
+    settings: &RecommenderSettings,
+    version_dir: &Path,
+    claims: &[&'static EngineClaim],
+) -> Result<ChainPlan> {
+    let RecommenderSettings { sparse_input, embeddings_input, tables, .. } = settings.clone();
+    let dim = settings.dim as i64;
+    let sparse = config.inputs.iter().find(|t| t.name == sparse_input).ok_or_else(|| {
+        Error::invalid_arg(format!(
+            "the recommender engine takes the keys from input '{sparse_input}' (parameter recommender_sparse_input), which the config does not list"
+        ))
+    })?;
+    if sparse.dtype != DataType::I64 {
+        return Err(Error::invalid_arg(format!(
+            "input '{sparse_input}' holds the keys: it must be TYPE_INT64"
+        )));
+    }
+    if config.inputs.iter().any(|t| t.name == embeddings_input) {
+        return Err(Error::invalid_arg(format!(
+            "input '{embeddings_input}' is filled by the embedding lookup inside the model; clients do not send it (remove it from the config)"
+        )));
+    }
+    // With max_batch_size 0 the batch dimension is the config's own first dim.
+    let lead: Vec<i64> = if config.batching() { vec![] } else { vec![-1] };
+    let want: Vec<i64> = lead.iter().copied().chain([tables as i64]).collect();
+    if sparse.dims != want {
+        return Err(Error::invalid_arg(format!(
+            "input '{sparse_input}' must have dims {want:?} (one key per table); it has {:?}",
+            sparse.dims
+        )));
+    }
+    let rows_dims: Vec<i64> = lead.iter().copied().chain([tables as i64, dim]).collect();
+    let rows_type = settings.embeddings_type;
+    let pipeline_parts = settings.pipeline_parts;
+    let named = settings.dense_model.as_ref().map(|s| version_dir.join(s));
+    let dense_file = match named {
+        Some(f) => f,
+        None => ["dense.onnx", "dense.pt", "dense.pt2"]
+            .iter()
+            .map(|f| version_dir.join(f))
+            .find(|f| f.exists())
+            .unwrap_or_else(|| version_dir.join("dense.onnx")),
+    };
+    if !dense_file.is_file() {
+        return Err(Error::not_found(format!(
+            "the recommender's dense network '{}' not found (dense.onnx, dense.pt or dense.pt2)",
+            dense_file.display()
+        )));
+    }
+    let file_name = dense_file.to_string_lossy();
+    let dense_engine = claim_for_file(claims, &file_name)
+        .filter(|c| c.default_file.is_some())
+        .ok_or_else(|| {
+            Error::invalid_arg(format!(
+                "cannot tell the dense network's engine from '{file_name}' (.onnx, .pt or .pt2)"
+            ))
+        })?
+        .name();
+    let mut lookup_config = config.clone();
+    lookup_config.inputs = vec![sparse.clone()];
+    lookup_config.outputs = vec![TensorConfig {
+        name: LOOKUP_OUTPUT.into(),
+        dtype: rows_type,
+        dims: rows_dims.clone(),
+        reshape: None,
+    }];
+    let mut dense_config = config.clone();
+    dense_config.inputs.retain(|t| t.name != sparse_input);
+    dense_config.inputs.push(TensorConfig {
+        name: embeddings_input.clone(),
+        dtype: rows_type,
+        dims: rows_dims,
+        reshape: None,
+    });
+    // `optimization { cuda { graphs: true } }` in the recommender's config is the network's
+    // (a TorchScript network on a GPU instance: one graph per batch bucket, or per shape
+    // without batching; the lookup has nothing to capture)
+    Ok(ChainPlan {
+        lookup_config,
+        dense_config,
+        dense_engine,
+        dense_file,
+        sparse_input,
+        embeddings_input,
+        pipeline_parts,
+    })
+}
