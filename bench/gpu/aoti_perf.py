@@ -101,7 +101,7 @@ def build_module(m, dev):
             mask[:, 320:] = 0
             return {"INPUT__0": rng.integers(1, 30522, (b, 384)).astype(np.int32), "INPUT__1": seg, "INPUT__2": mask}
     else:
-        from recsys_perf import dense_network
+        from recsys.networks import dense_network
         module = dense_network(m["rec"], "fp16", "cpu")
         dim = module.m.model.dim
         m["ins"] = spec_for(m["base"], dim)["ins"]

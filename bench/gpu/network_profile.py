@@ -88,7 +88,7 @@ def main():
     a = p.parse_args()
     import aoti_export
     import triton_kernels
-    from recsys_perf import dense_network
+    from recsys.networks import dense_network
 
     options = aoti_export.parse_inductor_configs(a.inductor)
     print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; Inductor settings {options or 'default'}",

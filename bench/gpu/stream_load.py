@@ -2,7 +2,7 @@
 
 perf_analyzer cycles a pool of distinct requests that it reads as JSON. A pool whose measured
 hit rate is the endless stream's must hold about twice the LRU cache's characteristic time of
-lookups per table (recsys_perf.pool_plan): at Criteo scale with a 10% cache, 1.2e8 lookups per
+lookups per table (recsys/cache.py's pool_plan): at Criteo scale with a 10% cache, 1.2e8 lookups per
 table, 26 GB of int64 keys. That cannot go through JSON. Here the pool is drawn on the GPU
 (the same Zipf law and rank-to-key map as zipf_keys.py) straight into one CUDA shared-memory
 region, and each request names its slice of it by offset, as Triton's shared-memory protocol

@@ -1,7 +1,8 @@
-"""bench/gpu/recsys_perf.py's own arithmetic: the fixture's rows recomputed from the seed
-(what the exactness check compares served rows with) equal the rows criteo_fixture writes,
-the cache's allocation stays within its budget, and the stationary hit rate is the Zipf
-law's mass of the cached keys."""
+"""bench/gpu/recsys_perf.py's own arithmetic, in its modules under bench/gpu/recsys/: the
+fixture's rows recomputed from the seed (fixture.py: what the exactness check compares served
+rows with) equal the rows criteo_fixture writes, the cache's allocation stays within its budget
+and the stationary hit rate is the Zipf law's mass of the cached keys (cache.py), and the
+exactness verdict (exactness.py); and the command itself still starts (its --help)."""
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
-import recsys_perf  # noqa: E402
+from recsys import cache, exactness, fixture  # noqa: E402
 
 
 def fixture_bin():
@@ -25,21 +26,21 @@ def test_recomputed_rows_equal_the_written_fixture(tmp_path):
     for dim in (128, 65):
         subprocess.run([fixture_bin(), "--out", str(out / str(dim)), "--scale", "0.0001", "--dim", str(dim), "--seed", "7"],
                        check=True, capture_output=True)
-        rows = recsys_perf.fixture_rows(0.0001)
+        rows = fixture.fixture_rows(0.0001)
         for t in (0, 5, 10, 25):
             written = np.load(out / str(dim) / f"t{t}" / "vectors.npy")
             assert written.shape == (rows[t], dim)
             keys = np.arange(rows[t])
-            assert np.array_equal(written.astype(np.float32), recsys_perf.synthetic_rows(7, t, keys, dim)), (dim, t)
+            assert np.array_equal(written.astype(np.float32), fixture.synthetic_rows(7, t, keys, dim)), (dim, t)
         # and another seed gives other rows
         assert not np.array_equal(np.load(out / str(dim) / "t0" / "vectors.npy").astype(np.float32),
-                                  recsys_perf.synthetic_rows(8, 0, np.arange(rows[0]), dim))
+                                  fixture.synthetic_rows(8, 0, np.arange(rows[0]), dim))
 
 
 def test_store_allocation_caches_small_tables_whole_within_the_budget():
-    rows = recsys_perf.fixture_rows(0.8)
-    per_table = recsys_perf.cache_rows(rows, 0.1, "per_table")
-    store = recsys_perf.cache_rows(rows, 0.1, "store")
+    rows = fixture.fixture_rows(0.8)
+    per_table = cache.cache_rows(rows, 0.1, "per_table")
+    store = cache.cache_rows(rows, 0.1, "store")
     budget = int(sum(rows) * 0.1)
     assert sum(store) <= budget and budget - sum(store) < len(rows)
     assert sum(per_table) >= budget
@@ -52,16 +53,16 @@ def test_store_allocation_caches_small_tables_whole_within_the_budget():
 def test_stationary_hit_rate_is_the_cached_keys_mass():
     rows = [1000, 5_000_000]
     # everything cached: every key hits
-    assert abs(recsys_perf.stationary_hit_rate(rows, rows, 1.2) - 1.0) < 1e-12
+    assert abs(cache.stationary_hit_rate(rows, rows, 1.2) - 1.0) < 1e-12
     # the exact mass of the top 100 of 1000 ranks, and the continuous tail past 2^20 ranks
     w = np.arange(1, 1001, dtype=np.float64) ** -1.2
     small = w[:100].sum() / w.sum()
     w = np.arange(1, 5_000_001, dtype=np.float64) ** -1.2
     big = w[:2_000_000].sum() / w.sum()
-    got = recsys_perf.stationary_hit_rate(rows, [100, 2_000_000], 1.2)
+    got = cache.stationary_hit_rate(rows, [100, 2_000_000], 1.2)
     assert abs(got - (small + big) / 2) < 1e-6, (got, small, big)
     # a flatter law hits less
-    assert recsys_perf.stationary_hit_rate(rows, [100, 2_000_000], 1.05) < got
+    assert cache.stationary_hit_rate(rows, [100, 2_000_000], 1.05) < got
 
 
 def test_dlrm_interaction_forms_give_the_same_predictions():
@@ -87,11 +88,19 @@ def test_dlrm_interaction_forms_give_the_same_predictions():
 
 def test_exactness_fails_on_rows_or_on_predictions_past_the_bound():
     ok = {"rows_checked": 10, "rows_max_abs_diff": 0.0, "single_vs_ensemble_max_abs_diff": 3.3e-4}
-    assert recsys_perf.exactness_problems(ok, 2e-3) == []
-    assert recsys_perf.exactness_problems({"rows_max_abs_diff": 0.0}, 2e-3) == []  # keys-only check
+    assert exactness.exactness_problems(ok, 2e-3) == []
+    assert exactness.exactness_problems({"rows_max_abs_diff": 0.0}, 2e-3) == []  # keys-only check
     stale = dict(ok, single_vs_ensemble_max_abs_diff=0.12)
-    assert "predictions differ" in " ".join(recsys_perf.exactness_problems(stale, 2e-3))
+    assert "predictions differ" in " ".join(exactness.exactness_problems(stale, 2e-3))
     nan = dict(ok, single_vs_ensemble_max_abs_diff=float("nan"))
-    assert recsys_perf.exactness_problems(nan, 2e-3)
+    assert exactness.exactness_problems(nan, 2e-3)
     rows = dict(ok, rows_max_abs_diff=0.5)
-    assert "rows differ" in " ".join(recsys_perf.exactness_problems(rows, 2e-3))
+    assert "rows differ" in " ".join(exactness.exactness_problems(rows, 2e-3))
+
+
+def test_the_command_still_parses_its_arguments():
+    """recsys_perf.py, the command run.sh calls, imports its modules and answers --help."""
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu", "recsys_perf.py"), "--help"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "Criteo scale through the real tritonserver" in p.stdout and "--stream-concurrency" in p.stdout

@@ -1,0 +1,98 @@
+"""The recommender's dense network: built from examples/recommenders.py (fp16 behind fp32
+inputs and output), scripted for the torch engine, or exported as a CUDA AOTInductor package
+(examples/aoti_export.py) for the single model."""
+import json
+import os
+import time
+
+from .fixture import TABLES
+
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "..")
+
+
+def dense_network(name, precision, device, interaction="cat", cross="torch"):
+    """The recommender's dense network as an nn.Module (fp16: behind fp32 inputs and output);
+    `interaction`: DLRM's form, `cross`: DCNv2's (examples/recommenders.py)."""
+    import recommenders
+    from all_models import HalfDense  # the fp16 network behind fp32 inputs, as the six-model run serves it
+
+    # the dense part does not depend on the tables' sizes: one-row tables keep it small
+    options = {"dlrm": {"interaction": interaction}, "dcnv2": {"cross": cross}}.get(name, {})
+    part = recommenders.DensePart(recommenders.make(name, [1] * TABLES, **options))
+    m = HalfDense(part) if precision == "fp16" else part
+    return m.to(device).eval()
+
+
+def dense_module(name, precision, device, interaction="cat"):
+    import torch
+    # a script cannot hold the Triton kernels: TorchScript runs the same numbers in the torch forms
+    return torch.jit.script(dense_network(name, precision, device, "split" if interaction == "triton" else interaction))
+
+
+def model_settings(pairs, name):
+    """The `--inductor` settings for model `name`: KEY=VALUE for every model, MODEL:KEY=VALUE for
+    that model alone."""
+    out = []
+    for pair in pairs:
+        model, sep, rest = pair.partition(":")
+        if sep and "=" not in model:
+            if model == name:
+                out.append(rest)
+        else:
+            out.append(pair)
+    return out
+
+
+def examples_digest():
+    """A digest of the model code a package is exported from (examples/*.py)."""
+    import hashlib
+    h = hashlib.sha256()
+    folder = os.path.join(ROOT, "examples")
+    for f in sorted(os.listdir(folder)):
+        if f.endswith(".py"):
+            with open(os.path.join(folder, f), "rb") as src:
+                h.update(f.encode() + src.read())
+    return h.hexdigest()[:16]
+
+
+def export_aoti(name, a, rows_type, max_batch):
+    """The recommender's dense network as a CUDA AOTInductor package (examples/aoti_export.py),
+    exported here with the same weights as the TorchScript file; returns its path."""
+    import torch
+    import aoti_export
+    net = dense_network(name, a.precision, "cuda", a.aoti_dlrm_interaction, a.dcnv2_cross)
+    emb = torch.float16 if rows_type == "TYPE_FP16" else torch.float32
+    eb = aoti_export.example_batch(a.example_batch, max_batch)
+    example = (torch.rand(eb, 13, device="cuda"), (torch.randn(eb, TABLES, a.dim, device="cuda") * 0.05).to(emb))
+    path = os.path.join(a.work, f"{name}_dense.pt2")
+    t0 = time.time()
+    settings = model_settings(a.inductor, name)
+    if a.cross_config:
+        os.environ["TRITON_RUST_CROSS"] = a.cross_config  # read when the cross-layer kernel is traced
+    cross = a.dcnv2_cross
+    if cross == "triton":
+        import triton_kernels
+        cross += " " + triton_kernels.cross_config_text()
+    form = {"dlrm": f", interaction {a.aoti_dlrm_interaction}", "dcnv2": f", cross {cross}"}.get(name, "")
+    # everything the package depends on: a later run on this machine with the same settings
+    # (another protocol, say) serves the package already here instead of exporting it again
+    key = json.dumps({"model": name, "precision": a.precision, "rows": rows_type, "form": form, "example_batch": eb,
+                      "max_batch": max_batch, "inductor": settings, "torch": torch.__version__,
+                      "examples": examples_digest()}, sort_keys=True)
+    reused = False
+    if os.path.exists(path) and os.path.exists(path + ".key"):
+        with open(path + ".key") as f:
+            reused = f.read() == key
+    if not reused:
+        with torch.no_grad():
+            aoti_export.package(net, example, path, dynamic_batch=True, max_batch=max_batch, device="cuda",
+                                inductor_configs=aoti_export.parse_inductor_configs(settings))
+        with open(path + ".key", "w") as f:
+            f.write(key)
+    print(f"exported {name}'s network as a CUDA package ({os.path.getsize(path) / 1e6:.0f} MB, batch up to {max_batch}, "
+          f"example batch {eb}{form}) "
+          + ("earlier on this machine, with the same settings (reused)" if reused else f"in {time.time() - t0:.0f} s")
+          + (f"; Inductor settings {settings}" if settings else ""), flush=True)
+    del net
+    torch.cuda.empty_cache()
+    return path
