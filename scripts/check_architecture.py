@@ -27,13 +27,15 @@ from arch_imports import upward_imports
 
 ROOT = Path(__file__).resolve().parent.parent
 # The rooms allowed to hold `unsafe`: Triton's C API (the cdylib), CUDA, the OS
-# (mmap, dlopen), and the plugin ABI with the libtorch plugin behind it.
-FFI_AND_CUDA = {"triton_rust", "triton_rust_cuda", "triton_rust_os", "triton_rust_abi", "triton_rust_torch", "triton_rust_aoti"}
+# (mmap, dlopen), and the plugin ABI: both sides of it (the ABI crate, the plugin crate that
+# fills its table from a plugin's functions) and the two libtorch plugins behind it.
+FFI_AND_CUDA = {"triton_rust", "triton_rust_cuda", "triton_rust_os", "triton_rust_abi", "triton_rust_plugin",
+               "triton_rust_torch", "triton_rust_aoti"}
 # The engine crates a composing engine may build on (its claim's `builds_on`).
 COMPOSED = {"triton_rust_engine_recommender": {"triton_rust_engine_embedding", "triton_rust_engine_onnx",
                                                "triton_rust_engine_torch", "triton_rust_engine_aoti"}}
 TRITON = {"triton_rust", "triton-sys"}
-RUNTIMES = {"ort", "tch", "cudarc", "triton_rust_abi", "libloading"}
+RUNTIMES = {"ort", "tch", "cudarc", "triton_rust_abi", "triton_rust_plugin", "libloading"}
 
 failures = []
 

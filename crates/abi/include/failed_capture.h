@@ -1,5 +1,5 @@
 // What a failed CUDA graph capture leaves behind in libtorch, given back. Shared by the two
-// torch plugins (crates/torch/src/stream_shim.cpp, crates/aoti/src/runtime.cpp), compiled
+// torch plugins (crates/torch/src/stream_shim.cpp, crates/aoti/src/graphs.cpp), compiled
 // against whichever libtorch each is built with.
 //
 // at::cuda::CUDAGraph::capture_begin takes a reference on the memory pool it captures into

@@ -6,8 +6,9 @@
 //! opened only when a TorchScript model loads, `libtriton_rust_aoti.so` (AOTInductor
 //! packages; C++ against whichever libtorch it was built with) when a `.pt2` model loads.
 //! The sides share only these `#[repr(C)]`
-//! types and the function table below; both are built from this crate, and
-//! [`ABI_VERSION`] guards against mixing builds.
+//! types and the function table below; both are built from this crate (the plugins through
+//! `triton_rust_plugin`, which fills the table), and [`ABI_VERSION`] guards against mixing
+//! builds.
 //!
 //! Ownership: every pointer passed into a plugin call is borrowed for that call. A
 //! model handle returned by `load` is freed with `free_model`; an error string
@@ -24,43 +25,12 @@ pub mod worker;
 
 pub use worker::panic_text;
 
-pub const ABI_VERSION: u32 = 8;
-
-/// A plugin's side: puts `msg` into the caller's error slot, to be freed with [`free_error`].
-///
-/// # Safety
-/// `err` is null or points to the caller's writable out-slot.
-pub unsafe fn set_err(err: *mut *mut c_char, msg: String) {
-    if !err.is_null() {
-        let c = std::ffi::CString::new(msg.replace('\0', " ")).unwrap_or_default();
-        // SAFETY: err points to the caller's out-slot.
-        unsafe { *err = c.into_raw() };
-    }
-}
-
-/// A plugin's `free_error`: frees a string it handed out through [`set_err`].
-///
-/// # Safety
-/// `err` is null or came from [`set_err`] (or `CString::into_raw`) and is freed once.
-pub unsafe extern "C" fn free_error(err: *mut c_char) {
-    if !err.is_null() {
-        drop(std::ffi::CString::from_raw(err));
-    }
-}
-
-/// A plugin's call into its C++ side, which writes a NUL-terminated message into the error
-/// buffer it is given when it fails: the call's result, and that text (empty when none).
-pub fn with_error<T>(call: impl FnOnce(*mut c_char, usize) -> T) -> (T, String) {
-    // on the stack: every run passes one
-    let mut buf = [0u8; 2048];
-    let r = call(buf.as_mut_ptr() as *mut c_char, buf.len());
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    (r, String::from_utf8_lossy(&buf[..end]).into_owned())
-}
+/// 9: the table split into a core every plugin fills and the AOTInductor extension.
+pub const ABI_VERSION: u32 = 9;
 
 /// What `run` returns: done, failed (the error says why), or failed because the GPU's CUDA
-/// context is lost for this process (a sticky CUDA error; the plugin classifies its
-/// runtime's text with `triton_rust_cuda::sticky_error_in`, so the backend branches on
+/// context is lost for this process (a sticky CUDA error; the plugin's `run` shim classifies
+/// its runtime's text with `triton_rust_cuda::sticky_error_in`, so the backend branches on
 /// this code, never on the text).
 pub const RUN_OK: c_int = 0;
 pub const RUN_FAILED: c_int = 1;
@@ -171,6 +141,9 @@ pub struct LoadOptions {
     pub verbose: i32,
 }
 
+/// The table every plugin fills: load, run and free a model. What only some plugins offer
+/// comes in an extension table the core points to (null where a plugin lacks it), so a plugin
+/// fills no entry it has nothing for; the host asks for an extension before using it.
 #[repr(C)]
 pub struct PluginApi {
     pub abi_version: u32,
@@ -180,9 +153,10 @@ pub struct PluginApi {
     pub load:
         unsafe extern "C" fn(options: *const LoadOptions, err: *mut *mut c_char) -> *mut c_void,
     /// Runs it on `inputs` (in the model's argument order); each of the `n_outputs`
-    /// outputs named in `output_names` (the model's output order) goes to `sink`, in
-    /// host memory when `host_outputs` is non-zero, else where the model produced it.
-    /// Returns [`RUN_OK`], [`RUN_FAILED`] or [`RUN_DEVICE_LOST`] (`*err` set on failure).
+    /// outputs named in `output_names` (the model's output order; an empty name: not
+    /// wanted) goes to `sink`, in host memory when `host_outputs` is non-zero, else where the
+    /// model produced it. Returns [`RUN_OK`], [`RUN_FAILED`] or [`RUN_DEVICE_LOST`]
+    /// (`*err` set on failure).
     pub run: unsafe extern "C" fn(
         model: *mut c_void,
         inputs: *const TensorView,
@@ -195,11 +169,19 @@ pub struct PluginApi {
         err: *mut *mut c_char,
     ) -> c_int,
     pub free_model: unsafe extern "C" fn(model: *mut c_void),
-    /// The loaded model's call spec as JSON text (`["<in_spec>", "<out_spec>"]`, torch's
-    /// serialized pytree specs), freed with `free_error`; null when the model has none
-    /// (a TorchScript module) or on failure (`*err` set then).
-    pub call_spec: unsafe extern "C" fn(model: *mut c_void, err: *mut *mut c_char) -> *mut c_char,
+    /// Frees a string the plugin handed out (an error, a call spec).
     pub free_error: unsafe extern "C" fn(err: *mut c_char),
+    /// What the AOTInductor plugin adds; null (`None`) for a plugin without it (TorchScript).
+    pub aoti: Option<&'static AotiApi>,
+}
+
+/// The AOTInductor plugin's additions to [`PluginApi`]: a package's call spec, and the
+/// inputs of its captured CUDA graphs for a caller to write into.
+#[repr(C)]
+pub struct AotiApi {
+    /// The loaded model's call spec as JSON text (`["<in_spec>", "<out_spec>"]`, torch's
+    /// serialized pytree specs), freed with `free_error`; null on failure (`*err` set then).
+    pub call_spec: unsafe extern "C" fn(model: *mut c_void, err: *mut *mut c_char) -> *mut c_char,
     /// Where the CUDA graph that a batch of `inputs` (in the model's argument order; their
     /// element types and shapes, their data ignored) would replay reads input `index`: the
     /// GPU address of that graph's own input, whose first rows a caller may fill (an

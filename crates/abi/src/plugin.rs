@@ -103,6 +103,8 @@ pub struct Plugin {
     _libs: Mutex<Vec<libloading::Library>>,
 }
 
+// Process-wide because a plugin, and the libtorch it links, can be loaded once per process;
+// each loaded model holds the `Arc` of its own.
 static PLUGINS: Mutex<Vec<Arc<Plugin>>> = Mutex::new(Vec::new());
 
 fn lib_path(dir: &Option<PathBuf>, name: &str) -> PathBuf {
@@ -480,10 +482,11 @@ impl PluginModel {
 
 impl PluginModel {
     /// Input `index` of the CUDA graph a batch of `inputs` (their types and shapes; data
-    /// ignored) would replay on GPU `device`, if one is captured (`PluginApi::graph_input`):
+    /// ignored) would replay on GPU `device`, if one is captured (`AotiApi::graph_input`):
     /// its first `len` bytes, the batch's rows of it. The view is not tied to a borrow of
     /// the model because the model's `run` takes it back as that input: it stays valid
-    /// until the model is freed, and may be written only while no run is in flight.
+    /// until the model is freed, and may be written only while no run is in flight. None
+    /// from a plugin without the AOTInductor extension.
     pub fn graph_input(
         &self,
         inputs: &[InputRef<'_>],
@@ -491,22 +494,22 @@ impl PluginModel {
         device: i32,
         len: usize,
     ) -> Option<DeviceViewMut<'static>> {
+        let aoti = self.plugin.api.aoti?;
         let views = views_of(inputs).ok()?;
         // SAFETY: the views point at live inputs for the call; the handle is this plugin's.
-        let addr = unsafe {
-            (self.plugin.api.graph_input)(self.handle, views.as_ptr(), views.len(), index)
-        };
+        let addr = unsafe { (aoti.graph_input)(self.handle, views.as_ptr(), views.len(), index) };
         // SAFETY: the plugin's contract: the graph's own input for a batch of this shape
         // on `device` (room for at least its rows: `len` bytes), kept until the model is freed.
         (!addr.is_null()).then(|| unsafe { DeviceViewMut::from_raw(device, addr as u64, len) })
     }
 
     /// The model's call spec (`[in_spec, out_spec]`, torch's serialized pytree specs), if
-    /// it has one.
+    /// it has one: only a plugin with the AOTInductor extension (`AotiApi::call_spec`) says.
     pub fn call_spec(&self) -> Result<Option<[String; 2]>> {
+        let Some(aoti) = self.plugin.api.aoti else { return Ok(None) };
         let mut err = std::ptr::null_mut();
         // SAFETY: the handle is this plugin's; the string is freed with its free_error.
-        let text = unsafe { (self.plugin.api.call_spec)(self.handle, &mut err) };
+        let text = unsafe { (aoti.call_spec)(self.handle, &mut err) };
         if text.is_null() {
             if err.is_null() {
                 return Ok(None);

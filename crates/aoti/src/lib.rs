@@ -2,12 +2,13 @@
 //!
 //! PyTorch 2 packages (`torch._inductor.aoti_compile_and_package`, a `.pt2` zip holding a
 //! compiled shared library and its weights) run through libtorch's C++
-//! `AOTIModelPackageLoader` (src/runtime.cpp). The C++ is built against whichever
-//! libtorch `LIBTORCH` names, with no Rust binding in between, so this plugin follows the
-//! libtorch a user deploys with (a package runs only on the torch release that made it).
-//! This file speaks the backend's plugin ABI (`triton_rust_abi`): it fits each batch to
-//! its CUDA graph bucket, runs GPU instances on a long-lived worker thread, and turns
-//! libtorch's errors into the ABI's statuses.
+//! `AOTIModelPackageLoader` (src/package.cpp, src/run.cpp, src/graphs.cpp). The C++ is built
+//! against whichever libtorch `LIBTORCH` names, with no Rust binding in between, so this
+//! plugin follows the libtorch a user deploys with (a package runs only on the torch release
+//! that made it).
+//! This file is the Rust side of the backend's plugin ABI (`triton_rust_abi`; the core table
+//! from `triton_rust_plugin`, plus the AOTInductor extension's entries): it fits each batch
+//! to its CUDA graph bucket and runs GPU instances on a long-lived worker thread.
 //!
 //! Outputs: `output_names[i]` names the package's flat output `i`; an empty name means
 //! the caller does not want that output (it is skipped).
@@ -18,10 +19,8 @@ use std::time::Instant;
 
 use triton_rust_abi::graphs::{fit, Fit};
 use triton_rust_abi::worker::Worker;
-use triton_rust_abi::{
-    self as abi, free_error, panic_text, set_err, with_error, LoadOptions, LogFn, OutputSink,
-    PluginApi, TensorView,
-};
+use triton_rust_abi::{self as abi, AotiApi, LogFn, TensorView};
+use triton_rust_plugin::{model_of, plugin_api, set_err, with_error, Load, LoadedModel, Outputs};
 
 type Sink = unsafe extern "C" fn(ctx: *mut c_void, index: usize, out: *const TensorView) -> c_int;
 
@@ -90,43 +89,28 @@ struct Model {
     verbose: bool,
 }
 
-static API: PluginApi = PluginApi {
-    abi_version: abi::ABI_VERSION,
-    runtime,
-    load,
-    run,
-    free_model,
-    free_error,
-    call_spec,
-    graph_input,
-};
+triton_rust_plugin::export_plugin_api!(plugin_api::<Model>(runtime, Some(&AOTI)));
 
-/// The plugin's function table (see `triton_rust_abi::ENTRY_SYMBOL`).
-#[no_mangle]
-pub extern "C" fn triton_rust_plugin_api() -> *const PluginApi {
-    &API
-}
+/// What this plugin adds to the core table.
+static AOTI: AotiApi = AotiApi { call_spec, graph_input };
 
 unsafe extern "C" fn runtime() -> *const c_char {
     tra_runtime()
 }
 
-unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) -> *mut c_void {
-    let result = catch_unwind(AssertUnwindSafe(|| -> Result<Model, String> {
-        let o = &*options;
-        let path = CStr::from_ptr(o.path);
-        let gpu = (o.device_kind == abi::MEMORY_GPU).then_some(o.device_id);
-        let graphs = (gpu.is_some() && o.cuda_graphs != 0).then(|| {
-            let buckets = if o.n_graph_buckets == 0 {
-                Vec::new()
-            } else {
-                std::slice::from_raw_parts(o.graph_buckets, o.n_graph_buckets).to_vec()
-            };
-            (buckets, o.graph_exact_rows != 0)
-        });
+impl LoadedModel for Model {
+    const RUNTIME: &'static str = "the AOTInductor plugin";
+
+    fn load(load: &Load<'_>) -> Result<Model, String> {
+        let path = load.path;
+        let gpu = load.gpu;
+        let graphs = (gpu.is_some() && load.cuda_graphs)
+            .then(|| (load.graph_buckets.to_vec(), load.graph_exact_rows));
+        let log = load.options.log;
         let load_here = || {
+            // SAFETY: the path outlives the call; the buffer is with_error's.
             let (handle, why) = with_error(|e, len| unsafe {
-                tra_load(path.as_ptr(), gpu.unwrap_or(-1), graphs.is_some() as c_int, o.log, e, len)
+                tra_load(path.as_ptr(), gpu.unwrap_or(-1), graphs.is_some() as c_int, log, e, len)
             });
             if handle.is_null() {
                 Err(format!(
@@ -152,43 +136,76 @@ unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) ->
                 return Err(e);
             }
         };
-        Ok(Model { handle, worker, graphs, log: o.log, verbose: o.verbose != 0 })
-    }));
-    match result {
-        Ok(Ok(m)) => Box::into_raw(Box::new(m)) as *mut c_void,
-        Ok(Err(e)) => {
-            set_err(err, e);
-            std::ptr::null_mut()
-        }
-        Err(p) => {
-            set_err(
-                err,
-                format!("the AOTInductor plugin panicked while loading: {}", panic_text(p)),
-            );
-            std::ptr::null_mut()
-        }
+        Ok(Model { handle, worker, graphs, log, verbose: load.verbose })
     }
-}
 
-unsafe extern "C" fn free_model(model: *mut c_void) {
-    if model.is_null() {
-        return;
+    fn run(
+        &mut self,
+        inputs: &[TensorView],
+        outputs: &Outputs<'_>,
+        host_outputs: bool,
+    ) -> Result<(), String> {
+        // SAFETY: the inputs' shapes are valid for the run (the ABI's contract).
+        let (graph, pad_rows) = unsafe { graph_plan(self, inputs) };
+        let handle = self.handle as usize;
+        let outputs_addr = outputs as *const Outputs<'_> as usize;
+        let views_addr = inputs.as_ptr() as usize;
+        let n_inputs = inputs.len();
+        let t0 = Instant::now();
+        // the plugin's log when the backend logs at verbose level: each run says where its time went
+        let timing_log = self.log.filter(|_| self.verbose);
+        let verbose = timing_log.is_some();
+        let call = move || {
+            let began = t0.elapsed();
+            let mut times = RunTimes { gpu_events: verbose as i32, ..RunTimes::default() };
+            // SAFETY: the model, the inputs and the outputs outlive the call (the caller
+            // waits for it); the buffer is with_error's.
+            let (rc, why) = with_error(|e, len| unsafe {
+                tra_run(
+                    handle as *mut c_void,
+                    views_addr as *const TensorView,
+                    n_inputs,
+                    graph,
+                    pad_rows,
+                    host_outputs as c_int,
+                    forward,
+                    outputs_addr as *mut c_void,
+                    &mut times,
+                    e,
+                    len,
+                )
+            });
+            (rc, why, began, times, t0.elapsed())
+        };
+        let (rc, why, began, times, ended) = match &self.worker {
+            Some(w) => w.run(call)?,
+            None => call(),
+        };
+        if rc != 0 {
+            return Err(why);
+        }
+        if let Some(log) = timing_log {
+            log_timing(log, &times, began, t0.elapsed().saturating_sub(ended));
+        }
+        Ok(())
     }
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        let mut m = Box::from_raw(model as *mut Model);
-        let handle = m.handle as usize;
-        match m.worker.take() {
+
+    fn free(mut self) {
+        let handle = self.handle as usize;
+        match self.worker.take() {
             Some(w) => {
+                // SAFETY: the handle is tra_load's, freed once, on the thread that ran it.
                 let _ = w.run(|| unsafe { tra_free(handle as *mut c_void) });
                 w.give_back();
             }
-            None => tra_free(m.handle),
+            // SAFETY: as above.
+            None => unsafe { tra_free(self.handle) },
         }
-    }));
+    }
 }
 
 unsafe extern "C" fn call_spec(model: *mut c_void, err: *mut *mut c_char) -> *mut c_char {
-    let m = &*(model as *mut Model);
+    let m = model_of::<Model>(model);
     let (text, why) = with_error(|e, len| unsafe { tra_call_spec(m.handle, e, len) });
     if text.is_null() {
         set_err(err, format!("cannot read the package's call spec: {why}"));
@@ -211,7 +228,7 @@ unsafe fn graph_plan(m: &Model, views: &[TensorView]) -> (c_int, i64) {
     }
 }
 
-/// The graph's own input `index` for a batch of `inputs` (`PluginApi::graph_input`). Only
+/// The graph's own input `index` for a batch of `inputs` (`AotiApi::graph_input`). Only
 /// reads what runs captured (the caller runs no batch meanwhile), so on the caller's thread.
 unsafe extern "C" fn graph_input(
     model: *mut c_void,
@@ -220,7 +237,7 @@ unsafe extern "C" fn graph_input(
     index: usize,
 ) -> *mut c_void {
     catch_unwind(AssertUnwindSafe(|| {
-        let m = &*(model as *mut Model);
+        let m = model_of::<Model>(model);
         let views = std::slice::from_raw_parts(inputs, n_inputs);
         match graph_plan(m, views) {
             (0, _) => std::ptr::null_mut(),
@@ -230,120 +247,38 @@ unsafe extern "C" fn graph_input(
     .unwrap_or(std::ptr::null_mut())
 }
 
-/// What the C++ side's sink calls back with: the caller's sink and output names.
-struct SinkCtx<'a> {
-    names: &'a [*const c_char],
-    sink: OutputSink,
-    ctx: *mut c_void,
-}
-
+/// The C++ side's sink: output `index` to the caller's (`ctx` is the run's [`Outputs`]).
 unsafe extern "C" fn forward(ctx: *mut c_void, index: usize, out: *const TensorView) -> c_int {
-    let c = &*(ctx as *const SinkCtx<'_>);
-    let Some(&name) = c.names.get(index) else { return 0 };
-    if name.is_null() || *name == 0 {
-        return 0;
-    }
-    let mut view = std::ptr::read(out);
-    view.name = name;
-    (c.sink)(c.ctx, &view)
+    let outputs = &*(ctx as *const Outputs<'_>);
+    outputs.deliver(index, &*out).map_or(1, |()| 0)
 }
 
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn run(
-    model: *mut c_void,
-    inputs: *const TensorView,
-    n_inputs: usize,
-    output_names: *const *const c_char,
-    n_outputs: usize,
-    host_outputs: c_int,
-    sink: OutputSink,
-    sink_ctx: *mut c_void,
-    err: *mut *mut c_char,
-) -> c_int {
-    let result = catch_unwind(AssertUnwindSafe(|| -> Result<(), String> {
-        let m = &mut *(model as *mut Model);
-        let views = std::slice::from_raw_parts(inputs, n_inputs);
-        let (graph, pad_rows) = graph_plan(m, views);
-        let names = std::slice::from_raw_parts(output_names, n_outputs);
-        let ctx = SinkCtx { names, sink, ctx: sink_ctx };
-        let handle = m.handle as usize;
-        let ctx_addr = &ctx as *const SinkCtx<'_> as usize;
-        let views_addr = views.as_ptr() as usize;
-        let t0 = Instant::now();
-        // the plugin's log when the backend logs at verbose level: each run says where its time went
-        let timing_log = m.log.filter(|_| m.verbose);
-        let verbose = timing_log.is_some();
-        let call = move || {
-            let began = t0.elapsed();
-            let mut times = RunTimes { gpu_events: verbose as i32, ..RunTimes::default() };
-            let (rc, why) = with_error(|e, len| unsafe {
-                tra_run(
-                    handle as *mut c_void,
-                    views_addr as *const TensorView,
-                    n_inputs,
-                    graph,
-                    pad_rows,
-                    host_outputs,
-                    forward,
-                    ctx_addr as *mut c_void,
-                    &mut times,
-                    e,
-                    len,
-                )
-            });
-            (rc, why, began, times, t0.elapsed())
-        };
-        let (rc, why, began, times, ended) = match &m.worker {
-            Some(w) => w.run(call)?,
-            None => call(),
-        };
-        if rc != 0 {
-            return Err(why);
-        }
-        if let Some(log) = timing_log {
-            let queued = if times.replayed != 0 {
-                format!(
-                    "inputs copied {} us, graph replayed {} us",
-                    times.copied_us - times.staged_us,
-                    times.launched_us - times.copied_us
-                )
-            } else {
-                format!("run queued {} us", times.launched_us - times.staged_us)
-            };
-            let gpu = if times.replayed != 0 && times.gpu_graph_us > 0 {
-                format!(
-                    ", gpu copies {} us, gpu graph {} us",
-                    times.gpu_copies_us, times.gpu_graph_us
-                )
-            } else {
-                String::new()
-            };
-            let text = format!(
-                "timing: aoti run: handed over {} us, inputs staged {} us, {queued}, gpu done {} us, outputs delivered {} us, handed back {} us{gpu}",
-                began.as_micros(),
-                times.staged_us,
-                times.synced_us - times.launched_us,
-                times.delivered_us - times.synced_us,
-                t0.elapsed().saturating_sub(ended).as_micros()
-            );
-            if let Ok(c) = std::ffi::CString::new(text) {
-                log(abi::LOG_VERBOSE, c.as_ptr());
-            }
-        }
-        Ok(())
-    }));
-    let message = match result {
-        Ok(Ok(())) => return abi::RUN_OK,
-        Ok(Err(e)) => e,
-        Err(p) => format!("the AOTInductor plugin panicked while running: {}", panic_text(p)),
-    };
-    // libtorch reports a sticky CUDA error only as text: classified here, once, so the
-    // backend reads the kind from the status
-    let status = if triton_rust_cuda::sticky_error_in(&message) {
-        abi::RUN_DEVICE_LOST
+/// Logs where a run's time went (`--log-verbose=1`).
+fn log_timing(log: LogFn, times: &RunTimes, began: std::time::Duration, back: std::time::Duration) {
+    let queued = if times.replayed != 0 {
+        format!(
+            "inputs copied {} us, graph replayed {} us",
+            times.copied_us - times.staged_us,
+            times.launched_us - times.copied_us
+        )
     } else {
-        abi::RUN_FAILED
+        format!("run queued {} us", times.launched_us - times.staged_us)
     };
-    set_err(err, message);
-    status
+    let gpu = if times.replayed != 0 && times.gpu_graph_us > 0 {
+        format!(", gpu copies {} us, gpu graph {} us", times.gpu_copies_us, times.gpu_graph_us)
+    } else {
+        String::new()
+    };
+    let text = format!(
+        "timing: aoti run: handed over {} us, inputs staged {} us, {queued}, gpu done {} us, outputs delivered {} us, handed back {} us{gpu}",
+        began.as_micros(),
+        times.staged_us,
+        times.synced_us - times.launched_us,
+        times.delivered_us - times.synced_us,
+        back.as_micros()
+    );
+    if let Ok(c) = std::ffi::CString::new(text) {
+        // SAFETY: the backend's logger; the message outlives the call.
+        unsafe { log(abi::LOG_VERBOSE, c.as_ptr()) };
+    }
 }

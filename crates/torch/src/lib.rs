@@ -2,15 +2,16 @@
 //!
 //! It links libtorch (through `tch`), so it is built and shipped apart from
 //! `libtriton_rust.so`, which opens it only when a TorchScript model loads (see
-//! `triton_rust_abi` for why and for the ABI). Inputs are wrapped in place
+//! `triton_rust_abi` for why and for the ABI; `triton_rust_plugin` makes the table it exports
+//! from [`Model`]'s `LoadedModel`). Inputs are wrapped in place
 //! (`from_blob`, host or device memory), the module runs under no-grad, and each
 //! output is handed to the caller's sink in the memory it was produced in.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use tch::{CModule, Device, IValue, Tensor};
-use triton_rust_abi::{self as abi, LoadOptions, OutputSink, PluginApi, TensorView};
+use triton_rust_abi::{self as abi, TensorView};
+use triton_rust_plugin::{plugin_api, Load, LoadedModel, Outputs};
 
 struct Model {
     module: CModule,
@@ -39,22 +40,7 @@ use convert::{dtype_of, kind_of, tensors};
 use shim::{cuda_api, shim_call, InstanceStream};
 use triton_rust_abi::worker;
 
-static API: PluginApi = PluginApi {
-    abi_version: abi::ABI_VERSION,
-    runtime,
-    load,
-    run,
-    free_model,
-    free_error,
-    call_spec,
-    graph_input,
-};
-
-/// The plugin's function table (see `triton_rust_abi::ENTRY_SYMBOL`).
-#[no_mangle]
-pub extern "C" fn triton_rust_plugin_api() -> *const PluginApi {
-    &API
-}
+triton_rust_plugin::export_plugin_api!(plugin_api::<Model>(runtime, None));
 
 static RUNTIME: &CStr = c"libtorch 2.11.0 (tch 0.24.0)";
 
@@ -62,56 +48,21 @@ unsafe extern "C" fn runtime() -> *const c_char {
     RUNTIME.as_ptr()
 }
 
-use abi::{free_error, panic_text, set_err};
+impl LoadedModel for Model {
+    const RUNTIME: &'static str = "libtorch";
 
-/// A TorchScript module has no call spec.
-unsafe extern "C" fn call_spec(_model: *mut c_void, _err: *mut *mut c_char) -> *mut c_char {
-    std::ptr::null_mut()
-}
-
-/// TorchScript graphs take their inputs by copy: no graph input is offered.
-unsafe extern "C" fn graph_input(
-    _model: *mut c_void,
-    _inputs: *const TensorView,
-    _n_inputs: usize,
-    _index: usize,
-) -> *mut c_void {
-    std::ptr::null_mut()
-}
-
-unsafe extern "C" fn free_model(model: *mut c_void) {
-    if !model.is_null() {
-        let _ = catch_unwind(AssertUnwindSafe(|| {
-            let mut model = Box::from_raw(model as *mut Model);
-            // graphs (and their memory pool) go before the module and the stream
-            model.graphs = None;
-            let release = model.stream.as_ref().map(|s| s.api.release);
-            let worker = model.worker.take();
-            drop(model);
-            // a GPU model: what libtorch cached for it goes back to the device (flat GPU
-            // memory across reloads)
-            if let Some(release) = release {
-                release();
+    fn load(load: &Load<'_>) -> Result<Model, String> {
+        let o = load.options;
+        let path = load.path.to_string_lossy().into_owned();
+        let device = match load.gpu {
+            Some(id) => {
+                if !tch::Cuda::is_available() {
+                    return Err("a KIND_GPU instance needs CUDA, but libtorch sees no GPU (is libtorch_cuda.so loaded?)".into());
+                }
+                tch::Cuda::set_user_enabled_cudnn(o.cudnn != 0);
+                Device::Cuda(id as usize)
             }
-            if let Some(w) = worker {
-                w.give_back();
-            }
-        }));
-    }
-}
-
-unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) -> *mut c_void {
-    let result = catch_unwind(AssertUnwindSafe(|| -> Result<Model, String> {
-        let o = &*options;
-        let path = CStr::from_ptr(o.path).to_string_lossy().into_owned();
-        let device = if o.device_kind == abi::MEMORY_GPU {
-            if !tch::Cuda::is_available() {
-                return Err("a KIND_GPU instance needs CUDA, but libtorch sees no GPU (is libtorch_cuda.so loaded?)".into());
-            }
-            tch::Cuda::set_user_enabled_cudnn(o.cudnn != 0);
-            Device::Cuda(o.device_id as usize)
-        } else {
-            Device::Cpu
+            None => Device::Cpu,
         };
         if o.intra_op_threads > 0 {
             tch::set_num_threads(o.intra_op_threads);
@@ -123,12 +74,13 @@ unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) ->
         if o.jit_profiling >= 0 {
             tch::jit::f_set_profiling_mode(o.jit_profiling != 0).map_err(|e| e.to_string())?;
         }
-        if o.n_fusion_steps > 0 {
+        let steps = load.fusion_steps;
+        if !steps.is_empty() {
             // (the engine gives a strategy to GPU instances only: the shim is loaded)
             let api = cuda_api()?;
             // SAFETY: the steps are the caller's slice, valid for the call.
             shim_call(|err, len| unsafe {
-                (api.fusion_strategy)(o.fusion_steps, o.n_fusion_steps, err, len)
+                (api.fusion_strategy)(steps.as_ptr(), steps.len(), err, len)
             })
             .map_err(|why| format!("cannot set TorchScript's fusion strategy: {why}"))?;
         }
@@ -148,14 +100,9 @@ unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) ->
         let mut module = CModule::load_on_device(&path, device)
             .map_err(|e| format!("cannot load TorchScript file '{path}': {e}"))?;
         module.set_eval();
-        let graphs = match (&stream, o.cuda_graphs != 0) {
+        let graphs = match (&stream, load.cuda_graphs) {
             (Some(s), true) => {
-                let buckets = if o.n_graph_buckets == 0 {
-                    Vec::new()
-                } else {
-                    std::slice::from_raw_parts(o.graph_buckets, o.n_graph_buckets).to_vec()
-                };
-                Some(graphs::Graphs::new(s.api, buckets, o.graph_exact_rows != 0))
+                Some(graphs::Graphs::new(s.api, load.graph_buckets.to_vec(), load.graph_exact_rows))
             }
             _ => None,
         };
@@ -166,21 +113,90 @@ unsafe extern "C" fn load(options: *const LoadOptions, err: *mut *mut c_char) ->
             optimized_execution: o.optimized_execution != 0,
             graphs,
             log: o.log,
-            verbose: o.verbose != 0,
+            verbose: load.verbose,
             worker,
             staging: staging::Staging::new(),
             outputs: staging::Pinned::new(),
         })
-    }));
-    match result {
-        Ok(Ok(m)) => Box::into_raw(Box::new(m)) as *mut c_void,
-        Ok(Err(e)) => {
-            set_err(err, e);
-            std::ptr::null_mut()
+    }
+
+    fn run(
+        &mut self,
+        inputs: &[TensorView],
+        outputs: &Outputs<'_>,
+        host_outputs: bool,
+    ) -> Result<(), String> {
+        let t0 = std::time::Instant::now();
+        let n_outputs = outputs.len();
+        // SAFETY (both calls): the inputs' pointers are valid for the run (the ABI's contract).
+        let (outs, times) = match self.worker.take() {
+            Some(w) => {
+                let r = w.run(|| {
+                    let began = t0.elapsed();
+                    unsafe { compute(self, inputs, n_outputs, host_outputs) }
+                        .map(|(o, t)| (o, RunTimes { began, ..t }))
+                });
+                self.worker = Some(w);
+                r??
+            }
+            None => unsafe { compute(self, inputs, n_outputs, host_outputs) }?,
+        };
+        let returned = t0.elapsed();
+        for (i, t) in outs.iter().enumerate() {
+            let shape = t.size();
+            let (memory, device_id) = match t.device() {
+                Device::Cuda(i) => (abi::MEMORY_GPU, i as i64),
+                _ => (abi::MEMORY_CPU, 0),
+            };
+            let numel: i64 = shape.iter().product();
+            let view = TensorView {
+                name: std::ptr::null(),
+                dtype: dtype_of(t.kind())?,
+                shape: shape.as_ptr(),
+                rank: shape.len(),
+                data: t.data_ptr() as *const c_void,
+                bytes: numel as usize * t.kind().elt_size_in_bytes(),
+                memory,
+                device_id,
+            };
+            outputs.deliver(i, &view)?;
         }
-        Err(p) => {
-            set_err(err, format!("libtorch panicked while loading: {}", panic_text(p)));
-            std::ptr::null_mut()
+        if self.verbose {
+            let launch = times.launched - times.staged;
+            if let (Some(log), Ok(c)) = (
+                self.log,
+                CString::new(format!(
+                    "timing: torch run: handed over {} us, inputs staged {} us, {} {} us, gpu done {} us, handed back {} us, outputs delivered {} us",
+                    times.began.as_micros(),
+                    times.staged.as_micros(),
+                    if times.replayed { "graph replayed" } else { "forward queued" },
+                    launch.as_micros(),
+                    times.synced.map_or(0, |t| (t - times.launched).as_micros()),
+                    returned.saturating_sub(times.began + times.total).as_micros(),
+                    t0.elapsed().as_micros()
+                )),
+            ) {
+                // SAFETY: the backend's logger; the message outlives the call.
+                unsafe { log(abi::LOG_VERBOSE, c.as_ptr()) };
+            }
+        }
+        Ok(())
+    }
+
+    fn free(mut self) {
+        // graphs (and their memory pool) go before the module and the stream
+        self.graphs = None;
+        let release = self.stream.as_ref().map(|s| s.api.release);
+        let worker = self.worker.take();
+        drop(self);
+        // a GPU model: what libtorch cached for it goes back to the device (flat GPU
+        // memory across reloads)
+        if let Some(release) = release {
+            // SAFETY: a plain call into the shim.
+            unsafe { release() };
+        }
+        if let Some(w) = worker {
+            w.give_back();
         }
     }
 }
@@ -355,109 +371,4 @@ fn outputs_where_made(
         None => tch::Cuda::synchronize(id as i64),
     }
     Ok((ready, true))
-}
-
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn run(
-    model: *mut c_void,
-    inputs: *const TensorView,
-    n_inputs: usize,
-    output_names: *const *const c_char,
-    n_outputs: usize,
-    host_outputs: c_int,
-    sink: OutputSink,
-    sink_ctx: *mut c_void,
-    err: *mut *mut c_char,
-) -> c_int {
-    let result = catch_unwind(AssertUnwindSafe(|| -> Result<(), String> {
-        let m = &mut *(model as *mut Model);
-        let views = std::slice::from_raw_parts(inputs, n_inputs);
-        let t0 = std::time::Instant::now();
-        let (outs, times) = match m.worker.take() {
-            Some(w) => {
-                let r = w.run(|| {
-                    let began = t0.elapsed();
-                    compute(m, views, n_outputs, host_outputs != 0)
-                        .map(|(o, t)| (o, RunTimes { began, ..t }))
-                });
-                m.worker = Some(w);
-                r??
-            }
-            None => compute(m, views, n_outputs, host_outputs != 0)?,
-        };
-        let returned = t0.elapsed();
-        let names = std::slice::from_raw_parts(output_names, n_outputs);
-        for (t, &name) in outs.iter().zip(names) {
-            let shape = t.size();
-            let (memory, device_id) = match t.device() {
-                Device::Cuda(i) => (abi::MEMORY_GPU, i as i64),
-                _ => (abi::MEMORY_CPU, 0),
-            };
-            let numel: i64 = shape.iter().product();
-            let view = TensorView {
-                name,
-                dtype: dtype_of(t.kind())?,
-                shape: shape.as_ptr(),
-                rank: shape.len(),
-                data: t.data_ptr() as *const c_void,
-                bytes: numel as usize * t.kind().elt_size_in_bytes(),
-                memory,
-                device_id,
-            };
-            if sink(sink_ctx, &view) != 0 {
-                return Err(format!(
-                    "could not deliver output '{}'",
-                    CStr::from_ptr(name).to_string_lossy()
-                ));
-            }
-        }
-        if m.verbose {
-            let launch = times.launched - times.staged;
-            if let (Some(log), Ok(c)) = (
-                m.log,
-                CString::new(format!(
-                    "timing: torch run: handed over {} us, inputs staged {} us, {} {} us, gpu done {} us, handed back {} us, outputs delivered {} us",
-                    times.began.as_micros(),
-                    times.staged.as_micros(),
-                    if times.replayed { "graph replayed" } else { "forward queued" },
-                    launch.as_micros(),
-                    times.synced.map_or(0, |t| (t - times.launched).as_micros()),
-                    returned.saturating_sub(times.began + times.total).as_micros(),
-                    t0.elapsed().as_micros()
-                )),
-            ) {
-                log(abi::LOG_VERBOSE, c.as_ptr());
-            }
-        }
-        Ok(())
-    }));
-    let message = match result {
-        Ok(Ok(())) => return abi::RUN_OK,
-        Ok(Err(e)) => e,
-        Err(p) => format!("libtorch panicked while running: {}", panic_text(p)),
-    };
-    // libtorch reports a sticky CUDA error only as text: classified here, once, so the
-    // backend reads the kind from the status
-    let status = run_status(&message);
-    set_err(err, message);
-    status
-}
-
-/// The status `run` returns for a failure reported as `message`.
-fn run_status(message: &str) -> c_int {
-    if triton_rust_cuda::sticky_error_in(message) {
-        abi::RUN_DEVICE_LOST
-    } else {
-        abi::RUN_FAILED
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_sticky_cuda_error_from_libtorch_returns_the_device_lost_status() {
-        let assert = "CUDA error: device-side assert triggered\nCompile with TORCH_USE_CUDA_DSA";
-        assert_eq!(super::run_status(assert), triton_rust_abi::RUN_DEVICE_LOST);
-        assert_eq!(super::run_status("CUDA out of memory"), triton_rust_abi::RUN_FAILED);
-    }
 }

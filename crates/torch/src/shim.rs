@@ -111,7 +111,7 @@ pub(crate) struct InstanceStream {
 /// Calls a shim function that reports failure by a nonzero return and a message in the
 /// error buffer it is given; the message comes back in CUDA's own words.
 pub(crate) fn shim_call(call: impl FnOnce(*mut c_char, usize) -> c_int) -> Result<(), String> {
-    match abi::with_error(call) {
+    match triton_rust_plugin::with_error(call) {
         (0, _) => Ok(()),
         (_, why) => Err(why),
     }

@@ -1,0 +1,156 @@
+// Running a loaded package on borrowed tensors: inputs wrapped in place (a GPU instance's
+// host inputs through reused page-locked buffers), on the CPU or on the instance's own
+// stream, directly or through a CUDA graph (graphs.cpp); each output handed to the sink.
+#include "runtime.h"
+
+using namespace tra;
+
+#ifdef TRA_CUDA
+namespace {
+
+// A tensor of `shape` and `type` over reusable page-locked buffer `i` of `bufs`, which grows
+// to the largest tensor it has held.
+at::Tensor pinned_view(std::vector<at::Tensor>& bufs, size_t i, at::IntArrayRef shape, c10::ScalarType type) {
+  if (bufs.size() <= i) bufs.resize(i + 1);
+  int64_t bytes = static_cast<int64_t>(c10::elementSize(type));
+  for (auto d : shape) bytes *= d;
+  auto& buf = bufs[i];
+  if (!buf.defined() || buf.numel() < bytes) {
+    buf = at::empty({std::max<int64_t>(bytes, 1)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  }
+  return at::from_blob(buf.data_ptr(), shape, at::TensorOptions().dtype(type));
+}
+
+}  // namespace
+#endif
+
+extern "C" {
+
+// Runs the model on `n` borrowed inputs (host or GPU memory); each output goes to `sink`
+// (in host memory when `host_outputs`, else where it was made), valid during the call.
+// `graph`: 0 no graph; 1 through the graph of these shapes, inputs' first dimension
+// padded to `pad_rows` when it is > 0. Returns 0, or 1 with the reason in err.
+int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_rows, int host_outputs, Sink sink,
+            void* ctx, RunTimes* times, char* err, size_t len) {
+  auto& m = *static_cast<Model*>(model);
+  auto t0 = Clock::now();
+  auto since = [t0]() { return micros_since(t0); };
+  try {
+    c10::InferenceMode inference;
+#ifdef TRA_CUDA
+    // a GPU instance's work, input copies included, goes on its own stream
+    std::optional<c10::cuda::CUDAGuard> device_guard;
+    std::optional<c10::cuda::CUDAStreamGuard> stream_guard;
+    if (!m.device.is_cpu()) {
+      device_guard.emplace(m.device);
+      stream_guard.emplace(*m.stream);
+    }
+#endif
+    std::vector<at::Tensor> in;
+    in.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      const View& v = inputs[i];
+      c10::ScalarType type;
+      if (!scalar_of(v.dtype, &type)) {
+        put(err, len, std::string("input '") + v.name + "': element type code " + std::to_string(v.dtype));
+        return 1;
+      }
+      std::vector<int64_t> shape(v.shape, v.shape + v.rank);
+      auto where = v.memory == MEMORY_GPU ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(v.device_id))
+                                          : c10::Device(c10::kCPU);
+      auto t = at::from_blob(const_cast<void*>(v.data), shape, at::TensorOptions().dtype(type).device(where));
+      if (where == m.device || m.device.is_cpu()) {
+        // (the backend refuses GPU inputs for a CPU instance; one that came would be copied down)
+        in.push_back(where == m.device ? t : t.to(m.device));
+      } else if (where.is_cpu()) {
+#ifdef TRA_CUDA
+        // host memory (a client's, pageable) for a GPU instance: copied into this input's
+        // page-locked buffer here, so that its copy to the GPU is queued on the instance's
+        // stream (straight into a graph's input) rather than waited for
+        auto pinned = pinned_view(m.host_in, i, shape, type);
+        if (v.bytes != pinned.nbytes()) {
+          put(err, len, std::string("input '") + v.name + "': " + std::to_string(v.bytes) + " bytes for a shape of " +
+                            std::to_string(pinned.nbytes()));
+          return 1;
+        }
+        std::memcpy(pinned.data_ptr(), v.data, v.bytes);
+        in.push_back(pinned);
+#endif
+      } else {
+        in.push_back(t);
+      }
+    }
+    times->staged_us = since();
+    std::vector<at::Tensor> out;
+    if (m.device.is_cpu()) {
+      out = m.loader->run(in);
+      times->launched_us = times->synced_us = since();
+    } else {
+#ifdef TRA_CUDA
+      if (graph && m.graphs) {
+        out = run_graph(m, in, pad_rows, times, t0);
+      } else {
+        for (auto& t : in) t = on_device(m, t);
+        out = m.loader->run(in, m.stream->stream());
+      }
+      if (host_outputs) {
+        times->launched_us = since();
+        // every output copied into its page-locked buffer on the instance's stream, then one wait
+        for (size_t i = 0; i < out.size(); ++i) {
+          auto host = pinned_view(m.host_out, i, out[i].sizes(), out[i].scalar_type());
+          host.copy_(out[i], /*non_blocking=*/true);
+          out[i] = host;
+        }
+        m.stream->synchronize();
+      } else {
+        // a package may return views (BERT's two logits are strided slices of one tensor):
+        // made contiguous on the instance's stream before the wait, because the backend
+        // copies outputs on a stream of its own once this returns
+        for (auto& o : out) o = o.contiguous();
+        times->launched_us = since();
+        m.stream->synchronize();
+      }
+      times->synced_us = since();
+      if (times->replayed) {
+        times->gpu_copies_us = between(m, 0, 1, times);
+        times->gpu_graph_us = between(m, 1, 2, times);
+      }
+#endif
+    }
+    for (size_t i = 0; i < out.size(); ++i) {
+      at::Tensor o = out[i].contiguous();
+      int32_t code = code_of(o.scalar_type());
+      if (code < 0) {
+        put(err, len, "output " + std::to_string(i) + " has element type " + std::string(c10::toString(o.scalar_type())) +
+                          ", which Triton cannot carry");
+        return 1;
+      }
+      std::vector<int64_t> shape = o.sizes().vec();
+      View view{"", code, shape.data(), shape.size(), o.data_ptr(), static_cast<size_t>(o.nbytes()),
+                o.is_cuda() ? MEMORY_GPU : 0, o.is_cuda() ? o.device().index() : 0};
+      if (sink(ctx, i, &view) != 0) {
+        put(err, len, "the output sink stopped the run");
+        return 1;
+      }
+    }
+    times->delivered_us = since();
+    return 0;
+  } catch (const std::exception& e) {
+    put(err, len, e.what());
+  } catch (...) {
+    put(err, len, "unknown error while running the package");
+  }
+#ifdef TRA_CUDA
+  // a failed run may have left copies from or into the page-locked buffers queued: the next
+  // run refills them only after they are done
+  if (!m.device.is_cpu()) {
+    try {
+      m.stream->synchronize();
+    } catch (...) {
+    }
+  }
+#endif
+  return 1;
+}
+
+}  // extern "C"
