@@ -26,6 +26,9 @@ def upward_imports(src):
             continue
         code = code_of(f.read_text())
         hits = {f"crate::{m}" for m in re.findall(r"\bcrate::(\w+)", code) if m in defined}
+        for group in re.findall(r"\bcrate::\{([^}]*)\}", code):
+            hits |= {f"crate::{n}" for n in (g.strip().split("::")[0] for g in group.split(","))
+                     if n in defined}
         if "/" not in rel:  # right below the root: `super` is the root
             hits |= {f"super::{m}" for m in re.findall(r"\bsuper::(\w+)", code) if m in defined}
             hits |= {"super::*" for _ in re.findall(r"\bsuper::\*", code)}

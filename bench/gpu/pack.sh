@@ -14,8 +14,13 @@
 #                zstd-compressed, for the ONNX models on KIND_GPU. They cannot travel in one call
 #                (64 MiB per call with the working tree): see run.sh's `ort` subcommand.
 #
-#   bash bench/gpu/pack.sh          # .carry/ and .carry_pa/
-#   bash bench/gpu/pack.sh --ort    # and .carry_ort/
+#   .carry_before/  (only with --before REV; ~7 MB) the backend and plugin libraries built from
+#                commit REV (in a temporary worktree, target dir $CARGO_TARGET_DIR_BEFORE or
+#                target/before), for bench/gpu/before_after.sh.
+#
+#   bash bench/gpu/pack.sh                # .carry/ and .carry_pa/
+#   bash bench/gpu/pack.sh --ort          # and .carry_ort/
+#   bash bench/gpu/pack.sh --before REV   # and .carry_before/
 #
 # Needs scripts/setup.sh's .deps/ (the pytriton wheel) and .venv (pip; torch for the torch
 # engine's build). The device call then carries [".carry"] (plus ".carry_pa" where needed):
@@ -24,6 +29,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 with_ort=0
 [ "${1:-}" = "--ort" ] && with_ort=1
+before=""
+[ "${1:-}" = "--before" ] && before="${2:?--before needs a commit}"
 py=.venv/bin/python
 
 # the backend and the tools
@@ -83,3 +90,18 @@ fi
 ls -la .carry .carry_pa
 tree_mb=$(git ls-files -z --cached --others --exclude-standard | du -cm --files0-from=- 2>/dev/null | tail -1 | cut -f1)
 echo "working tree ~${tree_mb} MB; .carry $(du -sm .carry | cut -f1) MB; .carry_pa $(du -sm .carry_pa | cut -f1) MB (a call carries 64 MiB in all)"
+
+if [ -n "$before" ]; then
+    wt="$(mktemp -d)/before"
+    git worktree add --detach "$wt" "$before" >/dev/null
+    ln -s "$PWD/.venv" "$wt/.venv"; ln -s "$PWD/.deps" "$wt/.deps"
+    btgt="${CARGO_TARGET_DIR_BEFORE:-$PWD/target/before}"
+    (cd "$wt" && export CARGO_TARGET_DIR="$btgt" && cargo build --release --lib \
+        && cargo build --release -p triton_rust_torch && cargo build --release -p triton_rust_aoti)
+    mkdir -p .carry_before
+    for f in libtriton_rust.so libtriton_rust_torch.so libtriton_rust_torch_cuda.so libtriton_rust_aoti.so; do
+        strip -o ".carry_before/$f" "$btgt/release/$f"
+    done
+    git worktree remove --force "$wt"
+    echo ".carry_before: the libraries of $(git rev-parse --short "$before") ($(du -sh .carry_before | cut -f1))"
+fi

@@ -37,6 +37,9 @@ def test_an_injected_upward_import_is_found(tmp_path, src):
     target.write_text(f"use crate::{defined[0]};\n" + text)
     found = upward_imports(copy)
     assert (target, f"crate::{defined[0]}") in found, found
+    # the braced form too
+    target.write_text(f"use crate::{{self as root, {defined[0]}}};\n" + text)
+    assert (target, f"crate::{defined[0]}") in upward_imports(copy)
     # and from a file right below the root, through `super`
     below = [p for p in inner if p.parent == copy]
     if below:

@@ -1,5 +1,5 @@
 //! Which CUDA graph a batch replays: its input shapes fitted to the batch-size buckets
-//! ([`LoadOptions::graph_buckets`](crate::LoadOptions)). Both engines that capture graphs
+//! ([`LoadOptions::graph_buckets`](crate::types::LoadOptions)). Both engines that capture graphs
 //! (ONNX Runtime in the backend, libtorch in the plugin) fit batches by this one rule.
 
 /// Where a batch's input shapes fall among the buckets.

@@ -10,13 +10,13 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::{self as abi, LoadOptions, PluginApi, TensorView};
+use crate::types::{self as abi, LoadOptions, PluginApi, TensorView};
 
 use triton_rust_core::batch::BatchTensor;
 use triton_rust_core::error::{Error, ErrorKind, Result};
 use triton_rust_core::tensor::{Bytes, DataType, DeviceView, DeviceViewMut};
 
-use crate::dtype;
+use crate::types::dtype;
 use triton_rust_os::{open_global, own_library_dir};
 
 /// The ABI's element type code of `t`.

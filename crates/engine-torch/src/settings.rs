@@ -2,10 +2,8 @@
 //! spellings, and ours: `TORCH_FUSION_STRATEGY`).
 
 use triton_rust_core::config::ModelConfig;
-use triton_rust_core::error::Result;
+use triton_rust_core::error::{Error, Result};
 use triton_rust_core::settings::Known;
-
-use crate::{parse_fusion_strategy, FUSION_STRATEGY};
 
 #[derive(Debug, Clone, Default)]
 pub struct TorchSettings {
@@ -51,6 +49,45 @@ impl TorchSettings {
             fusion_steps,
         })
     }
+}
+
+/// The model parameter naming TorchScript's fusion strategy.
+pub const FUSION_STRATEGY: &str = "TORCH_FUSION_STRATEGY";
+
+/// `STATIC:20` or `STATIC:2,DYNAMIC:10` (libtorch's `torch.jit.set_fusion_strategy`, spelled as
+/// one string): in order, how many fused kernels of each kind the profiling executor compiles
+/// for the input shapes it meets. libtorch's default is `STATIC:2,DYNAMIC:10`: a model that
+/// sees more than two shapes (CUDA graph buckets) gets kernels for dynamic shapes after the
+/// second; enough static depth gives each bucket its own.
+pub fn parse_fusion_strategy(text: &str) -> Result<Vec<triton_rust_abi::FusionStep>> {
+    let bad = |why: &str| {
+        Error::invalid_arg(format!(
+            "parameter '{FUSION_STRATEGY}' = '{text}': {why} (expected steps like 'STATIC:20' or 'STATIC:2,DYNAMIC:10')"
+        ))
+    };
+    let steps = text
+        .split(',')
+        .map(|step| {
+            let (kind, depth) = step
+                .trim()
+                .split_once(':')
+                .ok_or_else(|| bad(&format!("step '{}' has no ':'", step.trim())))?;
+            let dynamic = match kind.trim().to_ascii_uppercase().as_str() {
+                "STATIC" => 0,
+                "DYNAMIC" => 1,
+                other => return Err(bad(&format!("'{other}' is neither STATIC nor DYNAMIC"))),
+            };
+            let depth: u32 = depth
+                .trim()
+                .parse()
+                .map_err(|_| bad(&format!("depth '{}' is not a count", depth.trim())))?;
+            Ok(triton_rust_abi::FusionStep { dynamic, depth })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if steps.iter().all(|s| s.depth == 0) {
+        return Err(bad("no step allows any fused kernel"));
+    }
+    Ok(steps)
 }
 
 #[cfg(test)]
