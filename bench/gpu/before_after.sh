@@ -7,6 +7,8 @@
 #   run(command="bash bench/gpu/before_after.sh recommenders --scale 0.05 --models dlrm ...",
 #       carry=[".carry", ".carry_pa", ".carry_before"], timeout_s=600)
 #
+# ORDER="after before" runs today's first (the second run of a call can differ from the first:
+# run both orders before reading a difference as the change's).
 # Results: $OUT/before-after/{before,after}/ (each run.sh's results folder) and summary.txt.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -19,7 +21,7 @@ out="${OUT:-/tmp/out}/before-after"
 mkdir -p "$out" /tmp/carry_after
 for f in $libs; do cp ".carry/$f" /tmp/carry_after/; done
 rc=0
-for side in before after; do
+for side in ${ORDER:-before after}; do
     src=.carry_before; [ "$side" = after ] && src=/tmp/carry_after
     for f in $libs; do cp "$src/$f" ".carry/$f"; done
     echo "== $side: $(md5sum .carry/libtriton_rust.so | cut -c1-12)"
@@ -28,7 +30,7 @@ for side in before after; do
     grep -E "inf/s|exactness|exit" "$out/$side.log"
 done
 {
-    echo "run.sh $*: throughput before (left) and after (right), one machine, one call"
+    echo "run.sh $*: throughput before (left) and after (right), one machine, one call, run in the order: ${ORDER:-before after}"
     paste <(grep "inf/s" "$out/before.log" | awk '{print $1, $3, $4, $5, $6}') \
           <(grep "inf/s" "$out/after.log" | awk '{print $5, $6}')
 } | tee "$out/summary.txt"
