@@ -35,6 +35,7 @@ use triton_rust_embedding::gpu::{
 use triton_rust_embedding::{EmbeddingStore, InstanceCaches};
 
 mod model;
+mod pool;
 mod rows;
 mod settings;
 
@@ -43,7 +44,9 @@ use model::{signature, Model};
 use rows::{as_f32, as_i32, as_i64, DeviceRows, RowSink};
 
 use settings::same_secret;
-pub use settings::{CacheSharing, Credential, Interface, StoreSettings, TOKEN_PARAMETER};
+pub use settings::{
+    CacheSharing, Combiner, Credential, Interface, Pooling, StoreSettings, PAD, TOKEN_PARAMETER,
+};
 
 /// The stores shared by name among the models of one backend (kept in the backend's
 /// [`Shared`]: a store lives while a model uses it, the registry while the backend does).
@@ -152,8 +155,8 @@ impl EmbeddingModel {
         // The batched interface writes its rows as its output is declared: TYPE_FP32 (the
         // caches' own), or TYPE_FP16 for an fp16 network (half the bytes, no cast in it).
         let rows_type = match (settings.interface, cfg.outputs.first().map(|t| t.dtype)) {
-            (Interface::Batched, Some(DataType::F16)) => DataType::F16,
-            (Interface::Batched, Some(d)) if d != DataType::F32 => {
+            (Interface::Batched | Interface::Pooled, Some(DataType::F16)) => DataType::F16,
+            (Interface::Batched | Interface::Pooled, Some(d)) if d != DataType::F32 => {
                 return Err(Error::invalid_arg(format!(
                     "output '{}' of the batched interface holds the rows: TYPE_FP32 or TYPE_FP16, not {d:?}",
                     cfg.outputs[0].name
@@ -169,6 +172,11 @@ impl EmbeddingModel {
     pub fn engine(&self, device: Device) -> Result<EmbeddingEngine> {
         let m = &self.0;
         let store = &m.store;
+        if m.settings.interface == Interface::Pooled && device != Device::Cpu {
+            return Err(Error::unsupported(
+                "the pooled interface runs on KIND_CPU instances in this build (its GPU kernel is not written yet): serve this model with instance_group KIND_CPU",
+            ));
+        }
         #[cfg(feature = "gpu")]
         let mut gpu = None;
         let caches = match device {
@@ -340,6 +348,32 @@ impl Engine for EmbeddingEngine {
                             shape: &shape,
                             data,
                         })?;
+                    }
+                }
+            }
+            Interface::Pooled => {
+                let pooling = self
+                    .model
+                    .settings
+                    .pooling
+                    .as_ref()
+                    .ok_or_else(|| Error::internal("the pooled interface has no hotness"))?;
+                let keys = as_i64(host(0)?);
+                let (tables, dim) = (store.table_count(), store.dim(0));
+                let batch = keys.len() / pooling.width().max(1);
+                let mut rows = vec![0f32; batch * tables * dim];
+                pool::pool(&self.caches, pooling, &keys, dim, &mut rows)?;
+                if wanted {
+                    let shape = [batch as i64, tables as i64, dim as i64];
+                    let name = out_name.as_str();
+                    if self.model.rows_type == DataType::F16 {
+                        let halves: Vec<half::f16> =
+                            rows.iter().map(|&v| half::f16::from_f32(v)).collect();
+                        let data = Bytes::Host(bytemuck::cast_slice(&halves));
+                        sink(OutputView { name, dtype: DataType::F16, shape: &shape, data })?;
+                    } else {
+                        let data = Bytes::Host(bytemuck::cast_slice(&rows));
+                        sink(OutputView { name, dtype: DataType::F32, shape: &shape, data })?;
                     }
                 }
             }

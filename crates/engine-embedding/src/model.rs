@@ -11,7 +11,7 @@ use triton_rust_core::tensor::DataType;
 use triton_rust_embedding::EmbeddingStore;
 
 use crate::rows::from_chunks;
-use crate::settings::{Interface, StoreSettings};
+use crate::settings::{Interface, StoreSettings, PAD};
 
 /// What an embedding model's instances share.
 pub(crate) struct Model {
@@ -47,13 +47,15 @@ pub(crate) fn signature(
                 vec![t(name_or(&cfg.outputs, 0, "OUTPUT0"), DataType::F32, vec![-1])],
             )
         }
-        Interface::Batched => {
+        Interface::Batched | Interface::Pooled => {
             let dim = store.dim(0);
             if (0..store.table_count()).any(|i| store.dim(i) != dim) {
-                return Err(Error::invalid_arg("the batched interface needs every table to have the same dim (use the hps interface otherwise)"));
+                return Err(Error::invalid_arg("the batched and pooled interfaces need every table to have the same dim (use the hps interface otherwise)"));
             }
+            // a sample's keys: one per table, or each table's bag (its hotness) after the other
+            let width = settings.pooling.as_ref().map_or(tables, |p| p.width() as i64);
             (
-                vec![t(name_or(&cfg.inputs, 0, "KEYS"), DataType::I64, vec![-1, tables])],
+                vec![t(name_or(&cfg.inputs, 0, "KEYS"), DataType::I64, vec![-1, width])],
                 vec![t(
                     name_or(&cfg.outputs, 0, "OUTPUT0"),
                     rows_type,
@@ -176,6 +178,27 @@ impl Model {
                  send it in host memory, or serve this model without vocabulary sizes",
                 m.sig.inputs[0].name
             ))),
+            Interface::Pooled => {
+                let keys = from_chunks(&inputs[0], i64::from_le_bytes);
+                let hotness = m.settings.pooling.as_ref().map_or(&[][..], |p| &p.hotness[..]);
+                let width: usize = hotness.iter().sum();
+                if let Some(i) = keys.iter().position(|&k| k < PAD) {
+                    return Err(Error::invalid_arg(format!(
+                        "input '{}': key {} at element {i} is negative (a bag shorter than its table's hotness is padded with {PAD})",
+                        m.sig.inputs[0].name, keys[i]
+                    )));
+                }
+                let mut at = 0;
+                for (t, &h) in hotness.iter().enumerate() {
+                    let bag: Vec<i64> = keys
+                        .chunks_exact(width.max(1))
+                        .flat_map(|s| s[at..at + h].iter().copied().filter(|&k| k != PAD))
+                        .collect();
+                    m.check_vocabulary(t, &bag)?;
+                    at += h;
+                }
+                Ok(())
+            }
             Interface::Batched => {
                 let keys = from_chunks(&inputs[0], i64::from_le_bytes);
                 let tables = m.store().table_count();

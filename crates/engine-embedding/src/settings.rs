@@ -23,7 +23,89 @@ thread_local! {
 pub enum Interface {
     Hps,
     Batched,
+    /// Several keys per sample and table (a bag), each bag's rows reduced to one row.
+    Pooled,
     Update,
+}
+
+/// How a bag's rows reduce to one (HPS's combiner names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Combiner {
+    Sum,
+    Mean,
+}
+
+/// The pooled interface's shape: how many keys each sample sends per table (the table's
+/// hotness, its bag's room; a bag may be shorter, padded with [`PAD`]) and how a bag reduces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pooling {
+    pub hotness: Vec<usize>,
+    pub combiner: Combiner,
+}
+
+/// A key that stands for no key: the padding of a bag shorter than its table's hotness (an
+/// empty bag is all padding, and pools to zeros).
+pub const PAD: i64 = -1;
+
+impl Pooling {
+    /// Keys per sample, all tables together.
+    pub fn width(&self) -> usize {
+        self.hotness.iter().sum()
+    }
+
+    fn from_config(
+        cfg: &ModelConfig,
+        interface: Interface,
+        tables: usize,
+    ) -> Result<Option<Pooling>> {
+        let hot = cfg.parameters.get("embedding_hotness_per_table").map(|s| s.trim());
+        let comb = cfg.parameters.get("embedding_combiner").map(|s| s.trim());
+        if interface != Interface::Pooled {
+            if let Some(key) = [("embedding_hotness_per_table", hot), ("embedding_combiner", comb)]
+                .iter()
+                .find_map(|(k, v)| v.map(|_| *k))
+            {
+                return Err(Error::invalid_arg(format!(
+                    "parameter '{key}' applies to embedding_interface pooled only"
+                )));
+            }
+            return Ok(None);
+        }
+        let hot = hot.ok_or_else(|| {
+            Error::invalid_arg(
+                "embedding_interface pooled needs parameter 'embedding_hotness_per_table': how many keys each sample sends per table",
+            )
+        })?;
+        let hotness = hot
+            .split(',')
+            .map(|h| h.trim().parse::<usize>().ok().filter(|&h| h >= 1))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                Error::invalid_arg(format!(
+                    "parameter 'embedding_hotness_per_table' = '{hot}': one whole number of at least 1 per table"
+                ))
+            })?;
+        let hotness = match hotness.as_slice() {
+            [one] => vec![*one; tables],
+            _ if hotness.len() == tables => hotness,
+            _ => {
+                return Err(Error::invalid_arg(format!(
+                    "parameter 'embedding_hotness_per_table' lists {} counts for {tables} tables",
+                    hotness.len()
+                )))
+            }
+        };
+        let combiner = match comb {
+            None | Some("sum") => Combiner::Sum,
+            Some("mean") => Combiner::Mean,
+            Some(other) => {
+                return Err(Error::invalid_arg(format!(
+                    "parameter 'embedding_combiner' is '{other}'; use sum or mean"
+                )))
+            }
+        };
+        Ok(Some(Pooling { hotness, combiner }))
+    }
 }
 
 /// The store settings read from a model config.
@@ -31,6 +113,8 @@ pub enum Interface {
 pub struct StoreSettings {
     pub name: String,
     pub interface: Interface,
+    /// The pooled interface's hotness and combiner.
+    pub pooling: Option<Pooling>,
     pub store: StoreConfig,
     /// Keys must lie in [0, size) when given (per table).
     pub vocabulary: Vec<Option<u64>>,
@@ -176,6 +260,8 @@ impl StoreSettings {
         ("update_credential_file", "none"),
         ("update_credential_env", "none"),
         ("allow_unauthenticated_updates", "false"),
+        ("embedding_hotness_per_table", "none"),
+        ("embedding_combiner", "sum"),
         ("gpu_key_piece", "131072"),
         ("gpu_key_upload_tasks", "8"),
     ];
@@ -190,15 +276,17 @@ impl StoreSettings {
         let interface = match cfg.parameters.get("embedding_interface").map(|s| s.trim()) {
             None | Some("hps") => Interface::Hps,
             Some("batched") => Interface::Batched,
+            Some("pooled") => Interface::Pooled,
             Some("update") => Interface::Update,
             Some(other) => {
                 return Err(Error::invalid_arg(format!(
-                    "parameter 'embedding_interface' is '{other}'; use hps, batched or update"
-                )))
+                "parameter 'embedding_interface' is '{other}'; use hps, batched, pooled or update"
+            )))
             }
         };
         let TableSettings { names, dims, defaults, files, vocabulary } =
             TableSettings::from_parameters(&cfg.parameters)?;
+        let pooling = Pooling::from_config(cfg, interface, names.len())?;
         let number = |key: &str, default: f64| -> Result<f64> {
             match cfg.parameters.get(key) {
                 None => Ok(default),
@@ -278,6 +366,7 @@ impl StoreSettings {
         Ok(StoreSettings {
             name,
             interface,
+            pooling,
             store,
             vocabulary,
             volatile_db: cfg.parameters.get("volatile_db").cloned(),

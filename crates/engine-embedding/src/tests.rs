@@ -160,3 +160,37 @@ fn settings_are_parsed_once_per_model_however_many_instances_it_has() {
     let (a, b) = (model.metrics_source().unwrap(), again.metrics_source().unwrap());
     assert!(std::ptr::eq(Arc::as_ptr(&a) as *const u8, Arc::as_ptr(&b) as *const u8), "one store");
 }
+
+#[test]
+fn the_pooled_interface_reads_hotness_and_combiner_strictly() {
+    let pooled = |extra: &[(&str, &str)]| {
+        let mut p = vec![
+            ("embedding_table_names", "a,b,c"),
+            ("embedding_vecsize_per_table", "4"),
+            ("embedding_interface", "pooled"),
+        ];
+        p.extend_from_slice(extra);
+        StoreSettings::from_config(&cfg(&p), Path::new("/nonexistent"), &Default::default())
+    };
+    let s = pooled(&[("embedding_hotness_per_table", "3,1,4")]).unwrap();
+    assert_eq!(s.pooling, Some(Pooling { hotness: vec![3, 1, 4], combiner: Combiner::Sum }));
+    let s =
+        pooled(&[("embedding_hotness_per_table", "2"), ("embedding_combiner", "mean")]).unwrap();
+    assert_eq!(s.pooling, Some(Pooling { hotness: vec![2, 2, 2], combiner: Combiner::Mean }));
+    for (extra, says) in [
+        (vec![], "needs parameter 'embedding_hotness_per_table'"),
+        (vec![("embedding_hotness_per_table", "3,x,4")], "one whole number of at least 1"),
+        (vec![("embedding_hotness_per_table", "3,0,4")], "one whole number of at least 1"),
+        (vec![("embedding_hotness_per_table", "3,1")], "lists 2 counts for 3 tables"),
+        (
+            vec![("embedding_hotness_per_table", "3"), ("embedding_combiner", "max")],
+            "'embedding_combiner' is 'max'; use sum or mean",
+        ),
+    ] {
+        let e = pooled(&extra).unwrap_err();
+        assert!(e.message().contains(says), "{extra:?}: {e}");
+    }
+    let e = one_table(&[("embedding_interface", "batched"), ("embedding_combiner", "sum")])
+        .unwrap_err();
+    assert!(e.message().contains("applies to embedding_interface pooled only"), "{e}");
+}

@@ -1,0 +1,151 @@
+"""Pooled (multi-hot) lookups through the real tritonserver: each sample sends a bag of keys per
+table (its hotness, padded with -1), and each bag's rows come back reduced to one row, as
+TorchRec's EmbeddingBag and HPS's combiner reduce them.
+
+Models (one server, KIND_CPU, the dynamic batcher on):
+  pooled_sum    three tables of dim 8, hotness 3,1,4, combiner sum, vocabularies checked
+  pooled_mean   the same tables, combiner mean
+  pooled_fp16   the same, sum, OUTPUT0 declared TYPE_FP16
+
+The reference is torch.nn.EmbeddingBag over the same stored rows.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import module_server
+from tritonserver_harness import ModelRepo, error_status, fire_grpc, infer, make_client
+from make_tables import read_table, write_table
+
+TABLES = ["p0", "p1", "p2"]
+HOTNESS = [3, 1, 4]
+ROWS, DIM, VOCAB = 500, 8, 500
+WIDTH = sum(HOTNESS)
+
+
+def param(key: str, value) -> str:
+    return f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n'
+
+
+def pooled_config(name: str, combiner: str, out_type: str = "TYPE_FP32") -> str:
+    text = (f'name: "{name}"\nbackend: "rust"\nmax_batch_size: 64\n'
+            f'input [ {{ name: "KEYS" data_type: TYPE_INT64 dims: [ {WIDTH} ] }} ]\n'
+            f'output [ {{ name: "OUTPUT0" data_type: {out_type} dims: [ {len(TABLES)}, {DIM} ] }} ]\n'
+            'instance_group [ { count: 2 kind: KIND_CPU } ]\n'
+            'dynamic_batching { max_queue_delay_microseconds: 100000 }\n')
+    for k, v in dict(engine="embedding", embedding_interface="pooled", embedding_table_names=",".join(TABLES),
+                     embedding_vecsize_per_table=DIM, embedding_hotness_per_table=",".join(map(str, HOTNESS)),
+                     embedding_combiner=combiner, vocabulary_size_per_table=VOCAB, gpucacheper="0.2").items():
+        text += param(k, v)
+    return text
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    r = ModelRepo(str(tmp_path_factory.mktemp("pooled-repo")))
+    for seed, t in enumerate(TABLES):
+        write_table(os.path.join(r.root, "pooled_sum", "1", "tables"), t, ROWS, DIM, 400 + seed)
+    r.write_config("pooled_sum", pooled_config("pooled_sum", "sum"))
+    for name, combiner, out in (("pooled_mean", "mean", "TYPE_FP32"), ("pooled_fp16", "sum", "TYPE_FP16")):
+        os.makedirs(os.path.join(r.root, name))
+        os.symlink(os.path.join(r.root, "pooled_sum", "1"), os.path.join(r.root, name, "1"))
+        r.write_config(name, pooled_config(name, combiner, out))
+    return r
+
+
+@pytest.fixture(scope="module")
+def server(request, tmp_path_factory, repo):
+    return module_server(request, tmp_path_factory, repo)
+
+
+@pytest.fixture(scope="module")
+def rows(repo):
+    return [np.asarray(read_table(os.path.join(repo.root, "pooled_sum", "1", "tables", t))[1], dtype=np.float32)
+            for t in TABLES]
+
+
+def random_keys(rng, batch: int, empty_share: float = 0.2) -> np.ndarray:
+    """[batch, WIDTH] keys: each bag a random length from 0 to its hotness, padded with -1."""
+    keys = np.full((batch, WIDTH), -1, dtype=np.int64)
+    for b in range(batch):
+        at = 0
+        for h in HOTNESS:
+            n = 0 if rng.random() < empty_share else int(rng.integers(1, h + 1))
+            keys[b, at:at + n] = rng.integers(0, ROWS, size=n)
+            at += h
+    return keys
+
+
+def reference(rows, keys: np.ndarray, mode: str) -> np.ndarray:
+    """torch.nn.EmbeddingBag over the stored rows, table by table: [batch, tables, DIM]."""
+    out, at = [], 0
+    for t, h in enumerate(HOTNESS):
+        bags = [[int(k) for k in sample[at:at + h] if k != -1] for sample in keys]
+        flat = torch.tensor([k for bag in bags for k in bag], dtype=torch.int64)
+        offsets = torch.tensor(np.cumsum([0] + [len(b) for b in bags[:-1]]), dtype=torch.int64)
+        bag = torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(rows[t].copy()), mode=mode)
+        out.append(bag(flat, offsets).numpy())
+        at += h
+    return np.stack(out, axis=1)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("model,mode", [("pooled_sum", "sum"), ("pooled_mean", "mean")])
+def test_pooled_rows_equal_embedding_bag(server, rows, protocol, model, mode):
+    rng = np.random.default_rng(11)
+    client = make_client(server, protocol)
+    for batch in (1, 7, 33):
+        keys = random_keys(rng, batch)
+        got = infer(client, protocol, model, {"KEYS": keys}, ["OUTPUT0"])["OUTPUT0"]
+        want = reference(rows, keys, mode)
+        assert got.shape == (batch, len(TABLES), DIM)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"{model} {protocol} batch {batch}")
+    # a sample whose every bag is empty: zeros
+    empty = np.full((1, WIDTH), -1, dtype=np.int64)
+    got = infer(client, protocol, model, {"KEYS": empty}, ["OUTPUT0"])["OUTPUT0"]
+    assert np.array_equal(got, np.zeros((1, len(TABLES), DIM), np.float32))
+    client.close()
+
+
+def test_pooled_fp16_rows_are_the_sum_rounded_once(server, rows):
+    rng = np.random.default_rng(12)
+    keys = random_keys(rng, 16)
+    client = make_client(server, "http")
+    got = infer(client, "http", "pooled_fp16", {"KEYS": keys}, ["OUTPUT0"])["OUTPUT0"]
+    client.close()
+    assert got.dtype == np.float16
+    want = reference(rows, keys, "sum")
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float16).astype(np.float32), rtol=0, atol=0)
+
+
+def test_requests_are_batched_and_a_bad_one_fails_alone(server, rows):
+    rng = np.random.default_rng(13)
+    payloads = [random_keys(rng, 1 + i % 3) for i in range(24)]
+    bad_key, out_of_vocab = payloads[5].copy(), payloads[9].copy()
+    bad_key[0, 0] = -7
+    out_of_vocab[0, 3] = VOCAB + 2  # table p1's one key
+    payloads[5], payloads[9] = bad_key, out_of_vocab
+    s = server.stats("pooled_sum")["inference_stats"]
+    before = {"inference_stats": {"success": {"count": int(s["success"]["count"])},
+                                  "fail": {"count": int(s["fail"]["count"])}}}
+    count0 = int(server.stats("pooled_sum")["execution_count"])
+    results = fire_grpc(server, "pooled_sum", "KEYS", payloads)
+    after = server.stats_after("pooled_sum", before, len(payloads))
+    for i, (out, err) in enumerate(results):
+        if i == 5:
+            assert err is not None and "INVALID_ARGUMENT" in error_status(err)
+            assert "input 'KEYS'" in str(err) and "-7" in str(err), str(err)
+        elif i == 9:
+            assert err is not None and "INVALID_ARGUMENT" in error_status(err)
+            assert f"key {VOCAB + 2} is out of range for table 'p1'" in str(err), str(err)
+        else:
+            assert err is None, f"request {i}: {err}"
+            np.testing.assert_allclose(out, reference(rows, payloads[i], "sum"), rtol=1e-6, atol=1e-6)
+    executions = int(after["execution_count"]) - count0
+    print(f"\n[pooled_sum] {len(payloads)} concurrent requests ran in {executions} executions")
+    assert executions < len(payloads) - 2, f"the dynamic batcher merged nothing: {executions} executions"
