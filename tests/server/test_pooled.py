@@ -6,6 +6,8 @@ Models (one server, KIND_CPU, the dynamic batcher on):
   pooled_sum    three tables of dim 8, hotness 3,1,4, combiner sum, vocabularies checked
   pooled_mean   the same tables, combiner mean
   pooled_fp16   the same, sum, OUTPUT0 declared TYPE_FP16
+  pooled_ragged the same tables, bags of any length: KEYS ragged (allow_ragged_batch) and
+                LENGTHS [tables] per sample, TorchRec's values and lengths
 
 The reference is torch.nn.EmbeddingBag over the same stored rows.
 """
@@ -55,6 +57,13 @@ def repo(tmp_path_factory):
         os.makedirs(os.path.join(r.root, name))
         os.symlink(os.path.join(r.root, "pooled_sum", "1"), os.path.join(r.root, name, "1"))
         r.write_config(name, pooled_config(name, combiner, out))
+    os.makedirs(os.path.join(r.root, "pooled_ragged"))
+    os.symlink(os.path.join(r.root, "pooled_sum", "1"), os.path.join(r.root, "pooled_ragged", "1"))
+    ragged_io = ('input [ { name: "KEYS" data_type: TYPE_INT64 dims: [ -1 ] allow_ragged_batch: true },\n'
+                 f'        {{ name: "LENGTHS" data_type: TYPE_INT32 dims: [ {len(TABLES)} ] }} ]\n')
+    text = pooled_config("pooled_ragged", "sum").replace(
+        f'input [ {{ name: "KEYS" data_type: TYPE_INT64 dims: [ {WIDTH} ] }} ]\n', ragged_io)
+    r.write_config("pooled_ragged", text)
     return r
 
 
@@ -149,3 +158,81 @@ def test_requests_are_batched_and_a_bad_one_fails_alone(server, rows):
     executions = int(after["execution_count"]) - count0
     print(f"\n[pooled_sum] {len(payloads)} concurrent requests ran in {executions} executions")
     assert executions < len(payloads) - 2, f"the dynamic batcher merged nothing: {executions} executions"
+
+
+def ragged_request(rng, most: int = 12):
+    """One sample: (KEYS [1, n], LENGTHS [1, tables]) with each bag 0..most keys long."""
+    lengths = rng.integers(0, most + 1, size=len(TABLES)).astype(np.int32)
+    keys = rng.integers(0, ROWS, size=int(lengths.sum())).astype(np.int64)
+    return keys.reshape(1, -1), lengths.reshape(1, -1)
+
+
+def ragged_reference(rows, keys: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """torch.nn.EmbeddingBag (sum) per table over one sample's bags: [1, tables, DIM]."""
+    out, at = [], 0
+    for t, n in enumerate(lengths[0]):
+        bag = torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(rows[t].copy()), mode="sum")
+        out.append(bag(torch.from_numpy(keys[0, at:at + n].copy()), torch.tensor([0])).numpy())
+        at += n
+    return np.stack(out, axis=1)
+
+
+def fire_ragged(server, payloads):
+    """Every (keys, lengths) at once over gRPC; [(OUTPUT0 or None, error or None)] in order."""
+    import queue
+    from tritonserver_harness import make_inputs
+    client = make_client(server, "grpc")
+    done: "queue.Queue" = queue.Queue()
+    for i, (keys, lengths) in enumerate(payloads):
+        client.async_infer("pooled_ragged", make_inputs("grpc", {"KEYS": keys, "LENGTHS": lengths}),
+                           callback=lambda result, error, i=i: done.put((i, result, error)))
+    results = [None] * len(payloads)
+    for _ in payloads:
+        i, result, error = done.get(timeout=120)
+        results[i] = (None if error else result.as_numpy("OUTPUT0"), error)
+    client.close()
+    return results
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_ragged_bags_equal_embedding_bag(server, rows, protocol):
+    rng = np.random.default_rng(21)
+    client = make_client(server, protocol)
+    for _ in range(5):
+        keys, lengths = ragged_request(rng)
+        got = infer(client, protocol, "pooled_ragged", {"KEYS": keys, "LENGTHS": lengths}, ["OUTPUT0"])["OUTPUT0"]
+        np.testing.assert_allclose(got, ragged_reference(rows, keys, lengths), rtol=1e-6, atol=1e-6)
+    # a sample with no key at all: every bag empty, zeros
+    got = infer(client, protocol, "pooled_ragged",
+                {"KEYS": np.zeros((1, 0), np.int64), "LENGTHS": np.zeros((1, len(TABLES)), np.int32)},
+                ["OUTPUT0"])["OUTPUT0"]
+    assert np.array_equal(got, np.zeros((1, len(TABLES), DIM), np.float32))
+    client.close()
+
+
+def test_ragged_requests_of_different_lengths_batch_together_and_bad_lengths_fail_alone(server, rows):
+    rng = np.random.default_rng(22)
+    payloads = [ragged_request(rng, most=3 + 4 * (i % 5)) for i in range(30)]
+    assert len({p[0].shape[1] for p in payloads}) > 5, "requests of many lengths"
+    short = (payloads[4][0], payloads[4][1] + np.array([[1, 0, 0]], np.int32))
+    negative = (payloads[11][0], np.array([[-2, 1, int(payloads[11][0].shape[1]) + 1]], np.int32))
+    payloads[4], payloads[11] = short, negative
+    s = server.stats("pooled_ragged")
+    before = {"inference_stats": {"success": {"count": int(s["inference_stats"]["success"]["count"])},
+                                  "fail": {"count": int(s["inference_stats"]["fail"]["count"])}}}
+    executions0 = int(s["execution_count"])
+    results = fire_ragged(server, payloads)
+    after = server.stats_after("pooled_ragged", before, len(payloads))
+    for i, (out, err) in enumerate(results):
+        if i == 4:
+            assert err is not None and "input 'LENGTHS'" in str(err) and "keys" in str(err), str(err)
+        elif i == 11:
+            assert err is not None and "input 'LENGTHS'" in str(err) and "negative length -2" in str(err), str(err)
+        else:
+            assert err is None, f"request {i}: {err}"
+            np.testing.assert_allclose(out, ragged_reference(rows, *payloads[i]), rtol=1e-6, atol=1e-6,
+                                       err_msg=f"request {i}")
+    executions = int(after["execution_count"]) - executions0
+    print(f"\n[pooled_ragged] {len(payloads)} requests of {len({p[0].shape[1] for p in payloads})} lengths "
+          f"ran in {executions} executions")
+    assert executions < len(payloads) - 2, f"requests of different lengths were not batched: {executions}"

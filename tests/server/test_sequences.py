@@ -328,7 +328,7 @@ def test_an_abandoned_sequence_is_reclaimed_without_a_leak(server, references):
     assert "panicked" not in log
 
 
-def test_decoupled_ragged_and_stateless_configs_are_refused_at_load(make_repo, start_server, models):
+def test_decoupled_batch_input_and_stateless_configs_are_refused_at_load(make_repo, start_server, models):
     with open(os.path.join(models, "accumulator.onnx"), "rb") as f:
         body = f.read()
     repo = make_repo("refused")
@@ -339,12 +339,15 @@ def test_decoupled_ragged_and_stateless_configs_are_refused_at_load(make_repo, s
     server = start_server(repo.root, "--model-control-mode=explicit", "--load-model=accumulator")
     refused = {
         "decoupled": ('model_transaction_policy { decoupled: true }\n', "decoupled"),
-        "ragged": ('', "allow_ragged_batch"),
+        "batch_input": ('', "batch_input"),
         "bad_state": ('', "'NEXT'"),
     }
     configs = {
         "decoupled": good.replace('name: "accumulator"', 'name: "decoupled"') + refused["decoupled"][0],
-        "ragged": good.replace('name: "accumulator"', 'name: "ragged"').replace("dims: [ 4 ] } ]", "dims: [ 4 ] allow_ragged_batch: true } ]", 1),
+        # ragged batching's batch tensors (allow_ragged_batch itself is served: test_pooled.py)
+        "batch_input": good.replace('name: "accumulator"', 'name: "batch_input"').replace(
+            "dims: [ 4 ] } ]", 'dims: [ 4 ] allow_ragged_batch: true } ]\n'
+            'batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_FP32 source_input: "INPUT" } ]', 1),
         # a state whose output_name is not an output of the model
         "bad_state": good.replace('name: "accumulator"', 'name: "bad_state"').replace('output_name: "STATE_OUT"', 'output_name: "NEXT"'),
     }

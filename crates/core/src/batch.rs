@@ -204,7 +204,8 @@ fn check_tensor(
         )));
     }
     let count = element_count(&t.shape).map_err(|e| e.context(format!("input '{name}'")))?;
-    if count == 0 {
+    // (a ragged input may hold nothing for a request: its other inputs say so)
+    if count == 0 && !cfg.ragged.contains(name) {
         return Err(Error::invalid_arg(format!("input '{name}' is empty (shape {:?})", t.shape)));
     }
     if let Some(size) = t.dtype.size() {
@@ -362,7 +363,15 @@ pub fn group_by_shape(cfg: &ModelConfig, requests: &[&CheckedRequest<'_>]) -> Ve
             groups.push((Vec::new(), vec![i]));
             continue;
         }
-        let key: Key<'_> = r.tensors.iter().map(|t| (&t.shape[1..], device_of(t))).collect();
+        // a ragged input's size is free: requests batch whatever it holds
+        let key: Key<'_> = r
+            .tensors
+            .iter()
+            .map(|t| {
+                let shape = if cfg.ragged.contains(&t.name) { &[][..] } else { &t.shape[1..] };
+                (shape, device_of(t))
+            })
+            .collect();
         match groups.iter_mut().find(|(k, _)| !k.is_empty() && *k == key) {
             Some((_, members)) => members.push(i),
             None => groups.push((key, vec![i])),
@@ -434,6 +443,13 @@ pub fn assemble<'a>(cfg: &ModelConfig, group: &[&CheckedRequest<'a>]) -> Result<
         let mut shape = proto.shape.clone();
         if cfg.batching() {
             shape[0] = total as i64;
+        }
+        if cfg.ragged.contains(&proto.name) {
+            // every request's elements, one after the other, as one flat tensor (as Triton
+            // hands a ragged input to a model); the model's other inputs say where each ends
+            let elements: i64 =
+                group.iter().map(|r| r.tensors[i].shape.iter().product::<i64>()).sum();
+            shape = vec![elements];
         }
         // `reshape`: the engine sees the model's shape, not the one clients send
         if let Some(r) =

@@ -75,6 +75,9 @@ pub struct ModelConfig {
     /// `sequence_batching { ... }`: the control inputs and implicit states the server
     /// adds to each request of a sequence.
     pub sequence: Option<SequenceConfig>,
+    /// Inputs with `allow_ragged_batch`: requests whose sizes differ there batch together,
+    /// the input's elements of every request concatenated into one flat tensor.
+    pub ragged: Vec<String>,
     /// Sections this backend does not serve, as read (refused at load by
     /// [`ModelConfig::check_supported`], never accepted and then misbehaving).
     pub unsupported: Vec<String>,
@@ -194,17 +197,18 @@ fn unsupported_sections(v: &raw::RawConfig) -> Vec<String> {
                 .to_string(),
         );
     }
-    for t in v.input.iter().filter(|t| t.allow_ragged_batch) {
+    for t in v.input.iter().filter(|t| t.allow_ragged_batch && v.max_batch_size.0 == 0) {
         out.push(format!(
-            "input '{}' has allow_ragged_batch: ragged batching is not supported by the rust backend yet; \
-             requests of different shapes are batched only when their shapes agree",
+            "input '{}' has allow_ragged_batch, which batches requests of different sizes: it needs max_batch_size > 0",
             t.name
         ));
     }
     for (key, list) in [("batch_input", &v.batch_input), ("batch_output", &v.batch_output)] {
         if !list.is_empty() {
             out.push(format!(
-                "{key}: ragged batching's batch tensors are not supported by the rust backend yet"
+                "{key}: ragged batching's batch tensors are not supported by the rust backend yet; \
+                 a ragged input's per-sample sizes come from an input of the model (the embedding \
+                 engine's pooled interface takes LENGTHS)"
             ));
         }
     }
@@ -284,6 +288,12 @@ impl ModelConfig {
             cuda_graphs: opt.cuda.graphs,
             cuda_graph_batches: opt.cuda.graph_spec.iter().map(|g| g.batch_size.0).collect(),
             sequence: raw.sequence_batching.as_ref().map(SequenceConfig::from_raw).transpose()?,
+            ragged: raw
+                .input
+                .iter()
+                .filter(|t| t.allow_ragged_batch)
+                .map(|t| t.name.clone())
+                .collect(),
             unsupported: unsupported_sections(&raw),
         };
         if cfg.max_batch_size < 0 {

@@ -41,6 +41,7 @@ mod settings;
 
 use model::{signature, Model};
 
+use pool::Bags;
 use rows::{as_f32, as_i32, as_i64, DeviceRows, RowSink};
 
 use settings::same_secret;
@@ -360,9 +361,14 @@ impl Engine for EmbeddingEngine {
                     .ok_or_else(|| Error::internal("the pooled interface has no hotness"))?;
                 let keys = as_i64(host(0)?);
                 let (tables, dim) = (store.table_count(), store.dim(0));
-                let batch = keys.len() / pooling.width().max(1);
+                let bags = if self.model.lengths_input() {
+                    Bags::ragged(tables, &keys, &as_i32(host(1)?))?
+                } else {
+                    Bags::fixed(pooling, &keys)
+                };
+                let batch = bags.batch();
                 let mut rows = vec![0f32; batch * tables * dim];
-                pool::pool(&self.caches, pooling, &keys, dim, &mut rows)?;
+                pool::pool(&self.caches, &bags, pooling.combiner, dim, &mut rows)?;
                 if wanted {
                     let shape = [batch as i64, tables as i64, dim as i64];
                     let name = out_name.as_str();

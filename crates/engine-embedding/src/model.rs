@@ -10,6 +10,7 @@ use triton_rust_core::error::{Error, Result};
 use triton_rust_core::tensor::DataType;
 use triton_rust_embedding::EmbeddingStore;
 
+use crate::pool::Bags;
 use crate::rows::from_chunks;
 use crate::settings::{Interface, StoreSettings, PAD};
 
@@ -52,10 +53,21 @@ pub(crate) fn signature(
             if (0..store.table_count()).any(|i| store.dim(i) != dim) {
                 return Err(Error::invalid_arg("the batched and pooled interfaces need every table to have the same dim (use the hps interface otherwise)"));
             }
-            // a sample's keys: one per table, or each table's bag (its hotness) after the other
+            // a sample's keys: one per table, or each table's bag (its hotness) after the other;
+            // or, with a second input (the lengths, [tables] per sample), as many as it says
+            let ragged = settings.interface == Interface::Pooled && cfg.inputs.len() == 2;
             let width = settings.pooling.as_ref().map_or(tables, |p| p.width() as i64);
+            let keys = name_or(&cfg.inputs, 0, "KEYS");
+            let inputs = if ragged {
+                vec![
+                    t(keys, DataType::I64, vec![-1, -1]),
+                    t(name_or(&cfg.inputs, 1, "LENGTHS"), DataType::I32, vec![-1, tables]),
+                ]
+            } else {
+                vec![t(keys, DataType::I64, vec![-1, width])]
+            };
             (
-                vec![t(name_or(&cfg.inputs, 0, "KEYS"), DataType::I64, vec![-1, width])],
+                inputs,
                 vec![t(
                     name_or(&cfg.outputs, 0, "OUTPUT0"),
                     rows_type,
@@ -85,6 +97,11 @@ pub(crate) fn signature(
 impl Model {
     fn store(&self) -> &Arc<EmbeddingStore> {
         &self.store
+    }
+
+    /// Whether the pooled interface takes its bags ragged, with their lengths as an input.
+    pub(crate) fn lengths_input(&self) -> bool {
+        self.settings.interface == Interface::Pooled && self.sig.inputs.len() == 2
     }
 
     /// Splits a request's KEYS by NUMKEYS, checking what only we can see.
@@ -178,6 +195,24 @@ impl Model {
                  send it in host memory, or serve this model without vocabulary sizes",
                 m.sig.inputs[0].name
             ))),
+            Interface::Pooled if m.lengths_input() => {
+                let keys = from_chunks(&inputs[0], i64::from_le_bytes);
+                let lengths = from_chunks(&inputs[1], i32::from_le_bytes);
+                let (kname, lname) = (&m.sig.inputs[0].name, &m.sig.inputs[1].name);
+                if let Some(i) = keys.iter().position(|&k| k < 0) {
+                    return Err(Error::invalid_arg(format!(
+                        "input '{kname}': key {} at element {i} is negative",
+                        keys[i]
+                    )));
+                }
+                let tables = m.store().table_count();
+                let bags = Bags::ragged(tables, &keys, &lengths)
+                    .map_err(|e| Error::invalid_arg(format!("input '{lname}': {}", e.message())))?;
+                for t in 0..tables {
+                    m.check_vocabulary(t, bags.keys(t))?;
+                }
+                Ok(())
+            }
             Interface::Pooled => {
                 let keys = from_chunks(&inputs[0], i64::from_le_bytes);
                 let hotness = m.settings.pooling.as_ref().map_or(&[][..], |p| &p.hotness[..]);

@@ -1,54 +1,107 @@
 //! Pooled lookups on the host: each sample's bag of keys per table, its rows reduced to one.
 
-use triton_rust_core::error::Result;
+use triton_rust_core::error::{Error, Result};
 use triton_rust_embedding::InstanceCaches;
 
 use crate::settings::{Combiner, Pooling, PAD};
 
-/// Pools `keys` (`batch` samples, each its tables' bags one after the other, padded with
-/// [`PAD`]) into `out`, `[batch, tables, dim]`: a bag's rows summed in key order (or their
-/// mean), an empty bag's row zeros. Each table's keys of the whole batch go to the store in
-/// one lookup.
+/// A batch's bags, table by table: the keys to look up and the sample each belongs to.
+pub(crate) struct Bags {
+    tables: Vec<(Vec<i64>, Vec<usize>)>,
+    batch: usize,
+}
+
+impl Bags {
+    /// Fixed hotness: each sample's tables' bags one after the other, padded with [`PAD`].
+    pub(crate) fn fixed(pooling: &Pooling, keys: &[i64]) -> Bags {
+        let width = pooling.width().max(1);
+        let mut tables = Vec::with_capacity(pooling.hotness.len());
+        let mut at = 0;
+        for &h in &pooling.hotness {
+            let (mut looked, mut owner) = (Vec::new(), Vec::new());
+            for (b, sample) in keys.chunks_exact(width).enumerate() {
+                for &k in sample[at..at + h].iter().filter(|&&k| k != PAD) {
+                    looked.push(k);
+                    owner.push(b);
+                }
+            }
+            tables.push((looked, owner));
+            at += h;
+        }
+        Bags { tables, batch: keys.len() / width }
+    }
+
+    /// Ragged bags: `lengths` `[batch, tables]` says how many of `keys` each sample has per
+    /// table, sample after sample, each sample's tables in order (a request's keys are its
+    /// own, so requests concatenate).
+    pub(crate) fn ragged(tables: usize, keys: &[i64], lengths: &[i32]) -> Result<Bags> {
+        let mut per = vec![(Vec::new(), Vec::new()); tables];
+        let mut at = 0usize;
+        for (i, &n) in lengths.iter().enumerate() {
+            let n = usize::try_from(n)
+                .map_err(|_| Error::invalid_arg(format!("a negative length {n}")))?;
+            let bag = keys.get(at..at + n).ok_or_else(|| {
+                Error::invalid_arg(format!(
+                    "the lengths need more than the {} keys sent",
+                    keys.len()
+                ))
+            })?;
+            let (looked, owner) = &mut per[i % tables.max(1)];
+            looked.extend_from_slice(bag);
+            owner.extend(std::iter::repeat_n(i / tables.max(1), n));
+            at += n;
+        }
+        if at != keys.len() {
+            return Err(Error::invalid_arg(format!(
+                "the lengths sum to {at} but {} keys were sent",
+                keys.len()
+            )));
+        }
+        Ok(Bags { tables: per, batch: lengths.len() / tables.max(1) })
+    }
+
+    pub(crate) fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// Table `t`'s keys of the whole batch.
+    pub(crate) fn keys(&self, t: usize) -> &[i64] {
+        &self.tables[t].0
+    }
+}
+
+/// Pools `bags` into `out`, `[batch, tables, dim]`: a bag's rows summed in key order (or
+/// their mean), an empty bag's row zeros. Each table's keys of the whole batch go to the
+/// store in one lookup.
 pub(crate) fn pool(
     caches: &InstanceCaches,
-    pooling: &Pooling,
-    keys: &[i64],
+    bags: &Bags,
+    combiner: Combiner,
     dim: usize,
     out: &mut [f32],
 ) -> Result<()> {
-    let (width, tables) = (pooling.width(), pooling.hotness.len());
-    let batch = keys.len().checked_div(width).unwrap_or(0);
+    let tables = bags.tables.len();
     out.fill(0.0);
-    let mut at = 0;
-    for (t, &h) in pooling.hotness.iter().enumerate() {
-        let mut looked = Vec::with_capacity(batch * h);
-        let mut owner = Vec::with_capacity(batch * h);
-        for (b, sample) in keys.chunks_exact(width).enumerate() {
-            for &k in sample[at..at + h].iter().filter(|&&k| k != PAD) {
-                looked.push(k);
-                owner.push(b);
-            }
-        }
+    for (t, (looked, owner)) in bags.tables.iter().enumerate() {
         let mut rows = vec![0f32; looked.len() * dim];
         if !looked.is_empty() {
-            caches.lookup(t, &looked, &mut rows)?;
+            caches.lookup(t, looked, &mut rows)?;
         }
-        let mut counts = vec![0u32; batch];
-        for (row, &b) in rows.chunks_exact(dim).zip(&owner) {
+        let mut counts = vec![0u32; bags.batch];
+        for (row, &b) in rows.chunks_exact(dim).zip(owner) {
             let pooled = &mut out[(b * tables + t) * dim..][..dim];
             for (p, v) in pooled.iter_mut().zip(row) {
                 *p += v;
             }
             counts[b] += 1;
         }
-        if pooling.combiner == Combiner::Mean {
+        if combiner == Combiner::Mean {
             for (b, &n) in counts.iter().enumerate().filter(|(_, &n)| n > 1) {
                 for p in &mut out[(b * tables + t) * dim..][..dim] {
                     *p /= n as f32;
                 }
             }
         }
-        at += h;
     }
     Ok(())
 }

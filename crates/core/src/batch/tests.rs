@@ -429,3 +429,34 @@ fn a_string_correlation_id_is_read_from_triton_s_fixed_size_control_buffer() {
     assert!(check_request(&strict, &p, vec![t("CORRID", DataType::Bytes, &[1, 1], vec![short])])
         .is_err());
 }
+
+#[test]
+fn ragged_inputs_batch_whatever_their_size_into_one_flat_tensor() {
+    let c = ModelConfig::from_json(
+        r#"{"max_batch_size": 8,
+            "input": [{"name": "V", "data_type": "TYPE_INT32", "dims": [-1], "allow_ragged_batch": true},
+                      {"name": "L", "data_type": "TYPE_INT32", "dims": [2]}]}"#,
+    )
+    .unwrap();
+    let p = InputPolicy::default();
+    let (v1, v2) = (i32s(&[1, 2, 3]), i32s(&[4, 5, 6, 7, 8]));
+    let (l1, l2) = (i32s(&[2, 1]), i32s(&[0, 5]));
+    let r = |v: &'static [u8], n: i64, l: &'static [u8]| {
+        check_request(
+            &c,
+            &p,
+            vec![t("V", DataType::I32, &[1, n], vec![v]), t("L", DataType::I32, &[1, 2], vec![l])],
+        )
+        .unwrap()
+    };
+    let (v1, v2, l1, l2) = (v1.leak(), v2.leak(), l1.leak(), l2.leak());
+    let (r1, r2) = (r(v1, 3, l1), r(v2, 5, l2));
+    assert_eq!(group_by_shape(&c, &[&r1, &r2]), vec![vec![0, 1]], "sizes differ, one batch");
+    let batch = assemble(&c, &[&r1, &r2]).unwrap();
+    assert_eq!(batch.tensors[0].shape, vec![8], "the ragged input: every element, flat");
+    assert_eq!(batch.tensors[0].host_bytes().unwrap(), i32s(&[1, 2, 3, 4, 5, 6, 7, 8]));
+    assert_eq!(batch.tensors[1].shape, vec![2, 2]);
+    // without allow_ragged_batch the same requests run apart
+    let fixed = ModelConfig { ragged: Vec::new(), ..c.clone() };
+    assert_eq!(group_by_shape(&fixed, &[&r1, &r2]), vec![vec![0], vec![1]]);
+}

@@ -223,7 +223,7 @@ fn sequence_batching_adds_controls_and_states_and_autocomplete_leaves_them_out()
 }
 
 #[test]
-fn decoupled_and_ragged_are_refused_by_name() {
+fn decoupled_and_batch_inputs_are_refused_by_name_ragged_inputs_read() {
     let ok =
         ModelConfig::from_json(r#"{"model_transaction_policy": {"decoupled": false}}"#).unwrap();
     ok.check_supported().unwrap();
@@ -236,9 +236,18 @@ fn decoupled_and_ragged_are_refused_by_name() {
             && e.message().contains("not supported"),
         "{e}"
     );
-    let ragged = r#"{"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1], "allow_ragged_batch": true}]}"#;
-    let e = ModelConfig::from_json(ragged).unwrap().check_supported().unwrap_err();
-    assert!(e.message().contains("input 'x' has allow_ragged_batch"), "{e}");
+    let ragged = r#"{"max_batch_size": 8, "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1], "allow_ragged_batch": true},
+                                                   {"name": "y", "data_type": "TYPE_FP32", "dims": [2]}]}"#;
+    let cfg = ModelConfig::from_json(ragged).unwrap();
+    cfg.check_supported().unwrap();
+    assert_eq!(cfg.ragged, ["x"]);
+    let unbatched = ragged.replace(r#""max_batch_size": 8"#, r#""max_batch_size": 0"#);
+    let e = ModelConfig::from_json(&unbatched).unwrap().check_supported().unwrap_err();
+    assert!(
+        e.message().contains("input 'x' has allow_ragged_batch")
+            && e.message().contains("max_batch_size > 0"),
+        "{e}"
+    );
     let e = ModelConfig::from_json(r#"{"batch_input": [{"kind": "BATCH_ELEMENT_COUNT"}]}"#)
         .unwrap()
         .check_supported()
