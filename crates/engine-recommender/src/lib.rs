@@ -141,6 +141,8 @@ impl LookupStep for EmbeddingEngine {
 /// once, and how their tensors meet.
 pub struct RecommenderModel {
     settings: RecommenderSettings,
+    /// Keys per sample.
+    keys: usize,
     version_dir: PathBuf,
     lookup: EmbeddingModel,
     dense: DenseModel,
@@ -152,14 +154,19 @@ impl RecommenderModel {
     pub fn load(load: &ModelLoad<'_>) -> Result<RecommenderModel> {
         // model_file is the version directory: tables/ and dense.onnx, dense.pt or dense.pt2
         let settings = RecommenderSettings::from_config(load.config)?;
-        let plan = plan(load.config, &settings, load.model_file, DENSE)?;
         let mut store = StoreSettings::from_config(load.config, load.model_file, load.backend)?;
-        store.interface = Interface::Batched;
+        // one key per table (batched), or a bag per table (pooled: embedding_interface
+        // pooled, embedding_hotness_per_table) whose rows the lookup sums
+        if store.interface != Interface::Pooled {
+            store.interface = Interface::Batched;
+        }
+        let keys = store.pooling.as_ref().map_or(settings.tables, |p| p.width());
+        let plan = plan(load.config, &settings, keys, load.model_file, DENSE)?;
         let lookup = EmbeddingModel::open(store, &plan.lookup_config, load.shared)?;
         let dense = DenseModel::load(&plan, load)?;
         let joint = Arc::new(Joint::new(lookup.signature(), dense.model().signature(), &plan)?);
         let version_dir = load.model_file.to_path_buf();
-        Ok(RecommenderModel { settings, version_dir, lookup, dense, plan, joint })
+        Ok(RecommenderModel { settings, keys, version_dir, lookup, dense, plan, joint })
     }
 }
 
@@ -202,7 +209,8 @@ impl LoadedModel for RecommenderModel {
             )));
         }
         // the network's config as the server completed the recommender's
-        let dense_config = plan(config, &self.settings, &self.version_dir, DENSE)?.dense_config;
+        let dense_config =
+            plan(config, &self.settings, self.keys, &self.version_dir, DENSE)?.dense_config;
         let lookup = Box::new(self.lookup.engine(device)?);
         let dense = self.dense.network(&dense_config, device)?;
         let chain = Chain::new(lookup, dense, self.joint.clone(), device, dense_takes_device);

@@ -108,10 +108,12 @@ impl RecommenderSettings {
 }
 
 /// Splits a recommender model's config into the lookup's and the dense network's; the
-/// network's engine is the one of `claims` its file's name says.
+/// network's engine is the one of `claims` its file's name says. `keys`: how many keys a
+/// sample sends (one per table, or, pooled, every table's hotness).
 pub fn plan(
     config: &ModelConfig,
     settings: &RecommenderSettings,
+    keys: usize,
     version_dir: &Path,
     claims: &[&'static EngineClaim],
 ) -> Result<ChainPlan> {
@@ -134,10 +136,11 @@ pub fn plan(
     }
     // With max_batch_size 0 the batch dimension is the config's own first dim.
     let lead: Vec<i64> = if config.batching() { vec![] } else { vec![-1] };
-    let want: Vec<i64> = lead.iter().copied().chain([tables as i64]).collect();
+    let want: Vec<i64> = lead.iter().copied().chain([keys as i64]).collect();
     if sparse.dims != want {
+        let what = if keys == tables { "one key per table" } else { "every table's hotness" };
         return Err(Error::invalid_arg(format!(
-            "input '{sparse_input}' must have dims {want:?} (one key per table); it has {:?}",
+            "input '{sparse_input}' must have dims {want:?} ({what}); it has {:?}",
             sparse.dims
         )));
     }

@@ -307,7 +307,7 @@ fn gpu_chain(
     let dir = std::env::temp_dir().join(format!("trt-chain-{parts}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("dense.pt"), b"x").unwrap();
-    let plan = plan(&c, &settings(&c), &dir, CLAIMS).unwrap();
+    let plan = plan(&c, &settings(&c), 3, &dir, CLAIMS).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(plan.pipeline_parts, parts);
     let joint = Arc::new(Joint::new(&lookup.sig, dense_sig, &plan).unwrap());
@@ -468,10 +468,10 @@ fn settings_parse_tables_strictly_and_are_documented() {
 fn plans_the_two_engines_and_names_what_is_wrong() {
     let dir = std::env::temp_dir().join(format!("trt-chain-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let e = plan(&config(""), &settings(&config("")), &dir, CLAIMS).unwrap_err();
+    let e = plan(&config(""), &settings(&config("")), 3, &dir, CLAIMS).unwrap_err();
     assert!(e.message().contains("dense.onnx, dense.pt or dense.pt2"), "{e}");
     std::fs::write(dir.join("dense.onnx"), b"x").unwrap();
-    let p = plan(&config(""), &settings(&config("")), &dir, CLAIMS).unwrap();
+    let p = plan(&config(""), &settings(&config("")), 3, &dir, CLAIMS).unwrap();
     assert_eq!(p.dense_engine, "onnx");
     assert_eq!(
         p.lookup_config.inputs.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
@@ -481,25 +481,47 @@ fn plans_the_two_engines_and_names_what_is_wrong() {
         p.dense_config.inputs.iter().map(|t| (t.name.as_str(), t.dims.clone())).collect();
     assert_eq!(dense, [("dense", vec![13]), ("embeddings", vec![3, 4])]);
     let c = config(r#", {"name": "embeddings", "data_type": "TYPE_FP32", "dims": [3, 4]}"#);
-    let e = plan(&c, &settings(&c), &dir, CLAIMS).unwrap_err();
+    let e = plan(&c, &settings(&c), 3, &dir, CLAIMS).unwrap_err();
     assert!(e.message().contains("clients do not send it"), "{e}");
+    // pooled: a sample sends every table's bag (8 keys here), not one key per table
+    let e = plan(&config(""), &settings(&config("")), 8, &dir, CLAIMS).unwrap_err();
+    assert!(e.message().contains("[8] (every table's hotness)"), "{e}");
+    let c = config("").clone();
+    let pooled = ModelConfig {
+        inputs: c
+            .inputs
+            .iter()
+            .cloned()
+            .map(|mut t| {
+                if t.name == "sparse" {
+                    t.dims = vec![8];
+                }
+                t
+            })
+            .collect(),
+        ..c
+    };
+    assert_eq!(
+        plan(&pooled, &settings(&pooled), 8, &dir, CLAIMS).unwrap().lookup_config.inputs[0].dims,
+        [8]
+    );
     let mut c = config("");
     c.parameters.insert("recommender_sparse_input".into(), "ids".into());
-    assert!(plan(&c, &settings(&c), &dir, CLAIMS).unwrap_err().message().contains("'ids'"));
+    assert!(plan(&c, &settings(&c), 3, &dir, CLAIMS).unwrap_err().message().contains("'ids'"));
     let mut c = config("");
     c.max_batch_size = 0;
     assert!(
-        plan(&c, &settings(&c), &dir, CLAIMS).unwrap_err().message().contains("[-1, 3]"),
+        plan(&c, &settings(&c), 3, &dir, CLAIMS).unwrap_err().message().contains("[-1, 3]"),
         "without batching the keys carry their own batch dim"
     );
     c.inputs[1].dims = vec![-1, 3];
     c.inputs[0].dims = vec![-1, 13];
-    let p = plan(&c, &settings(&c), &dir, CLAIMS).unwrap();
+    let p = plan(&c, &settings(&c), 3, &dir, CLAIMS).unwrap();
     assert_eq!(p.lookup_config.outputs[0].dims, [-1, 3, 4]);
     assert_eq!(p.dense_config.inputs[1].dims, [-1, 3, 4]);
     let mut c = config("");
     c.parameters.insert("recommender_embeddings_type".into(), "TYPE_FP16".into());
-    let p = plan(&c, &settings(&c), &dir, CLAIMS).unwrap();
+    let p = plan(&c, &settings(&c), 3, &dir, CLAIMS).unwrap();
     assert_eq!(
         (p.lookup_config.outputs[0].dtype, p.dense_config.inputs[1].dtype),
         (DataType::F16, DataType::F16),

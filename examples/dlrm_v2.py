@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""MLPerf Inference's DLRM-v2 (DLRM-DCNv2 on Criteo 1TB, multi-hot): the PyTorch reference, and
+its Triton deployment as one recommender model with pooled lookups.
+
+Sizes as mlcommons/inference `recommendation/dlrm_v2` serves them:
+  26 tables of dim 128 (ROWS below: 204,184,588 rows at scale 1.0, 26.1 B parameters), each
+  sample a bag of HOTNESS[t] keys per table (214 in all), sum-pooled (TorchRec's
+  EmbeddingBagCollection); 13 dense features; the network is examples/recommenders.py's DCNv2
+  (bottom MLP 512-256-128, three low-rank (512) cross layers over the 27 x 128 concatenation,
+  top MLP 1024-1024-512-256-1, sigmoid).
+Weights are random with fixed seeds (none can be downloaded); the tables' rows are scaled by
+``--scale`` (each table keeps at least one row).
+
+    python examples/dlrm_v2.py --repo /tmp/repo --scale 1e-5
+
+writes ``<repo>/dlrm_v2/1/tables/t*/`` (the store's npy format), ``<repo>/dlrm_v2/1/dense.onnx``
+(the network, exported from the PyTorch weights), ``<repo>/dlrm_v2/1/reference.pt`` and
+``<repo>/dlrm_v2/config.pbtxt``: the recommender engine, ``sparse`` INT64 [214] (each table's
+bag, padded with -1 where shorter) and ``dense`` FP32 [13] -> ``prediction`` FP32 [1].
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import List
+
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import recommenders  # noqa: E402
+from export_models import save_model  # noqa: E402
+
+ROWS = [40_000_000, 39_060, 17_295, 7_424, 20_265, 3, 7_122, 1_543, 63, 40_000_000, 3_067_956, 405_282, 10,
+        2_209, 11_938, 155, 4, 976, 14, 40_000_000, 40_000_000, 40_000_000, 590_152, 12_973, 108, 36]
+HOTNESS = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
+DIM = 128
+NUM_DENSE = recommenders.NUM_DENSE
+SEED = 46
+PAD = -1
+assert len(ROWS) == len(HOTNESS) == recommenders.NUM_TABLES and sum(HOTNESS) == 214
+
+
+def scaled_rows(scale: float) -> List[int]:
+    return [max(1, int(round(r * scale))) for r in ROWS]
+
+
+class DLRMv2(nn.Module):
+    """EmbeddingBag(sum) per table, then the DCNv2 network on [dense, the 26 pooled rows]."""
+
+    def __init__(self, rows: List[int]):
+        super().__init__()
+        torch.manual_seed(SEED)
+        self.bags = nn.ModuleList(nn.EmbeddingBag(r, DIM, mode="sum") for r in rows)
+        for b in self.bags:
+            # a bag sums up to 100 rows: small rows keep the pooled values in the network's range
+            nn.init.normal_(b.weight, std=0.05)
+        # the network: DLRM-v2's is DCNv2's, with its own seed (its per-table embeddings unused)
+        self.net = recommenders.make("dcnv2", [1] * recommenders.NUM_TABLES)
+
+    def pooled(self, sparse: torch.Tensor) -> torch.Tensor:
+        """``sparse`` [B, 214], each table's bag padded with -1 -> [B, 26, DIM] (empty bags zero)."""
+        out, at = [], 0
+        for t, (bag, h) in enumerate(zip(self.bags, HOTNESS)):
+            keys = sparse[:, at:at + h]
+            mask = keys != PAD
+            flat = keys[mask]
+            offsets = torch.cat([torch.zeros(1, dtype=torch.int64), mask.sum(1).cumsum(0)[:-1]])
+            out.append(bag(flat, offsets))
+            at += h
+        return torch.stack(out, dim=1)
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        return self.net.dense_part(dense, self.pooled(sparse))
+
+
+def config(name: str, max_batch: int, instance_kind: str = "KIND_CPU") -> str:
+    params = dict(engine="recommender", embedding_interface="pooled",
+                  embedding_table_names=",".join(f"t{i}" for i in range(len(ROWS))),
+                  embedding_vecsize_per_table=DIM, embedding_hotness_per_table=",".join(map(str, HOTNESS)),
+                  embedding_combiner="sum", default_value_for_each_table=0)
+    lines = [f'name: "{name}"', 'backend: "rust"', f"max_batch_size: {max_batch}",
+             'input [ { name: "dense" data_type: TYPE_FP32 dims: [ 13 ] },',
+             f'        {{ name: "sparse" data_type: TYPE_INT64 dims: [ {sum(HOTNESS)} ] }} ]',
+             'output [ { name: "prediction" data_type: TYPE_FP32 dims: [ 1 ] } ]',
+             "dynamic_batching { max_queue_delay_microseconds: 100 }",
+             f"instance_group [ {{ count: 1 kind: {instance_kind} }} ]"]
+    lines += [f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}' for k, v in params.items()]
+    return "\n".join(lines) + "\n"
+
+
+def export(repo: str, scale: float, name: str = "dlrm_v2", max_batch: int = 1024) -> DLRMv2:
+    rows = scaled_rows(scale)
+    model = DLRMv2(rows).eval()
+    version = os.path.join(repo, name, "1")
+    for i, bag in enumerate(model.bags):
+        d = os.path.join(version, "tables", f"t{i}")
+        os.makedirs(d, exist_ok=True)
+        np.save(os.path.join(d, "keys.npy"), np.arange(rows[i], dtype=np.int64))
+        np.save(os.path.join(d, "vectors.npy"), bag.weight.detach().numpy().astype(np.float32))
+    save_model(recommenders.dense_onnx(name, model.net), os.path.join(version, "dense.onnx"))
+    torch.save({"scale": scale, "state_dict": model.state_dict()}, os.path.join(version, "reference.pt"))
+    with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
+        f.write(config(name, max_batch))
+    return model
+
+
+def load_reference(version_dir: str) -> DLRMv2:
+    saved = torch.load(os.path.join(version_dir, "reference.pt"))
+    model = DLRMv2(scaled_rows(saved["scale"]))
+    model.load_state_dict(saved["state_dict"])
+    return model.eval()
+
+
+def sample_inputs(batch: int, rows: List[int], seed: int = 0, full: float = 0.7):
+    """Dense features and each sample's bags: a bag full (its table's hotness) with
+    probability ``full``, else 0 to hotness-1 keys padded with -1."""
+    rng = np.random.default_rng(seed)
+    dense = rng.standard_normal((batch, NUM_DENSE)).astype(np.float32)
+    sparse = np.full((batch, sum(HOTNESS)), PAD, dtype=np.int64)
+    for b in range(batch):
+        at = 0
+        for t, h in enumerate(HOTNESS):
+            n = h if rng.random() < full else int(rng.integers(0, h))
+            sparse[b, at:at + n] = rng.integers(0, rows[t], size=n)
+            at += h
+    return dense, sparse
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repo", default="models")
+    p.add_argument("--scale", type=float, default=1e-5, help="the tables' rows, as a share of MLPerf's")
+    p.add_argument("--max-batch", type=int, default=1024)
+    a = p.parse_args(argv)
+    rows = scaled_rows(a.scale)
+    export(a.repo, a.scale, max_batch=a.max_batch)
+    params = sum(rows) * DIM
+    print(f"dlrm_v2: {len(rows)} tables, {sum(rows):,} rows ({params:,} parameters in the tables at scale {a.scale}), "
+          f"{sum(HOTNESS)} lookups per sample; network -> ONNX")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

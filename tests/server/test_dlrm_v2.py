@@ -1,0 +1,90 @@
+"""MLPerf's DLRM-v2 (multi-hot, sum-pooled) served as one recommender model through the real
+tritonserver, against the PyTorch reference (examples/dlrm_v2.py: EmbeddingBag per table and the
+DCNv2 network) at a small scale: MLPerf's 26 tables, hotness and network, 2,059 rows."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import module_server
+from tritonserver_harness import ModelRepo, error_status, infer, make_client, make_inputs
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
+import dlrm_v2  # noqa: E402
+
+SCALE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    r = ModelRepo(str(tmp_path_factory.mktemp("dlrm-v2-repo")))
+    dlrm_v2.export(r.root, SCALE, max_batch=256)
+    return r
+
+
+@pytest.fixture(scope="module")
+def server(request, tmp_path_factory, repo):
+    return module_server(request, tmp_path_factory, repo)
+
+
+@pytest.fixture(scope="module")
+def reference(repo):
+    return dlrm_v2.load_reference(os.path.join(repo.root, "dlrm_v2", "1"))
+
+
+def predict(model, dense, sparse):
+    with torch.no_grad():
+        return model(torch.from_numpy(dense), torch.from_numpy(sparse)).numpy()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_served_equal_to_the_pytorch_reference(server, reference, protocol):
+    rows = dlrm_v2.scaled_rows(SCALE)
+    client = make_client(server, protocol)
+    for seed, batch in enumerate((1, 7, 64)):
+        dense, sparse = dlrm_v2.sample_inputs(batch, rows, seed=seed)
+        got = infer(client, protocol, "dlrm_v2", {"dense": dense, "sparse": sparse}, ["prediction"])["prediction"]
+        want = predict(reference, dense, sparse)
+        assert got.shape == (batch, 1)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=f"{protocol} batch {batch}")
+        print(f"\n[dlrm_v2] {protocol} batch {batch}: max |served - torch| {np.abs(got - want).max():.2e}, "
+              f"predictions {want.min():.3f}..{want.max():.3f}")
+    client.close()
+
+
+def test_requests_batch_together_and_a_bad_key_fails_alone(server, reference):
+    import queue
+    rows = dlrm_v2.scaled_rows(SCALE)
+    payloads = [dlrm_v2.sample_inputs(1 + i % 4, rows, seed=100 + i) for i in range(16)]
+    negative = payloads[6][1].copy()
+    negative[0, 2] = -3
+    payloads[6] = (payloads[6][0], negative)
+    s = server.stats("dlrm_v2")
+    before = {"inference_stats": {"success": {"count": int(s["inference_stats"]["success"]["count"])},
+                                  "fail": {"count": int(s["inference_stats"]["fail"]["count"])}}}
+    executions0 = int(s["execution_count"])
+    client = make_client(server, "grpc")
+    done: "queue.Queue" = queue.Queue()
+    for i, (dense, sparse) in enumerate(payloads):
+        client.async_infer("dlrm_v2", make_inputs("grpc", {"dense": dense, "sparse": sparse}),
+                           callback=lambda result, error, i=i: done.put((i, result, error)))
+    results = {}
+    for _ in payloads:
+        i, result, error = done.get(timeout=120)
+        results[i] = (None if error else result.as_numpy("prediction"), error)
+    client.close()
+    for i, (out, err) in sorted(results.items()):
+        if i == 6:
+            assert err is not None and "INVALID_ARGUMENT" in error_status(err), err
+            assert "input 'sparse'" in str(err) and "-3" in str(err), str(err)
+        else:
+            assert err is None, f"request {i}: {err}"
+            np.testing.assert_allclose(out, predict(reference, *payloads[i]), rtol=1e-4, atol=1e-5)
+    executions = int(server.stats_after("dlrm_v2", before, len(payloads))["execution_count"]) - executions0
+    print(f"\n[dlrm_v2] {len(payloads)} concurrent requests ran in {executions} executions")
+    assert executions < len(payloads), f"the dynamic batcher merged nothing: {executions} executions"
