@@ -27,6 +27,9 @@
 #                 C API mode (the server in its process, no network). ResNet50 ~5 minutes, BERT-large
 #                 ~7 (export included).
 #                 carry [".carry", ".carry_pa"]
+#   pooled-check  pooled (multi-hot) lookups on KIND_GPU (sum, mean, fp16 rows, ragged) exact against
+#                 float64 sums of the stored rows, at MLPerf DLRM-v2's hotness, tables larger than
+#                 their GPU cache; a served lookups/s figure (pooled_check.py). carry [".carry"]
 #   aoti-check    FastPitch (FP32), ResNet50 and BERT-large (FP16, CUDA graphs) as CUDA AOTInductor
 #                 packages exported in this call and served on KIND_GPU, checked rather than timed:
 #                 answers in the body and written into CUDA shared memory equal to torch eager,
@@ -278,6 +281,10 @@ network)
     ;;
 cross)
     timeout "${CROSS_TIMEOUT:-570}" python3 bench/gpu/cross_sweep.py "$@" || rc=1
+    ;;
+pooled-check)
+    timeout "${POOLED_TIMEOUT:-570}" python3 bench/gpu/pooled_check.py --server "$server" \
+        --backends "$backends" "$@" || rc=1
     ;;
 aoti-check)
     OUT="$res" timeout "${AOTI_TIMEOUT:-570}" python3 bench/gpu/aoti_check.py --server "$server" \

@@ -27,6 +27,9 @@ pub(crate) struct Kernels {
     pub(crate) batch_h: CudaFunction,
     pub(crate) scatter_h: CudaFunction,
     pub(crate) gather_keys: CudaFunction,
+    /// Pooled lookups: each bag's rows summed (or averaged), fp32 or fp16 out.
+    pub(crate) pool: CudaFunction,
+    pub(crate) pool_h: CudaFunction,
     /// The kernels that read or write a cache's rows, over caches whose rows are fp16.
     pub(crate) s16: RowKernels,
 }
@@ -63,6 +66,8 @@ fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
             batch_h: f("batch_lookup_h")?,
             scatter_h: f("scatter_rows_h")?,
             gather_keys: f("gather_keys")?,
+            pool: f("pool_bags")?,
+            pool_h: f("pool_bags_h")?,
             s16: RowKernels {
                 lookup: f("cache_lookup_s16")?,
                 insert: f("cache_insert_s16")?,

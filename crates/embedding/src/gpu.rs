@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use triton_rust_core::error::{Error, Result};
 pub use triton_rust_cuda::cache::{
-    BatchKeys, BatchLookup, DeviceRows, KeyLayout, KeyUpload, RowFormat,
+    BatchKeys, BatchLookup, DeviceRows, KeyLayout, KeyUpload, Pooler, RowFormat,
 };
 use triton_rust_cuda::cache::{CacheSlots, InsertPlan, Queue, WAYS as DEVICE_WAYS};
 
@@ -90,6 +90,11 @@ impl GpuInstance {
     ) -> Result<BatchLookup> {
         let slots: Vec<Option<&CacheSlots>> = caches.iter().map(|c| c.map(|c| &c.slots)).collect();
         Ok(BatchLookup::new(&self.queue, &slots, dim, format)?)
+    }
+
+    /// A pooler of looked-up rows on this instance's GPU (pooled lookups).
+    pub fn pooler(&self) -> Result<Pooler> {
+        Ok(Pooler::new(&self.queue)?)
     }
 }
 

@@ -30,7 +30,7 @@ use triton_rust_core::tensor::{Bytes, DataType};
 use triton_rust_embedding::cache::{CacheTier, HostCache};
 #[cfg(feature = "gpu")]
 use triton_rust_embedding::gpu::{
-    BatchKeys, BatchLookup, GpuInstance, KeyLayout, KeyUpload, RowFormat,
+    BatchKeys, BatchLookup, GpuInstance, KeyLayout, KeyUpload, Pooler, RowFormat,
 };
 use triton_rust_embedding::{EmbeddingStore, InstanceCaches};
 
@@ -173,13 +173,10 @@ impl EmbeddingModel {
     pub fn engine(&self, device: Device) -> Result<EmbeddingEngine> {
         let m = &self.0;
         let store = &m.store;
-        if m.settings.interface == Interface::Pooled && device != Device::Cpu {
-            return Err(Error::unsupported(
-                "the pooled interface runs on KIND_CPU instances in this build (its GPU kernel is not written yet): serve this model with instance_group KIND_CPU",
-            ));
-        }
         #[cfg(feature = "gpu")]
         let mut gpu = None;
+        #[cfg(feature = "gpu")]
+        let mut pooler = None;
         let caches = match device {
             Device::Cpu => store
                 .attach_caches(&|geo| Ok(Arc::new(HostCache::new(geo)) as Arc<dyn CacheTier>))?,
@@ -189,8 +186,16 @@ impl EmbeddingModel {
                 let (instance, caches) = store.attach_gpu_caches(id, shared)?;
                 let same_dim = (0..store.table_count()).all(|t| store.dim(t) == store.dim(0));
                 if same_dim && m.settings.interface != Interface::Update {
-                    let format =
-                        if m.rows_type == DataType::F16 { RowFormat::F16 } else { RowFormat::F32 };
+                    let pooled = m.settings.interface == Interface::Pooled;
+                    // a pooled lookup's rows stay fp32 until the bags are reduced
+                    let format = if m.rows_type == DataType::F16 && !pooled {
+                        RowFormat::F16
+                    } else {
+                        RowFormat::F32
+                    };
+                    if pooled {
+                        pooler = Some(instance.pooler()?);
+                    }
                     let mut lookup = caches.batch_lookup(&instance, format)?;
                     let (piece_keys, threads) = m.settings.key_upload;
                     lookup.set_key_upload(KeyUpload { piece_keys, threads });
@@ -212,6 +217,8 @@ impl EmbeddingModel {
             device_rows: None,
             #[cfg(feature = "gpu")]
             gpu,
+            #[cfg(feature = "gpu")]
+            pooler,
         })
     }
 }
@@ -226,6 +233,9 @@ pub struct EmbeddingEngine {
     /// A GPU instance's whole-batch lookup (tables of one dim: every table in one pass).
     #[cfg(feature = "gpu")]
     gpu: Option<(GpuInstance, BatchLookup)>,
+    /// A pooled GPU instance's reduction of each bag's rows.
+    #[cfg(feature = "gpu")]
+    pooler: Option<Pooler>,
 }
 
 impl Engine for EmbeddingEngine {
@@ -367,6 +377,40 @@ impl Engine for EmbeddingEngine {
                     Bags::fixed(pooling, &keys)
                 };
                 let batch = bags.batch();
+                #[cfg(feature = "gpu")]
+                if let (Some((instance, lookup)), Some(pooler), false) =
+                    (self.gpu.as_mut(), self.pooler.as_mut(), bags.is_empty())
+                {
+                    // every table's keys of the batch in one lookup, table after table; the
+                    // bags reduced where the rows are
+                    let (flat, counts, offsets) = bags.table_major();
+                    self.caches.lookup_batch_device(
+                        BatchKeys::Host(&flat),
+                        KeyLayout::Blocked(&counts),
+                        instance,
+                        lookup,
+                        None,
+                    )?;
+                    let rows = lookup
+                        .rows(flat.len() * dim)
+                        .ok_or_else(|| Error::internal("pooled lookup: no rows"))?;
+                    let dtype = self.model.rows_type;
+                    let format =
+                        if dtype == DataType::F16 { RowFormat::F16 } else { RowFormat::F32 };
+                    let mean = pooling.combiner == Combiner::Mean;
+                    let pooled = pooler.pool(&rows, dim, &offsets, batch, mean, format)?;
+                    if wanted {
+                        let shape = [batch as i64, tables as i64, dim as i64];
+                        let name = out_name.as_str();
+                        sink(OutputView {
+                            name,
+                            dtype,
+                            shape: &shape,
+                            data: Bytes::Device(pooled),
+                        })?;
+                    }
+                    return Ok(());
+                }
                 let mut rows = vec![0f32; batch * tables * dim];
                 pool::pool(&self.caches, &bags, pooling.combiner, dim, &mut rows)?;
                 if wanted {

@@ -64,6 +64,37 @@ impl Bags {
         self.batch
     }
 
+    /// Whether no bag holds a key.
+    #[cfg_attr(not(feature = "gpu"), allow(dead_code))]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.tables.iter().all(|(k, _)| k.is_empty())
+    }
+
+    /// Every key table after table (each table's in sample order), each table's count, and
+    /// where each bag starts in that order: bag `t * batch + b`, one more entry at the end.
+    #[cfg_attr(not(feature = "gpu"), allow(dead_code))]
+    pub(crate) fn table_major(&self) -> (Vec<i64>, Vec<usize>, Vec<i32>) {
+        let mut flat = Vec::with_capacity(self.tables.iter().map(|(k, _)| k.len()).sum());
+        let mut counts = Vec::with_capacity(self.tables.len());
+        let mut offsets = Vec::with_capacity(self.tables.len() * self.batch + 1);
+        for (keys, owner) in &self.tables {
+            let start = flat.len();
+            let mut per = vec![0usize; self.batch];
+            for &b in owner {
+                per[b] += 1;
+            }
+            let mut at = start;
+            for n in per {
+                offsets.push(at as i32);
+                at += n;
+            }
+            flat.extend_from_slice(keys);
+            counts.push(keys.len());
+        }
+        offsets.push(flat.len() as i32);
+        (flat, counts, offsets)
+    }
+
     /// Table `t`'s keys of the whole batch.
     pub(crate) fn keys(&self, t: usize) -> &[i64] {
         &self.tables[t].0

@@ -194,3 +194,28 @@ fn the_pooled_interface_reads_hotness_and_combiner_strictly() {
         .unwrap_err();
     assert!(e.message().contains("applies to embedding_interface pooled only"), "{e}");
 }
+
+#[test]
+fn bags_go_to_the_gpu_table_after_table_with_where_each_starts() {
+    use crate::pool::Bags;
+    // two samples, tables of hotness 2 and 1: sample 0 [5, -1 | 7], sample 1 [8, 9 | -1]
+    let pooling = Pooling { hotness: vec![2, 1], combiner: Combiner::Sum };
+    let fixed = Bags::fixed(&pooling, &[5, PAD, 7, 8, 9, PAD]);
+    let (flat, counts, offsets) = fixed.table_major();
+    assert_eq!(flat, [5, 8, 9, 7]);
+    assert_eq!(counts, [3, 1]);
+    // bags (t0,b0) (t0,b1) (t1,b0) (t1,b1): rows 0..1, 1..3, 3..4, 4..4 (empty)
+    assert_eq!(offsets, [0, 1, 3, 4, 4]);
+    // the same bags ragged: lengths [batch, tables]
+    let ragged = Bags::ragged(2, &[5, 7, 8, 9], &[1, 1, 2, 0]).unwrap();
+    assert_eq!(ragged.table_major(), (flat, counts, offsets));
+    let e = Bags::ragged(2, &[5, 7, 8], &[1, 1, 2, 0]).err().unwrap();
+    assert!(e.message().contains("more than the 3 keys"), "{e}");
+    let e = Bags::ragged(2, &[5, 7, 8, 9, 1], &[1, 1, 2, 0]).err().unwrap();
+    assert!(e.message().contains("sum to 4 but 5 keys"), "{e}");
+    assert!(Bags::ragged(2, &[5, 6], &[1, -1])
+        .err()
+        .unwrap()
+        .message()
+        .contains("negative length -1"));
+}

@@ -17,12 +17,14 @@
 //!
 //! Files: `slots.rs` (one table's slots, its lookups and inserts), `rows.rs` (the rows
 //! buffer a GPU instance looks up into), `batch.rs` and `batch_args.rs` (a whole batch over
-//! every table, and its arguments), `bench.rs` (feature `bench`: what only the benchmarks use).
+//! every table, and its arguments), `pool.rs` (a pooled lookup's bags reduced to one row each), `bench.rs` (feature `bench`: what only
+//! the benchmarks use).
 
 mod batch;
 mod batch_args;
 #[cfg(feature = "bench")]
 mod bench;
+mod pool;
 mod rows;
 mod slots;
 
@@ -31,5 +33,6 @@ pub use batch::BatchLookup;
 pub use batch_args::{BatchKeys, BatchTimes, FetchMisses, KeyLayout, KeyUpload, RowFormat};
 #[cfg(feature = "bench")]
 pub use bench::DeviceKeys;
+pub use pool::Pooler;
 pub use rows::DeviceRows;
 pub use slots::{CacheSlots, InsertPlan, WAYS};

@@ -390,3 +390,34 @@ extern "C" __global__ void cache_insert_s16(const i64* __restrict__ keys, const 
         int dim, u64 epoch, int only_if_present, u64* __restrict__ counters) {
     cache_insert_as(keys, vecs, order, group_start, group_set, groups, slot_keys, slot_stamps, rows, dim, epoch, only_if_present, counters);
 }
+
+// Pooled lookups: one block per bag, bags table-major (bag t * batch + b holds rows
+// offsets[bag] .. offsets[bag + 1] of `rows`), the block's threads over the row's dims. A bag's
+// rows are summed in order (then divided by their count for the mean; an empty bag gives
+// zeros) and written to out[b][t][:] as O: float, or fp16 bits.
+__device__ __forceinline__ void put(float* p, float v) { *p = v; }
+__device__ __forceinline__ void put(unsigned short* p, float v) { *p = f2h(v); }
+
+template <typename O>
+__device__ __forceinline__ void pool_bags_as(const float* __restrict__ rows, const int* __restrict__ offsets,
+        int batch, int tables, int dim, int mean, O* __restrict__ out) {
+    int bag = blockIdx.x;
+    int t = bag / batch, b = bag % batch;
+    int first = offsets[bag], last = offsets[bag + 1];
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int r = first; r < last; ++r) acc += rows[(size_t)r * dim + d];
+        if (mean && last - first > 1) acc = acc / (float)(last - first);
+        put(out + ((size_t)b * tables + t) * dim + d, acc);
+    }
+}
+
+extern "C" __global__ void pool_bags(const float* __restrict__ rows, const int* __restrict__ offsets,
+        int batch, int tables, int dim, int mean, float* __restrict__ out) {
+    pool_bags_as(rows, offsets, batch, tables, dim, mean, out);
+}
+
+extern "C" __global__ void pool_bags_h(const float* __restrict__ rows, const int* __restrict__ offsets,
+        int batch, int tables, int dim, int mean, unsigned short* __restrict__ out) {
+    pool_bags_as(rows, offsets, batch, tables, dim, mean, out);
+}
