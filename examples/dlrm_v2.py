@@ -76,8 +76,8 @@ class DLRMv2(nn.Module):
         return self.net.dense_part(dense, self.pooled(sparse))
 
 
-def config(name: str, max_batch: int, instance_kind: str = "KIND_CPU") -> str:
-    params = dict(engine="recommender", embedding_interface="pooled",
+def config(name: str, max_batch: int, instance_kind: str = "KIND_CPU", network: str = "dense.onnx") -> str:
+    params = dict(engine="recommender", recommender_dense_model=network, embedding_interface="pooled",
                   embedding_table_names=",".join(f"t{i}" for i in range(len(ROWS))),
                   embedding_vecsize_per_table=DIM, embedding_hotness_per_table=",".join(map(str, HOTNESS)),
                   embedding_combiner="sum", default_value_for_each_table=0)
@@ -91,7 +91,10 @@ def config(name: str, max_batch: int, instance_kind: str = "KIND_CPU") -> str:
     return "\n".join(lines) + "\n"
 
 
-def export(repo: str, scale: float, name: str = "dlrm_v2", max_batch: int = 1024) -> DLRMv2:
+def export(repo: str, scale: float, name: str = "dlrm_v2", max_batch: int = 1024, instance_kind: str = "KIND_CPU",
+           network: str = "onnx") -> DLRMv2:
+    """``network``: ``onnx`` (dense.onnx, for KIND_CPU) or ``torchscript`` (dense.pt, which reads
+    the pooled rows in GPU memory on a KIND_GPU instance)."""
     rows = scaled_rows(scale)
     model = DLRMv2(rows).eval()
     version = os.path.join(repo, name, "1")
@@ -100,10 +103,15 @@ def export(repo: str, scale: float, name: str = "dlrm_v2", max_batch: int = 1024
         os.makedirs(d, exist_ok=True)
         np.save(os.path.join(d, "keys.npy"), np.arange(rows[i], dtype=np.int64))
         np.save(os.path.join(d, "vectors.npy"), bag.weight.detach().numpy().astype(np.float32))
-    save_model(recommenders.dense_onnx(name, model.net), os.path.join(version, "dense.onnx"))
+    if network == "onnx":
+        dense_file = "dense.onnx"
+        save_model(recommenders.dense_onnx(name, model.net), os.path.join(version, dense_file))
+    else:
+        dense_file = "dense.pt"
+        recommenders.dense_torchscript(model.net).save(os.path.join(version, dense_file))
     torch.save({"scale": scale, "state_dict": model.state_dict()}, os.path.join(version, "reference.pt"))
     with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
-        f.write(config(name, max_batch))
+        f.write(config(name, max_batch, instance_kind, dense_file))
     return model
 
 

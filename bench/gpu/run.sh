@@ -30,6 +30,9 @@
 #   pooled-check  pooled (multi-hot) lookups on KIND_GPU (sum, mean, fp16 rows, ragged) exact against
 #                 float64 sums of the stored rows, at MLPerf DLRM-v2's hotness, tables larger than
 #                 their GPU cache; a served lookups/s figure (pooled_check.py). carry [".carry"]
+#   dlrm-v2-check MLPerf's DLRM-v2 (examples/dlrm_v2.py, --scale of its rows) as one recommender on
+#                 KIND_GPU, pooled lookups and a TorchScript network: predictions against the PyTorch
+#                 reference on the GPU, and a served pairs/s figure (dlrm_v2_check.py). carry [".carry"]
 #   aoti-check    FastPitch (FP32), ResNet50 and BERT-large (FP16, CUDA graphs) as CUDA AOTInductor
 #                 packages exported in this call and served on KIND_GPU, checked rather than timed:
 #                 answers in the body and written into CUDA shared memory equal to torch eager,
@@ -109,7 +112,7 @@ while [ $# -gt 0 ]; do
 done
 sub="${1:-}"; [ -n "$sub" ] || usage
 shift
-case "$sub" in models|recommenders|dense|trust|ort|aoti|aoti-check|aoti-recsys|network|cross|pooled-check) ;; *) usage ;; esac
+case "$sub" in models|recommenders|dense|trust|ort|aoti|aoti-check|aoti-recsys|network|cross|pooled-check|dlrm-v2-check) ;; *) usage ;; esac
 
 # ---- ort: gather a carried part; unpack once every part is here (no .carry needed) ----
 if [ "$sub" = ort ]; then
@@ -284,6 +287,10 @@ cross)
     ;;
 pooled-check)
     timeout "${POOLED_TIMEOUT:-570}" python3 bench/gpu/pooled_check.py --server "$server" \
+        --backends "$backends" "$@" || rc=1
+    ;;
+dlrm-v2-check)
+    timeout "${DLRM_V2_TIMEOUT:-570}" python3 bench/gpu/dlrm_v2_check.py --server "$server" \
         --backends "$backends" "$@" || rc=1
     ;;
 aoti-check)
