@@ -67,7 +67,7 @@ class DLRMv2(nn.Module):
             keys = sparse[:, at:at + h]
             mask = keys != PAD
             flat = keys[mask]
-            offsets = torch.cat([torch.zeros(1, dtype=torch.int64), mask.sum(1).cumsum(0)[:-1]])
+            offsets = torch.cat([torch.zeros(1, dtype=torch.int64, device=sparse.device), mask.sum(1).cumsum(0)[:-1]])
             out.append(bag(flat, offsets))
             at += h
         return torch.stack(out, dim=1)
