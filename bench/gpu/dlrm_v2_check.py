@@ -68,15 +68,26 @@ def main():
         print(f"  predictions of 1 to 4096 pairs against the PyTorch reference on the GPU: max abs diff {worst:.2e}")
         dense, sparse = dlrm_v2.sample_inputs(a.batch, rows, seed=99, full=1.0)
         c.infer("dlrm_v2", {"dense": dense, "sparse": sparse}, ["prediction"])
+        before = c.stats("dlrm_v2")
         n, t0 = 0, time.time()
         while time.time() - t0 < a.seconds:
             c.infer("dlrm_v2", {"dense": dense, "sparse": sparse}, ["prediction"])
             n += 1
         secs = time.time() - t0
+        after = c.stats("dlrm_v2")
         pairs = n * a.batch / secs
         print(f"  served, one HTTP client, {a.batch} pairs a request: {n / secs:.1f} requests/s, "
               f"{pairs / 1e6:.2f} M pairs/s, {pairs * sum(dlrm_v2.HOTNESS) / 1e9:.2f} G lookups/s "
               f"(HTTP and the host's key handling included; not the issue's benchmark)")
+        # where a request's time went, from Triton's statistics (ms per execution)
+        execs = max(int(after["execution_count"]) - int(before["execution_count"]), 1)
+        part = {k: (int(after["inference_stats"][k]["ns"]) - int(before["inference_stats"][k]["ns"])) / execs / 1e6
+                for k in ("queue", "compute_input", "compute_infer", "compute_output")}
+        wall = secs / max(n, 1) * 1e3
+        print(f"  per request (ms): {wall:.1f} at the client; in the server queue {part['queue']:.2f}, "
+              f"input {part['compute_input']:.2f}, infer {part['compute_infer']:.2f} (keys checked, bags "
+              f"built, lookup, pooling, network), output {part['compute_output']:.2f}; the rest "
+              f"({wall - sum(part.values()):.1f}) is HTTP and the client")
     for f in failures:
         print("FAIL", f)
     print("dlrm_v2_check: " + ("every check passed" if not failures else f"{len(failures)} failures"))

@@ -385,8 +385,8 @@ impl Engine for EmbeddingEngine {
                     // bags reduced where the rows are
                     let (flat, counts, offsets) = bags.table_major();
                     self.caches.lookup_batch_device(
-                        BatchKeys::Host(&flat),
-                        KeyLayout::Blocked(&counts),
+                        BatchKeys::Host(flat),
+                        KeyLayout::Blocked(counts),
                         instance,
                         lookup,
                         None,
@@ -398,7 +398,7 @@ impl Engine for EmbeddingEngine {
                     let format =
                         if dtype == DataType::F16 { RowFormat::F16 } else { RowFormat::F32 };
                     let mean = pooling.combiner == Combiner::Mean;
-                    let pooled = pooler.pool(&rows, dim, &offsets, batch, mean, format)?;
+                    let pooled = pooler.pool(&rows, dim, offsets, batch, mean, format)?;
                     if wanted {
                         let shape = [batch as i64, tables as i64, dim as i64];
                         let name = out_name.as_str();

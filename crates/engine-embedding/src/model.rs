@@ -196,41 +196,49 @@ impl Model {
                 m.sig.inputs[0].name
             ))),
             Interface::Pooled if m.lengths_input() => {
-                let keys = from_chunks(&inputs[0], i64::from_le_bytes);
-                let lengths = from_chunks(&inputs[1], i32::from_le_bytes);
                 let (kname, lname) = (&m.sig.inputs[0].name, &m.sig.inputs[1].name);
-                if let Some(i) = keys.iter().position(|&k| k < 0) {
+                let least = first_below(&inputs[0], 0);
+                if let Some((i, k)) = least {
                     return Err(Error::invalid_arg(format!(
-                        "input '{kname}': key {} at element {i} is negative",
-                        keys[i]
+                        "input '{kname}': key {k} at element {i} is negative"
                     )));
                 }
-                let tables = m.store().table_count();
-                let bags = Bags::ragged(tables, &keys, &lengths)
-                    .map_err(|e| Error::invalid_arg(format!("input '{lname}': {}", e.message())))?;
-                for t in 0..tables {
-                    m.check_vocabulary(t, bags.keys(t))?;
+                let lengths = from_chunks(&inputs[1], i32::from_le_bytes);
+                let keys = inputs[0].byte_size() / 8;
+                let mut total = 0usize;
+                for &n in lengths.iter() {
+                    let n = usize::try_from(n).map_err(|_| {
+                        Error::invalid_arg(format!("input '{lname}': a negative length {n}"))
+                    })?;
+                    total += n;
+                }
+                if total != keys {
+                    return Err(Error::invalid_arg(format!(
+                        "input '{lname}': the lengths sum to {total} but {keys} keys were sent"
+                    )));
+                }
+                if m.checks_vocabulary() {
+                    let keys = from_chunks(&inputs[0], i64::from_le_bytes);
+                    let bags = Bags::ragged(m.store().table_count(), &keys, &lengths)?;
+                    for t in 0..m.store().table_count() {
+                        m.check_vocabulary(t, bags.keys(t))?;
+                    }
                 }
                 Ok(())
             }
             Interface::Pooled => {
-                let keys = from_chunks(&inputs[0], i64::from_le_bytes);
-                let hotness = m.settings.pooling.as_ref().map_or(&[][..], |p| &p.hotness[..]);
-                let width: usize = hotness.iter().sum();
-                if let Some(i) = keys.iter().position(|&k| k < PAD) {
+                if let Some((i, k)) = first_below(&inputs[0], PAD) {
                     return Err(Error::invalid_arg(format!(
-                        "input '{}': key {} at element {i} is negative (a bag shorter than its table's hotness is padded with {PAD})",
-                        m.sig.inputs[0].name, keys[i]
+                        "input '{}': key {k} at element {i} is negative (a bag shorter than its table's hotness is padded with {PAD})",
+                        m.sig.inputs[0].name
                     )));
                 }
-                let mut at = 0;
-                for (t, &h) in hotness.iter().enumerate() {
-                    let bag: Vec<i64> = keys
-                        .chunks_exact(width.max(1))
-                        .flat_map(|s| s[at..at + h].iter().copied().filter(|&k| k != PAD))
-                        .collect();
-                    m.check_vocabulary(t, &bag)?;
-                    at += h;
+                if let (true, Some(pooling)) = (m.checks_vocabulary(), m.settings.pooling.as_ref()) {
+                    let keys = from_chunks(&inputs[0], i64::from_le_bytes);
+                    let bags = Bags::fixed(pooling, &keys);
+                    for t in 0..pooling.hotness.len() {
+                        m.check_vocabulary(t, bags.keys(t))?;
+                    }
                 }
                 Ok(())
             }
@@ -245,4 +253,20 @@ impl Model {
             }
         }
     }
+}
+
+/// The first key of `t` below `least`, with its index, read in place from the request's pieces.
+fn first_below(t: &RequestTensor<'_>, least: i64) -> Option<(usize, i64)> {
+    let mut i = 0;
+    for chunk in &t.chunks {
+        let bytes = chunk.host()?;
+        for c in bytes.chunks_exact(8) {
+            let k = i64::from_le_bytes(c.try_into().expect("8 bytes"));
+            if k < least {
+                return Some((i, k));
+            }
+            i += 1;
+        }
+    }
+    None
 }

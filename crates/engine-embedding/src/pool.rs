@@ -1,13 +1,18 @@
-//! Pooled lookups on the host: each sample's bag of keys per table, its rows reduced to one.
+//! Pooled lookups: each sample's bag of keys per table, its rows reduced to one. The bags of a
+//! batch are laid out table after table ([`Bags`]), the layout the GPU lookup takes them in;
+//! on the host the same bags are summed here ([`pool`]).
 
 use triton_rust_core::error::{Error, Result};
 use triton_rust_embedding::InstanceCaches;
 
 use crate::settings::{Combiner, Pooling, PAD};
 
-/// A batch's bags, table by table: the keys to look up and the sample each belongs to.
+/// A batch's bags, table after table: every key (padding left out), each table's count, and
+/// where each bag starts (bag `t * batch + b`, one more entry at the end).
 pub(crate) struct Bags {
-    tables: Vec<(Vec<i64>, Vec<usize>)>,
+    flat: Vec<i64>,
+    counts: Vec<usize>,
+    offsets: Vec<i32>,
     batch: usize,
 }
 
@@ -15,41 +20,45 @@ impl Bags {
     /// Fixed hotness: each sample's tables' bags one after the other, padded with [`PAD`].
     pub(crate) fn fixed(pooling: &Pooling, keys: &[i64]) -> Bags {
         let width = pooling.width().max(1);
-        let mut tables = Vec::with_capacity(pooling.hotness.len());
+        let batch = keys.len() / width;
+        let tables = pooling.hotness.len();
+        let mut flat = Vec::with_capacity(keys.len());
+        let mut counts = Vec::with_capacity(tables);
+        let mut offsets = Vec::with_capacity(tables * batch + 1);
         let mut at = 0;
         for &h in &pooling.hotness {
-            let (mut looked, mut owner) = (Vec::new(), Vec::new());
-            for (b, sample) in keys.chunks_exact(width).enumerate() {
-                for &k in sample[at..at + h].iter().filter(|&&k| k != PAD) {
-                    looked.push(k);
-                    owner.push(b);
-                }
+            let start = flat.len();
+            for sample in keys.chunks_exact(width) {
+                offsets.push(flat.len() as i32);
+                flat.extend(sample[at..at + h].iter().copied().filter(|&k| k != PAD));
             }
-            tables.push((looked, owner));
+            counts.push(flat.len() - start);
             at += h;
         }
-        Bags { tables, batch: keys.len() / width }
+        offsets.push(flat.len() as i32);
+        Bags { flat, counts, offsets, batch }
     }
 
     /// Ragged bags: `lengths` `[batch, tables]` says how many of `keys` each sample has per
     /// table, sample after sample, each sample's tables in order (a request's keys are its
     /// own, so requests concatenate).
     pub(crate) fn ragged(tables: usize, keys: &[i64], lengths: &[i32]) -> Result<Bags> {
-        let mut per = vec![(Vec::new(), Vec::new()); tables];
+        let tables = tables.max(1);
+        let batch = lengths.len() / tables;
+        // where each sample's bag of each table starts in `keys`
+        let mut starts = vec![0usize; lengths.len()];
         let mut at = 0usize;
         for (i, &n) in lengths.iter().enumerate() {
             let n = usize::try_from(n)
                 .map_err(|_| Error::invalid_arg(format!("a negative length {n}")))?;
-            let bag = keys.get(at..at + n).ok_or_else(|| {
-                Error::invalid_arg(format!(
+            starts[i] = at;
+            at += n;
+            if at > keys.len() {
+                return Err(Error::invalid_arg(format!(
                     "the lengths need more than the {} keys sent",
                     keys.len()
-                ))
-            })?;
-            let (looked, owner) = &mut per[i % tables.max(1)];
-            looked.extend_from_slice(bag);
-            owner.extend(std::iter::repeat_n(i / tables.max(1), n));
-            at += n;
+                )));
+            }
         }
         if at != keys.len() {
             return Err(Error::invalid_arg(format!(
@@ -57,7 +66,20 @@ impl Bags {
                 keys.len()
             )));
         }
-        Ok(Bags { tables: per, batch: lengths.len() / tables.max(1) })
+        let mut flat = Vec::with_capacity(keys.len());
+        let mut counts = Vec::with_capacity(tables);
+        let mut offsets = Vec::with_capacity(tables * batch + 1);
+        for t in 0..tables {
+            let start = flat.len();
+            for b in 0..batch {
+                let i = b * tables + t;
+                offsets.push(flat.len() as i32);
+                flat.extend_from_slice(&keys[starts[i]..starts[i] + lengths[i] as usize]);
+            }
+            counts.push(flat.len() - start);
+        }
+        offsets.push(flat.len() as i32);
+        Ok(Bags { flat, counts, offsets, batch })
     }
 
     pub(crate) fn batch(&self) -> usize {
@@ -67,37 +89,19 @@ impl Bags {
     /// Whether no bag holds a key.
     #[cfg_attr(not(feature = "gpu"), allow(dead_code))]
     pub(crate) fn is_empty(&self) -> bool {
-        self.tables.iter().all(|(k, _)| k.is_empty())
+        self.flat.is_empty()
     }
 
-    /// Every key table after table (each table's in sample order), each table's count, and
-    /// where each bag starts in that order: bag `t * batch + b`, one more entry at the end.
+    /// Every key table after table, each table's count, and where each bag starts.
     #[cfg_attr(not(feature = "gpu"), allow(dead_code))]
-    pub(crate) fn table_major(&self) -> (Vec<i64>, Vec<usize>, Vec<i32>) {
-        let mut flat = Vec::with_capacity(self.tables.iter().map(|(k, _)| k.len()).sum());
-        let mut counts = Vec::with_capacity(self.tables.len());
-        let mut offsets = Vec::with_capacity(self.tables.len() * self.batch + 1);
-        for (keys, owner) in &self.tables {
-            let start = flat.len();
-            let mut per = vec![0usize; self.batch];
-            for &b in owner {
-                per[b] += 1;
-            }
-            let mut at = start;
-            for n in per {
-                offsets.push(at as i32);
-                at += n;
-            }
-            flat.extend_from_slice(keys);
-            counts.push(keys.len());
-        }
-        offsets.push(flat.len() as i32);
-        (flat, counts, offsets)
+    pub(crate) fn table_major(&self) -> (&[i64], &[usize], &[i32]) {
+        (&self.flat, &self.counts, &self.offsets)
     }
 
     /// Table `t`'s keys of the whole batch.
     pub(crate) fn keys(&self, t: usize) -> &[i64] {
-        &self.tables[t].0
+        let start: usize = self.counts[..t].iter().sum();
+        &self.flat[start..start + self.counts[t]]
     }
 }
 
@@ -111,28 +115,32 @@ pub(crate) fn pool(
     dim: usize,
     out: &mut [f32],
 ) -> Result<()> {
-    let tables = bags.tables.len();
+    let (tables, batch) = (bags.counts.len(), bags.batch);
     out.fill(0.0);
-    for (t, (looked, owner)) in bags.tables.iter().enumerate() {
-        let mut rows = vec![0f32; looked.len() * dim];
-        if !looked.is_empty() {
-            caches.lookup(t, looked, &mut rows)?;
+    let mut start = 0usize;
+    for t in 0..tables {
+        let keys = &bags.flat[start..start + bags.counts[t]];
+        let mut rows = vec![0f32; keys.len() * dim];
+        if !keys.is_empty() {
+            caches.lookup(t, keys, &mut rows)?;
         }
-        let mut counts = vec![0u32; bags.batch];
-        for (row, &b) in rows.chunks_exact(dim).zip(owner) {
+        for b in 0..batch {
+            let (first, last) =
+                (bags.offsets[t * batch + b] as usize, bags.offsets[t * batch + b + 1] as usize);
             let pooled = &mut out[(b * tables + t) * dim..][..dim];
-            for (p, v) in pooled.iter_mut().zip(row) {
-                *p += v;
+            for row in rows[(first - start) * dim..(last - start) * dim].chunks_exact(dim) {
+                for (p, v) in pooled.iter_mut().zip(row) {
+                    *p += v;
+                }
             }
-            counts[b] += 1;
-        }
-        if combiner == Combiner::Mean {
-            for (b, &n) in counts.iter().enumerate().filter(|(_, &n)| n > 1) {
-                for p in &mut out[(b * tables + t) * dim..][..dim] {
+            let n = last - first;
+            if combiner == Combiner::Mean && n > 1 {
+                for p in pooled.iter_mut() {
                     *p /= n as f32;
                 }
             }
         }
+        start += bags.counts[t];
     }
     Ok(())
 }

@@ -209,6 +209,7 @@ fn bags_go_to_the_gpu_table_after_table_with_where_each_starts() {
     // the same bags ragged: lengths [batch, tables]
     let ragged = Bags::ragged(2, &[5, 7, 8, 9], &[1, 1, 2, 0]).unwrap();
     assert_eq!(ragged.table_major(), (flat, counts, offsets));
+    assert_eq!((ragged.keys(0), ragged.keys(1)), (&[5, 8, 9][..], &[7][..]));
     let e = Bags::ragged(2, &[5, 7, 8], &[1, 1, 2, 0]).err().unwrap();
     assert!(e.message().contains("more than the 3 keys"), "{e}");
     let e = Bags::ragged(2, &[5, 7, 8, 9, 1], &[1, 1, 2, 0]).err().unwrap();
