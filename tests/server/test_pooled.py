@@ -8,6 +8,7 @@ Models (one server, KIND_CPU, the dynamic batcher on):
   pooled_fp16   the same, sum, OUTPUT0 declared TYPE_FP16
   pooled_ragged the same tables, bags of any length: KEYS ragged (allow_ragged_batch) and
                 LENGTHS [tables] per sample, TorchRec's values and lengths
+  pooled_torchrec  tables imported from a TorchRec-shaped state dict (examples/import_torchrec.py)
 
 The reference is torch.nn.EmbeddingBag over the same stored rows.
 """
@@ -15,6 +16,7 @@ The reference is torch.nn.EmbeddingBag over the same stored rows.
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -23,6 +25,9 @@ import torch
 from conftest import module_server
 from tritonserver_harness import ModelRepo, error_status, fire_grpc, infer, make_client
 from make_tables import read_table, write_table
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
+import import_torchrec  # noqa: E402
 
 TABLES = ["p0", "p1", "p2"]
 HOTNESS = [3, 1, 4]
@@ -64,7 +69,27 @@ def repo(tmp_path_factory):
     text = pooled_config("pooled_ragged", "sum").replace(
         f'input [ {{ name: "KEYS" data_type: TYPE_INT64 dims: [ {WIDTH} ] }} ]\n', ragged_io)
     r.write_config("pooled_ragged", text)
+
+    # a model's EmbeddingBagCollection as TorchRec lays out its state dict, under DLRM-v2's path
+    ebc = trained_collection()
+    state = {f"sparse_arch.embedding_bag_collection.{k}": v
+             for k, v in ebc.state_dict().items()}
+    state["dense_arch.model.0.weight"] = torch.zeros(4, 4)  # not a table: left alone
+    torch.save(state, os.path.join(r.root, "model_state.pt"))
+    tables_dir = os.path.join(r.root, "pooled_torchrec", "1", "tables")
+    assert import_torchrec.main([os.path.join(r.root, "model_state.pt"), "--out", tables_dir]) == 0
+    r.write_config("pooled_torchrec", pooled_config("pooled_torchrec", "sum").replace(
+        'string_value: "p0,p1,p2"', 'string_value: "cat_0,cat_1,cat_2"'))
     return r
+
+
+def trained_collection() -> torch.nn.Module:
+    """Three EmbeddingBags in a ModuleDict named embedding_bags, TorchRec's layout."""
+    torch.manual_seed(5)
+    ebc = torch.nn.Module()
+    ebc.embedding_bags = torch.nn.ModuleDict(
+        {f"cat_{t}": torch.nn.EmbeddingBag(ROWS, DIM, mode="sum") for t in range(len(TABLES))})
+    return ebc
 
 
 @pytest.fixture(scope="module")
@@ -236,3 +261,25 @@ def test_ragged_requests_of_different_lengths_batch_together_and_bad_lengths_fai
     print(f"\n[pooled_ragged] {len(payloads)} requests of {len({p[0].shape[1] for p in payloads})} lengths "
           f"ran in {executions} executions")
     assert executions < len(payloads) - 2, f"requests of different lengths were not batched: {executions}"
+
+
+def test_tables_imported_from_torchrec_serve_the_collections_own_pooling(server):
+    ebc = trained_collection()
+    rng = np.random.default_rng(31)
+    keys = random_keys(rng, 9)
+    rows = [ebc.embedding_bags[f"cat_{t}"].weight.detach().numpy() for t in range(len(TABLES))]
+    client = make_client(server, "grpc")
+    got = infer(client, "grpc", "pooled_torchrec", {"KEYS": keys}, ["OUTPUT0"])["OUTPUT0"]
+    client.close()
+    np.testing.assert_allclose(got, reference(rows, keys, "sum"), rtol=1e-6, atol=1e-6)
+
+
+def test_the_importer_refuses_what_it_cannot_take(tmp_path, capsys):
+    torch.save({"dense.weight": torch.zeros(2, 2)}, tmp_path / "none.pt")
+    assert import_torchrec.main([str(tmp_path / "none.pt"), "--out", str(tmp_path / "t")]) == 2
+    assert "no embedding_bags.<table>.weight" in capsys.readouterr().err
+    torch.save({"embedding_bags.a.weight": torch.zeros(3, 2)}, tmp_path / "one.pt")
+    assert import_torchrec.main([str(tmp_path / "one.pt"), "--out", str(tmp_path / "t"), "--tables", "a,b"]) == 2
+    assert "no table ['b']" in capsys.readouterr().err
+    assert import_torchrec.main([str(tmp_path / "one.pt"), "--out", str(tmp_path / "t"), "--fp16"]) == 0
+    assert np.load(tmp_path / "t" / "a" / "vectors.npy").dtype == np.float16
