@@ -37,6 +37,8 @@ def main():
     p.add_argument("--batch", type=int, default=4096, help="pairs a request in the timed part")
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--port", type=int, default=18700)
+    p.add_argument("--verbose", action="store_true",
+                   help="serve with --log-verbose=1 and print the backend's last timing lines (where a batch's time goes)")
     a = p.parse_args()
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip()
@@ -51,7 +53,9 @@ def main():
           f"tables, GPU cache {a.cache:.0%}), {sum(dlrm_v2.HOTNESS)} lookups a pair; exported in {time.time() - t0:.0f} s")
     ref = model.cuda().eval()
     failures = []
-    with serve(a.server, repo, a.backends, a.port, os.path.join(a.work, "server.log"), timeout=600) as c:
+    extra = ["--log-verbose=1"] if a.verbose else []
+    log = os.path.join(a.work, "server.log")
+    with serve(a.server, repo, a.backends, a.port, log, extra=extra, timeout=600) as c:
         for line in open(os.path.join(a.work, "server.log")):
             if "ready on Gpu" in line or "loaded from" in line:
                 print("[server]", line.strip()[-120:])
@@ -88,6 +92,10 @@ def main():
               f"input {part['compute_input']:.2f}, infer {part['compute_infer']:.2f} (keys checked, bags "
               f"built, lookup, pooling, network), output {part['compute_output']:.2f}; the rest "
               f"({wall - sum(part.values()):.1f}) is HTTP and the client")
+    if a.verbose:
+        timing = [line.strip() for line in open(log) if '"timing:' in line]
+        for line in timing[-6:]:
+            print("[server]", line[line.index("timing:"):][:260])
     for f in failures:
         print("FAIL", f)
     print("dlrm_v2_check: " + ("every check passed" if not failures else f"{len(failures)} failures"))

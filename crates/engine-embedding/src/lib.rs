@@ -219,6 +219,7 @@ impl EmbeddingModel {
             gpu,
             #[cfg(feature = "gpu")]
             pooler,
+            bags: Bags::default(),
         })
     }
 }
@@ -236,6 +237,8 @@ pub struct EmbeddingEngine {
     /// A pooled GPU instance's reduction of each bag's rows.
     #[cfg(feature = "gpu")]
     pooler: Option<Pooler>,
+    /// A pooled instance's bags, refilled for each batch.
+    bags: Bags,
 }
 
 impl Engine for EmbeddingEngine {
@@ -369,13 +372,15 @@ impl Engine for EmbeddingEngine {
                     .pooling
                     .as_ref()
                     .ok_or_else(|| Error::internal("the pooled interface has no hotness"))?;
+                let clock = std::time::Instant::now();
                 let keys = as_i64(host(0)?);
                 let (tables, dim) = (store.table_count(), store.dim(0));
-                let bags = if self.model.lengths_input() {
-                    Bags::ragged(tables, &keys, &as_i32(host(1)?))?
+                let bags = &mut self.bags;
+                if self.model.lengths_input() {
+                    bags.refill_ragged(tables, &keys, &as_i32(host(1)?))?;
                 } else {
-                    Bags::fixed(pooling, &keys)
-                };
+                    bags.refill_fixed(pooling, &keys);
+                }
                 let batch = bags.batch();
                 #[cfg(feature = "gpu")]
                 if let (Some((instance, lookup)), Some(pooler), false) =
@@ -384,6 +389,7 @@ impl Engine for EmbeddingEngine {
                     // every table's keys of the batch in one lookup, table after table; the
                     // bags reduced where the rows are
                     let (flat, counts, offsets) = bags.table_major();
+                    let bags_us = clock.elapsed().as_micros();
                     self.caches.lookup_batch_device(
                         BatchKeys::Host(flat),
                         KeyLayout::Blocked(counts),
@@ -398,7 +404,9 @@ impl Engine for EmbeddingEngine {
                     let format =
                         if dtype == DataType::F16 { RowFormat::F16 } else { RowFormat::F32 };
                     let mean = pooling.combiner == Combiner::Mean;
+                    let looked_us = clock.elapsed().as_micros();
                     let pooled = pooler.pool(&rows, dim, offsets, batch, mean, format)?;
+                    let pooled_us = clock.elapsed().as_micros();
                     if wanted {
                         let shape = [batch as i64, tables as i64, dim as i64];
                         let name = out_name.as_str();
@@ -409,10 +417,17 @@ impl Engine for EmbeddingEngine {
                             data: Bytes::Device(pooled),
                         })?;
                     }
+                    log::debug!(
+                        "timing: pooled lookup: keys {}, bags {bags_us} us, lookup {} us, pooling {} us, rows handed on {} us",
+                        flat.len(),
+                        looked_us - bags_us,
+                        pooled_us - looked_us,
+                        clock.elapsed().as_micros() - pooled_us
+                    );
                     return Ok(());
                 }
                 let mut rows = vec![0f32; batch * tables * dim];
-                pool::pool(&self.caches, &bags, pooling.combiner, dim, &mut rows)?;
+                pool::pool(&self.caches, bags, pooling.combiner, dim, &mut rows)?;
                 if wanted {
                     let shape = [batch as i64, tables as i64, dim as i64];
                     let name = out_name.as_str();

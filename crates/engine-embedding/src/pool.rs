@@ -8,7 +8,12 @@ use triton_rust_embedding::InstanceCaches;
 use crate::settings::{Combiner, Pooling, PAD};
 
 /// A batch's bags, table after table: every key (padding left out), each table's count, and
-/// where each bag starts (bag `t * batch + b`, one more entry at the end).
+/// where each bag starts (bag `t * batch + b`, one more entry at the end). An instance keeps
+/// one and refills it for each batch ([`Bags::refill_fixed`], [`Bags::refill_ragged`]): a batch
+/// of MLPerf's 214 keys a sample writes megabytes here, and memory the process already holds
+/// takes them without the page faults of a fresh allocation (8.9 ms against 1.7 ms for 4096
+/// samples, `time_bags_at_mlperf_hotness`).
+#[derive(Default)]
 pub(crate) struct Bags {
     flat: Vec<i64>,
     counts: Vec<usize>,
@@ -19,12 +24,21 @@ pub(crate) struct Bags {
 impl Bags {
     /// Fixed hotness: each sample's tables' bags one after the other, padded with [`PAD`].
     pub(crate) fn fixed(pooling: &Pooling, keys: &[i64]) -> Bags {
+        let mut bags = Bags::default();
+        bags.refill_fixed(pooling, keys);
+        bags
+    }
+
+    /// [`Bags::fixed`] into this one's memory.
+    pub(crate) fn refill_fixed(&mut self, pooling: &Pooling, keys: &[i64]) {
         let width = pooling.width().max(1);
         let batch = keys.len() / width;
-        let tables = pooling.hotness.len();
-        let mut flat = Vec::with_capacity(keys.len());
-        let mut counts = Vec::with_capacity(tables);
-        let mut offsets = Vec::with_capacity(tables * batch + 1);
+        let Bags { flat, counts, offsets, .. } = self;
+        flat.clear();
+        counts.clear();
+        offsets.clear();
+        flat.reserve(keys.len());
+        offsets.reserve(pooling.hotness.len() * batch + 1);
         let mut at = 0;
         for &h in &pooling.hotness {
             let start = flat.len();
@@ -36,13 +50,25 @@ impl Bags {
             at += h;
         }
         offsets.push(flat.len() as i32);
-        Bags { flat, counts, offsets, batch }
+        self.batch = batch;
     }
 
     /// Ragged bags: `lengths` `[batch, tables]` says how many of `keys` each sample has per
     /// table, sample after sample, each sample's tables in order (a request's keys are its
     /// own, so requests concatenate).
     pub(crate) fn ragged(tables: usize, keys: &[i64], lengths: &[i32]) -> Result<Bags> {
+        let mut bags = Bags::default();
+        bags.refill_ragged(tables, keys, lengths)?;
+        Ok(bags)
+    }
+
+    /// [`Bags::ragged`] into this one's memory.
+    pub(crate) fn refill_ragged(
+        &mut self,
+        tables: usize,
+        keys: &[i64],
+        lengths: &[i32],
+    ) -> Result<()> {
         let tables = tables.max(1);
         let batch = lengths.len() / tables;
         // where each sample's bag of each table starts in `keys`
@@ -66,9 +92,12 @@ impl Bags {
                 keys.len()
             )));
         }
-        let mut flat = Vec::with_capacity(keys.len());
-        let mut counts = Vec::with_capacity(tables);
-        let mut offsets = Vec::with_capacity(tables * batch + 1);
+        let Bags { flat, counts, offsets, .. } = self;
+        flat.clear();
+        counts.clear();
+        offsets.clear();
+        flat.reserve(keys.len());
+        offsets.reserve(tables * batch + 1);
         for t in 0..tables {
             let start = flat.len();
             for b in 0..batch {
@@ -79,7 +108,8 @@ impl Bags {
             counts.push(flat.len() - start);
         }
         offsets.push(flat.len() as i32);
-        Ok(Bags { flat, counts, offsets, batch })
+        self.batch = batch;
+        Ok(())
     }
 
     pub(crate) fn batch(&self) -> usize {

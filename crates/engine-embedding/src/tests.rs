@@ -220,3 +220,28 @@ fn bags_go_to_the_gpu_table_after_table_with_where_each_starts() {
         .message()
         .contains("negative length -1"));
 }
+
+#[test]
+#[ignore = "a timing, not a test: cargo test --release -p triton_rust_engine_embedding -- --ignored --nocapture"]
+fn time_bags_at_mlperf_hotness() {
+    use crate::pool::Bags;
+    let hotness =
+        vec![3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1];
+    let pooling = Pooling { hotness, combiner: Combiner::Sum };
+    let keys: Vec<i64> = (0..4096 * 214).map(|i| (i * 7919) % 40_000).collect();
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        let bags = Bags::fixed(&pooling, &keys);
+        println!(
+            "fresh bags of 4096 x 214 keys: {} us ({} keys)",
+            t.elapsed().as_micros(),
+            bags.table_major().0.len()
+        );
+    }
+    let mut bags = Bags::default();
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        bags.refill_fixed(&pooling, &keys);
+        println!("refilled bags of 4096 x 214 keys: {} us", t.elapsed().as_micros());
+    }
+}
