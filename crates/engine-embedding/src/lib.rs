@@ -220,6 +220,7 @@ impl EmbeddingModel {
             #[cfg(feature = "gpu")]
             pooler,
             bags: Bags::default(),
+            key_scratch: Vec::new(),
         })
     }
 }
@@ -237,8 +238,9 @@ pub struct EmbeddingEngine {
     /// A pooled GPU instance's reduction of each bag's rows.
     #[cfg(feature = "gpu")]
     pooler: Option<Pooler>,
-    /// A pooled instance's bags, refilled for each batch.
+    /// A pooled instance's bags, refilled for each batch, and its keys when they come unaligned.
     bags: Bags,
+    key_scratch: Vec<i64>,
 }
 
 impl Engine for EmbeddingEngine {
@@ -372,14 +374,28 @@ impl Engine for EmbeddingEngine {
                     .pooling
                     .as_ref()
                     .ok_or_else(|| Error::internal("the pooled interface has no hotness"))?;
+                #[cfg(feature = "gpu")]
                 let clock = std::time::Instant::now();
-                let keys = as_i64(host(0)?);
+                // in place when aligned, else into memory this instance keeps (a fresh
+                // allocation of a large batch's keys costs its page faults every time)
+                let raw = host(0)?;
+                let keys: &[i64] = match bytemuck::try_cast_slice::<u8, i64>(raw) {
+                    Ok(keys) if cfg!(target_endian = "little") => keys,
+                    _ => {
+                        self.key_scratch.clear();
+                        self.key_scratch.extend(
+                            raw.chunks_exact(8)
+                                .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))),
+                        );
+                        &self.key_scratch
+                    }
+                };
                 let (tables, dim) = (store.table_count(), store.dim(0));
                 let bags = &mut self.bags;
                 if self.model.lengths_input() {
-                    bags.refill_ragged(tables, &keys, &as_i32(host(1)?))?;
+                    bags.refill_ragged(tables, keys, &as_i32(host(1)?))?;
                 } else {
-                    bags.refill_fixed(pooling, &keys);
+                    bags.refill_fixed(pooling, keys);
                 }
                 let batch = bags.batch();
                 #[cfg(feature = "gpu")]

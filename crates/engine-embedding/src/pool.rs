@@ -5,7 +5,12 @@
 use triton_rust_core::error::{Error, Result};
 use triton_rust_embedding::InstanceCaches;
 
+use rayon::prelude::*;
+
 use crate::settings::{Combiner, Pooling, PAD};
+
+/// Batches of at least this many keys lay their tables out in parallel.
+const PARALLEL_KEYS: usize = 1 << 16;
 
 /// A batch's bags, table after table: every key (padding left out), each table's count, and
 /// where each bag starts (bag `t * batch + b`, one more entry at the end). An instance keeps
@@ -29,27 +34,72 @@ impl Bags {
         bags
     }
 
-    /// [`Bags::fixed`] into this one's memory.
+    /// [`Bags::fixed`] into this one's memory. A large batch's tables are laid out in
+    /// parallel: the bags' sizes, then their keys, each table by a thread of its own.
     pub(crate) fn refill_fixed(&mut self, pooling: &Pooling, keys: &[i64]) {
         let width = pooling.width().max(1);
         let batch = keys.len() / width;
+        let tables = pooling.hotness.len();
+        // where each table's bag starts in a sample
+        let at: Vec<usize> = pooling
+            .hotness
+            .iter()
+            .scan(0, |a, &h| {
+                let s = *a;
+                *a += h;
+                Some(s)
+            })
+            .collect();
+        let span = |t: usize| at[t]..at[t] + pooling.hotness[t];
+        let parallel = keys.len() >= PARALLEL_KEYS;
         let Bags { flat, counts, offsets, .. } = self;
-        flat.clear();
-        counts.clear();
+        // each bag's size, then where it starts (all bags, table after table)
         offsets.clear();
-        flat.reserve(keys.len());
-        offsets.reserve(pooling.hotness.len() * batch + 1);
-        let mut at = 0;
-        for &h in &pooling.hotness {
-            let start = flat.len();
-            for sample in keys.chunks_exact(width) {
-                offsets.push(flat.len() as i32);
-                flat.extend(sample[at..at + h].iter().copied().filter(|&k| k != PAD));
+        offsets.resize(tables * batch + 1, 0);
+        let size_bags = |(t, sizes): (usize, &mut [i32])| {
+            for (size, sample) in sizes.iter_mut().zip(keys.chunks_exact(width)) {
+                *size = sample[span(t)].iter().filter(|&&k| k != PAD).count() as i32;
             }
-            counts.push(flat.len() - start);
-            at += h;
+        };
+        let sizes = &mut offsets[..tables * batch];
+        if parallel && batch > 0 {
+            sizes.par_chunks_mut(batch).enumerate().for_each(size_bags);
+        } else if batch > 0 {
+            sizes.chunks_mut(batch).enumerate().for_each(size_bags);
         }
-        offsets.push(flat.len() as i32);
+        let mut total = 0i32;
+        for o in offsets.iter_mut() {
+            let size = *o;
+            *o = total;
+            total += size;
+        }
+        counts.clear();
+        counts
+            .extend((0..tables).map(|t| (offsets[(t + 1) * batch] - offsets[t * batch]) as usize));
+        // every table's keys into its own part of `flat`
+        flat.clear();
+        flat.resize(total as usize, 0);
+        let mut parts = Vec::with_capacity(tables);
+        let mut rest = &mut flat[..];
+        for &c in counts.iter() {
+            let (part, tail) = rest.split_at_mut(c);
+            parts.push(part);
+            rest = tail;
+        }
+        let fill = |(t, part): (usize, &mut [i64])| {
+            let mut i = 0;
+            for sample in keys.chunks_exact(width) {
+                for &k in sample[span(t)].iter().filter(|&&k| k != PAD) {
+                    part[i] = k;
+                    i += 1;
+                }
+            }
+        };
+        if parallel {
+            parts.into_par_iter().enumerate().for_each(fill);
+        } else {
+            parts.into_iter().enumerate().for_each(fill);
+        }
         self.batch = batch;
     }
 
