@@ -34,7 +34,7 @@ before=""
 py=.venv/bin/python
 
 # the backend and the tools
-cargo build --release --lib --example gpu_cache_check --example criteo_fixture --example stream_client --example batch_lookup_bench
+cargo build --release --lib --example gpu_cache_check --example criteo_fixture --example stream_client --example batch_lookup_bench --example pooled_lookup_bench
 if [ -z "${LIBTORCH:-}" ]; then
     for d in .venv/lib/python3*/site-packages/torch; do [ -f "$d/lib/libtorch_cpu.so" ] && export LIBTORCH="$PWD/$d"; done
 fi
@@ -44,7 +44,7 @@ cargo build --release -p triton_rust_engine_onnx --example ort_bare
 tgt="${CARGO_TARGET_DIR:-target}/release"
 mkdir -p .carry
 for f in libtriton_rust.so libtriton_rust_torch.so libtriton_rust_torch_cuda.so libtriton_rust_aoti.so; do strip -o ".carry/$f" "$tgt/$f"; done
-for f in gpu_cache_check criteo_fixture stream_client batch_lookup_bench; do strip -o ".carry/$f" "$tgt/examples/$f"; done
+for f in gpu_cache_check criteo_fixture stream_client batch_lookup_bench pooled_lookup_bench; do strip -o ".carry/$f" "$tgt/examples/$f"; done
 strip -o .carry/ort_bare "$tgt/examples/ort_bare"
 bash bench/gpu/build_aoti_bare.sh "$LIBTORCH" .carry/aoti_bare && strip .carry/aoti_bare
 

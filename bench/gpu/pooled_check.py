@@ -7,7 +7,10 @@ Writes tables several times larger than their GPU cache (so bags mix cache hits 
 fetched from the host tier), serves them as pooled models on KIND_GPU (sum with fixed hotness
 and -1 padding, mean, FP16 rows, and the ragged form: KEYS with allow_ragged_batch and LENGTHS),
 and checks every answer against numpy's float64 pooling of the table files: fp32 rows within
-1e-5 relative, fp16 rows within fp16's rounding. Then times requests of MLPerf DLRM-v2's hotness
+1e-5 relative, fp16 rows within fp16's rounding. The same models with every row on the GPU
+(gpucacheper 1.0: resident tables, one kernel from the keys as sent; fp32 and fp16 rows kept)
+are checked alike, with keys that are no row of their table (negative, past the table: the
+batch read below the GPU, default rows) and keys sent in CUDA shared memory. Then times requests of MLPerf DLRM-v2's hotness
 (214 keys a sample) through the server and prints lookups/s, labelled as a served figure
 (HTTP, the pooled rows returned to the client), not the lookup alone."""
 import argparse
@@ -33,7 +36,7 @@ def param(k, v):
 
 
 def config(name, tables, dim, hotness, table_dir, combiner, out_type="TYPE_FP32", ragged=False, cache=0.1,
-           max_batch=4096):
+           max_batch=4096, row_type="fp32"):
     width = sum(hotness)
     keys = ('input [ { name: "KEYS" data_type: TYPE_INT64 dims: [ -1 ] allow_ragged_batch: true },\n'
             f'        {{ name: "LENGTHS" data_type: TYPE_INT32 dims: [ {tables} ] }} ]\n') if ragged else \
@@ -45,7 +48,8 @@ def config(name, tables, dim, hotness, table_dir, combiner, out_type="TYPE_FP32"
     for k, v in dict(engine="embedding", embedding_interface="pooled",
                      embedding_table_names=",".join(f"t{i}" for i in range(tables)),
                      embedding_vecsize_per_table=dim, embedding_hotness_per_table=",".join(map(str, hotness)),
-                     embedding_combiner=combiner, gpucacheper=cache, sparse_files=",".join(
+                     embedding_combiner=combiner, gpucacheper=cache, gpucache_row_type=row_type,
+                     sparse_files=",".join(
                          os.path.join(table_dir, f"t{i}") for i in range(tables))).items():
         text += param(k, v)
     return text
@@ -75,6 +79,40 @@ def reference_fixed(vectors, keys, hotness, mean):
     return out
 
 
+def reference_rounded(vectors, keys, hotness):
+    """reference_fixed (sum) of the rows rounded to fp16, as a cache of fp16 rows keeps them."""
+    return reference_fixed([v.astype(np.float16).astype(np.float32) for v in vectors], keys, hotness, False)
+
+
+def resident_extras(c, vectors, rows, failures):
+    """Resident tables: keys that are no row (the batch answered below the GPU, default rows
+    of zeros) and keys sent in CUDA shared memory (read where they are)."""
+    rng = np.random.default_rng(7)
+    keys = fixed_keys(rng, 64, HOTNESS, rows, empty=0.0)
+    keys[3, 0] = rows + 5  # past table 0
+    keys[9, 50] = -7  # negative, in a bag of table 20
+    out = c.infer("resident_sum", {"KEYS": keys}, ["OUTPUT0"])["OUTPUT0"].astype(np.float64)
+    masked = keys.copy()
+    masked[3, 0], masked[9, 50] = -1, -1  # default rows are zeros: the bags as if those keys were padding
+    want = reference_fixed(vectors, masked, HOTNESS, False)
+    diff = float(np.abs(out - want).max())
+    print(f"  resident_sum   keys no row of their table (past a table, negative): max abs diff {diff:.2e} "
+          "against bags without them (default rows are zeros)")
+    if diff > 1e-4:
+        failures.append(f"resident_sum with keys outside the tables: max abs diff {diff:.3e}")
+    from cuda_shm import Region
+    keys = fixed_keys(rng, 512, HOTNESS, rows)
+    with Region(c, "pooled_keys", keys.nbytes) as region:
+        region.write(keys)
+        out = c.infer("resident_fp16", {}, ["OUTPUT0"],
+                      shm={"KEYS": (region.name, 0, keys.nbytes, keys.shape, np.int64)})["OUTPUT0"].astype(np.float64)
+    want = reference_rounded(vectors, keys, HOTNESS)
+    bad = np.abs(out - want) > np.abs(want) * 2.0 ** -10 + 1e-6
+    print(f"  resident_fp16  keys in CUDA shared memory, 512 samples: max abs diff {float(np.abs(out - want).max()):.2e}")
+    if bad.any():
+        failures.append(f"resident_fp16 with keys in CUDA shared memory: {int(bad.sum())} values off")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--server", required=True)
@@ -100,7 +138,11 @@ def main():
           f"{time.time() - t0:.0f} s to write), GPU cache 10% of each; hotness {sum(HOTNESS)} keys a sample")
     models = {"pooled_sum": dict(combiner="sum"), "pooled_mean": dict(combiner="mean"),
               "pooled_fp16": dict(combiner="sum", out_type="TYPE_FP16"),
-              "pooled_ragged": dict(combiner="sum", ragged=True)}
+              "pooled_ragged": dict(combiner="sum", ragged=True),
+              # every row on the GPU: resident tables, pooled by one kernel
+              "resident_sum": dict(combiner="sum", cache=1.0), "resident_mean": dict(combiner="mean", cache=1.0),
+              "resident_fp16": dict(combiner="sum", out_type="TYPE_FP16", cache=1.0, row_type="fp16"),
+              "resident_ragged": dict(combiner="sum", ragged=True, cache=1.0)}
     for name, kw in models.items():
         os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
         with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
@@ -127,6 +169,9 @@ def main():
                     out = c.infer(name, {"KEYS": keys}, ["OUTPUT0"])["OUTPUT0"]
                     want = reference_fixed(vectors, keys, HOTNESS, kw["combiner"] == "mean")
                 got = out.astype(np.float64)
+                if kw.get("row_type") == "fp16":
+                    # rows kept as fp16: the reference sums the rows rounded to fp16
+                    want = reference_rounded(vectors, keys, HOTNESS) if not kw.get("ragged") else want
                 if kw.get("out_type") == "TYPE_FP16":
                     bad = np.abs(got - want) > np.abs(want) * 2.0 ** -10 + 1e-6  # fp16 rounding of the sum
                 else:
@@ -137,6 +182,10 @@ def main():
                     failures.append(f"{name} batch {batch}: {int(bad.sum())} values off, max abs diff {worst:.3e}")
             print(f"  {name:14s} {rows_checked:6d} pooled rows against float64 sums of the stored rows: "
                   f"max abs diff {worst:.2e}")
+        resident_extras(c, vectors, a.rows, failures)
+        for line in open(os.path.join(a.work, "server.log")):
+            if "resident" in line and ("error" in line.lower() or "fit" in line):
+                print("[server]", line.strip()[-160:])
         # malformed input fails alone, the GPU instance goes on
         try:
             c.infer("pooled_ragged", {"KEYS": np.zeros((1, 3), np.int64), "LENGTHS": np.array([[2] + [0] * (tables - 1)], np.int32)}, ["OUTPUT0"])
@@ -145,16 +194,17 @@ def main():
             print(f"  bad LENGTHS refused: [{e.status}] {str(e)[:150]}")
         # served lookups/s at MLPerf DLRM-v2's hotness (every bag full)
         keys = np.stack([np.concatenate([rng.integers(0, a.rows, size=h) for h in HOTNESS]) for _ in range(a.perf_batch)])
-        c.infer("pooled_fp16", {"KEYS": keys}, ["OUTPUT0"])
-        n, t0 = 0, time.time()
-        while time.time() - t0 < a.perf_seconds:
-            c.infer("pooled_fp16", {"KEYS": keys}, ["OUTPUT0"])
-            n += 1
-        secs = time.time() - t0
-        lookups = n * a.perf_batch * sum(HOTNESS)
-        print(f"  served, one HTTP client, batch {a.perf_batch} x {sum(HOTNESS)} keys, fp16 rows back: "
-              f"{n / secs:.1f} requests/s, {lookups / secs / 1e6:.1f} M lookups/s "
-              f"(the server's path and HTTP, not the pooled lookup alone)")
+        for model in ("pooled_fp16", "resident_fp16"):
+            c.infer(model, {"KEYS": keys}, ["OUTPUT0"])
+            n, t0 = 0, time.time()
+            while time.time() - t0 < a.perf_seconds / 2:
+                c.infer(model, {"KEYS": keys}, ["OUTPUT0"])
+                n += 1
+            secs = time.time() - t0
+            lookups = n * a.perf_batch * sum(HOTNESS)
+            print(f"  {model}: served, one HTTP client, batch {a.perf_batch} x {sum(HOTNESS)} keys, fp16 rows back: "
+                  f"{n / secs:.1f} requests/s, {lookups / secs / 1e6:.1f} M lookups/s "
+                  f"(the server's path and HTTP, not the pooled lookup alone)")
     for f in failures:
         print("FAIL", f)
     print("pooled_check: " + ("every check passed" if not failures else f"{len(failures)} failures"))

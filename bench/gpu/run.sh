@@ -30,9 +30,26 @@
 #   pooled-check  pooled (multi-hot) lookups on KIND_GPU (sum, mean, fp16 rows, ragged) exact against
 #                 float64 sums of the stored rows, at MLPerf DLRM-v2's hotness, tables larger than
 #                 their GPU cache; a served lookups/s figure (pooled_check.py). carry [".carry"]
+#   pooled-bench  the pooled lookup alone over resident tables (every row in HBM): MLPerf DLRM-v2's 26
+#                 tables at --scale (default 1.0, 52 GB fp16), batches of its 214 keys a sample pooled by
+#                 one kernel from keys in GPU memory, uniform and Zipf keys, checked then timed
+#                 (examples/pooled_lookup_bench.rs; its arguments). carry [".carry"]
 #   dlrm-v2-check MLPerf's DLRM-v2 (examples/dlrm_v2.py, --scale of its rows) as one recommender on
 #                 KIND_GPU, pooled lookups and a TorchScript network: predictions against the PyTorch
 #                 reference on the GPU, and a served pairs/s figure (dlrm_v2_check.py). carry [".carry"]
+#   dlrm-v2       MLPerf's DLRM-v2 benchmark (issue 46; dlrm_v2_perf.py, its arguments): the 26 tables at
+#                 --scale (default 1.0: 204 M rows, 52 GB fp16) written by criteo_fixture, served as ONE
+#                 recommender (GPU cache --cache, default 1.0 = every row in HBM; network a CUDA fp16
+#                 AOTInductor package exported in this call, CUDA graphs, dynamic batching), checked
+#                 against float64 sums and the PyTorch fp32 network, then perf_analyzer (gRPC, CUDA
+#                 shared memory): 270-pair queries (-b 270) over --concurrency, MLPerf-like 100-700
+#                 pairs per query through a non-batching ensemble twin, the pooled lookup alone; an
+#                 endless stream (.carry/stream_client); after the server stops, the bare PyTorch
+#                 reference (F.embedding_bag + torch.compile'd network, all tables in HBM); ratios and
+#                 the issue's targets PASS/MISS; README.md with tables and plots. About 9 minutes at
+#                 scale 1.0 on an H100 (--quick: fewer points). With --cache below 1 its folder is
+#                 dlrm-v2-cache<percent> (--cache 0.1: dlrm-v2-cache10).
+#                 carry [".carry", ".carry_pa"]
 #   aoti-check    FastPitch (FP32), ResNet50 and BERT-large (FP16, CUDA graphs) as CUDA AOTInductor
 #                 packages exported in this call and served on KIND_GPU, checked rather than timed:
 #                 answers in the body and written into CUDA shared memory equal to torch eager,
@@ -88,6 +105,8 @@
 #               "--concurrency 1 --shared-memory cuda --graphs", carry=[".carry", ".carry_pa"], timeout_s=600)
 #   run(command="bash bench/gpu/run.sh trust reload aoti 200", carry=[".carry"], timeout_s=600)
 #   run(command="bash bench/gpu/run.sh aoti-check", carry=[".carry"], timeout_s=600)
+#   run(command="bash bench/gpu/run.sh dlrm-v2", carry=[".carry", ".carry_pa"], timeout_s=600)
+#   run(command="bash bench/gpu/run.sh dlrm-v2 --cache 0.1", carry=[".carry", ".carry_pa"], timeout_s=600)
 #
 # The results come back under $OUT/<benchmark>/. Committed, they replace that benchmark's folder under
 # bench/gpu/results/ whole (git rm -r it first; git keeps the history): one folder per benchmark,
@@ -112,7 +131,7 @@ while [ $# -gt 0 ]; do
 done
 sub="${1:-}"; [ -n "$sub" ] || usage
 shift
-case "$sub" in models|recommenders|dense|trust|ort|aoti|aoti-check|aoti-recsys|network|cross|pooled-check|dlrm-v2-check) ;; *) usage ;; esac
+case "$sub" in models|recommenders|dense|trust|ort|aoti|aoti-check|aoti-recsys|network|cross|pooled-check|pooled-bench|dlrm-v2-check|dlrm-v2) ;; *) usage ;; esac
 
 # ---- ort: gather a carried part; unpack once every part is here (no .carry needed) ----
 if [ "$sub" = ort ]; then
@@ -140,6 +159,12 @@ bench="$sub"
 case "$sub" in
 aoti) bench="aoti/${1:-}" ;;
 trust) if [ "${1:-}" = reload ]; then bench="trust/reload_${2:-}"; else bench="trust/${1:-}"; fi ;;
+dlrm-v2)
+    # a run with part of the rows in the GPU cache has its own folder: --cache 0.1 -> dlrm-v2-cache10
+    cache=$(printf '%s\n' "$@" | awk 'p { print; exit } $0 == "--cache" { p = 1 } /^--cache=/ { sub(/^--cache=/, ""); print; exit }')
+    if [ -n "$cache" ]; then
+        bench=$(awk -v c="$cache" 'BEGIN { if (c + 0 >= 1) print "dlrm-v2"; else printf "dlrm-v2-cache%d\n", c * 100 + 0.5 }')
+    fi ;;
 esac
 res="${results:-$out/$bench}"
 mkdir -p "$res"
@@ -167,13 +192,13 @@ cp .carry/libtriton_rust.so .carry/libtriton_rust_torch.so .carry/libtriton_rust
 # the AOTInductor plugin, where pack.sh built it
 [ -f .carry/libtriton_rust_aoti.so ] && cp .carry/libtriton_rust_aoti.so "$backends/rust/"
 aoti=0
-case "$sub" in aoti|aoti-recsys) aoti=1 ;; trust) [ "${1:-}" = reload ] && [ "${2:-}" = aoti ] && aoti=1 ;; esac
+case "$sub" in aoti|aoti-recsys|dlrm-v2) aoti=1 ;; trust) [ "${1:-}" = reload ] && [ "${2:-}" = aoti ] && aoti=1 ;; esac
 if [ "$aoti" = 1 ] && [ ! -f "$backends/rust/libtriton_rust_aoti.so" ]; then
     echo "no .carry/libtriton_rust_aoti.so: bash bench/gpu/pack.sh (with the triton_rust_aoti crate)" >&2; exit 1
 fi
 export PYTHONUNBUFFERED=1
 pa=/tmp/pa/perf_analyzer/bin/perf_analyzer
-if [ "$sub" = recommenders ] || [ "$sub" = dense ] || [ "$sub" = aoti ] || [ "$sub" = aoti-recsys ]; then
+if [ "$sub" = recommenders ] || [ "$sub" = dense ] || [ "$sub" = aoti ] || [ "$sub" = aoti-recsys ] || [ "$sub" = dlrm-v2 ]; then
     if [ ! -x "$pa" ]; then
         ls .carry_pa/perf_analyzer-*.whl >/dev/null 2>&1 || { echo "no .carry_pa/: carry [\".carry\", \".carry_pa\"]" >&2; exit 1; }
         python3 -m pip install --quiet --no-index --no-deps --target /tmp/pa .carry_pa/perf_analyzer-*.whl
@@ -289,9 +314,25 @@ pooled-check)
     timeout "${POOLED_TIMEOUT:-570}" python3 bench/gpu/pooled_check.py --server "$server" \
         --backends "$backends" "$@" || rc=1
     ;;
+pooled-bench)
+    timeout "${POOLED_TIMEOUT:-400}" .carry/pooled_lookup_bench "$@" || rc=1
+    ;;
 dlrm-v2-check)
     timeout "${DLRM_V2_TIMEOUT:-570}" python3 bench/gpu/dlrm_v2_check.py --server "$server" \
         --backends "$backends" "$@" || rc=1
+    ;;
+dlrm-v2)
+    # the GPU's clocks, power and use every 2 s, into the benchmark's work folder: dlrm_v2_perf.py
+    # packs it into perf.tgz with the raw CSVs (a device call returns at most 8 files)
+    work=/tmp/dlrm_v2
+    mkdir -p "$work"
+    nvidia-smi dmon -s puc -d 2 -o T > "$work/gpu_dmon.log" 2>&1 &
+    dm=$!
+    OUT="$res" timeout "${DLRM_V2_TIMEOUT:-570}" python3 bench/gpu/dlrm_v2_perf.py --server "$server" \
+        --backends "$backends" --perf-analyzer "$pa" --fixture-bin .carry/criteo_fixture \
+        --stream-client .carry/stream_client --libtorch-dir "$TORCH_DIR/lib" --results "$res" --work "$work" \
+        --command "bash bench/gpu/run.sh dlrm-v2 $*" "$@" || rc=1
+    kill "$dm" 2>/dev/null
     ;;
 aoti-check)
     OUT="$res" timeout "${AOTI_TIMEOUT:-570}" python3 bench/gpu/aoti_check.py --server "$server" \

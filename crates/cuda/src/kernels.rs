@@ -30,6 +30,11 @@ pub(crate) struct Kernels {
     /// Pooled lookups: each bag's rows summed (or averaged), fp32 or fp16 out.
     pub(crate) pool: CudaFunction,
     pub(crate) pool_h: CudaFunction,
+    /// A resident table's rows written in place, and pooled lookups over resident tables
+    /// (fp32 or fp16 out).
+    pub(crate) resident_write: CudaFunction,
+    pub(crate) pool_resident: CudaFunction,
+    pub(crate) pool_resident_h: CudaFunction,
     /// The kernels that read or write a cache's rows, over caches whose rows are fp16.
     pub(crate) s16: RowKernels,
 }
@@ -41,6 +46,9 @@ pub(crate) struct RowKernels {
     pub(crate) batch: CudaFunction,
     pub(crate) batch_h: CudaFunction,
     pub(crate) fill: CudaFunction,
+    pub(crate) resident_write: CudaFunction,
+    pub(crate) pool_resident: CudaFunction,
+    pub(crate) pool_resident_h: CudaFunction,
 }
 
 type Compiled = OnceLock<Result<Arc<Kernels>>>;
@@ -68,12 +76,18 @@ fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
             gather_keys: f("gather_keys")?,
             pool: f("pool_bags")?,
             pool_h: f("pool_bags_h")?,
+            resident_write: f("resident_write")?,
+            pool_resident: f("pool_resident")?,
+            pool_resident_h: f("pool_resident_h")?,
             s16: RowKernels {
                 lookup: f("cache_lookup_s16")?,
                 insert: f("cache_insert_s16")?,
                 batch: f("batch_lookup_s16")?,
                 batch_h: f("batch_lookup_h_s16")?,
                 fill: f("batch_fill_s16")?,
+                resident_write: f("resident_write_s16")?,
+                pool_resident: f("pool_resident_s16")?,
+                pool_resident_h: f("pool_resident_h_s16")?,
             },
         }))
     }))
@@ -143,6 +157,14 @@ mod tests {
             "batch_lookup_s16",
             "batch_lookup_h_s16",
             "batch_fill_s16",
+            "pool_bags",
+            "pool_bags_h",
+            "resident_write",
+            "resident_write_s16",
+            "pool_resident",
+            "pool_resident_h",
+            "pool_resident_s16",
+            "pool_resident_h_s16",
         ] {
             let decl = format!("extern \"C\" __global__ void {name}(");
             assert!(super::SOURCE.contains(&decl), "{name}");

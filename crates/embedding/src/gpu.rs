@@ -9,12 +9,15 @@ use std::sync::Arc;
 
 use triton_rust_core::error::{Error, Result};
 pub use triton_rust_cuda::cache::{
-    BatchKeys, BatchLookup, DeviceRows, KeyLayout, KeyUpload, Pooler, RowFormat,
+    BagLayout, BatchKeys, BatchLookup, DeviceRows, KeyLayout, KeyUpload, Pooler, ResidentPool,
+    RowFormat,
 };
 use triton_rust_cuda::cache::{CacheSlots, InsertPlan, Queue, WAYS as DEVICE_WAYS};
 
 use crate::cache::{CacheCounters, CacheGeometry, CacheTier, EMPTY_KEY, WAYS};
+use crate::host::HostTier;
 use crate::store_config::CacheRows;
+use crate::table::VectorType;
 
 const _: () = assert!(WAYS == DEVICE_WAYS, "the kernels assume one warp per set");
 
@@ -75,6 +78,60 @@ impl GpuInstance {
         Ok(Arc::new(GpuCache::with_queue(&self.queue, geo, self.clock.clone(), self.rows)?))
     }
 
+    /// A resident table of this instance: every row of `host` (a dense table, keys
+    /// `0..rows`) copied to the GPU and looked up by row number. The caller holds updates
+    /// back until the table is registered for them.
+    pub fn new_resident(&self, host: &HostTier, geo: CacheGeometry) -> Result<Arc<dyn CacheTier>> {
+        let (bytes, stored, updated) = host
+            .dense_base()
+            .ok_or_else(|| Error::internal("a resident table needs keys 0..rows in order"))?;
+        let dim = geo.dim;
+        let nrows = bytes.len() / (dim * stored.size()).max(1);
+        let slots = CacheSlots::resident(&self.queue, nrows, dim, self.rows)?;
+        match (stored, self.rows) {
+            (VectorType::F32, RowFormat::F32) | (VectorType::F16, RowFormat::F16) => {
+                slots.upload_rows(0, bytes)?
+            }
+            // converted a million rows at a time (fp16 <-> fp32 both round-trip exactly
+            // where the cache's format can hold the value; fp32 -> fp16 rounds to nearest
+            // even, as the GPU's fills do)
+            _ => {
+                let per = 1 << 20;
+                let row_bytes = dim * stored.size();
+                for (i, part) in bytes.chunks(per * row_bytes).enumerate() {
+                    let mut f = vec![0f32; part.len() / row_bytes * dim];
+                    for (src, dst) in part.chunks_exact(row_bytes).zip(f.chunks_exact_mut(dim)) {
+                        crate::table::decode_row(stored, src, dst);
+                    }
+                    let out: Vec<u8> = match self.rows {
+                        RowFormat::F32 => bytemuck::cast_slice(&f).to_vec(),
+                        RowFormat::F16 => f
+                            .iter()
+                            .flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes())
+                            .collect(),
+                    };
+                    slots.upload_rows(i * per, &out)?;
+                }
+            }
+        }
+        let cache = GpuCache {
+            slots,
+            geo,
+            clock: self.clock.clone(),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        };
+        // rows updated since the table was loaded: their current rows
+        if !updated.is_empty() {
+            let mut rows = vec![0f32; updated.len() * dim];
+            for (k, row) in updated.iter().zip(rows.chunks_exact_mut(dim)) {
+                host.get(*k, row);
+            }
+            cache.write(&updated, &rows, false)?;
+        }
+        Ok(Arc::new(cache))
+    }
+
     /// The next lookup epoch.
     pub fn next_epoch(&self) -> u64 {
         self.clock.fetch_add(1, Ordering::Relaxed)
@@ -95,6 +152,20 @@ impl GpuInstance {
     /// A pooler of looked-up rows on this instance's GPU (pooled lookups).
     pub fn pooler(&self) -> Result<Pooler> {
         Ok(Pooler::new(&self.queue)?)
+    }
+
+    /// The one-kernel pooled lookup over `caches` when every one is a resident table (see
+    /// [`ResidentPool`]), its rows written as `format`; `None` otherwise.
+    pub fn resident_pool(
+        &self,
+        caches: &[Option<&GpuCache>],
+        format: RowFormat,
+    ) -> Result<Option<ResidentPool>> {
+        let Some(slots) = caches.iter().map(|c| c.map(|c| &c.slots)).collect::<Option<Vec<_>>>()
+        else {
+            return Ok(None);
+        };
+        Ok(ResidentPool::new(&self.queue, &slots, format)?)
     }
 }
 
@@ -164,6 +235,11 @@ impl GpuCache {
         if vectors.len() != keys.len() * self.geo.dim {
             return Err(Error::internal("gpu cache: vectors do not match keys"));
         }
+        if self.slots.resident_rows().is_some() {
+            // row = key: no sets to group by
+            let plan = InsertPlan { order: &[], group_start: &[], group_set: &[] };
+            return Ok(self.slots.write(keys, vectors, &plan, 0, only_if_present)?);
+        }
         let (order, group_start, group_set) = group_by_set(&self.geo, keys);
         let epoch = self.clock.fetch_add(1, Ordering::Relaxed);
         let plan = InsertPlan { order: &order, group_start: &group_start, group_set: &group_set };
@@ -201,7 +277,11 @@ impl CacheTier for GpuCache {
     }
 
     fn name(&self) -> &'static str {
-        "gpu_cache"
+        if self.slots.resident_rows().is_some() {
+            "gpu_resident"
+        } else {
+            "gpu_cache"
+        }
     }
 
     fn as_any(&self) -> &dyn std::any::Any {

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::RwLock;
 
-use super::table::TableFiles;
+use super::table::{TableFiles, VectorType};
 use crate::keys::mix64;
 use triton_rust_core::error::{Error, Result};
 
@@ -224,6 +224,25 @@ impl HostTier {
     /// Rows written by updates since the tier was built (superseded ones included).
     pub fn overlay_rows(&self) -> usize {
         self.overlay.read().len() / self.dim
+    }
+
+    /// `Some(rows)` when the table was loaded with keys `0..rows` in order.
+    pub fn dense_rows(&self) -> Option<usize> {
+        self.dense
+    }
+
+    /// A dense table's base rows as its file keeps them (keys `0..rows` in order, `None`
+    /// for any other table), and the keys of that range updated since it was loaded, whose
+    /// current rows `get` reads: what a copy of the whole table on a GPU is made from.
+    pub fn dense_base(&self) -> Option<(&[u8], VectorType, Vec<i64>)> {
+        let base = self.base.as_ref().filter(|_| self.dense.is_some())?;
+        let mut updated = Vec::new();
+        if self.indexed.load(Ordering::Acquire) {
+            for shard in &self.shards {
+                updated.extend(shard.read().keys().copied().filter(|&k| self.in_dense(k)));
+            }
+        }
+        Some((base.vector_bytes(), base.vector_type, updated))
     }
 
     /// Every key and its current row (a compaction's snapshot), in no particular order.

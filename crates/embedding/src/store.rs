@@ -318,9 +318,17 @@ impl EmbeddingStore {
         self: &Arc<Self>,
         make: &dyn Fn(CacheGeometry) -> Result<Arc<dyn CacheTier>>,
     ) -> Result<Arc<InstanceCaches>> {
+        self.attach_table_caches(&|_, geo| make(geo))
+    }
+
+    /// [`EmbeddingStore::attach_caches`], `make` told which table each cache is for.
+    fn attach_table_caches(
+        self: &Arc<Self>,
+        make: &dyn Fn(usize, CacheGeometry) -> Result<Arc<dyn CacheTier>>,
+    ) -> Result<Arc<InstanceCaches>> {
         let caches = if self.config.cache_ratio > 0.0 {
             (0..self.tables.len())
-                .map(|t| make(self.cache_geometry(t)))
+                .map(|t| make(t, self.cache_geometry(t)))
                 .collect::<Result<Vec<_>>>()?
         } else {
             Vec::new()
@@ -352,7 +360,18 @@ impl EmbeddingStore {
             }
         }
         let gpu = gpu::GpuInstance::new(device, self.config.cache_rows)?;
-        let caches = self.attach_caches(&|geo| gpu.new_cache(geo))?;
+        // A table whose every row the cache would hold and whose keys are its row numbers
+        // is kept whole on the GPU, looked up by row number (a resident table). No update
+        // lands between its copy and the caches' registration for updates.
+        let _gate = self.gate.read();
+        let caches = self.attach_table_caches(&|t, geo| {
+            let host = self.host(t);
+            if self.config.cache_ratio >= 1.0 && host.dense_rows().is_some() {
+                gpu.new_resident(&host, geo)
+            } else {
+                gpu.new_cache(geo)
+            }
+        })?;
         if shared {
             registry.push((device, Arc::downgrade(&caches), gpu.clone()));
         }

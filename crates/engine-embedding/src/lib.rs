@@ -30,12 +30,13 @@ use triton_rust_core::tensor::{Bytes, DataType};
 use triton_rust_embedding::cache::{CacheTier, HostCache};
 #[cfg(feature = "gpu")]
 use triton_rust_embedding::gpu::{
-    BatchKeys, BatchLookup, GpuInstance, KeyLayout, KeyUpload, Pooler, RowFormat,
+    BatchKeys, BatchLookup, GpuInstance, KeyLayout, KeyUpload, RowFormat,
 };
 use triton_rust_embedding::InstanceCaches;
 
 mod model;
 mod pool;
+mod pooled;
 mod rows;
 mod settings;
 mod stores;
@@ -44,7 +45,7 @@ use model::{signature, Model};
 use stores::shared_store;
 pub use stores::Stores;
 
-use pool::Bags;
+use pooled::PooledRun;
 use rows::{as_f32, as_i32, as_i64, DeviceRows, RowSink};
 
 use settings::same_secret;
@@ -123,8 +124,9 @@ impl EmbeddingModel {
         let store = &m.store;
         #[cfg(feature = "gpu")]
         let mut gpu = None;
-        #[cfg(feature = "gpu")]
-        let mut pooler = None;
+        let hotness = m.settings.pooling.as_ref().map_or(&[][..], |p| &p.hotness[..]);
+        #[cfg_attr(not(feature = "gpu"), allow(unused_mut))]
+        let mut pooled = PooledRun::new(hotness);
         let caches = match device {
             Device::Cpu => store
                 .attach_caches(&|geo| Ok(Arc::new(HostCache::new(geo)) as Arc<dyn CacheTier>))?,
@@ -134,17 +136,23 @@ impl EmbeddingModel {
                 let (instance, caches) = store.attach_gpu_caches(id, shared)?;
                 let same_dim = (0..store.table_count()).all(|t| store.dim(t) == store.dim(0));
                 if same_dim && m.settings.interface != Interface::Update {
-                    let pooled = m.settings.interface == Interface::Pooled;
+                    let pooled_interface = m.settings.interface == Interface::Pooled;
                     // a pooled lookup's rows stay fp32 until the bags are reduced
-                    let format = if m.rows_type == DataType::F16 && !pooled {
+                    let format = if m.rows_type == DataType::F16 && !pooled_interface {
                         RowFormat::F16
                     } else {
                         RowFormat::F32
                     };
-                    if pooled {
-                        pooler = Some(instance.pooler()?);
-                    }
                     let mut lookup = caches.batch_lookup(&instance, format)?;
+                    if pooled_interface {
+                        pooled.pooler = Some(instance.pooler()?);
+                        let out = if m.rows_type == DataType::F16 {
+                            RowFormat::F16
+                        } else {
+                            RowFormat::F32
+                        };
+                        pooled.resident = caches.resident_pool(&instance, out)?;
+                    }
                     let (piece_keys, threads) = m.settings.key_upload;
                     lookup.set_key_upload(KeyUpload { piece_keys, threads });
                     gpu = Some((instance, lookup));
@@ -165,10 +173,7 @@ impl EmbeddingModel {
             device_rows: None,
             #[cfg(feature = "gpu")]
             gpu,
-            #[cfg(feature = "gpu")]
-            pooler,
-            bags: Bags::default(),
-            key_scratch: Vec::new(),
+            pooled,
         })
     }
 }
@@ -183,12 +188,8 @@ pub struct EmbeddingEngine {
     /// A GPU instance's whole-batch lookup (tables of one dim: every table in one pass).
     #[cfg(feature = "gpu")]
     gpu: Option<(GpuInstance, BatchLookup)>,
-    /// A pooled GPU instance's reduction of each bag's rows.
-    #[cfg(feature = "gpu")]
-    pooler: Option<Pooler>,
-    /// A pooled instance's bags, refilled for each batch, and its keys when they come unaligned.
-    bags: Bags,
-    key_scratch: Vec<i64>,
+    /// A pooled instance's lookups (see `pooled.rs`).
+    pooled: PooledRun,
 }
 
 impl Engine for EmbeddingEngine {
@@ -316,95 +317,16 @@ impl Engine for EmbeddingEngine {
                 }
             }
             Interface::Pooled => {
-                let pooling = self
-                    .model
-                    .settings
-                    .pooling
-                    .as_ref()
-                    .ok_or_else(|| Error::internal("the pooled interface has no hotness"))?;
-                #[cfg(feature = "gpu")]
-                let clock = std::time::Instant::now();
-                // in place when aligned, else into memory this instance keeps (a fresh
-                // allocation of a large batch's keys costs its page faults every time)
-                let raw = host(0)?;
-                let keys: &[i64] = match bytemuck::try_cast_slice::<u8, i64>(raw) {
-                    Ok(keys) if cfg!(target_endian = "little") => keys,
-                    _ => {
-                        self.key_scratch.clear();
-                        self.key_scratch.extend(
-                            raw.chunks_exact(8)
-                                .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))),
-                        );
-                        &self.key_scratch
-                    }
-                };
-                let (tables, dim) = (store.table_count(), store.dim(0));
-                let bags = &mut self.bags;
-                if self.model.lengths_input() {
-                    bags.refill_ragged(tables, keys, &as_i32(host(1)?))?;
-                } else {
-                    bags.refill_fixed(pooling, keys);
-                }
-                let batch = bags.batch();
-                #[cfg(feature = "gpu")]
-                if let (Some((instance, lookup)), Some(pooler), false) =
-                    (self.gpu.as_mut(), self.pooler.as_mut(), bags.is_empty())
-                {
-                    // every table's keys of the batch in one lookup, table after table; the
-                    // bags reduced where the rows are
-                    let (flat, counts, offsets) = bags.table_major();
-                    let bags_us = clock.elapsed().as_micros();
-                    self.caches.lookup_batch_device(
-                        BatchKeys::Host(flat),
-                        KeyLayout::Blocked(counts),
-                        instance,
-                        lookup,
-                        None,
-                    )?;
-                    let rows = lookup
-                        .rows(flat.len() * dim)
-                        .ok_or_else(|| Error::internal("pooled lookup: no rows"))?;
-                    let dtype = self.model.rows_type;
-                    let format =
-                        if dtype == DataType::F16 { RowFormat::F16 } else { RowFormat::F32 };
-                    let mean = pooling.combiner == Combiner::Mean;
-                    let looked_us = clock.elapsed().as_micros();
-                    let pooled = pooler.pool(&rows, dim, offsets, batch, mean, format)?;
-                    let pooled_us = clock.elapsed().as_micros();
-                    if wanted {
-                        let shape = [batch as i64, tables as i64, dim as i64];
-                        let name = out_name.as_str();
-                        sink(OutputView {
-                            name,
-                            dtype,
-                            shape: &shape,
-                            data: Bytes::Device(pooled),
-                        })?;
-                    }
-                    log::debug!(
-                        "timing: pooled lookup: keys {}, bags {bags_us} us, lookup {} us, pooling {} us, rows handed on {} us",
-                        flat.len(),
-                        looked_us - bags_us,
-                        pooled_us - looked_us,
-                        clock.elapsed().as_micros() - pooled_us
-                    );
-                    return Ok(());
-                }
-                let mut rows = vec![0f32; batch * tables * dim];
-                pool::pool(&self.caches, bags, pooling.combiner, dim, &mut rows)?;
-                if wanted {
-                    let shape = [batch as i64, tables as i64, dim as i64];
-                    let name = out_name.as_str();
-                    if self.model.rows_type == DataType::F16 {
-                        let halves: Vec<half::f16> =
-                            rows.iter().map(|&v| half::f16::from_f32(v)).collect();
-                        let data = Bytes::Host(bytemuck::cast_slice(&halves));
-                        sink(OutputView { name, dtype: DataType::F16, shape: &shape, data })?;
-                    } else {
-                        let data = Bytes::Host(bytemuck::cast_slice(&rows));
-                        sink(OutputView { name, dtype: DataType::F32, shape: &shape, data })?;
-                    }
-                }
+                let m = self.model.clone();
+                self.pooled.run(
+                    &m,
+                    &self.caches,
+                    #[cfg(feature = "gpu")]
+                    self.gpu.as_mut(),
+                    inputs,
+                    wanted,
+                    sink,
+                )?;
             }
             Interface::Update => {
                 let keys = as_i64(host(0)?);
@@ -439,11 +361,13 @@ impl LoadedModel for EmbeddingModel {
         &self.0.sig
     }
 
-    /// A GPU instance's whole-batch lookup takes the batched interface's keys where they are.
+    /// A GPU instance's whole-batch lookup takes the batched interface's keys where they
+    /// are, and the pooled interface's (resident tables read them there; the other paths
+    /// copy them to the host).
     fn accepts_device_inputs(&self, device: Device) -> bool {
         cfg!(feature = "gpu")
             && device != Device::Cpu
-            && self.0.settings.interface == Interface::Batched
+            && matches!(self.0.settings.interface, Interface::Batched | Interface::Pooled)
     }
 
     fn metrics_source(&self) -> Option<Arc<dyn MetricsSource>> {
@@ -518,6 +442,10 @@ impl EmbeddingEngine {
         inputs: &[BatchTensor<'_>],
         out: &mut triton_rust_cuda::DeviceViewMut<'_>,
     ) -> Result<bool> {
+        if self.model.settings.interface == Interface::Pooled {
+            let m = self.model.clone();
+            return Ok(self.pooled.run_resident(&m, inputs, Some(out))?.is_some());
+        }
         let Some((instance, lookup)) =
             self.gpu.as_mut().filter(|_| self.model.settings.interface == Interface::Batched)
         else {

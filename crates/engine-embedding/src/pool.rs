@@ -122,26 +122,7 @@ impl Bags {
         let tables = tables.max(1);
         let batch = lengths.len() / tables;
         // where each sample's bag of each table starts in `keys`
-        let mut starts = vec![0usize; lengths.len()];
-        let mut at = 0usize;
-        for (i, &n) in lengths.iter().enumerate() {
-            let n = usize::try_from(n)
-                .map_err(|_| Error::invalid_arg(format!("a negative length {n}")))?;
-            starts[i] = at;
-            at += n;
-            if at > keys.len() {
-                return Err(Error::invalid_arg(format!(
-                    "the lengths need more than the {} keys sent",
-                    keys.len()
-                )));
-            }
-        }
-        if at != keys.len() {
-            return Err(Error::invalid_arg(format!(
-                "the lengths sum to {at} but {} keys were sent",
-                keys.len()
-            )));
-        }
+        let starts = bag_starts(keys.len(), lengths)?;
         let Bags { flat, counts, offsets, .. } = self;
         flat.clear();
         counts.clear();
@@ -153,7 +134,7 @@ impl Bags {
             for b in 0..batch {
                 let i = b * tables + t;
                 offsets.push(flat.len() as i32);
-                flat.extend_from_slice(&keys[starts[i]..starts[i] + lengths[i] as usize]);
+                flat.extend_from_slice(&keys[starts[i] as usize..starts[i + 1] as usize]);
             }
             counts.push(flat.len() - start);
         }
@@ -183,6 +164,32 @@ impl Bags {
         let start: usize = self.counts[..t].iter().sum();
         &self.flat[start..start + self.counts[t]]
     }
+}
+
+/// Where each bag of a ragged batch starts among its `keys` keys: `lengths` `[batch, tables]`
+/// (sample after sample, each sample's tables in order) summed, one more entry at the end.
+/// Lengths that are negative or do not sum to the keys are refused.
+pub(crate) fn bag_starts(keys: usize, lengths: &[i32]) -> Result<Vec<i32>> {
+    let mut starts = Vec::with_capacity(lengths.len() + 1);
+    let mut at = 0usize;
+    for &n in lengths {
+        let n =
+            usize::try_from(n).map_err(|_| Error::invalid_arg(format!("a negative length {n}")))?;
+        starts.push(at as i32);
+        at += n;
+        if at > keys {
+            return Err(Error::invalid_arg(format!(
+                "the lengths need more than the {keys} keys sent"
+            )));
+        }
+    }
+    if at != keys {
+        return Err(Error::invalid_arg(format!(
+            "the lengths sum to {at} but {keys} keys were sent"
+        )));
+    }
+    starts.push(at as i32);
+    Ok(starts)
 }
 
 /// Pools `bags` into `out`, `[batch, tables, dim]`: a bag's rows summed in key order (or

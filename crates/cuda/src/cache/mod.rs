@@ -33,6 +33,6 @@ pub use batch::BatchLookup;
 pub use batch_args::{BatchKeys, BatchTimes, FetchMisses, KeyLayout, KeyUpload, RowFormat};
 #[cfg(feature = "bench")]
 pub use bench::DeviceKeys;
-pub use pool::Pooler;
+pub use pool::{BagLayout, Pooler, ResidentPool};
 pub use rows::DeviceRows;
 pub use slots::{CacheSlots, InsertPlan, WAYS};

@@ -1,17 +1,19 @@
-//! Pooled lookups' last step on the GPU: a batch's looked-up rows, bag by bag, reduced to one
-//! row each (`pool_bags`).
+//! Pooled lookups on the GPU: a batch's looked-up rows, bag by bag, reduced to one row each
+//! (`pool_bags`, [`Pooler`]), or, over resident tables, each bag's rows read and reduced in
+//! one kernel from the keys as sent (`pool_resident`, [`ResidentPool`]).
 
 use std::sync::Arc;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::batch_args::RowFormat;
+use super::batch_args::{BatchKeys, RowFormat};
+use super::slots::{CacheSlots, SlotsDesc};
 use crate::buffer::{DeviceMem, DevicePtr};
 use crate::context::cuda_err;
-use crate::copy::{htod, Queue};
+use crate::copy::{dtoh, htod, htod_now, zero, Queue};
 use crate::error::{CudaError, Result};
-use crate::kernels::{self, Kernels};
-use crate::mem::DeviceView;
+use crate::kernels::{self, threads_config, Kernels};
+use crate::mem::{DeviceView, DeviceViewMut};
 use crate::pinned::PinnedBuf;
 
 /// Reduces bags of rows to one row each, into a buffer of its own (grown as batches grow).
@@ -98,5 +100,202 @@ impl Pooler {
         unsafe { b.launch(cfg) }.map_err(cuda_err)?;
         q.stream.synchronize().map_err(cuda_err)?;
         Ok(self.out.view(out_bytes).expect("reserved above"))
+    }
+}
+
+/// How a batch's keys form its bags, for [`ResidentPool::run`].
+#[derive(Debug, Clone, Copy)]
+pub enum BagLayout<'a> {
+    /// Each sample's `width` keys; table t's bag is `at[t]..at[t + 1]` of them, padded with
+    /// -1 (fixed hotness: `[batch, Σ hotness]` as sent).
+    Fixed { width: usize, at: &'a [i32] },
+    /// Bag (b, t) is keys `at[b * tables + t]..at[b * tables + t + 1]` (ragged: the keys as
+    /// sent, each sample's tables in order, `batch * tables + 1` starts).
+    Ragged { at: &'a [i32] },
+}
+
+/// A pooled lookup over resident tables (every table's rows on this GPU, row = key): one
+/// kernel reads each bag's rows where they are and writes only the pooled rows, `[batch,
+/// tables, dim]`, taking the keys where the request had them (GPU memory as they are, host
+/// keys in one copy). Runs on the caches' queue, so an update's rows are never read half
+/// written. A key that is no row of its table makes the run report a miss and its rows
+/// incomplete: the caller answers that batch by the path that reads below the GPU.
+pub struct ResidentPool {
+    queue: Queue,
+    kernels: Arc<Kernels>,
+    /// Every table's descriptor, on the GPU, and the slots it names (held so they outlive
+    /// every kernel queued here).
+    desc: DeviceMem,
+    _slots: Vec<SlotsDesc>,
+    tables: usize,
+    dim: usize,
+    stored: RowFormat,
+    format: RowFormat,
+    keys: (PinnedBuf<i64>, DeviceMem),
+    at: (PinnedBuf<i32>, DeviceMem),
+    count: (PinnedBuf<u32>, DeviceMem),
+    out: DeviceMem,
+}
+
+impl ResidentPool {
+    /// A pooled lookup over `tables` on `queue`, pooled rows written as `format`; `None`
+    /// unless every table is resident, all of one dim and row format, and a row is whole
+    /// 16-byte pieces (what a lane reads).
+    pub fn new(
+        queue: &Queue,
+        tables: &[&CacheSlots],
+        format: RowFormat,
+    ) -> Result<Option<ResidentPool>> {
+        let Some(first) = tables.first() else { return Ok(None) };
+        let (dim, stored) = (first.dim(), first.rows());
+        if tables
+            .iter()
+            .any(|t| t.resident_rows().is_none() || t.dim() != dim || t.rows() != stored)
+            || dim == 0
+            || (dim * stored.size()) % 16 != 0
+        {
+            return Ok(None);
+        }
+        let (_, kernels) = kernels::device(queue.device)?;
+        let slots: Vec<SlotsDesc> = tables.iter().map(|t| t.descriptor()).collect();
+        let fields: Vec<i64> = slots.iter().flat_map(|s| s.fields).collect();
+        let d = queue.device;
+        let mut desc = DeviceMem::growing(d);
+        desc.reserve(fields.len() * 8)?;
+        htod_now(d, desc.ptr(), &fields)?;
+        Ok(Some(ResidentPool {
+            queue: queue.clone(),
+            kernels,
+            desc,
+            _slots: slots,
+            tables: tables.len(),
+            dim,
+            stored,
+            format,
+            keys: (PinnedBuf::new(d), DeviceMem::growing(d)),
+            at: (PinnedBuf::new(d), DeviceMem::growing(d)),
+            count: (PinnedBuf::new(d), DeviceMem::growing(d)),
+            out: DeviceMem::growing(d),
+        }))
+    }
+
+    /// Pools `batch` samples' bags of `keys` (laid out as `bags` says) into `out` when
+    /// given (GPU memory on this GPU with room for `[batch, tables, dim]` of the format),
+    /// else into this pool's own buffer ([`ResidentPool::rows`]); each bag's rows summed in
+    /// key order, divided by its count when `mean`, an empty bag zeros. Returns how many
+    /// keys were no row of their table (then the rows are not the answer). Waits for the
+    /// kernel.
+    pub fn run(
+        &mut self,
+        keys: BatchKeys<'_>,
+        bags: BagLayout<'_>,
+        batch: usize,
+        mean: bool,
+        out: Option<&mut DeviceViewMut<'_>>,
+    ) -> Result<usize> {
+        let (tables, dim) = (self.tables, self.dim);
+        let (width, at, ragged) = match bags {
+            BagLayout::Fixed { width, at } if at.len() == tables + 1 => (width, at, 0),
+            BagLayout::Ragged { at } if at.len() == batch * tables + 1 => (0, at, 1),
+            _ => {
+                return Err(CudaError::internal(format!(
+                    "resident pooling: bag starts that do not match {tables} tables of a batch of {batch}"
+                )))
+            }
+        };
+        let needed = if ragged == 1 { at[batch * tables].max(0) as usize } else { batch * width };
+        if keys.len() < needed {
+            return Err(CudaError::internal(format!(
+                "resident pooling: {} keys for bags that need {needed}",
+                keys.len()
+            )));
+        }
+        let out_bytes = batch * tables * dim * self.format.size();
+        if let Some(o) = &out {
+            if o.device() != self.queue.device || o.len() < out_bytes {
+                return Err(CudaError::internal(format!(
+                    "resident pooling: {} bytes on GPU {} for {out_bytes} bytes of rows on GPU {}",
+                    o.len(),
+                    o.device(),
+                    self.queue.device
+                )));
+            }
+        }
+        if batch == 0 {
+            return Ok(0);
+        }
+        let q = &self.queue;
+        let d_keys = match keys {
+            BatchKeys::Device(v) => {
+                if v.device() != q.device {
+                    return Err(CudaError::internal(format!(
+                        "resident pooling: keys on GPU {} for a lookup on GPU {}",
+                        v.device(),
+                        q.device
+                    )));
+                }
+                DevicePtr::of_view(&v)?.raw()
+            }
+            BatchKeys::Host(k) => {
+                let h = self.keys.0.slice(needed.max(1))?;
+                h[..needed].copy_from_slice(&k[..needed]);
+                self.keys.1.reserve(needed.max(1) * 8)?;
+                htod(q, self.keys.1.ptr(), &h[..needed])?;
+                self.keys.1.ptr().raw()
+            }
+        };
+        let h_at = self.at.0.slice(at.len())?;
+        h_at.copy_from_slice(at);
+        self.at.1.reserve(at.len() * 4)?;
+        htod(q, self.at.1.ptr(), h_at)?;
+        self.count.1.reserve(4)?;
+        zero(q, self.count.1.ptr(), 4)?;
+        let d_out = match out {
+            Some(o) => DevicePtr::of_view_mut(o)?.raw(),
+            None => {
+                self.out.reserve(out_bytes)?;
+                self.out.ptr().raw()
+            }
+        };
+        let lanes = dim * self.stored.size() / 16;
+        let set = match self.stored {
+            RowFormat::F32 => (&self.kernels.pool_resident, &self.kernels.pool_resident_h),
+            RowFormat::F16 => (&self.kernels.s16.pool_resident, &self.kernels.s16.pool_resident_h),
+        };
+        let f = if self.format == RowFormat::F16 { set.1 } else { set.0 };
+        let (batch_i, width_i, tables_i, dim_i, lanes_i, mean_i) =
+            (batch as i32, width as i32, tables as i32, dim as i32, lanes as i32, i32::from(mean));
+        let (d_at, d_desc, d_count) = (self.at.1.ptr(), self.desc.ptr(), self.count.1.ptr());
+        let mut b = q.stream.launch_builder(f);
+        b.arg(&d_keys)
+            .arg(&batch_i)
+            .arg(&width_i)
+            .arg(&tables_i)
+            .arg(&d_at)
+            .arg(&ragged)
+            .arg(&d_desc)
+            .arg(&dim_i)
+            .arg(&lanes_i)
+            .arg(&mean_i)
+            .arg(&d_out)
+            .arg(&d_count);
+        // SAFETY: argument types and order match pool_resident*, the one for the tables'
+        // and the output's formats; the keys hold every bag `at` names (checked above), the
+        // descriptors name resident tables of dim `dim` held by `_slots`, and the output
+        // has room for batch * tables * dim of the format.
+        unsafe { b.launch(threads_config(batch * tables * lanes)) }.map_err(cuda_err)?;
+        let h_count = self.count.0.slice(1)?;
+        dtoh(q, h_count, d_count)?;
+        q.stream.record_event(None).map_err(cuda_err)?.synchronize().map_err(cuda_err)?;
+        Ok(h_count[0] as usize)
+    }
+
+    /// The last run's pooled rows in this pool's own buffer.
+    pub fn rows(&self, batch: usize) -> Option<DeviceView<'_>> {
+        self.out.view(batch * self.tables * self.dim * self.format.size())
+    }
+
+    pub fn format(&self) -> RowFormat {
+        self.format
     }
 }

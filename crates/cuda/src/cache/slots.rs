@@ -1,5 +1,7 @@
 //! One table's cache slots on one GPU (keys, stamps, rows) and the kernels that read and
-//! write them one table at a time: lookups of host keys, inserts and refreshes.
+//! write them one table at a time: lookups of host keys, inserts and refreshes. A resident
+//! table ([`CacheSlots::resident`]) is every row of a table whose keys are its row numbers,
+//! kept as a plain array: row `key`, no tags to read, nothing evicted.
 
 use std::sync::Arc;
 
@@ -47,6 +49,8 @@ pub struct CacheSlots {
     _gpu: Arc<GpuState>,
     stream: Arc<CudaStream>,
     sets: usize,
+    /// A resident table's rows (keys `0..rows`); `None` for a cache.
+    resident: Option<usize>,
     dim: usize,
     rows: RowFormat,
     /// Shared with every [`super::BatchLookup`] whose descriptors name these slots, so the
@@ -83,7 +87,80 @@ impl CacheSlots {
         };
         stream.synchronize().map_err(cuda_err)?;
         let slots = Arc::new(Mutex::new(slots));
-        Ok(CacheSlots { kernels, _gpu: g, stream, sets, dim, rows, slots })
+        Ok(CacheSlots { kernels, _gpu: g, stream, sets, resident: None, dim, rows, slots })
+    }
+
+    /// A resident table of `nrows` rows of `dim` (keys `0..nrows`, row `key` at `key × dim`),
+    /// kept as `rows` says, zeros until [`CacheSlots::upload_rows`] writes them. Its work
+    /// goes through `queue`, as a cache's does.
+    pub fn resident(
+        queue: &Queue,
+        nrows: usize,
+        dim: usize,
+        rows: RowFormat,
+    ) -> Result<CacheSlots> {
+        let (g, kernels) = kernels::device(queue.device)?;
+        let stream = queue.stream.clone();
+        let bytes = nrows.max(1) * dim * rows.size();
+        let slots = Slots {
+            keys: stream.alloc_zeros::<i64>(1).map_err(cuda_err)?,
+            stamps: stream.alloc_zeros::<u64>(1).map_err(cuda_err)?,
+            rows: stream.alloc_zeros::<u8>(bytes).map_err(|e| {
+                CudaError::internal(format!(
+                    "a resident table of {nrows} rows of dim {dim} ({:.2} GB) does not fit GPU {}: {e}",
+                    bytes as f64 / 1e9,
+                    queue.device
+                ))
+            })?,
+            counters: stream.alloc_zeros::<u64>(2).map_err(cuda_err)?,
+            locks: stream.alloc_zeros::<u32>(2).map_err(cuda_err)?,
+        };
+        stream.synchronize().map_err(cuda_err)?;
+        let slots = Arc::new(Mutex::new(slots));
+        Ok(CacheSlots {
+            kernels,
+            _gpu: g,
+            stream,
+            sets: 0,
+            resident: Some(nrows),
+            dim,
+            rows,
+            slots,
+        })
+    }
+
+    /// A resident table's rows (keys `0..rows`); `None` for a cache.
+    pub fn resident_rows(&self) -> Option<usize> {
+        self.resident
+    }
+
+    /// Writes rows `first..` of a resident table from `bytes`, whole rows already in the
+    /// table's format (fp32 or fp16 bits, little-endian), in pieces of at most 256 MB.
+    pub fn upload_rows(&self, first: usize, bytes: &[u8]) -> Result<()> {
+        let row = self.dim * self.rows.size();
+        let nrows = self.resident.unwrap_or(0);
+        if row == 0 || bytes.len() % row != 0 || first + bytes.len() / row > nrows {
+            return Err(CudaError::internal(format!(
+                "resident table: {} bytes from row {first} are not whole rows of {row} bytes within its {nrows}",
+                bytes.len()
+            )));
+        }
+        let mut slots = self.slots.lock();
+        let piece = (256 << 20) / row * row;
+        for (i, part) in bytes.chunks(piece.max(row)).enumerate() {
+            let at = first * row + i * piece.max(row);
+            let mut dst = slots.rows.slice_mut(at..at + part.len());
+            self.stream.memcpy_htod(part, &mut dst).map_err(cuda_err)?;
+        }
+        self.stream.synchronize().map_err(cuda_err)
+    }
+
+    /// The `sets` the kernels are given: a cache's sets, or minus a resident table's rows.
+    fn sets_field(&self) -> i64 {
+        match self.resident {
+            Some(n) => -(n as i64),
+            None => self.sets as i64,
+        }
     }
 
     /// The slots' descriptor for [`super::BatchLookup`] (the slots are never reallocated).
@@ -96,7 +173,7 @@ impl CacheSlots {
         let (r, _c) = slots.rows.device_ptr(&self.stream);
         let (l, _d) = slots.locks.device_ptr(&self.stream);
         let (c, _e) = slots.counters.device_ptr(&self.stream);
-        let fields = [addr(k), addr(st), addr(r), self.sets as i64, addr(l), addr(c)];
+        let fields = [addr(k), addr(st), addr(r), self.sets_field(), addr(l), addr(c)];
         SlotsDesc { fields, _held: self.slots.clone() }
     }
 
@@ -120,7 +197,7 @@ impl CacheSlots {
     ) -> Result<()> {
         let slots = self.slots.lock();
         let (n_i, sets, dim, stride) =
-            (n as i32, self.sets as i64, self.dim as i32, out_stride as i64);
+            (n as i32, self.sets_field(), self.dim as i32, out_stride as i64);
         let f = match self.rows {
             RowFormat::F32 => &self.kernels.lookup,
             RowFormat::F16 => &self.kernels.s16.lookup,
@@ -206,6 +283,9 @@ impl CacheSlots {
         if keys.is_empty() {
             return Ok(());
         }
+        if let Some(nrows) = self.resident {
+            return self.write_resident(keys, vectors, nrows);
+        }
         if vectors.len() != keys.len() * self.dim
             || plan.order.len() != keys.len()
             || plan.group_start.len() != plan.group_set.len() + 1
@@ -232,6 +312,48 @@ impl CacheSlots {
         // SAFETY: argument types and order match cache_insert(_s16), the one for the rows'
         // format; the plan's sets are < sets.
         unsafe { b.launch(warps_config(plan.group_set.len())) }.map_err(cuda_err)?;
+        s.synchronize().map_err(cuda_err)?;
+        Ok(())
+    }
+
+    /// A resident table's rows written in place (an update, or a fill of rows read below
+    /// it): keys past its rows are not resident and are left out; of a key given twice,
+    /// the last row stays, as the host tier keeps it.
+    fn write_resident(&self, keys: &[i64], vectors: &[f32], nrows: usize) -> Result<()> {
+        let dim = self.dim;
+        if vectors.len() != keys.len() * dim {
+            return Err(CudaError::internal("resident table: the rows do not match the keys"));
+        }
+        let mut last = std::collections::HashMap::with_capacity(keys.len());
+        for (i, &k) in keys.iter().enumerate() {
+            if (0..nrows as i64).contains(&k) {
+                last.insert(k, i);
+            }
+        }
+        if last.is_empty() {
+            return Ok(());
+        }
+        let mut which: Vec<(i64, usize)> = last.into_iter().collect();
+        which.sort_unstable();
+        let ks: Vec<i64> = which.iter().map(|&(k, _)| k).collect();
+        let vs: Vec<f32> = which
+            .iter()
+            .flat_map(|&(_, i)| vectors[i * dim..(i + 1) * dim].iter().copied())
+            .collect();
+        let mut slots = self.slots.lock();
+        let s = &self.stream;
+        let d_keys = s.clone_htod(&ks).map_err(cuda_err)?;
+        let d_vecs = s.clone_htod(&vs).map_err(cuda_err)?;
+        let (n, nrows_i, dim_i) = (ks.len() as i32, nrows as i64, dim as i32);
+        let f = match self.rows {
+            RowFormat::F32 => &self.kernels.resident_write,
+            RowFormat::F16 => &self.kernels.s16.resident_write,
+        };
+        let mut b = s.launch_builder(f);
+        b.arg(&d_keys).arg(&n).arg(&d_vecs).arg(&mut slots.rows).arg(&nrows_i).arg(&dim_i);
+        // SAFETY: argument types and order match resident_write(_s16), the one for the rows'
+        // format; the rows hold nrows rows of dim and the kernel skips keys past them.
+        unsafe { b.launch(warps_config(ks.len())) }.map_err(cuda_err)?;
         s.synchronize().map_err(cuda_err)?;
         Ok(())
     }

@@ -113,6 +113,12 @@ __device__ __forceinline__ void cache_lookup_as(const i64* __restrict__ keys, in
     int lane = threadIdx.x & 31;
     if (warp >= n) return;
     i64 key = keys[warp];
+    if (sets < 0) {  // a resident table (-sets rows): row `key`, no tags, no stamps
+        bool in = key >= 0 && key < -sets;
+        if (in) copy_row(out + (size_t)warp * out_stride, rows + (size_t)key * dim, dim, lane);
+        if (lane == 0) hit[warp] = in ? 1 : 0;
+        return;
+    }
     u64 set = mix64((u64)key) % (u64)sets;
     size_t slot = set * 32 + lane;
     // Empty slots hold EMPTY_KEY, which is never inserted: only the tags are read.
@@ -139,7 +145,8 @@ extern "C" __global__ void cache_lookup_s16(const i64* __restrict__ keys, int n,
 }
 
 // The whole-batch kernels. Table t's slots are described by desc[t*6 .. t*6+6] = (slot
-// keys, slot stamps, slot rows, sets, set locks, counters). Key i belongs to table
+// keys, slot stamps, slot rows, sets, set locks, counters); a resident table (every row on
+// the GPU, row = key) says -rows for sets and has no keys, stamps or locks. Key i belongs to table
 // i % tables (interleaved: keys [batch, tables]) or to the t with key_start[t] <= i <
 // key_start[t+1] (blocked: table after table); its row lands at out + i * dim either way.
 __device__ __forceinline__ int table_of(long long i, int tables, int interleaved, const int* key_start) {
@@ -192,6 +199,14 @@ __device__ __forceinline__ void batch_lookup_as(const i64* __restrict__ keys, lo
     int at = any != 0 ? __ffs(any) - 1 : 0;
     unsigned its = __shfl_sync(FULL, bits, g * L + at);
     if (!live) return;
+    if (sets < 0) {  // a resident table (-sets rows): row `key`; a key past them misses
+        if (key < 0 || key >= -sets) {
+            if (gl == 0) miss[atomicAdd(miss_count, 1u)] = (int)i;
+        } else {
+            copy_row(out + (size_t)i * dim, rows + (size_t)key * dim, dim, gl, L);
+        }
+        return;
+    }
     if (any == 0) {
         if (gl == 0) miss[atomicAdd(miss_count, 1u)] = (int)i;
         return;
@@ -420,4 +435,130 @@ extern "C" __global__ void pool_bags(const float* __restrict__ rows, const int* 
 extern "C" __global__ void pool_bags_h(const float* __restrict__ rows, const int* __restrict__ offsets,
         int batch, int tables, int dim, int mean, unsigned short* __restrict__ out) {
     pool_bags_as(rows, offsets, batch, tables, dim, mean, out);
+}
+
+// A resident table's rows written in place (an update or a fill): one warp per key, row i of
+// vecs to row keys[i]; keys past the table's nrows are not resident and are skipped. The host
+// keeps only the last of a key's rows in one call.
+template <typename S>
+__device__ __forceinline__ void resident_write_as(const i64* __restrict__ keys, int n, const float* __restrict__ vecs,
+        S* __restrict__ rows, long long nrows, int dim) {
+    long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (warp >= n) return;
+    i64 key = keys[warp];
+    if (key < 0 || key >= nrows) return;
+    copy_row(rows + (size_t)key * dim, vecs + (size_t)warp * dim, dim, lane);
+}
+
+extern "C" __global__ void resident_write(const i64* __restrict__ keys, int n, const float* __restrict__ vecs,
+        float* __restrict__ rows, long long nrows, int dim) {
+    resident_write_as(keys, n, vecs, rows, nrows, dim);
+}
+
+extern "C" __global__ void resident_write_s16(const i64* __restrict__ keys, int n, const float* __restrict__ vecs,
+        unsigned short* __restrict__ rows, long long nrows, int dim) {
+    resident_write_as(keys, n, vecs, rows, nrows, dim);
+}
+
+// 16 bytes of a row (8 fp16 or 4 fp32 values) added to acc, in order.
+__device__ __forceinline__ void add16(float* acc, uint4 v, const unsigned short*) {
+    unsigned w[4] = {v.x, v.y, v.z, v.w};
+    #pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        acc[2 * q] += h2f((unsigned short)(w[q] & 0xffffu));
+        acc[2 * q + 1] += h2f((unsigned short)(w[q] >> 16));
+    }
+}
+__device__ __forceinline__ void add16(float* acc, uint4 v, const float*) {
+    acc[0] += __uint_as_float(v.x); acc[1] += __uint_as_float(v.y);
+    acc[2] += __uint_as_float(v.z); acc[3] += __uint_as_float(v.w);
+}
+
+// Pooled lookups over resident tables, read where the keys are: `lanes` threads a bag, each
+// holding 16 bytes of the row (dim * sizeof(S) / 16 lanes), so a bag's rows are read whole
+// and summed in registers, and nothing but the pooled row is written (out[b][t][:], as O).
+// Bag (b, t) is, fixed hotness (ragged == 0): keys[b * width + at[t] .. b * width + at[t+1]],
+// -1 padding; ragged: keys[at[b * tables + t] .. at[b * tables + t + 1]], every key looked up.
+// Rows are summed in key order in fp32 (as the host does), divided by the bag's count for the
+// mean; an empty bag gives zeros. A key that is no row of its table (past it, negative) is
+// counted in miss_count and contributes nothing: the caller then answers the batch by the
+// path that reads below the GPU.
+template <typename S, typename O>
+__device__ __forceinline__ void pool_resident_as(const i64* __restrict__ keys, int batch, int width, int tables,
+        const int* __restrict__ at, int ragged, const long long* __restrict__ desc, int dim, int lanes, int mean,
+        O* __restrict__ out, unsigned* __restrict__ miss_count) {
+    const int E = 16 / (int)sizeof(S);
+    long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long bag = g / lanes;
+    int gl = (int)(g % lanes);
+    if (bag >= (long long)batch * tables) return;
+    int b = (int)(bag / tables), t = (int)(bag % tables);
+    long long first, n;
+    if (ragged) { first = at[bag]; n = (long long)at[bag + 1] - first; }
+    else { first = (long long)b * width + at[t]; n = at[t + 1] - at[t]; }
+    const S* rows = (const S*)desc[t * 6 + 2] + gl * E;
+    long long nrows = -desc[t * 6 + 3];
+    const i64* k = keys + first;
+    float acc[E];
+    #pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = 0.0f;
+    int count = 0, missed = 0;
+    long long j = 0;
+    // four keys' rows in flight at a time, added in key order
+    for (; j + 4 <= n; j += 4) {
+        i64 kk[4];
+        uint4 v[4];
+        bool use[4];
+        #pragma unroll
+        for (int u = 0; u < 4; ++u) kk[u] = k[j + u];
+        #pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            bool pad = !ragged && kk[u] == -1;
+            bool in = kk[u] >= 0 && kk[u] < nrows;
+            use[u] = in;
+            count += pad ? 0 : 1;
+            missed += (pad || in) ? 0 : 1;
+            v[u] = in ? *(const uint4*)(rows + (size_t)kk[u] * dim) : make_uint4(0u, 0u, 0u, 0u);
+        }
+        #pragma unroll
+        for (int u = 0; u < 4; ++u) if (use[u]) add16(acc, v[u], rows);
+    }
+    for (; j < n; ++j) {
+        i64 key = k[j];
+        bool pad = !ragged && key == -1;
+        bool in = key >= 0 && key < nrows;
+        count += pad ? 0 : 1;
+        missed += (pad || in) ? 0 : 1;
+        if (in) add16(acc, *(const uint4*)(rows + (size_t)key * dim), rows);
+    }
+    if (missed != 0 && gl == 0) atomicAdd(miss_count, (unsigned)missed);
+    O* o = out + ((size_t)b * tables + t) * dim + gl * E;
+    #pragma unroll
+    for (int e = 0; e < E; ++e) put(o + e, (mean && count > 1) ? acc[e] / (float)count : acc[e]);
+}
+
+// Tables' rows (S) float or fp16, the pooled rows out (O) float or fp16.
+extern "C" __global__ void pool_resident(const i64* __restrict__ keys, int batch, int width, int tables,
+        const int* __restrict__ at, int ragged, const long long* __restrict__ desc, int dim, int lanes, int mean,
+        float* __restrict__ out, unsigned* __restrict__ miss_count) {
+    pool_resident_as<float, float>(keys, batch, width, tables, at, ragged, desc, dim, lanes, mean, out, miss_count);
+}
+
+extern "C" __global__ void pool_resident_h(const i64* __restrict__ keys, int batch, int width, int tables,
+        const int* __restrict__ at, int ragged, const long long* __restrict__ desc, int dim, int lanes, int mean,
+        unsigned short* __restrict__ out, unsigned* __restrict__ miss_count) {
+    pool_resident_as<float, unsigned short>(keys, batch, width, tables, at, ragged, desc, dim, lanes, mean, out, miss_count);
+}
+
+extern "C" __global__ void pool_resident_s16(const i64* __restrict__ keys, int batch, int width, int tables,
+        const int* __restrict__ at, int ragged, const long long* __restrict__ desc, int dim, int lanes, int mean,
+        float* __restrict__ out, unsigned* __restrict__ miss_count) {
+    pool_resident_as<unsigned short, float>(keys, batch, width, tables, at, ragged, desc, dim, lanes, mean, out, miss_count);
+}
+
+extern "C" __global__ void pool_resident_h_s16(const i64* __restrict__ keys, int batch, int width, int tables,
+        const int* __restrict__ at, int ragged, const long long* __restrict__ desc, int dim, int lanes, int mean,
+        unsigned short* __restrict__ out, unsigned* __restrict__ miss_count) {
+    pool_resident_as<unsigned short, unsigned short>(keys, batch, width, tables, at, ragged, desc, dim, lanes, mean, out, miss_count);
 }

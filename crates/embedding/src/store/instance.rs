@@ -170,6 +170,20 @@ impl InstanceCaches {
         gpu.batch_lookup(&caches, dim, format)
     }
 
+    /// The one-kernel pooled lookup over this instance's tables when every one is resident
+    /// on `gpu` (see `triton_rust_cuda::cache::ResidentPool`), its rows written as `format`.
+    #[cfg(feature = "gpu")]
+    pub fn resident_pool(
+        &self,
+        gpu: &gpu::GpuInstance,
+        format: gpu::RowFormat,
+    ) -> Result<Option<gpu::ResidentPool>> {
+        let caches: Vec<Option<&gpu::GpuCache>> = (0..self.store.table_count())
+            .map(|t| self.caches.get(t).and_then(|c| c.as_any().downcast_ref::<gpu::GpuCache>()))
+            .collect();
+        gpu.resident_pool(&caches, format)
+    }
+
     /// Looks a whole batch up on the GPU, every table at once (see
     /// `triton_rust_cuda::cache::BatchLookup`): row i of `keys` lands at `i * dim` floats
     /// of `lookup`'s rows. Misses are read below the cache grouped by table, on several

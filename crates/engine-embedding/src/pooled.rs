@@ -1,0 +1,232 @@
+//! The pooled interface's run on an instance: each sample's bag of keys per table reduced to
+//! one row, `[batch, tables, dim]`.
+//!
+//! Three paths, the first that applies:
+//! - every table resident on the instance's GPU (`gpucacheper` 1.0, keys `0..rows`): one
+//!   kernel reads the bags where the keys are (a client's CUDA shared memory as it is) and
+//!   writes only the pooled rows ([`ResidentPool`]);
+//! - a GPU instance otherwise: the bags laid out on the host ([`Bags`]), every key looked up
+//!   through the GPU caches in one pass, the rows reduced there ([`Pooler`]);
+//! - a CPU instance: the same bags, summed on the host ([`pool::pool`]).
+//!
+//! A batch with a key that is no row of its table (negative, past it, or only in the host
+//! tier since an update) takes the second path, which reads below the GPU.
+
+use std::borrow::Cow;
+
+use triton_rust_core::batch::BatchTensor;
+use triton_rust_core::engine::OutputView;
+use triton_rust_core::error::{Error, Result};
+use triton_rust_core::tensor::{Bytes, DataType};
+#[cfg(feature = "gpu")]
+use triton_rust_embedding::gpu::{
+    BagLayout, BatchKeys, BatchLookup, GpuInstance, KeyLayout, Pooler, ResidentPool, RowFormat,
+};
+use triton_rust_embedding::InstanceCaches;
+
+use crate::model::Model;
+use crate::pool::{self, bag_starts, Bags};
+use crate::settings::Combiner;
+
+/// One instance's pooled lookups: what it keeps from batch to batch.
+#[derive(Default)]
+pub(crate) struct PooledRun {
+    /// The bags of the host-side paths, refilled for each batch.
+    bags: Bags,
+    /// Keys that came unaligned or in GPU memory, read into memory this instance keeps.
+    key_scratch: Vec<i64>,
+    /// Where each table's bag starts in a sample (fixed hotness: `tables + 1` entries).
+    hot_at: Vec<i32>,
+    /// A ragged batch's bag starts (`batch × tables + 1`), refilled for each batch.
+    ragged_at: Vec<i32>,
+    /// A GPU instance's reduction of looked-up rows (the second path).
+    #[cfg(feature = "gpu")]
+    pub(crate) pooler: Option<Pooler>,
+    /// A GPU instance whose every table is resident: the one-kernel lookup (the first path).
+    #[cfg(feature = "gpu")]
+    pub(crate) resident: Option<ResidentPool>,
+}
+
+/// A tensor's bytes on the host: as they are, or copied from GPU memory.
+fn host_copy<'t>(t: &'t BatchTensor<'_>) -> Result<Cow<'t, [u8]>> {
+    match t.bytes() {
+        Some(Bytes::Host(b)) => Ok(Cow::Borrowed(b)),
+        Some(Bytes::Device(v)) => {
+            let mut buf = vec![0u8; v.len()];
+            use triton_rust_core::tensor::{BytesMut, DeviceOps};
+            triton_rust_cuda::Cuda
+                .copy(Bytes::Device(v), BytesMut::Host(&mut buf))
+                .map_err(|e| Error::internal(format!("input '{}' from the GPU: {e}", t.name)))?;
+            Ok(Cow::Owned(buf))
+        }
+        None => Err(Error::internal(format!("input '{}' has no bytes yet", t.name))),
+    }
+}
+
+/// `raw` as int64 keys: in place when aligned, else read into `scratch`.
+fn keys_of<'k>(raw: &'k [u8], scratch: &'k mut Vec<i64>) -> &'k [i64] {
+    match bytemuck::try_cast_slice::<u8, i64>(raw) {
+        Ok(keys) if cfg!(target_endian = "little") => keys,
+        _ => {
+            scratch.clear();
+            scratch.extend(
+                raw.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))),
+            );
+            scratch
+        }
+    }
+}
+
+impl PooledRun {
+    pub(crate) fn new(hotness: &[usize]) -> PooledRun {
+        let hot_at = std::iter::once(0)
+            .chain(hotness.iter().scan(0i32, |a, &h| {
+                *a += h as i32;
+                Some(*a)
+            }))
+            .collect();
+        PooledRun { hot_at, ..PooledRun::default() }
+    }
+
+    /// The first path: `Ok(Some(batch))` when every table is resident and the batch's
+    /// pooled rows are complete, in `out` when given, else in the resident pool's buffer;
+    /// `Ok(None)` when the batch needs another path.
+    #[cfg(feature = "gpu")]
+    pub(crate) fn run_resident(
+        &mut self,
+        m: &Model,
+        inputs: &[BatchTensor<'_>],
+        out: Option<&mut triton_rust_cuda::DeviceViewMut<'_>>,
+    ) -> Result<Option<usize>> {
+        let PooledRun { key_scratch, hot_at, ragged_at, resident, .. } = self;
+        let (Some(pool), Some(pooling)) = (resident.as_mut(), m.settings.pooling.as_ref()) else {
+            return Ok(None);
+        };
+        let keys = match inputs.first().and_then(|t| t.bytes()) {
+            // the kernel reads keys as int64: an unaligned address takes the host path
+            Some(Bytes::Device(v)) if v.raw_addr().is_some_and(|a| a % 8 == 0) => {
+                BatchKeys::Device(v)
+            }
+            Some(Bytes::Host(raw)) => BatchKeys::Host(keys_of(raw, key_scratch)),
+            _ => return Ok(None),
+        };
+        let tables = hot_at.len() - 1;
+        let (layout, batch) = if m.lengths_input() {
+            let lengths = host_copy(&inputs[1])?;
+            let lengths: Vec<i32> = lengths
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect();
+            *ragged_at = bag_starts(keys.len(), &lengths)?;
+            (BagLayout::Ragged { at: ragged_at }, lengths.len() / tables.max(1))
+        } else {
+            let width = pooling.width().max(1);
+            (BagLayout::Fixed { width, at: hot_at }, keys.len() / width)
+        };
+        let mean = pooling.combiner == Combiner::Mean;
+        let misses = pool.run(keys, layout, batch, mean, out)?;
+        if misses > 0 {
+            log::debug!("pooled lookup: {misses} keys of {batch} samples are no resident row; reading below the GPU");
+        }
+        Ok((misses == 0).then_some(batch))
+    }
+
+    /// Runs a batch and hands its pooled rows to `sink` when `wanted`.
+    pub(crate) fn run(
+        &mut self,
+        m: &Model,
+        caches: &InstanceCaches,
+        #[cfg(feature = "gpu")] gpu: Option<&mut (GpuInstance, BatchLookup)>,
+        inputs: &[BatchTensor<'_>],
+        wanted: bool,
+        sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let pooling = m
+            .settings
+            .pooling
+            .as_ref()
+            .ok_or_else(|| Error::internal("the pooled interface has no hotness"))?;
+        let store = caches.store();
+        let (tables, dim) = (store.table_count(), store.dim(0));
+        let name = m.sig.outputs[0].name.as_str();
+        let dtype = m.rows_type;
+        #[cfg(feature = "gpu")]
+        if let Some(batch) = self.run_resident(m, inputs, None)? {
+            if wanted {
+                let shape = [batch as i64, tables as i64, dim as i64];
+                let rows = self
+                    .resident
+                    .as_ref()
+                    .and_then(|p| p.rows(batch))
+                    .ok_or_else(|| Error::internal("pooled lookup: no rows"))?;
+                sink(OutputView { name, dtype, shape: &shape, data: Bytes::Device(rows) })?;
+            }
+            return Ok(());
+        }
+        #[cfg(feature = "gpu")]
+        let clock = std::time::Instant::now();
+        let PooledRun { bags, key_scratch, .. } = self;
+        let raw = host_copy(&inputs[0])?;
+        let keys = keys_of(&raw, key_scratch);
+        if m.lengths_input() {
+            let lengths = host_copy(&inputs[1])?;
+            let lengths: Vec<i32> = lengths
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect();
+            bags.refill_ragged(tables, keys, &lengths)?;
+        } else {
+            bags.refill_fixed(pooling, keys);
+        }
+        let batch = bags.batch();
+        let shape = [batch as i64, tables as i64, dim as i64];
+        #[cfg(feature = "gpu")]
+        if let (Some((instance, lookup)), Some(pooler), false) =
+            (gpu, self.pooler.as_mut(), bags.is_empty())
+        {
+            // every table's keys of the batch in one lookup, table after table; the bags
+            // reduced where the rows are
+            let (flat, counts, offsets) = bags.table_major();
+            let bags_us = clock.elapsed().as_micros();
+            caches.lookup_batch_device(
+                BatchKeys::Host(flat),
+                KeyLayout::Blocked(counts),
+                instance,
+                lookup,
+                None,
+            )?;
+            let rows = lookup
+                .rows(flat.len() * dim)
+                .ok_or_else(|| Error::internal("pooled lookup: no rows"))?;
+            let format = if dtype == DataType::F16 { RowFormat::F16 } else { RowFormat::F32 };
+            let mean = pooling.combiner == Combiner::Mean;
+            let looked_us = clock.elapsed().as_micros();
+            let pooled = pooler.pool(&rows, dim, offsets, batch, mean, format)?;
+            let pooled_us = clock.elapsed().as_micros();
+            if wanted {
+                sink(OutputView { name, dtype, shape: &shape, data: Bytes::Device(pooled) })?;
+            }
+            log::debug!(
+                "timing: pooled lookup: keys {}, bags {bags_us} us, lookup {} us, pooling {} us, rows handed on {} us",
+                flat.len(),
+                looked_us - bags_us,
+                pooled_us - looked_us,
+                clock.elapsed().as_micros() - pooled_us
+            );
+            return Ok(());
+        }
+        let mut rows = vec![0f32; batch * tables * dim];
+        pool::pool(caches, bags, pooling.combiner, dim, &mut rows)?;
+        if wanted {
+            if dtype == DataType::F16 {
+                let halves: Vec<half::f16> = rows.iter().map(|&v| half::f16::from_f32(v)).collect();
+                let data = Bytes::Host(bytemuck::cast_slice(&halves));
+                sink(OutputView { name, dtype, shape: &shape, data })?;
+            } else {
+                let data = Bytes::Host(bytemuck::cast_slice(&rows));
+                sink(OutputView { name, dtype, shape: &shape, data })?;
+            }
+        }
+        Ok(())
+    }
+}
