@@ -1,0 +1,939 @@
+#!/usr/bin/env python3
+"""MLPerf Inference's DLRM-v2 served through the real tritonserver, against the bare PyTorch
+reference measured in the same call (issue 46's benchmark). Needs an NVIDIA GPU; run through
+`bash bench/gpu/run.sh dlrm-v2` (carry .carry and .carry_pa), one device call at scale 1.0.
+
+1. Tables: MLPerf DLRM-v2's 26 tables at --scale (1.0: 204 M rows, 52 GB fp16), written by
+   criteo_fixture into /dev/shm unless already there (recsys/fixture.py), on a thread of its own
+   while 2. runs.
+2. The network: DCNv2's dense part (DLRM-v2's network) exported as a CUDA fp16 AOTInductor package
+   (recsys/networks.py, the pooled rows read as fp16); meanwhile a child process compiles the
+   reference's network (torch.compile at --ref-batches, --ref-compile-mode) to fill Inductor's
+   on-disk caches, killed past --ref-compile-budget-s (then the default mode).
+3. The repository: `dlrm_v2`, one recommender model (examples/dlrm_v2.py's config, --instances
+   KIND_GPU instances, dynamic batching, GPU cache share --cache with fp16 rows, CUDA graphs);
+   `dlrm_v2_lookup`, the embedding engine alone on the same store (pooled, fp16 [26, 128] out);
+   `dlrm_v2_queries`, a non-batching ensemble in front of `dlrm_v2` whose requests carry their own
+   number of pairs (how perf_analyzer sends queries of varying size; dlrm_v2 still batches them).
+4. Exactness before timing: pooled rows of dlrm_v2_lookup against float64 sums of the fixture's
+   rows, dlrm_v2's predictions against the PyTorch fp32 network on those sums.
+5. perf_analyzer (gRPC, CUDA shared memory): queries of 270 pairs (-b 270 on dlrm_v2) over
+   --concurrency; MLPerf-like query sizes (--mlperf-sizes, through dlrm_v2_queries) over
+   --mlperf-concurrency; the lookup alone (-b 270 on dlrm_v2_lookup) over --lookup-concurrency;
+   the cache's hit rate from the server's metrics. After the 270-pair runs, an endless stream of
+   270-pair queries (examples/stream_client.rs, keys in one CUDA pool) at --stream-concurrency,
+   its pool as large as the cache's LRU hit rate needs (recsys/cache.py).
+6. The bare PyTorch reference after the server stopped: fp16 tables in HBM, F.embedding_bag per
+   table, the compiled network, timed with CUDA events: lookup alone, network alone, both.
+7. Ratios and the issue's targets printed as PASS/MISS; the results folder (README.md, plots,
+   setup.json, runs.json, perf.tgz) written by bench/gpu/dlrm_v2_report.py.
+
+Exits non-zero when an exactness check failed or a run gave no figure (after writing results);
+a target MISS is reported, not an error.
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from types import SimpleNamespace
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+import dlrm_v2  # noqa: E402
+import dlrm_v2_report  # noqa: E402
+import zipf_keys  # noqa: E402
+from recsys.cache import cache_rows, lru_table, stationary_hit_rate  # noqa: E402
+from recsys.fixture import SEED, TABLES, fixture_rows, prepare, synthetic_rows  # noqa: E402
+from recsys.measure import scrape  # noqa: E402
+
+HOT = dlrm_v2.HOTNESS
+WIDTH = sum(HOT)                                   # 214 keys per pair
+START = [int(x) for x in np.cumsum([0] + HOT[:-1])]  # each table's first column in `sparse`
+DIM = dlrm_v2.DIM
+QUERY = 270                                        # MLPerf DLRM-v2's mean pairs per query
+ROW_BYTES = DIM * 2                                # an fp16 row
+T0 = time.time()
+PHASES = {}
+NUMBER = re.compile(r"^-?[0-9.]+(e[-+]?[0-9]+)?$")
+
+
+def phase(name):
+    """A timestamped line per phase (flushed: a call cut off by its timeout still shows how far it got)."""
+    now = time.time()
+    if PHASES.get("_open"):
+        last, t = PHASES["_open"]
+        PHASES[last] = now - t
+    PHASES["_open"] = (name, now)
+    print(f"[{time.strftime('%H:%M:%S')} +{now - T0:4.0f} s] == {name}", flush=True)
+
+
+def left_s(a):
+    return a.budget_s - (time.time() - T0)
+
+
+# ------------------------------------------------------------------ arguments
+
+QUICK = {"concurrency": "8,32", "mlperf_concurrency": "32", "lookup_concurrency": "32", "interval_ms": 2000,
+         "stream_seconds": 3.0, "ref_batches": "17280", "ref_compile_mode": "default"}
+DEFAULTS = {"concurrency": "4,8,16,32,64", "mlperf_concurrency": "16,64", "lookup_concurrency": "16,64",
+            "interval_ms": 3000, "stream_seconds": 5.0, "ref_batches": "4320,17280",
+            "ref_compile_mode": "max-autotune-no-cudagraphs"}
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--server", required=True)
+    p.add_argument("--backends", required=True)
+    p.add_argument("--perf-analyzer", required=True)
+    p.add_argument("--fixture-bin", default=os.path.join(ROOT, ".carry", "criteo_fixture"))
+    p.add_argument("--stream-client", default=os.path.join(ROOT, ".carry", "stream_client"),
+                   help="examples/stream_client.rs (built by pack.sh); the endless stream is skipped where it is absent")
+    p.add_argument("--libtorch-dir", default="")
+    p.add_argument("--results", default="",
+                   help="the results folder (default $OUT/dlrm-v2, with --cache below 1 $OUT/dlrm-v2-cache<percent>)")
+    p.add_argument("--command", default="", help="the command line to record (run.sh passes its own)")
+    p.add_argument("--work", default="/tmp/dlrm_v2", help="repository, package, key pools, raw CSVs, server log")
+    p.add_argument("--fixture", default="", help="the tables' folder (default /dev/shm/criteo_s<scale>_d128 if it has room)")
+    p.add_argument("--scale", type=float, default=1.0, help="MLPerf's rows times this (1.0: 204 M rows, 52 GB fp16)")
+    p.add_argument("--cache", type=float, default=1.0, help="gpucacheper: the GPU cache's share of the rows (1.0: all in HBM)")
+    p.add_argument("--allocation", default="", choices=["", "store", "per_table"],
+                   help="gpucache_allocation (default: per_table at --cache 1, each table's rows exactly; store below, "
+                        "the small tables whole)")
+    p.add_argument("--instances", type=int, default=2, help="dlrm_v2's KIND_GPU instances (one cache per GPU, shared)")
+    p.add_argument("--max-queue-delay-us", type=int, default=200)
+    p.add_argument("--max-batch", type=int, default=16384, help="max_batch_size of dlrm_v2 and dlrm_v2_lookup, in pairs")
+    p.add_argument("--graph-batches", default="auto",
+                   help="CUDA graphs of the network: auto (powers of two to 1024, then steps of 2048 to --max-batch), "
+                        "pow2 (the backend's buckets: powers of two), a list of batch sizes, or off")
+    p.add_argument("--dcnv2-cross", default="torch", choices=["torch", "triton"],
+                   help="the package's cross layers as written, or our Triton kernel (examples/triton_kernels.py)")
+    p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
+                   help="an Inductor setting for the package's export (repeatable)")
+    p.add_argument("--alpha", type=float, default=1.05, help="Zipf exponent of every table's keys")
+    p.add_argument("--concurrency", default=None, help=f"270-pair queries in flight (default {DEFAULTS['concurrency']})")
+    p.add_argument("--mlperf-sizes", default="100-700",
+                   help="pairs per query of the MLPerf-like runs: LO-HI (uniform over LO..HI) or a list to draw from "
+                        "uniformly, e.g. 100,150,200,250,300,400,700")
+    p.add_argument("--mlperf-queries", type=int, default=256, help="distinct queries in the MLPerf-like pool")
+    p.add_argument("--mlperf-concurrency", default=None,
+                   help=f"queries in flight of the MLPerf-like runs (default {DEFAULTS['mlperf_concurrency']}); 0: none")
+    p.add_argument("--lookup-concurrency", default=None,
+                   help=f"270-pair requests in flight to dlrm_v2_lookup (default {DEFAULTS['lookup_concurrency']}); 0: none")
+    p.add_argument("--pool-samples", type=int, default=1081,
+                   help="-b 270 runs: perf_analyzer's pool of single pairs (it sends pairs i..i+269 of it from step "
+                        "i = 270 k mod N and holds N x 270 pairs in GPU memory, so N is modest; coprime with 270, every "
+                        "offset is used)")
+    p.add_argument("--interval-ms", type=int, default=None, help=f"perf_analyzer's window (default {DEFAULTS['interval_ms']})")
+    p.add_argument("--stream-concurrency", default="32", help="the endless stream's queries in flight; 0: no stream")
+    p.add_argument("--stream-gb", type=float, default=24.0, help="the endless stream's key pool: at most this many GB")
+    p.add_argument("--stream-seconds", type=float, default=None,
+                   help=f"the endless stream: seconds measured per level, at least one pass of the pool "
+                        f"(default {DEFAULTS['stream_seconds']})")
+    p.add_argument("--hit-rate-bound", type=float, default=0.002)
+    p.add_argument("--ref-batches", default=None,
+                   help=f"the reference's batches in pairs (default {DEFAULTS['ref_batches']}: 270 x 16 and x 64)")
+    p.add_argument("--ref-compile-mode", default=None,
+                   help=f"torch.compile's mode for the reference's network (default {DEFAULTS['ref_compile_mode']})")
+    p.add_argument("--ref-compile-budget-s", type=float, default=200.0,
+                   help="the reference's compile (a child process beside the fixture write and the export) is killed "
+                        "past this many seconds from the start and the default mode used instead (printed)")
+    p.add_argument("--no-reference", action="store_true", help="skip the bare PyTorch reference")
+    p.add_argument("--peak-tflops", type=float, default=989.0,
+                   help="the fp16 tensor peak the network's TFLOP/s is compared with (H100 SXM, dense: 989)")
+    p.add_argument("--exact-requests", type=int, default=4, help="requests of 270 pairs checked before the timed runs")
+    p.add_argument("--lookup-rtol", type=float, default=2e-3)
+    p.add_argument("--lookup-atol", type=float, default=1e-3)
+    p.add_argument("--prediction-bound", type=float, default=2e-3,
+                   help="dlrm_v2's predictions (fp16 network) against the PyTorch fp32 network: max abs diff")
+    p.add_argument("--budget-s", type=float, default=530.0,
+                   help="perf_analyzer runs that would start past this many seconds minus the reference's share "
+                        "are skipped (printed); the device call's limit is 600 s")
+    p.add_argument("--port", type=int, default=18950)
+    p.add_argument("--cuda-pool-gb", type=int, default=2, help="tritonserver --cuda-memory-pool-byte-size for GPU 0")
+    p.add_argument("--verbose", action="store_true", help="server --log-verbose=1 (the backend's timing lines)")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer points: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items()))
+    a = p.parse_args(argv)
+    for k, v in DEFAULTS.items():
+        if getattr(a, k) is None:
+            setattr(a, k, QUICK[k] if a.quick else v)
+    a.allocation = a.allocation or ("per_table" if a.cache >= 1.0 else "store")
+    ints = lambda s: [int(x) for x in str(s).split(",") if x.strip() and int(x) > 0]  # noqa: E731
+    a.concs, a.mlperf_concs, a.lookup_concs = ints(a.concurrency), ints(a.mlperf_concurrency), ints(a.lookup_concurrency)
+    a.stream_levels, a.ref_batch_list = ints(a.stream_concurrency), ints(a.ref_batches)
+    if a.pool_samples % 2 == 0 or a.pool_samples % 3 == 0 or a.pool_samples % 5 == 0:
+        p.error("--pool-samples must be coprime with 270 (not a multiple of 2, 3 or 5)")
+    if not a.results:
+        name = "dlrm-v2" if a.cache >= 1.0 else f"dlrm-v2-cache{round(a.cache * 100)}"
+        a.results = os.path.join(os.environ.get("OUT", "/tmp/out"), name)
+    a.command = a.command or " ".join([sys.argv[0]] + (argv if argv is not None else sys.argv[1:]))
+    return a
+
+
+def graph_batches(spec, max_batch):
+    """The batch sizes the network's CUDA graphs are captured for ([] for off, None for the
+    backend's powers of two). Finer than powers of two above 1024: a batch runs padded to its
+    graph's size, and 8200 pairs padded to 16384 would double the network's work."""
+    if spec == "off":
+        return []
+    if spec == "pow2":
+        return None
+    if spec == "auto":
+        sizes = [1 << i for i in range(11) if 1 << i < max_batch]
+        sizes += list(range(2048, max_batch, 2048))
+        return sorted(set(sizes + [max_batch]))
+    return sorted({int(x) for x in spec.split(",")})
+
+
+def mlperf_sizes(spec, rng, n):
+    """`n` query sizes in pairs: LO-HI uniform over LO..HI, or drawn uniformly from a list."""
+    if "-" in spec:
+        lo, hi = (int(x) for x in spec.split("-"))
+        return rng.integers(lo, hi + 1, size=n), f"uniform over {lo}..{hi} pairs (mean {(lo + hi) / 2:.0f})"
+    choices = np.array([int(x) for x in spec.split(",")])
+    return rng.choice(choices, size=n), f"drawn uniformly from {list(map(int, choices))} (mean {choices.mean():.0f})"
+
+
+# ------------------------------------------------------------------ the cache's hit rates
+
+def cache_plan(rows, share, allocation, alpha, bound):
+    """Per table: rows, cache slots, hotness, the stationary hit rate (the hottest keys cached),
+    an LRU cache's rate on the endless stream (Che) and its characteristic time T (lookups).
+    Weighted by hotness (every pair looks up HOT[t] keys of table t, so the server's hit rate,
+    hits over keys of all tables, weighs each table so). `need_pairs`: the pairs an endless
+    stream's pool must hold for its measured rate to be the LRU rate (pool_plan's 2 T on every
+    table whose misses count, here T / HOT[t] pairs per T lookups)."""
+    cached = cache_rows(rows, share, allocation)
+    tables = []
+    for n, c, h in zip(rows, cached, HOT):
+        t_char, lru = lru_table(n, c, alpha)
+        tables.append({"rows": n, "cached": c, "hotness": h, "stationary": stationary_hit_rate([n], [c], alpha),
+                       "lru": lru, "T": t_char})
+    weighted = lambda key: sum(t["hotness"] * t[key] for t in tables) / WIDTH  # noqa: E731
+    counted = [t for t in tables if t["T"] != float("inf") and t["hotness"] * (1 - t["lru"]) / WIDTH > bound / 10]
+    need = max((2 * t["T"] / t["hotness"] for t in counted), default=0.0)
+    return {"cached_per_table": cached, "stationary": weighted("stationary"), "lru": weighted("lru"),
+            "need_pairs": need, "tables": [{k: (None if v == float("inf") else v) for k, v in t.items()} for t in tables]}
+
+
+def expected_pool_rate(plan, pairs):
+    """The rate a cyclic pool of `pairs` pairs measures: a table whose pool lookups reach 2 T has
+    the LRU rate, a smaller one fits in the cache whole and hits (recsys/cache.py's pool_plan)."""
+    rates = [t["lru"] if t["T"] is not None and pairs * t["hotness"] >= 2 * t["T"] else 1.0 for t in plan["tables"]]
+    return sum(h * r for h, r in zip(HOT, rates)) / WIDTH
+
+
+# ------------------------------------------------------------------ keys
+
+def draw_pairs(rows, n, alpha, seed):
+    """`n` pairs: sparse int64 [n, 214], every bag full, each table's keys Zipf over its rows
+    (zipf_keys' law and rank-to-key map); dense float32 [n, 13]."""
+    rng = np.random.default_rng(seed)
+    sparse = np.empty((n, WIDTH), np.int64)
+    for t, (r, h) in enumerate(zip(rows, HOT)):
+        sparse[:, START[t]:START[t] + h] = zipf_keys.spread(zipf_keys.zipf_ranks(rng, r, alpha, n * h), r).reshape(n, h)
+    return sparse, rng.random((n, 13), dtype=np.float32)
+
+
+def write_pool(path, steps):
+    """perf_analyzer's --input-data JSON: one step per dict of {input: array} (its shape is the
+    array's: one pair [214] for a batching model, a whole query [n, 214] for the twin)."""
+    with open(path + ".tmp", "w") as f:
+        f.write('{"data": [')
+        for i, step in enumerate(steps):
+            f.write(("," if i else "") + json.dumps(
+                {k: {"b64": zipf_keys.b64(v), "shape": list(v.shape)} for k, v in step.items()}))
+        f.write("]}")
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def pools(a, rows, setup):
+    """The key pools perf_analyzer cycles: {name: (file, description)}."""
+    out = {}
+    os.makedirs(a.work, exist_ok=True)
+    s, d = draw_pairs(rows, a.pool_samples, a.alpha, seed=270)
+    out["fixed270"] = (write_pool(os.path.join(a.work, "pool_pairs.json"),
+                                  ({"sparse": s[i], "dense": d[i]} for i in range(len(s)))),
+                       f"-b 270 runs: {a.pool_samples} distinct pairs, each query 270 consecutive ones of them "
+                       f"({a.pool_samples * WIDTH:,} lookups per cycle)")
+    out["lookup"] = (write_pool(os.path.join(a.work, "pool_keys.json"), ({"KEYS": s[i]} for i in range(len(s)))),
+                     out["fixed270"][1])
+    rng = np.random.default_rng(700)
+    sizes, note = mlperf_sizes(a.mlperf_sizes, rng, a.mlperf_queries)
+    s, d = draw_pairs(rows, int(sizes.sum()), a.alpha, seed=700)
+    at = np.concatenate([[0], np.cumsum(sizes)])
+    out["mlperf"] = (write_pool(os.path.join(a.work, "pool_mlperf.json"),
+                                ({"sparse": s[at[i]:at[i + 1]], "dense": d[at[i]:at[i + 1]]} for i in range(len(sizes)))),
+                     f"MLPerf-like runs: {len(sizes)} distinct queries, {int(sizes.sum()):,} pairs")
+    setup["mlperf_mean_pairs"] = float(sizes.mean())
+    setup["mlperf_sizes_note"] = (f"{note}, a pool of {len(sizes)} queries (mean {sizes.mean():.1f} pairs) — an "
+                                  "approximation of MLPerf's 100-700 pairs per query (its mean is about 270)")
+    s, d = draw_pairs(rows, 128 * QUERY, a.alpha, seed=271)
+    out["fixed270_ensemble"] = (write_pool(os.path.join(a.work, "pool_queries270.json"),
+                                           ({"sparse": s[i * QUERY:(i + 1) * QUERY], "dense": d[i * QUERY:(i + 1) * QUERY]}
+                                            for i in range(128))),
+                                "270-pair queries through the twin: 128 distinct queries")
+    with open(os.path.join(a.work, "pools.txt"), "w") as f:
+        f.write("\n".join(f"{k}: {v[1]}" for k, v in out.items()) + "\n" + setup["mlperf_sizes_note"] + "\n")
+    setup["pools"] = {k: v[1] for k, v in out.items()}
+    return out
+
+
+# ------------------------------------------------------------------ the repository
+
+def param(key, value):
+    return f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}'
+
+
+def replace_once(text, old, new):
+    # examples/dlrm_v2.config is the model's config; a change there must not go unnoticed here
+    assert text.count(old) == 1, f"examples/dlrm_v2.config no longer holds {old!r}"
+    return text.replace(old, new)
+
+
+def write_repository(a, repo, fixture, package, graphs):
+    """dlrm_v2 (the recommender), dlrm_v2_lookup (the embedding engine alone on the same store)
+    and dlrm_v2_queries (the non-batching twin in front of dlrm_v2)."""
+    shutil.rmtree(repo, ignore_errors=True)
+    store = [param("sparse_files", ",".join(os.path.join(fixture, f"t{i}") for i in range(TABLES))),
+             param("gpucacheper", a.cache), param("gpucache_allocation", a.allocation),
+             # one cache per GPU for both instances (two copies would not fit at --cache 1.0)
+             param("gpucache_sharing", "device"), param("gpucache_row_type", "fp16"),
+             # both models open one store: the rows are in memory once
+             param("store_name", os.path.basename(os.path.normpath(fixture))), param("host_memory", "mapped")]
+    group = f"instance_group [ {{ count: {a.instances} kind: KIND_GPU }} ]"
+    batching = f"dynamic_batching {{ max_queue_delay_microseconds: {a.max_queue_delay_us} }}"
+
+    text = dlrm_v2.config("dlrm_v2", a.max_batch, "KIND_GPU", "dense.pt2")
+    text = replace_once(text, "dynamic_batching { max_queue_delay_microseconds: 100 }", batching)
+    text = replace_once(text, "instance_group [ { count: 1 kind: KIND_GPU } ]", group)
+    if graphs is None:
+        text += "optimization { cuda { graphs: true } }\n"
+    elif graphs:
+        text += ("optimization { cuda { graphs: true graph_spec [ "
+                 + ", ".join(f"{{ batch_size: {b} }}" for b in graphs) + " ] } }\n")
+    text += "\n".join(store + [param("recommender_embeddings_type", "TYPE_FP16")]) + "\n"
+    os.makedirs(os.path.join(repo, "dlrm_v2", "1"))
+    shutil.copyfile(package, os.path.join(repo, "dlrm_v2", "1", "dense.pt2"))
+    with open(os.path.join(repo, "dlrm_v2", "config.pbtxt"), "w") as f:
+        f.write(text)
+
+    lookup = ['name: "dlrm_v2_lookup"', 'backend: "rust"', f"max_batch_size: {a.max_batch}",
+              f'input [ {{ name: "KEYS" data_type: TYPE_INT64 dims: [ {WIDTH} ] }} ]',
+              f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP16 dims: [ {TABLES}, {DIM} ] }} ]', batching, group,
+              param("engine", "embedding"), param("embedding_interface", "pooled"),
+              param("embedding_table_names", ",".join(f"t{i}" for i in range(TABLES))),
+              param("embedding_vecsize_per_table", DIM), param("embedding_hotness_per_table", ",".join(map(str, HOT))),
+              param("embedding_combiner", "sum"), param("default_value_for_each_table", 0), *store]
+    os.makedirs(os.path.join(repo, "dlrm_v2_lookup", "1"))
+    with open(os.path.join(repo, "dlrm_v2_lookup", "config.pbtxt"), "w") as f:
+        f.write("\n".join(lookup) + "\n")
+
+    # Triton's ensembles accept a non-batching tensor [-1, d] for a batching model's [d]: a
+    # query of n pairs reaches dlrm_v2 as a request of batch n, batched with the others there
+    twin = ['name: "dlrm_v2_queries"', 'platform: "ensemble"', "max_batch_size: 0",
+            'input [ { name: "dense" data_type: TYPE_FP32 dims: [ -1, 13 ] },',
+            f'        {{ name: "sparse" data_type: TYPE_INT64 dims: [ -1, {WIDTH} ] }} ]',
+            'output [ { name: "prediction" data_type: TYPE_FP32 dims: [ -1, 1 ] } ]',
+            'ensemble_scheduling { step [ { model_name: "dlrm_v2" model_version: -1 '
+            'input_map { key: "dense" value: "dense" } input_map { key: "sparse" value: "sparse" } '
+            'output_map { key: "prediction" value: "prediction" } } ] }']
+    os.makedirs(os.path.join(repo, "dlrm_v2_queries", "1"))
+    with open(os.path.join(repo, "dlrm_v2_queries", "config.pbtxt"), "w") as f:
+        f.write("\n".join(twin) + "\n")
+
+
+# ------------------------------------------------------------------ exactness
+
+def pooled_float64(sparse):
+    """Each pair's bags summed in float64 from the fixture's rows (recomputed from its seed): [n, 26, 128]."""
+    n = len(sparse)
+    out = np.empty((n, TABLES, DIM), np.float64)
+    for t, h in enumerate(HOT):
+        keys = sparse[:, START[t]:START[t] + h].reshape(-1)
+        out[:, t] = synthetic_rows(SEED, t, keys, DIM).reshape(n, h, DIM).astype(np.float64).sum(1)
+    return out
+
+
+def exactness(a, client, rows, failures):
+    """dlrm_v2_lookup's pooled rows against float64 sums, dlrm_v2's predictions against the
+    PyTorch fp32 network (the weights the package was exported from) on those sums."""
+    import torch
+    from recsys.networks import dense_network
+    ref32 = dense_network("dcnv2", "fp32", "cuda")
+    ref16 = dense_network("dcnv2", "fp16", "cuda", cross=a.dcnv2_cross)  # the exported module itself
+    sparse, dense = draw_pairs(rows, a.exact_requests * QUERY, a.alpha, seed=46)
+    want = pooled_float64(sparse)
+    worst = bad = 0
+    worst32 = worst16 = 0.0
+    for i in range(a.exact_requests):
+        sl = slice(i * QUERY, (i + 1) * QUERY)
+        got = client.infer("dlrm_v2_lookup", {"KEYS": sparse[sl]}, ["OUTPUT0"])["OUTPUT0"].astype(np.float64)
+        diff = np.abs(got - want[sl])
+        bad += int((diff > a.lookup_atol + a.lookup_rtol * np.abs(want[sl])).sum())
+        worst = max(worst, float(diff.max()))
+        pred = client.infer("dlrm_v2", {"dense": dense[sl], "sparse": sparse[sl]}, ["prediction"])["prediction"]
+        with torch.no_grad():
+            d = torch.from_numpy(dense[sl]).cuda()
+            p = torch.from_numpy(want[sl]).float().cuda()
+            w32 = ref32(d, p).cpu().numpy()
+            w16 = ref16(d, p).cpu().numpy()
+        worst32 = max(worst32, float(np.abs(pred - w32).max()))
+        worst16 = max(worst16, float(np.abs(pred - w16).max()))
+    lookup = {"requests": a.exact_requests, "pooled_rows": a.exact_requests * QUERY * TABLES, "max_abs_diff": worst,
+              "bad_values": bad, "rtol": a.lookup_rtol, "atol": a.lookup_atol}
+    pred = {"predictions": a.exact_requests * QUERY, "max_abs_diff_fp32": worst32, "max_abs_diff_fp16": worst16,
+            "bound": a.prediction_bound}
+    print(f"  dlrm_v2_lookup: {lookup['pooled_rows']:,} pooled rows ({a.exact_requests} requests of 270 pairs, full bags) "
+          f"against float64 sums of the fixture's rows: max abs diff {worst:.3g}; bound |diff| <= {a.lookup_atol} + "
+          f"{a.lookup_rtol} x |sum| (fp16 rounding of the result): {bad} values outside", flush=True)
+    print(f"  dlrm_v2: {pred['predictions']:,} predictions against the PyTorch fp32 network on those sums: max abs diff "
+          f"{worst32:.3g} (bound {a.prediction_bound}); against the fp16 network the package was exported from: "
+          f"{worst16:.3g}", flush=True)
+    if bad:
+        failures.append(f"dlrm_v2_lookup: {bad} pooled values outside {a.lookup_atol} + {a.lookup_rtol} x |sum| "
+                        f"(max abs diff {worst:.3g})")
+    if not worst32 <= a.prediction_bound:
+        failures.append(f"dlrm_v2: predictions {worst32:.3g} from the PyTorch fp32 reference (bound {a.prediction_bound})")
+    del ref32, ref16
+    torch.cuda.empty_cache()
+    return {"lookup": lookup, "prediction": pred}
+
+
+# ------------------------------------------------------------------ perf_analyzer
+
+def server_stats(client, model):
+    st = client.stats(model)
+    s = st["inference_stats"]
+    return {"inferences": int(st.get("inference_count", 0)), "executions": int(st.get("execution_count", 0)),
+            "requests": int(s["success"]["count"]),
+            **{k: int(s[k]["ns"]) for k in ("queue", "compute_input", "compute_infer", "compute_output")}}
+
+
+def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, failures):
+    """One perf_analyzer run (gRPC, CUDA shared memory), printed and appended to `runs` (and
+    runs.json); None where it gave no figure. `batch`: -b (270, or 1 for the twin, whose steps
+    carry their own rows); `pairs_per_query`: pairs of one request (the twin: its pool's mean)."""
+    raw = os.path.join(a.work, "raw", f"{kind}_c{conc}.csv")
+    os.makedirs(os.path.dirname(raw), exist_ok=True)
+    cmd = [a.perf_analyzer, "-m", model, "-b", str(batch), "--concurrency-range", f"{conc}:{conc}", "-i", "grpc",
+           "-u", f"localhost:{a.port + 1}", "--shared-memory", "cuda", "--output-shared-memory-size", str(1 << 20),
+           "--input-data", data, "--measurement-interval", str(a.interval_ms), "--max-trials", "6"]
+    stats_model = "dlrm_v2_lookup" if kind == "lookup" else "dlrm_v2"
+    k0, h0 = scrape(a.port, stats_model)
+    s0 = server_stats(client, stats_model)
+    t0 = time.time()
+    p = subprocess.run(cmd + ["-f", raw], capture_output=True, text=True, timeout=min(600, max(60, left_s(a))))
+    stability = 10  # perf_analyzer's default bound (%) on how far its last windows may differ
+    # unstable windows: longer ones and a looser bound, twice at most (as recsys/measure.py does)
+    for factor, looser in ((2, 25), (4, 50)):
+        if p.returncode == 0 or "stable" not in p.stdout + p.stderr or left_s(a) < 60:
+            break
+        print(f"  ({kind} c={conc}: unstable at -s {stability}; again with {factor * a.interval_ms} ms windows, -s {looser})",
+              flush=True)
+        retry = list(cmd)
+        retry[retry.index("--measurement-interval") + 1] = str(factor * a.interval_ms)
+        p = subprocess.run(retry + ["-s", str(looser), "-f", raw], capture_output=True, text=True,
+                           timeout=min(600, max(60, left_s(a))))
+        stability = looser
+    seconds = time.time() - t0
+    time.sleep(0.6)  # the backend publishes its metrics every 250 ms
+    k1, h1 = scrape(a.port, stats_model)
+    s1 = server_stats(client, stats_model)
+    if p.returncode != 0 or not os.path.exists(raw):
+        print(p.stdout[-3000:], p.stderr[-2000:], flush=True)
+        failures.append(f"perf_analyzer gave no figure: {kind} concurrency {conc}")
+        return None
+    with open(raw) as f:
+        first = next(csv.DictReader(f))
+    csv_row = {k: float(v) for k, v in first.items() if k and v not in ("", None) and NUMBER.match(v)}
+    ips = csv_row["Inferences/Second"]
+    queries = ips / pairs_per_query if batch > 1 else ips  # one perf_analyzer inference: a pair (-b 270) or a query
+    pairs = queries * pairs_per_query
+    delta = {k: s1[k] - s0[k] for k in s1}
+    r = {"kind": kind, "model": model, "concurrency": conc, "batch": QUERY if kind != "mlperf" else a.mlperf_sizes,
+         "csv": csv_row, "pairs_per_s": pairs, "queries_per_s": queries, "lookups_per_s": pairs * WIDTH,
+         **{f"p{q}_ms": csv_row[f"p{q} latency"] / 1e3 for q in (50, 90, 95, 99)},
+         "avg_ms": sum(csv_row[k] for k in dlrm_v2_report.PARTS) / 1e3, "stability_pct": stability,
+         "hit_rate": (h1 - h0) / (k1 - k0) if k1 > k0 else None, "keys_per_s": (k1 - k0) / seconds,
+         "pairs_per_execution": delta["inferences"] / delta["executions"] if delta["executions"] else None,
+         "server_ms_per_request": {k: delta[k] / delta["requests"] / 1e6 for k in
+                                   ("queue", "compute_input", "compute_infer", "compute_output")} if delta["requests"] else {},
+         "seconds": seconds, "pool": os.path.basename(data)}
+    runs.append(r)
+    hr = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.4f}"
+    pe = "-" if r["pairs_per_execution"] is None else f"{r['pairs_per_execution']:,.0f}"
+    print(f"  {kind:<17} c={conc:<3} {pairs / 1e6:7.2f} M pairs/s {queries:9,.0f} queries/s {pairs * WIDTH / 1e9:6.2f} "
+          f"G lookups/s  p50 {r['p50_ms']:7.2f}  p99 {r['p99_ms']:7.2f} ms  hit rate {hr}  {pe} pairs per execution"
+          + ("" if stability == 10 else f"  (-s {stability})"), flush=True)
+    return r
+
+
+def perf_phase(a, client, pool, setup, res, failures, part):
+    """The perf_analyzer runs of `part`: "fixed270" (a warm-up, then the 270-pair queries: the
+    issue's figure, first), or "rest" (MLPerf-like sizes, 270 through the twin, the lookup)."""
+    reserve = 0 if a.no_reference else 100  # seconds kept for the reference and the report
+    runs = res["perf"]
+
+    def room(what):
+        if left_s(a) - reserve < 30:
+            print(f"  (skipped: {what}; {left_s(a):.0f} s left of --budget-s {a.budget_s:.0f})", flush=True)
+            return False
+        return True
+
+    if part == "fixed270":
+        # a first run whose figure is not kept: the cache fills, the graphs of the batches the
+        # dynamic batcher forms are captured, before any measured window
+        if a.concs and room("the warm-up"):
+            perf_run(a, client, "fixed270", "dlrm_v2", QUERY, max(a.concs), pool["fixed270"][0], QUERY, [], [])
+            print("  (that run warmed the server up; not kept)", flush=True)
+        for c in a.concs:
+            if room(f"270-pair queries at concurrency {c}"):
+                perf_run(a, client, "fixed270", "dlrm_v2", QUERY, c, pool["fixed270"][0], QUERY, runs, failures)
+                save_json(a, res)
+        return
+    for c in a.mlperf_concs:
+        if room(f"MLPerf-like queries at concurrency {c}"):
+            perf_run(a, client, "mlperf", "dlrm_v2_queries", 1, c, pool["mlperf"][0], setup["mlperf_mean_pairs"], runs,
+                     failures)
+            save_json(a, res)
+    for c in a.lookup_concs:
+        if room(f"the lookup alone at concurrency {c}"):
+            perf_run(a, client, "lookup", "dlrm_v2_lookup", QUERY, c, pool["lookup"][0], QUERY, runs, failures)
+            save_json(a, res)
+    if a.mlperf_concs and not a.quick and room("270-pair queries through the twin"):
+        # the same 270-pair queries through the twin: what its ensemble hop costs (last: a comparison)
+        perf_run(a, client, "fixed270_ensemble", "dlrm_v2_queries", 1, max(a.mlperf_concs),
+                 pool["fixed270_ensemble"][0], QUERY, runs, failures)
+        save_json(a, res)
+
+
+# ------------------------------------------------------------------ the endless stream
+
+def stream_phase(a, client, rows, plan, res, failures):
+    """270-pair queries from one pool in GPU memory (drawn there, the same Zipf law), sent by
+    examples/stream_client.rs over HTTP to dlrm_v2: one pass warms the cache, then at least
+    --stream-seconds (and one pass) per level of --stream-concurrency."""
+    import torch
+    import stream_load
+    from cuda_shm import Region
+    qbytes, dbytes, obytes = QUERY * WIDTH * 8, QUERY * 13 * 4, QUERY * 4
+    if a.cache < 1.0:
+        want = max(1, math.ceil(plan["need_pairs"] / QUERY))
+    else:
+        want = 2048  # every row in HBM: no hit rate to reach, a pool of distinct queries is enough
+    free = torch.cuda.mem_get_info()[0]
+    cap = int(min(a.stream_gb * 1e9, free - (6 << 30)) // qbytes)
+    n = max(16, min(want, cap))
+    expected = expected_pool_rate(plan, n * QUERY) if a.cache < 1.0 else 1.0
+    print(f"  pool: {n:,} queries of 270 pairs ({n * qbytes / 1e9:.1f} GB of keys in GPU memory; the LRU rate needs "
+          f"{want:,}); expected measured hit rate {expected:.4f}, the endless stream's LRU rate {plan['lru']:.4f}, "
+          f"stationary {plan['stationary']:.4f}", flush=True)
+    made = []
+    try:
+        keys = Region(client, "dlrm_v2_stream_keys", n * qbytes)
+        made.append(keys)
+        dense = Region(client, "dlrm_v2_stream_dense", 16 * dbytes)
+        made.append(dense)
+        for i in range(max(a.stream_levels)):
+            made.append(Region(client, f"dlrm_v2_stream_out_{i}", obytes))
+        gen = torch.Generator(device="cuda").manual_seed(SEED + 46)
+        t0 = time.time()
+        for first in range(0, n, 512):
+            m = min(512, n - first)
+            k = torch.empty((m, QUERY, WIDTH), dtype=torch.int64, device="cuda")
+            for t, (r, h) in enumerate(zip(rows, HOT)):
+                ranks = stream_load.torch_zipf_ranks(gen, r, a.alpha, m * QUERY * h, "cuda")
+                k[:, :, START[t]:START[t] + h] = stream_load.torch_spread(ranks, r).view(m, QUERY, h)
+            keys.write_tensor(k, first * qbytes)
+            del k
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        dense.write(np.random.default_rng(5).random((16, QUERY, 13), dtype=np.float32))
+        print(f"  pool drawn in {time.time() - t0:.0f} s", flush=True)
+        at = 0
+
+        def send(count, conc):
+            nonlocal at
+            cmd = [a.stream_client, "--url", f"localhost:{a.port}", "--model", "dlrm_v2", "--start", str(at),
+                   "--count", str(count), "--concurrency", str(conc),
+                   "--input", f"sparse,INT64,{QUERY}x{WIDTH},{keys.name},{qbytes},{n}",
+                   "--input", f"dense,FP32,{QUERY}x13,{dense.name},{dbytes},16",
+                   "--output", f"prediction,dlrm_v2_stream_out_,{obytes}"]
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=max(60, int(left_s(a))))
+            if p.returncode != 0:
+                raise RuntimeError(f"stream_client failed: {p.stderr.strip()[-2000:]}")
+            at += count
+            out = json.loads(p.stdout)
+            return out["seconds"], sorted(out["latencies_ms"])
+
+        warm_s, _ = send(n, max(a.stream_levels))
+        rate = n * QUERY / warm_s
+        print(f"  warm pass: {n:,} queries in {warm_s:.1f} s ({rate / 1e6:.2f} M pairs/s, the cache filling)", flush=True)
+        for c in a.stream_levels:
+            if left_s(a) < 120:
+                print(f"  (skipped: the stream at concurrency {c}; {left_s(a):.0f} s left)", flush=True)
+                continue
+            count = max(n, math.ceil(rate * a.stream_seconds / QUERY))
+            k0, h0 = scrape(a.port, "dlrm_v2")
+            seconds, lat = send(count, c)
+            time.sleep(0.6)
+            k1, h1 = scrape(a.port, "dlrm_v2")
+            rate = count * QUERY / seconds
+            r = {"kind": "stream", "model": "dlrm_v2", "batch": QUERY, "concurrency": c, "pairs_per_s": rate,
+                 "queries_per_s": count / seconds, "lookups_per_s": rate * WIDTH,
+                 **{f"p{q}_ms": stream_load.percentile(lat, q) for q in (50, 90, 95, 99)},
+                 "hit_rate": (h1 - h0) / (k1 - k0) if k1 > k0 else None, "expected_hit_rate": expected,
+                 "pool_queries": n, "pool_gb": n * qbytes / 1e9, "queries": count, "seconds": seconds}
+            res["stream"].append(r)
+            hr = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.4f}"
+            print(f"  stream            c={c:<3} {rate / 1e6:7.2f} M pairs/s {r['queries_per_s']:9,.0f} queries/s "
+                  f"{r['lookups_per_s'] / 1e9:6.2f} G lookups/s  p50 {r['p50_ms']:7.2f}  p99 {r['p99_ms']:7.2f} ms  "
+                  f"hit rate {hr} (expected {expected:.4f})", flush=True)
+            save_json(a, res)
+    except Exception as e:  # noqa: BLE001 - the stream is one figure among several: said, counted, the run goes on
+        print(f"  the endless stream failed: {e}", flush=True)
+        failures.append(f"the endless stream: {str(e)[:300]}")
+    finally:
+        for region in reversed(made):
+            try:
+                region.__exit__(None, None, None)
+            except Exception:  # noqa: BLE001
+                pass
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------ the bare PyTorch reference
+
+def reference_network():
+    """DCNv2's dense part in fp16 (the weights the package holds), cross layers as written:
+    plain PyTorch. Its matrix products' FLOPs per pair: 2 x in x out per linear layer."""
+    import torch
+    from recsys.networks import dense_network
+    net = dense_network("dcnv2", "fp16", "cuda").m  # HalfDense's fp16 module: fp16 in, fp16 out
+    linear = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
+    return net, sum(2 * m.in_features * m.out_features for m in linear), len(linear)
+
+
+def compile_network(mode, batches, label):
+    """torch.compile of the reference's network at each batch (static shapes): the compiled network."""
+    import torch
+    net = reference_network()[0]
+    fn = torch.compile(net, mode=mode, dynamic=False)
+    t0 = time.time()
+    for b in batches:
+        with torch.no_grad():
+            fn(torch.rand(b, 13, device="cuda", dtype=torch.half),
+               torch.randn(b, TABLES, DIM, device="cuda", dtype=torch.half) * 0.05)
+        torch.cuda.synchronize()
+        print(f"  {label}: the reference network compiled at batch {b} ({mode}), {time.time() - t0:.0f} s so far", flush=True)
+    return fn
+
+
+def start_compile_warmer(a):
+    """The reference's compile in a child process, beside the fixture write and the export: it
+    fills Inductor's on-disk caches (FX graphs, autotuning), so the compile after the server
+    stops finds them. A child, because a compile cannot be stopped inside a process: one past
+    --ref-compile-budget-s is killed and the reference compiled in the default mode."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--compile-worker", a.ref_compile_mode, a.ref_batches]
+    return subprocess.Popen(cmd), time.time()
+
+
+def finish_compile_warmer(a, warmer):
+    """Waits for the child up to --ref-compile-budget-s from its start; (mode, note)."""
+    proc, t0 = warmer
+    try:
+        rc = proc.wait(timeout=max(1.0, a.ref_compile_budget_s - (time.time() - t0)))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        note = (f"torch.compile(mode=\"{a.ref_compile_mode}\") took more than --ref-compile-budget-s "
+                f"{a.ref_compile_budget_s:.0f} s: the reference's network is compiled in the default mode instead.")
+        print(f"  NOTE: {note}", flush=True)
+        return "default", note
+    if rc != 0:
+        note = f"the compile in mode \"{a.ref_compile_mode}\" failed (exit {rc}): the default mode instead."
+        print(f"  NOTE: {note}", flush=True)
+        return "default", note
+    print(f"  the reference's compile ({a.ref_compile_mode}) warmed Inductor's caches in {time.time() - t0:.0f} s", flush=True)
+    return a.ref_compile_mode, ""
+
+
+def cuda_seconds(fn, iters):
+    """Seconds per call of fn(i), by CUDA events, after three calls to warm up."""
+    import torch
+    for i in range(3):
+        fn(i)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(iters):
+        fn(i)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def reference_phase(a, rows, mode, note, warm_s):
+    """The bare PyTorch reference (issue 46): every table in HBM, F.embedding_bag per table
+    (sum, full bags), the compiled network; the lookup alone, the network alone, both."""
+    import torch
+    import torch.nn.functional as F
+    import stream_load
+    dev = "cuda"
+    _, flops, layers = reference_network()
+    print(f"  the network: {flops / 1e6:.2f} MFLOP of matrix products per pair (2 x in x out over {layers} linear layers)",
+          flush=True)
+    t0 = time.time()
+    compiled = compile_network(mode, a.ref_batch_list, "after the server")
+    compile_s = time.time() - t0
+    t0 = time.time()
+    # values do not matter for timing; the shapes are the served tables'
+    tables = [torch.empty((r, DIM), dtype=torch.half, device=dev).normal_(0.0, 0.05) for r in rows]
+    torch.cuda.synchronize()
+    print(f"  {len(tables)} fp16 tables in HBM ({sum(rows) * ROW_BYTES / 1e9:.1f} GB) in {time.time() - t0:.0f} s", flush=True)
+    gen = torch.Generator(device=dev).manual_seed(SEED + 7)
+    out = {}
+    with torch.no_grad():
+        for b in a.ref_batch_list:
+            offsets = [torch.arange(b, device=dev, dtype=torch.int64) * h for h in HOT]
+            # four distinct key sets per batch, each table's bags flat (the same Zipf law as served)
+            keysets = [[stream_load.torch_spread(stream_load.torch_zipf_ranks(gen, r, a.alpha, b * h, dev), r)
+                        for r, h in zip(rows, HOT)] for _ in range(4)]
+            dense = torch.rand(b, 13, device=dev, dtype=torch.half)
+
+            def lookup(i):
+                ks = keysets[i % len(keysets)]
+                return torch.stack([F.embedding_bag(k, w, o, mode="sum") for k, w, o in zip(ks, tables, offsets)], dim=1)
+
+            pooled = lookup(0)
+            t_lookup = cuda_seconds(lookup, 30)
+            t_net = cuda_seconds(lambda i: compiled(dense, pooled), 30)
+            t_both = cuda_seconds(lambda i: compiled(dense, lookup(i)), 30)
+            x = {"lookup_s": t_lookup, "lookups_per_s": b * WIDTH / t_lookup,
+                 "row_gb_per_s": b * WIDTH * ROW_BYTES / t_lookup / 1e9, "net_s": t_net, "tflops": b * flops / t_net / 1e12,
+                 "both_s": t_both, "pairs_per_s": b / t_both}
+            out[str(b)] = x
+            print(f"  reference batch {b:,} pairs: lookup {t_lookup * 1e3:.3f} ms ({x['lookups_per_s'] / 1e9:.2f} G lookups/s, "
+                  f"{x['row_gb_per_s']:.0f} GB/s of rows); network {t_net * 1e3:.3f} ms ({x['tflops']:.0f} TFLOP/s, "
+                  f"{100 * x['tflops'] / a.peak_tflops:.0f}% of {a.peak_tflops:.0f}); both {t_both * 1e3:.3f} ms "
+                  f"({x['pairs_per_s'] / 1e6:.2f} M pairs/s)", flush=True)
+            del keysets, pooled
+    del tables
+    torch.cuda.empty_cache()
+    return {"batches": out, "mode": mode, "compile_seconds": compile_s, "warm_compile_seconds": warm_s, "note": note,
+            "flops_per_pair": flops, "linear_layers": layers, "peak_tflops": a.peak_tflops}
+
+
+# ------------------------------------------------------------------ results
+
+def save_json(a, res, setup=None):
+    """runs.json (after every run: a call cut off by its timeout keeps what it measured), and setup.json."""
+    with open(os.path.join(a.results, "runs.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    if setup is not None:
+        with open(os.path.join(a.results, "setup.json"), "w") as f:
+            json.dump(setup, f, indent=1)
+
+
+def clear_results(folder):
+    """The benchmark's own files from an earlier run (run.sh's console.log and host.txt stay)."""
+    os.makedirs(folder, exist_ok=True)
+    for name in os.listdir(folder):
+        if name in ("README.md", "setup.json", "runs.json", "perf.tgz") or name.endswith(".png"):
+            os.remove(os.path.join(folder, name))
+
+
+def pack(a, log_path):
+    """perf.tgz: the raw perf_analyzer CSVs, the pools' descriptions, the configs and the server
+    log's end (a device call returns at most 8 files)."""
+    with tarfile.open(os.path.join(a.results, "perf.tgz"), "w:gz") as tar:
+        raw = os.path.join(a.work, "raw")
+        if os.path.isdir(raw):
+            tar.add(raw, arcname="perf/raw")
+        for name in ("pools.txt", "gpu_dmon.log"):  # gpu_dmon.log: run.sh's nvidia-smi dmon, where it ran
+            if os.path.exists(os.path.join(a.work, name)):
+                tar.add(os.path.join(a.work, name), arcname=f"perf/{name}")
+        for m in ("dlrm_v2", "dlrm_v2_lookup", "dlrm_v2_queries"):
+            cfg = os.path.join(a.work, "repo", m, "config.pbtxt")
+            if os.path.exists(cfg):
+                tar.add(cfg, arcname=f"perf/configs/{m}.pbtxt")
+        if os.path.exists(log_path):
+            tail = os.path.join(a.work, "server_tail.log")
+            with open(log_path, "rb") as f:
+                f.seek(max(0, os.path.getsize(log_path) - 2_000_000))
+                data = f.read()
+            with open(tail, "wb") as f:
+                f.write(data)
+            tar.add(tail, arcname="perf/server_tail.log")
+
+
+def gpu_facts():
+    """(the GPU's name and memory, its driver) from nvidia-smi."""
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                           capture_output=True, text=True)
+        line = p.stdout.strip().splitlines()[0] if p.returncode == 0 and p.stdout.strip() else ""
+    except OSError:
+        line = ""
+    line = line or "unknown GPU, unknown, -"
+    name, driver, memory = [x.strip() for x in (line.split(",") + ["-", "-"])[:3]]
+    return f"{name}, {memory}", driver
+
+
+def main():
+    a = parse()
+    clear_results(a.results)
+    os.makedirs(a.work, exist_ok=True)
+    shutil.rmtree(os.path.join(a.work, "raw"), ignore_errors=True)
+    import torch
+    gpu, driver = gpu_facts()
+    rows = fixture_rows(a.scale)
+    params = sum(rows) * DIM
+    graphs = graph_batches(a.graph_batches, a.max_batch)
+    plan = cache_plan(rows, a.cache, a.allocation, a.alpha, a.hit_rate_bound)
+    setup = {"command": a.command, "argv": sys.argv, "gpu": gpu, "driver": driver, "torch": torch.__version__,
+             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "scale": a.scale, "rows": sum(rows),
+             "rows_per_table": rows, "parameters": params, "table_gb": sum(rows) * ROW_BYTES / 1e9, "cache": a.cache,
+             "allocation": a.allocation, "cached_rows": sum(plan["cached_per_table"]), "cache_plan": plan,
+             "instances": a.instances, "max_queue_delay_us": a.max_queue_delay_us, "max_batch": a.max_batch,
+             "graph_batches": ("the backend's powers of two" if graphs is None else
+                               ",".join(map(str, graphs)) if graphs else "none (off)"),
+             "dcnv2_cross": a.dcnv2_cross, "alpha": a.alpha, "interval_ms": a.interval_ms, "quick": a.quick,
+             "stream_note": "not run"}
+    print(f"GPU: {gpu}, driver {driver}; torch {torch.__version__}", flush=True)
+    print(f"DLRM-v2 at scale {a.scale}: {sum(rows):,} rows ({params / 1e9:.1f} B parameters, "
+          f"{setup['table_gb']:.1f} GB fp16), {WIDTH} lookups per pair; GPU cache {a.cache} ({a.allocation}, "
+          f"{setup['cached_rows']:,} slots); alpha {a.alpha}: hit rate stationary {plan['stationary']:.4f}, "
+          f"LRU on an endless stream {plan['lru']:.4f} (hotness-weighted)", flush=True)
+    failures = []
+    res = {"perf": [], "stream": [], "reference": None, "exactness": None}
+
+    # 1. the tables, on a thread of their own: the export and the compile need none
+    phase("tables (criteo_fixture), the export and the reference's compile beside it")
+    fa = SimpleNamespace(fixture=a.fixture, scale=a.scale, dim=DIM, work=a.work, fixture_bin=a.fixture_bin,
+                         cache_share=a.cache, host_memory="mapped")
+    fixture = {}
+
+    def write_tables():
+        try:
+            fixture["folder"], fixture["t0"] = prepare(fa, rows)
+            fixture["seconds"] = time.time() - fixture["t0"]
+        except BaseException as e:  # noqa: BLE001 - raised again on the main thread
+            fixture["error"] = e
+
+    writer = threading.Thread(target=write_tables, name="fixture")
+    writer.start()
+    warmer = None if a.no_reference else start_compile_warmer(a)
+
+    # 2. the network: the package, and the reference's compile
+    from recsys.networks import export_aoti
+    ea = SimpleNamespace(precision="fp16", aoti_dlrm_interaction="triton", dcnv2_cross=a.dcnv2_cross, example_batch=0,
+                         work=a.work, inductor=a.inductor, cross_config="", dim=DIM)
+    t0 = time.time()
+    package = export_aoti("dcnv2", ea, "TYPE_FP16", a.max_batch)
+    setup["export_seconds"] = time.time() - t0
+    pool = pools(a, rows, setup)
+    print("  pools: " + "; ".join(setup["pools"].values()), flush=True)
+    if warmer is not None:
+        mode, note = finish_compile_warmer(a, warmer)
+        warm_s = time.time() - warmer[1]
+    writer.join()
+    if "error" in fixture:
+        raise fixture["error"]
+    setup["fixture"], setup["fixture_seconds"] = fixture["folder"], fixture["seconds"]
+    print(f"  tables in {fixture['folder']} ({fixture['seconds']:.0f} s, written or found)", flush=True)
+
+    # 3. the repository
+    repo = os.path.join(a.work, "repo")
+    write_repository(a, repo, fixture["folder"], package, graphs)
+    save_json(a, res, setup)
+
+    # 4.-5. the server: exactness, then the timed runs
+    from tritonserver_process import serve
+    log_path = os.path.join(a.work, "server.log")
+    extra = [f"--cuda-memory-pool-byte-size=0:{a.cuda_pool_gb << 30}"]
+    if a.libtorch_dir:
+        extra.append(f"--backend-config=rust,libtorch-dir={a.libtorch_dir}")
+    if a.verbose:
+        extra.append("--log-verbose=1")
+    phase("tritonserver: loading dlrm_v2, dlrm_v2_lookup, dlrm_v2_queries")
+    try:
+        with serve(a.server, repo, a.backends, a.port, log_path, extra=extra, timeout=max(120, left_s(a) - 60)) as client:
+            phase("exactness")
+            try:
+                res["exactness"] = exactness(a, client, rows, failures)
+            except Exception as e:  # noqa: BLE001 - a model that cannot answer is a failure; the runs are tried still
+                print(f"  FAIL exactness: {e}", flush=True)
+                failures.append(f"exactness: {str(e)[:300]}")
+                res["exactness"] = {}
+            res["exactness"]["failures"] = list(failures)
+            save_json(a, res)
+            phase("perf_analyzer: 270-pair queries")
+            perf_phase(a, client, pool, setup, res, failures, "fixed270")
+            if a.stream_levels and os.path.exists(a.stream_client) and left_s(a) > 160:
+                phase("the endless stream")
+                setup["stream_note"] = ("270-pair queries sent by examples/stream_client.rs (HTTP, keys in one CUDA "
+                                        "shared-memory pool drawn on the GPU), dlrm_v2 batching them")
+                stream_phase(a, client, rows, plan, res, failures)
+            elif a.stream_levels:
+                why = "no stream_client" if not os.path.exists(a.stream_client) else "too little time left"
+                print(f"  (the endless stream skipped: {why})", flush=True)
+                setup["stream_note"] = f"not run ({why})"
+            phase("perf_analyzer: MLPerf-like query sizes, the lookup alone")
+            perf_phase(a, client, pool, setup, res, failures, "rest")
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - what was measured is still written below
+        print(f"  the served phase ended early: {e}", flush=True)
+        failures.append(f"the served phase: {str(e)[:300]}")
+    # the server has stopped: HBM is the reference's
+
+    # 6. the bare PyTorch reference
+    if warmer is not None:
+        phase("the bare PyTorch reference (the server stopped)")
+        try:
+            res["reference"] = reference_phase(a, rows, mode, note, warm_s)
+        except Exception as e:  # noqa: BLE001 - the served figures are kept; the failure is said and counted
+            print(f"  the reference failed: {e}", flush=True)
+            failures.append(f"the bare PyTorch reference: {str(e)[:300]}")
+
+    # 7. ratios, targets, the results folder
+    phase("results")
+    PHASES.pop("_open", None)
+    setup["phases"] = {k: v for k, v in PHASES.items()}
+    save_json(a, res, setup)
+    for line in dlrm_v2_report.ratios(res):
+        print(line, flush=True)
+    for t, v, d in dlrm_v2_report.targets(setup, res):
+        print(f"{v:4s} {t}: {d}", flush=True)
+    try:
+        print(f"wrote {dlrm_v2_report.write(a.results, setup, res)}", flush=True)
+    except Exception as e:  # noqa: BLE001 - setup.json and runs.json are written: the report can be made again
+        print(f"the report failed ({e}); python3 bench/gpu/dlrm_v2_report.py --results {a.results}", flush=True)
+        failures.append(f"report: {e}")
+    pack(a, log_path)
+    for f in failures:
+        print(f"FAIL {f}", flush=True)
+    print(f"dlrm_v2_perf: {'every check passed' if not failures else f'{len(failures)} failures'}; "
+          f"{time.time() - T0:.0f} s; results in {a.results}", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--compile-worker"]:  # start_compile_warmer's child: MODE BATCHES
+        compile_network(sys.argv[2], [int(b) for b in sys.argv[3].split(",")], "compile child")
+        sys.exit(0)
+    sys.exit(main())

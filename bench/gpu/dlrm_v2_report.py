@@ -1,0 +1,378 @@
+#!/usr/bin/env python3
+"""The seed-style report of bench/gpu/dlrm_v2_perf.py (MLPerf's DLRM-v2 served, issue 46): README.md
+and two PNG plots in the results folder, from its setup.json and runs.json. dlrm_v2_perf.py calls
+`write` at the end of its run; this command writes them again from a results folder:
+
+    python3 bench/gpu/dlrm_v2_report.py --results bench/gpu/results/dlrm-v2
+
+Tables in the columns of NVIDIA's DeepLearningExamples Triton reports (perf_analyzer's, in ms),
+with pairs/s, queries/s and lookups/s beside them; the bare PyTorch reference; the issue's targets
+as PASS/MISS lines (`targets`, which dlrm_v2_perf.py prints too)."""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report import PARTS, PCTS, save  # noqa: E402
+
+LOOKUPS_PER_PAIR = 214  # MLPerf DLRM-v2's hotness, all tables together
+P99_BOUND_MS = 60.0     # MLPerf's server-scenario latency bound for DLRM-v2
+KIND_LABEL = {
+    "fixed270": "270-pair queries (perf_analyzer -b 270 on dlrm_v2)",
+    "fixed270_ensemble": "270-pair queries through the twin (perf_analyzer, dlrm_v2_queries)",
+    "mlperf": "MLPerf-like 100-700 pairs per query (perf_analyzer, dlrm_v2_queries)",
+    "stream": "270-pair queries, endless stream (stream_client, HTTP)",
+    "lookup": "pooled lookup alone (perf_analyzer -b 270 on dlrm_v2_lookup)",
+}
+STYLE = {"fixed270": ("o-", "tab:green"), "fixed270_ensemble": ("^--", "tab:olive"),
+         "mlperf": ("s-", "tab:blue"), "stream": ("x:", "tab:purple"), "lookup": ("o-", "tab:orange")}
+
+
+# ------------------------------------------------------------------ figures
+
+def best(rows, key):
+    return max(rows, key=lambda r: r[key]) if rows else None
+
+
+def reference_best(res):
+    """(the reference's best pairs/s of lookup and network one after the other, its best lookups/s
+    of the pooled lookup alone), None where the reference did not run."""
+    ref = res.get("reference") or {}
+    batches = list((ref.get("batches") or {}).values())
+    if not batches:
+        return None, None
+    return max(b["pairs_per_s"] for b in batches), max(b["lookups_per_s"] for b in batches)
+
+
+def measured_hit_rate(res):
+    """(the hit rate measured, where): the endless stream's at its largest concurrency, else the
+    270-pair perf_analyzer run's at its largest concurrency (its small pool repeats: above the
+    stream's)."""
+    stream = [r for r in res.get("stream", []) if r.get("hit_rate") is not None]
+    if stream:
+        r = max(stream, key=lambda r: r["concurrency"])
+        return r["hit_rate"], f"endless stream, concurrency {r['concurrency']}"
+    fixed = [r for r in res.get("perf", []) if r["kind"] == "fixed270" and r.get("hit_rate") is not None]
+    if fixed:
+        r = max(fixed, key=lambda r: r["concurrency"])
+        return r["hit_rate"], f"perf_analyzer's pool of {r.get('pool', '?')}, concurrency {r['concurrency']}"
+    return None, "no hit rate measured"
+
+
+def targets(setup, res):
+    """The issue's targets for this run's configuration: [(target, PASS|MISS|n/a, detail)]."""
+    out = []
+    perf = res.get("perf", [])
+    fixed = [r for r in perf if r["kind"] == "fixed270"]
+    served = [r for r in perf + res.get("stream", []) if r["kind"] in ("fixed270", "stream")]
+    lookup = [r for r in perf if r["kind"] == "lookup"]
+    ref_pairs, ref_lookups = reference_best(res)
+    top = best(served, "pairs_per_s")
+    scale_note = "" if setup["scale"] >= 1.0 else f" (this run: scale {setup['scale']}, not the target's 1.0)"
+
+    def verdict(ok):
+        return "n/a" if ok is None else ("PASS" if ok else "MISS")
+
+    if setup["cache"] >= 1.0:
+        out.append(("served >= 10 M pairs/s, every row in HBM" + scale_note,
+                    verdict(None if top is None else top["pairs_per_s"] >= 10e6),
+                    "-" if top is None else f"{top['pairs_per_s'] / 1e6:.2f} M pairs/s ({KIND_LABEL[top['kind']]}, "
+                                            f"concurrency {top['concurrency']})"))
+        ratio = None if top is None or not ref_pairs else top["pairs_per_s"] / ref_pairs
+        out.append((">= 1.7x the bare PyTorch reference (same call)", verdict(None if ratio is None else ratio >= 1.7),
+                    "-" if ratio is None else f"{ratio:.2f}x ({top['pairs_per_s'] / 1e6:.2f} / {ref_pairs / 1e6:.2f} M pairs/s)"))
+        fast = [r for r in fixed if r["pairs_per_s"] >= 8e6]
+        ok = [r for r in fast if r["p99_ms"] <= P99_BOUND_MS]
+        if ok:
+            r = max(ok, key=lambda r: r["pairs_per_s"])
+            detail = f"p99 {r['p99_ms']:.1f} ms at {r['pairs_per_s'] / 1e6:.2f} M pairs/s (concurrency {r['concurrency']})"
+        elif fast:
+            r = min(fast, key=lambda r: r["p99_ms"])
+            detail = f"lowest p99 at >= 8 M pairs/s: {r['p99_ms']:.1f} ms (concurrency {r['concurrency']})"
+        else:
+            detail = "no 270-pair run reached 8 M pairs/s"
+        out.append(("270-pair queries: p99 <= 60 ms at >= 8 M pairs/s" + scale_note,
+                    verdict(None if not fixed else bool(ok)), detail))
+    else:
+        out.append((f">= 6 M pairs/s with {setup['cache']:.0%} of the rows in the GPU cache" + scale_note,
+                    verdict(None if top is None else top["pairs_per_s"] >= 6e6),
+                    "-" if top is None else f"{top['pairs_per_s'] / 1e6:.2f} M pairs/s ({KIND_LABEL[top['kind']]}, "
+                                            f"concurrency {top['concurrency']})"))
+        rate, where = measured_hit_rate(res)
+        stationary = setup["cache_plan"]["stationary"]
+        gap = None if rate is None else rate - stationary
+        out.append((f"hit rate within 0.002 of the stationary rate (alpha {setup['alpha']})",
+                    verdict(None if gap is None else abs(gap) <= 0.002),
+                    "-" if gap is None else f"measured {rate:.4f} ({where}), stationary {stationary:.4f}, "
+                                            f"gap {gap:+.4f}; an LRU cache's rate on the endless stream "
+                                            f"(Che's approximation): {setup['cache_plan']['lru']:.4f}"))
+    top_lookup = best(lookup, "lookups_per_s")
+    out.append((">= 6 G lookups/s, the pooled lookup alone (served)" + scale_note,
+                verdict(None if top_lookup is None else top_lookup["lookups_per_s"] >= 6e9),
+                "-" if top_lookup is None else
+                f"{top_lookup['lookups_per_s'] / 1e9:.2f} G lookups/s, {top_lookup['lookups_per_s'] * 256 / 1e12:.2f} TB/s "
+                f"of rows (concurrency {top_lookup['concurrency']})"
+                + ("" if not ref_lookups else f"; the reference's {ref_lookups / 1e9:.2f} G lookups/s")))
+    return out
+
+
+def ratios(res):
+    """Printed lines: served over the reference, pairs/s and the lookup alone."""
+    ref_pairs, ref_lookups = reference_best(res)
+    perf = res.get("perf", [])
+    lines = []
+    for kind in ("fixed270", "mlperf", "stream"):
+        rows = [r for r in perf + res.get("stream", []) if r["kind"] == kind]
+        top = best(rows, "pairs_per_s")
+        if top and ref_pairs:
+            lines.append(f"served / reference, pairs/s ({KIND_LABEL[kind]}, best at concurrency {top['concurrency']}): "
+                         f"{top['pairs_per_s'] / 1e6:.2f} / {ref_pairs / 1e6:.2f} M = {top['pairs_per_s'] / ref_pairs:.2f}")
+    top = best([r for r in perf if r["kind"] == "lookup"], "lookups_per_s")
+    if top and ref_lookups:
+        lines.append(f"served / reference, the pooled lookup alone: {top['lookups_per_s'] / 1e9:.2f} / "
+                     f"{ref_lookups / 1e9:.2f} G lookups/s = {top['lookups_per_s'] / ref_lookups:.2f}")
+    return lines
+
+
+# ------------------------------------------------------------------ tables
+
+def dle_table(rows, ref_pairs):
+    """DeepLearningExamples' Triton report columns (ms), then ours."""
+    cols = ["Batch", "Concurrency", "Inferences/Second", *PARTS, "p50 latency", "p90 latency", "p95 latency",
+            "p99 latency", "avg latency", "pairs/s", "queries/s", "G lookups/s", "hit rate", "pairs per execution",
+            "served/reference"]
+    out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---:" for _ in cols) + "|"]
+    for r in rows:
+        c = r["csv"]
+        cells = [str(r["batch"]), str(r["concurrency"]), f"{c['Inferences/Second']:,.1f}"]
+        cells += [f"{c[k] / 1e3:.3f}" for k in PARTS + PCTS]
+        cells.append(f"{r['avg_ms']:.3f}")
+        cells += [f"{r['pairs_per_s']:,.0f}", f"{r['queries_per_s']:,.0f}", f"{r['lookups_per_s'] / 1e9:.2f}",
+                  "-" if r.get("hit_rate") is None else f"{min(r['hit_rate'], 1.0):.4f}",
+                  "-" if not r.get("pairs_per_execution") else f"{r['pairs_per_execution']:,.0f}",
+                  f"{r['pairs_per_s'] / ref_pairs:.2f}" if ref_pairs and r["kind"] != "lookup" else "-"]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def stream_table(rows, ref_pairs):
+    cols = ["Batch", "Concurrency", "pairs/s", "queries/s", "G lookups/s", "p50", "p90", "p95", "p99", "hit rate",
+            "expected hit rate", "pool (queries, GB)", "served/reference"]
+    out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---:" for _ in cols) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join([
+            str(r["batch"]), str(r["concurrency"]), f"{r['pairs_per_s']:,.0f}", f"{r['queries_per_s']:,.0f}",
+            f"{r['lookups_per_s'] / 1e9:.2f}", *(f"{r[k]:.2f}" for k in ("p50_ms", "p90_ms", "p95_ms", "p99_ms")),
+            "-" if r.get("hit_rate") is None else f"{min(r['hit_rate'], 1.0):.4f}", f"{r['expected_hit_rate']:.4f}",
+            f"{r['pool_queries']:,}, {r['pool_gb']:.1f}", f"{r['pairs_per_s'] / ref_pairs:.2f}" if ref_pairs else "-"]) + " |")
+    return "\n".join(out)
+
+
+def reference_table(ref, peak):
+    cols = ["batch (pairs)", "lookup ms", "G lookups/s", "GB/s of rows", "network ms", "TFLOP/s", "% of peak",
+            "both ms", "pairs/s"]
+    out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---:" for _ in cols) + "|"]
+    for b, x in sorted(ref["batches"].items(), key=lambda kv: int(kv[0])):
+        out.append("| " + " | ".join([
+            f"{int(b):,}", f"{x['lookup_s'] * 1e3:.3f}", f"{x['lookups_per_s'] / 1e9:.2f}", f"{x['row_gb_per_s']:.0f}",
+            f"{x['net_s'] * 1e3:.3f}", f"{x['tflops']:.0f}", f"{100 * x['tflops'] / peak:.0f}%",
+            f"{x['both_s'] * 1e3:.3f}", f"{x['pairs_per_s']:,.0f}"]) + " |")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------ plots
+
+def plot_throughput(plt, setup, res, gpu, out):
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    ref_pairs, ref_lookups = reference_best(res)
+    rows = res.get("perf", []) + res.get("stream", [])
+    concs, lookup_concs = set(), set()
+    for kind in ("fixed270", "fixed270_ensemble", "mlperf", "stream"):
+        pts = sorted((r["concurrency"], r["pairs_per_s"]) for r in rows if r["kind"] == kind)
+        if pts:
+            style, color = STYLE[kind]
+            ax1.plot([c for c, _ in pts], [v / 1e6 for _, v in pts], style, color=color, label=KIND_LABEL[kind])
+            concs |= {c for c, _ in pts}
+    if ref_pairs:
+        ax1.axhline(ref_pairs / 1e6, color="gray", ls="-.",
+                    label=f"bare PyTorch reference, lookup + network ({ref_pairs / 1e6:.2f} M)")
+    goal = 10e6 if setup["cache"] >= 1.0 else 6e6
+    ax1.axhline(goal / 1e6, color="tab:red", ls=":", label=f"target {goal / 1e6:.0f} M pairs/s")
+    ax1.set(xscale="log", xlabel="concurrent client requests (queries in flight)", ylabel="M pairs / second",
+            title="DLRM-v2 served: pairs/s")
+    pts = sorted((r["concurrency"], r["lookups_per_s"]) for r in rows if r["kind"] == "lookup")
+    if pts:
+        style, color = STYLE["lookup"]
+        ax2.plot([c for c, _ in pts], [v / 1e9 for _, v in pts], style, color=color, label=KIND_LABEL["lookup"])
+        lookup_concs = {c for c, _ in pts}
+    if ref_lookups:
+        ax2.axhline(ref_lookups / 1e9, color="gray", ls="-.",
+                    label=f"bare PyTorch F.embedding_bag ({ref_lookups / 1e9:.2f} G)")
+    ax2.axhline(6.0, color="tab:red", ls=":", label="target 6 G lookups/s")
+    ax2.set(xscale="log", xlabel="concurrent client requests (270 pairs each)", ylabel="G lookups / second",
+            title="the pooled lookup alone")
+    for ax, ticks in ((ax1, concs), (ax2, lookup_concs)):
+        if ticks:
+            ax.set_xticks(sorted(ticks), [str(c) for c in sorted(ticks)])
+            ax.set_xticks([], minor=True)  # a log axis's minor labels (2x10^1 ...) would crowd the concurrencies
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    return save(plt, fig, gpu, out, "dlrm_v2_throughput.png")
+
+
+def plot_latency(plt, res, gpu, out):
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    rows = res.get("perf", []) + res.get("stream", [])
+    for kind in ("fixed270", "fixed270_ensemble", "mlperf", "stream"):
+        pts = sorted((r["pairs_per_s"], r["p99_ms"], r["concurrency"]) for r in rows if r["kind"] == kind)
+        if not pts:
+            continue
+        style, color = STYLE[kind]
+        ax.plot([x / 1e6 for x, _, _ in pts], [y for _, y, _ in pts], style, color=color, label=KIND_LABEL[kind])
+        for x, y, c in pts:
+            ax.annotate(f"c{c}", (x / 1e6, y), textcoords="offset points", xytext=(3, 3), fontsize=7, color=color)
+    ax.axhline(P99_BOUND_MS, color="tab:red", ls=":", label="MLPerf's bound, 60 ms")
+    ax.axvline(8.0, color="tab:red", ls="--", alpha=0.5, label="8 M pairs/s")
+    ax.set(yscale="log", xlabel="M pairs / second", ylabel="p99 latency per query (ms)",
+           title="DLRM-v2 served: p99 per query against throughput")
+    ax.set_xlim(left=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return save(plt, fig, gpu, out, "dlrm_v2_latency.png")
+
+
+# ------------------------------------------------------------------ README
+
+def write(out, setup, res, plots=True):
+    """README.md (and the plots, unless `plots` is off) in `out`; returns the README's path."""
+    gpu_line = f"{setup['gpu']}; perf_analyzer gRPC, CUDA shared memory; fp16 rows and network"
+    files = []
+    if plots:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        files = [plot_throughput(plt, setup, res, gpu_line, out), plot_latency(plt, res, gpu_line, out)]
+    ref_pairs, _ = reference_best(res)
+    perf = res.get("perf", [])
+    plan = setup["cache_plan"]
+    md = [f"# MLPerf DLRM-v2 served through tritonserver — {setup['gpu'].split(',')[0]}", "",
+          "Written by `bench/gpu/dlrm_v2_perf.py` (`bench/gpu/dlrm_v2_report.py` writes it again from `setup.json` and "
+          "`runs.json`); the raw perf_analyzer CSVs, the key pools' descriptions and the server log's end are in "
+          "`perf.tgz`, everything printed in `console.log`, the host in `host.txt`. Latencies in ms, per query.", "",
+          f"Command: `{setup['command']}`", "",
+          f"GPU: {setup['gpu']} (driver {setup['driver']}); torch {setup['torch']}; {setup['date']}.", "",
+          "## What was run", "",
+          f"- Tables: MLPerf DLRM-v2's 26 tables at scale {setup['scale']} ({setup['rows']:,} rows of dim 128, "
+          f"{setup['parameters'] / 1e9:.1f} B parameters, {setup['table_gb']:.1f} GB fp16), written by `criteo_fixture` "
+          f"(keys 0..rows, rows computed from its seed) in `{setup['fixture']}`; 214 lookups per pair "
+          "(hotness 3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1), every bag full, sum-pooled.",
+          f"- `dlrm_v2`: one recommender model (examples/dlrm_v2.py's config), {setup['instances']} KIND_GPU instances, "
+          f"dynamic batching (max_queue_delay {setup['max_queue_delay_us']} us, max_batch_size {setup['max_batch']} pairs), "
+          f"GPU cache `gpucacheper` {setup['cache']} (`gpucache_allocation` {setup['allocation']}, one cache per GPU, "
+          f"fp16 rows: {setup['cached_rows']:,} slots), pooled rows into the network as fp16; the network DCNv2's dense "
+          f"part as a CUDA fp16 AOTInductor package (cross layers `{setup['dcnv2_cross']}`), CUDA graphs for batches of "
+          f"{setup['graph_batches']} pairs (a batch runs in the smallest graph holding it).",
+          "- `dlrm_v2_lookup`: the embedding engine alone on the same store (`store_name` shared: the rows are in "
+          "memory once), pooled interface, fp16 output [26, 128]: the pooled lookup alone, served.",
+          f"- `dlrm_v2_queries`: a non-batching ensemble ({{dense [-1, 13], sparse [-1, 214]}} -> prediction [-1, 1]) "
+          "whose one step is `dlrm_v2`: perf_analyzer sends each query with its own number of pairs (-b cannot vary in "
+          "one run), and `dlrm_v2`'s dynamic batcher still batches the queries together. One ensemble hop per query.",
+          f"- Keys: per table Zipf of exponent {setup['alpha']} over its rows, hot keys spread over the key space "
+          "(bench/gpu/zipf_keys.py). perf_analyzer cycles pools of distinct requests: "
+          f"{setup['pools']['fixed270']}; {setup['pools']['mlperf']}.",
+          f"- MLPerf's query sizes: {setup['mlperf_sizes_note']}",
+          f"- The endless stream: {setup['stream_note']}",
+          "- The bare PyTorch reference, in the same call after the server stopped: every table in HBM as an fp16 "
+          "tensor of the same rows (random values), `F.embedding_bag` (sum, full bags) per table then stacked to "
+          f"[B, 26, 128], the DCNv2 network in fp16 compiled by `torch.compile(mode=\"{(res.get('reference') or {}).get('mode', '-')}\")`, "
+          "timed with CUDA events, keys already on the GPU (the same Zipf law).", ""]
+    md += ["## Targets (issue 46)", "", "| target | verdict | figure |", "|---|---|---|"]
+    md += [f"| {t} | **{v}** | {d} |" for t, v, d in targets(setup, res)] + [""]
+    lines = ratios(res)
+    if lines:
+        md += ["Ratios: " + "; ".join(lines) + ".", ""]
+    if setup["cache"] < 1.0:
+        md += [f"Hit rates (alpha {setup['alpha']}, each table's lookups weighted by its hotness): a cache holding each "
+               f"table's hottest keys on an endless stream (stationary) {plan['stationary']:.4f}; an LRU cache on the "
+               f"endless stream (Che's approximation) {plan['lru']:.4f}. perf_analyzer's pools repeat and fit in the "
+               "cache: their measured rates are above both.", ""]
+    for kind, title in (("fixed270", "270-pair queries: perf_analyzer -b 270 on dlrm_v2"),
+                        ("fixed270_ensemble", "270-pair queries through the twin"),
+                        ("mlperf", "MLPerf-like query sizes through the twin"),
+                        ("lookup", "The pooled lookup alone: dlrm_v2_lookup")):
+        rows = sorted([r for r in perf if r["kind"] == kind], key=lambda r: r["concurrency"])
+        if rows:
+            note = {"fixed270": "Inferences/Second is pairs/s (one perf_analyzer inference is one pair).",
+                    "fixed270_ensemble": "Inferences/Second is queries/s (one request per query).",
+                    "mlperf": "Inferences/Second is queries/s; pairs/s = queries/s x the pool's mean pairs per query.",
+                    "lookup": "Inferences/Second is pairs/s; each pair is 214 lookups."}[kind]
+            md += [f"## {title}", "", note + " `pairs per execution`: the batches the dynamic batcher formed "
+                   "(Triton's statistics, the whole perf_analyzer call).", "", dle_table(rows, ref_pairs), ""]
+            loose = [r for r in rows if r.get("stability_pct", 10) > 10]
+            if loose:
+                md += ["Measured with perf_analyzer's stability bound loosened: " + ", ".join(
+                    f"concurrency {r['concurrency']} (-s {r['stability_pct']})" for r in loose) + ".", ""]
+    stream = sorted(res.get("stream", []), key=lambda r: r["concurrency"])
+    if stream:
+        md += ["## 270-pair queries as an endless stream (our client, not perf_analyzer)", "",
+               "examples/stream_client.rs sends queries whose keys lie in one CUDA shared-memory pool drawn on the GPU, "
+               "over HTTP; one pass of the pool warms the cache, the measured passes follow. Latency measured at the "
+               "client.", "", stream_table(stream, ref_pairs), ""]
+    ref = res.get("reference")
+    if ref and ref.get("batches"):
+        md += ["## The bare PyTorch reference", "",
+               f"Network: {ref['flops_per_pair'] / 1e6:.2f} MFLOP of matrix products per pair (2 x in x out over its "
+               f"{ref['linear_layers']} linear layers), {ref['peak_tflops']:.0f} TFLOP/s taken as the fp16 tensor peak. "
+               f"Compiled in {ref['compile_seconds']:.0f} s ({ref['mode']})."
+               + (f" {ref['note']}" if ref.get("note") else ""), "",
+               reference_table(ref, ref["peak_tflops"]), ""]
+    ex = res.get("exactness") or {}
+    if ex:
+        md += ["## Exactness (before the timed runs)", ""]
+        if "lookup" in ex:
+            e = ex["lookup"]
+            md.append(f"- `dlrm_v2_lookup`: {e['pooled_rows']:,} pooled rows of {e['requests']} requests of 270 pairs "
+                      f"against a float64 sum of the fixture's rows (recomputed from its seed): max abs diff "
+                      f"{e['max_abs_diff']:.3g}, bound |diff| <= {e['atol']} + {e['rtol']} x |sum| (fp16 rounding of "
+                      f"the result): {e['bad_values']} values outside.")
+        if "prediction" in ex:
+            e = ex["prediction"]
+            md.append(f"- `dlrm_v2`: {e['predictions']:,} predictions against the PyTorch fp32 network (the weights "
+                      f"the package was exported from) on the float64-summed rows: max abs diff {e['max_abs_diff_fp32']:.3g} "
+                      f"(bound {e['bound']}); against the same network in fp16 on fp16 pooled rows: "
+                      f"{e['max_abs_diff_fp16']:.3g}.")
+        for f in ex.get("failures", []):
+            md.append(f"- **FAIL** {f}")
+        md.append("")
+    phases = setup.get("phases") or {}
+    if phases:
+        md += ["## Where the call's time went", "",
+               ", ".join(f"{k} {v:.0f} s" for k, v in phases.items()) + ".", ""]
+    md += [f"![{f}]({f})" for f in files] + [""]
+    path = os.path.join(out, "README.md")
+    with open(path, "w") as f:
+        f.write("\n".join(md))
+    return path
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", required=True, help="a results folder of dlrm_v2_perf.py (setup.json, runs.json)")
+    p.add_argument("--out", default="", help="where README.md and the plots go (default: --results)")
+    p.add_argument("--no-plots", action="store_true")
+    a = p.parse_args()
+    with open(os.path.join(a.results, "setup.json")) as f:
+        setup = json.load(f)
+    with open(os.path.join(a.results, "runs.json")) as f:
+        res = json.load(f)
+    out = a.out or a.results
+    os.makedirs(out, exist_ok=True)
+    print(f"wrote {write(out, setup, res, plots=not a.no_plots)}")
+    for t, v, d in targets(setup, res):
+        print(f"{v:4s} {t}: {d}")
+
+
+if __name__ == "__main__":
+    main()
