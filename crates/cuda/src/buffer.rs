@@ -77,6 +77,18 @@ impl DeviceMem {
         Ok(DeviceMem { device, backing: Backing::Stream { stream, slice } })
     }
 
+    /// `len` bytes (at least one) on `device`, allocated in the order of its copy stream and
+    /// not initialised: for a caller that queues copies filling every byte on that stream
+    /// next, and waits for them before anyone reads the memory.
+    pub(crate) fn for_copies(device: i32, len: usize) -> Result<DeviceMem> {
+        let g = gpu(device)?;
+        let stream = g.copy_stream.clone();
+        // SAFETY: stream-ordered memory of plain bytes; the caller's contract above keeps
+        // its uninitialised contents from being read.
+        let slice = unsafe { stream.alloc::<u8>(len.max(1)) }.map_err(cuda_err)?;
+        Ok(DeviceMem { device, backing: Backing::Stream { stream, slice } })
+    }
+
     /// No memory yet on `device`; [`DeviceMem::reserve`] makes room.
     pub(crate) fn growing(device: i32) -> DeviceMem {
         DeviceMem { device, backing: Backing::Plain { addr: 0, bytes: 0 } }

@@ -136,6 +136,12 @@ pub fn alloc(device: i32, len: usize) -> Result<DeviceBuffer> {
     DeviceMem::zeroed(device, len).map(DeviceMem::into_buffer)
 }
 
+thread_local! {
+    /// The GPUs whose copy streams hold copies this thread queued with
+    /// [`DeviceOps::copy_queued`] and has not waited for yet.
+    static PENDING: std::cell::RefCell<Vec<i32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// The real GPU: [`DeviceOps`] through the CUDA driver.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Cuda;
@@ -175,9 +181,46 @@ impl DeviceOps for Cuda {
         alloc(device, bytes)
     }
 
+    fn copy_queued(&self, src: Bytes<'_>, dst: BytesMut<'_>) -> Result<()> {
+        match (src, dst) {
+            (Bytes::Device(s), BytesMut::Device(d))
+                if s.device() == d.device() && s.len() == d.len() =>
+            {
+                if s.is_empty() {
+                    return Ok(());
+                }
+                let device = d.device();
+                let g = gpu(device)?;
+                dtod_on(
+                    &g.copy_stream,
+                    DevicePtr::of_view_mut(&d)?,
+                    DevicePtr::of_view(&s)?,
+                    s.len(),
+                )?;
+                PENDING.with(|p| {
+                    let mut p = p.borrow_mut();
+                    if !p.contains(&device) {
+                        p.push(device);
+                    }
+                });
+                Ok(())
+            }
+            (src, dst) => self.copy(src, dst),
+        }
+    }
+
+    fn finish_copies(&self) -> Result<()> {
+        let devices = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+        for device in devices {
+            gpu(device)?.copy_stream.synchronize().map_err(cuda_err)?;
+        }
+        Ok(())
+    }
+
     fn gather(&self, device: i32, parts: &[DeviceView<'_>]) -> Result<DeviceBuffer> {
         let total: usize = parts.iter().map(DeviceView::len).sum();
-        let out = DeviceMem::zeroed(device, total)?;
+        // every byte is one of the parts' (copied below, on the stream it was allocated on)
+        let out = DeviceMem::for_copies(device, total)?;
         let stream = gpu(device)?.copy_stream.clone();
         let base = out.ptr();
         let mut at = 0usize;

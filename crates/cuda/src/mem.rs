@@ -311,6 +311,17 @@ pub trait DeviceOps: Send + Sync {
     fn alloc(&self, device: i32, bytes: usize) -> Result<DeviceBuffer>;
     /// Copies `src` into `dst` (equal lengths), whichever side each is on.
     fn copy(&self, src: Bytes<'_>, dst: BytesMut<'_>) -> Result<()>;
+    /// As [`DeviceOps::copy`], but a copy between buffers of one GPU may only be queued:
+    /// it is complete once this thread's next [`DeviceOps::finish_copies`] returns, and
+    /// until then neither buffer may be reused or read. Several responses' outputs so cost
+    /// one wait instead of one each.
+    fn copy_queued(&self, src: Bytes<'_>, dst: BytesMut<'_>) -> Result<()> {
+        self.copy(src, dst)
+    }
+    /// Waits for every copy this thread queued with [`DeviceOps::copy_queued`].
+    fn finish_copies(&self) -> Result<()> {
+        Ok(())
+    }
     /// Gathers device buffers, in order, into one new buffer on `device`.
     fn gather(&self, device: i32, parts: &[DeviceView<'_>]) -> Result<DeviceBuffer>;
 }

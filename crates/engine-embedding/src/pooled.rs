@@ -124,7 +124,15 @@ impl PooledRun {
             (BagLayout::Fixed { width, at: hot_at }, keys.len() / width)
         };
         let mean = pooling.combiner == Combiner::Mean;
+        let clock = std::time::Instant::now();
+        let on_gpu = matches!(keys, BatchKeys::Device(_));
         let misses = pool.run(keys, layout, batch, mean, out)?;
+        log::debug!(
+            "timing: resident pooled lookup: {batch} samples, keys {} ({}), {} us",
+            keys.len(),
+            if on_gpu { "GPU memory" } else { "host memory" },
+            clock.elapsed().as_micros()
+        );
         if misses > 0 {
             log::debug!("pooled lookup: {misses} keys of {batch} samples are no resident row; reading below the GPU");
         }

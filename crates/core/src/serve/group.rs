@@ -55,7 +55,7 @@ pub(super) fn run_group<T: Transport>(
     // them: the memory Triton gives back tells where the responses want them
     let prefer = device;
     let (mut to_host, mut to_device) = (false, false);
-    engine.run(&batch.tensors, &names, &mut |view| {
+    let ran = engine.run(&batch.tensors, &names, &mut |view| {
         let t0 = transport.now_ns();
         let parts = scatter_ranges(cfg, &batch, view.name, view.dtype, view.shape, view.data)?;
         let is_state = states.iter().any(|st| st.output == view.name);
@@ -92,9 +92,18 @@ pub(super) fn run_group<T: Transport>(
                 }
             }
         }
+        // every member's copy of this output queued: one wait for them all, while the
+        // engine's buffer is still lent to us
+        let waited = ops.finish_copies();
         *sink_ns += transport.now_ns().saturating_sub(t0);
-        Ok(())
-    })?;
+        waited.map_err(|e| {
+            Error::from(e).context(format!("output '{}' copied into the responses", view.name))
+        })
+    });
+    // nothing queued outlives the run (a sink that failed before its wait)
+    let waited = ops.finish_copies();
+    ran?;
+    waited.map_err(|e| Error::from(e).context("the outputs' copies into the responses"))?;
     if to_host || to_device {
         engine.outputs_landed(to_host && !to_device);
     }
@@ -125,8 +134,22 @@ fn write_output<R: InferResponse>(
 ) -> Result<Device> {
     let dst = resp.output_buffer(out.name, out.dtype, shape, range.len(), prefer)?;
     let landed = dst.device();
-    copy_part(ops, out, range, dst)?;
+    let src = part_of(out, range)?;
+    // queued where it can be: `run_group` waits for them all once the engine is done
+    ops.copy_queued(src, dst)
+        .map_err(|e| Error::from(e).context(format!("output '{}'", out.name)))?;
     Ok(landed)
+}
+
+/// Bytes `range` of an engine's output.
+fn part_of<'a>(out: &OutputView<'a>, range: std::ops::Range<usize>) -> Result<Bytes<'a>> {
+    out.data.slice(range.clone()).ok_or_else(|| {
+        Error::internal(format!(
+            "output '{}': rows {range:?} are outside the engine's {} bytes",
+            out.name,
+            out.data.len()
+        ))
+    })
 }
 
 /// Copies bytes `range` of an engine's output into `dst`, host or GPU either side.
@@ -136,12 +159,6 @@ fn copy_part(
     range: std::ops::Range<usize>,
     dst: BytesMut<'_>,
 ) -> Result<()> {
-    let src = out.data.slice(range.clone()).ok_or_else(|| {
-        Error::internal(format!(
-            "output '{}': rows {range:?} are outside the engine's {} bytes",
-            out.name,
-            out.data.len()
-        ))
-    })?;
+    let src = part_of(out, range)?;
     ops.copy(src, dst).map_err(|e| Error::from(e).context(format!("output '{}'", out.name)))
 }
