@@ -33,7 +33,8 @@
 #   pooled-bench  the pooled lookup alone over resident tables (every row in HBM): MLPerf DLRM-v2's 26
 #                 tables at --scale (default 1.0, 52 GB fp16), batches of its 214 keys a sample pooled by
 #                 one kernel from keys in GPU memory, uniform and Zipf keys, checked then timed
-#                 (examples/pooled_lookup_bench.rs; its arguments). carry [".carry"]
+#                 (examples/pooled_lookup_bench.rs; its arguments), then the bare PyTorch reference
+#                 (F.embedding_bag per table, embedding_bag_ref.py) at the same batches. carry [".carry"]
 #   dlrm-v2-check MLPerf's DLRM-v2 (examples/dlrm_v2.py, --scale of its rows) as one recommender on
 #                 KIND_GPU, pooled lookups and a TorchScript network: predictions against the PyTorch
 #                 reference on the GPU, and a served pairs/s figure (dlrm_v2_check.py). carry [".carry"]
@@ -315,7 +316,10 @@ pooled-check)
         --backends "$backends" "$@" || rc=1
     ;;
 pooled-bench)
-    timeout "${POOLED_TIMEOUT:-400}" .carry/pooled_lookup_bench "$@" || rc=1
+    # the kernel alone, then in the same call the bare PyTorch reference at the same batches
+    # (the tables of one are freed before the other's are made)
+    timeout "${POOLED_TIMEOUT:-300}" .carry/pooled_lookup_bench "$@" || rc=1
+    timeout 240 python3 bench/gpu/embedding_bag_ref.py "$@" || rc=1
     ;;
 dlrm-v2-check)
     timeout "${DLRM_V2_TIMEOUT:-570}" python3 bench/gpu/dlrm_v2_check.py --server "$server" \
