@@ -360,6 +360,11 @@ mod tests {
         assert!(tier.get(8, &mut row));
         assert_eq!(row, [16.0, 17.0]);
         assert_eq!(tier.len(), 501);
+        // what a resident copy of it is made from: the base rows as stored, and the one key
+        // of the range updated since (600 is past it: not resident, read below the GPU)
+        let (bytes, stored, updated) = tier.dense_base().expect("a dense table");
+        assert_eq!((bytes.len(), stored, updated), (500 * dim * 4, VectorType::F32, vec![7]));
+        assert_eq!(tier.dense_rows(), Some(500));
         let (ks, rs) = tier.entries();
         assert_eq!(ks.len(), 501);
         let at = |k: i64| ks.iter().position(|&x| x == k).unwrap();
@@ -370,6 +375,7 @@ mod tests {
         write_table(&d, &shuffled, bytemuck::cast_slice(&vecs), dim, VectorType::F32).unwrap();
         let (tier, _) = HostTier::from_files(TableFiles::open_npy(&d).unwrap()).unwrap();
         assert_eq!(tier.dense, None);
+        assert!(tier.dense_base().is_none(), "keys in another order are never resident");
         assert!(tier.get(499, &mut row));
         assert_eq!(row, [0.0, 1.0]);
         std::fs::remove_dir_all(d).unwrap();

@@ -25,11 +25,15 @@ use triton_rust_embedding::gpu::{
 use triton_rust_embedding::InstanceCaches;
 
 use crate::model::Model;
-use crate::pool::{self, bag_starts, Bags};
+#[cfg(feature = "gpu")]
+use crate::pool::bag_starts;
+use crate::pool::{self, Bags};
+#[cfg(feature = "gpu")]
 use crate::settings::Combiner;
 
 /// One instance's pooled lookups: what it keeps from batch to batch.
 #[derive(Default)]
+#[cfg_attr(not(feature = "gpu"), allow(dead_code))]
 pub(crate) struct PooledRun {
     /// The bags of the host-side paths, refilled for each batch.
     bags: Bags,
@@ -51,6 +55,7 @@ pub(crate) struct PooledRun {
 fn host_copy<'t>(t: &'t BatchTensor<'_>) -> Result<Cow<'t, [u8]>> {
     match t.bytes() {
         Some(Bytes::Host(b)) => Ok(Cow::Borrowed(b)),
+        #[cfg(feature = "gpu")]
         Some(Bytes::Device(v)) => {
             let mut buf = vec![0u8; v.len()];
             use triton_rust_core::tensor::{BytesMut, DeviceOps};
@@ -59,6 +64,11 @@ fn host_copy<'t>(t: &'t BatchTensor<'_>) -> Result<Cow<'t, [u8]>> {
                 .map_err(|e| Error::internal(format!("input '{}' from the GPU: {e}", t.name)))?;
             Ok(Cow::Owned(buf))
         }
+        #[cfg(not(feature = "gpu"))]
+        Some(Bytes::Device(_)) => Err(Error::unsupported(format!(
+            "input '{}' in GPU memory: this build of the embedding engine has no GPU (feature `gpu`)",
+            t.name
+        ))),
         None => Err(Error::internal(format!("input '{}' has no bytes yet", t.name))),
     }
 }

@@ -245,3 +245,22 @@ fn time_bags_at_mlperf_hotness() {
         println!("refilled bags of 4096 x 214 keys: {} us", t.elapsed().as_micros());
     }
 }
+
+#[test]
+fn ragged_bag_starts_are_the_lengths_summed_and_malformed_lengths_are_refused() {
+    use crate::pool::{bag_starts, Bags};
+    // 2 samples x 3 tables
+    let lengths = [2, 0, 1, 3, 1, 0];
+    assert_eq!(bag_starts(7, &lengths).unwrap(), vec![0, 2, 2, 3, 6, 7, 7]);
+    let keys: Vec<i64> = (10..17).collect();
+    let bags = Bags::ragged(3, &keys, &lengths).unwrap();
+    // table after table: table 0 holds sample 0's [10, 11] and sample 1's [13, 14, 15]
+    assert_eq!(bags.keys(0), &[10, 11, 13, 14, 15]);
+    assert_eq!((bags.keys(1), bags.keys(2)), (&[16][..], &[12][..]));
+    let e = bag_starts(6, &lengths).unwrap_err();
+    assert!(e.message().contains("need more than the 6 keys"), "{e}");
+    let e = bag_starts(9, &lengths).unwrap_err();
+    assert!(e.message().contains("sum to 7 but 9 keys"), "{e}");
+    let e = bag_starts(7, &[2, -1, 6]).unwrap_err();
+    assert!(e.message().contains("negative length -1"), "{e}");
+}
