@@ -115,6 +115,49 @@ def export(repo: str, scale: float, name: str = "dlrm_v2", max_batch: int = 1024
     return model
 
 
+def ensemble(repo: str, name: str = "dlrm_v2", max_batch: int = 1024) -> str:
+    """Writes the same model as a Triton ensemble beside the one-model form ``export`` wrote:
+    ``<name>_sparse`` (the embedding engine's pooled interface over the same tables), ``<name>_dense``
+    (the same dense.onnx) and ``<name>_ensemble`` chaining them, with the one model's inputs and
+    output. Returns the ensemble's name."""
+    version = os.path.abspath(os.path.join(repo, name, "1"))
+    tables = ",".join(f"t{i}" for i in range(len(ROWS)))
+    sparse, dense, whole = f"{name}_sparse", f"{name}_dense", f"{name}_ensemble"
+    store = dict(engine="embedding", embedding_interface="pooled", embedding_table_names=tables,
+                 embedding_vecsize_per_table=DIM, embedding_hotness_per_table=",".join(map(str, HOTNESS)),
+                 embedding_combiner="sum", default_value_for_each_table=0,
+                 sparse_files=",".join(os.path.join(version, "tables", f"t{i}") for i in range(len(ROWS))))
+    configs = {
+        sparse: [f'name: "{sparse}"', 'backend: "rust"', f"max_batch_size: {max_batch}",
+                 f'input [ {{ name: "KEYS" data_type: TYPE_INT64 dims: [ {sum(HOTNESS)} ] }} ]',
+                 f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {len(ROWS)}, {DIM} ] }} ]',
+                 "dynamic_batching { max_queue_delay_microseconds: 100 }", "instance_group [ { count: 1 kind: KIND_CPU } ]"]
+        + [f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}' for k, v in store.items()],
+        dense: [f'name: "{dense}"', 'backend: "rust"', f"max_batch_size: {max_batch}",
+                f'input [ {{ name: "dense" data_type: TYPE_FP32 dims: [ {NUM_DENSE} ] }},',
+                f'        {{ name: "embeddings" data_type: TYPE_FP32 dims: [ {len(ROWS)}, {DIM} ] }} ]',
+                'output [ { name: "prediction" data_type: TYPE_FP32 dims: [ 1 ] } ]',
+                "dynamic_batching { max_queue_delay_microseconds: 100 }", "instance_group [ { count: 1 kind: KIND_CPU } ]"],
+        whole: [f'name: "{whole}"', 'platform: "ensemble"', f"max_batch_size: {max_batch}",
+                f'input [ {{ name: "dense" data_type: TYPE_FP32 dims: [ {NUM_DENSE} ] }},',
+                f'        {{ name: "sparse" data_type: TYPE_INT64 dims: [ {sum(HOTNESS)} ] }} ]',
+                'output [ { name: "prediction" data_type: TYPE_FP32 dims: [ 1 ] } ]',
+                "ensemble_scheduling { step [",
+                f'  {{ model_name: "{sparse}" model_version: -1 input_map {{ key: "KEYS" value: "sparse" }} '
+                'output_map { key: "OUTPUT0" value: "embeddings" } },',
+                f'  {{ model_name: "{dense}" model_version: -1 input_map {{ key: "dense" value: "dense" }} '
+                'input_map { key: "embeddings" value: "embeddings" } output_map { key: "prediction" value: "prediction" } } ] }'],
+    }
+    for model, lines in configs.items():
+        os.makedirs(os.path.join(repo, model, "1"), exist_ok=True)
+        with open(os.path.join(repo, model, "config.pbtxt"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+    link = os.path.join(repo, dense, "1", "model.onnx")
+    if not os.path.lexists(link):
+        os.symlink(os.path.join(version, "dense.onnx"), link)
+    return whole
+
+
 def load_reference(version_dir: str) -> DLRMv2:
     saved = torch.load(os.path.join(version_dir, "reference.pt"))
     model = DLRMv2(scaled_rows(saved["scale"]))

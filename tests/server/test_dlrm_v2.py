@@ -24,6 +24,7 @@ SCALE = 1e-5
 def repo(tmp_path_factory):
     r = ModelRepo(str(tmp_path_factory.mktemp("dlrm-v2-repo")))
     dlrm_v2.export(r.root, SCALE, max_batch=256)
+    dlrm_v2.ensemble(r.root, max_batch=256)
     return r
 
 
@@ -54,6 +55,21 @@ def test_served_equal_to_the_pytorch_reference(server, reference, protocol):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=f"{protocol} batch {batch}")
         print(f"\n[dlrm_v2] {protocol} batch {batch}: max |served - torch| {np.abs(got - want).max():.2e}, "
               f"predictions {want.min():.3f}..{want.max():.3f}")
+    client.close()
+
+
+def test_the_one_model_equals_its_ensemble_form(server, reference):
+    """The recommender as one model against the same lookup and network as a Triton ensemble
+    (the embedding engine's pooled interface, then the ONNX network): the same predictions."""
+    rows = dlrm_v2.scaled_rows(SCALE)
+    client = make_client(server, "grpc")
+    for seed, batch in enumerate((1, 9, 200)):
+        dense, sparse = dlrm_v2.sample_inputs(batch, rows, seed=40 + seed)
+        one = infer(client, "grpc", "dlrm_v2", {"dense": dense, "sparse": sparse}, ["prediction"])["prediction"]
+        ens = infer(client, "grpc", "dlrm_v2_ensemble", {"dense": dense, "sparse": sparse}, ["prediction"])["prediction"]
+        np.testing.assert_allclose(one, ens, rtol=1e-6, atol=1e-7, err_msg=f"batch {batch}")
+        np.testing.assert_allclose(one, predict(reference, dense, sparse), rtol=1e-4, atol=1e-5)
+        print(f"\n[dlrm_v2] batch {batch}: max |one model - ensemble| {np.abs(one - ens).max():.2e}")
     client.close()
 
 
