@@ -362,12 +362,17 @@ impl LoadedModel for EmbeddingModel {
     }
 
     /// A GPU instance's whole-batch lookup takes the batched interface's keys where they
-    /// are, and the pooled interface's (resident tables read them there; the other paths
-    /// copy them to the host).
+    /// are, and the fixed-hotness pooled interface's (resident tables read them there; the
+    /// other paths copy them to the host). A ragged pooled model's lengths and a model with
+    /// vocabulary sizes are checked per request on the host, so theirs come there.
     fn accepts_device_inputs(&self, device: Device) -> bool {
+        let m = &self.0;
+        let pooled_fixed = m.settings.interface == Interface::Pooled
+            && !m.lengths_input()
+            && !m.checks_vocabulary();
         cfg!(feature = "gpu")
             && device != Device::Cpu
-            && matches!(self.0.settings.interface, Interface::Batched | Interface::Pooled)
+            && (m.settings.interface == Interface::Batched || pooled_fixed)
     }
 
     fn metrics_source(&self) -> Option<Arc<dyn MetricsSource>> {

@@ -144,7 +144,7 @@ impl Model {
     }
 
     /// Whether any table has a vocabulary size to check keys against.
-    fn checks_vocabulary(&self) -> bool {
+    pub(crate) fn checks_vocabulary(&self) -> bool {
         self.settings.vocabulary.iter().any(Option::is_some)
     }
 
