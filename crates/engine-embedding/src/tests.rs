@@ -264,3 +264,41 @@ fn ragged_bag_starts_are_the_lengths_summed_and_malformed_lengths_are_refused() 
     let e = bag_starts(7, &[2, -1, 6]).unwrap_err();
     assert!(e.message().contains("negative length -1"), "{e}");
 }
+
+#[test]
+fn which_models_take_keys_in_gpu_memory() {
+    let takes = |interface: &str, extra: &[(&str, &str)]| {
+        let mut p = vec![
+            ("embedding_table_names", "a,b"),
+            ("embedding_vecsize_per_table", "4,4"),
+            ("sparse_files", "none,none"),
+            ("embedding_interface", interface),
+        ];
+        if interface == "pooled" {
+            p.push(("embedding_hotness_per_table", "3,2"));
+        }
+        p.extend_from_slice(extra);
+        let store_name = format!("device_inputs_{interface}_{}", extra.len());
+        p.push(("store_name", &store_name));
+        let mut c = cfg(&p);
+        c.max_batch_size = 8;
+        let (shared, backend) = (Shared::default(), Default::default());
+        let load = ModelLoad {
+            config: &c,
+            backend: &backend,
+            model_file: Path::new("/x"),
+            shared: &shared,
+        };
+        let model = EmbeddingKind.load(&load).unwrap();
+        (model.accepts_device_inputs(Device::Cpu), model.accepts_device_inputs(Device::Gpu(0)))
+    };
+    let gpu = cfg!(feature = "gpu");
+    assert_eq!(
+        takes("pooled", &[]),
+        (false, gpu),
+        "fixed hotness: the keys are read where they are"
+    );
+    assert_eq!(takes("batched", &[]), (false, gpu));
+    // a vocabulary check reads every key on the host, per request
+    assert_eq!(takes("pooled", &[("vocabulary_size_per_table", "10,10")]), (false, false));
+}
