@@ -28,6 +28,7 @@ use crate::model::Model;
 #[cfg(feature = "gpu")]
 use crate::pool::bag_starts;
 use crate::pool::{self, Bags};
+use crate::rows::as_i32;
 #[cfg(feature = "gpu")]
 use crate::settings::Combiner;
 
@@ -71,6 +72,11 @@ fn host_copy<'t>(t: &'t BatchTensor<'_>) -> Result<Cow<'t, [u8]>> {
         ))),
         None => Err(Error::internal(format!("input '{}' has no bytes yet", t.name))),
     }
+}
+
+/// A ragged batch's `LENGTHS` on the host.
+fn lengths_of(t: &BatchTensor<'_>) -> Result<Vec<i32>> {
+    Ok(as_i32(&host_copy(t)?))
 }
 
 /// `raw` as int64 keys: in place when aligned, else read into `scratch`.
@@ -122,11 +128,7 @@ impl PooledRun {
         };
         let tables = hot_at.len() - 1;
         let (layout, batch) = if m.lengths_input() {
-            let lengths = host_copy(&inputs[1])?;
-            let lengths: Vec<i32> = lengths
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
-                .collect();
+            let lengths = lengths_of(&inputs[1])?;
             *ragged_at = bag_starts(keys.len(), &lengths)?;
             (BagLayout::Ragged { at: ragged_at }, lengths.len() / tables.max(1))
         } else {
@@ -187,11 +189,7 @@ impl PooledRun {
         let raw = host_copy(&inputs[0])?;
         let keys = keys_of(&raw, key_scratch);
         if m.lengths_input() {
-            let lengths = host_copy(&inputs[1])?;
-            let lengths: Vec<i32> = lengths
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")))
-                .collect();
+            let lengths = lengths_of(&inputs[1])?;
             bags.refill_ragged(tables, keys, &lengths)?;
         } else {
             bags.refill_fixed(pooling, keys);
