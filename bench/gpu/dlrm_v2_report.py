@@ -3,7 +3,7 @@
 and two PNG plots in the results folder, from its setup.json and runs.json. dlrm_v2_perf.py calls
 `write` at the end of its run; this command writes them again from a results folder:
 
-    python3 bench/gpu/dlrm_v2_report.py --results bench/gpu/results/dlrm-v2
+    python3 bench/gpu/dlrm_v2_report.py --results bench/gpu/results/dlrm-v2/two_instances
 
 Tables in the columns of NVIDIA's DeepLearningExamples Triton reports (perf_analyzer's, in ms),
 with pairs/s, queries/s and lookups/s beside them; the bare PyTorch reference; the issue's targets
