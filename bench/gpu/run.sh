@@ -106,7 +106,7 @@
 #               "--concurrency 1 --shared-memory cuda --graphs", carry=[".carry", ".carry_pa"], timeout_s=600)
 #   run(command="bash bench/gpu/run.sh trust reload aoti 200", carry=[".carry"], timeout_s=600)
 #   run(command="bash bench/gpu/run.sh aoti-check", carry=[".carry"], timeout_s=600)
-#   run(command="bash bench/gpu/run.sh dlrm-v2", carry=[".carry", ".carry_pa"], timeout_s=600)
+#   run(command="bash bench/gpu/run.sh --results $OUT/dlrm-v2/two_instances dlrm-v2", carry=[".carry", ".carry_pa"], timeout_s=600)
 #   run(command="bash bench/gpu/run.sh dlrm-v2 --cache 0.1", carry=[".carry", ".carry_pa"], timeout_s=600)
 #
 # The results come back under $OUT/<benchmark>/. Committed, they replace that benchmark's folder under
