@@ -180,6 +180,16 @@ def sample_inputs(batch: int, rows: List[int], seed: int = 0, full: float = 0.7)
     return dense, sparse
 
 
+def calibration_inputs(batch: int = 4096, seed: int = 0, row_std: float = 0.055):
+    """Inputs shaped like served ones, for FP8 calibration (examples/fp8.py): dense features
+    uniform in [0, 1) as the benchmark draws them, each table's pooled row a sum of its hotness
+    of independent rows of element std ``row_std`` (criteo_fixture's rows: magnitudes 2^-7 to
+    2^-4, std about 0.055). Float32 tensors ``[batch, 13]``, ``[batch, 26, DIM]``."""
+    g = torch.Generator().manual_seed(seed)
+    std = row_std * torch.tensor(HOTNESS, dtype=torch.float32).sqrt()
+    return torch.rand(batch, NUM_DENSE, generator=g), torch.randn(batch, len(ROWS), DIM, generator=g) * std[None, :, None]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repo", default="models")

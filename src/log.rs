@@ -1,6 +1,10 @@
 //! Logging through Triton's own logger (`TRITONSERVER_LogMessage`), so our lines
 //! appear in the server log with Triton's levels and `--log-verbose` applies. Every
 //! crate of the backend logs through the `log` facade; [`install`] points it here.
+//!
+//! `TRITON_RUST_TIMING=1` in the server's environment logs the backend's `timing:` lines
+//! (where each batch's time goes) at INFO without `--log-verbose`: Triton's own verbose
+//! lines (several per request) slow the request handling that the timing is meant to show.
 
 use std::ffi::{c_void, CStr};
 use std::os::raw::{c_char, c_int};
@@ -114,25 +118,39 @@ fn level_of(level: log::Level) -> Level {
     }
 }
 
+/// Whether `TRITON_RUST_TIMING` asks for the timing lines at INFO (read once).
+fn timing_lines() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TRITON_RUST_TIMING").is_ok_and(|v| !v.is_empty() && v != "0"))
+}
+
 /// The `log` facade's sink for every crate of the backend: Triton's log inside the
 /// server (`--log-verbose` shows debug lines), stderr outside it.
 struct TritonLog;
 
 impl log::Log for TritonLog {
     fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
-        enabled(level_of(metadata.level()))
+        let level = level_of(metadata.level());
+        enabled(level) || (level == Level::Verbose && timing_lines())
     }
 
     fn log(&self, record: &log::Record<'_>) {
+        // its own level where Triton logs that level; a debug record that is a timing line at
+        // INFO under TRITON_RUST_TIMING; else nowhere (formatted only where it may go)
         let level = level_of(record.level());
-        if enabled(level) {
-            log(
-                level,
-                record.file().unwrap_or("<unknown>"),
-                record.line().unwrap_or(0),
-                &record.args().to_string(),
-            );
+        let timing = level == Level::Verbose && timing_lines();
+        if !enabled(level) && !timing {
+            return;
         }
+        let message = record.args().to_string();
+        let level = if enabled(level) {
+            level
+        } else if message.starts_with("timing:") {
+            Level::Info
+        } else {
+            return;
+        };
+        log(level, record.file().unwrap_or("<unknown>"), record.line().unwrap_or(0), &message);
     }
 
     fn flush(&self) {}

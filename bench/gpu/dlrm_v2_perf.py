@@ -118,6 +118,9 @@ def parse(argv=None):
     p.add_argument("--graph-batches", default="auto",
                    help="CUDA graphs of the network: auto (powers of two to 1024, then steps of 2048 to --max-batch), "
                         "pow2 (the backend's buckets: powers of two), a list of batch sizes, or off")
+    p.add_argument("--network-precision", default="fp16", choices=["fp16", "fp8"],
+                   help="the package's network: fp16, or its large linear layers in FP8 e4m3 (examples/fp8.py, "
+                        "per-tensor scales, the inputs' calibrated on examples/dlrm_v2.calibration_inputs)")
     p.add_argument("--dcnv2-cross", default="torch", choices=["torch", "triton"],
                    help="the package's cross layers as written, or our Triton kernel (examples/triton_kernels.py)")
     p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
@@ -156,14 +159,19 @@ def parse(argv=None):
     p.add_argument("--exact-requests", type=int, default=4, help="requests of 270 pairs checked before the timed runs")
     p.add_argument("--lookup-rtol", type=float, default=2e-3)
     p.add_argument("--lookup-atol", type=float, default=1e-3)
-    p.add_argument("--prediction-bound", type=float, default=2e-3,
-                   help="dlrm_v2's predictions (fp16 network) against the PyTorch fp32 network: max abs diff")
+    p.add_argument("--prediction-bound", type=float, default=None,
+                   help="dlrm_v2's predictions against the PyTorch fp32 network: max abs diff (default 2e-3 with the "
+                        "fp16 network, 5e-2 with fp8: bench/gpu/results/dlrm-v2-network measured 1.8e-2 eager)")
     p.add_argument("--budget-s", type=float, default=530.0,
                    help="perf_analyzer runs that would start past this many seconds minus the reference's share "
                         "are skipped (printed); the device call's limit is 600 s")
     p.add_argument("--port", type=int, default=18950)
     p.add_argument("--cuda-pool-gb", type=int, default=2, help="tritonserver --cuda-memory-pool-byte-size for GPU 0")
-    p.add_argument("--verbose", action="store_true", help="server --log-verbose=1 (the backend's timing lines)")
+    p.add_argument("--verbose", action="store_true", help="server --log-verbose=1 (the backend's timing lines among "
+                                                                   "Triton's own, which slow its request handling)")
+    p.add_argument("--timing", action="store_true",
+                   help="the backend's timing lines alone (TRITON_RUST_TIMING=1, no --log-verbose), summarised per "
+                        "perf_analyzer run")
     p.add_argument("--quick", action="store_true",
                    help="fewer points: " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items()))
     a = p.parse_args(argv)
@@ -171,6 +179,8 @@ def parse(argv=None):
         if getattr(a, k) is None:
             setattr(a, k, QUICK[k] if a.quick else v)
     a.allocation = a.allocation or ("per_table" if a.cache >= 1.0 else "store")
+    if a.prediction_bound is None:
+        a.prediction_bound = 5e-2 if a.network_precision == "fp8" else 2e-3
     ints = lambda s: [int(x) for x in str(s).split(",") if x.strip() and int(x) > 0]  # noqa: E731
     a.concs, a.mlperf_concs, a.lookup_concs = ints(a.concurrency), ints(a.mlperf_concurrency), ints(a.lookup_concurrency)
     a.stream_levels, a.ref_batch_list = ints(a.stream_concurrency), ints(a.ref_batches)
@@ -359,6 +369,11 @@ def write_repository(a, repo, fixture, package, graphs):
 
 # ------------------------------------------------------------------ exactness
 
+def calibration(a):
+    """The FP8 network's calibration inputs (examples/dlrm_v2.py), None for fp16."""
+    return dlrm_v2.calibration_inputs() if a.network_precision == "fp8" else None
+
+
 def pooled_float64(sparse):
     """Each pair's bags summed in float64 from the fixture's rows (recomputed from its seed): [n, 26, 128]."""
     n = len(sparse)
@@ -375,7 +390,8 @@ def exactness(a, client, rows, failures):
     import torch
     from recsys.networks import dense_network
     ref32 = dense_network("dcnv2", "fp32", "cuda")
-    ref16 = dense_network("dcnv2", "fp16", "cuda", cross=a.dcnv2_cross)  # the exported module itself
+    ref16 = dense_network("dcnv2", a.network_precision, "cuda", cross=a.dcnv2_cross,
+                          calibration=calibration(a))  # the exported module itself
     sparse, dense = draw_pairs(rows, a.exact_requests * QUERY, a.alpha, seed=46)
     want = pooled_float64(sparse)
     worst = bad = 0
@@ -402,7 +418,8 @@ def exactness(a, client, rows, failures):
           f"against float64 sums of the fixture's rows: max abs diff {worst:.3g}; bound |diff| <= {a.lookup_atol} + "
           f"{a.lookup_rtol} x |sum| (fp16 rounding of the result): {bad} values outside", flush=True)
     print(f"  dlrm_v2: {pred['predictions']:,} predictions against the PyTorch fp32 network on those sums: max abs diff "
-          f"{worst32:.3g} (bound {a.prediction_bound}); against the fp16 network the package was exported from: "
+          f"{worst32:.3g} (bound {a.prediction_bound}); against the {a.network_precision} network the package was "
+          f"exported from: "
           f"{worst16:.3g}", flush=True)
     if bad:
         failures.append(f"dlrm_v2_lookup: {bad} pooled values outside {a.lookup_atol} + {a.lookup_rtol} x |sum| "
@@ -436,6 +453,7 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     stats_model = "dlrm_v2_lookup" if kind == "lookup" else "dlrm_v2"
     k0, h0 = scrape(a.port, stats_model)
     s0 = server_stats(client, stats_model)
+    log_at = log_size(a)
     t0 = time.time()
     p = subprocess.run(cmd + ["-f", raw], capture_output=True, text=True, timeout=min(600, max(60, left_s(a))))
     stability = 10  # perf_analyzer's default bound (%) on how far its last windows may differ
@@ -474,6 +492,8 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
          "server_ms_per_request": {k: delta[k] / delta["requests"] / 1e6 for k in
                                    ("queue", "compute_input", "compute_infer", "compute_output")} if delta["requests"] else {},
          "seconds": seconds, "pool": os.path.basename(data)}
+    if a.verbose or a.timing:
+        r["timing"] = timing_of_run(a, log_at)
     runs.append(r)
     hr = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.4f}"
     pe = "-" if r["pairs_per_execution"] is None else f"{r['pairs_per_execution']:,.0f}"
@@ -481,6 +501,27 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
           f"G lookups/s  p50 {r['p50_ms']:7.2f}  p99 {r['p99_ms']:7.2f} ms  hit rate {hr}  {pe} pairs per execution"
           + ("" if stability == 10 else f"  (-s {stability})"), flush=True)
     return r
+
+
+def log_size(a):
+    path = os.path.join(a.work, "server.log")
+    return os.path.getsize(path) if os.path.exists(path) else 0
+
+
+def timing_of_run(a, start):
+    """With --verbose: the medians and 99th percentiles of the backend's `timing:` lines the server
+    logged since byte `start` of its log (bench/gpu/timing_summary.py), printed; {kind: {step: [median, p99, n]}}."""
+    import timing_summary
+    with open(os.path.join(a.work, "server.log"), "rb") as f:
+        f.seek(start)
+        lines = f.read().decode(errors="replace").splitlines()
+    found = timing_summary.figures(lines)
+    out = {}
+    for (kind, label), v in found.items():
+        med, p99 = timing_summary.rank(v, 0.5), timing_summary.rank(v, 0.99)
+        out.setdefault(kind, {})[label] = [med, p99, len(v)]
+        print(f"    timing {kind}: {label} median {med} p99 {p99} (n={len(v)})", flush=True)
+    return out
 
 
 def perf_phase(a, client, pool, setup, res, failures, part):
@@ -813,7 +854,7 @@ def main():
              "instances": a.instances, "max_queue_delay_us": a.max_queue_delay_us, "max_batch": a.max_batch,
              "graph_batches": ("the backend's powers of two" if graphs is None else
                                ",".join(map(str, graphs)) if graphs else "none (off)"),
-             "dcnv2_cross": a.dcnv2_cross, "alpha": a.alpha, "interval_ms": a.interval_ms, "quick": a.quick,
+             "dcnv2_cross": a.dcnv2_cross, "network_precision": a.network_precision, "alpha": a.alpha, "interval_ms": a.interval_ms, "quick": a.quick,
              "stream_note": "not run"}
     print(f"GPU: {gpu}, driver {driver}; torch {torch.__version__}", flush=True)
     print(f"DLRM-v2 at scale {a.scale}: {sum(rows):,} rows ({params / 1e9:.1f} B parameters, "
@@ -842,8 +883,9 @@ def main():
 
     # 2. the network: the package, and the reference's compile
     from recsys.networks import export_aoti
-    ea = SimpleNamespace(precision="fp16", aoti_dlrm_interaction="triton", dcnv2_cross=a.dcnv2_cross, example_batch=0,
-                         work=a.work, inductor=a.inductor, cross_config="", dim=DIM)
+    ea = SimpleNamespace(precision=a.network_precision, aoti_dlrm_interaction="triton", dcnv2_cross=a.dcnv2_cross,
+                         example_batch=0, work=a.work, inductor=a.inductor, cross_config="", dim=DIM,
+                         calibration=calibration(a))
     t0 = time.time()
     package = export_aoti("dcnv2", ea, "TYPE_FP16", a.max_batch)
     setup["export_seconds"] = time.time() - t0
@@ -871,6 +913,8 @@ def main():
         extra.append(f"--backend-config=rust,libtorch-dir={a.libtorch_dir}")
     if a.verbose:
         extra.append("--log-verbose=1")
+    if a.timing:
+        os.environ["TRITON_RUST_TIMING"] = "1"  # the server inherits it
     phase("tritonserver: loading dlrm_v2, dlrm_v2_lookup, dlrm_v2_queries")
     try:
         with serve(a.server, repo, a.backends, a.port, log_path, extra=extra, timeout=max(120, left_s(a) - 60)) as client:

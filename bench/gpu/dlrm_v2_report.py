@@ -247,7 +247,11 @@ def plot_latency(plt, res, gpu, out):
 
 def write(out, setup, res, plots=True):
     """README.md (and the plots, unless `plots` is off) in `out`; returns the README's path."""
-    gpu_line = f"{setup['gpu']}; perf_analyzer gRPC, CUDA shared memory; fp16 rows and network"
+    prec = setup.get("network_precision", "fp16")
+    net_form = ("a CUDA fp16 AOTInductor package" if prec == "fp16" else
+                "a CUDA AOTInductor package in fp16 with its large linear layers in FP8 e4m3 (examples/fp8.py, "
+                "per-tensor scales, the inputs' calibrated)")
+    gpu_line = f"{setup['gpu']}; perf_analyzer gRPC, CUDA shared memory; fp16 rows, {prec} network"
     files = []
     if plots:
         import matplotlib
@@ -272,7 +276,7 @@ def write(out, setup, res, plots=True):
           f"dynamic batching (max_queue_delay {setup['max_queue_delay_us']} us, max_batch_size {setup['max_batch']} pairs), "
           f"GPU cache `gpucacheper` {setup['cache']} (`gpucache_allocation` {setup['allocation']}, one cache per GPU, "
           f"fp16 rows: {setup['cached_rows']:,} slots), pooled rows into the network as fp16; the network DCNv2's dense "
-          f"part as a CUDA fp16 AOTInductor package (cross layers `{setup['dcnv2_cross']}`), CUDA graphs for batches of "
+          f"part as {net_form} (cross layers `{setup['dcnv2_cross']}`), CUDA graphs for batches of "
           f"{setup['graph_batches']} pairs (a batch runs in the smallest graph holding it).",
           "- `dlrm_v2_lookup`: the embedding engine alone on the same store (`store_name` shared: the rows are in "
           "memory once), pooled interface, fp16 output [26, 128]: the pooled lookup alone, served.",
@@ -341,7 +345,7 @@ def write(out, setup, res, plots=True):
             e = ex["prediction"]
             md.append(f"- `dlrm_v2`: {e['predictions']:,} predictions against the PyTorch fp32 network (the weights "
                       f"the package was exported from) on the float64-summed rows: max abs diff {e['max_abs_diff_fp32']:.3g} "
-                      f"(bound {e['bound']}); against the same network in fp16 on fp16 pooled rows: "
+                      f"(bound {e['bound']}); against the same network in {prec} on fp16 pooled rows: "
                       f"{e['max_abs_diff_fp16']:.3g}.")
         for f in ex.get("failures", []):
             md.append(f"- **FAIL** {f}")

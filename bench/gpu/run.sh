@@ -51,6 +51,10 @@
 #                 scale 1.0 on an H100 (--quick: fewer points). With --cache below 1 its folder is
 #                 dlrm-v2-cache<percent> (--cache 0.1: dlrm-v2-cache10).
 #                 carry [".carry", ".carry_pa"]
+#   dlrm-v2-network DLRM-v2's network alone: fp16, fp8 (per-tensor scales, calibrated inputs) and
+#                 fp8-rows (per-row scales), compiled and as the AOTInductor package the recommender
+#                 serves, timed by CUDA events at --batches, TFLOP/s against the peaks, each against the
+#                 FP32 network (dlrm_v2_network.py). carry [".carry"]
 #   aoti-check    FastPitch (FP32), ResNet50 and BERT-large (FP16, CUDA graphs) as CUDA AOTInductor
 #                 packages exported in this call and served on KIND_GPU, checked rather than timed:
 #                 answers in the body and written into CUDA shared memory equal to torch eager,
@@ -107,6 +111,7 @@
 #   run(command="bash bench/gpu/run.sh trust reload aoti 200", carry=[".carry"], timeout_s=600)
 #   run(command="bash bench/gpu/run.sh aoti-check", carry=[".carry"], timeout_s=600)
 #   run(command="bash bench/gpu/run.sh --results $OUT/dlrm-v2/two_instances dlrm-v2", carry=[".carry", ".carry_pa"], timeout_s=600)
+#   run(command="bash bench/gpu/run.sh dlrm-v2-network", carry=[".carry"], timeout_s=600)
 #   run(command="bash bench/gpu/run.sh dlrm-v2 --cache 0.1", carry=[".carry", ".carry_pa"], timeout_s=600)
 #
 # The results come back under $OUT/<benchmark>/. Committed, they replace that benchmark's folder under
@@ -132,7 +137,7 @@ while [ $# -gt 0 ]; do
 done
 sub="${1:-}"; [ -n "$sub" ] || usage
 shift
-case "$sub" in models|recommenders|dense|trust|ort|aoti|aoti-check|aoti-recsys|network|cross|pooled-check|pooled-bench|dlrm-v2-check|dlrm-v2) ;; *) usage ;; esac
+case "$sub" in models|recommenders|dense|trust|ort|aoti|aoti-check|aoti-recsys|network|cross|pooled-check|pooled-bench|dlrm-v2-check|dlrm-v2|dlrm-v2-network) ;; *) usage ;; esac
 
 # ---- ort: gather a carried part; unpack once every part is here (no .carry needed) ----
 if [ "$sub" = ort ]; then
@@ -208,7 +213,7 @@ fi
 ort_lib=/tmp/ort/libonnxruntime.so.1.31.1
 # the bare AOTInductor reference: carried (pack.sh), else built here against this torch
 aoti_bare=/tmp/aoti_bare
-if { [ "$sub" = aoti ] || [ "$sub" = aoti-recsys ]; } && [ ! -x "$aoti_bare" ]; then
+if { [ "$sub" = aoti ] || [ "$sub" = aoti-recsys ] || [ "$sub" = dlrm-v2-network ]; } && [ ! -x "$aoti_bare" ]; then
     if [ -x .carry/aoti_bare ]; then
         cp .carry/aoti_bare "$aoti_bare"
     else
@@ -320,6 +325,9 @@ pooled-bench)
     # (the tables of one are freed before the other's are made)
     timeout "${POOLED_TIMEOUT:-300}" .carry/pooled_lookup_bench "$@" || rc=1
     timeout 240 python3 bench/gpu/embedding_bag_ref.py "$@" || rc=1
+    ;;
+dlrm-v2-network)
+    timeout "${NETWORK_TIMEOUT:-570}" python3 bench/gpu/dlrm_v2_network.py --results "$res" --aoti-bare "$aoti_bare" "$@" || rc=1
     ;;
 dlrm-v2-check)
     timeout "${DLRM_V2_TIMEOUT:-570}" python3 bench/gpu/dlrm_v2_check.py --server "$server" \

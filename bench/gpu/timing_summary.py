@@ -8,16 +8,20 @@ import re
 import sys
 
 
+KINDS = ("batch lookup", "torch run", "onnx run", "aoti run", "resident pooled lookup", "pooled lookup", "execute")
+
+
 def figures(lines):
     """{(kind, label): [value, ...]} over the `timing:` lines among `lines`, in the order
-    first seen; kind is the line's own prefix (`batch lookup`, `torch run`, `onnx run`, `aoti run`) or `serve`."""
+    first seen; kind is the line's own prefix (`batch lookup`, `torch run`, `onnx run`, `aoti run`, `resident pooled
+    lookup`, `pooled lookup`, `execute`) or `serve`."""
     found = {}
     for line in lines:
         if "timing:" not in line:
             continue
         # figures only: a line's parenthesised notes (the tables with the most misses) are not averaged
         body = line.split("timing:", 1)[1].strip().rstrip('"').split(" (", 1)[0]
-        kind, _, rest = body.partition(":") if body.startswith(("batch lookup", "torch run", "onnx run", "aoti run")) else ("serve", "", body)
+        kind, _, rest = body.partition(":") if body.startswith(KINDS) else ("serve", "", body)
         for label, value in re.findall(r"([a-z][a-z ]*?) (\d+)(?: us)?(?:,|$)", rest):
             found.setdefault((kind.strip(), label.strip()), []).append(int(value))
     return found

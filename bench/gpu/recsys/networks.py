@@ -10,17 +10,31 @@ from .fixture import TABLES
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "..")
 
 
-def dense_network(name, precision, device, interaction="cat", cross="torch"):
+PRECISIONS = ("fp32", "fp16", "fp8", "fp8-rows")
+
+
+def dense_network(name, precision, device, interaction="cat", cross="torch", calibration=None):
     """The recommender's dense network as an nn.Module (fp16: behind fp32 inputs and output);
-    `interaction`: DLRM's form, `cross`: DCNv2's (examples/recommenders.py)."""
+    `interaction`: DLRM's form, `cross`: DCNv2's (examples/recommenders.py). `fp8`, `fp8-rows`:
+    the fp16 network with its large linear layers in FP8 (examples/fp8.py: per-tensor scales, the
+    inputs' calibrated on `calibration` (dense, embeddings); per-row scales), GPU only."""
     import recommenders
     from all_models import HalfDense  # the fp16 network behind fp32 inputs, as the six-model run serves it
 
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: one of {', '.join(PRECISIONS)}")
     # the dense part does not depend on the tables' sizes: one-row tables keep it small
     options = {"dlrm": {"interaction": interaction}, "dcnv2": {"cross": cross}}.get(name, {})
     part = recommenders.DensePart(recommenders.make(name, [1] * TABLES, **options))
-    m = HalfDense(part) if precision == "fp16" else part
-    return m.to(device).eval()
+    m = part if precision == "fp32" else HalfDense(part)
+    m = m.to(device).eval()
+    if precision.startswith("fp8"):
+        import fp8
+        if calibration is None:
+            raise ValueError("an fp8 network needs calibration inputs (dense, embeddings)")
+        dense, emb = (t.to(device) for t in calibration)
+        fp8.to_fp8(m, lambda mod: mod(dense, emb), rows=precision == "fp8-rows")
+    return m
 
 
 def dense_module(name, precision, device, interaction="cat"):
@@ -60,7 +74,8 @@ def export_aoti(name, a, rows_type, max_batch):
     exported here with the same weights as the TorchScript file; returns its path."""
     import torch
     import aoti_export
-    net = dense_network(name, a.precision, "cuda", a.aoti_dlrm_interaction, a.dcnv2_cross)
+    net = dense_network(name, a.precision, "cuda", a.aoti_dlrm_interaction, a.dcnv2_cross,
+                        getattr(a, "calibration", None))
     emb = torch.float16 if rows_type == "TYPE_FP16" else torch.float32
     eb = aoti_export.example_batch(a.example_batch, max_batch)
     example = (torch.rand(eb, 13, device="cuda"), (torch.randn(eb, TABLES, a.dim, device="cuda") * 0.05).to(emb))

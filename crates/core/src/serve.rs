@@ -403,6 +403,7 @@ pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<
     let compute_end = run_end.saturating_sub(sink_ns).max(compute_start);
     let exec_end = transport.now_ns();
     let timing = Timing { exec_start, compute_start, compute_end, exec_end };
+    let n = requests.len();
     for (slot, req) in slots.into_iter().zip(&requests) {
         if let Some(r) = slot.response {
             r.send(&slot.outcome);
@@ -413,6 +414,15 @@ pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<
         transport.report_batch(rows_run, timing);
     }
     drop(requests); // releases every request, after its statistics
+    if log::log_enabled!(log::Level::Debug) {
+        let done = transport.now_ns();
+        log::debug!(
+            "timing: execute: requests {n}, checked {} us, run {} us, sent and released {} us",
+            compute_start.saturating_sub(exec_start) / 1000,
+            exec_end.saturating_sub(compute_start) / 1000,
+            done.saturating_sub(exec_end) / 1000
+        );
+    }
 }
 
 impl InstanceState {

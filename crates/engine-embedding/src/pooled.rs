@@ -140,10 +140,10 @@ impl PooledRun {
         let on_gpu = matches!(keys, BatchKeys::Device(_));
         let misses = pool.run(keys, layout, batch, mean, out)?;
         log::debug!(
-            "timing: resident pooled lookup: {batch} samples, keys {} ({}), {} us",
+            "timing: resident pooled lookup: samples {batch}, keys {}, kernel and wait {} us ({})",
             keys.len(),
-            if on_gpu { "GPU memory" } else { "host memory" },
-            clock.elapsed().as_micros()
+            clock.elapsed().as_micros(),
+            if on_gpu { "keys in GPU memory" } else { "keys in host memory" }
         );
         if misses > 0 {
             log::debug!("pooled lookup: {misses} keys of {batch} samples are no resident row; reading below the GPU");

@@ -26,6 +26,7 @@ pub(super) fn run_group<T: Transport>(
             members.iter().filter_map(|&i| slots[i].checked.as_ref()).collect();
         assemble(cfg, &group)?
     };
+    let t_gather = clock();
     // GPU inputs of several requests: gathered into one buffer on their GPU.
     for t in &mut batch.tensors {
         if let BatchData::DeviceParts(parts) = &t.data {
@@ -55,6 +56,8 @@ pub(super) fn run_group<T: Transport>(
     // them: the memory Triton gives back tells where the responses want them
     let prefer = device;
     let (mut to_host, mut to_device) = (false, false);
+    // the outputs' time: their buffers and copies queued, then the wait for the copies
+    let (mut queued_ns, mut waited_ns) = (0u64, 0u64);
     let ran = engine.run(&batch.tensors, &names, &mut |view| {
         let t0 = transport.now_ns();
         let parts = scatter_ranges(cfg, &batch, view.name, view.dtype, view.shape, view.data)?;
@@ -94,8 +97,14 @@ pub(super) fn run_group<T: Transport>(
         }
         // every member's copy of this output queued: one wait for them all, while the
         // engine's buffer is still lent to us
+        let t_queued = clock();
         let waited = ops.finish_copies();
-        *sink_ns += transport.now_ns().saturating_sub(t0);
+        let t1 = transport.now_ns();
+        if timing {
+            queued_ns += t_queued.saturating_sub(t0);
+            waited_ns += t1.saturating_sub(t_queued);
+        }
+        *sink_ns += t1.saturating_sub(t0);
         waited.map_err(|e| {
             Error::from(e).context(format!("output '{}' copied into the responses", view.name))
         })
@@ -110,12 +119,15 @@ pub(super) fn run_group<T: Transport>(
     if timing {
         let (end, outputs) = (transport.now_ns(), *sink_ns - sink_before);
         log::debug!(
-            "timing: requests {}, rows {}, assemble {} us, engine {} us, outputs into responses {} us",
+            "timing: requests {}, rows {}, assemble {} us, gather {} us, engine {} us, outputs into responses {} us, outputs queued {} us, outputs waited {} us",
             members.len(),
             batch.total_rows,
             t_run.saturating_sub(t_start) / 1000,
+            t_run.saturating_sub(t_gather) / 1000,
             end.saturating_sub(t_run).saturating_sub(outputs) / 1000,
-            outputs / 1000
+            outputs / 1000,
+            queued_ns / 1000,
+            waited_ns / 1000
         );
     }
     Ok(batch.total_rows)
