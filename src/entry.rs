@@ -23,7 +23,7 @@ use crate::engines;
 use crate::ffi::{check, from_c, sys, to_triton_error};
 use crate::message::{read_json, OwnedMessage};
 use crate::metrics::MetricsPublisher;
-use crate::request::{Instance, Request};
+use crate::request::{Completer, Instance, Request};
 
 /// What Triton keeps for the backend: its settings, and the engine kinds with what they
 /// keep for all the backend's models (e.g. the embedding stores shared by name).
@@ -37,6 +37,13 @@ struct TritonBackend {
 struct TritonModel {
     _metrics: Option<MetricsPublisher>,
     state: ModelState,
+}
+
+/// What Triton keeps for an instance: the core's state and the thread that completes its
+/// executions (declared first: it finishes what it was handed before the instance goes).
+struct TritonInstance {
+    completer: Completer,
+    state: InstanceState,
 }
 
 /// Runs an entry point body, catching panics and converting errors for Triton.
@@ -226,10 +233,12 @@ pub extern "C" fn TRITONBACKEND_ModelInstanceInitialize(
         let mut model = std::ptr::null_mut();
         check(unsafe { sys::TRITONBACKEND_ModelInstanceModel(instance, &mut model) })?;
         let model_state: &TritonModel = unsafe { state(model, sys::TRITONBACKEND_ModelState)? };
-        let inst =
+        let state =
             InstanceState::new(&model_state.state, InstanceContext { name: name.clone(), device })
                 .map_err(|e| e.context(format!("instance '{name}'")))?;
-        let boxed = Box::into_raw(Box::new(inst));
+        let completer =
+            Completer::new(&name).map_err(|e| e.context(format!("instance '{name}'")))?;
+        let boxed = Box::into_raw(Box::new(TritonInstance { completer, state }));
         check(unsafe { sys::TRITONBACKEND_ModelInstanceSetState(instance, boxed.cast()) })
             .inspect_err(|_| {
                 drop(unsafe { Box::from_raw(boxed) });
@@ -243,7 +252,7 @@ pub extern "C" fn TRITONBACKEND_ModelInstanceFinalize(
 ) -> *mut sys::TRITONSERVER_Error {
     guard("TRITONBACKEND_ModelInstanceFinalize", || {
         drop(unsafe {
-            take_state::<InstanceState, _>(instance, sys::TRITONBACKEND_ModelInstanceState)?
+            take_state::<TritonInstance, _>(instance, sys::TRITONBACKEND_ModelInstanceState)?
         });
         Ok(())
     })
@@ -266,11 +275,13 @@ pub extern "C" fn TRITONBACKEND_ModelInstanceExecute(
             .collect()
     };
     let result = catch_unwind(AssertUnwindSafe(|| -> Result<()> {
-        let transport = Instance::from_raw(instance);
-        match unsafe { state::<InstanceState, _>(instance, sys::TRITONBACKEND_ModelInstanceState) }
+        match unsafe { state::<TritonInstance, _>(instance, sys::TRITONBACKEND_ModelInstanceState) }
         {
-            Ok(inst) => serve::execute(inst, &transport, owned),
-            Err(e) => serve::fail_all(&transport, owned, &e),
+            Ok(inst) => {
+                let transport = Instance::from_raw(instance, Some(&inst.completer));
+                serve::execute(&inst.state, &transport, owned)
+            }
+            Err(e) => serve::fail_all(&Instance::from_raw(instance, None), owned, &e),
         }
         Ok(())
     }));

@@ -11,7 +11,7 @@
 
 use triton_rust_core::batch::RequestTensor;
 use triton_rust_core::error::{Error, Result};
-use triton_rust_core::serve::{InferRequest, InferResponse, Timing, Transport};
+use triton_rust_core::serve::{finish, Done, InferRequest, InferResponse, Timing, Transport};
 use triton_rust_core::tensor::{
     Bytes, BytesMut, DataType, Device, DeviceOps, DeviceView, DeviceViewMut,
 };
@@ -331,18 +331,78 @@ impl Drop for Response {
     }
 }
 
-/// The model instance as `execute` sees it: where statistics are reported.
-pub struct Instance {
+/// The model instance as `execute` sees it: where statistics are reported, and the
+/// thread that completes its executions, where it has one.
+pub struct Instance<'a> {
     raw: *mut sys::TRITONBACKEND_ModelInstance,
+    completer: Option<&'a Completer>,
 }
 
-impl Instance {
-    pub(crate) fn from_raw(raw: *mut sys::TRITONBACKEND_ModelInstance) -> Self {
-        Instance { raw }
+impl<'a> Instance<'a> {
+    pub(crate) fn from_raw(
+        raw: *mut sys::TRITONBACKEND_ModelInstance,
+        completer: Option<&'a Completer>,
+    ) -> Self {
+        Instance { raw, completer }
     }
 }
 
-impl Transport for Instance {
+/// An execution's end, handed to the completer: the instance's handle travels with it.
+struct Completion {
+    raw: *mut sys::TRITONBACKEND_ModelInstance,
+    done: Vec<Done<Request, Response>>,
+    rows: u64,
+    timing: Timing,
+}
+
+// SAFETY: the instance outlives its completer (dropped, and drained, before the instance is
+// finalized), and Triton's response, statistics and release calls may come from any thread.
+unsafe impl Send for Completion {}
+
+/// One instance's completion thread: sends an execution's responses, reports its statistics
+/// and releases its requests (Triton lets a backend release requests after `execute` has
+/// returned), so that the instance's own thread takes its next batch sooner; responses are
+/// sent in the order the executions ended. Dropping it completes everything handed to it
+/// first, before the instance goes.
+pub struct Completer {
+    jobs: Option<std::sync::mpsc::Sender<Completion>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Completer {
+    pub fn new(name: &str) -> Result<Completer> {
+        let (tx, rx) = std::sync::mpsc::channel::<Completion>();
+        let thread = std::thread::Builder::new()
+            .name(format!("complete {name}"))
+            .spawn(move || {
+                for c in rx {
+                    let inst = Instance::from_raw(c.raw, None);
+                    // a panic in one completion must not take the others' with it
+                    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        finish(&inst, c.done, c.rows, c.timing)
+                    })) {
+                        log::error!(
+                            "completing an execution panicked: {}",
+                            triton_rust_core::panic::panic_text(&*p)
+                        );
+                    }
+                }
+            })
+            .map_err(|e| Error::internal(format!("cannot start the completion thread: {e}")))?;
+        Ok(Completer { jobs: Some(tx), thread: Some(thread) })
+    }
+}
+
+impl Drop for Completer {
+    fn drop(&mut self) {
+        drop(self.jobs.take()); // the thread ends once it has done what was sent
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Transport for Instance<'_> {
     type Request = Request;
     type Response = Response;
 
@@ -390,5 +450,17 @@ impl Transport for Instance {
 
     fn device_ops(&self) -> &dyn DeviceOps {
         &Cuda
+    }
+
+    fn complete(&self, done: Vec<Done<Request, Response>>, rows: u64, timing: Timing) {
+        let job = Completion { raw: self.raw, done, rows, timing };
+        let job = match self.completer.and_then(|c| c.jobs.as_ref()) {
+            Some(tx) => match tx.send(job) {
+                Ok(()) => return,
+                Err(e) => e.0, // the thread is gone: completed here instead
+            },
+            None => job,
+        };
+        finish(self, job.done, job.rows, job.timing);
     }
 }

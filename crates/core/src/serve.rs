@@ -98,6 +98,47 @@ pub trait Transport {
     fn now_ns(&self) -> u64;
     /// Copies and gathers of device memory.
     fn device_ops(&self) -> &dyn DeviceOps;
+    /// Answers, reports and releases an execution's requests ([`finish`]); `rows`: the rows
+    /// run (batch statistics where > 0). Here by default; a server may hand it to a thread
+    /// of the instance's own, so that the instance takes its next batch sooner (every
+    /// output is in its response's buffer by now).
+    fn complete(&self, done: Vec<Done<Self::Request, Self::Response>>, rows: u64, timing: Timing)
+    where
+        Self: Sized,
+    {
+        finish(self, done, rows, timing);
+    }
+}
+
+/// One request at the end of an execution: its response (none where none could be made)
+/// and its outcome.
+pub struct Done<Q, R> {
+    pub request: Q,
+    pub response: Option<R>,
+    pub outcome: Result<()>,
+}
+
+/// Reports each request's statistics and the batch's, then sends each response with its
+/// outcome, in order (a client that has its answer finds it counted); the requests are
+/// released last (dropped).
+pub fn finish<T: Transport>(
+    transport: &T,
+    mut done: Vec<Done<T::Request, T::Response>>,
+    rows: u64,
+    timing: Timing,
+) {
+    for d in &done {
+        transport.report(&d.request, d.outcome.is_ok(), timing);
+    }
+    if rows > 0 {
+        transport.report_batch(rows, timing);
+    }
+    for d in &mut done {
+        if let Some(r) = d.response.take() {
+            r.send(&d.outcome);
+        }
+    }
+    drop(done); // releases every request, after its statistics
 }
 
 pub use crate::settings::BackendSettings;
@@ -404,20 +445,18 @@ pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<
     let exec_end = transport.now_ns();
     let timing = Timing { exec_start, compute_start, compute_end, exec_end };
     let n = requests.len();
-    for (slot, req) in slots.into_iter().zip(&requests) {
-        if let Some(r) = slot.response {
-            r.send(&slot.outcome);
-        }
-        transport.report(req, slot.outcome.is_ok(), timing);
-    }
-    if rows_run > 0 {
-        transport.report_batch(rows_run, timing);
-    }
-    drop(requests); // releases every request, after its statistics
+    let ends: Vec<(Option<T::Response>, Result<()>)> =
+        slots.into_iter().map(|s| (s.response, s.outcome)).collect();
+    let done = requests
+        .into_iter()
+        .zip(ends)
+        .map(|(request, (response, outcome))| Done { request, response, outcome })
+        .collect();
+    transport.complete(done, rows_run, timing);
     if log::log_enabled!(log::Level::Debug) {
         let done = transport.now_ns();
         log::debug!(
-            "timing: execute: requests {n}, checked {} us, run {} us, sent and released {} us",
+            "timing: execute: requests {n}, checked {} us, run {} us, completed {} us",
             compute_start.saturating_sub(exec_start) / 1000,
             exec_end.saturating_sub(compute_start) / 1000,
             done.saturating_sub(exec_end) / 1000

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{result, CudaSlice, CudaStream, DevicePtr as _, DeviceRepr};
 
-use crate::context::{cuda_err, gpu};
+use crate::context::{copy_stream, cuda_err, gpu};
 use crate::error::{CudaError, Result};
 use crate::mem::{DeviceBuffer, DeviceView, DeviceViewMut, DriverMemory};
 
@@ -67,22 +67,20 @@ enum Backing {
 }
 
 impl DeviceMem {
-    /// `len` zeroed bytes (at least one) on `device`, allocated in the order of its copy
-    /// stream; ready when this returns.
+    /// `len` zeroed bytes (at least one) on `device`, allocated in the order of the calling
+    /// thread's copy stream there; ready when this returns.
     pub fn zeroed(device: i32, len: usize) -> Result<DeviceMem> {
-        let g = gpu(device)?;
-        let stream = g.copy_stream.clone();
+        let stream = copy_stream(device)?;
         let slice = stream.alloc_zeros::<u8>(len.max(1)).map_err(cuda_err)?;
         stream.synchronize().map_err(cuda_err)?;
         Ok(DeviceMem { device, backing: Backing::Stream { stream, slice } })
     }
 
-    /// `len` bytes (at least one) on `device`, allocated in the order of its copy stream and
-    /// not initialised: for a caller that queues copies filling every byte on that stream
-    /// next, and waits for them before anyone reads the memory.
+    /// `len` bytes (at least one) on `device`, allocated in the order of the calling thread's
+    /// copy stream there and not initialised: for a caller that queues copies filling every
+    /// byte on that stream next, and waits for them before anyone reads the memory.
     pub(crate) fn for_copies(device: i32, len: usize) -> Result<DeviceMem> {
-        let g = gpu(device)?;
-        let stream = g.copy_stream.clone();
+        let stream = copy_stream(device)?;
         // SAFETY: stream-ordered memory of plain bytes; the caller's contract above keeps
         // its uninitialised contents from being read.
         let slice = unsafe { stream.alloc::<u8>(len.max(1)) }.map_err(cuda_err)?;

@@ -1,5 +1,5 @@
 //! Contexts and streams: one registry of per-device state (the primary context, shared with
-//! libtorch and Triton, and a copy stream), driver errors as [`CudaError`]s with their code,
+//! libtorch and Triton; each thread's copy stream on it), driver errors as [`CudaError`]s with their code,
 //! and views of memory other code owns, checked against the driver's own record first.
 //! Above the vocabulary only; it owns no memory.
 
@@ -21,8 +21,6 @@ pub(crate) fn cuda_err(e: DriverError) -> CudaError {
 /// What the process keeps per GPU.
 pub struct GpuState {
     pub(crate) ctx: Arc<CudaContext>,
-    /// Stream for the serving path's copies and gathers.
-    pub(crate) copy_stream: Arc<CudaStream>,
 }
 
 // Process-wide because CUDA is: one primary context per device per process.
@@ -44,8 +42,8 @@ pub fn gpu(device: i32) -> Result<Arc<GpuState>> {
                         )
                     })?
                     .map_err(cuda_err)?;
-                let copy_stream = ctx.new_stream().map_err(cuda_err)?;
-                let s = Arc::new(GpuState { ctx, copy_stream });
+                keep_freed_memory(&ctx, device);
+                let s = Arc::new(GpuState { ctx });
                 map.insert(device, s.clone());
                 s
             }
@@ -53,6 +51,57 @@ pub fn gpu(device: i32) -> Result<Arc<GpuState>> {
     };
     state.ctx.bind_to_thread().map_err(cuda_err)?;
     Ok(state)
+}
+
+thread_local! {
+    /// Each thread's stream per device for the serving path's copies and gathers: an
+    /// instance's thread waits for its own copies only, never behind another instance's.
+    static COPY_STREAMS: std::cell::RefCell<HashMap<i32, Arc<CudaStream>>> =
+        std::cell::RefCell::new(HashMap::new());
+}
+
+/// The calling thread's copy stream on `device` (made on first use), the device's context
+/// bound to the thread.
+pub(crate) fn copy_stream(device: i32) -> Result<Arc<CudaStream>> {
+    let g = gpu(device)?;
+    COPY_STREAMS.with(|streams| {
+        if let Some(s) = streams.borrow().get(&device) {
+            return Ok(s.clone());
+        }
+        let s = g.new_stream()?;
+        streams.borrow_mut().insert(device, s.clone());
+        Ok(s)
+    })
+}
+
+/// Keeps the memory freed in stream order (gathered batches, staged inputs) in the device's
+/// default pool for the next allocation, instead of the pool's default of handing it back to
+/// the driver at every synchronisation, after which each gather mapped its memory anew. The
+/// pool serves this process's stream-ordered allocations only (Triton and libtorch allocate
+/// their own way); it holds at most what was in use at once. A failure costs speed only.
+fn keep_freed_memory(ctx: &CudaContext, device: i32) {
+    use cudarc::driver::sys;
+    if !ctx.has_async_alloc() {
+        return;
+    }
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut keep: u64 = u64::MAX;
+    // SAFETY: plain driver queries on a live device; `keep` outlives the call.
+    let r = unsafe {
+        let r = sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device());
+        if r != sys::CUresult::CUDA_SUCCESS {
+            r
+        } else {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut keep as *mut u64).cast(),
+            )
+        }
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        log::warn!("GPU {device}: cannot keep freed memory in the default pool ({r:?}); stream-ordered allocations map memory anew");
+    }
 }
 
 impl GpuState {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cudarc::driver::{result, CudaStream};
 
 use crate::buffer::{DeviceMem, DevicePtr};
-use crate::context::{cuda_err, gpu};
+use crate::context::{copy_stream, cuda_err, gpu};
 use crate::error::{CudaError, Result};
 use crate::kernels;
 use crate::mem::{copy_host, Bytes, BytesMut, DeviceBuffer, DeviceOps, DeviceView};
@@ -97,7 +97,7 @@ pub(crate) fn htod_now<T: Copy>(device: i32, dst: DevicePtr<'_>, host: &[T]) -> 
 // and cuMemcpyHtoD (from pageable memory) may return before the data has landed, and our
 // streams do not wait on the legacy default stream, so a buffer reused by the next
 // execution could be overwritten while still being read: those two are queued on the
-// device's copy stream and waited for. cuMemcpyDtoH into pageable memory does return
+// calling thread's copy stream and waited for. cuMemcpyDtoH into pageable memory does return
 // only once done, and is kept.
 
 /// Copies `len` bytes between device memory on `device` (not overlapping); done when it returns.
@@ -105,9 +105,9 @@ fn copy_dtod(device: i32, dst: DevicePtr<'_>, src: DevicePtr<'_>, len: usize) ->
     if len == 0 {
         return Ok(());
     }
-    let g = gpu(device)?;
-    dtod_on(&g.copy_stream, dst, src, len)?;
-    g.copy_stream.synchronize().map_err(cuda_err)
+    let stream = copy_stream(device)?;
+    dtod_on(&stream, dst, src, len)?;
+    stream.synchronize().map_err(cuda_err)
 }
 
 /// Copies device memory at `src` (holding `dst.len()` bytes) into host memory; done when it returns.
@@ -125,10 +125,10 @@ fn copy_htod(device: i32, dst: DevicePtr<'_>, src: &[u8]) -> Result<()> {
     if src.is_empty() {
         return Ok(());
     }
-    let g = gpu(device)?;
+    let stream = copy_stream(device)?;
     // SAFETY: `dst` has room for `src` (the caller's lengths); `src` outlives the wait below.
-    unsafe { htod_on(&g.copy_stream, dst, src) }?;
-    g.copy_stream.synchronize().map_err(cuda_err)
+    unsafe { htod_on(&stream, dst, src) }?;
+    stream.synchronize().map_err(cuda_err)
 }
 
 /// A new allocation of `len` bytes on `device` (zeroed; at least one byte).
@@ -190,9 +190,8 @@ impl DeviceOps for Cuda {
                     return Ok(());
                 }
                 let device = d.device();
-                let g = gpu(device)?;
                 dtod_on(
-                    &g.copy_stream,
+                    &*copy_stream(device)?,
                     DevicePtr::of_view_mut(&d)?,
                     DevicePtr::of_view(&s)?,
                     s.len(),
@@ -212,7 +211,7 @@ impl DeviceOps for Cuda {
     fn finish_copies(&self) -> Result<()> {
         let devices = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
         for device in devices {
-            gpu(device)?.copy_stream.synchronize().map_err(cuda_err)?;
+            copy_stream(device)?.synchronize().map_err(cuda_err)?;
         }
         Ok(())
     }
@@ -221,7 +220,7 @@ impl DeviceOps for Cuda {
         let total: usize = parts.iter().map(DeviceView::len).sum();
         // every byte is one of the parts' (copied below, on the stream it was allocated on)
         let out = DeviceMem::for_copies(device, total)?;
-        let stream = gpu(device)?.copy_stream.clone();
+        let stream = copy_stream(device)?;
         let base = out.ptr();
         let mut at = 0usize;
         for p in parts {
