@@ -454,6 +454,7 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     k0, h0 = scrape(a.port, stats_model)
     s0 = server_stats(client, stats_model)
     log_at = log_size(a)
+    c0 = cpu_sample(a)
     t0 = time.time()
     p = subprocess.run(cmd + ["-f", raw], capture_output=True, text=True, timeout=min(600, max(60, left_s(a))))
     stability = 10  # perf_analyzer's default bound (%) on how far its last windows may differ
@@ -469,6 +470,7 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
                            timeout=min(600, max(60, left_s(a))))
         stability = looser
     seconds = time.time() - t0
+    cpu = cpu_use(c0, cpu_sample(a), seconds)
     time.sleep(0.6)  # the backend publishes its metrics every 250 ms
     k1, h1 = scrape(a.port, stats_model)
     s1 = server_stats(client, stats_model)
@@ -491,7 +493,7 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
          "pairs_per_execution": delta["inferences"] / delta["executions"] if delta["executions"] else None,
          "server_ms_per_request": {k: delta[k] / delta["requests"] / 1e6 for k in
                                    ("queue", "compute_input", "compute_infer", "compute_output")} if delta["requests"] else {},
-         "seconds": seconds, "pool": os.path.basename(data)}
+         "seconds": seconds, "pool": os.path.basename(data), "cpu": cpu}
     if a.verbose or a.timing:
         r["timing"] = timing_of_run(a, log_at)
     runs.append(r)
@@ -499,8 +501,41 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     pe = "-" if r["pairs_per_execution"] is None else f"{r['pairs_per_execution']:,.0f}"
     print(f"  {kind:<17} c={conc:<3} {pairs / 1e6:7.2f} M pairs/s {queries:9,.0f} queries/s {pairs * WIDTH / 1e9:6.2f} "
           f"G lookups/s  p50 {r['p50_ms']:7.2f}  p99 {r['p99_ms']:7.2f} ms  hit rate {hr}  {pe} pairs per execution"
-          + ("" if stability == 10 else f"  (-s {stability})"), flush=True)
+          + ("" if stability == 10 else f"  (-s {stability})") + f"\n    {cpu_text(cpu)}", flush=True)
     return r
+
+
+def cpu_sample(a):
+    """(host jiffies busy, host jiffies in all, the server's jiffies, children's CPU seconds so far)."""
+    import resource
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
+    server = 0
+    try:
+        from tritonserver_process import server_pid
+        with open(f"/proc/{server_pid(a.port)}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        server = int(fields[11]) + int(fields[12])  # utime + stime
+    except (OSError, SystemExit, ValueError, IndexError):
+        pass
+    ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return sum(v) - idle, sum(v), server, ch.ru_utime + ch.ru_stime
+
+
+def cpu_use(s0, s1, seconds):
+    """The host's CPU over a run, from two cpu_sample()s: busy %, cores used by the server and by
+    the client (the benchmark's children: perf_analyzer or stream_client, counted once they exit)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    total = max(1, s1[1] - s0[1])
+    return {"host_busy_pct": 100.0 * (s1[0] - s0[0]) / total, "cpus": os.cpu_count(),
+            "server_cores": (s1[2] - s0[2]) / hz / max(seconds, 1e-9),
+            "client_cores": (s1[3] - s0[3]) / max(seconds, 1e-9)}
+
+
+def cpu_text(c):
+    return (f"CPU: host {c['host_busy_pct']:.0f}% busy of {c['cpus']}, tritonserver {c['server_cores']:.1f} cores, "
+            f"client {c['client_cores']:.1f} cores")
 
 
 def log_size(a):
@@ -631,7 +666,9 @@ def stream_phase(a, client, rows, plan, res, failures):
                 continue
             count = max(n, math.ceil(rate * a.stream_seconds / QUERY))
             k0, h0 = scrape(a.port, "dlrm_v2")
+            c0 = cpu_sample(a)
             seconds, lat = send(count, c)
+            cpu = cpu_use(c0, cpu_sample(a), seconds)
             time.sleep(0.6)
             k1, h1 = scrape(a.port, "dlrm_v2")
             rate = count * QUERY / seconds
@@ -639,12 +676,12 @@ def stream_phase(a, client, rows, plan, res, failures):
                  "queries_per_s": count / seconds, "lookups_per_s": rate * WIDTH,
                  **{f"p{q}_ms": stream_load.percentile(lat, q) for q in (50, 90, 95, 99)},
                  "hit_rate": (h1 - h0) / (k1 - k0) if k1 > k0 else None, "expected_hit_rate": expected,
-                 "pool_queries": n, "pool_gb": n * qbytes / 1e9, "queries": count, "seconds": seconds}
+                 "pool_queries": n, "pool_gb": n * qbytes / 1e9, "queries": count, "seconds": seconds, "cpu": cpu}
             res["stream"].append(r)
             hr = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.4f}"
             print(f"  stream            c={c:<3} {rate / 1e6:7.2f} M pairs/s {r['queries_per_s']:9,.0f} queries/s "
                   f"{r['lookups_per_s'] / 1e9:6.2f} G lookups/s  p50 {r['p50_ms']:7.2f}  p99 {r['p99_ms']:7.2f} ms  "
-                  f"hit rate {hr} (expected {expected:.4f})", flush=True)
+                  f"hit rate {hr} (expected {expected:.4f})\n    {cpu_text(cpu)}", flush=True)
             save_json(a, res)
     except Exception as e:  # noqa: BLE001 - the stream is one figure among several: said, counted, the run goes on
         print(f"  the endless stream failed: {e}", flush=True)
