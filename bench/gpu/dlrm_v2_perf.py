@@ -520,7 +520,26 @@ def cpu_sample(a):
     except (OSError, SystemExit, ValueError, IndexError):
         pass
     ch = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return sum(v) - idle, sum(v), server, ch.ru_utime + ch.ru_stime
+    return sum(v) - idle, sum(v), server, ch.ru_utime + ch.ru_stime, server_threads(a)
+
+
+def server_threads(a):
+    """{thread id: (name, jiffies)} of the server's threads."""
+    out = {}
+    try:
+        from tritonserver_process import server_pid
+        base = f"/proc/{server_pid(a.port)}/task"
+        for tid in os.listdir(base):
+            try:
+                with open(f"{base}/{tid}/stat") as f:
+                    head, rest = f.read().rsplit(")", 1)
+                fields = rest.split()
+                out[tid] = (head.split("(", 1)[1], int(fields[11]) + int(fields[12]))
+            except (OSError, ValueError, IndexError):
+                continue
+    except (OSError, SystemExit):
+        pass
+    return out
 
 
 def cpu_use(s0, s1, seconds):
@@ -528,14 +547,17 @@ def cpu_use(s0, s1, seconds):
     the client (the benchmark's children: perf_analyzer or stream_client, counted once they exit)."""
     hz = os.sysconf("SC_CLK_TCK")
     total = max(1, s1[1] - s0[1])
+    busiest = sorted(((t1 - s0[4].get(tid, (n, 0))[1], n) for tid, (n, t1) in s1[4].items()), reverse=True)[:6]
     return {"host_busy_pct": 100.0 * (s1[0] - s0[0]) / total, "cpus": os.cpu_count(),
             "server_cores": (s1[2] - s0[2]) / hz / max(seconds, 1e-9),
-            "client_cores": (s1[3] - s0[3]) / max(seconds, 1e-9)}
+            "client_cores": (s1[3] - s0[3]) / max(seconds, 1e-9),
+            "busiest_server_threads": [[n, j / hz / max(seconds, 1e-9)] for j, n in busiest]}
 
 
 def cpu_text(c):
+    threads = ", ".join(f"{n} {cores:.2f}" for n, cores in c.get("busiest_server_threads", []))
     return (f"CPU: host {c['host_busy_pct']:.0f}% busy of {c['cpus']}, tritonserver {c['server_cores']:.1f} cores, "
-            f"client {c['client_cores']:.1f} cores")
+            f"client {c['client_cores']:.1f} cores; the server's busiest threads (cores): {threads}")
 
 
 def log_size(a):
