@@ -68,7 +68,7 @@ pub(crate) fn copy_stream(device: i32) -> Result<Arc<CudaStream>> {
         if let Some(s) = streams.borrow().get(&device) {
             return Ok(s.clone());
         }
-        let s = g.new_urgent_stream()?;
+        let s = g.new_stream()?;
         streams.borrow_mut().insert(device, s.clone());
         Ok(s)
     })
@@ -111,18 +111,6 @@ impl GpuState {
     /// A new stream on this device (one per cache, or per instance).
     pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
         self.ctx.new_stream().map_err(cuda_err)
-    }
-
-    /// A new stream of the device's greatest priority, for short work that others wait on
-    /// (the serving path's copies and gathers, the caches' lookups): its kernels' blocks are
-    /// scheduled ahead of those of kernels already queued on ordinary streams, such as other
-    /// instances' networks, instead of after them. Ordinary where priorities are unsupported.
-    pub fn new_urgent_stream(&self) -> Result<Arc<CudaStream>> {
-        self.ctx.bind_to_thread().map_err(cuda_err)?;
-        match cudarc::driver::result::stream::get_priority_range() {
-            Ok((_, greatest)) => self.ctx.new_stream_with_priority(greatest).map_err(cuda_err),
-            Err(_) => self.new_stream(),
-        }
     }
 }
 

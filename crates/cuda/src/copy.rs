@@ -23,11 +23,10 @@ pub struct Queue {
 }
 
 impl Queue {
-    /// A new stream of the greatest priority on `device` (a batch waits for its lookup), whose
-    /// cache kernels are compiled first.
+    /// A new stream on `device`, whose cache kernels are compiled first.
     pub fn new(device: i32) -> Result<Queue> {
         let (g, _) = kernels::device(device)?;
-        Ok(Queue { device, stream: g.new_urgent_stream()? })
+        Ok(Queue { device, stream: g.new_stream()? })
     }
     pub fn device(&self) -> i32 {
         self.device
