@@ -25,3 +25,19 @@ def test_committed_reports_come_from_committed_results(tmp_path):
         assert any(line.startswith("| ") for line in made), sub
     committed = sorted(e for e in os.listdir(os.path.join(ROOT, "docs", "perf", "h100")))
     assert committed == sorted(REPORTS), f"docs/perf/h100 holds {committed}: only the reports make_reports.sh makes"
+
+
+def test_dlrm_v2_verdicts_are_perf_analyzers():
+    """The served targets are judged on perf_analyzer's figures; the stream client's is given beside."""
+    sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
+    import dlrm_v2_report
+    setup = {"scale": 1.0, "cache": 1.0}
+    res = {"perf": [{"kind": "fixed270", "pairs_per_s": 5e6, "concurrency": 128, "p99_ms": 10.0},
+                    {"kind": "mlperf", "pairs_per_s": 6e6, "concurrency": 128, "p99_ms": 12.0}],
+           "stream": [{"kind": "stream", "pairs_per_s": 11e6, "concurrency": 64, "p99_ms": 5.0}],
+           "reference": {"batches": {"17280": {"pairs_per_s": 5e6, "lookups_per_s": 2.5e9}}}}
+    got = {t.split(" (")[0]: (v, d) for t, v, d in dlrm_v2_report.targets(setup, res)}
+    verdict, detail = got["served >= 10 M pairs/s, every row in HBM"]
+    assert verdict == "MISS" and detail.startswith("6.00 M pairs/s (MLPerf-like") and "stream client: 11.00 M" in detail
+    verdict, detail = got[">= 1.7x the bare PyTorch reference"]
+    assert verdict == "MISS" and detail.startswith("1.20x") and "2.20x" in detail
