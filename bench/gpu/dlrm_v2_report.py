@@ -363,11 +363,31 @@ def write(out, setup, res, plots=True):
     if phases:
         md += ["## Where the call's time went", "",
                ", ".join(f"{k} {v:.0f} s" for k, v in phases.items()) + ".", ""]
+    md += host_section(res)
     md += [f"![{f}]({f})" for f in files] + [""]
     path = os.path.join(out, "README.md")
     with open(path, "w") as f:
         f.write("\n".join(md))
     return path
+
+
+def host_section(res):
+    """The host's CPU during each run (runs.json's `cpu`, where the run recorded it): is the host,
+    the server or one of its threads the limit?"""
+    runs = [r for r in res.get("perf", []) + res.get("stream", []) if r.get("cpu")]
+    if not runs:
+        return []
+    md = ["## The host during each run", "",
+          "From /proc: the host's CPUs busy, the cores tritonserver used and the client used (perf_analyzer or "
+          "stream_client), and the server's three busiest threads (cores each; one near 1.00 is a serial limit).", "",
+          "| run | concurrency | pairs/s | host busy | tritonserver cores | client cores | busiest server threads |",
+          "|---|---:|---:|---:|---:|---:|---|"]
+    for r in runs:
+        c = r["cpu"]
+        threads = ", ".join(f"{n} {cores:.2f}" for n, cores in c.get("busiest_server_threads", [])[:3]) or "-"
+        md.append(f"| {r['kind']} | {r['concurrency']} | {r['pairs_per_s'] / 1e6:.2f} M | "
+                  f"{c['host_busy_pct']:.0f}% of {c['cpus']} | {c['server_cores']:.1f} | {c['client_cores']:.1f} | {threads} |")
+    return md + [""]
 
 
 def main():
