@@ -8,13 +8,13 @@ import re
 import sys
 
 
-KINDS = ("batch lookup", "torch run", "onnx run", "aoti run", "resident pooled lookup", "pooled lookup", "execute")
+KINDS = ("batch lookup", "torch run", "onnx run", "aoti run", "resident pooled lookup", "pooled lookup", "execute", "gather")
 
 
 def figures(lines):
     """{(kind, label): [value, ...]} over the `timing:` lines among `lines`, in the order
     first seen; kind is the line's own prefix (`batch lookup`, `torch run`, `onnx run`, `aoti run`, `resident pooled
-    lookup`, `pooled lookup`, `execute`) or `serve`."""
+    lookup`, `pooled lookup`, `execute`, `gather`) or `serve`."""
     found = {}
     for line in lines:
         if "timing:" not in line:

@@ -217,6 +217,8 @@ impl DeviceOps for Cuda {
     }
 
     fn gather(&self, device: i32, parts: &[DeviceView<'_>]) -> Result<DeviceBuffer> {
+        // where a gather's time goes, measured only when it will be logged
+        let clock = log::log_enabled!(log::Level::Debug).then(std::time::Instant::now);
         let total: usize = parts.iter().map(DeviceView::len).sum();
         // every byte is one of the parts' (copied below, on the stream it was allocated on)
         let out = DeviceMem::for_copies(device, total)?;
@@ -236,7 +238,16 @@ impl DeviceOps for Cuda {
             }
             at += p.len();
         }
+        let queued = clock.map(|c| c.elapsed());
         stream.synchronize().map_err(cuda_err)?;
+        if let (Some(c), Some(q)) = (clock, queued) {
+            log::debug!(
+                "timing: gather: parts {}, bytes {total}, allocated and queued {} us, waited {} us",
+                parts.len(),
+                q.as_micros(),
+                (c.elapsed() - q).as_micros()
+            );
+        }
         Ok(out.into_buffer())
     }
 }
