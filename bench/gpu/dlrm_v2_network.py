@@ -35,31 +35,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
 PEAK = {"fp16": 989.0, "fp8": 1979.0, "fp8-rows": 1979.0}
 
 
-def flops_per_pair(net):
-    """2 x the multiply-adds of every linear layer (FP8 or not) of the network, per pair."""
-    import torch
-    import fp8
-    macs = sum(m.in_features * m.out_features for m in net.modules()
-               if isinstance(m, (torch.nn.Linear, fp8.Fp8Linear)))
-    return 2 * macs
-
-
-def cuda_seconds(fn, iters):
-    import torch
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / iters
-
-
 def inputs(batch, seed):
-    import torch
     import dlrm_v2
     dense, emb = dlrm_v2.calibration_inputs(batch, seed)
     return dense.cuda(), emb.cuda().half()
@@ -79,8 +55,9 @@ def main():
     a = p.parse_args()
     import torch
     import aoti_export
-    from recsys.networks import dense_network
     import dlrm_v2
+    from dlrm_v2_perf import cuda_seconds
+    from recsys.networks import dense_network, linear_flops
 
     os.makedirs(a.results, exist_ok=True)
     os.makedirs(a.work, exist_ok=True)
@@ -96,7 +73,7 @@ def main():
     out = {"gpu": gpu, "torch": torch.__version__, "batches": batches, "forms": {}}
     for prec in a.precisions.split(","):
         net = dense_network("dcnv2", prec, "cuda", calibration=calib if prec.startswith("fp8") else None)
-        fpp = flops_per_pair(net)
+        fpp, _ = linear_flops(net)
         with torch.no_grad():
             got = net(dense_x, emb_x).float()
         diff = (got - want).abs()
@@ -115,7 +92,7 @@ def main():
         for b in batches:
             d, e = inputs(b, seed=2)
             with torch.no_grad():
-                s = cuda_seconds(lambda: compiled(d, e), a.iters)
+                s = cuda_seconds(lambda i: compiled(d, e), a.iters)
             forms["compiled"][b] = s
             print(f"  {prec} compiled, batch {b}: {s * 1e3:.3f} ms, {b / s / 1e6:.2f} M pairs/s, "
                   f"{fpp * b / s / 1e12:.0f} TFLOP/s", flush=True)

@@ -511,20 +511,15 @@ def cpu_sample(a):
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
     idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
-    server = 0
-    try:
-        from tritonserver_process import server_pid
-        with open(f"/proc/{server_pid(a.port)}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        server = int(fields[11]) + int(fields[12])  # utime + stime
-    except (OSError, SystemExit, ValueError, IndexError):
-        pass
+    threads = server_threads(a)
     ch = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return sum(v) - idle, sum(v), server, ch.ru_utime + ch.ru_stime, server_threads(a)
+    return sum(v) - idle, sum(v), sum(j for _, j in threads.values()), ch.ru_utime + ch.ru_stime, threads
 
 
 def server_threads(a):
-    """{thread id: (name, jiffies)} of the server's threads."""
+    """{thread id: (name, jiffies of user and system time)} of the server's threads; {} where there
+    is no server. The server's time is taken as their sum: a thread that ends between two samples
+    is not counted."""
     out = {}
     try:
         from tritonserver_process import server_pid
@@ -722,11 +717,9 @@ def stream_phase(a, client, rows, plan, res, failures):
 def reference_network():
     """DCNv2's dense part in fp16 (the weights the package holds), cross layers as written:
     plain PyTorch. Its matrix products' FLOPs per pair: 2 x in x out per linear layer."""
-    import torch
-    from recsys.networks import dense_network
+    from recsys.networks import dense_network, linear_flops
     net = dense_network("dcnv2", "fp16", "cuda").m  # HalfDense's fp16 module: fp16 in, fp16 out
-    linear = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
-    return net, sum(2 * m.in_features * m.out_features for m in linear), len(linear)
+    return (net, *linear_flops(net))
 
 
 def compile_network(mode, batches, label):

@@ -37,6 +37,15 @@ def dense_network(name, precision, device, interaction="cat", cross="torch", cal
     return m
 
 
+def linear_flops(net):
+    """(FLOPs of one row's matrix products: 2 x in x out over every linear layer, FP8 or not; the
+    number of those layers)."""
+    import torch
+    import fp8
+    linear = [m for m in net.modules() if isinstance(m, (torch.nn.Linear, fp8.Fp8Linear))]
+    return sum(2 * m.in_features * m.out_features for m in linear), len(linear)
+
+
 def dense_module(name, precision, device, interaction="cat"):
     import torch
     # a script cannot hold the Triton kernels: TorchScript runs the same numbers in the torch forms
