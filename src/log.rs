@@ -138,12 +138,12 @@ impl log::Log for TritonLog {
         // its own level where Triton logs that level; a debug record that is a timing line at
         // INFO under TRITON_RUST_TIMING; else nowhere (formatted only where it may go)
         let level = level_of(record.level());
-        let timing = level == Level::Verbose && timing_lines();
-        if !enabled(level) && !timing {
+        let own = enabled(level);
+        if !own && !(level == Level::Verbose && timing_lines()) {
             return;
         }
         let message = record.args().to_string();
-        let level = if enabled(level) {
+        let level = if own {
             level
         } else if message.starts_with("timing:") {
             Level::Info
