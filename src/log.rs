@@ -139,7 +139,8 @@ impl log::Log for TritonLog {
         // INFO under TRITON_RUST_TIMING; else nowhere (formatted only where it may go)
         let level = level_of(record.level());
         let own = enabled(level);
-        if !own && !(level == Level::Verbose && timing_lines()) {
+        let timing = level == Level::Verbose && timing_lines();
+        if !own && !timing {
             return;
         }
         let message = record.args().to_string();
