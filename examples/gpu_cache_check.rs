@@ -97,6 +97,71 @@ fn main() {
     for stored in [RowFormat::F32, RowFormat::F16] {
         hit_path(dim, &mut rng, stored);
     }
+    batched_copies(&mut rng);
+}
+
+/// The serving path's copies of many parts (a batch's inputs gathered from its requests'
+/// buffers; its outputs queued into each response's buffer, made at `finish_copies`):
+/// parts of every length and alignment, empty ones, more than one launch holds, against
+/// the same bytes moved on the host.
+fn batched_copies(rng: &mut rand::rngs::SmallRng) {
+    for count in [1usize, 2, 37, 300] {
+        let lens: Vec<usize> = (0..count)
+            .map(|i| match i % 5 {
+                0 => rng.gen_range(0..4),
+                1 => rng.gen_range(1..100),
+                2 => 8 * rng.gen_range(1..4000),
+                3 => 16 * rng.gen_range(1..40_000),
+                _ => 4 * rng.gen_range(1..5000) + 1,
+            })
+            .collect();
+        let total: usize = lens.iter().sum();
+        // the sources lie at odd offsets of one buffer, one byte apart
+        let src_host: Vec<u8> = (0..total + count).map(|_| rng.gen()).collect();
+        let mut src = Cuda.alloc(0, src_host.len()).expect("alloc");
+        Cuda.copy(Bytes::Host(&src_host), BytesMut::Device(src.view_mut())).expect("upload");
+        let (mut views, mut expect, mut at) = (Vec::new(), Vec::new(), 1usize);
+        for &len in &lens {
+            views.push(src.view().slice(at..at + len).expect("inside"));
+            expect.extend_from_slice(&src_host[at..at + len]);
+            at += len;
+        }
+        let gathered = Cuda.gather(0, &views).expect("gather");
+        let mut back = vec![0u8; total];
+        Cuda.copy(Bytes::Device(gathered.view()), BytesMut::Host(&mut back)).expect("download");
+        assert!(back == expect, "gather of {count} parts differs from the host's");
+        // the same parts queued into their own places of another buffer, at other offsets
+        let mut dst = Cuda.alloc(0, total + 3 * count).expect("alloc");
+        let mut rest = dst.view_mut();
+        let mut places = Vec::new();
+        for (k, &len) in lens.iter().enumerate() {
+            let (_gap, tail) = rest.split_at(k % 3);
+            let (place, tail) = tail.split_at(len);
+            places.push(place);
+            rest = tail;
+        }
+        for (v, place) in views.iter().zip(places) {
+            Cuda.copy_queued(Bytes::Device(*v), BytesMut::Device(place)).expect("queued");
+        }
+        Cuda.finish_copies().expect("finish");
+        let mut back = vec![0u8; total + 3 * count];
+        Cuda.copy(Bytes::Device(dst.view()), BytesMut::Host(&mut back)).expect("download");
+        let mut at = 0usize;
+        for (k, &len) in lens.iter().enumerate() {
+            at += k % 3;
+            assert!(
+                back[at..at + len] == expect[..][offset(&lens, k)..offset(&lens, k) + len],
+                "queued part {k} of {count}"
+            );
+            at += len;
+        }
+    }
+    println!("batched copies: gathers and queued copies of 1, 2, 37 and 300 parts (odd offsets and lengths, empty parts) equal the host's bytes");
+}
+
+/// Where part `k` starts among parts of `lens`, end to end.
+fn offset(lens: &[usize], k: usize) -> usize {
+    lens[..k].iter().sum()
 }
 
 /// Part 3: the hit path's speed over a big cache whose rows are kept as `stored`.

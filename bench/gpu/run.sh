@@ -235,6 +235,11 @@ if [ -n "$poll" ] || [ "$qos" = 1 ]; then
     helper="host_qos.py ${hargs[*]} (pid $helper_pid)"
 fi
 
+# ---- open files: raised to the hard limit (the server holds a socket per client connection;
+# gRPC runs at concurrency 128 and more met "Connection reset by peer"); host.txt says both
+nofile_was=$(ulimit -Sn)
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
 # ---- host facts ----
 {
     echo "run.sh $sub $*"
@@ -246,6 +251,7 @@ fi
     echo "cpufreq governor: $(cat $d/cpu0/cpufreq/scaling_governor 2>/dev/null || echo none)"
     echo "memory: $(free -g | awk '/^Mem:/{print $2}') GiB; kernel $(uname -r)"
     echo "CPU-polling helper: $helper"
+    echo "open files: soft limit $(ulimit -Sn) (was $nofile_was), hard $(ulimit -Hn); net.core.somaxconn $(cat /proc/sys/net/core/somaxconn 2>/dev/null || echo ?)"
     echo "torch: $(python3 -c 'import torch; print(torch.__version__, "cuDNN", torch.backends.cudnn.version())')"
     echo "onnxruntime-gpu: $([ -f $ort_lib ] && echo $ort_lib || echo absent)"
     echo "backend: libtriton_rust.so md5 $(md5sum .carry/libtriton_rust.so | cut -c1-12)$([ -f .carry/libtriton_rust_aoti.so ] && echo ", libtriton_rust_aoti.so md5 $(md5sum .carry/libtriton_rust_aoti.so | cut -c1-12)")"

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{result, CudaStream};
+use cudarc::driver::{result, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use crate::buffer::{DeviceMem, DevicePtr};
 use crate::context::{copy_stream, cuda_err, gpu};
@@ -136,10 +136,71 @@ pub fn alloc(device: i32, len: usize) -> Result<DeviceBuffer> {
     DeviceMem::zeroed(device, len).map(DeviceMem::into_buffer)
 }
 
+/// One copy of `len` bytes between two addresses of one GPU, not yet made.
+#[derive(Debug, Clone, Copy)]
+struct Part {
+    src: u64,
+    dst: u64,
+    len: u64,
+}
+
 thread_local! {
-    /// The GPUs whose copy streams hold copies this thread queued with
-    /// [`DeviceOps::copy_queued`] and has not waited for yet.
-    static PENDING: std::cell::RefCell<Vec<i32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The copies this thread queued with [`DeviceOps::copy_queued`] and has not made yet,
+    /// with their GPU: [`DeviceOps::finish_copies`] makes them all in one launch a GPU.
+    static QUEUED: std::cell::RefCell<Vec<(i32, Part)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `copy_parts`' parameters (`kernels/copy.cu`'s `Parts`, then the count).
+#[repr(C)]
+struct PartsArg {
+    src: [u64; kernels::COPY_PARTS],
+    dst: [u64; kernels::COPY_PARTS],
+    len: [u64; kernels::COPY_PARTS],
+}
+
+// SAFETY: plain words laid out as the kernel's struct of three arrays (repr(C), no padding).
+unsafe impl DeviceRepr for PartsArg {}
+
+/// Queues `parts` (live memory of `device`, each range inside one allocation that outlives
+/// `stream`'s next synchronisation) on `stream`: one launch of the batched copy per
+/// `COPY_PARTS` parts, or one driver copy each where there is only one or the kernel cannot
+/// be had (no NVRTC).
+fn copy_all(device: i32, stream: &CudaStream, parts: &[Part]) -> Result<()> {
+    let parts: Vec<Part> = parts.iter().copied().filter(|p| p.len > 0).collect();
+    let kernel = if parts.len() > 1 { kernels::copy_parts(device).ok() } else { None };
+    let Some(f) = kernel else {
+        for p in &parts {
+            // SAFETY (callers): both ranges are live device memory of `len` bytes on `device`.
+            unsafe { result::memcpy_dtod_async(p.dst, p.src, p.len as usize, stream.cu_stream()) }
+                .map_err(cuda_err)?;
+        }
+        return Ok(());
+    };
+    for chunk in parts.chunks(kernels::COPY_PARTS) {
+        let mut arg = PartsArg {
+            src: [0; kernels::COPY_PARTS],
+            dst: [0; kernels::COPY_PARTS],
+            len: [0; kernels::COPY_PARTS],
+        };
+        for (k, p) in chunk.iter().enumerate() {
+            (arg.src[k], arg.dst[k], arg.len[k]) = (p.src, p.dst, p.len);
+        }
+        let longest = chunk.iter().map(|p| p.len).max().unwrap_or(0);
+        // a block copies up to 64 KB of a part (256 threads, 16 bytes each, 16 times)
+        let blocks = longest.div_ceil(1 << 16).clamp(1, 256) as u32;
+        let n = chunk.len() as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, chunk.len() as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = stream.launch_builder(&f);
+        b.arg(&arg).arg(&n);
+        // SAFETY: the arguments are copy_parts' (Parts by value, then int); each of the n
+        // parts is a range of live memory on this device (the callers' contract).
+        unsafe { b.launch(cfg) }.map_err(cuda_err)?;
+    }
+    Ok(())
 }
 
 /// The real GPU: [`DeviceOps`] through the CUDA driver.
@@ -189,19 +250,12 @@ impl DeviceOps for Cuda {
                 if s.is_empty() {
                     return Ok(());
                 }
-                let device = d.device();
-                dtod_on(
-                    &*copy_stream(device)?,
-                    DevicePtr::of_view_mut(&d)?,
-                    DevicePtr::of_view(&s)?,
-                    s.len(),
-                )?;
-                PENDING.with(|p| {
-                    let mut p = p.borrow_mut();
-                    if !p.contains(&device) {
-                        p.push(device);
-                    }
-                });
+                let part = Part {
+                    src: DevicePtr::of_view(&s)?.raw(),
+                    dst: DevicePtr::of_view_mut(&d)?.raw(),
+                    len: s.len() as u64,
+                };
+                QUEUED.with(|q| q.borrow_mut().push((d.device(), part)));
                 Ok(())
             }
             (src, dst) => self.copy(src, dst),
@@ -209,11 +263,28 @@ impl DeviceOps for Cuda {
     }
 
     fn finish_copies(&self) -> Result<()> {
-        let devices = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
-        for device in devices {
-            copy_stream(device)?.synchronize().map_err(cuda_err)?;
+        let queued = QUEUED.with(|q| std::mem::take(&mut *q.borrow_mut()));
+        let mut devices: Vec<i32> = queued.iter().map(|q| q.0).collect();
+        devices.sort_unstable();
+        devices.dedup();
+        // every device's copies queued before any is waited for
+        let mut first_error = None;
+        for &device in &devices {
+            let parts: Vec<Part> = queued.iter().filter(|q| q.0 == device).map(|q| q.1).collect();
+            if let Err(e) = copy_stream(device).and_then(|s| copy_all(device, &s, &parts)) {
+                first_error.get_or_insert(e);
+            }
         }
-        Ok(())
+        for &device in &devices {
+            if let Err(e) = copy_stream(device).and_then(|s| s.synchronize().map_err(cuda_err)) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn discard_queued(&self) {
+        QUEUED.with(|q| q.borrow_mut().clear());
     }
 
     fn gather(&self, device: i32, parts: &[DeviceView<'_>]) -> Result<DeviceBuffer> {
@@ -225,6 +296,7 @@ impl DeviceOps for Cuda {
         let stream = copy_stream(device)?;
         let base = out.ptr();
         let mut at = 0usize;
+        let mut copies = Vec::with_capacity(parts.len());
         for p in parts {
             if p.device() != device {
                 return Err(CudaError::internal(format!(
@@ -233,11 +305,13 @@ impl DeviceOps for Cuda {
                 )));
             }
             if !p.is_empty() {
-                // each part is a live view on `device`; the new buffer has room for all
-                dtod_on(&stream, base.at(at), DevicePtr::of_view(p)?, p.len())?;
+                let src = DevicePtr::of_view(p)?.raw();
+                copies.push(Part { src, dst: base.at(at).raw(), len: p.len() as u64 });
             }
             at += p.len();
         }
+        // each part is a live view on `device`; the new buffer has room for all
+        copy_all(device, &stream, &copies)?;
         let queued = clock.map(|c| c.elapsed());
         stream.synchronize().map_err(cuda_err)?;
         if let (Some(c), Some(q)) = (clock, queued) {

@@ -1,18 +1,26 @@
-//! The GPU cache's kernels: CUDA C in `kernels/cache.cu`, compiled by NVRTC once per device
-//! on first use, and the launch shape they share. Launching them is the cache's
-//! (`crate::cache`); this layer only loads them.
+//! The GPU cache's kernels (CUDA C in `kernels/cache.cu`) and the batched copy
+//! (`kernels/copy.cu`), each compiled by NVRTC once per device on first use, and the launch
+//! shape they share. Launching them is the cache's (`crate::cache`) and the copies'
+//! (`crate::copy`); this layer only loads them.
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::{CudaFunction, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig};
 use parking_lot::Mutex;
 
 use crate::context::{cuda_err, gpu, GpuState};
 use crate::error::{CudaError, Result};
 
 const SOURCE: &str = include_str!("kernels/cache.cu");
+const COPY_SOURCE: &str = include_str!("kernels/copy.cu");
+
+/// Parts one launch of `copy_parts` copies: `COPY_PARTS` in `kernels/copy.cu`, which the
+/// tests hold to this.
+pub(crate) const COPY_PARTS: usize = 128;
+// three arrays of 8-byte words and the count stay inside the 4 KB of kernel parameters
+const _: () = assert!(3 * 8 * COPY_PARTS + 8 <= 4096);
 
 /// The cache kernels of one device.
 pub(crate) struct Kernels {
@@ -57,39 +65,14 @@ type Compiled = OnceLock<Result<Arc<Kernels>>>;
 // Process-wide as the primary contexts the kernels are loaded into are (`context.rs`).
 static COMPILED: Mutex<Option<HashMap<i32, Arc<Compiled>>>> = Mutex::new(None);
 
-fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
+/// `source` compiled by NVRTC and loaded on `g`'s device; `needs` names what is missing
+/// when the libraries are.
+fn load(g: &GpuState, source: &str, needs: &str) -> Result<Arc<CudaModule>> {
     // cudarc loads libnvrtc on first use and panics when it is absent.
-    catch_unwind(AssertUnwindSafe(|| -> Result<Arc<Kernels>> {
-        let ptx = cudarc::nvrtc::compile_ptx(SOURCE)
+    catch_unwind(AssertUnwindSafe(|| -> Result<Arc<CudaModule>> {
+        let ptx = cudarc::nvrtc::compile_ptx(source)
             .map_err(|e| CudaError::internal(format!("NVRTC: {e:?}")))?;
-        let module = g.ctx.load_module(ptx).map_err(cuda_err)?;
-        let f = |name: &str| module.load_function(name).map_err(cuda_err);
-        Ok(Arc::new(Kernels {
-            lookup: f("cache_lookup")?,
-            insert: f("cache_insert")?,
-            scatter: f("scatter_rows")?,
-            batch: f("batch_lookup")?,
-            fill: f("batch_fill")?,
-            fill_reset: f("batch_fill_reset")?,
-            batch_h: f("batch_lookup_h")?,
-            scatter_h: f("scatter_rows_h")?,
-            gather_keys: f("gather_keys")?,
-            pool: f("pool_bags")?,
-            pool_h: f("pool_bags_h")?,
-            resident_write: f("resident_write")?,
-            pool_resident: f("pool_resident")?,
-            pool_resident_h: f("pool_resident_h")?,
-            s16: RowKernels {
-                lookup: f("cache_lookup_s16")?,
-                insert: f("cache_insert_s16")?,
-                batch: f("batch_lookup_s16")?,
-                batch_h: f("batch_lookup_h_s16")?,
-                fill: f("batch_fill_s16")?,
-                resident_write: f("resident_write_s16")?,
-                pool_resident: f("pool_resident_s16")?,
-                pool_resident_h: f("pool_resident_h_s16")?,
-            },
-        }))
+        g.ctx.load_module(ptx).map_err(cuda_err)
     }))
     .unwrap_or_else(|p| {
         let msg = p
@@ -98,9 +81,40 @@ fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
             .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
             .unwrap_or_default();
         Err(CudaError::unavailable(format!(
-            "the GPU embedding cache needs the CUDA driver and NVRTC libraries: {msg}"
+            "{needs} needs the CUDA driver and NVRTC libraries: {msg}"
         )))
     })
+}
+
+fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
+    let module = load(g, SOURCE, "the GPU embedding cache")?;
+    let f = |name: &str| module.load_function(name).map_err(cuda_err);
+    Ok(Arc::new(Kernels {
+        lookup: f("cache_lookup")?,
+        insert: f("cache_insert")?,
+        scatter: f("scatter_rows")?,
+        batch: f("batch_lookup")?,
+        fill: f("batch_fill")?,
+        fill_reset: f("batch_fill_reset")?,
+        batch_h: f("batch_lookup_h")?,
+        scatter_h: f("scatter_rows_h")?,
+        gather_keys: f("gather_keys")?,
+        pool: f("pool_bags")?,
+        pool_h: f("pool_bags_h")?,
+        resident_write: f("resident_write")?,
+        pool_resident: f("pool_resident")?,
+        pool_resident_h: f("pool_resident_h")?,
+        s16: RowKernels {
+            lookup: f("cache_lookup_s16")?,
+            insert: f("cache_insert_s16")?,
+            batch: f("batch_lookup_s16")?,
+            batch_h: f("batch_lookup_h_s16")?,
+            fill: f("batch_fill_s16")?,
+            resident_write: f("resident_write_s16")?,
+            pool_resident: f("pool_resident_s16")?,
+            pool_resident_h: f("pool_resident_h_s16")?,
+        },
+    }))
 }
 
 /// State of one device and its kernels, or the reason there is none.
@@ -117,6 +131,22 @@ pub(crate) fn device(id: i32) -> Result<(Arc<GpuState>, Arc<Kernels>)> {
     let once = COMPILED.lock().get_or_insert_with(HashMap::new).entry(id).or_default().clone();
     let k = once.get_or_init(|| compile(&g)).clone()?;
     Ok((g, k))
+}
+
+/// Per device, the batched copy once compiled (or why it could not be).
+// Process-wide for the same reason as COMPILED.
+static COPY_COMPILED: Mutex<Option<HashMap<i32, Arc<CopyCompiled>>>> = Mutex::new(None);
+
+type CopyCompiled = OnceLock<Result<CudaFunction>>;
+
+/// The batched copy (`copy_parts`) of device `id`, compiled on first use.
+pub(crate) fn copy_parts(id: i32) -> Result<CudaFunction> {
+    let once = COPY_COMPILED.lock().get_or_insert_with(HashMap::new).entry(id).or_default().clone();
+    once.get_or_init(|| {
+        let g = gpu(id)?;
+        load(&g, COPY_SOURCE, "the batched copy")?.load_function("copy_parts").map_err(cuda_err)
+    })
+    .clone()
 }
 
 /// Keys a warp of the batch lookup (`batch_lookup*`) takes: 32 / `LOOKUP_LANES` in the
@@ -169,6 +199,15 @@ mod tests {
             let decl = format!("extern \"C\" __global__ void {name}(");
             assert!(super::SOURCE.contains(&decl), "{name}");
         }
+    }
+
+    #[test]
+    fn the_batched_copy_takes_as_many_parts_as_its_launch_passes() {
+        let define = format!("#define COPY_PARTS {}\n", super::COPY_PARTS);
+        assert!(super::COPY_SOURCE.contains(&define), "copy.cu must say {define:?}");
+        assert!(
+            super::COPY_SOURCE.contains("extern \"C\" __global__ void copy_parts(Parts p, int n)")
+        );
     }
 
     #[test]

@@ -313,15 +313,18 @@ pub trait DeviceOps: Send + Sync {
     fn copy(&self, src: Bytes<'_>, dst: BytesMut<'_>) -> Result<()>;
     /// As [`DeviceOps::copy`], but a copy between buffers of one GPU may only be queued:
     /// it is complete once this thread's next [`DeviceOps::finish_copies`] returns, and
-    /// until then neither buffer may be reused or read. Several responses' outputs so cost
-    /// one wait instead of one each.
+    /// until then neither buffer may be reused, written or read. Several responses'
+    /// outputs so cost one launch and one wait instead of one each.
     fn copy_queued(&self, src: Bytes<'_>, dst: BytesMut<'_>) -> Result<()> {
         self.copy(src, dst)
     }
-    /// Waits for every copy this thread queued with [`DeviceOps::copy_queued`].
+    /// Makes and waits for every copy this thread queued with [`DeviceOps::copy_queued`].
     fn finish_copies(&self) -> Result<()> {
         Ok(())
     }
+    /// Forgets, unmade, the copies this thread queued and did not finish (a run that
+    /// unwound between the two): their buffers may be gone.
+    fn discard_queued(&self) {}
     /// Gathers device buffers, in order, into one new buffer on `device`.
     fn gather(&self, device: i32, parts: &[DeviceView<'_>]) -> Result<DeviceBuffer>;
 }

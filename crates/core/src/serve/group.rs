@@ -20,6 +20,9 @@ pub(super) fn run_group<T: Transport>(
     let clock = || if timing { transport.now_ns() } else { 0 };
     let t_start = clock();
     let sink_before = *sink_ns;
+    // copies queued by a run that unwound before its wait are not made into buffers that
+    // may be gone by now
+    transport.device_ops().discard_queued();
     // The batch borrows the requests' buffers, not the slots.
     let mut batch = {
         let group: Vec<&CheckedRequest<'_>> =
