@@ -98,6 +98,53 @@ fn main() {
         hit_path(dim, &mut rng, stored);
     }
     batched_copies(&mut rng);
+    let gpus = triton_rust_cuda::gpu_count().unwrap_or(1);
+    if gpus > 1 {
+        across_gpus(&mut rng, gpus);
+    } else {
+        println!("copies across GPUs: not checked (one GPU)");
+    }
+}
+
+/// A batch's inputs in other GPUs' memory (a client's CUDA shared memory on GPU 0 for an
+/// instance on GPU 1): gathered onto the last GPU from parts on every GPU, and copied from
+/// each GPU to it, against the same bytes on the host.
+fn across_gpus(rng: &mut rand::rngs::SmallRng, gpus: i32) {
+    let home = gpus - 1;
+    let lens: Vec<usize> = (0..40)
+        .map(|i| if i % 2 == 0 { 8 * rng.gen_range(1..60_000) } else { rng.gen_range(1..5000) })
+        .collect();
+    let total: usize = lens.iter().sum();
+    let host: Vec<u8> = (0..total).map(|_| rng.gen()).collect();
+    let mut bufs = Vec::new();
+    for g in 0..gpus {
+        let mut b = Cuda.alloc(g, total).expect("alloc");
+        Cuda.copy(Bytes::Host(&host), BytesMut::Device(b.view_mut())).expect("upload");
+        bufs.push(b);
+    }
+    // part k from GPU k % gpus, at its own offset
+    let (mut views, mut at) = (Vec::new(), 0usize);
+    for (k, &len) in lens.iter().enumerate() {
+        views.push(bufs[k % gpus as usize].view().slice(at..at + len).expect("inside"));
+        at += len;
+    }
+    let gathered = Cuda.gather(home, &views).expect("gather across GPUs");
+    assert_eq!(gathered.device(), home);
+    let mut back = vec![0u8; total];
+    Cuda.copy(Bytes::Device(gathered.view()), BytesMut::Host(&mut back)).expect("download");
+    assert!(
+        back == host,
+        "a gather from {gpus} GPUs onto GPU {home} differs from the host's bytes"
+    );
+    for g in 0..gpus - 1 {
+        let mut dst = Cuda.alloc(home, total).expect("alloc");
+        Cuda.copy(Bytes::Device(bufs[g as usize].view()), BytesMut::Device(dst.view_mut()))
+            .expect("peer copy");
+        let mut back = vec![0u8; total];
+        Cuda.copy(Bytes::Device(dst.view()), BytesMut::Host(&mut back)).expect("download");
+        assert!(back == host, "a copy from GPU {g} to GPU {home} differs");
+    }
+    println!("copies across GPUs: a gather of 40 parts from {gpus} GPUs onto GPU {home}, and whole copies from each GPU to it, equal the host's bytes");
 }
 
 /// The serving path's copies of many parts (a batch's inputs gathered from its requests'

@@ -355,8 +355,9 @@ pub fn check_shared_dims(tensors: &[RequestTensor<'_>], dims: &[(&str, &[String]
 /// A non-batching model runs every request alone.
 pub fn group_by_shape(cfg: &ModelConfig, requests: &[&CheckedRequest<'_>]) -> Vec<Vec<usize>> {
     // Requests batch together when every input has the same non-batch dims and lives in
-    // the same memory (host, or a given GPU): GPU inputs are then gathered on their GPU.
-    type Key<'k> = Vec<(&'k [i64], Device)>;
+    // the same kind of memory (host, or GPU): GPU inputs are then gathered onto the
+    // instance's GPU from whichever GPUs hold them.
+    type Key<'k> = Vec<(&'k [i64], bool)>;
     let mut groups: Vec<(Key<'_>, Vec<usize>)> = Vec::new();
     for (i, r) in requests.iter().enumerate() {
         if !cfg.batching() {
@@ -369,7 +370,7 @@ pub fn group_by_shape(cfg: &ModelConfig, requests: &[&CheckedRequest<'_>]) -> Ve
             .iter()
             .map(|t| {
                 let shape = if cfg.ragged.contains(&t.name) { &[][..] } else { &t.shape[1..] };
-                (shape, device_of(t))
+                (shape, device_of(t).is_host())
             })
             .collect();
         match groups.iter_mut().find(|(k, _)| !k.is_empty() && *k == key) {
@@ -392,8 +393,9 @@ pub enum BatchData<'a> {
     Borrowed(Bytes<'a>),
     /// Requests concatenated into one host buffer.
     Owned(AlignedBuf),
-    /// Several device buffers that make up the input, in order: the execute path
-    /// gathers them into one buffer on that GPU before the engine sees the batch.
+    /// Several device buffers that make up the input, in order (on one GPU or several):
+    /// the execute path gathers them into one buffer on the instance's GPU before the
+    /// engine sees the batch.
     DeviceParts(Vec<DeviceView<'a>>),
     /// Device parts gathered into one buffer.
     Gathered(DeviceBuffer),
@@ -475,13 +477,13 @@ pub fn assemble<'a>(cfg: &ModelConfig, group: &[&CheckedRequest<'a>]) -> Result<
         };
         let data = match (group.len(), proto.chunks.as_slice(), device_of(proto)) {
             (1, [only], _) => BatchData::Borrowed(*only),
-            (_, _, Device::Gpu(id)) => {
+            (_, _, Device::Gpu(_)) => {
                 let mut parts = Vec::new();
                 for r in group {
                     for chunk in &r.tensors[i].chunks {
                         match chunk {
-                            Bytes::Device(v) if v.device() == id => parts.push(*v),
-                            _ => return Err(mixed()),
+                            Bytes::Device(v) => parts.push(*v),
+                            Bytes::Host(_) => return Err(mixed()),
                         }
                     }
                 }

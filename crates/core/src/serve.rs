@@ -158,6 +158,78 @@ pub struct ModelState {
     config: ModelConfig,
     policy: InputPolicy,
     loaded: Arc<dyn LoadedModel>,
+    /// What the model's instances ran, per device (a model's instances on several GPUs).
+    devices: Arc<DeviceCounts>,
+}
+
+/// Executions and rows run per device by one model's instances.
+#[derive(Default)]
+pub struct DeviceCounts {
+    counts: Mutex<Vec<(Device, Arc<RunCounts>)>>,
+}
+
+/// One device's executions and rows (shared by the model's instances there).
+#[derive(Default)]
+struct RunCounts {
+    executions: std::sync::atomic::AtomicU64,
+    rows: std::sync::atomic::AtomicU64,
+}
+
+impl DeviceCounts {
+    /// The counts of `device` (made on first use).
+    fn of(&self, device: Device) -> Arc<RunCounts> {
+        let Ok(mut counts) = self.counts.lock() else { return Arc::default() };
+        if let Some((_, c)) = counts.iter().find(|(d, _)| *d == device) {
+            return c.clone();
+        }
+        let c = Arc::new(RunCounts::default());
+        counts.push((device, c.clone()));
+        c
+    }
+}
+
+impl MetricsSource for DeviceCounts {
+    fn samples(&self) -> Vec<crate::telemetry::MetricSample> {
+        use crate::telemetry::{MetricKind, MetricSample};
+        use std::sync::atomic::Ordering::Relaxed;
+        let Ok(counts) = self.counts.lock() else { return Vec::new() };
+        let mut out = Vec::new();
+        for (device, c) in counts.iter() {
+            let label = match device {
+                Device::Gpu(id) => format!("GPU {id}"),
+                Device::Cpu => "CPU".to_string(),
+            };
+            out.push(MetricSample {
+                family: "rust_device_executions_total",
+                help: "Executions (batches) run by the model's instances on each device",
+                kind: MetricKind::Counter,
+                labels: vec![("device", label.clone())],
+                value: c.executions.load(Relaxed) as f64,
+            });
+            out.push(MetricSample {
+                family: "rust_device_inferences_total",
+                help: "Inferences (batch rows) run by the model's instances on each device",
+                kind: MetricKind::Counter,
+                labels: vec![("device", label)],
+                value: c.rows.load(Relaxed) as f64,
+            });
+        }
+        out
+    }
+}
+
+/// The engine's metrics and the per-device counts, published together.
+struct ModelMetrics {
+    engine: Option<Arc<dyn MetricsSource>>,
+    devices: Arc<DeviceCounts>,
+}
+
+impl MetricsSource for ModelMetrics {
+    fn samples(&self) -> Vec<crate::telemetry::MetricSample> {
+        let mut out = self.engine.as_ref().map(|e| e.samples()).unwrap_or_default();
+        out.extend(self.devices.samples());
+        out
+    }
 }
 
 impl ModelState {
@@ -226,7 +298,8 @@ impl ModelState {
             model_file.display(),
             claim.name()
         );
-        Ok((ModelState { name: ctx.name, config, policy, loaded }, completed))
+        let devices = Arc::default();
+        Ok((ModelState { name: ctx.name, config, policy, loaded, devices }, completed))
     }
 
     pub fn name(&self) -> &str {
@@ -237,9 +310,15 @@ impl ModelState {
         &self.config
     }
 
-    /// What the model publishes (e.g. the embedding store's counters).
+    /// What the model publishes: the engine's (e.g. the embedding store's counters) and,
+    /// for a model with KIND_GPU instances, what its instances ran on each device
+    /// (`rust_device_inferences_total`, `rust_device_executions_total`).
     pub fn metrics_source(&self) -> Option<Arc<dyn MetricsSource>> {
-        self.loaded.metrics_source()
+        let engine = self.loaded.metrics_source();
+        if !self.config.instance_kinds.iter().any(|k| k == "KIND_GPU") {
+            return engine;
+        }
+        Some(Arc::new(ModelMetrics { engine, devices: self.devices.clone() }))
     }
 }
 
@@ -281,6 +360,8 @@ pub struct InstanceState {
     policy: InputPolicy,
     loaded: Arc<dyn LoadedModel>,
     engine: Mutex<Box<dyn Engine>>,
+    /// This device's counts among the model's.
+    counts: Arc<RunCounts>,
 }
 
 impl InstanceState {
@@ -301,6 +382,7 @@ impl InstanceState {
             policy,
             loaded: model.loaded.clone(),
             engine: Mutex::new(engine),
+            counts: model.devices.of(ctx.device),
         })
     }
 
@@ -444,6 +526,11 @@ pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<
     let compute_end = run_end.saturating_sub(sink_ns).max(compute_start);
     let exec_end = transport.now_ns();
     let timing = Timing { exec_start, compute_start, compute_end, exec_end };
+    if rows_run > 0 {
+        use std::sync::atomic::Ordering::Relaxed;
+        inst.counts.executions.fetch_add(1, Relaxed);
+        inst.counts.rows.fetch_add(rows_run, Relaxed);
+    }
     let n = requests.len();
     let ends: Vec<(Option<T::Response>, Result<()>)> =
         slots.into_iter().map(|s| (s.response, s.outcome)).collect();

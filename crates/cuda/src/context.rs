@@ -28,7 +28,15 @@ static DEVICES: Mutex<Option<HashMap<i32, Arc<GpuState>>>> = Mutex::new(None);
 
 /// The device's state, its context bound to the calling thread.
 pub fn gpu(device: i32) -> Result<Arc<GpuState>> {
-    let state = {
+    let state = state(device)?;
+    state.ctx.bind_to_thread().map_err(cuda_err)?;
+    Ok(state)
+}
+
+/// The device's state (made on first use), whatever context the calling thread has bound
+/// afterwards: callers that go on with another device bind that one last.
+pub(crate) fn state(device: i32) -> Result<Arc<GpuState>> {
+    Ok({
         let mut guard = DEVICES.lock();
         let map = guard.get_or_insert_with(HashMap::new);
         match map.get(&device) {
@@ -48,9 +56,16 @@ pub fn gpu(device: i32) -> Result<Arc<GpuState>> {
                 s
             }
         }
-    };
-    state.ctx.bind_to_thread().map_err(cuda_err)?;
-    Ok(state)
+    })
+}
+
+/// How many GPUs the driver shows this process.
+pub fn gpu_count() -> Result<i32> {
+    catch_unwind(CudaContext::device_count)
+        .map_err(|_| {
+            CudaError::unavailable("the CUDA driver library (libcuda.so) could not be loaded")
+        })?
+        .map_err(cuda_err)
 }
 
 thread_local! {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cudarc::driver::{result, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use crate::buffer::{DeviceMem, DevicePtr};
-use crate::context::{copy_stream, cuda_err, gpu};
+use crate::context::{copy_stream, cuda_err, gpu, state};
 use crate::error::{CudaError, Result};
 use crate::kernels;
 use crate::mem::{copy_host, Bytes, BytesMut, DeviceBuffer, DeviceOps, DeviceView};
@@ -107,6 +107,61 @@ fn copy_dtod(device: i32, dst: DevicePtr<'_>, src: DevicePtr<'_>, len: usize) ->
     }
     let stream = copy_stream(device)?;
     dtod_on(&stream, dst, src, len)?;
+    stream.synchronize().map_err(cuda_err)
+}
+
+/// Queues on `stream` (of GPU `dst_device`) a copy of part `p` from GPU `src_device`'s
+/// memory: over NVLink or PCIe where the two GPUs can reach each other, staged by the
+/// driver where they cannot. Both ranges are live memory of `p.len` bytes (the callers').
+fn peer_on(stream: &CudaStream, dst_device: i32, src_device: i32, p: Part) -> Result<()> {
+    use cudarc::driver::sys::{cuMemcpyPeerAsync, CUresult};
+    if p.len == 0 {
+        return Ok(());
+    }
+    let (to, from) = (state(dst_device)?, state(src_device)?);
+    // SAFETY: the contexts are the two devices' primary ones, alive in the registry; the
+    // ranges are the callers'.
+    let r = unsafe {
+        cuMemcpyPeerAsync(
+            p.dst,
+            to.ctx.cu_ctx(),
+            p.src,
+            from.ctx.cu_ctx(),
+            p.len as usize,
+            stream.cu_stream(),
+        )
+    };
+    match r {
+        CUresult::CUDA_SUCCESS => Ok(()),
+        e => Err(CudaError::driver(
+            e as i32,
+            format!(
+                "CUDA: copy of {} bytes from GPU {src_device} to GPU {dst_device}: {e:?}",
+                p.len
+            ),
+        )),
+    }
+}
+
+/// Copies `len` bytes from GPU `src_device`'s memory at `src` to GPU `dst_device`'s at
+/// `dst`; done when it returns.
+fn copy_peer(
+    dst_device: i32,
+    dst: DevicePtr<'_>,
+    src_device: i32,
+    src: DevicePtr<'_>,
+    len: usize,
+) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let stream = copy_stream(dst_device)?;
+    peer_on(
+        &stream,
+        dst_device,
+        src_device,
+        Part { src: src.raw(), dst: dst.raw(), len: len as u64 },
+    )?;
     stream.synchronize().map_err(cuda_err)
 }
 
@@ -229,12 +284,13 @@ impl DeviceOps for Cuda {
             (Bytes::Device(s), BytesMut::Device(d)) if s.device() == d.device() => {
                 copy_dtod(d.device(), DevicePtr::of_view_mut(&d)?, DevicePtr::of_view(&s)?, s.len())
             }
-            (Bytes::Device(s), BytesMut::Device(d)) => {
-                // another GPU: through the host (rare: Triton places a step's buffers on its device)
-                let mut staged = vec![0u8; s.len()];
-                copy_dtoh(s.device(), &mut staged, DevicePtr::of_view(&s)?)?;
-                copy_htod(d.device(), DevicePtr::of_view_mut(&d)?, &staged)
-            }
+            (Bytes::Device(s), BytesMut::Device(d)) => copy_peer(
+                d.device(),
+                DevicePtr::of_view_mut(&d)?,
+                s.device(),
+                DevicePtr::of_view(&s)?,
+                s.len(),
+            ),
         }
     }
 
@@ -296,22 +352,24 @@ impl DeviceOps for Cuda {
         let stream = copy_stream(device)?;
         let base = out.ptr();
         let mut at = 0usize;
-        let mut copies = Vec::with_capacity(parts.len());
+        let (mut copies, mut from_peers) = (Vec::with_capacity(parts.len()), Vec::new());
         for p in parts {
-            if p.device() != device {
-                return Err(CudaError::internal(format!(
-                    "gather on GPU {device} was given a buffer on GPU {}",
-                    p.device()
-                )));
-            }
             if !p.is_empty() {
                 let src = DevicePtr::of_view(p)?.raw();
-                copies.push(Part { src, dst: base.at(at).raw(), len: p.len() as u64 });
+                let part = Part { src, dst: base.at(at).raw(), len: p.len() as u64 };
+                if p.device() == device {
+                    copies.push(part);
+                } else {
+                    from_peers.push((p.device(), part));
+                }
             }
             at += p.len();
         }
-        // each part is a live view on `device`; the new buffer has room for all
+        // each part is a live view on its device; the new buffer has room for all
         copy_all(device, &stream, &copies)?;
+        for &(from, part) in &from_peers {
+            peer_on(&stream, device, from, part)?;
+        }
         let queued = clock.map(|c| c.elapsed());
         stream.synchronize().map_err(cuda_err)?;
         if let (Some(c), Some(q)) = (clock, queued) {

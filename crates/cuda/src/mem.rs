@@ -325,7 +325,8 @@ pub trait DeviceOps: Send + Sync {
     /// Forgets, unmade, the copies this thread queued and did not finish (a run that
     /// unwound between the two): their buffers may be gone.
     fn discard_queued(&self) {}
-    /// Gathers device buffers, in order, into one new buffer on `device`.
+    /// Gathers device buffers, in order, into one new buffer on `device`; parts may lie
+    /// on other GPUs.
     fn gather(&self, device: i32, parts: &[DeviceView<'_>]) -> Result<DeviceBuffer>;
 }
 

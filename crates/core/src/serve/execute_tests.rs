@@ -174,6 +174,80 @@ fn gpu_resident_inputs_are_gathered_on_their_device_and_answered_there() {
 }
 
 #[test]
+fn inputs_on_another_gpu_reach_the_engine_on_its_own() {
+    let (m, factory) = model("KIND_GPU");
+    let inst = InstanceState::new(
+        &m,
+        InstanceContext { name: "doubler_gpu1".into(), device: Device::Gpu(1) },
+    )
+    .unwrap();
+    // a client's CUDA shared memory on GPU 0 or 1; Triton hands the buffers over as they are
+    let server = FakeServer::default();
+    execute(
+        &inst,
+        &server,
+        vec![
+            request("on0", &[1, 2], &[1.0, 2.0], Some(0)),
+            request("on1", &[2, 2], &[3.0, 4.0, 5.0, 6.0], Some(1)),
+            request("also0", &[1, 2], &[7.0, 8.0], Some(0)),
+        ],
+    );
+    // one batch, gathered onto GPU 1 from both GPUs
+    assert_eq!(*factory.runs.lock().unwrap(), vec![(4, Device::Gpu(1))]);
+    assert_eq!(server.device.gathers.load(Ordering::Relaxed), 1);
+    let sent = server.sent.borrow();
+    for (id, want) in
+        [("on0", vec![2.0, 4.0]), ("on1", vec![6.0, 8.0, 10.0, 12.0]), ("also0", vec![14.0, 16.0])]
+    {
+        let s = sent.iter().find(|s| s.0 == id).unwrap();
+        assert!(s.1.is_ok(), "{id}: {:?}", s.1);
+        assert_eq!(floats(&s.2[0].2), want, "{id}");
+    }
+    drop(sent);
+    // a lone request on GPU 0 is moved too: the engine never sees another GPU's memory
+    execute(&inst, &server, vec![request("alone0", &[1, 2], &[9.0, 1.0], Some(0))]);
+    assert_eq!(factory.runs.lock().unwrap()[1], (1, Device::Gpu(1)));
+    assert_eq!(server.device.gathers.load(Ordering::Relaxed), 2);
+    let sent = server.sent.borrow();
+    assert_eq!(floats(&sent.iter().find(|s| s.0 == "alone0").unwrap().2[0].2), vec![18.0, 2.0]);
+    // and one already on the instance's GPU is used in place
+    drop(sent);
+    execute(&inst, &server, vec![request("alone1", &[1, 2], &[1.0, 1.0], Some(1))]);
+    assert_eq!(server.device.gathers.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn a_gpu_model_counts_what_its_instances_ran_on_each_device() {
+    let (m, _) = model("KIND_GPU");
+    let on = |id| {
+        InstanceState::new(
+            &m,
+            InstanceContext { name: format!("doubler_{id}"), device: Device::Gpu(id) },
+        )
+        .unwrap()
+    };
+    let (gpu0, gpu1, also1) = (on(0), on(1), on(1));
+    let server = FakeServer::default();
+    execute(&gpu0, &server, vec![request("a", &[2, 2], &[1.0, 2.0, 3.0, 4.0], Some(0))]);
+    execute(&gpu1, &server, vec![request("b", &[1, 2], &[1.0, 2.0], Some(0))]);
+    execute(&also1, &server, vec![request("c", &[3, 2], &[1.0; 6], Some(1))]);
+    // a refused request runs nothing
+    execute(&also1, &server, vec![request("bad", &[1, 2], &[13.0, 0.0], Some(1))]);
+    let samples = m.metrics_source().expect("a KIND_GPU model publishes").samples();
+    let value = |family: &str, device: &str| {
+        samples
+            .iter()
+            .find(|s| s.family == family && s.labels == vec![("device", device.to_string())])
+            .map(|s| s.value)
+    };
+    assert_eq!(value("rust_device_inferences_total", "GPU 0"), Some(2.0));
+    assert_eq!(value("rust_device_inferences_total", "GPU 1"), Some(4.0));
+    assert_eq!(value("rust_device_executions_total", "GPU 1"), Some(2.0));
+    let (cpu, _) = model("KIND_CPU");
+    assert!(cpu.metrics_source().is_none(), "a CPU model publishes only what its engine has");
+}
+
+#[test]
 fn a_gpu_engine_learns_whether_responses_want_its_outputs_on_the_host() {
     let (m, factory) = model("KIND_GPU");
     let inst = InstanceState::new(

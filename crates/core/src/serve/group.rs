@@ -30,11 +30,29 @@ pub(super) fn run_group<T: Transport>(
         assemble(cfg, &group)?
     };
     let t_gather = clock();
-    // GPU inputs of several requests: gathered into one buffer on their GPU.
+    // GPU inputs: gathered into one buffer on the instance's GPU, where its engine reads
+    // them, from wherever they lie (a client's CUDA shared memory may be on another GPU);
+    // a KIND_CPU instance's on the GPU of their first part
+    let home = match device {
+        Device::Gpu(id) => Some(id),
+        Device::Cpu => None,
+    };
     for t in &mut batch.tensors {
-        if let BatchData::DeviceParts(parts) = &t.data {
-            let device = parts.first().map_or(0, |p| p.device());
-            t.data = BatchData::Gathered(transport.device_ops().gather(device, parts)?);
+        let moved = match &t.data {
+            BatchData::DeviceParts(parts) => {
+                let to = home.or(parts.first().map(|p| p.device())).unwrap_or(0);
+                Some(transport.device_ops().gather(to, parts)?)
+            }
+            BatchData::Borrowed(Bytes::Device(v)) => match home {
+                Some(to) if to != v.device() => {
+                    Some(transport.device_ops().gather(to, std::slice::from_ref(v))?)
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        if let Some(b) = moved {
+            t.data = BatchData::Gathered(b);
         }
     }
     let mut names: Vec<String> = Vec::new();
