@@ -10,6 +10,7 @@ the embedding store with its GPU cache — compares every output with torch eage
 same GPU, and prints: model, precision, max abs diff, throughput at one batch size
 through the server, the same model run bare in torch, and their ratio."""
 import argparse
+import ctypes
 import os
 import subprocess
 import sys
@@ -171,6 +172,44 @@ def concurrent_check(port, ensemble, feeds, eager, threads=8, per_thread=6, rows
           f"{after['inference_count'] - before['inference_count']} rows; max abs diff {worst[0]:.3e}")
 
 
+def infer_through_cuda_shm(client, name, feeds, outputs, gpu):
+    """`client.infer` with every input written into one CUDA shared-memory region on GPU `gpu`
+    and the outputs (as large as the body's answer) written into another there, then read back."""
+    from cuda_shm import Region
+    shapes = client.infer(name, feeds, outputs)  # the outputs' sizes, from an answer in the body
+    sizes = [int(np.asarray(shapes[o]).nbytes) for o in outputs]
+    align = lambda n: (n + 255) // 256 * 256  # noqa: E731
+    in_sizes = [align(np.ascontiguousarray(v).nbytes) for v in feeds.values()]
+    rt, check = __import__("cuda_shm").cudart()
+    was = ctypes.c_int()
+    check("cudaGetDevice", rt.cudaGetDevice(ctypes.byref(was)))
+    check("cudaSetDevice", rt.cudaSetDevice(gpu))
+    try:
+        with Region(client, f"in_{name}", sum(in_sizes), gpu) as rin, \
+                Region(client, f"out_{name}", sum(align(n) for n in sizes), gpu) as rout:
+            whole, shm, at = bytearray(sum(in_sizes)), {}, 0
+            for (k, v), n in zip(feeds.items(), in_sizes):
+                v = np.ascontiguousarray(v)
+                whole[at:at + v.nbytes] = v.tobytes()
+                shm[k] = (rin.name, at, v.nbytes, v.shape, v.dtype)
+                at += n
+            rin.write(np.frombuffer(bytes(whole), np.uint8))
+            out_shm, at = {}, 0
+            for o, n in zip(outputs, sizes):
+                out_shm[o] = (rout.name, at, n)
+                at += align(n)
+            meta = client.infer(name, {}, outputs, shm=shm, out_shm=out_shm)
+            raw = rout.read((at,), np.uint8)
+            got = {}
+            for o in outputs:
+                shape, dtype = meta[o]
+                _, off, n = out_shm[o]
+                got[o] = raw[off:off + n].view(dtype).reshape(shape)
+            return got
+    finally:
+        check("cudaSetDevice", rt.cudaSetDevice(was.value))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--server", required=True)
@@ -185,6 +224,10 @@ def main():
     p.add_argument("--ort-lib", default="", help="onnxruntime-gpu's libonnxruntime.so: also serve the ONNX models of "
                    "examples/ (ResNet50 and BERT-large, FP32 and FP16, against ONNX Runtime on the CPU; the "
                    "recommenders' ensembles with their ONNX dense step) on KIND_GPU")
+    p.add_argument("--inputs-on-gpu", type=int, default=-1,
+                   help="send each checked request's inputs, and take its outputs, through CUDA shared memory on this "
+                        "GPU (with --gpus naming another: the instances take them from a peer's memory); default: in "
+                        "the request's body")
     a = p.parse_args()
     global GPUS
     GPUS = ", ".join(a.gpus.split(","))
@@ -323,7 +366,8 @@ parameters {{ key: "gpucacheper" value {{ string_value: "0.5" }} }}
         print(f"server ready after loading {len(cases)} models ({time.time() - t0:.0f} s)")
         for label, prec, name, feeds, outputs, eager, b in cases:
             with torch.no_grad():
-                got = c.infer(name, feeds, outputs)
+                got = c.infer(name, feeds, outputs) if a.inputs_on_gpu < 0 else \
+                    infer_through_cuda_shm(c, name, feeds, outputs, a.inputs_on_gpu)
                 ref = [r.float().cpu().numpy() if r.is_floating_point() else r.cpu().numpy() for r in eager()]
                 diff = max(float(np.abs(got[o].astype(np.float64) - ref[i].astype(np.float64)).max()) for i, o in enumerate(outputs))
                 srv = float("nan") if a.quick else server_rate(c, name, feeds, outputs, b)
@@ -339,6 +383,9 @@ parameters {{ key: "gpucacheper" value {{ string_value: "0.5" }} }}
     print(f"{'model':<14} {'precision':<9} {'max abs diff':>12} {'tolerance':>9} {'batch':>6} {'server items/s':>15} {'bare torch items/s':>18} {'ratio':>6}")
     for label, prec, diff, b, srv, bare in rows:
         print(f"{label:<14} {prec:<9} {diff:>12.3e} {TOL[prec]:>9.0e} {b:>6} {srv:>15,.0f} {bare:>18,.0f} {srv / bare:>6.2f}")
+    if a.inputs_on_gpu >= 0:
+        print(f"\nevery checked request's inputs and outputs were in CUDA shared memory on GPU {a.inputs_on_gpu}; "
+              f"the instances are on GPU(s) {GPUS}")
     placed = [l.strip() for l in open(log_path) if "ready on Gpu" in l]
     print("\ninstances and their devices (server log):")
     for l in placed:

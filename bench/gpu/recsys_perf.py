@@ -110,7 +110,7 @@ def prepare_models(a, sweep, rows, fixture, repo, rows_type, device, setup, pool
                      tuple(int(x) for x in a.key_upload.split(",")) if a.key_upload else None,
                      [tuple(kv.split("=", 1)) for kv in a.torch_param], one_pt2=pt2,
                      hit_rate_threshold=a.hit_rate_threshold, cache_sharing=a.cache_sharing,
-                     cache_rows_type=a.cache_rows)
+                     cache_rows_type=a.cache_rows, gpus=a.gpus)
         if device == "cuda" and not a.no_ceiling:
             print(f"ceiling: {m} bare in torch, every table in HBM ({setup['table_gb_fp16']:.1f} GB fp16; "
                   "the TorchScript network)", flush=True)

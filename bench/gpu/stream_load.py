@@ -116,14 +116,16 @@ def percentile(sorted_ms, q):
 
 
 def run(client_of, scrape, model, rows, batch, requests, alpha, seed, concurrency, passes=1, gpu=True, device=0,
-        log=print, client_bin=None, url=None):
+        log=print, client_bin=None, url=None, devices=None):
     """Draws a pool of `requests` distinct requests into GPU memory (`gpu`; else POSIX shared
     memory, for CPU instances), warms the cache with one pass, then measures `passes` passes at
     each number of requests in flight that `concurrency` lists, in turn (one result each).
     `client_of()`: a new kserve_client.Client; `scrape()`: (keys looked up, cache hits) from the
     server's metrics; `client_bin`, `url`: the compiled sender (examples/stream_client.rs) and
-    the server's HTTP address, else Python threads send. Returns a list, one {inferences_per_s,
-    p50/p90/p95/p99 ms, hit_rate, pool_requests, pool_gb, client, ...} per entry of `concurrency`."""
+    the server's HTTP address, else Python threads send; `devices()`: {device: inferences run
+    there} from the server's metrics, for per-device rates. Returns a list, one {inferences_per_s,
+    p50/p90/p95/p99 ms, hit_rate, pool_requests, pool_gb, client, per_device, ...} per entry of
+    `concurrency`."""
     import torch
 
     req_bytes = batch * TABLES * 8
@@ -224,8 +226,11 @@ def run(client_of, scrape, model, rows, batch, requests, alpha, seed, concurrenc
         for level in concurrency:  # the stream goes on where the last level left it: the cache stays warm
             latencies.clear()
             k0, h0 = scrape()
+            d0 = devices() if devices else {}
             seconds = send(requests * passes, level)
             k1, h1 = scrape()
+            d1 = devices() if devices else {}
+            per_device = {d: (d1[d] - d0.get(d, 0.0)) / seconds for d in sorted(d1)}
             lat = sorted(latencies)
             results.append({"inferences_per_s": requests * passes * batch / seconds, "seconds": seconds,
                             "warmup_seconds": warm_s, "p50_ms": percentile(lat, 50), "p90_ms": percentile(lat, 90),
@@ -233,6 +238,7 @@ def run(client_of, scrape, model, rows, batch, requests, alpha, seed, concurrenc
                             "hit_rate": (h1 - h0) / (k1 - k0) if k1 > k0 else None, "pool_requests": requests,
                             "pool_lookups_per_table": requests * batch, "pool_gb": requests * req_bytes / 1e9,
                             "concurrency": level, "passes": passes, "drawn_seconds": drawn_s,
+                            "per_device": per_device,
                             "client": "stream_client (compiled)" if client_bin else "Python threads"})
         return results
     finally:

@@ -22,6 +22,18 @@ def scrape(port, model):
     return keys, hits
 
 
+def device_counts(port, model):
+    """{device: inferences run there} of `model`'s instances, from the backend's
+    rust_device_inferences_total (KIND_GPU models)."""
+    text = urllib.request.urlopen(f"http://localhost:{port + 2}/metrics", timeout=30).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("rust_device_inferences_total") and f'model="{model}"' in line:
+            device = line.split('device="', 1)[1].split('"', 1)[0]
+            out[device] = out.get(device, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def model_stats(client, models):
     """{model: (count, compute_input_ns, compute_infer_ns, compute_output_ns, queue_ns)} from Triton."""
     out = {}

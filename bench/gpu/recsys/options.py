@@ -79,6 +79,10 @@ def parse(description, argv=None):
     p.add_argument("--no-final-exactness", action="store_true",
                    help="skip the exactness checks after the runs (those before them still run)")
     p.add_argument("--kind", default="KIND_GPU")
+    p.add_argument("--gpus", default="",
+                   help="the GPUs of every KIND_GPU instance group, e.g. 0 or 0,1 (--one-instances on each; a cache "
+                        "per GPU); default: every GPU the server sees. The endless stream's keys stay in GPU 0's "
+                        "memory, so instances on other GPUs take them from there")
     p.add_argument("--precision", default="fp16")
     p.add_argument("--rows-type", default="", choices=["", "fp32", "fp16"],
                    help="the embeddings between lookup and network (default: fp16 with an fp16 network, else fp32)")

@@ -13,7 +13,7 @@ def tensor(name, dtype, dims):
 
 def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, graphs=False, host_memory="mapped", graph_rows=(),
                  one_instances=1, rows_type="TYPE_FP32", pipeline_parts=1, key_upload=None, torch_params=(), one_pt2=None,
-                 hit_rate_threshold="", cache_sharing="device", cache_rows_type="fp32"):
+                 hit_rate_threshold="", cache_sharing="device", cache_rows_type="fp32", gpus=""):
     """<name>_sparse, <name>_dense, <name>_ens and <name>_one, all without batching; `one_pt2`:
     the single model's network as an AOTInductor package (dense.pt2) instead of the TorchScript
     file the ensemble's network serves. Every
@@ -38,10 +38,13 @@ def write_models(repo, name, dense_pt, fixture, dim, share, kind, allocation, gr
         piece, tasks = key_upload
         store += [f'parameters {{ key: "gpu_key_piece" value {{ string_value: "{piece}" }} }}',
                   f'parameters {{ key: "gpu_key_upload_tasks" value {{ string_value: "{tasks}" }} }}']
-    group = f"instance_group [ {{ count: 1 kind: {kind} }} ]"
+    # `gpus` (e.g. "0,1"): the instance groups' devices, `count` instances on each; empty:
+    # Triton's default, `count` on every GPU it sees
+    on = f" gpus: [ {', '.join(gpus.split(','))} ]" if gpus and kind == "KIND_GPU" else ""
+    group = f"instance_group [ {{ count: 1 kind: {kind}{on} }} ]"
     # the single model's instances: they share one cache per GPU (gpucache_sharing device),
     # or each holds its own of the same share (instance)
-    one_group = f"instance_group [ {{ count: {one_instances} kind: {kind} }} ]"
+    one_group = f"instance_group [ {{ count: {one_instances} kind: {kind}{on} }} ]"
     # the network's CUDA graphs: one per request shape (no batching), captured at its first
     # request; with graph_rows only for requests of those rows (graph_spec's batch sizes)
     spec = f" graph_spec [ {', '.join(f'{{ batch_size: {r} }}' for r in graph_rows)} ]" if graph_rows else ""

@@ -5,7 +5,7 @@ import math
 import os
 
 from .fixture import SEED, TABLES
-from .measure import gap_text, scrape
+from .measure import device_counts, gap_text, scrape
 
 
 def stream_check(a, m, batch, alpha, rows, plan, streams, out_dir):
@@ -21,7 +21,8 @@ def stream_check(a, m, batch, alpha, rows, plan, streams, out_dir):
     client_bin = a.stream_client if a.stream_client and os.path.exists(a.stream_client) else None
     results = stream_load.run(lambda: Client(f"localhost:{a.port}"), lambda: scrape(a.port, f"{m}_sparse"), f"{m}_one",
                               rows, batch, requests, alpha, SEED + 17, a.stream_levels, a.stream_passes,
-                              gpu=a.kind == "KIND_GPU", client_bin=client_bin, url=f"localhost:{a.port}")
+                              gpu=a.kind == "KIND_GPU", client_bin=client_bin, url=f"localhost:{a.port}",
+                              devices=lambda: device_counts(a.port, f"{m}_one"))
     for r in results:
         r.update({"model": m, "batch": batch, "alpha": alpha, "lru_hit_rate": lru, "pool_needed_requests": need})
         streams.append(r)
@@ -32,6 +33,8 @@ def stream_check(a, m, batch, alpha, rows, plan, streams, out_dir):
         print(f"  {m + '_one':<10} a={alpha:<4} b={batch:<6} c={r['concurrency']:<2} {r['inferences_per_s'] / 1e6:7.2f} M inf/s  "
               f"p99 {r['p99_ms']:8.2f} ms  hit rate {r['hit_rate'] if r['hit_rate'] is None else round(r['hit_rate'], 4)}  "
               f"endless stream (stream_load.py, HTTP, {r['client']}; not perf_analyzer)", flush=True)
+        if len(r["per_device"]) > 1:
+            print("      per device: " + ", ".join(f"{d} {v / 1e6:.2f} M inf/s" for d, v in r["per_device"].items()), flush=True)
         print(f"      p50 {r['p50_ms']:.2f} ms, p90 {r['p90_ms']:.2f}, p95 {r['p95_ms']:.2f}; a pool of {requests} distinct requests "
               f"({r['pool_lookups_per_table']:,} lookups per table, {r['pool_gb']:.1f} GB of keys in {'GPU' if a.kind == 'KIND_GPU' else 'shared'} memory; the stream's rate "
               f"needs {need}), one pass to warm, {a.stream_passes} measured; the endless stream's LRU rate {lru:.4f}: "
