@@ -177,7 +177,8 @@ def infer_through_cuda_shm(client, name, feeds, outputs, gpu):
     and the outputs (as large as the body's answer) written into another there, then read back."""
     from cuda_shm import Region
     shapes = client.infer(name, feeds, outputs)  # the outputs' sizes, from an answer in the body
-    sizes = [int(np.asarray(shapes[o]).nbytes) for o in outputs]
+    # twice the body's answer: an output of variable length (FastPitch's) may come out longer
+    sizes = [2 * int(np.asarray(shapes[o]).nbytes) for o in outputs]
     align = lambda n: (n + 255) // 256 * 256  # noqa: E731
     in_sizes = [align(np.ascontiguousarray(v).nbytes) for v in feeds.values()]
     rt, check = __import__("cuda_shm").cudart()
@@ -203,7 +204,7 @@ def infer_through_cuda_shm(client, name, feeds, outputs, gpu):
             got = {}
             for o in outputs:
                 shape, dtype = meta[o]
-                _, off, n = out_shm[o]
+                off, n = out_shm[o][1], int(np.prod(shape)) * np.dtype(dtype).itemsize
                 got[o] = raw[off:off + n].view(dtype).reshape(shape)
             return got
     finally:
