@@ -230,7 +230,12 @@ def run(client_of, scrape, model, rows, batch, requests, alpha, seed, concurrenc
             seconds = send(requests * passes, level)
             k1, h1 = scrape()
             d1 = devices() if devices else {}
-            per_device = {d: (d1[d] - d0.get(d, 0.0)) / seconds for d in sorted(d1)}
+            # each device's share of what the model's instances ran, times the stream's rate
+            # (a non-batching model counts one inference a request, whatever its rows)
+            ran = {d: d1[d] - d0.get(d, 0.0) for d in sorted(d1)}
+            whole = sum(ran.values())
+            rate = requests * passes * batch / seconds
+            per_device = {d: rate * v / whole for d, v in ran.items()} if whole > 0 else {}
             lat = sorted(latencies)
             results.append({"inferences_per_s": requests * passes * batch / seconds, "seconds": seconds,
                             "warmup_seconds": warm_s, "p50_ms": percentile(lat, 50), "p90_ms": percentile(lat, 90),
