@@ -53,6 +53,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import dlrm_v2  # noqa: E402
+from recsys.measure import device_counts  # noqa: E402
 import dlrm_v2_report  # noqa: E402
 import zipf_keys  # noqa: E402
 from recsys.cache import cache_rows, lru_table, stationary_hit_rate  # noqa: E402
@@ -113,6 +114,9 @@ def parse(argv=None):
                    help="gpucache_allocation (default: per_table at --cache 1, each table's rows exactly; store below, "
                         "the small tables whole)")
     p.add_argument("--instances", type=int, default=2, help="dlrm_v2's KIND_GPU instances (one cache per GPU, shared)")
+    p.add_argument("--gpus", default="", help="the GPUs of the instance groups, e.g. 0 or 0,1 (--instances on each, every "
+                   "row in each GPU's HBM: replicated); default: every GPU the server sees. Clients' inputs stay on "
+                   "GPU 0; per-GPU rates from rust_device_inferences_total")
     p.add_argument("--max-queue-delay-us", type=int, default=200)
     p.add_argument("--max-batch", type=int, default=16384, help="max_batch_size of dlrm_v2 and dlrm_v2_lookup, in pairs")
     p.add_argument("--graph-batches", default="auto",
@@ -325,7 +329,8 @@ def write_repository(a, repo, fixture, package, graphs):
              param("gpucache_sharing", "device"), param("gpucache_row_type", "fp16"),
              # both models open one store: the rows are in memory once
              param("store_name", os.path.basename(os.path.normpath(fixture))), param("host_memory", "mapped")]
-    group = f"instance_group [ {{ count: {a.instances} kind: KIND_GPU }} ]"
+    on = f" gpus: [ {', '.join(a.gpus.split(','))} ]" if a.gpus else ""
+    group = f"instance_group [ {{ count: {a.instances} kind: KIND_GPU{on} }} ]"
     batching = f"dynamic_batching {{ max_queue_delay_microseconds: {a.max_queue_delay_us} }}"
 
     text = dlrm_v2.config("dlrm_v2", a.max_batch, "KIND_GPU", "dense.pt2")
@@ -452,6 +457,7 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
            "--input-data", data, "--measurement-interval", str(a.interval_ms), "--max-trials", "6"]
     stats_model = "dlrm_v2_lookup" if kind == "lookup" else "dlrm_v2"
     k0, h0 = scrape(a.port, stats_model)
+    d0 = device_counts(a.port, stats_model)
     s0 = server_stats(client, stats_model)
     log_at = log_size(a)
     c0 = cpu_sample(a)
@@ -473,6 +479,7 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     cpu = cpu_use(c0, cpu_sample(a), seconds)
     time.sleep(0.6)  # the backend publishes its metrics every 250 ms
     k1, h1 = scrape(a.port, stats_model)
+    d1 = device_counts(a.port, stats_model)
     s1 = server_stats(client, stats_model)
     if p.returncode != 0 or not os.path.exists(raw):
         print(p.stdout[-3000:], p.stderr[-2000:], flush=True)
@@ -493,7 +500,7 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
          "pairs_per_execution": delta["inferences"] / delta["executions"] if delta["executions"] else None,
          "server_ms_per_request": {k: delta[k] / delta["requests"] / 1e6 for k in
                                    ("queue", "compute_input", "compute_infer", "compute_output")} if delta["requests"] else {},
-         "seconds": seconds, "pool": os.path.basename(data), "cpu": cpu}
+         "seconds": seconds, "pool": os.path.basename(data), "cpu": cpu, "per_device": per_device(d0, d1, pairs)}
     if a.verbose or a.timing:
         r["timing"] = timing_of_run(a, log_at)
     runs.append(r)
@@ -501,8 +508,23 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     pe = "-" if r["pairs_per_execution"] is None else f"{r['pairs_per_execution']:,.0f}"
     print(f"  {kind:<17} c={conc:<3} {pairs / 1e6:7.2f} M pairs/s {queries:9,.0f} queries/s {pairs * WIDTH / 1e9:6.2f} "
           f"G lookups/s  p50 {r['p50_ms']:7.2f}  p99 {r['p99_ms']:7.2f} ms  hit rate {hr}  {pe} pairs per execution"
-          + ("" if stability == 10 else f"  (-s {stability})") + f"\n    {cpu_text(cpu)}", flush=True)
+          + ("" if stability == 10 else f"  (-s {stability})") + f"\n    {cpu_text(cpu)}" + device_text(r), flush=True)
     return r
+
+
+def per_device(d0, d1, rate):
+    """{device: its share of the inferences run between two device_counts, times `rate`}."""
+    ran = {d: d1[d] - d0.get(d, 0.0) for d in sorted(d1)}
+    whole = sum(ran.values())
+    return {d: rate * v / whole for d, v in ran.items()} if whole > 0 else {}
+
+
+def device_text(r):
+    """A line of pairs/s per GPU where a run used several."""
+    per = r.get("per_device") or {}
+    if len(per) < 2:
+        return ""
+    return "\n    per GPU: " + ", ".join(f"{d} {v / 1e6:.2f} M pairs/s" for d, v in per.items())
 
 
 def cpu_sample(a):
@@ -683,22 +705,25 @@ def stream_phase(a, client, rows, plan, res, failures):
                 continue
             count = max(n, math.ceil(rate * a.stream_seconds / QUERY))
             k0, h0 = scrape(a.port, "dlrm_v2")
+            d0 = device_counts(a.port, "dlrm_v2")
             c0 = cpu_sample(a)
             seconds, lat = send(count, c)
             cpu = cpu_use(c0, cpu_sample(a), seconds)
             time.sleep(0.6)
             k1, h1 = scrape(a.port, "dlrm_v2")
+            d1 = device_counts(a.port, "dlrm_v2")
             rate = count * QUERY / seconds
             r = {"kind": "stream", "model": "dlrm_v2", "batch": QUERY, "concurrency": c, "pairs_per_s": rate,
                  "queries_per_s": count / seconds, "lookups_per_s": rate * WIDTH,
                  **{f"p{q}_ms": stream_load.percentile(lat, q) for q in (50, 90, 95, 99)},
                  "hit_rate": (h1 - h0) / (k1 - k0) if k1 > k0 else None, "expected_hit_rate": expected,
-                 "pool_queries": n, "pool_gb": n * qbytes / 1e9, "queries": count, "seconds": seconds, "cpu": cpu}
+                 "pool_queries": n, "pool_gb": n * qbytes / 1e9, "queries": count, "seconds": seconds, "cpu": cpu,
+                 "per_device": per_device(d0, d1, rate)}
             res["stream"].append(r)
             hr = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.4f}"
             print(f"  stream            c={c:<3} {rate / 1e6:7.2f} M pairs/s {r['queries_per_s']:9,.0f} queries/s "
                   f"{r['lookups_per_s'] / 1e9:6.2f} G lookups/s  p50 {r['p50_ms']:7.2f}  p99 {r['p99_ms']:7.2f} ms  "
-                  f"hit rate {hr} (expected {expected:.4f})\n    {cpu_text(cpu)}", flush=True)
+                  f"hit rate {hr} (expected {expected:.4f})\n    {cpu_text(cpu)}" + device_text(r), flush=True)
             save_json(a, res)
     except Exception as e:  # noqa: BLE001 - the stream is one figure among several: said, counted, the run goes on
         print(f"  the endless stream failed: {e}", flush=True)
@@ -903,7 +928,7 @@ def main():
              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "scale": a.scale, "rows": sum(rows),
              "rows_per_table": rows, "parameters": params, "table_gb": sum(rows) * ROW_BYTES / 1e9, "cache": a.cache,
              "allocation": a.allocation, "cached_rows": sum(plan["cached_per_table"]), "cache_plan": plan,
-             "instances": a.instances, "max_queue_delay_us": a.max_queue_delay_us, "max_batch": a.max_batch,
+             "instances": a.instances, "gpus": a.gpus, "max_queue_delay_us": a.max_queue_delay_us, "max_batch": a.max_batch,
              "graph_batches": ("the backend's powers of two" if graphs is None else
                                ",".join(map(str, graphs)) if graphs else "none (off)"),
              "dcnv2_cross": a.dcnv2_cross, "network_precision": a.network_precision, "alpha": a.alpha, "interval_ms": a.interval_ms, "quick": a.quick,
@@ -960,7 +985,7 @@ def main():
     # 4.-5. the server: exactness, then the timed runs
     from tritonserver_process import serve
     log_path = os.path.join(a.work, "server.log")
-    extra = [f"--cuda-memory-pool-byte-size=0:{a.cuda_pool_gb << 30}"]
+    extra = [f"--cuda-memory-pool-byte-size={g}:{a.cuda_pool_gb << 30}" for g in (a.gpus or "0").split(",")]
     if a.libtorch_dir:
         extra.append(f"--backend-config=rust,libtorch-dir={a.libtorch_dir}")
     if a.verbose:

@@ -281,7 +281,7 @@ def write(out, setup, res, plots=True):
           f"{setup['parameters'] / 1e9:.1f} B parameters, {setup['table_gb']:.1f} GB fp16), written by `criteo_fixture` "
           f"(keys 0..rows, rows computed from its seed) in `{setup['fixture']}`; 214 lookups per pair "
           "(hotness 3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1), every bag full, sum-pooled.",
-          f"- `dlrm_v2`: one recommender model (examples/dlrm_v2.py's config), {setup['instances']} KIND_GPU instances, "
+          f"- `dlrm_v2`: one recommender model (examples/dlrm_v2.py's config), {setup['instances']} KIND_GPU instances{' on each of GPUs ' + setup['gpus'] if setup.get('gpus') else ''}, "
           f"dynamic batching (max_queue_delay {setup['max_queue_delay_us']} us, max_batch_size {setup['max_batch']} pairs), "
           f"GPU cache `gpucacheper` {setup['cache']} (`gpucache_allocation` {setup['allocation']}, one cache per GPU, "
           f"fp16 rows: {setup['cached_rows']:,} slots), pooled rows into the network as fp16; the network DCNv2's dense "
