@@ -449,7 +449,7 @@ impl EmbeddingEngine {
     ) -> Result<bool> {
         if self.model.settings.interface == Interface::Pooled {
             let m = self.model.clone();
-            return Ok(self.pooled.run_resident(&m, inputs, Some(out))?.is_some());
+            return Ok(self.pooled.run_resident(&m, &self.caches, inputs, Some(out))?.is_some());
         }
         let Some((instance, lookup)) =
             self.gpu.as_mut().filter(|_| self.model.settings.interface == Interface::Batched)

@@ -111,6 +111,7 @@ impl PooledRun {
     pub(crate) fn run_resident(
         &mut self,
         m: &Model,
+        caches: &InstanceCaches,
         inputs: &[BatchTensor<'_>],
         out: Option<&mut triton_rust_cuda::DeviceViewMut<'_>>,
     ) -> Result<Option<usize>> {
@@ -146,9 +147,12 @@ impl PooledRun {
             if on_gpu { "keys in GPU memory" } else { "keys in host memory" }
         );
         if misses > 0 {
+            // the batch goes on by another path, which counts its keys
             log::debug!("pooled lookup: {misses} keys of {batch} samples are no resident row; reading below the GPU");
+            return Ok(None);
         }
-        Ok((misses == 0).then_some(batch))
+        caches.count_resident(&keys_per_table(layout, tables, batch));
+        Ok(Some(batch))
     }
 
     /// Runs a batch and hands its pooled rows to `sink` when `wanted`.
@@ -171,7 +175,7 @@ impl PooledRun {
         let name = m.sig.outputs[0].name.as_str();
         let dtype = m.rows_type;
         #[cfg(feature = "gpu")]
-        if let Some(batch) = self.run_resident(m, inputs, None)? {
+        if let Some(batch) = self.run_resident(m, caches, inputs, None)? {
             if wanted {
                 let shape = [batch as i64, tables as i64, dim as i64];
                 let rows = self
@@ -244,5 +248,41 @@ impl PooledRun {
             }
         }
         Ok(())
+    }
+}
+
+/// Keys each table's bags hold in a batch of `batch` samples laid out as `layout` (a fixed
+/// layout counts its bags' whole width, as sent).
+#[cfg(feature = "gpu")]
+fn keys_per_table(layout: BagLayout<'_>, tables: usize, batch: usize) -> Vec<usize> {
+    let mut per = vec![0usize; tables];
+    match layout {
+        BagLayout::Fixed { at, .. } => {
+            for (t, n) in per.iter_mut().enumerate() {
+                let width = at.get(t + 1).zip(at.get(t)).map_or(0, |(e, s)| (e - s).max(0));
+                *n = batch * width as usize;
+            }
+        }
+        BagLayout::Ragged { at } => {
+            for (i, w) in at.windows(2).enumerate() {
+                per[i % tables.max(1)] += (w[1] - w[0]).max(0) as usize;
+            }
+        }
+    }
+    per
+}
+
+#[cfg(all(test, feature = "gpu"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resident_lookup_counts_each_tables_keys() {
+        // fixed: hotness 3, 1, 2 over 4 samples
+        let at = [0, 3, 4, 6];
+        assert_eq!(keys_per_table(BagLayout::Fixed { width: 6, at: &at }, 3, 4), vec![12, 4, 8]);
+        // ragged: 2 samples x 2 tables, bags of 1, 0 | 3, 2 keys
+        let starts = [0, 1, 1, 4, 6];
+        assert_eq!(keys_per_table(BagLayout::Ragged { at: &starts }, 2, 2), vec![4, 2]);
     }
 }

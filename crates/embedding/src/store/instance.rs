@@ -55,6 +55,17 @@ impl InstanceCaches {
         }
     }
 
+    /// Counts a lookup that found every one of its rows resident in GPU memory (the
+    /// one-kernel pooled lookup): `keys[t]` keys of table `t`, each a hit of the cache tier.
+    pub fn count_resident(&self, keys: &[usize]) {
+        for (t, &c) in keys.iter().enumerate().filter(|(_, &c)| c > 0) {
+            let Some(table) = self.store.tables.get(t) else { continue };
+            table.counters.lookups.fetch_add(1, Ordering::Relaxed);
+            table.counters.keys.fetch_add(c as u64, Ordering::Relaxed);
+            table.counters.cache_hits.fetch_add(c as u64, Ordering::Relaxed);
+        }
+    }
+
     pub fn store(&self) -> &Arc<EmbeddingStore> {
         &self.store
     }
