@@ -24,6 +24,7 @@ pub mod host;
 pub mod keys;
 pub mod redis;
 pub mod settings;
+pub mod shard;
 pub mod store;
 pub mod stream;
 pub mod table;

@@ -1,3 +1,4 @@
+#[cfg(feature = "gpu")]
 use super::instance::fetch_parallel;
 use super::*;
 use crate::cache::HostCache;

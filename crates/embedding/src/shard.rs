@@ -1,0 +1,312 @@
+//! Where a sharded store's rows would live: a plan that places the tables over the memory of
+//! several GPUs and routes each `(table, key)` to the GPU that holds its row. The routing is
+//! the same for lookups and for updates, so an update reaches the one shard that holds its
+//! row.
+//!
+//! This is the plan only. The sharded lookup, where each GPU reads the rows it lacks from its
+//! peers, is not built, so no setting uses it yet (docs/multi-gpu.md).
+//!
+//! Placement: the tables go largest first. A table goes whole to the GPU with the most room
+//! left, when it fits there. A table larger than any GPU's room is cut into ranges of rows,
+//! and each range fills the GPU with the most room left, until every row has a place. A table's
+//! rows are its keys `0..rows` (the resident tables' layout: row = key).
+
+use std::ops::Range;
+
+use triton_rust_core::error::{Error, Result};
+
+/// One table to place: its rows and the bytes of one row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableSize {
+    pub rows: u64,
+    pub row_bytes: u64,
+}
+
+/// A range of a table's rows and the GPU that holds them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shard {
+    pub rows: Range<u64>,
+    pub gpu: i32,
+}
+
+/// Every table's shards, in row order, covering its rows once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardPlan {
+    tables: Vec<Vec<Shard>>,
+    gpus: Vec<i32>,
+}
+
+impl ShardPlan {
+    /// Places `tables` over `gpus`: `(device, bytes it may hold)`, each device once.
+    pub fn new(tables: &[TableSize], gpus: &[(i32, u64)]) -> Result<ShardPlan> {
+        check_devices(&gpus.iter().map(|g| g.0).collect::<Vec<_>>())?;
+        let mut room: Vec<(i32, u64)> = gpus.to_vec();
+        let mut order: Vec<usize> = (0..tables.len()).collect();
+        // largest first; equal sizes in table order, so a plan is the same on every server
+        order.sort_by_key(|&t| (std::cmp::Reverse(tables[t].rows * tables[t].row_bytes), t));
+        let mut placed: Vec<Vec<Shard>> = vec![Vec::new(); tables.len()];
+        for t in order {
+            let TableSize { rows, row_bytes } = tables[t];
+            if row_bytes == 0 {
+                return Err(Error::invalid_arg(format!(
+                    "table {t}: rows of 0 bytes cannot be placed"
+                )));
+            }
+            if rows == 0 {
+                continue;
+            }
+            let most = |room: &[(i32, u64)]| {
+                (0..room.len()).max_by_key(|&i| (room[i].1, std::cmp::Reverse(i))).unwrap_or(0)
+            };
+            let whole = rows * row_bytes;
+            let g = most(&room);
+            if room[g].1 >= whole {
+                room[g].1 -= whole;
+                placed[t].push(Shard { rows: 0..rows, gpu: room[g].0 });
+                continue;
+            }
+            let mut at = 0u64;
+            while at < rows {
+                let g = most(&room);
+                let fit = (room[g].1 / row_bytes).min(rows - at);
+                if fit == 0 {
+                    let short = (rows - at) * row_bytes;
+                    return Err(Error::invalid_arg(format!(
+                        "table {t}: {} rows of {row_bytes} bytes do not fit the GPUs' room ({short} bytes short)",
+                        rows
+                    )));
+                }
+                room[g].1 -= fit * row_bytes;
+                placed[t].push(Shard { rows: at..at + fit, gpu: room[g].0 });
+                at += fit;
+            }
+            placed[t].sort_by_key(|s| s.rows.start);
+        }
+        Ok(ShardPlan { tables: placed, gpus: gpus.iter().map(|g| g.0).collect() })
+    }
+
+    /// The shards of table `t`, in row order.
+    pub fn shards(&self, t: usize) -> &[Shard] {
+        self.tables.get(t).map_or(&[], Vec::as_slice)
+    }
+
+    /// The GPU holding `key`'s row of table `t`; `None` for a key that is no row.
+    pub fn owner(&self, t: usize, key: i64) -> Option<i32> {
+        let key = u64::try_from(key).ok()?;
+        let shards = self.tables.get(t)?;
+        let i = shards.partition_point(|s| s.rows.end <= key);
+        shards.get(i).filter(|s| s.rows.contains(&key)).map(|s| s.gpu)
+    }
+
+    /// `keys` of table `t` grouped by the GPU that holds them: for each GPU of the plan (in
+    /// its order), the positions of its keys in `keys`; then the positions of keys that are
+    /// no row. Lookups and updates are routed alike.
+    pub fn route(&self, t: usize, keys: &[i64]) -> (Vec<(i32, Vec<usize>)>, Vec<usize>) {
+        let mut by: Vec<(i32, Vec<usize>)> = self.gpus.iter().map(|&g| (g, Vec::new())).collect();
+        let mut none = Vec::new();
+        for (i, &k) in keys.iter().enumerate() {
+            match self.owner(t, k).and_then(|g| by.iter_mut().find(|b| b.0 == g)) {
+                Some(b) => b.1.push(i),
+                None => none.push(i),
+            }
+        }
+        (by, none)
+    }
+
+    /// Bytes the plan puts on `gpu`.
+    pub fn bytes_on(&self, gpu: i32, tables: &[TableSize]) -> u64 {
+        self.tables
+            .iter()
+            .zip(tables)
+            .flat_map(|(shards, size)| {
+                shards
+                    .iter()
+                    .filter(move |s| s.gpu == gpu)
+                    .map(move |s| (s.rows.end - s.rows.start) * size.row_bytes)
+            })
+            .sum()
+    }
+}
+
+/// The devices a sharded store spans: at least two, each once.
+pub fn check_devices(gpus: &[i32]) -> Result<()> {
+    let mut seen = gpus.to_vec();
+    seen.sort_unstable();
+    seen.dedup();
+    if seen.len() != gpus.len() {
+        return Err(Error::invalid_arg(format!("sharded rows name a GPU twice: {gpus:?}")));
+    }
+    if gpus.len() < 2 {
+        return Err(Error::invalid_arg(format!(
+            "sharded rows need KIND_GPU instances on at least two GPUs; this model has {gpus:?} (replicated placement serves one GPU)"
+        )));
+    }
+    Ok(())
+}
+
+/// The GPUs a model's instance groups name, checked against the GPUs this process sees:
+/// an error names the first that does not exist.
+pub fn check_visible(gpus: &[i32], visible: i32) -> Result<()> {
+    match gpus.iter().find(|&&g| g < 0 || g >= visible) {
+        Some(g) => Err(Error::invalid_arg(format!(
+            "the model names GPU {g}, but this server sees {visible} GPU{} (0..{})",
+            if visible == 1 { "" } else { "s" },
+            visible.max(1) - 1
+        ))),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// DLRM-v2's 26 tables (MLPerf's rows), dim 128 in fp32.
+    fn dlrm_v2() -> Vec<TableSize> {
+        [
+            40_000_000u64,
+            39060,
+            17295,
+            7424,
+            20265,
+            3,
+            7122,
+            1543,
+            63,
+            40_000_000,
+            3067956,
+            405282,
+            10,
+            2209,
+            11938,
+            155,
+            4,
+            976,
+            14,
+            40_000_000,
+            40_000_000,
+            40_000_000,
+            590152,
+            12973,
+            108,
+            36,
+        ]
+        .iter()
+        .map(|&rows| TableSize { rows, row_bytes: 512 })
+        .collect()
+    }
+
+    /// The GPU of `key` found by walking every shard (the reference the plan's search is held to).
+    fn walk(plan: &ShardPlan, t: usize, key: i64) -> Option<i32> {
+        plan.shards(t).iter().find(|s| key >= 0 && s.rows.contains(&(key as u64))).map(|s| s.gpu)
+    }
+
+    #[test]
+    fn dlrm_v2_in_fp32_fits_two_gpus_that_one_cannot_hold() {
+        let tables = dlrm_v2();
+        let total: u64 = tables.iter().map(|t| t.rows * t.row_bytes).sum();
+        assert_eq!(total, 104_542_509_056, "204,184,588 rows of 512 bytes");
+        let gb = 1u64 << 30;
+        assert!(
+            ShardPlan::new(&tables, &[(0, 70 * gb), (1, 10 * gb)]).is_err(),
+            "80 GiB cannot hold 97 GiB"
+        );
+        let plan = ShardPlan::new(&tables, &[(0, 70 * gb), (1, 70 * gb)]).unwrap();
+        for (t, size) in tables.iter().enumerate() {
+            let shards = plan.shards(t);
+            // every row placed once, in order
+            assert_eq!(shards.first().unwrap().rows.start, 0);
+            assert_eq!(shards.last().unwrap().rows.end, size.rows);
+            assert!(shards.windows(2).all(|w| w[0].rows.end == w[1].rows.start), "table {t}");
+        }
+        let (a, b) = (plan.bytes_on(0, &tables), plan.bytes_on(1, &tables));
+        assert_eq!(a + b, total);
+        assert!(a <= 70 * gb && b <= 70 * gb);
+        // the five 40 M-row tables (20.5 GB each) go whole: three and two, the rest fill in
+        let whole_on = |g| {
+            (0..tables.len())
+                .filter(|&t| tables[t].rows == 40_000_000 && plan.shards(t)[0].gpu == g)
+                .count()
+        };
+        assert_eq!(whole_on(0) + whole_on(1), 5);
+        assert!(
+            (a as i64 - b as i64).unsigned_abs() <= 21 * gb,
+            "balanced within a big table: {a} {b}"
+        );
+    }
+
+    #[test]
+    fn a_table_larger_than_any_gpu_is_cut_into_row_ranges() {
+        let tables = [TableSize { rows: 1000, row_bytes: 8 }, TableSize { rows: 10, row_bytes: 8 }];
+        let plan = ShardPlan::new(&tables, &[(3, 4000), (5, 4400)]).unwrap();
+        assert_eq!(
+            plan.shards(0),
+            &[Shard { rows: 0..550, gpu: 5 }, Shard { rows: 550..1000, gpu: 3 }]
+        );
+        assert_eq!(plan.shards(1), &[Shard { rows: 0..10, gpu: 3 }]);
+        assert_eq!(plan.owner(0, 549), Some(5));
+        assert_eq!(plan.owner(0, 550), Some(3));
+        assert_eq!(plan.owner(0, 1000), None);
+        assert_eq!(plan.owner(0, -1), None);
+        assert_eq!(plan.owner(7, 0), None, "no such table");
+    }
+
+    #[test]
+    fn lookups_and_updates_route_to_the_shard_that_holds_the_row() {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+        for round in 0..50 {
+            let n = rng.gen_range(1..12);
+            let tables: Vec<TableSize> = (0..n)
+                .map(|_| TableSize {
+                    rows: rng.gen_range(0..5000),
+                    row_bytes: 4 * rng.gen_range(1..64),
+                })
+                .collect();
+            let total: u64 = tables.iter().map(|t| t.rows * t.row_bytes).sum();
+            let gpus: Vec<(i32, u64)> =
+                (0..rng.gen_range(2..5)).map(|g| (g, total / 2 + rng.gen_range(0..1000))).collect();
+            let plan = ShardPlan::new(&tables, &gpus).unwrap();
+            for (g, cap) in &gpus {
+                assert!(plan.bytes_on(*g, &tables) <= *cap, "round {round}: GPU {g} over its room");
+            }
+            for (t, size) in tables.iter().enumerate() {
+                let keys: Vec<i64> =
+                    (0..200).map(|_| rng.gen_range(-3..size.rows as i64 + 3)).collect();
+                let (by, none) = plan.route(t, &keys);
+                let mut seen = vec![false; keys.len()];
+                for (g, at) in &by {
+                    for &i in at {
+                        assert_eq!(
+                            walk(&plan, t, keys[i]),
+                            Some(*g),
+                            "round {round} table {t} key {}",
+                            keys[i]
+                        );
+                        seen[i] = true;
+                    }
+                }
+                for &i in &none {
+                    assert_eq!(walk(&plan, t, keys[i]), None);
+                    seen[i] = true;
+                }
+                assert!(seen.iter().all(|&s| s), "every key routed once");
+            }
+        }
+    }
+
+    #[test]
+    fn devices_are_checked_with_clear_errors() {
+        let one = check_devices(&[0]).unwrap_err();
+        assert!(
+            one.message().contains("at least two GPUs") && one.message().contains("[0]"),
+            "{one}"
+        );
+        assert!(check_devices(&[1, 1]).unwrap_err().message().contains("twice"));
+        assert!(check_devices(&[0, 1]).is_ok());
+        let e = check_visible(&[0, 3], 2).unwrap_err();
+        assert!(e.message().contains("GPU 3") && e.message().contains("sees 2 GPUs"), "{e}");
+        assert!(check_visible(&[0, 1], 2).is_ok());
+        assert!(check_visible(&[0], 0).unwrap_err().message().contains("sees 0 GPUs"));
+    }
+}
