@@ -274,7 +274,7 @@ fn keys_per_table(layout: BagLayout<'_>, tables: usize, batch: usize) -> Vec<usi
 
 #[cfg(all(test, feature = "gpu"))]
 mod tests {
-    use super::*;
+    use super::{keys_per_table, BagLayout};
 
     #[test]
     fn a_resident_lookup_counts_each_tables_keys() {
