@@ -23,9 +23,7 @@ import argparse
 import json
 import os
 import platform
-import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,30 +39,15 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 sys.path.insert(0, HERE)
 from kserve_client import Client  # noqa: E402
 from publish_updates import publish  # noqa: E402
+from test_redis_cluster import cluster_ports  # noqa: E402
 from tritonserver_harness import TritonServer  # noqa: E402
-
-
-def free_port_pairs(n):
-    """`n` ports p with p and p + 10000 free (a cluster node's bus listens on p + 10000)."""
-    rng, ports = random.Random(), []
-    while len(ports) < n:
-        p = rng.randrange(20000, 55535)
-        try:
-            for q in (p, p + 10000):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", q))
-        except OSError:
-            continue
-        if p not in ports:
-            ports.append(p)
-    return ports
 
 
 class Cluster:
     """A Redis cluster of real redis-server processes on 127.0.0.1, no replicas, no persistence."""
 
     def __init__(self, n, workdir):
-        self.ports, self.procs = free_port_pairs(n), []
+        self.ports, self.procs = cluster_ports(n), []
         for p in self.ports:
             d = os.path.join(workdir, f"redis-{p}")
             os.makedirs(d)

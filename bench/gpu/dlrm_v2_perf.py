@@ -53,7 +53,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import dlrm_v2  # noqa: E402
-from recsys.measure import device_counts  # noqa: E402
+from recsys.measure import device_counts, per_device  # noqa: E402
 import dlrm_v2_report  # noqa: E402
 import zipf_keys  # noqa: E402
 from recsys.cache import cache_rows, lru_table, stationary_hit_rate  # noqa: E402
@@ -510,13 +510,6 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
           f"G lookups/s  p50 {r['p50_ms']:7.2f}  p99 {r['p99_ms']:7.2f} ms  hit rate {hr}  {pe} pairs per execution"
           + ("" if stability == 10 else f"  (-s {stability})") + f"\n    {cpu_text(cpu)}" + device_text(r), flush=True)
     return r
-
-
-def per_device(d0, d1, rate):
-    """{device: its share of the inferences run between two device_counts, times `rate`}."""
-    ran = {d: d1[d] - d0.get(d, 0.0) for d in sorted(d1)}
-    whole = sum(ran.values())
-    return {d: rate * v / whole for d, v in ran.items()} if whole > 0 else {}
 
 
 def device_text(r):

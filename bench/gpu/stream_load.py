@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 import zipf_keys
+from recsys import measure
 
 TABLES = 26
 DENSE_POOL = 16  # distinct dense-feature blocks (the hit rate depends on the keys alone)
@@ -230,12 +231,7 @@ def run(client_of, scrape, model, rows, batch, requests, alpha, seed, concurrenc
             seconds = send(requests * passes, level)
             k1, h1 = scrape()
             d1 = devices() if devices else {}
-            # each device's share of what the model's instances ran, times the stream's rate
-            # (a non-batching model counts one inference a request, whatever its rows)
-            ran = {d: d1[d] - d0.get(d, 0.0) for d in sorted(d1)}
-            whole = sum(ran.values())
-            rate = requests * passes * batch / seconds
-            per_device = {d: rate * v / whole for d, v in ran.items()} if whole > 0 else {}
+            per_device = measure.per_device(d0, d1, requests * passes * batch / seconds)
             lat = sorted(latencies)
             results.append({"inferences_per_s": requests * passes * batch / seconds, "seconds": seconds,
                             "warmup_seconds": warm_s, "p50_ms": percentile(lat, 50), "p90_ms": percentile(lat, 90),

@@ -34,6 +34,14 @@ def device_counts(port, model):
     return out
 
 
+def per_device(d0, d1, rate):
+    """{device: its share of the inferences run between two device_counts, times `rate`} (a
+    non-batching model counts one inference a request, whatever its rows: shares, not counts)."""
+    ran = {d: d1[d] - d0.get(d, 0.0) for d in sorted(d1)}
+    whole = sum(ran.values())
+    return {d: rate * v / whole for d, v in ran.items()} if whole > 0 else {}
+
+
 def model_stats(client, models):
     """{model: (count, compute_input_ns, compute_infer_ns, compute_output_ns, queue_ns)} from Triton."""
     out = {}
