@@ -121,6 +121,13 @@ impl EmbeddingModel {
     /// The engine of an instance on `device`: the store's caches attached there.
     pub fn engine(&self, device: Device) -> Result<EmbeddingEngine> {
         let m = &self.0;
+        if let Device::Gpu(_) = device {
+            #[cfg(feature = "gpu")]
+            let visible = triton_rust_cuda::gpu_count().unwrap_or(0);
+            #[cfg(not(feature = "gpu"))]
+            let visible = 0;
+            settings::check_device(m.settings.devices.as_deref(), device, visible)?;
+        }
         let store = &m.store;
         #[cfg(feature = "gpu")]
         let mut gpu = None;

@@ -130,6 +130,9 @@ pub struct StoreSettings {
     pub key_upload: (usize, usize),
     /// Whose GPU caches a `KIND_GPU` instance looks up in (`gpucache_sharing`).
     pub cache_sharing: CacheSharing,
+    /// HPS's `deployed_device_list`: the GPUs its instances may be on (Triton places them by
+    /// `instance_group`; this list is checked against that placement).
+    pub devices: Option<Vec<i32>>,
 }
 
 /// Whose GPU caches an instance uses.
@@ -264,6 +267,7 @@ impl StoreSettings {
         ("embedding_combiner", "sum"),
         ("gpu_key_piece", "131072"),
         ("gpu_key_upload_tasks", "8"),
+        ("deployed_device_list", "none"),
     ];
 
     pub fn from_config(
@@ -376,7 +380,57 @@ impl StoreSettings {
             cache_sharing: CacheSharing::parse(
                 cfg.parameters.get("gpucache_sharing").map(String::as_str),
             )?,
+            devices: device_list(cfg)?,
         })
+    }
+}
+
+/// `deployed_device_list` ("0,1" or HPS's "[0, 1]"): GPU ids, each once; only where the
+/// model has KIND_GPU instances (a KIND_CPU model's instances use none of them).
+fn device_list(cfg: &ModelConfig) -> Result<Option<Vec<i32>>> {
+    let Some(raw) = cfg.parameters.get("deployed_device_list") else { return Ok(None) };
+    let bad = |why: String| {
+        Error::invalid_arg(format!(
+            "parameter 'deployed_device_list' is '{raw}': {why}; give GPU ids such as 0,1 (HPS's list maps to instance_group {{ kind: KIND_GPU gpus: [ ... ] }})"
+        ))
+    };
+    let inner = raw.trim().trim_start_matches('[').trim_end_matches(']');
+    let mut ids = Vec::new();
+    for part in inner.split(',').map(str::trim) {
+        let id: i32 = part.parse().map_err(|_| bad(format!("'{part}' is not a GPU id")))?;
+        if id < 0 {
+            return Err(bad(format!("{id} is not a GPU id")));
+        }
+        if ids.contains(&id) {
+            return Err(bad(format!("GPU {id} is named twice")));
+        }
+        ids.push(id);
+    }
+    if !cfg.instance_kinds.iter().any(|k| k == "KIND_GPU") {
+        return Err(bad(format!(
+            "the model's instances are {:?}, which use no GPU",
+            cfg.instance_kinds
+        )));
+    }
+    Ok(Some(ids))
+}
+
+/// An instance on `device` against the model's `deployed_device_list`, and the list against
+/// the GPUs this server sees (`visible`).
+pub(crate) fn check_device(
+    list: Option<&[i32]>,
+    device: triton_rust_core::engine::Device,
+    visible: i32,
+) -> Result<()> {
+    use triton_rust_core::engine::Device;
+    let Some(list) = list else { return Ok(()) };
+    triton_rust_embedding::shard::check_visible(list, visible)
+        .map_err(|e| e.context("parameter 'deployed_device_list'"))?;
+    match device {
+        Device::Gpu(id) if !list.contains(&id) => Err(Error::invalid_arg(format!(
+            "parameter 'deployed_device_list' is {list:?}, but Triton placed an instance on GPU {id}: name the same GPUs in instance_group {{ kind: KIND_GPU gpus: [ ... ] }}"
+        ))),
+        _ => Ok(()),
     }
 }
 

@@ -302,3 +302,45 @@ fn which_models_take_keys_in_gpu_memory() {
     // a vocabulary check reads every key on the host, per request
     assert_eq!(takes("pooled", &[("vocabulary_size_per_table", "10,10")]), (false, false));
 }
+
+#[test]
+fn hps_device_lists_are_parsed_and_checked_against_the_placement() {
+    use crate::settings::check_device;
+    use triton_rust_core::engine::Device;
+    let on = |kind: &str, list: &str| {
+        let mut c = cfg(&[
+            ("embedding_table_names", "a"),
+            ("embedding_vecsize_per_table", "4"),
+            ("deployed_device_list", list),
+        ]);
+        c.instance_kinds = vec![kind.to_string()];
+        StoreSettings::from_config(&c, Path::new("/nonexistent"), &Default::default())
+    };
+    assert_eq!(on("KIND_GPU", "0,1").unwrap().devices, Some(vec![0, 1]));
+    assert_eq!(on("KIND_GPU", "[1, 0]").unwrap().devices, Some(vec![1, 0]), "HPS's JSON list");
+    assert_eq!(one_table(&[]).unwrap().devices, None);
+    for (list, words) in
+        [("0,x", "'x' is not a GPU id"), ("-1", "-1 is not a GPU id"), ("1,1", "named twice")]
+    {
+        let e = on("KIND_GPU", list).unwrap_err();
+        assert!(
+            e.message().contains("deployed_device_list") && e.message().contains(words),
+            "{list}: {e}"
+        );
+    }
+    let cpu = on("KIND_CPU", "0").unwrap_err();
+    assert!(
+        cpu.message().contains("use no GPU") && cpu.message().contains("instance_group"),
+        "{cpu}"
+    );
+    // an instance where the list says, on a GPU that exists
+    assert!(check_device(Some(&[0, 1]), Device::Gpu(1), 2).is_ok());
+    assert!(check_device(None, Device::Gpu(5), 2).is_ok(), "no list: Triton's placement alone");
+    let elsewhere = check_device(Some(&[0]), Device::Gpu(1), 2).unwrap_err();
+    assert!(elsewhere.message().contains("placed an instance on GPU 1"), "{elsewhere}");
+    let missing = check_device(Some(&[0, 3]), Device::Gpu(0), 2).unwrap_err();
+    assert!(
+        missing.message().contains("deployed_device_list") && missing.message().contains("GPU 3"),
+        "{missing}"
+    );
+}
