@@ -76,14 +76,21 @@ class DLRMv2(nn.Module):
         return self.net.dense_part(dense, self.pooled(sparse))
 
 
-def config(name: str, max_batch: int, instance_kind: str = "KIND_CPU", network: str = "dense.onnx") -> str:
+def config(name: str, max_batch: int, instance_kind: str = "KIND_CPU", network: str = "dense.onnx",
+           ragged: bool = False) -> str:
+    """``ragged``: the keys as TorchRec's values and lengths (``sparse`` INT64 ``[-1]`` with
+    ``allow_ragged_batch``, each sample's bags one after the other; ``lengths`` INT32 ``[26]``)
+    instead of ``[214]`` padded with -1."""
     params = dict(engine="recommender", recommender_dense_model=network, embedding_interface="pooled",
                   embedding_table_names=",".join(f"t{i}" for i in range(len(ROWS))),
                   embedding_vecsize_per_table=DIM, embedding_hotness_per_table=",".join(map(str, HOTNESS)),
                   embedding_combiner="sum", default_value_for_each_table=0)
+    sparse = ('{ name: "sparse" data_type: TYPE_INT64 dims: [ -1 ] allow_ragged_batch: true },\n'
+              f'        {{ name: "lengths" data_type: TYPE_INT32 dims: [ {len(ROWS)} ] }} ]' if ragged else
+              f'{{ name: "sparse" data_type: TYPE_INT64 dims: [ {sum(HOTNESS)} ] }} ]')
     lines = [f'name: "{name}"', 'backend: "rust"', f"max_batch_size: {max_batch}",
              'input [ { name: "dense" data_type: TYPE_FP32 dims: [ 13 ] },',
-             f'        {{ name: "sparse" data_type: TYPE_INT64 dims: [ {sum(HOTNESS)} ] }} ]',
+             f'        {sparse}',
              'output [ { name: "prediction" data_type: TYPE_FP32 dims: [ 1 ] } ]',
              "dynamic_batching { max_queue_delay_microseconds: 100 }",
              f"instance_group [ {{ count: 1 kind: {instance_kind} }} ]"]
@@ -178,6 +185,17 @@ def sample_inputs(batch: int, rows: List[int], seed: int = 0, full: float = 0.7)
             sparse[b, at:at + n] = rng.integers(0, rows[t], size=n)
             at += h
     return dense, sparse
+
+
+def ragged_inputs(sparse: np.ndarray):
+    """``sparse`` [B, 214] padded with -1 as TorchRec's values and lengths: each sample's keys
+    without the padding, one sample after the other, and ``lengths`` INT32 [B, 26]."""
+    lengths = np.zeros((sparse.shape[0], len(HOTNESS)), np.int32)
+    at = 0
+    for t, h in enumerate(HOTNESS):
+        lengths[:, t] = (sparse[:, at:at + h] != PAD).sum(axis=1)
+        at += h
+    return sparse[sparse != PAD].astype(np.int64), lengths
 
 
 def calibration_inputs(batch: int = 4096, seed: int = 0, row_std: float = 0.055):

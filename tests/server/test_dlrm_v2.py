@@ -25,6 +25,11 @@ def repo(tmp_path_factory):
     r = ModelRepo(str(tmp_path_factory.mktemp("dlrm-v2-repo")))
     dlrm_v2.export(r.root, SCALE, max_batch=256)
     dlrm_v2.ensemble(r.root, max_batch=256)
+    # the same model taking TorchRec's values and lengths (ragged keys)
+    os.makedirs(os.path.join(r.root, "dlrm_v2_ragged"))
+    os.symlink(os.path.join(r.root, "dlrm_v2", "1"), os.path.join(r.root, "dlrm_v2_ragged", "1"))
+    r.write_config("dlrm_v2_ragged", dlrm_v2.config("dlrm_v2_ragged", 256, ragged=True).replace(
+        "max_queue_delay_microseconds: 100", "max_queue_delay_microseconds: 100000"))
     return r
 
 
@@ -104,3 +109,49 @@ def test_requests_batch_together_and_a_bad_key_fails_alone(server, reference):
     executions = int(server.stats_after("dlrm_v2", before, len(payloads))["execution_count"]) - executions0
     print(f"\n[dlrm_v2] {len(payloads)} concurrent requests ran in {executions} executions")
     assert executions < len(payloads), f"the dynamic batcher merged nothing: {executions} executions"
+
+
+def test_ragged_keys_answer_as_the_padded_form_batched_together_a_bad_length_alone(server, reference):
+    """TorchRec's values and lengths (each sample's bags one after the other, `lengths` [26]):
+    requests of different lengths batch together and answer as the padded form does; one whose
+    lengths do not add up to its keys fails alone, naming the input."""
+    import queue
+    rows = dlrm_v2.scaled_rows(SCALE)
+    dense, sparse = dlrm_v2.sample_inputs(12, rows, seed=300, full=0.5)
+    client = make_client(server, "grpc")
+    padded = infer(client, "grpc", "dlrm_v2", {"dense": dense, "sparse": sparse}, ["prediction"])["prediction"]
+    requests = []
+    for b in range(len(dense)):
+        values, lengths = dlrm_v2.ragged_inputs(sparse[b:b + 1])
+        requests.append({"dense": dense[b:b + 1], "sparse": values[None, :], "lengths": lengths})
+    sizes = sorted({r["sparse"].shape[1] for r in requests})
+    assert len(sizes) > 6, f"the samples should differ in length: {sizes}"
+    bad = dict(requests[4])
+    bad["lengths"] = bad["lengths"].copy()
+    bad["lengths"][0, 3] += 2
+    requests.append(bad)
+    s = server.stats("dlrm_v2_ragged")
+    before = {"inference_stats": {"success": {"count": int(s["inference_stats"]["success"]["count"])},
+                                  "fail": {"count": int(s["inference_stats"]["fail"]["count"])}}}
+    executions0 = int(s["execution_count"])
+    done: "queue.Queue" = queue.Queue()
+    for i, feeds in enumerate(requests):
+        client.async_infer("dlrm_v2_ragged", make_inputs("grpc", feeds),
+                           callback=lambda result, error, i=i: done.put((i, result, error)))
+    results = {}
+    for _ in requests:
+        i, result, error = done.get(timeout=120)
+        results[i] = (None if error else result.as_numpy("prediction"), error)
+    client.close()
+    for i, (out, err) in sorted(results.items()):
+        if i == len(requests) - 1:
+            assert err is not None and "INVALID_ARGUMENT" in error_status(err), err
+            assert "input 'lengths'" in str(err), str(err)
+            continue
+        assert err is None, f"request {i}: {err}"
+        np.testing.assert_allclose(out, padded[i:i + 1], rtol=1e-6, atol=1e-7, err_msg=f"sample {i}")
+    np.testing.assert_allclose(padded, predict(reference, dense, sparse), rtol=1e-4, atol=1e-5)
+    executions = int(server.stats_after("dlrm_v2_ragged", before, len(requests) - 1)["execution_count"]) - executions0
+    print(f"\n[dlrm_v2] {len(requests)} ragged requests ({sizes[0]}..{sizes[-1]} keys) ran in {executions} executions; "
+          f"the bad one: {str(results[len(requests) - 1][1])[:160]}")
+    assert executions < len(requests) - 1, f"the dynamic batcher merged nothing: {executions} executions"

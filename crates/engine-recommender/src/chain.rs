@@ -53,6 +53,8 @@ pub trait Network: Engine {
 pub struct Joint {
     pub sparse_input: String,
     pub embeddings_input: String,
+    /// The ragged keys' lengths, when the recommender takes them so.
+    pub lengths_input: Option<String>,
     pub parts: usize,
     /// The lookup's rows (`[batch, tables, dim]`).
     pub rows: TensorSpec,
@@ -84,10 +86,11 @@ impl Joint {
         }
         let mut inputs: Vec<TensorSpec> =
             dense.inputs.iter().filter(|t| t.name != plan.embeddings_input).cloned().collect();
-        inputs.push(lookup.inputs[0].clone());
+        inputs.extend(lookup.inputs.iter().cloned());
         Ok(Joint {
             sparse_input: plan.sparse_input.clone(),
             embeddings_input: plan.embeddings_input.clone(),
+            lengths_input: plan.lengths_input.clone(),
             parts: plan.pipeline_parts,
             rows: rows.clone(),
             dense_inputs: dense.inputs.clone(),
@@ -441,7 +444,14 @@ impl Engine for Chain {
         let keys = inputs.iter().find(|t| t.name == joint.sparse_input).ok_or_else(|| {
             Error::internal(format!("input '{}' missing from the batch", joint.sparse_input))
         })?;
-        let lookup_in = [borrowed(keys)?];
+        let lengths = match &joint.lengths_input {
+            Some(name) => Some(inputs.iter().find(|t| &t.name == name).ok_or_else(|| {
+                Error::internal(format!("input '{name}' missing from the batch"))
+            })?),
+            None => None,
+        };
+        let lookup_in: Vec<BatchTensor<'_>> =
+            std::iter::once(keys).chain(lengths).map(borrowed).collect::<Result<_>>()?;
         // The network's inputs other than the embeddings, in its order.
         let others = joint
             .dense_inputs
@@ -457,9 +467,12 @@ impl Engine for Chain {
             })
             .collect::<Result<Vec<_>>>()?;
         let host: usize = others.iter().map(|t| t.host_bytes().map_or(0, <[u8]>::len)).sum();
-        let rows = keys.shape.first().map_or(0, |&r| r.max(0) as usize);
+        // ragged keys are one flat run: the samples are the lengths' rows
+        let rows = lengths.unwrap_or(keys).shape.first().map_or(0, |&r| r.max(0) as usize);
         if let (Device::Gpu(device), Some(ops)) = (self.device, self.ops.clone()) {
+            // parts are cut from the keys by rows, which ragged keys do not have
             if joint.parts > 1
+                && lengths.is_none()
                 && rows >= joint.parts * MIN_PART_ROWS
                 && self.run_in_parts(ops, device, keys, &others, rows, outputs, sink)?
             {

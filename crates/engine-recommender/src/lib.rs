@@ -161,7 +161,8 @@ impl RecommenderModel {
             store.interface = Interface::Batched;
         }
         let keys = store.pooling.as_ref().map_or(settings.tables, |p| p.width());
-        let plan = plan(load.config, &settings, keys, load.model_file, DENSE)?;
+        let pooled = store.interface == Interface::Pooled;
+        let plan = plan(load.config, &settings, keys, pooled, load.model_file, DENSE)?;
         let lookup = EmbeddingModel::open(store, &plan.lookup_config, load.shared)?;
         let dense = DenseModel::load(&plan, load)?;
         let joint = Arc::new(Joint::new(lookup.signature(), dense.model().signature(), &plan)?);
@@ -197,7 +198,9 @@ impl LoadedModel for RecommenderModel {
     }
 
     fn check_request(&self, inputs: &[RequestTensor<'_>]) -> Result<()> {
-        check_both(&self.joint.sparse_input, &self.lookup, self.dense.model(), inputs)
+        let joint = &self.joint;
+        let lengths = joint.lengths_input.as_deref();
+        check_both(&joint.sparse_input, lengths, &self.lookup, self.dense.model(), inputs)
     }
 
     fn instance(&self, config: &ModelConfig, device: Device) -> Result<Box<dyn Engine>> {
@@ -209,8 +212,9 @@ impl LoadedModel for RecommenderModel {
             )));
         }
         // the network's config as the server completed the recommender's
+        let pooled = self.plan.lengths_input.is_some() || self.keys != self.settings.tables;
         let dense_config =
-            plan(config, &self.settings, self.keys, &self.version_dir, DENSE)?.dense_config;
+            plan(config, &self.settings, self.keys, pooled, &self.version_dir, DENSE)?.dense_config;
         let lookup = Box::new(self.lookup.engine(device)?);
         let dense = self.dense.network(&dense_config, device)?;
         let chain = Chain::new(lookup, dense, self.joint.clone(), device, dense_takes_device);
@@ -230,12 +234,17 @@ impl LoadedModel for RecommenderModel {
 /// their inputs by name, so the network is shown the whole request.
 fn check_both(
     sparse_input: &str,
+    lengths_input: Option<&str>,
     lookup: &dyn LoadedModel,
     dense: &dyn LoadedModel,
     inputs: &[RequestTensor<'_>],
 ) -> Result<()> {
-    if let Some(i) = inputs.iter().position(|t| t.name == sparse_input) {
-        lookup.check_request(&inputs[i..=i])?;
+    // the lookup's inputs in its order: the keys, then their lengths when ragged
+    let names = std::iter::once(sparse_input).chain(lengths_input);
+    let mine: Vec<RequestTensor<'_>> =
+        names.filter_map(|n| inputs.iter().find(|t| t.name == n).cloned()).collect();
+    if !mine.is_empty() {
+        lookup.check_request(&mine)?;
     }
     dense.check_request(inputs)
 }

@@ -28,6 +28,9 @@ pub struct ChainPlan {
     pub dense_file: PathBuf,
     pub sparse_input: String,
     pub embeddings_input: String,
+    /// The bags' lengths (`[tables]` a sample) when the keys come ragged: TorchRec's values
+    /// and lengths.
+    pub lengths_input: Option<String>,
     pub pipeline_parts: usize,
 }
 
@@ -37,6 +40,8 @@ pub struct ChainPlan {
 pub struct RecommenderSettings {
     pub sparse_input: String,
     pub embeddings_input: String,
+    /// The input holding the bags' lengths, when the config lists it (ragged keys).
+    pub lengths_input: String,
     pub embeddings_type: DataType,
     pub pipeline_parts: usize,
     /// `recommender_dense_model`, under the version directory.
@@ -50,6 +55,7 @@ impl RecommenderSettings {
     pub const KNOWN: &'static [Known] = &[
         ("recommender_sparse_input", "sparse"),
         ("recommender_embeddings_input", "embeddings"),
+        ("recommender_lengths_input", "lengths"),
         ("recommender_embeddings_type", "TYPE_FP32"),
         ("recommender_pipeline_parts", "1"),
         ("recommender_dense_model", "dense.onnx, else dense.pt, else dense.pt2"),
@@ -95,6 +101,7 @@ impl RecommenderSettings {
         Ok(RecommenderSettings {
             sparse_input: param("recommender_sparse_input", "sparse"),
             embeddings_input: param("recommender_embeddings_input", "embeddings"),
+            lengths_input: param("recommender_lengths_input", "lengths"),
             embeddings_type,
             pipeline_parts,
             dense_model: config
@@ -109,11 +116,13 @@ impl RecommenderSettings {
 
 /// Splits a recommender model's config into the lookup's and the dense network's; the
 /// network's engine is the one of `claims` its file's name says. `keys`: how many keys a
-/// sample sends (one per table, or, pooled, every table's hotness).
+/// sample sends (one per table, or, pooled, every table's hotness); `pooled`: whether the
+/// lookup pools bags (then the keys may come ragged, with their lengths).
 pub fn plan(
     config: &ModelConfig,
     settings: &RecommenderSettings,
     keys: usize,
+    pooled: bool,
     version_dir: &Path,
     claims: &[&'static EngineClaim],
 ) -> Result<ChainPlan> {
@@ -136,9 +145,19 @@ pub fn plan(
     }
     // With max_batch_size 0 the batch dimension is the config's own first dim.
     let lead: Vec<i64> = if config.batching() { vec![] } else { vec![-1] };
-    let want: Vec<i64> = lead.iter().copied().chain([keys as i64]).collect();
+    // ragged keys: a sample's bags of any length one after the other, and their lengths
+    let lengths = config.inputs.iter().find(|t| t.name == settings.lengths_input);
+    if let Some(lengths) = lengths {
+        check_ragged(config, &sparse_input, lengths, &lead, tables, pooled)?;
+    }
+    let want: Vec<i64> =
+        lead.iter().copied().chain([if lengths.is_some() { -1 } else { keys as i64 }]).collect();
     if sparse.dims != want {
-        let what = if keys == tables { "one key per table" } else { "every table's hotness" };
+        let what = match (lengths.is_some(), keys == tables) {
+            (true, _) => "bags of any length, their lengths in another input",
+            (false, true) => "one key per table",
+            (false, false) => "every table's hotness",
+        };
         return Err(Error::invalid_arg(format!(
             "input '{sparse_input}' must have dims {want:?} ({what}); it has {:?}",
             sparse.dims
@@ -172,7 +191,7 @@ pub fn plan(
         })?
         .name();
     let mut lookup_config = config.clone();
-    lookup_config.inputs = vec![sparse.clone()];
+    lookup_config.inputs = std::iter::once(sparse).chain(lengths).cloned().collect();
     lookup_config.outputs = vec![TensorConfig {
         name: LOOKUP_OUTPUT.into(),
         dtype: rows_type,
@@ -180,7 +199,10 @@ pub fn plan(
         reshape: None,
     }];
     let mut dense_config = config.clone();
-    dense_config.inputs.retain(|t| t.name != sparse_input);
+    dense_config
+        .inputs
+        .retain(|t| t.name != sparse_input && lengths.is_none_or(|l| l.name != t.name));
+    dense_config.ragged.clear();
     dense_config.inputs.push(TensorConfig {
         name: embeddings_input.clone(),
         dtype: rows_type,
@@ -197,6 +219,38 @@ pub fn plan(
         dense_file,
         sparse_input,
         embeddings_input,
+        lengths_input: lengths.map(|l| l.name.clone()),
         pipeline_parts,
     })
+}
+
+/// Ragged keys need the pooled lookup, their lengths as INT32 `[tables]` a sample, and, where
+/// requests batch, `allow_ragged_batch` on the keys (Triton batches them end to end).
+fn check_ragged(
+    config: &ModelConfig,
+    sparse_input: &str,
+    lengths: &TensorConfig,
+    lead: &[i64],
+    tables: usize,
+    pooled: bool,
+) -> Result<()> {
+    if !pooled {
+        return Err(Error::invalid_arg(format!(
+            "input '{}' gives bag lengths, which only pooled lookups take: set embedding_interface pooled (or remove the input)",
+            lengths.name
+        )));
+    }
+    let want: Vec<i64> = lead.iter().copied().chain([tables as i64]).collect();
+    if lengths.dtype != DataType::I32 || lengths.dims != want {
+        return Err(Error::invalid_arg(format!(
+            "input '{}' holds each sample's bag lengths: it must be TYPE_INT32 with dims {want:?} (one per table)",
+            lengths.name
+        )));
+    }
+    if config.batching() && !config.ragged.iter().any(|r| r == sparse_input) {
+        return Err(Error::invalid_arg(format!(
+            "input '{sparse_input}' holds bags of any length: set allow_ragged_batch: true on it, so that requests of different lengths batch together"
+        )));
+    }
+    Ok(())
 }

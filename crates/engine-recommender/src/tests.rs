@@ -49,6 +49,7 @@ fn torch_plan() -> ChainPlan {
         dense_file: "dense.pt".into(),
         sparse_input: "sparse".into(),
         embeddings_input: "embeddings".into(),
+        lengths_input: None,
         pipeline_parts: 1,
     }
 }
@@ -307,7 +308,7 @@ fn gpu_chain(
     let dir = std::env::temp_dir().join(format!("trt-chain-{parts}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("dense.pt"), b"x").unwrap();
-    let plan = plan(&c, &settings(&c), 3, &dir, CLAIMS).unwrap();
+    let plan = plan(&c, &settings(&c), 3, false, &dir, CLAIMS).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(plan.pipeline_parts, parts);
     let joint = Arc::new(Joint::new(&lookup.sig, dense_sig, &plan).unwrap());
@@ -468,10 +469,10 @@ fn settings_parse_tables_strictly_and_are_documented() {
 fn plans_the_two_engines_and_names_what_is_wrong() {
     let dir = std::env::temp_dir().join(format!("trt-chain-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let e = plan(&config(""), &settings(&config("")), 3, &dir, CLAIMS).unwrap_err();
+    let e = plan(&config(""), &settings(&config("")), 3, false, &dir, CLAIMS).unwrap_err();
     assert!(e.message().contains("dense.onnx, dense.pt or dense.pt2"), "{e}");
     std::fs::write(dir.join("dense.onnx"), b"x").unwrap();
-    let p = plan(&config(""), &settings(&config("")), 3, &dir, CLAIMS).unwrap();
+    let p = plan(&config(""), &settings(&config("")), 3, false, &dir, CLAIMS).unwrap();
     assert_eq!(p.dense_engine, "onnx");
     assert_eq!(
         p.lookup_config.inputs.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
@@ -481,10 +482,10 @@ fn plans_the_two_engines_and_names_what_is_wrong() {
         p.dense_config.inputs.iter().map(|t| (t.name.as_str(), t.dims.clone())).collect();
     assert_eq!(dense, [("dense", vec![13]), ("embeddings", vec![3, 4])]);
     let c = config(r#", {"name": "embeddings", "data_type": "TYPE_FP32", "dims": [3, 4]}"#);
-    let e = plan(&c, &settings(&c), 3, &dir, CLAIMS).unwrap_err();
+    let e = plan(&c, &settings(&c), 3, false, &dir, CLAIMS).unwrap_err();
     assert!(e.message().contains("clients do not send it"), "{e}");
     // pooled: a sample sends every table's bag (8 keys here), not one key per table
-    let e = plan(&config(""), &settings(&config("")), 8, &dir, CLAIMS).unwrap_err();
+    let e = plan(&config(""), &settings(&config("")), 8, false, &dir, CLAIMS).unwrap_err();
     assert!(e.message().contains("[8] (every table's hotness)"), "{e}");
     let c = config("").clone();
     let pooled = ModelConfig {
@@ -502,26 +503,30 @@ fn plans_the_two_engines_and_names_what_is_wrong() {
         ..c
     };
     assert_eq!(
-        plan(&pooled, &settings(&pooled), 8, &dir, CLAIMS).unwrap().lookup_config.inputs[0].dims,
+        plan(&pooled, &settings(&pooled), 8, true, &dir, CLAIMS).unwrap().lookup_config.inputs[0]
+            .dims,
         [8]
     );
     let mut c = config("");
     c.parameters.insert("recommender_sparse_input".into(), "ids".into());
-    assert!(plan(&c, &settings(&c), 3, &dir, CLAIMS).unwrap_err().message().contains("'ids'"));
+    assert!(plan(&c, &settings(&c), 3, false, &dir, CLAIMS)
+        .unwrap_err()
+        .message()
+        .contains("'ids'"));
     let mut c = config("");
     c.max_batch_size = 0;
     assert!(
-        plan(&c, &settings(&c), 3, &dir, CLAIMS).unwrap_err().message().contains("[-1, 3]"),
+        plan(&c, &settings(&c), 3, false, &dir, CLAIMS).unwrap_err().message().contains("[-1, 3]"),
         "without batching the keys carry their own batch dim"
     );
     c.inputs[1].dims = vec![-1, 3];
     c.inputs[0].dims = vec![-1, 13];
-    let p = plan(&c, &settings(&c), 3, &dir, CLAIMS).unwrap();
+    let p = plan(&c, &settings(&c), 3, false, &dir, CLAIMS).unwrap();
     assert_eq!(p.lookup_config.outputs[0].dims, [-1, 3, 4]);
     assert_eq!(p.dense_config.inputs[1].dims, [-1, 3, 4]);
     let mut c = config("");
     c.parameters.insert("recommender_embeddings_type".into(), "TYPE_FP16".into());
-    let p = plan(&c, &settings(&c), 3, &dir, CLAIMS).unwrap();
+    let p = plan(&c, &settings(&c), 3, false, &dir, CLAIMS).unwrap();
     assert_eq!(
         (p.lookup_config.outputs[0].dtype, p.dense_config.inputs[1].dtype),
         (DataType::F16, DataType::F16),
@@ -576,6 +581,7 @@ fn the_networks_own_check_sees_the_inputs_it_takes_from_the_request() {
     let request = |features: &[u8]| {
         check_both(
             "sparse",
+            None,
             &lookup,
             &dense,
             &[t("dense", DataType::F32, features), t("sparse", DataType::I64, &keys)],
@@ -584,4 +590,56 @@ fn the_networks_own_check_sees_the_inputs_it_takes_from_the_request() {
     assert!(request(&[0u8; 52]).is_ok());
     let e = request(&[0xFFu8; 52]).unwrap_err();
     assert!(e.message().contains("input 'dense' holds 0xFF"), "{e}");
+}
+
+#[test]
+fn ragged_keys_take_their_lengths_to_the_lookup_and_nothing_else_to_the_network() {
+    let dir = std::env::temp_dir().join(format!("trt-chain-ragged-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("dense.onnx"), b"x").unwrap();
+    let ragged = |sparse: &str, lengths: &str| {
+        let mut c = config(&format!(r#", {{"name": "lengths", {lengths}}}"#));
+        c.inputs[1] = ModelConfig::from_json(&format!(
+            r#"{{"name": "r", "max_batch_size": 8, "input": [{{"name": "sparse", {sparse}}}],
+                 "output": [{{"name": "prediction", "data_type": "TYPE_FP32", "dims": [1]}}]}}"#
+        ))
+        .unwrap()
+        .inputs[0]
+            .clone();
+        c.ragged =
+            if sparse.contains("allow_ragged_batch") { vec!["sparse".into()] } else { vec![] };
+        c
+    };
+    let good = ragged(
+        r#""data_type": "TYPE_INT64", "dims": [-1], "allow_ragged_batch": true"#,
+        r#""data_type": "TYPE_INT32", "dims": [3]"#,
+    );
+    let p = plan(&good, &settings(&good), 8, true, &dir, CLAIMS).unwrap();
+    assert_eq!(p.lengths_input.as_deref(), Some("lengths"));
+    let names = |ts: &[triton_rust_core::config::TensorConfig]| {
+        ts.iter().map(|t| t.name.clone()).collect::<Vec<_>>()
+    };
+    assert_eq!(names(&p.lookup_config.inputs), ["sparse", "lengths"]);
+    assert_eq!(names(&p.dense_config.inputs), ["dense", "embeddings"]);
+    assert!(p.dense_config.ragged.is_empty(), "the network's inputs batch as usual");
+    let e = plan(&good, &settings(&good), 3, false, &dir, CLAIMS).unwrap_err();
+    assert!(e.message().contains("embedding_interface pooled"), "{e}");
+    let no_flag = ragged(
+        r#""data_type": "TYPE_INT64", "dims": [-1]"#,
+        r#""data_type": "TYPE_INT32", "dims": [3]"#,
+    );
+    let e = plan(&no_flag, &settings(&no_flag), 8, true, &dir, CLAIMS).unwrap_err();
+    assert!(e.message().contains("allow_ragged_batch"), "{e}");
+    let wide = ragged(
+        r#""data_type": "TYPE_INT64", "dims": [-1], "allow_ragged_batch": true"#,
+        r#""data_type": "TYPE_INT32", "dims": [4]"#,
+    );
+    let e = plan(&wide, &settings(&wide), 8, true, &dir, CLAIMS).unwrap_err();
+    assert!(e.message().contains("input 'lengths'") && e.message().contains("[3]"), "{e}");
+    let fixed = ragged(
+        r#""data_type": "TYPE_INT64", "dims": [8], "allow_ragged_batch": true"#,
+        r#""data_type": "TYPE_INT32", "dims": [3]"#,
+    );
+    let e = plan(&fixed, &settings(&fixed), 8, true, &dir, CLAIMS).unwrap_err();
+    assert!(e.message().contains("bags of any length"), "{e}");
 }
