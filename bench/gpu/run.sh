@@ -96,6 +96,8 @@
 #   --cpu-poll-idle[=yield|spin]   keep every CPU from halting while the run lasts (host_qos.py):
 #                          a host tuning that a user's server does not have; off by default
 #   --cpu-latency-qos      hold /dev/cpu_dma_latency at 0 us while the run lasts; off by default
+#   --pack                 at the end, the results folder becomes one file, DIR.tgz (a device call
+#                          returns eight files: several runs in one call each keep theirs whole)
 #
 # Each run writes ONE results folder: console.log (everything printed), host.txt (the GPU's name,
 # driver and clocks from nvidia-smi; CPU model and count, cpuidle driver and governor, cpufreq
@@ -122,7 +124,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 usage() { sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//' >&2; exit 2; }
 
-results=""; poll=""; qos=0
+results=""; poll=""; qos=0; pack=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --results) results="$2"; shift 2 ;;
@@ -130,6 +132,7 @@ while [ $# -gt 0 ]; do
     --cpu-poll-idle) poll=yield; shift ;;
     --cpu-poll-idle=*) poll="${1#*=}"; shift ;;
     --cpu-latency-qos) qos=1; shift ;;
+    --pack) pack=1; shift ;;
     -h|--help) usage ;;
     -*) echo "unknown option $1" >&2; usage ;;
     *) break ;;
@@ -180,7 +183,12 @@ if [ -z "${_RUN_SH_LOGGED:-}" ]; then
     [ -n "$poll" ] && opts+=("--cpu-poll-idle=$poll")
     [ "$qos" = 1 ] && opts+=(--cpu-latency-qos)
     _RUN_SH_LOGGED=1 bash "$0" "${opts[@]}" "$sub" "$@" 2>&1 | tee "$res/console.log"
-    exit "${PIPESTATUS[0]}"
+    rc="${PIPESTATUS[0]}"
+    if [ "$pack" = 1 ]; then
+        tar -C "$(dirname "$res")" -czf "$res.tgz" "$(basename "$res")" && rm -rf "$res" \
+            && echo "run.sh: the results folder packed into $res.tgz"
+    fi
+    exit "$rc"
 fi
 
 # ---- the machine: tritonserver, CUDA libraries, the backend, perf_analyzer ----
