@@ -114,6 +114,11 @@ def parse(argv=None):
                    help="gpucache_allocation (default: per_table at --cache 1, each table's rows exactly; store below, "
                         "the small tables whole)")
     p.add_argument("--instances", type=int, default=2, help="dlrm_v2's KIND_GPU instances (one cache per GPU, shared)")
+    p.add_argument("--placement", default="replicated", choices=["replicated", "sharded"],
+                   help="gpucache_placement: each GPU its own copy of every row, or the tables spread over the GPUs "
+                        "(every GPU's lookup reading its peers' tables)")
+    p.add_argument("--cache-rows", default="fp16", choices=["fp16", "fp32"],
+                   help="gpucache_row_type: how the GPUs keep the rows (fp32: 104 GB at scale 1.0, more than one GPU holds)")
     p.add_argument("--gpus", default="", help="the GPUs of the instance groups, e.g. 0 or 0,1 (--instances on each, every "
                    "row in each GPU's HBM: replicated); default: every GPU the server sees. Clients' inputs stay on "
                    "GPU 0; per-GPU rates from rust_device_inferences_total")
@@ -326,7 +331,8 @@ def write_repository(a, repo, fixture, package, graphs):
     store = [param("sparse_files", ",".join(os.path.join(fixture, f"t{i}") for i in range(TABLES))),
              param("gpucacheper", a.cache), param("gpucache_allocation", a.allocation),
              # one cache per GPU for both instances (two copies would not fit at --cache 1.0)
-             param("gpucache_sharing", "device"), param("gpucache_row_type", "fp16"),
+             param("gpucache_sharing", "device"), param("gpucache_row_type", a.cache_rows),
+             param("gpucache_placement", a.placement),
              # both models open one store: the rows are in memory once
              param("store_name", os.path.basename(os.path.normpath(fixture))), param("host_memory", "mapped")]
     on = f" gpus: [ {', '.join(a.gpus.split(','))} ]" if a.gpus else ""
@@ -921,7 +927,7 @@ def main():
              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "scale": a.scale, "rows": sum(rows),
              "rows_per_table": rows, "parameters": params, "table_gb": sum(rows) * ROW_BYTES / 1e9, "cache": a.cache,
              "allocation": a.allocation, "cached_rows": sum(plan["cached_per_table"]), "cache_plan": plan,
-             "instances": a.instances, "gpus": a.gpus, "max_queue_delay_us": a.max_queue_delay_us, "max_batch": a.max_batch,
+             "instances": a.instances, "gpus": a.gpus, "placement": a.placement, "cache_rows": a.cache_rows, "max_queue_delay_us": a.max_queue_delay_us, "max_batch": a.max_batch,
              "graph_batches": ("the backend's powers of two" if graphs is None else
                                ",".join(map(str, graphs)) if graphs else "none (off)"),
              "dcnv2_cross": a.dcnv2_cross, "network_precision": a.network_precision, "alpha": a.alpha, "interval_ms": a.interval_ms, "quick": a.quick,

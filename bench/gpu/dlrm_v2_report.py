@@ -260,7 +260,7 @@ def write(out, setup, res, plots=True):
     net_form = ("a CUDA fp16 AOTInductor package" if prec == "fp16" else
                 "a CUDA AOTInductor package in fp16 with its large linear layers in FP8 e4m3 (examples/fp8.py, "
                 "per-tensor scales, the inputs' calibrated)")
-    gpu_line = f"{setup['gpu']}; perf_analyzer gRPC, CUDA shared memory; fp16 rows, {prec} network"
+    gpu_line = f"{setup['gpu']}; perf_analyzer gRPC, CUDA shared memory; {setup.get('cache_rows', 'fp16')} rows, {prec} network"
     files = []
     if plots:
         import matplotlib
@@ -283,8 +283,9 @@ def write(out, setup, res, plots=True):
           "(hotness 3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1), every bag full, sum-pooled.",
           f"- `dlrm_v2`: one recommender model (examples/dlrm_v2.py's config), {setup['instances']} KIND_GPU instances{' on each of GPUs ' + setup['gpus'] if setup.get('gpus') else ''}, "
           f"dynamic batching (max_queue_delay {setup['max_queue_delay_us']} us, max_batch_size {setup['max_batch']} pairs), "
-          f"GPU cache `gpucacheper` {setup['cache']} (`gpucache_allocation` {setup['allocation']}, one cache per GPU, "
-          f"fp16 rows: {setup['cached_rows']:,} slots), pooled rows into the network as fp16; the network DCNv2's dense "
+          f"GPU cache `gpucacheper` {setup['cache']} (`gpucache_allocation` {setup['allocation']}, "
+          f"{'the tables spread over the GPUs (gpucache_placement sharded)' if setup.get('placement') == 'sharded' else 'one cache per GPU'}, "
+          f"{setup.get('cache_rows', 'fp16')} rows: {setup['cached_rows']:,} slots), pooled rows into the network as fp16; the network DCNv2's dense "
           f"part as {net_form} (cross layers `{setup['dcnv2_cross']}`), CUDA graphs for batches of "
           f"{setup['graph_batches']} pairs (a batch runs in the smallest graph holding it).",
           "- `dlrm_v2_lookup`: the embedding engine alone on the same store (`store_name` shared: the rows are in "

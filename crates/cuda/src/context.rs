@@ -68,6 +68,49 @@ pub fn gpu_count() -> Result<i32> {
         .map_err(cuda_err)
 }
 
+/// Lets every GPU of `gpus` read the others' memory from its kernels (peer access over NVLink
+/// or PCIe), in both directions. An error names a pair that cannot.
+pub fn enable_peer_access(gpus: &[i32]) -> Result<()> {
+    use cudarc::driver::sys::{cuCtxEnablePeerAccess, cuDeviceCanAccessPeer, CUresult};
+    let states = gpus.iter().map(|&g| state(g)).collect::<Result<Vec<_>>>()?;
+    for (a, sa) in gpus.iter().zip(&states) {
+        for (b, sb) in gpus.iter().zip(&states) {
+            if a == b {
+                continue;
+            }
+            let mut can = 0i32;
+            // SAFETY: a driver query on two live devices; `can` outlives the call.
+            let r =
+                unsafe { cuDeviceCanAccessPeer(&mut can, sa.ctx.cu_device(), sb.ctx.cu_device()) };
+            if r != CUresult::CUDA_SUCCESS || can == 0 {
+                return Err(CudaError::unavailable(format!(
+                    "GPU {a} cannot read GPU {b}'s memory (no peer access between them{})",
+                    if r == CUresult::CUDA_SUCCESS { String::new() } else { format!(": {r:?}") }
+                )));
+            }
+            sa.ctx.bind_to_thread().map_err(cuda_err)?;
+            // SAFETY: both contexts are live primary contexts; flags must be 0.
+            match unsafe { cuCtxEnablePeerAccess(sb.ctx.cu_ctx(), 0) } {
+                CUresult::CUDA_SUCCESS | CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {}
+                e => {
+                    return Err(CudaError::driver(
+                        e as i32,
+                        format!("CUDA: peer access from GPU {a} to GPU {b}: {e:?}"),
+                    ))
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Bytes free on GPU `device` now.
+pub fn free_memory(device: i32) -> Result<u64> {
+    gpu(device)?;
+    let (free, _total) = cudarc::driver::result::mem_get_info().map_err(cuda_err)?;
+    Ok(free as u64)
+}
+
 thread_local! {
     /// Each thread's stream per device for the serving path's copies and gathers: an
     /// instance's thread waits for its own copies only, never behind another instance's.

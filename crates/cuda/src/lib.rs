@@ -41,6 +41,8 @@ pub mod upload;
 #[cfg(feature = "driver")]
 pub use buffer::DeviceMem;
 #[cfg(feature = "driver")]
-pub use context::{gpu, gpu_count, view_in, view_mut_in, GpuState};
+pub use context::{
+    enable_peer_access, free_memory, gpu, gpu_count, view_in, view_mut_in, GpuState,
+};
 #[cfg(feature = "driver")]
 pub use copy::{alloc, Cuda};

@@ -79,6 +79,7 @@ fn main() {
             compaction_rows: 0,
             update_stream: None,
             host_memory: Default::default(),
+            placement: Default::default(),
         },
         None,
     )

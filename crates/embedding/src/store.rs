@@ -22,6 +22,8 @@ use crate::table::{self, TableFiles};
 
 mod instance;
 mod metrics;
+#[cfg(feature = "gpu")]
+mod sharded;
 
 pub use instance::InstanceCaches;
 
@@ -70,6 +72,9 @@ pub struct EmbeddingStore {
     /// The caches shared by the instances on each GPU (`attach_gpu_caches`), while any holds them.
     #[cfg(feature = "gpu")]
     gpu_shared: Mutex<Vec<(i32, Weak<InstanceCaches>, gpu::GpuInstance)>>,
+    /// With `gpucache_placement: sharded`, the tables spread over the GPUs (made once).
+    #[cfg(feature = "gpu")]
+    sharded: Mutex<Option<Arc<sharded::ShardedTables>>>,
     /// Update requests refused for a missing or wrong credential.
     pub refused_updates: AtomicU64,
     /// Stops the compactor when the store goes.
@@ -205,6 +210,8 @@ impl EmbeddingStore {
             caches: Mutex::new(Vec::new()),
             #[cfg(feature = "gpu")]
             gpu_shared: Mutex::new(Vec::new()),
+            #[cfg(feature = "gpu")]
+            sharded: Mutex::new(None),
             refused_updates: AtomicU64::new(0),
             compactor: compactor.clone(),
             follower: Mutex::new(None),
@@ -364,6 +371,19 @@ impl EmbeddingStore {
         // is kept whole on the GPU, looked up by row number (a resident table). No update
         // lands between its copy and the caches' registration for updates.
         let _gate = self.gate.read();
+        if self.config.placement == Placement::Sharded {
+            // every GPU's instances look up the same tables, each where the plan put it
+            let sharded = self.sharded_tables(device)?;
+            let caches = self.attach_table_caches(&|t, _| Ok(sharded.caches[t].clone()))?;
+            if shared {
+                registry.push((device, Arc::downgrade(&caches), gpu.clone()));
+            }
+            log::info!(
+                "GPU {device}: an instance's lookups read the sharded rows over GPUs {:?}",
+                sharded.gpus
+            );
+            return Ok((gpu, caches));
+        }
         let caches = self.attach_table_caches(&|t, geo| {
             let host = self.host(t);
             if self.config.cache_ratio >= 1.0 && host.dense_rows().is_some() {
@@ -491,8 +511,15 @@ impl EmbeddingStore {
         t.host.read().upsert(keys, vectors)?;
         let caches: Vec<Arc<InstanceCaches>> =
             self.caches.lock().iter().filter_map(Weak::upgrade).collect();
+        // a cache several instances share (sharded rows: one table for every GPU) once
+        let mut refreshed: Vec<*const ()> = Vec::new();
         for c in caches {
             if let Some(cache) = c.caches.get(table) {
+                let at = Arc::as_ptr(cache) as *const ();
+                if refreshed.contains(&at) {
+                    continue;
+                }
+                refreshed.push(at);
                 cache.refresh(keys, vectors)?;
             }
         }

@@ -44,6 +44,31 @@ pub struct StoreConfig {
     pub update_stream: Option<stream::StreamSpec>,
     /// Where the host tier keeps rows loaded from files (`host_memory`).
     pub host_memory: table::HostRows,
+    /// How the rows are spread over the GPUs the store's instances use (`gpucache_placement`).
+    pub placement: Placement,
+}
+
+/// Where a store's rows live on a host of several GPUs (`gpucache_placement`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// Each GPU its own cache of the same rows (HPS's way).
+    #[default]
+    Replicated,
+    /// Every row in GPU memory once: the tables spread over the host's GPUs (`shard.rs`),
+    /// each GPU's lookup reading the tables it lacks from its peers' memory.
+    Sharded,
+}
+
+impl Placement {
+    pub fn parse(s: &str) -> Result<Placement> {
+        match s.trim() {
+            "" | "replicated" => Ok(Placement::Replicated),
+            "sharded" => Ok(Placement::Sharded),
+            other => Err(Error::invalid_arg(format!(
+                "gpucache_placement must be replicated or sharded; got '{other}'"
+            ))),
+        }
+    }
 }
 
 /// How `cache_ratio` becomes each table's cache size.

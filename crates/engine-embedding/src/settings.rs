@@ -11,7 +11,7 @@ use triton_rust_embedding::redis::{Access, Credential as RedisCredential};
 use triton_rust_embedding::settings::TableSettings;
 use triton_rust_embedding::stream::StreamSpec;
 use triton_rust_embedding::table::HostRows;
-use triton_rust_embedding::{CacheAllocation, CacheRows, StoreConfig, TableConfig};
+use triton_rust_embedding::{CacheAllocation, CacheRows, Placement, StoreConfig, TableConfig};
 
 #[cfg(test)]
 thread_local! {
@@ -268,6 +268,7 @@ impl StoreSettings {
         ("gpu_key_piece", "131072"),
         ("gpu_key_upload_tasks", "8"),
         ("deployed_device_list", "none"),
+        ("gpucache_placement", "replicated"),
     ];
 
     pub fn from_config(
@@ -350,7 +351,24 @@ impl StoreSettings {
             host_memory: HostRows::parse(
                 cfg.parameters.get("host_memory").map_or("", |s| s.as_str()),
             )?,
+            placement: Placement::parse(
+                cfg.parameters.get("gpucache_placement").map_or("", |s| s.as_str()),
+            )?,
         };
+        if store.placement == Placement::Sharded {
+            if !cfg.instance_kinds.iter().any(|k| k == "KIND_GPU") {
+                return Err(Error::invalid_arg(format!(
+                    "parameter 'gpucache_placement' is sharded, which spreads the rows over GPUs; the model's instances are {:?}",
+                    cfg.instance_kinds
+                )));
+            }
+            if store.cache_ratio < 1.0 {
+                return Err(Error::invalid_arg(format!(
+                    "parameter 'gpucache_placement' is sharded, which keeps every row in GPU memory once: set gpucacheper to 1.0 (it is {})",
+                    store.cache_ratio
+                )));
+            }
+        }
         let credential = if interface == Interface::Update {
             Credential::from_config(cfg)?
         } else {

@@ -344,3 +344,34 @@ fn hps_device_lists_are_parsed_and_checked_against_the_placement() {
         "{missing}"
     );
 }
+
+#[test]
+fn sharded_placement_is_refused_where_it_cannot_hold() {
+    let on = |kind: &str, extra: &[(&str, &str)]| {
+        let mut p = vec![
+            ("embedding_table_names", "a"),
+            ("embedding_vecsize_per_table", "4"),
+            ("gpucache_placement", "sharded"),
+        ];
+        p.extend_from_slice(extra);
+        let mut c = cfg(&p);
+        c.instance_kinds = vec![kind.to_string()];
+        StoreSettings::from_config(&c, Path::new("/nonexistent"), &Default::default())
+    };
+    let cpu = on("KIND_CPU", &[("gpucacheper", "1.0")]).unwrap_err();
+    assert!(
+        cpu.message().contains("gpucache_placement") && cpu.message().contains("KIND_CPU"),
+        "{cpu}"
+    );
+    let part = on("KIND_GPU", &[("gpucacheper", "0.5")]).unwrap_err();
+    assert!(part.message().contains("gpucacheper to 1.0"), "{part}");
+    let typo =
+        on("KIND_GPU", &[("gpucacheper", "1.0"), ("gpucache_placement", "shard")]).unwrap_err();
+    assert!(typo.message().contains("replicated or sharded"), "{typo}");
+    let ok = on("KIND_GPU", &[("gpucacheper", "1.0")]).unwrap();
+    assert_eq!(ok.store.placement, triton_rust_embedding::Placement::Sharded);
+    assert_eq!(
+        one_table(&[]).unwrap().store.placement,
+        triton_rust_embedding::Placement::Replicated
+    );
+}

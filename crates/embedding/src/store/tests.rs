@@ -48,6 +48,7 @@ fn make_store(
         compaction_rows: 0,
         update_stream: None,
         host_memory: Default::default(),
+        placement: Default::default(),
     };
     (EmbeddingStore::open(cfg, None).unwrap(), dir)
 }
@@ -262,6 +263,7 @@ fn config_errors_name_the_table() {
         compaction_rows: 0,
         update_stream: None,
         host_memory: Default::default(),
+        placement: Default::default(),
     };
     let e = EmbeddingStore::open(cfg(4), None).err().unwrap();
     assert!(e.message().contains("'users'") && e.message().contains("dim 3"), "{e}");

@@ -1,0 +1,114 @@
+//! Sharded rows (`gpucache_placement: sharded`): every table resident in the memory of one of
+//! the host's GPUs, placed by the plan of `crate::shard`, and the same tables given to every
+//! GPU's instances. A GPU's lookup reads the tables it lacks from its peers' memory: its
+//! kernel takes each table's row pointers, and peer access lets it follow those that point
+//! at another GPU. A table's updates go through the queue of the GPU that holds it.
+//!
+//! Whole tables only: a table too large for any one GPU's free memory is refused (cutting it
+//! into row ranges is planned by `crate::shard` but not built).
+
+use std::sync::Arc;
+
+use triton_rust_core::error::{Error, Result};
+
+use super::EmbeddingStore;
+use crate::cache::CacheTier;
+use crate::gpu;
+use crate::shard::{check_devices, ShardPlan, TableSize};
+use crate::store_config::CacheRows;
+
+/// A share of each GPU's free memory the plan leaves for everything else (the network, its
+/// CUDA graphs, the batches' buffers).
+const KEEP_FREE: f64 = 0.15;
+
+/// The store's tables, each resident on the GPU the plan gave it.
+pub(crate) struct ShardedTables {
+    /// Each table's rows, on its GPU.
+    pub(crate) caches: Vec<Arc<dyn CacheTier>>,
+    /// The GPUs the rows span.
+    pub(crate) gpus: Vec<i32>,
+    /// Each GPU's instance the tables there were made with (their queues carry the updates).
+    _owners: Vec<gpu::GpuInstance>,
+}
+
+impl EmbeddingStore {
+    /// The sharded tables, made on first use over every GPU the process sees; `device`: the
+    /// GPU of the instance that asks. Callers hold the update gate for reading.
+    pub(crate) fn sharded_tables(&self, device: i32) -> Result<Arc<ShardedTables>> {
+        let mut held = self.sharded.lock();
+        if let Some(s) = held.as_ref() {
+            return Ok(s.clone());
+        }
+        let visible = triton_rust_cuda::gpu_count()?;
+        let gpus: Vec<i32> = (0..visible).collect();
+        check_devices(&gpus).map_err(|e| e.context("gpucache_placement sharded"))?;
+        if !gpus.contains(&device) {
+            return Err(Error::internal(format!(
+                "an instance on GPU {device}, which the process does not see"
+            )));
+        }
+        let mut sizes = Vec::with_capacity(self.tables.len());
+        for (t, table) in self.tables.iter().enumerate() {
+            let rows = self.host(t).dense_rows().ok_or_else(|| {
+                Error::invalid_arg(format!(
+                    "gpucache_placement sharded keeps every table resident on a GPU, which needs keys 0..rows in order; table '{}' has other keys",
+                    table.config.name
+                ))
+            })?;
+            let width = match self.config.cache_rows {
+                CacheRows::F32 => 4,
+                CacheRows::F16 => 2,
+            };
+            sizes.push(TableSize {
+                rows: rows as u64,
+                row_bytes: (table.config.dim * width) as u64,
+            });
+        }
+        triton_rust_cuda::enable_peer_access(&gpus)
+            .map_err(|e| Error::unavailable(format!("gpucache_placement sharded: {e}")))?;
+        let mut room = Vec::with_capacity(gpus.len());
+        for &g in &gpus {
+            let free = triton_rust_cuda::free_memory(g)?;
+            room.push((g, (free as f64 * (1.0 - KEEP_FREE)) as u64));
+        }
+        let plan = ShardPlan::new(&sizes, &room).map_err(|e| {
+            e.context(format!(
+                "gpucache_placement sharded over GPUs {gpus:?} (free memory {room:?})"
+            ))
+        })?;
+        for (t, table) in self.tables.iter().enumerate() {
+            if plan.shards(t).len() > 1 {
+                return Err(Error::unsupported(format!(
+                    "table '{}' ({} bytes) fits no one GPU's free memory; cutting a table into row ranges over GPUs is not built (gpucache_placement sharded places whole tables)",
+                    table.config.name,
+                    sizes[t].rows * sizes[t].row_bytes
+                )));
+            }
+        }
+        let owners = gpus
+            .iter()
+            .map(|&g| gpu::GpuInstance::new(g, self.config.cache_rows))
+            .collect::<Result<Vec<_>>>()?;
+        let mut caches = Vec::with_capacity(self.tables.len());
+        for t in 0..self.tables.len() {
+            let g = plan.shards(t).first().map_or(gpus[0], |s| s.gpu);
+            let owner = &owners[gpus.iter().position(|&x| x == g).unwrap_or(0)];
+            caches.push(owner.new_resident(&self.host(t), self.cache_geometry(t))?);
+        }
+        for &g in &gpus {
+            let names: Vec<&str> = (0..self.tables.len())
+                .filter(|&t| plan.shards(t).first().is_some_and(|s| s.gpu == g))
+                .map(|t| self.tables[t].config.name.as_str())
+                .collect();
+            log::info!(
+                "sharded rows: GPU {g} holds {} tables ({:.1} GB): {}",
+                names.len(),
+                plan.bytes_on(g, &sizes) as f64 / 1e9,
+                names.join(",")
+            );
+        }
+        let s = Arc::new(ShardedTables { caches, gpus, _owners: owners });
+        *held = Some(s.clone());
+        Ok(s)
+    }
+}
