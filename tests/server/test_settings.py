@@ -43,20 +43,24 @@ def test_a_misspelt_parameter_is_named_and_the_model_serves(server):
 
 def test_an_hps_device_list_that_the_placement_cannot_meet_fails_the_load(request, tmp_path_factory, example_models):
     """HPS's deployed_device_list is checked against Triton's placement: on a KIND_CPU model it
-    names GPUs no instance uses, and a malformed one names its bad entry; either fails the load
-    with the parameter named, and the server goes on."""
+    names GPUs no instance uses, and a malformed one names its bad entry; sharded rows on a
+    KIND_CPU model have no GPUs to spread over. Each fails the load with the parameter named,
+    and the server goes on."""
     from make_tables import write_table
     from test_embedding import embedding_config, hps_io
     repo = ModelRepo(str(tmp_path_factory.mktemp("devices-repo")))
-    for name, devices in (("devices_cpu", "0,1"), ("devices_bad", "0,x"), ("devices_none", None)):
+    cases = (("devices_cpu", {"deployed_device_list": "0,1"}), ("devices_bad", {"deployed_device_list": "0,x"}),
+             ("sharded_cpu", {"gpucache_placement": "sharded", "gpucacheper": "1.0"}), ("devices_none", {}))
+    for name, extra in cases:
         write_table(os.path.join(repo.root, name, "1", "tables"), "u", 100, 4, 1)
-        extra = {} if devices is None else {"deployed_device_list": devices}
         repo.write_config(name, embedding_config(name, hps_io(), embedding_table_names="u",
                                                  embedding_vecsize_per_table=4, **extra))
     server = module_server(request, tmp_path_factory, repo, "--model-control-mode=explicit")
-    for name, words in (("devices_cpu", "use no GPU"), ("devices_bad", "'x' is not a GPU id")):
+    for name, param, words in (("devices_cpu", "deployed_device_list", "use no GPU"),
+                               ("devices_bad", "deployed_device_list", "'x' is not a GPU id"),
+                               ("sharded_cpu", "gpucache_placement", "KIND_CPU")):
         r = server.load(name)
         assert r.status_code == 400, r.text
-        assert "deployed_device_list" in r.json()["error"] and words in r.json()["error"], r.text
+        assert param in r.json()["error"] and words in r.json()["error"], r.text
         print(f"\n[settings] {name}: {r.json()['error'][:240]}")
     assert server.load("devices_none").status_code == 200, "the server goes on loading other models"
