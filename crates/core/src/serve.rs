@@ -502,6 +502,34 @@ pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<
             &mut sink_ns,
         ) {
             Ok(rows) => rows_run += rows as u64,
+            // a client's input that only the run could see was wrong (keys in GPU memory, say):
+            // each request again alone, so that only the bad one fails
+            Err(e)
+                if e.kind() == ErrorKind::InvalidArg
+                    && members.len() > 1
+                    && cfg.sequence.is_none() =>
+            {
+                log::debug!(
+                    "instance '{}': a batch of {} requests failed on its input ({e}); each runs alone",
+                    inst.name,
+                    members.len()
+                );
+                for &m in members {
+                    let one = [m];
+                    match run_group(
+                        &mut **engine,
+                        inst.device,
+                        cfg,
+                        transport,
+                        &one,
+                        &mut slots,
+                        &mut sink_ns,
+                    ) {
+                        Ok(rows) => rows_run += rows as u64,
+                        Err(e) => slots[m].outcome = Err(e),
+                    }
+                }
+            }
             Err(e) => {
                 log::error!(
                     "instance '{}': batch of {} requests failed: {e}",

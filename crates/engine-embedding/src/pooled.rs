@@ -192,6 +192,18 @@ impl PooledRun {
         let PooledRun { bags, key_scratch, .. } = self;
         let raw = host_copy(&inputs[0])?;
         let keys = keys_of(&raw, key_scratch);
+        if matches!(raw, Cow::Owned(_)) {
+            // keys that came in GPU memory, which the request's checks could not read: a bad
+            // one fails the batch here as a client's error, and the server runs each request
+            // of it alone, so that only the one that sent it fails
+            let least = if m.lengths_input() { 0 } else { crate::settings::PAD };
+            if let Some((i, k)) = keys.iter().enumerate().find(|(_, &k)| k < least) {
+                return Err(Error::invalid_arg(format!(
+                    "input '{}': key {k} at element {i} is negative",
+                    m.sig.inputs[0].name
+                )));
+            }
+        }
         if m.lengths_input() {
             let lengths = lengths_of(&inputs[1])?;
             bags.refill_ragged(tables, keys, &lengths)?;

@@ -302,3 +302,33 @@ fn a_bad_engine_setting_fails_the_load_naming_it() {
     .unwrap();
     assert!(e.message().contains("'scale'"), "{e}");
 }
+
+#[test]
+fn a_batch_that_fails_on_one_clients_input_answers_the_others() {
+    let (m, factory) = model("KIND_CPU");
+    let inst =
+        InstanceState::new(&m, InstanceContext { name: "doubler_0".into(), device: Device::Cpu })
+            .unwrap();
+    let server = FakeServer::default();
+    execute(
+        &inst,
+        &server,
+        vec![
+            request("a", &[1, 2], &[1.0, 2.0], None),
+            request("bad", &[1, 2], &[99.0, 0.0], None),
+            request("c", &[2, 2], &[3.0, 4.0, 5.0, 6.0], None),
+        ],
+    );
+    let sent = server.sent.borrow();
+    let by = |id: &str| sent.iter().find(|s| s.0 == id).unwrap();
+    let bad = by("bad").1.clone().unwrap_err();
+    assert_eq!(bad.kind(), ErrorKind::InvalidArg);
+    assert!(bad.message().contains("input 'X'") && bad.message().contains("99"), "{bad}");
+    assert_eq!(floats(&by("a").2[0].2), vec![2.0, 4.0]);
+    assert_eq!(floats(&by("c").2[0].2), vec![6.0, 8.0, 10.0, 12.0]);
+    // the batch of four rows, then each request alone
+    assert_eq!(
+        *factory.runs.lock().unwrap(),
+        vec![(4, Device::Cpu), (1, Device::Cpu), (1, Device::Cpu), (2, Device::Cpu)]
+    );
+}
