@@ -21,9 +21,7 @@ fn backend_settings_from_triton_json() {
 #[test]
 fn a_mixed_batch_answers_each_request_and_runs_the_good_ones_once() {
     let (m, factory) = model("KIND_CPU");
-    let inst =
-        InstanceState::new(&m, InstanceContext { name: "doubler_0".into(), device: Device::Cpu })
-            .unwrap();
+    let inst = instance(&m, "doubler_0", Device::Cpu);
     let server = FakeServer::default();
     let requests = vec![
         request("good-1", &[1, 2], &[1.0, 2.0], None),
@@ -67,8 +65,7 @@ fn each_sequence_gets_its_own_rows_of_the_state_output_back() {
         ["X"],
         "the state input is the model's input"
     );
-    let inst = InstanceState::new(&m, InstanceContext { name: "seq".into(), device: Device::Cpu })
-        .unwrap();
+    let inst = instance(&m, "seq", Device::Cpu);
     let server = FakeServer::default();
     let mut requests = vec![
         request("a", &[1, 2], &[1.0, 2.0], None),
@@ -135,11 +132,7 @@ fn each_sequence_gets_its_own_rows_of_the_state_output_back() {
 #[test]
 fn gpu_resident_inputs_are_gathered_on_their_device_and_answered_there() {
     let (m, factory) = model("KIND_GPU");
-    let inst = InstanceState::new(
-        &m,
-        InstanceContext { name: "doubler_gpu".into(), device: Device::Gpu(0) },
-    )
-    .unwrap();
+    let inst = instance(&m, "doubler_gpu", Device::Gpu(0));
     let server = FakeServer::default();
     let requests = vec![
         request("gpu-1", &[1, 2], &[1.0, 2.0], Some(0)),
@@ -176,11 +169,7 @@ fn gpu_resident_inputs_are_gathered_on_their_device_and_answered_there() {
 #[test]
 fn inputs_on_another_gpu_reach_the_engine_on_its_own() {
     let (m, factory) = model("KIND_GPU");
-    let inst = InstanceState::new(
-        &m,
-        InstanceContext { name: "doubler_gpu1".into(), device: Device::Gpu(1) },
-    )
-    .unwrap();
+    let inst = instance(&m, "doubler_gpu1", Device::Gpu(1));
     // a client's CUDA shared memory on GPU 0 or 1; Triton hands the buffers over as they are
     let server = FakeServer::default();
     execute(
@@ -250,11 +239,7 @@ fn a_gpu_model_counts_what_its_instances_ran_on_each_device() {
 #[test]
 fn a_gpu_engine_learns_whether_responses_want_its_outputs_on_the_host() {
     let (m, factory) = model("KIND_GPU");
-    let inst = InstanceState::new(
-        &m,
-        InstanceContext { name: "doubler_gpu".into(), device: Device::Gpu(0) },
-    )
-    .unwrap();
+    let inst = instance(&m, "doubler_gpu", Device::Gpu(0));
     // a client's responses (gRPC, HTTP, system shared memory): host memory
     let client = FakeServer { host_only: true, ..FakeServer::default() };
     execute(&inst, &client, vec![request("c", &[1, 2], &[1.0, 2.0], Some(0))]);
@@ -306,9 +291,7 @@ fn a_bad_engine_setting_fails_the_load_naming_it() {
 #[test]
 fn a_batch_that_fails_on_one_clients_input_answers_the_others() {
     let (m, factory) = model("KIND_CPU");
-    let inst =
-        InstanceState::new(&m, InstanceContext { name: "doubler_0".into(), device: Device::Cpu })
-            .unwrap();
+    let inst = instance(&m, "doubler_0", Device::Cpu);
     let server = FakeServer::default();
     execute(
         &inst,
@@ -331,4 +314,9 @@ fn a_batch_that_fails_on_one_clients_input_answers_the_others() {
         *factory.runs.lock().unwrap(),
         vec![(4, Device::Cpu), (1, Device::Cpu), (1, Device::Cpu), (2, Device::Cpu)]
     );
+}
+
+/// An instance of `m` named `name` on `device`.
+fn instance(m: &ModelState, name: &str, device: Device) -> InstanceState {
+    InstanceState::new(m, InstanceContext { name: name.into(), device }).unwrap()
 }
