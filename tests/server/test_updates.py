@@ -325,6 +325,41 @@ def test_two_servers_follow_a_stream_and_converge(tmp_path, example_models):
         redis.stop()
 
 
+def test_a_node_that_leaves_the_write_through_to_the_publisher_writes_nothing_to_redis(tmp_path, example_models):
+    """update_stream_write_remote: false — the publisher writes a row to the Redis tier once for
+    every node; a node applies the stream to its own tiers (durable in its own log) and writes
+    nothing to Redis. The default node writes every row through."""
+    from publish_updates import publish
+
+    redis = RedisServer(str(tmp_path))
+    stream = f"redis:127.0.0.1:{redis.port}/updates"
+    remote = f"redis:127.0.0.1:{redis.port}"
+    token = token_file(str(tmp_path))
+    repos = {"quiet": write_repo(str(tmp_path / "repo_quiet"), token, update_stream=stream, volatile_db=remote,
+                                 update_stream_write_remote="false"),
+             "writer": write_repo(str(tmp_path / "repo_writer"), token, update_stream=stream, volatile_db=remote)}
+    keys = np.array([3, 77, ROWS + 5], dtype=np.int64)  # the last a new row
+    try:
+        srv = start(repos["quiet"], str(tmp_path / "log_quiet"), "--backend-config=rust,node-name=quiet")
+        try:
+            publish(redis.client, "updates", "u", keys, rows_for(keys, 1))
+            client = make_client(srv, "http")
+            wait_until(lambda: np.array_equal(lookup(client, keys), rows_for(keys, 1)), 20, "the quiet node's rows")
+            assert redis.client.dbsize() == 1, f"only the stream: {redis.client.keys('*')}"
+        finally:
+            srv.stop()
+        srv = start(repos["writer"], str(tmp_path / "log_writer"), "--backend-config=rust,node-name=writer")
+        try:
+            client = make_client(srv, "http")
+            wait_until(lambda: np.array_equal(lookup(client, keys), rows_for(keys, 1)), 20, "the writer's rows")
+            wait_until(lambda: redis.client.dbsize() == 1 + len(keys), 10, "the writer's rows in Redis")
+        finally:
+            srv.stop()
+        print(f"\n[stream] the quiet node wrote no row to Redis; the default node wrote {len(keys)}")
+    finally:
+        redis.stop()
+
+
 # ------------------------------------------------------------------ bounded memory
 
 

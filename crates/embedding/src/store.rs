@@ -200,6 +200,17 @@ impl EmbeddingStore {
                 version: AtomicU64::new(0),
             });
         }
+        if let Some(unlogged) = config
+            .update_stream
+            .as_ref()
+            .filter(|s| !s.write_remote)
+            .and_then(|_| tables.iter().find(|t| t.log.is_none()))
+        {
+            return Err(Error::invalid_arg(format!(
+                "update_stream_write_remote is false, so the stream's rows are durable only in this node's update log, which table '{}' has not: give it table files or set update_log_dir",
+                unlogged.config.name
+            )));
+        }
         let compactor = (config.compaction_rows > 0 && tables.iter().any(|t| t.log.is_some()))
             .then(|| Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new())));
         let store = Arc::new(EmbeddingStore {
@@ -461,6 +472,24 @@ impl EmbeddingStore {
     /// Inserts or overwrites rows while serving. Visible in the host tier, Redis and
     /// every instance's cache when this returns.
     pub fn update(&self, table: usize, keys: &[i64], vectors: &[f32]) -> Result<()> {
+        self.update_with(table, keys, vectors, true)
+    }
+
+    /// [`EmbeddingStore::update`] of an entry of the update stream: written through to the
+    /// Redis tier unless the stream's publisher writes it there for every node
+    /// (`update_stream_write_remote: false`; the node's own log makes it durable then).
+    pub fn update_from_stream(&self, table: usize, keys: &[i64], vectors: &[f32]) -> Result<()> {
+        let write = self.config.update_stream.as_ref().is_none_or(|s| s.write_remote);
+        self.update_with(table, keys, vectors, write)
+    }
+
+    fn update_with(
+        &self,
+        table: usize,
+        keys: &[i64],
+        vectors: &[f32],
+        write_remote: bool,
+    ) -> Result<()> {
         let t = self
             .tables
             .get(table)
@@ -484,7 +513,9 @@ impl EmbeddingStore {
             })?;
         }
         let _gate = self.gate.write();
-        match (&self.remote, log.is_some()) {
+        // (the store refuses to open without a log where a stream's rows skip the remote)
+        let remote = self.remote.as_ref().filter(|_| write_remote);
+        match (remote, log.is_some()) {
             // no log: the write-through to Redis is what makes it durable, so it must succeed first
             (Some(remote), false) => {
                 remote.set_many(&t.config.name, t.config.dim, keys, vectors).map_err(|e| {

@@ -29,6 +29,9 @@ pub struct StreamSpec {
     pub group: String,
     /// Where a new group starts: `0` (the whole stream) or `$` (new entries only).
     pub start: String,
+    /// Whether this node writes the stream's rows through to the Redis tier (`volatile_db`).
+    /// Off where the publisher writes them once for every node (`update_stream_write_remote`).
+    pub write_remote: bool,
 }
 
 impl StreamSpec {
@@ -49,7 +52,13 @@ impl StreamSpec {
                 "update_stream_start must be 0 (whole stream) or $ (new entries); got '{start}'"
             )));
         }
-        Ok(StreamSpec { addr: addr.to_string(), stream: stream.to_string(), group, start })
+        Ok(StreamSpec {
+            addr: addr.to_string(),
+            stream: stream.to_string(),
+            group,
+            start,
+            write_remote: true,
+        })
     }
 }
 
@@ -300,7 +309,7 @@ fn apply(store: &EmbeddingStore, fields: &[(String, Vec<u8>)]) -> Result<usize> 
     if let Some(i) = vectors.iter().position(|v| !v.is_finite()) {
         return Err(Error::invalid_arg(format!("table '{name}': value {i} is not finite")));
     }
-    store.update(table, &keys, &vectors).map_err(|e| {
+    store.update_from_stream(table, &keys, &vectors).map_err(|e| {
         if e.kind() == triton_rust_core::ErrorKind::InvalidArg {
             e
         } else {

@@ -260,6 +260,7 @@ impl StoreSettings {
         ("update_stream", "none"),
         ("update_stream_group", "triton-rust:<node>:<store>"),
         ("update_stream_start", "0"),
+        ("update_stream_write_remote", "true"),
         ("update_credential_file", "none"),
         ("update_credential_env", "none"),
         ("allow_unauthenticated_updates", "false"),
@@ -329,7 +330,18 @@ impl StoreSettings {
                         .get("update_stream_start")
                         .map(|s| s.trim().to_string())
                         .unwrap_or_else(|| "0".into());
-                    Some(StreamSpec::parse(spec, group, start)?)
+                    let mut spec = StreamSpec::parse(spec, group, start)?;
+                    spec.write_remote =
+                        match cfg.parameters.get("update_stream_write_remote").map(|s| s.trim()) {
+                            None | Some("true") => true,
+                            Some("false") => false,
+                            Some(other) => {
+                                return Err(Error::invalid_arg(format!(
+                        "parameter 'update_stream_write_remote' is true or false, not '{other}'"
+                    )))
+                            }
+                        };
+                    Some(spec)
                 }
             };
         let store = StoreConfig {

@@ -333,3 +333,40 @@ fn the_compactor_keeps_the_overlay_bounded() {
     drop(store);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_stream_that_leaves_redis_to_its_publisher_needs_an_update_log() {
+    let spec = |write_remote| crate::stream::StreamSpec {
+        addr: "127.0.0.1:1".into(),
+        stream: "updates".into(),
+        group: "g".into(),
+        start: "$".into(),
+        write_remote,
+    };
+    let cfg = |write_remote| StoreConfig {
+        tables: vec![TableConfig {
+            name: "fileless".into(),
+            dim: 4,
+            path: None,
+            format: None,
+            default_value: 0.0,
+        }],
+        cache_ratio: 0.0,
+        cache_allocation: CacheAllocation::PerTable,
+        cache_rows: Default::default(),
+        hit_rate_threshold: 0.9,
+        update_log_dir: None,
+        compaction_rows: 0,
+        update_stream: Some(spec(write_remote)),
+        host_memory: Default::default(),
+        placement: Default::default(),
+    };
+    let e = match EmbeddingStore::open(cfg(false), None) {
+        Err(e) => e,
+        Ok(_) => panic!("a fileless table without a log opened"),
+    };
+    assert!(
+        e.message().contains("update_stream_write_remote") && e.message().contains("'fileless'"),
+        "{e}"
+    );
+}
