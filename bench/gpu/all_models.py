@@ -172,16 +172,16 @@ def concurrent_check(port, ensemble, feeds, eager, threads=8, per_thread=6, rows
           f"{after['inference_count'] - before['inference_count']} rows; max abs diff {worst[0]:.3e}")
 
 
-def infer_through_cuda_shm(client, name, feeds, outputs, gpu):
+def infer_through_cuda_shm(client, name, feeds, outputs, gpu, body):
     """`client.infer` with every input written into one CUDA shared-memory region on GPU `gpu`
-    and the outputs (as large as the body's answer) written into another there, then read back."""
-    from cuda_shm import Region
-    shapes = client.infer(name, feeds, outputs)  # the outputs' sizes, from an answer in the body
+    and the outputs written into another there, then read back; `body`: the same request's
+    answer in the body, which sizes the outputs' region."""
+    from cuda_shm import Region, cudart
     # twice the body's answer: an output of variable length (FastPitch's) may come out longer
-    sizes = [2 * int(np.asarray(shapes[o]).nbytes) for o in outputs]
+    sizes = [2 * int(np.asarray(body[o]).nbytes) for o in outputs]
     align = lambda n: (n + 255) // 256 * 256  # noqa: E731
     in_sizes = [align(np.ascontiguousarray(v).nbytes) for v in feeds.values()]
-    rt, check = __import__("cuda_shm").cudart()
+    rt, check = cudart()
     was = ctypes.c_int()
     check("cudaGetDevice", rt.cudaGetDevice(ctypes.byref(was)))
     check("cudaSetDevice", rt.cudaSetDevice(gpu))
@@ -372,7 +372,7 @@ parameters {{ key: "gpucacheper" value {{ string_value: "0.5" }} }}
                     # the same request with its inputs and outputs in another GPU's memory,
                     # against the answer in the body just after it (a TorchScript model's
                     # first runs profile, and FastPitch fp16's length can move by a frame)
-                    shm = infer_through_cuda_shm(c, name, feeds, outputs, a.inputs_on_gpu)
+                    shm = infer_through_cuda_shm(c, name, feeds, outputs, a.inputs_on_gpu, got)
                     body = c.infer(name, feeds, outputs)
                     same = all(shm[o].shape == body[o].shape and np.array_equal(shm[o], body[o]) for o in outputs)
                     print(f"  {label:<14} {prec}  inputs and outputs in CUDA shared memory on GPU {a.inputs_on_gpu}: "

@@ -216,15 +216,14 @@ struct PartsArg {
 // SAFETY: plain words laid out as the kernel's struct of three arrays (repr(C), no padding).
 unsafe impl DeviceRepr for PartsArg {}
 
-/// Queues `parts` (live memory of `device`, each range inside one allocation that outlives
-/// `stream`'s next synchronisation) on `stream`: one launch of the batched copy per
+/// Queues `parts` (non-empty, live memory of `device`, each range inside one allocation that
+/// outlives `stream`'s next synchronisation) on `stream`: one launch of the batched copy per
 /// `COPY_PARTS` parts, or one driver copy each where there is only one or the kernel cannot
 /// be had (no NVRTC).
 fn copy_all(device: i32, stream: &CudaStream, parts: &[Part]) -> Result<()> {
-    let parts: Vec<Part> = parts.iter().copied().filter(|p| p.len > 0).collect();
     let kernel = if parts.len() > 1 { kernels::copy_parts(device).ok() } else { None };
     let Some(f) = kernel else {
-        for p in &parts {
+        for p in parts {
             // SAFETY (callers): both ranges are live device memory of `len` bytes on `device`.
             unsafe { result::memcpy_dtod_async(p.dst, p.src, p.len as usize, stream.cu_stream()) }
                 .map_err(cuda_err)?;

@@ -59,11 +59,29 @@ pub(crate) struct RowKernels {
     pub(crate) pool_resident_h: CudaFunction,
 }
 
-type Compiled = OnceLock<Result<Arc<Kernels>>>;
+/// Per device, something made once on first use (or why it could not be).
+struct PerDevice<T>(Mutex<Option<HashMap<i32, Arc<Once<T>>>>>);
 
-/// Per device, the kernels once compiled (or why they could not be).
+/// One device's: made once, or why it could not be.
+type Once<T> = OnceLock<Result<T>>;
+
+impl<T: Clone> PerDevice<T> {
+    const fn new() -> Self {
+        PerDevice(Mutex::new(None))
+    }
+
+    /// Device `id`'s, made by `make` the first time (later callers wait for it).
+    fn get(&self, id: i32, make: impl FnOnce() -> Result<T>) -> Result<T> {
+        let once = self.0.lock().get_or_insert_with(HashMap::new).entry(id).or_default().clone();
+        once.get_or_init(make).clone()
+    }
+}
+
 // Process-wide as the primary contexts the kernels are loaded into are (`context.rs`).
-static COMPILED: Mutex<Option<HashMap<i32, Arc<Compiled>>>> = Mutex::new(None);
+/// Per device, the cache kernels once compiled.
+static COMPILED: PerDevice<Arc<Kernels>> = PerDevice::new();
+/// Per device, the batched copy once compiled.
+static COPY_COMPILED: PerDevice<CudaFunction> = PerDevice::new();
 
 /// `source` compiled by NVRTC and loaded on `g`'s device; `needs` names what is missing
 /// when the libraries are.
@@ -128,25 +146,16 @@ pub(crate) fn device(id: i32) -> Result<(Arc<GpuState>, Arc<Kernels>)> {
             e
         }
     })?;
-    let once = COMPILED.lock().get_or_insert_with(HashMap::new).entry(id).or_default().clone();
-    let k = once.get_or_init(|| compile(&g)).clone()?;
+    let k = COMPILED.get(id, || compile(&g))?;
     Ok((g, k))
 }
 
-/// Per device, the batched copy once compiled (or why it could not be).
-// Process-wide for the same reason as COMPILED.
-static COPY_COMPILED: Mutex<Option<HashMap<i32, Arc<CopyCompiled>>>> = Mutex::new(None);
-
-type CopyCompiled = OnceLock<Result<CudaFunction>>;
-
 /// The batched copy (`copy_parts`) of device `id`, compiled on first use.
 pub(crate) fn copy_parts(id: i32) -> Result<CudaFunction> {
-    let once = COPY_COMPILED.lock().get_or_insert_with(HashMap::new).entry(id).or_default().clone();
-    once.get_or_init(|| {
+    COPY_COMPILED.get(id, || {
         let g = gpu(id)?;
         load(&g, COPY_SOURCE, "the batched copy")?.load_function("copy_parts").map_err(cuda_err)
     })
-    .clone()
 }
 
 /// Keys a warp of the batch lookup (`batch_lookup*`) takes: 32 / `LOOKUP_LANES` in the

@@ -385,6 +385,8 @@ impl EmbeddingStore {
         if self.config.placement == Placement::Sharded {
             // every GPU's instances look up the same tables, each where the plan put it
             let sharded = self.sharded_tables(device)?;
+            // making them bound other GPUs' contexts to this thread: this instance's again
+            triton_rust_cuda::gpu(device)?;
             let caches = self.attach_table_caches(&|t, _| Ok(sharded.caches[t].clone()))?;
             if shared {
                 registry.push((device, Arc::downgrade(&caches), gpu.clone()));
