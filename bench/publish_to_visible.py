@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 sys.path.insert(0, HERE)
 from kserve_client import Client  # noqa: E402
 from publish_updates import publish  # noqa: E402
-from test_redis_cluster import cluster_ports  # noqa: E402
+from test_redis_cluster import cluster_ports, start_cluster  # noqa: E402
 from tritonserver_harness import TritonServer  # noqa: E402
 
 
@@ -53,33 +53,17 @@ class Cluster:
     """A Redis cluster of real redis-server processes on 127.0.0.1, no replicas, no persistence."""
 
     def __init__(self, n, workdir):
-        self.ports, self.procs = cluster_ports(n), []
-        for p in self.ports:
+        self.ports = cluster_ports(n)
+
+        def dir_of(p):
             d = os.path.join(workdir, f"redis-{p}")
             os.makedirs(d)
-            self.procs.append(subprocess.Popen(
-                ["redis-server", "--port", str(p), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                 "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
-                 "--dir", d, "--loglevel", "warning"],
-                stdout=open(os.path.join(d, "redis.log"), "ab"), stderr=subprocess.STDOUT))
-        for p in self.ports:
-            self._wait(lambda p=p: self.cli(p, "ping").strip() == "PONG", "redis-server start")
-        subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in self.ports],
-                       "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=60)
-        self._wait(lambda: all("cluster_state:ok" in self.cli(p, "cluster", "info") for p in self.ports),
-                   "the cluster's state ok")
+            return d
+        self.nodes = start_cluster(self.ports, dir_of)
 
     @staticmethod
     def cli(port, *args):
         return subprocess.run(["redis-cli", "-p", str(port), *args], capture_output=True, text=True).stdout
-
-    @staticmethod
-    def _wait(pred, what, timeout=30):
-        deadline = time.monotonic() + timeout
-        while not pred():
-            if time.monotonic() > deadline:
-                raise SystemExit(f"timed out waiting for {what}")
-            time.sleep(0.1)
 
     def key_on(self, port, prefix):
         """A key whose slot the node on `port` serves (a stream lives on one node; another node
@@ -94,10 +78,8 @@ class Cluster:
         return "redis_cluster:" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
 
     def stop(self):
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            p.wait(10)
+        for n in self.nodes:
+            n.stop()
 
 
 def param(k, v):

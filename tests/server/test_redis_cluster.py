@@ -35,22 +35,35 @@ def cluster_ports(n: int):
     return ports
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    ports = cluster_ports(3)
+def start_cluster(ports, dir_of):
+    """A Redis cluster of real redis-server nodes on 127.0.0.1 `ports` (no replicas, no
+    persistence), each working in `dir_of(port)`; returns its nodes (`Redis`, each `stop()`),
+    once the cluster's state is ok."""
     nodes = []
-    for p in ports:
-        d = str(tmp_path_factory.mktemp(f"redis-{p}"))
-        nodes.append(Redis(p, d, ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{p}.conf",
-                                  "--cluster-node-timeout", "2000"]).start())
     try:
+        for p in ports:
+            nodes.append(Redis(p, dir_of(p), ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{p}.conf",
+                                              "--cluster-node-timeout", "2000"]).start())
         subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
                         "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=60)
         deadline = time.monotonic() + 30
         while not all("cluster_state:ok" in subprocess.run(["redis-cli", "-p", str(p), "cluster", "info"],
                                                            capture_output=True, text=True).stdout for p in ports):
-            assert time.monotonic() < deadline, "the redis cluster did not reach state ok"
+            if time.monotonic() > deadline:
+                raise RuntimeError("the redis cluster did not reach state ok")
             time.sleep(0.2)
+        return nodes
+    except BaseException:
+        for n in nodes:
+            n.stop()
+        raise
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    ports = cluster_ports(3)
+    nodes = start_cluster(ports, lambda p: str(tmp_path_factory.mktemp(f"redis-{p}")))
+    try:
         yield ports
     finally:
         for n in nodes:
