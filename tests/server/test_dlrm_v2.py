@@ -48,6 +48,28 @@ def predict(model, dense, sparse):
         return model(torch.from_numpy(dense), torch.from_numpy(sparse)).numpy()
 
 
+def counts_before(server, model):
+    """(the model's request counts as stats_after reads them, its execution count) now."""
+    s = server.stats(model)
+    before = {"inference_stats": {"success": {"count": int(s["inference_stats"]["success"]["count"])},
+                                  "fail": {"count": int(s["inference_stats"]["fail"]["count"])}}}
+    return before, int(s["execution_count"])
+
+
+def send_together(client, model, requests):
+    """Every request of `requests` (feeds) sent at once; {index: (prediction or None, error)}."""
+    import queue
+    done: "queue.Queue" = queue.Queue()
+    for i, feeds in enumerate(requests):
+        client.async_infer(model, make_inputs("grpc", feeds),
+                           callback=lambda result, error, i=i: done.put((i, result, error)))
+    results = {}
+    for _ in requests:
+        i, result, error = done.get(timeout=120)
+        results[i] = (None if error else result.as_numpy("prediction"), error)
+    return results
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_served_equal_to_the_pytorch_reference(server, reference, protocol):
     rows = dlrm_v2.scaled_rows(SCALE)
@@ -79,25 +101,14 @@ def test_the_one_model_equals_its_ensemble_form(server, reference):
 
 
 def test_requests_batch_together_and_a_bad_key_fails_alone(server, reference):
-    import queue
     rows = dlrm_v2.scaled_rows(SCALE)
     payloads = [dlrm_v2.sample_inputs(1 + i % 4, rows, seed=100 + i) for i in range(16)]
     negative = payloads[6][1].copy()
     negative[0, 2] = -3
     payloads[6] = (payloads[6][0], negative)
-    s = server.stats("dlrm_v2")
-    before = {"inference_stats": {"success": {"count": int(s["inference_stats"]["success"]["count"])},
-                                  "fail": {"count": int(s["inference_stats"]["fail"]["count"])}}}
-    executions0 = int(s["execution_count"])
+    before, executions0 = counts_before(server, "dlrm_v2")
     client = make_client(server, "grpc")
-    done: "queue.Queue" = queue.Queue()
-    for i, (dense, sparse) in enumerate(payloads):
-        client.async_infer("dlrm_v2", make_inputs("grpc", {"dense": dense, "sparse": sparse}),
-                           callback=lambda result, error, i=i: done.put((i, result, error)))
-    results = {}
-    for _ in payloads:
-        i, result, error = done.get(timeout=120)
-        results[i] = (None if error else result.as_numpy("prediction"), error)
+    results = send_together(client, "dlrm_v2", [{"dense": d, "sparse": s} for d, s in payloads])
     client.close()
     for i, (out, err) in sorted(results.items()):
         if i == 6:
@@ -115,7 +126,6 @@ def test_ragged_keys_answer_as_the_padded_form_batched_together_a_bad_length_alo
     """TorchRec's values and lengths (each sample's bags one after the other, `lengths` [26]):
     requests of different lengths batch together and answer as the padded form does; one whose
     lengths do not add up to its keys fails alone, naming the input."""
-    import queue
     rows = dlrm_v2.scaled_rows(SCALE)
     dense, sparse = dlrm_v2.sample_inputs(12, rows, seed=300, full=0.5)
     client = make_client(server, "grpc")
@@ -130,18 +140,8 @@ def test_ragged_keys_answer_as_the_padded_form_batched_together_a_bad_length_alo
     bad["lengths"] = bad["lengths"].copy()
     bad["lengths"][0, 3] += 2
     requests.append(bad)
-    s = server.stats("dlrm_v2_ragged")
-    before = {"inference_stats": {"success": {"count": int(s["inference_stats"]["success"]["count"])},
-                                  "fail": {"count": int(s["inference_stats"]["fail"]["count"])}}}
-    executions0 = int(s["execution_count"])
-    done: "queue.Queue" = queue.Queue()
-    for i, feeds in enumerate(requests):
-        client.async_infer("dlrm_v2_ragged", make_inputs("grpc", feeds),
-                           callback=lambda result, error, i=i: done.put((i, result, error)))
-    results = {}
-    for _ in requests:
-        i, result, error = done.get(timeout=120)
-        results[i] = (None if error else result.as_numpy("prediction"), error)
+    before, executions0 = counts_before(server, "dlrm_v2_ragged")
+    results = send_together(client, "dlrm_v2_ragged", requests)
     client.close()
     for i, (out, err) in sorted(results.items()):
         if i == len(requests) - 1:

@@ -54,9 +54,16 @@ fn the_key_upload_is_read_from_the_config_and_checked() {
 
 /// The settings of a store of one table ("a", dim 4) with `extra` parameters.
 fn one_table(extra: &[(&str, &str)]) -> Result<StoreSettings> {
+    one_table_on(&[], extra)
+}
+
+/// [`one_table`] of a model whose instance groups are of `kinds`.
+fn one_table_on(kinds: &[&str], extra: &[(&str, &str)]) -> Result<StoreSettings> {
     let mut p = vec![("embedding_table_names", "a"), ("embedding_vecsize_per_table", "4")];
     p.extend_from_slice(extra);
-    StoreSettings::from_config(&cfg(&p), Path::new("/nonexistent"), &Default::default())
+    let mut c = cfg(&p);
+    c.instance_kinds = kinds.iter().map(|k| k.to_string()).collect();
+    StoreSettings::from_config(&c, Path::new("/nonexistent"), &Default::default())
 }
 
 #[test]
@@ -307,15 +314,7 @@ fn which_models_take_keys_in_gpu_memory() {
 fn hps_device_lists_are_parsed_and_checked_against_the_placement() {
     use crate::settings::check_device;
     use triton_rust_core::engine::Device;
-    let on = |kind: &str, list: &str| {
-        let mut c = cfg(&[
-            ("embedding_table_names", "a"),
-            ("embedding_vecsize_per_table", "4"),
-            ("deployed_device_list", list),
-        ]);
-        c.instance_kinds = vec![kind.to_string()];
-        StoreSettings::from_config(&c, Path::new("/nonexistent"), &Default::default())
-    };
+    let on = |kind: &str, list: &str| one_table_on(&[kind], &[("deployed_device_list", list)]);
     assert_eq!(on("KIND_GPU", "0,1").unwrap().devices, Some(vec![0, 1]));
     assert_eq!(on("KIND_GPU", "[1, 0]").unwrap().devices, Some(vec![1, 0]), "HPS's JSON list");
     assert_eq!(one_table(&[]).unwrap().devices, None);
@@ -348,15 +347,9 @@ fn hps_device_lists_are_parsed_and_checked_against_the_placement() {
 #[test]
 fn sharded_placement_is_refused_where_it_cannot_hold() {
     let on = |kind: &str, extra: &[(&str, &str)]| {
-        let mut p = vec![
-            ("embedding_table_names", "a"),
-            ("embedding_vecsize_per_table", "4"),
-            ("gpucache_placement", "sharded"),
-        ];
+        let mut p = vec![("gpucache_placement", "sharded")];
         p.extend_from_slice(extra);
-        let mut c = cfg(&p);
-        c.instance_kinds = vec![kind.to_string()];
-        StoreSettings::from_config(&c, Path::new("/nonexistent"), &Default::default())
+        one_table_on(&[kind], &p)
     };
     let cpu = on("KIND_CPU", &[("gpucacheper", "1.0")]).unwrap_err();
     assert!(
