@@ -526,7 +526,10 @@ pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<
                         &mut sink_ns,
                     ) {
                         Ok(rows) => rows_run += rows as u64,
-                        Err(e) => slots[m].outcome = Err(e),
+                        Err(e) => {
+                            note_gpu_fault(inst.device, &inst.model, &e);
+                            slots[m].outcome = Err(e);
+                        }
                     }
                 }
             }
