@@ -99,7 +99,39 @@ pub fn enable_peer_access(gpus: &[i32]) -> Result<()> {
                     ))
                 }
             }
+            // peer access covers cuMemAlloc'd memory only; stream-ordered allocations (the
+            // cache's rows among them) need their pool opened to the peer as well
+            if sb.ctx.has_async_alloc() {
+                pool_access(*a, sb, *b)?;
+            }
         }
+    }
+    Ok(())
+}
+
+/// Lets GPU `reader`'s kernels read and write what GPU `owner`'s default memory pool hands out.
+fn pool_access(reader: i32, owner_state: &GpuState, owner: i32) -> Result<()> {
+    use cudarc::driver::sys;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let desc = sys::CUmemAccessDesc {
+        location: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: reader,
+        },
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: driver calls on a live device's default pool; `pool` and `desc` outlive them.
+    let r = unsafe {
+        match sys::cuDeviceGetDefaultMemPool(&mut pool, owner_state.ctx.cu_device()) {
+            sys::CUresult::CUDA_SUCCESS => sys::cuMemPoolSetAccess(pool, &desc, 1),
+            e => e,
+        }
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(CudaError::driver(
+            r as i32,
+            format!("CUDA: GPU {reader} reading GPU {owner}'s memory pool: {r:?}"),
+        ));
     }
     Ok(())
 }

@@ -3,8 +3,9 @@
 //! the same for lookups and for updates, so an update reaches the one shard that holds its
 //! row.
 //!
-//! This is the plan only. The sharded lookup, where each GPU reads the rows it lacks from its
-//! peers, is not built, so no setting uses it yet (docs/multi-gpu.md).
+//! `gpucache_placement: sharded` (`crate::store::sharded`) places whole tables by this plan;
+//! each GPU's lookup reads the tables it lacks from its peers' memory. Cutting one table into
+//! row ranges over GPUs is planned here but not served (such a table is refused at load).
 //!
 //! Placement: the tables go largest first. A table goes whole to the GPU with the most room
 //! left, when it fits there. A table larger than any GPU's room is cut into ranges of rows,

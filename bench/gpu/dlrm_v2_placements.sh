@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Issue 47 on one two-GPU device call: MLPerf DLRM-v2 (scale 1.0, every row in HBM, FP8
+# network, 4 instances a GPU) served sharded over two GPUs, replicated on the same two, and
+# replicated on one (GPU 0), one run after the other on one machine; then, while the call's
+# time lasts, sharded with fp32 rows (104 GB: more than one H100 holds). Each run is
+# bench/gpu/run.sh dlrm-v2 (its exactness check first: pooled rows against float64 sums,
+# predictions against PyTorch, the requests sent at once so every GPU answers some), packed
+# into <run>.tgz; then placements_summary.py prints the ratios into summary.txt beside
+# topo.txt (nvidia-smi topo -m). The clients' inputs stay on GPU 0 (CUDA shared memory).
+# No bare PyTorch reference: the issue's ratios are between these runs.
+#
+#   bash bench/gpu/pack.sh        # then, on the device (kind nvidia-h100-x2), carry .carry and .carry_pa:
+#   bash bench/gpu/dlrm_v2_placements.sh [--deadline-s 570] [--skip-fp32]
+set -u
+cd "$(dirname "$0")/../.."
+deadline=570
+fp32=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --deadline-s) deadline="$2"; shift 2 ;;
+    --skip-fp32) fp32=0; shift ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
+    esac
+done
+t0=$(date +%s)
+out="${OUT:-/tmp/out}/dlrm-v2/placements"
+mkdir -p "$out"
+nvidia-smi topo -m > "$out/topo.txt" 2>&1
+nvidia-smi --query-gpu=index,name,memory.total --format=csv >> "$out/topo.txt" 2>&1
+gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+if [ "$gpus" -lt 2 ]; then
+    echo "dlrm_v2_placements.sh needs two GPUs; this machine has $gpus" | tee "$out/summary.txt"
+    exit 1
+fi
+A=(--network-precision fp8 --instances 4 --max-queue-delay-us 1000
+   --graph-batches 2048,4096,6144,8192,10240,12288,14336,16384 --concurrency 0 --mlperf-concurrency 128,256
+   --lookup-concurrency 0 --stream-concurrency 128,256,512 --stream-seconds 5 --interval-ms 2000
+   --no-reference --quick)
+rc=0
+# name, the seconds it may take at most (the first pays the tables and the export), its own arguments
+run() {
+    local name="$1" most="$2"; shift 2
+    local left=$(( deadline - ($(date +%s) - t0) ))
+    if [ "$left" -lt 100 ]; then
+        echo "== $name: skipped, ${left} s left of the call's ${deadline}" | tee -a "$out/skipped.txt"
+        return
+    fi
+    local budget=$(( left - 20 < most ? left - 20 : most ))
+    echo "== $name (--budget-s $budget, $(( $(date +%s) - t0 )) s into the call)"
+    bash bench/gpu/run.sh --pack --results "$out/$name" dlrm-v2 "${A[@]}" "$@" --budget-s "$budget" || rc=1
+}
+run sharded_01 250 --gpus 0,1 --placement sharded
+run replicated_01 110 --gpus 0,1
+run replicated_0 100 --gpus 0
+[ "$fp32" = 1 ] && run sharded_01_fp32 140 --gpus 0,1 --placement sharded --cache-rows fp32
+python3 bench/gpu/placements_summary.py "$out" | tee "$out/summary.txt"
+exit "$rc"

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Issue 47's figures from one call of bench/gpu/dlrm_v2_placements.sh: the best rate of each
+run (perf_analyzer's MLPerf-like queries, and the endless stream), per GPU, the exactness
+checks, and the ratios the issue sets targets for (two GPUs against one, replicated; sharded
+against replicated on the same two GPUs). Reads each run's runs.json, from its folder or from
+the .tgz run.sh --pack made of it.
+
+  python3 bench/gpu/placements_summary.py FOLDER   # FOLDER holds <run>/ or <run>.tgz
+"""
+import json
+import os
+import sys
+import tarfile
+
+RUNS = {
+    "replicated_0": "replicated, one GPU (GPU 0)",
+    "replicated_01": "replicated, two GPUs",
+    "sharded_01": "sharded, two GPUs, fp16 rows",
+    "sharded_01_fp32": "sharded, two GPUs, fp32 rows",
+}
+# (target, numerator, denominator, bound)
+TARGETS = [
+    ("replicated: two GPUs >= 1.9x one GPU (endless stream)", "replicated_01", "replicated_0", "stream", 1.9),
+    ("replicated: two GPUs against one GPU (perf_analyzer, MLPerf-like)", "replicated_01", "replicated_0", "mlperf", None),
+    ("sharded >= 0.8x replicated on the same GPUs (endless stream)", "sharded_01", "replicated_01", "stream", 0.8),
+    ("sharded against replicated (perf_analyzer, MLPerf-like)", "sharded_01", "replicated_01", "mlperf", None),
+    ("sharded fp32 rows (fit no H100) >= 0.8x replicated fp16 (endless stream)", "sharded_01_fp32", "replicated_01",
+     "stream", 0.8),
+]
+
+
+def load(folder, name):
+    """The run's runs.json, or None."""
+    path = os.path.join(folder, name, "runs.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    tgz = os.path.join(folder, name + ".tgz")
+    if os.path.exists(tgz):
+        with tarfile.open(tgz) as t:
+            try:
+                return json.load(t.extractfile(f"{name}/runs.json"))
+            except KeyError:
+                return None
+    return None
+
+
+def best(res, kind):
+    """The run of `kind` ("stream", or perf_analyzer's "mlperf") with the most pairs/s."""
+    runs = res.get("stream", []) if kind == "stream" else [r for r in res.get("perf", []) if r["kind"] == kind]
+    return max(runs, key=lambda r: r["pairs_per_s"], default=None)
+
+
+def line(r):
+    if r is None:
+        return "no figure"
+    gpus = ", ".join(f"GPU {d} {v / 1e6:.2f} M" for d, v in sorted(r.get("per_device", {}).items()))
+    return (f"{r['pairs_per_s'] / 1e6:6.2f} M pairs/s at c={r['concurrency']}, p99 {r['p99_ms']:.1f} ms"
+            + (f" ({gpus})" if gpus else ""))
+
+
+def main():
+    folder = sys.argv[1] if len(sys.argv) > 1 else "."
+    found = {name: load(folder, name) for name in RUNS}
+    for name, what in RUNS.items():
+        res = found[name]
+        print(f"{name}: {what}")
+        if res is None:
+            print("  not run (or no runs.json)")
+            continue
+        ex = res.get("exactness", {})
+        lk, pr = ex.get("lookup"), ex.get("prediction")
+        if lk:
+            shares = "; ".join(f"{m} " + ", ".join(f"GPU {d} {v:.2f}" for d, v in sorted(s.items()))
+                               for m, s in lk.get("per_gpu", {}).items())
+            print(f"  exactness: {lk['pooled_rows']:,} pooled rows, {lk['bad_values']} values outside the bound "
+                  f"(max abs diff {lk['max_abs_diff']:.3g}); predictions max abs diff {pr['max_abs_diff_fp32']:.3g} "
+                  f"(bound {pr['bound']}); answered per GPU: {shares or '-'}")
+        else:
+            print(f"  exactness: not measured ({'; '.join(ex.get('failures', [])) or 'no record'})")
+        for kind in ("mlperf", "stream"):
+            print(f"  {kind:<6} {line(best(res, kind))}")
+    print()
+    for what, num, den, kind, bound in TARGETS:
+        a, b = found[num], found[den]
+        ra, rb = (best(a, kind) if a else None), (best(b, kind) if b else None)
+        if ra is None or rb is None:
+            print(f"-    {what}: no ratio ({num if ra is None else den} has no figure)")
+            continue
+        ratio = ra["pairs_per_s"] / rb["pairs_per_s"]
+        verdict = "-   " if bound is None else ("PASS" if ratio >= bound else "MISS")
+        print(f"{verdict} {what}: {ra['pairs_per_s'] / 1e6:.2f} / {rb['pairs_per_s'] / 1e6:.2f} M = {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
