@@ -10,7 +10,6 @@ the embedding store with its GPU cache — compares every output with torch eage
 same GPU, and prints: model, precision, max abs diff, throughput at one batch size
 through the server, the same model run bare in torch, and their ratio."""
 import argparse
-import ctypes
 import os
 import subprocess
 import sys
@@ -23,6 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
+import cuda_shm  # noqa: E402
 import export_models  # noqa: E402
 import recommenders  # noqa: E402
 import torch_models  # noqa: E402
@@ -170,45 +170,6 @@ def concurrent_check(port, ensemble, feeds, eager, threads=8, per_thread=6, rows
     print(f"    concurrent: {threads * per_thread} requests of {rows} -> {dense_model} ran "
           f"{after['execution_count'] - before['execution_count']} executions for "
           f"{after['inference_count'] - before['inference_count']} rows; max abs diff {worst[0]:.3e}")
-
-
-def infer_through_cuda_shm(client, name, feeds, outputs, gpu, body):
-    """`client.infer` with every input written into one CUDA shared-memory region on GPU `gpu`
-    and the outputs written into another there, then read back; `body`: the same request's
-    answer in the body, which sizes the outputs' region."""
-    from cuda_shm import Region, cudart
-    # twice the body's answer: an output of variable length (FastPitch's) may come out longer
-    sizes = [2 * int(np.asarray(body[o]).nbytes) for o in outputs]
-    align = lambda n: (n + 255) // 256 * 256  # noqa: E731
-    in_sizes = [align(np.ascontiguousarray(v).nbytes) for v in feeds.values()]
-    rt, check = cudart()
-    was = ctypes.c_int()
-    check("cudaGetDevice", rt.cudaGetDevice(ctypes.byref(was)))
-    check("cudaSetDevice", rt.cudaSetDevice(gpu))
-    try:
-        with Region(client, f"in_{name}", sum(in_sizes), gpu) as rin, \
-                Region(client, f"out_{name}", sum(align(n) for n in sizes), gpu) as rout:
-            whole, shm, at = bytearray(sum(in_sizes)), {}, 0
-            for (k, v), n in zip(feeds.items(), in_sizes):
-                v = np.ascontiguousarray(v)
-                whole[at:at + v.nbytes] = v.tobytes()
-                shm[k] = (rin.name, at, v.nbytes, v.shape, v.dtype)
-                at += n
-            rin.write(np.frombuffer(bytes(whole), np.uint8))
-            out_shm, at = {}, 0
-            for o, n in zip(outputs, sizes):
-                out_shm[o] = (rout.name, at, n)
-                at += align(n)
-            meta = client.infer(name, {}, outputs, shm=shm, out_shm=out_shm)
-            raw = rout.read((at,), np.uint8)
-            got = {}
-            for o in outputs:
-                shape, dtype = meta[o]
-                off, n = out_shm[o][1], int(np.prod(shape)) * np.dtype(dtype).itemsize
-                got[o] = raw[off:off + n].view(dtype).reshape(shape)
-            return got
-    finally:
-        check("cudaSetDevice", rt.cudaSetDevice(was.value))
 
 
 def main():
@@ -372,7 +333,7 @@ parameters {{ key: "gpucacheper" value {{ string_value: "0.5" }} }}
                     # the same request with its inputs and outputs in another GPU's memory,
                     # against the answer in the body just after it (a TorchScript model's
                     # first runs profile, and FastPitch fp16's length can move by a frame)
-                    shm = infer_through_cuda_shm(c, name, feeds, outputs, a.inputs_on_gpu, got)
+                    shm = cuda_shm.infer_through(c, name, feeds, outputs, a.inputs_on_gpu, got)
                     body = c.infer(name, feeds, outputs)
                     same = all(shm[o].shape == body[o].shape and np.array_equal(shm[o], body[o]) for o in outputs)
                     print(f"  {label:<14} {prec}  inputs and outputs in CUDA shared memory on GPU {a.inputs_on_gpu}: "

@@ -3,7 +3,7 @@
 
 FastPitch (FP32; no CUDA graph: its frame count is read on the host), ResNet50 and BERT-large
 QA (FP16, a CUDA graph per batch bucket), each exported as a CUDA package in this run
-(examples/aoti_export.py) and served on a KIND_GPU instance of GPU 0:
+(examples/aoti_export.py) and served on a KIND_GPU instance of GPU 0 (`--gpu`):
 
 - answers: requests of batch 1, 3 and the largest, equal to torch eager on the same GPU
   (FastPitch: the TorchScript twin's module; the others: the module that was exported) within
@@ -21,6 +21,9 @@ QA (FP16, a CUDA graph per batch bucket), each exported as a CUDA package in thi
   same GPU; sequences of 600 and 4096 tokens are refused with a 400 naming the input and the
   dimension (the compiled code would index past the position table: a device-side assertion
   that poisons the GPU's context), and then every model on that GPU still answers equal to eager;
+- with `--gpu G --inputs-on-gpu M` (two GPUs): the instances on GPU G, and every case sent
+  again with its inputs and outputs in CUDA shared memory on GPU M, equal to the body's answer
+  bit for bit (the backend moves them between GPUs);
 - the server log: each package's CUDA module loads tracked (crates/aoti/src/modules.cpp), no
   module that failed to unload.
 
@@ -48,6 +51,7 @@ from kserve_client import InferError  # noqa: E402
 from tritonserver_process import serve  # noqa: E402
 
 TOL = {"fp16": 5e-2, "fp32 cuda": 1e-3, "fp32 cpu": 2e-5}
+GPU = 0  # the instances' GPU (--gpu)
 
 
 def models(device):
@@ -94,7 +98,7 @@ def export_range_model(repo, dev):
                                  dynamic_shapes=({0: batch, 1: seq},))
         os.makedirs(os.path.join(repo, RANGE_MODEL, "1"), exist_ok=True)
         torch._inductor.aoti_compile_and_package(ep, package_path=os.path.join(repo, RANGE_MODEL, "1", "model.pt2"))
-    group = "KIND_GPU gpus: [ 0 ]" if dev == "cuda" else "KIND_CPU"
+    group = f"KIND_GPU gpus: [ {GPU} ]" if dev == "cuda" else "KIND_CPU"
     with open(os.path.join(repo, RANGE_MODEL, "config.pbtxt"), "w") as f:
         f.write(f'name: "{RANGE_MODEL}"\nbackend: "rust"\nplatform: "torch_aoti"\nmax_batch_size: 8\n'
                 'input [ { name: "INPUT__0" data_type: TYPE_INT64 dims: [ -1 ] } ]\n'
@@ -142,7 +146,7 @@ def check_range_model(client, module, dev, plan, tol_of):
 
 
 def config(name, max_batch, device, buckets):
-    group = "KIND_GPU gpus: [ 0 ]" if device == "cuda" else "KIND_CPU"
+    group = f"KIND_GPU gpus: [ {GPU} ]" if device == "cuda" else "KIND_CPU"
     text = (f'name: "{name}"\nbackend: "rust"\nmax_batch_size: {max_batch}\n'
             f'dynamic_batching {{ max_queue_delay_microseconds: 1000 }}\n'
             f'instance_group [ {{ count: 1 kind: {group} }} ]\n'
@@ -231,7 +235,12 @@ def main():
     p.add_argument("--work", default="/tmp/aoti_check")
     p.add_argument("--port", type=int, default=18700)
     p.add_argument("--only", default="", help="comma-separated model names")
+    p.add_argument("--gpu", type=int, default=0, help="the GPU of the models' instances")
+    p.add_argument("--inputs-on-gpu", type=int, default=-1,
+                   help="also send every case with its inputs and outputs in CUDA shared memory on this GPU")
     a = p.parse_args()
+    global GPU
+    GPU = a.gpu
     dev = a.device
     repo = os.path.join(a.work, "repo")
     os.makedirs(repo, exist_ok=True)
@@ -310,6 +319,14 @@ def main():
                             got_shm.append(whole[off:off + int(np.prod(shape)) * np.dtype(dtype).itemsize].view(dtype).reshape(shape))
                         diff = max(diff, differ(got_shm, want)[0])
                     line += f"; and written into CUDA shared memory: {diff:.2e}"
+                if a.inputs_on_gpu >= 0:
+                    import cuda_shm
+                    through = cuda_shm.infer_through(client, name, inputs, outputs, a.inputs_on_gpu, got)
+                    same = all(np.array_equal(through[o], got[o]) for o in outputs)
+                    line += (f"; inputs and outputs in GPU {a.inputs_on_gpu}'s memory (instance on GPU {GPU}): "
+                             + ("the body's answer bit for bit" if same else "DIFFERENT from the body's answer"))
+                    if not same:
+                        failures.append(f"{name} batch {b}: answer through GPU {a.inputs_on_gpu}'s memory differs")
                 ok = diff <= tol
                 print(line + ("" if ok else "  FAIL"), flush=True)
                 if not ok:

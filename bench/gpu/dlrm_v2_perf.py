@@ -432,9 +432,10 @@ def exactness(a, client, rows, failures):
 
     with ThreadPoolExecutor(max_workers=min(32, a.exact_requests)) as pool:
         answers = list(pool.map(ask, range(a.exact_requests)))
+    time.sleep(0.6)  # one publishing interval of the backend's metrics
     served = {m: per_device(before[m], device_counts(a.port, m), 1.0) for m in before}
     print("  exactness requests answered per GPU (share of inferences): " + "; ".join(
-        f"{m} " + ", ".join(f"GPU {d} {v:.2f}" for d, v in sorted(shares.items())) for m, shares in served.items()),
+        f"{m} " + ", ".join(f"{d} {v:.2f}" for d, v in sorted(shares.items())) for m, shares in served.items()),
         flush=True)
     for i, (got, pred) in enumerate(answers):
         sl = slice(i * QUERY, (i + 1) * QUERY)

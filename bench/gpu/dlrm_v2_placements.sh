@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 47 on one two-GPU device call: MLPerf DLRM-v2 (scale 1.0, every row in HBM, FP8
 # network, 4 instances a GPU) served sharded over two GPUs, replicated on the same two, and
-# replicated on one (GPU 0), one run after the other on one machine, after sharded with fp32
-# rows (104 GB: more than one H100 holds); a run the call's time cannot hold is skipped. Each run is
+# replicated on one (GPU 0), and sharded with fp32 rows (104 GB: more than one H100 holds),
+# those --runs names, one after the other on one machine; a run the call's time cannot hold
+# is skipped. Each run is
 # bench/gpu/run.sh dlrm-v2 (its exactness check first: pooled rows against float64 sums,
 # predictions against PyTorch, the requests sent at once so every GPU answers some), packed
 # into <run>.tgz; then placements_summary.py prints the ratios into summary.txt beside
@@ -10,20 +11,21 @@
 # No bare PyTorch reference: the issue's ratios are between these runs.
 #
 #   bash bench/gpu/pack.sh        # then, on the device (kind nvidia-h100-x2), carry .carry and .carry_pa:
-#   bash bench/gpu/dlrm_v2_placements.sh [--deadline-s 570] [--skip-fp32]
+#   bash bench/gpu/dlrm_v2_placements.sh [--deadline-s 570] [--runs sharded_01_fp32,replicated_01] [--results DIR]
 set -u
 cd "$(dirname "$0")/../.."
 deadline=570
-fp32=1
+runs="sharded_01_fp32,replicated_01,replicated_0,sharded_01"
+out="${OUT:-/tmp/out}/dlrm-v2/placements"
 while [ $# -gt 0 ]; do
     case "$1" in
     --deadline-s) deadline="$2"; shift 2 ;;
-    --skip-fp32) fp32=0; shift ;;
+    --runs) runs="$2"; shift 2 ;;
+    --results) out="$2"; shift 2 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
 t0=$(date +%s)
-out="${OUT:-/tmp/out}/dlrm-v2/placements"
 mkdir -p "$out"
 nvidia-smi topo -m > "$out/topo.txt" 2>&1
 nvidia-smi --query-gpu=index,name,memory.total --format=csv >> "$out/topo.txt" 2>&1
@@ -49,9 +51,17 @@ run() {
     echo "== $name (--budget-s $budget, $(( $(date +%s) - t0 )) s into the call)"
     bash bench/gpu/run.sh --pack --results "$out/$name" dlrm-v2 "${A[@]}" "$@" --budget-s "$budget" || rc=1
 }
-[ "$fp32" = 1 ] && run sharded_01_fp32 270 --gpus 0,1 --placement sharded --cache-rows fp32
-run replicated_01 110 --gpus 0,1
-run replicated_0 110 --gpus 0
-run sharded_01 110 --gpus 0,1 --placement sharded
+# the first run pays the tables and the export (about 100 s on a fresh machine)
+first=300
+for name in ${runs//,/ }; do
+    case "$name" in
+    sharded_01_fp32) run "$name" "$first" --gpus 0,1 --placement sharded --cache-rows fp32 ;;
+    sharded_01) run "$name" "$first" --gpus 0,1 --placement sharded ;;
+    replicated_01) run "$name" "$first" --gpus 0,1 ;;
+    replicated_0) run "$name" "$first" --gpus 0 ;;
+    *) echo "unknown run: $name" >&2; rc=1 ;;
+    esac
+    first=130
+done
 python3 bench/gpu/placements_summary.py "$out" | tee "$out/summary.txt"
 exit "$rc"

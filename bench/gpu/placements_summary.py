@@ -54,7 +54,7 @@ def best(res, kind):
 def line(r):
     if r is None:
         return "no figure"
-    gpus = ", ".join(f"GPU {d} {v / 1e6:.2f} M" for d, v in sorted(r.get("per_device", {}).items()))
+    gpus = ", ".join(f"{d} {v / 1e6:.2f} M" for d, v in sorted(r.get("per_device", {}).items()))
     return (f"{r['pairs_per_s'] / 1e6:6.2f} M pairs/s at c={r['concurrency']}, p99 {r['p99_ms']:.1f} ms"
             + (f" ({gpus})" if gpus else ""))
 
@@ -68,10 +68,10 @@ def main():
         if res is None:
             print("  not run (or no runs.json)")
             continue
-        ex = res.get("exactness", {})
+        ex = res.get("exactness") or {}
         lk, pr = ex.get("lookup"), ex.get("prediction")
         if lk:
-            shares = "; ".join(f"{m} " + ", ".join(f"GPU {d} {v:.2f}" for d, v in sorted(s.items()))
+            shares = "; ".join(f"{m} " + ", ".join(f"{d} {v:.2f}" for d, v in sorted(s.items()))
                                for m, s in lk.get("per_gpu", {}).items())
             print(f"  exactness: {lk['pooled_rows']:,} pooled rows, {lk['bad_values']} values outside the bound "
                   f"(max abs diff {lk['max_abs_diff']:.3g}); predictions max abs diff {pr['max_abs_diff_fp32']:.3g} "

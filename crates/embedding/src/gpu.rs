@@ -92,25 +92,40 @@ impl GpuInstance {
             (VectorType::F32, RowFormat::F32) | (VectorType::F16, RowFormat::F16) => {
                 slots.upload_rows(0, bytes)?
             }
-            // converted a million rows at a time (fp16 <-> fp32 both round-trip exactly
-            // where the cache's format can hold the value; fp32 -> fp16 rounds to nearest
-            // even, as the GPU's fills do)
+            // converted a million rows at a time, on every core (fp16 <-> fp32 both
+            // round-trip exactly where the cache's format can hold the value; fp32 -> fp16
+            // rounds to nearest even, as the GPU's fills do)
             _ => {
+                use rayon::prelude::*;
                 let per = 1 << 20;
                 let row_bytes = dim * stored.size();
+                let (mut f, mut h) = (Vec::<f32>::new(), Vec::<u16>::new());
                 for (i, part) in bytes.chunks(per * row_bytes).enumerate() {
-                    let mut f = vec![0f32; part.len() / row_bytes * dim];
-                    for (src, dst) in part.chunks_exact(row_bytes).zip(f.chunks_exact_mut(dim)) {
-                        crate::table::decode_row(stored, src, dst);
+                    let n = part.len() / row_bytes;
+                    f.resize(n * dim, 0.0);
+                    f.par_chunks_mut(dim * 4096).zip(part.par_chunks(row_bytes * 4096)).for_each(
+                        |(dst, src)| {
+                            for (s, d) in src.chunks_exact(row_bytes).zip(dst.chunks_exact_mut(dim))
+                            {
+                                crate::table::decode_row(stored, s, d);
+                            }
+                        },
+                    );
+                    match self.rows {
+                        RowFormat::F32 => slots.upload_rows(i * per, bytemuck::cast_slice(&f))?,
+                        RowFormat::F16 => {
+                            h.resize(n * dim, 0);
+                            h.par_chunks_mut(1 << 16).zip(f.par_chunks(1 << 16)).for_each(
+                                |(dst, src)| {
+                                    for (o, v) in dst.iter_mut().zip(src) {
+                                        // the cache's rows are little-endian, as this host
+                                        *o = half::f16::from_f32(*v).to_bits().to_le();
+                                    }
+                                },
+                            );
+                            slots.upload_rows(i * per, bytemuck::cast_slice(&h))?
+                        }
                     }
-                    let out: Vec<u8> = match self.rows {
-                        RowFormat::F32 => bytemuck::cast_slice(&f).to_vec(),
-                        RowFormat::F16 => f
-                            .iter()
-                            .flat_map(|&v| half::f16::from_f32(v).to_bits().to_le_bytes())
-                            .collect(),
-                    };
-                    slots.upload_rows(i * per, &out)?;
                 }
             }
         }
