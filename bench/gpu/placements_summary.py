@@ -2,10 +2,10 @@
 """Issue 47's figures from one call of bench/gpu/dlrm_v2_placements.sh: the best rate of each
 run (perf_analyzer's MLPerf-like queries, and the endless stream), per GPU, the exactness
 checks, and the ratios the issue sets targets for (two GPUs against one, replicated; sharded
-against replicated on the same two GPUs). Reads each run's runs.json, from its folder or from
-the .tgz run.sh --pack made of it.
+against replicated on the same two GPUs). Reads each run's runs.json, from its folder, from the
+.tgz run.sh --pack made of it, or from runs.tgz (the committed form).
 
-  python3 bench/gpu/placements_summary.py FOLDER   # FOLDER holds <run>/ or <run>.tgz
+  python3 bench/gpu/placements_summary.py FOLDER   # FOLDER holds <run>/, <run>.tgz or runs.tgz
 """
 import json
 import os
@@ -26,6 +26,8 @@ TARGETS = [
     ("sharded against replicated (perf_analyzer, MLPerf-like)", "sharded_01", "replicated_01", "mlperf", None),
     ("sharded fp32 rows (fit no H100) >= 0.8x replicated fp16 (endless stream)", "sharded_01_fp32", "replicated_01",
      "stream", 0.8),
+    ("sharded fp32 rows against replicated fp16 (perf_analyzer, MLPerf-like)", "sharded_01_fp32", "replicated_01",
+     "mlperf", None),
 ]
 
 
@@ -35,13 +37,16 @@ def load(folder, name):
     if os.path.exists(path):
         with open(path) as f:
             return json.load(f)
-    tgz = os.path.join(folder, name + ".tgz")
-    if os.path.exists(tgz):
+    # run.sh --pack's <run>.tgz, or the committed runs.tgz holding every run's folder
+    for tgz in (os.path.join(folder, name + ".tgz"), os.path.join(folder, "runs.tgz")):
+        if not os.path.exists(tgz):
+            continue
         with tarfile.open(tgz) as t:
-            try:
-                return json.load(t.extractfile(f"{name}/runs.json"))
-            except KeyError:
-                return None
+            for member in (f"{name}/runs.json", f"./{name}/runs.json"):
+                try:
+                    return json.load(t.extractfile(member))
+                except KeyError:
+                    continue
     return None
 
 
