@@ -139,7 +139,11 @@ impl PooledRun {
         let mean = pooling.combiner == Combiner::Mean;
         let clock = std::time::Instant::now();
         let on_gpu = matches!(keys, BatchKeys::Device(_));
+        // sharded rows: ordered with updates written on the GPU that holds a table (run
+        // waits for its kernel)
+        let order = caches.update_order();
         let misses = pool.run(keys, layout, batch, mean, out)?;
+        drop(order);
         log::debug!(
             "timing: resident pooled lookup: samples {batch}, keys {}, kernel and wait {} us ({})",
             keys.len(),

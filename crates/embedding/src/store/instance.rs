@@ -55,6 +55,17 @@ impl InstanceCaches {
         }
     }
 
+    /// Held across a lookup that reads rows in place on a GPU, when the rows are sharded:
+    /// a table's update is written on the GPU that holds it while other GPUs' instances look
+    /// it up, and this orders the two (an update waits for the lookups under way, and a
+    /// lookup after it reads its rows whole). `None` otherwise: one GPU's lookups and
+    /// updates already share one queue. The lookup must wait for its kernel before the
+    /// guard goes, and take no other hold of the update gate meanwhile.
+    pub fn update_order(&self) -> Option<parking_lot::RwLockReadGuard<'_, ()>> {
+        (self.store.config.placement == crate::store_config::Placement::Sharded)
+            .then(|| self.store.gate.read())
+    }
+
     /// Counts a lookup that found every one of its rows resident in GPU memory (the
     /// one-kernel pooled lookup): `keys[t]` keys of table `t`, each a hit of the cache tier.
     pub fn count_resident(&self, keys: &[usize]) {
@@ -290,9 +301,11 @@ impl InstanceCaches {
             Ok(())
         };
         let epoch = gpu.next_epoch();
+        let order = self.update_order();
         let times = lookup.run_keys::<Error>(keys, layout, epoch, &mut fetch, into)?;
-        // the cache tier's time: the whole pass less the wall time of the reads below it
-        // (those are counted per table by the host tier, summed over its threads)
+        drop(order); // the fill below takes the gate itself
+                     // the cache tier's time: the whole pass less the wall time of the reads below it
+                     // (those are counted per table by the host tier, summed over its threads)
         let elapsed = ns_since(t0).saturating_sub(fetch_ns);
         let total = keys.len().max(1) as u64;
         for (t, &c) in counts.iter().enumerate() {

@@ -18,6 +18,17 @@ fn make_store(
     ratio: f64,
     threshold: f64,
 ) -> (Arc<EmbeddingStore>, PathBuf) {
+    make_placed_store(name, rows, dim, ratio, threshold, Default::default())
+}
+
+fn make_placed_store(
+    name: &str,
+    rows: usize,
+    dim: usize,
+    ratio: f64,
+    threshold: f64,
+    placement: crate::store_config::Placement,
+) -> (Arc<EmbeddingStore>, PathBuf) {
     let dir = std::env::temp_dir().join(format!("trt-store-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let keys: Vec<i64> = (0..rows as i64).collect();
@@ -48,7 +59,7 @@ fn make_store(
         compaction_rows: 0,
         update_stream: None,
         host_memory: Default::default(),
-        placement: Default::default(),
+        placement,
     };
     (EmbeddingStore::open(cfg, None).unwrap(), dir)
 }
@@ -369,4 +380,35 @@ fn a_stream_that_leaves_redis_to_its_publisher_needs_an_update_log() {
         e.message().contains("update_stream_write_remote") && e.message().contains("'fileless'"),
         "{e}"
     );
+}
+
+/// Sharded rows: a lookup reading rows in place holds the update order, so an update waits
+/// for it (and the lookups after the update read it whole); replicated stores take no hold.
+#[test]
+fn sharded_lookups_and_updates_take_turns() {
+    use crate::store_config::Placement;
+    let (replicated, dir_r) = make_store("order-replicated", 16, 4, 1.0, 1.0);
+    assert!(replicated.attach_caches_none().update_order().is_none());
+    let (store, dir) = make_placed_store("order-sharded", 16, 4, 1.0, 1.0, Placement::Sharded);
+    let caches = store.attach_caches_none();
+    let held = caches.update_order().expect("sharded rows order lookups with updates");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let writer = {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            store.update(0, &[3], &row(3, 1, 4)).unwrap();
+            tx.send(()).unwrap();
+        })
+    };
+    // the update cannot land while the lookup holds the order
+    assert!(rx.recv_timeout(std::time::Duration::from_millis(200)).is_err());
+    drop(held);
+    rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the update lands after the lookup");
+    writer.join().unwrap();
+    let mut out = vec![0f32; 4];
+    store.host(0).get(3, &mut out);
+    assert_eq!(out, row(3, 1, 4));
+    for d in [dir, dir_r] {
+        let _ = std::fs::remove_dir_all(d);
+    }
 }
