@@ -181,6 +181,9 @@ def parse(argv=None):
     p.add_argument("--budget-s", type=float, default=530.0,
                    help="perf_analyzer runs that would start past this many seconds minus the reference's share "
                         "are skipped (printed); the device call's limit is 600 s")
+    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="a tritonserver option for this run, e.g. --server-arg=--http-thread-count=32 (repeatable; "
+                        "recorded in setup.json)")
     p.add_argument("--port", type=int, default=18950)
     p.add_argument("--cuda-pool-gb", type=int, default=2, help="tritonserver --cuda-memory-pool-byte-size for GPU 0")
     p.add_argument("--verbose", action="store_true", help="server --log-verbose=1 (the backend's timing lines among "
@@ -956,7 +959,7 @@ def main():
              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "scale": a.scale, "rows": sum(rows),
              "rows_per_table": rows, "parameters": params, "table_gb": sum(rows) * ROW_BYTES / 1e9, "cache": a.cache,
              "allocation": a.allocation, "cached_rows": sum(plan["cached_per_table"]), "cache_plan": plan,
-             "instances": a.instances, "gpus": a.gpus, "placement": a.placement, "cache_rows": a.cache_rows, "max_queue_delay_us": a.max_queue_delay_us, "max_batch": a.max_batch,
+             "instances": a.instances, "gpus": a.gpus, "server_args": a.server_arg, "placement": a.placement, "cache_rows": a.cache_rows, "max_queue_delay_us": a.max_queue_delay_us, "max_batch": a.max_batch,
              "graph_batches": ("the backend's powers of two" if graphs is None else
                                ",".join(map(str, graphs)) if graphs else "none (off)"),
              "dcnv2_cross": a.dcnv2_cross, "network_precision": a.network_precision, "alpha": a.alpha, "interval_ms": a.interval_ms, "quick": a.quick,
@@ -1014,6 +1017,7 @@ def main():
     from tritonserver_process import serve
     log_path = os.path.join(a.work, "server.log")
     extra = [f"--cuda-memory-pool-byte-size={g}:{a.cuda_pool_gb << 30}" for g in (a.gpus or "0").split(",")]
+    extra += a.server_arg
     if a.libtorch_dir:
         extra.append(f"--backend-config=rust,libtorch-dir={a.libtorch_dir}")
     if a.verbose:

@@ -11,7 +11,8 @@
 # No bare PyTorch reference: the issue's ratios are between these runs.
 #
 #   bash bench/gpu/pack.sh        # then, on the device (kind nvidia-h100-x2), carry .carry and .carry_pa:
-#   bash bench/gpu/dlrm_v2_placements.sh [--deadline-s 570] [--runs sharded_01_fp32,replicated_01] [--results DIR]
+#   bash bench/gpu/dlrm_v2_placements.sh [--deadline-s 570] [--runs sharded_01_fp32,replicated_01] [--results DIR] \
+#       [-- more dlrm-v2 arguments for every run, e.g. --server-arg=--http-thread-count=32]
 set -u
 cd "$(dirname "$0")/../.."
 deadline=570
@@ -22,6 +23,7 @@ while [ $# -gt 0 ]; do
     --deadline-s) deadline="$2"; shift 2 ;;
     --runs) runs="$2"; shift 2 ;;
     --results) out="$2"; shift 2 ;;
+    --) shift; break ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -37,7 +39,7 @@ fi
 A=(--network-precision fp8 --instances 4 --max-queue-delay-us 1000
    --graph-batches 2048,4096,6144,8192,10240,12288,14336,16384 --concurrency 0 --mlperf-concurrency 128,256
    --lookup-concurrency 0 --stream-concurrency 128,256 --stream-seconds 5 --interval-ms 2000
-   --no-reference --quick)
+   --no-reference --quick "$@")
 rc=0
 # name, the seconds it may take at most (the first pays the tables and the export), its own arguments
 run() {
