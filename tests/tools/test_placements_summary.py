@@ -1,0 +1,58 @@
+"""bench/gpu/placements_summary.py reads each run of a two-GPU DLRM-v2 call (from its folder,
+run.sh's <run>.tgz or the committed runs.tgz) and prints the issue's ratios; dlrm_v2_perf's
+read_clients adds several perf_analyzer clients' rates and keeps the slowest percentile."""
+import io
+import json
+import os
+import sys
+import tarfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench", "gpu"))
+import placements_summary  # noqa: E402
+
+
+def run(mlperf, stream, per_gpu=None):
+    dev = per_gpu or {}
+    return {"perf": [{"kind": "mlperf", "pairs_per_s": mlperf, "concurrency": 256, "p99_ms": 20.0, "per_device": dev},
+                     {"kind": "mlperf", "pairs_per_s": mlperf / 2, "concurrency": 128, "p99_ms": 9.0}],
+            "stream": [{"kind": "stream", "pairs_per_s": stream, "concurrency": 128, "p99_ms": 7.0}],
+            "exactness": {"lookup": {"pooled_rows": 10, "bad_values": 0, "max_abs_diff": 1e-3,
+                                     "per_gpu": {"dlrm_v2_lookup": {"GPU 0": 0.5, "GPU 1": 0.5}}},
+                          "prediction": {"max_abs_diff_fp32": 0.02, "bound": 0.05}}}
+
+
+def test_ratios_from_folders_and_archives(tmp_path, capsys):
+    os.makedirs(tmp_path / "replicated_0")
+    (tmp_path / "replicated_0" / "runs.json").write_text(json.dumps(run(9e6, 7e6)))
+    # replicated_01 as run.sh --pack leaves it, sharded_01 inside the committed runs.tgz
+    for name, res, tgz in (("replicated_01", run(18e6, 14e6, {"GPU 0": 9e6, "GPU 1": 9e6}), "replicated_01.tgz"),
+                           ("sharded_01", run(12e6, 10e6), "runs.tgz")):
+        data = json.dumps(res).encode()
+        with tarfile.open(tmp_path / tgz, "w:gz") as t:
+            info = tarfile.TarInfo(("./" if tgz == "runs.tgz" else "") + f"{name}/runs.json")
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    sys.argv = ["placements_summary.py", str(tmp_path)]
+    placements_summary.main()
+    out = capsys.readouterr().out
+    assert "PASS replicated: two GPUs >= 1.9x one GPU (endless stream): 14.00 / 7.00 M = 2.00x" in out
+    assert "MISS sharded >= 0.8x replicated on the same GPUs (endless stream): 10.00 / 14.00 M = 0.71x" in out
+    assert "sharded against replicated (perf_analyzer, MLPerf-like): 12.00 / 18.00 M = 0.67x" in out
+    assert "18.00 M pairs/s at c=256, p99 20.0 ms (GPU 0 9.00 M, GPU 1 9.00 M)" in out, "the best run, per GPU"
+    assert "sharded_01_fp32: sharded, two GPUs, fp32 rows\n  not run" in out
+    assert "no ratio (sharded_01_fp32 has no figure)" in out
+
+
+def test_several_perf_analyzer_clients_add_up(tmp_path):
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+    import dlrm_v2_perf
+    head = "Concurrency,Inferences/Second,Client Send,p50 latency,p99 latency\n"
+    raws = []
+    for i, (ips, p99) in enumerate(((1000.0, 5000), (1500.0, 7000))):
+        raw = tmp_path / f"c_{i}.csv"
+        raw.write_text(head + f"128,{ips},10,{p99 // 2},{p99}\n")
+        raws.append(str(raw))
+    row = dlrm_v2_perf.read_clients(raws)
+    assert row["Inferences/Second"] == 2500.0
+    assert row["p99 latency"] == 7000.0 and row["p50 latency"] == 3500.0, "the slowest client's percentiles"
+    assert row["Client Send"] == 10.0
