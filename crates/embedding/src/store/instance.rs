@@ -303,9 +303,10 @@ impl InstanceCaches {
         let epoch = gpu.next_epoch();
         let order = self.update_order();
         let times = lookup.run_keys::<Error>(keys, layout, epoch, &mut fetch, into)?;
-        drop(order); // the fill below takes the gate itself
-                     // the cache tier's time: the whole pass less the wall time of the reads below it
-                     // (those are counted per table by the host tier, summed over its threads)
+        // the fill below takes the gate itself
+        drop(order);
+        // the cache tier's time: the whole pass less the wall time of the reads below it
+        // (those are counted per table by the host tier, summed over its threads)
         let elapsed = ns_since(t0).saturating_sub(fetch_ns);
         let total = keys.len().max(1) as u64;
         for (t, &c) in counts.iter().enumerate() {
