@@ -196,7 +196,7 @@ impl PooledRun {
         let PooledRun { bags, key_scratch, .. } = self;
         let raw = host_copy(&inputs[0])?;
         let keys = keys_of(&raw, key_scratch);
-        if matches!(raw, Cow::Owned(_)) {
+        if matches!(inputs[0].bytes(), Some(Bytes::Device(_))) {
             // keys that came in GPU memory, which the request's checks could not read: a bad
             // one fails the batch here as a client's error, and the server runs each request
             // of it alone, so that only the one that sent it fails

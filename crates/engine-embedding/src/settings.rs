@@ -332,15 +332,7 @@ impl StoreSettings {
                         .unwrap_or_else(|| "0".into());
                     let mut spec = StreamSpec::parse(spec, group, start)?;
                     spec.write_remote =
-                        match cfg.parameters.get("update_stream_write_remote").map(|s| s.trim()) {
-                            None | Some("true") => true,
-                            Some("false") => false,
-                            Some(other) => {
-                                return Err(Error::invalid_arg(format!(
-                        "parameter 'update_stream_write_remote' is true or false, not '{other}'"
-                    )))
-                            }
-                        };
+                        cfg.parameter_bool("update_stream_write_remote")?.unwrap_or(true);
                     Some(spec)
                 }
             };

@@ -143,6 +143,8 @@ pub struct RecommenderModel {
     settings: RecommenderSettings,
     /// Keys per sample.
     keys: usize,
+    /// Whether the lookup pools bags (then the keys may come ragged).
+    pooled: bool,
     version_dir: PathBuf,
     lookup: EmbeddingModel,
     dense: DenseModel,
@@ -167,7 +169,7 @@ impl RecommenderModel {
         let dense = DenseModel::load(&plan, load)?;
         let joint = Arc::new(Joint::new(lookup.signature(), dense.model().signature(), &plan)?);
         let version_dir = load.model_file.to_path_buf();
-        Ok(RecommenderModel { settings, keys, version_dir, lookup, dense, plan, joint })
+        Ok(RecommenderModel { settings, keys, pooled, version_dir, lookup, dense, plan, joint })
     }
 }
 
@@ -212,9 +214,9 @@ impl LoadedModel for RecommenderModel {
             )));
         }
         // the network's config as the server completed the recommender's
-        let pooled = self.plan.lengths_input.is_some() || self.keys != self.settings.tables;
         let dense_config =
-            plan(config, &self.settings, self.keys, pooled, &self.version_dir, DENSE)?.dense_config;
+            plan(config, &self.settings, self.keys, self.pooled, &self.version_dir, DENSE)?
+                .dense_config;
         let lookup = Box::new(self.lookup.engine(device)?);
         let dense = self.dense.network(&dense_config, device)?;
         let chain = Chain::new(lookup, dense, self.joint.clone(), device, dense_takes_device);
