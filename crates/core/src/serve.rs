@@ -491,16 +491,11 @@ pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<
     let compute_start = transport.now_ns();
     let mut sink_ns = 0u64;
     let mut rows_run = 0u64;
+    let mut run = |members: &[usize], slots: &mut [Slot<'_, T::Request, T::Response>]| {
+        run_group(&mut **engine, inst.device, cfg, transport, members, slots, &mut sink_ns)
+    };
     for members in &groups {
-        match run_group(
-            &mut **engine,
-            inst.device,
-            cfg,
-            transport,
-            members,
-            &mut slots,
-            &mut sink_ns,
-        ) {
+        match run(members, &mut slots) {
             Ok(rows) => rows_run += rows as u64,
             // a client's input that only the run could see was wrong (keys in GPU memory, say):
             // each request again alone, so that only the bad one fails
@@ -515,16 +510,7 @@ pub fn execute<T: Transport>(inst: &InstanceState, transport: &T, requests: Vec<
                     members.len()
                 );
                 for &m in members {
-                    let one = [m];
-                    match run_group(
-                        &mut **engine,
-                        inst.device,
-                        cfg,
-                        transport,
-                        &one,
-                        &mut slots,
-                        &mut sink_ns,
-                    ) {
+                    match run(&[m], &mut slots) {
                         Ok(rows) => rows_run += rows as u64,
                         Err(e) => {
                             note_gpu_fault(inst.device, &inst.model, &e);

@@ -20,9 +20,10 @@ pub(super) fn run_group<T: Transport>(
     let clock = || if timing { transport.now_ns() } else { 0 };
     let t_start = clock();
     let sink_before = *sink_ns;
-    // copies queued by a run that unwound before its wait are not made into buffers that
-    // may be gone by now
-    transport.device_ops().discard_queued();
+    // every output's copies are made and waited for inside the sink, while the engine's
+    // buffer is lent; any left queued when this returns or unwinds (a sink that failed
+    // between queueing and its wait) are dropped, never made from a buffer that is gone
+    let _leftovers = DiscardQueued(transport.device_ops());
     // The batch borrows the requests' buffers, not the slots.
     let mut batch = {
         let group: Vec<&CheckedRequest<'_>> =
@@ -130,10 +131,7 @@ pub(super) fn run_group<T: Transport>(
             Error::from(e).context(format!("output '{}' copied into the responses", view.name))
         })
     });
-    // nothing queued outlives the run (a sink that failed before its wait)
-    let waited = ops.finish_copies();
     ran?;
-    waited.map_err(|e| Error::from(e).context("the outputs' copies into the responses"))?;
     if to_host || to_device {
         engine.outputs_landed(to_host && !to_device);
     }
@@ -194,4 +192,13 @@ fn copy_part(
 ) -> Result<()> {
     let src = part_of(out, range)?;
     ops.copy(src, dst).map_err(|e| Error::from(e).context(format!("output '{}'", out.name)))
+}
+
+/// Drops the copies left queued on this thread when it goes (see `run_group`).
+struct DiscardQueued<'a>(&'a dyn DeviceOps);
+
+impl Drop for DiscardQueued<'_> {
+    fn drop(&mut self) {
+        self.0.discard_queued();
+    }
 }
