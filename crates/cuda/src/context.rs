@@ -112,7 +112,6 @@ pub fn enable_peer_access(gpus: &[i32]) -> Result<()> {
 /// Lets GPU `reader`'s kernels read and write what GPU `owner`'s default memory pool hands out.
 fn pool_access(reader: i32, owner_state: &GpuState, owner: i32) -> Result<()> {
     use cudarc::driver::sys;
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     let desc = sys::CUmemAccessDesc {
         location: sys::CUmemLocation {
             type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
@@ -120,13 +119,9 @@ fn pool_access(reader: i32, owner_state: &GpuState, owner: i32) -> Result<()> {
         },
         flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     };
-    // SAFETY: driver calls on a live device's default pool; `pool` and `desc` outlive them.
-    let r = unsafe {
-        match sys::cuDeviceGetDefaultMemPool(&mut pool, owner_state.ctx.cu_device()) {
-            sys::CUresult::CUDA_SUCCESS => sys::cuMemPoolSetAccess(pool, &desc, 1),
-            e => e,
-        }
-    };
+    // SAFETY: a driver call on a live device's default pool; `desc` outlives it.
+    let r = default_pool(&owner_state.ctx)
+        .map_or_else(|e| e, |pool| unsafe { sys::cuMemPoolSetAccess(pool, &desc, 1) });
     if r != sys::CUresult::CUDA_SUCCESS {
         return Err(CudaError::driver(
             r as i32,
@@ -174,23 +169,33 @@ fn keep_freed_memory(ctx: &CudaContext, device: i32) {
     if !ctx.has_async_alloc() {
         return;
     }
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     let mut keep: u64 = u64::MAX;
-    // SAFETY: plain driver queries on a live device; `keep` outlives the call.
-    let r = unsafe {
-        let r = sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device());
-        if r != sys::CUresult::CUDA_SUCCESS {
-            r
-        } else {
+    // SAFETY: a driver call on a live device's default pool; `keep` outlives it.
+    let r = default_pool(ctx).map_or_else(
+        |e| e,
+        |pool| unsafe {
             sys::cuMemPoolSetAttribute(
                 pool,
                 sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
                 (&mut keep as *mut u64).cast(),
             )
-        }
-    };
+        },
+    );
     if r != sys::CUresult::CUDA_SUCCESS {
         log::warn!("GPU {device}: cannot keep freed memory in the default pool ({r:?}); stream-ordered allocations map memory anew");
+    }
+}
+
+/// The device's default memory pool (where its stream-ordered allocations come from).
+fn default_pool(
+    ctx: &CudaContext,
+) -> std::result::Result<cudarc::driver::sys::CUmemoryPool, cudarc::driver::sys::CUresult> {
+    use cudarc::driver::sys;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: a plain driver query on a live device; `pool` outlives the call.
+    match unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) } {
+        sys::CUresult::CUDA_SUCCESS => Ok(pool),
+        e => Err(e),
     }
 }
 

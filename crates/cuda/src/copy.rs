@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cudarc::driver::{result, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use crate::buffer::{DeviceMem, DevicePtr};
-use crate::context::{copy_stream, cuda_err, gpu, state};
+use crate::context::{copy_stream, cuda_err, gpu, state, GpuState};
 use crate::error::{CudaError, Result};
 use crate::kernels;
 use crate::mem::{copy_host, Bytes, BytesMut, DeviceBuffer, DeviceOps, DeviceView};
@@ -74,9 +74,14 @@ pub(crate) fn dtod_on(
     src: DevicePtr<'_>,
     bytes: usize,
 ) -> Result<()> {
+    dtod_raw(stream, dst.raw(), src.raw(), bytes)
+}
+
+/// [`dtod_on`] between raw addresses (callers: both ranges are live device memory of
+/// `bytes` on the stream's device).
+fn dtod_raw(stream: &CudaStream, dst: u64, src: u64, bytes: usize) -> Result<()> {
     // SAFETY (callers): both ranges are live device memory of `bytes` on this stream's device.
-    unsafe { result::memcpy_dtod_async(dst.raw(), src.raw(), bytes, stream.cu_stream()) }
-        .map_err(cuda_err)
+    unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) }.map_err(cuda_err)
 }
 
 /// Queues zeroing `bytes` at `dst` (which holds them) on `queue`.
@@ -110,15 +115,12 @@ fn copy_dtod(device: i32, dst: DevicePtr<'_>, src: DevicePtr<'_>, len: usize) ->
     stream.synchronize().map_err(cuda_err)
 }
 
-/// Queues on `stream` (of GPU `dst_device`) a copy of part `p` from GPU `src_device`'s
+/// Queues on `stream` (of GPU `to`) a copy of part `p` (not empty) from GPU `src_device`'s
 /// memory: over NVLink or PCIe where the two GPUs can reach each other, staged by the
 /// driver where they cannot. Both ranges are live memory of `p.len` bytes (the callers').
-fn peer_on(stream: &CudaStream, dst_device: i32, src_device: i32, p: Part) -> Result<()> {
+fn peer_on(stream: &CudaStream, to: &GpuState, src_device: i32, p: Part) -> Result<()> {
     use cudarc::driver::sys::{cuMemcpyPeerAsync, CUresult};
-    if p.len == 0 {
-        return Ok(());
-    }
-    let (to, from) = (state(dst_device)?, state(src_device)?);
+    let from = state(src_device)?;
     // SAFETY: the contexts are the two devices' primary ones, alive in the registry; the
     // ranges are the callers'.
     let r = unsafe {
@@ -136,8 +138,9 @@ fn peer_on(stream: &CudaStream, dst_device: i32, src_device: i32, p: Part) -> Re
         e => Err(CudaError::driver(
             e as i32,
             format!(
-                "CUDA: copy of {} bytes from GPU {src_device} to GPU {dst_device}: {e:?}",
-                p.len
+                "CUDA: copy of {} bytes from GPU {src_device} to GPU {}: {e:?}",
+                p.len,
+                to.ctx.ordinal()
             ),
         )),
     }
@@ -158,7 +161,7 @@ fn copy_peer(
     let stream = copy_stream(dst_device)?;
     peer_on(
         &stream,
-        dst_device,
+        &*state(dst_device)?,
         src_device,
         Part { src: src.raw(), dst: dst.raw(), len: len as u64 },
     )?;
@@ -224,9 +227,7 @@ fn copy_all(device: i32, stream: &CudaStream, parts: &[Part]) -> Result<()> {
     let kernel = if parts.len() > 1 { kernels::copy_parts(device).ok() } else { None };
     let Some(f) = kernel else {
         for p in parts {
-            // SAFETY (callers): both ranges are live device memory of `len` bytes on `device`.
-            unsafe { result::memcpy_dtod_async(p.dst, p.src, p.len as usize, stream.cu_stream()) }
-                .map_err(cuda_err)?;
+            dtod_raw(stream, p.dst, p.src, p.len as usize)?;
         }
         return Ok(());
     };
@@ -318,23 +319,40 @@ impl DeviceOps for Cuda {
     }
 
     fn finish_copies(&self) -> Result<()> {
-        let queued = QUEUED.with(|q| std::mem::take(&mut *q.borrow_mut()));
-        let mut devices: Vec<i32> = queued.iter().map(|q| q.0).collect();
-        devices.sort_unstable();
-        devices.dedup();
+        let mut queued = QUEUED.with(|q| std::mem::take(&mut *q.borrow_mut()));
+        // by device, each device's in the order queued
+        queued.sort_by_key(|q| q.0);
         // every device's copies queued before any is waited for
         let mut first_error = None;
-        for &device in &devices {
-            let parts: Vec<Part> = queued.iter().filter(|q| q.0 == device).map(|q| q.1).collect();
-            if let Err(e) = copy_stream(device).and_then(|s| copy_all(device, &s, &parts)) {
+        let mut streams = Vec::new();
+        for group in queued.chunk_by(|a, b| a.0 == b.0) {
+            let device = group[0].0;
+            let parts: Vec<Part> = group.iter().map(|q| q.1).collect();
+            match copy_stream(device) {
+                Ok(s) => {
+                    if let Err(e) = copy_all(device, &s, &parts) {
+                        first_error.get_or_insert(e);
+                    }
+                    streams.push(s);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        for s in &streams {
+            if let Err(e) = s.synchronize().map_err(cuda_err) {
                 first_error.get_or_insert(e);
             }
         }
-        for &device in &devices {
-            if let Err(e) = copy_stream(device).and_then(|s| s.synchronize().map_err(cuda_err)) {
-                first_error.get_or_insert(e);
+        // the list's room back for the next output's copies
+        queued.clear();
+        QUEUED.with(|q| {
+            let mut q = q.borrow_mut();
+            if q.is_empty() {
+                *q = queued;
             }
-        }
+        });
         first_error.map_or(Ok(()), Err)
     }
 
@@ -366,8 +384,11 @@ impl DeviceOps for Cuda {
         }
         // each part is a live view on its device; the new buffer has room for all
         copy_all(device, &stream, &copies)?;
-        for &(from, part) in &from_peers {
-            peer_on(&stream, device, from, part)?;
+        if !from_peers.is_empty() {
+            let to = state(device)?;
+            for &(from, part) in &from_peers {
+                peer_on(&stream, &to, from, part)?;
+            }
         }
         let queued = clock.map(|c| c.elapsed());
         stream.synchronize().map_err(cuda_err)?;
