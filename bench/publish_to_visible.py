@@ -45,6 +45,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 sys.path.insert(0, HERE)
 from kserve_client import Client  # noqa: E402
 from publish_updates import publish  # noqa: E402
+from test_embedding import embedding_config, hps_io  # noqa: E402
 from test_redis_cluster import cluster_ports, start_cluster  # noqa: E402
 from tritonserver_harness import TritonServer  # noqa: E402
 
@@ -82,22 +83,13 @@ class Cluster:
             n.stop()
 
 
-def param(k, v):
-    return f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n'
-
-
 def write_repo(root, dim, rows, cache_share, cluster, stream, write_remote):
     os.makedirs(os.path.join(root, "emb", "1"))
-    io = ('input [ { name: "KEYS" data_type: TYPE_INT64 dims: [ -1 ] },\n'
-          '        { name: "NUMKEYS" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
-          'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n')
-    cfg = ('name: "emb"\nbackend: "rust"\nmax_batch_size: 0\n' + io
-           + 'instance_group [ { count: 2 kind: KIND_CPU } ]\n' + param("engine", "embedding")
-           + "".join(param(k, v) for k, v in {
-               "store_name": "emb", "embedding_table_names": "u", "embedding_vecsize_per_table": dim,
-               "vocabulary_size_per_table": rows, "default_value_for_each_table": -1.0, "sparse_files": "none",
-               "gpucacheper": cache_share, "volatile_db": cluster, "update_log_dir": "updates",
-               "update_stream": stream, "update_stream_write_remote": str(write_remote).lower()}.items()))
+    cfg = embedding_config(
+        "emb", hps_io(), store_name="emb", embedding_table_names="u", embedding_vecsize_per_table=dim,
+        vocabulary_size_per_table=rows, default_value_for_each_table=-1.0, sparse_files="none",
+        gpucacheper=cache_share, volatile_db=cluster, update_log_dir="updates", update_stream=stream,
+        update_stream_write_remote=str(write_remote).lower()).replace("count: 1 ", "count: 2 ")
     with open(os.path.join(root, "emb", "config.pbtxt"), "w") as f:
         f.write(cfg)
 

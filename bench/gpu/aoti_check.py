@@ -46,6 +46,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import aoti_export  # noqa: E402
+import cuda_shm  # noqa: E402
 import torch_models  # noqa: E402
 from kserve_client import InferError  # noqa: E402
 from tritonserver_process import serve  # noqa: E402
@@ -306,21 +307,16 @@ def main():
                 line = (f"{name} batch {b}, outputs in the body: max {what}|served - eager| {diff:.2e} (tolerance {tol:g})"
                         + (f" [not compared frame by frame: {notes}]" if notes else ""))
                 if dev == "cuda":
-                    from cuda_shm import Region
                     sizes = [got[o].nbytes for o in outputs]
-                    with Region(client, f"{name}_out_{b}", sum(sizes)) as region:
+                    with cuda_shm.Region(client, f"{name}_out_{b}", sum(sizes)) as region:
                         offsets = np.cumsum([0] + sizes[:-1]).tolist()
                         shm = {o: (region.name, off, size) for o, off, size in zip(outputs, offsets, sizes)}
                         written = client.infer(name, inputs, outputs, out_shm=shm)
-                        whole = region.read((sum(sizes),), np.uint8)
-                        got_shm = []
-                        for o, off in zip(outputs, offsets):
-                            shape, dtype = written[o]
-                            got_shm.append(whole[off:off + int(np.prod(shape)) * np.dtype(dtype).itemsize].view(dtype).reshape(shape))
-                        diff = max(diff, differ(got_shm, want)[0])
+                        read = cuda_shm.read_outputs(region.read((sum(sizes),), np.uint8), written,
+                                                     dict(zip(outputs, offsets)))
+                        diff = max(diff, differ([read[o] for o in outputs], want)[0])
                     line += f"; and written into CUDA shared memory: {diff:.2e}"
                 if a.inputs_on_gpu >= 0:
-                    import cuda_shm
                     through = cuda_shm.infer_through(client, name, inputs, outputs, a.inputs_on_gpu, got)
                     same = all(np.array_equal(through[o], got[o]) for o in outputs)
                     line += (f"; inputs and outputs in GPU {a.inputs_on_gpu}'s memory (instance on GPU {GPU}): "

@@ -2,6 +2,7 @@
 (ctypes; the GPU machine has no tritonclient): a cudaMalloc'd buffer shared with the server by
 its cudaIpcMemHandle_t (64 bytes, the runtime's own; torch's storage sharing wraps it in a
 format of its own)."""
+import contextlib
 import ctypes
 
 import numpy as np
@@ -31,7 +32,8 @@ class Region:
         self.rt, self.check = cudart()
         self.client, self.name, self.nbytes, self.device = client, name, nbytes, device
         self.ptr = ctypes.c_void_p()
-        self.check("cudaMalloc", self.rt.cudaMalloc(ctypes.byref(self.ptr), ctypes.c_size_t(nbytes)))
+        with self._on_device():
+            self.check("cudaMalloc", self.rt.cudaMalloc(ctypes.byref(self.ptr), ctypes.c_size_t(nbytes)))
         handle = ctypes.create_string_buffer(64)
         self.check("cudaIpcGetMemHandle", self.rt.cudaIpcGetMemHandle(handle, self.ptr))
         client.register_cuda_shm(name, handle.raw, device, nbytes)
@@ -63,7 +65,31 @@ class Region:
         try:
             self.client.unregister_cuda_shm(self.name)
         finally:
-            self.rt.cudaFree(self.ptr)
+            with self._on_device():
+                self.rt.cudaFree(self.ptr)
+
+    @contextlib.contextmanager
+    def _on_device(self):
+        """The region's GPU current for the calls inside (the memory is made and freed there),
+        the caller's again after."""
+        was = ctypes.c_int()
+        self.check("cudaGetDevice", self.rt.cudaGetDevice(ctypes.byref(was)))
+        self.check("cudaSetDevice", self.rt.cudaSetDevice(self.device))
+        try:
+            yield
+        finally:
+            self.check("cudaSetDevice", self.rt.cudaSetDevice(was.value))
+
+
+def read_outputs(raw, meta, offsets):
+    """{output: array} from the bytes `raw` of a region the server wrote them into: each at
+    its offset (`offsets`), of the shape and type the answer's metadata `meta` gives."""
+    got = {}
+    for o, off in offsets.items():
+        shape, dtype = meta[o]
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        got[o] = raw[off:off + n].view(dtype).reshape(shape)
+    return got
 
 
 def infer_through(client, name, feeds, outputs, gpu, body):
@@ -74,31 +100,18 @@ def infer_through(client, name, feeds, outputs, gpu, body):
     sizes = [2 * int(np.asarray(body[o]).nbytes) for o in outputs]
     align = lambda n: (n + 255) // 256 * 256  # noqa: E731
     in_sizes = [align(np.ascontiguousarray(v).nbytes) for v in feeds.values()]
-    rt, check = cudart()
-    was = ctypes.c_int()
-    check("cudaGetDevice", rt.cudaGetDevice(ctypes.byref(was)))
-    check("cudaSetDevice", rt.cudaSetDevice(gpu))
-    try:
-        with Region(client, f"in_{name}", sum(in_sizes), gpu) as rin, \
-                Region(client, f"out_{name}", sum(align(n) for n in sizes), gpu) as rout:
-            whole, shm, at = bytearray(sum(in_sizes)), {}, 0
-            for (k, v), n in zip(feeds.items(), in_sizes):
-                v = np.ascontiguousarray(v)
-                whole[at:at + v.nbytes] = v.tobytes()
-                shm[k] = (rin.name, at, v.nbytes, v.shape, v.dtype)
-                at += n
-            rin.write(np.frombuffer(bytes(whole), np.uint8))
-            out_shm, at = {}, 0
-            for o, n in zip(outputs, sizes):
-                out_shm[o] = (rout.name, at, n)
-                at += align(n)
-            meta = client.infer(name, {}, outputs, shm=shm, out_shm=out_shm)
-            raw = rout.read((at,), np.uint8)
-            got = {}
-            for o in outputs:
-                shape, dtype = meta[o]
-                off, n = out_shm[o][1], int(np.prod(shape)) * np.dtype(dtype).itemsize
-                got[o] = raw[off:off + n].view(dtype).reshape(shape)
-            return got
-    finally:
-        check("cudaSetDevice", rt.cudaSetDevice(was.value))
+    with Region(client, f"in_{name}", sum(in_sizes), gpu) as rin, \
+            Region(client, f"out_{name}", sum(align(n) for n in sizes), gpu) as rout:
+        whole, shm, at = bytearray(sum(in_sizes)), {}, 0
+        for (k, v), n in zip(feeds.items(), in_sizes):
+            v = np.ascontiguousarray(v)
+            whole[at:at + v.nbytes] = v.tobytes()
+            shm[k] = (rin.name, at, v.nbytes, v.shape, v.dtype)
+            at += n
+        rin.write(np.frombuffer(bytes(whole), np.uint8))
+        out_shm, at = {}, 0
+        for o, n in zip(outputs, sizes):
+            out_shm[o] = (rout.name, at, n)
+            at += align(n)
+        meta = client.infer(name, {}, outputs, shm=shm, out_shm=out_shm)
+        return read_outputs(rout.read((at,), np.uint8), meta, {o: out_shm[o][1] for o in outputs})

@@ -53,12 +53,11 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import dlrm_v2  # noqa: E402
-from recsys.measure import device_counts, per_device  # noqa: E402
 import dlrm_v2_report  # noqa: E402
 import zipf_keys  # noqa: E402
 from recsys.cache import cache_rows, lru_table, stationary_hit_rate  # noqa: E402
 from recsys.fixture import SEED, TABLES, fixture_rows, prepare, synthetic_rows  # noqa: E402
-from recsys.measure import scrape  # noqa: E402
+from recsys.measure import device_counts, metrics_text, per_device, scrape  # noqa: E402
 
 HOT = dlrm_v2.HOTNESS
 WIDTH = sum(HOT)                                   # 214 keys per pair
@@ -409,7 +408,7 @@ def pooled_float64(sparse):
     return out
 
 
-def exactness(a, client, rows, failures):
+def exactness(a, rows, failures):
     """dlrm_v2_lookup's pooled rows against float64 sums, dlrm_v2's predictions against the
     PyTorch fp32 network (the weights the package was exported from) on those sums."""
     import torch
@@ -423,7 +422,8 @@ def exactness(a, client, rows, failures):
     want = pooled_float64(sparse)
     worst = bad = 0
     worst32 = worst16 = 0.0
-    before = {m: device_counts(a.port, m) for m in ("dlrm_v2_lookup", "dlrm_v2")}
+    text = metrics_text(a.port)
+    before = {m: device_counts(a.port, m, text) for m in ("dlrm_v2_lookup", "dlrm_v2")}
 
     def ask(i):
         # every request from a client of its own, all at once: Triton spreads them over the
@@ -440,7 +440,8 @@ def exactness(a, client, rows, failures):
     with ThreadPoolExecutor(max_workers=min(32, a.exact_requests)) as pool:
         answers = list(pool.map(ask, range(a.exact_requests)))
     time.sleep(0.6)  # one publishing interval of the backend's metrics
-    served = {m: per_device(before[m], device_counts(a.port, m), 1.0) for m in before}
+    text = metrics_text(a.port)
+    served = {m: per_device(before[m], device_counts(a.port, m, text), 1.0) for m in before}
     print("  exactness requests answered per GPU (share of inferences): " + "; ".join(
         f"{m} " + ", ".join(f"{d} {v:.2f}" for d, v in sorted(shares.items())) for m, shares in served.items()),
         flush=True)
@@ -457,10 +458,9 @@ def exactness(a, client, rows, failures):
         worst32 = max(worst32, float(np.abs(pred - w32).max()))
         worst16 = max(worst16, float(np.abs(pred - w16).max()))
     lookup = {"requests": a.exact_requests, "pooled_rows": a.exact_requests * QUERY * TABLES, "max_abs_diff": worst,
-              "bad_values": bad, "rtol": a.lookup_rtol, "atol": a.lookup_atol}
+              "bad_values": bad, "rtol": a.lookup_rtol, "atol": a.lookup_atol, "per_gpu": served}
     pred = {"predictions": a.exact_requests * QUERY, "max_abs_diff_fp32": worst32, "max_abs_diff_fp16": worst16,
             "bound": a.prediction_bound}
-    lookup["per_gpu"] = served
     print(f"  dlrm_v2_lookup: {lookup['pooled_rows']:,} pooled rows ({a.exact_requests} requests of 270 pairs, full bags) "
           f"against float64 sums of the fixture's rows: max abs diff {worst:.3g}; bound |diff| <= {a.lookup_atol} + "
           f"{a.lookup_rtol} x |sum| (fp16 rounding of the result): {bad} values outside", flush=True)
@@ -542,8 +542,9 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
            "-u", f"localhost:{a.port + 1}", "--shared-memory", "cuda", "--output-shared-memory-size", str(1 << 20),
            "--input-data", data, "--measurement-interval", str(a.interval_ms), "--max-trials", "6"]
     stats_model = "dlrm_v2_lookup" if kind == "lookup" else "dlrm_v2"
-    k0, h0 = scrape(a.port, stats_model)
-    d0 = device_counts(a.port, stats_model)
+    text = metrics_text(a.port)
+    k0, h0 = scrape(a.port, stats_model, text)
+    d0 = device_counts(a.port, stats_model, text)
     s0 = server_stats(client, stats_model)
     log_at = log_size(a)
     c0 = cpu_sample(a)
@@ -564,8 +565,9 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     seconds = time.time() - t0
     cpu = cpu_use(c0, cpu_sample(a), seconds)
     time.sleep(0.6)  # the backend publishes its metrics every 250 ms
-    k1, h1 = scrape(a.port, stats_model)
-    d1 = device_counts(a.port, stats_model)
+    text = metrics_text(a.port)
+    k1, h1 = scrape(a.port, stats_model, text)
+    d1 = device_counts(a.port, stats_model, text)
     s1 = server_stats(client, stats_model)
     if any(rc != 0 for rc, _, _ in done) or not all(os.path.exists(raw) for raw in raws):
         for rc, o, e in done:
@@ -784,14 +786,16 @@ def stream_phase(a, client, rows, plan, res, failures):
                 print(f"  (skipped: the stream at concurrency {c}; {left_s(a):.0f} s left)", flush=True)
                 continue
             count = max(n, math.ceil(rate * a.stream_seconds / QUERY))
-            k0, h0 = scrape(a.port, "dlrm_v2")
-            d0 = device_counts(a.port, "dlrm_v2")
+            text = metrics_text(a.port)
+            k0, h0 = scrape(a.port, "dlrm_v2", text)
+            d0 = device_counts(a.port, "dlrm_v2", text)
             c0 = cpu_sample(a)
             seconds, lat = send(count, c)
             cpu = cpu_use(c0, cpu_sample(a), seconds)
             time.sleep(0.6)
-            k1, h1 = scrape(a.port, "dlrm_v2")
-            d1 = device_counts(a.port, "dlrm_v2")
+            text = metrics_text(a.port)
+            k1, h1 = scrape(a.port, "dlrm_v2", text)
+            d1 = device_counts(a.port, "dlrm_v2", text)
             rate = count * QUERY / seconds
             r = {"kind": "stream", "model": "dlrm_v2", "batch": QUERY, "concurrency": c, "pairs_per_s": rate,
                  "queries_per_s": count / seconds, "lookups_per_s": rate * WIDTH,
@@ -1078,7 +1082,7 @@ def main():
         with serve(a.server, repo, a.backends, a.port, log_path, extra=extra, timeout=max(120, left_s(a) - 60)) as client:
             phase("exactness")
             try:
-                res["exactness"] = exactness(a, client, rows, failures)
+                res["exactness"] = exactness(a, rows, failures)
             except Exception as e:  # noqa: BLE001 - a model that cannot answer is a failure; the runs are tried still
                 print(f"  FAIL exactness: {e}", flush=True)
                 failures.append(f"exactness: {str(e)[:300]}")

@@ -8,9 +8,15 @@ import time
 import urllib.request
 
 
-def scrape(port, model):
-    """(keys looked up, cache hits) summed over tables, from the server's metrics."""
-    text = urllib.request.urlopen(f"http://localhost:{port + 2}/metrics", timeout=30).read().decode()
+def metrics_text(port):
+    """The server's Prometheus metrics, as text."""
+    return urllib.request.urlopen(f"http://localhost:{port + 2}/metrics", timeout=30).read().decode()
+
+
+def scrape(port, model, text=None):
+    """(keys looked up, cache hits) summed over tables, from the server's metrics (`text`: an
+    earlier `metrics_text`, else fetched)."""
+    text = metrics_text(port) if text is None else text
     keys = hits = 0.0
     for line in text.splitlines():
         if f'model="{model}"' not in line:
@@ -22,10 +28,10 @@ def scrape(port, model):
     return keys, hits
 
 
-def device_counts(port, model):
+def device_counts(port, model, text=None):
     """{device: inferences run there} of `model`'s instances, from the backend's
-    rust_device_inferences_total (KIND_GPU models)."""
-    text = urllib.request.urlopen(f"http://localhost:{port + 2}/metrics", timeout=30).read().decode()
+    rust_device_inferences_total (KIND_GPU models; `text` as for `scrape`)."""
+    text = metrics_text(port) if text is None else text
     out = {}
     for line in text.splitlines():
         if line.startswith("rust_device_inferences_total") and f'model="{model}"' in line:
