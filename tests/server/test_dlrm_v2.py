@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import module_server
-from tritonserver_harness import ModelRepo, error_status, infer, make_client, make_inputs
+from tritonserver_harness import ModelRepo, error_status, fire_grpc, infer, make_client
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
 import dlrm_v2  # noqa: E402
@@ -46,28 +46,6 @@ def reference(repo):
 def predict(model, dense, sparse):
     with torch.no_grad():
         return model(torch.from_numpy(dense), torch.from_numpy(sparse)).numpy()
-
-
-def counts_before(server, model):
-    """(the model's request counts as stats_after reads them, its execution count) now."""
-    s = server.stats(model)
-    before = {"inference_stats": {"success": {"count": int(s["inference_stats"]["success"]["count"])},
-                                  "fail": {"count": int(s["inference_stats"]["fail"]["count"])}}}
-    return before, int(s["execution_count"])
-
-
-def send_together(client, model, requests):
-    """Every request of `requests` (feeds) sent at once; {index: (prediction or None, error)}."""
-    import queue
-    done: "queue.Queue" = queue.Queue()
-    for i, feeds in enumerate(requests):
-        client.async_infer(model, make_inputs("grpc", feeds),
-                           callback=lambda result, error, i=i: done.put((i, result, error)))
-    results = {}
-    for _ in requests:
-        i, result, error = done.get(timeout=120)
-        results[i] = (None if error else result.as_numpy("prediction"), error)
-    return results
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -106,18 +84,16 @@ def test_requests_batch_together_and_a_bad_key_fails_alone(server, reference):
     negative = payloads[6][1].copy()
     negative[0, 2] = -3
     payloads[6] = (payloads[6][0], negative)
-    before, executions0 = counts_before(server, "dlrm_v2")
-    client = make_client(server, "grpc")
-    results = send_together(client, "dlrm_v2", [{"dense": d, "sparse": s} for d, s in payloads])
-    client.close()
-    for i, (out, err) in sorted(results.items()):
+    before = server.stats("dlrm_v2")
+    results = fire_grpc(server, "dlrm_v2", None, [{"dense": d, "sparse": s} for d, s in payloads], "prediction")
+    for i, (out, err) in enumerate(results):
         if i == 6:
             assert err is not None and "INVALID_ARGUMENT" in error_status(err), err
             assert "input 'sparse'" in str(err) and "-3" in str(err), str(err)
         else:
             assert err is None, f"request {i}: {err}"
             np.testing.assert_allclose(out, predict(reference, *payloads[i]), rtol=1e-4, atol=1e-5)
-    executions = int(server.stats_after("dlrm_v2", before, len(payloads))["execution_count"]) - executions0
+    executions = int(server.stats_after("dlrm_v2", before, len(payloads))["execution_count"]) - int(before["execution_count"])
     print(f"\n[dlrm_v2] {len(payloads)} concurrent requests ran in {executions} executions")
     assert executions < len(payloads), f"the dynamic batcher merged nothing: {executions} executions"
 
@@ -140,10 +116,10 @@ def test_ragged_keys_answer_as_the_padded_form_batched_together_a_bad_length_alo
     bad["lengths"] = bad["lengths"].copy()
     bad["lengths"][0, 3] += 2
     requests.append(bad)
-    before, executions0 = counts_before(server, "dlrm_v2_ragged")
-    results = send_together(client, "dlrm_v2_ragged", requests)
     client.close()
-    for i, (out, err) in sorted(results.items()):
+    before = server.stats("dlrm_v2_ragged")
+    results = fire_grpc(server, "dlrm_v2_ragged", None, requests, "prediction")
+    for i, (out, err) in enumerate(results):
         if i == len(requests) - 1:
             assert err is not None and "INVALID_ARGUMENT" in error_status(err), err
             assert "input 'lengths'" in str(err), str(err)
@@ -151,7 +127,8 @@ def test_ragged_keys_answer_as_the_padded_form_batched_together_a_bad_length_alo
         assert err is None, f"request {i}: {err}"
         np.testing.assert_allclose(out, padded[i:i + 1], rtol=1e-6, atol=1e-7, err_msg=f"sample {i}")
     np.testing.assert_allclose(padded, predict(reference, dense, sparse), rtol=1e-4, atol=1e-5)
-    executions = int(server.stats_after("dlrm_v2_ragged", before, len(requests) - 1)["execution_count"]) - executions0
+    executions = (int(server.stats_after("dlrm_v2_ragged", before, len(requests) - 1)["execution_count"])
+                  - int(before["execution_count"]))
     print(f"\n[dlrm_v2] {len(requests)} ragged requests ({sizes[0]}..{sizes[-1]} keys) ran in {executions} executions; "
           f"the bad one: {str(results[len(requests) - 1][1])[:160]}")
     assert executions < len(requests) - 1, f"the dynamic batcher merged nothing: {executions} executions"

@@ -436,14 +436,15 @@ def wait_metric(server: TritonServer, family: str, want: float, timeout: float =
         time.sleep(0.25)
 
 
-def fire_grpc(server: "TritonServer", model: str, input_name: str, payloads, output_name: str = "OUTPUT0"):
+def fire_grpc(server: "TritonServer", model: str, input_name, payloads, output_name: str = "OUTPUT0"):
     """Sends every payload at once with gRPC async_infer (so the dynamic batcher can merge
-    them); returns [(ndarray or None, error or None)] in payload order."""
+    them); returns [(ndarray or None, error or None)] in payload order. `input_name` None:
+    each payload is a request's whole {input: array}."""
     import queue
     client = make_client(server, "grpc")
     done: "queue.Queue" = queue.Queue()
     for i, x in enumerate(payloads):
-        client.async_infer(model, make_inputs("grpc", {input_name: x}),
+        client.async_infer(model, make_inputs("grpc", x if input_name is None else {input_name: x}),
                            callback=lambda result, error, i=i: done.put((i, result, error)))
     results = [None] * len(payloads)
     for _ in payloads:
