@@ -153,10 +153,6 @@ def parse(argv=None):
                    help="-b 270 runs: perf_analyzer's pool of single pairs (it sends pairs i..i+269 of it from step "
                         "i = 270 k mod N and holds N x 270 pairs in GPU memory, so N is modest; coprime with 270, every "
                         "offset is used)")
-    p.add_argument("--pa-clients", type=int, default=1,
-                   help="perf_analyzer processes run at once, each at the concurrency given (more queries in flight "
-                        "than one process's gRPC connections hold); their rates add up, each latency percentile is the "
-                        "slowest client's")
     p.add_argument("--interval-ms", type=int, default=None, help=f"perf_analyzer's window (default {DEFAULTS['interval_ms']})")
     p.add_argument("--stream-concurrency", default="32", help="the endless stream's queries in flight; 0: no stream")
     p.add_argument("--stream-gb", type=float, default=24.0, help="the endless stream's key pool: at most this many GB")
@@ -488,59 +484,26 @@ def server_stats(client, model):
             **{k: int(s[k]["ns"]) for k in ("queue", "compute_input", "compute_infer", "compute_output")}}
 
 
-def run_clients(cmd, raws, timeout):
-    """perf_analyzer `cmd` run as len(raws) processes at once, each writing its CSV to its own
-    file: [(return code, stdout, stderr)]."""
-    procs = [subprocess.Popen(cmd + ["-f", raw], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for raw in raws]
-    out = []
-    for p in procs:
-        try:
-            o, e = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            o, e = p.communicate()
-        out.append((p.returncode, o, e))
-    return out
-
-
-def read_clients(raws):
-    """The first row of each client's CSV as numbers, and one row for them all: Inferences/Second
-    summed, each latency column the largest of the clients' (the slowest client's percentile),
-    the other columns the mean."""
-    rows = []
-    for raw in raws:
-        with open(raw) as f:
-            first = next(csv.DictReader(f))
-        rows.append({k: float(v) for k, v in first.items() if k and v not in ("", None) and NUMBER.match(v)})
-    whole = {}
-    for k in rows[0]:
-        vals = [r[k] for r in rows if k in r]
-        if k == "Inferences/Second":
-            whole[k] = sum(vals)
-        elif "latency" in k and k.startswith("p"):
-            whole[k] = max(vals)
-        else:
-            whole[k] = sum(vals) / len(vals)
-    return whole
+def read_row(raw):
+    """The first row of a perf_analyzer CSV, as numbers."""
+    with open(raw) as f:
+        first = next(csv.DictReader(f))
+    return {k: float(v) for k, v in first.items() if k and v not in ("", None) and NUMBER.match(v)}
 
 
 def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, failures):
     """One perf_analyzer run (gRPC, CUDA shared memory), printed and appended to `runs` (and
     runs.json); None where it gave no figure. `batch`: -b (270, or 1 for the twin, whose steps
     carry their own rows); `pairs_per_query`: pairs of one request (the twin: its pool's mean).
-    With --pa-clients N, N perf_analyzer processes run at once at `conc` each (N x conc in
-    flight); their rates add up, and each latency percentile is the slowest client's."""
-    n = a.pa_clients
-    tag = f"{kind}_c{conc}" + (f"x{n}" if n > 1 else "")
-    raws = [os.path.join(a.work, "raw", f"{tag}" + (f"_{i}" if n > 1 else "") + ".csv") for i in range(n)]
-    os.makedirs(os.path.dirname(raws[0]), exist_ok=True)
-    for raw in raws:
-        if os.path.exists(raw):
-            os.remove(raw)
+    One perf_analyzer process: two at once cannot share a server with shared memory, since each
+    unregisters every region of the server when it starts and when it ends."""
+    raw = os.path.join(a.work, "raw", f"{kind}_c{conc}.csv")
+    os.makedirs(os.path.dirname(raw), exist_ok=True)
+    if os.path.exists(raw):
+        os.remove(raw)
     cmd = [a.perf_analyzer, "-m", model, "-b", str(batch), "--concurrency-range", f"{conc}:{conc}", "-i", "grpc",
            "-u", f"localhost:{a.port + 1}", "--shared-memory", "cuda", "--output-shared-memory-size", str(1 << 20),
-           "--input-data", data, "--measurement-interval", str(a.interval_ms), "--max-trials", "6"]
+           "--input-data", data, "--measurement-interval", str(a.interval_ms), "--max-trials", "6", "-f", raw]
     stats_model = "dlrm_v2_lookup" if kind == "lookup" else "dlrm_v2"
     text = metrics_text(a.port)
     k0, h0 = scrape(a.port, stats_model, text)
@@ -549,18 +512,18 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     log_at = log_size(a)
     c0 = cpu_sample(a)
     t0 = time.time()
-    done = run_clients(cmd, raws, min(600, max(60, left_s(a))))
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=min(600, max(60, left_s(a))))
     stability = 10  # perf_analyzer's default bound (%) on how far its last windows may differ
     # unstable windows: longer ones and a looser bound, twice at most (as recsys/measure.py does)
     for factor, looser in ((2, 25), (4, 50)):
-        said = "".join(o + e for _, o, e in done)
-        if all(rc == 0 for rc, _, _ in done) or "stable" not in said or left_s(a) < 60:
+        if done.returncode == 0 or "stable" not in done.stdout + done.stderr or left_s(a) < 60:
             break
         print(f"  ({kind} c={conc}: unstable at -s {stability}; again with {factor * a.interval_ms} ms windows, -s {looser})",
               flush=True)
         retry = list(cmd)
         retry[retry.index("--measurement-interval") + 1] = str(factor * a.interval_ms)
-        done = run_clients(retry + ["-s", str(looser)], raws, min(600, max(60, left_s(a))))
+        done = subprocess.run(retry + ["-s", str(looser)], capture_output=True, text=True,
+                              timeout=min(600, max(60, left_s(a))))
         stability = looser
     seconds = time.time() - t0
     cpu = cpu_use(c0, cpu_sample(a), seconds)
@@ -569,18 +532,16 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     k1, h1 = scrape(a.port, stats_model, text)
     d1 = device_counts(a.port, stats_model, text)
     s1 = server_stats(client, stats_model)
-    if any(rc != 0 for rc, _, _ in done) or not all(os.path.exists(raw) for raw in raws):
-        for rc, o, e in done:
-            if rc != 0:
-                print(o[-3000:], e[-2000:], flush=True)
-        failures.append(f"perf_analyzer gave no figure: {kind} concurrency {conc}" + (f" x {n} clients" if n > 1 else ""))
+    if done.returncode != 0 or not os.path.exists(raw):
+        print(done.stdout[-3000:], done.stderr[-2000:], flush=True)
+        failures.append(f"perf_analyzer gave no figure: {kind} concurrency {conc}")
         return None
-    csv_row = read_clients(raws)
+    csv_row = read_row(raw)
     ips = csv_row["Inferences/Second"]
     queries = ips / pairs_per_query if batch > 1 else ips  # one perf_analyzer inference: a pair (-b 270) or a query
     pairs = queries * pairs_per_query
     delta = {k: s1[k] - s0[k] for k in s1}
-    r = {"kind": kind, "model": model, "concurrency": conc * n, "clients": n, "batch": QUERY if kind != "mlperf" else a.mlperf_sizes,
+    r = {"kind": kind, "model": model, "concurrency": conc, "batch": QUERY if kind != "mlperf" else a.mlperf_sizes,
          "csv": csv_row, "pairs_per_s": pairs, "queries_per_s": queries, "lookups_per_s": pairs * WIDTH,
          **{f"p{q}_ms": csv_row[f"p{q} latency"] / 1e3 for q in (50, 90, 95, 99)},
          "avg_ms": sum(csv_row[k] for k in dlrm_v2_report.PARTS) / 1e3, "stability_pct": stability,
@@ -594,9 +555,9 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     runs.append(r)
     hr = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.4f}"
     pe = "-" if r["pairs_per_execution"] is None else f"{r['pairs_per_execution']:,.0f}"
-    print(f"  {kind:<17} c={conc * n:<3} {pairs / 1e6:7.2f} M pairs/s {queries:9,.0f} queries/s {pairs * WIDTH / 1e9:6.2f} "
+    print(f"  {kind:<17} c={conc:<3} {pairs / 1e6:7.2f} M pairs/s {queries:9,.0f} queries/s {pairs * WIDTH / 1e9:6.2f} "
           f"G lookups/s  p50 {r['p50_ms']:7.2f}  p99 {r['p99_ms']:7.2f} ms  hit rate {hr}  {pe} pairs per execution"
-          + ("" if stability == 10 else f"  (-s {stability})") + (f"  ({n} perf_analyzer clients of {conc})" if n > 1 else "")
+          + ("" if stability == 10 else f"  (-s {stability})")
           + f"\n    {cpu_text(cpu)}" + device_text(r), flush=True)
     return r
 

@@ -12,7 +12,7 @@
 #
 #   bash bench/gpu/pack.sh        # then, on the device (kind nvidia-h100-x2), carry .carry and .carry_pa:
 #   bash bench/gpu/dlrm_v2_placements.sh [--deadline-s 570] [--runs sharded_01_fp32,replicated_01] [--results DIR] \
-#       [-- more dlrm-v2 arguments for every run, e.g. --server-arg=--http-thread-count=32]
+#       [-- more dlrm-v2 arguments for every run, e.g. --server-arg=--log-verbose=1]
 set -u
 cd "$(dirname "$0")/../.."
 deadline=570

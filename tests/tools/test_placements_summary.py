@@ -1,6 +1,5 @@
 """bench/gpu/placements_summary.py reads each run of a two-GPU DLRM-v2 call (from its folder,
-run.sh's <run>.tgz or the committed runs.tgz) and prints the issue's ratios; dlrm_v2_perf's
-read_clients adds several perf_analyzer clients' rates and keeps the slowest percentile."""
+run.sh's <run>.tgz or the committed runs.tgz) and prints the issue's ratios."""
 import io
 import json
 import os
@@ -42,17 +41,3 @@ def test_ratios_from_folders_and_archives(tmp_path, capsys):
     assert "sharded_01_fp32: sharded, two GPUs, fp32 rows\n  not run" in out
     assert "no ratio (sharded_01_fp32 has no figure)" in out
 
-
-def test_several_perf_analyzer_clients_add_up(tmp_path):
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
-    import dlrm_v2_perf
-    head = "Concurrency,Inferences/Second,Client Send,p50 latency,p99 latency\n"
-    raws = []
-    for i, (ips, p99) in enumerate(((1000.0, 5000), (1500.0, 7000))):
-        raw = tmp_path / f"c_{i}.csv"
-        raw.write_text(head + f"128,{ips},10,{p99 // 2},{p99}\n")
-        raws.append(str(raw))
-    row = dlrm_v2_perf.read_clients(raws)
-    assert row["Inferences/Second"] == 2500.0
-    assert row["p99 latency"] == 7000.0 and row["p50 latency"] == 3500.0, "the slowest client's percentiles"
-    assert row["Client Send"] == 10.0
