@@ -45,4 +45,4 @@ pub use context::{
     enable_peer_access, free_memory, gpu, gpu_count, view_in, view_mut_in, GpuState,
 };
 #[cfg(feature = "driver")]
-pub use copy::{alloc, Cuda};
+pub use copy::{alloc, Cuda, HostReader};

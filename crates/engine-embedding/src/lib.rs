@@ -153,6 +153,7 @@ impl EmbeddingModel {
                     let mut lookup = caches.batch_lookup(&instance, format)?;
                     if pooled_interface {
                         pooled.pooler = Some(instance.pooler()?);
+                        pooled.keys_reader = Some(triton_rust_cuda::HostReader::new(id)?);
                         let out = if m.rows_type == DataType::F16 {
                             RowFormat::F16
                         } else {

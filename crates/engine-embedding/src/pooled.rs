@@ -50,6 +50,9 @@ pub(crate) struct PooledRun {
     /// A GPU instance whose every table is resident: the one-kernel lookup (the first path).
     #[cfg(feature = "gpu")]
     pub(crate) resident: Option<ResidentPool>,
+    /// A GPU instance's reads of keys sent in GPU memory, for the host-side bags.
+    #[cfg(feature = "gpu")]
+    pub(crate) keys_reader: Option<triton_rust_cuda::HostReader>,
 }
 
 /// A tensor's bytes on the host: as they are, or copied from GPU memory.
@@ -193,8 +196,18 @@ impl PooledRun {
         }
         #[cfg(feature = "gpu")]
         let clock = std::time::Instant::now();
-        let PooledRun { bags, key_scratch, .. } = self;
+        #[cfg(feature = "gpu")]
+        let raw = match (inputs[0].bytes(), self.keys_reader.as_mut()) {
+            (Some(Bytes::Device(v)), Some(reader)) => {
+                Cow::Borrowed(reader.read(&v).map_err(|e| {
+                    Error::internal(format!("input '{}' from the GPU: {e}", inputs[0].name))
+                })?)
+            }
+            _ => host_copy(&inputs[0])?,
+        };
+        #[cfg(not(feature = "gpu"))]
         let raw = host_copy(&inputs[0])?;
+        let PooledRun { bags, key_scratch, .. } = self;
         let keys = keys_of(&raw, key_scratch);
         if matches!(inputs[0].bytes(), Some(Bytes::Device(_))) {
             // keys that came in GPU memory, which the request's checks could not read: a bad
