@@ -10,7 +10,9 @@ and checks every answer against numpy's float64 pooling of the table files: fp32
 1e-5 relative, fp16 rows within fp16's rounding. The same models with every row on the GPU
 (gpucacheper 1.0: resident tables, one kernel from the keys as sent; fp32 and fp16 rows kept)
 are checked alike, with keys that are no row of their table (past the table: the
-batch read below the GPU, default rows) and keys sent in CUDA shared memory. Then times requests of MLPerf DLRM-v2's hotness
+batch read below the GPU, default rows) and keys sent in CUDA shared memory. The cached models
+also take keys in CUDA shared memory: full bags (looked up as sent, pooled on the GPU), padded
+bags (the host-side bags) and a key of -5 (a 400 naming KEYS). Then times requests of MLPerf DLRM-v2's hotness
 (214 keys a sample) through the server and prints lookups/s, labelled as a served figure
 (HTTP, the pooled rows returned to the client), not the lookup alone."""
 import argparse
@@ -113,6 +115,41 @@ def resident_extras(c, vectors, rows, failures):
         failures.append(f"resident_fp16 with keys in CUDA shared memory: {int(bad.sum())} values off")
 
 
+def cached_gpu_keys(c, vectors, rows, failures):
+    """Tables cached at 10% with the keys in CUDA shared memory: full bags are looked up as sent
+    and pooled on the GPU (sum and mean); padding takes the host-side bags; a negative key
+    other than -1 is refused with a 400 naming the input, and the next request is answered."""
+    from cuda_shm import Region
+    rng = np.random.default_rng(11)
+    full = np.concatenate([rng.integers(0, rows, size=(300, h)) for h in HOTNESS], axis=1).astype(np.int64)
+    padded = fixed_keys(rng, 300, HOTNESS, rows)
+    bad = full[:4].copy()
+    bad[2, 7] = -5
+    cases = (("pooled_sum", full, "every bag full: looked up as sent"), ("pooled_mean", full, "every bag full, mean"),
+             ("pooled_sum", padded, "padding: the host-side bags"))
+    for name, keys, what in cases:
+        for rep in range(2):  # the second finds the cache warm
+            with Region(c, f"cached_keys_{rep}", keys.nbytes) as region:
+                region.write(keys)
+                out = c.infer(name, {}, ["OUTPUT0"],
+                              shm={"KEYS": (region.name, 0, keys.nbytes, keys.shape, np.int64)})["OUTPUT0"]
+            want = reference_fixed(vectors, keys, HOTNESS, name == "pooled_mean")
+            off = np.abs(out.astype(np.float64) - want) > np.abs(want) * 1e-5 + 1e-6
+            if off.any():
+                failures.append(f"{name}, keys in CUDA shared memory ({what}): {int(off.sum())} values off")
+        print(f"  {name:14s} keys in CUDA shared memory, {what}, {keys.shape[0]} samples: "
+              f"max abs diff {float(np.abs(out.astype(np.float64) - want).max()):.2e}")
+    with Region(c, "cached_bad_keys", bad.nbytes) as region:
+        region.write(bad)
+        try:
+            c.infer("pooled_sum", {}, ["OUTPUT0"], shm={"KEYS": (region.name, 0, bad.nbytes, bad.shape, np.int64)})
+            failures.append("a key of -5 in CUDA shared memory was answered")
+        except InferError as e:
+            print(f"  pooled_sum     a key of -5 in CUDA shared memory refused: [{e.status}] {str(e)[:120]}")
+            if e.status != 400 or "KEYS" not in str(e):
+                failures.append(f"a key of -5 in CUDA shared memory: [{e.status}] {e}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--server", required=True)
@@ -183,6 +220,7 @@ def main():
             print(f"  {name:14s} {rows_checked:6d} pooled rows against float64 sums of the stored rows: "
                   f"max abs diff {worst:.2e}")
         resident_extras(c, vectors, a.rows, failures)
+        cached_gpu_keys(c, vectors, a.rows, failures)
         for line in open(os.path.join(a.work, "server.log")):
             if "resident" in line and ("error" in line.lower() or "fit" in line):
                 print("[server]", line.strip()[-160:])

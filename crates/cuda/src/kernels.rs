@@ -38,6 +38,9 @@ pub(crate) struct Kernels {
     /// Pooled lookups: each bag's rows summed (or averaged), fp32 or fp16 out.
     pub(crate) pool: CudaFunction,
     pub(crate) pool_h: CudaFunction,
+    /// Bags of fixed hotness pooled from the rows of the keys as sent (fp32 or fp16 out).
+    pub(crate) pool_fixed: CudaFunction,
+    pub(crate) pool_fixed_h: CudaFunction,
     /// A resident table's rows written in place, and pooled lookups over resident tables
     /// (fp32 or fp16 out).
     pub(crate) resident_write: CudaFunction,
@@ -119,6 +122,8 @@ fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
         gather_keys: f("gather_keys")?,
         pool: f("pool_bags")?,
         pool_h: f("pool_bags_h")?,
+        pool_fixed: f("pool_fixed")?,
+        pool_fixed_h: f("pool_fixed_h")?,
         resident_write: f("resident_write")?,
         pool_resident: f("pool_resident")?,
         pool_resident_h: f("pool_resident_h")?,
@@ -198,6 +203,8 @@ mod tests {
             "batch_fill_s16",
             "pool_bags",
             "pool_bags_h",
+            "pool_fixed",
+            "pool_fixed_h",
             "resident_write",
             "resident_write_s16",
             "pool_resident",

@@ -148,6 +148,11 @@ impl GpuInstance {
     }
 
     /// The next lookup epoch.
+    /// The GPU its caches are on.
+    pub fn device(&self) -> i32 {
+        self.queue.device()
+    }
+
     pub fn next_epoch(&self) -> u64 {
         self.clock.fetch_add(1, Ordering::Relaxed)
     }

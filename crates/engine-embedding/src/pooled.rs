@@ -1,16 +1,21 @@
 //! The pooled interface's run on an instance: each sample's bag of keys per table reduced to
 //! one row, `[batch, tables, dim]`.
 //!
-//! Three paths, the first that applies:
+//! Four paths, the first that applies:
 //! - every table resident on the instance's GPU (`gpucacheper` 1.0, keys `0..rows`): one
 //!   kernel reads the bags where the keys are (a client's CUDA shared memory as it is) and
 //!   writes only the pooled rows ([`ResidentPool`]);
+//! - a GPU instance with fixed hotness and the keys in its GPU's memory: every key looked up
+//!   through the GPU caches in one pass as sent, the rows reduced there
+//!   ([`Pooler::pool_fixed`]), when every bag is full and no key is negative;
 //! - a GPU instance otherwise: the bags laid out on the host ([`Bags`]), every key looked up
 //!   through the GPU caches in one pass, the rows reduced there ([`Pooler`]);
 //! - a CPU instance: the same bags, summed on the host ([`pool::pool`]).
 //!
 //! A batch with a key that is no row of its table (negative, past it, or only in the host
-//! tier since an update) takes the second path, which reads below the GPU.
+//! tier since an update) leaves the first path for one that reads below the GPU; padding or a
+//! negative key leaves the second for the third, whose bags leave padding out and which names
+//! a bad key in its error.
 
 use std::borrow::Cow;
 
@@ -196,6 +201,66 @@ impl PooledRun {
         }
         #[cfg(feature = "gpu")]
         let clock = std::time::Instant::now();
+        #[cfg(feature = "gpu")]
+        let mut gpu = gpu;
+        #[cfg(feature = "gpu")]
+        if !m.lengths_input() {
+            if let (Some((instance, lookup)), Some(pooler), Some(Bytes::Device(v))) =
+                (gpu.as_deref_mut(), self.pooler.as_mut(), inputs[0].bytes())
+            {
+                // fixed hotness with the keys in this GPU's memory: looked up as sent and
+                // pooled there, no trip to the host, when every bag is full and no key is
+                // negative (else the host-side bags below, which name a bad key)
+                let width = pooling.width().max(1);
+                let aligned = v.raw_addr().is_some_and(|a| a % 8 == 0);
+                if aligned && v.device() == instance.device() && v.len() % (8 * width) == 0 {
+                    let batch = v.len() / 8 / width;
+                    let layout = KeyLayout::Fixed { width, at: &self.hot_at };
+                    let negative = caches.lookup_batch_device(
+                        BatchKeys::Device(v),
+                        layout,
+                        instance,
+                        lookup,
+                        None,
+                    )?;
+                    if negative == 0 && batch > 0 {
+                        let looked_us = clock.elapsed().as_micros();
+                        let rows = lookup
+                            .rows(batch * width * dim)
+                            .ok_or_else(|| Error::internal("pooled lookup: no rows"))?;
+                        let format =
+                            if dtype == DataType::F16 { RowFormat::F16 } else { RowFormat::F32 };
+                        let mean = pooling.combiner == Combiner::Mean;
+                        let pooled = pooler.pool_fixed(
+                            &rows,
+                            dim,
+                            width,
+                            &self.hot_at,
+                            batch,
+                            mean,
+                            format,
+                        )?;
+                        let pooled_us = clock.elapsed().as_micros();
+                        if wanted {
+                            let shape = [batch as i64, tables as i64, dim as i64];
+                            sink(OutputView {
+                                name,
+                                dtype,
+                                shape: &shape,
+                                data: Bytes::Device(pooled),
+                            })?;
+                        }
+                        log::debug!(
+                            "timing: pooled lookup: keys {}, lookup {looked_us} us, pooling {} us, rows handed on {} us (the keys as sent)",
+                            batch * width,
+                            pooled_us - looked_us,
+                            clock.elapsed().as_micros() - pooled_us
+                        );
+                        return Ok(());
+                    }
+                }
+            }
+        }
         #[cfg(feature = "gpu")]
         let raw = match (inputs[0].bytes(), self.keys_reader.as_mut()) {
             (Some(Bytes::Device(v)), Some(reader)) => {

@@ -231,9 +231,14 @@ impl BatchLookup {
         let interleaved = self.place_layout(layout, n)?;
         self.clear_misses(n)?;
         self.send_keys(keys, interleaved, epoch, into)?;
-        let m = self.count_misses(n)?;
+        let (m, negative) = self.count_misses(n)?;
         times.misses = m;
         times.lookup_us = us(t0);
+        if negative > 0 {
+            // a fixed layout with padding or a bad key: the caller takes another path
+            times.negative = negative;
+            return Ok(times);
+        }
         let t1 = Instant::now();
         if m > 0 {
             self.missed_keys_to_host(keys, m)?;
@@ -297,14 +302,32 @@ impl BatchLookup {
                 htod(&self.queue, self.starts.1.ptr(), h)?;
                 Ok(0)
             }
+            KeyLayout::Fixed { width, at } => {
+                let whole = at.len() == self.tables + 1
+                    && at.first() == Some(&0)
+                    && at.last().is_some_and(|&w| w as usize == width)
+                    && at.windows(2).all(|w| w[0] <= w[1]);
+                if !whole || width == 0 || n % width != 0 || width > i32::MAX as usize {
+                    return Err(CudaError::internal(format!(
+                        "batch lookup: {n} keys are not whole samples of {width} keys over {} tables",
+                        self.tables
+                    )));
+                }
+                let h = self.starts.0.slice(at.len())?;
+                h.copy_from_slice(at);
+                self.starts.1.reserve(h.len() * 4)?;
+                htod(&self.queue, self.starts.1.ptr(), h)?;
+                Ok(-(width as i32))
+            }
         }
     }
 
-    /// Room for `n` misses, and the miss count zeroed on the queue.
+    /// Room for `n` misses, and the counts (misses, and keys below zero in a fixed layout)
+    /// zeroed on the queue.
     fn clear_misses(&mut self, n: usize) -> Result<()> {
         self.miss.1.reserve(n * 4)?;
-        self.count.1.reserve(4)?;
-        zero(&self.queue, self.count.1.ptr(), 4)
+        self.count.1.reserve(8)?;
+        zero(&self.queue, self.count.1.ptr(), 8)
     }
 
     /// The keys to the GPU and the lookup kernel queued behind them: host keys in pieces,
@@ -393,15 +416,16 @@ impl BatchLookup {
         sent
     }
 
-    /// Waits for the lookup and returns how many keys missed. The count comes down on this
-    /// lookup's own stream once it has passed the queue's work so far (the lookup), so the
-    /// wait does not take in what other lookups queue after it.
-    fn count_misses(&mut self, n: usize) -> Result<usize> {
+    /// Waits for the lookup and returns how many keys missed, and how many of a fixed layout
+    /// were below zero. The counts come down on this lookup's own stream once it has passed
+    /// the queue's work so far (the lookup), so the wait does not take in what other lookups
+    /// queue after it.
+    fn count_misses(&mut self, n: usize) -> Result<(usize, usize)> {
         self.own.stream.join(&self.queue.stream).map_err(cuda_err)?;
-        let h_count = self.count.0.slice(1)?;
+        let h_count = self.count.0.slice(2)?;
         dtoh(&self.own, h_count, self.count.1.ptr())?;
         self.own.wait()?;
-        Ok((h_count[0] as usize).min(n))
+        Ok(((h_count[0] as usize).min(n), (h_count[1] as usize).min(n)))
     }
 
     /// The `m` missed indices to the host, and their keys beside them (gathered on the GPU

@@ -40,6 +40,10 @@ pub struct BatchTimes {
     pub fetch_us: u64,
     /// The fetched rows to the GPU, the scatter, and the wait for the rows.
     pub scatter_us: u64,
+    /// Keys below zero in a [`KeyLayout::Fixed`] batch (padding, or a client's bad key): when
+    /// any, the run stopped after the kernel, read nothing below the cache and left its rows
+    /// incomplete, for the caller to take another path.
+    pub negative: usize,
 }
 
 /// How a [`BatchLookup`](super::BatchLookup) writes its rows: fp32, or fp16 for a network
@@ -71,6 +75,9 @@ pub enum KeyLayout<'a> {
     Interleaved,
     /// Table after table: `counts[t]` keys of table t.
     Blocked(&'a [usize]),
+    /// Fixed hotness, `[batch, width]` as sent: positions `at[t]..at[t + 1]` of each sample
+    /// are table t's keys (`at` has `tables + 1` entries, the last `width`).
+    Fixed { width: usize, at: &'a [i32] },
 }
 
 /// How a batch's keys go to the GPU: in pieces of `piece_keys` keys, each piece's DMA and

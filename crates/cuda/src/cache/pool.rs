@@ -103,6 +103,77 @@ impl Pooler {
     }
 }
 
+impl Pooler {
+    /// Pools the rows a batch lookup wrote for keys of fixed hotness as sent (`rows`: fp32,
+    /// row i for key i of `[batch, width]`, on this GPU, complete): bag (b, t) is rows
+    /// `b * width + at[t] .. b * width + at[t + 1]`, every bag full (`at`: `tables + 1`
+    /// starts, the last `width`). Returns `[batch, tables, dim]` of `format`, each bag's rows
+    /// summed in key order (divided by their count when `mean`), valid until the next call;
+    /// the same sums as [`Pooler::pool`] over the same bags. Waits for the kernel.
+    #[allow(clippy::too_many_arguments)]
+    pub fn pool_fixed(
+        &mut self,
+        rows: &DeviceView<'_>,
+        dim: usize,
+        width: usize,
+        at: &[i32],
+        batch: usize,
+        mean: bool,
+        format: RowFormat,
+    ) -> Result<DeviceView<'_>> {
+        let tables = at.len().saturating_sub(1);
+        if batch == 0 || tables == 0 || dim == 0 || at.last().map(|&w| w as usize) != Some(width) {
+            return Err(CudaError::internal(format!(
+                "pooling: {tables} tables of a {width}-key sample over a batch of {batch}"
+            )));
+        }
+        if rows.device() != self.queue.device || rows.len() < batch * width * dim * 4 {
+            return Err(CudaError::internal(format!(
+                "pooling: {} bytes of rows on GPU {} for {} rows of dim {dim} on GPU {}",
+                rows.len(),
+                rows.device(),
+                batch * width,
+                self.queue.device
+            )));
+        }
+        let q = &self.queue;
+        let h = self.offsets.0.slice(at.len())?;
+        h.copy_from_slice(at);
+        self.offsets.1.reserve(at.len() * 4)?;
+        let d_at = self.offsets.1.ptr();
+        htod(q, d_at, h)?;
+        let out_bytes = batch * tables * dim * format.size();
+        self.out.reserve(out_bytes)?;
+        let out = self.out.ptr();
+        let d_rows = DevicePtr::of_view(rows)?;
+        let (width_i, batch_i, tables_i, dim_i, mean_i) =
+            (width as i32, batch as i32, tables as i32, dim as i32, i32::from(mean));
+        let f = match format {
+            RowFormat::F32 => &self.kernels.pool_fixed,
+            RowFormat::F16 => &self.kernels.pool_fixed_h,
+        };
+        let mut b = q.stream.launch_builder(f);
+        b.arg(&d_rows)
+            .arg(&d_at)
+            .arg(&width_i)
+            .arg(&batch_i)
+            .arg(&tables_i)
+            .arg(&dim_i)
+            .arg(&mean_i)
+            .arg(&out);
+        let cfg = LaunchConfig {
+            grid_dim: ((batch * tables) as u32, 1, 1),
+            block_dim: (dim.next_multiple_of(32).min(256) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument types and order match pool_fixed(_h); `rows` holds batch * width
+        // rows of dim, `d_at` tables + 1 starts, `out` room for batch * tables * dim of `format`.
+        unsafe { b.launch(cfg) }.map_err(cuda_err)?;
+        q.stream.synchronize().map_err(cuda_err)?;
+        Ok(self.out.view(out_bytes).expect("reserved above"))
+    }
+}
+
 /// How a batch's keys form its bags, for [`ResidentPool::run`].
 #[derive(Debug, Clone, Copy)]
 pub enum BagLayout<'a> {

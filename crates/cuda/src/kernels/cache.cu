@@ -147,12 +147,15 @@ extern "C" __global__ void cache_lookup_s16(const i64* __restrict__ keys, int n,
 // The whole-batch kernels. Table t's slots are described by desc[t*6 .. t*6+6] = (slot
 // keys, slot stamps, slot rows, sets, set locks, counters); a resident table (every row on
 // the GPU, row = key) says -rows for sets and has no keys, stamps or locks. Key i belongs to table
-// i % tables (interleaved: keys [batch, tables]) or to the t with key_start[t] <= i <
-// key_start[t+1] (blocked: table after table); its row lands at out + i * dim either way.
+// i % tables (interleaved > 0: keys [batch, tables]), to the t with key_start[t] <= i <
+// key_start[t+1] (interleaved 0, blocked: table after table), or, for fixed hotness (interleaved
+// = -width: keys [batch, width] as sent), to the t with key_start[t] <= i % width <
+// key_start[t+1]; its row lands at out + i * dim in every layout.
 __device__ __forceinline__ int table_of(long long i, int tables, int interleaved, const int* key_start) {
-    if (interleaved) return (int)(i % tables);
+    if (interleaved > 0) return (int)(i % tables);
+    long long p = interleaved < 0 ? i % (long long)(-interleaved) : i;
     int t = 0;
-    while (t + 1 < tables && i >= key_start[t + 1]) ++t;
+    while (t + 1 < tables && p >= key_start[t + 1]) ++t;
     return t;
 }
 
@@ -199,6 +202,10 @@ __device__ __forceinline__ void batch_lookup_as(const i64* __restrict__ keys, lo
     int at = any != 0 ? __ffs(any) - 1 : 0;
     unsigned its = __shfl_sync(FULL, bits, g * L + at);
     if (!live) return;
+    if (interleaved < 0 && key < 0) {  // fixed hotness: padding or a bad key, counted, not looked up
+        if (gl == 0) atomicAdd(miss_count + 1, 1u);
+        return;
+    }
     if (sets < 0) {  // a resident table (-sets rows): row `key`; a key past them misses
         if (key < 0 || key >= -sets) {
             if (gl == 0) miss[atomicAdd(miss_count, 1u)] = (int)i;
@@ -435,6 +442,33 @@ extern "C" __global__ void pool_bags(const float* __restrict__ rows, const int* 
 extern "C" __global__ void pool_bags_h(const float* __restrict__ rows, const int* __restrict__ offsets,
         int batch, int tables, int dim, int mean, unsigned short* __restrict__ out) {
     pool_bags_as(rows, offsets, batch, tables, dim, mean, out);
+}
+
+// Bags of fixed hotness pooled where a batch lookup wrote the rows of the keys as sent (row i for
+// key i, keys [batch, width]): bag (b, t) is rows b * width + at[t] .. b * width + at[t + 1], every
+// bag full; summed in key order (or averaged) into out [batch, tables, dim], as pool_bags does.
+template <typename O>
+__device__ __forceinline__ void pool_fixed_as(const float* __restrict__ rows, const int* __restrict__ at,
+        int width, int batch, int tables, int dim, int mean, O* __restrict__ out) {
+    int bag = blockIdx.x;
+    int b = bag / tables, t = bag % tables;
+    long long first = (long long)b * width + at[t], last = (long long)b * width + at[t + 1];
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (long long r = first; r < last; ++r) acc += rows[(size_t)r * dim + d];
+        if (mean && last - first > 1) acc = acc / (float)(last - first);
+        put(out + ((size_t)b * tables + t) * dim + d, acc);
+    }
+}
+
+extern "C" __global__ void pool_fixed(const float* __restrict__ rows, const int* __restrict__ at,
+        int width, int batch, int tables, int dim, int mean, float* __restrict__ out) {
+    pool_fixed_as(rows, at, width, batch, tables, dim, mean, out);
+}
+
+extern "C" __global__ void pool_fixed_h(const float* __restrict__ rows, const int* __restrict__ at,
+        int width, int batch, int tables, int dim, int mean, unsigned short* __restrict__ out) {
+    pool_fixed_as(rows, at, width, batch, tables, dim, mean, out);
 }
 
 // A resident table's rows written in place (an update or a fill): one warp per key, row i of

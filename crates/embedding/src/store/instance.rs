@@ -218,7 +218,10 @@ impl InstanceCaches {
     #[cfg(feature = "gpu")]
     ///
     /// `keys` on the host or already in GPU memory (`BatchKeys`). `into`: the rows go there
-    /// (GPU memory with room for them all) instead of `lookup`'s own buffer.
+    /// (GPU memory with room for them all) instead of `lookup`'s own buffer. Returns how many
+    /// keys of a fixed layout (`KeyLayout::Fixed`) were below zero: when any, the batch was
+    /// not looked up (nothing read below the cache, nothing counted) and its rows are not
+    /// complete, for the caller to take another path.
     pub fn lookup_batch_device(
         &self,
         keys: gpu::BatchKeys<'_>,
@@ -226,13 +229,24 @@ impl InstanceCaches {
         gpu: &gpu::GpuInstance,
         lookup: &mut gpu::BatchLookup,
         into: Option<&mut triton_rust_cuda::DeviceViewMut<'_>>,
-    ) -> Result<()> {
+    ) -> Result<usize> {
         let store = &self.store;
         let tables = store.tables.len();
         let dim = lookup.dim();
         let counts: Vec<usize> = match layout {
             gpu::KeyLayout::Interleaved => vec![keys.len() / tables.max(1); tables],
             gpu::KeyLayout::Blocked(c) => c.to_vec(),
+            gpu::KeyLayout::Fixed { width, at } => {
+                let samples = keys.len() / width.max(1);
+                at.windows(2).map(|w| (w[1] - w[0]).max(0) as usize * samples).collect()
+            }
+        };
+        // a fixed layout's tables by position in a sample
+        let fixed_at: Vec<usize> = match layout {
+            gpu::KeyLayout::Fixed { at, .. } => {
+                at.iter().take(tables).map(|&a| a.max(0) as usize).collect()
+            }
+            _ => Vec::new(),
         };
         let starts: Vec<usize> = counts
             .iter()
@@ -246,16 +260,13 @@ impl InstanceCaches {
             match layout {
                 gpu::KeyLayout::Interleaved => i % tables,
                 gpu::KeyLayout::Blocked(_) => starts.partition_point(|&s| s <= i) - 1,
+                gpu::KeyLayout::Fixed { width, .. } => {
+                    fixed_at.partition_point(|&s| s <= i % width.max(1)) - 1
+                }
             }
         };
         let versions: Vec<u64> =
             store.tables.iter().map(|t| t.version.load(Ordering::SeqCst)).collect();
-        for (t, &c) in counts.iter().enumerate() {
-            if c > 0 {
-                store.tables[t].counters.lookups.fetch_add(1, Ordering::Relaxed);
-                store.tables[t].counters.keys.fetch_add(c as u64, Ordering::Relaxed);
-            }
-        }
         let t0 = Instant::now();
         let mut missed_per_table = vec![0usize; tables];
         let mut fetch_ns = 0u64;
@@ -305,6 +316,16 @@ impl InstanceCaches {
         let times = lookup.run_keys::<Error>(keys, layout, epoch, &mut fetch, into)?;
         // the fill below takes the gate itself
         drop(order);
+        if times.negative > 0 {
+            // not looked up: the caller takes another path, which counts the batch
+            return Ok(times.negative);
+        }
+        for (t, &c) in counts.iter().enumerate() {
+            if c > 0 {
+                store.tables[t].counters.lookups.fetch_add(1, Ordering::Relaxed);
+                store.tables[t].counters.keys.fetch_add(c as u64, Ordering::Relaxed);
+            }
+        }
         // the cache tier's time: the whole pass less the wall time of the reads below it
         // (those are counted per table by the host tier, summed over its threads)
         let elapsed = ns_since(t0).saturating_sub(fetch_ns);
@@ -320,7 +341,7 @@ impl InstanceCaches {
             }
         }
         if self.caches.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         // Under the update gate: an update's cache refresh is queued either before this
         // fill (and then its version bump is seen here) or after it (and overwrites it).
@@ -331,7 +352,7 @@ impl InstanceCaches {
                     store.tables[t].counters.fills_dropped.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            return Ok(());
+            return Ok(0);
         }
         let tf = Instant::now();
         lookup.fill_last(gpu.next_epoch())?;
@@ -356,7 +377,7 @@ impl InstanceCaches {
                 worst.join(", ")
             );
         }
-        Ok(())
+        Ok(0)
     }
 
     /// Inserts rows found below the cache: now if the batch's hit rate was under the
