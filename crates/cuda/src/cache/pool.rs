@@ -66,44 +66,9 @@ impl Pooler {
                 self.queue.device
             )));
         }
-        let q = &self.queue;
-        let h = self.offsets.0.slice(offsets.len())?;
-        h.copy_from_slice(offsets);
-        self.offsets.1.reserve(offsets.len() * 4)?;
-        let d_offsets = self.offsets.1.ptr();
-        htod(q, d_offsets, h)?;
-        let out_bytes = batch * tables * dim * format.size();
-        self.out.reserve(out_bytes)?;
-        let out = self.out.ptr();
-        let d_rows = DevicePtr::of_view(rows)?;
-        let (batch_i, tables_i, dim_i, mean_i) =
-            (batch as i32, tables as i32, dim as i32, i32::from(mean));
-        let f = match format {
-            RowFormat::F32 => &self.kernels.pool,
-            RowFormat::F16 => &self.kernels.pool_h,
-        };
-        let mut b = q.stream.launch_builder(f);
-        b.arg(&d_rows)
-            .arg(&d_offsets)
-            .arg(&batch_i)
-            .arg(&tables_i)
-            .arg(&dim_i)
-            .arg(&mean_i)
-            .arg(&out);
-        let cfg = LaunchConfig {
-            grid_dim: (bags as u32, 1, 1),
-            block_dim: (dim.next_multiple_of(32).min(256) as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: argument types and order match pool_bags(_h); `rows` holds every row the
-        // offsets name and `out` has room for batch * tables * dim of `format`.
-        unsafe { b.launch(cfg) }.map_err(cuda_err)?;
-        q.stream.synchronize().map_err(cuda_err)?;
-        Ok(self.out.view(out_bytes).expect("reserved above"))
+        self.launch(rows, dim, offsets, None, batch, tables, mean, format)
     }
-}
 
-impl Pooler {
     /// Pools the rows a batch lookup wrote for keys of fixed hotness as sent (`rows`: fp32,
     /// row i for key i of `[batch, width]`, on this GPU, complete): bag (b, t) is rows
     /// `b * width + at[t] .. b * width + at[t + 1]`, every bag full (`at`: `tables + 1`
@@ -122,7 +87,8 @@ impl Pooler {
         format: RowFormat,
     ) -> Result<DeviceView<'_>> {
         let tables = at.len().saturating_sub(1);
-        if batch == 0 || tables == 0 || dim == 0 || at.last().map(|&w| w as usize) != Some(width) {
+        let whole = at.last().is_some_and(|&w| w as usize == width) && width <= i32::MAX as usize;
+        if batch == 0 || tables == 0 || dim == 0 || !whole {
             return Err(CudaError::internal(format!(
                 "pooling: {tables} tables of a {width}-key sample over a batch of {batch}"
             )));
@@ -136,38 +102,57 @@ impl Pooler {
                 self.queue.device
             )));
         }
+        self.launch(rows, dim, at, Some(width as i32), batch, tables, mean, format)
+    }
+
+    /// One pooling kernel over `batch * tables` bags: `pool_bags` with `bounds` the bags'
+    /// offsets, or `pool_fixed` with `bounds` a sample's table starts and its `width`.
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &mut self,
+        rows: &DeviceView<'_>,
+        dim: usize,
+        bounds: &[i32],
+        width: Option<i32>,
+        batch: usize,
+        tables: usize,
+        mean: bool,
+        format: RowFormat,
+    ) -> Result<DeviceView<'_>> {
         let q = &self.queue;
-        let h = self.offsets.0.slice(at.len())?;
-        h.copy_from_slice(at);
-        self.offsets.1.reserve(at.len() * 4)?;
-        let d_at = self.offsets.1.ptr();
-        htod(q, d_at, h)?;
+        let h = self.offsets.0.slice(bounds.len())?;
+        h.copy_from_slice(bounds);
+        self.offsets.1.reserve(bounds.len() * 4)?;
+        let d_bounds = self.offsets.1.ptr();
+        htod(q, d_bounds, h)?;
         let out_bytes = batch * tables * dim * format.size();
         self.out.reserve(out_bytes)?;
         let out = self.out.ptr();
         let d_rows = DevicePtr::of_view(rows)?;
-        let (width_i, batch_i, tables_i, dim_i, mean_i) =
-            (width as i32, batch as i32, tables as i32, dim as i32, i32::from(mean));
-        let f = match format {
-            RowFormat::F32 => &self.kernels.pool_fixed,
-            RowFormat::F16 => &self.kernels.pool_fixed_h,
+        let (batch_i, tables_i, dim_i, mean_i) =
+            (batch as i32, tables as i32, dim as i32, i32::from(mean));
+        let k = &self.kernels;
+        let f = match (width.is_some(), format) {
+            (false, RowFormat::F32) => &k.pool,
+            (false, RowFormat::F16) => &k.pool_h,
+            (true, RowFormat::F32) => &k.pool_fixed,
+            (true, RowFormat::F16) => &k.pool_fixed_h,
         };
         let mut b = q.stream.launch_builder(f);
-        b.arg(&d_rows)
-            .arg(&d_at)
-            .arg(&width_i)
-            .arg(&batch_i)
-            .arg(&tables_i)
-            .arg(&dim_i)
-            .arg(&mean_i)
-            .arg(&out);
+        b.arg(&d_rows).arg(&d_bounds);
+        if let Some(w) = width.as_ref() {
+            b.arg(w);
+        }
+        b.arg(&batch_i).arg(&tables_i).arg(&dim_i).arg(&mean_i).arg(&out);
         let cfg = LaunchConfig {
             grid_dim: ((batch * tables) as u32, 1, 1),
             block_dim: (dim.next_multiple_of(32).min(256) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: argument types and order match pool_fixed(_h); `rows` holds batch * width
-        // rows of dim, `d_at` tables + 1 starts, `out` room for batch * tables * dim of `format`.
+        // SAFETY: argument types and order match pool_bags(_h) (rows, offsets, batch, tables,
+        // dim, mean, out) or pool_fixed(_h) (the same with the width after the starts);
+        // `rows` holds every row the bounds name (the callers' checks) and `out` has room for
+        // batch * tables * dim of `format`.
         unsafe { b.launch(cfg) }.map_err(cuda_err)?;
         q.stream.synchronize().map_err(cuda_err)?;
         Ok(self.out.view(out_bytes).expect("reserved above"))
