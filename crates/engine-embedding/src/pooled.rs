@@ -167,6 +167,66 @@ impl PooledRun {
         Ok(Some(batch))
     }
 
+    /// The second path: fixed hotness with the keys in this instance's GPU memory, looked up
+    /// through the caches as sent and pooled there, no trip to the host. `Ok(false)`, the
+    /// rows not handed on, when it does not apply or a bag has padding or a key is negative
+    /// (the host-side bags then, which leave padding out and name a bad key).
+    #[cfg(feature = "gpu")]
+    fn run_as_sent(
+        &mut self,
+        m: &Model,
+        caches: &InstanceCaches,
+        (instance, lookup): &mut (GpuInstance, BatchLookup),
+        inputs: &[BatchTensor<'_>],
+        wanted: bool,
+        sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+    ) -> Result<bool> {
+        let (Some(pooler), Some(pooling), Some(Bytes::Device(v))) =
+            (self.pooler.as_mut(), m.settings.pooling.as_ref(), inputs[0].bytes())
+        else {
+            return Ok(false);
+        };
+        let width = pooling.width().max(1);
+        let aligned = v.raw_addr().is_some_and(|a| a % 8 == 0);
+        if m.lengths_input()
+            || !aligned
+            || v.device() != instance.device()
+            || v.len() % (8 * width) != 0
+        {
+            return Ok(false);
+        }
+        let clock = std::time::Instant::now();
+        let batch = v.len() / 8 / width;
+        let layout = KeyLayout::Fixed { width, at: &self.hot_at };
+        let negative =
+            caches.lookup_batch_device(BatchKeys::Device(v), layout, instance, lookup, None)?;
+        if negative > 0 || batch == 0 {
+            return Ok(false);
+        }
+        let looked_us = clock.elapsed().as_micros();
+        let (tables, dim) = (caches.store().table_count(), caches.store().dim(0));
+        let rows = lookup
+            .rows(batch * width * dim)
+            .ok_or_else(|| Error::internal("pooled lookup: no rows"))?;
+        let dtype = m.rows_type;
+        let format = if dtype == DataType::F16 { RowFormat::F16 } else { RowFormat::F32 };
+        let mean = pooling.combiner == Combiner::Mean;
+        let pooled = pooler.pool_fixed(&rows, dim, width, &self.hot_at, batch, mean, format)?;
+        let pooled_us = clock.elapsed().as_micros();
+        if wanted {
+            let shape = [batch as i64, tables as i64, dim as i64];
+            let name = m.sig.outputs[0].name.as_str();
+            sink(OutputView { name, dtype, shape: &shape, data: Bytes::Device(pooled) })?;
+        }
+        log::debug!(
+            "timing: pooled lookup: keys {}, lookup {looked_us} us, pooling {} us, rows handed on {} us (the keys as sent)",
+            batch * width,
+            pooled_us - looked_us,
+            clock.elapsed().as_micros() - pooled_us
+        );
+        Ok(true)
+    }
+
     /// Runs a batch and hands its pooled rows to `sink` when `wanted`.
     pub(crate) fn run(
         &mut self,
@@ -204,61 +264,9 @@ impl PooledRun {
         #[cfg(feature = "gpu")]
         let mut gpu = gpu;
         #[cfg(feature = "gpu")]
-        if !m.lengths_input() {
-            if let (Some((instance, lookup)), Some(pooler), Some(Bytes::Device(v))) =
-                (gpu.as_deref_mut(), self.pooler.as_mut(), inputs[0].bytes())
-            {
-                // fixed hotness with the keys in this GPU's memory: looked up as sent and
-                // pooled there, no trip to the host, when every bag is full and no key is
-                // negative (else the host-side bags below, which name a bad key)
-                let width = pooling.width().max(1);
-                let aligned = v.raw_addr().is_some_and(|a| a % 8 == 0);
-                if aligned && v.device() == instance.device() && v.len() % (8 * width) == 0 {
-                    let batch = v.len() / 8 / width;
-                    let layout = KeyLayout::Fixed { width, at: &self.hot_at };
-                    let negative = caches.lookup_batch_device(
-                        BatchKeys::Device(v),
-                        layout,
-                        instance,
-                        lookup,
-                        None,
-                    )?;
-                    if negative == 0 && batch > 0 {
-                        let looked_us = clock.elapsed().as_micros();
-                        let rows = lookup
-                            .rows(batch * width * dim)
-                            .ok_or_else(|| Error::internal("pooled lookup: no rows"))?;
-                        let format =
-                            if dtype == DataType::F16 { RowFormat::F16 } else { RowFormat::F32 };
-                        let mean = pooling.combiner == Combiner::Mean;
-                        let pooled = pooler.pool_fixed(
-                            &rows,
-                            dim,
-                            width,
-                            &self.hot_at,
-                            batch,
-                            mean,
-                            format,
-                        )?;
-                        let pooled_us = clock.elapsed().as_micros();
-                        if wanted {
-                            let shape = [batch as i64, tables as i64, dim as i64];
-                            sink(OutputView {
-                                name,
-                                dtype,
-                                shape: &shape,
-                                data: Bytes::Device(pooled),
-                            })?;
-                        }
-                        log::debug!(
-                            "timing: pooled lookup: keys {}, lookup {looked_us} us, pooling {} us, rows handed on {} us (the keys as sent)",
-                            batch * width,
-                            pooled_us - looked_us,
-                            clock.elapsed().as_micros() - pooled_us
-                        );
-                        return Ok(());
-                    }
-                }
+        if let Some(g) = gpu.as_deref_mut() {
+            if self.run_as_sent(m, caches, g, inputs, wanted, sink)? {
+                return Ok(());
             }
         }
         #[cfg(feature = "gpu")]
