@@ -233,38 +233,8 @@ impl InstanceCaches {
         let store = &self.store;
         let tables = store.tables.len();
         let dim = lookup.dim();
-        let counts: Vec<usize> = match layout {
-            gpu::KeyLayout::Interleaved => vec![keys.len() / tables.max(1); tables],
-            gpu::KeyLayout::Blocked(c) => c.to_vec(),
-            gpu::KeyLayout::Fixed { width, at } => {
-                let samples = keys.len() / width.max(1);
-                at.windows(2).map(|w| (w[1] - w[0]).max(0) as usize * samples).collect()
-            }
-        };
-        // a fixed layout's tables by position in a sample
-        let fixed_at: Vec<usize> = match layout {
-            gpu::KeyLayout::Fixed { at, .. } => {
-                at.iter().take(tables).map(|&a| a.max(0) as usize).collect()
-            }
-            _ => Vec::new(),
-        };
-        let starts: Vec<usize> = counts
-            .iter()
-            .scan(0, |at, &c| {
-                let s = *at;
-                *at += c;
-                Some(s)
-            })
-            .collect();
-        let table_of = |i: usize| -> usize {
-            match layout {
-                gpu::KeyLayout::Interleaved => i % tables,
-                gpu::KeyLayout::Blocked(_) => starts.partition_point(|&s| s <= i) - 1,
-                gpu::KeyLayout::Fixed { width, .. } => {
-                    fixed_at.partition_point(|&s| s <= i % width.max(1)) - 1
-                }
-            }
-        };
+        let key_tables = KeyTables::new(layout, keys.len(), tables);
+        let (counts, table_of) = (&key_tables.counts, |i: usize| key_tables.table_of(i));
         let versions: Vec<u64> =
             store.tables.iter().map(|t| t.version.load(Ordering::SeqCst)).collect();
         let t0 = Instant::now();
@@ -447,6 +417,55 @@ impl Drop for InstanceCaches {
     }
 }
 
+/// Which table each key of a batch lookup belongs to, as the kernels find it from the layout
+/// (`table_of` in cache.cu), and how many keys each table has.
+#[cfg(feature = "gpu")]
+struct KeyTables<'a> {
+    layout: gpu::KeyLayout<'a>,
+    tables: usize,
+    /// Each table's keys in the batch.
+    counts: Vec<usize>,
+    /// Where each table starts: in the batch (blocked), or in a sample (fixed).
+    starts: Vec<usize>,
+}
+
+#[cfg(feature = "gpu")]
+impl<'a> KeyTables<'a> {
+    fn new(layout: gpu::KeyLayout<'a>, keys: usize, tables: usize) -> KeyTables<'a> {
+        let (counts, starts): (Vec<usize>, Vec<usize>) = match layout {
+            gpu::KeyLayout::Interleaved => (vec![keys / tables.max(1); tables], Vec::new()),
+            gpu::KeyLayout::Blocked(c) => {
+                let starts = c
+                    .iter()
+                    .scan(0, |at, &n| {
+                        let s = *at;
+                        *at += n;
+                        Some(s)
+                    })
+                    .collect();
+                (c.to_vec(), starts)
+            }
+            gpu::KeyLayout::Fixed { width, at } => {
+                let samples = keys / width.max(1);
+                let counts =
+                    at.windows(2).map(|w| (w[1] - w[0]).max(0) as usize * samples).collect();
+                (counts, at.iter().take(tables).map(|&a| a.max(0) as usize).collect())
+            }
+        };
+        KeyTables { layout, tables, counts, starts }
+    }
+
+    /// The table of key `i` of the batch.
+    fn table_of(&self, i: usize) -> usize {
+        let at = |p: usize| self.starts.partition_point(|&s| s <= p).saturating_sub(1);
+        match self.layout {
+            gpu::KeyLayout::Interleaved => i % self.tables.max(1),
+            gpu::KeyLayout::Blocked(_) => at(i),
+            gpu::KeyLayout::Fixed { width, .. } => at(i % width.max(1)),
+        }
+    }
+}
+
 /// Reads the missed rows of several tables below the cache into `rows` (`groups` say
 /// which part of `keys` is which table's, in order and together covering `keys`), split
 /// over up to 16 runs of at least 256 keys each, on the process's worker pool (rayon:
@@ -508,4 +527,28 @@ fn fill_cache(store: &EmbeddingStore, caches: &[Arc<dyn CacheTier>], fill: Fill)
         return Ok(());
     }
     cache.insert(&fill.keys, &fill.vectors)
+}
+
+#[cfg(all(test, feature = "gpu"))]
+mod key_tables_tests {
+    use super::KeyTables;
+    use crate::gpu::KeyLayout;
+
+    #[test]
+    fn each_layout_names_the_table_the_kernels_do() {
+        // [batch 2, tables 3] interleaved
+        let t = KeyTables::new(KeyLayout::Interleaved, 6, 3);
+        assert_eq!(t.counts, vec![2, 2, 2]);
+        assert_eq!((0..6).map(|i| t.table_of(i)).collect::<Vec<_>>(), vec![0, 1, 2, 0, 1, 2]);
+        // blocked: 2, 0 and 3 keys, table after table
+        let t = KeyTables::new(KeyLayout::Blocked(&[2, 0, 3]), 5, 3);
+        assert_eq!(t.counts, vec![2, 0, 3]);
+        assert_eq!((0..5).map(|i| t.table_of(i)).collect::<Vec<_>>(), vec![0, 0, 2, 2, 2]);
+        // fixed hotness 2, 0, 3 (a sample of 5 keys), two samples as sent
+        let at = [0, 2, 2, 5];
+        let t = KeyTables::new(KeyLayout::Fixed { width: 5, at: &at }, 10, 3);
+        assert_eq!(t.counts, vec![4, 0, 6]);
+        let of: Vec<usize> = (0..10).map(|i| t.table_of(i)).collect();
+        assert_eq!(of, vec![0, 0, 2, 2, 2, 0, 0, 2, 2, 2], "a table of hotness 0 holds no key");
+    }
 }
