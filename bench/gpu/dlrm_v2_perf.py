@@ -153,6 +153,10 @@ def parse(argv=None):
                    help="-b 270 runs: perf_analyzer's pool of single pairs (it sends pairs i..i+269 of it from step "
                         "i = 270 k mod N and holds N x 270 pairs in GPU memory, so N is modest; coprime with 270, every "
                         "offset is used)")
+    p.add_argument("--pa-streaming", action="store_true",
+                   help="perf_analyzer over gRPC's bidirectional stream (--streaming: each client context sends its "
+                        "requests on one open stream) instead of one unary call per request (one H100 call: the "
+                        "warm-up at 384 in flight did not finish in 296 s)")
     p.add_argument("--interval-ms", type=int, default=None, help=f"perf_analyzer's window (default {DEFAULTS['interval_ms']})")
     p.add_argument("--stream-concurrency", default="32", help="the endless stream's queries in flight; 0: no stream")
     p.add_argument("--stream-gb", type=float, default=24.0, help="the endless stream's key pool: at most this many GB")
@@ -504,6 +508,8 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     cmd = [a.perf_analyzer, "-m", model, "-b", str(batch), "--concurrency-range", f"{conc}:{conc}", "-i", "grpc",
            "-u", f"localhost:{a.port + 1}", "--shared-memory", "cuda", "--output-shared-memory-size", str(1 << 20),
            "--input-data", data, "--measurement-interval", str(a.interval_ms), "--max-trials", "6", "-f", raw]
+    if a.pa_streaming:
+        cmd.append("--streaming")
     stats_model = "dlrm_v2_lookup" if kind == "lookup" else "dlrm_v2"
     text = metrics_text(a.port)
     k0, h0 = scrape(a.port, stats_model, text)
@@ -970,6 +976,7 @@ def main():
     graphs = graph_batches(a.graph_batches, a.max_batch)
     plan = cache_plan(rows, a.cache, a.allocation, a.alpha, a.hit_rate_bound)
     setup = {"command": a.command, "argv": sys.argv, "gpu": gpu, "driver": driver, "torch": torch.__version__,
+             "pa_streaming": a.pa_streaming,
              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "scale": a.scale, "rows": sum(rows),
              "rows_per_table": rows, "parameters": params, "table_gb": sum(rows) * ROW_BYTES / 1e9, "cache": a.cache,
              "allocation": a.allocation, "cached_rows": sum(plan["cached_per_table"]), "cache_plan": plan,

@@ -260,7 +260,8 @@ def write(out, setup, res, plots=True):
     net_form = ("a CUDA fp16 AOTInductor package" if prec == "fp16" else
                 "a CUDA AOTInductor package in fp16 with its large linear layers in FP8 e4m3 (examples/fp8.py, "
                 "per-tensor scales, the inputs' calibrated)")
-    gpu_line = f"{setup['gpu']}; perf_analyzer gRPC, CUDA shared memory; {setup.get('cache_rows', 'fp16')} rows, {prec} network"
+    grpc = "gRPC streaming" if setup.get("pa_streaming") else "gRPC"
+    gpu_line = f"{setup['gpu']}; perf_analyzer {grpc}, CUDA shared memory; {setup.get('cache_rows', 'fp16')} rows, {prec} network"
     files = []
     if plots:
         import matplotlib
