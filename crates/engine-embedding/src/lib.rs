@@ -154,12 +154,8 @@ impl EmbeddingModel {
                     if pooled_interface {
                         pooled.pooler = Some(instance.pooler()?);
                         pooled.keys_reader = Some(triton_rust_cuda::HostReader::new(id)?);
-                        let out = if m.rows_type == DataType::F16 {
-                            RowFormat::F16
-                        } else {
-                            RowFormat::F32
-                        };
-                        pooled.resident = caches.resident_pool(&instance, out)?;
+                        pooled.resident =
+                            caches.resident_pool(&instance, pooled::pooled_format(m))?;
                     }
                     let (piece_keys, threads) = m.settings.key_upload;
                     lookup.set_key_upload(KeyUpload { piece_keys, threads });

@@ -60,6 +60,16 @@ pub(crate) struct PooledRun {
     pub(crate) keys_reader: Option<triton_rust_cuda::HostReader>,
 }
 
+/// How a GPU instance writes a model's pooled rows: as its output's type says.
+#[cfg(feature = "gpu")]
+pub(crate) fn pooled_format(m: &Model) -> RowFormat {
+    if m.rows_type == DataType::F16 {
+        RowFormat::F16
+    } else {
+        RowFormat::F32
+    }
+}
+
 /// A tensor's bytes on the host: as they are, or copied from GPU memory.
 fn host_copy<'t>(t: &'t BatchTensor<'_>) -> Result<Cow<'t, [u8]>> {
     match t.bytes() {
@@ -209,9 +219,9 @@ impl PooledRun {
             .rows(batch * width * dim)
             .ok_or_else(|| Error::internal("pooled lookup: no rows"))?;
         let dtype = m.rows_type;
-        let format = if dtype == DataType::F16 { RowFormat::F16 } else { RowFormat::F32 };
         let mean = pooling.combiner == Combiner::Mean;
-        let pooled = pooler.pool_fixed(&rows, dim, width, &self.hot_at, batch, mean, format)?;
+        let pooled =
+            pooler.pool_fixed(&rows, dim, width, &self.hot_at, batch, mean, pooled_format(m))?;
         let pooled_us = clock.elapsed().as_micros();
         if wanted {
             let shape = [batch as i64, tables as i64, dim as i64];
@@ -320,7 +330,7 @@ impl PooledRun {
             let rows = lookup
                 .rows(flat.len() * dim)
                 .ok_or_else(|| Error::internal("pooled lookup: no rows"))?;
-            let format = if dtype == DataType::F16 { RowFormat::F16 } else { RowFormat::F32 };
+            let format = pooled_format(m);
             let mean = pooling.combiner == Combiner::Mean;
             let looked_us = clock.elapsed().as_micros();
             let pooled = pooler.pool(&rows, dim, offsets, batch, mean, format)?;
