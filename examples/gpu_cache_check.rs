@@ -3,13 +3,14 @@
 //! 1. Policy equivalence: the same sequence of lookups and inserts (Zipf keys, a cache
 //!    smaller than the key space) is applied to the CPU cache and the GPU cache; the
 //!    hit/miss pattern of every lookup, every row returned, and the final insertion and
-//!    eviction counts must be identical.
+//!    eviction counts must be identical. Under each policy: LRU and LFU.
 //! 2. Shared caches under concurrency: several threads, each with its own lookup buffers
 //!    on the caches' one queue (as the instances of a model sharing one GPU cache), look
 //!    up and fill the same slots at once, with a cache far smaller than the keys so sets
 //!    are rewritten all the time; every row every lookup returns must be its key's row.
-//!    Twice: slots of fp32 rows looked up as fp32, and slots of fp16 rows looked up as
-//!    fp16, whose rows must be the fp32 rows rounded to nearest even, bit for bit.
+//!    Three times: slots of fp32 rows looked up as fp32, slots of fp16 rows looked up as
+//!    fp16, whose rows must be the fp32 rows rounded to nearest even, bit for bit, and fp16
+//!    rows under LFU (the fill admits and evicts by count).
 //! 3. Hit path speed: a table several times the GPU's cache, keys on the device, the
 //!    one table's warp-per-key lookup kernel (`cache_lookup`; the batch lookup's kernel is
 //!    checked by part 2 and timed by the served runs) timed alone, over fp32 and over fp16
@@ -24,7 +25,7 @@ use triton_rust_cuda::cache::{
     BatchLookup, CacheSlots, DeviceKeys, DeviceRows, KeyLayout, Queue, RowFormat,
 };
 use triton_rust_cuda::{Bytes, BytesMut, Cuda, CudaError, DeviceOps};
-use triton_rust_embedding::cache::{CacheGeometry, CacheTier, HostCache, EMPTY_KEY};
+use triton_rust_embedding::cache::{CacheGeometry, CachePolicy, CacheTier, HostCache, EMPTY_KEY};
 use triton_rust_embedding::gpu::GpuCache;
 use triton_rust_embedding::Zipf;
 
@@ -46,10 +47,31 @@ fn main() {
     let keyspace = arg("--keys", 200_000);
     let cache_rows = arg("--cache-rows", 20_000);
     let geo = CacheGeometry::for_rows(cache_rows, dim);
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+    for policy in [CachePolicy::Lru, CachePolicy::lfu_for(keyspace, geo.capacity())] {
+        policy_check(geo.with_policy(policy), keyspace, &mut rng);
+    }
+    for (stored, policy) in [(RowFormat::F32, 0), (RowFormat::F16, 0), (RowFormat::F16, 1 << 17)] {
+        shared_under_concurrency(dim, arg("--threads", 4), arg("--rounds", 300), stored, policy);
+    }
+    for stored in [RowFormat::F32, RowFormat::F16] {
+        hit_path(dim, &mut rng, stored);
+    }
+    batched_copies(&mut rng);
+    let gpus = triton_rust_cuda::gpu_count().unwrap_or(1);
+    if gpus > 1 {
+        across_gpus(&mut rng, gpus);
+    } else {
+        println!("copies across GPUs: not checked (one GPU)");
+    }
+}
+
+/// Part 1 under `geo`'s policy: the same lookups and fills on the CPU cache and the GPU cache.
+fn policy_check(geo: CacheGeometry, keyspace: usize, rng: &mut rand::rngs::SmallRng) {
+    let dim = geo.dim;
     let cpu = HostCache::new(geo);
     let gpu = GpuCache::new(0, geo, RowFormat::F32).expect("GPU cache");
     let zipf = Zipf::new(keyspace, 1.05);
-    let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
     let (mut lookups, mut compared_rows) = (0usize, 0usize);
     for _ in 0..200 {
         let keys: Vec<i64> = (0..4096).map(|_| zipf.rank(rng.gen()) as i64).collect();
@@ -84,26 +106,13 @@ fn main() {
         "counters differ"
     );
     println!(
-        "policy check: {lookups} lookups, {compared_rows} hit rows compared, identical on CPU and GPU; \
+        "policy check ({}): {lookups} lookups, {compared_rows} hit rows compared, identical on CPU and GPU; \
          hit rate {:.3}, insertions {}, evictions {}",
+        geo.policy.name(),
         c.hits as f64 / (c.hits + c.misses) as f64,
         c.insertions,
         c.evictions
     );
-
-    for stored in [RowFormat::F32, RowFormat::F16] {
-        shared_under_concurrency(dim, arg("--threads", 4), arg("--rounds", 300), stored);
-    }
-    for stored in [RowFormat::F32, RowFormat::F16] {
-        hit_path(dim, &mut rng, stored);
-    }
-    batched_copies(&mut rng);
-    let gpus = triton_rust_cuda::gpu_count().unwrap_or(1);
-    if gpus > 1 {
-        across_gpus(&mut rng, gpus);
-    } else {
-        println!("copies across GPUs: not checked (one GPU)");
-    }
 }
 
 /// A batch's inputs in other GPUs' memory (a client's CUDA shared memory on GPU 0 for an
@@ -259,13 +268,20 @@ fn row_bytes(key: i64, dim: usize, format: RowFormat) -> Vec<u8> {
     }
 }
 
-/// Part 2: `threads` lookups over one set of slots (rows kept as `stored`) and its queue,
-/// each looking up batches of Zipf keys written as `stored` (rows read below the cache are
-/// `row(key)`), filling its misses and checking every row.
-fn shared_under_concurrency(dim: usize, threads: usize, rounds: usize, stored: RowFormat) {
+/// Part 2: `threads` lookups over one set of slots (rows kept as `stored`, LRU or, with a
+/// `sketch` width, LFU) and its queue, each looking up batches of Zipf keys written as
+/// `stored` (rows read below the cache are `row(key)`), filling its misses and checking
+/// every row.
+fn shared_under_concurrency(
+    dim: usize,
+    threads: usize,
+    rounds: usize,
+    stored: RowFormat,
+    sketch: usize,
+) {
     let sets = 64; // 2,048 slots for 100,000 keys: most lookups of cold keys evict
     let first = Queue::new(0).expect("queue");
-    let slots = CacheSlots::new(&first, sets, dim, EMPTY_KEY, stored).expect("slots");
+    let slots = CacheSlots::new(&first, sets, dim, EMPTY_KEY, stored, sketch).expect("slots");
     let clock = std::sync::atomic::AtomicU64::new(1);
     let zipf = Zipf::new(100_000, 0.9);
     let (hits, checked, torn) = std::thread::scope(|scope| {
@@ -324,9 +340,10 @@ fn shared_under_concurrency(dim: usize, threads: usize, rounds: usize, stored: R
     assert_eq!(torn, 0, "{torn} of {checked} rows were not their key's row");
     assert!(hits > 0 && evicted > 0, "the check must hit and evict to mean anything");
     println!(
-        "shared slots, {} rows: {threads} threads x {rounds} batches of 4096 keys over {} slots, {checked} rows checked, \
+        "shared slots, {} rows, {}: {threads} threads x {rounds} batches of 4096 keys over {} slots, {checked} rows checked, \
          all their key's rows; hit rate {:.3}, {inserted} insertions, {evicted} evictions",
         if stored == RowFormat::F16 { "fp16" } else { "fp32" },
+        if sketch == 0 { "LRU" } else { "LFU" },
         sets * 32,
         hits as f64 / checked as f64
     );

@@ -163,6 +163,15 @@ def parse(argv=None):
     p.add_argument("--stream-seconds", type=float, default=None,
                    help=f"the endless stream: seconds measured per level, at least one pass of the pool "
                         f"(default {DEFAULTS['stream_seconds']})")
+    p.add_argument("--stream-fresh", action="store_true",
+                   help="the endless stream's pool drawn again (new keys, the same law) before each pass, so no query "
+                        "repeats: the measured rate is the policy's on an endless stream, not on a repeating pool "
+                        "(which a frequency-keeping cache would learn)")
+    p.add_argument("--stream-warm-passes", type=int, default=1,
+                   help="passes of the pool before the measured ones (the cache filling; LFU's counts growing)")
+    p.add_argument("--cache-policy", default="lru", choices=["lru", "lfu"],
+                   help="gpucache_policy: which key a full cache set gives up (lfu: the least frequent, and a missed "
+                        "key goes in only once it is looked up more often)")
     p.add_argument("--hit-rate-bound", type=float, default=0.002)
     p.add_argument("--ref-batches", default=None,
                    help=f"the reference's batches in pairs (default {DEFAULTS['ref_batches']}: 270 x 16 and x 64)")
@@ -345,6 +354,7 @@ def write_repository(a, repo, fixture, package, graphs):
              param("gpucacheper", a.cache), param("gpucache_allocation", a.allocation),
              # one cache per GPU for both instances (two copies would not fit at --cache 1.0)
              param("gpucache_sharing", "device"), param("gpucache_row_type", a.cache_rows),
+             param("gpucache_policy", a.cache_policy),
              param("gpucache_placement", a.placement),
              # both models open one store: the rows are in memory once
              param("store_name", os.path.basename(os.path.normpath(fixture))), param("host_memory", "mapped")]
@@ -690,8 +700,10 @@ def perf_phase(a, client, pool, setup, res, failures, part):
 
 def stream_phase(a, client, rows, plan, res, failures):
     """270-pair queries from one pool in GPU memory (drawn there, the same Zipf law), sent by
-    examples/stream_client.rs over HTTP to dlrm_v2: one pass warms the cache, then at least
-    --stream-seconds (and one pass) per level of --stream-concurrency."""
+    examples/stream_client.rs over HTTP to dlrm_v2: --stream-warm-passes passes warm the cache,
+    then at least --stream-seconds (and one pass) per level of --stream-concurrency. With
+    --stream-fresh the pool is drawn again before every pass: no query repeats, and the
+    expected rate is the policy's on an endless stream (LRU's, or LFU's the stationary rate)."""
     import torch
     import stream_load
     from cuda_shm import Region
@@ -703,7 +715,12 @@ def stream_phase(a, client, rows, plan, res, failures):
     free = torch.cuda.mem_get_info()[0]
     cap = int(min(a.stream_gb * 1e9, free - (6 << 30)) // qbytes)
     n = max(16, min(want, cap))
-    expected = expected_pool_rate(plan, n * QUERY) if a.cache < 1.0 else 1.0
+    if a.cache >= 1.0:
+        expected = 1.0
+    elif a.stream_fresh:
+        expected = plan["stationary"] if a.cache_policy == "lfu" else plan["lru"]
+    else:
+        expected = expected_pool_rate(plan, n * QUERY)
     print(f"  pool: {n:,} queries of 270 pairs ({n * qbytes / 1e9:.1f} GB of keys in GPU memory; the LRU rate needs "
           f"{want:,}); expected measured hit rate {expected:.4f}, the endless stream's LRU rate {plan['lru']:.4f}, "
           f"stationary {plan['stationary']:.4f}", flush=True)
@@ -716,19 +733,24 @@ def stream_phase(a, client, rows, plan, res, failures):
         for i in range(max(a.stream_levels)):
             made.append(Region(client, f"dlrm_v2_stream_out_{i}", obytes))
         gen = torch.Generator(device="cuda").manual_seed(SEED + 46)
+
+        def draw():
+            for first in range(0, n, 512):
+                m = min(512, n - first)
+                k = torch.empty((m, QUERY, WIDTH), dtype=torch.int64, device="cuda")
+                for t, (r, h) in enumerate(zip(rows, HOT)):
+                    ranks = stream_load.torch_zipf_ranks(gen, r, a.alpha, m * QUERY * h, "cuda")
+                    k[:, :, START[t]:START[t] + h] = stream_load.torch_spread(ranks, r).view(m, QUERY, h)
+                keys.write_tensor(k, first * qbytes)
+                del k
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
         t0 = time.time()
-        for first in range(0, n, 512):
-            m = min(512, n - first)
-            k = torch.empty((m, QUERY, WIDTH), dtype=torch.int64, device="cuda")
-            for t, (r, h) in enumerate(zip(rows, HOT)):
-                ranks = stream_load.torch_zipf_ranks(gen, r, a.alpha, m * QUERY * h, "cuda")
-                k[:, :, START[t]:START[t] + h] = stream_load.torch_spread(ranks, r).view(m, QUERY, h)
-            keys.write_tensor(k, first * qbytes)
-            del k
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        draw()
         dense.write(np.random.default_rng(5).random((16, QUERY, 13), dtype=np.float32))
-        print(f"  pool drawn in {time.time() - t0:.0f} s", flush=True)
+        print(f"  pool drawn in {time.time() - t0:.0f} s" + ("; drawn again before every pass (--stream-fresh)"
+                                                            if a.stream_fresh else ""), flush=True)
         at = 0
 
         def send(count, conc):
@@ -745,19 +767,37 @@ def stream_phase(a, client, rows, plan, res, failures):
             out = json.loads(p.stdout)
             return out["seconds"], sorted(out["latencies_ms"])
 
-        warm_s, _ = send(n, max(a.stream_levels))
-        rate = n * QUERY / warm_s
-        print(f"  warm pass: {n:,} queries in {warm_s:.1f} s ({rate / 1e6:.2f} M pairs/s, the cache filling)", flush=True)
+        def passes(count, conc):
+            """`count` queries; with --stream-fresh a pass of the pool at a time, each of new keys
+            (the draw between passes is not timed): (seconds, sorted latencies)."""
+            if not a.stream_fresh:
+                return send(count, conc)
+            seconds, lat, left = 0.0, [], count
+            while left > 0:
+                draw()
+                s_, l_ = send(min(n, left), conc)
+                seconds, lat, left = seconds + s_, lat + l_, left - min(n, left)
+            return seconds, sorted(lat)
+
+        for w in range(max(1, a.stream_warm_passes)):
+            if w > 0 and a.stream_fresh:
+                draw()
+            warm_s, _ = send(n, max(a.stream_levels))
+            rate = n * QUERY / warm_s
+            print(f"  warm pass {w + 1}: {n:,} queries in {warm_s:.1f} s ({rate / 1e6:.2f} M pairs/s, the cache filling)",
+                  flush=True)
         for c in a.stream_levels:
             if left_s(a) < stream_room_s(a):
                 print(f"  (skipped: the stream at concurrency {c}; {left_s(a):.0f} s left)", flush=True)
                 continue
             count = max(n, math.ceil(rate * a.stream_seconds / QUERY))
+            if a.stream_fresh:
+                count = math.ceil(count / n) * n  # whole passes, each of new keys
             text = metrics_text(a.port)
             k0, h0 = scrape(a.port, "dlrm_v2", text)
             d0 = device_counts(a.port, "dlrm_v2", text)
             c0 = cpu_sample(a)
-            seconds, lat = send(count, c)
+            seconds, lat = passes(count, c)
             cpu = cpu_use(c0, cpu_sample(a), seconds)
             time.sleep(0.6)
             text = metrics_text(a.port)
@@ -980,6 +1020,7 @@ def main():
              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "scale": a.scale, "rows": sum(rows),
              "rows_per_table": rows, "parameters": params, "table_gb": sum(rows) * ROW_BYTES / 1e9, "cache": a.cache,
              "allocation": a.allocation, "cached_rows": sum(plan["cached_per_table"]), "cache_plan": plan,
+             "cache_policy": a.cache_policy, "stream_fresh": a.stream_fresh, "stream_warm_passes": a.stream_warm_passes,
              "instances": a.instances, "gpus": a.gpus, "server_args": a.server_arg, "placement": a.placement, "cache_rows": a.cache_rows, "max_queue_delay_us": a.max_queue_delay_us, "max_batch": a.max_batch,
              "graph_batches": ("the backend's powers of two" if graphs is None else
                                ",".join(map(str, graphs)) if graphs else "none (off)"),
@@ -987,7 +1028,7 @@ def main():
              "stream_note": "not run"}
     print(f"GPU: {gpu}, driver {driver}; torch {torch.__version__}", flush=True)
     print(f"DLRM-v2 at scale {a.scale}: {sum(rows):,} rows ({params / 1e9:.1f} B parameters, "
-          f"{setup['table_gb']:.1f} GB fp16), {WIDTH} lookups per pair; GPU cache {a.cache} ({a.allocation}, "
+          f"{setup['table_gb']:.1f} GB fp16), {WIDTH} lookups per pair; GPU cache {a.cache} ({a.allocation}, {a.cache_policy}, "
           f"{setup['cached_rows']:,} slots); alpha {a.alpha}: hit rate stationary {plan['stationary']:.4f}, "
           f"LRU on an endless stream {plan['lru']:.4f} (hotness-weighted)", flush=True)
     failures = []
@@ -1062,7 +1103,10 @@ def main():
             if a.stream_levels and os.path.exists(a.stream_client) and left_s(a) > stream_room_s(a) + 40:
                 phase("the endless stream")
                 setup["stream_note"] = ("270-pair queries sent by examples/stream_client.rs (HTTP, keys in one CUDA "
-                                        "shared-memory pool drawn on the GPU), dlrm_v2 batching them")
+                                        "shared-memory pool drawn on the GPU), dlrm_v2 batching them; "
+                                        f"{a.stream_warm_passes} warm pass(es) of the pool before the measured ones"
+                                        + ("; the pool drawn again (new keys) before every pass, so no query repeats"
+                                           if a.stream_fresh else "; the measured passes repeat the warm pass's queries"))
                 stream_phase(a, client, rows, plan, res, failures)
             elif a.stream_levels:
                 why = "no stream_client" if not os.path.exists(a.stream_client) else "too little time left"

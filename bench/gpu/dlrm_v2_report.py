@@ -285,6 +285,7 @@ def write(out, setup, res, plots=True):
           f"- `dlrm_v2`: one recommender model (examples/dlrm_v2.py's config), {setup['instances']} KIND_GPU instances{' on each of GPUs ' + setup['gpus'] if setup.get('gpus') else ''}, "
           f"dynamic batching (max_queue_delay {setup['max_queue_delay_us']} us, max_batch_size {setup['max_batch']} pairs), "
           f"GPU cache `gpucacheper` {setup['cache']} (`gpucache_allocation` {setup['allocation']}, "
+          f"`gpucache_policy` {setup.get('cache_policy', 'lru')}, "
           f"{'the tables spread over the GPUs (gpucache_placement sharded)' if setup.get('placement') == 'sharded' else 'one cache per GPU'}, "
           f"{setup.get('cache_rows', 'fp16')} rows: {setup['cached_rows']:,} slots), pooled rows into the network as fp16; the network DCNv2's dense "
           f"part as {net_form} (cross layers `{setup['dcnv2_cross']}`), CUDA graphs for batches of "
@@ -333,8 +334,10 @@ def write(out, setup, res, plots=True):
     if stream:
         md += ["## 270-pair queries as an endless stream (our client, not perf_analyzer)", "",
                "examples/stream_client.rs sends queries whose keys lie in one CUDA shared-memory pool drawn on the GPU, "
-               "over HTTP; one pass of the pool warms the cache, the measured passes follow. Latency measured at the "
-               "client.", "", stream_table(stream, ref_pairs), ""]
+               f"over HTTP; {setup.get('stream_warm_passes', 1)} pass(es) of the pool warm the cache, the measured "
+               "passes follow" + ("; the pool is drawn again (new keys, the same law) before every pass, so no query "
+                                  "repeats and the expected hit rate is the policy's on an endless stream"
+                                  if setup.get("stream_fresh") else "") + ". Latency measured at the client.", "", stream_table(stream, ref_pairs), ""]
     ref = res.get("reference")
     if ref and ref.get("batches"):
         md += ["## The bare PyTorch reference", "",

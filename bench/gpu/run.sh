@@ -27,6 +27,9 @@
 #                 C API mode (the server in its process, no network). ResNet50 ~5 minutes, BERT-large
 #                 ~7 (export included).
 #                 carry [".carry", ".carry_pa"]
+#   cache-check   the GPU cache against the CPU cache under both policies (LRU, LFU: every hit,
+#                 row and insert the same), shared slots under concurrency, the hit path's speed
+#                 (gpu_cache_check; also the second step of `models`). About a minute. carry [".carry"]
 #   pooled-check  pooled (multi-hot) lookups on KIND_GPU (sum, mean, fp16 rows, ragged) exact against
 #                 float64 sums of the stored rows, at MLPerf DLRM-v2's hotness, tables larger than
 #                 their GPU cache; a served lookups/s figure (pooled_check.py). carry [".carry"]
@@ -140,7 +143,7 @@ while [ $# -gt 0 ]; do
 done
 sub="${1:-}"; [ -n "$sub" ] || usage
 shift
-case "$sub" in models|recommenders|dense|trust|ort|aoti|aoti-check|aoti-recsys|network|cross|pooled-check|pooled-bench|dlrm-v2-check|dlrm-v2|dlrm-v2-network) ;; *) usage ;; esac
+case "$sub" in models|cache-check|recommenders|dense|trust|ort|aoti|aoti-check|aoti-recsys|network|cross|pooled-check|pooled-bench|dlrm-v2-check|dlrm-v2|dlrm-v2-network) ;; *) usage ;; esac
 
 # ---- ort: gather a carried part; unpack once every part is here (no .carry needed) ----
 if [ "$sub" = ort ]; then
@@ -277,6 +280,9 @@ models)
     .carry/gpu_cache_check || rc=1
     echo "== the store on a GPU instance of tritonserver"
     python3 bench/gpu/embedding_store.py --server "$server" --backends "$backends" || rc=1
+    ;;
+cache-check)
+    .carry/gpu_cache_check "$@" || rc=1
     ;;
 recommenders)
     vmstat -t 5 > "$res/vmstat.log" 2>&1 &

@@ -74,6 +74,7 @@ fn main() {
             cache_ratio,
             cache_allocation: triton_rust_embedding::CacheAllocation::PerTable,
             cache_rows: Default::default(),
+            cache_eviction: Default::default(),
             hit_rate_threshold: 0.9, // HPS default: synchronous fills only while the hit rate is low
             update_log_dir: None,
             compaction_rows: 0,

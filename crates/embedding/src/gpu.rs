@@ -1,5 +1,5 @@
 //! The GPU cache tier: the policy of `cache.rs` (same layout, same LRU at batch
-//! granularity, same counters) over slots in GPU memory. The device side — slots,
+//! granularity or LFU with the same sketch, same counters) over slots in GPU memory. The device side — slots,
 //! kernels, the rows buffer a GPU instance looks up into — is the CUDA crate's
 //! (`triton_rust_cuda::cache`); this module decides what runs there. Built with the
 //! `gpu` feature; `group_by_set`, the host logic of an insert, is unit-tested on CPUs.
@@ -14,7 +14,7 @@ pub use triton_rust_cuda::cache::{
 };
 use triton_rust_cuda::cache::{CacheSlots, InsertPlan, Queue, WAYS as DEVICE_WAYS};
 
-use crate::cache::{CacheCounters, CacheGeometry, CacheTier, EMPTY_KEY, WAYS};
+use crate::cache::{CacheCounters, CacheGeometry, CachePolicy, CacheTier, EMPTY_KEY, WAYS};
 use crate::host::HostTier;
 use crate::store_config::CacheRows;
 use crate::table::VectorType;
@@ -207,7 +207,11 @@ impl GpuCache {
         clock: Arc<AtomicU64>,
         rows: RowFormat,
     ) -> Result<GpuCache> {
-        let slots = CacheSlots::new(queue, geo.sets, geo.dim, EMPTY_KEY, rows)?;
+        let sketch = match geo.policy {
+            CachePolicy::Lru => 0,
+            CachePolicy::Lfu { width } => width,
+        };
+        let slots = CacheSlots::new(queue, geo.sets, geo.dim, EMPTY_KEY, rows, sketch)?;
         Ok(GpuCache { slots, geo, clock, hits: AtomicU64::new(0), misses: AtomicU64::new(0) })
     }
 
@@ -315,7 +319,7 @@ mod tests {
 
     #[test]
     fn inserts_are_grouped_by_set_in_order() {
-        let geo = CacheGeometry { sets: 7, dim: 1 };
+        let geo = CacheGeometry { sets: 7, ..CacheGeometry::for_rows(1, 1) };
         let keys: Vec<i64> = (0..100).map(|i| i * 13 - 40).collect();
         let (order, starts, sets) = group_by_set(&geo, &keys);
         assert_eq!(order.len(), keys.len());
@@ -336,7 +340,7 @@ mod tests {
         if std::path::Path::new("/dev/nvidia0").exists() {
             return; // this check is for machines without a GPU
         }
-        let e = new_cache(0, CacheGeometry { sets: 1, dim: 4 }).err().expect("no GPU here");
+        let e = new_cache(0, CacheGeometry::for_rows(1, 4)).err().expect("no GPU here");
         assert!(e.message().contains("CUDA") || e.message().contains("cuda"), "{e}");
     }
 }

@@ -10,7 +10,7 @@ use parking_lot::{Mutex, RwLock};
 
 use triton_rust_core::error::{Error, Result};
 
-use crate::cache::{CacheGeometry, CacheTier};
+use crate::cache::{CacheGeometry, CachePolicy, CacheTier};
 use crate::durable::{self, UpdateLog};
 #[cfg(feature = "gpu")]
 use crate::gpu;
@@ -324,11 +324,23 @@ impl EmbeddingStore {
         self.host(table).memory()
     }
 
-    /// The cache geometry for a table under this store's `cache_ratio` and `cache_allocation`.
+    /// Which key this store's full cache sets give up.
+    pub fn cache_eviction(&self) -> CacheEviction {
+        self.config.cache_eviction
+    }
+
+    /// The cache geometry for a table under this store's `cache_ratio`, `cache_allocation`
+    /// and `cache_eviction` (LFU's sketch sized for the table's rows).
     pub fn cache_geometry(&self, table: usize) -> CacheGeometry {
         let rows: Vec<usize> = self.tables.iter().map(|t| t.host.read().len()).collect();
         let cached = cache_rows(&rows, self.config.cache_ratio, self.config.cache_allocation);
-        CacheGeometry::for_rows(cached[table], self.tables[table].config.dim)
+        let geo = CacheGeometry::for_rows(cached[table], self.tables[table].config.dim);
+        match self.config.cache_eviction {
+            CacheEviction::Lru => geo,
+            CacheEviction::Lfu => {
+                geo.with_policy(CachePolicy::lfu_for(rows[table], geo.capacity()))
+            }
+        }
     }
 
     /// Creates one instance's caches with `make` (CPU or GPU) and registers them for updates.

@@ -33,6 +33,8 @@ pub struct StoreConfig {
     pub cache_allocation: CacheAllocation,
     /// How the GPU caches keep their rows (`gpucache_row_type`); the CPU cache keeps fp32.
     pub cache_rows: CacheRows,
+    /// Which key a full cache set gives up (`gpucache_policy`), on the GPU and the CPU.
+    pub cache_eviction: CacheEviction,
     /// HPS `hit_rate_threshold`: below it, misses are inserted before the lookup returns.
     pub hit_rate_threshold: f64,
     /// Where the update logs of tables without files live (`<dir>/<table>/`); tables with
@@ -124,6 +126,37 @@ impl CacheRows {
             "fp16" => Ok(CacheRows::F16),
             other => Err(Error::invalid_arg(format!(
                 "gpucache_row_type must be fp32 or fp16; got '{other}'"
+            ))),
+        }
+    }
+}
+
+/// Which key a full cache set gives up (`gpucache_policy`); `cache::CachePolicy` says how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheEviction {
+    /// The least recently used; every missed key goes in (HPS's way).
+    #[default]
+    Lru,
+    /// The least frequently used, and a missed key goes in only once it has been looked up
+    /// more often than that one: on a steady stream the caches hold the most frequent keys.
+    Lfu,
+}
+
+impl CacheEviction {
+    /// The parameter's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheEviction::Lru => "lru",
+            CacheEviction::Lfu => "lfu",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<CacheEviction> {
+        match s.trim() {
+            "" | "lru" => Ok(CacheEviction::Lru),
+            "lfu" => Ok(CacheEviction::Lfu),
+            other => Err(Error::invalid_arg(format!(
+                "gpucache_policy must be lru or lfu; got '{other}'"
             ))),
         }
     }

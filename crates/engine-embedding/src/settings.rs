@@ -11,7 +11,9 @@ use triton_rust_embedding::redis::{Access, Credential as RedisCredential};
 use triton_rust_embedding::settings::TableSettings;
 use triton_rust_embedding::stream::StreamSpec;
 use triton_rust_embedding::table::HostRows;
-use triton_rust_embedding::{CacheAllocation, CacheRows, Placement, StoreConfig, TableConfig};
+use triton_rust_embedding::{
+    CacheAllocation, CacheEviction, CacheRows, Placement, StoreConfig, TableConfig,
+};
 
 #[cfg(test)]
 thread_local! {
@@ -249,6 +251,7 @@ impl StoreSettings {
         ("gpucache_allocation", "per_table"),
         ("gpucache_sharing", "device"),
         ("gpucache_row_type", "fp32"),
+        ("gpucache_policy", "lru"),
         ("hit_rate_threshold", "0.9"),
         ("host_memory", "mapped"),
         ("volatile_db", "none"),
@@ -344,6 +347,9 @@ impl StoreSettings {
             )?,
             cache_rows: CacheRows::parse(
                 cfg.parameters.get("gpucache_row_type").map_or("", |s| s.as_str()),
+            )?,
+            cache_eviction: CacheEviction::parse(
+                cfg.parameters.get("gpucache_policy").map_or("", |s| s.as_str()),
             )?,
             hit_rate_threshold: number("hit_rate_threshold", 0.9)?,
             update_log_dir: cfg

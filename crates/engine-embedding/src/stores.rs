@@ -42,6 +42,13 @@ pub(crate) fn shared_store(
                 store.cache_rows().name()
             )));
         }
+        if store.cache_eviction() != settings.store.cache_eviction {
+            return Err(Error::invalid_arg(format!(
+                "store '{}' is already loaded with gpucache_policy {}; models sharing a store_name must ask the same",
+                settings.name,
+                store.cache_eviction().name()
+            )));
+        }
         return Ok(store);
     }
     let remote = match &settings.volatile_db {

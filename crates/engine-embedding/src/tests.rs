@@ -1,7 +1,7 @@
 use super::*;
 use std::path::Path;
 use triton_rust_core::config::ModelConfig;
-use triton_rust_embedding::CacheRows;
+use triton_rust_embedding::{CacheEviction, CacheRows};
 
 #[test]
 fn secrets_compare_whole() {
@@ -87,23 +87,38 @@ fn gpu_caches_keep_fp32_rows_unless_the_config_says_fp16() {
 }
 
 #[test]
-fn models_sharing_a_store_must_ask_the_same_cache_rows() {
-    let settings = |rows: &str| {
+fn cache_policy_parameter() {
+    let policy = |extra: &[(&str, &str)]| one_table(extra).map(|s| s.store.cache_eviction);
+    assert_eq!(policy(&[]).unwrap(), CacheEviction::Lru, "every miss goes in, as HPS");
+    assert_eq!(policy(&[("gpucache_policy", " lfu ")]).unwrap(), CacheEviction::Lfu);
+    let e = policy(&[("gpucache_policy", "fifo")]).unwrap_err();
+    assert!(e.message().contains("gpucache_policy must be lru or lfu; got 'fifo'"), "{e}");
+}
+
+#[test]
+fn models_sharing_a_store_must_ask_the_same_cache_rows_and_policy() {
+    let settings = |rows: &str, policy: &str| {
         let extra = [
             ("sparse_files", "none"),
             ("store_name", "cache_rows_agree"),
             ("gpucache_row_type", rows),
+            ("gpucache_policy", policy),
         ];
         one_table(&extra).unwrap()
     };
     let stores = Stores::default();
-    let first = shared_store(&stores, &settings("fp16")).unwrap();
-    let again = shared_store(&stores, &settings("fp16")).unwrap();
+    let first = shared_store(&stores, &settings("fp16", "lfu")).unwrap();
+    let again = shared_store(&stores, &settings("fp16", "lfu")).unwrap();
     assert!(Arc::ptr_eq(&first, &again), "the same store for the same settings");
-    let e = shared_store(&stores, &settings("fp32")).err().expect("a store of other cache rows");
+    let e = shared_store(&stores, &settings("fp32", "lfu")).err().expect("other cache rows");
     assert!(
         e.message()
             .contains("store 'cache_rows_agree' is already loaded with gpucache_row_type fp16"),
+        "{e}"
+    );
+    let e = shared_store(&stores, &settings("fp16", "lru")).err().expect("another policy");
+    assert!(
+        e.message().contains("store 'cache_rows_agree' is already loaded with gpucache_policy lfu"),
         "{e}"
     );
 }

@@ -19,10 +19,10 @@ use crate::kernels::{self, warps_config, Kernels};
 pub const WAYS: usize = 32;
 
 /// Fields of a table's descriptor for the whole-batch kernels (see `batch_lookup` in the kernels).
-pub(crate) const DESC: usize = 6;
+pub(crate) const DESC: usize = 8;
 
 /// A table's slots as the whole-batch kernels see them: the descriptor's fields (keys,
-/// stamps, rows, sets, locks, counters), with a hold on the memory they name, so the
+/// stamps, rows, sets, locks, counters, the LFU sketch or 0, its width), with a hold on the memory they name, so the
 /// addresses stay valid for as long as this lives.
 pub(crate) struct SlotsDesc {
     pub(crate) fields: [i64; DESC],
@@ -40,6 +40,9 @@ struct Slots {
     /// warps came for the set; only the first WAYS insert), zeroed again by
     /// `batch_fill_reset` after each fill for the sets it touched.
     locks: CudaSlice<u32>,
+    /// LFU: the count-min sketch of the misses, 2 rows of `sketch_width` counters (see
+    /// `sketch_miss` in the kernels); one unused word under LRU.
+    sketch: CudaSlice<u32>,
 }
 
 /// One table's cache slots on one GPU: `sets × WAYS` keys, stamps and rows of `dim`,
@@ -49,6 +52,8 @@ pub struct CacheSlots {
     _gpu: Arc<GpuState>,
     stream: Arc<CudaStream>,
     sets: usize,
+    /// LFU: the sketch's width (a power of two); 0 under LRU.
+    sketch_width: usize,
     /// A resident table's rows (keys `0..rows`); `None` for a cache.
     resident: Option<usize>,
     dim: usize,
@@ -67,14 +72,21 @@ pub struct InsertPlan<'a> {
 
 impl CacheSlots {
     /// Empty slots hold `empty_key`, which must never be inserted. The slots' work goes
-    /// through `queue`; their rows are kept as `rows` says.
+    /// through `queue`; their rows are kept as `rows` says. `sketch_width`: 0 for LRU, else
+    /// LFU with a sketch of 2 rows of that many counters (a power of two).
     pub fn new(
         queue: &Queue,
         sets: usize,
         dim: usize,
         empty_key: i64,
         rows: RowFormat,
+        sketch_width: usize,
     ) -> Result<CacheSlots> {
+        if sketch_width != 0 && !sketch_width.is_power_of_two() {
+            return Err(CudaError::internal(format!(
+                "an LFU sketch's width must be a power of two, not {sketch_width}"
+            )));
+        }
         let (g, kernels) = kernels::device(queue.device)?;
         let stream = queue.stream.clone();
         let capacity = sets * WAYS;
@@ -84,10 +96,21 @@ impl CacheSlots {
             rows: stream.alloc_zeros::<u8>(capacity * dim * rows.size()).map_err(cuda_err)?,
             counters: stream.alloc_zeros::<u64>(2).map_err(cuda_err)?,
             locks: stream.alloc_zeros::<u32>(2 * sets.max(1)).map_err(cuda_err)?,
+            sketch: stream.alloc_zeros::<u32>((2 * sketch_width).max(1)).map_err(cuda_err)?,
         };
         stream.synchronize().map_err(cuda_err)?;
         let slots = Arc::new(Mutex::new(slots));
-        Ok(CacheSlots { kernels, _gpu: g, stream, sets, resident: None, dim, rows, slots })
+        Ok(CacheSlots {
+            kernels,
+            _gpu: g,
+            stream,
+            sets,
+            sketch_width,
+            resident: None,
+            dim,
+            rows,
+            slots,
+        })
     }
 
     /// A resident table of `nrows` rows of `dim` (keys `0..nrows`, row `key` at `key × dim`),
@@ -114,6 +137,7 @@ impl CacheSlots {
             })?,
             counters: stream.alloc_zeros::<u64>(2).map_err(cuda_err)?,
             locks: stream.alloc_zeros::<u32>(2).map_err(cuda_err)?,
+            sketch: stream.alloc_zeros::<u32>(1).map_err(cuda_err)?,
         };
         stream.synchronize().map_err(cuda_err)?;
         let slots = Arc::new(Mutex::new(slots));
@@ -122,6 +146,7 @@ impl CacheSlots {
             _gpu: g,
             stream,
             sets: 0,
+            sketch_width: 0,
             resident: Some(nrows),
             dim,
             rows,
@@ -173,7 +198,13 @@ impl CacheSlots {
         let (r, _c) = slots.rows.device_ptr(&self.stream);
         let (l, _d) = slots.locks.device_ptr(&self.stream);
         let (c, _e) = slots.counters.device_ptr(&self.stream);
-        let fields = [addr(k), addr(st), addr(r), self.sets_field(), addr(l), addr(c)];
+        let (sk, _f) = slots.sketch.device_ptr(&self.stream);
+        let (sketch, width) = match self.sketch_width {
+            0 => (0, 0),
+            w => (addr(sk), w as i64),
+        };
+        let fields =
+            [addr(k), addr(st), addr(r), self.sets_field(), addr(l), addr(c), sketch, width];
         SlotsDesc { fields, _held: self.slots.clone() }
     }
 
@@ -198,6 +229,7 @@ impl CacheSlots {
         let slots = self.slots.lock();
         let (n_i, sets, dim, stride) =
             (n as i32, self.sets_field(), self.dim as i32, out_stride as i64);
+        let lfu = (self.sketch_width != 0) as i32;
         let f = match self.rows {
             RowFormat::F32 => &self.kernels.lookup,
             RowFormat::F16 => &self.kernels.s16.lookup,
@@ -211,6 +243,7 @@ impl CacheSlots {
             .arg(&sets)
             .arg(&dim)
             .arg(&epoch)
+            .arg(&lfu)
             .arg(out)
             .arg(&stride)
             .arg(hit);
@@ -299,9 +332,13 @@ impl CacheSlots {
         let d_order = s.clone_htod(plan.order).map_err(cuda_err)?;
         let d_starts = s.clone_htod(plan.group_start).map_err(cuda_err)?;
         let d_sets = s.clone_htod(plan.group_set).map_err(cuda_err)?;
-        let (groups, dim, flag) =
-            (plan.group_set.len() as i32, self.dim as i32, only_if_present as i32);
-        let Slots { keys: sk, stamps, rows, counters, .. } = &mut *slots;
+        let (groups, dim, flag, width) = (
+            plan.group_set.len() as i32,
+            self.dim as i32,
+            only_if_present as i32,
+            self.sketch_width as i64,
+        );
+        let Slots { keys: sk, stamps, rows, counters, sketch, .. } = &mut *slots;
         let f = match self.rows {
             RowFormat::F32 => &self.kernels.insert,
             RowFormat::F16 => &self.kernels.s16.insert,
@@ -309,6 +346,14 @@ impl CacheSlots {
         let mut b = s.launch_builder(f);
         b.arg(&d_keys).arg(&d_vecs).arg(&d_order).arg(&d_starts).arg(&d_sets).arg(&groups);
         b.arg(sk).arg(stamps).arg(rows).arg(&dim).arg(&epoch).arg(&flag).arg(counters);
+        // under LRU the kernel reads no sketch: a null pointer says so
+        let none = 0u64;
+        if self.sketch_width == 0 {
+            b.arg(&none);
+        } else {
+            b.arg(sketch);
+        }
+        b.arg(&width);
         // SAFETY: argument types and order match cache_insert(_s16), the one for the rows'
         // format; the plan's sets are < sets.
         unsafe { b.launch(warps_config(plan.group_set.len())) }.map_err(cuda_err)?;

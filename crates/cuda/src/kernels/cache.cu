@@ -4,6 +4,7 @@ typedef long long i64;
 typedef unsigned long long u64;
 #define FULL 0xffffffffu
 #define EMPTY_KEY ((i64)0x8000000000000000ULL)
+#define DESC 8  // fields of a table's descriptor (src/cache/slots.rs DESC)
 
 __device__ __forceinline__ u64 mix64(u64 k) {
     k ^= k >> 33; k *= 0xff51afd7ed558ccdULL;
@@ -77,13 +78,45 @@ __device__ __forceinline__ void copy_row(float* __restrict__ dst, const unsigned
     }
 }
 
+// LFU (src/cache/slots.rs: a sketch of 2 rows of `width` counters, a power of two): counts
+// one more miss of `key`; its count, the least of its counters (saturating), as
+// CachePolicy::sketch_index and HostCache::sketch_miss compute it on the host.
+__device__ __forceinline__ u64 sketch_miss(unsigned* sketch, long long width, i64 key) {
+    u64 best = ~0ULL;
+    for (int r = 0; r < 2; ++r) {
+        u64 seed = 0x9e3779b97f4a7c15ULL * (u64)(r + 1);
+        unsigned* c = sketch + (size_t)r * width + (mix64((u64)key ^ seed) & (u64)(width - 1));
+        unsigned old = *c, was;
+        do {
+            was = old;
+            if (was == 0xffffffffu) break;
+            old = atomicCAS(c, was, was + 1u);
+        } while (old != was);
+        u64 now = was == 0xffffffffu ? (u64)was : (u64)was + 1;
+        best = now < best ? now : best;
+    }
+    return best;
+}
+
+// The stamp a written way gets: LRU the epoch; LFU a new key its sketched count, a key already
+// there the higher of its count and that (a refresh leaves it).
+__device__ __forceinline__ u64 next_stamp(int fresh, u64 old, u64 count, u64 epoch, int lfu, int only_if_present) {
+    if (!lfu) return epoch;
+    if (fresh) return count;
+    if (only_if_present) return old;
+    return count > old ? count : old;
+}
+
 // The way of `key` in a set of 32 (one slot per lane: stamp st, key sk), the same on every
-// lane: its own way when present; else -1 when only_if_present, else the least recently
-// stamped way (lowest lane on ties), which lane 0 claims for key and counts (an insert, and
-// an eviction when the way held a row). Callers in fill and insert share this choice.
+// lane: its own way when present (*fresh 0); else -1 when only_if_present; else the way with
+// the lowest stamp (lowest lane on ties: LRU's least recent, LFU's least frequent). LFU
+// (count > 0, the key's sketched misses) gives it up only to a key counted more often than
+// it (else -1). Lane 0 claims the way for key and counts an insert, and an eviction when the
+// way held a row; *fresh 1. Callers in fill and insert share this choice.
 __device__ __forceinline__ int way_for(u64 st, i64 sk, i64 key, int lane, int only_if_present,
-        i64* slot_keys, u64 set, u64* counters) {
+        u64 count, i64* slot_keys, u64 set, u64* counters, int* fresh) {
     unsigned hit = __ballot_sync(FULL, st != 0 && sk == key);
+    *fresh = 0;
     if (hit != 0) return __ffs(hit) - 1;
     if (only_if_present) return -1;
     u64 best = st; int bl = lane;
@@ -94,6 +127,8 @@ __device__ __forceinline__ int way_for(u64 st, i64 sk, i64 key, int lane, int on
     }
     int way = __shfl_sync(FULL, bl, 0);
     u64 victim_stamp = __shfl_sync(FULL, best, 0);
+    if (count != 0 && victim_stamp != 0 && count <= victim_stamp) return -1;
+    *fresh = 1;
     if (lane == 0) {
         atomicAdd(&counters[0], 1ULL);
         if (victim_stamp != 0) atomicAdd(&counters[1], 1ULL);
@@ -107,7 +142,7 @@ __device__ __forceinline__ int way_for(u64 st, i64 sk, i64 key, int lane, int on
 template <typename S>
 __device__ __forceinline__ void cache_lookup_as(const i64* __restrict__ keys, int n,
         const i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps,
-        const S* __restrict__ rows, long long sets, int dim, u64 epoch,
+        const S* __restrict__ rows, long long sets, int dim, u64 epoch, int lfu,
         float* __restrict__ out, long long out_stride, unsigned char* __restrict__ hit) {
     long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
@@ -127,26 +162,31 @@ __device__ __forceinline__ void cache_lookup_as(const i64* __restrict__ keys, in
     if (m == 0) { if (lane == 0) hit[warp] = 0; return; }
     int way = __ffs(m) - 1;
     copy_row(out + (size_t)warp * out_stride, rows + (set * 32 + way) * (size_t)dim, dim, lane);
-    if (lane == 0) { hit[warp] = 1; slot_stamps[set * 32 + way] = epoch; }
+    if (lane == 0) {
+        hit[warp] = 1;
+        if (lfu) atomicAdd(&slot_stamps[set * 32 + way], 1ULL);
+        else slot_stamps[set * 32 + way] = epoch;
+    }
 }
 
 extern "C" __global__ void cache_lookup(const i64* __restrict__ keys, int n,
         const i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps,
-        const float* __restrict__ rows, long long sets, int dim, u64 epoch,
+        const float* __restrict__ rows, long long sets, int dim, u64 epoch, int lfu,
         float* __restrict__ out, long long out_stride, unsigned char* __restrict__ hit) {
-    cache_lookup_as(keys, n, slot_keys, slot_stamps, rows, sets, dim, epoch, out, out_stride, hit);
+    cache_lookup_as(keys, n, slot_keys, slot_stamps, rows, sets, dim, epoch, lfu, out, out_stride, hit);
 }
 
 extern "C" __global__ void cache_lookup_s16(const i64* __restrict__ keys, int n,
         const i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps,
-        const unsigned short* __restrict__ rows, long long sets, int dim, u64 epoch,
+        const unsigned short* __restrict__ rows, long long sets, int dim, u64 epoch, int lfu,
         float* __restrict__ out, long long out_stride, unsigned char* __restrict__ hit) {
-    cache_lookup_as(keys, n, slot_keys, slot_stamps, rows, sets, dim, epoch, out, out_stride, hit);
+    cache_lookup_as(keys, n, slot_keys, slot_stamps, rows, sets, dim, epoch, lfu, out, out_stride, hit);
 }
 
-// The whole-batch kernels. Table t's slots are described by desc[t*6 .. t*6+6] = (slot
-// keys, slot stamps, slot rows, sets, set locks, counters); a resident table (every row on
-// the GPU, row = key) says -rows for sets and has no keys, stamps or locks. Key i belongs to table
+// The whole-batch kernels. Table t's slots are described by desc[t*DESC .. t*DESC+DESC] =
+// (slot keys, slot stamps, slot rows, sets, set locks, counters, LFU sketch or 0 under LRU,
+// the sketch's width); a resident table (every row on the GPU, row = key) says -rows for sets
+// and has no keys, stamps, locks or sketch. Key i belongs to table
 // i % tables (interleaved > 0: keys [batch, tables]), to the t with key_start[t] <= i <
 // key_start[t+1] (interleaved 0, blocked: table after table), or, for fixed hotness (interleaved
 // = -width: keys [batch, width] as sent), to the t with key_start[t] <= i % width <
@@ -180,10 +220,10 @@ __device__ __forceinline__ void batch_lookup_as(const i64* __restrict__ keys, lo
     bool live = w < n;
     long long i = first + w;
     int t = live ? table_of(i, tables, interleaved, key_start) : 0;
-    const i64* slot_keys = (const i64*)desc[t * 6];
-    u64* slot_stamps = (u64*)desc[t * 6 + 1];
-    const S* rows = (const S*)desc[t * 6 + 2];
-    long long sets = desc[t * 6 + 3];
+    const i64* slot_keys = (const i64*)desc[t * DESC];
+    u64* slot_stamps = (u64*)desc[t * DESC + 1];
+    const S* rows = (const S*)desc[t * DESC + 2];
+    long long sets = desc[t * DESC + 3];
     i64 key = live ? keys[i] : EMPTY_KEY;
     unsigned bits = 0;  // bit p: way PER * gl + p holds the key
     u64 set = 0;
@@ -220,7 +260,10 @@ __device__ __forceinline__ void batch_lookup_as(const i64* __restrict__ keys, lo
     }
     int way = PER * at + __ffs(its) - 1;
     copy_row(out + (size_t)i * dim, rows + (set * 32 + way) * (size_t)dim, dim, gl, L);
-    if (gl == 0) slot_stamps[set * 32 + way] = epoch;
+    if (gl == 0) {
+        if (desc[t * DESC + 6] != 0) atomicAdd(&slot_stamps[set * 32 + way], 1ULL);  // LFU: one more use
+        else slot_stamps[set * 32 + way] = epoch;
+    }
 }
 
 extern "C" __global__ void batch_lookup(const i64* __restrict__ keys, long long first, int n, int tables, int interleaved,
@@ -249,7 +292,7 @@ extern "C" __global__ void batch_lookup_h_s16(const i64* __restrict__ keys, long
 }
 
 // Whether the fill's j-th missed row goes into a cache, and if so its table's descriptor d
-// (desc + t * 6), its key and its set: not when it was not found below the cache, nor for a
+// (desc + t * DESC), its key and its set: not when it was not found below the cache, nor for a
 // table without a cache or the empty key. The fill and the reset of its tickets both ask
 // this, so they agree on every set.
 __device__ __forceinline__ bool fill_target(const i64* __restrict__ keys, const int* __restrict__ miss,
@@ -259,10 +302,10 @@ __device__ __forceinline__ bool fill_target(const i64* __restrict__ keys, const 
     if (j >= m || !found[j]) return false;
     int i = miss[j];
     int t = table_of(i, tables, interleaved, key_start);
-    long long sets = desc[t * 6 + 3];
+    long long sets = desc[t * DESC + 3];
     *key = keys[i];
     if (sets <= 0 || *key == EMPTY_KEY) return false;
-    *d = desc + t * 6;
+    *d = desc + t * DESC;
     *set = mix64((u64)*key) % (u64)sets;
     return true;
 }
@@ -272,8 +315,8 @@ __device__ __forceinline__ bool fill_target(const i64* __restrict__ keys, const 
 // of a fill's rows (a ticket per warp; more could not all stay, and warps queueing on one
 // lock would hold SMs the network's kernels need). Those warps take the set's lock in
 // turn (all lanes spin together, so no lane waits on another), read the set's tags past
-// L1, and replace the way holding the key or the least recently stamped one, as
-// cache_insert does.
+// L1, and replace the way holding the key or the one way_for gives up, as cache_insert
+// does (LFU: every missed key counted in the sketch first, whether it goes in or not).
 template <typename S>
 __device__ __forceinline__ void batch_fill_as(const i64* __restrict__ keys, const int* __restrict__ miss,
         const unsigned char* __restrict__ found, int m, int tables, int interleaved,
@@ -291,6 +334,11 @@ __device__ __forceinline__ void batch_fill_as(const i64* __restrict__ keys, cons
     S* slot_rows = (S*)d[2];
     unsigned* locks = (unsigned*)d[4];
     u64* counters = (u64*)d[5];
+    unsigned* sketch = (unsigned*)d[6];
+    int lfu = sketch != 0;
+    u64 count = 0;
+    if (lfu && lane == 0) count = sketch_miss(sketch, d[7], key);
+    count = __shfl_sync(FULL, count, 0);
     unsigned ticket = 0;
     if (lane == 0) ticket = atomicAdd(&locks[sets + set], 1u);
     if (__shfl_sync(FULL, ticket, 0) >= 32u) return;
@@ -303,11 +351,15 @@ __device__ __forceinline__ void batch_fill_as(const i64* __restrict__ keys, cons
     size_t slot = set * 32 + lane;
     u64 st = __ldcg(&slot_stamps[slot]);
     i64 sk = __ldcg(&slot_keys[slot]);
-    int way = way_for(st, sk, key, lane, 0, slot_keys, set, counters);
-    copy_row(slot_rows + (set * 32 + way) * (size_t)dim, rows + (size_t)j * dim, dim, lane);
-    __syncwarp();
+    int fresh;
+    int way = way_for(st, sk, key, lane, 0, count, slot_keys, set, counters, &fresh);
+    if (way >= 0) {
+        u64 old = __shfl_sync(FULL, st, way);
+        copy_row(slot_rows + (set * 32 + way) * (size_t)dim, rows + (size_t)j * dim, dim, lane);
+        __syncwarp();
+        if (lane == 0) slot_stamps[set * 32 + way] = next_stamp(fresh, old, count, epoch, lfu, 0);
+    }
     if (lane == 0) {
-        slot_stamps[set * 32 + way] = epoch;
         __threadfence();
         atomicExch(&locks[set], 0u);
     }
@@ -376,7 +428,8 @@ __device__ __forceinline__ void cache_insert_as(const i64* __restrict__ keys, co
         const int* __restrict__ order, const int* __restrict__ group_start,
         const long long* __restrict__ group_set, int groups,
         i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps, S* __restrict__ rows,
-        int dim, u64 epoch, int only_if_present, u64* __restrict__ counters) {
+        int dim, u64 epoch, int only_if_present, u64* __restrict__ counters,
+        unsigned* __restrict__ sketch, long long width) {
     long long g = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (g >= groups) return;
@@ -386,13 +439,19 @@ __device__ __forceinline__ void cache_insert_as(const i64* __restrict__ keys, co
         int i = order[idx];
         i64 key = keys[i];
         if (key == EMPTY_KEY) continue;
+        int lfu = sketch != 0;
+        u64 count = 0;  // LFU: an insert is a miss of the key, counted first
+        if (lfu && !only_if_present && lane == 0) count = sketch_miss(sketch, width, key);
+        count = __shfl_sync(FULL, count, 0);
         u64 st = slot_stamps[slot];
         i64 sk = slot_keys[slot];
-        int way = way_for(st, sk, key, lane, only_if_present, slot_keys, set, counters);
+        int fresh;
+        int way = way_for(st, sk, key, lane, only_if_present, count, slot_keys, set, counters, &fresh);
         if (way < 0) continue;
+        u64 old = __shfl_sync(FULL, st, way);
         copy_row(rows + (set * 32 + way) * (size_t)dim, vecs + (size_t)i * dim, dim, lane);
         __syncwarp();
-        if (lane == 0) slot_stamps[set * 32 + way] = epoch;
+        if (lane == 0) slot_stamps[set * 32 + way] = next_stamp(fresh, old, count, epoch, lfu, only_if_present);
         __syncwarp();
     }
 }
@@ -401,16 +460,18 @@ extern "C" __global__ void cache_insert(const i64* __restrict__ keys, const floa
         const int* __restrict__ order, const int* __restrict__ group_start,
         const long long* __restrict__ group_set, int groups,
         i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps, float* __restrict__ rows,
-        int dim, u64 epoch, int only_if_present, u64* __restrict__ counters) {
-    cache_insert_as(keys, vecs, order, group_start, group_set, groups, slot_keys, slot_stamps, rows, dim, epoch, only_if_present, counters);
+        int dim, u64 epoch, int only_if_present, u64* __restrict__ counters,
+        unsigned* __restrict__ sketch, long long width) {
+    cache_insert_as(keys, vecs, order, group_start, group_set, groups, slot_keys, slot_stamps, rows, dim, epoch, only_if_present, counters, sketch, width);
 }
 
 extern "C" __global__ void cache_insert_s16(const i64* __restrict__ keys, const float* __restrict__ vecs,
         const int* __restrict__ order, const int* __restrict__ group_start,
         const long long* __restrict__ group_set, int groups,
         i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps, unsigned short* __restrict__ rows,
-        int dim, u64 epoch, int only_if_present, u64* __restrict__ counters) {
-    cache_insert_as(keys, vecs, order, group_start, group_set, groups, slot_keys, slot_stamps, rows, dim, epoch, only_if_present, counters);
+        int dim, u64 epoch, int only_if_present, u64* __restrict__ counters,
+        unsigned* __restrict__ sketch, long long width) {
+    cache_insert_as(keys, vecs, order, group_start, group_set, groups, slot_keys, slot_stamps, rows, dim, epoch, only_if_present, counters, sketch, width);
 }
 
 // Pooled lookups: one block per bag, bags table-major (bag t * batch + b holds rows
@@ -531,8 +592,8 @@ __device__ __forceinline__ void pool_resident_as(const i64* __restrict__ keys, i
     long long first, n;
     if (ragged) { first = at[bag]; n = (long long)at[bag + 1] - first; }
     else { first = (long long)b * width + at[t]; n = at[t + 1] - at[t]; }
-    const S* rows = (const S*)desc[t * 6 + 2] + gl * E;
-    long long nrows = -desc[t * 6 + 3];
+    const S* rows = (const S*)desc[t * DESC + 2] + gl * E;
+    long long nrows = -desc[t * DESC + 3];
     const i64* k = keys + first;
     float acc[E];
     #pragma unroll
