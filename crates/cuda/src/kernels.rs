@@ -31,6 +31,10 @@ pub(crate) struct Kernels {
     pub(crate) fill: CudaFunction,
     /// After a fill (of either row format), its sets' ticket counts back to zero.
     pub(crate) fill_reset: CudaFunction,
+    /// LFU: before a fill, its keys' misses counted in their tables' sketches; before a
+    /// one-table insert, its keys'.
+    pub(crate) fill_count: CudaFunction,
+    pub(crate) sketch_count: CudaFunction,
     /// `batch` and `scatter` writing fp16 rows.
     pub(crate) batch_h: CudaFunction,
     pub(crate) scatter_h: CudaFunction,
@@ -117,6 +121,8 @@ fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
         batch: f("batch_lookup")?,
         fill: f("batch_fill")?,
         fill_reset: f("batch_fill_reset")?,
+        fill_count: f("batch_fill_count")?,
+        sketch_count: f("sketch_count")?,
         batch_h: f("batch_lookup_h")?,
         scatter_h: f("scatter_rows_h")?,
         gather_keys: f("gather_keys")?,
@@ -193,6 +199,8 @@ mod tests {
             "batch_lookup",
             "batch_fill",
             "batch_fill_reset",
+            "batch_fill_count",
+            "sketch_count",
             "batch_lookup_h",
             "scatter_rows_h",
             "gather_keys",

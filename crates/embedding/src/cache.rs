@@ -205,15 +205,20 @@ impl HostCache {
         Ok(())
     }
 
-    /// LFU: counts one more miss of `key` in the sketch; its count (saturating).
-    fn sketch_miss(&self, key: i64, width: usize) -> u64 {
+    /// LFU: counts one more miss of `key` in the sketch (saturating).
+    fn sketch_add(&self, key: i64, width: usize) {
+        for r in 0..SKETCH_ROWS {
+            let c = &self.sketch[r * width + CachePolicy::sketch_index(key, r, width)];
+            let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_add(1));
+        }
+    }
+
+    /// LFU: `key`'s count, the least of its counters.
+    fn sketch_read(&self, key: i64, width: usize) -> u64 {
         (0..SKETCH_ROWS)
             .map(|r| {
                 let c = &self.sketch[r * width + CachePolicy::sketch_index(key, r, width)];
-                let old = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                    Some(v.saturating_add(1))
-                });
-                u64::from(old.unwrap_or(u32::MAX).saturating_add(1))
+                u64::from(c.load(Ordering::Relaxed))
             })
             .min()
             .unwrap_or(0)
@@ -224,9 +229,9 @@ impl HostCache {
             return;
         }
         let dim = self.geo.dim;
-        // LFU: an insert is a miss of the key, counted before the set is looked at
+        // LFU: an insert is a miss of the key, counted (by `insert`) before any key is placed
         let count = match self.geo.policy {
-            CachePolicy::Lfu { width } if !only_if_present => Some(self.sketch_miss(key, width)),
+            CachePolicy::Lfu { width } if !only_if_present => Some(self.sketch_read(key, width)),
             _ => None,
         };
         let mut set = self.sets[self.geo.set_of(key)].lock();
@@ -291,6 +296,13 @@ impl CacheTier for HostCache {
 
     fn insert(&self, keys: &[i64], vectors: &[f32]) -> Result<()> {
         self.check_len(keys, vectors)?;
+        if let CachePolicy::Lfu { width } = self.geo.policy {
+            // every key's miss counted first, as the GPU's insert does (its warps place the
+            // keys of different sets in no set order)
+            for &k in keys.iter().filter(|&&k| k != EMPTY_KEY) {
+                self.sketch_add(k, width);
+            }
+        }
         let epoch = self.clock.fetch_add(1, Ordering::Relaxed);
         for (&k, row) in keys.iter().zip(vectors.chunks_exact(self.geo.dim)) {
             self.put(k, row, epoch, false);

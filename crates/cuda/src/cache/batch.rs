@@ -57,6 +57,8 @@ pub struct BatchLookup {
     /// The cached tables' slots that `desc` names, held so they outlive this lookup and
     /// every kernel it queued.
     _slots: Vec<SlotsDesc>,
+    /// Some table's cache is LFU: a fill first counts its keys' misses.
+    lfu: bool,
     keys: (PinnedBuf<i64>, DeviceMem),
     starts: (PinnedBuf<i32>, DeviceMem),
     miss: (PinnedBuf<i32>, DeviceMem),
@@ -118,6 +120,7 @@ impl BatchLookup {
             key_upload: KeyUpload::default(),
             external: false,
             desc,
+            lfu: slots.iter().flatten().any(|s| s.fields[6] != 0),
             _slots: slots.into_iter().flatten().collect(),
             keys: pair(),
             starts: (PinnedBuf::new(d), DeviceMem::growing(d)),
@@ -492,7 +495,8 @@ impl BatchLookup {
     /// Queues the insertion of the last run's rows found below the cache into the caches
     /// (stamped with `epoch`) and returns without waiting: the next run's work queues
     /// behind it. At most once per run; nothing to do when the last run had no misses.
-    /// Two kernels: the fill, then the reset of the ticket counts of the sets it touched
+    /// Two kernels (three with an LFU cache: its keys' misses counted first): the fill, then
+    /// the reset of the ticket counts of the sets it touched
     /// (one launch where clearing every table's tickets took one copy-engine memset per
     /// table on the shared queue).
     pub fn fill_last(&mut self, epoch: u64) -> Result<()> {
@@ -514,6 +518,15 @@ impl BatchLookup {
             RowFormat::F32 => &self.kernels.fill,
             RowFormat::F16 => &self.kernels.s16.fill,
         };
+        if self.lfu {
+            // LFU: every placed key's miss counted before any is placed
+            let mut c = q.stream.launch_builder(&self.kernels.fill_count);
+            c.arg(&keys).arg(&miss).arg(&found).arg(&m_i).arg(&tables).arg(&interleaved);
+            c.arg(&starts).arg(&desc);
+            // SAFETY: argument types and order match batch_fill_count; the fill's buffers,
+            // read before it on the same queue.
+            unsafe { c.launch(threads_config(m)) }.map_err(cuda_err)?;
+        }
         let mut b = q.stream.launch_builder(fill);
         b.arg(&keys)
             .arg(&miss)

@@ -13,7 +13,7 @@ use super::rows::DeviceRows;
 use crate::context::{cuda_err, GpuState};
 use crate::copy::Queue;
 use crate::error::{CudaError, Result};
-use crate::kernels::{self, warps_config, Kernels};
+use crate::kernels::{self, threads_config, warps_config, Kernels};
 
 /// Ways per set: the kernels use one warp per set.
 pub const WAYS: usize = 32;
@@ -339,6 +339,15 @@ impl CacheSlots {
             self.sketch_width as i64,
         );
         let Slots { keys: sk, stamps, rows, counters, sketch, .. } = &mut *slots;
+        if self.sketch_width != 0 && !only_if_present {
+            // LFU: every key's miss counted before any is placed
+            let n = keys.len() as i32;
+            let mut c = s.launch_builder(&self.kernels.sketch_count);
+            c.arg(&d_keys).arg(&n).arg(&mut *sketch).arg(&width);
+            // SAFETY: argument types and order match sketch_count; the sketch holds 2 rows
+            // of `width` counters and the kernel reads n keys.
+            unsafe { c.launch(threads_config(keys.len())) }.map_err(cuda_err)?;
+        }
         let f = match self.rows {
             RowFormat::F32 => &self.kernels.insert,
             RowFormat::F16 => &self.kernels.s16.insert,

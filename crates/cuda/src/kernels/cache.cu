@@ -78,24 +78,36 @@ __device__ __forceinline__ void copy_row(float* __restrict__ dst, const unsigned
     }
 }
 
-// LFU (src/cache/slots.rs: a sketch of 2 rows of `width` counters, a power of two): counts
-// one more miss of `key`; its count, the least of its counters (saturating), as
-// CachePolicy::sketch_index and HostCache::sketch_miss compute it on the host.
-__device__ __forceinline__ u64 sketch_miss(unsigned* sketch, long long width, i64 key) {
-    u64 best = ~0ULL;
+// LFU (src/cache/slots.rs: a sketch of 2 rows of `width` counters, a power of two). An insert
+// counts all its keys' misses first (sketch_add, one kernel), then places them reading each
+// key's count (sketch_read: the least of its counters), so the counts are the same in whatever
+// order the warps run, and the same as HostCache's (CachePolicy::sketch_index).
+__device__ __forceinline__ unsigned* sketch_at(unsigned* sketch, long long width, i64 key, int r) {
+    u64 seed = 0x9e3779b97f4a7c15ULL * (u64)(r + 1);
+    return sketch + (size_t)r * width + (mix64((u64)key ^ seed) & (u64)(width - 1));
+}
+
+__device__ __forceinline__ void sketch_add(unsigned* sketch, long long width, i64 key) {
     for (int r = 0; r < 2; ++r) {
-        u64 seed = 0x9e3779b97f4a7c15ULL * (u64)(r + 1);
-        unsigned* c = sketch + (size_t)r * width + (mix64((u64)key ^ seed) & (u64)(width - 1));
+        unsigned* c = sketch_at(sketch, width, key, r);
         unsigned old = *c, was;
-        do {
+        do {  // saturating
             was = old;
             if (was == 0xffffffffu) break;
             old = atomicCAS(c, was, was + 1u);
         } while (old != was);
-        u64 now = was == 0xffffffffu ? (u64)was : (u64)was + 1;
-        best = now < best ? now : best;
     }
-    return best;
+}
+
+__device__ __forceinline__ u64 sketch_read(unsigned* sketch, long long width, i64 key) {
+    unsigned a = __ldcg(sketch_at(sketch, width, key, 0)), b = __ldcg(sketch_at(sketch, width, key, 1));
+    return (u64)(a < b ? a : b);
+}
+
+// One thread per key of a one-table insert (cache_insert after it): its miss counted.
+extern "C" __global__ void sketch_count(const i64* __restrict__ keys, int n, unsigned* __restrict__ sketch, long long width) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && keys[i] != EMPTY_KEY) sketch_add(sketch, width, keys[i]);
 }
 
 // The stamp a written way gets: LRU the epoch; LFU a new key its sketched count, a key already
@@ -316,7 +328,8 @@ __device__ __forceinline__ bool fill_target(const i64* __restrict__ keys, const 
 // lock would hold SMs the network's kernels need). Those warps take the set's lock in
 // turn (all lanes spin together, so no lane waits on another), read the set's tags past
 // L1, and replace the way holding the key or the one way_for gives up, as cache_insert
-// does (LFU: every missed key counted in the sketch first, whether it goes in or not).
+// does (LFU: batch_fill_count counted every missed key in the sketch first, whether it
+// goes in or not).
 template <typename S>
 __device__ __forceinline__ void batch_fill_as(const i64* __restrict__ keys, const int* __restrict__ miss,
         const unsigned char* __restrict__ found, int m, int tables, int interleaved,
@@ -336,9 +349,7 @@ __device__ __forceinline__ void batch_fill_as(const i64* __restrict__ keys, cons
     u64* counters = (u64*)d[5];
     unsigned* sketch = (unsigned*)d[6];
     int lfu = sketch != 0;
-    u64 count = 0;
-    if (lfu && lane == 0) count = sketch_miss(sketch, d[7], key);
-    count = __shfl_sync(FULL, count, 0);
+    u64 count = lfu ? sketch_read(sketch, d[7], key) : 0;  // batch_fill_count ran before
     unsigned ticket = 0;
     if (lane == 0) ticket = atomicAdd(&locks[sets + set], 1u);
     if (__shfl_sync(FULL, ticket, 0) >= 32u) return;
@@ -395,6 +406,19 @@ extern "C" __global__ void batch_fill_reset(const i64* __restrict__ keys, const 
     ((unsigned*)d[4])[d[3] + set] = 0u;
 }
 
+// One thread per missed key, before the fill on the same queue: counts the miss of every key
+// the fill will place in an LFU cache (fill_target, as the fill asks it).
+extern "C" __global__ void batch_fill_count(const i64* __restrict__ keys, const int* __restrict__ miss,
+        const unsigned char* __restrict__ found, int m, int tables, int interleaved,
+        const int* __restrict__ key_start, const long long* __restrict__ desc) {
+    long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long* d;
+    i64 key;
+    u64 set;
+    if (!fill_target(keys, miss, found, j, m, tables, interleaved, key_start, desc, &d, &key, &set)) return;
+    if (d[6] != 0) sketch_add((unsigned*)d[6], d[7], key);
+}
+
 // One warp per row: writes rows[i] to out + idx[i] * out_stride (rows fetched below the cache).
 template <typename O>
 __device__ __forceinline__ void scatter_rows_as(const float* __restrict__ rows, const int* __restrict__ idx, int n,
@@ -440,9 +464,8 @@ __device__ __forceinline__ void cache_insert_as(const i64* __restrict__ keys, co
         i64 key = keys[i];
         if (key == EMPTY_KEY) continue;
         int lfu = sketch != 0;
-        u64 count = 0;  // LFU: an insert is a miss of the key, counted first
-        if (lfu && !only_if_present && lane == 0) count = sketch_miss(sketch, width, key);
-        count = __shfl_sync(FULL, count, 0);
+        // LFU: an insert is a miss of the key, counted by sketch_count before this kernel
+        u64 count = (lfu && !only_if_present) ? sketch_read(sketch, width, key) : 0;
         u64 st = slot_stamps[slot];
         i64 sk = slot_keys[slot];
         int fresh;
