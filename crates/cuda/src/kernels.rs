@@ -64,6 +64,11 @@ pub(crate) struct RowKernels {
     pub(crate) resident_write: CudaFunction,
     pub(crate) pool_resident: CudaFunction,
     pub(crate) pool_resident_h: CudaFunction,
+    /// Pooling rows a batch lookup wrote as fp16 (fp32 or fp16 out).
+    pub(crate) pool: CudaFunction,
+    pub(crate) pool_h: CudaFunction,
+    pub(crate) pool_fixed: CudaFunction,
+    pub(crate) pool_fixed_h: CudaFunction,
 }
 
 /// Per device, something made once on first use (or why it could not be).
@@ -142,6 +147,10 @@ fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
             resident_write: f("resident_write_s16")?,
             pool_resident: f("pool_resident_s16")?,
             pool_resident_h: f("pool_resident_h_s16")?,
+            pool: f("pool_bags_s16")?,
+            pool_h: f("pool_bags_h_s16")?,
+            pool_fixed: f("pool_fixed_s16")?,
+            pool_fixed_h: f("pool_fixed_h_s16")?,
         },
     }))
 }
@@ -219,6 +228,10 @@ mod tests {
             "pool_resident_h",
             "pool_resident_s16",
             "pool_resident_h_s16",
+            "pool_bags_s16",
+            "pool_bags_h_s16",
+            "pool_fixed_s16",
+            "pool_fixed_h_s16",
         ] {
             let decl = format!("extern \"C\" __global__ void {name}(");
             assert!(super::SOURCE.contains(&decl), "{name}");

@@ -32,7 +32,7 @@ use triton_rust_embedding::cache::{CacheTier, HostCache};
 use triton_rust_embedding::gpu::{
     BatchKeys, BatchLookup, GpuInstance, KeyLayout, KeyUpload, RowFormat,
 };
-use triton_rust_embedding::InstanceCaches;
+use triton_rust_embedding::{CacheRows, InstanceCaches};
 
 mod model;
 mod pool;
@@ -144,11 +144,12 @@ impl EmbeddingModel {
                 let same_dim = (0..store.table_count()).all(|t| store.dim(t) == store.dim(0));
                 if same_dim && m.settings.interface != Interface::Update {
                     let pooled_interface = m.settings.interface == Interface::Pooled;
-                    // a pooled lookup's rows stay fp32 until the bags are reduced
-                    let format = if m.rows_type == DataType::F16 && !pooled_interface {
-                        RowFormat::F16
-                    } else {
-                        RowFormat::F32
+                    // a pooled lookup's rows stay as the caches keep them until the bags are
+                    // reduced in fp32: fp16 caches' rows are exact in fp16 (a miss's row read
+                    // below is rounded as the cache rounds it when it goes in), fp32 ones' not
+                    let format = match (pooled_interface, store.cache_rows(), m.rows_type) {
+                        (true, CacheRows::F16, _) | (false, _, DataType::F16) => RowFormat::F16,
+                        _ => RowFormat::F32,
                     };
                     let mut lookup = caches.batch_lookup(&instance, format)?;
                     if pooled_interface {

@@ -220,8 +220,16 @@ impl PooledRun {
             .ok_or_else(|| Error::internal("pooled lookup: no rows"))?;
         let dtype = m.rows_type;
         let mean = pooling.combiner == Combiner::Mean;
-        let pooled =
-            pooler.pool_fixed(&rows, dim, width, &self.hot_at, batch, mean, pooled_format(m))?;
+        let pooled = pooler.pool_fixed(
+            &rows,
+            lookup.format(),
+            dim,
+            width,
+            &self.hot_at,
+            batch,
+            mean,
+            pooled_format(m),
+        )?;
         let pooled_us = clock.elapsed().as_micros();
         if wanted {
             let shape = [batch as i64, tables as i64, dim as i64];
@@ -333,7 +341,7 @@ impl PooledRun {
             let format = pooled_format(m);
             let mean = pooling.combiner == Combiner::Mean;
             let looked_us = clock.elapsed().as_micros();
-            let pooled = pooler.pool(&rows, dim, offsets, batch, mean, format)?;
+            let pooled = pooler.pool(&rows, lookup.format(), dim, offsets, batch, mean, format)?;
             let pooled_us = clock.elapsed().as_micros();
             if wanted {
                 sink(OutputView { name, dtype, shape: &shape, data: Bytes::Device(pooled) })?;

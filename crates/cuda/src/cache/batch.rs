@@ -555,6 +555,11 @@ impl BatchLookup {
         Ok(())
     }
 
+    /// How this lookup writes its rows.
+    pub fn format(&self) -> RowFormat {
+        self.format
+    }
+
     /// The first `elements` elements of the output (of `format`), as bytes (valid until the next run).
     pub fn rows(&self, elements: usize) -> Option<DeviceView<'_>> {
         if self.external {

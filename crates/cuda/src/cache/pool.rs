@@ -37,13 +37,16 @@ impl Pooler {
         })
     }
 
-    /// Pools `rows` (fp32 rows of `dim`, on this GPU, complete) whose bags are table-major:
+    /// Pools `rows` (rows of `dim` kept as `stored`, fp32 or fp16, on this GPU, complete)
+    /// whose bags are table-major:
     /// bag `t * batch + b` holds rows `offsets[bag]..offsets[bag + 1]`. Returns `[batch,
     /// tables, dim]` of `format`, each bag's rows summed in order (divided by their count
     /// when `mean`; an empty bag zeros), valid until the next call. Waits for the kernel.
+    #[allow(clippy::too_many_arguments)]
     pub fn pool(
         &mut self,
         rows: &DeviceView<'_>,
+        stored: RowFormat,
         dim: usize,
         offsets: &[i32],
         batch: usize,
@@ -58,7 +61,7 @@ impl Pooler {
         }
         let tables = bags / batch;
         let last = offsets[bags].max(0) as usize;
-        if rows.device() != self.queue.device || rows.len() < last * dim * 4 {
+        if rows.device() != self.queue.device || rows.len() < last * dim * stored.size() {
             return Err(CudaError::internal(format!(
                 "pooling: {} bytes of rows on GPU {} for {last} rows of dim {dim} on GPU {}",
                 rows.len(),
@@ -66,11 +69,11 @@ impl Pooler {
                 self.queue.device
             )));
         }
-        self.launch(rows, dim, offsets, None, batch, tables, mean, format)
+        self.launch(rows, stored, dim, offsets, None, batch, tables, mean, format)
     }
 
-    /// Pools the rows a batch lookup wrote for keys of fixed hotness as sent (`rows`: fp32,
-    /// row i for key i of `[batch, width]`, on this GPU, complete): bag (b, t) is rows
+    /// Pools the rows a batch lookup wrote for keys of fixed hotness as sent (`rows`: kept as
+    /// `stored`, row i for key i of `[batch, width]`, on this GPU, complete): bag (b, t) is rows
     /// `b * width + at[t] .. b * width + at[t + 1]`, every bag full (`at`: `tables + 1`
     /// starts, the last `width`). Returns `[batch, tables, dim]` of `format`, each bag's rows
     /// summed in key order (divided by their count when `mean`), valid until the next call;
@@ -79,6 +82,7 @@ impl Pooler {
     pub fn pool_fixed(
         &mut self,
         rows: &DeviceView<'_>,
+        stored: RowFormat,
         dim: usize,
         width: usize,
         at: &[i32],
@@ -93,7 +97,7 @@ impl Pooler {
                 "pooling: {tables} tables of a {width}-key sample over a batch of {batch}"
             )));
         }
-        if rows.device() != self.queue.device || rows.len() < batch * width * dim * 4 {
+        if rows.device() != self.queue.device || rows.len() < batch * width * dim * stored.size() {
             return Err(CudaError::internal(format!(
                 "pooling: {} bytes of rows on GPU {} for {} rows of dim {dim} on GPU {}",
                 rows.len(),
@@ -102,7 +106,7 @@ impl Pooler {
                 self.queue.device
             )));
         }
-        self.launch(rows, dim, at, Some(width as i32), batch, tables, mean, format)
+        self.launch(rows, stored, dim, at, Some(width as i32), batch, tables, mean, format)
     }
 
     /// One pooling kernel over `batch * tables` bags: `pool_bags` with `bounds` the bags'
@@ -111,6 +115,7 @@ impl Pooler {
     fn launch(
         &mut self,
         rows: &DeviceView<'_>,
+        stored: RowFormat,
         dim: usize,
         bounds: &[i32],
         width: Option<i32>,
@@ -132,11 +137,15 @@ impl Pooler {
         let (batch_i, tables_i, dim_i, mean_i) =
             (batch as i32, tables as i32, dim as i32, i32::from(mean));
         let k = &self.kernels;
-        let f = match (width.is_some(), format) {
-            (false, RowFormat::F32) => &k.pool,
-            (false, RowFormat::F16) => &k.pool_h,
-            (true, RowFormat::F32) => &k.pool_fixed,
-            (true, RowFormat::F16) => &k.pool_fixed_h,
+        let f = match (stored, width.is_some(), format) {
+            (RowFormat::F32, false, RowFormat::F32) => &k.pool,
+            (RowFormat::F32, false, RowFormat::F16) => &k.pool_h,
+            (RowFormat::F32, true, RowFormat::F32) => &k.pool_fixed,
+            (RowFormat::F32, true, RowFormat::F16) => &k.pool_fixed_h,
+            (RowFormat::F16, false, RowFormat::F32) => &k.s16.pool,
+            (RowFormat::F16, false, RowFormat::F16) => &k.s16.pool_h,
+            (RowFormat::F16, true, RowFormat::F32) => &k.s16.pool_fixed,
+            (RowFormat::F16, true, RowFormat::F16) => &k.s16.pool_fixed_h,
         };
         let mut b = q.stream.launch_builder(f);
         b.arg(&d_rows).arg(&d_bounds);
@@ -149,8 +158,9 @@ impl Pooler {
             block_dim: (dim.next_multiple_of(32).min(256) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: argument types and order match pool_bags(_h) (rows, offsets, batch, tables,
-        // dim, mean, out) or pool_fixed(_h) (the same with the width after the starts);
+        // SAFETY: argument types and order match pool_bags(_h)(_s16) (rows, offsets, batch,
+        // tables, dim, mean, out) or pool_fixed(_h)(_s16) (the same with the width after the
+        // starts), the one for the rows' format `stored` and `format`;
         // `rows` holds every row the bounds name (the callers' checks) and `out` has room for
         // batch * tables * dim of `format`.
         unsafe { b.launch(cfg) }.map_err(cuda_err)?;

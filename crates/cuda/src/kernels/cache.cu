@@ -499,20 +499,23 @@ extern "C" __global__ void cache_insert_s16(const i64* __restrict__ keys, const 
 
 // Pooled lookups: one block per bag, bags table-major (bag t * batch + b holds rows
 // offsets[bag] .. offsets[bag + 1] of `rows`), the block's threads over the row's dims. A bag's
-// rows are summed in order (then divided by their count for the mean; an empty bag gives
-// zeros) and written to out[b][t][:] as O: float, or fp16 bits.
+// rows (R: float, or fp16 bits where a batch lookup over fp16 caches wrote them so) are summed
+// in fp32 in order (then divided by their count for the mean; an empty bag gives zeros) and
+// written to out[b][t][:] as O: float, or fp16 bits.
 __device__ __forceinline__ void put(float* p, float v) { *p = v; }
 __device__ __forceinline__ void put(unsigned short* p, float v) { *p = f2h(v); }
+__device__ __forceinline__ float val(float v) { return v; }
+__device__ __forceinline__ float val(unsigned short h) { return h2f(h); }
 
-template <typename O>
-__device__ __forceinline__ void pool_bags_as(const float* __restrict__ rows, const int* __restrict__ offsets,
+template <typename R, typename O>
+__device__ __forceinline__ void pool_bags_as(const R* __restrict__ rows, const int* __restrict__ offsets,
         int batch, int tables, int dim, int mean, O* __restrict__ out) {
     int bag = blockIdx.x;
     int t = bag / batch, b = bag % batch;
     int first = offsets[bag], last = offsets[bag + 1];
     for (int d = threadIdx.x; d < dim; d += blockDim.x) {
         float acc = 0.0f;
-        for (int r = first; r < last; ++r) acc += rows[(size_t)r * dim + d];
+        for (int r = first; r < last; ++r) acc += val(rows[(size_t)r * dim + d]);
         if (mean && last - first > 1) acc = acc / (float)(last - first);
         put(out + ((size_t)b * tables + t) * dim + d, acc);
     }
@@ -528,18 +531,28 @@ extern "C" __global__ void pool_bags_h(const float* __restrict__ rows, const int
     pool_bags_as(rows, offsets, batch, tables, dim, mean, out);
 }
 
+extern "C" __global__ void pool_bags_s16(const unsigned short* __restrict__ rows, const int* __restrict__ offsets,
+        int batch, int tables, int dim, int mean, float* __restrict__ out) {
+    pool_bags_as(rows, offsets, batch, tables, dim, mean, out);
+}
+
+extern "C" __global__ void pool_bags_h_s16(const unsigned short* __restrict__ rows, const int* __restrict__ offsets,
+        int batch, int tables, int dim, int mean, unsigned short* __restrict__ out) {
+    pool_bags_as(rows, offsets, batch, tables, dim, mean, out);
+}
+
 // Bags of fixed hotness pooled where a batch lookup wrote the rows of the keys as sent (row i for
 // key i, keys [batch, width]): bag (b, t) is rows b * width + at[t] .. b * width + at[t + 1], every
 // bag full; summed in key order (or averaged) into out [batch, tables, dim], as pool_bags does.
-template <typename O>
-__device__ __forceinline__ void pool_fixed_as(const float* __restrict__ rows, const int* __restrict__ at,
+template <typename R, typename O>
+__device__ __forceinline__ void pool_fixed_as(const R* __restrict__ rows, const int* __restrict__ at,
         int width, int batch, int tables, int dim, int mean, O* __restrict__ out) {
     int bag = blockIdx.x;
     int b = bag / tables, t = bag % tables;
     long long first = (long long)b * width + at[t], last = (long long)b * width + at[t + 1];
     for (int d = threadIdx.x; d < dim; d += blockDim.x) {
         float acc = 0.0f;
-        for (long long r = first; r < last; ++r) acc += rows[(size_t)r * dim + d];
+        for (long long r = first; r < last; ++r) acc += val(rows[(size_t)r * dim + d]);
         if (mean && last - first > 1) acc = acc / (float)(last - first);
         put(out + ((size_t)b * tables + t) * dim + d, acc);
     }
@@ -551,6 +564,16 @@ extern "C" __global__ void pool_fixed(const float* __restrict__ rows, const int*
 }
 
 extern "C" __global__ void pool_fixed_h(const float* __restrict__ rows, const int* __restrict__ at,
+        int width, int batch, int tables, int dim, int mean, unsigned short* __restrict__ out) {
+    pool_fixed_as(rows, at, width, batch, tables, dim, mean, out);
+}
+
+extern "C" __global__ void pool_fixed_s16(const unsigned short* __restrict__ rows, const int* __restrict__ at,
+        int width, int batch, int tables, int dim, int mean, float* __restrict__ out) {
+    pool_fixed_as(rows, at, width, batch, tables, dim, mean, out);
+}
+
+extern "C" __global__ void pool_fixed_h_s16(const unsigned short* __restrict__ rows, const int* __restrict__ at,
         int width, int batch, int tables, int dim, int mean, unsigned short* __restrict__ out) {
     pool_fixed_as(rows, at, width, batch, tables, dim, mean, out);
 }
