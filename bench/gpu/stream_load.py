@@ -226,9 +226,11 @@ def run(client_of, scrape, model, rows, batch, requests, alpha, seed, concurrenc
         results = []
         for level in concurrency:  # the stream goes on where the last level left it: the cache stays warm
             latencies.clear()
+            time.sleep(measure.METRICS_SETTLE_S)  # every lookup so far in the published metrics
             k0, h0 = scrape()
             d0 = devices() if devices else {}
             seconds = send(requests * passes, level)
+            time.sleep(measure.METRICS_SETTLE_S)
             k1, h1 = scrape()
             d1 = devices() if devices else {}
             per_device = measure.per_device(d0, d1, requests * passes * batch / seconds)

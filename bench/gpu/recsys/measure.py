@@ -13,6 +13,11 @@ def metrics_text(port):
     return urllib.request.urlopen(f"http://localhost:{port + 2}/metrics", timeout=30).read().decode()
 
 
+# The backend publishes its metrics every 250 ms (src/metrics.rs): a scrape this long after the
+# server went quiet sees every lookup counted, keys and hits alike.
+METRICS_SETTLE_S = 0.6
+
+
 def scrape(port, model, text=None):
     """(keys looked up, cache hits) summed over tables, from the server's metrics (`text`: an
     earlier `metrics_text`, else fetched)."""
@@ -76,6 +81,7 @@ def perf(pa, port, model, batch, conc, data, out_dir, tag, metrics_model, interv
            "-u", url] + (["--streaming"] if protocol == "grpc-streaming" else []) + [
            "--shared-memory", shm, "--output-shared-memory-size", str(max(1 << 20, batch * 4 * 2)),
            "--input-data", data, "--measurement-interval", str(interval_ms), "--max-trials", "6", "-f", raw]
+    time.sleep(METRICS_SETTLE_S)
     k0, h0 = scrape(port, metrics_model)
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -93,6 +99,7 @@ def perf(pa, port, model, batch, conc, data, out_dir, tag, metrics_model, interv
         p = subprocess.run(retry + ["-s", str(looser), "-f", raw], capture_output=True, text=True, timeout=900)
         stability = looser
     secs = time.time() - t0
+    time.sleep(METRICS_SETTLE_S)
     k1, h1 = scrape(port, metrics_model)
     if p.returncode != 0:
         print(p.stdout[-3000:], p.stderr[-2000:])

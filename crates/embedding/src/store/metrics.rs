@@ -17,12 +17,17 @@ impl triton_rust_core::telemetry::MetricsSource for EmbeddingStore {
             let mut push = |family, help, kind, labels, value| {
                 out.push(MetricSample { family, help, kind, labels, value })
             };
+            // the hits before the keys: a lookup counts its keys first, so no sample holds
+            // hits whose keys it lacks (a hit rate from two samples never passes 1)
+            let hit_counts =
+                [get(&c.cache_hits), get(&c.host_hits), get(&c.remote_hits), get(&c.defaults)];
+            let keys = get(&c.keys);
             push(
                 "rust_embedding_lookup_keys_total",
                 "Keys looked up in the embedding store",
                 Counter,
                 table(),
-                get(&c.keys),
+                keys,
             );
             push(
                 "rust_embedding_lookups_total",
@@ -32,16 +37,16 @@ impl triton_rust_core::telemetry::MetricsSource for EmbeddingStore {
                 get(&c.lookups),
             );
             for (name, hits, ns) in [
-                ("cache", &c.cache_hits, &c.cache_ns),
-                ("host", &c.host_hits, &c.host_ns),
-                ("redis", &c.remote_hits, &c.remote_ns),
+                ("cache", hit_counts[0], &c.cache_ns),
+                ("host", hit_counts[1], &c.host_ns),
+                ("redis", hit_counts[2], &c.remote_ns),
             ] {
                 push(
                     "rust_embedding_hits_total",
                     "Keys answered by each tier of the embedding store",
                     Counter,
                     tier(name),
-                    get(hits),
+                    hits,
                 );
                 push(
                     "rust_embedding_tier_seconds_total",
@@ -56,15 +61,14 @@ impl triton_rust_core::telemetry::MetricsSource for EmbeddingStore {
                 "Keys answered by each tier of the embedding store",
                 Counter,
                 tier("default"),
-                get(&c.defaults),
+                hit_counts[3],
             );
-            let keys = get(&c.keys);
             push(
                 "rust_embedding_cache_hit_rate",
                 "Cache hits / keys looked up since load",
                 Gauge,
                 table(),
-                if keys > 0.0 { get(&c.cache_hits) / keys } else { 0.0 },
+                if keys > 0.0 { hit_counts[0] / keys } else { 0.0 },
             );
             let (mut evictions, mut occupied) = (0u64, 0u64);
             for inst in &caches {
