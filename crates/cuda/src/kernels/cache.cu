@@ -703,3 +703,166 @@ extern "C" __global__ void pool_resident_h_s16(const i64* __restrict__ keys, int
         unsigned short* __restrict__ out, unsigned* __restrict__ miss_count) {
     pool_resident_as<unsigned short, unsigned short>(keys, batch, width, tables, at, ragged, desc, dim, lanes, mean, out, miss_count);
 }
+
+// Pooled lookups through the caches, keys of fixed hotness as sent (keys [batch, width], bag
+// (b, t) = keys[b * width + at[t] .. b * width + at[t + 1]], every bag full), each bag read and
+// summed where its rows are: `lanes` threads a bag, each holding 16 bytes of the row (dim *
+// sizeof(S) / 16 lanes, a divisor of 32), so nothing but pooled rows is written. A key's set is
+// probed by the bag's lanes together (32 / lanes tags each, one ballot over the group); a hit's
+// row is read in place and its slot stamped (LRU: epoch; LFU: one more use). A miss goes on
+// miss[] (its index in the whole batch; counts[0] of them) and leaves its bag unfinished: the
+// bag's hits' sum goes to partial[bag] (fp32) and the bag on missed_bags[] (counts[2]), for
+// pool_missed to add the rows read below the cache. A key below zero (padding, a bad key) is
+// counted in counts[1]: the caller then answers the batch by another path. miss_at[i] = -1 for
+// every key (index_misses then marks the misses).
+template <typename S, typename O>
+__device__ __forceinline__ void pool_cached_as(const i64* __restrict__ keys, int batch, int width, int tables,
+        const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, int mean, u64 epoch,
+        O* __restrict__ out, float* __restrict__ partial, int* __restrict__ miss, unsigned* __restrict__ counts,
+        int* __restrict__ miss_at, int* __restrict__ missed_bags) {
+    const int E = 16 / (int)sizeof(S);
+    long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long bag = g / lanes;
+    int gl = (int)(g % lanes);
+    if (bag >= (long long)batch * tables) return;
+    int base = (int)(threadIdx.x & 31) - gl;
+    unsigned gmask = lanes == 32 ? FULL : (((1u << lanes) - 1u) << base);
+    int b = (int)(bag / tables), t = (int)(bag % tables);
+    long long first = (long long)b * width + at[t];
+    int n = at[t + 1] - at[t];
+    const long long* d = desc + t * DESC;
+    const i64* slot_keys = (const i64*)d[0];
+    u64* slot_stamps = (u64*)d[1];
+    const S* rows = (const S*)d[2];
+    long long sets = d[3];
+    int lfu = d[6] != 0;
+    const int PER = 32 / lanes;
+    float acc[E];
+    #pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = 0.0f;
+    int missed = 0;
+    for (int j = 0; j < n; ++j) {
+        long long i = first + j;
+        i64 key = keys[i];
+        if (gl == 0) miss_at[i] = -1;
+        if (key < 0) {  // padding or a bad key (EMPTY_KEY too): the batch takes another path
+            if (gl == 0) atomicAdd(counts + 1, 1u);
+            continue;
+        }
+        long long slot = -1;
+        if (sets < 0) {  // a resident table (-sets rows): row `key`
+            if (key < -sets) slot = key;
+        } else {
+            u64 set = mix64((u64)key) % (u64)sets;
+            unsigned bits = 0;
+            for (int q = 0; q < PER; ++q) bits |= (unsigned)(slot_keys[set * 32 + gl * PER + q] == key) << q;
+            unsigned any = __ballot_sync(gmask, bits != 0) & gmask;
+            if (any != 0) {
+                int src = __ffs(any) - 1;
+                unsigned its = __shfl_sync(gmask, bits, src);
+                slot = (long long)set * 32 + (src - base) * PER + __ffs(its) - 1;
+                if (gl == 0) {
+                    if (lfu) atomicAdd(&slot_stamps[slot], 1ULL);
+                    else slot_stamps[slot] = epoch;
+                }
+            }
+        }
+        if (slot >= 0) {
+            add16(acc, *(const uint4*)(rows + (size_t)slot * dim + gl * E), rows);
+        } else {
+            missed = 1;
+            if (gl == 0) miss[atomicAdd(counts, 1u)] = (int)i;
+        }
+    }
+    if (!missed) {
+        O* o = out + (size_t)bag * dim + gl * E;
+        #pragma unroll
+        for (int e = 0; e < E; ++e) put(o + e, (mean && n > 1) ? acc[e] / (float)n : acc[e]);
+    } else {
+        float* p = partial + (size_t)bag * dim + gl * E;
+        #pragma unroll
+        for (int e = 0; e < E; ++e) p[e] = acc[e];
+        if (gl == 0) missed_bags[atomicAdd(counts + 2, 1u)] = (int)bag;
+    }
+}
+
+// Caches' rows (S) float or fp16, the pooled rows out (O) float or fp16.
+extern "C" __global__ void pool_cached(const i64* __restrict__ keys, int batch, int width, int tables,
+        const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, int mean, u64 epoch,
+        float* __restrict__ out, float* __restrict__ partial, int* __restrict__ miss, unsigned* __restrict__ counts,
+        int* __restrict__ miss_at, int* __restrict__ missed_bags) {
+    pool_cached_as<float, float>(keys, batch, width, tables, at, desc, dim, lanes, mean, epoch, out, partial, miss, counts,
+                         miss_at, missed_bags);
+}
+
+extern "C" __global__ void pool_cached_h(const i64* __restrict__ keys, int batch, int width, int tables,
+        const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, int mean, u64 epoch,
+        unsigned short* __restrict__ out, float* __restrict__ partial, int* __restrict__ miss, unsigned* __restrict__ counts,
+        int* __restrict__ miss_at, int* __restrict__ missed_bags) {
+    pool_cached_as<float, unsigned short>(keys, batch, width, tables, at, desc, dim, lanes, mean, epoch, out, partial, miss, counts,
+                         miss_at, missed_bags);
+}
+
+extern "C" __global__ void pool_cached_s16(const i64* __restrict__ keys, int batch, int width, int tables,
+        const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, int mean, u64 epoch,
+        float* __restrict__ out, float* __restrict__ partial, int* __restrict__ miss, unsigned* __restrict__ counts,
+        int* __restrict__ miss_at, int* __restrict__ missed_bags) {
+    pool_cached_as<unsigned short, float>(keys, batch, width, tables, at, desc, dim, lanes, mean, epoch, out, partial, miss, counts,
+                         miss_at, missed_bags);
+}
+
+extern "C" __global__ void pool_cached_h_s16(const i64* __restrict__ keys, int batch, int width, int tables,
+        const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, int mean, u64 epoch,
+        unsigned short* __restrict__ out, float* __restrict__ partial, int* __restrict__ miss, unsigned* __restrict__ counts,
+        int* __restrict__ miss_at, int* __restrict__ missed_bags) {
+    pool_cached_as<unsigned short, unsigned short>(keys, batch, width, tables, at, desc, dim, lanes, mean, epoch, out, partial, miss, counts,
+                         miss_at, missed_bags);
+}
+
+// One thread per missed key, once the rows read below the cache are on the GPU in the fetcher's
+// order (miss[j]: the key index whose row is fetched row j): miss_at[miss[j]] = j.
+extern "C" __global__ void index_misses(const int* __restrict__ miss, int m, int* __restrict__ miss_at) {
+    long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j < m) miss_at[miss[j]] = (int)j;
+}
+
+// The bags pool_cached left unfinished (missed_bags[0 .. bags]): `lanes` threads a bag, each
+// dim / lanes values of the row; the bag's hits' sum (partial) plus its missed keys' rows read
+// below the cache (fp32, row miss_at[i] of `fetched`; with round16, rounded to fp16 as a cache
+// of fp16 rows keeps them) in key order, then the mean, into out.
+template <typename O>
+__device__ __forceinline__ void pool_missed_as(int width, int tables, const int* __restrict__ at, int dim, int lanes,
+        int mean, int round16, const int* __restrict__ missed_bags, int bags, const float* __restrict__ partial,
+        const int* __restrict__ miss_at, const float* __restrict__ fetched, O* __restrict__ out) {
+    long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long k = g / lanes;
+    int gl = (int)(g % lanes);
+    if (k >= bags) return;
+    long long bag = missed_bags[k];
+    int b = (int)(bag / tables), t = (int)(bag % tables);
+    long long first = (long long)b * width + at[t];
+    int n = at[t + 1] - at[t];
+    int E = dim / lanes;
+    float acc[8];
+    for (int e = 0; e < E; ++e) acc[e] = partial[(size_t)bag * dim + gl * E + e];
+    for (int j = 0; j < n; ++j) {
+        int r = miss_at[first + j];
+        if (r < 0) continue;
+        const float* row = fetched + (size_t)r * dim + gl * E;
+        for (int e = 0; e < E; ++e) acc[e] += round16 ? h2f(f2h(row[e])) : row[e];
+    }
+    O* o = out + (size_t)bag * dim + gl * E;
+    for (int e = 0; e < E; ++e) put(o + e, (mean && n > 1) ? acc[e] / (float)n : acc[e]);
+}
+
+extern "C" __global__ void pool_missed(int width, int tables, const int* __restrict__ at, int dim, int lanes,
+        int mean, int round16, const int* __restrict__ missed_bags, int bags, const float* __restrict__ partial,
+        const int* __restrict__ miss_at, const float* __restrict__ fetched, float* __restrict__ out) {
+    pool_missed_as(width, tables, at, dim, lanes, mean, round16, missed_bags, bags, partial, miss_at, fetched, out);
+}
+
+extern "C" __global__ void pool_missed_h(int width, int tables, const int* __restrict__ at, int dim, int lanes,
+        int mean, int round16, const int* __restrict__ missed_bags, int bags, const float* __restrict__ partial,
+        const int* __restrict__ miss_at, const float* __restrict__ fetched, unsigned short* __restrict__ out) {
+    pool_missed_as(width, tables, at, dim, lanes, mean, round16, missed_bags, bags, partial, miss_at, fetched, out);
+}
