@@ -50,13 +50,6 @@ pub(crate) struct Kernels {
     pub(crate) resident_write: CudaFunction,
     pub(crate) pool_resident: CudaFunction,
     pub(crate) pool_resident_h: CudaFunction,
-    /// Pooled lookups through the caches of keys as sent (fp32 or fp16 out), the misses'
-    /// places among the fetched rows, and the bags they left unfinished (fp32 or fp16 out).
-    pub(crate) pool_cached: CudaFunction,
-    pub(crate) pool_cached_h: CudaFunction,
-    pub(crate) index_misses: CudaFunction,
-    pub(crate) pool_missed: CudaFunction,
-    pub(crate) pool_missed_h: CudaFunction,
     /// The kernels that read or write a cache's rows, over caches whose rows are fp16.
     pub(crate) s16: RowKernels,
 }
@@ -76,8 +69,6 @@ pub(crate) struct RowKernels {
     pub(crate) pool_h: CudaFunction,
     pub(crate) pool_fixed: CudaFunction,
     pub(crate) pool_fixed_h: CudaFunction,
-    pub(crate) pool_cached: CudaFunction,
-    pub(crate) pool_cached_h: CudaFunction,
 }
 
 /// Per device, something made once on first use (or why it could not be).
@@ -147,11 +138,6 @@ fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
         resident_write: f("resident_write")?,
         pool_resident: f("pool_resident")?,
         pool_resident_h: f("pool_resident_h")?,
-        pool_cached: f("pool_cached")?,
-        pool_cached_h: f("pool_cached_h")?,
-        index_misses: f("index_misses")?,
-        pool_missed: f("pool_missed")?,
-        pool_missed_h: f("pool_missed_h")?,
         s16: RowKernels {
             lookup: f("cache_lookup_s16")?,
             insert: f("cache_insert_s16")?,
@@ -165,8 +151,6 @@ fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
             pool_h: f("pool_bags_h_s16")?,
             pool_fixed: f("pool_fixed_s16")?,
             pool_fixed_h: f("pool_fixed_h_s16")?,
-            pool_cached: f("pool_cached_s16")?,
-            pool_cached_h: f("pool_cached_h_s16")?,
         },
     }))
 }
@@ -248,13 +232,6 @@ mod tests {
             "pool_bags_h_s16",
             "pool_fixed_s16",
             "pool_fixed_h_s16",
-            "pool_cached",
-            "pool_cached_h",
-            "pool_cached_s16",
-            "pool_cached_h_s16",
-            "index_misses",
-            "pool_missed",
-            "pool_missed_h",
         ] {
             let decl = format!("extern \"C\" __global__ void {name}(");
             assert!(super::SOURCE.contains(&decl), "{name}");

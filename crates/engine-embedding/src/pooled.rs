@@ -207,34 +207,6 @@ impl PooledRun {
         }
         let clock = std::time::Instant::now();
         let batch = v.len() / 8 / width;
-        let (tables, dim) = (caches.store().table_count(), caches.store().dim(0));
-        let dtype = m.rows_type;
-        let mean = pooling.combiner == Combiner::Mean;
-        let format = pooled_format(m);
-        if lookup.pooled_lanes().is_some() {
-            // each bag's hits read and summed where they are, only pooled rows written
-            let at = &self.hot_at;
-            let negative =
-                caches.pool_batch_device(v, width, at, mean, format, instance, lookup)?;
-            if negative > 0 || batch == 0 {
-                return Ok(false);
-            }
-            let looked_us = clock.elapsed().as_micros();
-            if wanted {
-                let pooled = lookup
-                    .pooled(batch * tables * dim * format.size())
-                    .ok_or_else(|| Error::internal("pooled lookup: no pooled rows"))?;
-                let shape = [batch as i64, tables as i64, dim as i64];
-                let name = m.sig.outputs[0].name.as_str();
-                sink(OutputView { name, dtype, shape: &shape, data: Bytes::Device(pooled) })?;
-            }
-            log::debug!(
-                "timing: pooled lookup: keys {}, lookup and pooling {looked_us} us, rows handed on {} us (through the caches in place)",
-                batch * width,
-                clock.elapsed().as_micros() - looked_us
-            );
-            return Ok(true);
-        }
         let layout = KeyLayout::Fixed { width, at: &self.hot_at };
         let negative =
             caches.lookup_batch_device(BatchKeys::Device(v), layout, instance, lookup, None)?;
@@ -242,12 +214,22 @@ impl PooledRun {
             return Ok(false);
         }
         let looked_us = clock.elapsed().as_micros();
+        let (tables, dim) = (caches.store().table_count(), caches.store().dim(0));
         let rows = lookup
             .rows(batch * width * dim)
             .ok_or_else(|| Error::internal("pooled lookup: no rows"))?;
-        let stored = lookup.format();
-        let pooled =
-            pooler.pool_fixed(&rows, stored, dim, width, &self.hot_at, batch, mean, format)?;
+        let dtype = m.rows_type;
+        let mean = pooling.combiner == Combiner::Mean;
+        let pooled = pooler.pool_fixed(
+            &rows,
+            lookup.format(),
+            dim,
+            width,
+            &self.hot_at,
+            batch,
+            mean,
+            pooled_format(m),
+        )?;
         let pooled_us = clock.elapsed().as_micros();
         if wanted {
             let shape = [batch as i64, tables as i64, dim as i64];

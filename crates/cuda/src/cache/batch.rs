@@ -37,48 +37,43 @@ use crate::upload::in_parts;
 /// instance's copies never hold up another's lookup on a shared queue. Each waits on the
 /// other by events where one reads what the other wrote; the host waits on its own stream.
 pub struct BatchLookup {
-    pub(super) queue: Queue,
+    queue: Queue,
     /// This lookup's own stream (see above).
-    pub(super) own: Queue,
+    own: Queue,
     /// The keys' copies to the GPU, beside the queue's lookups: a piece's lookup waits for
     /// its own copy only, so the next piece's DMA overlaps it.
     upload: Arc<CudaStream>,
-    pub(super) kernels: Arc<Kernels>,
-    pub(super) tables: usize,
-    pub(super) dim: usize,
+    kernels: Arc<Kernels>,
+    tables: usize,
+    dim: usize,
     format: RowFormat,
     /// How the caches keep their rows (all alike).
-    pub(super) stored: RowFormat,
+    stored: RowFormat,
     key_upload: KeyUpload,
     /// The last run wrote its rows into the caller's buffer (`run_keys` with an `out`).
-    pub(super) external: bool,
+    external: bool,
     /// Every table's descriptor, on the GPU (the kernels read it there).
-    pub(super) desc: DeviceMem,
+    desc: DeviceMem,
     /// The cached tables' slots that `desc` names, held so they outlive this lookup and
     /// every kernel it queued.
     _slots: Vec<SlotsDesc>,
     /// Some table's cache is LFU: a fill first counts its keys' misses.
     lfu: bool,
-    pub(super) keys: (PinnedBuf<i64>, DeviceMem),
-    pub(super) starts: (PinnedBuf<i32>, DeviceMem),
-    pub(super) miss: (PinnedBuf<i32>, DeviceMem),
-    pub(super) count: (PinnedBuf<u32>, DeviceMem),
-    pub(super) fetched: (PinnedBuf<f32>, DeviceMem),
-    pub(super) found: (PinnedBuf<u8>, DeviceMem),
+    keys: (PinnedBuf<i64>, DeviceMem),
+    starts: (PinnedBuf<i32>, DeviceMem),
+    miss: (PinnedBuf<i32>, DeviceMem),
+    count: (PinnedBuf<u32>, DeviceMem),
+    fetched: (PinnedBuf<f32>, DeviceMem),
+    found: (PinnedBuf<u8>, DeviceMem),
     /// The missed keys, for the fetcher (gathered on the GPU when the keys came there).
-    pub(super) missed_keys: (PinnedBuf<i64>, DeviceMem),
-    pub(super) out: DeviceMem,
+    missed_keys: (PinnedBuf<i64>, DeviceMem),
+    out: DeviceMem,
     /// The last run's misses, which `fill_last` may insert: (count, interleaved).
-    pub(super) last: Option<(usize, i32)>,
+    last: Option<(usize, i32)>,
     /// A fill is queued and may still run (buffers it reads must not be freed).
     fill_queued: bool,
     /// The most keys a run has had room for.
     max_keys: usize,
-    /// Pooled lookups through the caches (`pooled_batch.rs`): the unfinished bags' sums of
-    /// their hits (fp32), each key's row among the fetched ones (or -1), the unfinished bags.
-    pub(super) partial: DeviceMem,
-    pub(super) miss_at: DeviceMem,
-    pub(super) missed_bags: DeviceMem,
 }
 
 impl BatchLookup {
@@ -138,9 +133,6 @@ impl BatchLookup {
             last: None,
             fill_queued: false,
             max_keys: 0,
-            partial: DeviceMem::growing(d),
-            miss_at: DeviceMem::growing(d),
-            missed_bags: DeviceMem::growing(d),
         })
     }
 
@@ -272,7 +264,7 @@ impl BatchLookup {
 
     /// Room for a batch of `n` keys (and its rows, in our own buffer unless `own_out` is
     /// false). A fill still queued reads the buffers a growth frees: it is waited for first.
-    pub(super) fn make_room(&mut self, n: usize, own_out: bool) -> Result<()> {
+    fn make_room(&mut self, n: usize, own_out: bool) -> Result<()> {
         if self.fill_queued && n > self.max_keys {
             self.queue.wait()?;
         }
@@ -286,7 +278,7 @@ impl BatchLookup {
 
     /// Checks `layout` against `n` keys and puts the blocked layout's table starts on the
     /// GPU; returns the kernels' `interleaved` flag.
-    pub(super) fn place_layout(&mut self, layout: KeyLayout<'_>, n: usize) -> Result<i32> {
+    fn place_layout(&mut self, layout: KeyLayout<'_>, n: usize) -> Result<i32> {
         match layout {
             KeyLayout::Interleaved => {
                 if self.tables == 0 || n % self.tables != 0 {
@@ -333,12 +325,12 @@ impl BatchLookup {
         }
     }
 
-    /// Room for `n` misses, and the counts (misses, keys below zero in a fixed layout, and a
-    /// pooled lookup's unfinished bags) zeroed on the queue.
-    pub(super) fn clear_misses(&mut self, n: usize) -> Result<()> {
+    /// Room for `n` misses, and the counts (misses, and keys below zero in a fixed layout)
+    /// zeroed on the queue.
+    fn clear_misses(&mut self, n: usize) -> Result<()> {
         self.miss.1.reserve(n * 4)?;
-        self.count.1.reserve(16)?;
-        zero(&self.queue, self.count.1.ptr(), 16)
+        self.count.1.reserve(8)?;
+        zero(&self.queue, self.count.1.ptr(), 8)
     }
 
     /// The keys to the GPU and the lookup kernel queued behind them: host keys in pieces,
@@ -441,7 +433,7 @@ impl BatchLookup {
 
     /// The `m` missed indices to the host, and their keys beside them (gathered on the GPU
     /// when the keys are there).
-    pub(super) fn missed_keys_to_host(&mut self, keys: BatchKeys<'_>, m: usize) -> Result<()> {
+    fn missed_keys_to_host(&mut self, keys: BatchKeys<'_>, m: usize) -> Result<()> {
         let q = &self.own;
         let h_miss = self.miss.0.slice(m)?;
         dtoh(q, h_miss, self.miss.1.ptr())?;
@@ -471,26 +463,20 @@ impl BatchLookup {
         Ok(())
     }
 
-    /// The `m` rows the fetcher filled to the GPU on this lookup's own stream, with their
-    /// flags and the miss list in the fetcher's order (row j is key index miss[j]'s).
-    pub(super) fn upload_fetched(&mut self, m: usize) -> Result<()> {
+    /// The `m` rows the fetcher filled to the GPU, with their flags and the miss list in the
+    /// fetcher's order, and the scatter of the rows into place queued.
+    fn scatter_fetched(&mut self, m: usize, into: Option<DevicePtr<'_>>) -> Result<()> {
         let (q, dim) = (&self.own, self.dim);
         let rows = self.fetched.0.slice(m * dim)?;
         self.fetched.1.reserve(m * dim * 4)?;
-        htod(q, self.fetched.1.ptr(), rows)?;
+        let d_rows = self.fetched.1.ptr();
+        htod(q, d_rows, rows)?;
         let found = self.found.0.slice(m)?;
         self.found.1.reserve(m)?;
         htod(q, self.found.1.ptr(), found)?;
+        // the miss list, in the fetcher's order, goes back as the scatter's indices
         let (h_miss, d_miss) = (self.miss.0.slice(m)?, self.miss.1.ptr());
-        htod(q, d_miss, h_miss)
-    }
-
-    /// [`BatchLookup::upload_fetched`], and the scatter of the rows into place queued (the
-    /// miss list, in the fetcher's order, as its indices).
-    fn scatter_fetched(&mut self, m: usize, into: Option<DevicePtr<'_>>) -> Result<()> {
-        self.upload_fetched(m)?;
-        let (q, dim) = (&self.own, self.dim);
-        let (d_rows, d_miss) = (self.fetched.1.ptr(), self.miss.1.ptr());
+        htod(q, d_miss, h_miss)?;
         let out = into.unwrap_or(self.out.ptr());
         let (m_i, stride, dim_i) = (m as i32, dim as i64, dim as i32);
         let scatter = if self.format == RowFormat::F16 {

@@ -17,7 +17,7 @@
 //!
 //! Files: `slots.rs` (one table's slots, its lookups and inserts), `rows.rs` (the rows
 //! buffer a GPU instance looks up into), `batch.rs` and `batch_args.rs` (a whole batch over
-//! every table, and its arguments), `pool.rs` (a pooled lookup's bags reduced to one row each), `pooled_batch.rs` (a pooled lookup through the caches that reads hits in place), `bench.rs` (feature `bench`: what only
+//! every table, and its arguments), `pool.rs` (a pooled lookup's bags reduced to one row each), `bench.rs` (feature `bench`: what only
 //! the benchmarks use).
 
 mod batch;
@@ -25,7 +25,6 @@ mod batch_args;
 #[cfg(feature = "bench")]
 mod bench;
 mod pool;
-mod pooled_batch;
 mod rows;
 mod slots;
 

@@ -230,54 +230,10 @@ impl InstanceCaches {
         lookup: &mut gpu::BatchLookup,
         into: Option<&mut triton_rust_cuda::DeviceViewMut<'_>>,
     ) -> Result<usize> {
-        self.batch_on_gpu(keys.len(), layout, gpu, lookup, |l, epoch, fetch| {
-            l.run_keys::<Error>(keys, layout, epoch, fetch, into)
-        })
-    }
-
-    /// A pooled lookup through this instance's GPU caches of keys of fixed hotness in GPU
-    /// memory (`BatchLookup::pool_fixed_keys`: each bag's hits read and summed in place, its
-    /// misses read below the cache as [`InstanceCaches::lookup_batch_device`]'s are, then the
-    /// fill), its pooled rows `[batch, tables, dim]` of `format` in `lookup.pooled`. Returns how
-    /// many keys were below zero: when any, nothing was read below the cache or counted, for
-    /// the caller to take another path.
-    #[cfg(feature = "gpu")]
-    #[allow(clippy::too_many_arguments)]
-    pub fn pool_batch_device(
-        &self,
-        keys: triton_rust_cuda::DeviceView<'_>,
-        width: usize,
-        at: &[i32],
-        mean: bool,
-        format: gpu::RowFormat,
-        gpu: &gpu::GpuInstance,
-        lookup: &mut gpu::BatchLookup,
-    ) -> Result<usize> {
-        let layout = gpu::KeyLayout::Fixed { width, at };
-        self.batch_on_gpu(keys.len() / 8, layout, gpu, lookup, |l, epoch, fetch| {
-            l.pool_fixed_keys::<Error>(keys, width, at, mean, format, epoch, fetch)
-        })
-    }
-
-    /// A batch of `n` keys laid out as `layout` run on the GPU by `run` (given the lookup, the
-    /// epoch and the fetcher of misses), counted, and its misses filled into the caches.
-    #[cfg(feature = "gpu")]
-    fn batch_on_gpu(
-        &self,
-        n: usize,
-        layout: gpu::KeyLayout<'_>,
-        gpu: &gpu::GpuInstance,
-        lookup: &mut gpu::BatchLookup,
-        run: impl FnOnce(
-            &mut gpu::BatchLookup,
-            u64,
-            &mut triton_rust_cuda::cache::FetchMisses<'_, Error>,
-        ) -> Result<triton_rust_cuda::cache::BatchTimes>,
-    ) -> Result<usize> {
         let store = &self.store;
         let tables = store.tables.len();
         let dim = lookup.dim();
-        let key_tables = KeyTables::new(layout, n, tables);
+        let key_tables = KeyTables::new(layout, keys.len(), tables);
         let (counts, table_of) = (&key_tables.counts, |i: usize| key_tables.table_of(i));
         let versions: Vec<u64> =
             store.tables.iter().map(|t| t.version.load(Ordering::SeqCst)).collect();
@@ -327,7 +283,7 @@ impl InstanceCaches {
         };
         let epoch = gpu.next_epoch();
         let order = self.update_order();
-        let times = run(lookup, epoch, &mut fetch)?;
+        let times = lookup.run_keys::<Error>(keys, layout, epoch, &mut fetch, into)?;
         // the fill below takes the gate itself
         drop(order);
         if times.negative > 0 {
@@ -343,7 +299,7 @@ impl InstanceCaches {
         // the cache tier's time: the whole pass less the wall time of the reads below it
         // (those are counted per table by the host tier, summed over its threads)
         let elapsed = ns_since(t0).saturating_sub(fetch_ns);
-        let total = n.max(1) as u64;
+        let total = keys.len().max(1) as u64;
         for (t, &c) in counts.iter().enumerate() {
             let tc = &store.tables[t].counters;
             tc.cache_ns.fetch_add(elapsed * c as u64 / total, Ordering::Relaxed);
