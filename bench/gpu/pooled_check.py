@@ -126,6 +126,7 @@ def cached_gpu_keys(c, vectors, rows, failures):
     bad = full[:4].copy()
     bad[2, 7] = -5
     cases = (("pooled_sum", full, "every bag full: looked up as sent"), ("pooled_mean", full, "every bag full, mean"),
+             ("cached_fp16", full, "every bag full, fp16 rows and out"),
              ("pooled_sum", padded, "padding: the host-side bags"))
     for name, keys, what in cases:
         for rep in range(2):  # the second finds the cache warm
@@ -133,8 +134,12 @@ def cached_gpu_keys(c, vectors, rows, failures):
                 region.write(keys)
                 out = c.infer(name, {}, ["OUTPUT0"],
                               shm={"KEYS": (region.name, 0, keys.nbytes, keys.shape, np.int64)})["OUTPUT0"]
-            want = reference_fixed(vectors, keys, HOTNESS, name == "pooled_mean")
-            off = np.abs(out.astype(np.float64) - want) > np.abs(want) * 1e-5 + 1e-6
+            if name == "cached_fp16":  # rows kept as fp16, the sum rounded to fp16
+                want = reference_rounded(vectors, keys, HOTNESS)
+                off = np.abs(out.astype(np.float64) - want) > np.abs(want) * 2.0 ** -10 + 1e-6
+            else:
+                want = reference_fixed(vectors, keys, HOTNESS, name == "pooled_mean")
+                off = np.abs(out.astype(np.float64) - want) > np.abs(want) * 1e-5 + 1e-6
             if off.any():
                 failures.append(f"{name}, keys in CUDA shared memory ({what}): {int(off.sum())} values off")
         print(f"  {name:14s} keys in CUDA shared memory, {what}, {keys.shape[0]} samples: "
@@ -175,6 +180,8 @@ def main():
           f"{time.time() - t0:.0f} s to write), GPU cache 10% of each; hotness {sum(HOTNESS)} keys a sample")
     models = {"pooled_sum": dict(combiner="sum"), "pooled_mean": dict(combiner="mean"),
               "pooled_fp16": dict(combiner="sum", out_type="TYPE_FP16"),
+              # a 10% cache keeping fp16 rows
+              "cached_fp16": dict(combiner="sum", out_type="TYPE_FP16", row_type="fp16"),
               "pooled_ragged": dict(combiner="sum", ragged=True),
               # every row on the GPU: resident tables, pooled by one kernel
               "resident_sum": dict(combiner="sum", cache=1.0), "resident_mean": dict(combiner="mean", cache=1.0),
