@@ -121,6 +121,11 @@ class Redis:
     def pipeline(self, commands) -> None:
         """Sends every command at once; each must answer a simple string (+OK, +PONG)."""
         with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+            if s.getsockname() == s.getpeername():
+                # no server on the port yet, and the kernel gave this socket the port itself as
+                # its source (TCP's self-connect, when the port is in the ephemeral range): it
+                # would read back its own command
+                raise OSError(f"connected to itself on port {self.port}")
             s.sendall(b"".join(self.encode(c) for c in commands))
             buf, replies = b"", 0
             while replies < len(commands):
