@@ -60,15 +60,7 @@ impl Pooler {
             )));
         }
         let tables = bags / batch;
-        let last = offsets[bags].max(0) as usize;
-        if rows.device() != self.queue.device || rows.len() < last * dim * stored.size() {
-            return Err(CudaError::internal(format!(
-                "pooling: {} bytes of rows on GPU {} for {last} rows of dim {dim} on GPU {}",
-                rows.len(),
-                rows.device(),
-                self.queue.device
-            )));
-        }
+        self.check_rows(rows, stored, offsets[bags].max(0) as usize, dim)?;
         self.launch(rows, stored, dim, offsets, None, batch, tables, mean, format)
     }
 
@@ -97,16 +89,27 @@ impl Pooler {
                 "pooling: {tables} tables of a {width}-key sample over a batch of {batch}"
             )));
         }
-        if rows.device() != self.queue.device || rows.len() < batch * width * dim * stored.size() {
+        self.check_rows(rows, stored, batch * width, dim)?;
+        self.launch(rows, stored, dim, at, Some(width as i32), batch, tables, mean, format)
+    }
+
+    /// Whether `rows` (kept as `stored`) are on this pooler's GPU and hold `count` rows of `dim`.
+    fn check_rows(
+        &self,
+        rows: &DeviceView<'_>,
+        stored: RowFormat,
+        count: usize,
+        dim: usize,
+    ) -> Result<()> {
+        if rows.device() != self.queue.device || rows.len() < count * dim * stored.size() {
             return Err(CudaError::internal(format!(
-                "pooling: {} bytes of rows on GPU {} for {} rows of dim {dim} on GPU {}",
+                "pooling: {} bytes of rows on GPU {} for {count} rows of dim {dim} on GPU {}",
                 rows.len(),
                 rows.device(),
-                batch * width,
                 self.queue.device
             )));
         }
-        self.launch(rows, stored, dim, at, Some(width as i32), batch, tables, mean, format)
+        Ok(())
     }
 
     /// One pooling kernel over `batch * tables` bags: `pool_bags` with `bounds` the bags'
