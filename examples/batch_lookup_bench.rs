@@ -19,14 +19,8 @@ use triton_rust_embedding::gpu::{
 };
 use triton_rust_embedding::{CacheRows, Zipf};
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod common;
+use common::arg;
 
 /// Row `key` of table `t`: values exact in fp16, so fp16 rows compare exactly too.
 fn value(t: usize, key: i64, j: usize) -> f32 {

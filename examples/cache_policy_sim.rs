@@ -17,14 +17,8 @@ use rand::{Rng, SeedableRng};
 use triton_rust_embedding::cache::{CacheGeometry, CachePolicy, CacheTier, HostCache, WAYS};
 use triton_rust_embedding::{mix64, Zipf};
 
-fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod common;
+use common::arg;
 
 /// The key of rank `r` in popularity era `era`: ranks spread over the key space, each era its own.
 fn key(r: usize, era: u64) -> i64 {

@@ -29,14 +29,8 @@ use triton_rust_embedding::cache::{CacheGeometry, CachePolicy, CacheTier, HostCa
 use triton_rust_embedding::gpu::GpuCache;
 use triton_rust_embedding::Zipf;
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod common;
+use common::arg;
 
 fn row(key: i64, dim: usize) -> Vec<f32> {
     (0..dim).map(|j| (key as f32) * 0.001 + j as f32).collect()
