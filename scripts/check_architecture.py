@@ -130,7 +130,7 @@ CUDA_LAYERS = [
     ("buffers", ["buffer.rs", "pinned.rs"]),
     ("copies", ["copy.rs", "upload.rs"]),
     ("cache", ["cache/mod.rs", "cache/slots.rs", "cache/rows.rs", "cache/batch_args.rs",
-               "cache/batch.rs", "cache/pool.rs", "cache/bench.rs"]),
+               "cache/batch.rs", "cache/batch_host.rs", "cache/pool.rs", "cache/bench.rs"]),
 ]
 CUDA_MAX_LINES = 600
 cuda_src = ROOT / "crates/cuda/src"

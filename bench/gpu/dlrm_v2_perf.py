@@ -172,6 +172,9 @@ def parse(argv=None):
     p.add_argument("--cache-policy", default="lru", choices=["lru", "lfu"],
                    help="gpucache_policy: which key a full cache set gives up (lfu: the least frequent, and a missed "
                         "key goes in only once it is looked up more often)")
+    p.add_argument("--miss-reads", default="cpu", choices=["cpu", "gpu"],
+                   help="gpucache_miss_reads: who reads the cache's misses from host memory (gpu: the lookup's "
+                        "kernel, in place over PCIe)")
     p.add_argument("--hit-rate-bound", type=float, default=0.002)
     p.add_argument("--ref-batches", default=None,
                    help=f"the reference's batches in pairs (default {DEFAULTS['ref_batches']}: 270 x 16 and x 64)")
@@ -354,7 +357,7 @@ def write_repository(a, repo, fixture, package, graphs):
              param("gpucacheper", a.cache), param("gpucache_allocation", a.allocation),
              # one cache per GPU for both instances (two copies would not fit at --cache 1.0)
              param("gpucache_sharing", "device"), param("gpucache_row_type", a.cache_rows),
-             param("gpucache_policy", a.cache_policy),
+             param("gpucache_policy", a.cache_policy), param("gpucache_miss_reads", a.miss_reads),
              param("gpucache_placement", a.placement),
              # both models open one store: the rows are in memory once
              param("store_name", os.path.basename(os.path.normpath(fixture))), param("host_memory", "mapped")]
@@ -1022,7 +1025,7 @@ def main():
              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "scale": a.scale, "rows": sum(rows),
              "rows_per_table": rows, "parameters": params, "table_gb": sum(rows) * ROW_BYTES / 1e9, "cache": a.cache,
              "allocation": a.allocation, "cached_rows": sum(plan["cached_per_table"]), "cache_plan": plan,
-             "cache_policy": a.cache_policy, "stream_fresh": a.stream_fresh, "stream_warm_passes": a.stream_warm_passes,
+             "cache_policy": a.cache_policy, "miss_reads": a.miss_reads, "stream_fresh": a.stream_fresh, "stream_warm_passes": a.stream_warm_passes,
              "instances": a.instances, "gpus": a.gpus, "server_args": a.server_arg, "placement": a.placement, "cache_rows": a.cache_rows, "max_queue_delay_us": a.max_queue_delay_us, "max_batch": a.max_batch,
              "graph_batches": ("the backend's powers of two" if graphs is None else
                                ",".join(map(str, graphs)) if graphs else "none (off)"),
@@ -1030,7 +1033,7 @@ def main():
              "stream_note": "not run"}
     print(f"GPU: {gpu}, driver {driver}; torch {torch.__version__}", flush=True)
     print(f"DLRM-v2 at scale {a.scale}: {sum(rows):,} rows ({params / 1e9:.1f} B parameters, "
-          f"{setup['table_gb']:.1f} GB fp16), {WIDTH} lookups per pair; GPU cache {a.cache} ({a.allocation}, {a.cache_policy}, "
+          f"{setup['table_gb']:.1f} GB fp16), {WIDTH} lookups per pair; GPU cache {a.cache} ({a.allocation}, {a.cache_policy}, misses read by the {a.miss_reads}, "
           f"{setup['cached_rows']:,} slots); alpha {a.alpha}: hit rate stationary {plan['stationary']:.4f}, "
           f"LRU on an endless stream {plan['lru']:.4f} (hotness-weighted)", flush=True)
     failures = []

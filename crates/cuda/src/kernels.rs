@@ -39,6 +39,8 @@ pub(crate) struct Kernels {
     pub(crate) batch_h: CudaFunction,
     pub(crate) scatter_h: CudaFunction,
     pub(crate) gather_keys: CudaFunction,
+    /// A batch's misses read in place from host memory the GPU maps (`HostRows`).
+    pub(crate) read_host: CudaFunction,
     /// Pooled lookups: each bag's rows summed (or averaged), fp32 or fp16 out.
     pub(crate) pool: CudaFunction,
     pub(crate) pool_h: CudaFunction,
@@ -131,6 +133,7 @@ fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
         batch_h: f("batch_lookup_h")?,
         scatter_h: f("scatter_rows_h")?,
         gather_keys: f("gather_keys")?,
+        read_host: f("read_host_rows")?,
         pool: f("pool_bags")?,
         pool_h: f("pool_bags_h")?,
         pool_fixed: f("pool_fixed")?,
@@ -182,6 +185,10 @@ pub(crate) fn copy_parts(id: i32) -> Result<CudaFunction> {
 /// kernels' source, which the tests hold to this.
 pub(crate) const LOOKUP_KEYS_PER_WARP: usize = 4;
 
+/// Fields of a table's descriptor of host rows the GPU maps: `HOST_DESC` in the kernels'
+/// source (`read_host_rows`), which the tests hold to this.
+pub(crate) const HOST_DESC: usize = 4;
+
 /// One warp per item, 256 threads a block.
 pub(crate) fn warps_config(warps: usize) -> LaunchConfig {
     threads_config(warps * 32)
@@ -213,6 +220,7 @@ mod tests {
             "batch_lookup_h",
             "scatter_rows_h",
             "gather_keys",
+            "read_host_rows",
             "cache_lookup_s16",
             "cache_insert_s16",
             "batch_lookup_s16",
@@ -252,6 +260,12 @@ mod tests {
         let lanes = 32 / super::LOOKUP_KEYS_PER_WARP;
         assert_eq!(lanes * super::LOOKUP_KEYS_PER_WARP, 32);
         let define = format!("#define LOOKUP_LANES {lanes}\n");
+        assert!(super::SOURCE.contains(&define), "cache.cu must say {define:?}");
+    }
+
+    #[test]
+    fn the_host_rows_descriptor_has_the_fields_the_kernel_reads() {
+        let define = format!("#define HOST_DESC {}\n", super::HOST_DESC);
         assert!(super::SOURCE.contains(&define), "cache.cu must say {define:?}");
     }
 }

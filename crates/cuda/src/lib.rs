@@ -46,3 +46,5 @@ pub use context::{
 };
 #[cfg(feature = "driver")]
 pub use copy::{alloc, Cuda, HostReader};
+#[cfg(feature = "driver")]
+pub use pinned::HostRows;

@@ -226,6 +226,12 @@ impl HostTier {
         self.overlay.read().len() / self.dim
     }
 
+    /// No update has written a row since the tier was built: a dense table's rows are then
+    /// exactly its file's.
+    pub fn untouched(&self) -> bool {
+        !self.indexed.load(Ordering::Acquire)
+    }
+
     /// `Some(rows)` when the table was loaded with keys `0..rows` in order.
     pub fn dense_rows(&self) -> Option<usize> {
         self.dense

@@ -20,6 +20,8 @@ use crate::store_config::*;
 use crate::stream;
 use crate::table::{self, TableFiles};
 
+#[cfg(feature = "gpu")]
+mod host_rows;
 mod instance;
 mod metrics;
 #[cfg(feature = "gpu")]
@@ -75,6 +77,10 @@ pub struct EmbeddingStore {
     /// With `gpucache_placement: sharded`, the tables spread over the GPUs (made once).
     #[cfg(feature = "gpu")]
     sharded: Mutex<Option<Arc<sharded::ShardedTables>>>,
+    /// Every table's host rows registered for the GPUs to read in place
+    /// (`gpucache_miss_reads: gpu`), made on first use.
+    #[cfg(feature = "gpu")]
+    host_rows: Mutex<Option<Arc<host_rows::GpuHostRows>>>,
     /// Update requests refused for a missing or wrong credential.
     pub refused_updates: AtomicU64,
     /// Stops the compactor when the store goes.
@@ -223,6 +229,8 @@ impl EmbeddingStore {
             gpu_shared: Mutex::new(Vec::new()),
             #[cfg(feature = "gpu")]
             sharded: Mutex::new(None),
+            #[cfg(feature = "gpu")]
+            host_rows: Mutex::new(None),
             refused_updates: AtomicU64::new(0),
             compactor: compactor.clone(),
             follower: Mutex::new(None),

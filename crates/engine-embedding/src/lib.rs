@@ -50,7 +50,8 @@ use rows::{as_f32, as_i32, as_i64, DeviceRows, RowSink};
 
 use settings::same_secret;
 pub use settings::{
-    CacheSharing, Combiner, Credential, Interface, Pooling, StoreSettings, PAD, TOKEN_PARAMETER,
+    CacheSharing, Combiner, Credential, Interface, MissReads, Pooling, StoreSettings, PAD,
+    TOKEN_PARAMETER,
 };
 
 /// Embedding stores (HPS's models): a version directory of tables, no model file.
@@ -160,6 +161,9 @@ impl EmbeddingModel {
                     }
                     let (piece_keys, threads) = m.settings.key_upload;
                     lookup.set_key_upload(KeyUpload { piece_keys, threads });
+                    if m.settings.miss_reads == MissReads::Gpu {
+                        caches.let_gpu_read_misses(id, &mut lookup)?;
+                    }
                     gpu = Some((instance, lookup));
                 }
                 caches

@@ -132,6 +132,8 @@ pub struct StoreSettings {
     pub key_upload: (usize, usize),
     /// Whose GPU caches a `KIND_GPU` instance looks up in (`gpucache_sharing`).
     pub cache_sharing: CacheSharing,
+    /// Who reads a GPU cache's misses from the host tier (`gpucache_miss_reads`).
+    pub miss_reads: MissReads,
     /// HPS's `deployed_device_list`: the GPUs its instances may be on (Triton places them by
     /// `instance_group`; this list is checked against that placement).
     pub devices: Option<Vec<i32>>,
@@ -154,6 +156,28 @@ impl CacheSharing {
             Some("instance") => Ok(CacheSharing::Instance),
             Some(other) => Err(Error::invalid_arg(format!(
                 "parameter 'gpucache_sharing' is '{other}'; use device (one cache per GPU, shared by its instances) or instance"
+            ))),
+        }
+    }
+}
+
+/// Who reads a GPU instance's misses from the host tier's rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissReads {
+    /// Host threads, into page-locked memory, and one copy to the GPU.
+    Cpu,
+    /// The lookup's kernels, in place over the bus (the rows page-locked and mapped for the
+    /// GPU; `triton_rust_embedding`'s `store/host_rows.rs`).
+    Gpu,
+}
+
+impl MissReads {
+    fn parse(text: Option<&str>) -> Result<MissReads> {
+        match text.map(str::trim) {
+            None | Some("cpu") => Ok(MissReads::Cpu),
+            Some("gpu") => Ok(MissReads::Gpu),
+            Some(other) => Err(Error::invalid_arg(format!(
+                "parameter 'gpucache_miss_reads' is '{other}'; use cpu (host threads read the misses) or gpu (the GPU reads them in place)"
             ))),
         }
     }
@@ -252,6 +276,7 @@ impl StoreSettings {
         ("gpucache_sharing", "device"),
         ("gpucache_row_type", "fp32"),
         ("gpucache_policy", "lru"),
+        ("gpucache_miss_reads", "cpu"),
         ("hit_rate_threshold", "0.9"),
         ("host_memory", "mapped"),
         ("volatile_db", "none"),
@@ -407,6 +432,9 @@ impl StoreSettings {
             key_upload,
             cache_sharing: CacheSharing::parse(
                 cfg.parameters.get("gpucache_sharing").map(String::as_str),
+            )?,
+            miss_reads: MissReads::parse(
+                cfg.parameters.get("gpucache_miss_reads").map(String::as_str),
             )?,
             devices: device_list(cfg)?,
         })

@@ -96,6 +96,16 @@ fn cache_policy_parameter() {
 }
 
 #[test]
+fn miss_reads_parameter() {
+    use crate::MissReads;
+    let reads = |extra: &[(&str, &str)]| one_table(extra).map(|s| s.miss_reads);
+    assert_eq!(reads(&[]).unwrap(), MissReads::Cpu, "host threads, as HPS");
+    assert_eq!(reads(&[("gpucache_miss_reads", " gpu ")]).unwrap(), MissReads::Gpu);
+    let e = reads(&[("gpucache_miss_reads", "dma")]).unwrap_err();
+    assert!(e.message().contains("parameter 'gpucache_miss_reads' is 'dma'; use cpu"), "{e}");
+}
+
+#[test]
 fn models_sharing_a_store_must_ask_the_same_cache_rows_and_policy() {
     let settings = |rows: &str, policy: &str| {
         let extra = [

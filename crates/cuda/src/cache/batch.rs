@@ -16,8 +16,11 @@ use crate::copy::{dtod_on, dtoh, htod, htod_now, htod_on, zero, Queue};
 use crate::error::{CudaError, Result};
 use crate::kernels::{self, threads_config, warps_config, Kernels, LOOKUP_KEYS_PER_WARP};
 use crate::mem::{DeviceView, DeviceViewMut};
-use crate::pinned::PinnedBuf;
+use crate::pinned::{HostRows, PinnedBuf};
 use crate::upload::in_parts;
+
+#[path = "batch_host.rs"]
+mod host;
 
 /// One instance's lookup of a whole batch, every table at once: the keys go to the GPU
 /// once (from page-locked memory), one kernel serves every hit of every table and lists
@@ -68,6 +71,14 @@ pub struct BatchLookup {
     /// The missed keys, for the fetcher (gathered on the GPU when the keys came there).
     missed_keys: (PinnedBuf<i64>, DeviceMem),
     out: DeviceMem,
+    /// Every table's rows in host memory this GPU maps, when set: their descriptors
+    /// (`read_host_rows` in the kernels), the registrations they name (held while any
+    /// kernel may read them), and whether the next runs read misses there.
+    host: Option<(DeviceMem, Vec<Arc<HostRows>>)>,
+    host_on: bool,
+    /// Misses per table then defaults per table of the last run that read on the GPU.
+    host_counts: (PinnedBuf<u32>, DeviceMem),
+    host_read: Option<Vec<u32>>,
     /// The last run's misses, which `fill_last` may insert: (count, interleaved).
     last: Option<(usize, i32)>,
     /// A fill is queued and may still run (buffers it reads must not be freed).
@@ -130,6 +141,10 @@ impl BatchLookup {
             found: (PinnedBuf::new(d), DeviceMem::growing(d)),
             missed_keys: pair(),
             out: DeviceMem::growing(d),
+            host: None,
+            host_on: false,
+            host_counts: (PinnedBuf::new(d), DeviceMem::growing(d)),
+            host_read: None,
             last: None,
             fill_queued: false,
             max_keys: 0,
@@ -230,6 +245,7 @@ impl BatchLookup {
         }
         gpu(self.queue.device)?;
         self.last = None;
+        self.host_read = None;
         self.make_room(n, into.is_none())?;
         let interleaved = self.place_layout(layout, n)?;
         self.clear_misses(n)?;
@@ -243,7 +259,12 @@ impl BatchLookup {
             return Ok(times);
         }
         let t1 = Instant::now();
-        if m > 0 {
+        if m > 0 && self.host_on {
+            self.read_host(m, interleaved)?;
+            times.fetch_us = us(t1);
+            self.scatter(m, into)?;
+            self.last = Some((m, interleaved));
+        } else if m > 0 {
             self.missed_keys_to_host(keys, m)?;
             let dim = self.dim;
             let h_miss = self.miss.0.slice(m)?;
@@ -258,6 +279,9 @@ impl BatchLookup {
         }
         // the hits' rows were written on the queue before `count_misses` waited for them
         self.own.wait()?;
+        if m > 0 && self.host_on {
+            self.host_read = Some(self.host_counts.0.slice(2 * self.tables)?.to_vec());
+        }
         times.scatter_us = us(t1).saturating_sub(times.fetch_us);
         Ok(times)
     }
@@ -477,6 +501,13 @@ impl BatchLookup {
         // the miss list, in the fetcher's order, goes back as the scatter's indices
         let (h_miss, d_miss) = (self.miss.0.slice(m)?, self.miss.1.ptr());
         htod(q, d_miss, h_miss)?;
+        self.scatter(m, into)
+    }
+
+    /// The scatter of the `m` fetched rows on the GPU into place queued.
+    fn scatter(&mut self, m: usize, into: Option<DevicePtr<'_>>) -> Result<()> {
+        let (q, dim) = (&self.own, self.dim);
+        let (d_rows, d_miss) = (self.fetched.1.ptr(), self.miss.1.ptr());
         let out = into.unwrap_or(self.out.ptr());
         let (m_i, stride, dim_i) = (m as i32, dim as i64, dim as i32);
         let scatter = if self.format == RowFormat::F16 {
@@ -489,69 +520,6 @@ impl BatchLookup {
         // SAFETY: argument types and order match scatter_rows(_h) (`out` by address,
         // rows of `format`); every index is < n.
         unsafe { b.launch(warps_config(m)) }.map_err(cuda_err)?;
-        Ok(())
-    }
-
-    /// Queues the insertion of the last run's rows found below the cache into the caches
-    /// (stamped with `epoch`) and returns without waiting: the next run's work queues
-    /// behind it. At most once per run; nothing to do when the last run had no misses.
-    /// Two kernels (three with an LFU cache: its keys' misses counted first): the fill, then
-    /// the reset of the ticket counts of the sets it touched
-    /// (one launch where clearing every table's tickets took one copy-engine memset per
-    /// table on the shared queue).
-    pub fn fill_last(&mut self, epoch: u64) -> Result<()> {
-        let Some((m, interleaved)) = self.last.take() else { return Ok(()) };
-        let q = &self.queue;
-        gpu(q.device)?;
-        // the rows, flags and miss order came up on this lookup's own stream
-        q.stream.join(&self.own.stream).map_err(cuda_err)?;
-        let (keys, miss, found, starts, rows) = (
-            self.keys.1.ptr(),
-            self.miss.1.ptr(),
-            self.found.1.ptr(),
-            self.starts.1.ptr(),
-            self.fetched.1.ptr(),
-        );
-        let (m_i, tables, dim_i, desc) =
-            (m as i32, self.tables as i32, self.dim as i32, self.desc.ptr());
-        let fill = match self.stored {
-            RowFormat::F32 => &self.kernels.fill,
-            RowFormat::F16 => &self.kernels.s16.fill,
-        };
-        if self.lfu {
-            // LFU: every placed key's miss counted before any is placed
-            let mut c = q.stream.launch_builder(&self.kernels.fill_count);
-            c.arg(&keys).arg(&miss).arg(&found).arg(&m_i).arg(&tables).arg(&interleaved);
-            c.arg(&starts).arg(&desc);
-            // SAFETY: argument types and order match batch_fill_count; the fill's buffers,
-            // read before it on the same queue.
-            unsafe { c.launch(threads_config(m)) }.map_err(cuda_err)?;
-        }
-        let mut b = q.stream.launch_builder(fill);
-        b.arg(&keys)
-            .arg(&miss)
-            .arg(&found)
-            .arg(&m_i)
-            .arg(&tables)
-            .arg(&interleaved)
-            .arg(&starts)
-            .arg(&desc)
-            .arg(&dim_i)
-            .arg(&epoch)
-            .arg(&rows);
-        // SAFETY: argument types and order match batch_fill(_s16), the one for the caches'
-        // rows; the buffers hold the last
-        // run's keys, misses, flags and rows (m of each), untouched since, and stay
-        // allocated until the queue has passed this kernel (see `make_room` and `Drop`).
-        unsafe { b.launch(warps_config(m)) }.map_err(cuda_err)?;
-        let mut r = q.stream.launch_builder(&self.kernels.fill_reset);
-        r.arg(&keys).arg(&miss).arg(&found).arg(&m_i).arg(&tables).arg(&interleaved);
-        r.arg(&starts).arg(&desc);
-        let cfg = threads_config(m);
-        // SAFETY: argument types and order match batch_fill_reset; the same buffers as the
-        // fill's, read after it on the same queue.
-        unsafe { r.launch(cfg) }.map_err(cuda_err)?;
-        self.fill_queued = true;
         Ok(())
     }
 

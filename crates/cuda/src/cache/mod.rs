@@ -29,6 +29,7 @@ mod rows;
 mod slots;
 
 pub use crate::copy::Queue;
+pub use crate::pinned::HostRows;
 pub use batch::BatchLookup;
 pub use batch_args::{BatchKeys, BatchTimes, FetchMisses, KeyLayout, KeyUpload, RowFormat};
 #[cfg(feature = "bench")]

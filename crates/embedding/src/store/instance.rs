@@ -17,7 +17,7 @@ enum Job {
 
 /// One instance's view of the store: its caches (one per table) and its background filler.
 pub struct InstanceCaches {
-    store: Arc<EmbeddingStore>,
+    pub(super) store: Arc<EmbeddingStore>,
     pub(crate) caches: Vec<Arc<dyn CacheTier>>,
     filler: Mutex<Option<mpsc::SyncSender<Job>>>,
     worker: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -283,12 +283,22 @@ impl InstanceCaches {
         };
         let epoch = gpu.next_epoch();
         let order = self.update_order();
+        lookup.read_misses_on_gpu(self.misses_on_gpu_now());
         let times = lookup.run_keys::<Error>(keys, layout, epoch, &mut fetch, into)?;
         // the fill below takes the gate itself
         drop(order);
         if times.negative > 0 {
             // not looked up: the caller takes another path, which counts the batch
             return Ok(times.negative);
+        }
+        if let Some(read) = lookup.host_read() {
+            // the GPU read the misses below the cache: its counts per table
+            for (t, table) in store.tables.iter().enumerate() {
+                let (m, defaults) = (read[t] as usize, read[tables + t] as u64);
+                missed_per_table[t] = m;
+                table.counters.host_hits.fetch_add(m as u64 - defaults, Ordering::Relaxed);
+                table.counters.defaults.fetch_add(defaults, Ordering::Relaxed);
+            }
         }
         for (t, &c) in counts.iter().enumerate() {
             if c > 0 {
