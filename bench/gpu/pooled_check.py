@@ -38,7 +38,7 @@ def param(k, v):
 
 
 def config(name, tables, dim, hotness, table_dir, combiner, out_type="TYPE_FP32", ragged=False, cache=0.1,
-           max_batch=4096, row_type="fp32"):
+           max_batch=4096, row_type="fp32", miss_reads="cpu"):
     width = sum(hotness)
     keys = ('input [ { name: "KEYS" data_type: TYPE_INT64 dims: [ -1 ] allow_ragged_batch: true },\n'
             f'        {{ name: "LENGTHS" data_type: TYPE_INT32 dims: [ {tables} ] }} ]\n') if ragged else \
@@ -51,6 +51,7 @@ def config(name, tables, dim, hotness, table_dir, combiner, out_type="TYPE_FP32"
                      embedding_table_names=",".join(f"t{i}" for i in range(tables)),
                      embedding_vecsize_per_table=dim, embedding_hotness_per_table=",".join(map(str, hotness)),
                      embedding_combiner=combiner, gpucacheper=cache, gpucache_row_type=row_type,
+                     gpucache_miss_reads=miss_reads,
                      sparse_files=",".join(
                          os.path.join(table_dir, f"t{i}") for i in range(tables))).items():
         text += param(k, v)
@@ -127,14 +128,16 @@ def cached_gpu_keys(c, vectors, rows, failures):
     bad[2, 7] = -5
     cases = (("pooled_sum", full, "every bag full: looked up as sent"), ("pooled_mean", full, "every bag full, mean"),
              ("cached_fp16", full, "every bag full, fp16 rows and out"),
-             ("pooled_sum", padded, "padding: the host-side bags"))
+             ("cached_gpu_reads", full, "every bag full, fp16 rows and out, misses read by the GPU"),
+             ("pooled_sum", padded, "padding: the host-side bags"),
+             ("cached_gpu_reads", padded, "padding: the host-side bags, misses read by the GPU"))
     for name, keys, what in cases:
         for rep in range(2):  # the second finds the cache warm
             with Region(c, f"cached_keys_{rep}", keys.nbytes) as region:
                 region.write(keys)
                 out = c.infer(name, {}, ["OUTPUT0"],
                               shm={"KEYS": (region.name, 0, keys.nbytes, keys.shape, np.int64)})["OUTPUT0"]
-            if name == "cached_fp16":  # rows kept as fp16, the sum rounded to fp16
+            if name in ("cached_fp16", "cached_gpu_reads"):  # rows kept as fp16, the sum rounded to fp16
                 want = reference_rounded(vectors, keys, HOTNESS)
                 off = np.abs(out.astype(np.float64) - want) > np.abs(want) * 2.0 ** -10 + 1e-6
             else:
@@ -182,6 +185,8 @@ def main():
               "pooled_fp16": dict(combiner="sum", out_type="TYPE_FP16"),
               # a 10% cache keeping fp16 rows
               "cached_fp16": dict(combiner="sum", out_type="TYPE_FP16", row_type="fp16"),
+              # the same, its misses read by the GPU in place from the tables' host rows (fp32)
+              "cached_gpu_reads": dict(combiner="sum", out_type="TYPE_FP16", row_type="fp16", miss_reads="gpu"),
               "pooled_ragged": dict(combiner="sum", ragged=True),
               # every row on the GPU: resident tables, pooled by one kernel
               "resident_sum": dict(combiner="sum", cache=1.0), "resident_mean": dict(combiner="mean", cache=1.0),

@@ -189,6 +189,9 @@ pub(crate) const LOOKUP_KEYS_PER_WARP: usize = 4;
 /// source (`read_host_rows`), which the tests hold to this.
 pub(crate) const HOST_DESC: usize = 4;
 
+/// Missed keys a warp of `read_host_rows` reads: `HOST_ROWS_PER_WARP` in the kernels' source.
+pub(crate) const HOST_ROWS_PER_WARP: usize = 4;
+
 /// One warp per item, 256 threads a block.
 pub(crate) fn warps_config(warps: usize) -> LaunchConfig {
     threads_config(warps * 32)
@@ -265,7 +268,11 @@ mod tests {
 
     #[test]
     fn the_host_rows_descriptor_has_the_fields_the_kernel_reads() {
-        let define = format!("#define HOST_DESC {}\n", super::HOST_DESC);
-        assert!(super::SOURCE.contains(&define), "cache.cu must say {define:?}");
+        for define in [
+            format!("#define HOST_DESC {}\n", super::HOST_DESC),
+            format!("#define HOST_ROWS_PER_WARP {}\n", super::HOST_ROWS_PER_WARP),
+        ] {
+            assert!(super::SOURCE.contains(&define), "cache.cu must say {define:?}");
+        }
     }
 }

@@ -11,7 +11,7 @@ use crate::cache::RowFormat;
 use crate::context::{cuda_err, gpu};
 use crate::copy::{dtoh, htod_now, zero};
 use crate::error::{CudaError, Result};
-use crate::kernels::{threads_config, warps_config, HOST_DESC};
+use crate::kernels::{threads_config, warps_config, HOST_DESC, HOST_ROWS_PER_WARP};
 use crate::pinned::HostRows;
 
 impl BatchLookup {
@@ -67,7 +67,7 @@ impl BatchLookup {
         // SAFETY: argument types and order match read_host_rows; this stream passed the
         // lookup that wrote the m misses (`count_misses`); the rows and flags have room for
         // m, the counts for 2 × tables; `host` names rows registered while `self.host` lives.
-        unsafe { b.launch(warps_config(m)) }.map_err(cuda_err)?;
+        unsafe { b.launch(warps_config(m.div_ceil(HOST_ROWS_PER_WARP))) }.map_err(cuda_err)?;
         dtoh(q, self.host_counts.0.slice(2 * tables)?, counts)
     }
 

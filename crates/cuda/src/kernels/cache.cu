@@ -439,29 +439,32 @@ extern "C" __global__ void scatter_rows_h(const float* __restrict__ rows, const 
     scatter_rows_as(rows, idx, n, out, out_stride, dim);
 }
 
-// One warp per missed key of the last batch_lookup (miss[j], j < m): row j of `rows` (fp32)
-// is the row of key keys[miss[j]] read in place from its table's rows in page-locked host
-// memory this GPU maps (host + t * HOST_DESC: the rows' address on the GPU, how many rows,
-// bytes an element (2: fp16, 4: fp32), the default value's bits), and found[j] = 1; a key
-// outside those rows gets the default value and found[j] = 0. counts[t] counts table t's
-// misses, counts[tables + t] those defaulted.
+// Four missed keys a warp, eight lanes each (miss[j], j < m; the reads of four rows in flight
+// at once, each crossing the bus): row j of `rows` (fp32) is the row of key keys[miss[j]] read
+// in place from its table's rows in page-locked host memory this GPU maps (host + t *
+// HOST_DESC: the rows' address on the GPU, how many rows, bytes an element (2: fp16, 4: fp32),
+// the default value's bits), and found[j] = 1; a key outside those rows gets the default
+// value and found[j] = 0. counts[t] counts table t's misses, counts[tables + t] those defaulted.
 #define HOST_DESC 4
+#define HOST_ROWS_PER_WARP 4
 extern "C" __global__ void read_host_rows(const i64* __restrict__ keys, const int* __restrict__ miss, int m,
         int tables, int interleaved, const int* __restrict__ key_start, const long long* __restrict__ host, int dim,
         float* __restrict__ rows, unsigned char* __restrict__ found, unsigned* __restrict__ counts) {
-    long long j = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    if (j >= m) return;
+    const int L = 32 / HOST_ROWS_PER_WARP;
+    long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31, gl = lane % L;
+    long long j = warp * HOST_ROWS_PER_WARP + lane / L;
+    if (j >= m) return;  // no lane waits on another here
     int i = miss[j];
     int t = table_of(i, tables, interleaved, key_start);
     const long long* h = host + t * HOST_DESC;
     i64 key = keys[i];
     float* dst = rows + (size_t)j * dim;
     bool in = key >= 0 && key < h[1];
-    if (in && h[2] == 2) copy_row(dst, (const unsigned short*)h[0] + (size_t)key * dim, dim, lane);
-    else if (in) copy_row(dst, (const float*)h[0] + (size_t)key * dim, dim, lane);
-    else for (int d = lane; d < dim; d += 32) dst[d] = __int_as_float((int)h[3]);
-    if (lane == 0) {
+    if (in && h[2] == 2) copy_row(dst, (const unsigned short*)h[0] + (size_t)key * dim, dim, gl, L);
+    else if (in) copy_row(dst, (const float*)h[0] + (size_t)key * dim, dim, gl, L);
+    else for (int d = gl; d < dim; d += L) dst[d] = __int_as_float((int)h[3]);
+    if (gl == 0) {
         found[j] = in ? 1 : 0;
         atomicAdd(counts + t, 1u);
         if (!in) atomicAdd(counts + tables + t, 1u);
