@@ -33,6 +33,10 @@ mod host;
 /// are complete and never waited for. Every buffer is kept and reused; nothing is
 /// allocated per batch once the largest batch was seen.
 ///
+/// With host rows set ([`BatchLookup::set_host_rows`], `batch_host.rs`), the misses are
+/// instead read in place by one more kernel from host memory the GPU maps, nothing going
+/// to the host.
+///
 /// Two streams: the caches' queue runs what reads or writes the slots (the lookup and the
 /// fill kernels, and what they read first: the keys, the table starts, the zeroed miss
 /// count), in one order with every other lookup sharing those caches; this lookup's own
