@@ -36,7 +36,8 @@ impl EmbeddingStore {
         if self.remote.is_some() {
             return Err(why("a volatile_db is set: misses past the host tier go to Redis, which only host threads read".into()));
         }
-        let (mut tiers, mut rows) = (Vec::new(), Vec::new());
+        // every table checked before any is page-locked
+        let mut plan = Vec::with_capacity(self.tables.len());
         for t in &self.tables {
             let tier = t.host.read().clone();
             let name = &t.config.name;
@@ -50,11 +51,15 @@ impl EmbeddingStore {
                 VectorType::F16 => 2,
                 VectorType::F32 => 4,
             };
-            let n = bytes.len() / (t.config.dim * elem).max(1);
+            let (n, gb) = (bytes.len() / (t.config.dim * elem).max(1), bytes.len() as f64 / 1e9);
+            plan.push((tier.clone(), n, elem, gb));
+        }
+        let (mut tiers, mut rows) = (Vec::new(), Vec::new());
+        for (t, (tier, n, elem, gb)) in self.tables.iter().zip(plan) {
             let r = HostRows::register(device, tier.clone(), dense_rows, n, elem).map_err(|e| {
+                let name = &t.config.name;
                 why(format!(
-                    "table '{name}''s {:.1} GB of rows could not be mapped for the GPU: {e}",
-                    bytes.len() as f64 / 1e9
+                    "table '{name}''s {gb:.1} GB of rows could not be mapped for the GPU: {e}"
                 ))
             })?;
             rows.push((Arc::new(r), t.config.default_value));
@@ -71,7 +76,7 @@ impl EmbeddingStore {
 
     /// Whether a lookup may read its misses from the registered rows now: every table's host
     /// tier is still the one registered and untouched by updates.
-    fn host_rows_current(&self) -> bool {
+    pub(super) fn host_rows_current(&self) -> bool {
         let held = self.host_rows.lock();
         let Some(h) = held.as_ref() else { return false };
         self.tables.iter().zip(&h.tiers).all(|(t, reg)| {

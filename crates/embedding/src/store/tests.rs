@@ -415,3 +415,15 @@ fn sharded_lookups_and_updates_take_turns() {
         let _ = std::fs::remove_dir_all(d);
     }
 }
+
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_miss_reads_are_refused_for_a_table_not_loaded_from_files() {
+    // checked before any table's rows are page-locked, so no GPU is needed to see it
+    let (store, dir) = make_store("gpureads", 64, 4, 0.5, 0.9);
+    let e = store.gpu_host_rows(0).err().expect("a table filled only by updates");
+    let want = "parameter 'gpucache_miss_reads' is gpu, but table 'empty' was not loaded from files with keys 0..rows in order";
+    assert!(e.message().contains(want), "{e}");
+    assert!(!store.host_rows_current(), "nothing registered: every lookup reads on the host");
+    let _ = std::fs::remove_dir_all(dir);
+}
