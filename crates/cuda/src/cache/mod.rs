@@ -16,7 +16,7 @@
 //! and an insert never overlap.
 //!
 //! Files: `slots.rs` (one table's slots, its lookups and inserts), `rows.rs` (the rows
-//! buffer a GPU instance looks up into), `batch.rs` and `batch_args.rs` (a whole batch over
+//! buffer a GPU instance looks up into), `batch.rs`, `batch_args.rs` and `batch_host.rs` (a whole batch over
 //! every table, and its arguments), `pool.rs` (a pooled lookup's bags reduced to one row each), `bench.rs` (feature `bench`: what only
 //! the benchmarks use).
 
