@@ -66,7 +66,7 @@ fn main() {
             let mut lookup = instance.batch_lookup(&none, dim, RowFormat::F16).expect("lookup");
             if on_gpu {
                 lookup.set_host_rows(&[(mapped.clone(), 0.0)]).expect("host rows");
-                lookup.read_misses_on_gpu(true);
+                lookup.read_misses_on_gpu(|| true);
             }
             let mut fetch = |_idx: &mut [i32],
                              mkeys: &mut [i64],

@@ -36,10 +36,11 @@ impl BatchLookup {
         Ok(())
     }
 
-    /// Whether the next runs read their misses from the host rows the GPU maps (when set):
-    /// the fetcher is then not called, and [`BatchLookup::host_read`] tells what was read.
-    pub fn read_misses_on_gpu(&mut self, on: bool) {
-        self.host_on = on && self.host.is_some();
+    /// Whether the next runs read their misses from the host rows the GPU maps: when they are
+    /// set and `now()` says so (asked only then), the fetcher is not called, and
+    /// [`BatchLookup::host_read`] tells what was read.
+    pub fn read_misses_on_gpu(&mut self, now: impl FnOnce() -> bool) {
+        self.host_on = self.host.is_some() && now();
     }
 
     /// After a run whose misses the GPU read from host memory: each table's misses, then

@@ -283,7 +283,7 @@ impl InstanceCaches {
         };
         let epoch = gpu.next_epoch();
         let order = self.update_order();
-        lookup.read_misses_on_gpu(self.misses_on_gpu_now());
+        lookup.read_misses_on_gpu(|| self.misses_on_gpu_now());
         let times = lookup.run_keys::<Error>(keys, layout, epoch, &mut fetch, into)?;
         // the fill below takes the gate itself
         drop(order);
