@@ -122,6 +122,9 @@ def parse(argv=None):
     p.add_argument("--placement", default="replicated", choices=["replicated", "sharded"],
                    help="gpucache_placement: each GPU its own copy of every row, or the tables spread over the GPUs "
                         "(every GPU's lookup reading its peers' tables)")
+    p.add_argument("--replicate-share", default="0.0625",
+                   help="gpucache_sharded_replicate (with --placement sharded): the share of each GPU's room the "
+                        "smallest tables take together, copied to every GPU; 0 places every table once")
     p.add_argument("--cache-rows", default="fp16", choices=["fp16", "fp32"],
                    help="gpucache_row_type: how the GPUs keep the rows (fp32: 104 GB at scale 1.0, more than one GPU holds)")
     p.add_argument("--gpus", default="", help="the GPUs of the instance groups, e.g. 0 or 0,1 (--instances on each, every "
@@ -361,7 +364,7 @@ def write_repository(a, repo, fixture, package, graphs):
              # one cache per GPU for both instances (two copies would not fit at --cache 1.0)
              param("gpucache_sharing", "device"), param("gpucache_row_type", a.cache_rows),
              param("gpucache_policy", a.cache_policy), param("gpucache_miss_reads", a.miss_reads),
-             param("gpucache_placement", a.placement),
+             param("gpucache_placement", a.placement), param("gpucache_sharded_replicate", a.replicate_share),
              # both models open one store: the rows are in memory once
              param("store_name", os.path.basename(os.path.normpath(fixture))), param("host_memory", a.host_memory)]
     on = f" gpus: [ {', '.join(a.gpus.split(','))} ]" if a.gpus else ""
@@ -1031,7 +1034,7 @@ def main():
              "rows_per_table": rows, "parameters": params, "table_gb": sum(rows) * ROW_BYTES / 1e9, "cache": a.cache,
              "allocation": a.allocation, "cached_rows": sum(plan["cached_per_table"]), "cache_plan": plan,
              "cache_policy": a.cache_policy, "miss_reads": a.miss_reads, "host_memory": a.host_memory, "stream_fresh": a.stream_fresh, "stream_warm_passes": a.stream_warm_passes,
-             "instances": a.instances, "gpus": a.gpus, "server_args": a.server_arg, "placement": a.placement, "cache_rows": a.cache_rows, "max_queue_delay_us": a.max_queue_delay_us, "max_batch": a.max_batch,
+             "instances": a.instances, "gpus": a.gpus, "server_args": a.server_arg, "placement": a.placement, "replicate_share": a.replicate_share, "cache_rows": a.cache_rows, "max_queue_delay_us": a.max_queue_delay_us, "max_batch": a.max_batch,
              "graph_batches": ("the backend's powers of two" if graphs is None else
                                ",".join(map(str, graphs)) if graphs else "none (off)"),
              "dcnv2_cross": a.dcnv2_cross, "network_precision": a.network_precision, "alpha": a.alpha, "interval_ms": a.interval_ms, "quick": a.quick,
@@ -1100,6 +1103,10 @@ def main():
     phase("tritonserver: loading dlrm_v2, dlrm_v2_lookup, dlrm_v2_queries")
     try:
         with serve(a.server, repo, a.backends, a.port, log_path, extra=extra, timeout=max(120, left_s(a) - 60)) as client:
+            with open(log_path, errors="replace") as f:
+                for ln in f:
+                    if "sharded rows:" in ln:  # where the plan put the tables (gpucache_placement sharded)
+                        print("  server: " + ln.strip()[-220:], flush=True)
             phase("exactness")
             try:
                 res["exactness"] = exactness(a, rows, failures)

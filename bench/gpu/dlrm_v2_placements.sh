@@ -2,7 +2,8 @@
 # Issue 47 on one two-GPU device call: MLPerf DLRM-v2 (scale 1.0, every row in HBM, FP8
 # network, 4 instances a GPU) served sharded over two GPUs, replicated on the same two, and
 # replicated on one (GPU 0), and sharded with fp32 rows (104 GB: more than one H100 holds),
-# those --runs names, one after the other on one machine; a run the call's time cannot hold
+# with the small tables copied to every GPU (the default) or every table once
+# (sharded_01_fp32_once), those --runs names, one after the other on one machine; a run the call's time cannot hold
 # is skipped. Each run is
 # bench/gpu/run.sh dlrm-v2 (its exactness check first: pooled rows against float64 sums,
 # predictions against PyTorch, the requests sent at once so every GPU answers some), packed
@@ -58,6 +59,7 @@ first=300
 for name in ${runs//,/ }; do
     case "$name" in
     sharded_01_fp32) run "$name" "$first" --gpus 0,1 --placement sharded --cache-rows fp32 ;;
+    sharded_01_fp32_once) run "$name" "$first" --gpus 0,1 --placement sharded --cache-rows fp32 --replicate-share 0 ;;
     sharded_01) run "$name" "$first" --gpus 0,1 --placement sharded ;;
     replicated_01) run "$name" "$first" --gpus 0,1 ;;
     replicated_0) run "$name" "$first" --gpus 0 ;;

@@ -17,6 +17,7 @@ RUNS = {
     "replicated_01": "replicated, two GPUs",
     "sharded_01": "sharded, two GPUs, fp16 rows",
     "sharded_01_fp32": "sharded, two GPUs, fp32 rows",
+    "sharded_01_fp32_once": "sharded, two GPUs, fp32 rows, every table once (gpucache_sharded_replicate 0)",
 }
 # (target, numerator, denominator, bound)
 TARGETS = [
@@ -28,6 +29,9 @@ TARGETS = [
      "stream", 0.8),
     ("sharded fp32 rows against replicated fp16 (perf_analyzer, MLPerf-like)", "sharded_01_fp32", "replicated_01",
      "mlperf", None),
+    ("sharded fp32 rows, small tables on every GPU, against every table once (endless stream)", "sharded_01_fp32",
+     "sharded_01_fp32_once", "stream", None),
+    ("the same (perf_analyzer, MLPerf-like)", "sharded_01_fp32", "sharded_01_fp32_once", "mlperf", None),
 ]
 
 

@@ -81,6 +81,7 @@ fn main() {
             update_stream: None,
             host_memory: Default::default(),
             placement: Default::default(),
+            replicate_share: 0.0,
         },
         None,
     )

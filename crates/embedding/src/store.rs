@@ -407,7 +407,8 @@ impl EmbeddingStore {
             let sharded = self.sharded_tables(device)?;
             // making them bound other GPUs' contexts to this thread: this instance's again
             triton_rust_cuda::gpu(device)?;
-            let caches = self.attach_table_caches(&|t, _| Ok(sharded.caches[t].clone()))?;
+            let mine = sharded.caches_for(device)?;
+            let caches = self.attach_table_caches(&|t, _| Ok(mine[t].clone()))?;
             if shared {
                 registry.push((device, Arc::downgrade(&caches), gpu.clone()));
             }
@@ -562,19 +563,28 @@ impl EmbeddingStore {
             (None, _) => {}
         }
         t.host.read().upsert(keys, vectors)?;
-        let caches: Vec<Arc<InstanceCaches>> =
-            self.caches.lock().iter().filter_map(Weak::upgrade).collect();
+        let caches: Vec<Arc<dyn CacheTier>> = self
+            .caches
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter_map(|c| c.caches.get(table).cloned())
+            .collect();
+        // sharded rows: every GPU's copy, also of a GPU no instance reads yet
+        #[cfg(feature = "gpu")]
+        let caches = match self.sharded.lock().as_ref() {
+            Some(sharded) => caches.into_iter().chain(sharded.copies(table)).collect(),
+            None => caches,
+        };
         // a cache several instances share (sharded rows: one table for every GPU) once
         let mut refreshed: Vec<*const ()> = Vec::new();
-        for c in caches {
-            if let Some(cache) = c.caches.get(table) {
-                let at = Arc::as_ptr(cache) as *const ();
-                if refreshed.contains(&at) {
-                    continue;
-                }
-                refreshed.push(at);
-                cache.refresh(keys, vectors)?;
+        for cache in caches {
+            let at = Arc::as_ptr(&cache) as *const ();
+            if refreshed.contains(&at) {
+                continue;
             }
+            refreshed.push(at);
+            cache.refresh(keys, vectors)?;
         }
         // Bumped last, still under the gate: a fill that read its version before this
         // point (its rows may predate the update) now fails its check; one that reads

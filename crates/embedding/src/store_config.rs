@@ -48,7 +48,13 @@ pub struct StoreConfig {
     pub host_memory: table::HostRows,
     /// How the rows are spread over the GPUs the store's instances use (`gpucache_placement`).
     pub placement: Placement,
+    /// Sharded rows: the share of each GPU's room that the smallest tables, copied to every
+    /// GPU, may take together (`gpucache_sharded_replicate`; 0: every table on one GPU).
+    pub replicate_share: f64,
 }
+
+/// `gpucache_sharded_replicate`'s default: a sixteenth of each GPU's room.
+pub const REPLICATE_SHARE: f64 = 1.0 / 16.0;
 
 /// Where a store's rows live on a host of several GPUs (`gpucache_placement`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

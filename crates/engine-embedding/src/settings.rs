@@ -12,7 +12,7 @@ use triton_rust_embedding::settings::TableSettings;
 use triton_rust_embedding::stream::StreamSpec;
 use triton_rust_embedding::table::HostRows;
 use triton_rust_embedding::{
-    CacheAllocation, CacheEviction, CacheRows, Placement, StoreConfig, TableConfig,
+    CacheAllocation, CacheEviction, CacheRows, Placement, StoreConfig, TableConfig, REPLICATE_SHARE,
 };
 
 #[cfg(test)]
@@ -298,6 +298,7 @@ impl StoreSettings {
         ("gpu_key_upload_tasks", "8"),
         ("deployed_device_list", "none"),
         ("gpucache_placement", "replicated"),
+        ("gpucache_sharded_replicate", "0.0625"),
     ];
 
     pub fn from_config(
@@ -389,7 +390,14 @@ impl StoreSettings {
             placement: Placement::parse(
                 cfg.parameters.get("gpucache_placement").map_or("", |s| s.as_str()),
             )?,
+            replicate_share: number("gpucache_sharded_replicate", REPLICATE_SHARE)?,
         };
+        if !(0.0..=0.5).contains(&store.replicate_share) {
+            return Err(Error::invalid_arg(format!(
+                "parameter 'gpucache_sharded_replicate' is the share of each GPU's memory for tables copied to every GPU, from 0 to 0.5; got {}",
+                store.replicate_share
+            )));
+        }
         if store.placement == Placement::Sharded {
             if !cfg.instance_kinds.iter().any(|k| k == "KIND_GPU") {
                 return Err(Error::invalid_arg(format!(

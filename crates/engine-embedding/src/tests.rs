@@ -393,3 +393,26 @@ fn sharded_placement_is_refused_where_it_cannot_hold() {
         triton_rust_embedding::Placement::Replicated
     );
 }
+
+#[test]
+fn sharded_replicate_share_is_read_and_bounded() {
+    let share = |v: &str| {
+        let p = [
+            ("gpucache_placement", "sharded"),
+            ("gpucacheper", "1.0"),
+            ("gpucache_sharded_replicate", v),
+        ];
+        one_table_on(&["KIND_GPU"], &p).map(|s| s.store.replicate_share)
+    };
+    assert_eq!(one_table(&[]).unwrap().store.replicate_share, 1.0 / 16.0);
+    assert_eq!(share(" 0 ").unwrap(), 0.0);
+    assert_eq!(share("0.25").unwrap(), 0.25);
+    for bad in ["0.6", "-0.1", "NaN"] {
+        let e = share(bad).unwrap_err();
+        assert!(
+            e.message().contains("gpucache_sharded_replicate") && e.message().contains("0 to 0.5"),
+            "{bad}: {e}"
+        );
+    }
+    assert!(share("a tenth").unwrap_err().message().contains("must be a number"));
+}

@@ -1,8 +1,10 @@
 //! Sharded rows (`gpucache_placement: sharded`): every table resident in the memory of one of
 //! the host's GPUs, placed by the plan of `crate::shard`, and the same tables given to every
-//! GPU's instances. A GPU's lookup reads the tables it lacks from its peers' memory: its
-//! kernel takes each table's row pointers, and peer access lets it follow those that point
-//! at another GPU. A table's updates go through the queue of the GPU that holds it.
+//! GPU's instances; the smallest tables, within `gpucache_sharded_replicate` of each GPU's
+//! room, are copied to every GPU, and each GPU's instances get their own GPU's copy. A GPU's
+//! lookup reads the tables it lacks from its peers' memory: its kernel takes each table's
+//! row pointers, and peer access lets it follow those that point at another GPU. A table's
+//! updates go through the queue of each GPU that holds a copy.
 //!
 //! Whole tables only: a table too large for any one GPU's free memory is refused (cutting it
 //! into row ranges is planned by `crate::shard` but not built).
@@ -21,14 +23,36 @@ use crate::store_config::CacheRows;
 /// CUDA graphs, the batches' buffers).
 const KEEP_FREE: f64 = 0.15;
 
-/// The store's tables, each resident on the GPU the plan gave it.
+/// The store's tables, each resident on the GPU the plan gave it, or on every GPU.
 pub(crate) struct ShardedTables {
-    /// Each table's rows, on its GPU.
-    pub(crate) caches: Vec<Arc<dyn CacheTier>>,
+    /// For each GPU of `gpus`, the tables its instances read: each table's rows on the GPU
+    /// that holds them (the same for every GPU), or this GPU's copy of a replicated table.
+    caches: Vec<Vec<Arc<dyn CacheTier>>>,
     /// The GPUs the rows span.
     pub(crate) gpus: Vec<i32>,
     /// Each GPU's instance the tables there were made with (their queues carry the updates).
     _owners: Vec<gpu::GpuInstance>,
+}
+
+impl ShardedTables {
+    /// The tables an instance on GPU `device` reads.
+    pub(crate) fn caches_for(&self, device: i32) -> Result<&[Arc<dyn CacheTier>]> {
+        let g = self.gpus.iter().position(|&g| g == device).ok_or_else(|| {
+            Error::internal(format!("GPU {device} is not one of the sharded rows' {:?}", self.gpus))
+        })?;
+        Ok(&self.caches[g])
+    }
+
+    /// Every copy of table `t`'s rows, once each (an update writes them all).
+    pub(crate) fn copies(&self, t: usize) -> Vec<Arc<dyn CacheTier>> {
+        let mut out: Vec<Arc<dyn CacheTier>> = Vec::new();
+        for c in self.caches.iter().filter_map(|g| g.get(t)) {
+            if !out.iter().any(|o| Arc::ptr_eq(o, c)) {
+                out.push(c.clone());
+            }
+        }
+        out
+    }
 }
 
 impl EmbeddingStore {
@@ -71,13 +95,15 @@ impl EmbeddingStore {
             let free = triton_rust_cuda::free_memory(g)?;
             room.push((g, (free as f64 * (1.0 - KEEP_FREE)) as u64));
         }
-        let plan = ShardPlan::new(&sizes, &room).map_err(|e| {
+        let least = room.iter().map(|g| g.1).min().unwrap_or(0);
+        let replicate = (least as f64 * self.config.replicate_share) as u64;
+        let plan = ShardPlan::new(&sizes, &room, replicate).map_err(|e| {
             e.context(format!(
                 "gpucache_placement sharded over GPUs {gpus:?} (free memory {room:?})"
             ))
         })?;
         for (t, table) in self.tables.iter().enumerate() {
-            if plan.shards(t).len() > 1 {
+            if !plan.replicated(t) && plan.shards(t).len() > 1 {
                 return Err(Error::unsupported(format!(
                     "table '{}' ({} bytes) fits no one GPU's free memory; cutting a table into row ranges over GPUs is not built (gpucache_placement sharded places whole tables)",
                     table.config.name,
@@ -89,24 +115,38 @@ impl EmbeddingStore {
             .iter()
             .map(|&g| gpu::GpuInstance::new(g, self.config.cache_rows))
             .collect::<Result<Vec<_>>>()?;
-        let mut caches = Vec::with_capacity(self.tables.len());
+        let mut caches: Vec<Vec<Arc<dyn CacheTier>>> = vec![Vec::new(); gpus.len()];
         for t in 0..self.tables.len() {
+            if plan.replicated(t) {
+                for (g, owner) in owners.iter().enumerate() {
+                    caches[g].push(owner.new_resident(&self.host(t), self.cache_geometry(t))?);
+                }
+                continue;
+            }
             let g = plan.shards(t).first().map_or(gpus[0], |s| s.gpu);
             let owner = &owners[gpus.iter().position(|&x| x == g).unwrap_or(0)];
-            caches.push(owner.new_resident(&self.host(t), self.cache_geometry(t))?);
+            let rows = owner.new_resident(&self.host(t), self.cache_geometry(t))?;
+            for held in caches.iter_mut() {
+                held.push(rows.clone());
+            }
         }
-        for &g in &gpus {
+        let names = |of: &dyn Fn(usize) -> bool| {
             let names: Vec<&str> = (0..self.tables.len())
-                .filter(|&t| plan.shards(t).first().is_some_and(|s| s.gpu == g))
+                .filter(|&t| of(t))
                 .map(|t| self.tables[t].config.name.as_str())
                 .collect();
+            format!("{} tables: {}", names.len(), names.join(","))
+        };
+        for &g in &gpus {
             log::info!(
-                "sharded rows: GPU {g} holds {} tables ({:.1} GB): {}",
-                names.len(),
+                "sharded rows: GPU {g} holds {:.1} GB, {}",
                 plan.bytes_on(g, &sizes) as f64 / 1e9,
-                names.join(",")
+                names(
+                    &|t| !plan.replicated(t) && plan.shards(t).first().is_some_and(|s| s.gpu == g)
+                )
             );
         }
+        log::info!("sharded rows: copied to every GPU, {}", names(&|t| plan.replicated(t)));
         let s = Arc::new(ShardedTables { caches, gpus, _owners: owners });
         *held = Some(s.clone());
         Ok(s)

@@ -61,6 +61,7 @@ fn make_placed_store(
         update_stream: None,
         host_memory: Default::default(),
         placement,
+        replicate_share: crate::store_config::REPLICATE_SHARE,
     };
     (EmbeddingStore::open(cfg, None).unwrap(), dir)
 }
@@ -277,6 +278,7 @@ fn config_errors_name_the_table() {
         update_stream: None,
         host_memory: Default::default(),
         placement: Default::default(),
+        replicate_share: 0.0,
     };
     let e = EmbeddingStore::open(cfg(4), None).err().unwrap();
     assert!(e.message().contains("'users'") && e.message().contains("dim 3"), "{e}");
@@ -374,6 +376,7 @@ fn a_stream_that_leaves_redis_to_its_publisher_needs_an_update_log() {
         update_stream: Some(spec(write_remote)),
         host_memory: Default::default(),
         placement: Default::default(),
+        replicate_share: 0.0,
     };
     let e = match EmbeddingStore::open(cfg(false), None) {
         Err(e) => e,
