@@ -3,7 +3,8 @@
 # network, 4 instances a GPU) served sharded over two GPUs, replicated on the same two, and
 # replicated on one (GPU 0), and sharded with fp32 rows (104 GB: more than one H100 holds),
 # with the small tables copied to every GPU (the default) or every table once
-# (sharded_01_fp32_once), those --runs names, one after the other on one machine; a run the call's time cannot hold
+# (sharded_01_fp32_once), and replicated with fp32 rows at half MLPerf's rows (52 GB, which
+# one GPU holds: replicated_01_fp32_half), those --runs names, one after the other on one machine; a run the call's time cannot hold
 # is skipped. Each run is
 # bench/gpu/run.sh dlrm-v2 (its exactness check first: pooled rows against float64 sums,
 # predictions against PyTorch, the requests sent at once so every GPU answers some), packed
@@ -63,6 +64,7 @@ for name in ${runs//,/ }; do
     sharded_01) run "$name" "$first" --gpus 0,1 --placement sharded ;;
     replicated_01) run "$name" "$first" --gpus 0,1 ;;
     replicated_0) run "$name" "$first" --gpus 0 ;;
+    replicated_01_fp32_half) run "$name" "$first" --gpus 0,1 --cache-rows fp32 --scale 0.5 ;;
     *) echo "unknown run: $name" >&2; rc=1 ;;
     esac
     first=130

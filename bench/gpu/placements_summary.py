@@ -18,6 +18,7 @@ RUNS = {
     "sharded_01": "sharded, two GPUs, fp16 rows",
     "sharded_01_fp32": "sharded, two GPUs, fp32 rows",
     "sharded_01_fp32_once": "sharded, two GPUs, fp32 rows, every table once (gpucache_sharded_replicate 0)",
+    "replicated_01_fp32_half": "replicated, two GPUs, fp32 rows, scale 0.5 (52 GB: fits one GPU)",
 }
 # (target, numerator, denominator, bound)
 TARGETS = [
@@ -29,6 +30,10 @@ TARGETS = [
      "stream", 0.8),
     ("sharded fp32 rows against replicated fp16 (perf_analyzer, MLPerf-like)", "sharded_01_fp32", "replicated_01",
      "mlperf", None),
+    ("sharded fp32 rows >= 0.8x replicated fp32 rows at half the rows (endless stream)", "sharded_01_fp32",
+     "replicated_01_fp32_half", "stream", 0.8),
+    ("sharded fp32 rows against replicated fp32 rows at half the rows (perf_analyzer, MLPerf-like)",
+     "sharded_01_fp32", "replicated_01_fp32_half", "mlperf", None),
     ("sharded fp32 rows, small tables on every GPU, against every table once (endless stream)", "sharded_01_fp32",
      "sharded_01_fp32_once", "stream", None),
     ("the same (perf_analyzer, MLPerf-like)", "sharded_01_fp32", "sharded_01_fp32_once", "mlperf", None),
