@@ -2,8 +2,8 @@
 # Issue 47 on one two-GPU device call: MLPerf DLRM-v2 (scale 1.0, every row in HBM, FP8
 # network, 4 instances a GPU) served sharded over two GPUs, replicated on the same two, and
 # replicated on one (GPU 0), and sharded with fp32 rows (104 GB: more than one H100 holds),
-# with the small tables copied to every GPU (the default) or every table once
-# (sharded_01_fp32_once), and replicated with fp32 rows at half MLPerf's rows (52 GB, which
+# with the small tables copied to every GPU (the default), every table once
+# (sharded_01_fp32_once) or t20 copied too (sharded_01_fp32_hot: gpucache_sharded_replicate 0.35), and replicated with fp32 rows at half MLPerf's rows (52 GB, which
 # one GPU holds: replicated_01_fp32_half), those --runs names, one after the other on one machine; a run the call's time cannot hold
 # is skipped. Each run is
 # bench/gpu/run.sh dlrm-v2 (its exactness check first: pooled rows against float64 sums,
@@ -13,16 +13,18 @@
 # No bare PyTorch reference: the issue's ratios are between these runs.
 #
 #   bash bench/gpu/pack.sh        # then, on the device (kind nvidia-h100-x2), carry .carry and .carry_pa:
-#   bash bench/gpu/dlrm_v2_placements.sh [--deadline-s 570] [--runs sharded_01_fp32,replicated_01] [--results DIR] \
+#   bash bench/gpu/dlrm_v2_placements.sh [--deadline-s 570] [--least-s 100 (a run starts with this much left)] [--runs sharded_01_fp32,replicated_01] [--results DIR] \
 #       [-- more dlrm-v2 arguments for every run, e.g. --server-arg=--log-verbose=1]
 set -u
 cd "$(dirname "$0")/../.."
 deadline=570
+least=100
 runs="sharded_01_fp32,replicated_01,replicated_0,sharded_01"
 out="${OUT:-/tmp/out}/dlrm-v2/placements"
 while [ $# -gt 0 ]; do
     case "$1" in
     --deadline-s) deadline="$2"; shift 2 ;;
+    --least-s) least="$2"; shift 2 ;;
     --runs) runs="$2"; shift 2 ;;
     --results) out="$2"; shift 2 ;;
     --) shift; break ;;
@@ -47,7 +49,7 @@ rc=0
 run() {
     local name="$1" most="$2"; shift 2
     local left=$(( deadline - ($(date +%s) - t0) ))
-    if [ "$left" -lt 100 ]; then
+    if [ "$left" -lt "$least" ]; then
         echo "== $name: skipped, ${left} s left of the call's ${deadline}" | tee -a "$out/skipped.txt"
         return
     fi
@@ -61,6 +63,7 @@ for name in ${runs//,/ }; do
     case "$name" in
     sharded_01_fp32) run "$name" "$first" --gpus 0,1 --placement sharded --cache-rows fp32 ;;
     sharded_01_fp32_once) run "$name" "$first" --gpus 0,1 --placement sharded --cache-rows fp32 --replicate-share 0 ;;
+    sharded_01_fp32_hot) run "$name" "$first" --gpus 0,1 --placement sharded --cache-rows fp32 --replicate-share 0.35 ;;
     sharded_01) run "$name" "$first" --gpus 0,1 --placement sharded ;;
     replicated_01) run "$name" "$first" --gpus 0,1 ;;
     replicated_0) run "$name" "$first" --gpus 0 ;;

@@ -7,10 +7,10 @@
 //! row ranges over GPUs is planned here but not served (such a table is refused at load).
 //!
 //! Placement, in two steps:
-//! 1. The smallest tables are copied to every GPU (replicated), smallest first, while their
-//!    bytes together stay within the `replicate` bytes the caller allows. A lookup then reads
-//!    them from its own GPU: DLRM-v2's 21 small tables are 2% of its rows but 30% of its
-//!    lookups.
+//! 1. Tables are copied to every GPU (replicated), those with the most lookups a byte first,
+//!    while their bytes together stay within the `replicate` bytes the caller allows. A lookup
+//!    then reads them from its own GPU: DLRM-v2's 21 small tables are 2% of its rows but 30%
+//!    of its lookups, and t20 alone (one of five tables of 40 M rows) is 47% of them.
 //! 2. The others go largest first. A table goes whole to the GPU with the most room left,
 //!    when it fits there. A table larger than any GPU's room is cut into ranges of rows, and
 //!    each range fills the GPU with the most room left, until every row has a place.
@@ -21,11 +21,13 @@ use std::ops::Range;
 
 use triton_rust_core::error::{Error, Result};
 
-/// One table to place: its rows and the bytes of one row.
+/// One table to place: its rows, the bytes of one row, and the keys a sample looks up in it
+/// (its hotness; what a copy on every GPU saves reading from a peer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TableSize {
     pub rows: u64,
     pub row_bytes: u64,
+    pub lookups: u64,
 }
 
 /// A range of a table's rows and the GPU that holds them.
@@ -55,9 +57,13 @@ impl ShardPlan {
         let bytes = |t: usize| tables[t].rows * tables[t].row_bytes;
         let mut room: Vec<(i32, u64)> = gpus.to_vec();
         let mut order: Vec<usize> = (0..tables.len()).filter(|&t| tables[t].rows > 0).collect();
-        // smallest first, copied to every GPU while they fit the allowance, every GPU, and
-        // the room the other tables need (each extra copy takes from the GPUs' room)
-        order.sort_by_key(|&t| (bytes(t), t));
+        // the most lookups a byte first (then the smaller, then table order), each copied to
+        // every GPU where it fits the allowance, every GPU, and the room the other tables
+        // need (each extra copy takes from the GPUs' room)
+        order.sort_by(|&a, &b| {
+            let per = |x: usize, y: usize| tables[x].lookups as u128 * bytes(y) as u128;
+            per(b, a).cmp(&per(a, b)).then(bytes(a).cmp(&bytes(b))).then(a.cmp(&b))
+        });
         let least = room.iter().map(|g| g.1).min().unwrap_or(0);
         let spare = room
             .iter()
@@ -69,8 +75,8 @@ impl ShardPlan {
         let mut replicated = vec![false; tables.len()];
         for &t in &order {
             let more = copied + bytes(t);
-            if more > replicate.min(least) || more * extra > spare {
-                break;
+            if tables[t].lookups == 0 || more > replicate.min(least) || more * extra > spare {
+                continue;
             }
             copied += bytes(t);
             replicated[t] = true;
@@ -88,7 +94,7 @@ impl ShardPlan {
         order.retain(|&t| !replicated[t]);
         order.sort_by_key(|&t| (std::cmp::Reverse(bytes(t)), t));
         for t in order {
-            let TableSize { rows, row_bytes } = tables[t];
+            let TableSize { rows, row_bytes, .. } = tables[t];
             let most = |room: &[(i32, u64)]| {
                 (0..room.len()).max_by_key(|&i| (room[i].1, std::cmp::Reverse(i))).unwrap_or(0)
             };
@@ -224,8 +230,10 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
-    /// DLRM-v2's 26 tables (MLPerf's rows), dim 128 in fp32.
+    /// DLRM-v2's 26 tables (MLPerf's rows and multi-hot sizes), dim 128 in fp32.
     fn dlrm_v2() -> Vec<TableSize> {
+        const HOTNESS: [u64; 26] =
+            [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1];
         [
             40_000_000u64,
             39060,
@@ -255,7 +263,8 @@ mod tests {
             36,
         ]
         .iter()
-        .map(|&rows| TableSize { rows, row_bytes: 512 })
+        .zip(HOTNESS)
+        .map(|(&rows, lookups)| TableSize { rows, row_bytes: 512, lookups })
         .collect()
     }
 
@@ -309,7 +318,10 @@ mod tests {
 
     #[test]
     fn a_table_larger_than_any_gpu_is_cut_into_row_ranges() {
-        let tables = [TableSize { rows: 1000, row_bytes: 8 }, TableSize { rows: 10, row_bytes: 8 }];
+        let tables = [
+            TableSize { rows: 1000, row_bytes: 8, lookups: 1 },
+            TableSize { rows: 10, row_bytes: 8, lookups: 1 },
+        ];
         let plan = ShardPlan::new(&tables, &[(3, 4000), (5, 4400)], 0).unwrap();
         assert_eq!(
             plan.shards(0),
@@ -333,6 +345,7 @@ mod tests {
                 .map(|_| TableSize {
                     rows: rng.gen_range(0..5000),
                     row_bytes: 4 * rng.gen_range(1..64),
+                    lookups: rng.gen_range(0..4),
                 })
                 .collect();
             let total: u64 = tables.iter().map(|t| t.rows * t.row_bytes).sum();
@@ -420,6 +433,21 @@ mod tests {
         assert_eq!(plan.owner(10, 5, 1), Some(1));
         let holder = plan.shards(20)[0].gpu;
         assert_eq!((plan.owner(20, 7, 0), plan.owner(20, 7, 1)), (Some(holder), Some(holder)));
+        // with room for more, t20 (100 of the 214 lookups a pair) is copied next, before the
+        // other tables of 40 M rows, and those four are placed two a GPU
+        let room = [(0, 67 * gb), (1, 67 * gb)];
+        let hot = ShardPlan::new(&tables, &room, 25 * gb).unwrap();
+        let copied: Vec<usize> = (0..tables.len()).filter(|&t| hot.replicated(t)).collect();
+        assert_eq!(copied.len(), 22);
+        assert!(hot.replicated(20) && !hot.replicated(21), "{copied:?}");
+        let big_on = |g| {
+            (0..tables.len()).filter(|&t| !hot.replicated(t) && hot.shards(t)[0].gpu == g).count()
+        };
+        assert_eq!((big_on(0), big_on(1)), (2, 2));
+        // a table no sample looks up is never copied
+        let mut cold = tables.clone();
+        cold[1].lookups = 0;
+        assert!(!ShardPlan::new(&cold, &room, 25 * gb).unwrap().replicated(1));
         // an allowance smaller than the smallest table copies nothing
         let none = ShardPlan::new(&tables, &room, 10).unwrap();
         assert!((0..tables.len()).all(|t| !none.replicated(t)));

@@ -51,6 +51,9 @@ pub struct StoreConfig {
     /// Sharded rows: the share of each GPU's room that the smallest tables, copied to every
     /// GPU, may take together (`gpucache_sharded_replicate`; 0: every table on one GPU).
     pub replicate_share: f64,
+    /// Keys a sample looks up in each table (`embedding_hotness_per_table`); empty: one each.
+    /// Sharded rows copy the tables with the most lookups per byte first.
+    pub hotness: Vec<usize>,
 }
 
 /// `gpucache_sharded_replicate`'s default: a sixteenth of each GPU's room.

@@ -391,6 +391,7 @@ impl StoreSettings {
                 cfg.parameters.get("gpucache_placement").map_or("", |s| s.as_str()),
             )?,
             replicate_share: number("gpucache_sharded_replicate", REPLICATE_SHARE)?,
+            hotness: pooling.as_ref().map_or_else(Vec::new, |p| p.hotness.clone()),
         };
         if !(0.0..=0.5).contains(&store.replicate_share) {
             return Err(Error::invalid_arg(format!(

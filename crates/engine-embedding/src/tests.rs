@@ -206,6 +206,7 @@ fn the_pooled_interface_reads_hotness_and_combiner_strictly() {
     };
     let s = pooled(&[("embedding_hotness_per_table", "3,1,4")]).unwrap();
     assert_eq!(s.pooling, Some(Pooling { hotness: vec![3, 1, 4], combiner: Combiner::Sum }));
+    assert_eq!(s.store.hotness, vec![3, 1, 4], "the store weighs sharded copies by it");
     let s =
         pooled(&[("embedding_hotness_per_table", "2"), ("embedding_combiner", "mean")]).unwrap();
     assert_eq!(s.pooling, Some(Pooling { hotness: vec![2, 2, 2], combiner: Combiner::Mean }));
@@ -404,7 +405,9 @@ fn sharded_replicate_share_is_read_and_bounded() {
         ];
         one_table_on(&["KIND_GPU"], &p).map(|s| s.store.replicate_share)
     };
-    assert_eq!(one_table(&[]).unwrap().store.replicate_share, 1.0 / 16.0);
+    let plain = one_table(&[]).unwrap().store;
+    assert_eq!(plain.replicate_share, 1.0 / 16.0);
+    assert!(plain.hotness.is_empty(), "one key a table: every table weighs one lookup");
     assert_eq!(share(" 0 ").unwrap(), 0.0);
     assert_eq!(share("0.25").unwrap(), 0.25);
     for bad in ["0.6", "-0.1", "NaN"] {

@@ -1,7 +1,8 @@
 //! Sharded rows (`gpucache_placement: sharded`): every table resident in the memory of one of
 //! the host's GPUs, placed by the plan of `crate::shard`, and the same tables given to every
-//! GPU's instances; the smallest tables, within `gpucache_sharded_replicate` of each GPU's
-//! room, are copied to every GPU, and each GPU's instances get their own GPU's copy. A GPU's
+//! GPU's instances; the tables with the most lookups a byte (the smallest, one-hot), within
+//! `gpucache_sharded_replicate` of each GPU's room, are copied to every GPU, and each GPU's
+//! instances get their own GPU's copy. A GPU's
 //! lookup reads the tables it lacks from its peers' memory: its kernel takes each table's
 //! row pointers, and peer access lets it follow those that point at another GPU. A table's
 //! updates go through the queue of each GPU that holds a copy.
@@ -86,6 +87,7 @@ impl EmbeddingStore {
             sizes.push(TableSize {
                 rows: rows as u64,
                 row_bytes: (table.config.dim * width) as u64,
+                lookups: self.config.hotness.get(t).map_or(1, |&h| h as u64),
             });
         }
         triton_rust_cuda::enable_peer_access(&gpus)

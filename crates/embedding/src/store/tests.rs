@@ -62,6 +62,7 @@ fn make_placed_store(
         host_memory: Default::default(),
         placement,
         replicate_share: crate::store_config::REPLICATE_SHARE,
+        hotness: Vec::new(),
     };
     (EmbeddingStore::open(cfg, None).unwrap(), dir)
 }
@@ -279,6 +280,7 @@ fn config_errors_name_the_table() {
         host_memory: Default::default(),
         placement: Default::default(),
         replicate_share: 0.0,
+        hotness: Vec::new(),
     };
     let e = EmbeddingStore::open(cfg(4), None).err().unwrap();
     assert!(e.message().contains("'users'") && e.message().contains("dim 3"), "{e}");
@@ -377,6 +379,7 @@ fn a_stream_that_leaves_redis_to_its_publisher_needs_an_update_log() {
         host_memory: Default::default(),
         placement: Default::default(),
         replicate_share: 0.0,
+        hotness: Vec::new(),
     };
     let e = match EmbeddingStore::open(cfg(false), None) {
         Err(e) => e,
