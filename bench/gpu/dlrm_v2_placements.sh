@@ -3,7 +3,8 @@
 # network, 4 instances a GPU) served sharded over two GPUs, replicated on the same two, and
 # replicated on one (GPU 0), and sharded with fp32 rows (104 GB: more than one H100 holds),
 # with the small tables copied to every GPU (the default), every table once
-# (sharded_01_fp32_once) or t20 copied too (sharded_01_fp32_hot: gpucache_sharded_replicate 0.35), and replicated with fp32 rows at half MLPerf's rows (52 GB, which
+# (sharded_01_fp32_once) or more copied (sharded_01_fp32_hot: gpucache_sharded_replicate 0.35,
+# which on two H200s copies t20 and t21 too), and replicated with fp32 rows at half MLPerf's rows (52 GB, which
 # one GPU holds: replicated_01_fp32_half), those --runs names, one after the other on one machine; a run the call's time cannot hold
 # is skipped. Each run is
 # bench/gpu/run.sh dlrm-v2 (its exactness check first: pooled rows against float64 sums,

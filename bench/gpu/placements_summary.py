@@ -18,7 +18,7 @@ RUNS = {
     "sharded_01": "sharded, two GPUs, fp16 rows",
     "sharded_01_fp32": "sharded, two GPUs, fp32 rows",
     "sharded_01_fp32_once": "sharded, two GPUs, fp32 rows, every table once (gpucache_sharded_replicate 0)",
-    "sharded_01_fp32_hot": "sharded, two GPUs, fp32 rows, the small tables and t20 on every GPU (gpucache_sharded_replicate 0.35)",
+    "sharded_01_fp32_hot": "sharded, two GPUs, fp32 rows, gpucache_sharded_replicate 0.35 (the most lookups a byte on every GPU)",
     "replicated_01_fp32_half": "replicated, two GPUs, fp32 rows, scale 0.5 (52 GB: fits one GPU)",
 }
 # (target, numerator, denominator, bound)
@@ -38,7 +38,7 @@ TARGETS = [
     ("sharded fp32 rows, small tables on every GPU, against every table once (endless stream)", "sharded_01_fp32",
      "sharded_01_fp32_once", "stream", None),
     ("the same (perf_analyzer, MLPerf-like)", "sharded_01_fp32", "sharded_01_fp32_once", "mlperf", None),
-    ("sharded fp32 rows, t20 on every GPU too, >= 0.8x replicated fp16 (endless stream)", "sharded_01_fp32_hot",
+    ("sharded fp32 rows, replicate 0.35, >= 0.8x replicated fp16 (endless stream)", "sharded_01_fp32_hot",
      "replicated_01", "stream", 0.8),
     ("the same (perf_analyzer, MLPerf-like)", "sharded_01_fp32_hot", "replicated_01", "mlperf", None),
 ]
