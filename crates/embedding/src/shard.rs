@@ -48,7 +48,8 @@ pub struct ShardPlan {
 
 impl ShardPlan {
     /// Places `tables` over `gpus`: `(device, bytes it may hold)`, each device once; at most
-    /// `replicate` bytes of the smallest tables are copied to every GPU (0: none).
+    /// `replicate` bytes of tables, the most lookups a byte first, are copied to every GPU
+    /// (0: none).
     pub fn new(tables: &[TableSize], gpus: &[(i32, u64)], replicate: u64) -> Result<ShardPlan> {
         check_devices(&gpus.iter().map(|g| g.0).collect::<Vec<_>>())?;
         if let Some(t) = tables.iter().position(|t| t.row_bytes == 0) {

@@ -2,10 +2,10 @@
 //! the host's GPUs, placed by the plan of `crate::shard`, and the same tables given to every
 //! GPU's instances; the tables with the most lookups a byte (the smallest, one-hot), within
 //! `gpucache_sharded_replicate` of each GPU's room, are copied to every GPU, and each GPU's
-//! instances get their own GPU's copy. A GPU's
-//! lookup reads the tables it lacks from its peers' memory: its kernel takes each table's
-//! row pointers, and peer access lets it follow those that point at another GPU. A table's
-//! updates go through the queue of each GPU that holds a copy.
+//! instances get their own GPU's copy. A GPU's lookup reads the tables it lacks from its
+//! peers' memory: its kernel takes each table's row pointers, and peer access lets it follow
+//! those that point at another GPU. A table's updates go through the queue of each GPU that
+//! holds a copy.
 //!
 //! Whole tables only: a table too large for any one GPU's free memory is refused (cutting it
 //! into row ranges is planned by `crate::shard` but not built).
