@@ -14,18 +14,23 @@
 # No bare PyTorch reference: the issue's ratios are between these runs.
 #
 #   bash bench/gpu/pack.sh        # then, on the device (kind nvidia-h100-x2), carry .carry and .carry_pa:
-#   bash bench/gpu/dlrm_v2_placements.sh [--deadline-s 570] [--least-s 100 (a run starts with this much left)] [--runs sharded_01_fp32,replicated_01] [--results DIR] \
+# --rounds N runs the list N times in turn (A B A B ...), a later round's runs named <run>_r2, ...,
+# so that each ratio is measured more than once in one call (placements_summary prints each round's).
+#
+#   bash bench/gpu/dlrm_v2_placements.sh [--deadline-s 570] [--least-s 100 (a run starts with this much left)] [--rounds 1] [--runs sharded_01_fp32,replicated_01] [--results DIR] \
 #       [-- more dlrm-v2 arguments for every run, e.g. --server-arg=--log-verbose=1]
 set -u
 cd "$(dirname "$0")/../.."
 deadline=570
 least=100
+rounds=1
 runs="sharded_01_fp32,replicated_01,replicated_0,sharded_01"
 out="${OUT:-/tmp/out}/dlrm-v2/placements"
 while [ $# -gt 0 ]; do
     case "$1" in
     --deadline-s) deadline="$2"; shift 2 ;;
     --least-s) least="$2"; shift 2 ;;
+    --rounds) rounds="$2"; shift 2 ;;
     --runs) runs="$2"; shift 2 ;;
     --results) out="$2"; shift 2 ;;
     --) shift; break ;;
@@ -48,7 +53,7 @@ A=(--network-precision fp8 --instances 4 --max-queue-delay-us 1000
 rc=0
 # name, the seconds it may take at most (the first pays the tables and the export), its own arguments
 run() {
-    local name="$1" most="$2"; shift 2
+    local name="$1$suffix" most="$2"; shift 2
     local left=$(( deadline - ($(date +%s) - t0) ))
     if [ "$left" -lt "$least" ]; then
         echo "== $name: skipped, ${left} s left of the call's ${deadline}" | tee -a "$out/skipped.txt"
@@ -60,18 +65,21 @@ run() {
 }
 # the first run pays the tables and the export (about 100 s on a fresh machine)
 first=300
-for name in ${runs//,/ }; do
-    case "$name" in
-    sharded_01_fp32) run "$name" "$first" --gpus 0,1 --placement sharded --cache-rows fp32 ;;
-    sharded_01_fp32_once) run "$name" "$first" --gpus 0,1 --placement sharded --cache-rows fp32 --replicate-share 0 ;;
-    sharded_01_fp32_hot) run "$name" "$first" --gpus 0,1 --placement sharded --cache-rows fp32 --replicate-share 0.35 ;;
-    sharded_01) run "$name" "$first" --gpus 0,1 --placement sharded ;;
-    replicated_01) run "$name" "$first" --gpus 0,1 ;;
-    replicated_0) run "$name" "$first" --gpus 0 ;;
-    replicated_01_fp32_half) run "$name" "$first" --gpus 0,1 --cache-rows fp32 --scale 0.5 ;;
-    *) echo "unknown run: $name" >&2; rc=1 ;;
-    esac
-    first=130
+for round in $(seq 1 "$rounds"); do
+    suffix=$([ "$round" -gt 1 ] && echo "_r$round")
+    for name in ${runs//,/ }; do
+        case "$name" in
+        sharded_01_fp32) run "$name" "$first" --gpus 0,1 --placement sharded --cache-rows fp32 ;;
+        sharded_01_fp32_once) run "$name" "$first" --gpus 0,1 --placement sharded --cache-rows fp32 --replicate-share 0 ;;
+        sharded_01_fp32_hot) run "$name" "$first" --gpus 0,1 --placement sharded --cache-rows fp32 --replicate-share 0.35 ;;
+        sharded_01) run "$name" "$first" --gpus 0,1 --placement sharded ;;
+        replicated_01) run "$name" "$first" --gpus 0,1 ;;
+        replicated_0) run "$name" "$first" --gpus 0 ;;
+        replicated_01_fp32_half) run "$name" "$first" --gpus 0,1 --cache-rows fp32 --scale 0.5 ;;
+        *) echo "unknown run: $name" >&2; rc=1 ;;
+        esac
+        first=130
+    done
 done
 python3 bench/gpu/placements_summary.py "$out" | tee "$out/summary.txt"
 exit "$rc"

@@ -3,7 +3,8 @@
 run (perf_analyzer's MLPerf-like queries, and the endless stream), per GPU, the exactness
 checks, and the ratios the issue sets targets for (two GPUs against one, replicated; sharded
 against replicated on the same two GPUs). Reads each run's runs.json, from its folder, from the
-.tgz run.sh --pack made of it, or from runs.tgz (the committed form).
+.tgz run.sh --pack made of it, or from runs.tgz (the committed form). With --rounds, each
+round's figures and ratios, and the verdict on the median of the rounds' ratios.
 
   python3 bench/gpu/placements_summary.py FOLDER   # FOLDER holds <run>/, <run>.tgz or runs.tgz
 """
@@ -77,15 +78,35 @@ def line(r):
             + (f" ({gpus})" if gpus else ""))
 
 
+def rounds_of(folder, name):
+    """The run's rounds in turn (dlrm_v2_placements.sh --rounds): <name>, <name>_r2, ... while found."""
+    found = [load(folder, name)]
+    k = 2
+    while (res := load(folder, f"{name}_r{k}")) is not None:
+        found.append(res)
+        k += 1
+    return found
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
 def main():
     folder = sys.argv[1] if len(sys.argv) > 1 else "."
-    found = {name: load(folder, name) for name in RUNS}
+    rounds = {name: rounds_of(folder, name) for name in RUNS}
+    found = {name: r[0] for name, r in rounds.items()}
     for name, what in RUNS.items():
         res = found[name]
         print(f"{name}: {what}")
         if res is None:
             print("  not run (or no runs.json)")
             continue
+        for k, later in enumerate(rounds[name][1:], start=2):
+            for kind in ("mlperf", "stream"):
+                print(f"  round {k} {kind:<6} {line(best(later, kind))}")
         ex = res.get("exactness") or {}
         lk, pr = ex.get("lookup"), ex.get("prediction")
         if lk:
@@ -106,8 +127,16 @@ def main():
             print(f"-    {what}: no ratio ({num if ra is None else den} has no figure)")
             continue
         ratio = ra["pairs_per_s"] / rb["pairs_per_s"]
-        verdict = "-   " if bound is None else ("PASS" if ratio >= bound else "MISS")
-        print(f"{verdict} {what}: {ra['pairs_per_s'] / 1e6:.2f} / {rb['pairs_per_s'] / 1e6:.2f} M = {ratio:.2f}x")
+        # each round's ratio, its two runs from the same round; the verdict on their median
+        each = []
+        for a_k, b_k in zip(rounds[num], rounds[den]):
+            r_a, r_b = (best(a_k, kind) if a_k else None), (best(b_k, kind) if b_k else None)
+            if r_a is not None and r_b is not None:
+                each.append(r_a["pairs_per_s"] / r_b["pairs_per_s"])
+        judged = median(each) if len(each) > 1 else ratio
+        verdict = "-   " if bound is None else ("PASS" if judged >= bound else "MISS")
+        print(f"{verdict} {what}: {ra['pairs_per_s'] / 1e6:.2f} / {rb['pairs_per_s'] / 1e6:.2f} M = {ratio:.2f}x"
+              + (f"; rounds {', '.join(f'{x:.2f}x' for x in each)}, median {judged:.2f}x" if len(each) > 1 else ""))
 
 
 if __name__ == "__main__":

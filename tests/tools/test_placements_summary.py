@@ -41,3 +41,24 @@ def test_ratios_from_folders_and_archives(tmp_path, capsys):
     assert "sharded_01_fp32: sharded, two GPUs, fp32 rows\n  not run" in out
     assert "no ratio (sharded_01_fp32 has no figure)" in out
 
+
+
+def test_rounds_in_turn_are_judged_by_their_median(tmp_path, capsys):
+    # --rounds 3: sharded_01 against replicated_01 at 0.70x, 0.90x and 0.85x by the stream
+    for k, (sharded, replicated) in enumerate([(7e6, 10e6), (9e6, 10e6), (8.5e6, 10e6)], start=1):
+        suffix = "" if k == 1 else f"_r{k}"
+        for name, stream in (("sharded_01", sharded), ("replicated_01", replicated)):
+            os.makedirs(tmp_path / f"{name}{suffix}")
+            (tmp_path / f"{name}{suffix}" / "runs.json").write_text(json.dumps(run(stream, stream)))
+    sys.argv = ["placements_summary.py", str(tmp_path)]
+    placements_summary.main()
+    out = capsys.readouterr().out
+    assert ("PASS sharded >= 0.8x replicated on the same GPUs (endless stream): 7.00 / 10.00 M = 0.70x; "
+            "rounds 0.70x, 0.90x, 0.85x, median 0.85x") in out
+    assert "  round 3 stream   8.50 M pairs/s at c=128" in out
+    # one round alone is judged by itself
+    for k in (2, 3):
+        for name in ("sharded_01", "replicated_01"):
+            os.remove(tmp_path / f"{name}_r{k}" / "runs.json")
+    placements_summary.main()
+    assert "MISS sharded >= 0.8x replicated on the same GPUs (endless stream): 7.00 / 10.00 M = 0.70x\n" in capsys.readouterr().out
