@@ -124,7 +124,7 @@ def parse(argv=None):
                         "(every GPU's lookup reading its peers' tables)")
     p.add_argument("--replicate-share", default="0.0625",
                    help="gpucache_sharded_replicate (with --placement sharded): the share of each GPU's room the "
-                        "smallest tables take together, copied to every GPU; 0 places every table once")
+                        "tables with the most lookups a byte take together, copied to every GPU; 0 places every table once")
     p.add_argument("--cache-rows", default="fp16", choices=["fp16", "fp32"],
                    help="gpucache_row_type: how the GPUs keep the rows (fp32: 104 GB at scale 1.0, more than one GPU holds)")
     p.add_argument("--gpus", default="", help="the GPUs of the instance groups, e.g. 0 or 0,1 (--instances on each, every "

@@ -48,8 +48,9 @@ pub struct StoreConfig {
     pub host_memory: table::HostRows,
     /// How the rows are spread over the GPUs the store's instances use (`gpucache_placement`).
     pub placement: Placement,
-    /// Sharded rows: the share of each GPU's room that the smallest tables, copied to every
-    /// GPU, may take together (`gpucache_sharded_replicate`; 0: every table on one GPU).
+    /// Sharded rows: the share of each GPU's room that tables copied to every GPU (the most
+    /// lookups a byte first) may take together (`gpucache_sharded_replicate`; 0: every table
+    /// on one GPU).
     pub replicate_share: f64,
     /// Keys a sample looks up in each table (`embedding_hotness_per_table`); empty: one each.
     /// Sharded rows copy the tables with the most lookups per byte first.
