@@ -160,6 +160,12 @@ def parse(argv=None):
                    help="perf_analyzer over gRPC's bidirectional stream (--streaming: each client context sends its "
                         "requests on one open stream) instead of one unary call per request (one H100 call: the "
                         "warm-up at 384 in flight did not finish in 296 s)")
+    p.add_argument("--pa-modes", default="async",
+                   help="perf_analyzer's calls, a comma list of sync and async: each measured run once per mode, "
+                        "one after the other on the same server (sync: a thread and a connection per request in "
+                        "flight, perf_analyzer's default; async: --async, --pa-threads threads keep them in flight)")
+    p.add_argument("--pa-threads", type=int, default=0,
+                   help="perf_analyzer's --max-threads with async calls (0: its default, 16)")
     p.add_argument("--interval-ms", type=int, default=None, help=f"perf_analyzer's window (default {DEFAULTS['interval_ms']})")
     p.add_argument("--stream-concurrency", default="32", help="the endless stream's queries in flight; 0: no stream")
     p.add_argument("--stream-gb", type=float, default=24.0, help="the endless stream's key pool: at most this many GB")
@@ -224,6 +230,9 @@ def parse(argv=None):
     ints = lambda s: [int(x) for x in str(s).split(",") if x.strip() and int(x) > 0]  # noqa: E731
     a.concs, a.mlperf_concs, a.lookup_concs = ints(a.concurrency), ints(a.mlperf_concurrency), ints(a.lookup_concurrency)
     a.stream_levels, a.ref_batch_list = ints(a.stream_concurrency), ints(a.ref_batches)
+    a.pa_mode_list = [m.strip() for m in a.pa_modes.split(",") if m.strip()]
+    if not a.pa_mode_list or any(m not in ("sync", "async") for m in a.pa_mode_list):
+        p.error(f"--pa-modes: a comma list of sync and async, not {a.pa_modes!r}")
     if a.pool_samples % 2 == 0 or a.pool_samples % 3 == 0 or a.pool_samples % 5 == 0:
         p.error("--pool-samples must be coprime with 270 (not a multiple of 2, 3 or 5)")
     if not a.results:
@@ -514,13 +523,15 @@ def read_row(raw):
     return {k: float(v) for k, v in first.items() if k and v not in ("", None) and NUMBER.match(v)}
 
 
-def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, failures):
+def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, failures, mode=None):
     """One perf_analyzer run (gRPC, CUDA shared memory), printed and appended to `runs` (and
     runs.json); None where it gave no figure. `batch`: -b (270, or 1 for the twin, whose steps
-    carry their own rows); `pairs_per_query`: pairs of one request (the twin: its pool's mean).
+    carry their own rows); `pairs_per_query`: pairs of one request (the twin: its pool's mean);
+    `mode`: "sync" or "async" calls (default: the first of --pa-modes).
     One perf_analyzer process: two at once cannot share a server with shared memory, since each
     unregisters every region of the server when it starts and when it ends."""
-    raw = os.path.join(a.work, "raw", f"{kind}_c{conc}.csv")
+    mode = mode or a.pa_mode_list[0]
+    raw = os.path.join(a.work, "raw", f"{kind}_c{conc}_{mode}.csv")
     os.makedirs(os.path.dirname(raw), exist_ok=True)
     if os.path.exists(raw):
         os.remove(raw)
@@ -529,6 +540,10 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
            "--input-data", data, "--measurement-interval", str(a.interval_ms), "--max-trials", "6", "-f", raw]
     if a.pa_streaming:
         cmd.append("--streaming")
+    if mode == "async":
+        cmd.append("--async")
+        if a.pa_threads:
+            cmd += ["--max-threads", str(a.pa_threads)]
     stats_model = "dlrm_v2_lookup" if kind == "lookup" else "dlrm_v2"
     time.sleep(0.6)  # the backend publishes its metrics every 250 ms: the last phase's lookups all counted
     text = metrics_text(a.port)
@@ -560,14 +575,14 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     s1 = server_stats(client, stats_model)
     if done.returncode != 0 or not os.path.exists(raw):
         print(done.stdout[-3000:], done.stderr[-2000:], flush=True)
-        failures.append(f"perf_analyzer gave no figure: {kind} concurrency {conc}")
+        failures.append(f"perf_analyzer gave no figure: {kind} concurrency {conc} ({mode} calls)")
         return None
     csv_row = read_row(raw)
     ips = csv_row["Inferences/Second"]
     queries = ips / pairs_per_query if batch > 1 else ips  # one perf_analyzer inference: a pair (-b 270) or a query
     pairs = queries * pairs_per_query
     delta = {k: s1[k] - s0[k] for k in s1}
-    r = {"kind": kind, "model": model, "concurrency": conc, "batch": QUERY if kind != "mlperf" else a.mlperf_sizes,
+    r = {"kind": kind, "model": model, "concurrency": conc, "pa_mode": mode, "batch": QUERY if kind != "mlperf" else a.mlperf_sizes,
          "csv": csv_row, "pairs_per_s": pairs, "queries_per_s": queries, "lookups_per_s": pairs * WIDTH,
          **{f"p{q}_ms": csv_row[f"p{q} latency"] / 1e3 for q in (50, 90, 95, 99)},
          "avg_ms": sum(csv_row[k] for k in dlrm_v2_report.PARTS) / 1e3, "stability_pct": stability,
@@ -581,7 +596,7 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     runs.append(r)
     hr = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.4f}"
     pe = "-" if r["pairs_per_execution"] is None else f"{r['pairs_per_execution']:,.0f}"
-    print(f"  {kind:<17} c={conc:<3} {pairs / 1e6:7.2f} M pairs/s {queries:9,.0f} queries/s {pairs * WIDTH / 1e9:6.2f} "
+    print(f"  {kind:<17} c={conc:<3} {mode:<5} {pairs / 1e6:7.2f} M pairs/s {queries:9,.0f} queries/s {pairs * WIDTH / 1e9:6.2f} "
           f"G lookups/s  p50 {r['p50_ms']:7.2f}  p99 {r['p99_ms']:7.2f} ms  hit rate {hr}  {pe} pairs per execution"
           + ("" if stability == 10 else f"  (-s {stability})")
           + f"\n    {cpu_text(cpu)}" + device_text(r), flush=True)
@@ -686,15 +701,18 @@ def perf_phase(a, client, pool, setup, res, failures, part):
             perf_run(a, client, "fixed270", "dlrm_v2", QUERY, max(a.concs), pool["fixed270"][0], QUERY, [], [])
             print("  (that run warmed the server up; not kept)", flush=True)
         for c in a.concs:
-            if room(f"270-pair queries at concurrency {c}"):
-                perf_run(a, client, "fixed270", "dlrm_v2", QUERY, c, pool["fixed270"][0], QUERY, runs, failures)
-                save_json(a, res)
+            for mode in a.pa_mode_list:
+                if room(f"270-pair queries at concurrency {c} ({mode} calls)"):
+                    perf_run(a, client, "fixed270", "dlrm_v2", QUERY, c, pool["fixed270"][0], QUERY, runs, failures,
+                             mode)
+                    save_json(a, res)
         return
     for c in a.mlperf_concs:
-        if room(f"MLPerf-like queries at concurrency {c}"):
-            perf_run(a, client, "mlperf", "dlrm_v2_queries", 1, c, pool["mlperf"][0], setup["mlperf_mean_pairs"], runs,
-                     failures)
-            save_json(a, res)
+        for mode in a.pa_mode_list:
+            if room(f"MLPerf-like queries at concurrency {c} ({mode} calls)"):
+                perf_run(a, client, "mlperf", "dlrm_v2_queries", 1, c, pool["mlperf"][0], setup["mlperf_mean_pairs"],
+                         runs, failures, mode)
+                save_json(a, res)
     for c in a.lookup_concs:
         if room(f"the lookup alone at concurrency {c}"):
             perf_run(a, client, "lookup", "dlrm_v2_lookup", QUERY, c, pool["lookup"][0], QUERY, runs, failures)
@@ -1029,7 +1047,7 @@ def main():
     graphs = graph_batches(a.graph_batches, a.max_batch)
     plan = cache_plan(rows, a.cache, a.allocation, a.alpha, a.hit_rate_bound)
     setup = {"command": a.command, "argv": sys.argv, "gpu": gpu, "driver": driver, "torch": torch.__version__,
-             "pa_streaming": a.pa_streaming,
+             "pa_streaming": a.pa_streaming, "pa_modes": a.pa_mode_list, "pa_threads": a.pa_threads,
              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "scale": a.scale, "rows": sum(rows),
              "rows_per_table": rows, "parameters": params, "table_gb": sum(rows) * ROW_BYTES / 1e9, "cache": a.cache,
              "allocation": a.allocation, "cached_rows": sum(plan["cached_per_table"]), "cache_plan": plan,

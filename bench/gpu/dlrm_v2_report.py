@@ -31,6 +31,19 @@ STYLE = {"fixed270": ("o-", "tab:green"), "fixed270_ensemble": ("^--", "tab:oliv
 
 # ------------------------------------------------------------------ figures
 
+def series(rows, kind):
+    """(label, style, color, rows) for each of perf_analyzer's call modes among `kind`'s rows:
+    one line per mode where a run measured both (sync calls dotted)."""
+    modes = sorted({r.get("pa_mode") or "" for r in rows if r["kind"] == kind})
+    style, color = STYLE[kind]
+    for m in modes:
+        sel = [r for r in rows if r["kind"] == kind and (r.get("pa_mode") or "") == m]
+        if len(modes) > 1:
+            yield (f"{KIND_LABEL[kind]}, {m} calls", style[0] + (":" if m == "sync" else "-"), color, sel)
+        else:
+            yield KIND_LABEL[kind], style, color, sel
+
+
 def best(rows, key):
     return max(rows, key=lambda r: r[key]) if rows else None
 
@@ -150,7 +163,7 @@ def dle_table(rows, ref_pairs):
     """DeepLearningExamples' Triton report columns (ms), then ours."""
     cols = ["Batch", "Concurrency", "Inferences/Second", *PARTS, "p50 latency", "p90 latency", "p95 latency",
             "p99 latency", "avg latency", "pairs/s", "queries/s", "G lookups/s", "hit rate", "pairs per execution",
-            "served/reference"]
+            "served/reference", "perf_analyzer calls"]
     out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---:" for _ in cols) + "|"]
     for r in rows:
         c = r["csv"]
@@ -160,7 +173,8 @@ def dle_table(rows, ref_pairs):
         cells += [f"{r['pairs_per_s']:,.0f}", f"{r['queries_per_s']:,.0f}", f"{r['lookups_per_s'] / 1e9:.2f}",
                   "-" if r.get("hit_rate") is None else f"{min(r['hit_rate'], 1.0):.4f}",
                   "-" if not r.get("pairs_per_execution") else f"{r['pairs_per_execution']:,.0f}",
-                  f"{r['pairs_per_s'] / ref_pairs:.2f}" if ref_pairs and r["kind"] != "lookup" else "-"]
+                  f"{r['pairs_per_s'] / ref_pairs:.2f}" if ref_pairs and r["kind"] != "lookup" else "-",
+                  r.get("pa_mode", "sync")]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -198,10 +212,9 @@ def plot_throughput(plt, setup, res, gpu, out):
     rows = res.get("perf", []) + res.get("stream", [])
     concs, lookup_concs = set(), set()
     for kind in ("fixed270", "fixed270_ensemble", "mlperf", "stream"):
-        pts = sorted((r["concurrency"], r["pairs_per_s"]) for r in rows if r["kind"] == kind)
-        if pts:
-            style, color = STYLE[kind]
-            ax1.plot([c for c, _ in pts], [v / 1e6 for _, v in pts], style, color=color, label=KIND_LABEL[kind])
+        for label, style, color, sel in series(rows, kind):
+            pts = sorted((r["concurrency"], r["pairs_per_s"]) for r in sel)
+            ax1.plot([c for c, _ in pts], [v / 1e6 for _, v in pts], style, color=color, label=label)
             concs |= {c for c, _ in pts}
     if ref_pairs:
         ax1.axhline(ref_pairs / 1e6, color="gray", ls="-.",
@@ -210,11 +223,10 @@ def plot_throughput(plt, setup, res, gpu, out):
     ax1.axhline(goal / 1e6, color="tab:red", ls=":", label=f"target {goal / 1e6:.0f} M pairs/s")
     ax1.set(xscale="log", xlabel="concurrent client requests (queries in flight)", ylabel="M pairs / second",
             title="DLRM-v2 served: pairs/s")
-    pts = sorted((r["concurrency"], r["lookups_per_s"]) for r in rows if r["kind"] == "lookup")
-    if pts:
-        style, color = STYLE["lookup"]
-        ax2.plot([c for c, _ in pts], [v / 1e9 for _, v in pts], style, color=color, label=KIND_LABEL["lookup"])
-        lookup_concs = {c for c, _ in pts}
+    for label, style, color, sel in series(rows, "lookup"):
+        pts = sorted((r["concurrency"], r["lookups_per_s"]) for r in sel)
+        ax2.plot([c for c, _ in pts], [v / 1e9 for _, v in pts], style, color=color, label=label)
+        lookup_concs |= {c for c, _ in pts}
     if ref_lookups:
         ax2.axhline(ref_lookups / 1e9, color="gray", ls="-.",
                     label=f"bare PyTorch F.embedding_bag ({ref_lookups / 1e9:.2f} G)")
@@ -235,13 +247,11 @@ def plot_latency(plt, res, gpu, out):
     fig, ax = plt.subplots(figsize=(8, 4.8))
     rows = res.get("perf", []) + res.get("stream", [])
     for kind in ("fixed270", "fixed270_ensemble", "mlperf", "stream"):
-        pts = sorted((r["pairs_per_s"], r["p99_ms"], r["concurrency"]) for r in rows if r["kind"] == kind)
-        if not pts:
-            continue
-        style, color = STYLE[kind]
-        ax.plot([x / 1e6 for x, _, _ in pts], [y for _, y, _ in pts], style, color=color, label=KIND_LABEL[kind])
-        for x, y, c in pts:
-            ax.annotate(f"c{c}", (x / 1e6, y), textcoords="offset points", xytext=(3, 3), fontsize=7, color=color)
+        for label, style, color, sel in series(rows, kind):
+            pts = sorted((r["pairs_per_s"], r["p99_ms"], r["concurrency"]) for r in sel)
+            ax.plot([x / 1e6 for x, _, _ in pts], [y for _, y, _ in pts], style, color=color, label=label)
+            for x, y, c in pts:
+                ax.annotate(f"c{c}", (x / 1e6, y), textcoords="offset points", xytext=(3, 3), fontsize=7, color=color)
     ax.axhline(P99_BOUND_MS, color="tab:red", ls=":", label="MLPerf's bound, 60 ms")
     ax.axvline(8.0, color="tab:red", ls="--", alpha=0.5, label="8 M pairs/s")
     ax.set(yscale="log", xlabel="M pairs / second", ylabel="p99 latency per query (ms)",
@@ -260,7 +270,8 @@ def write(out, setup, res, plots=True):
     net_form = ("a CUDA fp16 AOTInductor package" if prec == "fp16" else
                 "a CUDA AOTInductor package in fp16 with its large linear layers in FP8 e4m3 (examples/fp8.py, "
                 "per-tensor scales, the inputs' calibrated)")
-    grpc = "gRPC streaming" if setup.get("pa_streaming") else "gRPC"
+    grpc = ("gRPC streaming" if setup.get("pa_streaming") else "gRPC") + \
+        f" ({' and '.join(setup.get('pa_modes', ['sync']))} calls)"
     gpu_line = f"{setup['gpu']}; perf_analyzer {grpc}, CUDA shared memory; {setup.get('cache_rows', 'fp16')} rows, {prec} network"
     files = []
     if plots:
@@ -391,7 +402,8 @@ def host_section(res):
     for r in runs:
         c = r["cpu"]
         threads = ", ".join(f"{n} {cores:.2f}" for n, cores in c.get("busiest_server_threads", [])[:3]) or "-"
-        md.append(f"| {r['kind']} | {r['concurrency']} | {r['pairs_per_s'] / 1e6:.2f} M | "
+        mode = f" ({r['pa_mode']} calls)" if r.get("pa_mode") else ""
+        md.append(f"| {r['kind']}{mode} | {r['concurrency']} | {r['pairs_per_s'] / 1e6:.2f} M | "
                   f"{c['host_busy_pct']:.0f}% of {c['cpus']} | {c['server_cores']:.1f} | {c['client_cores']:.1f} | {threads} |")
     return md + [""]
 

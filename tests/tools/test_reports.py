@@ -41,3 +41,20 @@ def test_dlrm_v2_verdicts_are_perf_analyzers():
     assert verdict == "MISS" and detail.startswith("6.00 M pairs/s (MLPerf-like") and "stream client: 11.00 M" in detail
     verdict, detail = got[">= 1.7x the bare PyTorch reference"]
     assert verdict == "MISS" and detail.startswith("1.20x") and "2.20x" in detail
+
+
+def test_dlrm_v2_plots_draw_one_line_per_perf_analyzer_mode():
+    """A run that measured sync and async calls plots each as its own line (sync dotted); one
+    mode, or results from before the modes, keep the kind's one line and label."""
+    sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
+    import dlrm_v2_report
+    rows = [{"kind": "fixed270", "pa_mode": m, "concurrency": c, "pairs_per_s": p}
+            for m, c, p in (("sync", 128, 5e6), ("async", 128, 7e6), ("sync", 256, 6e6), ("async", 256, 8e6))]
+    rows.append({"kind": "stream", "concurrency": 64, "pairs_per_s": 4e6})
+    got = {label: (style, [r["pairs_per_s"] for r in sel]) for label, style, _, sel in
+           dlrm_v2_report.series(rows, "fixed270")}
+    base = dlrm_v2_report.KIND_LABEL["fixed270"]
+    assert got == {f"{base}, async calls": ("o-", [7e6, 8e6]), f"{base}, sync calls": ("o:", [5e6, 6e6])}
+    old = [dict(r, pa_mode=None) for r in rows if r["kind"] == "fixed270"]
+    assert [(label, len(sel)) for label, _, _, sel in dlrm_v2_report.series(old, "fixed270")] == [(base, 4)]
+    assert [label for label, *_ in dlrm_v2_report.series(rows, "stream")] == [dlrm_v2_report.KIND_LABEL["stream"]]
