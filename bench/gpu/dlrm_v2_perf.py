@@ -161,9 +161,17 @@ def parse(argv=None):
                         "requests on one open stream) instead of one unary call per request (one H100 call: the "
                         "warm-up at 384 in flight did not finish in 296 s)")
     p.add_argument("--pa-modes", default="async",
-                   help="perf_analyzer's calls, a comma list of sync and async: each measured run once per mode, "
-                        "one after the other on the same server (sync: a thread and a connection per request in "
-                        "flight, perf_analyzer's default; async: --async, --pa-threads threads keep them in flight)")
+                   help="perf_analyzer's calls, a comma list of sync, async and grpcstream: each measured run once "
+                        "per mode, one after the other on the same server (sync: a thread and a connection per "
+                        "request in flight, perf_analyzer's default; async: --async, --pa-threads threads keep them "
+                        "in flight; grpcstream: --async --streaming, each client context's requests on one open "
+                        "gRPC stream, which Triton 2.51 reads with its own thread and completion queue instead of "
+                        "the unary handler's two)")
+    p.add_argument("--pa-timeout-s", type=float, default=200.0,
+                   help="one perf_analyzer run's limit: past it the run is stopped and gives no figure")
+    p.add_argument("--probe-concurrency", default="0",
+                   help="one-pair queries (perf_analyzer -b 1 on dlrm_v2) in flight, in each of --pa-modes: the "
+                        "queries/s the server gives when the GPU has next to nothing to do (0: none)")
     p.add_argument("--pa-threads", type=int, default=0,
                    help="perf_analyzer's --max-threads with async calls (0: its default, 16)")
     p.add_argument("--interval-ms", type=int, default=None, help=f"perf_analyzer's window (default {DEFAULTS['interval_ms']})")
@@ -231,8 +239,9 @@ def parse(argv=None):
     a.concs, a.mlperf_concs, a.lookup_concs = ints(a.concurrency), ints(a.mlperf_concurrency), ints(a.lookup_concurrency)
     a.stream_levels, a.ref_batch_list = ints(a.stream_concurrency), ints(a.ref_batches)
     a.pa_mode_list = [m.strip() for m in a.pa_modes.split(",") if m.strip()]
-    if not a.pa_mode_list or any(m not in ("sync", "async") for m in a.pa_mode_list):
-        p.error(f"--pa-modes: a comma list of sync and async, not {a.pa_modes!r}")
+    if not a.pa_mode_list or any(m not in ("sync", "async", "grpcstream") for m in a.pa_mode_list):
+        p.error(f"--pa-modes: a comma list of sync, async and grpcstream, not {a.pa_modes!r}")
+    a.probe_concs = ints(a.probe_concurrency)
     if a.pool_samples % 2 == 0 or a.pool_samples % 3 == 0 or a.pool_samples % 5 == 0:
         p.error("--pool-samples must be coprime with 270 (not a multiple of 2, 3 or 5)")
     if not a.results:
@@ -523,6 +532,17 @@ def read_row(raw):
     return {k: float(v) for k, v in first.items() if k and v not in ("", None) and NUMBER.match(v)}
 
 
+def pa_call(a, cmd):
+    """perf_analyzer's run, stopped after --pa-timeout-s (or what is left of the budget): one
+    that hangs gives no figure (a failed run) instead of taking the rest of the call."""
+    limit = min(a.pa_timeout_s, max(60, left_s(a)))
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return subprocess.CompletedProcess(cmd, 124, out, f"perf_analyzer stopped after {limit:.0f} s")
+
+
 def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, failures, mode=None):
     """One perf_analyzer run (gRPC, CUDA shared memory), printed and appended to `runs` (and
     runs.json); None where it gave no figure. `batch`: -b (270, or 1 for the twin, whose steps
@@ -538,9 +558,9 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     cmd = [a.perf_analyzer, "-m", model, "-b", str(batch), "--concurrency-range", f"{conc}:{conc}", "-i", "grpc",
            "-u", f"localhost:{a.port + 1}", "--shared-memory", "cuda", "--output-shared-memory-size", str(1 << 20),
            "--input-data", data, "--measurement-interval", str(a.interval_ms), "--max-trials", "6", "-f", raw]
-    if a.pa_streaming:
+    if a.pa_streaming or mode == "grpcstream":
         cmd.append("--streaming")
-    if mode == "async":
+    if mode in ("async", "grpcstream"):
         cmd.append("--async")
         if a.pa_threads:
             cmd += ["--max-threads", str(a.pa_threads)]
@@ -553,7 +573,7 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     log_at = log_size(a)
     c0 = cpu_sample(a)
     t0 = time.time()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=min(600, max(60, left_s(a))))
+    done = pa_call(a, cmd)
     stability = 10  # perf_analyzer's default bound (%) on how far its last windows may differ
     # unstable windows: longer ones and a looser bound, twice at most (as recsys/measure.py does)
     for factor, looser in ((2, 25), (4, 50)):
@@ -563,8 +583,7 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
               flush=True)
         retry = list(cmd)
         retry[retry.index("--measurement-interval") + 1] = str(factor * a.interval_ms)
-        done = subprocess.run(retry + ["-s", str(looser)], capture_output=True, text=True,
-                              timeout=min(600, max(60, left_s(a))))
+        done = pa_call(a, retry + ["-s", str(looser)])
         stability = looser
     seconds = time.time() - t0
     cpu = cpu_use(c0, cpu_sample(a), seconds)
@@ -582,7 +601,7 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     queries = ips / pairs_per_query if batch > 1 else ips  # one perf_analyzer inference: a pair (-b 270) or a query
     pairs = queries * pairs_per_query
     delta = {k: s1[k] - s0[k] for k in s1}
-    r = {"kind": kind, "model": model, "concurrency": conc, "pa_mode": mode, "batch": QUERY if kind != "mlperf" else a.mlperf_sizes,
+    r = {"kind": kind, "model": model, "concurrency": conc, "pa_mode": mode, "batch": {"mlperf": a.mlperf_sizes, "probe1": 1}.get(kind, QUERY),
          "csv": csv_row, "pairs_per_s": pairs, "queries_per_s": queries, "lookups_per_s": pairs * WIDTH,
          **{f"p{q}_ms": csv_row[f"p{q} latency"] / 1e3 for q in (50, 90, 95, 99)},
          "avg_ms": sum(csv_row[k] for k in dlrm_v2_report.PARTS) / 1e3, "stability_pct": stability,
@@ -717,6 +736,11 @@ def perf_phase(a, client, pool, setup, res, failures, part):
         if room(f"the lookup alone at concurrency {c}"):
             perf_run(a, client, "lookup", "dlrm_v2_lookup", QUERY, c, pool["lookup"][0], QUERY, runs, failures)
             save_json(a, res)
+    for c in a.probe_concs:
+        for mode in a.pa_mode_list:
+            if room(f"one-pair queries at concurrency {c} ({mode} calls)"):
+                perf_run(a, client, "probe1", "dlrm_v2", 1, c, pool["fixed270"][0], 1, runs, failures, mode)
+                save_json(a, res)
     if a.mlperf_concs and not a.quick and room("270-pair queries through the twin"):
         # the same 270-pair queries through the twin: what its ensemble hop costs (last: a comparison)
         perf_run(a, client, "fixed270_ensemble", "dlrm_v2_queries", 1, max(a.mlperf_concs),

@@ -24,22 +24,25 @@ KIND_LABEL = {
     "mlperf": "MLPerf-like 100-700 pairs per query (perf_analyzer, dlrm_v2_queries)",
     "stream": "270-pair queries, endless stream (stream_client, HTTP)",
     "lookup": "pooled lookup alone (perf_analyzer -b 270 on dlrm_v2_lookup)",
+    "probe1": "one-pair queries (perf_analyzer -b 1 on dlrm_v2)",
 }
 STYLE = {"fixed270": ("o-", "tab:green"), "fixed270_ensemble": ("^--", "tab:olive"),
-         "mlperf": ("s-", "tab:blue"), "stream": ("x:", "tab:purple"), "lookup": ("o-", "tab:orange")}
+         "mlperf": ("s-", "tab:blue"), "stream": ("x:", "tab:purple"), "lookup": ("o-", "tab:orange"),
+         "probe1": ("d-", "tab:gray")}
+MODE_LINE = {"sync": ":", "async": "-", "grpcstream": "--"}
 
 
 # ------------------------------------------------------------------ figures
 
 def series(rows, kind):
     """(label, style, color, rows) for each of perf_analyzer's call modes among `kind`'s rows:
-    one line per mode where a run measured both (sync calls dotted)."""
+    one line per mode where a run measured several (sync calls dotted, the gRPC stream dashed)."""
     modes = sorted({r.get("pa_mode") or "" for r in rows if r["kind"] == kind})
     style, color = STYLE[kind]
     for m in modes:
         sel = [r for r in rows if r["kind"] == kind and (r.get("pa_mode") or "") == m]
         if len(modes) > 1:
-            yield (f"{KIND_LABEL[kind]}, {m} calls", style[0] + (":" if m == "sync" else "-"), color, sel)
+            yield f"{KIND_LABEL[kind]}, {m} calls", style[0] + MODE_LINE.get(m, "-"), color, sel
         else:
             yield KIND_LABEL[kind], style, color, sel
 
@@ -329,13 +332,16 @@ def write(out, setup, res, plots=True):
     for kind, title in (("fixed270", "270-pair queries: perf_analyzer -b 270 on dlrm_v2"),
                         ("fixed270_ensemble", "270-pair queries through the twin"),
                         ("mlperf", "MLPerf-like query sizes through the twin"),
-                        ("lookup", "The pooled lookup alone: dlrm_v2_lookup")):
+                        ("lookup", "The pooled lookup alone: dlrm_v2_lookup"),
+                        ("probe1", "One-pair queries: perf_analyzer -b 1 on dlrm_v2")):
         rows = sorted([r for r in perf if r["kind"] == kind], key=lambda r: r["concurrency"])
         if rows:
             note = {"fixed270": "Inferences/Second is pairs/s (one perf_analyzer inference is one pair).",
                     "fixed270_ensemble": "Inferences/Second is queries/s (one request per query).",
                     "mlperf": "Inferences/Second is queries/s; pairs/s = queries/s x the pool's mean pairs per query.",
-                    "lookup": "Inferences/Second is pairs/s; each pair is 214 lookups."}[kind]
+                    "lookup": "Inferences/Second is pairs/s; each pair is 214 lookups.",
+                    "probe1": "Inferences/Second is queries/s of one pair each: what the server gives per query when "
+                              "the GPU has next to nothing to do."}[kind]
             md += [f"## {title}", "", note + " `pairs per execution`: the batches the dynamic batcher formed "
                    "(Triton's statistics, the whole perf_analyzer call).", "", dle_table(rows, ref_pairs), ""]
             loose = [r for r in rows if r.get("stability_pct", 10) > 10]
