@@ -167,6 +167,10 @@ def parse(argv=None):
                         "in flight; grpcstream: --async --streaming, each client context's requests on one open "
                         "gRPC stream, which Triton 2.51 reads with its own thread and completion queue instead of "
                         "the unary handler's two)")
+    p.add_argument("--probe-clients", default="",
+                   help="one-pair queries again from this many perf_analyzer processes at once (a comma list, e.g. "
+                        "1,2,4), --probe-concurrency split among them, inputs in the requests' bodies (two processes "
+                        "cannot share a server's shared memory): whether the client or the server sets the queries/s")
     p.add_argument("--pa-timeout-s", type=float, default=200.0,
                    help="one perf_analyzer run's limit: past it the run is stopped and gives no figure")
     p.add_argument("--probe-concurrency", default="0",
@@ -242,6 +246,7 @@ def parse(argv=None):
     if not a.pa_mode_list or any(m not in ("sync", "async", "grpcstream") for m in a.pa_mode_list):
         p.error(f"--pa-modes: a comma list of sync, async and grpcstream, not {a.pa_modes!r}")
     a.probe_concs = ints(a.probe_concurrency)
+    a.probe_client_counts = ints(a.probe_clients)
     if a.pool_samples % 2 == 0 or a.pool_samples % 3 == 0 or a.pool_samples % 5 == 0:
         p.error("--pool-samples must be coprime with 270 (not a multiple of 2, 3 or 5)")
     if not a.results:
@@ -622,6 +627,48 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     return r
 
 
+def probe_clients_run(a, n, conc, data, runs, failures):
+    """One-pair queries from `n` perf_analyzer processes at once (`conc` split among them, async
+    calls, inputs in the requests' bodies), their queries/s summed: if n clients give about n
+    times one's, the client was the limit; if the sum stays, the server is."""
+    procs, raws = [], []
+    each = max(1, conc // n)
+    for i in range(n):
+        raw = os.path.join(a.work, "raw", f"probe1_clients{n}_{i}.csv")
+        os.makedirs(os.path.dirname(raw), exist_ok=True)
+        if os.path.exists(raw):
+            os.remove(raw)
+        cmd = [a.perf_analyzer, "-m", "dlrm_v2", "-b", "1", "--concurrency-range", f"{each}:{each}", "-i", "grpc",
+               "-u", f"localhost:{a.port + 1}", "--async", "--input-data", data,
+               "--measurement-interval", str(a.interval_ms), "--max-trials", "6", "-s", "25", "-f", raw]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        raws.append(raw)
+    c0, t0 = cpu_sample(a), time.time()
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=max(30, min(a.pa_timeout_s, left_s(a))))[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs.append(p.communicate()[0] + "\n(stopped: past --pa-timeout-s)")
+    cpu = cpu_use(c0, cpu_sample(a), time.time() - t0)
+    rows = [read_row(r) for r in raws if os.path.exists(r)]
+    if len(rows) < n or any(p.returncode != 0 for p in procs):
+        for o in outs:
+            print(o[-1500:], flush=True)
+        failures.append(f"perf_analyzer gave no figure: one-pair queries from {n} processes at concurrency {conc}")
+        return None
+    qps = sum(r["Inferences/Second"] for r in rows)
+    r = {"kind": "probe1_clients", "model": "dlrm_v2", "clients": n, "concurrency": each * n, "pa_mode": "async",
+         "queries_per_s": qps, "pairs_per_s": qps, "per_client_queries_per_s": [r["Inferences/Second"] for r in rows],
+         "p99_ms": max(r["p99 latency"] for r in rows) / 1e3, "cpu": cpu}
+    runs.append(r)
+    print(f"  one-pair queries, {n} perf_analyzer process(es) x {each} in flight (request bodies): {qps:,.0f} queries/s "
+          f"({', '.join(f'{x:,.0f}' for x in r['per_client_queries_per_s'])}); worst p99 {r['p99_ms']:.2f} ms"
+          f"\n    {cpu_text(cpu)}", flush=True)
+    return r
+
+
 def device_text(r):
     """A line of pairs/s per GPU where a run used several."""
     per = r.get("per_device") or {}
@@ -740,6 +787,11 @@ def perf_phase(a, client, pool, setup, res, failures, part):
         for mode in a.pa_mode_list:
             if room(f"one-pair queries at concurrency {c} ({mode} calls)"):
                 perf_run(a, client, "probe1", "dlrm_v2", 1, c, pool["fixed270"][0], 1, runs, failures, mode)
+                save_json(a, res)
+    for n in a.probe_client_counts:
+        for c in a.probe_concs[-1:]:
+            if room(f"one-pair queries from {n} perf_analyzer processes at concurrency {c}"):
+                probe_clients_run(a, n, c, pool["fixed270"][0], runs, failures)
                 save_json(a, res)
     if a.mlperf_concs and not a.quick and room("270-pair queries through the twin"):
         # the same 270-pair queries through the twin: what its ensemble hop costs (last: a comparison)

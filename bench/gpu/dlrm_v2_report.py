@@ -348,6 +348,16 @@ def write(out, setup, res, plots=True):
             if loose:
                 md += ["Measured with perf_analyzer's stability bound loosened: " + ", ".join(
                     f"concurrency {r['concurrency']} (-s {r['stability_pct']})" for r in loose) + ".", ""]
+    clients = sorted([r for r in perf if r["kind"] == "probe1_clients"], key=lambda r: r["clients"])
+    if clients:
+        md += ["## One-pair queries from several perf_analyzer processes at once", "",
+               "Async calls, inputs in the requests' bodies (two processes cannot share the server's shared memory), "
+               "the queries in flight split among the processes. If the sum grows with the processes, one client "
+               "was the limit; if it stays, the server is.", "",
+               "| processes | in flight | queries/s, all | each | worst p99 (ms) |", "|---:|---:|---:|---|---:|"]
+        md += [f"| {r['clients']} | {r['concurrency']} | {r['queries_per_s']:,.0f} | "
+               f"{', '.join(f'{x:,.0f}' for x in r['per_client_queries_per_s'])} | {r['p99_ms']:.2f} |" for r in clients]
+        md.append("")
     stream = sorted(res.get("stream", []), key=lambda r: r["concurrency"])
     if stream:
         md += ["## 270-pair queries as an endless stream (our client, not perf_analyzer)", "",
