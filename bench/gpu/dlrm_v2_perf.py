@@ -160,13 +160,14 @@ def parse(argv=None):
                    help="perf_analyzer over gRPC's bidirectional stream (--streaming: each client context sends its "
                         "requests on one open stream) instead of one unary call per request (one H100 call: the "
                         "warm-up at 384 in flight did not finish in 296 s)")
-    p.add_argument("--pa-modes", default="async",
+    p.add_argument("--pa-modes", default="sync",
                    help="perf_analyzer's calls, a comma list of sync, async and grpcstream: each measured run once "
                         "per mode, one after the other on the same server (sync: a thread and a connection per "
                         "request in flight, perf_analyzer's default; async: --async, --pa-threads threads keep them "
                         "in flight; grpcstream: --async --streaming, each client context's requests on one open "
                         "gRPC stream, which Triton 2.51 reads with its own thread and completion queue instead of "
-                        "the unary handler's two)")
+                        "the unary handler's two). One H100, 2026-11-27: async and grpcstream gave no more than "
+                        "sync and failed more runs (bench/gpu/results/dlrm-v2/front_end/)")
     p.add_argument("--probe-clients", default="",
                    help="one-pair queries again from this many perf_analyzer processes at once (a comma list, e.g. "
                         "1,2,4), --probe-concurrency split among them, inputs in the requests' bodies (two processes "
