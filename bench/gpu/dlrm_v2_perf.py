@@ -167,7 +167,7 @@ def parse(argv=None):
                         "in flight; grpcstream: --async --streaming, each client context's requests on one open "
                         "gRPC stream, which Triton 2.51 reads with its own thread and completion queue instead of "
                         "the unary handler's two). One H100, 2026-11-27: async and grpcstream gave no more than "
-                        "sync and failed more runs (bench/gpu/results/dlrm-v2/front_end/)")
+                        "sync and failed more runs (bench/gpu/results/dlrm-v2/front_end/README.md)")
     p.add_argument("--probe-clients", default="",
                    help="one-pair queries again from this many perf_analyzer processes at once (a comma list, e.g. "
                         "1,2,4), --probe-concurrency split among them, inputs in the requests' bodies (two processes "
