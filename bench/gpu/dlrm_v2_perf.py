@@ -161,12 +161,13 @@ def parse(argv=None):
                         "requests on one open stream) instead of one unary call per request (one H100 call: the "
                         "warm-up at 384 in flight did not finish in 296 s)")
     p.add_argument("--pa-modes", default="sync",
-                   help="perf_analyzer's calls, a comma list of sync, async and grpcstream: each measured run once "
+                   help="perf_analyzer's calls, a comma list of sync, async, grpcstream and http: each measured run once "
                         "per mode, one after the other on the same server (sync: a thread and a connection per "
                         "request in flight, perf_analyzer's default; async: --async, --pa-threads threads keep them "
                         "in flight; grpcstream: --async --streaming, each client context's requests on one open "
                         "gRPC stream, which Triton 2.51 reads with its own thread and completion queue instead of "
-                        "the unary handler's two). One H100, 2026-11-27: async and grpcstream gave no more than "
+                        "the unary handler's two; http: async calls over HTTP, whose front end has "
+                        "--http-thread-count workers). One H100, 2026-11-27: async and grpcstream gave no more than "
                         "sync and failed more runs (bench/gpu/results/dlrm-v2/front_end/README.md)")
     p.add_argument("--probe-clients", default="",
                    help="one-pair queries again from this many perf_analyzer processes at once (a comma list, e.g. "
@@ -244,8 +245,8 @@ def parse(argv=None):
     a.concs, a.mlperf_concs, a.lookup_concs = ints(a.concurrency), ints(a.mlperf_concurrency), ints(a.lookup_concurrency)
     a.stream_levels, a.ref_batch_list = ints(a.stream_concurrency), ints(a.ref_batches)
     a.pa_mode_list = [m.strip() for m in a.pa_modes.split(",") if m.strip()]
-    if not a.pa_mode_list or any(m not in ("sync", "async", "grpcstream") for m in a.pa_mode_list):
-        p.error(f"--pa-modes: a comma list of sync, async and grpcstream, not {a.pa_modes!r}")
+    if not a.pa_mode_list or any(m not in ("sync", "async", "grpcstream", "http") for m in a.pa_mode_list):
+        p.error(f"--pa-modes: a comma list of sync, async, grpcstream and http, not {a.pa_modes!r}")
     a.probe_concs = ints(a.probe_concurrency)
     a.probe_client_counts = ints(a.probe_clients)
     if a.pool_samples % 2 == 0 or a.pool_samples % 3 == 0 or a.pool_samples % 5 == 0:
@@ -561,12 +562,13 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     os.makedirs(os.path.dirname(raw), exist_ok=True)
     if os.path.exists(raw):
         os.remove(raw)
-    cmd = [a.perf_analyzer, "-m", model, "-b", str(batch), "--concurrency-range", f"{conc}:{conc}", "-i", "grpc",
-           "-u", f"localhost:{a.port + 1}", "--shared-memory", "cuda", "--output-shared-memory-size", str(1 << 20),
+    http = mode == "http"
+    cmd = [a.perf_analyzer, "-m", model, "-b", str(batch), "--concurrency-range", f"{conc}:{conc}",
+           "-i", "http" if http else "grpc", "-u", f"localhost:{a.port if http else a.port + 1}", "--shared-memory", "cuda", "--output-shared-memory-size", str(1 << 20),
            "--input-data", data, "--measurement-interval", str(a.interval_ms), "--max-trials", "6", "-f", raw]
     if a.pa_streaming or mode == "grpcstream":
         cmd.append("--streaming")
-    if mode in ("async", "grpcstream"):
+    if mode in ("async", "grpcstream", "http"):
         cmd.append("--async")
         if a.pa_threads:
             cmd += ["--max-threads", str(a.pa_threads)]

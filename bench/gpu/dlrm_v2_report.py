@@ -29,7 +29,7 @@ KIND_LABEL = {
 STYLE = {"fixed270": ("o-", "tab:green"), "fixed270_ensemble": ("^--", "tab:olive"),
          "mlperf": ("s-", "tab:blue"), "stream": ("x:", "tab:purple"), "lookup": ("o-", "tab:orange"),
          "probe1": ("d-", "tab:gray")}
-MODE_LINE = {"sync": ":", "async": "-", "grpcstream": "--"}
+MODE_LINE = {"sync": ":", "async": "-", "grpcstream": "--", "http": "-."}
 
 
 # ------------------------------------------------------------------ figures
@@ -273,8 +273,10 @@ def write(out, setup, res, plots=True):
     net_form = ("a CUDA fp16 AOTInductor package" if prec == "fp16" else
                 "a CUDA AOTInductor package in fp16 with its large linear layers in FP8 e4m3 (examples/fp8.py, "
                 "per-tensor scales, the inputs' calibrated)")
-    grpc = ("gRPC streaming" if setup.get("pa_streaming") else "gRPC") + \
-        f" ({' and '.join(setup.get('pa_modes', ['sync']))} calls)"
+    modes = setup.get("pa_modes", ["sync"])
+    proto = ("gRPC streaming" if setup.get("pa_streaming") else "HTTP" if modes == ["http"] else
+             "gRPC and HTTP" if "http" in modes else "gRPC")
+    grpc = f"{proto} ({' and '.join(modes)} calls)"
     gpu_line = f"{setup['gpu']}; perf_analyzer {grpc}, CUDA shared memory; {setup.get('cache_rows', 'fp16')} rows, {prec} network"
     files = []
     if plots:
