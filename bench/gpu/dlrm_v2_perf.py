@@ -539,6 +539,10 @@ def read_row(raw):
     return {k: float(v) for k, v in first.items() if k and v not in ("", None) and NUMBER.match(v)}
 
 
+CONNECTION_LOST = re.compile(r"Broken pipe|Connection reset by peer|failed to connect to all addresses|"
+                             r"Failed to retrieve results from inference request")
+
+
 def pa_call(a, cmd):
     """perf_analyzer's run, stopped after --pa-timeout-s (or what is left of the budget): one
     that hangs gives no figure (a failed run) instead of taking the rest of the call."""
@@ -582,6 +586,18 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     c0 = cpu_sample(a)
     t0 = time.time()
     done = pa_call(a, cmd)
+    retried = False
+    if done.returncode != 0 and CONNECTION_LOST.search(done.stdout + done.stderr) and left_s(a) > 60:
+        # perf_analyzer's gRPC connections break at times with hundreds in flight ("Broken pipe",
+        # model_analyzer#357): the run once more, its counts taken afresh
+        print(f"  ({kind} c={conc} {mode}: perf_analyzer lost connections; the run once more)", flush=True)
+        retried = True
+        text = metrics_text(a.port)
+        k0, h0 = scrape(a.port, stats_model, text)
+        d0 = device_counts(a.port, stats_model, text)
+        s0 = server_stats(client, stats_model)
+        c0, t0 = cpu_sample(a), time.time()
+        done = pa_call(a, cmd)
     stability = 10  # perf_analyzer's default bound (%) on how far its last windows may differ
     # unstable windows: longer ones and a looser bound, twice at most (as recsys/measure.py does)
     for factor, looser in ((2, 25), (4, 50)):
@@ -609,7 +625,7 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     queries = ips / pairs_per_query if batch > 1 else ips  # one perf_analyzer inference: a pair (-b 270) or a query
     pairs = queries * pairs_per_query
     delta = {k: s1[k] - s0[k] for k in s1}
-    r = {"kind": kind, "model": model, "concurrency": conc, "pa_mode": mode, "batch": {"mlperf": a.mlperf_sizes, "probe1": 1}.get(kind, QUERY),
+    r = {"kind": kind, "model": model, "concurrency": conc, "pa_mode": mode, "retried": retried, "batch": {"mlperf": a.mlperf_sizes, "probe1": 1}.get(kind, QUERY),
          "csv": csv_row, "pairs_per_s": pairs, "queries_per_s": queries, "lookups_per_s": pairs * WIDTH,
          **{f"p{q}_ms": csv_row[f"p{q} latency"] / 1e3 for q in (50, 90, 95, 99)},
          "avg_ms": sum(csv_row[k] for k in dlrm_v2_report.PARTS) / 1e3, "stability_pct": stability,
@@ -625,7 +641,7 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     pe = "-" if r["pairs_per_execution"] is None else f"{r['pairs_per_execution']:,.0f}"
     print(f"  {kind:<17} c={conc:<3} {mode:<5} {pairs / 1e6:7.2f} M pairs/s {queries:9,.0f} queries/s {pairs * WIDTH / 1e9:6.2f} "
           f"G lookups/s  p50 {r['p50_ms']:7.2f}  p99 {r['p99_ms']:7.2f} ms  hit rate {hr}  {pe} pairs per execution"
-          + ("" if stability == 10 else f"  (-s {stability})")
+          + ("" if stability == 10 else f"  (-s {stability})") + ("  (run again: connections lost)" if retried else "")
           + f"\n    {cpu_text(cpu)}" + device_text(r), flush=True)
     return r
 
