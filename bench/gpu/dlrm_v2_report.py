@@ -346,6 +346,11 @@ def write(out, setup, res, plots=True):
                               "the GPU has next to nothing to do."}[kind]
             md += [f"## {title}", "", note + " `pairs per execution`: the batches the dynamic batcher formed "
                    "(Triton's statistics, the whole perf_analyzer call).", "", dle_table(rows, ref_pairs), ""]
+            again = [r for r in rows if r.get("retried")]
+            if again:
+                md += ["Run a second time because perf_analyzer lost gRPC connections in the first (the figure is the "
+                       "second's): " + ", ".join(f"concurrency {r['concurrency']} ({r.get('pa_mode', 'sync')} calls)"
+                                                 for r in again) + ".", ""]
             loose = [r for r in rows if r.get("stability_pct", 10) > 10]
             if loose:
                 md += ["Measured with perf_analyzer's stability bound loosened: " + ", ".join(
