@@ -169,6 +169,12 @@ def parse(argv=None):
                         "the unary handler's two; http: async calls over HTTP, whose front end has "
                         "--http-thread-count workers). One H100, 2026-11-27: async and grpcstream gave no more than "
                         "sync and failed more runs (bench/gpu/results/dlrm-v2/front_end/README.md)")
+    p.add_argument("--big-pairs", type=int, default=8192,
+                   help="the pairs of one request in the --big-concurrency runs (at most --max-batch)")
+    p.add_argument("--big-concurrency", default="0",
+                   help="requests of --big-pairs pairs each (perf_analyzer -b on dlrm_v2) in flight: what the GPU "
+                        "serves when the queries a second through the front end do not hold it (not MLPerf's query "
+                        "sizes; 0: none)")
     p.add_argument("--probe-clients", default="",
                    help="one-pair queries again from this many perf_analyzer processes at once (a comma list, e.g. "
                         "1,2,4), --probe-concurrency split among them, inputs in the requests' bodies (two processes "
@@ -249,6 +255,9 @@ def parse(argv=None):
         p.error(f"--pa-modes: a comma list of sync, async, grpcstream and http, not {a.pa_modes!r}")
     a.probe_concs = ints(a.probe_concurrency)
     a.probe_client_counts = ints(a.probe_clients)
+    a.big_concs = ints(a.big_concurrency)
+    if a.big_concs and not 0 < a.big_pairs <= a.max_batch:
+        p.error(f"--big-pairs must be 1..--max-batch ({a.max_batch})")
     if a.pool_samples % 2 == 0 or a.pool_samples % 3 == 0 or a.pool_samples % 5 == 0:
         p.error("--pool-samples must be coprime with 270 (not a multiple of 2, 3 or 5)")
     if not a.results:
@@ -625,7 +634,7 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     queries = ips / pairs_per_query if batch > 1 else ips  # one perf_analyzer inference: a pair (-b 270) or a query
     pairs = queries * pairs_per_query
     delta = {k: s1[k] - s0[k] for k in s1}
-    r = {"kind": kind, "model": model, "concurrency": conc, "pa_mode": mode, "retried": retried, "batch": {"mlperf": a.mlperf_sizes, "probe1": 1}.get(kind, QUERY),
+    r = {"kind": kind, "model": model, "concurrency": conc, "pa_mode": mode, "retried": retried, "batch": {"mlperf": a.mlperf_sizes, "probe1": 1, "big": a.big_pairs}.get(kind, QUERY),
          "csv": csv_row, "pairs_per_s": pairs, "queries_per_s": queries, "lookups_per_s": pairs * WIDTH,
          **{f"p{q}_ms": csv_row[f"p{q} latency"] / 1e3 for q in (50, 90, 95, 99)},
          "avg_ms": sum(csv_row[k] for k in dlrm_v2_report.PARTS) / 1e3, "stability_pct": stability,
@@ -806,6 +815,12 @@ def perf_phase(a, client, pool, setup, res, failures, part):
         for mode in a.pa_mode_list:
             if room(f"one-pair queries at concurrency {c} ({mode} calls)"):
                 perf_run(a, client, "probe1", "dlrm_v2", 1, c, pool["fixed270"][0], 1, runs, failures, mode)
+                save_json(a, res)
+    for c in a.big_concs:
+        for mode in a.pa_mode_list:
+            if room(f"requests of {a.big_pairs} pairs at concurrency {c} ({mode} calls)"):
+                perf_run(a, client, "big", "dlrm_v2", a.big_pairs, c, pool["fixed270"][0], a.big_pairs, runs, failures,
+                         mode)
                 save_json(a, res)
     for n in a.probe_client_counts:
         for c in a.probe_concs[-1:]:
