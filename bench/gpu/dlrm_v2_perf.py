@@ -174,7 +174,9 @@ def parse(argv=None):
     p.add_argument("--big-concurrency", default="0",
                    help="requests of --big-pairs pairs each (perf_analyzer -b on dlrm_v2) in flight: what the GPU "
                         "serves when the queries a second through the front end do not hold it (not MLPerf's query "
-                        "sizes; 0: none)")
+                        "sizes; 0: none). Each of perf_analyzer's requests in flight keeps its inputs in GPU memory "
+                        "(14 MB at 8192 pairs): on an H100 holding the 52 GB of tables and 6 instances it could not "
+                        "allocate them (out of memory, bench/gpu/results/dlrm-v2/front_end/): leave it room")
     p.add_argument("--probe-clients", default="",
                    help="one-pair queries again from this many perf_analyzer processes at once (a comma list, e.g. "
                         "1,2,4), --probe-concurrency split among them, inputs in the requests' bodies (two processes "
