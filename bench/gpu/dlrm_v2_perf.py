@@ -168,7 +168,7 @@ def parse(argv=None):
                         "gRPC stream, which Triton 2.51 reads with its own thread and completion queue instead of "
                         "the unary handler's two; http: async calls over HTTP, whose front end has "
                         "--http-thread-count workers). One H100, 2026-11-27: async and grpcstream gave no more than "
-                        "sync and failed more runs (bench/gpu/results/dlrm-v2/front_end/README.md)")
+                        "sync and failed more runs, http a quarter (bench/gpu/results/dlrm-v2/front_end/README.md)")
     p.add_argument("--big-pairs", type=int, default=8192,
                    help="the pairs of one request in the --big-concurrency runs (at most --max-batch)")
     p.add_argument("--big-concurrency", default="0",
