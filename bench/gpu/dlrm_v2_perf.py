@@ -566,10 +566,11 @@ def pa_call(a, cmd):
 
 
 def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, failures, mode=None):
-    """One perf_analyzer run (gRPC, CUDA shared memory), printed and appended to `runs` (and
+    """One perf_analyzer run (CUDA shared memory), printed and appended to `runs` (and
     runs.json); None where it gave no figure. `batch`: -b (270, or 1 for the twin, whose steps
     carry their own rows); `pairs_per_query`: pairs of one request (the twin: its pool's mean);
-    `mode`: "sync" or "async" calls (default: the first of --pa-modes).
+    `mode`: one of --pa-modes' calls, gRPC sync or async, the gRPC stream, or HTTP (default: the
+    first of --pa-modes). A run that loses its connections is run once more.
     One perf_analyzer process: two at once cannot share a server with shared memory, since each
     unregisters every region of the server when it starts and when it ends."""
     mode = mode or a.pa_mode_list[0]
@@ -579,7 +580,8 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
         os.remove(raw)
     http = mode == "http"
     cmd = [a.perf_analyzer, "-m", model, "-b", str(batch), "--concurrency-range", f"{conc}:{conc}",
-           "-i", "http" if http else "grpc", "-u", f"localhost:{a.port if http else a.port + 1}", "--shared-memory", "cuda", "--output-shared-memory-size", str(1 << 20),
+           "-i", "http" if http else "grpc", "-u", f"localhost:{a.port if http else a.port + 1}",
+           "--shared-memory", "cuda", "--output-shared-memory-size", str(1 << 20),
            "--input-data", data, "--measurement-interval", str(a.interval_ms), "--max-trials", "6", "-f", raw]
     if a.pa_streaming or mode == "grpcstream":
         cmd.append("--streaming")
@@ -636,7 +638,8 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     queries = ips / pairs_per_query if batch > 1 else ips  # one perf_analyzer inference: a pair (-b 270) or a query
     pairs = queries * pairs_per_query
     delta = {k: s1[k] - s0[k] for k in s1}
-    r = {"kind": kind, "model": model, "concurrency": conc, "pa_mode": mode, "retried": retried, "batch": {"mlperf": a.mlperf_sizes, "probe1": 1, "big": a.big_pairs}.get(kind, QUERY),
+    r = {"kind": kind, "model": model, "concurrency": conc, "pa_mode": mode, "retried": retried,
+         "batch": {"mlperf": a.mlperf_sizes, "probe1": 1, "big": a.big_pairs}.get(kind, QUERY),
          "csv": csv_row, "pairs_per_s": pairs, "queries_per_s": queries, "lookups_per_s": pairs * WIDTH,
          **{f"p{q}_ms": csv_row[f"p{q} latency"] / 1e3 for q in (50, 90, 95, 99)},
          "avg_ms": sum(csv_row[k] for k in dlrm_v2_report.PARTS) / 1e3, "stability_pct": stability,
@@ -650,7 +653,8 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     runs.append(r)
     hr = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.4f}"
     pe = "-" if r["pairs_per_execution"] is None else f"{r['pairs_per_execution']:,.0f}"
-    print(f"  {kind:<17} c={conc:<3} {mode:<5} {pairs / 1e6:7.2f} M pairs/s {queries:9,.0f} queries/s {pairs * WIDTH / 1e9:6.2f} "
+    print(f"  {kind:<17} c={conc:<3} {mode:<5} {pairs / 1e6:7.2f} M pairs/s {queries:9,.0f} queries/s "
+          f"{pairs * WIDTH / 1e9:6.2f} "
           f"G lookups/s  p50 {r['p50_ms']:7.2f}  p99 {r['p99_ms']:7.2f} ms  hit rate {hr}  {pe} pairs per execution"
           + ("" if stability == 10 else f"  (-s {stability})") + ("  (run again: connections lost)" if retried else "")
           + f"\n    {cpu_text(cpu)}" + device_text(r), flush=True)
