@@ -1,0 +1,46 @@
+"""bench/gpu/dlrm_v2_perf.py's perf_analyzer options, on the CPU: the call modes and the large
+requests are checked at parse time, a perf_analyzer that hangs is stopped and counts as a run
+with no figure, and the messages of lost gRPC connections are what sends a run again."""
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
+
+import dlrm_v2_perf  # noqa: E402
+
+BASE = ["--server", "s", "--backends", "b", "--perf-analyzer", "p"]
+
+
+def test_modes_probe_and_big_requests_parse_and_refuse():
+    a = dlrm_v2_perf.parse(BASE + ["--pa-modes", "sync, grpcstream,http", "--probe-concurrency", "64,256",
+                                   "--probe-clients", "1,2", "--big-concurrency", "4", "--big-pairs", "8192"])
+    assert a.pa_mode_list == ["sync", "grpcstream", "http"]
+    assert a.probe_concs == [64, 256] and a.probe_client_counts == [1, 2] and a.big_concs == [4]
+    assert dlrm_v2_perf.parse(BASE).pa_mode_list == ["sync"]  # perf_analyzer's own default
+    for bad in (["--pa-modes", "sync,quic"], ["--pa-modes", ","],
+                ["--big-concurrency", "4", "--big-pairs", "20000"], ["--big-concurrency", "4", "--big-pairs", "0"]):
+        with pytest.raises(SystemExit):
+            dlrm_v2_perf.parse(BASE + bad)
+
+
+def test_a_hung_perf_analyzer_is_stopped_and_gives_no_figure():
+    a = dlrm_v2_perf.parse(BASE + ["--pa-timeout-s", "1", "--budget-s", "600"])
+    done = dlrm_v2_perf.pa_call(a, ["sh", "-c", "echo started; sleep 30"])
+    assert done.returncode == 124
+    assert "started" in done.stdout and "stopped after 1 s" in done.stderr
+    assert dlrm_v2_perf.pa_call(a, ["sh", "-c", "echo ok"]).returncode == 0
+
+
+@pytest.mark.parametrize("text, lost", [
+    ("Thread [8] had error: failed to connect to all addresses; last error: UNAVAILABLE: "
+     "ipv4:127.0.0.1:18951: Broken pipe", True),
+    ("Failed to connect to remote host: Connection reset by peer", True),
+    ("Failed to retrieve results from inference request.", True),
+    ("Failed to obtain stable measurement within 6 measurement windows", False),
+    ("unable to allocate memory of 14024704 bytes on gpu for output: out of memory", False),
+])
+def test_only_lost_connections_send_a_run_again(text, lost):
+    assert bool(dlrm_v2_perf.CONNECTION_LOST.search(text)) == lost
