@@ -16,6 +16,11 @@
 #   bash bench/gpu/pack.sh        # then, on the device (kind nvidia-h100-x2), carry .carry and .carry_pa:
 # --rounds N runs the list N times in turn (A B A B ...), a later round's runs named <run>_r2, ...,
 # so that each ratio is measured more than once in one call (placements_summary prints each round's).
+# `-- --big-concurrency 4,8 --big-pairs 4096` adds requests larger than MLPerf's queries, whose rate
+# the queries a second through the front end do not hold: placements_summary prints their ratios
+# (how the GPUs themselves scale) beside the rest. Not yet run: perf_analyzer keeps each request's
+# inputs in GPU memory (7 MB at 4096 pairs), which on an H100 the tables and 6 instances left no
+# room for at 8192 pairs (bench/gpu/results/dlrm-v2/front_end/).
 #
 #   bash bench/gpu/dlrm_v2_placements.sh [--deadline-s 570] [--least-s 100 (a run starts with this much left)] [--rounds 1] [--runs sharded_01_fp32,replicated_01] [--results DIR] \
 #       [-- more dlrm-v2 arguments for every run, e.g. --server-arg=--log-verbose=1]

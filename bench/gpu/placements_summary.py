@@ -42,7 +42,14 @@ TARGETS = [
     ("sharded fp32 rows, replicate 0.35, >= 0.8x replicated fp16 (endless stream)", "sharded_01_fp32_hot",
      "replicated_01", "stream", 0.8),
     ("the same (perf_analyzer, MLPerf-like)", "sharded_01_fp32_hot", "replicated_01", "mlperf", None),
+    # requests larger than MLPerf's queries (dlrm_v2_perf.py --big-concurrency), where the queries a
+    # second through the front end do not hold the rate: how the GPUs themselves scale
+    ("replicated: two GPUs against one GPU (perf_analyzer, large requests)", "replicated_01", "replicated_0", "big",
+     None),
+    ("sharded fp32 rows against replicated fp16 (perf_analyzer, large requests)", "sharded_01_fp32", "replicated_01",
+     "big", None),
 ]
+KINDS = ("mlperf", "stream", "big")
 
 
 def load(folder, name):
@@ -105,8 +112,9 @@ def main():
             print("  not run (or no runs.json)")
             continue
         for k, later in enumerate(rounds[name][1:], start=2):
-            for kind in ("mlperf", "stream"):
-                print(f"  round {k} {kind:<6} {line(best(later, kind))}")
+            for kind in KINDS:
+                if kind != "big" or best(later, kind):
+                    print(f"  round {k} {kind:<6} {line(best(later, kind))}")
         ex = res.get("exactness") or {}
         lk, pr = ex.get("lookup"), ex.get("prediction")
         if lk:
@@ -117,12 +125,15 @@ def main():
                   f"(bound {pr['bound']}); answered per GPU: {shares or '-'}")
         else:
             print(f"  exactness: not measured ({'; '.join(ex.get('failures', [])) or 'no record'})")
-        for kind in ("mlperf", "stream"):
-            print(f"  {kind:<6} {line(best(res, kind))}")
+        for kind in KINDS:
+            if kind != "big" or best(res, kind):
+                print(f"  {kind:<6} {line(best(res, kind))}")
     print()
     for what, num, den, kind, bound in TARGETS:
         a, b = found[num], found[den]
         ra, rb = (best(a, kind) if a else None), (best(b, kind) if b else None)
+        if kind == "big" and ra is None and rb is None:
+            continue  # no run of the call sent large requests
         if ra is None or rb is None:
             print(f"-    {what}: no ratio ({num if ra is None else den} has no figure)")
             continue

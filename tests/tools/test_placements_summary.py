@@ -62,3 +62,26 @@ def test_rounds_in_turn_are_judged_by_their_median(tmp_path, capsys):
             os.remove(tmp_path / f"{name}_r{k}" / "runs.json")
     placements_summary.main()
     assert "MISS sharded >= 0.8x replicated on the same GPUs (endless stream): 7.00 / 10.00 M = 0.70x\n" in capsys.readouterr().out
+
+
+def test_large_requests_get_their_own_lines_only_where_sent(tmp_path, capsys):
+    """Runs with --big-concurrency print their large requests' rate and ratio beside the rest;
+    a call without them prints no such lines."""
+    with_big = {name: run(m, s) for name, m, s in (("replicated_0", 9e6, 7e6), ("replicated_01", 10e6, 8e6))}
+    with_big["replicated_0"]["perf"].append({"kind": "big", "pairs_per_s": 11e6, "concurrency": 8, "p99_ms": 30.0})
+    with_big["replicated_01"]["perf"].append({"kind": "big", "pairs_per_s": 21e6, "concurrency": 16, "p99_ms": 31.0})
+    for name, res in with_big.items():
+        os.makedirs(tmp_path / "big" / name)
+        (tmp_path / "big" / name / "runs.json").write_text(json.dumps(res))
+        os.makedirs(tmp_path / "plain" / name)
+        (tmp_path / "plain" / name / "runs.json").write_text(json.dumps(run(9e6, 7e6)))
+    sys.argv = ["placements_summary.py", str(tmp_path / "big")]
+    placements_summary.main()
+    out = capsys.readouterr().out
+    assert "replicated: two GPUs against one GPU (perf_analyzer, large requests): 21.00 / 11.00 M = 1.91x" in out
+    assert "big     21.00 M pairs/s at c=16, p99 31.0 ms" in out
+    assert "sharded fp32 rows against replicated fp16 (perf_analyzer, large requests): no ratio" in out
+    sys.argv = ["placements_summary.py", str(tmp_path / "plain")]
+    placements_summary.main()
+    plain = capsys.readouterr().out
+    assert "large requests" not in plain and "  big " not in plain
