@@ -156,17 +156,14 @@ def parse(argv=None):
                    help="-b 270 runs: perf_analyzer's pool of single pairs (it sends pairs i..i+269 of it from step "
                         "i = 270 k mod N and holds N x 270 pairs in GPU memory, so N is modest; coprime with 270, every "
                         "offset is used)")
-    p.add_argument("--pa-streaming", action="store_true",
-                   help="perf_analyzer over gRPC's bidirectional stream (--streaming: each client context sends its "
-                        "requests on one open stream) instead of one unary call per request (one H100 call: the "
-                        "warm-up at 384 in flight did not finish in 296 s)")
     p.add_argument("--pa-modes", default="sync",
                    help="perf_analyzer's calls, a comma list of sync, async, grpcstream and http: each measured run once "
                         "per mode, one after the other on the same server (sync: a thread and a connection per "
                         "request in flight, perf_analyzer's default; async: --async, --pa-threads threads keep them "
                         "in flight; grpcstream: --async --streaming, each client context's requests on one open "
                         "gRPC stream, which Triton 2.51 reads with its own thread and completion queue instead of "
-                        "the unary handler's two; http: async calls over HTTP, whose front end has "
+                        "the unary handler's two (one H100 call: the warm-up at 384 in flight did not finish in "
+                        "296 s); http: async calls over HTTP, whose front end has "
                         "--http-thread-count workers). One H100, 2026-11-27: async and grpcstream gave no more than "
                         "sync and failed more runs, http a quarter (bench/gpu/results/dlrm-v2/front_end/README.md)")
     p.add_argument("--big-pairs", type=int, default=8192,
@@ -583,21 +580,23 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
            "-i", "http" if http else "grpc", "-u", f"localhost:{a.port if http else a.port + 1}",
            "--shared-memory", "cuda", "--output-shared-memory-size", str(1 << 20),
            "--input-data", data, "--measurement-interval", str(a.interval_ms), "--max-trials", "6", "-f", raw]
-    if a.pa_streaming or mode == "grpcstream":
+    if mode == "grpcstream":
         cmd.append("--streaming")
     if mode in ("async", "grpcstream", "http"):
         cmd.append("--async")
         if a.pa_threads:
             cmd += ["--max-threads", str(a.pa_threads)]
     stats_model = "dlrm_v2_lookup" if kind == "lookup" else "dlrm_v2"
+
+    def counts():
+        """The server's counts, the host's CPU and the time, as a run starts."""
+        text = metrics_text(a.port)
+        return (*scrape(a.port, stats_model, text), device_counts(a.port, stats_model, text),
+                server_stats(client, stats_model), cpu_sample(a), time.time())
+
     time.sleep(0.6)  # the backend publishes its metrics every 250 ms: the last phase's lookups all counted
-    text = metrics_text(a.port)
-    k0, h0 = scrape(a.port, stats_model, text)
-    d0 = device_counts(a.port, stats_model, text)
-    s0 = server_stats(client, stats_model)
     log_at = log_size(a)
-    c0 = cpu_sample(a)
-    t0 = time.time()
+    k0, h0, d0, s0, c0, t0 = counts()
     done = pa_call(a, cmd)
     retried = False
     if done.returncode != 0 and CONNECTION_LOST.search(done.stdout + done.stderr) and left_s(a) > 60:
@@ -605,11 +604,7 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
         # model_analyzer#357): the run once more, its counts taken afresh
         print(f"  ({kind} c={conc} {mode}: perf_analyzer lost connections; the run once more)", flush=True)
         retried = True
-        text = metrics_text(a.port)
-        k0, h0 = scrape(a.port, stats_model, text)
-        d0 = device_counts(a.port, stats_model, text)
-        s0 = server_stats(client, stats_model)
-        c0, t0 = cpu_sample(a), time.time()
+        k0, h0, d0, s0, c0, t0 = counts()
         done = pa_call(a, cmd)
     stability = 10  # perf_analyzer's default bound (%) on how far its last windows may differ
     # unstable windows: longer ones and a looser bound, twice at most (as recsys/measure.py does)
@@ -1163,7 +1158,7 @@ def main():
     graphs = graph_batches(a.graph_batches, a.max_batch)
     plan = cache_plan(rows, a.cache, a.allocation, a.alpha, a.hit_rate_bound)
     setup = {"command": a.command, "argv": sys.argv, "gpu": gpu, "driver": driver, "torch": torch.__version__,
-             "pa_streaming": a.pa_streaming, "pa_modes": a.pa_mode_list, "pa_threads": a.pa_threads,
+             "pa_modes": a.pa_mode_list, "pa_threads": a.pa_threads,
              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "scale": a.scale, "rows": sum(rows),
              "rows_per_table": rows, "parameters": params, "table_gb": sum(rows) * ROW_BYTES / 1e9, "cache": a.cache,
              "allocation": a.allocation, "cached_rows": sum(plan["cached_per_table"]), "cache_plan": plan,
