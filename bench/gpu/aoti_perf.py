@@ -200,8 +200,8 @@ def fmt_ms(us):
 def perf_capi(a, repo, model, batch, out_dir, extra, torch, variant=None):
     """perf_analyzer's row for `model` at `batch` through Triton's C API: perf_analyzer loads
     libtritonserver.so from `a.capi_dir`/lib and the backends from `a.capi_dir`/backends, and
-    serves a repository holding this model alone (inputs from its host memory: the C API mode
-    has no shared memory). The plugin finds libtorch through TRITON_RUST_LIBTORCH_DIR, as the
+    serves a repository holding this model alone (inputs from its host memory, as perf_analyzer
+    hands them to the request; its C API mode takes system shared memory too, not CUDA's). The plugin finds libtorch through TRITON_RUST_LIBTORCH_DIR, as the
     C API mode passes no backend settings. `variant` (capi_variants): its plugin is served,
     and its config without dynamic batching where it says so; its label names the files."""
     one = os.path.join(a.work, "capi_repo")

@@ -183,6 +183,19 @@ def parse(argv=None):
     p.add_argument("--probe-concurrency", default="0",
                    help="one-pair queries (perf_analyzer -b 1 on dlrm_v2) in flight, in each of --pa-modes: the "
                         "queries/s the server gives when the GPU has next to nothing to do (0: none)")
+    p.add_argument("--pa-channel-shares", default="",
+                   help="gRPC calls of perf_analyzer that share one connection (its client library's "
+                        "TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT, default 6: 512 in flight open 86 connections), a "
+                        "comma list: each 270-pair run once per value, one after the other on the same server")
+    p.add_argument("--capi-concurrency", default="0",
+                   help="270-pair queries in flight through Triton's C API (perf_analyzer --service-kind "
+                        "triton_c_api: Triton's library and this backend in perf_analyzer's own process, the same "
+                        "repository, no gRPC front end), a comma list, after the server stops; inputs in system "
+                        "shared memory (CUDA shared memory is another process's memory, and here there is one "
+                        "process). 0: none")
+    p.add_argument("--capi-dir", default="",
+                   help="--capi-concurrency's --triton-server-directory: lib/libtritonserver.so and backends/ (run.sh "
+                        "makes /tmp/capi)")
     p.add_argument("--pa-threads", type=int, default=0,
                    help="perf_analyzer's --max-threads with async calls (0: its default, 16)")
     p.add_argument("--interval-ms", type=int, default=None, help=f"perf_analyzer's window (default {DEFAULTS['interval_ms']})")
@@ -253,6 +266,15 @@ def parse(argv=None):
     if not a.pa_mode_list or any(m not in ("sync", "async", "grpcstream", "http") for m in a.pa_mode_list):
         p.error(f"--pa-modes: a comma list of sync, async, grpcstream and http, not {a.pa_modes!r}")
     a.probe_concs = ints(a.probe_concurrency)
+    a.channel_shares = ints(a.pa_channel_shares)
+    a.capi_concs = ints(a.capi_concurrency)
+    if a.capi_concs and not a.capi_dir:
+        p.error("--capi-concurrency needs --capi-dir (lib/libtritonserver.so and backends/)")
+    if a.capi_concs:
+        try:
+            capi_range(a.capi_concs)
+        except ValueError as e:
+            p.error(str(e))
     a.probe_client_counts = ints(a.probe_clients)
     a.big_concs = ints(a.big_concurrency)
     if a.big_concs and not 0 < a.big_pairs <= a.max_batch:
@@ -551,27 +573,35 @@ CONNECTION_LOST = re.compile(r"Broken pipe|Connection reset by peer|failed to co
                              r"Failed to retrieve results from inference request")
 
 
-def pa_call(a, cmd):
+def pa_call(a, cmd, env=None):
     """perf_analyzer's run, stopped after --pa-timeout-s (or what is left of the budget): one
     that hangs gives no figure (a failed run) instead of taking the rest of the call."""
     limit = min(a.pa_timeout_s, max(60, left_s(a)))
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=env)
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
         return subprocess.CompletedProcess(cmd, 124, out, f"perf_analyzer stopped after {limit:.0f} s")
 
 
-def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, failures, mode=None):
+def pa_env(share):
+    """perf_analyzer's environment: `share` gRPC calls to a connection (None: its default)."""
+    if share is None:
+        return None
+    return {**os.environ, "TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT": str(share)}
+
+
+def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, failures, mode=None, share=None):
     """One perf_analyzer run (CUDA shared memory), printed and appended to `runs` (and
     runs.json); None where it gave no figure. `batch`: -b (270, or 1 for the twin, whose steps
     carry their own rows); `pairs_per_query`: pairs of one request (the twin: its pool's mean);
     `mode`: one of --pa-modes' calls, gRPC sync or async, the gRPC stream, or HTTP (default: the
-    first of --pa-modes). A run that loses its connections is run once more.
+    first of --pa-modes); `share`: gRPC calls to a connection (--pa-channel-shares; None: perf_analyzer's
+    default). A run that loses its connections is run once more.
     One perf_analyzer process: two at once cannot share a server with shared memory, since each
     unregisters every region of the server when it starts and when it ends."""
     mode = mode or a.pa_mode_list[0]
-    raw = os.path.join(a.work, "raw", f"{kind}_c{conc}_{mode}.csv")
+    raw = os.path.join(a.work, "raw", f"{kind}_c{conc}_{mode}" + ("" if share is None else f"_share{share}") + ".csv")
     os.makedirs(os.path.dirname(raw), exist_ok=True)
     if os.path.exists(raw):
         os.remove(raw)
@@ -597,7 +627,8 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     time.sleep(0.6)  # the backend publishes its metrics every 250 ms: the last phase's lookups all counted
     log_at = log_size(a)
     k0, h0, d0, s0, c0, t0 = counts()
-    done = pa_call(a, cmd)
+    env = pa_env(share)
+    done = pa_call(a, cmd, env)
     retried = False
     if done.returncode != 0 and CONNECTION_LOST.search(done.stdout + done.stderr) and left_s(a) > 60:
         # perf_analyzer's gRPC connections break at times with hundreds in flight ("Broken pipe",
@@ -605,7 +636,7 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
         print(f"  ({kind} c={conc} {mode}: perf_analyzer lost connections; the run once more)", flush=True)
         retried = True
         k0, h0, d0, s0, c0, t0 = counts()
-        done = pa_call(a, cmd)
+        done = pa_call(a, cmd, env)
     stability = 10  # perf_analyzer's default bound (%) on how far its last windows may differ
     # unstable windows: longer ones and a looser bound, twice at most (as recsys/measure.py does)
     for factor, looser in ((2, 25), (4, 50)):
@@ -615,7 +646,7 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
               flush=True)
         retry = list(cmd)
         retry[retry.index("--measurement-interval") + 1] = str(factor * a.interval_ms)
-        done = pa_call(a, retry + ["-s", str(looser)])
+        done = pa_call(a, retry + ["-s", str(looser)], env)
         stability = looser
     seconds = time.time() - t0
     cpu = cpu_use(c0, cpu_sample(a), seconds)
@@ -633,7 +664,7 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     queries = ips / pairs_per_query if batch > 1 else ips  # one perf_analyzer inference: a pair (-b 270) or a query
     pairs = queries * pairs_per_query
     delta = {k: s1[k] - s0[k] for k in s1}
-    r = {"kind": kind, "model": model, "concurrency": conc, "pa_mode": mode, "retried": retried,
+    r = {"kind": kind, "model": model, "concurrency": conc, "pa_mode": mode, "retried": retried, "channel_share": share,
          "batch": {"mlperf": a.mlperf_sizes, "probe1": 1, "big": a.big_pairs}.get(kind, QUERY),
          "csv": csv_row, "pairs_per_s": pairs, "queries_per_s": queries, "lookups_per_s": pairs * WIDTH,
          **{f"p{q}_ms": csv_row[f"p{q} latency"] / 1e3 for q in (50, 90, 95, 99)},
@@ -648,7 +679,8 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     runs.append(r)
     hr = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.4f}"
     pe = "-" if r["pairs_per_execution"] is None else f"{r['pairs_per_execution']:,.0f}"
-    print(f"  {kind:<17} c={conc:<3} {mode:<5} {pairs / 1e6:7.2f} M pairs/s {queries:9,.0f} queries/s "
+    print(f"  {kind:<17} c={conc:<3} {mode:<5}" + ("" if share is None else f" {share} a connection")
+          + f" {pairs / 1e6:7.2f} M pairs/s {queries:9,.0f} queries/s "
           f"{pairs * WIDTH / 1e9:6.2f} "
           f"G lookups/s  p50 {r['p50_ms']:7.2f}  p99 {r['p99_ms']:7.2f} ms  hit rate {hr}  {pe} pairs per execution"
           + ("" if stability == 10 else f"  (-s {stability})") + ("  (run again: connections lost)" if retried else "")
@@ -797,10 +829,11 @@ def perf_phase(a, client, pool, setup, res, failures, part):
             print("  (that run warmed the server up; not kept)", flush=True)
         for c in a.concs:
             for mode in a.pa_mode_list:
-                if room(f"270-pair queries at concurrency {c} ({mode} calls)"):
-                    perf_run(a, client, "fixed270", "dlrm_v2", QUERY, c, pool["fixed270"][0], QUERY, runs, failures,
-                             mode)
-                    save_json(a, res)
+                for share in [None] if mode == "http" else a.channel_shares or [None]:
+                    if room(f"270-pair queries at concurrency {c} ({mode} calls)"):
+                        perf_run(a, client, "fixed270", "dlrm_v2", QUERY, c, pool["fixed270"][0], QUERY, runs,
+                                 failures, mode, share)
+                        save_json(a, res)
         return
     for c in a.mlperf_concs:
         for mode in a.pa_mode_list:
@@ -833,6 +866,87 @@ def perf_phase(a, client, pool, setup, res, failures, part):
         perf_run(a, client, "fixed270_ensemble", "dlrm_v2_queries", 1, max(a.mlperf_concs),
                  pool["fixed270_ensemble"][0], QUERY, runs, failures)
         save_json(a, res)
+
+
+def capi_range(concs):
+    """perf_analyzer's --concurrency-range for --capi-concurrency: one value, or an even step."""
+    concs = sorted(concs)
+    steps = {b - a for a, b in zip(concs, concs[1:])}
+    if len(steps) > 1:
+        raise ValueError(f"--capi-concurrency {concs}: one value or an even step (perf_analyzer takes START:END:STEP)")
+    return f"{concs[0]}:{concs[-1]}:{steps.pop() if steps else 1}"
+
+
+SERVER_COUNTS = re.compile(r"Inference count: (\d+)\s+Execution count: (\d+)")
+
+
+def capi_phase(a, repo, pool, res, failures):
+    """270-pair queries through Triton's C API, after the server has stopped: perf_analyzer loads
+    libtritonserver.so from --capi-dir/lib and this backend from --capi-dir/backends and serves
+    dlrm_v2 from the same repository in its own process. Triton's scheduler, dynamic batcher and
+    this backend run as in tritonserver; the gRPC front end is not in the path. The inputs lie in
+    system shared memory, one buffer per input of a request as with CUDA shared memory over gRPC
+    (whose regions are opened from another process, and here there is one), and the backend
+    copies them to the GPU. One perf_analyzer process for every concurrency, the lowest first (its
+    first windows fill the caches and capture the graphs)."""
+    one = os.path.join(a.work, "capi_repo")
+    shutil.rmtree(one, ignore_errors=True)
+    os.makedirs(one)
+    os.symlink(os.path.join(repo, "dlrm_v2"), os.path.join(one, "dlrm_v2"))
+    raw = os.path.join(a.work, "raw", "fixed270_capi.csv")
+    os.makedirs(os.path.dirname(raw), exist_ok=True)
+    if os.path.exists(raw):
+        os.remove(raw)
+    cmd = [a.perf_analyzer, "-m", "dlrm_v2", "-b", str(QUERY), "--concurrency-range", capi_range(a.capi_concs),
+           "--service-kind", "triton_c_api", "--triton-server-directory", a.capi_dir, "--model-repository", one,
+           "--input-data", pool["fixed270"][0], "--shared-memory", "system", "--output-shared-memory-size",
+           str(1 << 20), "--measurement-interval", str(a.interval_ms), "--max-trials", "10", "-f", raw]
+    import torch
+    env = dict(os.environ)
+    # the C API mode passes no backend settings: the plugin finds libtorch through the environment
+    env["TRITON_RUST_LIBTORCH_DIR"] = a.libtorch_dir or os.path.join(os.path.dirname(torch.__file__), "lib")
+    env["LD_LIBRARY_PATH"] = os.path.join(a.capi_dir, "lib") + ":" + env.get("LD_LIBRARY_PATH", "")
+    # perf_analyzer opens libtritonserver.so with its symbols local; a backend finds the
+    # TRITONBACKEND_* functions among the process's global ones: preloaded, they are there
+    env["LD_PRELOAD"] = os.path.join(a.capi_dir, "lib", "libtritonserver.so")
+    print("  " + " ".join(cmd), flush=True)
+    c0, t0 = cpu_sample(a), time.time()
+    # the reference's share of the budget kept, as perf_phase keeps it
+    limit = max(60, min(a.pa_timeout_s * len(a.capi_concs) + 120, left_s(a) - (0 if a.no_reference else 100)))
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=env)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        done = subprocess.CompletedProcess(cmd, 124, out, f"perf_analyzer stopped after {limit:.0f} s")
+    seconds = time.time() - t0
+    cpu = cpu_use(c0, cpu_sample(a), seconds)
+    with open(os.path.join(a.work, "raw", "fixed270_capi.log"), "w") as f:
+        f.write(done.stdout + "\n--- stderr\n" + done.stderr)
+    if done.returncode != 0 or not os.path.exists(raw):
+        print(done.stdout[-3000:], done.stderr[-2000:], flush=True)
+        failures.append(f"perf_analyzer (C API) gave no figure: 270-pair queries at {a.capi_concurrency}")
+        return
+    with open(raw) as f:
+        rows = [{k: float(v) for k, v in row.items() if k and v not in ("", None) and NUMBER.match(v)}
+                for row in csv.DictReader(f)]
+    counts = SERVER_COUNTS.findall(done.stdout)
+    for i, row in enumerate(rows):
+        pairs = row["Inferences/Second"]  # -b 270: an inference is a pair
+        inf, ex = (int(x) for x in counts[i]) if i < len(counts) else (0, 0)
+        r = {"kind": "fixed270_capi", "model": "dlrm_v2", "concurrency": int(row["Concurrency"]), "pa_mode": "capi",
+             "retried": False, "batch": QUERY, "csv": row, "pairs_per_s": pairs, "queries_per_s": pairs / QUERY,
+             "lookups_per_s": pairs * WIDTH, **{f"p{q}_ms": row[f"p{q} latency"] / 1e3 for q in (50, 90, 95, 99)},
+             "avg_ms": sum(row.get(k, 0.0) for k in dlrm_v2_report.PARTS) / 1e3, "stability_pct": 10,
+             "hit_rate": None, "pairs_per_execution": inf / ex if ex else None, "seconds": seconds,
+             "pool": os.path.basename(pool["fixed270"][0]), "cpu": cpu, "per_device": {}}
+        res["perf"].append(r)
+        pe = "-" if r["pairs_per_execution"] is None else f"{r['pairs_per_execution']:,.0f}"
+        print(f"  fixed270 C API     c={r['concurrency']:<3} {pairs / 1e6:7.2f} M pairs/s {r['queries_per_s']:9,.0f} "
+              f"queries/s {pairs * WIDTH / 1e9:6.2f} G lookups/s  p50 {r['p50_ms']:7.2f}  p99 {r['p99_ms']:7.2f} ms  "
+              f"{pe} pairs per execution", flush=True)
+    print(f"    over the whole perf_analyzer process (Triton inside, {seconds:.0f} s with the load): host "
+          f"{cpu['host_busy_pct']:.0f}% busy of {cpu['cpus']}, perf_analyzer {cpu['client_cores']:.1f} cores", flush=True)
+    save_json(a, res)
 
 
 # ------------------------------------------------------------------ the endless stream
@@ -1264,7 +1378,13 @@ def main():
     except (Exception, SystemExit) as e:  # noqa: BLE001 - what was measured is still written below
         print(f"  the served phase ended early: {e}", flush=True)
         failures.append(f"the served phase: {str(e)[:300]}")
-    # the server has stopped: HBM is the reference's
+    # the server has stopped: HBM is the C API runs', then the reference's
+    if a.capi_concs and os.path.isdir(os.path.join(a.work, "repo", "dlrm_v2")):
+        phase("perf_analyzer through Triton's C API (no gRPC front end)")
+        if left_s(a) - (0 if a.no_reference else 100) > 60:
+            capi_phase(a, repo, pool, res, failures)
+        else:
+            print(f"  (skipped: {left_s(a):.0f} s left of --budget-s {a.budget_s:.0f})", flush=True)
 
     # 6. the bare PyTorch reference
     if warmer is not None:

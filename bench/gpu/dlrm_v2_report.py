@@ -26,24 +26,34 @@ KIND_LABEL = {
     "lookup": "pooled lookup alone (perf_analyzer -b 270 on dlrm_v2_lookup)",
     "probe1": "one-pair queries (perf_analyzer -b 1 on dlrm_v2)",
     "big": "large requests, not MLPerf's sizes (perf_analyzer -b --big-pairs on dlrm_v2)",
+    "fixed270_capi": "270-pair queries in-process, Triton's C API (perf_analyzer -b 270, no gRPC)",
 }
 STYLE = {"fixed270": ("o-", "tab:green"), "fixed270_ensemble": ("^--", "tab:olive"),
          "mlperf": ("s-", "tab:blue"), "stream": ("x:", "tab:purple"), "lookup": ("o-", "tab:orange"),
-         "probe1": ("d-", "tab:gray"), "big": ("v-", "tab:brown")}
+         "probe1": ("d-", "tab:gray"), "big": ("v-", "tab:brown"), "fixed270_capi": ("P-", "tab:cyan")}
 MODE_LINE = {"sync": ":", "async": "-", "grpcstream": "--", "http": "-."}
 
 
 # ------------------------------------------------------------------ figures
 
+def calls(r, word=""):
+    """How perf_analyzer called: its mode (then `word`), and the gRPC calls to a connection where a
+    run set them."""
+    share = r.get("channel_share")
+    return (r.get("pa_mode") or "") + word + ("" if share is None else f", {share} to a connection")
+
+
 def series(rows, kind):
-    """(label, style, color, rows) for each of perf_analyzer's call modes among `kind`'s rows:
-    one line per mode where a run measured several (sync calls dotted, the gRPC stream dashed)."""
-    modes = sorted({r.get("pa_mode") or "" for r in rows if r["kind"] == kind})
+    """(label, style, color, rows) for each of perf_analyzer's ways of calling among `kind`'s rows:
+    one line per way where a run measured several (sync calls dotted, the gRPC stream dashed;
+    --pa-channel-shares' runs each their own line)."""
+    ways = sorted({calls(r) for r in rows if r["kind"] == kind})
     style, color = STYLE[kind]
-    for m in modes:
-        sel = [r for r in rows if r["kind"] == kind and (r.get("pa_mode") or "") == m]
-        if len(modes) > 1:
-            yield f"{KIND_LABEL[kind]}, {m} calls", style[0] + MODE_LINE.get(m, "-"), color, sel
+    for w in ways:
+        sel = [r for r in rows if r["kind"] == kind and calls(r) == w]
+        if len(ways) > 1:
+            mode = w.split(",")[0]
+            yield f"{KIND_LABEL[kind]}, {calls(sel[0], ' calls')}", style[0] + MODE_LINE.get(mode, "-"), color, sel
         else:
             yield KIND_LABEL[kind], style, color, sel
 
@@ -92,6 +102,10 @@ def targets(setup, res):
     beside = ("" if stream_top is None else
               f"; beside it, our endless-stream client: {stream_top['pairs_per_s'] / 1e6:.2f} M pairs/s "
               f"(concurrency {stream_top['concurrency']})")
+    capi_top = best([r for r in perf if r["kind"] == "fixed270_capi"], "pairs_per_s")
+    if capi_top:  # not a verdict: no network front end in the path
+        beside += (f"; in-process through Triton's C API (no gRPC, not judged): {capi_top['pairs_per_s'] / 1e6:.2f} M "
+                   f"pairs/s (concurrency {capi_top['concurrency']}, p99 {capi_top['p99_ms']:.1f} ms)")
     scale_note = "" if setup["scale"] >= 1.0 else f" (this run: scale {setup['scale']}, not the target's 1.0)"
 
     def verdict(ok):
@@ -148,7 +162,7 @@ def ratios(res):
     ref_pairs, ref_lookups = reference_best(res)
     perf = res.get("perf", [])
     lines = []
-    for kind in ("fixed270", "mlperf", "stream"):
+    for kind in ("fixed270", "mlperf", "stream", "fixed270_capi"):
         rows = [r for r in perf + res.get("stream", []) if r["kind"] == kind]
         top = best(rows, "pairs_per_s")
         if top and ref_pairs:
@@ -178,7 +192,7 @@ def dle_table(rows, ref_pairs):
                   "-" if r.get("hit_rate") is None else f"{min(r['hit_rate'], 1.0):.4f}",
                   "-" if not r.get("pairs_per_execution") else f"{r['pairs_per_execution']:,.0f}",
                   f"{r['pairs_per_s'] / ref_pairs:.2f}" if ref_pairs and r["kind"] != "lookup" else "-",
-                  r.get("pa_mode", "sync")]
+                  calls(r) or "sync"]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -215,7 +229,7 @@ def plot_throughput(plt, setup, res, gpu, out):
     ref_pairs, ref_lookups = reference_best(res)
     rows = res.get("perf", []) + res.get("stream", [])
     concs, lookup_concs = set(), set()
-    for kind in ("fixed270", "fixed270_ensemble", "mlperf", "stream", "big"):
+    for kind in ("fixed270", "fixed270_ensemble", "mlperf", "stream", "big", "fixed270_capi"):
         for label, style, color, sel in series(rows, kind):
             pts = sorted((r["concurrency"], r["pairs_per_s"]) for r in sel)
             ax1.plot([c for c, _ in pts], [v / 1e6 for _, v in pts], style, color=color, label=label)
@@ -250,7 +264,7 @@ def plot_throughput(plt, setup, res, gpu, out):
 def plot_latency(plt, res, gpu, out):
     fig, ax = plt.subplots(figsize=(8, 4.8))
     rows = res.get("perf", []) + res.get("stream", [])
-    for kind in ("fixed270", "fixed270_ensemble", "mlperf", "stream"):
+    for kind in ("fixed270", "fixed270_ensemble", "mlperf", "stream", "fixed270_capi"):
         for label, style, color, sel in series(rows, kind):
             pts = sorted((r["pairs_per_s"], r["p99_ms"], r["concurrency"]) for r in sel)
             ax.plot([x / 1e6 for x, _, _ in pts], [y for _, y, _ in pts], style, color=color, label=label)
@@ -337,7 +351,8 @@ def write(out, setup, res, plots=True):
                         ("mlperf", "MLPerf-like query sizes through the twin"),
                         ("lookup", "The pooled lookup alone: dlrm_v2_lookup"),
                         ("probe1", "One-pair queries: perf_analyzer -b 1 on dlrm_v2"),
-                        ("big", "Large requests: perf_analyzer -b --big-pairs on dlrm_v2")):
+                        ("big", "Large requests: perf_analyzer -b --big-pairs on dlrm_v2"),
+                        ("fixed270_capi", "270-pair queries in-process: perf_analyzer through Triton's C API")):
         rows = sorted([r for r in perf if r["kind"] == kind], key=lambda r: r["concurrency"])
         if rows:
             note = {"fixed270": "Inferences/Second is pairs/s (one perf_analyzer inference is one pair).",
@@ -347,7 +362,14 @@ def write(out, setup, res, plots=True):
                     "big": "Inferences/Second is pairs/s. The requests are larger than MLPerf's queries, so the "
                            "queries a second through the front end do not hold them: what the GPU path serves.",
                     "probe1": "Inferences/Second is queries/s of one pair each: what the server gives per query when "
-                              "the GPU has next to nothing to do."}[kind]
+                              "the GPU has next to nothing to do.",
+                    "fixed270_capi": "Inferences/Second is pairs/s. perf_analyzer ran Triton's library and this "
+                                     "backend in its own process (`--service-kind triton_c_api`) on the same "
+                                     "repository after tritonserver stopped: the same scheduler, dynamic batcher and "
+                                     "backend, no gRPC front end. Its inputs lie in system shared memory (CUDA "
+                                     "shared memory is opened from another process), and the backend copies them "
+                                     "to the GPU. Not judged against the targets, which are for a server over the "
+                                     "network."}[kind]
             md += [f"## {title}", "", note + " `pairs per execution`: the batches the dynamic batcher formed "
                    "(Triton's statistics, the whole perf_analyzer call).", "", dle_table(rows, ref_pairs), ""]
             again = [r for r in rows if r.get("retried")]
@@ -429,9 +451,11 @@ def host_section(res):
     for r in runs:
         c = r["cpu"]
         threads = ", ".join(f"{n} {cores:.2f}" for n, cores in c.get("busiest_server_threads", [])[:3]) or "-"
-        mode = f" ({r['pa_mode']} calls)" if r.get("pa_mode") else ""
+        mode = f" ({calls(r, ' calls')})" if r.get("pa_mode") else ""
+        inside = r.get("pa_mode") == "capi"  # Triton ran in perf_analyzer's process: its cores are the client's
+        server = "in perf_analyzer" if inside else f"{c['server_cores']:.1f}"
         md.append(f"| {r['kind']}{mode} | {r['concurrency']} | {r['pairs_per_s'] / 1e6:.2f} M | "
-                  f"{c['host_busy_pct']:.0f}% of {c['cpus']} | {c['server_cores']:.1f} | {c['client_cores']:.1f} | {threads} |")
+                  f"{c['host_busy_pct']:.0f}% of {c['cpus']} | {server} | {c['client_cores']:.1f} | {threads} |")
     return md + [""]
 
 

@@ -48,8 +48,15 @@ TARGETS = [
      None),
     ("sharded fp32 rows against replicated fp16 (perf_analyzer, large requests)", "sharded_01_fp32", "replicated_01",
      "big", None),
+    # 270-pair queries in-process through Triton's C API (dlrm_v2_perf.py --capi-concurrency): the
+    # same scheduler and backend without the gRPC front end, inputs from host memory
+    ("replicated: two GPUs against one GPU (in-process, Triton's C API)", "replicated_01", "replicated_0",
+     "fixed270_capi", None),
+    ("sharded fp32 rows against replicated fp16 (in-process, Triton's C API)", "sharded_01_fp32", "replicated_01",
+     "fixed270_capi", None),
 ]
-KINDS = ("mlperf", "stream", "big")
+KINDS = ("mlperf", "stream", "big", "fixed270_capi")
+OPTIONAL = ("big", "fixed270_capi")  # printed where a run of the call measured them
 
 
 def load(folder, name):
@@ -113,7 +120,7 @@ def main():
             continue
         for k, later in enumerate(rounds[name][1:], start=2):
             for kind in KINDS:
-                if kind != "big" or best(later, kind):
+                if kind not in OPTIONAL or best(later, kind):
                     print(f"  round {k} {kind:<6} {line(best(later, kind))}")
         ex = res.get("exactness") or {}
         lk, pr = ex.get("lookup"), ex.get("prediction")
@@ -126,14 +133,14 @@ def main():
         else:
             print(f"  exactness: not measured ({'; '.join(ex.get('failures', [])) or 'no record'})")
         for kind in KINDS:
-            if kind != "big" or best(res, kind):
+            if kind not in OPTIONAL or best(res, kind):
                 print(f"  {kind:<6} {line(best(res, kind))}")
     print()
     for what, num, den, kind, bound in TARGETS:
         a, b = found[num], found[den]
         ra, rb = (best(a, kind) if a else None), (best(b, kind) if b else None)
-        if kind == "big" and ra is None and rb is None:
-            continue  # no run of the call sent large requests
+        if kind in OPTIONAL and ra is None and rb is None:
+            continue  # no run of the call measured them
         if ra is None or rb is None:
             print(f"-    {what}: no ratio ({num if ra is None else den} has no figure)")
             continue

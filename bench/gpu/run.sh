@@ -269,6 +269,16 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 } > "$res/host.txt" 2>&1
 cat "$res/host.txt"
 
+# perf_analyzer's C API mode (aoti, dlrm-v2 --capi-concurrency): libtritonserver.so (the wheel's
+# hashed name, beside the libraries it needs) under lib/, this backend under backends/
+capi=/tmp/capi
+capi_dir() {
+    mkdir -p "$capi/lib"
+    for f in "$PYT"/nvidia_pytriton.libs/*; do ln -sf "$f" "$capi/lib/"; done
+    ln -sf "$(ls "$PYT"/nvidia_pytriton.libs/libtritonserver-*.so | head -1)" "$capi/lib/libtritonserver.so"
+    ln -sfn "$backends" "$capi/backends"
+}
+
 ort_args=()
 rc=0
 case "$sub" in
@@ -311,13 +321,7 @@ dense)
     ;;
 aoti)
     model="${1:?aoti MODEL (resnet50, bert, dlrm_dense, dcnv2_dense, wide_deep_dense)}"; shift
-    # perf_analyzer's C API mode: libtritonserver.so (the wheel's hashed name, beside the
-    # libraries it needs) under lib/, this backend under backends/
-    capi=/tmp/capi
-    mkdir -p "$capi/lib"
-    for f in "$PYT"/nvidia_pytriton.libs/*; do ln -sf "$f" "$capi/lib/"; done
-    ln -sf "$(ls "$PYT"/nvidia_pytriton.libs/libtritonserver-*.so | head -1)" "$capi/lib/libtritonserver.so"
-    ln -sfn "$backends" "$capi/backends"
+    capi_dir
     # the GPU's SM clock, power and use every second (did its clocks fall between batch-1 requests?)
     nvidia-smi dmon -s puc -d 1 -o T > "$res/gpu_dmon.log" 2>&1 &
     dm=$!
@@ -358,11 +362,12 @@ dlrm-v2)
     # packs it into perf.tgz with the raw CSVs (a device call returns at most 8 files)
     work=/tmp/dlrm_v2
     mkdir -p "$work"
+    capi_dir  # for --capi-concurrency
     nvidia-smi dmon -s puc -d 2 -o T > "$work/gpu_dmon.log" 2>&1 &
     dm=$!
     OUT="$res" timeout "${DLRM_V2_TIMEOUT:-570}" python3 bench/gpu/dlrm_v2_perf.py --server "$server" \
         --backends "$backends" --perf-analyzer "$pa" --fixture-bin .carry/criteo_fixture \
-        --stream-client .carry/stream_client --libtorch-dir "$TORCH_DIR/lib" --results "$res" --work "$work" \
+        --stream-client .carry/stream_client --libtorch-dir "$TORCH_DIR/lib" --results "$res" --work "$work" --capi-dir "$capi" \
         --command "bash bench/gpu/run.sh dlrm-v2 $*" "$@" || rc=1
     kill "$dm" 2>/dev/null
     ;;

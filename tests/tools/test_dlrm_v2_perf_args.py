@@ -44,3 +44,24 @@ def test_a_hung_perf_analyzer_is_stopped_and_gives_no_figure():
 ])
 def test_only_lost_connections_send_a_run_again(text, lost):
     assert bool(dlrm_v2_perf.CONNECTION_LOST.search(text)) == lost
+
+
+def test_channel_shares_and_the_c_api_runs_parse_and_refuse():
+    a = dlrm_v2_perf.parse(BASE + ["--pa-channel-shares", "6,64", "--capi-concurrency", "256,512,768",
+                                   "--capi-dir", "/tmp/capi"])
+    assert a.channel_shares == [6, 64] and a.capi_concs == [256, 512, 768]
+    assert dlrm_v2_perf.capi_range(a.capi_concs) == "256:768:256"
+    assert dlrm_v2_perf.capi_range([512]) == "512:512:1"
+    assert dlrm_v2_perf.parse(BASE).capi_concs == []  # none unless asked
+    for bad in (["--capi-concurrency", "256"],  # no --capi-dir
+                ["--capi-concurrency", "128,256,768", "--capi-dir", "/tmp/capi"]):  # no even step
+        with pytest.raises(SystemExit):
+            dlrm_v2_perf.parse(BASE + bad)
+
+
+def test_a_channel_share_reaches_perf_analyzer_through_its_environment():
+    assert dlrm_v2_perf.pa_env(None) is None  # perf_analyzer's default (6)
+    a = dlrm_v2_perf.parse(BASE + ["--budget-s", "600"])
+    done = dlrm_v2_perf.pa_call(a, ["sh", "-c", "echo $TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT"],
+                                dlrm_v2_perf.pa_env(64))
+    assert done.stdout.strip() == "64"

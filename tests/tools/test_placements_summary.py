@@ -85,3 +85,22 @@ def test_large_requests_get_their_own_lines_only_where_sent(tmp_path, capsys):
     placements_summary.main()
     plain = capsys.readouterr().out
     assert "large requests" not in plain and "  big " not in plain
+
+
+def test_c_api_runs_get_their_own_ratio_only_where_measured(tmp_path, capsys):
+    """Runs with --capi-concurrency (Triton in perf_analyzer's process, no gRPC) print their rate
+    and the two-GPU ratio beside the rest, never judged; a call without them prints none."""
+    for name, capi in (("replicated_0", 9e6), ("replicated_01", 17e6)):
+        res = run(8e6, 7e6)
+        res["perf"].append({"kind": "fixed270_capi", "pairs_per_s": capi, "concurrency": 512, "p99_ms": 12.0})
+        os.makedirs(tmp_path / name)
+        (tmp_path / name / "runs.json").write_text(json.dumps(res))
+    sys.argv = ["placements_summary.py", str(tmp_path)]
+    placements_summary.main()
+    out = capsys.readouterr().out
+    assert "-    replicated: two GPUs against one GPU (in-process, Triton's C API): 17.00 / 9.00 M = 1.89x" in out
+    assert "fixed270_capi  17.00 M pairs/s at c=512" in out
+    for name in ("replicated_0", "replicated_01"):
+        (tmp_path / name / "runs.json").write_text(json.dumps(run(8e6, 7e6)))
+    placements_summary.main()
+    assert "C API" not in capsys.readouterr().out

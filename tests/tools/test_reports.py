@@ -58,3 +58,24 @@ def test_dlrm_v2_plots_draw_one_line_per_perf_analyzer_mode():
     old = [dict(r, pa_mode=None) for r in rows if r["kind"] == "fixed270"]
     assert [(label, len(sel)) for label, _, _, sel in dlrm_v2_report.series(old, "fixed270")] == [(base, 4)]
     assert [label for label, *_ in dlrm_v2_report.series(rows, "stream")] == [dlrm_v2_report.KIND_LABEL["stream"]]
+
+
+def test_dlrm_v2_c_api_figures_are_shown_beside_not_judged():
+    """Runs through Triton's C API (no gRPC front end) are given beside the served verdict and
+    never pass it; runs with several gRPC calls a connection get a line each."""
+    sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
+    import dlrm_v2_report
+    setup = {"scale": 1.0, "cache": 1.0}
+    res = {"perf": [{"kind": "fixed270", "pa_mode": "sync", "pairs_per_s": 8e6, "concurrency": 512, "p99_ms": 20.0},
+                    {"kind": "fixed270_capi", "pa_mode": "capi", "pairs_per_s": 12e6, "concurrency": 512,
+                     "p99_ms": 15.0}],
+           "stream": [], "reference": {"batches": {"17280": {"pairs_per_s": 5e6, "lookups_per_s": 2.5e9}}}}
+    got = {t.split(" (")[0]: (v, d) for t, v, d in dlrm_v2_report.targets(setup, res)}
+    verdict, detail = got["served >= 10 M pairs/s, every row in HBM"]
+    assert verdict == "MISS" and detail.startswith("8.00 M") and "C API (no gRPC, not judged): 12.00 M" in detail
+    assert got[">= 1.7x the bare PyTorch reference"][0] == "MISS"
+    rows = [{"kind": "fixed270", "pa_mode": "sync", "channel_share": s, "concurrency": 512, "pairs_per_s": p}
+            for s, p in ((None, 8e6), (64, 9e6))]
+    labels = [label for label, *_ in dlrm_v2_report.series(rows, "fixed270")]
+    base = dlrm_v2_report.KIND_LABEL["fixed270"]
+    assert labels == [f"{base}, sync calls", f"{base}, sync calls, 64 to a connection"]
