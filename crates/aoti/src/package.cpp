@@ -22,6 +22,21 @@ using namespace tra;
 
 namespace {
 
+// Set when the process runs its exit handlers. A host that embeds Triton (perf_analyzer's C
+// API mode) may delete the server from a static destructor, after libtorch's own statics are
+// gone: a CUDA graph's destructor then finds no generator state, throws, and the process
+// terminates. Registered at the first load, after the host's statics and before any graph
+// exists, this handler runs before a host's static destructor frees a model; tra_free then
+// leaves libtorch's objects to the exiting process.
+std::atomic<bool> exiting{false};
+
+void note_exiting() { exiting = true; }
+
+void watch_exit() {
+  static std::once_flag once;
+  std::call_once(once, [] { std::atexit(note_exiting); });
+}
+
 // The files mapped into this process that lie inside an unpacked package.
 std::set<std::string> mapped_package_files() {
   std::set<std::string> found;
@@ -236,6 +251,7 @@ const char* tra_runtime() {
 // own; `graphs` non-zero: runs asked to go through a graph capture one per input shape.
 void* tra_load(const char* path, int gpu, int graphs, Log log, char* err, size_t len) {
   try {
+    watch_exit();
     std::lock_guard<std::mutex> lock(loading());
     auto why = refusal(path, gpu);
     if (!why.empty()) {
@@ -301,9 +317,16 @@ char* tra_call_spec(void* model, char* err, size_t len) {
 void tra_free_string(char* s) { free(s); }
 
 // Frees the model (graphs before the loader), then removes what the loader unpacked;
-// on a GPU, what libtorch cached for it goes back to the device.
+// on a GPU, what libtorch cached for it goes back to the device. While the process exits
+// (watch_exit), only the unpacked files are removed.
 void tra_free(void* model) {
   auto* m = static_cast<Model*>(model);
+  if (exiting) {
+    // libtorch may be torn down already: its objects go with the process, the files now
+    std::error_code ignored;
+    if (!m->unpacked.empty()) std::filesystem::remove_all(m->unpacked, ignored);
+    return;
+  }
   try {
     bool gpu = !m->device.is_cpu();
 #ifdef TRA_CUDA

@@ -26,8 +26,10 @@
 #include "failed_capture.h"
 #endif
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
