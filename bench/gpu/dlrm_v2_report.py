@@ -37,10 +37,11 @@ MODE_LINE = {"sync": ":", "async": "-", "grpcstream": "--", "http": "-."}
 # ------------------------------------------------------------------ figures
 
 def calls(r, word=""):
-    """How perf_analyzer called: its mode (then `word`), and the gRPC calls to a connection where a
-    run set them."""
-    share = r.get("channel_share")
-    return (r.get("pa_mode") or "") + word + ("" if share is None else f", {share} to a connection")
+    """How perf_analyzer called: its mode (then `word`), and the gRPC calls to a connection, or
+    the C API's shared memory, where a run set them."""
+    share, shm = r.get("channel_share"), r.get("shm")
+    return ((r.get("pa_mode") or "") + word + ("" if share is None else f", {share} to a connection")
+            + ("" if shm is None else f", {shm} shared memory"))
 
 
 def series(rows, kind):
@@ -366,10 +367,10 @@ def write(out, setup, res, plots=True):
                     "fixed270_capi": "Inferences/Second is pairs/s. perf_analyzer ran Triton's library and this "
                                      "backend in its own process (`--service-kind triton_c_api`) on the same "
                                      "repository after tritonserver stopped: the same scheduler, dynamic batcher and "
-                                     "backend, no gRPC front end. Its inputs lie in system shared memory (CUDA "
-                                     "shared memory is opened from another process), and the backend copies them "
-                                     "to the GPU. Not judged against the targets, which are for a server over the "
-                                     "network."}[kind]
+                                     "backend, no gRPC front end. Its inputs lie in shared memory of the kind the "
+                                     "last column names (CUDA: GPU memory, as over gRPC; system: host memory, "
+                                     "which the backend copies up). Not judged against the targets, which are "
+                                     "for a server over the network."}[kind]
             md += [f"## {title}", "", note + " `pairs per execution`: the batches the dynamic batcher formed "
                    "(Triton's statistics, the whole perf_analyzer call).", "", dle_table(rows, ref_pairs), ""]
             again = [r for r in rows if r.get("retried")]
