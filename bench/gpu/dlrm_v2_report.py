@@ -226,9 +226,14 @@ def reference_table(ref, peak):
 # ------------------------------------------------------------------ plots
 
 def plot_throughput(plt, setup, res, gpu, out):
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
     ref_pairs, ref_lookups = reference_best(res)
     rows = res.get("perf", []) + res.get("stream", [])
+    # the lookup's panel only where a run measured it
+    if any(r["kind"] == "lookup" for r in rows):
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    else:
+        fig, ax1 = plt.subplots(figsize=(8, 4.8))
+        ax2 = None
     concs, lookup_concs = set(), set()
     for kind in ("fixed270", "fixed270_ensemble", "mlperf", "stream", "big", "fixed270_capi"):
         for label, style, color, sel in series(rows, kind):
@@ -242,17 +247,20 @@ def plot_throughput(plt, setup, res, gpu, out):
     ax1.axhline(goal / 1e6, color="tab:red", ls=":", label=f"target {goal / 1e6:.0f} M pairs/s")
     ax1.set(xscale="log", xlabel="concurrent client requests (queries in flight)", ylabel="M pairs / second",
             title="DLRM-v2 served: pairs/s")
-    for label, style, color, sel in series(rows, "lookup"):
-        pts = sorted((r["concurrency"], r["lookups_per_s"]) for r in sel)
-        ax2.plot([c for c, _ in pts], [v / 1e9 for _, v in pts], style, color=color, label=label)
-        lookup_concs |= {c for c, _ in pts}
-    if ref_lookups:
-        ax2.axhline(ref_lookups / 1e9, color="gray", ls="-.",
-                    label=f"bare PyTorch F.embedding_bag ({ref_lookups / 1e9:.2f} G)")
-    ax2.axhline(6.0, color="tab:red", ls=":", label="target 6 G lookups/s")
-    ax2.set(xscale="log", xlabel="concurrent client requests (270 pairs each)", ylabel="G lookups / second",
-            title="the pooled lookup alone")
+    if ax2 is not None:
+        for label, style, color, sel in series(rows, "lookup"):
+            pts = sorted((r["concurrency"], r["lookups_per_s"]) for r in sel)
+            ax2.plot([c for c, _ in pts], [v / 1e9 for _, v in pts], style, color=color, label=label)
+            lookup_concs |= {c for c, _ in pts}
+        if ref_lookups:
+            ax2.axhline(ref_lookups / 1e9, color="gray", ls="-.",
+                        label=f"bare PyTorch F.embedding_bag ({ref_lookups / 1e9:.2f} G)")
+        ax2.axhline(6.0, color="tab:red", ls=":", label="target 6 G lookups/s")
+        ax2.set(xscale="log", xlabel="concurrent client requests (270 pairs each)", ylabel="G lookups / second",
+                title="the pooled lookup alone")
     for ax, ticks in ((ax1, concs), (ax2, lookup_concs)):
+        if ax is None:
+            continue
         if ticks:
             ax.set_xticks(sorted(ticks), [str(c) for c in sorted(ticks)])
             ax.set_xticks([], minor=True)  # a log axis's minor labels (2x10^1 ...) would crowd the concurrencies

@@ -48,6 +48,9 @@ TARGETS = [
      None),
     ("sharded fp32 rows against replicated fp16 (perf_analyzer, large requests)", "sharded_01_fp32", "replicated_01",
      "big", None),
+    # 270-pair queries (dlrm_v2_perf.py --concurrency: perf_analyzer -b 270, gRPC)
+    ("replicated: two GPUs against one GPU (perf_analyzer, 270-pair queries)", "replicated_01", "replicated_0",
+     "fixed270", None),
     # 270-pair queries in-process through Triton's C API (dlrm_v2_perf.py --capi-concurrency): the
     # same scheduler and backend without the gRPC front end, inputs from host memory
     ("replicated: two GPUs against one GPU (in-process, Triton's C API)", "replicated_01", "replicated_0",
@@ -55,8 +58,8 @@ TARGETS = [
     ("sharded fp32 rows against replicated fp16 (in-process, Triton's C API)", "sharded_01_fp32", "replicated_01",
      "fixed270_capi", None),
 ]
-KINDS = ("mlperf", "stream", "big", "fixed270_capi")
-OPTIONAL = ("big", "fixed270_capi")  # printed where a run of the call measured them
+KINDS = ("mlperf", "stream", "fixed270", "big", "fixed270_capi")
+OPTIONAL = ("fixed270", "big", "fixed270_capi")  # printed where a run of the call measured them
 
 
 def load(folder, name):
