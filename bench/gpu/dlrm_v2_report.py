@@ -225,6 +225,16 @@ def reference_table(ref, peak):
 
 # ------------------------------------------------------------------ plots
 
+def draw(ax, rows, kind, key, unit):
+    """`kind`'s lines of `key` (in `unit`s) against the queries in flight; returns those."""
+    concs = set()
+    for label, style, color, sel in series(rows, kind):
+        pts = sorted((r["concurrency"], r[key]) for r in sel)
+        ax.plot([c for c, _ in pts], [v / unit for _, v in pts], style, color=color, label=label)
+        concs |= {c for c, _ in pts}
+    return concs
+
+
 def plot_throughput(plt, setup, res, gpu, out):
     ref_pairs, ref_lookups = reference_best(res)
     rows = res.get("perf", []) + res.get("stream", [])
@@ -236,10 +246,7 @@ def plot_throughput(plt, setup, res, gpu, out):
         ax2 = None
     concs, lookup_concs = set(), set()
     for kind in ("fixed270", "fixed270_ensemble", "mlperf", "stream", "big", "fixed270_capi"):
-        for label, style, color, sel in series(rows, kind):
-            pts = sorted((r["concurrency"], r["pairs_per_s"]) for r in sel)
-            ax1.plot([c for c, _ in pts], [v / 1e6 for _, v in pts], style, color=color, label=label)
-            concs |= {c for c, _ in pts}
+        concs |= draw(ax1, rows, kind, "pairs_per_s", 1e6)
     if ref_pairs:
         ax1.axhline(ref_pairs / 1e6, color="gray", ls="-.",
                     label=f"bare PyTorch reference, lookup + network ({ref_pairs / 1e6:.2f} M)")
@@ -248,10 +255,7 @@ def plot_throughput(plt, setup, res, gpu, out):
     ax1.set(xscale="log", xlabel="concurrent client requests (queries in flight)", ylabel="M pairs / second",
             title="DLRM-v2 served: pairs/s")
     if ax2 is not None:
-        for label, style, color, sel in series(rows, "lookup"):
-            pts = sorted((r["concurrency"], r["lookups_per_s"]) for r in sel)
-            ax2.plot([c for c, _ in pts], [v / 1e9 for _, v in pts], style, color=color, label=label)
-            lookup_concs |= {c for c, _ in pts}
+        lookup_concs |= draw(ax2, rows, "lookup", "lookups_per_s", 1e9)
         if ref_lookups:
             ax2.axhline(ref_lookups / 1e9, color="gray", ls="-.",
                         label=f"bare PyTorch F.embedding_bag ({ref_lookups / 1e9:.2f} G)")
