@@ -20,7 +20,10 @@
 # the queries a second through the front end do not hold: placements_summary prints their ratios
 # (how the GPUs themselves scale) beside the rest. Not yet run: perf_analyzer keeps each request's
 # inputs in GPU memory (7 MB at 4096 pairs), which on an H100 the tables and 6 instances left no
-# room for at 8192 pairs (bench/gpu/results/dlrm-v2/front_end/).
+# room for at 8192 pairs (bench/gpu/results/dlrm-v2/front_end/). `-- --capi-concurrency 256,512,768`
+# adds 270-pair queries in-process through Triton's C API (no gRPC front end), also printed apart;
+# on two GPUs perf_analyzer's C API mode puts its inputs on one GPU and labels them GPU 0's, which
+# fails the requests when that GPU is not GPU 0 (bench/gpu/results/dlrm-v2/thirty_two_cores/).
 #
 #   bash bench/gpu/dlrm_v2_placements.sh [--deadline-s 570] [--least-s 100 (a run starts with this much left)] [--rounds 1] [--runs sharded_01_fp32,replicated_01] [--results DIR] \
 #       [-- more dlrm-v2 arguments for every run, e.g. --server-arg=--log-verbose=1]

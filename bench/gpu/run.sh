@@ -48,7 +48,9 @@
 #                 against float64 sums and the PyTorch fp32 network, then perf_analyzer (gRPC, CUDA
 #                 shared memory): 270-pair queries (-b 270) over --concurrency, MLPerf-like 100-700
 #                 pairs per query through a non-batching ensemble twin, the pooled lookup alone; an
-#                 endless stream (.carry/stream_client); after the server stops, the bare PyTorch
+#                 endless stream (.carry/stream_client); after the server stops, with
+#                 --capi-concurrency, 270-pair queries in-process through Triton's C API (no gRPC
+#                 front end), then the bare PyTorch
 #                 reference (F.embedding_bag + torch.compile'd network, all tables in HBM); ratios and
 #                 the targets PASS/MISS; README.md with tables and plots. About 9 minutes at
 #                 scale 1.0 on an H100 (--quick: fewer points). With --cache below 1 its folder is
