@@ -49,6 +49,19 @@ def server_pid(port: int) -> int:
     raise SystemExit(f"no tritonserver on port {port}")
 
 
+def capi_env(capi_dir: str, libtorch_dir: str) -> dict:
+    """perf_analyzer's environment in its C API mode (Triton's library in its own process):
+    `capi_dir` holds lib/libtritonserver.so and backends/. The mode passes no backend settings,
+    so the plugin finds libtorch through TRITON_RUST_LIBTORCH_DIR; perf_analyzer opens
+    libtritonserver.so with its symbols local, and a backend finds the TRITONBACKEND_* functions
+    among the process's global ones: preloaded, they are there."""
+    env = dict(os.environ)
+    env["TRITON_RUST_LIBTORCH_DIR"] = libtorch_dir
+    env["LD_LIBRARY_PATH"] = os.path.join(capi_dir, "lib") + ":" + env.get("LD_LIBRARY_PATH", "")
+    env["LD_PRELOAD"] = os.path.join(capi_dir, "lib", "libtritonserver.so")
+    return env
+
+
 def rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:

@@ -201,9 +201,9 @@ def perf_capi(a, repo, model, batch, out_dir, extra, torch, variant=None):
     """perf_analyzer's row for `model` at `batch` through Triton's C API: perf_analyzer loads
     libtritonserver.so from `a.capi_dir`/lib and the backends from `a.capi_dir`/backends, and
     serves a repository holding this model alone (inputs from its host memory, as perf_analyzer
-    hands them to the request; its C API mode takes system shared memory too, not CUDA's). The plugin finds libtorch through TRITON_RUST_LIBTORCH_DIR, as the
-    C API mode passes no backend settings. `variant` (capi_variants): its plugin is served,
-    and its config without dynamic batching where it says so; its label names the files."""
+    hands them to the request; its C API mode also takes system shared memory, and GPU memory
+    by pointer). `variant` (capi_variants): its plugin is served, and its config without
+    dynamic batching where it says so; its label names the files."""
     one = os.path.join(a.work, "capi_repo")
     shutil.rmtree(one, ignore_errors=True)
     os.makedirs(one)
@@ -225,13 +225,8 @@ def perf_capi(a, repo, model, batch, out_dir, extra, torch, variant=None):
     cmd = [a.perf_analyzer, "-m", model, "-b", str(batch), "--concurrency-range", "1:1", "--service-kind", "triton_c_api",
            "--triton-server-directory", a.capi_dir, "--model-repository", one, "--measurement-interval",
            str(a.interval_ms), "--max-trials", str(a.max_trials), "-f", path, *extra]
-    env = dict(os.environ)
-    env["TRITON_RUST_LIBTORCH_DIR"] = a.libtorch_dir or os.path.join(os.path.dirname(torch.__file__), "lib")
-    env["LD_LIBRARY_PATH"] = os.path.join(a.capi_dir, "lib") + ":" + env.get("LD_LIBRARY_PATH", "")
-    # perf_analyzer opens libtritonserver.so with its symbols kept local, and a backend finds
-    # the TRITONBACKEND_* functions among the process's global symbols (tritonserver's binary
-    # links the library, so there they are): preloaded, they are global here too
-    env["LD_PRELOAD"] = os.path.join(a.capi_dir, "lib", "libtritonserver.so")
+    from tritonserver_process import capi_env
+    env = capi_env(a.capi_dir, a.libtorch_dir or os.path.join(os.path.dirname(torch.__file__), "lib"))
     print("  " + " ".join(cmd), flush=True)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     with open(os.path.join(out_dir, f"{model}_b{batch}_capi{suffix}.log"), "w") as f:

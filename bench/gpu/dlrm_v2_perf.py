@@ -565,21 +565,27 @@ def server_stats(client, model):
             **{k: int(s[k]["ns"]) for k in ("queue", "compute_input", "compute_infer", "compute_output")}}
 
 
+def read_rows(raw):
+    """The rows of a perf_analyzer CSV (one per concurrency), as numbers."""
+    with open(raw) as f:
+        return [{k: float(v) for k, v in row.items() if k and v not in ("", None) and NUMBER.match(v)}
+                for row in csv.DictReader(f)]
+
+
 def read_row(raw):
     """The first row of a perf_analyzer CSV, as numbers."""
-    with open(raw) as f:
-        first = next(csv.DictReader(f))
-    return {k: float(v) for k, v in first.items() if k and v not in ("", None) and NUMBER.match(v)}
+    return read_rows(raw)[0]
 
 
 CONNECTION_LOST = re.compile(r"Broken pipe|Connection reset by peer|failed to connect to all addresses|"
                              r"Failed to retrieve results from inference request")
 
 
-def pa_call(a, cmd, env=None):
-    """perf_analyzer's run, stopped after --pa-timeout-s (or what is left of the budget): one
-    that hangs gives no figure (a failed run) instead of taking the rest of the call."""
-    limit = min(a.pa_timeout_s, max(60, left_s(a)))
+def pa_call(a, cmd, env=None, limit=None):
+    """perf_analyzer's run, stopped after `limit` seconds (default --pa-timeout-s, or what is
+    left of the budget): one that hangs gives no figure (a failed run) instead of taking the
+    rest of the call."""
+    limit = limit or min(a.pa_timeout_s, max(60, left_s(a)))
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=env)
     except subprocess.TimeoutExpired as e:
@@ -905,22 +911,13 @@ def capi_phase(a, repo, pool, res, failures):
            "--input-data", pool["fixed270"][0], "--shared-memory", a.capi_shm, "--output-shared-memory-size",
            str(1 << 20), "--measurement-interval", str(a.interval_ms), "--max-trials", "10", "-f", raw]
     import torch
-    env = dict(os.environ)
-    # the C API mode passes no backend settings: the plugin finds libtorch through the environment
-    env["TRITON_RUST_LIBTORCH_DIR"] = a.libtorch_dir or os.path.join(os.path.dirname(torch.__file__), "lib")
-    env["LD_LIBRARY_PATH"] = os.path.join(a.capi_dir, "lib") + ":" + env.get("LD_LIBRARY_PATH", "")
-    # perf_analyzer opens libtritonserver.so with its symbols local; a backend finds the
-    # TRITONBACKEND_* functions among the process's global ones: preloaded, they are there
-    env["LD_PRELOAD"] = os.path.join(a.capi_dir, "lib", "libtritonserver.so")
+    from tritonserver_process import capi_env
+    env = capi_env(a.capi_dir, a.libtorch_dir or os.path.join(os.path.dirname(torch.__file__), "lib"))
     print("  " + " ".join(cmd), flush=True)
     c0, t0 = cpu_sample(a), time.time()
     # the reference's share of the budget kept, as perf_phase keeps it
     limit = max(60, min(a.pa_timeout_s * len(a.capi_concs) + 120, left_s(a) - (0 if a.no_reference else 100)))
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=env)
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        done = subprocess.CompletedProcess(cmd, 124, out, f"perf_analyzer stopped after {limit:.0f} s")
+    done = pa_call(a, cmd, env, limit)
     seconds = time.time() - t0
     cpu = cpu_use(c0, cpu_sample(a), seconds)
     with open(os.path.join(a.work, "raw", "fixed270_capi.log"), "w") as f:
@@ -933,9 +930,7 @@ def capi_phase(a, repo, pool, res, failures):
         # its CSV is written once every concurrency is measured: the figures stand, the exit is a failure
         print(done.stderr[-2000:], flush=True)
         failures.append(f"perf_analyzer (C API) exited with {done.returncode} after writing its figures")
-    with open(raw) as f:
-        rows = [{k: float(v) for k, v in row.items() if k and v not in ("", None) and NUMBER.match(v)}
-                for row in csv.DictReader(f)]
+    rows = read_rows(raw)
     counts = SERVER_COUNTS.findall(done.stdout)
     for i, row in enumerate(rows):
         pairs = row["Inferences/Second"]  # -b 270: an inference is a pair
