@@ -55,6 +55,13 @@ pub(crate) fn in_parts<T: Sync, U: Send>(
     })
 }
 
+/// The bytes of `k`, in memory order (what a copy to the GPU sends).
+pub(crate) fn int_bytes(k: &[i64]) -> &[u8] {
+    // SAFETY: i64 has no padding bytes, u8 needs no alignment, and the length is the
+    // slice's own size in bytes; the borrow keeps `k` alive and unchanged.
+    unsafe { std::slice::from_raw_parts(k.as_ptr().cast::<u8>(), std::mem::size_of_val(k)) }
+}
+
 pub struct Uploader {
     queue: Queue,
     pinned: PinnedBuf<u8>,

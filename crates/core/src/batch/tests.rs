@@ -460,3 +460,22 @@ fn ragged_inputs_batch_whatever_their_size_into_one_flat_tensor() {
     let fixed = ModelConfig { ragged: Vec::new(), ..c.clone() };
     assert_eq!(group_by_shape(&fixed, &[&r1, &r2]), vec![vec![0], vec![1]]);
 }
+
+#[test]
+fn host_joins_large_and_small_keep_every_byte_in_order() {
+    // past PARALLEL_JOIN, with pieces of odd sizes, one larger than a task's share (so it is
+    // cut), one empty; and the same pieces below it, copied on this thread
+    let sizes = [3usize, 5 << 20, 0, 1, 700_001, 9 << 20, 17];
+    let pieces: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (0..n).map(|j| (j * 31 + i * 7 + j / 4093) as u8).collect())
+        .collect();
+    let refs: Vec<&[u8]> = pieces.iter().map(Vec::as_slice).collect();
+    assert!(sizes.iter().sum::<usize>() >= PARALLEL_JOIN);
+    let whole = pieces.concat();
+    assert!(join_host(&refs).as_slice() == whole.as_slice(), "a large join");
+    let small: Vec<&[u8]> = vec![refs[0], refs[2], refs[4], refs[6]];
+    assert!(join_host(&small).as_slice() == small.concat().as_slice(), "a small join");
+    assert!(join_host(&[]).is_empty());
+}

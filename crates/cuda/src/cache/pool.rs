@@ -15,6 +15,7 @@ use crate::error::{CudaError, Result};
 use crate::kernels::{self, threads_config, Kernels};
 use crate::mem::{DeviceView, DeviceViewMut};
 use crate::pinned::PinnedBuf;
+use crate::upload::{int_bytes, Uploader};
 
 /// Reduces bags of rows to one row each, into a buffer of its own (grown as batches grow).
 pub struct Pooler {
@@ -200,7 +201,9 @@ pub struct ResidentPool {
     dim: usize,
     stored: RowFormat,
     format: RowFormat,
-    keys: (PinnedBuf<i64>, DeviceMem),
+    /// Keys sent in host memory go up through the uploader's page-locked buffer, copied into
+    /// it by several threads while its chunks are already on their way.
+    keys: (Uploader, DeviceMem),
     at: (PinnedBuf<i32>, DeviceMem),
     count: (PinnedBuf<u32>, DeviceMem),
     out: DeviceMem,
@@ -241,7 +244,7 @@ impl ResidentPool {
             dim,
             stored,
             format,
-            keys: (PinnedBuf::new(d), DeviceMem::growing(d)),
+            keys: (Uploader::new(d)?, DeviceMem::growing(d)),
             at: (PinnedBuf::new(d), DeviceMem::growing(d)),
             count: (PinnedBuf::new(d), DeviceMem::growing(d)),
             out: DeviceMem::growing(d),
@@ -306,10 +309,10 @@ impl ResidentPool {
                 DevicePtr::of_view(&v)?.raw()
             }
             BatchKeys::Host(k) => {
-                let h = self.keys.0.slice(needed.max(1))?;
-                h[..needed].copy_from_slice(&k[..needed]);
+                // the last run waited for its kernel, so nothing still reads the old keys
                 self.keys.1.reserve(needed.max(1) * 8)?;
-                htod(q, self.keys.1.ptr(), &h[..needed])?;
+                let (dst, _) = self.keys.1.view_mut().split_at(needed * 8);
+                self.keys.0.upload(int_bytes(&k[..needed]), dst)?; // done when it returns
                 self.keys.1.ptr().raw()
             }
         };
