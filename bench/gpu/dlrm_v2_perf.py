@@ -187,6 +187,10 @@ def parse(argv=None):
                    help="gRPC calls of perf_analyzer that share one connection (its client library's "
                         "TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT, default 6: 512 in flight open 86 connections), a "
                         "comma list: each 270-pair run once per value, one after the other on the same server")
+    p.add_argument("--pa-shm", default="cuda", choices=["cuda", "system"],
+                   help="where perf_analyzer's gRPC and HTTP runs put their inputs: CUDA shared memory (GPU "
+                        "memory, as a client on the GPU's host can) or system shared memory (host memory: the "
+                        "backend copies the keys up, as for keys sent in a request's body)")
     p.add_argument("--capi-concurrency", default="0",
                    help="270-pair queries in flight through Triton's C API (perf_analyzer --service-kind "
                         "triton_c_api: Triton's library and this backend in perf_analyzer's own process, the same "
@@ -601,7 +605,7 @@ def pa_env(share):
 
 
 def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, failures, mode=None, share=None):
-    """One perf_analyzer run (CUDA shared memory), printed and appended to `runs` (and
+    """One perf_analyzer run (--pa-shm's shared memory), printed and appended to `runs` (and
     runs.json); None where it gave no figure. `batch`: -b (270, or 1 for the twin, whose steps
     carry their own rows); `pairs_per_query`: pairs of one request (the twin: its pool's mean);
     `mode`: one of --pa-modes' calls, gRPC sync or async, the gRPC stream, or HTTP (default: the
@@ -617,7 +621,7 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     http = mode == "http"
     cmd = [a.perf_analyzer, "-m", model, "-b", str(batch), "--concurrency-range", f"{conc}:{conc}",
            "-i", "http" if http else "grpc", "-u", f"localhost:{a.port if http else a.port + 1}",
-           "--shared-memory", "cuda", "--output-shared-memory-size", str(1 << 20),
+           "--shared-memory", a.pa_shm, "--output-shared-memory-size", str(1 << 20),
            "--input-data", data, "--measurement-interval", str(a.interval_ms), "--max-trials", "6", "-f", raw]
     if mode == "grpcstream":
         cmd.append("--streaming")
@@ -674,6 +678,7 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     pairs = queries * pairs_per_query
     delta = {k: s1[k] - s0[k] for k in s1}
     r = {"kind": kind, "model": model, "concurrency": conc, "pa_mode": mode, "retried": retried, "channel_share": share,
+         "shm": None if a.pa_shm == "cuda" else a.pa_shm,
          "batch": {"mlperf": a.mlperf_sizes, "probe1": 1, "big": a.big_pairs}.get(kind, QUERY),
          "csv": csv_row, "pairs_per_s": pairs, "queries_per_s": queries, "lookups_per_s": pairs * WIDTH,
          **{f"p{q}_ms": csv_row[f"p{q} latency"] / 1e3 for q in (50, 90, 95, 99)},
@@ -689,6 +694,7 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
     hr = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.4f}"
     pe = "-" if r["pairs_per_execution"] is None else f"{r['pairs_per_execution']:,.0f}"
     print(f"  {kind:<17} c={conc:<3} {mode:<5}" + ("" if share is None else f" {share} a connection")
+          + ("" if a.pa_shm == "cuda" else f" {a.pa_shm} shm")
           + f" {pairs / 1e6:7.2f} M pairs/s {queries:9,.0f} queries/s "
           f"{pairs * WIDTH / 1e9:6.2f} "
           f"G lookups/s  p50 {r['p50_ms']:7.2f}  p99 {r['p99_ms']:7.2f} ms  hit rate {hr}  {pe} pairs per execution"

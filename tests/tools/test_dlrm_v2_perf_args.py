@@ -65,3 +65,10 @@ def test_a_channel_share_reaches_perf_analyzer_through_its_environment():
     done = dlrm_v2_perf.pa_call(a, ["sh", "-c", "echo $TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT"],
                                 dlrm_v2_perf.pa_env(64))
     assert done.stdout.strip() == "64"
+
+
+def test_the_shared_memory_of_the_network_runs_parses_and_refuses():
+    assert dlrm_v2_perf.parse(BASE).pa_shm == "cuda"  # as before the option: GPU memory
+    assert dlrm_v2_perf.parse(BASE + ["--pa-shm", "system"]).pa_shm == "system"
+    with pytest.raises(SystemExit):
+        dlrm_v2_perf.parse(BASE + ["--pa-shm", "none"])
