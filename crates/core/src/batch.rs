@@ -504,33 +504,20 @@ pub fn assemble<'a>(cfg: &ModelConfig, group: &[&CheckedRequest<'a>]) -> Result<
     Ok(Batch { tensors, rows, total_rows: total })
 }
 
-/// Joined host inputs at least this large are copied by several threads.
-const PARALLEL_JOIN: usize = 8 << 20;
-
-/// The pieces one after the other in one buffer. A large join (a batch of MLPerf DLRM-v2's
-/// keys from system shared memory or request bodies: about 28 MB) is copied by the
-/// process's worker pool, a few MB to a task: one thread copies only a few GB/s.
+/// The pieces one after the other in one buffer, copied on this thread. (Copying a large
+/// join on the worker pool, several threads at once, served MLPerf DLRM-v2's keys from host
+/// memory 5-14% faster in-process but 2-7% slower through gRPC on the 16-core H100 host,
+/// where the threads it woke took CPU from the server's front end:
+/// bench/gpu/results/dlrm-v2/front_end/README.md, calls 11 to 13.)
 fn join_host(pieces: &[&[u8]]) -> AlignedBuf {
     let size: usize = pieces.iter().map(|p| p.len()).sum();
     // every byte is written below
     let mut buf = AlignedBuf::for_overwrite(size);
-    let mut rest = buf.as_mut_slice();
-    let mut jobs: Vec<(&mut [u8], &[u8])> = Vec::with_capacity(pieces.len());
+    let mut at = 0;
+    let out = buf.as_mut_slice();
     for p in pieces {
-        let (to, after) = std::mem::take(&mut rest).split_at_mut(p.len());
-        jobs.push((to, p));
-        rest = after;
-    }
-    if size < PARALLEL_JOIN {
-        jobs.into_iter().for_each(|(to, from)| to.copy_from_slice(from));
-    } else {
-        use rayon::prelude::*;
-        // pieces larger than a task's share are cut, so that one large request (or a
-        // batch of few) is spread over the threads too
-        let task = (size / rayon::current_num_threads().clamp(1, 8)).max(1 << 20);
-        jobs.into_par_iter()
-            .flat_map_iter(|(to, from)| to.chunks_mut(task).zip(from.chunks(task)))
-            .for_each(|(to, from)| to.copy_from_slice(from));
+        out[at..at + p.len()].copy_from_slice(p);
+        at += p.len();
     }
     buf
 }
