@@ -504,11 +504,11 @@ pub fn assemble<'a>(cfg: &ModelConfig, group: &[&CheckedRequest<'a>]) -> Result<
     Ok(Batch { tensors, rows, total_rows: total })
 }
 
-/// The pieces one after the other in one buffer, copied on this thread. (Copying a large
-/// join on the worker pool, several threads at once, served MLPerf DLRM-v2's keys from host
-/// memory 5-14% faster in-process but 2-7% slower through gRPC on the 16-core H100 host,
-/// where the threads it woke took CPU from the server's front end:
-/// bench/gpu/results/dlrm-v2/front_end/README.md, calls 11 to 13.)
+/// The pieces one after the other in one buffer, copied on this thread. A large join copied
+/// by the worker pool instead served MLPerf DLRM-v2's keys from host memory 5-14% faster
+/// in-process but 2-7% slower through gRPC on the 16-core H100 host, likely because its
+/// threads took CPU from the server's front end (bench/gpu/results/dlrm-v2/front_end/README.md,
+/// calls 11 to 13).
 fn join_host(pieces: &[&[u8]]) -> AlignedBuf {
     let size: usize = pieces.iter().map(|p| p.len()).sum();
     // every byte is written below
