@@ -399,11 +399,12 @@ impl Chain {
             ran??;
             match looked? {
                 Some(true) => cur = next,
-                Some(false) => {
-                    return Err(Error::internal(
-                        "the lookup stopped writing into the chain's buffer",
-                    ))
-                }
+                // a later part's keys need the lookup's other path (a key that is no row of
+                // its table: past it, added by an update, or a client's bad key): nothing is
+                // answered yet, so the whole batch goes that way, where a bad key is the
+                // client's error and the server runs each request alone (the parts already
+                // looked up are counted again)
+                Some(false) => return Ok(false),
                 None => {}
             }
         }

@@ -159,6 +159,9 @@ struct PartLookup {
     sig: Signature,
     log: Arc<std::sync::Mutex<Vec<String>>>,
     started: Arc<(std::sync::Mutex<usize>, std::sync::Condvar)>,
+    /// The call of `run_into` (1 the first) that cannot write into the buffer, as a batch
+    /// with a key that is no row of its table cannot.
+    refuse: Option<usize>,
 }
 impl PartLookup {
     /// On GPU 0 (simulated): keys [rows, 2] in, rows [rows, 2, 1] of f32 out.
@@ -175,6 +178,7 @@ impl PartLookup {
             },
             log,
             started,
+            refuse: None,
         }
     }
 }
@@ -203,7 +207,14 @@ impl LookupStep for PartLookup {
         inputs: &[BatchTensor<'_>],
         out: &mut DeviceViewMut<'_>,
     ) -> Result<bool> {
-        self.log.lock().unwrap().push(format!("run_into {:?}", inputs[0].shape));
+        let calls = {
+            let mut log = self.log.lock().unwrap();
+            log.push(format!("run_into {:?}", inputs[0].shape));
+            log.iter().filter(|e| e.starts_with("run_into")).count()
+        };
+        if self.refuse == Some(calls) {
+            return Ok(false);
+        }
         let rows: Vec<u8> =
             keys_of(&inputs[0]).iter().flat_map(|&k| (k as f32).to_le_bytes()).collect();
         out.simulated_bytes().unwrap()[..rows.len()].copy_from_slice(&rows);
@@ -380,6 +391,24 @@ fn a_large_batch_runs_in_parts_each_lookup_beside_the_network_on_the_part_before
     );
     assert_eq!(run_rows(&mut chain, 3000), want_rows(3000), "under 3 × 1024 rows: whole");
     assert_eq!(log.lock().unwrap().drain(..).collect::<Vec<_>>(), ["run [3000, 2]"]);
+}
+
+#[test]
+fn a_later_part_the_lookup_cannot_write_sends_the_whole_batch_the_other_way() {
+    // the second part's keys need the lookup's other path: nothing was answered, so the
+    // batch runs whole there (where a bad key is the client's error), not as a failure
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let started = Arc::new((std::sync::Mutex::new(0usize), std::sync::Condvar::new()));
+    let mut lookup = PartLookup::new(log.clone(), started.clone());
+    lookup.refuse = Some(2);
+    let dense = PartDense::new(started, 1); // its parts never wait here
+    let sig = dense.sig.clone();
+    let mut chain = gpu_chain(lookup, Box::new(dense), &sig, 3);
+    assert_eq!(run_rows(&mut chain, 4000), want_rows(4000), "every row answered once");
+    assert_eq!(
+        log.lock().unwrap().drain(..).collect::<Vec<_>>(),
+        ["run_into [1334, 2]", "run_into [1334, 2]", "run [4000, 2]"]
+    );
 }
 
 /// `PartDense` (which never waits here) offering a "captured graph" for batches of 16
