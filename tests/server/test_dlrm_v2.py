@@ -89,7 +89,7 @@ def test_requests_batch_together_and_a_bad_key_fails_alone(server, reference):
     for i, (out, err) in enumerate(results):
         if i == 6:
             assert err is not None and "INVALID_ARGUMENT" in error_status(err), err
-            assert "input 'sparse'" in str(err) and "-3" in str(err), str(err)
+            assert "input 'sparse': key -3 at element 2 is negative" in str(err), str(err)
         else:
             assert err is None, f"request {i}: {err}"
             np.testing.assert_allclose(out, predict(reference, *payloads[i]), rtol=1e-4, atol=1e-5)
@@ -116,13 +116,22 @@ def test_ragged_keys_answer_as_the_padded_form_batched_together_a_bad_length_alo
     bad["lengths"] = bad["lengths"].copy()
     bad["lengths"][0, 3] += 2
     requests.append(bad)
+    # a negative key: refused where the batch's keys are read, the rest of the batch answered
+    negative = dict(requests[7])
+    negative["sparse"] = negative["sparse"].copy()
+    negative["sparse"][0, 1] = -4
+    requests.append(negative)
     client.close()
     before = server.stats("dlrm_v2_ragged")
     results = fire_grpc(server, "dlrm_v2_ragged", None, requests, "prediction")
     for i, (out, err) in enumerate(results):
-        if i == len(requests) - 1:
+        if i == len(requests) - 2:
             assert err is not None and "INVALID_ARGUMENT" in error_status(err), err
             assert "input 'lengths'" in str(err), str(err)
+            continue
+        if i == len(requests) - 1:
+            assert err is not None and "INVALID_ARGUMENT" in error_status(err), err
+            assert "input 'sparse': key -4 at element 1 is negative" in str(err), str(err)
             continue
         assert err is None, f"request {i}: {err}"
         np.testing.assert_allclose(out, padded[i:i + 1], rtol=1e-6, atol=1e-7, err_msg=f"sample {i}")
@@ -130,5 +139,5 @@ def test_ragged_keys_answer_as_the_padded_form_batched_together_a_bad_length_alo
     executions = (int(server.stats_after("dlrm_v2_ragged", before, len(requests) - 1)["execution_count"])
                   - int(before["execution_count"]))
     print(f"\n[dlrm_v2] {len(requests)} ragged requests ({sizes[0]}..{sizes[-1]} keys) ran in {executions} executions; "
-          f"the bad one: {str(results[len(requests) - 1][1])[:160]}")
+          f"the bad ones: {str(results[len(requests) - 2][1])[:160]}; {str(results[len(requests) - 1][1])[:160]}")
     assert executions < len(requests) - 1, f"the dynamic batcher merged nothing: {executions} executions"

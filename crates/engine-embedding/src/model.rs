@@ -197,12 +197,6 @@ impl Model {
             ))),
             Interface::Pooled if m.lengths_input() => {
                 let (kname, lname) = (&m.sig.inputs[0].name, &m.sig.inputs[1].name);
-                let least = first_below(&inputs[0], 0);
-                if let Some((i, k)) = least {
-                    return Err(Error::invalid_arg(format!(
-                        "input '{kname}': key {k} at element {i} is negative"
-                    )));
-                }
                 let lengths = from_chunks(&inputs[1], i32::from_le_bytes);
                 let keys = inputs[0].byte_size() / 8;
                 let mut total = 0usize;
@@ -217,7 +211,14 @@ impl Model {
                         "input '{lname}': the lengths sum to {total} but {keys} keys were sent"
                     )));
                 }
+                // a negative key is refused where the batch's keys are read for the lookup
+                // (`PooledRun::run`), as one sent in GPU memory is: reading every key of
+                // each request here as well cost a third of a large batch's time in host
+                // memory; with vocabulary sizes the keys are read here anyway
                 if m.checks_vocabulary() {
+                    if let Some((i, k)) = first_below(&inputs[0], 0) {
+                        return Err(negative_key(kname, i, k, true));
+                    }
                     let keys = from_chunks(&inputs[0], i64::from_le_bytes);
                     let bags = Bags::ragged(m.store().table_count(), &keys, &lengths)?;
                     for t in 0..m.store().table_count() {
@@ -227,13 +228,11 @@ impl Model {
                 Ok(())
             }
             Interface::Pooled => {
-                if let Some((i, k)) = first_below(&inputs[0], PAD) {
-                    return Err(Error::invalid_arg(format!(
-                        "input '{}': key {k} at element {i} is negative (a bag shorter than its table's hotness is padded with {PAD})",
-                        m.sig.inputs[0].name
-                    )));
-                }
+                // as above: a negative key is refused where the batch's keys are read
                 if let (true, Some(pooling)) = (m.checks_vocabulary(), m.settings.pooling.as_ref()) {
+                    if let Some((i, k)) = first_below(&inputs[0], PAD) {
+                        return Err(negative_key(&m.sig.inputs[0].name, i, k, false));
+                    }
                     let keys = from_chunks(&inputs[0], i64::from_le_bytes);
                     let bags = Bags::fixed(pooling, &keys);
                     for t in 0..pooling.hotness.len() {
@@ -253,6 +252,17 @@ impl Model {
             }
         }
     }
+}
+
+/// A client's negative key (other than the padding of fixed bags, `ragged` false): the
+/// input, the key, its element.
+pub(crate) fn negative_key(input: &str, element: usize, key: i64, ragged: bool) -> Error {
+    let why = if ragged {
+        String::new()
+    } else {
+        format!(" (a bag shorter than its table's hotness is padded with {PAD})")
+    };
+    Error::invalid_arg(format!("input '{input}': key {key} at element {element} is negative{why}"))
 }
 
 /// The first key of `t` below `least`, with its index, read in place from the request's pieces.

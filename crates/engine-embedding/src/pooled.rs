@@ -300,17 +300,14 @@ impl PooledRun {
         let raw = host_copy(&inputs[0])?;
         let PooledRun { bags, key_scratch, .. } = self;
         let keys = keys_of(&raw, key_scratch);
-        if matches!(inputs[0].bytes(), Some(Bytes::Device(_))) {
-            // keys that came in GPU memory, which the request's checks could not read: a bad
-            // one fails the batch here as a client's error, and the server runs each request
-            // of it alone, so that only the one that sent it fails
-            let least = if m.lengths_input() { 0 } else { crate::settings::PAD };
-            if let Some((i, k)) = keys.iter().enumerate().find(|(_, &k)| k < least) {
-                return Err(Error::invalid_arg(format!(
-                    "input '{}': key {k} at element {i} is negative",
-                    m.sig.inputs[0].name
-                )));
-            }
+        // a negative key (the requests' checks read none, unless the model has vocabulary
+        // sizes) fails the batch here as a client's error, and the server runs each request
+        // of it alone, so that only the one that sent it fails; a batch whose keys are all
+        // rows never comes here on a GPU instance with resident tables
+        let ragged = m.lengths_input();
+        let least = if ragged { 0 } else { crate::settings::PAD };
+        if let Some((i, &k)) = keys.iter().enumerate().find(|(_, &k)| k < least) {
+            return Err(crate::model::negative_key(&m.sig.inputs[0].name, i, k, ragged));
         }
         if m.lengths_input() {
             let lengths = lengths_of(&inputs[1])?;
