@@ -213,8 +213,9 @@ impl Model {
                 }
                 // a negative key is refused where the batch's keys are read for the lookup
                 // (`PooledRun::run`), as one sent in GPU memory is: reading every key of
-                // each request here as well cost a third of a large batch's time in host
-                // memory; with vocabulary sizes the keys are read here anyway
+                // each request here as well took about a quarter of the server's time for
+                // MLPerf DLRM-v2's keys in host memory (bench/gpu/results/dlrm-v2/front_end/,
+                // call 15); with vocabulary sizes the keys are read here anyway
                 if m.checks_vocabulary() {
                     if let Some((i, k)) = first_below(&inputs[0], 0) {
                         return Err(negative_key(kname, i, k, true));
