@@ -27,11 +27,15 @@ for side in ${ORDER:-before after}; do
     echo "== $side: $(md5sum .carry/libtriton_rust.so | cut -c1-12)"
     bash bench/gpu/run.sh "$@" > "$out/$side.log" 2>&1 || rc=1
     rm -rf "$out/$side"; mv "${OUT:-/tmp/out}/$sub" "$out/$side" 2>/dev/null
-    grep -E "inf/s|exactness|exit" "$out/$side.log"
+    grep -E "inf/s|M pairs/s|exactness|exit" "$out/$side.log"
 done
 {
     echo "run.sh $*: throughput before (left) and after (right), one machine, one call, run in the order: ${ORDER:-before after}"
     paste <(grep "inf/s" "$out/before.log" | awk '{print $1, $3, $4, $5, $6}') \
           <(grep "inf/s" "$out/after.log" | awk '{print $5, $6}')
+    # dlrm-v2's run lines (pairs/s), each side's in its order
+    for side in before after; do
+        grep -E "^ +[a-z].* M pairs/s" "$out/$side.log" 2>/dev/null | sed "s/^ */$side: /"
+    done
 } | tee "$out/summary.txt"
 exit $rc
