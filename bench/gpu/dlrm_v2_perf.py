@@ -99,6 +99,10 @@ DEFAULTS = {"concurrency": "4,8,16,32,64", "mlperf_concurrency": "16,64", "looku
             "ref_compile_mode": "max-autotune-no-cudagraphs"}
 
 
+# perf_analyzer's --shared-memory kinds the runs use: GPU memory, or host memory
+SHM_KINDS = ["cuda", "system"]
+
+
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--server", required=True)
@@ -187,7 +191,7 @@ def parse(argv=None):
                    help="gRPC calls of perf_analyzer that share one connection (its client library's "
                         "TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT, default 6: 512 in flight open 86 connections), a "
                         "comma list: each 270-pair run once per value, one after the other on the same server")
-    p.add_argument("--pa-shm", default="cuda", choices=["cuda", "system"],
+    p.add_argument("--pa-shm", default="cuda", choices=SHM_KINDS,
                    help="where perf_analyzer's gRPC and HTTP runs put their inputs: CUDA shared memory (GPU "
                         "memory, as a client on the GPU's host can) or system shared memory (host memory: the "
                         "backend copies the keys up, as for keys sent in a request's body)")
@@ -196,7 +200,7 @@ def parse(argv=None):
                         "triton_c_api: Triton's library and this backend in perf_analyzer's own process, the same "
                         "repository, no gRPC front end), a comma list (one value or an even step), after the "
                         "server stops; inputs in --capi-shm. 0: none")
-    p.add_argument("--capi-shm", default="cuda", choices=["cuda", "system"],
+    p.add_argument("--capi-shm", default="cuda", choices=SHM_KINDS,
                    help="where the C API runs' inputs lie: cuda (GPU memory, as the gRPC runs send them; "
                         "perf_analyzer hands the server its device pointers) or system (host memory: the backend "
                         "copies them up, as it does a network client's)")
