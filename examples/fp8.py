@@ -67,16 +67,29 @@ class Fp8Linear(nn.Module):
             if self.bias is not None:
                 y = y + self.bias.float()
             return y.to(x.dtype).reshape(*lead, self.out_features)
-        q = (flat.float() * self.inv_scale_x).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
-        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return self.product(self.quantize(flat), x.dtype).reshape(*lead, self.out_features)
+
+    def quantize(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` in e4m3 with the layer's static input scale (per-tensor layers), saturated at 448."""
+        return quantize(x, self.inv_scale_x)
+
+    def product(self, q: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        """The layer on an input already quantized with its scale (``quantize``; per-tensor
+        layers): ``q`` [M, in] e4m3 -> [M, out] in ``out_dtype``, bias added."""
+        bias = None if self.bias is None else self.bias.to(out_dtype)
         # cuBLASLt wants the second operand column-major: the row-major [out, in] weight, transposed
-        y = torch._scaled_mm(q, self.weight.t(), scale_a=self.scale_x, scale_b=self.scale_w, bias=bias,
-                             out_dtype=x.dtype)
-        return y.reshape(*lead, self.out_features)
+        return torch._scaled_mm(q, self.weight.t(), scale_a=self.scale_x, scale_b=self.scale_w, bias=bias,
+                                out_dtype=out_dtype)
 
     def extra_repr(self) -> str:
         scales = "per row and channel" if self.rows else f"per tensor, input amax {float(self.scale_x) * E4M3_MAX:.4g}"
         return f"{self.in_features} -> {self.out_features}, e4m3, {scales}"
+
+
+def quantize(x: torch.Tensor, inv_scale: torch.Tensor) -> torch.Tensor:
+    """``x * inv_scale`` in e4m3, saturated at 448 (a value past the calibrated range reads as
+    the range's end instead of overflowing)."""
+    return (x.float() * inv_scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
 
 
 def fp8_candidates(module: nn.Module, min_width: int = 256) -> List[str]:

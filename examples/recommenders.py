@@ -180,9 +180,39 @@ class DCNv2(Recommender):
             x = cross_layer(bottom, emb, x, h, u.weight, u.bias)
         return x
 
+    @torch.jit.unused
+    def fp8_kernel_net(self, bottom: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        """The cross layers and the deep MLP's first layer once examples/fp8.py has made them FP8
+        (per-tensor scales): each layer's second product and the rest of it in one kernel
+        (triton_kernels.cross_layer_fp8), which also writes the result quantized for the next
+        FP8 layer, so the first product of the next layer (and the deep MLP's first) reads it
+        as it is. Returns the deep MLP's output before the sigmoid."""
+        from triton_kernels import cross_layer_fp8
+        q = self.v[0].quantize(torch.cat([bottom, emb], dim=1))
+        x = None
+        last = len(self.v) - 1
+        for i, (v, u) in enumerate(zip(self.v, self.u)):
+            h = v.product(q, bottom.dtype)
+            following = self.v[i + 1] if i < last else self.deep[0]
+            scales = torch.stack([u.scale_x, u.scale_w, following.inv_scale_x]).float()
+            x, q = cross_layer_fp8(bottom, emb, x, u.quantize(h), u.weight, scales, u.bias, i < last)
+        y = self.deep[0].product(q, bottom.dtype)
+        for i, layer in enumerate(self.deep):
+            if i > 0:  # each a submodule as installed (a slice of deep would be a new module, which export refuses)
+                y = layer(y)
+        return y
+
+    @torch.jit.unused
+    def fp8_layers(self) -> bool:
+        """Whether examples/fp8.py made the cross layers and the deep MLP's first layer FP8 with
+        per-tensor scales (what fp8_kernel_net runs)."""
+        return all(getattr(m, "rows", True) is False for m in [*self.v, *self.u, self.deep[0]])
+
     def dense_part(self, dense, emb):
         bottom = self.bottom(self.padded_dense(dense))
         if self.triton and bottom.is_cuda and bottom.dtype == torch.float16 and not torch.jit.is_scripting():
+            if self.fp8_layers():
+                return torch.sigmoid(self.fp8_kernel_net(bottom, emb.flatten(1)))
             return torch.sigmoid(self.deep(self.kernel_crosses(bottom, emb.flatten(1))))
         x0 = torch.cat([bottom, emb.flatten(1)], dim=1)
         x = x0

@@ -26,10 +26,19 @@ product is never written: 0.875 ms a layer there against 0.92 for the two (all t
 beside the 26 embeddings; the kernel reads it from those two tensors, so that it is never
 concatenated (a [B, 3456] tensor written and read again), and the first layer, where ``x`` is
 ``x0``, reads it once.
+
+``cross_layer_fp8`` (DCNv2 with FP8 layers, examples/fp8.py). The same layer with its second
+product on FP8 operands (``h`` quantized, ``U`` the Fp8Linear's weight, per-tensor scales): the
+tile's FP32 product is scaled, biased and combined with ``x0`` and ``x`` in registers, and the
+result is written twice: in fp16 (the next layer's ``x``; not at all after the last layer) and
+quantized to e4m3 with the next FP8 layer's input scale (what that layer's product reads). So
+neither the product nor a separate quantization pass goes through memory: per element of
+[B, 3456] a layer reads x0 and x and writes 3 bytes, where the unfused layer also writes and
+reads the product and reads x again to quantize it.
 """
 import os
 import re
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -206,3 +215,100 @@ def cross_config(text=None):
     if bk % 16 or bm % 16 or bn % 16 or config[5] < 1:
         raise ValueError(f"cross-layer kernel config {text!r}: tiles are multiples of 16, groups at least 1 row")
     return config
+
+
+@triton.jit
+def _cross_layer_fp8_kernel(h_ptr, w_ptr, scales_ptr, b_ptr, head_ptr, tail_ptr, x_ptr, out_ptr, q_ptr, B, N,
+                            R: tl.constexpr, D0: tl.constexpr, FIRST: tl.constexpr, WRITE_X: tl.constexpr,
+                            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                            EARLY: tl.constexpr):
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(B, BM)
+    tiles_n = tl.cdiv(N, BN)
+    in_group = GROUP_M * tiles_n
+    first_m = (pid // in_group) * GROUP_M
+    rows_here = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % rows_here
+    pid_n = (pid % in_group) // rows_here
+    rm = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    inside = (rm[:, None] < B) & (rn[None, :] < N)
+    at = rm[:, None] * N + rn[None, :]
+    head_at = head_ptr + rm[:, None] * D0 + rn[None, :]
+    tail_at = tail_ptr + rm[:, None] * (N - D0) + (rn - D0)[None, :]
+    in_head = inside & (rn < D0)[None, :]
+    in_tail = inside & (rn >= D0)[None, :]
+    if EARLY:
+        x0, x = _cross_layer_inputs(head_at, tail_at, x_ptr + at, in_head, in_tail, inside, FIRST)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, R, BK):
+        a = tl.load(h_ptr + rm[:, None] * R + (k + rk)[None, :], mask=rm[:, None] < B, other=0.0)
+        w = tl.load(w_ptr + rn[None, :] * R + (k + rk)[:, None], mask=rn[None, :] < N, other=0.0)
+        acc = tl.dot(a, w, acc)
+    scale = tl.load(scales_ptr) * tl.load(scales_ptr + 1)
+    bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+    if not EARLY:
+        x0, x = _cross_layer_inputs(head_at, tail_at, x_ptr + at, in_head, in_tail, inside, FIRST)
+    out = x0.to(tl.float32) * (acc * scale + bias[None, :]) + x.to(tl.float32)
+    if WRITE_X:
+        tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=inside)
+    inv = tl.load(scales_ptr + 2)
+    q = tl.clamp(out * inv, -448.0, 448.0)
+    tl.store(q_ptr + at, q.to(q_ptr.dtype.element_ty), mask=inside)
+
+
+def cross_fp8_reference(head: torch.Tensor, tail: torch.Tensor, x: Optional[torch.Tensor], hq: torch.Tensor,
+                        weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor,
+                        write_x: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The same layer in plain torch, in FP32 from the FP8 operands: (x' in head's type, or an
+    empty [0, N] where not ``write_x``; x' quantized to e4m3 with ``scales[2]``)."""
+    x0 = torch.cat([head, tail], dim=1).float()
+    acc = hq.float() @ weight.float().t()
+    out = x0 * (acc * (scales[0].float() * scales[1].float()) + bias.float()) + (x0 if x is None else x.float())
+    q = (out * scales[2].float()).clamp(-448.0, 448.0).to(weight.dtype)
+    x16 = out.to(head.dtype) if write_x else out.new_empty((0, out.shape[1]), dtype=head.dtype)
+    return x16, q
+
+
+@triton_op("triton_rust::cross_layer_fp8", mutates_args={})
+def cross_layer_fp8(head: torch.Tensor, tail: torch.Tensor, x: Optional[torch.Tensor], hq: torch.Tensor,
+                    weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor,
+                    write_x: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``x' = x0 * (hq @ weight.T * scales[0] * scales[1] + bias) + x`` (x0 = [head | tail], x =
+    x0 where None) with ``hq`` [B, R] and ``weight`` [N, R] in float8 e4m3, ``scales`` FP32 [3]:
+    hq's scale, weight's, and the inverse scale of the next FP8 layer's input (one tensor: 0-dim
+    scales become constants under Inductor, which a Triton kernel's argument cannot take).
+    Returns x' in head's type ([0, N] where not ``write_x``) and x' * scales[2] in e4m3,
+    saturated at 448, for the next FP8 layer."""
+    batch, rank = hq.shape
+    n = weight.shape[0]
+    d0 = head.shape[1]
+    bm, bn, bk, warps, stages, group, early = cross_config(cross_fp8_config_text())
+    if (rank % bk or weight.shape[1] != rank or head.shape[0] != batch or tail.shape != (batch, n - d0)
+            or (x is not None and x.shape != (batch, n)) or bias.shape != (n,) or hq.dtype != weight.dtype or scales.shape != (3,)):
+        raise ValueError(f"cross_layer_fp8: hq {tuple(hq.shape)} {hq.dtype}, weight {tuple(weight.shape)} "
+                         f"{weight.dtype}, head {tuple(head.shape)}, tail {tuple(tail.shape)}, "
+                         f"x {None if x is None else tuple(x.shape)}, bias {tuple(bias.shape)}, scales {tuple(scales.shape)} "
+                         "(the rank a multiple of the tile's depth)")
+    if not _interpreted(hq) or head.dtype != torch.float16:
+        return cross_fp8_reference(head, tail, x, hq, weight, scales, bias, write_x)
+    head, tail, hq, weight, bias = (t.contiguous() for t in (head, tail, hq, weight, bias))
+    first = x is None
+    x = head if first else x.contiguous()
+    out = torch.empty((batch if write_x else 0, n), dtype=head.dtype, device=head.device)
+    q = torch.empty((batch, n), dtype=weight.dtype, device=head.device)
+    grid = (triton.cdiv(batch, bm) * triton.cdiv(n, bn),)
+    _launcher(_cross_layer_fp8_kernel)[grid](hq, weight, scales.contiguous(), bias, head, tail, x, out, q, batch, n,
+                                             R=rank, D0=d0, FIRST=first, WRITE_X=write_x, BM=bm, BN=bn, BK=bk,
+                                             GROUP_M=group, EARLY=early, num_warps=warps, num_stages=stages)
+    return out, q
+
+
+CROSS_FP8_DEFAULT = "64x128x128w4s3"  # the fastest of cross_sweep.py --fp8 on an H200 at batch 16384
+
+
+def cross_fp8_config_text() -> str:
+    """The FP8 cross-layer kernel's configuration: $TRITON_RUST_CROSS_FP8 (read at export, as
+    cross_config_text), else CROSS_FP8_DEFAULT; the same form as cross_config's."""
+    return os.environ.get("TRITON_RUST_CROSS_FP8") or CROSS_FP8_DEFAULT

@@ -45,7 +45,10 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batches", default="4096,8192,16384,32768")
     p.add_argument("--precisions", default="fp16,fp8,fp8-rows")
-    p.add_argument("--packages", default="fp16,fp8", help="precisions also exported as AOTInductor packages")
+    p.add_argument("--packages", default="fp16,fp8",
+                   help="AOTInductor packages to export and time: PRECISION[:triton][:autotune] each, "
+                        "`triton` the cross layers as our Triton kernels (fp16: cross_layer, fp8: cross_layer_fp8), "
+                        "`autotune` Inductor's max_autotune")
     p.add_argument("--example-batch", type=int, default=16384)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--exact-batch", type=int, default=8192)
@@ -71,18 +74,13 @@ def main():
         want = ref32(dense_x, emb_x.float()).float()
     del ref32
     out = {"gpu": gpu, "torch": torch.__version__, "batches": batches, "forms": {}}
-    for prec in a.precisions.split(","):
+    for prec in filter(None, a.precisions.split(",")):
         net = dense_network("dcnv2", prec, "cuda", calibration=calib if prec.startswith("fp8") else None)
         fpp, _ = linear_flops(net)
-        with torch.no_grad():
-            got = net(dense_x, emb_x).float()
-        diff = (got - want).abs()
-        corr = float(torch.corrcoef(torch.stack([got.flatten(), want.flatten()]))[0, 1])
-        exact = {"max_abs": float(diff.max()), "mean_abs": float(diff.mean()), "pearson": corr,
-                 "prediction_std": float(want.std())}
+        exact = exactness(net, dense_x, emb_x, want)
         print(f"{prec}: against the FP32 network at batch {a.exact_batch}: max |diff| {exact['max_abs']:.2e}, "
-              f"mean {exact['mean_abs']:.2e}, Pearson {corr:.5f} (predictions' std {exact['prediction_std']:.3f})",
-              flush=True)
+              f"mean {exact['mean_abs']:.2e}, Pearson {exact['pearson']:.5f} (predictions' std "
+              f"{exact['prediction_std']:.3f})", flush=True)
         forms = {"compiled": {}}
         t0 = time.time()
         # every precision's compiles counted afresh: past torch._dynamo's recompile limit (8
@@ -97,27 +95,58 @@ def main():
             print(f"  {prec} compiled, batch {b}: {s * 1e3:.3f} ms, {b / s / 1e6:.2f} M pairs/s, "
                   f"{fpp * b / s / 1e12:.0f} TFLOP/s", flush=True)
         print(f"  ({time.time() - t0:.0f} s with the compiles)", flush=True)
-        if prec in a.packages.split(","):
-            path = os.path.join(a.work, f"dcnv2_{prec}.pt2")
-            t0 = time.time()
-            eb = a.example_batch
-            example = (torch.rand(eb, 13, device="cuda"), (torch.randn(eb, 26, 128, device="cuda") * 0.05).half())
-            with torch.no_grad():
-                aoti_export.package(net, example, path, dynamic_batch=True, max_batch=max(batches), device="cuda")
-            export_s = time.time() - t0
-            forms["package"] = {}
-            for b, s in package_seconds(a, path, batches).items():
-                forms["package"][b] = s
-                print(f"  {prec} package, batch {b}: {s * 1e3:.3f} ms (CUDA graph replay), {b / s / 1e6:.2f} M pairs/s, "
-                      f"{fpp * b / s / 1e12:.0f} TFLOP/s (exported in {export_s:.0f} s)", flush=True)
         out["forms"][prec] = {"flops_per_pair": fpp, "peak_tflops": PEAK[prec], "exact": exact,
                               "seconds": {k: {str(b): s for b, s in v.items()} for k, v in forms.items()}}
         del net, compiled
         torch.cuda.empty_cache()
+    for spec in filter(None, a.packages.split(",")):
+        prec, *opts = spec.split(":")
+        if prec not in PEAK or any(o not in ("triton", "autotune") for o in opts):
+            raise SystemExit(f"--packages {spec!r}: PRECISION[:triton][:autotune], PRECISION one of {', '.join(PEAK)}")
+        net = dense_network("dcnv2", prec, "cuda", cross="triton" if "triton" in opts else "torch",
+                            calibration=calib if prec.startswith("fp8") else None)
+        fpp, _ = linear_flops(net)
+        exact = exactness(net, dense_x, emb_x, want)
+        print(f"{spec}: against the FP32 network at batch {a.exact_batch}, eager: max |diff| {exact['max_abs']:.2e}, "
+              f"mean {exact['mean_abs']:.2e}, Pearson {exact['pearson']:.5f}", flush=True)
+        path = os.path.join(a.work, f"dcnv2_{spec.replace(':', '_')}.pt2")
+        t0 = time.time()
+        eb = a.example_batch
+        example = (torch.rand(eb, 13, device="cuda"), (torch.randn(eb, 26, 128, device="cuda") * 0.05).half())
+        configs = {"max_autotune": True} if "autotune" in opts else None
+        with torch.no_grad():
+            aoti_export.package(net, example, path, dynamic_batch=True, max_batch=max(batches), device="cuda",
+                                inductor_configs=configs)
+        export_s = time.time() - t0
+        times = package_seconds(a, path, batches)
+        for b, s in times.items():
+            print(f"  {spec} package, batch {b}: {s * 1e3:.3f} ms (CUDA graph replay), {b / s / 1e6:.2f} M pairs/s, "
+                  f"{fpp * b / s / 1e12:.0f} TFLOP/s (exported in {export_s:.0f} s)", flush=True)
+        form = out["forms"].setdefault(spec, {"flops_per_pair": fpp, "peak_tflops": PEAK[prec], "exact": exact,
+                                              "seconds": {}})
+        form["seconds"]["package"] = {str(b): s for b, s in times.items()}
+        del net
+        torch.cuda.empty_cache()
+        write_results(a, out)  # each package's figures kept should a later export run past the call
+    write_results(a, out)
+    return 0
+
+
+def write_results(a, out):
     with open(os.path.join(a.results, "results.json"), "w") as f:
         json.dump(out, f, indent=1)
     write_readme(a, out)
-    return 0
+
+
+def exactness(net, dense_x, emb_x, want):
+    """The network's predictions (eager) against the FP32 network's ``want``."""
+    import torch
+    with torch.no_grad():
+        got = net(dense_x, emb_x).float()
+    diff = (got - want).abs()
+    corr = float(torch.corrcoef(torch.stack([got.flatten(), want.flatten()]))[0, 1])
+    return {"max_abs": float(diff.max()), "mean_abs": float(diff.mean()), "pearson": corr,
+            "prediction_std": float(want.std())}
 
 
 def package_seconds(a, path, batches):

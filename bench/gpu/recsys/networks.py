@@ -24,7 +24,11 @@ def dense_network(name, precision, device, interaction="cat", cross="torch", cal
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: one of {', '.join(PRECISIONS)}")
     # the dense part does not depend on the tables' sizes: one-row tables keep it small
-    options = {"dlrm": {"interaction": interaction}, "dcnv2": {"cross": cross}}.get(name, {})
+    # an FP8 network is calibrated in its torch form (the kernels skip the layers' own calls, which
+    # calibration watches), then given its kernels
+    fp8_kernels = precision.startswith("fp8") and name == "dcnv2" and cross == "triton"
+    options = {"dlrm": {"interaction": interaction},
+               "dcnv2": {"cross": "torch" if fp8_kernels else cross}}.get(name, {})
     part = recommenders.DensePart(recommenders.make(name, [1] * TABLES, **options))
     m = part if precision == "fp32" else HalfDense(part)
     m = m.to(device).eval()
@@ -34,6 +38,8 @@ def dense_network(name, precision, device, interaction="cat", cross="torch", cal
             raise ValueError("an fp8 network needs calibration inputs (dense, embeddings)")
         dense, emb = (t.to(device) for t in calibration)
         fp8.to_fp8(m, lambda mod: mod(dense, emb), rows=precision == "fp8-rows")
+    if fp8_kernels:
+        part.model.triton = True
     return m
 
 
@@ -96,7 +102,8 @@ def export_aoti(name, a, rows_type, max_batch):
     cross = a.dcnv2_cross
     if cross == "triton":
         import triton_kernels
-        cross += " " + triton_kernels.cross_config_text()
+        cross += " " + (triton_kernels.cross_fp8_config_text() if a.precision == "fp8"
+                        else triton_kernels.cross_config_text())
     form = {"dlrm": f", interaction {a.aoti_dlrm_interaction}", "dcnv2": f", cross {cross}"}.get(name, "")
     # everything the package depends on: a later run on this machine with the same settings
     # (another protocol, say) serves the package already here instead of exporting it again
