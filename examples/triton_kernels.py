@@ -305,7 +305,8 @@ def cross_layer_fp8(head: torch.Tensor, tail: torch.Tensor, x: Optional[torch.Te
     return out, q
 
 
-CROSS_FP8_DEFAULT = "64x128x128w4s3"  # the fastest of cross_sweep.py --fp8 on an H200 at batch 16384
+# the fastest of `run.sh cross --fp8 --batch 16384` on an H100 (bench/gpu/results/dlrm-v2-network/cross_fp8.log)
+CROSS_FP8_DEFAULT = "64x128x128w8s3"
 
 
 def cross_fp8_config_text() -> str:

@@ -73,7 +73,9 @@ def main():
     with torch.no_grad():
         want = ref32(dense_x, emb_x.float()).float()
     del ref32
-    out = {"gpu": gpu, "torch": torch.__version__, "batches": batches, "forms": {}}
+    import triton_kernels
+    out = {"gpu": gpu, "torch": torch.__version__, "batches": batches, "forms": {},
+           "cross_configs": {"fp16": triton_kernels.cross_config_text(), "fp8": triton_kernels.cross_fp8_config_text()}}
     for prec in filter(None, a.precisions.split(",")):
         net = dense_network("dcnv2", prec, "cuda", calibration=calib if prec.startswith("fp8") else None)
         fpp, _ = linear_flops(net)
@@ -175,15 +177,23 @@ def write_readme(a, out):
              "layers in float8 e4m3 (`examples/fp8.py`), per-tensor scales, the inputs' calibrated on inputs drawn "
              "like the served ones; fp8-rows: per-row and per-channel scales. `compiled`: torch.compile, default "
              "mode, static shapes, timed by CUDA events; `package`: the CUDA AOTInductor package with a dynamic "
-             "batch, as the recommender serves it, its CUDA-graph replays timed by `aoti_bare` (median).", "",
-             "| precision | form | batch | ms | M pairs/s | TFLOP/s | % of peak |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+             "batch, as the recommender serves it, its CUDA-graph replays timed by `aoti_bare` (median). "
+             "`:triton`: the cross layers as our Triton kernels (`examples/triton_kernels.py`: fp16 `cross_layer`, "
+             "FP8 `cross_layer_fp8`, the configuration in the command's environment or the default); "
+             "`:autotune`: exported with Inductor's max_autotune. TFLOP/s count the network's products "
+             "(32.06 MFLOP a pair) whatever their type."
+             + ("" if "cross_configs" not in out else
+                f" Kernel configurations: fp16 `{out['cross_configs']['fp16']}`, FP8 `{out['cross_configs']['fp8']}`."),
+             "",
+             "| precision | form | batch | ms | M pairs/s | TFLOP/s | % of its type's peak | % of the fp16 peak |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for prec, f in out["forms"].items():
         for form, times in f["seconds"].items():
             for b, s in times.items():
                 tf = f["flops_per_pair"] * int(b) / s / 1e12
                 lines.append(f"| {prec} | {form} | {int(b):,} | {s * 1e3:.3f} | {int(b) / s / 1e6:.2f} | {tf:.0f} | "
-                             f"{100 * tf / f['peak_tflops']:.0f}% of {f['peak_tflops']:.0f} |")
+                             f"{100 * tf / f['peak_tflops']:.0f}% of {f['peak_tflops']:.0f} | "
+                             f"{100 * tf / PEAK['fp16']:.0f}% |")
     lines += ["", "## Against the FP32 network (eager, batch " + str(a.exact_batch) + ")", "",
               "| precision | max abs diff | mean abs diff | Pearson | predictions' std |", "|---|---:|---:|---:|---:|"]
     for prec, f in out["forms"].items():
