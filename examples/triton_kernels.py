@@ -277,8 +277,9 @@ def cross_layer_fp8(head: torch.Tensor, tail: torch.Tensor, x: Optional[torch.Te
                     write_x: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """``x' = x0 * (hq @ weight.T * scales[0] * scales[1] + bias) + x`` (x0 = [head | tail], x =
     x0 where None) with ``hq`` [B, R] and ``weight`` [N, R] in float8 e4m3, ``scales`` FP32 [3]:
-    hq's scale, weight's, and the inverse scale of the next FP8 layer's input (one tensor: 0-dim
-    scales become constants under Inductor, which a Triton kernel's argument cannot take).
+    hq's scale, weight's, and the inverse scale of the next FP8 layer's input (one tensor: passed
+    as 0-dim tensors, one a product of two buffers, AOTInductor's export failed on a scalar
+    constant Inductor had made of one).
     Returns x' in head's type ([0, N] where not ``write_x``) and x' * scales[2] in e4m3,
     saturated at 448, for the next FP8 layer."""
     batch, rank = hq.shape
