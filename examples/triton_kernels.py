@@ -120,9 +120,10 @@ def _cross_layer_inputs(head_at, tail_at, x_at, in_head, in_tail, inside, FIRST:
 
 
 @triton.jit
-def _cross_layer_kernel(h_ptr, w_ptr, b_ptr, head_ptr, tail_ptr, x_ptr, out_ptr, B, N, R: tl.constexpr,
-                        D0: tl.constexpr, FIRST: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                        GROUP_M: tl.constexpr, EARLY: tl.constexpr):
+def _cross_tile(B, N, head_ptr, tail_ptr, D0: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                GROUP_M: tl.constexpr):
+    """This program's tile of the layer's [B, N] output: its rows and columns, where they lie
+    in [B, N] and in x0's two parts, and which of them are inside."""
     # tiles in groups of GROUP_M rows of tiles, so that a group's h rows stay in L2 across N
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(B, BM)
@@ -134,7 +135,6 @@ def _cross_layer_kernel(h_ptr, w_ptr, b_ptr, head_ptr, tail_ptr, x_ptr, out_ptr,
     pid_n = (pid % in_group) // rows_here
     rm = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
     rn = pid_n * BN + tl.arange(0, BN)
-    rk = tl.arange(0, BK)
     inside = (rm[:, None] < B) & (rn[None, :] < N)
     at = rm[:, None] * N + rn[None, :]
     # x0 = [head | tail]: its columns below D0 from head [B, D0], the rest from tail [B, N - D0]
@@ -142,20 +142,37 @@ def _cross_layer_kernel(h_ptr, w_ptr, b_ptr, head_ptr, tail_ptr, x_ptr, out_ptr,
     tail_at = tail_ptr + rm[:, None] * (N - D0) + (rn - D0)[None, :]
     in_head = inside & (rn < D0)[None, :]
     in_tail = inside & (rn >= D0)[None, :]
-    if EARLY:
-        # the epilogue's tiles asked for before the product, so that their reads overlap it
-        x0, x = _cross_layer_inputs(head_at, tail_at, x_ptr + at, in_head, in_tail, inside, FIRST)
+    return rm, rn, inside, at, head_at, tail_at, in_head, in_tail
+
+
+@triton.jit
+def _cross_product(h_ptr, w_ptr, rm, rn, B, N, R: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   BK: tl.constexpr):
+    """The tile's h @ w.T in FP32 (h [B, R], w [N, R], fp16 or e4m3 alike)."""
+    rk = tl.arange(0, BK)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k in range(0, R, BK):
         a = tl.load(h_ptr + rm[:, None] * R + (k + rk)[None, :], mask=rm[:, None] < B, other=0.0)
         w = tl.load(w_ptr + rn[None, :] * R + (k + rk)[:, None], mask=rn[None, :] < N, other=0.0)
         acc = tl.dot(a, w, acc)
+    return acc
+
+
+@triton.jit
+def _cross_layer_kernel(h_ptr, w_ptr, b_ptr, head_ptr, tail_ptr, x_ptr, out_ptr, B, N, R: tl.constexpr,
+                        D0: tl.constexpr, FIRST: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                        GROUP_M: tl.constexpr, EARLY: tl.constexpr):
+    rm, rn, inside, at, head_at, tail_at, in_head, in_tail = _cross_tile(B, N, head_ptr, tail_ptr, D0, BM, BN,
+                                                                         GROUP_M)
+    if EARLY:
+        # the epilogue's tiles asked for before the product, so that their reads overlap it
+        x0, x = _cross_layer_inputs(head_at, tail_at, x_ptr + at, in_head, in_tail, inside, FIRST)
+    acc = _cross_product(h_ptr, w_ptr, rm, rn, B, N, R, BM, BN, BK)
     bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
     if not EARLY:
         x0, x = _cross_layer_inputs(head_at, tail_at, x_ptr + at, in_head, in_tail, inside, FIRST)
     out = x0.to(tl.float32) * (acc + bias[None, :]) + x.to(tl.float32)
     tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=inside)
-
 
 def cross_reference(head: torch.Tensor, tail: torch.Tensor, x: Optional[torch.Tensor], h: torch.Tensor,
                     weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -222,30 +239,11 @@ def _cross_layer_fp8_kernel(h_ptr, w_ptr, scales_ptr, b_ptr, head_ptr, tail_ptr,
                             R: tl.constexpr, D0: tl.constexpr, FIRST: tl.constexpr, WRITE_X: tl.constexpr,
                             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                             EARLY: tl.constexpr):
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(B, BM)
-    tiles_n = tl.cdiv(N, BN)
-    in_group = GROUP_M * tiles_n
-    first_m = (pid // in_group) * GROUP_M
-    rows_here = tl.minimum(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % rows_here
-    pid_n = (pid % in_group) // rows_here
-    rm = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
-    rn = pid_n * BN + tl.arange(0, BN)
-    rk = tl.arange(0, BK)
-    inside = (rm[:, None] < B) & (rn[None, :] < N)
-    at = rm[:, None] * N + rn[None, :]
-    head_at = head_ptr + rm[:, None] * D0 + rn[None, :]
-    tail_at = tail_ptr + rm[:, None] * (N - D0) + (rn - D0)[None, :]
-    in_head = inside & (rn < D0)[None, :]
-    in_tail = inside & (rn >= D0)[None, :]
+    rm, rn, inside, at, head_at, tail_at, in_head, in_tail = _cross_tile(B, N, head_ptr, tail_ptr, D0, BM, BN,
+                                                                         GROUP_M)
     if EARLY:
         x0, x = _cross_layer_inputs(head_at, tail_at, x_ptr + at, in_head, in_tail, inside, FIRST)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k in range(0, R, BK):
-        a = tl.load(h_ptr + rm[:, None] * R + (k + rk)[None, :], mask=rm[:, None] < B, other=0.0)
-        w = tl.load(w_ptr + rn[None, :] * R + (k + rk)[:, None], mask=rn[None, :] < N, other=0.0)
-        acc = tl.dot(a, w, acc)
+    acc = _cross_product(h_ptr, w_ptr, rm, rn, B, N, R, BM, BN, BK)
     scale = tl.load(scales_ptr) * tl.load(scales_ptr + 1)
     bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
     if not EARLY:

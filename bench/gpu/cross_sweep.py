@@ -55,17 +55,7 @@ def main():
     h, w, bias = rand(b, r), rand(n, r, scale=r ** -0.5), rand(n, scale=0.05)
 
     def timed(fn):
-        for _ in range(3):
-            fn()
-        start = [torch.cuda.Event(enable_timing=True) for _ in range(a.iters)]
-        end = [torch.cuda.Event(enable_timing=True) for _ in range(a.iters)]
-        for s, e in zip(start, end):
-            s.record()
-            fn()
-            e.record()
-        torch.cuda.synchronize()
-        ms = sorted(s.elapsed_time(e) for s, e in zip(start, end))
-        return ms[len(ms) // 2]
+        return median_ms(fn, a.iters)
 
     print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; cross layer at batch {b}, width {n} "
           f"({d0} + {n - d0}), rank {r}, FP16; median of {a.iters} CUDA-event timings", flush=True)
@@ -110,6 +100,7 @@ GRID_FP8 = ("64x128x128w4s3,64x128x128w4s2,64x128x128w4s4,64x128x128w8s3,64x64x1
 
 
 def median_ms(fn, iters):
+    """The median of ``iters`` CUDA-event timings of ``fn`` (ms), after 3 calls of warm-up."""
     import torch
     for _ in range(3):
         fn()
