@@ -59,7 +59,8 @@
 #   dlrm-v2-network DLRM-v2's network alone: fp16, fp8 (per-tensor scales, calibrated inputs) and
 #                 fp8-rows (per-row scales), compiled and as the AOTInductor package the recommender
 #                 serves, timed by CUDA events at --batches, TFLOP/s against the peaks, each against the
-#                 FP32 network (dlrm_v2_network.py). carry [".carry"]
+#                 FP32 network (dlrm_v2_network.py; --packages fp8:triton,...: packages with the cross
+#                 layers as our kernels, or :autotune with Inductor's max_autotune). carry [".carry"]
 #   aoti-check    FastPitch (FP32), ResNet50 and BERT-large (FP16, CUDA graphs) as CUDA AOTInductor
 #                 packages exported in this call and served on KIND_GPU, checked rather than timed:
 #                 answers in the body and written into CUDA shared memory equal to torch eager,
@@ -81,7 +82,8 @@
 #                 arguments, e.g. --models dlrm --inductor max_autotune=true, --dlrm-forms,
 #                 --dcnv2-forms, --cross-configs). carry [".carry"]
 #   cross         DCNv2's cross-layer kernel alone in many configurations, timed and checked
-#                 (cross_sweep.py; its arguments, e.g. --configs, --best-to FILE). carry [".carry"]
+#                 (cross_sweep.py; its arguments, e.g. --configs, --best-to FILE; --fp8: the FP8
+#                 kernel beside the unfused FP8 layer). carry [".carry"]
 #   trust reload torch|onnx|aoti|embedding [cycles] | soak | faults
 #                 load/infer/unload cycles on KIND_GPU (reload_cycles.py; aoti: unpacked package
 #                 folders left behind are counted too; its options after the cycles, e.g.
