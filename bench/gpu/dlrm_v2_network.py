@@ -102,11 +102,8 @@ def main():
         del net, compiled
         torch.cuda.empty_cache()
     for spec in filter(None, a.packages.split(",")):
-        prec, *opts = spec.split(":")
-        if prec not in PEAK or any(o not in ("triton", "autotune") for o in opts):
-            raise SystemExit(f"--packages {spec!r}: PRECISION[:triton][:autotune], PRECISION one of {', '.join(PEAK)}")
-        net = dense_network("dcnv2", prec, "cuda", cross="triton" if "triton" in opts else "torch",
-                            calibration=calib if prec.startswith("fp8") else None)
+        prec, cross, configs = package_form(spec)
+        net = dense_network("dcnv2", prec, "cuda", cross=cross, calibration=calib if prec.startswith("fp8") else None)
         fpp, _ = linear_flops(net)
         exact = exactness(net, dense_x, emb_x, want)
         print(f"{spec}: against the FP32 network at batch {a.exact_batch}, eager: max |diff| {exact['max_abs']:.2e}, "
@@ -115,7 +112,6 @@ def main():
         t0 = time.time()
         eb = a.example_batch
         example = (torch.rand(eb, 13, device="cuda"), (torch.randn(eb, 26, 128, device="cuda") * 0.05).half())
-        configs = {"max_autotune": True} if "autotune" in opts else None
         with torch.no_grad():
             aoti_export.package(net, example, path, dynamic_batch=True, max_batch=max(batches), device="cuda",
                                 inductor_configs=configs)
@@ -138,6 +134,14 @@ def write_results(a, out):
     with open(os.path.join(a.results, "results.json"), "w") as f:
         json.dump(out, f, indent=1)
     write_readme(a, out)
+
+
+def package_form(spec):
+    """``PRECISION[:triton][:autotune]`` -> (precision, the cross layers' form, Inductor's settings)."""
+    prec, *opts = spec.split(":")
+    if prec not in PEAK or any(o not in ("triton", "autotune") for o in opts) or len(set(opts)) != len(opts):
+        raise SystemExit(f"--packages {spec!r}: PRECISION[:triton][:autotune], PRECISION one of {', '.join(PEAK)}")
+    return prec, "triton" if "triton" in opts else "torch", {"max_autotune": True} if "autotune" in opts else None
 
 
 def exactness(net, dense_x, emb_x, want):

@@ -72,3 +72,15 @@ def test_the_shared_memory_of_the_network_runs_parses_and_refuses():
     assert dlrm_v2_perf.parse(BASE + ["--pa-shm", "system"]).pa_shm == "system"
     with pytest.raises(SystemExit):
         dlrm_v2_perf.parse(BASE + ["--pa-shm", "none"])
+
+
+def test_network_package_forms_parse_and_refuse():
+    """dlrm_v2_network.py --packages: PRECISION[:triton][:autotune]."""
+    import dlrm_v2_network
+
+    assert dlrm_v2_network.package_form("fp16") == ("fp16", "torch", None)
+    assert dlrm_v2_network.package_form("fp8:triton") == ("fp8", "triton", None)
+    assert dlrm_v2_network.package_form("fp8:triton:autotune") == ("fp8", "triton", {"max_autotune": True})
+    for bad in ("fp4", "fp8:cutlass", "fp8:triton:triton", "fp8:"):
+        with pytest.raises(SystemExit):
+            dlrm_v2_network.package_form(bad)
