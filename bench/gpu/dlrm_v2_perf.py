@@ -67,6 +67,9 @@ QUERY = 270                                        # MLPerf DLRM-v2's mean pairs
 ROW_BYTES = DIM * 2                                # an fp16 row
 T0 = time.time()
 PHASES = {}
+# perf_analyzer's calls (--pa-modes), and those of them over HTTP
+PA_MODES = ("sync", "async", "grpcstream", "http", "httpsync")
+HTTP_MODES = ("http", "httpsync")
 NUMBER = re.compile(r"^-?[0-9.]+(e[-+]?[0-9]+)?$")
 
 
@@ -161,15 +164,17 @@ def parse(argv=None):
                         "i = 270 k mod N and holds N x 270 pairs in GPU memory, so N is modest; coprime with 270, every "
                         "offset is used)")
     p.add_argument("--pa-modes", default="sync",
-                   help="perf_analyzer's calls, a comma list of sync, async, grpcstream and http: each measured run once "
+                   help="perf_analyzer's calls, a comma list of sync, async, grpcstream, http and httpsync: each measured run once "
                         "per mode, one after the other on the same server (sync: a thread and a connection per "
                         "request in flight, perf_analyzer's default; async: --async, --pa-threads threads keep them "
                         "in flight; grpcstream: --async --streaming, each client context's requests on one open "
                         "gRPC stream, which Triton 2.51 reads with its own thread and completion queue instead of "
                         "the unary handler's two (one H100 call: the warm-up at 384 in flight did not finish in "
                         "296 s); http: async calls over HTTP, whose front end has "
-                        "--http-thread-count workers). One H100, 2026-11-27: async and grpcstream gave no more than "
-                        "sync and failed more runs, http a quarter (bench/gpu/results/dlrm-v2/front_end/README.md)")
+                        "--http-thread-count workers; httpsync: sync calls over HTTP, a thread and a connection per "
+                        "request in flight). One H100, 2026-11-27: async and grpcstream gave no more than "
+                        "sync and failed more runs, http a quarter (bench/gpu/results/dlrm-v2/front_end/README.md); "
+                        "httpsync not yet measured")
     p.add_argument("--big-pairs", type=int, default=8192,
                    help="the pairs of one request in the --big-concurrency runs (at most --max-batch)")
     p.add_argument("--big-concurrency", default="0",
@@ -274,8 +279,8 @@ def parse(argv=None):
     a.concs, a.mlperf_concs, a.lookup_concs = ints(a.concurrency), ints(a.mlperf_concurrency), ints(a.lookup_concurrency)
     a.stream_levels, a.ref_batch_list = ints(a.stream_concurrency), ints(a.ref_batches)
     a.pa_mode_list = [m.strip() for m in a.pa_modes.split(",") if m.strip()]
-    if not a.pa_mode_list or any(m not in ("sync", "async", "grpcstream", "http") for m in a.pa_mode_list):
-        p.error(f"--pa-modes: a comma list of sync, async, grpcstream and http, not {a.pa_modes!r}")
+    if not a.pa_mode_list or any(m not in PA_MODES for m in a.pa_mode_list):
+        p.error(f"--pa-modes: a comma list of {', '.join(PA_MODES)}, not {a.pa_modes!r}")
     a.probe_concs = ints(a.probe_concurrency)
     a.channel_shares = ints(a.pa_channel_shares)
     a.capi_concs = ints(a.capi_concurrency)
@@ -608,21 +613,11 @@ def pa_env(share):
     return {**os.environ, "TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT": str(share)}
 
 
-def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, failures, mode=None, share=None):
-    """One perf_analyzer run (--pa-shm's shared memory), printed and appended to `runs` (and
-    runs.json); None where it gave no figure. `batch`: -b (270, or 1 for the twin, whose steps
-    carry their own rows); `pairs_per_query`: pairs of one request (the twin: its pool's mean);
-    `mode`: one of --pa-modes' calls, gRPC sync or async, the gRPC stream, or HTTP (default: the
-    first of --pa-modes); `share`: gRPC calls to a connection (--pa-channel-shares; None: perf_analyzer's
-    default). A run that loses its connections is run once more.
-    One perf_analyzer process: two at once cannot share a server with shared memory, since each
-    unregisters every region of the server when it starts and when it ends."""
-    mode = mode or a.pa_mode_list[0]
-    raw = os.path.join(a.work, "raw", f"{kind}_c{conc}_{mode}" + ("" if share is None else f"_share{share}") + ".csv")
-    os.makedirs(os.path.dirname(raw), exist_ok=True)
-    if os.path.exists(raw):
-        os.remove(raw)
-    http = mode == "http"
+def pa_command(a, model, batch, conc, data, raw, mode):
+    """perf_analyzer's command line for one run in `mode` (one of PA_MODES): gRPC on the port
+    after --port, HTTP on --port; sync calls hold a thread a request in flight, the async modes
+    --pa-threads threads."""
+    http = mode in HTTP_MODES
     cmd = [a.perf_analyzer, "-m", model, "-b", str(batch), "--concurrency-range", f"{conc}:{conc}",
            "-i", "http" if http else "grpc", "-u", f"localhost:{a.port if http else a.port + 1}",
            "--shared-memory", a.pa_shm, "--output-shared-memory-size", str(1 << 20),
@@ -633,6 +628,24 @@ def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, f
         cmd.append("--async")
         if a.pa_threads:
             cmd += ["--max-threads", str(a.pa_threads)]
+    return cmd
+
+
+def perf_run(a, client, kind, model, batch, conc, data, pairs_per_query, runs, failures, mode=None, share=None):
+    """One perf_analyzer run (--pa-shm's shared memory), printed and appended to `runs` (and
+    runs.json); None where it gave no figure. `batch`: -b (270, or 1 for the twin, whose steps
+    carry their own rows); `pairs_per_query`: pairs of one request (the twin: its pool's mean);
+    `mode`: one of --pa-modes' calls, gRPC sync or async, the gRPC stream, or HTTP async or sync
+    (default: the first of --pa-modes); `share`: gRPC calls to a connection (--pa-channel-shares; None: perf_analyzer's
+    default). A run that loses its connections is run once more.
+    One perf_analyzer process: two at once cannot share a server with shared memory, since each
+    unregisters every region of the server when it starts and when it ends."""
+    mode = mode or a.pa_mode_list[0]
+    raw = os.path.join(a.work, "raw", f"{kind}_c{conc}_{mode}" + ("" if share is None else f"_share{share}") + ".csv")
+    os.makedirs(os.path.dirname(raw), exist_ok=True)
+    if os.path.exists(raw):
+        os.remove(raw)
+    cmd = pa_command(a, model, batch, conc, data, raw, mode)
     stats_model = "dlrm_v2_lookup" if kind == "lookup" else "dlrm_v2"
 
     def counts():
@@ -848,7 +861,7 @@ def perf_phase(a, client, pool, setup, res, failures, part):
             print("  (that run warmed the server up; not kept)", flush=True)
         for c in a.concs:
             for mode in a.pa_mode_list:
-                for share in [None] if mode == "http" else a.channel_shares or [None]:
+                for share in [None] if mode in HTTP_MODES else a.channel_shares or [None]:
                     if room(f"270-pair queries at concurrency {c} ({mode} calls)"):
                         perf_run(a, client, "fixed270", "dlrm_v2", QUERY, c, pool["fixed270"][0], QUERY, runs,
                                  failures, mode, share)

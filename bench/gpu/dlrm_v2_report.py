@@ -31,7 +31,7 @@ KIND_LABEL = {
 STYLE = {"fixed270": ("o-", "tab:green"), "fixed270_ensemble": ("^--", "tab:olive"),
          "mlperf": ("s-", "tab:blue"), "stream": ("x:", "tab:purple"), "lookup": ("o-", "tab:orange"),
          "probe1": ("d-", "tab:gray"), "big": ("v-", "tab:brown"), "fixed270_capi": ("P-", "tab:cyan")}
-MODE_LINE = {"sync": ":", "async": "-", "grpcstream": "--", "http": "-."}
+MODE_LINE = {"sync": ":", "async": "-", "grpcstream": "--", "http": "-.", "httpsync": "-."}
 
 
 # ------------------------------------------------------------------ figures
@@ -302,8 +302,9 @@ def write(out, setup, res, plots=True):
                 "a CUDA AOTInductor package in fp16 with its large linear layers in FP8 e4m3 (examples/fp8.py, "
                 "per-tensor scales, the inputs' calibrated)")
     modes = setup.get("pa_modes", ["sync"])
-    proto = ("gRPC streaming" if setup.get("pa_streaming") else "HTTP" if modes == ["http"] else
-             "gRPC and HTTP" if "http" in modes else "gRPC")
+    http = [m for m in modes if m in ("http", "httpsync")]
+    proto = ("gRPC streaming" if setup.get("pa_streaming") else "HTTP" if http == modes else
+             "gRPC and HTTP" if http else "gRPC")
     grpc = f"{proto} ({' and '.join(modes)} calls)"
     gpu_line = f"{setup['gpu']}; perf_analyzer {grpc}, CUDA shared memory; {setup.get('cache_rows', 'fp16')} rows, {prec} network"
     files = []

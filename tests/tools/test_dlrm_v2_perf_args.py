@@ -15,9 +15,9 @@ BASE = ["--server", "s", "--backends", "b", "--perf-analyzer", "p"]
 
 
 def test_modes_probe_and_big_requests_parse_and_refuse():
-    a = dlrm_v2_perf.parse(BASE + ["--pa-modes", "sync, grpcstream,http", "--probe-concurrency", "64,256",
+    a = dlrm_v2_perf.parse(BASE + ["--pa-modes", "sync, grpcstream,http,httpsync", "--probe-concurrency", "64,256",
                                    "--probe-clients", "1,2", "--big-concurrency", "4", "--big-pairs", "8192"])
-    assert a.pa_mode_list == ["sync", "grpcstream", "http"]
+    assert a.pa_mode_list == ["sync", "grpcstream", "http", "httpsync"]
     assert a.probe_concs == [64, 256] and a.probe_client_counts == [1, 2] and a.big_concs == [4]
     assert dlrm_v2_perf.parse(BASE).pa_mode_list == ["sync"]  # perf_analyzer's own default
     for bad in (["--pa-modes", "sync,quic"], ["--pa-modes", ","],
@@ -84,3 +84,15 @@ def test_network_package_forms_parse_and_refuse():
     for bad in ("fp4", "fp8:cutlass", "fp8:triton:triton", "fp8:"):
         with pytest.raises(SystemExit):
             dlrm_v2_network.package_form(bad)
+
+
+def test_each_mode_makes_its_perf_analyzer_command():
+    """HTTP modes go to the HTTP port with -i http; only the async modes pass --async."""
+    a = dlrm_v2_perf.parse(BASE + ["--port", "9000", "--pa-threads", "8"])
+    for mode, proto, port, is_async in (("sync", "grpc", 9001, False), ("async", "grpc", 9001, True),
+                                        ("grpcstream", "grpc", 9001, True), ("http", "http", 9000, True),
+                                        ("httpsync", "http", 9000, False)):
+        cmd = dlrm_v2_perf.pa_command(a, "dlrm_v2", 270, 512, "pool.json", "out.csv", mode)
+        assert cmd[cmd.index("-i") + 1] == proto and cmd[cmd.index("-u") + 1] == f"localhost:{port}", mode
+        assert ("--async" in cmd) == is_async and ("--max-threads" in cmd) == is_async, mode
+        assert ("--streaming" in cmd) == (mode == "grpcstream"), mode
