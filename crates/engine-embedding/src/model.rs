@@ -217,10 +217,10 @@ impl Model {
                 // MLPerf DLRM-v2's keys in host memory (bench/gpu/results/dlrm-v2/front_end/,
                 // call 15); with vocabulary sizes the keys are read here anyway
                 if m.checks_vocabulary() {
-                    if let Some((i, k)) = first_below(&inputs[0], 0) {
+                    let keys = from_chunks(&inputs[0], i64::from_le_bytes);
+                    if let Some((i, k)) = first_below(&keys, 0) {
                         return Err(negative_key(kname, i, k, true));
                     }
-                    let keys = from_chunks(&inputs[0], i64::from_le_bytes);
                     let bags = Bags::ragged(m.store().table_count(), &keys, &lengths)?;
                     for t in 0..m.store().table_count() {
                         m.check_vocabulary(t, bags.keys(t))?;
@@ -231,10 +231,10 @@ impl Model {
             Interface::Pooled => {
                 // as above: a negative key is refused where the batch's keys are read
                 if let (true, Some(pooling)) = (m.checks_vocabulary(), m.settings.pooling.as_ref()) {
-                    if let Some((i, k)) = first_below(&inputs[0], PAD) {
+                    let keys = from_chunks(&inputs[0], i64::from_le_bytes);
+                    if let Some((i, k)) = first_below(&keys, PAD) {
                         return Err(negative_key(&m.sig.inputs[0].name, i, k, false));
                     }
-                    let keys = from_chunks(&inputs[0], i64::from_le_bytes);
                     let bags = Bags::fixed(pooling, &keys);
                     for t in 0..pooling.hotness.len() {
                         m.check_vocabulary(t, bags.keys(t))?;
@@ -266,18 +266,7 @@ pub(crate) fn negative_key(input: &str, element: usize, key: i64, ragged: bool) 
     Error::invalid_arg(format!("input '{input}': key {key} at element {element} is negative{why}"))
 }
 
-/// The first key of `t` below `least`, with its index, read in place from the request's pieces.
-fn first_below(t: &RequestTensor<'_>, least: i64) -> Option<(usize, i64)> {
-    let mut i = 0;
-    for chunk in &t.chunks {
-        let bytes = chunk.host()?;
-        for c in bytes.chunks_exact(8) {
-            let k = i64::from_le_bytes(c.try_into().expect("8 bytes"));
-            if k < least {
-                return Some((i, k));
-            }
-            i += 1;
-        }
-    }
-    None
+/// The first of `keys` below `least`, with its index.
+pub(crate) fn first_below(keys: &[i64], least: i64) -> Option<(usize, i64)> {
+    keys.iter().enumerate().find(|(_, &k)| k < least).map(|(i, &k)| (i, k))
 }

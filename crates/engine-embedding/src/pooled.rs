@@ -306,10 +306,10 @@ impl PooledRun {
         // rows never comes here on a GPU instance with resident tables
         let ragged = m.lengths_input();
         let least = if ragged { 0 } else { crate::settings::PAD };
-        if let Some((i, &k)) = keys.iter().enumerate().find(|(_, &k)| k < least) {
+        if let Some((i, k)) = crate::model::first_below(keys, least) {
             return Err(crate::model::negative_key(&m.sig.inputs[0].name, i, k, ragged));
         }
-        if m.lengths_input() {
+        if ragged {
             let lengths = lengths_of(&inputs[1])?;
             bags.refill_ragged(tables, keys, &lengths)?;
         } else {
