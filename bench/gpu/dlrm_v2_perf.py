@@ -178,11 +178,16 @@ def parse(argv=None):
     p.add_argument("--big-pairs", type=int, default=8192,
                    help="the pairs of one request in the --big-concurrency runs (at most --max-batch)")
     p.add_argument("--big-concurrency", default="0",
-                   help="requests of --big-pairs pairs each (perf_analyzer -b on dlrm_v2) in flight: what the GPU "
-                        "serves when the queries a second through the front end do not hold it (not MLPerf's query "
-                        "sizes; 0: none). Each of perf_analyzer's requests in flight keeps its inputs in GPU memory "
-                        "(14 MB at 8192 pairs): on an H100 holding the 52 GB of tables and 6 instances it could not "
-                        "allocate them (out of memory, bench/gpu/results/dlrm-v2/front_end/): leave it room")
+                   help="requests of --big-pairs pairs each in flight, sent through dlrm_v2_queries (the twin; "
+                        "perf_analyzer -b 1, each step a whole request): MLPerf's Offline shape, where the system "
+                        "batches the samples as it likes, so the queries a second through the front end do not "
+                        "hold the rate (0: none)")
+    p.add_argument("--big-queries", type=int, default=16,
+                   help="distinct requests in the --big-concurrency runs' pool, each of --big-pairs distinct pairs "
+                        "(GPU memory: this x --big-pairs x 1,764 bytes, 231 MB at 16 x 8192). perf_analyzer -b B "
+                        "on a pool of single pairs would keep B pairs for every step of it, 15.6 GB for 1,081 "
+                        "steps at 8192: that is what ran out of memory on an H100 "
+                        "(bench/gpu/results/dlrm-v2/front_end/)")
     p.add_argument("--probe-clients", default="",
                    help="one-pair queries again from this many perf_analyzer processes at once (a comma list, e.g. "
                         "1,2,4), --probe-concurrency split among them, inputs in the requests' bodies (two processes "
@@ -216,6 +221,9 @@ def parse(argv=None):
                    help="perf_analyzer's --max-threads with async calls (0: its default, 16)")
     p.add_argument("--interval-ms", type=int, default=None, help=f"perf_analyzer's window (default {DEFAULTS['interval_ms']})")
     p.add_argument("--stream-concurrency", default="32", help="the endless stream's queries in flight; 0: no stream")
+    p.add_argument("--stream-pairs", type=int, default=QUERY,
+                   help="pairs of one endless-stream request (default 270, MLPerf's mean query; larger: MLPerf's "
+                        "Offline shape, as --big-pairs)")
     p.add_argument("--stream-gb", type=float, default=24.0, help="the endless stream's key pool: at most this many GB")
     p.add_argument("--stream-seconds", type=float, default=None,
                    help=f"the endless stream: seconds measured per level, at least one pass of the pool "
@@ -295,6 +303,10 @@ def parse(argv=None):
     a.big_concs = ints(a.big_concurrency)
     if a.big_concs and not 0 < a.big_pairs <= a.max_batch:
         p.error(f"--big-pairs must be 1..--max-batch ({a.max_batch})")
+    if a.big_concs and a.big_queries < 1:
+        p.error("--big-queries must be at least 1")
+    if not 0 < a.stream_pairs <= a.max_batch:
+        p.error(f"--stream-pairs must be 1..--max-batch ({a.max_batch})")
     if a.pool_samples % 2 == 0 or a.pool_samples % 3 == 0 or a.pool_samples % 5 == 0:
         p.error("--pool-samples must be coprime with 270 (not a multiple of 2, 3 or 5)")
     if not a.results:
@@ -408,6 +420,13 @@ def pools(a, rows, setup):
                                            ({"sparse": s[i * QUERY:(i + 1) * QUERY], "dense": d[i * QUERY:(i + 1) * QUERY]}
                                             for i in range(128))),
                                 "270-pair queries through the twin: 128 distinct queries")
+    if a.big_concs:
+        s, d = draw_pairs(rows, a.big_queries * a.big_pairs, a.alpha, seed=8192)
+        b = a.big_pairs
+        out["big"] = (write_pool(os.path.join(a.work, "pool_big.json"),
+                                 ({"sparse": s[i * b:(i + 1) * b], "dense": d[i * b:(i + 1) * b]}
+                                  for i in range(a.big_queries))),
+                      f"large requests through the twin: {a.big_queries} distinct requests of {b} pairs")
     with open(os.path.join(a.work, "pools.txt"), "w") as f:
         f.write("\n".join(f"{k}: {v[1]}" for k, v in out.items()) + "\n" + setup["mlperf_sizes_note"] + "\n")
     setup["pools"] = {k: v[1] for k, v in out.items()}
@@ -885,7 +904,7 @@ def perf_phase(a, client, pool, setup, res, failures, part):
     for c in a.big_concs:
         for mode in a.pa_mode_list:
             if room(f"requests of {a.big_pairs} pairs at concurrency {c} ({mode} calls)"):
-                perf_run(a, client, "big", "dlrm_v2", a.big_pairs, c, pool["fixed270"][0], a.big_pairs, runs, failures,
+                perf_run(a, client, "big", "dlrm_v2_queries", 1, c, pool["big"][0], a.big_pairs, runs, failures,
                          mode)
                 save_json(a, res)
     for n in a.probe_client_counts:
@@ -978,7 +997,7 @@ def capi_phase(a, repo, pool, res, failures):
 # ------------------------------------------------------------------ the endless stream
 
 def stream_phase(a, client, rows, plan, res, failures):
-    """270-pair queries from one pool in GPU memory (drawn there, the same Zipf law), sent by
+    """Queries of --stream-pairs pairs (270) from one pool in GPU memory (drawn there, the same Zipf law), sent by
     examples/stream_client.rs over HTTP to dlrm_v2: --stream-warm-passes passes warm the cache,
     then at least --stream-seconds (and one pass) per level of --stream-concurrency. With
     --stream-fresh the pool is drawn again before every pass: no query repeats, and the
@@ -986,9 +1005,10 @@ def stream_phase(a, client, rows, plan, res, failures):
     import torch
     import stream_load
     from cuda_shm import Region
-    qbytes, dbytes, obytes = QUERY * WIDTH * 8, QUERY * 13 * 4, QUERY * 4
+    q = a.stream_pairs
+    qbytes, dbytes, obytes = q * WIDTH * 8, q * 13 * 4, q * 4
     if a.cache < 1.0:
-        want = max(1, math.ceil(plan["need_pairs"] / QUERY))
+        want = max(1, math.ceil(plan["need_pairs"] / q))
     else:
         want = 2048  # every row in HBM: no hit rate to reach, a pool of distinct queries is enough
     free = torch.cuda.mem_get_info()[0]
@@ -999,8 +1019,8 @@ def stream_phase(a, client, rows, plan, res, failures):
     elif a.stream_fresh:
         expected = plan["stationary"] if a.cache_policy == "lfu" else plan["lru"]
     else:
-        expected = expected_pool_rate(plan, n * QUERY)
-    print(f"  pool: {n:,} queries of 270 pairs ({n * qbytes / 1e9:.1f} GB of keys in GPU memory; the LRU rate needs "
+        expected = expected_pool_rate(plan, n * q)
+    print(f"  pool: {n:,} queries of {q} pairs ({n * qbytes / 1e9:.1f} GB of keys in GPU memory; the LRU rate needs "
           f"{want:,}); expected measured hit rate {expected:.4f}, the endless stream's LRU rate {plan['lru']:.4f}, "
           f"stationary {plan['stationary']:.4f}", flush=True)
     made = []
@@ -1014,12 +1034,13 @@ def stream_phase(a, client, rows, plan, res, failures):
         gen = torch.Generator(device="cuda").manual_seed(SEED + 46)
 
         def draw():
-            for first in range(0, n, 512):
-                m = min(512, n - first)
-                k = torch.empty((m, QUERY, WIDTH), dtype=torch.int64, device="cuda")
+            step = max(1, 512 * QUERY // q)  # about 1 GB of keys drawn at a time
+            for first in range(0, n, step):
+                m = min(step, n - first)
+                k = torch.empty((m, q, WIDTH), dtype=torch.int64, device="cuda")
                 for t, (r, h) in enumerate(zip(rows, HOT)):
-                    ranks = stream_load.torch_zipf_ranks(gen, r, a.alpha, m * QUERY * h, "cuda")
-                    k[:, :, START[t]:START[t] + h] = stream_load.torch_spread(ranks, r).view(m, QUERY, h)
+                    ranks = stream_load.torch_zipf_ranks(gen, r, a.alpha, m * q * h, "cuda")
+                    k[:, :, START[t]:START[t] + h] = stream_load.torch_spread(ranks, r).view(m, q, h)
                 keys.write_tensor(k, first * qbytes)
                 del k
             torch.cuda.synchronize()
@@ -1027,7 +1048,7 @@ def stream_phase(a, client, rows, plan, res, failures):
 
         t0 = time.time()
         draw()
-        dense.write(np.random.default_rng(5).random((16, QUERY, 13), dtype=np.float32))
+        dense.write(np.random.default_rng(5).random((16, q, 13), dtype=np.float32))
         print(f"  pool drawn in {time.time() - t0:.0f} s" + ("; drawn again before every pass (--stream-fresh)"
                                                             if a.stream_fresh else ""), flush=True)
         at = 0
@@ -1036,8 +1057,8 @@ def stream_phase(a, client, rows, plan, res, failures):
             nonlocal at
             cmd = [a.stream_client, "--url", f"localhost:{a.port}", "--model", "dlrm_v2", "--start", str(at),
                    "--count", str(count), "--concurrency", str(conc),
-                   "--input", f"sparse,INT64,{QUERY}x{WIDTH},{keys.name},{qbytes},{n}",
-                   "--input", f"dense,FP32,{QUERY}x13,{dense.name},{dbytes},16",
+                   "--input", f"sparse,INT64,{q}x{WIDTH},{keys.name},{qbytes},{n}",
+                   "--input", f"dense,FP32,{q}x13,{dense.name},{dbytes},16",
                    "--output", f"prediction,dlrm_v2_stream_out_,{obytes}"]
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=max(60, int(left_s(a))))
             if p.returncode != 0:
@@ -1062,14 +1083,14 @@ def stream_phase(a, client, rows, plan, res, failures):
             if w > 0 and a.stream_fresh:
                 draw()
             warm_s, _ = send(n, max(a.stream_levels))
-            rate = n * QUERY / warm_s
+            rate = n * q / warm_s
             print(f"  warm pass {w + 1}: {n:,} queries in {warm_s:.1f} s ({rate / 1e6:.2f} M pairs/s, the cache filling)",
                   flush=True)
         for c in a.stream_levels:
             if left_s(a) < stream_room_s(a):
                 print(f"  (skipped: the stream at concurrency {c}; {left_s(a):.0f} s left)", flush=True)
                 continue
-            count = max(n, math.ceil(rate * a.stream_seconds / QUERY))
+            count = max(n, math.ceil(rate * a.stream_seconds / q))
             if a.stream_fresh:
                 count = math.ceil(count / n) * n  # whole passes, each of new keys
             time.sleep(0.6)  # the metrics published after the warm passes' last lookups
@@ -1083,10 +1104,10 @@ def stream_phase(a, client, rows, plan, res, failures):
             text = metrics_text(a.port)
             k1, h1 = scrape(a.port, "dlrm_v2", text)
             d1 = device_counts(a.port, "dlrm_v2", text)
-            rate = count * QUERY / seconds
-            r = {"kind": "stream", "model": "dlrm_v2", "batch": QUERY, "concurrency": c, "pairs_per_s": rate,
+            rate = count * q / seconds
+            r = {"kind": "stream", "model": "dlrm_v2", "batch": q, "concurrency": c, "pairs_per_s": rate,
                  "queries_per_s": count / seconds, "lookups_per_s": rate * WIDTH,
-                 **{f"p{q}_ms": stream_load.percentile(lat, q) for q in (50, 90, 95, 99)},
+                 **{f"p{pc}_ms": stream_load.percentile(lat, pc) for pc in (50, 90, 95, 99)},
                  "hit_rate": (h1 - h0) / (k1 - k0) if k1 > k0 else None, "expected_hit_rate": expected,
                  "pool_queries": n, "pool_gb": n * qbytes / 1e9, "queries": count, "seconds": seconds, "cpu": cpu,
                  "per_device": per_device(d0, d1, rate)}

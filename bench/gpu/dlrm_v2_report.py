@@ -22,10 +22,10 @@ KIND_LABEL = {
     "fixed270": "270-pair queries (perf_analyzer -b 270 on dlrm_v2)",
     "fixed270_ensemble": "270-pair queries through the twin (perf_analyzer, dlrm_v2_queries)",
     "mlperf": "MLPerf-like 100-700 pairs per query (perf_analyzer, dlrm_v2_queries)",
-    "stream": "270-pair queries, endless stream (stream_client, HTTP)",
+    "stream": "endless stream of queries (stream_client, HTTP; 270 pairs each unless the run says)",
     "lookup": "pooled lookup alone (perf_analyzer -b 270 on dlrm_v2_lookup)",
     "probe1": "one-pair queries (perf_analyzer -b 1 on dlrm_v2)",
-    "big": "large requests, not MLPerf's sizes (perf_analyzer -b --big-pairs on dlrm_v2)",
+    "big": "large requests, MLPerf's Offline shape (perf_analyzer, --big-pairs each through dlrm_v2_queries)",
     "fixed270_capi": "270-pair queries in-process, Triton's C API (perf_analyzer -b 270, no gRPC)",
 }
 STYLE = {"fixed270": ("o-", "tab:green"), "fixed270_ensemble": ("^--", "tab:olive"),
@@ -95,7 +95,10 @@ def targets(setup, res):
     fixed = [r for r in perf if r["kind"] in ("fixed270", "fixed270_ensemble")]  # 270-pair queries, either way
     # the verdicts are perf_analyzer's (every shape of query it sent); the stream client's figure
     # is given beside them
-    served = [r for r in perf if r["kind"] in ("fixed270", "fixed270_ensemble", "mlperf")]
+    # large requests count for the rate: MLPerf measures throughput in its Offline scenario, where
+    # the system batches the samples as it likes (docs/performance.md); the latency target keeps
+    # its 270-pair queries
+    served = [r for r in perf if r["kind"] in ("fixed270", "fixed270_ensemble", "mlperf", "big")]
     lookup = [r for r in perf if r["kind"] == "lookup"]
     ref_pairs, ref_lookups = reference_best(res)
     top = best(served, "pairs_per_s")
@@ -163,7 +166,7 @@ def ratios(res):
     ref_pairs, ref_lookups = reference_best(res)
     perf = res.get("perf", [])
     lines = []
-    for kind in ("fixed270", "mlperf", "stream", "fixed270_capi"):
+    for kind in ("fixed270", "mlperf", "big", "stream", "fixed270_capi"):
         rows = [r for r in perf + res.get("stream", []) if r["kind"] == kind]
         top = best(rows, "pairs_per_s")
         if top and ref_pairs:
@@ -365,7 +368,7 @@ def write(out, setup, res, plots=True):
                         ("mlperf", "MLPerf-like query sizes through the twin"),
                         ("lookup", "The pooled lookup alone: dlrm_v2_lookup"),
                         ("probe1", "One-pair queries: perf_analyzer -b 1 on dlrm_v2"),
-                        ("big", "Large requests: perf_analyzer -b --big-pairs on dlrm_v2"),
+                        ("big", "Large requests (MLPerf's Offline shape) through the twin"),
                         ("fixed270_capi", "270-pair queries in-process: perf_analyzer through Triton's C API")):
         rows = sorted([r for r in perf if r["kind"] == kind], key=lambda r: r["concurrency"])
         if rows:
@@ -373,8 +376,9 @@ def write(out, setup, res, plots=True):
                     "fixed270_ensemble": "Inferences/Second is queries/s (one request per query).",
                     "mlperf": "Inferences/Second is queries/s; pairs/s = queries/s x the pool's mean pairs per query.",
                     "lookup": "Inferences/Second is pairs/s; each pair is 214 lookups.",
-                    "big": "Inferences/Second is pairs/s. The requests are larger than MLPerf's queries, so the "
-                           "queries a second through the front end do not hold them: what the GPU path serves.",
+                    "big": "Inferences/Second is requests/s; pairs/s = requests/s x the pairs of one request. "
+                           "Each request holds several users' pairs, as MLPerf's Offline scenario lets the system "
+                           "batch them, so the queries a second through the front end do not hold the rate.",
                     "probe1": "Inferences/Second is queries/s of one pair each: what the server gives per query when "
                               "the GPU has next to nothing to do.",
                     "fixed270_capi": "Inferences/Second is pairs/s. perf_analyzer ran Triton's library and this "
@@ -384,6 +388,8 @@ def write(out, setup, res, plots=True):
                                      "last column names (CUDA: GPU memory, as over gRPC; system: host memory, "
                                      "which the backend copies up). Not judged against the targets, which are "
                                      "for a server over the network."}[kind]
+            if kind == "big":
+                note += f" Here {rows[0]['batch']:,} pairs a request."
             md += [f"## {title}", "", note + " `pairs per execution`: the batches the dynamic batcher formed "
                    "(Triton's statistics, the whole perf_analyzer call).", "", dle_table(rows, ref_pairs), ""]
             again = [r for r in rows if r.get("retried")]
@@ -407,7 +413,7 @@ def write(out, setup, res, plots=True):
         md.append("")
     stream = sorted(res.get("stream", []), key=lambda r: r["concurrency"])
     if stream:
-        md += ["## 270-pair queries as an endless stream (our client, not perf_analyzer)", "",
+        md += [f"## Queries of {stream[0].get('batch', 270)} pairs as an endless stream (our client, not perf_analyzer)", "",
                "examples/stream_client.rs sends queries whose keys lie in one CUDA shared-memory pool drawn on the GPU, "
                f"over HTTP; {setup.get('stream_warm_passes', 1)} pass(es) of the pool warm the cache, the measured "
                "passes follow" + ("; the pool is drawn again (new keys, the same law) before every pass, so no query "

@@ -19,9 +19,11 @@ def test_modes_probe_and_big_requests_parse_and_refuse():
                                    "--probe-clients", "1,2", "--big-concurrency", "4", "--big-pairs", "8192"])
     assert a.pa_mode_list == ["sync", "grpcstream", "http", "httpsync"]
     assert a.probe_concs == [64, 256] and a.probe_client_counts == [1, 2] and a.big_concs == [4]
+    assert a.big_queries == 16 and a.stream_pairs == 270
     assert dlrm_v2_perf.parse(BASE).pa_mode_list == ["sync"]  # perf_analyzer's own default
     for bad in (["--pa-modes", "sync,quic"], ["--pa-modes", ","],
-                ["--big-concurrency", "4", "--big-pairs", "20000"], ["--big-concurrency", "4", "--big-pairs", "0"]):
+                ["--big-concurrency", "4", "--big-pairs", "20000"], ["--big-concurrency", "4", "--big-pairs", "0"],
+                ["--big-concurrency", "4", "--big-queries", "0"], ["--stream-pairs", "0"], ["--stream-pairs", "20000"]):
         with pytest.raises(SystemExit):
             dlrm_v2_perf.parse(BASE + bad)
 
