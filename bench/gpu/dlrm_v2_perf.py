@@ -20,9 +20,11 @@ reference measured in the same call (issue 46's benchmark). Needs an NVIDIA GPU;
 5. perf_analyzer (gRPC, CUDA shared memory): queries of 270 pairs (-b 270 on dlrm_v2) over
    --concurrency; MLPerf-like query sizes (--mlperf-sizes, through dlrm_v2_queries) over
    --mlperf-concurrency; the lookup alone (-b 270 on dlrm_v2_lookup) over --lookup-concurrency;
-   the cache's hit rate from the server's metrics. After the 270-pair runs, an endless stream of
-   270-pair queries (examples/stream_client.rs, keys in one CUDA pool) at --stream-concurrency,
-   its pool as large as the cache's LRU hit rate needs (recsys/cache.py).
+   requests of --big-pairs pairs (MLPerf's Offline shape, through dlrm_v2_queries) over
+   --big-concurrency; the cache's hit rate from the server's metrics. After the 270-pair runs,
+   an endless stream of queries of --stream-pairs pairs (270; examples/stream_client.rs, keys in
+   one CUDA pool) at --stream-concurrency, its pool as large as the cache's LRU hit rate needs
+   (recsys/cache.py).
 6. The bare PyTorch reference after the server stopped: fp16 tables in HBM, F.embedding_bag per
    table, the compiled network, timed with CUDA events: lookup alone, network alone, both.
 7. Ratios and the issue's targets printed as PASS/MISS; the results folder (README.md, plots,
@@ -1410,7 +1412,7 @@ def main():
             perf_phase(a, client, pool, setup, res, failures, "fixed270")
             if a.stream_levels and os.path.exists(a.stream_client) and left_s(a) > stream_room_s(a) + 40:
                 phase("the endless stream")
-                setup["stream_note"] = ("270-pair queries sent by examples/stream_client.rs (HTTP, keys in one CUDA "
+                setup["stream_note"] = (f"queries of {a.stream_pairs} pairs sent by examples/stream_client.rs (HTTP, keys in one CUDA "
                                         "shared-memory pool drawn on the GPU), dlrm_v2 batching them; "
                                         f"{a.stream_warm_passes} warm pass(es) of the pool before the measured ones"
                                         + ("; the pool drawn again (new keys) before every pass, so no query repeats"

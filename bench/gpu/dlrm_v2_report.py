@@ -59,6 +59,16 @@ def series(rows, kind):
             yield KIND_LABEL[kind], style, color, sel
 
 
+def stream_note(setup, res):
+    """What the endless stream sent: the run's note, with its queries' size taken from the runs
+    (runs before --stream-pairs said 270 pairs whatever they sent)."""
+    note = setup.get("stream_note", "not run")
+    sizes = {r.get("batch") for r in res.get("stream", [])} - {None, 270}
+    if len(sizes) == 1 and note.startswith("270-pair queries"):
+        note = f"queries of {sizes.pop()} pairs" + note[len("270-pair queries"):]
+    return note
+
+
 def best(rows, key):
     return max(rows, key=lambda r: r[key]) if rows else None
 
@@ -273,7 +283,7 @@ def plot_throughput(plt, setup, res, gpu, out):
             ax.set_xticks([], minor=True)  # a log axis's minor labels (2x10^1 ...) would crowd the concurrencies
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="best")
     return save(plt, fig, gpu, out, "dlrm_v2_throughput.png")
 
 
@@ -346,9 +356,9 @@ def write(out, setup, res, plots=True):
           "one run), and `dlrm_v2`'s dynamic batcher still batches the queries together. One ensemble hop per query.",
           f"- Keys: per table Zipf of exponent {setup['alpha']} over its rows, hot keys spread over the key space "
           "(bench/gpu/zipf_keys.py). perf_analyzer cycles pools of distinct requests: "
-          f"{setup['pools']['fixed270']}; {setup['pools']['mlperf']}.",
+          + "; ".join(setup["pools"][k] for k in ("fixed270", "mlperf", "big") if k in setup["pools"]) + ".",
           f"- MLPerf's query sizes: {setup['mlperf_sizes_note']}",
-          f"- The endless stream: {setup['stream_note']}",
+          f"- The endless stream: {stream_note(setup, res)}",
           "- The bare PyTorch reference, in the same call after the server stopped: every table in HBM as an fp16 "
           "tensor of the same rows (random values), `F.embedding_bag` (sum, full bags) per table then stacked to "
           f"[B, 26, 128], the DCNv2 network in fp16 compiled by `torch.compile(mode=\"{(res.get('reference') or {}).get('mode', '-')}\")`, "

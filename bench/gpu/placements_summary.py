@@ -6,7 +6,9 @@ against replicated on the same two GPUs). Reads each run's runs.json, from its f
 .tgz run.sh --pack made of it, or from runs.tgz (the committed form). With --rounds, each
 round's figures and ratios, and the verdict on the median of the rounds' ratios.
 
-  python3 bench/gpu/placements_summary.py FOLDER   # FOLDER holds <run>/, <run>.tgz or runs.tgz
+  python3 bench/gpu/placements_summary.py FOLDER [--plot=PNG]   # FOLDER holds <run>/, <run>.tgz or runs.tgz
+
+--plot=PNG draws each run's best endless-stream rate, stacked by GPU.
 """
 import json
 import os
@@ -111,8 +113,51 @@ def median(xs):
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
+def gpu_name(folder):
+    """The GPUs' name from the call's topo.txt (nvidia-smi's `index, name, memory` lines), or None."""
+    try:
+        with open(os.path.join(folder, "topo.txt")) as f:
+            names = {p[1].strip() for p in (ln.split(",") for ln in f) if len(p) == 3 and p[0].strip().isdigit()}
+    except OSError:
+        return None
+    return " + ".join(sorted(names)) or None
+
+
+def plot(found, png, gpu=None, kind="stream"):
+    """Each run's best `kind` figure as a bar of pairs/s, stacked by GPU (the server's per-GPU
+    counts), the runs the call made in RUNS' order."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    bars = [(name, best(res, kind)) for name, res in found.items() if res and best(res, kind)]
+    if not bars:
+        return None
+    fig, ax = plt.subplots(figsize=(1.9 * len(bars) + 2.5, 4.6))
+    colors = {"GPU 0": "tab:blue", "GPU 1": "tab:orange"}
+    for i, (name, r) in enumerate(bars):
+        parts = sorted((r.get("per_device") or {"all": r["pairs_per_s"]}).items())
+        bottom = 0.0
+        for dev, v in parts:
+            ax.bar(i, v / 1e6, bottom=bottom, color=colors.get(dev, "tab:gray"), edgecolor="white",
+                   label=dev if dev not in ax.get_legend_handles_labels()[1] else None)
+            bottom += v / 1e6
+        ax.annotate(f"{r['pairs_per_s'] / 1e6:.2f} M", (i, bottom), ha="center", va="bottom", fontsize=9)
+    ax.set_xticks(range(len(bars)), [RUNS[n].replace(", ", ",\n", 2) for n, _ in bars], fontsize=7)
+    ax.set(ylabel="M pairs / second", title=f"DLRM-v2 over two GPUs ({kind}, best of each run)"
+           + (f" - {gpu}" if gpu else ""))
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.1)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
+
+
 def main():
-    folder = sys.argv[1] if len(sys.argv) > 1 else "."
+    args = [x for x in sys.argv[1:] if not x.startswith("--plot=")]
+    png = next((x.split("=", 1)[1] for x in sys.argv[1:] if x.startswith("--plot=")), None)
+    folder = args[0] if args else "."
     rounds = {name: rounds_of(folder, name) for name in RUNS}
     found = {name: r[0] for name, r in rounds.items()}
     for name, what in RUNS.items():
@@ -158,6 +203,8 @@ def main():
         verdict = "-   " if bound is None else ("PASS" if judged >= bound else "MISS")
         print(f"{verdict} {what}: {ra['pairs_per_s'] / 1e6:.2f} / {rb['pairs_per_s'] / 1e6:.2f} M = {ratio:.2f}x"
               + (f"; rounds {', '.join(f'{x:.2f}x' for x in each)}, median {judged:.2f}x" if len(each) > 1 else ""))
+    if png:
+        print(f"plot: {plot(found, png, gpu_name(folder)) or 'no run to draw'}")
 
 
 if __name__ == "__main__":

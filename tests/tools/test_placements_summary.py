@@ -104,3 +104,18 @@ def test_c_api_runs_get_their_own_ratio_only_where_measured(tmp_path, capsys):
         (tmp_path / name / "runs.json").write_text(json.dumps(run(8e6, 7e6)))
     placements_summary.main()
     assert "C API" not in capsys.readouterr().out
+
+
+def test_the_plot_stacks_each_run_by_gpu_and_names_the_gpus(tmp_path, capsys):
+    for name, res in (("replicated_0", run(9e6, 7e6)), ("replicated_01", run(18e6, 14e6))):
+        os.makedirs(tmp_path / name)
+        res["stream"][0]["per_device"] = {"GPU 0": 7e6} if name == "replicated_0" else {"GPU 0": 8e6, "GPU 1": 6e6}
+        (tmp_path / name / "runs.json").write_text(json.dumps(res))
+    (tmp_path / "topo.txt").write_text("GPU0\tX\tNV18\nindex, name, memory.total [MiB]\n0, NVIDIA H100 80GB HBM3, 81559 MiB\n"
+                                       "1, NVIDIA H100 80GB HBM3, 81559 MiB\n")
+    assert placements_summary.gpu_name(str(tmp_path)) == "NVIDIA H100 80GB HBM3"
+    png = tmp_path / "placements.png"
+    sys.argv = ["placements_summary.py", str(tmp_path), f"--plot={png}"]
+    placements_summary.main()
+    assert f"plot: {png}" in capsys.readouterr().out and png.stat().st_size > 10_000
+    assert placements_summary.plot({"replicated_0": None}, str(tmp_path / "none.png")) is None
