@@ -176,7 +176,7 @@ def parse(argv=None):
                         "--http-thread-count workers; httpsync: sync calls over HTTP, a thread and a connection per "
                         "request in flight). One H100, 2026-11-27: async and grpcstream gave no more than "
                         "sync and failed more runs, http a quarter (bench/gpu/results/dlrm-v2/front_end/README.md); "
-                        "httpsync not yet measured")
+                        "2026-11-28: httpsync a quarter too, perf_analyzer at 9.5 of 16 cores (dlrm-v2/offline/)")
     p.add_argument("--big-pairs", type=int, default=8192,
                    help="the pairs of one request in the --big-concurrency runs (at most --max-batch)")
     p.add_argument("--big-concurrency", default="0",
