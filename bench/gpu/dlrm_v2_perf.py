@@ -69,9 +69,10 @@ QUERY = 270                                        # MLPerf DLRM-v2's mean pairs
 ROW_BYTES = DIM * 2                                # an fp16 row
 T0 = time.time()
 PHASES = {}
-# perf_analyzer's calls (--pa-modes), and those of them over HTTP
+# perf_analyzer's calls (--pa-modes); those over HTTP are the report's (it is imported here, not
+# the other way round, to keep the report light)
 PA_MODES = ("sync", "async", "grpcstream", "http", "httpsync")
-HTTP_MODES = ("http", "httpsync")
+HTTP_MODES = dlrm_v2_report.HTTP_MODES
 NUMBER = re.compile(r"^-?[0-9.]+(e[-+]?[0-9]+)?$")
 
 

@@ -18,6 +18,7 @@ from report import PARTS, PCTS, save  # noqa: E402
 
 LOOKUPS_PER_PAIR = 214  # MLPerf DLRM-v2's hotness, all tables together
 P99_BOUND_MS = 60.0     # MLPerf's server-scenario latency bound for DLRM-v2
+HTTP_MODES = ("http", "httpsync")  # perf_analyzer's calls over HTTP (dlrm_v2_perf.py --pa-modes)
 KIND_LABEL = {
     "fixed270": "270-pair queries (perf_analyzer -b 270 on dlrm_v2)",
     "fixed270_ensemble": "270-pair queries through the twin (perf_analyzer, dlrm_v2_queries)",
@@ -315,7 +316,7 @@ def write(out, setup, res, plots=True):
                 "a CUDA AOTInductor package in fp16 with its large linear layers in FP8 e4m3 (examples/fp8.py, "
                 "per-tensor scales, the inputs' calibrated)")
     modes = setup.get("pa_modes", ["sync"])
-    http = [m for m in modes if m in ("http", "httpsync")]
+    http = [m for m in modes if m in HTTP_MODES]
     proto = ("gRPC streaming" if setup.get("pa_streaming") else "HTTP" if http == modes else
              "gRPC and HTTP" if http else "gRPC")
     grpc = f"{proto} ({' and '.join(modes)} calls)"
