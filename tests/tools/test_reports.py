@@ -99,3 +99,17 @@ def test_dlrm_v2_large_requests_count_for_the_rate_not_the_latency():
     assert verdict == "PASS" and detail.startswith("p99 25.0 ms at 9.00 M")
     del res["perf"][0]
     assert dlrm_v2_report.targets(setup, res)[2][1] == "n/a"  # no 270-pair run: the p99 target unjudged
+
+
+def test_dlrm_v2_stream_note_names_the_size_the_runs_sent():
+    """Runs from before --stream-pairs recorded '270-pair queries' whatever they sent: the report
+    takes the size from the stream's runs; a note that already names it is kept."""
+    sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
+    import dlrm_v2_report
+    old = {"stream_note": "270-pair queries sent by examples/stream_client.rs (HTTP)"}
+    runs = {"stream": [{"kind": "stream", "batch": 8192}]}
+    assert dlrm_v2_report.stream_note(old, runs) == "queries of 8192 pairs sent by examples/stream_client.rs (HTTP)"
+    assert dlrm_v2_report.stream_note(old, {"stream": [{"kind": "stream", "batch": 270}]}) == old["stream_note"]
+    new = {"stream_note": "queries of 8192 pairs sent by examples/stream_client.rs (HTTP)"}
+    assert dlrm_v2_report.stream_note(new, runs) == new["stream_note"]
+    assert dlrm_v2_report.stream_note({}, {}) == "not run"
