@@ -174,6 +174,7 @@ def _cross_layer_kernel(h_ptr, w_ptr, b_ptr, head_ptr, tail_ptr, x_ptr, out_ptr,
     out = x0.to(tl.float32) * (acc + bias[None, :]) + x.to(tl.float32)
     tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=inside)
 
+
 def cross_reference(head: torch.Tensor, tail: torch.Tensor, x: Optional[torch.Tensor], h: torch.Tensor,
                     weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """The same layer in plain torch, x0 = [head | tail] (x: x0 itself where None)."""

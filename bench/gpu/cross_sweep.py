@@ -54,9 +54,6 @@ def main():
     head, tail, x = rand(b, d0), rand(b, n - d0, scale=0.05), rand(b, n)
     h, w, bias = rand(b, r), rand(n, r, scale=r ** -0.5), rand(n, scale=0.05)
 
-    def timed(fn):
-        return median_ms(fn, a.iters)
-
     print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; cross layer at batch {b}, width {n} "
           f"({d0} + {n - d0}), rank {r}, FP16; median of {a.iters} CUDA-event timings", flush=True)
     rows, want = [], None
@@ -69,8 +66,8 @@ def main():
             if want is None:
                 want = (first.float(), later.float(), config)
             diff = max(float((first.float() - want[0]).abs().max()), float((later.float() - want[1]).abs().max()))
-            t_first = timed(lambda: triton_kernels.cross_layer(head, tail, None, h, w, bias))
-            t_later = timed(lambda: triton_kernels.cross_layer(head, tail, x, h, w, bias))
+            t_first = median_ms(lambda: triton_kernels.cross_layer(head, tail, None, h, w, bias), a.iters)
+            t_later = median_ms(lambda: triton_kernels.cross_layer(head, tail, x, h, w, bias), a.iters)
         except Exception as e:  # a configuration that does not compile or launch
             print(f"  {config:22s} failed: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}", flush=True)
             continue

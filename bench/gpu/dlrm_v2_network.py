@@ -101,6 +101,7 @@ def main():
                               "seconds": {k: {str(b): s for b, s in v.items()} for k, v in forms.items()}}
         del net, compiled
         torch.cuda.empty_cache()
+    write_results(a, out)
     for spec in filter(None, a.packages.split(",")):
         prec, cross, configs = package_form(spec)
         net = dense_network("dcnv2", prec, "cuda", cross=cross, calibration=calib if prec.startswith("fp8") else None)
@@ -126,7 +127,6 @@ def main():
         del net
         torch.cuda.empty_cache()
         write_results(a, out)  # each package's figures kept should a later export run past the call
-    write_results(a, out)
     return 0
 
 
