@@ -125,16 +125,19 @@ def parse(argv=None):
     p.add_argument("--fixture", default="", help="the tables' folder (default /dev/shm/criteo_s<scale>_d128 if it has room)")
     p.add_argument("--scale", type=float, default=1.0, help="MLPerf's rows times this (1.0: 204 M rows, 52 GB fp16)")
     p.add_argument("--cache", type=float, default=1.0, help="gpucacheper: the GPU cache's share of the rows (1.0: all in HBM)")
-    p.add_argument("--allocation", default="", choices=["", "store", "per_table"],
+    p.add_argument("--allocation", default="", choices=["", "store", "per_table", "lookups"],
                    help="gpucache_allocation (default: per_table at --cache 1, each table's rows exactly; store below, "
-                        "the small tables whole)")
+                        "the small tables whole; lookups: as store, the large tables' slots by their keys a pair)")
     p.add_argument("--instances", type=int, default=2, help="dlrm_v2's KIND_GPU instances (one cache per GPU, shared)")
     p.add_argument("--placement", default="replicated", choices=["replicated", "sharded"],
                    help="gpucache_placement: each GPU its own copy of every row, or the tables spread over the GPUs "
                         "(every GPU's lookup reading its peers' tables)")
-    p.add_argument("--replicate-share", default="0.0625",
+    p.add_argument("--replicate-share", default="0.35",
                    help="gpucache_sharded_replicate (with --placement sharded): the share of each GPU's room the "
                         "tables with the most lookups a byte take together, copied to every GPU; 0 places every table once")
+    p.add_argument("--sharded-memory-gb", default="0",
+                   help="gpucache_sharded_memory_gb (with --placement sharded): the most GB of rows the plan puts on "
+                        "each GPU (0: each GPU's free memory less 15%%); 71 makes an H100 80GB's plan on larger GPUs")
     p.add_argument("--cache-rows", default="fp16", choices=["fp16", "fp32"],
                    help="gpucache_row_type: how the GPUs keep the rows (fp32: 104 GB at scale 1.0, more than one GPU holds)")
     p.add_argument("--gpus", default="", help="the GPUs of the instance groups, e.g. 0 or 0,1 (--instances on each, every "
@@ -352,7 +355,7 @@ def cache_plan(rows, share, allocation, alpha, bound):
     hits over keys of all tables, weighs each table so). `need_pairs`: the pairs an endless
     stream's pool must hold for its measured rate to be the LRU rate (pool_plan's 2 T on every
     table whose misses count, here T / HOT[t] pairs per T lookups)."""
-    cached = cache_rows(rows, share, allocation)
+    cached = cache_rows(rows, share, allocation, HOT)
     tables = []
     for n, c, h in zip(rows, cached, HOT):
         t_char, lru = lru_table(n, c, alpha)
@@ -458,6 +461,7 @@ def write_repository(a, repo, fixture, package, graphs):
              param("gpucache_sharing", "device"), param("gpucache_row_type", a.cache_rows),
              param("gpucache_policy", a.cache_policy), param("gpucache_miss_reads", a.miss_reads),
              param("gpucache_placement", a.placement), param("gpucache_sharded_replicate", a.replicate_share),
+             param("gpucache_sharded_memory_gb", a.sharded_memory_gb),
              # both models open one store: the rows are in memory once
              param("store_name", os.path.basename(os.path.normpath(fixture))), param("host_memory", a.host_memory)]
     on = f" gpus: [ {', '.join(a.gpus.split(','))} ]" if a.gpus else ""
@@ -1327,7 +1331,7 @@ def main():
              "rows_per_table": rows, "parameters": params, "table_gb": sum(rows) * ROW_BYTES / 1e9, "cache": a.cache,
              "allocation": a.allocation, "cached_rows": sum(plan["cached_per_table"]), "cache_plan": plan,
              "cache_policy": a.cache_policy, "miss_reads": a.miss_reads, "host_memory": a.host_memory, "stream_fresh": a.stream_fresh, "stream_warm_passes": a.stream_warm_passes,
-             "instances": a.instances, "gpus": a.gpus, "server_args": a.server_arg, "placement": a.placement, "replicate_share": a.replicate_share, "cache_rows": a.cache_rows, "max_queue_delay_us": a.max_queue_delay_us, "max_batch": a.max_batch,
+             "instances": a.instances, "gpus": a.gpus, "server_args": a.server_arg, "placement": a.placement, "replicate_share": a.replicate_share, "sharded_memory_gb": a.sharded_memory_gb, "cache_rows": a.cache_rows, "max_queue_delay_us": a.max_queue_delay_us, "max_batch": a.max_batch,
              "graph_batches": ("the backend's powers of two" if graphs is None else
                                ",".join(map(str, graphs)) if graphs else "none (off)"),
              "dcnv2_cross": a.dcnv2_cross, "network_precision": a.network_precision, "alpha": a.alpha, "interval_ms": a.interval_ms, "quick": a.quick,

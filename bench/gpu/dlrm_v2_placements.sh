@@ -4,7 +4,9 @@
 # replicated on one (GPU 0), and sharded with fp32 rows (104 GB: more than one H100 holds),
 # with the small tables copied to every GPU (the default), every table once
 # (sharded_01_fp32_once) or more copied (sharded_01_fp32_hot: gpucache_sharded_replicate 0.35,
-# which on two H200s copies t20 and t21 too), and replicated with fp32 rows at half MLPerf's rows (52 GB, which
+# which on two H200s copies t20 and t21 too; sharded_01_fp32_hot_h100: the same with at most 71 GB of
+# rows a GPU, an H100 80GB's room (its 85.5 GB less the context and the 15% kept free), so that larger
+# GPUs make the plan two H100s would: t20 and t10 copied, t0, t9, t19 and t21 two a GPU), and replicated with fp32 rows at half MLPerf's rows (52 GB, which
 # one GPU holds: replicated_01_fp32_half), those --runs names, one after the other on one machine; a run the call's time cannot hold
 # is skipped. Each run is
 # bench/gpu/run.sh dlrm-v2 (its exactness check first: pooled rows against float64 sums,
@@ -80,10 +82,11 @@ for round in $(seq 1 "$rounds"); do
         first=$(case " $written " in *" $scale "*) echo 130 ;; *) echo 300 ;; esac)
         written="$written $scale"
         case "$name" in
-        sharded_01_fp32) run "$name" "$first" --gpus 0,1 --placement sharded --cache-rows fp32 ;;
+        sharded_01_fp32) run "$name" "$first" --gpus 0,1 --placement sharded --cache-rows fp32 --replicate-share 0.0625 ;;
         sharded_01_fp32_once) run "$name" "$first" --gpus 0,1 --placement sharded --cache-rows fp32 --replicate-share 0 ;;
         sharded_01_fp32_hot) run "$name" "$first" --gpus 0,1 --placement sharded --cache-rows fp32 --replicate-share 0.35 ;;
-        sharded_01) run "$name" "$first" --gpus 0,1 --placement sharded ;;
+        sharded_01_fp32_hot_h100) run "$name" "$first" --gpus 0,1 --placement sharded --cache-rows fp32 --replicate-share 0.35 --sharded-memory-gb 71 ;;
+        sharded_01) run "$name" "$first" --gpus 0,1 --placement sharded --replicate-share 0.0625 ;;
         replicated_01) run "$name" "$first" --gpus 0,1 ;;
         replicated_0) run "$name" "$first" --gpus 0 ;;
         replicated_01_fp32_half) run "$name" "$first" --gpus 0,1 --cache-rows fp32 --scale 0.5 ;;

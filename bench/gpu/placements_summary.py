@@ -22,7 +22,20 @@ RUNS = {
     "sharded_01_fp32": "sharded, two GPUs, fp32 rows",
     "sharded_01_fp32_once": "sharded, two GPUs, fp32 rows, every table once (gpucache_sharded_replicate 0)",
     "sharded_01_fp32_hot": "sharded, two GPUs, fp32 rows, gpucache_sharded_replicate 0.35 (the most lookups a byte on every GPU)",
+    "sharded_01_fp32_hot_h100": "sharded, two GPUs, fp32 rows, gpucache_sharded_replicate 0.35, at most 71 GB of rows a GPU "
+                                "(an H100 80GB's plan)",
     "replicated_01_fp32_half": "replicated, two GPUs, fp32 rows, scale 0.5 (52 GB: fits one GPU)",
+}
+# the plot's short names
+LABELS = {
+    "replicated_0": "replicated\none GPU",
+    "replicated_01": "replicated\ntwo GPUs",
+    "sharded_01": "sharded\nfp16 rows",
+    "sharded_01_fp32": "sharded fp32,\nsmall tables copied",
+    "sharded_01_fp32_once": "sharded fp32,\nevery table once",
+    "sharded_01_fp32_hot": "sharded fp32,\nreplicate 0.35",
+    "sharded_01_fp32_hot_h100": "sharded fp32,\nreplicate 0.35,\nan H100's plan",
+    "replicated_01_fp32_half": "replicated fp32,\nhalf the rows",
 }
 # (target, numerator, denominator, bound)
 TARGETS = [
@@ -44,6 +57,12 @@ TARGETS = [
     ("sharded fp32 rows, replicate 0.35, >= 0.8x replicated fp16 (endless stream)", "sharded_01_fp32_hot",
      "replicated_01", "stream", 0.8),
     ("the same (perf_analyzer, MLPerf-like)", "sharded_01_fp32_hot", "replicated_01", "mlperf", None),
+    ("sharded fp32 rows, replicate 0.35, >= 0.8x replicated fp32 rows at half the rows (endless stream)",
+     "sharded_01_fp32_hot", "replicated_01_fp32_half", "stream", 0.8),
+    ("the same (perf_analyzer, large requests)", "sharded_01_fp32_hot", "replicated_01_fp32_half", "big", None),
+    ("sharded fp32 rows, an H100's plan, >= 0.8x replicated fp32 rows at half the rows (endless stream)",
+     "sharded_01_fp32_hot_h100", "replicated_01_fp32_half", "stream", 0.8),
+    ("the same (perf_analyzer, large requests)", "sharded_01_fp32_hot_h100", "replicated_01_fp32_half", "big", None),
     # requests larger than MLPerf's queries (dlrm_v2_perf.py --big-concurrency), where the queries a
     # second through the front end do not hold the rate: how the GPUs themselves scale
     ("replicated: two GPUs against one GPU (perf_analyzer, large requests)", "replicated_01", "replicated_0", "big",
@@ -142,7 +161,7 @@ def plot(found, png, gpu=None, kind="stream"):
                    label=dev if dev not in ax.get_legend_handles_labels()[1] else None)
             bottom += v / 1e6
         ax.annotate(f"{r['pairs_per_s'] / 1e6:.2f} M", (i, bottom), ha="center", va="bottom", fontsize=9)
-    ax.set_xticks(range(len(bars)), [RUNS[n].replace(", ", ",\n", 2) for n, _ in bars], fontsize=7)
+    ax.set_xticks(range(len(bars)), [LABELS.get(n, n) for n, _ in bars], fontsize=8)
     ax.set(ylabel="M pairs / second", title=f"DLRM-v2 over two GPUs ({kind}, best of each run)"
            + (f" - {gpu}" if gpu else ""))
     ax.set_ylim(top=ax.get_ylim()[1] * 1.1)

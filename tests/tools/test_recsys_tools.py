@@ -50,6 +50,22 @@ def test_store_allocation_caches_small_tables_whole_within_the_budget():
     assert max(big) - min(big) <= 1 and max(big) < 0.1 * 32_000_000, "the large tables share what is left"
 
 
+def test_lookups_allocation_weighs_the_large_tables_by_their_keys_a_pair():
+    rows = fixture.fixture_rows(1.0)
+    hot = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]  # MLPerf DLRM-v2
+    store = cache.cache_rows(rows, 0.1, "store")
+    by = cache.cache_rows(rows, 0.1, "lookups", hot)
+    budget = int(sum(rows) * 0.1)
+    assert sum(by) <= budget and budget - sum(by) < len(rows)
+    assert cache.cache_rows(rows, 0.1, "lookups", [1] * len(rows)) == store == cache.cache_rows(rows, 0.1, "lookups")
+    big = [t for t, r in enumerate(rows) if r == 40_000_000]
+    assert by[20] > 8 * by[0] and abs(by[20] / by[19] - 100 / 12) < 1e-3, "slots by keys a pair"
+    # more hits for the same slots: the stationary rate, hotness-weighted as the benchmark's
+    rate = lambda c: sum(h * cache.stationary_hit_rate([n], [x], 1.05) for n, x, h in zip(rows, c, hot)) / sum(hot)  # noqa: E731
+    assert rate(by) > rate(store) + 0.015, (rate(by), rate(store))
+    assert all(by[t] > 0 for t in big)
+
+
 def test_stationary_hit_rate_is_the_cached_keys_mass():
     rows = [1000, 5_000_000]
     # everything cached: every key hits

@@ -8,15 +8,19 @@ import zipf_keys
 WHOLE_ROOM = 2  # triton_rust_embedding::WHOLE_ROOM: slots per row of a table cached whole
 
 
-def cache_rows(rows, share, allocation):
-    """Cache slots per table, as triton_rust_embedding::cache_rows computes them."""
+def cache_rows(rows, share, allocation, lookups=None):
+    """Cache slots per table, as triton_rust_embedding::cache_rows computes them; `lookups`:
+    each table's keys a sample, which "lookups" weighs the tables by (None: one each)."""
     if allocation == "per_table":
         return [int(np.ceil(r * share)) for r in rows]
-    budget = int(np.floor(sum(rows) * share))
+    weight = [max(int(h), 1) for h in lookups] if allocation == "lookups" and lookups else [1] * len(rows)
+    budget, left = int(np.floor(sum(rows) * share)), sum(weight)
     out = [0] * len(rows)
-    for k, t in enumerate(sorted(range(len(rows)), key=lambda t: rows[t])):
-        out[t] = min(WHOLE_ROOM * rows[t], budget // (len(rows) - k))
+    # water-filling: the tables a level would fill whole first (rows a unit of weight, then order)
+    for t in sorted(range(len(rows)), key=lambda t: (rows[t] / weight[t], t)):
+        out[t] = min(WHOLE_ROOM * rows[t], budget * weight[t] // max(left, 1))
         budget -= out[t]
+        left -= weight[t]
     return out
 
 

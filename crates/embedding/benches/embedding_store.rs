@@ -82,6 +82,7 @@ fn main() {
             host_memory: Default::default(),
             placement: Default::default(),
             replicate_share: 0.0,
+            sharded_memory: 0,
             hotness: Vec::new(),
         },
         None,

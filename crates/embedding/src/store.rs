@@ -341,7 +341,12 @@ impl EmbeddingStore {
     /// and `cache_eviction` (LFU's sketch sized for the table's rows).
     pub fn cache_geometry(&self, table: usize) -> CacheGeometry {
         let rows: Vec<usize> = self.tables.iter().map(|t| t.host.read().len()).collect();
-        let cached = cache_rows(&rows, self.config.cache_ratio, self.config.cache_allocation);
+        let cached = cache_rows(
+            &rows,
+            self.config.cache_ratio,
+            self.config.cache_allocation,
+            &self.config.hotness,
+        );
         let geo = CacheGeometry::for_rows(cached[table], self.tables[table].config.dim);
         match self.config.cache_eviction {
             CacheEviction::Lru => geo,

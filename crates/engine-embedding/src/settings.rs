@@ -298,7 +298,8 @@ impl StoreSettings {
         ("gpu_key_upload_tasks", "8"),
         ("deployed_device_list", "none"),
         ("gpucache_placement", "replicated"),
-        ("gpucache_sharded_replicate", "0.0625"),
+        ("gpucache_sharded_replicate", "0.35"),
+        ("gpucache_sharded_memory_gb", "0"),
     ];
 
     pub fn from_config(
@@ -391,6 +392,15 @@ impl StoreSettings {
                 cfg.parameters.get("gpucache_placement").map_or("", |s| s.as_str()),
             )?,
             replicate_share: number("gpucache_sharded_replicate", REPLICATE_SHARE)?,
+            sharded_memory: {
+                let gb = number("gpucache_sharded_memory_gb", 0.0)?;
+                if !(gb.is_finite() && gb >= 0.0) {
+                    return Err(Error::invalid_arg(format!(
+                        "parameter 'gpucache_sharded_memory_gb' is the most GB of rows sharded placement puts on each GPU, 0 or more (0: each GPU's free memory less 15%); got {gb}"
+                    )));
+                }
+                (gb * 1e9) as u64
+            },
             hotness: pooling.as_ref().map_or_else(Vec::new, |p| p.hotness.clone()),
         };
         if !(0.0..=0.5).contains(&store.replicate_share) {

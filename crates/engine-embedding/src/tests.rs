@@ -406,7 +406,7 @@ fn sharded_replicate_share_is_read_and_bounded() {
         one_table_on(&["KIND_GPU"], &p).map(|s| s.store.replicate_share)
     };
     let plain = one_table(&[]).unwrap().store;
-    assert_eq!(plain.replicate_share, 1.0 / 16.0);
+    assert_eq!(plain.replicate_share, 0.35);
     assert!(plain.hotness.is_empty(), "one key a table: every table weighs one lookup");
     assert_eq!(share(" 0 ").unwrap(), 0.0);
     assert_eq!(share("0.25").unwrap(), 0.25);
@@ -418,4 +418,26 @@ fn sharded_replicate_share_is_read_and_bounded() {
         );
     }
     assert!(share("a tenth").unwrap_err().message().contains("must be a number"));
+}
+
+#[test]
+fn sharded_memory_is_read_in_gb_and_refused_below_zero() {
+    let memory = |v: &str| {
+        let p = [
+            ("gpucache_placement", "sharded"),
+            ("gpucacheper", "1.0"),
+            ("gpucache_sharded_memory_gb", v),
+        ];
+        one_table_on(&["KIND_GPU"], &p).map(|s| s.store.sharded_memory)
+    };
+    assert_eq!(one_table(&[]).unwrap().store.sharded_memory, 0, "no cap unless set");
+    assert_eq!(memory("71.5").unwrap(), 71_500_000_000);
+    assert_eq!(memory(" 0 ").unwrap(), 0);
+    for bad in ["-1", "inf", "NaN"] {
+        let e = memory(bad).unwrap_err();
+        assert!(
+            e.message().contains("gpucache_sharded_memory_gb") && e.message().contains("0 or more"),
+            "{bad}: {e}"
+        );
+    }
 }

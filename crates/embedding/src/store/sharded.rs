@@ -24,6 +24,17 @@ use crate::store_config::CacheRows;
 /// CUDA graphs, the batches' buffers).
 const KEEP_FREE: f64 = 0.15;
 
+/// The bytes of rows the plan may place on a GPU with `free` bytes free: all but the share
+/// kept free, and at most `most` where `gpucache_sharded_memory_gb` sets it (`most` 0: no cap).
+fn room_of(free: u64, most: u64) -> u64 {
+    let room = (free as f64 * (1.0 - KEEP_FREE)) as u64;
+    if most > 0 {
+        room.min(most)
+    } else {
+        room
+    }
+}
+
 /// The store's tables, each resident on the GPU the plan gave it, or on every GPU.
 pub(crate) struct ShardedTables {
     /// For each GPU of `gpus`, the tables its instances read: each table's rows on the GPU
@@ -94,8 +105,7 @@ impl EmbeddingStore {
             .map_err(|e| Error::unavailable(format!("gpucache_placement sharded: {e}")))?;
         let mut room = Vec::with_capacity(gpus.len());
         for &g in &gpus {
-            let free = triton_rust_cuda::free_memory(g)?;
-            room.push((g, (free as f64 * (1.0 - KEEP_FREE)) as u64));
+            room.push((g, room_of(triton_rust_cuda::free_memory(g)?, self.config.sharded_memory)));
         }
         let least = room.iter().map(|g| g.1).min().unwrap_or(0);
         let replicate = (least as f64 * self.config.replicate_share) as u64;
@@ -152,5 +162,17 @@ impl EmbeddingStore {
         let s = Arc::new(ShardedTables { caches, gpus, _owners: owners });
         *held = Some(s.clone());
         Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::room_of;
+
+    #[test]
+    fn room_keeps_a_share_free_and_takes_the_cap() {
+        assert_eq!(room_of(100_000, 0), 85_000);
+        assert_eq!(room_of(100_000, 50_000), 50_000, "the cap below the room");
+        assert_eq!(room_of(100_000, 90_000), 85_000, "a cap above the room leaves it");
     }
 }

@@ -62,6 +62,7 @@ fn make_placed_store(
         host_memory: Default::default(),
         placement,
         replicate_share: crate::store_config::REPLICATE_SHARE,
+        sharded_memory: 0,
         hotness: Vec::new(),
     };
     (EmbeddingStore::open(cfg, None).unwrap(), dir)
@@ -241,9 +242,9 @@ fn zipf_hit_rate_is_reported() {
 #[test]
 fn a_store_wide_cache_share_caches_small_tables_whole() {
     let rows = [3, 1_000, 40_000, 1_000_000, 1_000_000];
-    let per = cache_rows(&rows, 0.1, CacheAllocation::PerTable);
+    let per = cache_rows(&rows, 0.1, CacheAllocation::PerTable, &[]);
     assert_eq!(per, [1, 100, 4_000, 100_000, 100_000]);
-    let store = cache_rows(&rows, 0.1, CacheAllocation::Store);
+    let store = cache_rows(&rows, 0.1, CacheAllocation::Store, &[9, 9, 9, 1, 8]);
     let budget = (rows.iter().sum::<usize>() as f64 * 0.1).floor() as usize;
     assert!(store.iter().sum::<usize>() <= budget, "never above the budget: {store:?}");
     assert!(budget - store.iter().sum::<usize>() < rows.len(), "the budget is used: {store:?}");
@@ -254,7 +255,31 @@ fn a_store_wide_cache_share_caches_small_tables_whole() {
     );
     assert!(store[3].abs_diff(store[4]) <= 1, "large tables share the rest equally: {store:?}");
     assert_eq!(CacheAllocation::parse("store").unwrap(), CacheAllocation::Store);
-    assert!(CacheAllocation::parse("most").unwrap_err().message().contains("per_table or store"));
+    assert!(CacheAllocation::parse("most")
+        .unwrap_err()
+        .message()
+        .contains("per_table, store or lookups"));
+}
+
+#[test]
+fn a_store_wide_share_by_lookups_gives_the_large_tables_slots_by_their_keys_a_sample() {
+    let rows = [3, 1_000, 1_000_000, 1_000_000, 1_000_000];
+    let budget = (rows.iter().sum::<usize>() as f64 * 0.1).floor() as usize;
+    let by = cache_rows(&rows, 0.1, CacheAllocation::Lookups, &[1, 1, 1, 3, 6]);
+    assert!(by.iter().sum::<usize>() <= budget && budget - by.iter().sum::<usize>() < rows.len());
+    assert_eq!(&by[..2], &[2 * 3, 2 * 1_000], "small tables whole, as Store");
+    let (one, three, six) = (by[2] as f64, by[3] as f64, by[4] as f64);
+    assert!((three / one - 3.0).abs() < 1e-3 && (six / one - 6.0).abs() < 1e-3, "{by:?}");
+    // a table its weight would give more than WHOLE_ROOM slots a row is held there
+    let capped = cache_rows(&[100, 1_000_000], 0.1, CacheAllocation::Lookups, &[1_000_000, 1]);
+    assert_eq!(capped[0], 200, "{capped:?}");
+    assert_eq!(capped[1], 100_010 - 200, "the rest to the other: {capped:?}");
+    // every weight one (or none given): the same as Store
+    let rows = [7, 40, 123_456, 999_999, 1_000_001];
+    let store = cache_rows(&rows, 0.1, CacheAllocation::Store, &[]);
+    assert_eq!(cache_rows(&rows, 0.1, CacheAllocation::Lookups, &[]), store);
+    assert_eq!(cache_rows(&rows, 0.1, CacheAllocation::Lookups, &[1; 5]), store);
+    assert_eq!(CacheAllocation::parse(" lookups ").unwrap(), CacheAllocation::Lookups);
 }
 
 #[test]
@@ -280,6 +305,7 @@ fn config_errors_name_the_table() {
         host_memory: Default::default(),
         placement: Default::default(),
         replicate_share: 0.0,
+        sharded_memory: 0,
         hotness: Vec::new(),
     };
     let e = EmbeddingStore::open(cfg(4), None).err().unwrap();
@@ -379,6 +405,7 @@ fn a_stream_that_leaves_redis_to_its_publisher_needs_an_update_log() {
         host_memory: Default::default(),
         placement: Default::default(),
         replicate_share: 0.0,
+        sharded_memory: 0,
         hotness: Vec::new(),
     };
     let e = match EmbeddingStore::open(cfg(false), None) {
