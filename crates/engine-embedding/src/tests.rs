@@ -395,16 +395,16 @@ fn sharded_placement_is_refused_where_it_cannot_hold() {
     );
 }
 
+/// A one-table store on a GPU instance, sharded, with one more parameter.
+fn sharded_with(key: &str, value: &str) -> Result<StoreSettings> {
+    let p = [("gpucache_placement", "sharded"), ("gpucacheper", "1.0"), (key, value)];
+    one_table_on(&["KIND_GPU"], &p)
+}
+
 #[test]
 fn sharded_replicate_share_is_read_and_bounded() {
-    let share = |v: &str| {
-        let p = [
-            ("gpucache_placement", "sharded"),
-            ("gpucacheper", "1.0"),
-            ("gpucache_sharded_replicate", v),
-        ];
-        one_table_on(&["KIND_GPU"], &p).map(|s| s.store.replicate_share)
-    };
+    let share =
+        |v: &str| sharded_with("gpucache_sharded_replicate", v).map(|s| s.store.replicate_share);
     let plain = one_table(&[]).unwrap().store;
     assert_eq!(plain.replicate_share, 0.35);
     assert!(plain.hotness.is_empty(), "one key a table: every table weighs one lookup");
@@ -422,14 +422,8 @@ fn sharded_replicate_share_is_read_and_bounded() {
 
 #[test]
 fn sharded_memory_is_read_in_gb_and_refused_below_zero() {
-    let memory = |v: &str| {
-        let p = [
-            ("gpucache_placement", "sharded"),
-            ("gpucacheper", "1.0"),
-            ("gpucache_sharded_memory_gb", v),
-        ];
-        one_table_on(&["KIND_GPU"], &p).map(|s| s.store.sharded_memory)
-    };
+    let memory =
+        |v: &str| sharded_with("gpucache_sharded_memory_gb", v).map(|s| s.store.sharded_memory);
     assert_eq!(one_table(&[]).unwrap().store.sharded_memory, 0, "no cap unless set");
     assert_eq!(memory("71.5").unwrap(), 71_500_000_000);
     assert_eq!(memory(" 0 ").unwrap(), 0);
