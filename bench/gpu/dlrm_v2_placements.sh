@@ -2,7 +2,7 @@
 # Issue 47 on one two-GPU device call: MLPerf DLRM-v2 (scale 1.0, every row in HBM, FP8
 # network, 4 instances a GPU) served sharded over two GPUs, replicated on the same two, and
 # replicated on one (GPU 0), and sharded with fp32 rows (104 GB: more than one H100 holds),
-# with the small tables copied to every GPU (the default), every table once
+# with the small tables copied to every GPU (gpucache_sharded_replicate 0.0625, the earlier default), every table once
 # (sharded_01_fp32_once) or more copied (sharded_01_fp32_hot: gpucache_sharded_replicate 0.35,
 # which on two H200s copies t20 and t21 too; sharded_01_fp32_hot_h100: the same with at most 71 GB of
 # rows a GPU, an H100 80GB's room (its 85.5 GB less the context and the 15% kept free), so that larger
