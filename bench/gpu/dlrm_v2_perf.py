@@ -243,9 +243,9 @@ def parse(argv=None):
     p.add_argument("--cache-policy", default="lru", choices=["lru", "lfu"],
                    help="gpucache_policy: which key a full cache set gives up (lfu: the least frequent, and a missed "
                         "key goes in only once it is looked up more often)")
-    p.add_argument("--miss-reads", default="cpu", type=miss_reads,
-                   help="gpucache_miss_reads: who reads the cache's misses from host memory: cpu, gpu (the lookup's "
-                        "kernel, in place over PCIe) or the share the GPU reads while host threads read the rest")
+    p.add_argument("--miss-reads", default="cpu", choices=["cpu", "gpu"],
+                   help="gpucache_miss_reads: who reads the cache's misses from host memory (gpu: the lookup's "
+                        "kernel, in place over PCIe)")
     p.add_argument("--host-memory", default="mapped", choices=["mapped", "huge_pages"],
                    help="host_memory: the host tier's rows read in place from the fixture's files, or copied at "
                         "load into memory of 2 MiB pages (52 GB more RAM at scale 1.0)")
@@ -440,23 +440,6 @@ def pools(a, rows, setup):
 
 
 # ------------------------------------------------------------------ the repository
-
-def miss_reads(text):
-    """--miss-reads: cpu, gpu, or a share in (0, 1] of the misses the GPU reads."""
-    if text in ("cpu", "gpu"):
-        return text
-    try:
-        share = float(text)
-    except ValueError:
-        share = -1.0
-    if not 0.0 < share <= 1.0:
-        raise argparse.ArgumentTypeError(f"cpu, gpu or a share in (0, 1], not {text!r}")
-    return text
-
-
-def miss_readers(value):
-    return {"cpu": "cpu", "gpu": "gpu"}.get(value, f"gpu ({value} of them) and cpu")
-
 
 def param(key, value):
     return f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}'
@@ -1355,7 +1338,7 @@ def main():
              "stream_note": "not run"}
     print(f"GPU: {gpu}, driver {driver}; torch {torch.__version__}", flush=True)
     print(f"DLRM-v2 at scale {a.scale}: {sum(rows):,} rows ({params / 1e9:.1f} B parameters, "
-          f"{setup['table_gb']:.1f} GB fp16), {WIDTH} lookups per pair; GPU cache {a.cache} ({a.allocation}, {a.cache_policy}, misses read by the {miss_readers(a.miss_reads)}, "
+          f"{setup['table_gb']:.1f} GB fp16), {WIDTH} lookups per pair; GPU cache {a.cache} ({a.allocation}, {a.cache_policy}, misses read by the {a.miss_reads}, "
           f"{setup['cached_rows']:,} slots); alpha {a.alpha}: hit rate stationary {plan['stationary']:.4f}, "
           f"LRU on an endless stream {plan['lru']:.4f} (hotness-weighted)", flush=True)
     failures = []

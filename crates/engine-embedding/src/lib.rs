@@ -161,8 +161,8 @@ impl EmbeddingModel {
                     }
                     let (piece_keys, threads) = m.settings.key_upload;
                     lookup.set_key_upload(KeyUpload { piece_keys, threads });
-                    if let MissReads::Gpu(share) = m.settings.miss_reads {
-                        caches.let_gpu_read_misses(id, &mut lookup, share)?;
+                    if m.settings.miss_reads == MissReads::Gpu {
+                        caches.let_gpu_read_misses(id, &mut lookup)?;
                     }
                     gpu = Some((instance, lookup));
                 }

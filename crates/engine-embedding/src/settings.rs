@@ -162,28 +162,23 @@ impl CacheSharing {
 }
 
 /// Who reads a GPU instance's misses from the host tier's rows.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MissReads {
     /// Host threads, into page-locked memory, and one copy to the GPU.
     Cpu,
-    /// The lookup's kernel reads this share (0 < share <= 1) of each batch's misses in place
-    /// over the bus (the rows page-locked and mapped for the GPU; `triton_rust_embedding`'s
-    /// `store/host_rows.rs`), host threads the rest at the same time.
-    Gpu(f64),
+    /// The lookup's kernels, in place over the bus (the rows page-locked and mapped for the
+    /// GPU; `triton_rust_embedding`'s `store/host_rows.rs`).
+    Gpu,
 }
 
 impl MissReads {
     fn parse(text: Option<&str>) -> Result<MissReads> {
         match text.map(str::trim) {
             None | Some("cpu") => Ok(MissReads::Cpu),
-            Some("gpu") => Ok(MissReads::Gpu(1.0)),
-            Some(other) => match other.parse::<f64>() {
-                Ok(0.0) => Ok(MissReads::Cpu),
-                Ok(share) if share > 0.0 && share <= 1.0 => Ok(MissReads::Gpu(share)),
-                _ => Err(Error::invalid_arg(format!(
-                    "parameter 'gpucache_miss_reads' is '{other}'; use cpu (host threads read the misses), gpu (the GPU reads them in place) or the share of them the GPU reads, from 0 to 1"
-                ))),
-            },
+            Some("gpu") => Ok(MissReads::Gpu),
+            Some(other) => Err(Error::invalid_arg(format!(
+                "parameter 'gpucache_miss_reads' is '{other}'; use cpu (host threads read the misses) or gpu (the GPU reads them in place)"
+            ))),
         }
     }
 }

@@ -100,14 +100,9 @@ fn miss_reads_parameter() {
     use crate::MissReads;
     let reads = |extra: &[(&str, &str)]| one_table(extra).map(|s| s.miss_reads);
     assert_eq!(reads(&[]).unwrap(), MissReads::Cpu, "host threads, as HPS");
-    assert_eq!(reads(&[("gpucache_miss_reads", " gpu ")]).unwrap(), MissReads::Gpu(1.0));
-    assert_eq!(reads(&[("gpucache_miss_reads", "0.4")]).unwrap(), MissReads::Gpu(0.4));
-    assert_eq!(reads(&[("gpucache_miss_reads", "0")]).unwrap(), MissReads::Cpu);
-    for bad in ["dma", "1.5", "-0.2", "NaN"] {
-        let e = reads(&[("gpucache_miss_reads", bad)]).unwrap_err();
-        let want = format!("parameter 'gpucache_miss_reads' is '{bad}'; use cpu");
-        assert!(e.message().contains(&want), "{e}");
-    }
+    assert_eq!(reads(&[("gpucache_miss_reads", " gpu ")]).unwrap(), MissReads::Gpu);
+    let e = reads(&[("gpucache_miss_reads", "dma")]).unwrap_err();
+    assert!(e.message().contains("parameter 'gpucache_miss_reads' is 'dma'; use cpu"), "{e}");
 }
 
 #[test]

@@ -33,9 +33,9 @@ mod host;
 /// are complete and never waited for. Every buffer is kept and reused; nothing is
 /// allocated per batch once the largest batch was seen.
 ///
-/// With host rows set ([`BatchLookup::set_host_rows`], `batch_host.rs`), a share of the
-/// misses (all of them, or some while the caller reads the rest) is instead read in place by
-/// one more kernel from host memory the GPU maps, nothing going to the host.
+/// With host rows set ([`BatchLookup::set_host_rows`], `batch_host.rs`), the misses are
+/// instead read in place by one more kernel from host memory the GPU maps, nothing going
+/// to the host.
 ///
 /// Two streams: the caches' queue runs what reads or writes the slots (the lookup and the
 /// fill kernels, and what they read first: the keys, the table starts, the zeroed miss
@@ -80,8 +80,6 @@ pub struct BatchLookup {
     /// kernel may read them), and whether the next runs read misses there.
     host: Option<(DeviceMem, Vec<Arc<HostRows>>)>,
     host_on: bool,
-    /// The share of a batch's misses read there (the rest by the fetcher, at the same time).
-    gpu_share: f64,
     /// Misses per table then defaults per table of the last run that read on the GPU.
     host_counts: (PinnedBuf<u32>, DeviceMem),
     host_read: Option<Vec<u32>>,
@@ -149,7 +147,6 @@ impl BatchLookup {
             out: DeviceMem::growing(d),
             host: None,
             host_on: false,
-            gpu_share: 0.0,
             host_counts: (PinnedBuf::new(d), DeviceMem::growing(d)),
             host_read: None,
             last: None,
@@ -266,35 +263,27 @@ impl BatchLookup {
             return Ok(times);
         }
         let t1 = Instant::now();
-        // the first `g` misses read on the GPU, the rest by the fetcher, at the same time
-        let g =
-            if self.host_on { ((m as f64 * self.gpu_share).round() as usize).min(m) } else { 0 };
-        if m > 0 {
-            self.fetched.1.reserve(m * self.dim * 4)?;
-            self.found.1.reserve(m)?;
-            if g < m {
-                self.missed_keys_to_host(keys, g, m)?;
-            }
-            if g > 0 {
-                self.read_host(g, interleaved)?;
-            }
-            if g < m {
-                let (c, dim) = (m - g, self.dim);
-                let h_miss = self.miss.0.slice(c)?;
-                let h_mkeys = self.missed_keys.0.slice(c)?;
-                let rows = self.fetched.0.slice(c * dim)?;
-                let found = self.found.0.slice(c)?;
-                found.fill(0);
-                fetch(h_miss, h_mkeys, rows, found)?;
-                self.upload_fetched(g, m)?;
-            }
+        if m > 0 && self.host_on {
+            self.read_host(m, interleaved)?;
             times.fetch_us = us(t1);
             self.scatter(m, into)?;
+            self.last = Some((m, interleaved));
+        } else if m > 0 {
+            self.missed_keys_to_host(keys, m)?;
+            let dim = self.dim;
+            let h_miss = self.miss.0.slice(m)?;
+            let h_mkeys = self.missed_keys.0.slice(m)?;
+            let rows = self.fetched.0.slice(m * dim)?;
+            let found = self.found.0.slice(m)?;
+            found.fill(0);
+            fetch(h_miss, h_mkeys, rows, found)?;
+            times.fetch_us = us(t1);
+            self.scatter_fetched(m, into)?;
             self.last = Some((m, interleaved));
         }
         // the hits' rows were written on the queue before `count_misses` waited for them
         self.own.wait()?;
-        if g > 0 {
+        if m > 0 && self.host_on {
             self.host_read = Some(self.host_counts.0.slice(2 * self.tables)?.to_vec());
         }
         times.scatter_us = us(t1).saturating_sub(times.fetch_us);
@@ -472,11 +461,10 @@ impl BatchLookup {
 
     /// The `m` missed indices to the host, and their keys beside them (gathered on the GPU
     /// when the keys are there).
-    fn missed_keys_to_host(&mut self, keys: BatchKeys<'_>, from: usize, m: usize) -> Result<()> {
-        let (q, m) = (&self.own, m - from);
-        let d_miss = self.miss.1.ptr().at(from * 4);
+    fn missed_keys_to_host(&mut self, keys: BatchKeys<'_>, m: usize) -> Result<()> {
+        let q = &self.own;
         let h_miss = self.miss.0.slice(m)?;
-        dtoh(q, h_miss, d_miss)?;
+        dtoh(q, h_miss, self.miss.1.ptr())?;
         q.wait()?;
         let h_mkeys = self.missed_keys.0.slice(m)?;
         match keys {
@@ -487,7 +475,8 @@ impl BatchLookup {
             }
             BatchKeys::Device(_) => {
                 self.missed_keys.1.reserve(m * 8)?;
-                let (d_keys, d_mkeys) = (self.keys.1.ptr(), self.missed_keys.1.ptr());
+                let (d_keys, d_miss) = (self.keys.1.ptr(), self.miss.1.ptr());
+                let d_mkeys = self.missed_keys.1.ptr();
                 let m_i = m as i32;
                 let mut b = q.stream.launch_builder(&self.kernels.gather_keys);
                 b.arg(&d_keys).arg(&d_miss).arg(&m_i).arg(&d_mkeys);
@@ -502,13 +491,21 @@ impl BatchLookup {
         Ok(())
     }
 
-    /// The rows the fetcher filled for misses `from..m` to the GPU (room reserved), with their
-    /// flags and that part of the miss list in the fetcher's order (the scatter's indices).
-    fn upload_fetched(&mut self, from: usize, m: usize) -> Result<()> {
-        let (q, dim, c) = (&self.own, self.dim, m - from);
-        htod(q, self.fetched.1.ptr().at(from * dim * 4), self.fetched.0.slice(c * dim)?)?;
-        htod(q, self.found.1.ptr().at(from), self.found.0.slice(c)?)?;
-        htod(q, self.miss.1.ptr().at(from * 4), self.miss.0.slice(c)?)
+    /// The `m` rows the fetcher filled to the GPU, with their flags and the miss list in the
+    /// fetcher's order, and the scatter of the rows into place queued.
+    fn scatter_fetched(&mut self, m: usize, into: Option<DevicePtr<'_>>) -> Result<()> {
+        let (q, dim) = (&self.own, self.dim);
+        let rows = self.fetched.0.slice(m * dim)?;
+        self.fetched.1.reserve(m * dim * 4)?;
+        let d_rows = self.fetched.1.ptr();
+        htod(q, d_rows, rows)?;
+        let found = self.found.0.slice(m)?;
+        self.found.1.reserve(m)?;
+        htod(q, self.found.1.ptr(), found)?;
+        // the miss list, in the fetcher's order, goes back as the scatter's indices
+        let (h_miss, d_miss) = (self.miss.0.slice(m)?, self.miss.1.ptr());
+        htod(q, d_miss, h_miss)?;
+        self.scatter(m, into)
     }
 
     /// The scatter of the `m` fetched rows on the GPU into place queued.

@@ -16,18 +16,12 @@ use crate::pinned::HostRows;
 
 impl BatchLookup {
     /// Every table's rows in host memory this GPU maps (`tables[t]`: its rows and the
-    /// default value of a key past them), for runs that read `share` of their misses there
-    /// (0 < share <= 1; [`BatchLookup::read_misses_on_gpu`]) while the fetcher reads the rest.
-    pub fn set_host_rows(&mut self, tables: &[(Arc<HostRows>, f32)], share: f64) -> Result<()> {
+    /// default value of a key past them), for runs that read their misses there
+    /// ([`BatchLookup::read_misses_on_gpu`]) instead of calling the fetcher.
+    pub fn set_host_rows(&mut self, tables: &[(Arc<HostRows>, f32)]) -> Result<()> {
         if tables.len() != self.tables {
             return Err(CudaError::internal("batch lookup: host rows for another table count"));
         }
-        if !(share > 0.0 && share <= 1.0) {
-            return Err(CudaError::internal(format!(
-                "batch lookup: a share of the misses read on the GPU of {share}"
-            )));
-        }
-        self.gpu_share = share;
         let d = self.queue.device;
         let mut fields = Vec::with_capacity(tables.len() * HOST_DESC);
         for (rows, default) in tables {
@@ -42,25 +36,26 @@ impl BatchLookup {
         Ok(())
     }
 
-    /// Whether the next runs read their share of the misses from the host rows the GPU maps:
-    /// when they are set and `now()` says so (asked only then); else the fetcher reads them
-    /// all. [`BatchLookup::host_read`] tells what the GPU read.
+    /// Whether the next runs read their misses from the host rows the GPU maps: when they are
+    /// set and `now()` says so (asked only then), the fetcher is not called, and
+    /// [`BatchLookup::host_read`] tells what was read.
     pub fn read_misses_on_gpu(&mut self, now: impl FnOnce() -> bool) {
         self.host_on = self.host.is_some() && now();
     }
 
-    /// After a run whose misses the GPU read some of from host memory: of those, each table's,
-    /// then each table's keys past its rows (given the default value).
+    /// After a run whose misses the GPU read from host memory: each table's misses, then
+    /// each table's keys past its rows (given the default value).
     pub fn host_read(&self) -> Option<&[u32]> {
         self.host_read.as_deref()
     }
 
-    /// The first `m` missed rows read in place from the host rows the GPU maps, into the
-    /// fetched rows' buffer with their flags, and their per-table counts queued back to the
-    /// host (the buffers' room for the batch's misses is reserved).
+    /// The `m` missed rows read in place from the host rows the GPU maps, into the fetched
+    /// rows' buffer with their flags, and the per-table counts queued back to the host.
     pub(super) fn read_host(&mut self, m: usize, interleaved: i32) -> Result<()> {
         let (q, dim, tables) = (&self.own, self.dim, self.tables);
         let Some((desc, _)) = &self.host else { return Ok(()) };
+        self.fetched.1.reserve(m * dim * 4)?;
+        self.found.1.reserve(m)?;
         self.host_counts.1.reserve(2 * tables * 4)?;
         let counts = self.host_counts.1.ptr();
         zero(q, counts, 2 * tables * 4)?;

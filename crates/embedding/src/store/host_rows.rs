@@ -92,17 +92,11 @@ fn dense_rows(t: &HostTier) -> &[u8] {
 }
 
 impl InstanceCaches {
-    /// Has `lookup` (on GPU `device`) read `share` of each batch's misses in place from the
-    /// tables' host rows while they are the rows the tables were loaded with (see the
-    /// module's docs), host threads the rest.
-    pub fn let_gpu_read_misses(
-        &self,
-        device: i32,
-        lookup: &mut BatchLookup,
-        share: f64,
-    ) -> Result<()> {
+    /// Has `lookup` (on GPU `device`) read its misses in place from the tables' host rows
+    /// while they are the rows the tables were loaded with (see the module's docs).
+    pub fn let_gpu_read_misses(&self, device: i32, lookup: &mut BatchLookup) -> Result<()> {
         let h = self.store.gpu_host_rows(device)?;
-        Ok(lookup.set_host_rows(&h.rows, share)?)
+        Ok(lookup.set_host_rows(&h.rows)?)
     }
 
     /// Before a batch: whether its misses may be read on the GPU (when its lookup was set so).

@@ -292,10 +292,10 @@ impl InstanceCaches {
             return Ok(times.negative);
         }
         if let Some(read) = lookup.host_read() {
-            // the GPU read (some of) the misses below the cache: its counts per table
+            // the GPU read the misses below the cache: its counts per table
             for (t, table) in store.tables.iter().enumerate() {
                 let (m, defaults) = (read[t] as usize, read[tables + t] as u64);
-                missed_per_table[t] += m;
+                missed_per_table[t] = m;
                 table.counters.host_hits.fetch_add(m as u64 - defaults, Ordering::Relaxed);
                 table.counters.defaults.fetch_add(defaults, Ordering::Relaxed);
             }
