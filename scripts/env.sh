@@ -9,7 +9,7 @@
 #   ORT_LIB         absolute path of libonnxruntime.so.* from the venv's onnxruntime package
 #   LD_LIBRARY_PATH prefixed with .deps/lib (unversioned-name symlinks: libb64.so.0d,
 #                   libcudart.so.12 for perf_analyzer) and .deps/nvidia_pytriton.libs
-#   PATH            prefixed with .venv/bin
+#   PATH            prefixed with .venv/bin (and ~/.cargo/bin, rustup's, when it holds cargo)
 #
 # tritonserver itself does not need LD_LIBRARY_PATH: its RPATH points at
 # ../../../nvidia_pytriton.libs, which is why the wheel layout is kept as is under .deps/.
@@ -38,6 +38,7 @@ _env_sh_prepend() { # _env_sh_prepend VAR DIR: put DIR first in the colon list V
 }
 _env_sh_prepend LD_LIBRARY_PATH "$DEPS_DIR/nvidia_pytriton.libs"
 _env_sh_prepend LD_LIBRARY_PATH "$DEPS_DIR/lib"
+[ -x "$HOME/.cargo/bin/cargo" ] && _env_sh_prepend PATH "$HOME/.cargo/bin"
 _env_sh_prepend PATH "$VENV_DIR/bin"
 unset -f _env_sh_prepend
 export LD_LIBRARY_PATH PATH

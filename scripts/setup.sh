@@ -7,15 +7,20 @@
 # second run takes a few seconds and downloads nothing. Runs without stdin (no prompts).
 #
 # Steps:
+#   0. Rust toolchain, first, so that a missing one stops the run before the long steps: cargo
+#      from PATH or ~/.cargo/bin when it is at least RUST_MIN (Cargo.toml's rust-version);
+#      otherwise rustup's stable toolchain, rustup-init fetched from static.rust-lang.org (where
+#      sh.rustup.rs's script fetches it from).
+#      Where that site cannot be reached, setup stops at once naming the version it needs.
 #   1. Debian packages (only the missing ones): compilers, pkg-config, libclang-dev (bindgen),
 #      cmake, unzip, curl, python3 + venv + pip.
-#   2. Rust toolchain: use cargo from PATH or ~/.cargo; if none, fall back to Debian's cargo/rustc
-#      (old; prefer rustup where its site is reachable).
-#   3. Python venv at .venv with the pinned requirements.txt.
+#   3. Python venv at .venv with the pinned requirements.txt, then requirements-torchrec.txt
+#      without dependencies (its header says why).
 #   4. The real tritonserver 2.51.0 from the nvidia-pytriton 0.7.0 wheel, unpacked into .deps/,
 #      plus .deps/lib symlinks that perf_analyzer needs. Smoke-tested with --help.
 #
 # Environment knobs:
+#   RUSTUP_INIT_URL=<url>   rustup-init's address (default: static.rust-lang.org's, for this machine)
 #   PYTHON=python3.11       interpreter used to create the venv (default: python3)
 #   PYTRITON_WHEEL=<file>   use this local copy of the nvidia-pytriton 0.7.0 wheel
 #                           (default /tmp/dl/<wheel> when present; set it empty to force pip)
@@ -37,6 +42,65 @@ die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
     if command -v sudo >/dev/null 2>&1; then SUDO="sudo -n"; fi
+fi
+
+# ---------------------------------------------------------------- 0. Rust toolchain
+# The one minimum: Cargo.toml's rust-version (the newest any dependency asks for: ort 2.0's).
+RUST_MIN="$(sed -n 's/^rust-version = "\([0-9.]*\)"/\1/p' Cargo.toml | head -n1)"
+[ -n "$RUST_MIN" ] || die "Cargo.toml names no rust-version"
+RUSTUP_INIT_URL="${RUSTUP_INIT_URL:-https://static.rust-lang.org/rustup/dist/$(uname -m)-unknown-linux-gnu/rustup-init}"
+
+version_at_least() { # version_at_least HAVE NEED: HAVE >= NEED, both dotted numbers
+    [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]
+}
+cargo_version() { cargo --version 2>/dev/null | awk '{print $2}' | sed 's/-.*//'; }
+
+if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+have="$(cargo_version || true)"
+if [ -n "$have" ] && version_at_least "$have" "$RUST_MIN"; then
+    log "cargo $have (needs $RUST_MIN or later)"
+else
+    why="${have:+cargo $have is older than $RUST_MIN}"; why="${why:-no cargo found}"
+    log "$why: installing Rust $RUST_MIN or later with rustup"
+    if command -v rustup >/dev/null 2>&1; then
+        rustup toolchain install stable --profile default </dev/null \
+            && rustup default stable </dev/null \
+            || die "$why, and rustup could not install the stable toolchain. This project needs Rust $RUST_MIN or later: install it with rustup (https://rustup.rs) and run this script again."
+    else
+        fetch_ok=0
+        # rustup-init acts by the name it is run as: keep it
+        init_dir="$(mktemp -d)"; init="$init_dir/rustup-init"
+        if command -v curl >/dev/null 2>&1; then
+            curl --proto '=https' --tlsv1.2 -sSf --connect-timeout 15 --max-time 300 "$RUSTUP_INIT_URL" -o "$init" && fetch_ok=1
+        elif command -v python3 >/dev/null 2>&1; then
+            python3 -c 'import sys, urllib.request; open(sys.argv[2], "wb").write(urllib.request.urlopen(sys.argv[1], timeout=60).read())' \
+                "$RUSTUP_INIT_URL" "$init" 2>/dev/null && fetch_ok=1
+        fi
+        if [ "$fetch_ok" != 1 ]; then
+            rm -rf "$init_dir"
+            die "$why, and rustup's installer ($RUSTUP_INIT_URL) cannot be reached. This project needs Rust $RUST_MIN or later (Debian 12's own cargo is 1.63): install it with rustup (https://rustup.rs) or put a cargo of $RUST_MIN or later on PATH, then run this script again. Nothing was installed."
+        fi
+        chmod +x "$init"
+        "$init" -y --profile default --no-modify-path </dev/null \
+            || { rm -rf "$init_dir"; die "rustup's installer failed; install Rust $RUST_MIN or later with rustup (https://rustup.rs)"; }
+        rm -rf "$init_dir"
+        export PATH="$HOME/.cargo/bin:$PATH"
+    fi
+    have="$(cargo_version || true)"
+    [ -n "$have" ] && version_at_least "$have" "$RUST_MIN" \
+        || die "after rustup, cargo is '${have:-missing}'; this project needs Rust $RUST_MIN or later"
+    log "cargo $have from rustup (~/.cargo/bin: scripts/env.sh puts it on PATH)"
+fi
+# The test command checks formatting and lints: rustfmt and clippy come with rustup's default
+# profile; a toolchain without them gets them from rustup.
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+    if command -v rustup >/dev/null 2>&1; then
+        rustup component add rustfmt clippy </dev/null || warn "rustup could not add rustfmt/clippy"
+    else
+        warn "cargo fmt or cargo clippy is missing and there is no rustup: the test command needs both"
+    fi
 fi
 
 # ---------------------------------------------------------------- 1. Debian packages
@@ -65,33 +129,11 @@ apt_install() { # apt_install PKG...: install those of PKG that are missing
 
 apt_install "${APT_PACKAGES[@]}"
 
-# ---------------------------------------------------------------- 2. Rust toolchain
-if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
-    export PATH="$HOME/.cargo/bin:$PATH"
-fi
-if command -v cargo >/dev/null 2>&1; then
-    log "cargo: $(cargo --version)"
-else
-    warn "no cargo found. Install Rust with rustup (https://rustup.rs) for a current toolchain."
-    warn "falling back to Debian's cargo/rustc, which may be too old for this crate."
-    apt_install cargo rustc
-    log "cargo: $(cargo --version)"
-fi
-# The test command checks formatting and lints: rustfmt and clippy come with rustup's default
-# profile; otherwise from rustup (where its site is reachable) or Debian's packages.
-if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
-    if command -v rustup >/dev/null 2>&1; then
-        rustup component add rustfmt clippy </dev/null || warn "rustup could not add rustfmt/clippy"
-    else
-        apt_install rustfmt rust-clippy
-    fi
-fi
-
 # ---------------------------------------------------------------- 3. Python venv
-REQ_HASH="$(sha256sum requirements.txt | cut -d' ' -f1)"
+REQ_HASH="$(cat requirements.txt requirements-torchrec.txt | sha256sum | cut -d' ' -f1)"
 STAMP="$VENV_DIR/.requirements.sha256"
 if [ -x "$VENV_DIR/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$REQ_HASH" ] \
-        && "$VENV_DIR/bin/python" -c 'import numpy, onnx, onnxruntime, tritonclient.http, tritonclient.grpc' \
+        && "$VENV_DIR/bin/python" -c 'import numpy, onnx, onnxruntime, tritonclient.http, tritonclient.grpc, torchrec' \
             >/dev/null 2>&1; then
     log "venv up to date: $VENV_DIR"
 else
@@ -102,6 +144,8 @@ else
     log "pip install -r requirements.txt"
     "$VENV_DIR/bin/python" -m pip install -q --no-cache-dir --disable-pip-version-check --upgrade pip </dev/null
     "$VENV_DIR/bin/python" -m pip install -q --no-cache-dir --disable-pip-version-check -r requirements.txt </dev/null
+    log "pip install --no-deps -r requirements-torchrec.txt"
+    "$VENV_DIR/bin/python" -m pip install -q --no-cache-dir --disable-pip-version-check --no-deps -r requirements-torchrec.txt </dev/null
     echo "$REQ_HASH" > "$STAMP"
 fi
 
