@@ -61,6 +61,14 @@
 #                 serves, timed by CUDA events at --batches, TFLOP/s against the peaks, each against the
 #                 FP32 network (dlrm_v2_network.py; --packages fp8:triton,...: packages with the cross
 #                 layers as our kernels, or :autotune with Inductor's max_autotune). carry [".carry"]
+#   dlrm-v2-fair  fair ratios for DLRM-v2 (issue 65; dlrm_v2_fair.py, its arguments): at batch 16,384, for the
+#                 FP8 and the fp16 network each, the served model as the headline run serves it (dlrm_v2_perf.py:
+#                 6 instances, fused cross layers, every row in HBM; requests of 8,192 pairs through
+#                 perf_analyzer and the endless stream) against the bare reference of the same precision: the
+#                 same network module torch.compile'd as CUDA graphs plus F.embedding_bag over the same 26 fp16
+#                 tables, one after the other and overlapped on several CUDA streams; the package alone
+#                 (aoti_bare); ratios, TFLOP/s against each type's peak, accuracy against fp32 beside every
+#                 figure. About 8 minutes on an H200. carry [".carry", ".carry_pa"]
 #   aoti-check    FastPitch (FP32), ResNet50 and BERT-large (FP16, CUDA graphs) as CUDA AOTInductor
 #                 packages exported in this call and served on KIND_GPU, checked rather than timed:
 #                 answers in the body and written into CUDA shared memory equal to torch eager,
@@ -122,6 +130,7 @@
 #   run(command="bash bench/gpu/run.sh --results $OUT/dlrm-v2/two_instances dlrm-v2", carry=[".carry", ".carry_pa"], timeout_s=600)
 #   run(command="bash bench/gpu/run.sh dlrm-v2-network", carry=[".carry"], timeout_s=600)
 #   run(command="bash bench/gpu/run.sh dlrm-v2 --cache 0.1", carry=[".carry", ".carry_pa"], timeout_s=600)
+#   run(command="bash bench/gpu/run.sh dlrm-v2-fair", carry=[".carry", ".carry_pa"], timeout_s=600)
 #
 # The results come back under $OUT/<benchmark>/. Committed, they replace that benchmark's folder under
 # bench/gpu/results/ whole (git rm -r it first; git keeps the history): one folder per benchmark,
@@ -147,7 +156,7 @@ while [ $# -gt 0 ]; do
 done
 sub="${1:-}"; [ -n "$sub" ] || usage
 shift
-case "$sub" in models|cache-check|recommenders|dense|trust|ort|aoti|aoti-check|aoti-recsys|network|cross|pooled-check|pooled-bench|dlrm-v2-check|dlrm-v2|dlrm-v2-network) ;; *) usage ;; esac
+case "$sub" in models|cache-check|recommenders|dense|trust|ort|aoti|aoti-check|aoti-recsys|network|cross|pooled-check|pooled-bench|dlrm-v2-check|dlrm-v2|dlrm-v2-network|dlrm-v2-fair) ;; *) usage ;; esac
 
 # ---- ort: gather a carried part; unpack once every part is here (no .carry needed) ----
 if [ "$sub" = ort ]; then
@@ -213,13 +222,13 @@ cp .carry/libtriton_rust.so .carry/libtriton_rust_torch.so .carry/libtriton_rust
 # the AOTInductor plugin, where pack.sh built it
 [ -f .carry/libtriton_rust_aoti.so ] && cp .carry/libtriton_rust_aoti.so "$backends/rust/"
 aoti=0
-case "$sub" in aoti|aoti-recsys|dlrm-v2) aoti=1 ;; trust) [ "${1:-}" = reload ] && [ "${2:-}" = aoti ] && aoti=1 ;; esac
+case "$sub" in aoti|aoti-recsys|dlrm-v2|dlrm-v2-fair) aoti=1 ;; trust) [ "${1:-}" = reload ] && [ "${2:-}" = aoti ] && aoti=1 ;; esac
 if [ "$aoti" = 1 ] && [ ! -f "$backends/rust/libtriton_rust_aoti.so" ]; then
     echo "no .carry/libtriton_rust_aoti.so: bash bench/gpu/pack.sh (with the triton_rust_aoti crate)" >&2; exit 1
 fi
 export PYTHONUNBUFFERED=1
 pa=/tmp/pa/perf_analyzer/bin/perf_analyzer
-if [ "$sub" = recommenders ] || [ "$sub" = dense ] || [ "$sub" = aoti ] || [ "$sub" = aoti-recsys ] || [ "$sub" = dlrm-v2 ]; then
+if [ "$sub" = recommenders ] || [ "$sub" = dense ] || [ "$sub" = aoti ] || [ "$sub" = aoti-recsys ] || [ "$sub" = dlrm-v2 ] || [ "$sub" = dlrm-v2-fair ]; then
     if [ ! -x "$pa" ]; then
         ls .carry_pa/perf_analyzer-*.whl >/dev/null 2>&1 || { echo "no .carry_pa/: carry [\".carry\", \".carry_pa\"]" >&2; exit 1; }
         python3 -m pip install --quiet --no-index --no-deps --target /tmp/pa .carry_pa/perf_analyzer-*.whl
@@ -228,7 +237,7 @@ fi
 ort_lib=/tmp/ort/libonnxruntime.so.1.31.1
 # the bare AOTInductor reference: carried (pack.sh), else built here against this torch
 aoti_bare=/tmp/aoti_bare
-if { [ "$sub" = aoti ] || [ "$sub" = aoti-recsys ] || [ "$sub" = dlrm-v2-network ]; } && [ ! -x "$aoti_bare" ]; then
+if { [ "$sub" = aoti ] || [ "$sub" = aoti-recsys ] || [ "$sub" = dlrm-v2-network ] || [ "$sub" = dlrm-v2-fair ]; } && [ ! -x "$aoti_bare" ]; then
     if [ -x .carry/aoti_bare ]; then
         cp .carry/aoti_bare "$aoti_bare"
     else
@@ -373,6 +382,18 @@ dlrm-v2)
         --backends "$backends" --perf-analyzer "$pa" --fixture-bin .carry/criteo_fixture \
         --stream-client .carry/stream_client --libtorch-dir "$TORCH_DIR/lib" --results "$res" --work "$work" --capi-dir "$capi" \
         --command "bash bench/gpu/run.sh dlrm-v2 $*" "$@" || rc=1
+    kill "$dm" 2>/dev/null
+    ;;
+dlrm-v2-fair)
+    # everything in one call: the device's 600 s less this script's unpacking (--deadline-s, 550 s by default)
+    work=/tmp/dlrm_v2_fair
+    mkdir -p "$work"
+    nvidia-smi dmon -s puc -d 2 -o T > "$res/gpu_dmon.log" 2>&1 &
+    dm=$!
+    OUT="$res" timeout "${DLRM_V2_TIMEOUT:-575}" python3 bench/gpu/dlrm_v2_fair.py --server "$server" \
+        --backends "$backends" --perf-analyzer "$pa" --fixture-bin .carry/criteo_fixture \
+        --stream-client .carry/stream_client --aoti-bare "$aoti_bare" --libtorch-dir "$TORCH_DIR/lib" \
+        --results "$res" --work "$work" --command "bash bench/gpu/run.sh dlrm-v2-fair $*" "$@" || rc=1
     kill "$dm" 2>/dev/null
     ;;
 aoti-check)
