@@ -3,7 +3,8 @@ neither it nor README.md names a commit id (figures come from results folders in
 from git history), and every relative link in either (with the heading its anchor names, as
 GitHub makes anchors) and every `bench/...` path it names is a file or folder of this checkout.
 In docs/performance.md a results folder named short (`dlrm-v2/offline/`, `trust/reload_aoti/`:
-the first part a folder of bench/gpu/results/) must be there too. No server needed."""
+the first part a folder of bench/gpu/results/) must be there too; README.md's first table holds at
+most 10 headline figures, each row with a link. No server needed."""
 import glob
 import os
 import re
@@ -125,6 +126,23 @@ def test_bench_paths_resolve(rel):
         if not exists(os.path.join(ROOT, path)):
             bad.append(f"line {line_of(text, m.start())}: {path}")
     assert not bad, f"{rel}: paths that are not in the tree:\n" + "\n".join(bad)
+
+
+def test_readme_opens_with_one_table_of_headline_figures():
+    """README.md: what it is, the two commands, then one table of at most 10 figures, each row
+    linking to its results folder or the section of the docs that holds it."""
+    text = read("README.md")
+    first_table = text.index("\n|")
+    assert "bash scripts/demo.sh" in text[:first_table] and "bash scripts/test.sh" in text[:first_table]
+    rows = []
+    for line in text[first_table + 1:].split("\n"):
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    figures = rows[2:]  # the header and its rule
+    assert 1 <= len(figures) <= 10, f"README.md's first table has {len(figures)} rows; at most 10"
+    unlinked = [r[:60] for r in figures if not LINK.search(r)]
+    assert not unlinked, f"README.md's headline rows without a link: {unlinked}"
 
 
 def test_short_results_folders_resolve():
