@@ -173,7 +173,7 @@ mod tests {
             let per = part_len(len);
             let threads = len.div_ceil(per);
             assert!(
-                per % CHUNK == 0 && (1..=4).contains(&threads),
+                per.is_multiple_of(CHUNK) && (1..=4).contains(&threads),
                 "len {len}: {threads} parts of {per}"
             );
             assert!(

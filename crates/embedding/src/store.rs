@@ -478,7 +478,7 @@ impl EmbeddingStore {
                 }
                 Err(e) => {
                     let n = t.counters.remote_errors.fetch_add(1, Ordering::Relaxed);
-                    if n % 1000 == 0 {
+                    if n.is_multiple_of(1000) {
                         log::warn!(
                             "table '{}': {} unreachable, serving default vectors: {e}",
                             t.config.name,

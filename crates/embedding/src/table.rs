@@ -254,7 +254,7 @@ impl TableFiles {
                 dir.display()
             )));
         }
-        if keys_at % 8 != 0 || vectors_at % vector_type.size() != 0 {
+        if !keys_at.is_multiple_of(8) || !vectors_at.is_multiple_of(vector_type.size()) {
             return Err(Error::invalid_arg(format!(
                 "table files in '{}' have misaligned data",
                 dir.display()

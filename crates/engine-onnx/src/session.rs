@@ -176,7 +176,7 @@ pub(crate) fn input_value<'a>(
     scratch: &'a mut Option<AlignedBuf>,
 ) -> Result<SessionInputValue<'a>> {
     let shape = t.shape.clone();
-    let aligned: &'a [u8] = if bytes.as_ptr() as usize % 8 == 0 {
+    let aligned: &'a [u8] = if (bytes.as_ptr() as usize).is_multiple_of(8) {
         bytes
     } else {
         let mut buf = AlignedBuf::zeroed(bytes.len());

@@ -185,7 +185,7 @@ fn rows_of<'a>(
     rows: usize,
     r: &Range<usize>,
 ) -> Result<BatchTensor<'a>> {
-    if rows == 0 || bytes.len() % rows != 0 {
+    if rows == 0 || !bytes.len().is_multiple_of(rows) {
         return Err(Error::internal(format!(
             "input '{}': {} bytes are not {rows} whole rows",
             t.name,

@@ -309,7 +309,7 @@ impl BatchLookup {
     fn place_layout(&mut self, layout: KeyLayout<'_>, n: usize) -> Result<i32> {
         match layout {
             KeyLayout::Interleaved => {
-                if self.tables == 0 || n % self.tables != 0 {
+                if self.tables == 0 || !n.is_multiple_of(self.tables) {
                     return Err(CudaError::internal(format!(
                         "batch lookup: {n} keys are not whole rows of {} tables",
                         self.tables
@@ -338,7 +338,7 @@ impl BatchLookup {
                     && at.first() == Some(&0)
                     && at.last().is_some_and(|&w| w as usize == width)
                     && at.windows(2).all(|w| w[0] <= w[1]);
-                if !whole || width == 0 || n % width != 0 || width > i32::MAX as usize {
+                if !whole || width == 0 || !n.is_multiple_of(width) || width > i32::MAX as usize {
                     return Err(CudaError::internal(format!(
                         "batch lookup: {n} keys are not whole samples of {width} keys over {} tables",
                         self.tables

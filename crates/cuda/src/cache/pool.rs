@@ -55,7 +55,7 @@ impl Pooler {
         format: RowFormat,
     ) -> Result<DeviceView<'_>> {
         let bags = offsets.len().saturating_sub(1);
-        if batch == 0 || bags % batch != 0 || dim == 0 {
+        if batch == 0 || !bags.is_multiple_of(batch) || dim == 0 {
             return Err(CudaError::internal(format!(
                 "pooling: {bags} bags are not whole tables of a batch of {batch}"
             )));

@@ -164,7 +164,7 @@ impl CacheSlots {
     pub fn upload_rows(&self, first: usize, bytes: &[u8]) -> Result<()> {
         let row = self.dim * self.rows.size();
         let nrows = self.resident.unwrap_or(0);
-        if row == 0 || bytes.len() % row != 0 || first + bytes.len() / row > nrows {
+        if row == 0 || !bytes.len().is_multiple_of(row) || first + bytes.len() / row > nrows {
             return Err(CudaError::internal(format!(
                 "resident table: {} bytes from row {first} are not whole rows of {row} bytes within its {nrows}",
                 bytes.len()
