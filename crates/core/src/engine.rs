@@ -77,6 +77,14 @@ pub trait LoadedModel: Send + Sync {
     fn check_request(&self, _inputs: &[RequestTensor<'_>]) -> Result<()> {
         Ok(())
     }
+    /// The rows (samples) one request adds to its batch, where the request's inputs say so
+    /// rather than its first dimension: a request of ragged inputs only has a batch size of 1
+    /// in Triton's terms, but may carry many samples (the embedding engine's `LENGTHS` of
+    /// `[samples × tables]`). Its outputs are scattered by these rows. Asked of a request that
+    /// passed [`LoadedModel::check_request`]; `None`: the first dimension, as Triton counts.
+    fn request_rows(&self, _inputs: &[RequestTensor<'_>]) -> Option<usize> {
+        None
+    }
     /// The runner of one instance on `device`. `config` is the model's config as the
     /// server completed it (auto-complete may have filled in what the load did not see).
     fn instance(&self, config: &ModelConfig, device: Device) -> Result<Box<dyn Engine>>;

@@ -588,6 +588,12 @@ impl InstanceState {
                 .and_then(|()| req.inputs())
                 .and_then(|t| check_request(&self.config, &self.policy, t))
                 .and_then(|c| self.loaded.check_request(&c.tensors).map(|()| c))
+                .map(|mut c| {
+                    if let Some(rows) = self.loaded.request_rows(&c.tensors) {
+                        c.batch = rows;
+                    }
+                    c
+                })
                 .and_then(|c| Ok((c, req.requested_outputs()?)))
         };
         match prepared {

@@ -416,6 +416,10 @@ impl LoadedModel for EmbeddingModel {
         self.0.check_request(inputs)
     }
 
+    fn request_rows(&self, inputs: &[RequestTensor<'_>]) -> Option<usize> {
+        self.0.request_rows(inputs)
+    }
+
     fn instance(&self, _config: &ModelConfig, device: Device) -> Result<Box<dyn Engine>> {
         Ok(Box::new(self.engine(device)?))
     }
@@ -488,7 +492,7 @@ impl EmbeddingEngine {
             Error::unsupported("the embedding engine takes its keys in host memory")
         })?;
         let keys = as_i64(bytes);
-        if tables == 0 || keys.len() % tables != 0 {
+        if tables == 0 || !keys.len().is_multiple_of(tables) {
             return Err(Error::invalid_arg(format!(
                 "input '{}': {} keys are not whole rows of {tables} tables",
                 self.model.sig.inputs[0].name,

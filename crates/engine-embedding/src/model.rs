@@ -54,14 +54,18 @@ pub(crate) fn signature(
                 return Err(Error::invalid_arg("the batched and pooled interfaces need every table to have the same dim (use the hps interface otherwise)"));
             }
             // a sample's keys: one per table, or each table's bag (its hotness) after the other;
-            // or, with a second input (the lengths, [tables] per sample), as many as it says
+            // or, with a second input (the lengths, [tables] per sample), as many as it says.
+            // Lengths ragged too (`allow_ragged_batch`): a request holds many samples, its
+            // lengths [samples × tables] sample after sample (docs/torchrec.md)
             let ragged = settings.interface == Interface::Pooled && cfg.inputs.len() == 2;
             let width = settings.pooling.as_ref().map_or(tables, |p| p.width() as i64);
             let keys = name_or(&cfg.inputs, 0, "KEYS");
             let inputs = if ragged {
+                let lengths = name_or(&cfg.inputs, 1, "LENGTHS");
+                let per_request = if cfg.ragged.contains(&lengths) { -1 } else { tables };
                 vec![
                     t(keys, DataType::I64, vec![-1, -1]),
-                    t(name_or(&cfg.inputs, 1, "LENGTHS"), DataType::I32, vec![-1, tables]),
+                    t(lengths, DataType::I32, vec![-1, per_request]),
                 ]
             } else {
                 vec![t(keys, DataType::I64, vec![-1, width])]
@@ -102,6 +106,18 @@ impl Model {
     /// Whether the pooled interface takes its bags ragged, with their lengths as an input.
     pub(crate) fn lengths_input(&self) -> bool {
         self.settings.interface == Interface::Pooled && self.sig.inputs.len() == 2
+    }
+
+    /// Whether a ragged pooled model's request holds many samples: its lengths ragged too,
+    /// `[samples × tables]`, so its first dimension (1) is not its sample count.
+    pub(crate) fn many_samples(&self) -> bool {
+        self.lengths_input() && self.sig.inputs[1].shape.get(1) == Some(&-1)
+    }
+
+    /// The samples of a many-samples request ([`Model::many_samples`]): its lengths per table.
+    pub(crate) fn request_rows(&self, inputs: &[RequestTensor<'_>]) -> Option<usize> {
+        let tables = self.store().table_count().max(1);
+        self.many_samples().then(|| inputs[1].byte_size() / 4 / tables)
     }
 
     /// Splits a request's KEYS by NUMKEYS, checking what only we can see.
@@ -199,6 +215,15 @@ impl Model {
                 let (kname, lname) = (&m.sig.inputs[0].name, &m.sig.inputs[1].name);
                 let lengths = from_chunks(&inputs[1], i32::from_le_bytes);
                 let keys = inputs[0].byte_size() / 8;
+                let tables = m.store().table_count();
+                if m.many_samples() && (lengths.is_empty() || !lengths.len().is_multiple_of(tables)) {
+                    return Err(Error::invalid_arg(format!(
+                        "input '{lname}' holds {} lengths, not a whole number of samples of \
+                         {tables} tables: a request's lengths are [samples × tables], sample \
+                         after sample, at least one sample",
+                        lengths.len()
+                    )));
+                }
                 let mut total = 0usize;
                 for &n in lengths.iter() {
                     let n = usize::try_from(n).map_err(|_| {
