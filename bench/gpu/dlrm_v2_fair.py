@@ -33,8 +33,9 @@ served run reuses the package exported for it (recsys.networks.export_aoti's key
 served / reference for each precision, network TFLOP/s against that precision's dense peak
 (H100/H200 SXM: 989 fp16, 1979 FP8), the accuracy beside every figure.
 
-Writes --results: README.md (table, plot), results.json, fair.png, served.tgz (both served
-runs' own folders); run.sh adds console.log and host.txt.
+Writes --results: README.md (table, plot), results.json, fair.png, call.tgz (run.sh's host.txt,
+moved in; --work's gpu_dmon.log where run.sh's nvidia-smi dmon writes it; both served runs' own
+folders); run.sh adds console.log. Five files: the results tree keeps few (its README).
 
 Also:  --report-only DIR   the README and plot again from DIR/results.json
        --device cpu        the reference phase alone on the CPU at a small --scale (a test of the
@@ -501,7 +502,7 @@ def main():
         return 0
     left = lambda: a.deadline_s - (time.time() - T0)  # noqa: E731
     os.makedirs(a.results, exist_ok=True)
-    for name in ("README.md", "results.json", "fair.png", "served.tgz"):
+    for name in ("README.md", "results.json", "fair.png", "call.tgz"):
         if os.path.exists(os.path.join(a.results, name)):
             os.remove(os.path.join(a.results, name))
     os.makedirs(a.work, exist_ok=True)
@@ -665,11 +666,17 @@ def main():
     except Exception as e:  # noqa: BLE001 - results.json is written: --report-only makes it again
         log(f"the report failed ({e}); python3 bench/gpu/dlrm_v2_fair.py --report-only {a.results}")
         out["failures"].append(f"report: {e}")
-    with tarfile.open(os.path.join(a.results, "served.tgz"), "w:gz") as tar:
+    # one archive: the host's facts, the GPU's samples, both served runs whole
+    with tarfile.open(os.path.join(a.results, "call.tgz"), "w:gz") as tar:
+        for path in (os.path.join(a.results, "host.txt"), os.path.join(a.work, "gpu_dmon.log")):
+            if os.path.exists(path):
+                tar.add(path, arcname=f"call/{os.path.basename(path)}")
         for p in a.precision_list:
             folder = os.path.join(a.work, f"served_{p}")
             if os.path.isdir(folder):
-                tar.add(folder, arcname=f"served_{p}")
+                tar.add(folder, arcname=f"call/served_{p}")
+    if os.path.exists(os.path.join(a.results, "host.txt")):
+        os.remove(os.path.join(a.results, "host.txt"))  # in call.tgz, and at console.log's head
     for s in out["skipped"]:
         log(f"SKIPPED {s}")
     for f in out["failures"]:
@@ -800,8 +807,9 @@ def write_report(folder, out):
     streams = ", ".join(str(s) for s in ref.get("streams", []))
     L = [f"# DLRM-v2: served against a bare reference of the same precision and overlap — {out['gpu']}", "",
          "Written by `bench/gpu/dlrm_v2_fair.py` (issue 65, point 3), one device call, "
-         f"{out['date']}; the numbers in `results.json`, everything printed in `console.log`, the GPU and host "
-         "in `host.txt`, both served runs' own folders (README, runs.json, perf_analyzer's CSVs) in `served.tgz`.", "",
+         f"{out['date']}; the numbers in `results.json`, everything printed in `console.log` (the GPU and host "
+         "at its head); `call.tgz` holds run.sh's `host.txt`, nvidia-smi dmon's samples and both served runs' own "
+         "folders (README, setup.json, runs.json, perf_analyzer's CSVs in perf.tgz).", "",
          "    " + out["command"], "",
          f"GPU: **{out['gpu']}** ({out['gpu_memory']}, driver {out['driver']}). MLPerf DLRM-v2 at scale {out['scale']} "
          f"(every row in HBM, fp16 rows), batch **{out['batch']:,} pairs**. Served: the recommender as the headline run "

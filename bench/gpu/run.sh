@@ -388,7 +388,8 @@ dlrm-v2-fair)
     # everything in one call: the device's 600 s less this script's unpacking (--deadline-s, 550 s by default)
     work=/tmp/dlrm_v2_fair
     mkdir -p "$work"
-    nvidia-smi dmon -s puc -d 2 -o T > "$res/gpu_dmon.log" 2>&1 &
+    # the GPU's clocks, power and use every 2 s, into the work folder: dlrm_v2_fair.py packs it into call.tgz
+    nvidia-smi dmon -s puc -d 2 -o T > "$work/gpu_dmon.log" 2>&1 &
     dm=$!
     OUT="$res" timeout "${DLRM_V2_TIMEOUT:-575}" python3 bench/gpu/dlrm_v2_fair.py --server "$server" \
         --backends "$backends" --perf-analyzer "$pa" --fixture-bin .carry/criteo_fixture \
