@@ -188,6 +188,12 @@ impl HostTier {
         }
     }
 
+    /// Whether the rows this tier read from its table file are the file's as loaded (see
+    /// [`TableFiles::check_rows`]); `Err` names the file and what happened to it.
+    pub fn check_rows(&self) -> std::result::Result<(), String> {
+        self.base.as_ref().map_or(Ok(()), TableFiles::check_rows)
+    }
+
     /// Inserts or overwrites rows. `vectors` holds `keys.len() * dim` values.
     pub fn upsert(&self, keys: &[i64], vectors: &[f32]) -> Result<()> {
         if vectors.len() != keys.len() * self.dim {

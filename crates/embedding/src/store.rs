@@ -443,13 +443,23 @@ impl EmbeddingStore {
     }
 
     /// Reads rows below the cache: host, then remote, then the default vector.
-    /// Returns which keys were found (defaults are not worth caching).
-    fn fetch_below_cache(&self, table: usize, keys: &[i64], out: &mut [f32]) -> Vec<bool> {
+    /// Returns which keys were found (defaults are not worth caching). Fails, naming the
+    /// table and its file, when the rows read from the table's file are no longer the file's
+    /// as loaded (it was cut or rewritten while mapped: `host_memory: mapped`).
+    fn fetch_below_cache(&self, table: usize, keys: &[i64], out: &mut [f32]) -> Result<Vec<bool>> {
         let t = &self.tables[table];
         let dim = t.config.dim;
         let mut found = vec![false; keys.len()];
         let t0 = Instant::now();
-        self.host(table).get_many(keys, out, &mut found);
+        let host = self.host(table);
+        host.get_many(keys, out, &mut found);
+        host.check_rows().map_err(|why| {
+            Error::unavailable(format!(
+                "table '{}': {why}; its rows are not served until the model is loaded again",
+                t.config.name
+            ))
+        })?;
+        drop(host);
         t.counters.host_ns.fetch_add(ns_since(t0), Ordering::Relaxed);
         let host_hits = found.iter().filter(|&&f| f).count();
         t.counters.host_hits.fetch_add(host_hits as u64, Ordering::Relaxed);
@@ -494,7 +504,7 @@ impl EmbeddingStore {
             t.counters.defaults.fetch_add(1, Ordering::Relaxed);
             found[i] = false;
         }
-        found
+        Ok(found)
     }
 
     /// Inserts or overwrites rows while serving. Visible in the host tier, Redis and

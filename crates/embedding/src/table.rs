@@ -329,6 +329,18 @@ impl TableFiles {
         decode_row(self.vector_type, self.row_bytes(i), out);
     }
 
+    /// Whether the rows read are still the file's as loaded: rows copied at load always are;
+    /// rows read from the file's mapping are not once the file was cut or rewritten (the
+    /// error names the file and what happened). Asked after a read, it covers that read.
+    pub fn check_rows(&self) -> std::result::Result<(), String> {
+        match &self.vectors {
+            Vectors::Mapped { file, .. } => {
+                file.intact().map_err(|why| format!("its file '{}' {why}", file.path().display()))
+            }
+            Vectors::Copied(_) => Ok(()),
+        }
+    }
+
     pub fn vector_bytes(&self) -> &[u8] {
         match &self.vectors {
             Vectors::Mapped { file, range } => &file.bytes()[range.clone()],

@@ -3,32 +3,74 @@
 //! hands the other crates safe types (a plain `&[u8]`, a path, a `Library`).
 
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use triton_rust_core::error::{Error, Result};
 
-/// A read-only file mapping. Table files are written once and never modified while
-/// served; updates go to memory, never to the mapped file.
+mod guard;
+
+pub use guard::Guard;
+
+/// A read-only file mapping. Table files are meant to be written once and left alone while
+/// served (updates go to memory, never to the mapped file), but a file cut or rewritten under
+/// a server must not end it: the mapping is guarded ([`Guard`]: a read past the file's new end
+/// reads zeros instead of raising SIGBUS) and [`MappedFile::intact`] tells its reader whether
+/// what it read is still the file it mapped.
 pub struct MappedFile {
+    // dropped before the mapping it guards
+    guard: Option<Guard>,
     map: Option<memmap2::Mmap>,
+    file: File,
+    /// The file's size and modification time when it was mapped.
+    stamp: (u64, i64, i64),
+    path: PathBuf,
+}
+
+fn stamp_of(meta: &std::fs::Metadata) -> (u64, i64, i64) {
+    use std::os::unix::fs::MetadataExt;
+    (meta.len(), meta.mtime(), meta.mtime_nsec())
 }
 
 impl MappedFile {
     pub fn open(path: &Path) -> Result<MappedFile> {
         let file = File::open(path)
             .map_err(|e| Error::not_found(format!("cannot open '{}': {e}", path.display())))?;
-        let len = file
-            .metadata()
-            .map_err(|e| Error::internal(format!("'{}': {e}", path.display())))?
-            .len();
-        if len == 0 {
-            return Ok(MappedFile { map: None });
+        let meta =
+            file.metadata().map_err(|e| Error::internal(format!("'{}': {e}", path.display())))?;
+        let (stamp, path) = (stamp_of(&meta), path.to_path_buf());
+        if meta.len() == 0 {
+            return Ok(MappedFile { guard: None, map: None, file, stamp, path });
         }
-        // SAFETY: the file is opened read-only and the project's contract is that
-        // table files are not modified while a server maps them (docs/embedding-store.md).
+        // SAFETY: the file is opened read-only. Another process may still change it under
+        // us: a read past a new end is guarded (zeros, and `intact` says so) and a rewrite
+        // is seen by `intact`; nothing here hands out the bytes as anything but `&[u8]`.
         let map = unsafe { memmap2::Mmap::map(&file) }
             .map_err(|e| Error::internal(format!("cannot map '{}': {e}", path.display())))?;
-        Ok(MappedFile { map: Some(map) })
+        let guard = Some(Guard::new(map.as_ptr(), map.len()));
+        Ok(MappedFile { guard, map: Some(map), file, stamp, path })
+    }
+
+    /// The file mapped.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the file is still the one mapped: `Err` says how it is not (cut while mapped,
+    /// so a read met a page past its new end; or rewritten since: another size or
+    /// modification time). Asked after a read, it covers that read.
+    pub fn intact(&self) -> std::result::Result<(), String> {
+        if self.guard.as_ref().is_some_and(Guard::cut) {
+            return Err("was cut (truncated) while mapped: a read met a page past its end".into());
+        }
+        let now = self.file.metadata().map_err(|e| format!("cannot be checked: {e}"))?;
+        let now = stamp_of(&now);
+        if now != self.stamp {
+            return Err(format!(
+                "changed since it was loaded ({} bytes then, {} now; rewritten in place)",
+                self.stamp.0, now.0
+            ));
+        }
+        Ok(())
     }
 
     pub fn bytes(&self) -> &[u8] {

@@ -103,7 +103,7 @@ impl InstanceCaches {
         t.counters.lookups.fetch_add(1, Ordering::Relaxed);
         t.counters.keys.fetch_add(keys.len() as u64, Ordering::Relaxed);
         let Some(cache) = self.caches.get(table) else {
-            store.fetch_below_cache(table, keys, out);
+            store.fetch_below_cache(table, keys, out)?;
             return Ok(());
         };
         let version = t.version.load(Ordering::SeqCst);
@@ -116,7 +116,7 @@ impl InstanceCaches {
         }
         let mkeys: Vec<i64> = missed.iter().map(|&i| keys[i]).collect();
         let mut mout = vec![0f32; mkeys.len() * dim];
-        let found = store.fetch_below_cache(table, &mkeys, &mut mout);
+        let found = store.fetch_below_cache(table, &mkeys, &mut mout)?;
         for (j, &i) in missed.iter().enumerate() {
             out[i * dim..(i + 1) * dim].copy_from_slice(&mout[j * dim..(j + 1) * dim]);
         }
@@ -163,7 +163,7 @@ impl InstanceCaches {
         }
         let mkeys: Vec<i64> = missed.iter().map(|&i| keys[i]).collect();
         let mut mout = vec![0f32; mkeys.len() * dim];
-        let found = store.fetch_below_cache(table, &mkeys, &mut mout);
+        let found = store.fetch_below_cache(table, &mkeys, &mut mout)?;
         rows.scatter(&mout, &missed, dim, offset, stride)?;
         if cache.is_some() {
             self.fill_after_miss(table, version, keys.len(), &mkeys, &mout, &found)?;
@@ -274,7 +274,7 @@ impl InstanceCaches {
             missed.copy_from_slice(&sorted);
             missed_keys.copy_from_slice(&mkeys);
             let tf = Instant::now();
-            let f = fetch_parallel(store, &groups, &mkeys, rows, dim);
+            let f = fetch_parallel(store, &groups, &mkeys, rows, dim)?;
             fetch_ns = ns_since(tf);
             for (dst, src) in found.iter_mut().zip(f) {
                 *dst = src as u8;
@@ -492,13 +492,13 @@ pub(crate) fn fetch_parallel(
     keys: &[i64],
     rows: &mut [f32],
     dim: usize,
-) -> Vec<bool> {
+) -> Result<Vec<bool>> {
     use rayon::prelude::*;
     const PER_RUN: usize = 256;
     let n = keys.len();
     let runs = rayon::current_num_threads().clamp(1, 16).min(n.div_ceil(PER_RUN)).max(1);
     let per = n.div_ceil(runs).max(1);
-    let read = |at: usize, rows: &mut [f32], found: &mut [bool]| {
+    let read = |at: usize, rows: &mut [f32], found: &mut [bool]| -> Result<()> {
         let range = at..at + found.len();
         for (t, g) in groups {
             let (s, e) = (g.start.max(range.start), g.end.min(range.end));
@@ -507,22 +507,23 @@ pub(crate) fn fetch_parallel(
                     *t,
                     &keys[s..e],
                     &mut rows[(s - at) * dim..(e - at) * dim],
-                );
+                )?;
                 found[s - at..e - at].copy_from_slice(&f);
             }
         }
+        Ok(())
     };
     let mut found = vec![false; n];
     if runs == 1 {
-        read(0, &mut rows[..n * dim], &mut found);
+        read(0, &mut rows[..n * dim], &mut found)?;
     } else {
         rows[..n * dim]
             .par_chunks_mut(per * dim)
             .zip(found.par_chunks_mut(per))
             .enumerate()
-            .for_each(|(k, (r, f))| read(k * per, r, f));
+            .try_for_each(|(k, (r, f))| read(k * per, r, f))?;
     }
-    found
+    Ok(found)
 }
 
 fn fill_cache(store: &EmbeddingStore, caches: &[Arc<dyn CacheTier>], fill: Fill) -> Result<()> {

@@ -29,6 +29,18 @@ fn make_placed_store(
     threshold: f64,
     placement: crate::store_config::Placement,
 ) -> (Arc<EmbeddingStore>, PathBuf) {
+    make_store_in(name, rows, dim, ratio, threshold, placement, Default::default())
+}
+
+fn make_store_in(
+    name: &str,
+    rows: usize,
+    dim: usize,
+    ratio: f64,
+    threshold: f64,
+    placement: crate::store_config::Placement,
+    host_memory: crate::table::HostRows,
+) -> (Arc<EmbeddingStore>, PathBuf) {
     let dir = std::env::temp_dir().join(format!("trt-store-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let keys: Vec<i64> = (0..rows as i64).collect();
@@ -59,7 +71,7 @@ fn make_placed_store(
         update_log_dir: None,
         compaction_rows: 0,
         update_stream: None,
-        host_memory: Default::default(),
+        host_memory,
         placement,
         replicate_share: crate::store_config::REPLICATE_SHARE,
         sharded_memory: 0,
@@ -83,10 +95,10 @@ fn parallel_reads_below_the_cache_equal_one_reader() {
         (0..n0).map(|_| rng.gen_range(0..3100)).chain((0..n1).map(|i| i as i64)).collect();
     let groups = [(0usize, 0..n0), (1usize, n0..n0 + n1)];
     let mut rows = vec![7f32; keys.len() * 2];
-    let found = fetch_parallel(&store, &groups, &keys, &mut rows, 2);
+    let found = fetch_parallel(&store, &groups, &keys, &mut rows, 2).unwrap();
     let mut want = vec![7f32; keys.len() * 2];
-    let mut want_found = store.fetch_below_cache(0, &keys[..n0], &mut want[..n0 * 2]);
-    want_found.extend(store.fetch_below_cache(1, &keys[n0..], &mut want[n0 * 2..]));
+    let mut want_found = store.fetch_below_cache(0, &keys[..n0], &mut want[..n0 * 2]).unwrap();
+    want_found.extend(store.fetch_below_cache(1, &keys[n0..], &mut want[n0 * 2..]).unwrap());
     assert_eq!(found, want_found);
     assert_eq!(rows, want);
     assert!(
@@ -459,4 +471,58 @@ fn gpu_miss_reads_are_refused_for_a_table_not_loaded_from_files() {
     assert!(e.message().contains(want), "{e}");
     assert!(!store.host_rows_current(), "nothing registered: every lookup reads on the host");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A table file cut or rewritten while its model serves (a deploy copying a new table over the
+/// old one): rows read from the file's mapping fail the lookup, naming the table and the file,
+/// and the process lives on (without the guard, the read past the cut is a SIGBUS that ends
+/// it, and this test with it); rows copied at load (`huge_pages`) stay the ones loaded.
+#[test]
+fn a_table_file_cut_or_rewritten_under_the_store_never_ends_the_process() {
+    use crate::store_config::Placement;
+    use crate::table::HostRows;
+    let (dim, rows) = (256, 4096); // 1 KiB rows: a cut leaves whole pages past the new end
+    for host_memory in [HostRows::Mapped, HostRows::HugePages] {
+        for rewrite in [false, true] {
+            let name = format!("cut-{host_memory:?}-{rewrite}");
+            let (store, dir) =
+                make_store_in(&name, rows, dim, 0.01, 1.1, Placement::Replicated, host_memory);
+            let inst = store.attach_caches(&cpu).unwrap();
+            let mut out = vec![0f32; dim];
+            inst.lookup(0, &[4000], &mut out).unwrap();
+            assert_eq!(out, row(4000, 0, dim));
+            let path = dir.join("t0").join("vectors.npy");
+            if rewrite {
+                // in place at its full size, other rows (after the clock's tick: a file's
+                // times move in steps of a few ms)
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                let keys: Vec<i64> = (0..rows as i64).collect();
+                let vecs: Vec<f32> = keys.iter().flat_map(|&k| row(k, 9, dim)).collect();
+                let t = dir.join("t0");
+                write_table(&t, &keys, bytemuck::cast_slice(&vecs), dim, VectorType::F32).unwrap();
+            } else {
+                // to its header and first 1024 rows, as `cp small/vectors.npy` over it does
+                let head = std::fs::read(&path).unwrap();
+                let at = crate::table::parse_npy_header(&head).unwrap().data_offset;
+                let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                file.set_len((at + 1024 * dim * 4) as u64).unwrap();
+            }
+            let got = inst.lookup(0, &[3000], &mut out);
+            if host_memory == HostRows::HugePages {
+                got.unwrap();
+                assert_eq!(out, row(3000, 0, dim), "the rows loaded, whatever the file says now");
+                let _ = std::fs::remove_dir_all(&dir);
+                continue;
+            }
+            let e = got.unwrap_err();
+            let m = e.message();
+            assert!(m.contains("table 't0'") && m.contains("vectors.npy"), "{m}");
+            let why = if rewrite { "changed since it was loaded" } else { "cut (truncated)" };
+            assert!(m.contains(why), "{m}");
+            // a row the file still holds fails too: the file is not the one loaded
+            let e = inst.lookup(0, &[7], &mut out).unwrap_err();
+            assert!(e.message().contains("table 't0'"), "{e}");
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
 }
