@@ -15,7 +15,7 @@ use triton_rust_cuda::mem::{Bytes, BytesMut, DeviceOps};
 use triton_rust_cuda::Cuda;
 use triton_rust_embedding::cache::{CacheGeometry, CacheTier};
 use triton_rust_embedding::gpu::{
-    BatchKeys, GpuCache, GpuInstance, KeyLayout, KeyUpload, RowFormat,
+    BatchKeys, FetchedRows, GpuCache, GpuInstance, KeyLayout, KeyUpload, RowFormat,
 };
 use triton_rust_embedding::{CacheRows, Zipf};
 
@@ -96,9 +96,10 @@ fn main() {
             let mut missed = 0usize;
             let mut fetch = |idx: &mut [i32],
                              mkeys: &mut [i64],
-                             out: &mut [f32],
+                             out: FetchedRows<'_>,
                              found: &mut [u8]|
              -> Result<(), triton_rust_cuda::CudaError> {
+                let out = out.f32().expect("fetched as fp32");
                 missed += idx.len();
                 for (j, (&i, &key)) in idx.iter().zip(mkeys.iter()).enumerate() {
                     assert_eq!(key, keys[i as usize], "the missed keys come with their indices");
@@ -144,9 +145,10 @@ fn main() {
         Cuda.copy(Bytes::Host(&key_bytes), BytesMut::Device(d_keys.view_mut())).expect("keys up");
         let mut fetch = |idx: &mut [i32],
                          mkeys: &mut [i64],
-                         out: &mut [f32],
+                         out: FetchedRows<'_>,
                          found: &mut [u8]|
          -> Result<(), triton_rust_cuda::CudaError> {
+            let out = out.f32().expect("fetched as fp32");
             for (j, (&i, &key)) in idx.iter().zip(mkeys.iter()).enumerate() {
                 assert_eq!(key, keys[i as usize], "the missed keys gathered on the GPU");
                 for (d, v) in out[j * dim..(j + 1) * dim].iter_mut().enumerate() {

@@ -26,7 +26,7 @@ use triton_rust_cuda::cache::{
 };
 use triton_rust_cuda::{Bytes, BytesMut, Cuda, CudaError, DeviceOps};
 use triton_rust_embedding::cache::{CacheGeometry, CachePolicy, CacheTier, HostCache, EMPTY_KEY};
-use triton_rust_embedding::gpu::GpuCache;
+use triton_rust_embedding::gpu::{FetchedRows, GpuCache};
 use triton_rust_embedding::Zipf;
 
 mod common;
@@ -293,14 +293,17 @@ fn shared_under_concurrency(
                         let keys: Vec<i64> =
                             (0..4096).map(|_| zipf.rank(rng.gen()) as i64).collect();
                         let epoch = clock.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let mut fetch =
-                            |_: &mut [i32], mk: &mut [i64], rows: &mut [f32], found: &mut [u8]| {
-                                for (j, &k) in mk.iter().enumerate() {
-                                    rows[j * dim..(j + 1) * dim].copy_from_slice(&row(k, dim));
-                                    found[j] = 1;
-                                }
-                                Ok::<(), CudaError>(())
-                            };
+                        let mut fetch = |_: &mut [i32],
+                                         mk: &mut [i64],
+                                         rows: FetchedRows<'_>,
+                                         found: &mut [u8]| {
+                            let rows = rows.f32().expect("fetched as fp32");
+                            for (j, &k) in mk.iter().enumerate() {
+                                rows[j * dim..(j + 1) * dim].copy_from_slice(&row(k, dim));
+                                found[j] = 1;
+                            }
+                            Ok::<(), CudaError>(())
+                        };
                         let times = lookup
                             .run(&keys, KeyLayout::Interleaved, epoch, &mut fetch)
                             .expect("run");

@@ -1,102 +1,174 @@
-//! Who should read a GPU cache's misses from host memory (`gpucache_miss_reads`), timed
-//! alone on an idle GPU (needs an NVIDIA GPU): a batch lookup over one table with no cache,
-//! so every key misses, its rows (fp16) in a host buffer of `--gb` GB. `cpu`: the fetcher
-//! reads the rows on `--threads` host threads into page-locked memory and they go up in one
-//! copy (the store's path); `gpu`: the lookup's kernel reads them in place, the buffer
-//! page-locked and mapped for the GPU (`HostRows`). Uniform keys, so nearly every read lands
-//! on a page of its own. The two paths' rows are compared.
+//! A GPU cache's misses read from host memory, timed alone on an idle GPU (needs an NVIDIA
+//! GPU), beside what the host itself can read, in one run: a batch lookup over one table
+//! with no cache, so every key misses, its rows fp16 in a table of `--gb` GB (the fixture's
+//! synthetic rows, written to `--dir`, placed as `--host-memory` says: `huge_pages`, the
+//! default, or `mapped`). Uniform keys, so nearly every read lands on a page of its own.
+//!
+//! - `plain gather`: the host alone, no GPU: each of `--threads` threads copies its share of the
+//!   rows (256 bytes each) into a buffer, the row 16 keys ahead prefetched, what a plain C
+//!   gather does: the host's rate, the reference;
+//! - `store, fp16`: the store's reads (`HostTier::get_many_raw`, the rows as stored) on the same
+//!   threads into the lookup's page-locked buffer, one copy up, the scatter on the GPU;
+//! - `store, fp32`: the same reads widened to fp32 on the host (`HostTier::get_many`, the miss
+//!   path before rows went up as stored): twice the bytes up;
+//! - `gpu`: the lookup's kernel reads them in place over the bus (`gpucache_miss_reads: gpu`).
+//!
+//! Every path's rows are compared with the others and with the fixture's.
 //!
 //!   cargo build --release --example miss_reads_bench
 //!   target/release/examples/miss_reads_bench [--gb 16] [--dim 128] [--iters 10] [--threads 16]
+//!       [--dir /dev/shm/miss_reads] [--host-memory huge_pages|mapped]
 use std::sync::Arc;
 use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
-use triton_rust_cuda::cache::HostRows;
+use triton_rust_cuda::cache::{FetchedRows, HostRows};
 use triton_rust_cuda::mem::{Bytes, BytesMut, DeviceOps};
 use triton_rust_cuda::Cuda;
+use triton_rust_embedding::fixture::{synthetic_row, write_synthetic_table, Progress};
 use triton_rust_embedding::gpu::{GpuCache, GpuInstance, KeyLayout, RowFormat};
+use triton_rust_embedding::host::HostTier;
+use triton_rust_embedding::table::{HostRows as Placement, TableFiles};
 use triton_rust_embedding::CacheRows;
 
 mod common;
 use common::arg;
 
-fn main() {
-    let (gb, dim, iters, threads) =
-        (arg("--gb", 16), arg("--dim", 128), arg("--iters", 10), arg("--threads", 16));
-    let row_bytes = dim * 2;
-    let rows = gb * (1 << 30) / row_bytes;
-    let t0 = Instant::now();
-    // row r, element j: a value exact in fp16 that differs from row to row
-    let mut host = vec![0u8; rows * row_bytes];
+const AHEAD: usize = 16;
+const SEED: u64 = 11;
+
+/// The host's rate: `keys`' rows copied into `out` on `threads` threads, prefetched ahead.
+fn plain_gather(bytes: &[u8], width: usize, keys: &[i64], out: &mut [u8], threads: usize) {
+    let per = keys.len().div_ceil(threads).max(1);
     std::thread::scope(|s| {
-        let per = rows.div_ceil(threads) * row_bytes;
-        for (p, part) in host.chunks_mut(per).enumerate() {
+        for (k, o) in keys.chunks(per).zip(out.chunks_mut(per * width)) {
             s.spawn(move || {
-                for (i, row) in part.chunks_exact_mut(row_bytes).enumerate() {
-                    let r = p * per / row_bytes + i;
-                    for (j, h) in row.chunks_exact_mut(2).enumerate() {
-                        let v = ((r * 31 + j) % 2048) as f32 / 1024.0 - 1.0;
-                        h.copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+                let at = |key: i64| key as usize * width;
+                for &key in k.iter().take(AHEAD) {
+                    triton_rust_os::prefetch(&bytes[at(key)..at(key) + width]);
+                }
+                for (i, (&key, row)) in k.iter().zip(o.chunks_exact_mut(width)).enumerate() {
+                    if let Some(&next) = k.get(i + AHEAD) {
+                        triton_rust_os::prefetch(&bytes[at(next)..at(next) + width]);
                     }
+                    row.copy_from_slice(&bytes[at(key)..at(key) + width]);
                 }
             });
         }
     });
-    let host = Arc::new(host);
+}
+
+/// The store's reads of `keys` on `threads` threads into `rows` (as stored, or widened).
+fn store_reads(
+    tier: &HostTier,
+    keys: &[i64],
+    rows: FetchedRows<'_>,
+    found: &mut [u8],
+    threads: usize,
+) {
+    let dim = tier.dim();
+    let per = keys.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| match rows {
+        FetchedRows::F16(rows) => {
+            let rows: &mut [u8] = bytemuck::cast_slice_mut(rows);
+            for ((k, o), f) in
+                keys.chunks(per).zip(rows.chunks_mut(per * dim * 2)).zip(found.chunks_mut(per))
+            {
+                s.spawn(move || {
+                    let mut got = vec![false; k.len()];
+                    tier.get_many_raw(k, o, &mut got);
+                    f.iter_mut().zip(got).for_each(|(f, g)| *f = g as u8);
+                });
+            }
+        }
+        FetchedRows::F32(rows) => {
+            for ((k, o), f) in
+                keys.chunks(per).zip(rows.chunks_mut(per * dim)).zip(found.chunks_mut(per))
+            {
+                s.spawn(move || {
+                    let mut got = vec![false; k.len()];
+                    tier.get_many(k, o, &mut got);
+                    f.iter_mut().zip(got).for_each(|(f, g)| *f = g as u8);
+                });
+            }
+        }
+    });
+}
+
+fn main() {
+    let (gb, dim, iters, threads) = (
+        arg("--gb", 16.0f64),
+        arg("--dim", 128usize),
+        arg("--iters", 10usize),
+        arg("--threads", 16usize),
+    );
+    let dir = std::path::PathBuf::from(arg("--dir", "/dev/shm/miss_reads".to_string()));
+    let placement =
+        Placement::parse(&arg("--host-memory", "huge_pages".to_string())).expect("--host-memory");
+    let width = dim * 2;
+    let rows = (gb * (1u64 << 30) as f64) as usize / width;
+    let t0 = Instant::now();
+    if TableFiles::open_npy(&dir).map_or(true, |f| f.rows != rows || f.dim != dim) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        write_synthetic_table(&dir, SEED, 0, rows, dim, cores, &Progress::default())
+            .expect("the table");
+    }
+    let files = TableFiles::open_npy(&dir).expect("open").place("miss_reads", placement);
+    let tier = Arc::new(HostTier::from_files(files).expect("the host tier").0);
     println!(
-        "host rows: {rows} rows of dim {dim}, fp16 ({:.1} GB), written in {:.1} s",
-        (rows * row_bytes) as f64 / 1e9,
+        "host rows: {rows} rows of dim {dim}, fp16 ({:.1} GB), {placement:?}, ready in {:.1} s; {threads} host threads",
+        (rows * width) as f64 / 1e9,
         t0.elapsed().as_secs_f64()
     );
     let t0 = Instant::now();
     let mapped = Arc::new(
-        HostRows::register(0, host.clone(), |v: &Vec<u8>| &v[..], rows, 2)
-            .expect("the rows page-locked and mapped for the GPU"),
+        HostRows::register(
+            0,
+            tier.clone(),
+            |t: &HostTier| t.dense_base().map_or(&[][..], |b| b.0),
+            rows,
+            2,
+        )
+        .expect("the rows page-locked and mapped for the GPU"),
     );
     println!("  page-locked and mapped for the GPU in {:.1} s", t0.elapsed().as_secs_f64());
+    let bytes = tier.dense_base().expect("a dense table").0;
 
     let instance = GpuInstance::new(0, CacheRows::F16).expect("a GPU");
     let none: [Option<&GpuCache>; 1] = [None];
     let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
+    println!("| misses a batch | plain gather, host only (M rows/s) | store, fp16 up (M rows/s) | store, fp32 up | gpu in place | store fp16 / plain | host reads of store fp16 alone (M rows/s) |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     for n in [16_384usize, 131_072, 1 << 20] {
         let keys: Vec<i64> = (0..n).map(|_| rng.gen_range(0..rows as i64)).collect();
+        // the host alone
+        let mut plain = vec![1u8; n * width];
+        let mut best_plain = f64::MAX;
+        for _ in 0..iters.max(3) {
+            let t = Instant::now();
+            plain_gather(bytes, width, &keys, &mut plain, threads);
+            best_plain = best_plain.min(t.elapsed().as_secs_f64());
+        }
         let mut got: Vec<Vec<u8>> = Vec::new();
-        for on_gpu in [false, true] {
+        let mut rates = Vec::new();
+        let mut fetch_alone = 0.0;
+        for path in ["store, fp16", "store, fp32", "gpu"] {
             let mut lookup = instance.batch_lookup(&none, dim, RowFormat::F16).expect("lookup");
-            if on_gpu {
+            lookup.set_fetched(if path == "store, fp32" { RowFormat::F32 } else { RowFormat::F16 });
+            if path == "gpu" {
                 lookup.set_host_rows(&[(mapped.clone(), 0.0)]).expect("host rows");
                 lookup.read_misses_on_gpu(|| true);
             }
             let mut fetch = |_idx: &mut [i32],
                              mkeys: &mut [i64],
-                             out: &mut [f32],
+                             out: FetchedRows<'_>,
                              found: &mut [u8]|
              -> Result<(), triton_rust_cuda::CudaError> {
-                // the store's way: parts of the misses on host threads, fp16 read as fp32
-                let per = mkeys.len().div_ceil(threads).max(1);
-                std::thread::scope(|s| {
-                    for ((k, o), f) in
-                        mkeys.chunks(per).zip(out.chunks_mut(per * dim)).zip(found.chunks_mut(per))
-                    {
-                        let host = &host;
-                        s.spawn(move || {
-                            for ((&key, row), fl) in k.iter().zip(o.chunks_exact_mut(dim)).zip(f) {
-                                let at = key as usize * row_bytes;
-                                for (v, h) in
-                                    row.iter_mut().zip(host[at..at + row_bytes].chunks_exact(2))
-                                {
-                                    *v = half::f16::from_le_bytes([h[0], h[1]]).to_f32();
-                                }
-                                *fl = 1;
-                            }
-                        });
-                    }
-                });
+                store_reads(&tier, mkeys, out, found, threads);
                 Ok(())
             };
             let mut best = f64::MAX;
-            let mut below_us = 0u64;
+            let mut best_fetch = f64::MAX;
             for i in 0..iters + 2 {
                 let t = Instant::now();
                 let times = lookup
@@ -105,28 +177,34 @@ fn main() {
                 assert_eq!(times.misses, n, "no cache: every key misses");
                 if i >= 2 {
                     best = best.min(t.elapsed().as_secs_f64());
-                    below_us += times.fetch_us + times.scatter_us;
+                    best_fetch = best_fetch.min(times.fetch_us as f64 / 1e6);
                 }
+            }
+            if path == "store, fp16" {
+                fetch_alone = best_fetch;
             }
             let rows_view = lookup.rows(n * dim).expect("rows");
             let mut back = vec![0u8; n * dim * 2];
             Cuda.copy(Bytes::Device(rows_view), BytesMut::Host(&mut back)).expect("rows back");
             got.push(back);
-            println!(
-                "  {n:>8} misses read by the {}: {:.3} ms a batch at best ({:.1} M rows/s, {:.1} GB/s of rows), the reads and the scatter {:.3} ms on average",
-                if on_gpu { "gpu (in place, over the bus)" } else { "cpu (host threads, then one copy)" },
-                best * 1e3,
-                n as f64 / best / 1e6,
-                (n * row_bytes) as f64 / best / 1e9,
-                below_us as f64 / iters as f64 / 1e3
-            );
+            rates.push(n as f64 / best / 1e6);
         }
-        assert!(got[0] == got[1], "the two paths' rows differ");
-        // and the rows are the buffer's
+        let plain_rate = n as f64 / best_plain / 1e6;
+        println!(
+            "| {n} | {plain_rate:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} |",
+            rates[0],
+            rates[1],
+            rates[2],
+            rates[0] / plain_rate,
+            n as f64 / fetch_alone / 1e6
+        );
+        assert!(got.iter().all(|g| g == &got[0]), "the paths' rows differ");
+        assert!(got[0] == plain, "the lookup's rows differ from the plain gather's");
+        let mut want = vec![0u16; dim];
         for (i, &k) in keys.iter().enumerate().step_by(997) {
-            let at = k as usize * row_bytes;
-            assert_eq!(&got[1][i * row_bytes..(i + 1) * row_bytes], &host[at..at + row_bytes]);
+            synthetic_row(SEED, 0, k, &mut want);
+            assert_eq!(&got[0][i * width..(i + 1) * width], bytemuck::cast_slice::<u16, u8>(&want));
         }
-        println!("  {n:>8} misses: both paths' rows equal, and equal to the host buffer's");
     }
+    println!("rows: every path's equal, and equal to the plain gather's and the fixture's");
 }

@@ -41,6 +41,12 @@ pub(crate) struct Kernels {
     pub(crate) gather_keys: CudaFunction,
     /// A batch's misses read in place from host memory the GPU maps (`HostRows`).
     pub(crate) read_host: CudaFunction,
+    /// The kernels of a batch lookup whose misses are fetched as fp16 (their tables store
+    /// them so): the scatter (fp32 or fp16 out), the fill of fp32 caches, the in-place read.
+    pub(crate) scatter_r16: CudaFunction,
+    pub(crate) scatter_h_r16: CudaFunction,
+    pub(crate) fill_r16: CudaFunction,
+    pub(crate) read_host_r16: CudaFunction,
     /// Pooled lookups: each bag's rows summed (or averaged), fp32 or fp16 out.
     pub(crate) pool: CudaFunction,
     pub(crate) pool_h: CudaFunction,
@@ -63,6 +69,8 @@ pub(crate) struct RowKernels {
     pub(crate) batch: CudaFunction,
     pub(crate) batch_h: CudaFunction,
     pub(crate) fill: CudaFunction,
+    /// The fill of rows fetched as fp16.
+    pub(crate) fill_r16: CudaFunction,
     pub(crate) resident_write: CudaFunction,
     pub(crate) pool_resident: CudaFunction,
     pub(crate) pool_resident_h: CudaFunction,
@@ -134,6 +142,10 @@ fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
         scatter_h: f("scatter_rows_h")?,
         gather_keys: f("gather_keys")?,
         read_host: f("read_host_rows")?,
+        scatter_r16: f("scatter_rows_r16")?,
+        scatter_h_r16: f("scatter_rows_h_r16")?,
+        fill_r16: f("batch_fill_r16")?,
+        read_host_r16: f("read_host_rows_r16")?,
         pool: f("pool_bags")?,
         pool_h: f("pool_bags_h")?,
         pool_fixed: f("pool_fixed")?,
@@ -147,6 +159,7 @@ fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
             batch: f("batch_lookup_s16")?,
             batch_h: f("batch_lookup_h_s16")?,
             fill: f("batch_fill_s16")?,
+            fill_r16: f("batch_fill_s16_r16")?,
             resident_write: f("resident_write_s16")?,
             pool_resident: f("pool_resident_s16")?,
             pool_resident_h: f("pool_resident_h_s16")?,
@@ -224,6 +237,11 @@ mod tests {
             "scatter_rows_h",
             "gather_keys",
             "read_host_rows",
+            "read_host_rows_r16",
+            "scatter_rows_r16",
+            "scatter_rows_h_r16",
+            "batch_fill_r16",
+            "batch_fill_s16_r16",
             "cache_lookup_s16",
             "cache_insert_s16",
             "batch_lookup_s16",

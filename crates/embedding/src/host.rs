@@ -194,6 +194,69 @@ impl HostTier {
         self.base.as_ref().map_or(Ok(()), TableFiles::check_rows)
     }
 
+    /// How this tier's rows are stored (its file's type; f32 without a file).
+    pub fn stored(&self) -> VectorType {
+        self.base.as_ref().map_or(VectorType::F32, |b| b.vector_type)
+    }
+
+    /// [`HostTier::get_many`] with the rows as the table stores them ([`HostTier::stored`],
+    /// `dim × size` bytes each into `out`): an fp16 table's rows stay fp16, half the bytes
+    /// of f32, nothing converted. What a GPU cache's misses need. Rows written by updates
+    /// (kept as f32) are rounded to the stored type, as the GPU rounds them into an fp16
+    /// cache. A dense table no update touched is read with no lock, its rows fetched
+    /// `AHEAD` keys ahead: copying rows scattered over tens of GB waits on memory, and the
+    /// hints keep that many reads in flight on each reader.
+    pub fn get_many_raw(&self, keys: &[i64], out: &mut [u8], found: &mut [bool]) {
+        const AHEAD: usize = 16;
+        let stored = self.stored();
+        let width = self.dim * stored.size();
+        if let (Some(base), false) = (
+            self.base.as_ref().filter(|_| self.dense.is_some()),
+            self.indexed.load(Ordering::Acquire),
+        ) {
+            let bytes = base.vector_bytes();
+            let hint = |k: i64| {
+                if self.in_dense(k) {
+                    let at = k as usize * width;
+                    triton_rust_os::prefetch(&bytes[at..at + width]);
+                }
+            };
+            keys.iter().take(AHEAD).for_each(|&k| hint(k));
+            for (i, ((k, row), f)) in
+                keys.iter().zip(out.chunks_exact_mut(width)).zip(found.iter_mut()).enumerate()
+            {
+                if let Some(&next) = keys.get(i + AHEAD) {
+                    hint(next);
+                }
+                *f = self.in_dense(*k);
+                if *f {
+                    let at = *k as usize * width;
+                    row.copy_from_slice(&bytes[at..at + width]);
+                }
+            }
+            return;
+        }
+        let mut wide = vec![0f32; self.dim];
+        for ((&key, row), f) in keys.iter().zip(out.chunks_exact_mut(width)).zip(found.iter_mut()) {
+            let loc = match self.shards[shard_of(key)].read().get(&key) {
+                Some(&l) => l,
+                None if self.in_dense(key) => key as u32,
+                None => {
+                    *f = false;
+                    continue;
+                }
+            };
+            *f = true;
+            match (&self.base, loc & OVERLAY == 0) {
+                (Some(base), true) => row.copy_from_slice(base.row_bytes(loc as usize)),
+                _ => {
+                    self.read_loc(loc, &mut wide);
+                    encode_row(stored, &wide, row);
+                }
+            }
+        }
+    }
+
     /// Inserts or overwrites rows. `vectors` holds `keys.len() * dim` values.
     pub fn upsert(&self, keys: &[i64], vectors: &[f32]) -> Result<()> {
         if vectors.len() != keys.len() * self.dim {
@@ -298,6 +361,22 @@ impl HostTier {
     }
 }
 
+/// `row` as the stored type's little-endian bytes (f32 to fp16 rounded to nearest even).
+fn encode_row(t: VectorType, row: &[f32], out: &mut [u8]) {
+    match t {
+        VectorType::F32 => {
+            for (o, v) in out.chunks_exact_mut(4).zip(row) {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        VectorType::F16 => {
+            for (o, v) in out.chunks_exact_mut(2).zip(row) {
+                o.copy_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct HostMemory {
     /// Keys and vectors as stored on disk.
@@ -317,6 +396,56 @@ impl HostMemory {
 mod tests {
     use super::*;
     use crate::table::{write_table, VectorType};
+
+    /// The rows as stored equal the f32 rows narrowed back, bit for bit, on both paths (the
+    /// dense table untouched: no lock, rows prefetched; after an update: the index), for fp16
+    /// and fp32 tables; an updated row comes rounded to fp16 as the GPU rounds it.
+    #[test]
+    fn rows_as_stored_are_the_rows_of_get_many() {
+        for stored in [VectorType::F16, VectorType::F32] {
+            let d = std::env::temp_dir()
+                .join(format!("trt-host-raw-{stored:?}-{}", std::process::id()));
+            let (dim, rows) = (8, 700);
+            let keys: Vec<i64> = (0..rows as i64).collect();
+            let vals: Vec<f32> = (0..rows * dim).map(|i| (i as f32 * 0.37).sin()).collect();
+            let bytes: Vec<u8> = match stored {
+                VectorType::F32 => bytemuck::cast_slice(&vals).to_vec(),
+                VectorType::F16 => {
+                    vals.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect()
+                }
+            };
+            write_table(&d, &keys, &bytes, dim, stored).unwrap();
+            let (tier, _) = HostTier::from_files(TableFiles::open_npy(&d).unwrap()).unwrap();
+            assert_eq!(tier.stored(), stored);
+            let width = dim * stored.size();
+            let probe: Vec<i64> = (0..100).map(|i| (i * 37) % 760 - 20).collect();
+            let check = |tier: &HostTier| {
+                let (mut raw, mut found_raw) = (vec![7u8; probe.len() * width], vec![false; 100]);
+                tier.get_many_raw(&probe, &mut raw, &mut found_raw);
+                let (mut wide, mut found) = (vec![0f32; probe.len() * dim], vec![false; 100]);
+                tier.get_many(&probe, &mut wide, &mut found);
+                assert_eq!(found_raw, found);
+                for (i, _) in probe.iter().enumerate().filter(|&(i, _)| found[i]) {
+                    let mut narrowed = vec![0u8; width];
+                    encode_row(stored, &wide[i * dim..(i + 1) * dim], &mut narrowed);
+                    assert_eq!(&raw[i * width..(i + 1) * width], &narrowed[..], "key {}", probe[i]);
+                }
+                let missing = probe.iter().position(|&k| k < 0).unwrap();
+                assert!(raw[missing * width..(missing + 1) * width].iter().all(|&b| b == 7));
+            };
+            check(&tier);
+            assert!(tier.untouched());
+            let new_row: Vec<f32> = (0..dim).map(|j| 0.1 + j as f32 / 3.0).collect();
+            tier.upsert(&[37], &new_row).unwrap();
+            check(&tier);
+            let (mut raw, mut found) = (vec![0u8; width], vec![false]);
+            tier.get_many_raw(&[37], &mut raw, &mut found);
+            let mut want = vec![0u8; width];
+            encode_row(stored, &new_row, &mut want);
+            assert!(found[0] && raw == want, "the updated row, rounded to the stored type");
+            let _ = std::fs::remove_dir_all(&d);
+        }
+    }
 
     #[test]
     fn keys_zero_to_rows_need_no_index_and_still_take_updates() {

@@ -507,6 +507,57 @@ impl EmbeddingStore {
         Ok(found)
     }
 
+    /// Whether a GPU lookup's misses may go up as the tables store them, fp16, exactly as
+    /// the fp32 path gives them: every table's rows are fp16 from its file, untouched by
+    /// updates (their f32 rows would be rounded), no Redis tier below (its rows are f32), and
+    /// every default value is exact in fp16.
+    #[cfg(feature = "gpu")]
+    pub(crate) fn misses_as_stored(&self) -> bool {
+        self.remote.is_none()
+            && self.tables.iter().all(|t| {
+                let host = t.host.read();
+                let d = t.config.default_value;
+                host.stored() == crate::table::VectorType::F16
+                    && host.untouched()
+                    && half::f16::from_f32(d).to_f32().to_bits() == d.to_bits()
+            })
+    }
+
+    /// [`EmbeddingStore::fetch_below_cache`] of rows fetched as fp16 ([`misses_as_stored`]
+    /// said so): the host tier's rows as stored, a key it lacks given the default value.
+    ///
+    /// [`misses_as_stored`]: EmbeddingStore::misses_as_stored
+    #[cfg(feature = "gpu")]
+    pub(crate) fn fetch_below_cache_f16(
+        &self,
+        table: usize,
+        keys: &[i64],
+        out: &mut [u16],
+    ) -> Result<Vec<bool>> {
+        let t = &self.tables[table];
+        let dim = t.config.dim;
+        let mut found = vec![false; keys.len()];
+        let t0 = Instant::now();
+        let host = self.host(table);
+        host.get_many_raw(keys, bytemuck::cast_slice_mut(out), &mut found);
+        host.check_rows().map_err(|why| {
+            Error::unavailable(format!(
+                "table '{}': {why}; its rows are not served until the model is loaded again",
+                t.config.name
+            ))
+        })?;
+        drop(host);
+        t.counters.host_ns.fetch_add(ns_since(t0), Ordering::Relaxed);
+        let hits = found.iter().filter(|&&f| f).count();
+        t.counters.host_hits.fetch_add(hits as u64, Ordering::Relaxed);
+        let default = half::f16::from_f32(t.config.default_value).to_bits().to_le();
+        for (row, _) in out.chunks_exact_mut(dim).zip(&found).filter(|(_, &f)| !f) {
+            row.fill(default);
+            t.counters.defaults.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(found)
+    }
+
     /// Inserts or overwrites rows while serving. Visible in the host tier, Redis and
     /// every instance's cache when this returns.
     pub fn update(&self, table: usize, keys: &[i64], vectors: &[f32]) -> Result<()> {

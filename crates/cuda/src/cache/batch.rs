@@ -8,7 +8,9 @@ use std::time::Instant;
 
 use cudarc::driver::{CudaStream, PushKernelArg};
 
-use super::batch_args::{BatchKeys, BatchTimes, FetchMisses, KeyLayout, KeyUpload, RowFormat};
+use super::batch_args::{
+    BatchKeys, BatchTimes, FetchMisses, FetchedRows, KeyLayout, KeyUpload, RowFormat,
+};
 use super::slots::{CacheSlots, SlotsDesc, DESC};
 use crate::buffer::{DeviceMem, DevicePtr};
 use crate::context::{cuda_err, gpu};
@@ -71,6 +73,10 @@ pub struct BatchLookup {
     miss: (PinnedBuf<i32>, DeviceMem),
     count: (PinnedBuf<u32>, DeviceMem),
     fetched: (PinnedBuf<f32>, DeviceMem),
+    /// The fetcher's rows when fetched as fp16 (`fetched.1` takes them on the GPU).
+    fetched16: PinnedBuf<u16>,
+    /// The type the misses are fetched as (`set_fetched`).
+    fetched_as: RowFormat,
     found: (PinnedBuf<u8>, DeviceMem),
     /// The missed keys, for the fetcher (gathered on the GPU when the keys came there).
     missed_keys: (PinnedBuf<i64>, DeviceMem),
@@ -83,8 +89,8 @@ pub struct BatchLookup {
     /// Misses per table then defaults per table of the last run that read on the GPU.
     host_counts: (PinnedBuf<u32>, DeviceMem),
     host_read: Option<Vec<u32>>,
-    /// The last run's misses, which `fill_last` may insert: (count, interleaved).
-    last: Option<(usize, i32)>,
+    /// The last run's misses, which `fill_last` may insert: (count, interleaved, their type).
+    last: Option<(usize, i32, RowFormat)>,
     /// A fill is queued and may still run (buffers it reads must not be freed).
     fill_queued: bool,
     /// The most keys a run has had room for.
@@ -142,6 +148,8 @@ impl BatchLookup {
             miss: (PinnedBuf::new(d), DeviceMem::growing(d)),
             count: (PinnedBuf::new(d), DeviceMem::growing(d)),
             fetched: (PinnedBuf::new(d), DeviceMem::growing(d)),
+            fetched16: PinnedBuf::new(d),
+            fetched_as: RowFormat::F32,
             found: (PinnedBuf::new(d), DeviceMem::growing(d)),
             missed_keys: pair(),
             out: DeviceMem::growing(d),
@@ -157,6 +165,14 @@ impl BatchLookup {
 
     pub fn dim(&self) -> usize {
         self.dim
+    }
+
+    /// The type the next runs fetch their misses as (fp32 until set): fp16 only where every
+    /// table stores its rows so (the rows go up as stored, and the kernels widen them
+    /// exactly where fp32 is written). Read by the fetcher's [`FetchedRows`] and by the
+    /// in-place reads of host rows.
+    pub fn set_fetched(&mut self, rows: RowFormat) {
+        self.fetched_as = rows;
     }
 
     /// How the next runs send their keys to the GPU.
@@ -267,19 +283,22 @@ impl BatchLookup {
             self.read_host(m, interleaved)?;
             times.fetch_us = us(t1);
             self.scatter(m, into)?;
-            self.last = Some((m, interleaved));
+            self.last = Some((m, interleaved, self.fetched_as));
         } else if m > 0 {
             self.missed_keys_to_host(keys, m)?;
             let dim = self.dim;
             let h_miss = self.miss.0.slice(m)?;
             let h_mkeys = self.missed_keys.0.slice(m)?;
-            let rows = self.fetched.0.slice(m * dim)?;
+            let rows = match self.fetched_as {
+                RowFormat::F32 => FetchedRows::F32(self.fetched.0.slice(m * dim)?),
+                RowFormat::F16 => FetchedRows::F16(self.fetched16.slice(m * dim)?),
+            };
             let found = self.found.0.slice(m)?;
             found.fill(0);
             fetch(h_miss, h_mkeys, rows, found)?;
             times.fetch_us = us(t1);
             self.scatter_fetched(m, into)?;
-            self.last = Some((m, interleaved));
+            self.last = Some((m, interleaved, self.fetched_as));
         }
         // the hits' rows were written on the queue before `count_misses` waited for them
         self.own.wait()?;
@@ -495,10 +514,14 @@ impl BatchLookup {
     /// fetcher's order, and the scatter of the rows into place queued.
     fn scatter_fetched(&mut self, m: usize, into: Option<DevicePtr<'_>>) -> Result<()> {
         let (q, dim) = (&self.own, self.dim);
-        let rows = self.fetched.0.slice(m * dim)?;
+        // room for fp32 rows whatever their type, so a change of type never grows the buffer
+        // under a queued fill
         self.fetched.1.reserve(m * dim * 4)?;
         let d_rows = self.fetched.1.ptr();
-        htod(q, d_rows, rows)?;
+        match self.fetched_as {
+            RowFormat::F32 => htod(q, d_rows, self.fetched.0.slice(m * dim)?)?,
+            RowFormat::F16 => htod(q, d_rows, self.fetched16.slice(m * dim)?)?,
+        }
         let found = self.found.0.slice(m)?;
         self.found.1.reserve(m)?;
         htod(q, self.found.1.ptr(), found)?;
@@ -514,15 +537,17 @@ impl BatchLookup {
         let (d_rows, d_miss) = (self.fetched.1.ptr(), self.miss.1.ptr());
         let out = into.unwrap_or(self.out.ptr());
         let (m_i, stride, dim_i) = (m as i32, dim as i64, dim as i32);
-        let scatter = if self.format == RowFormat::F16 {
-            &self.kernels.scatter_h
-        } else {
-            &self.kernels.scatter
+        let k = &self.kernels;
+        let scatter = match (self.fetched_as, self.format) {
+            (RowFormat::F32, RowFormat::F32) => &k.scatter,
+            (RowFormat::F32, RowFormat::F16) => &k.scatter_h,
+            (RowFormat::F16, RowFormat::F32) => &k.scatter_r16,
+            (RowFormat::F16, RowFormat::F16) => &k.scatter_h_r16,
         };
         let mut b = q.stream.launch_builder(scatter);
         b.arg(&d_rows).arg(&d_miss).arg(&m_i).arg(&out).arg(&stride).arg(&dim_i);
-        // SAFETY: argument types and order match scatter_rows(_h) (`out` by address,
-        // rows of `format`); every index is < n.
+        // SAFETY: argument types and order match scatter_rows(_h)(_r16) (`out` by address,
+        // rows of `format`, fetched rows of `fetched_as`); every index is < n.
         unsafe { b.launch(warps_config(m)) }.map_err(cuda_err)?;
         Ok(())
     }

@@ -6,8 +6,27 @@ use crate::mem::DeviceView;
 /// What [`BatchLookup::run`](super::BatchLookup::run) calls with the missed indices, their keys (the callee may
 /// reorder the two together), the rows to fill, and a flag per row to set when the row was
 /// found (rows not found, defaults, are not cached).
-pub type FetchMisses<'f, E> =
-    dyn FnMut(&mut [i32], &mut [i64], &mut [f32], &mut [u8]) -> std::result::Result<(), E> + 'f;
+pub type FetchMisses<'f, E> = dyn FnMut(&mut [i32], &mut [i64], FetchedRows<'_>, &mut [u8]) -> std::result::Result<(), E>
+    + 'f;
+
+/// The page-locked rows a fetcher fills (`dim` elements a missed key), of the type the lookup
+/// was told to fetch ([`BatchLookup::set_fetched`](super::BatchLookup::set_fetched)): fp32,
+/// or fp16 bits (little-endian) where every table stores its rows so, half the bytes to read
+/// and send up and nothing to convert.
+pub enum FetchedRows<'a> {
+    F32(&'a mut [f32]),
+    F16(&'a mut [u16]),
+}
+
+impl<'a> FetchedRows<'a> {
+    /// The rows as fp32, when fetched so.
+    pub fn f32(self) -> Option<&'a mut [f32]> {
+        match self {
+            FetchedRows::F32(r) => Some(r),
+            FetchedRows::F16(_) => None,
+        }
+    }
+}
 
 /// A batch's keys (int64), where the request had them.
 #[derive(Debug, Clone, Copy)]

@@ -54,7 +54,7 @@ impl BatchLookup {
     pub(super) fn read_host(&mut self, m: usize, interleaved: i32) -> Result<()> {
         let (q, dim, tables) = (&self.own, self.dim, self.tables);
         let Some((desc, _)) = &self.host else { return Ok(()) };
-        self.fetched.1.reserve(m * dim * 4)?;
+        self.fetched.1.reserve(m * dim * 4)?; // fp32's room whatever the type, as scatter_fetched
         self.found.1.reserve(m)?;
         self.host_counts.1.reserve(2 * tables * 4)?;
         let counts = self.host_counts.1.ptr();
@@ -62,10 +62,15 @@ impl BatchLookup {
         let (keys, miss, starts) = (self.keys.1.ptr(), self.miss.1.ptr(), self.starts.1.ptr());
         let (rows, found, host) = (self.fetched.1.ptr(), self.found.1.ptr(), desc.ptr());
         let (m_i, tables_i, dim_i) = (m as i32, tables as i32, dim as i32);
-        let mut b = q.stream.launch_builder(&self.kernels.read_host);
+        let read = match self.fetched_as {
+            RowFormat::F32 => &self.kernels.read_host,
+            RowFormat::F16 => &self.kernels.read_host_r16,
+        };
+        let mut b = q.stream.launch_builder(read);
         b.arg(&keys).arg(&miss).arg(&m_i).arg(&tables_i).arg(&interleaved).arg(&starts);
         b.arg(&host).arg(&dim_i).arg(&rows).arg(&found).arg(&counts);
-        // SAFETY: argument types and order match read_host_rows; this stream passed the
+        // SAFETY: argument types and order match read_host_rows(_r16), its rows of
+        // `fetched_as`; this stream passed the
         // lookup that wrote the m misses (`count_misses`); the rows and flags have room for
         // m, the counts for 2 × tables; `host` names rows registered while `self.host` lives.
         unsafe { b.launch(warps_config(m.div_ceil(HOST_ROWS_PER_WARP))) }.map_err(cuda_err)?;
@@ -80,7 +85,7 @@ impl BatchLookup {
     /// (one launch where clearing every table's tickets took one copy-engine memset per
     /// table on the shared queue).
     pub fn fill_last(&mut self, epoch: u64) -> Result<()> {
-        let Some((m, interleaved)) = self.last.take() else { return Ok(()) };
+        let Some((m, interleaved, fetched)) = self.last.take() else { return Ok(()) };
         let q = &self.queue;
         gpu(q.device)?;
         // the rows, flags and miss order came up on this lookup's own stream
@@ -94,9 +99,12 @@ impl BatchLookup {
         );
         let (m_i, tables, dim_i, desc) =
             (m as i32, self.tables as i32, self.dim as i32, self.desc.ptr());
-        let fill = match self.stored {
-            RowFormat::F32 => &self.kernels.fill,
-            RowFormat::F16 => &self.kernels.s16.fill,
+        let k = &self.kernels;
+        let fill = match (self.stored, fetched) {
+            (RowFormat::F32, RowFormat::F32) => &k.fill,
+            (RowFormat::F16, RowFormat::F32) => &k.s16.fill,
+            (RowFormat::F32, RowFormat::F16) => &k.fill_r16,
+            (RowFormat::F16, RowFormat::F16) => &k.s16.fill_r16,
         };
         if self.lfu {
             // LFU: every placed key's miss counted before any is placed
@@ -119,8 +127,8 @@ impl BatchLookup {
             .arg(&dim_i)
             .arg(&epoch)
             .arg(&rows);
-        // SAFETY: argument types and order match batch_fill(_s16), the one for the caches'
-        // rows; the buffers hold the last
+        // SAFETY: argument types and order match batch_fill(_s16)(_r16), the one for the
+        // caches' rows and the fetched rows' type; the buffers hold the last
         // run's keys, misses, flags and rows (m of each), untouched since, and stay
         // allocated until the queue has passed this kernel (see `make_room` and `Drop`).
         unsafe { b.launch(warps_config(m)) }.map_err(cuda_err)?;

@@ -31,7 +31,9 @@ mod slots;
 pub use crate::copy::Queue;
 pub use crate::pinned::HostRows;
 pub use batch::BatchLookup;
-pub use batch_args::{BatchKeys, BatchTimes, FetchMisses, KeyLayout, KeyUpload, RowFormat};
+pub use batch_args::{
+    BatchKeys, BatchTimes, FetchMisses, FetchedRows, KeyLayout, KeyUpload, RowFormat,
+};
 #[cfg(feature = "bench")]
 pub use bench::DeviceKeys;
 pub use pool::{BagLayout, Pooler, ResidentPool};

@@ -29,6 +29,10 @@ __device__ __forceinline__ unsigned short f2h(float f) {
     return h;
 }
 
+// One element written as its row's type: fp32 as is, fp16 rounded to nearest even.
+__device__ __forceinline__ void set_value(float* d, float v) { *d = v; }
+__device__ __forceinline__ void set_value(unsigned short* d, float v) { *d = f2h(v); }
+
 // A row of floats written as fp16 (a batch lookup whose output is TYPE_FP16).
 __device__ __forceinline__ void copy_row(unsigned short* __restrict__ dst, const float* __restrict__ src, int dim, int lane, int lanes = 32) {
     if ((dim & 3) == 0 && (((size_t)src) & 15) == 0 && (((size_t)dst) & 7) == 0) {
@@ -323,18 +327,19 @@ __device__ __forceinline__ bool fill_target(const i64* __restrict__ keys, const 
 }
 
 // One warp per missed key of the last batch_lookup: inserts row j (fetched below the
-// cache, already on the GPU) for key keys[miss[j]] when found[j]. A set takes at most 32
+// cache, already on the GPU; R: fp32, or fp16 bits as an fp16 table stores them) for key
+// keys[miss[j]] when found[j]. A set takes at most 32
 // of a fill's rows (a ticket per warp; more could not all stay, and warps queueing on one
 // lock would hold SMs the network's kernels need). Those warps take the set's lock in
 // turn (all lanes spin together, so no lane waits on another), read the set's tags past
 // L1, and replace the way holding the key or the one way_for gives up, as cache_insert
 // does (LFU: batch_fill_count counted every missed key in the sketch first, whether it
 // goes in or not).
-template <typename S>
+template <typename S, typename R>
 __device__ __forceinline__ void batch_fill_as(const i64* __restrict__ keys, const int* __restrict__ miss,
         const unsigned char* __restrict__ found, int m, int tables, int interleaved,
         const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
-        const float* __restrict__ rows) {
+        const R* __restrict__ rows) {
     long long j = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     const long long* d;
@@ -380,7 +385,7 @@ extern "C" __global__ void batch_fill(const i64* __restrict__ keys, const int* _
         const unsigned char* __restrict__ found, int m, int tables, int interleaved,
         const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
         const float* __restrict__ rows) {
-    batch_fill_as<float>(keys, miss, found, m, tables, interleaved, key_start, desc, dim, epoch, rows);
+    batch_fill_as<float, float>(keys, miss, found, m, tables, interleaved, key_start, desc, dim, epoch, rows);
 }
 
 // The same into caches whose rows are fp16 (each row rounded once, as a TYPE_FP16 lookup
@@ -389,7 +394,23 @@ extern "C" __global__ void batch_fill_s16(const i64* __restrict__ keys, const in
         const unsigned char* __restrict__ found, int m, int tables, int interleaved,
         const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
         const float* __restrict__ rows) {
-    batch_fill_as<unsigned short>(keys, miss, found, m, tables, interleaved, key_start, desc, dim, epoch, rows);
+    batch_fill_as<unsigned short, float>(keys, miss, found, m, tables, interleaved, key_start, desc, dim, epoch, rows);
+}
+
+// The two fills of rows fetched as fp16 (tables stored so): into fp32 caches (widened
+// exactly) and into fp16 caches (copied).
+extern "C" __global__ void batch_fill_r16(const i64* __restrict__ keys, const int* __restrict__ miss,
+        const unsigned char* __restrict__ found, int m, int tables, int interleaved,
+        const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
+        const unsigned short* __restrict__ rows) {
+    batch_fill_as<float, unsigned short>(keys, miss, found, m, tables, interleaved, key_start, desc, dim, epoch, rows);
+}
+
+extern "C" __global__ void batch_fill_s16_r16(const i64* __restrict__ keys, const int* __restrict__ miss,
+        const unsigned char* __restrict__ found, int m, int tables, int interleaved,
+        const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
+        const unsigned short* __restrict__ rows) {
+    batch_fill_as<unsigned short, unsigned short>(keys, miss, found, m, tables, interleaved, key_start, desc, dim, epoch, rows);
 }
 
 // One thread per missed key of the fill just before it on the same queue: zeroes the ticket
@@ -420,8 +441,8 @@ extern "C" __global__ void batch_fill_count(const i64* __restrict__ keys, const 
 }
 
 // One warp per row: writes rows[i] to out + idx[i] * out_stride (rows fetched below the cache).
-template <typename O>
-__device__ __forceinline__ void scatter_rows_as(const float* __restrict__ rows, const int* __restrict__ idx, int n,
+template <typename O, typename R>
+__device__ __forceinline__ void scatter_rows_as(const R* __restrict__ rows, const int* __restrict__ idx, int n,
         O* __restrict__ out, long long out_stride, int dim) {
     long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
@@ -439,17 +460,29 @@ extern "C" __global__ void scatter_rows_h(const float* __restrict__ rows, const 
     scatter_rows_as(rows, idx, n, out, out_stride, dim);
 }
 
+// The same of rows fetched as fp16 bits, written as fp32 (exactly) or fp16 (copied).
+extern "C" __global__ void scatter_rows_r16(const unsigned short* __restrict__ rows, const int* __restrict__ idx, int n,
+        float* __restrict__ out, long long out_stride, int dim) {
+    scatter_rows_as(rows, idx, n, out, out_stride, dim);
+}
+
+extern "C" __global__ void scatter_rows_h_r16(const unsigned short* __restrict__ rows, const int* __restrict__ idx, int n,
+        unsigned short* __restrict__ out, long long out_stride, int dim) {
+    scatter_rows_as(rows, idx, n, out, out_stride, dim);
+}
+
 // Four missed keys a warp, eight lanes each (miss[j], j < m; the reads of four rows in flight
-// at once, each crossing the bus): row j of `rows` (fp32) is the row of key keys[miss[j]] read
+// at once, each crossing the bus): row j of `rows` (fp32; fp16 bits in the _r16 form) is the row of key keys[miss[j]] read
 // in place from its table's rows in page-locked host memory this GPU maps (host + t *
 // HOST_DESC: the rows' address on the GPU, how many rows, bytes an element (2: fp16, 4: fp32),
 // the default value's bits), and found[j] = 1; a key outside those rows gets the default
 // value and found[j] = 0. counts[t] counts table t's misses, counts[tables + t] those defaulted.
 #define HOST_DESC 4
 #define HOST_ROWS_PER_WARP 4
-extern "C" __global__ void read_host_rows(const i64* __restrict__ keys, const int* __restrict__ miss, int m,
+template <typename R>
+__device__ __forceinline__ void read_host_rows_as(const i64* __restrict__ keys, const int* __restrict__ miss, int m,
         int tables, int interleaved, const int* __restrict__ key_start, const long long* __restrict__ host, int dim,
-        float* __restrict__ rows, unsigned char* __restrict__ found, unsigned* __restrict__ counts) {
+        R* __restrict__ rows, unsigned char* __restrict__ found, unsigned* __restrict__ counts) {
     const int L = 32 / HOST_ROWS_PER_WARP;
     long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31, gl = lane % L;
@@ -459,16 +492,29 @@ extern "C" __global__ void read_host_rows(const i64* __restrict__ keys, const in
     int t = table_of(i, tables, interleaved, key_start);
     const long long* h = host + t * HOST_DESC;
     i64 key = keys[i];
-    float* dst = rows + (size_t)j * dim;
+    R* dst = rows + (size_t)j * dim;
     bool in = key >= 0 && key < h[1];
     if (in && h[2] == 2) copy_row(dst, (const unsigned short*)h[0] + (size_t)key * dim, dim, gl, L);
     else if (in) copy_row(dst, (const float*)h[0] + (size_t)key * dim, dim, gl, L);
-    else for (int d = gl; d < dim; d += L) dst[d] = __int_as_float((int)h[3]);
+    else for (int d = gl; d < dim; d += L) set_value(dst + d, __int_as_float((int)h[3]));
     if (gl == 0) {
         found[j] = in ? 1 : 0;
         atomicAdd(counts + t, 1u);
         if (!in) atomicAdd(counts + tables + t, 1u);
     }
+}
+
+extern "C" __global__ void read_host_rows(const i64* __restrict__ keys, const int* __restrict__ miss, int m,
+        int tables, int interleaved, const int* __restrict__ key_start, const long long* __restrict__ host, int dim,
+        float* __restrict__ rows, unsigned char* __restrict__ found, unsigned* __restrict__ counts) {
+    read_host_rows_as(keys, miss, m, tables, interleaved, key_start, host, dim, rows, found, counts);
+}
+
+// The same into rows fetched as fp16 bits (every table's rows stored so).
+extern "C" __global__ void read_host_rows_r16(const i64* __restrict__ keys, const int* __restrict__ miss, int m,
+        int tables, int interleaved, const int* __restrict__ key_start, const long long* __restrict__ host, int dim,
+        unsigned short* __restrict__ rows, unsigned char* __restrict__ found, unsigned* __restrict__ counts) {
+    read_host_rows_as(keys, miss, m, tables, interleaved, key_start, host, dim, rows, found, counts);
 }
 
 // One thread per missed key: out[j] = keys[idx[j]] (a batch whose keys came in GPU memory

@@ -242,7 +242,7 @@ impl InstanceCaches {
         let mut fetch_ns = 0u64;
         let mut fetch = |missed: &mut [i32],
                          missed_keys: &mut [i64],
-                         rows: &mut [f32],
+                         rows: gpu::FetchedRows<'_>,
                          found: &mut [u8]|
          -> Result<()> {
             // group the misses by table (a counting sort), so each table is read in one call
@@ -274,7 +274,24 @@ impl InstanceCaches {
             missed.copy_from_slice(&sorted);
             missed_keys.copy_from_slice(&mkeys);
             let tf = Instant::now();
-            let f = fetch_parallel(store, &groups, &mkeys, rows, dim)?;
+            let f = match rows {
+                gpu::FetchedRows::F32(rows) => fetch_parallel(
+                    store,
+                    &groups,
+                    &mkeys,
+                    rows,
+                    dim,
+                    EmbeddingStore::fetch_below_cache,
+                )?,
+                gpu::FetchedRows::F16(rows) => fetch_parallel(
+                    store,
+                    &groups,
+                    &mkeys,
+                    rows,
+                    dim,
+                    EmbeddingStore::fetch_below_cache_f16,
+                )?,
+            };
             fetch_ns = ns_since(tf);
             for (dst, src) in found.iter_mut().zip(f) {
                 *dst = src as u8;
@@ -284,6 +301,12 @@ impl InstanceCaches {
         let epoch = gpu.next_epoch();
         let order = self.update_order();
         lookup.read_misses_on_gpu(|| self.misses_on_gpu_now());
+        // the misses go up as the tables store them where that is exact
+        lookup.set_fetched(if store.misses_as_stored() {
+            gpu::RowFormat::F16
+        } else {
+            gpu::RowFormat::F32
+        });
         let times = lookup.run_keys::<Error>(keys, layout, epoch, &mut fetch, into)?;
         // the fill below takes the gate itself
         drop(order);
@@ -485,29 +508,34 @@ impl<'a> KeyTables<'a> {
 /// scattered over tens of GB is bound by memory latency, not bandwidth, so more readers help:
 /// DLRM at 4096 misses ~575 rows a batch, 0.1–0.3 ms on one thread of the H100 machine, and
 /// three runs instead of one served it faster (an H100 run kept in git: `git show 5acfa20:bench/gpu/results/aoti_h100_i/README.md`).
+/// How one table's rows are read below the cache into rows of `T` (which were found).
 #[cfg(feature = "gpu")]
-pub(crate) fn fetch_parallel(
+pub(crate) type ReadTable<T> = fn(&EmbeddingStore, usize, &[i64], &mut [T]) -> Result<Vec<bool>>;
+
+/// `read_table` is how one table's rows are read below the cache: as f32
+/// ([`EmbeddingStore::fetch_below_cache`]) or as the table stores them (fp16 bits,
+/// [`EmbeddingStore::fetch_below_cache_f16`]).
+#[cfg(feature = "gpu")]
+pub(crate) fn fetch_parallel<T: Send>(
     store: &EmbeddingStore,
     groups: &[(usize, std::ops::Range<usize>)],
     keys: &[i64],
-    rows: &mut [f32],
+    rows: &mut [T],
     dim: usize,
+    read_table: ReadTable<T>,
 ) -> Result<Vec<bool>> {
     use rayon::prelude::*;
     const PER_RUN: usize = 256;
     let n = keys.len();
     let runs = rayon::current_num_threads().clamp(1, 16).min(n.div_ceil(PER_RUN)).max(1);
     let per = n.div_ceil(runs).max(1);
-    let read = |at: usize, rows: &mut [f32], found: &mut [bool]| -> Result<()> {
+    let read = |at: usize, rows: &mut [T], found: &mut [bool]| -> Result<()> {
         let range = at..at + found.len();
         for (t, g) in groups {
             let (s, e) = (g.start.max(range.start), g.end.min(range.end));
             if s < e {
-                let f = store.fetch_below_cache(
-                    *t,
-                    &keys[s..e],
-                    &mut rows[(s - at) * dim..(e - at) * dim],
-                )?;
+                let f =
+                    read_table(store, *t, &keys[s..e], &mut rows[(s - at) * dim..(e - at) * dim])?;
                 found[s - at..e - at].copy_from_slice(&f);
             }
         }
