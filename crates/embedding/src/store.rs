@@ -447,19 +447,36 @@ impl EmbeddingStore {
     /// table and its file, when the rows read from the table's file are no longer the file's
     /// as loaded (it was cut or rewritten while mapped: `host_memory: mapped`).
     fn fetch_below_cache(&self, table: usize, keys: &[i64], out: &mut [f32]) -> Result<Vec<bool>> {
+        let found = self.read_below_cache(table, keys, out);
+        self.check_rows(table)?;
+        Ok(found)
+    }
+
+    /// Whether the rows `table`'s host tier read from its file are still the file's as
+    /// loaded (see [`HostTier::check_rows`]): `Err` names the table and the file. Asked after
+    /// the reads it covers (once for a batch's reads of a table, not once a read: a mapped
+    /// table's check is a `fstat`).
+    pub(crate) fn check_rows(&self, table: usize) -> Result<()> {
+        self.host(table).check_rows().map_err(|why| {
+            Error::unavailable(format!(
+                "table '{}': {why}; its rows are not served until the model is loaded again",
+                self.tables[table].config.name
+            ))
+        })
+    }
+
+    /// [`EmbeddingStore::fetch_below_cache`]'s reads, without the check of the table's file.
+    pub(crate) fn read_below_cache(
+        &self,
+        table: usize,
+        keys: &[i64],
+        out: &mut [f32],
+    ) -> Vec<bool> {
         let t = &self.tables[table];
         let dim = t.config.dim;
         let mut found = vec![false; keys.len()];
         let t0 = Instant::now();
-        let host = self.host(table);
-        host.get_many(keys, out, &mut found);
-        host.check_rows().map_err(|why| {
-            Error::unavailable(format!(
-                "table '{}': {why}; its rows are not served until the model is loaded again",
-                t.config.name
-            ))
-        })?;
-        drop(host);
+        self.host(table).get_many(keys, out, &mut found);
         t.counters.host_ns.fetch_add(ns_since(t0), Ordering::Relaxed);
         let host_hits = found.iter().filter(|&&f| f).count();
         t.counters.host_hits.fetch_add(host_hits as u64, Ordering::Relaxed);
@@ -504,7 +521,7 @@ impl EmbeddingStore {
             t.counters.defaults.fetch_add(1, Ordering::Relaxed);
             found[i] = false;
         }
-        Ok(found)
+        found
     }
 
     /// Whether a GPU lookup's misses may go up as the tables store them, fp16, exactly as
@@ -523,30 +540,22 @@ impl EmbeddingStore {
             })
     }
 
-    /// [`EmbeddingStore::fetch_below_cache`] of rows fetched as fp16 ([`misses_as_stored`]
+    /// [`EmbeddingStore::read_below_cache`] of rows fetched as fp16 ([`misses_as_stored`]
     /// said so): the host tier's rows as stored, a key it lacks given the default value.
     ///
     /// [`misses_as_stored`]: EmbeddingStore::misses_as_stored
     #[cfg(feature = "gpu")]
-    pub(crate) fn fetch_below_cache_f16(
+    pub(crate) fn read_below_cache_f16(
         &self,
         table: usize,
         keys: &[i64],
         out: &mut [u16],
-    ) -> Result<Vec<bool>> {
+    ) -> Vec<bool> {
         let t = &self.tables[table];
         let dim = t.config.dim;
         let mut found = vec![false; keys.len()];
         let t0 = Instant::now();
-        let host = self.host(table);
-        host.get_many_raw(keys, bytemuck::cast_slice_mut(out), &mut found);
-        host.check_rows().map_err(|why| {
-            Error::unavailable(format!(
-                "table '{}': {why}; its rows are not served until the model is loaded again",
-                t.config.name
-            ))
-        })?;
-        drop(host);
+        self.host(table).get_many_raw(keys, bytemuck::cast_slice_mut(out), &mut found);
         t.counters.host_ns.fetch_add(ns_since(t0), Ordering::Relaxed);
         let hits = found.iter().filter(|&&f| f).count();
         t.counters.host_hits.fetch_add(hits as u64, Ordering::Relaxed);
@@ -555,7 +564,7 @@ impl EmbeddingStore {
             row.fill(default);
             t.counters.defaults.fetch_add(1, Ordering::Relaxed);
         }
-        Ok(found)
+        found
     }
 
     /// Inserts or overwrites rows while serving. Visible in the host tier, Redis and

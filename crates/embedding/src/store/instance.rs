@@ -281,7 +281,7 @@ impl InstanceCaches {
                     &mkeys,
                     rows,
                     dim,
-                    EmbeddingStore::fetch_below_cache,
+                    EmbeddingStore::read_below_cache,
                 )?,
                 gpu::FetchedRows::F16(rows) => fetch_parallel(
                     store,
@@ -289,7 +289,7 @@ impl InstanceCaches {
                     &mkeys,
                     rows,
                     dim,
-                    EmbeddingStore::fetch_below_cache_f16,
+                    EmbeddingStore::read_below_cache_f16,
                 )?,
             };
             fetch_ns = ns_since(tf);
@@ -510,11 +510,12 @@ impl<'a> KeyTables<'a> {
 /// three runs instead of one served it faster (an H100 run kept in git: `git show 5acfa20:bench/gpu/results/aoti_h100_i/README.md`).
 /// How one table's rows are read below the cache into rows of `T` (which were found).
 #[cfg(feature = "gpu")]
-pub(crate) type ReadTable<T> = fn(&EmbeddingStore, usize, &[i64], &mut [T]) -> Result<Vec<bool>>;
+pub(crate) type ReadTable<T> = fn(&EmbeddingStore, usize, &[i64], &mut [T]) -> Vec<bool>;
 
 /// `read_table` is how one table's rows are read below the cache: as f32
-/// ([`EmbeddingStore::fetch_below_cache`]) or as the table stores them (fp16 bits,
-/// [`EmbeddingStore::fetch_below_cache_f16`]).
+/// ([`EmbeddingStore::read_below_cache`]) or as the table stores them (fp16 bits,
+/// [`EmbeddingStore::read_below_cache_f16`]). Each table read is checked once, after
+/// every run ([`EmbeddingStore::check_rows`]).
 #[cfg(feature = "gpu")]
 pub(crate) fn fetch_parallel<T: Send>(
     store: &EmbeddingStore,
@@ -535,7 +536,7 @@ pub(crate) fn fetch_parallel<T: Send>(
             let (s, e) = (g.start.max(range.start), g.end.min(range.end));
             if s < e {
                 let f =
-                    read_table(store, *t, &keys[s..e], &mut rows[(s - at) * dim..(e - at) * dim])?;
+                    read_table(store, *t, &keys[s..e], &mut rows[(s - at) * dim..(e - at) * dim]);
                 found[s - at..e - at].copy_from_slice(&f);
             }
         }
@@ -550,6 +551,9 @@ pub(crate) fn fetch_parallel<T: Send>(
             .zip(found.par_chunks_mut(per))
             .enumerate()
             .try_for_each(|(k, (r, f))| read(k * per, r, f))?;
+    }
+    for (t, _) in groups {
+        store.check_rows(*t)?;
     }
     Ok(found)
 }

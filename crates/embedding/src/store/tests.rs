@@ -96,7 +96,7 @@ fn parallel_reads_below_the_cache_equal_one_reader() {
     let groups = [(0usize, 0..n0), (1usize, n0..n0 + n1)];
     let mut rows = vec![7f32; keys.len() * 2];
     let found =
-        fetch_parallel(&store, &groups, &keys, &mut rows, 2, EmbeddingStore::fetch_below_cache)
+        fetch_parallel(&store, &groups, &keys, &mut rows, 2, EmbeddingStore::read_below_cache)
             .unwrap();
     let mut want = vec![7f32; keys.len() * 2];
     let mut want_found = store.fetch_below_cache(0, &keys[..n0], &mut want[..n0 * 2]).unwrap();
