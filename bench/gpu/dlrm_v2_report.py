@@ -104,8 +104,10 @@ def targets(setup, res):
     out = []
     perf = res.get("perf", [])
     fixed = [r for r in perf if r["kind"] in ("fixed270", "fixed270_ensemble")]  # 270-pair queries, either way
-    # the verdicts are perf_analyzer's (every shape of query it sent); the stream client's figure
-    # is given beside them
+    # with every row in HBM the verdicts are perf_analyzer's (every shape of query it sent), the
+    # stream client's figure beside them; with a cache they are the endless stream's: its fresh
+    # keys run the cache at its stationary hit rate, where perf_analyzer's repeating pool fits
+    # in the cache (a hit rate near 1.0) and is no verdict on it
     # large requests count for the rate: MLPerf measures throughput in its Offline scenario, where
     # the system batches the samples as it likes (docs/performance.md); the latency target keeps
     # its 270-pair queries
@@ -150,10 +152,15 @@ def targets(setup, res):
         out.append(("270-pair queries: p99 <= 60 ms at >= 8 M pairs/s" + scale_note,
                     verdict(None if not fixed else bool(ok)), detail))
     else:
-        out.append((f">= 6 M pairs/s with {setup['cache']:.0%} of the rows in the GPU cache (perf_analyzer)" + scale_note,
-                    verdict(None if top is None else top["pairs_per_s"] >= 6e6),
-                    ("-" if top is None else f"{top['pairs_per_s'] / 1e6:.2f} M pairs/s ({KIND_LABEL[top['kind']]}, "
-                                             f"concurrency {top['concurrency']})") + beside))
+        pool = ("" if top is None else
+                f"; beside it, perf_analyzer's repeating pool (it fits in the cache: no verdict on it): "
+                f"{top['pairs_per_s'] / 1e6:.2f} M pairs/s ({KIND_LABEL[top['kind']]}, concurrency {top['concurrency']})")
+        out.append((f">= 6 M pairs/s with {setup['cache']:.0%} of the rows in the GPU cache (the endless stream of "
+                    f"fresh keys)" + scale_note,
+                    verdict(None if stream_top is None else stream_top["pairs_per_s"] >= 6e6),
+                    ("no endless stream ran" if stream_top is None else
+                     f"{stream_top['pairs_per_s'] / 1e6:.2f} M pairs/s (concurrency {stream_top['concurrency']})")
+                    + pool))
         rate, where = measured_hit_rate(res)
         stationary = setup["cache_plan"]["stationary"]
         gap = None if rate is None else rate - stationary

@@ -43,6 +43,24 @@ def test_dlrm_v2_verdicts_are_perf_analyzers():
     assert verdict == "MISS" and detail.startswith("1.20x") and "2.20x" in detail
 
 
+def test_dlrm_v2_with_a_cache_is_judged_by_the_endless_stream():
+    """With a cache, perf_analyzer's repeating pool runs near a hit rate of 1.0: the rate target
+    is the endless stream's, the pool's figure beside it (6.30 M from the pool must not PASS a
+    stream of 3.82 M, as an H200 run printed once)."""
+    sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
+    import dlrm_v2_report
+    setup = {"scale": 1.0, "cache": 0.1, "alpha": 1.05, "cache_plan": {"stationary": 0.9532, "lru": 0.9347}}
+    res = {"perf": [{"kind": "big", "pairs_per_s": 6.3e6, "concurrency": 24, "p99_ms": 35.0}],
+           "stream": [{"kind": "stream", "pairs_per_s": 3.82e6, "concurrency": 24, "p99_ms": 68.7,
+                       "hit_rate": 0.9516}]}
+    got = {t.split(" (")[0]: (v, d) for t, v, d in dlrm_v2_report.targets(setup, res)}
+    verdict, detail = got[">= 6 M pairs/s with 10% of the rows in the GPU cache"]
+    assert verdict == "MISS" and detail.startswith("3.82 M pairs/s") and "repeating pool" in detail and "6.30 M" in detail
+    res["stream"] = []
+    got = {t.split(" (")[0]: (v, d) for t, v, d in dlrm_v2_report.targets(setup, res)}
+    assert got[">= 6 M pairs/s with 10% of the rows in the GPU cache"][0] == "n/a"
+
+
 def test_dlrm_v2_plots_draw_one_line_per_perf_analyzer_mode():
     """A run that measured sync and async calls plots each as its own line (sync dotted); one
     mode, or results from before the modes, keep the kind's one line and label."""
