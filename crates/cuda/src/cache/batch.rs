@@ -181,11 +181,13 @@ impl BatchLookup {
     }
 
     /// Looks `keys` up (table of each key as `layout` says), stamping hits with `epoch`.
-    /// `fetch(missed, rows, found)` is given the indices that missed, in no particular
-    /// order (it may reorder them), a page-locked buffer of `missed.len() * dim` floats to
-    /// fill with their rows (row j for `missed[j]` as it leaves them), and a flag per row
-    /// to set when the row is worth caching. Returns when every row is in place in
-    /// [`BatchLookup::rows`].
+    /// `fetch(missed, missed_keys, rows, found)` is given indices that missed with their keys,
+    /// in no particular order (it may reorder the two together), a page-locked buffer of
+    /// `missed.len() * dim` elements to fill with their rows (row j for `missed[j]` as it
+    /// leaves them; fp32, or fp16 bits after [`BatchLookup::set_fetched`]), and a flag per
+    /// row to set when the row is worth caching. A run with many misses calls it once for
+    /// each part of them, a part's rows going up while the next part is read. Returns when
+    /// every row is in place in [`BatchLookup::rows`].
     pub fn run<E: From<CudaError>>(
         &mut self,
         keys: &[i64],
@@ -286,16 +288,7 @@ impl BatchLookup {
             self.last = Some((m, interleaved, self.fetched_as));
         } else if m > 0 {
             self.missed_keys_to_host(keys, m)?;
-            let dim = self.dim;
-            let h_miss = self.miss.0.slice(m)?;
-            let h_mkeys = self.missed_keys.0.slice(m)?;
-            let rows = match self.fetched_as {
-                RowFormat::F32 => FetchedRows::F32(self.fetched.0.slice(m * dim)?),
-                RowFormat::F16 => FetchedRows::F16(self.fetched16.slice(m * dim)?),
-            };
-            let found = self.found.0.slice(m)?;
-            found.fill(0);
-            fetch(h_miss, h_mkeys, rows, found)?;
+            self.fetch_in_parts(m, fetch)?;
             times.fetch_us = us(t1);
             self.scatter_fetched(m, into)?;
             self.last = Some((m, interleaved, self.fetched_as));
@@ -510,18 +503,52 @@ impl BatchLookup {
         Ok(())
     }
 
-    /// The `m` rows the fetcher filled to the GPU, with their flags and the miss list in the
-    /// fetcher's order, and the scatter of the rows into place queued.
-    fn scatter_fetched(&mut self, m: usize, into: Option<DevicePtr<'_>>) -> Result<()> {
-        let (q, dim) = (&self.own, self.dim);
+    /// The fetcher called on the `m` misses part after part, each part's rows queued up to
+    /// the GPU as soon as it is filled: a part's trip up overlaps the reads of the next
+    /// (page-locked rows, copied on this lookup's stream). Parts of at least `FETCH_PART`
+    /// misses, at most `FETCH_PARTS` of them. The fetcher may reorder each part's misses.
+    fn fetch_in_parts<E: From<CudaError>>(
+        &mut self,
+        m: usize,
+        fetch: &mut FetchMisses<'_, E>,
+    ) -> std::result::Result<(), E> {
+        const FETCH_PART: usize = 16_384;
+        const FETCH_PARTS: usize = 8;
+        let dim = self.dim;
         // room for fp32 rows whatever their type, so a change of type never grows the buffer
         // under a queued fill
         self.fetched.1.reserve(m * dim * 4)?;
-        let d_rows = self.fetched.1.ptr();
-        match self.fetched_as {
-            RowFormat::F32 => htod(q, d_rows, self.fetched.0.slice(m * dim)?)?,
-            RowFormat::F16 => htod(q, d_rows, self.fetched16.slice(m * dim)?)?,
+        let per = m.div_ceil(FETCH_PARTS).max(FETCH_PART);
+        let (q, d_rows) = (&self.own, self.fetched.1.ptr());
+        let h_miss = self.miss.0.slice(m)?;
+        let h_mkeys = self.missed_keys.0.slice(m)?;
+        let found = self.found.0.slice(m)?;
+        found.fill(0);
+        let mut rows = match self.fetched_as {
+            RowFormat::F32 => FetchedRows::F32(self.fetched.0.slice(m * dim)?),
+            RowFormat::F16 => FetchedRows::F16(self.fetched16.slice(m * dim)?),
+        };
+        for at in (0..m).step_by(per) {
+            let end = (at + per).min(m);
+            let (rs, re) = (at * dim, end * dim);
+            let part = match &mut rows {
+                FetchedRows::F32(r) => FetchedRows::F32(&mut r[rs..re]),
+                FetchedRows::F16(r) => FetchedRows::F16(&mut r[rs..re]),
+            };
+            fetch(&mut h_miss[at..end], &mut h_mkeys[at..end], part, &mut found[at..end])?;
+            // queued, not waited for: the next part's reads run meanwhile
+            match &rows {
+                FetchedRows::F32(r) => htod(q, d_rows.at(rs * 4), &r[rs..re])?,
+                FetchedRows::F16(r) => htod(q, d_rows.at(rs * 2), &r[rs..re])?,
+            }
         }
+        Ok(())
+    }
+
+    /// The flags and the miss list (in the fetcher's order) of the `m` rows
+    /// [`BatchLookup::fetch_in_parts`] sent up, and the scatter of the rows into place queued.
+    fn scatter_fetched(&mut self, m: usize, into: Option<DevicePtr<'_>>) -> Result<()> {
+        let q = &self.own;
         let found = self.found.0.slice(m)?;
         self.found.1.reserve(m)?;
         htod(q, self.found.1.ptr(), found)?;

@@ -292,7 +292,7 @@ impl InstanceCaches {
                     EmbeddingStore::read_below_cache_f16,
                 )?,
             };
-            fetch_ns = ns_since(tf);
+            fetch_ns += ns_since(tf);
             for (dst, src) in found.iter_mut().zip(f) {
                 *dst = src as u8;
             }
