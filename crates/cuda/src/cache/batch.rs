@@ -512,8 +512,12 @@ impl BatchLookup {
         m: usize,
         fetch: &mut FetchMisses<'_, E>,
     ) -> std::result::Result<(), E> {
-        const FETCH_PART: usize = 16_384;
-        const FETCH_PARTS: usize = 8;
+        // a part's reads are split again over the fetcher's threads: small parts pay that
+        // split more than their overlap gains (in miss_reads_bench, whose reader starts its
+        // threads per call, 8 parts of 16,384 made a 131,072-miss batch 0.35x as fast as one
+        // part on an H200's 16 threads; bench/gpu/results/miss-path/)
+        const FETCH_PART: usize = 65_536;
+        const FETCH_PARTS: usize = 4;
         let dim = self.dim;
         // room for fp32 rows whatever their type, so a change of type never grows the buffer
         // under a queued fill

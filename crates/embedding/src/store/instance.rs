@@ -245,12 +245,17 @@ impl InstanceCaches {
                          rows: gpu::FetchedRows<'_>,
                          found: &mut [u8]|
          -> Result<()> {
-            // group the misses by table (a counting sort), so each table is read in one call
+            // group the misses by table (a counting sort), so each table is read in one call;
+            // the lookup may call this on its misses part after part: the batch's counts add up
             let of: Vec<u32> = missed.iter().map(|&i| table_of(i as usize) as u32).collect();
+            let mut here = vec![0usize; tables];
             for &t in &of {
-                missed_per_table[t as usize] += 1;
+                here[t as usize] += 1;
             }
-            let mut at: Vec<usize> = missed_per_table
+            for (all, n) in missed_per_table.iter_mut().zip(&here) {
+                *all += n;
+            }
+            let mut at: Vec<usize> = here
                 .iter()
                 .scan(0, |a, &c| {
                     let s = *a;
@@ -258,7 +263,7 @@ impl InstanceCaches {
                     Some(s)
                 })
                 .collect();
-            let groups: Vec<(usize, std::ops::Range<usize>)> = missed_per_table
+            let groups: Vec<(usize, std::ops::Range<usize>)> = here
                 .iter()
                 .enumerate()
                 .filter(|(_, &c)| c > 0)
