@@ -8,9 +8,7 @@ use std::time::Instant;
 
 use cudarc::driver::{CudaStream, PushKernelArg};
 
-use super::batch_args::{
-    BatchKeys, BatchTimes, FetchMisses, FetchedRows, KeyLayout, KeyUpload, RowFormat,
-};
+use super::batch_args::{BatchKeys, BatchTimes, FetchMisses, KeyLayout, KeyUpload, RowFormat};
 use super::slots::{CacheSlots, SlotsDesc, DESC};
 use crate::buffer::{DeviceMem, DevicePtr};
 use crate::context::{cuda_err, gpu};
@@ -498,52 +496,6 @@ impl BatchLookup {
                 unsafe { b.launch(cfg) }.map_err(cuda_err)?;
                 dtoh(q, h_mkeys, d_mkeys)?;
                 q.wait()?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The fetcher called on the `m` misses part after part, each part's rows queued up to
-    /// the GPU as soon as it is filled: a part's trip up overlaps the reads of the next
-    /// (page-locked rows, copied on this lookup's stream). Parts of at least `FETCH_PART`
-    /// misses, at most `FETCH_PARTS` of them. The fetcher may reorder each part's misses.
-    fn fetch_in_parts<E: From<CudaError>>(
-        &mut self,
-        m: usize,
-        fetch: &mut FetchMisses<'_, E>,
-    ) -> std::result::Result<(), E> {
-        // a part's reads are split again over the fetcher's threads: small parts pay that
-        // split more than their overlap gains (in miss_reads_bench, whose reader starts its
-        // threads per call, 8 parts of 16,384 made a 131,072-miss batch 0.35x as fast as one
-        // part on an H200's 16 threads; bench/gpu/results/miss-path/)
-        const FETCH_PART: usize = 65_536;
-        const FETCH_PARTS: usize = 4;
-        let dim = self.dim;
-        // room for fp32 rows whatever their type, so a change of type never grows the buffer
-        // under a queued fill
-        self.fetched.1.reserve(m * dim * 4)?;
-        let per = m.div_ceil(FETCH_PARTS).max(FETCH_PART);
-        let (q, d_rows) = (&self.own, self.fetched.1.ptr());
-        let h_miss = self.miss.0.slice(m)?;
-        let h_mkeys = self.missed_keys.0.slice(m)?;
-        let found = self.found.0.slice(m)?;
-        found.fill(0);
-        let mut rows = match self.fetched_as {
-            RowFormat::F32 => FetchedRows::F32(self.fetched.0.slice(m * dim)?),
-            RowFormat::F16 => FetchedRows::F16(self.fetched16.slice(m * dim)?),
-        };
-        for at in (0..m).step_by(per) {
-            let end = (at + per).min(m);
-            let (rs, re) = (at * dim, end * dim);
-            let part = match &mut rows {
-                FetchedRows::F32(r) => FetchedRows::F32(&mut r[rs..re]),
-                FetchedRows::F16(r) => FetchedRows::F16(&mut r[rs..re]),
-            };
-            fetch(&mut h_miss[at..end], &mut h_mkeys[at..end], part, &mut found[at..end])?;
-            // queued, not waited for: the next part's reads run meanwhile
-            match &rows {
-                FetchedRows::F32(r) => htod(q, d_rows.at(rs * 4), &r[rs..re])?,
-                FetchedRows::F16(r) => htod(q, d_rows.at(rs * 2), &r[rs..re])?,
             }
         }
         Ok(())
