@@ -129,10 +129,12 @@ def test_files_changed_under_load_never_take_the_server_down(server, repo):
         before = dict(load.answers)
         cut(os.path.join(table_dir(repo, "cut_mapped"), "vectors.npy"), keep_rows=100)
         cut(os.path.join(table_dir(repo, "cut_copied"), "vectors.npy"), keep_rows=100)
-        time.sleep(1.0)
+        time.sleep(2.0)
         rewrite(os.path.join(table_dir(repo, "rewritten_mapped"), "vectors.npy"), seed=77)
-        time.sleep(1.5)
+        time.sleep(2.0)
     assert server.alive(), f"tritonserver died:\n{server.log_text()[-3000:]}"
+    for m in MODELS:  # what each model was refused, for a failure below
+        print(f"[table files] {m}: {len(load.errors[m])} refused, last: {load.errors[m][-1:]}")
     print("\n[table files] answers during the load: "
           + ", ".join(f"{m} {load.answers[m] - before[m]} more, {len(load.errors[m])} refused" for m in MODELS))
     # the bystander and the model whose rows were copied at load answered throughout, exactly
