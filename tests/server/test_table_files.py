@@ -123,6 +123,24 @@ class Load:
             t.join(30)
 
 
+def reload(server, model: str, timeout: float = 120.0) -> None:
+    """The model unloaded, then loaded again from its files. A load of the loaded model, its
+    config unchanged, kept the old one; and Triton's unload returns before the model has gone
+    (a load sent then was answered by the old one on a busy machine): wait until the index
+    says it is unloaded."""
+    server.unload(model).raise_for_status()
+    deadline = time.monotonic() + timeout
+    while True:
+        index = server.http("POST", "/v2/repository/index").json()
+        state = next((m.get("state") for m in index if m.get("name") == model), None)
+        if state not in ("READY", "UNLOADING", "LOADING"):
+            break
+        assert time.monotonic() < deadline, f"{model} still {state} {timeout:.0f} s after its unload"
+        time.sleep(0.05)
+    server.load(model).raise_for_status()
+    assert server.model_ready(model)
+
+
 def test_files_changed_under_load_never_take_the_server_down(server, repo):
     loaded = {m: rows_of(repo, m) for m in MODELS}
     with Load(server, loaded) as load:
@@ -153,7 +171,6 @@ def test_files_changed_under_load_never_take_the_server_down(server, repo):
     keys = np.arange(0, ROWS, 131)  # 63 keys: under max_batch_size
     assert np.array_equal(lookup(client, "bystander", keys), loaded["bystander"][keys])
     rewritten = rows_of(repo, "rewritten_mapped")
-    server.unload("rewritten_mapped")  # a load of the loaded model, its config unchanged, kept it here
-    server.load("rewritten_mapped")
+    reload(server, "rewritten_mapped")
     assert np.array_equal(lookup(client, "rewritten_mapped", keys), rewritten[keys])
     client.close()

@@ -20,6 +20,7 @@ use crate::store_config::*;
 use crate::stream;
 use crate::table::{self, TableFiles};
 
+mod below;
 #[cfg(feature = "gpu")]
 mod host_rows;
 mod instance;
@@ -440,131 +441,6 @@ impl EmbeddingStore {
     /// A view of the store with no caches (lookups go straight to the host tier).
     pub fn attach_caches_none(self: &Arc<Self>) -> Arc<InstanceCaches> {
         Arc::new(InstanceCaches::new(self.clone(), Vec::new()))
-    }
-
-    /// Reads rows below the cache: host, then remote, then the default vector.
-    /// Returns which keys were found (defaults are not worth caching). Fails, naming the
-    /// table and its file, when the rows read from the table's file are no longer the file's
-    /// as loaded (it was cut or rewritten while mapped: `host_memory: mapped`).
-    fn fetch_below_cache(&self, table: usize, keys: &[i64], out: &mut [f32]) -> Result<Vec<bool>> {
-        let found = self.read_below_cache(table, keys, out);
-        self.check_rows(table)?;
-        Ok(found)
-    }
-
-    /// Whether the rows `table`'s host tier read from its file are still the file's as
-    /// loaded (see [`HostTier::check_rows`]): `Err` names the table and the file. Asked after
-    /// the reads it covers (once for a batch's reads of a table, not once a read: a mapped
-    /// table's check is a `fstat`).
-    pub(crate) fn check_rows(&self, table: usize) -> Result<()> {
-        self.host(table).check_rows().map_err(|why| {
-            Error::unavailable(format!(
-                "table '{}': {why}; its rows are not served until the model is loaded again",
-                self.tables[table].config.name
-            ))
-        })
-    }
-
-    /// [`EmbeddingStore::fetch_below_cache`]'s reads, without the check of the table's file.
-    pub(crate) fn read_below_cache(
-        &self,
-        table: usize,
-        keys: &[i64],
-        out: &mut [f32],
-    ) -> Vec<bool> {
-        let t = &self.tables[table];
-        let dim = t.config.dim;
-        let mut found = vec![false; keys.len()];
-        let t0 = Instant::now();
-        self.host(table).get_many(keys, out, &mut found);
-        t.counters.host_ns.fetch_add(ns_since(t0), Ordering::Relaxed);
-        let host_hits = found.iter().filter(|&&f| f).count();
-        t.counters.host_hits.fetch_add(host_hits as u64, Ordering::Relaxed);
-        let mut missing: Vec<usize> = (0..keys.len()).filter(|&i| !found[i]).collect();
-        if let (Some(remote), false) = (&self.remote, missing.is_empty()) {
-            let mkeys: Vec<i64> = missing.iter().map(|&i| keys[i]).collect();
-            let mut mout = vec![0f32; mkeys.len() * dim];
-            let mut mfound = vec![false; mkeys.len()];
-            let t0 = Instant::now();
-            match remote.get_many(&t.config.name, dim, &mkeys, &mut mout, &mut mfound) {
-                Ok(()) => {
-                    let mut still = Vec::new();
-                    for (j, &i) in missing.iter().enumerate() {
-                        if mfound[j] {
-                            found[i] = true;
-                            out[i * dim..(i + 1) * dim]
-                                .copy_from_slice(&mout[j * dim..(j + 1) * dim]);
-                        } else {
-                            still.push(i);
-                        }
-                    }
-                    t.counters
-                        .remote_hits
-                        .fetch_add((missing.len() - still.len()) as u64, Ordering::Relaxed);
-                    missing = still;
-                }
-                Err(e) => {
-                    let n = t.counters.remote_errors.fetch_add(1, Ordering::Relaxed);
-                    if n.is_multiple_of(1000) {
-                        log::warn!(
-                            "table '{}': {} unreachable, serving default vectors: {e}",
-                            t.config.name,
-                            remote.name()
-                        );
-                    }
-                }
-            }
-            t.counters.remote_ns.fetch_add(ns_since(t0), Ordering::Relaxed);
-        }
-        for &i in &missing {
-            out[i * dim..(i + 1) * dim].fill(t.config.default_value);
-            t.counters.defaults.fetch_add(1, Ordering::Relaxed);
-            found[i] = false;
-        }
-        found
-    }
-
-    /// Whether a GPU lookup's misses may go up as the tables store them, fp16, exactly as
-    /// the fp32 path gives them: every table's rows are fp16 from its file, untouched by
-    /// updates (their f32 rows would be rounded), no Redis tier below (its rows are f32), and
-    /// every default value is exact in fp16.
-    #[cfg(feature = "gpu")]
-    pub(crate) fn misses_as_stored(&self) -> bool {
-        self.remote.is_none()
-            && self.tables.iter().all(|t| {
-                let host = t.host.read();
-                let d = t.config.default_value;
-                host.stored() == crate::table::VectorType::F16
-                    && host.untouched()
-                    && half::f16::from_f32(d).to_f32().to_bits() == d.to_bits()
-            })
-    }
-
-    /// [`EmbeddingStore::read_below_cache`] of rows fetched as fp16 ([`misses_as_stored`]
-    /// said so): the host tier's rows as stored, a key it lacks given the default value.
-    ///
-    /// [`misses_as_stored`]: EmbeddingStore::misses_as_stored
-    #[cfg(feature = "gpu")]
-    pub(crate) fn read_below_cache_f16(
-        &self,
-        table: usize,
-        keys: &[i64],
-        out: &mut [u16],
-    ) -> Vec<bool> {
-        let t = &self.tables[table];
-        let dim = t.config.dim;
-        let mut found = vec![false; keys.len()];
-        let t0 = Instant::now();
-        self.host(table).get_many_raw(keys, bytemuck::cast_slice_mut(out), &mut found);
-        t.counters.host_ns.fetch_add(ns_since(t0), Ordering::Relaxed);
-        let hits = found.iter().filter(|&&f| f).count();
-        t.counters.host_hits.fetch_add(hits as u64, Ordering::Relaxed);
-        let default = half::f16::from_f32(t.config.default_value).to_bits().to_le();
-        for (row, _) in out.chunks_exact_mut(dim).zip(&found).filter(|(_, &f)| !f) {
-            row.fill(default);
-            t.counters.defaults.fetch_add(1, Ordering::Relaxed);
-        }
-        found
     }
 
     /// Inserts or overwrites rows while serving. Visible in the host tier, Redis and

@@ -1,6 +1,8 @@
 //! One instance's view of the store: its cache per table, lookups through the tiers, and
 //! the background thread that fills caches after a lookup.
 
+#[cfg(feature = "gpu")]
+use super::below::fetch_parallel;
 use super::*;
 
 struct Fill {
@@ -502,65 +504,6 @@ impl<'a> KeyTables<'a> {
             gpu::KeyLayout::Fixed { width, .. } => at(i % width.max(1)),
         }
     }
-}
-
-/// Reads the missed rows of several tables below the cache into `rows` (`groups` say
-/// which part of `keys` is which table's, in order and together covering `keys`), split
-/// over up to 16 runs of at least 256 keys each, on the process's worker pool (rayon:
-/// starting that many threads per batch costs ~0.5 ms on a 2-CPU VM,
-/// `triton_rust_cuda`'s `examples/pool_vs_spawn.rs`);
-/// every run takes an equal share of the keys, cut where the tables change. Reading rows
-/// scattered over tens of GB is bound by memory latency, not bandwidth, so more readers help:
-/// DLRM at 4096 misses ~575 rows a batch, 0.1–0.3 ms on one thread of the H100 machine, and
-/// three runs instead of one served it faster (an H100 run kept in git: `git show 5acfa20:bench/gpu/results/aoti_h100_i/README.md`).
-/// How one table's rows are read below the cache into rows of `T` (which were found).
-#[cfg(feature = "gpu")]
-pub(crate) type ReadTable<T> = fn(&EmbeddingStore, usize, &[i64], &mut [T]) -> Vec<bool>;
-
-/// `read_table` is how one table's rows are read below the cache: as f32
-/// ([`EmbeddingStore::read_below_cache`]) or as the table stores them (fp16 bits,
-/// [`EmbeddingStore::read_below_cache_f16`]). Each table read is checked once, after
-/// every run ([`EmbeddingStore::check_rows`]).
-#[cfg(feature = "gpu")]
-pub(crate) fn fetch_parallel<T: Send>(
-    store: &EmbeddingStore,
-    groups: &[(usize, std::ops::Range<usize>)],
-    keys: &[i64],
-    rows: &mut [T],
-    dim: usize,
-    read_table: ReadTable<T>,
-) -> Result<Vec<bool>> {
-    use rayon::prelude::*;
-    const PER_RUN: usize = 256;
-    let n = keys.len();
-    let runs = rayon::current_num_threads().clamp(1, 16).min(n.div_ceil(PER_RUN)).max(1);
-    let per = n.div_ceil(runs).max(1);
-    let read = |at: usize, rows: &mut [T], found: &mut [bool]| -> Result<()> {
-        let range = at..at + found.len();
-        for (t, g) in groups {
-            let (s, e) = (g.start.max(range.start), g.end.min(range.end));
-            if s < e {
-                let f =
-                    read_table(store, *t, &keys[s..e], &mut rows[(s - at) * dim..(e - at) * dim]);
-                found[s - at..e - at].copy_from_slice(&f);
-            }
-        }
-        Ok(())
-    };
-    let mut found = vec![false; n];
-    if runs == 1 {
-        read(0, &mut rows[..n * dim], &mut found)?;
-    } else {
-        rows[..n * dim]
-            .par_chunks_mut(per * dim)
-            .zip(found.par_chunks_mut(per))
-            .enumerate()
-            .try_for_each(|(k, (r, f))| read(k * per, r, f))?;
-    }
-    for (t, _) in groups {
-        store.check_rows(*t)?;
-    }
-    Ok(found)
 }
 
 fn fill_cache(store: &EmbeddingStore, caches: &[Arc<dyn CacheTier>], fill: Fill) -> Result<()> {

@@ -1,5 +1,5 @@
 #[cfg(feature = "gpu")]
-use super::instance::fetch_parallel;
+use super::below::fetch_parallel;
 use super::*;
 use crate::cache::HostCache;
 use crate::keys::Zipf;
