@@ -69,13 +69,7 @@ def test_load_unload_cycles(server, repo):
         r = server.unload(MODEL)
         assert r.status_code == 200, f"cycle {cycle}: unload failed: {r.text}"
         # unload returns before the instance is gone; wait for it so RSS reflects the unloaded state
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            idx = server.http("POST", "/v2/repository/index").json()
-            state = next((m.get("state") for m in idx if m["name"] == MODEL), None)
-            if state == "UNAVAILABLE":
-                break
-            time.sleep(0.05)
+        server.wait_unloaded(MODEL)
         assert server.alive(), f"server died in cycle {cycle}"
         if cycle in CHECKPOINTS:
             rss[cycle] = server.rss_bytes()

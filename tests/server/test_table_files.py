@@ -129,14 +129,7 @@ def reload(server, model: str, timeout: float = 120.0) -> None:
     (a load sent then was answered by the old one on a busy machine): wait until the index
     says it is unloaded."""
     server.unload(model).raise_for_status()
-    deadline = time.monotonic() + timeout
-    while True:
-        index = server.http("POST", "/v2/repository/index").json()
-        state = next((m.get("state") for m in index if m.get("name") == model), None)
-        if state not in ("READY", "UNLOADING", "LOADING"):
-            break
-        assert time.monotonic() < deadline, f"{model} still {state} {timeout:.0f} s after its unload"
-        time.sleep(0.05)
+    server.wait_unloaded(model, timeout)
     server.load(model).raise_for_status()
     assert server.model_ready(model)
 

@@ -219,9 +219,8 @@ def test_acknowledged_updates_survive_sigkill_and_reload(tmp_path, example_model
               f"all {len(keys)} rows exact ({replayed:.0f} rows replayed from the log)")
         for m in ("emb_update", "emb_lookup"):
             assert srv.unload(m).status_code == 200
-        deadline = time.time() + 30
-        while (srv.model_ready("emb_lookup") or srv.model_ready("emb_update")) and time.time() < deadline:
-            time.sleep(0.2)
+        for m in ("emb_update", "emb_lookup"):
+            srv.wait_unloaded(m, 30)
         for m in ("emb_lookup", "emb_update"):
             assert srv.load(m).status_code == 200
         assert np.array_equal(lookup(client, keys), want)

@@ -319,6 +319,20 @@ class TritonServer:
     def unload(self, model: str, timeout: float = 300):
         return self.http("POST", f"/v2/repository/models/{model}/unload", timeout=timeout)
 
+    def wait_unloaded(self, model: str, timeout: float = 60.0) -> None:
+        """Until the repository index says `model` is unloaded. Triton answers an unload before
+        the model has gone: not ready, but still unloading, and a load sent then was answered
+        by the old model on a busy machine."""
+        deadline = time.monotonic() + timeout
+        while True:
+            index = self.http("POST", "/v2/repository/index").json()
+            state = next((m.get("state") for m in index if m.get("name") == model), None)
+            if state not in ("READY", "UNLOADING", "LOADING"):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{model} still {state} {timeout:.0f} s after its unload")
+            time.sleep(0.05)
+
     def stats(self, model: str) -> dict:
         r = self.http("GET", f"/v2/models/{model}/stats")
         r.raise_for_status()
