@@ -1,4 +1,4 @@
-"""crates/cuda/src/kernels/cache.cu, the GPU cache's kernels, compiles under NVRTC with no GPU:
+"""crates/cuda/src/kernels/cache.cu and pool.cu, the GPU cache's kernels as one program, compile under NVRTC with no GPU:
 as the backend compiles it at run time (no options: PTX for NVRTC's default architecture) and for
 an H100 (sm_90), and every kernel the backend loads (crates/cuda/src/kernels.rs) is in the PTX.
 NVRTC is the one in torch's CUDA wheel (nvidia/cu13); without it the test is skipped."""
@@ -11,7 +11,8 @@ import sys
 import pytest
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-SOURCE = os.path.join(ROOT, "crates", "cuda", "src", "kernels", "cache.cu")
+# one program, as src/kernels.rs builds it: cache.cu, then pool.cu
+SOURCES = [os.path.join(ROOT, "crates", "cuda", "src", "kernels", f) for f in ("cache.cu", "pool.cu")]
 LOADER = os.path.join(ROOT, "crates", "cuda", "src", "kernels.rs")
 
 
@@ -28,8 +29,7 @@ def nvrtc():
 
 def compile_cu(lib, options):
     """(NVRTC's result code, its log, the PTX) for cache.cu with these options."""
-    with open(SOURCE, "rb") as f:
-        src = f.read()
+    src = b"".join(open(p, "rb").read() for p in SOURCES)
     prog = ctypes.c_void_p()
     assert lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"cache.cu", 0, None, None) == 0
     try:

@@ -26,6 +26,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::settings::{self, CoreSettings};
 use crate::telemetry::MetricsSource;
 use crate::tensor::{Bytes, BytesMut, DataType, DeviceOps};
+use counts::{DeviceCounts, ModelMetrics, RunCounts};
 
 /// Timestamps of one execution, in the server's clock (CLOCK_MONOTONIC ns for Triton), in order.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -160,76 +161,6 @@ pub struct ModelState {
     loaded: Arc<dyn LoadedModel>,
     /// What the model's instances ran, per device (a model's instances on several GPUs).
     devices: Arc<DeviceCounts>,
-}
-
-/// Executions and rows run per device by one model's instances.
-#[derive(Default)]
-pub struct DeviceCounts {
-    counts: Mutex<Vec<(Device, Arc<RunCounts>)>>,
-}
-
-/// One device's executions and rows (shared by the model's instances there).
-#[derive(Default)]
-struct RunCounts {
-    executions: std::sync::atomic::AtomicU64,
-    rows: std::sync::atomic::AtomicU64,
-}
-
-impl DeviceCounts {
-    /// The counts of `device` (made on first use).
-    fn of(&self, device: Device) -> Arc<RunCounts> {
-        let Ok(mut counts) = self.counts.lock() else { return Arc::default() };
-        if let Some((_, c)) = counts.iter().find(|(d, _)| *d == device) {
-            return c.clone();
-        }
-        let c = Arc::new(RunCounts::default());
-        counts.push((device, c.clone()));
-        c
-    }
-}
-
-impl MetricsSource for DeviceCounts {
-    fn samples(&self) -> Vec<crate::telemetry::MetricSample> {
-        use crate::telemetry::{MetricKind, MetricSample};
-        use std::sync::atomic::Ordering::Relaxed;
-        let Ok(counts) = self.counts.lock() else { return Vec::new() };
-        let mut out = Vec::new();
-        for (device, c) in counts.iter() {
-            let label = match device {
-                Device::Gpu(id) => format!("GPU {id}"),
-                Device::Cpu => "CPU".to_string(),
-            };
-            out.push(MetricSample {
-                family: "rust_device_executions_total",
-                help: "Executions (batches) run by the model's instances on each device",
-                kind: MetricKind::Counter,
-                labels: vec![("device", label.clone())],
-                value: c.executions.load(Relaxed) as f64,
-            });
-            out.push(MetricSample {
-                family: "rust_device_inferences_total",
-                help: "Inferences (batch rows) run by the model's instances on each device",
-                kind: MetricKind::Counter,
-                labels: vec![("device", label)],
-                value: c.rows.load(Relaxed) as f64,
-            });
-        }
-        out
-    }
-}
-
-/// The engine's metrics and the per-device counts, published together.
-struct ModelMetrics {
-    engine: Option<Arc<dyn MetricsSource>>,
-    devices: Arc<DeviceCounts>,
-}
-
-impl MetricsSource for ModelMetrics {
-    fn samples(&self) -> Vec<crate::telemetry::MetricSample> {
-        let mut out = self.engine.as_ref().map(|e| e.samples()).unwrap_or_default();
-        out.extend(self.devices.samples());
-        out
-    }
 }
 
 impl ModelState {
@@ -611,6 +542,7 @@ impl InstanceState {
     }
 }
 
+mod counts;
 mod group;
 
 use group::run_group;

@@ -13,7 +13,8 @@ use parking_lot::Mutex;
 use crate::context::{cuda_err, gpu, GpuState};
 use crate::error::{CudaError, Result};
 
-const SOURCE: &str = include_str!("kernels/cache.cu");
+// one NVRTC program: the cache kernels, then the pooling kernels built on their helpers
+const SOURCE: &str = concat!(include_str!("kernels/cache.cu"), include_str!("kernels/pool.cu"));
 const COPY_SOURCE: &str = include_str!("kernels/copy.cu");
 
 /// Parts one launch of `copy_parts` copies: `COPY_PARTS` in `kernels/copy.cu`, which the

@@ -1,0 +1,210 @@
+// The GPU embedding cache's pooling kernels: pooled lookups over looked-up rows, bags of fixed
+// hotness, and resident tables. Compiled after cache.cu as one source (src/kernels.rs), whose
+// types and helpers (i64, copy_row, f2h, h2f, the descriptors) they use.
+
+// Pooled lookups: one block per bag, bags table-major (bag t * batch + b holds rows
+// offsets[bag] .. offsets[bag + 1] of `rows`), the block's threads over the row's dims. A bag's
+// rows (R: float, or fp16 bits where a batch lookup over fp16 caches wrote them so) are summed
+// in fp32 in order (then divided by their count for the mean; an empty bag gives zeros) and
+// written to out[b][t][:] as O: float, or fp16 bits.
+__device__ __forceinline__ void put(float* p, float v) { *p = v; }
+__device__ __forceinline__ void put(unsigned short* p, float v) { *p = f2h(v); }
+__device__ __forceinline__ float val(float v) { return v; }
+__device__ __forceinline__ float val(unsigned short h) { return h2f(h); }
+
+template <typename R, typename O>
+__device__ __forceinline__ void pool_bags_as(const R* __restrict__ rows, const int* __restrict__ offsets,
+        int batch, int tables, int dim, int mean, O* __restrict__ out) {
+    int bag = blockIdx.x;
+    int t = bag / batch, b = bag % batch;
+    int first = offsets[bag], last = offsets[bag + 1];
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int r = first; r < last; ++r) acc += val(rows[(size_t)r * dim + d]);
+        if (mean && last - first > 1) acc = acc / (float)(last - first);
+        put(out + ((size_t)b * tables + t) * dim + d, acc);
+    }
+}
+
+extern "C" __global__ void pool_bags(const float* __restrict__ rows, const int* __restrict__ offsets,
+        int batch, int tables, int dim, int mean, float* __restrict__ out) {
+    pool_bags_as(rows, offsets, batch, tables, dim, mean, out);
+}
+
+extern "C" __global__ void pool_bags_h(const float* __restrict__ rows, const int* __restrict__ offsets,
+        int batch, int tables, int dim, int mean, unsigned short* __restrict__ out) {
+    pool_bags_as(rows, offsets, batch, tables, dim, mean, out);
+}
+
+extern "C" __global__ void pool_bags_s16(const unsigned short* __restrict__ rows, const int* __restrict__ offsets,
+        int batch, int tables, int dim, int mean, float* __restrict__ out) {
+    pool_bags_as(rows, offsets, batch, tables, dim, mean, out);
+}
+
+extern "C" __global__ void pool_bags_h_s16(const unsigned short* __restrict__ rows, const int* __restrict__ offsets,
+        int batch, int tables, int dim, int mean, unsigned short* __restrict__ out) {
+    pool_bags_as(rows, offsets, batch, tables, dim, mean, out);
+}
+
+// Bags of fixed hotness pooled where a batch lookup wrote the rows of the keys as sent (row i for
+// key i, keys [batch, width]): bag (b, t) is rows b * width + at[t] .. b * width + at[t + 1], every
+// bag full; summed in key order (or averaged) into out [batch, tables, dim], as pool_bags does.
+template <typename R, typename O>
+__device__ __forceinline__ void pool_fixed_as(const R* __restrict__ rows, const int* __restrict__ at,
+        int width, int batch, int tables, int dim, int mean, O* __restrict__ out) {
+    int bag = blockIdx.x;
+    int b = bag / tables, t = bag % tables;
+    long long first = (long long)b * width + at[t], last = (long long)b * width + at[t + 1];
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (long long r = first; r < last; ++r) acc += val(rows[(size_t)r * dim + d]);
+        if (mean && last - first > 1) acc = acc / (float)(last - first);
+        put(out + ((size_t)b * tables + t) * dim + d, acc);
+    }
+}
+
+extern "C" __global__ void pool_fixed(const float* __restrict__ rows, const int* __restrict__ at,
+        int width, int batch, int tables, int dim, int mean, float* __restrict__ out) {
+    pool_fixed_as(rows, at, width, batch, tables, dim, mean, out);
+}
+
+extern "C" __global__ void pool_fixed_h(const float* __restrict__ rows, const int* __restrict__ at,
+        int width, int batch, int tables, int dim, int mean, unsigned short* __restrict__ out) {
+    pool_fixed_as(rows, at, width, batch, tables, dim, mean, out);
+}
+
+extern "C" __global__ void pool_fixed_s16(const unsigned short* __restrict__ rows, const int* __restrict__ at,
+        int width, int batch, int tables, int dim, int mean, float* __restrict__ out) {
+    pool_fixed_as(rows, at, width, batch, tables, dim, mean, out);
+}
+
+extern "C" __global__ void pool_fixed_h_s16(const unsigned short* __restrict__ rows, const int* __restrict__ at,
+        int width, int batch, int tables, int dim, int mean, unsigned short* __restrict__ out) {
+    pool_fixed_as(rows, at, width, batch, tables, dim, mean, out);
+}
+
+// A resident table's rows written in place (an update or a fill): one warp per key, row i of
+// vecs to row keys[i]; keys past the table's nrows are not resident and are skipped. The host
+// keeps only the last of a key's rows in one call.
+template <typename S>
+__device__ __forceinline__ void resident_write_as(const i64* __restrict__ keys, int n, const float* __restrict__ vecs,
+        S* __restrict__ rows, long long nrows, int dim) {
+    long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (warp >= n) return;
+    i64 key = keys[warp];
+    if (key < 0 || key >= nrows) return;
+    copy_row(rows + (size_t)key * dim, vecs + (size_t)warp * dim, dim, lane);
+}
+
+extern "C" __global__ void resident_write(const i64* __restrict__ keys, int n, const float* __restrict__ vecs,
+        float* __restrict__ rows, long long nrows, int dim) {
+    resident_write_as(keys, n, vecs, rows, nrows, dim);
+}
+
+extern "C" __global__ void resident_write_s16(const i64* __restrict__ keys, int n, const float* __restrict__ vecs,
+        unsigned short* __restrict__ rows, long long nrows, int dim) {
+    resident_write_as(keys, n, vecs, rows, nrows, dim);
+}
+
+// 16 bytes of a row (8 fp16 or 4 fp32 values) added to acc, in order.
+__device__ __forceinline__ void add16(float* acc, uint4 v, const unsigned short*) {
+    unsigned w[4] = {v.x, v.y, v.z, v.w};
+    #pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        acc[2 * q] += h2f((unsigned short)(w[q] & 0xffffu));
+        acc[2 * q + 1] += h2f((unsigned short)(w[q] >> 16));
+    }
+}
+__device__ __forceinline__ void add16(float* acc, uint4 v, const float*) {
+    acc[0] += __uint_as_float(v.x); acc[1] += __uint_as_float(v.y);
+    acc[2] += __uint_as_float(v.z); acc[3] += __uint_as_float(v.w);
+}
+
+// Pooled lookups over resident tables, read where the keys are: `lanes` threads a bag, each
+// holding 16 bytes of the row (dim * sizeof(S) / 16 lanes), so a bag's rows are read whole
+// and summed in registers, and nothing but the pooled row is written (out[b][t][:], as O).
+// Bag (b, t) is, fixed hotness (ragged == 0): keys[b * width + at[t] .. b * width + at[t+1]],
+// -1 padding; ragged: keys[at[b * tables + t] .. at[b * tables + t + 1]], every key looked up.
+// Rows are summed in key order in fp32 (as the host does), divided by the bag's count for the
+// mean; an empty bag gives zeros. A key that is no row of its table (past it, negative) is
+// counted in miss_count and contributes nothing: the caller then answers the batch by the
+// path that reads below the GPU.
+template <typename S, typename O>
+__device__ __forceinline__ void pool_resident_as(const i64* __restrict__ keys, int batch, int width, int tables,
+        const int* __restrict__ at, int ragged, const long long* __restrict__ desc, int dim, int lanes, int mean,
+        O* __restrict__ out, unsigned* __restrict__ miss_count) {
+    const int E = 16 / (int)sizeof(S);
+    long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long bag = g / lanes;
+    int gl = (int)(g % lanes);
+    if (bag >= (long long)batch * tables) return;
+    int b = (int)(bag / tables), t = (int)(bag % tables);
+    long long first, n;
+    if (ragged) { first = at[bag]; n = (long long)at[bag + 1] - first; }
+    else { first = (long long)b * width + at[t]; n = at[t + 1] - at[t]; }
+    const S* rows = (const S*)desc[t * DESC + 2] + gl * E;
+    long long nrows = -desc[t * DESC + 3];
+    const i64* k = keys + first;
+    float acc[E];
+    #pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = 0.0f;
+    int count = 0, missed = 0;
+    long long j = 0;
+    // four keys' rows in flight at a time, added in key order
+    for (; j + 4 <= n; j += 4) {
+        i64 kk[4];
+        uint4 v[4];
+        bool use[4];
+        #pragma unroll
+        for (int u = 0; u < 4; ++u) kk[u] = k[j + u];
+        #pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            bool pad = !ragged && kk[u] == -1;
+            bool in = kk[u] >= 0 && kk[u] < nrows;
+            use[u] = in;
+            count += pad ? 0 : 1;
+            missed += (pad || in) ? 0 : 1;
+            v[u] = in ? *(const uint4*)(rows + (size_t)kk[u] * dim) : make_uint4(0u, 0u, 0u, 0u);
+        }
+        #pragma unroll
+        for (int u = 0; u < 4; ++u) if (use[u]) add16(acc, v[u], rows);
+    }
+    for (; j < n; ++j) {
+        i64 key = k[j];
+        bool pad = !ragged && key == -1;
+        bool in = key >= 0 && key < nrows;
+        count += pad ? 0 : 1;
+        missed += (pad || in) ? 0 : 1;
+        if (in) add16(acc, *(const uint4*)(rows + (size_t)key * dim), rows);
+    }
+    if (missed != 0 && gl == 0) atomicAdd(miss_count, (unsigned)missed);
+    O* o = out + ((size_t)b * tables + t) * dim + gl * E;
+    #pragma unroll
+    for (int e = 0; e < E; ++e) put(o + e, (mean && count > 1) ? acc[e] / (float)count : acc[e]);
+}
+
+// Tables' rows (S) float or fp16, the pooled rows out (O) float or fp16.
+extern "C" __global__ void pool_resident(const i64* __restrict__ keys, int batch, int width, int tables,
+        const int* __restrict__ at, int ragged, const long long* __restrict__ desc, int dim, int lanes, int mean,
+        float* __restrict__ out, unsigned* __restrict__ miss_count) {
+    pool_resident_as<float, float>(keys, batch, width, tables, at, ragged, desc, dim, lanes, mean, out, miss_count);
+}
+
+extern "C" __global__ void pool_resident_h(const i64* __restrict__ keys, int batch, int width, int tables,
+        const int* __restrict__ at, int ragged, const long long* __restrict__ desc, int dim, int lanes, int mean,
+        unsigned short* __restrict__ out, unsigned* __restrict__ miss_count) {
+    pool_resident_as<float, unsigned short>(keys, batch, width, tables, at, ragged, desc, dim, lanes, mean, out, miss_count);
+}
+
+extern "C" __global__ void pool_resident_s16(const i64* __restrict__ keys, int batch, int width, int tables,
+        const int* __restrict__ at, int ragged, const long long* __restrict__ desc, int dim, int lanes, int mean,
+        float* __restrict__ out, unsigned* __restrict__ miss_count) {
+    pool_resident_as<unsigned short, float>(keys, batch, width, tables, at, ragged, desc, dim, lanes, mean, out, miss_count);
+}
+
+extern "C" __global__ void pool_resident_h_s16(const i64* __restrict__ keys, int batch, int width, int tables,
+        const int* __restrict__ at, int ragged, const long long* __restrict__ desc, int dim, int lanes, int mean,
+        unsigned short* __restrict__ out, unsigned* __restrict__ miss_count) {
+    pool_resident_as<unsigned short, unsigned short>(keys, batch, width, tables, at, ragged, desc, dim, lanes, mean, out, miss_count);
+}
