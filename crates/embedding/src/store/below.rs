@@ -9,6 +9,7 @@ use std::time::Instant;
 use triton_rust_core::error::{Error, Result};
 
 use super::{ns_since, EmbeddingStore};
+use crate::host::HostTier;
 
 impl EmbeddingStore {
     /// Reads rows below the cache: host, then remote, then the default vector.
@@ -39,6 +40,24 @@ impl EmbeddingStore {
         })
     }
 
+    /// `n` keys of `table` read from its host tier by `read` (which says which it found),
+    /// timed and counted in the table's counters.
+    fn read_host(
+        &self,
+        table: usize,
+        n: usize,
+        read: impl FnOnce(&HostTier, &mut [bool]),
+    ) -> Vec<bool> {
+        let counters = &self.tables[table].counters;
+        let mut found = vec![false; n];
+        let t0 = Instant::now();
+        read(&self.host(table), &mut found);
+        counters.host_ns.fetch_add(ns_since(t0), Ordering::Relaxed);
+        let hits = found.iter().filter(|&&f| f).count();
+        counters.host_hits.fetch_add(hits as u64, Ordering::Relaxed);
+        found
+    }
+
     /// [`EmbeddingStore::fetch_below_cache`]'s reads, without the check of the table's file.
     pub(crate) fn read_below_cache(
         &self,
@@ -48,12 +67,7 @@ impl EmbeddingStore {
     ) -> Vec<bool> {
         let t = &self.tables[table];
         let dim = t.config.dim;
-        let mut found = vec![false; keys.len()];
-        let t0 = Instant::now();
-        self.host(table).get_many(keys, out, &mut found);
-        t.counters.host_ns.fetch_add(ns_since(t0), Ordering::Relaxed);
-        let host_hits = found.iter().filter(|&&f| f).count();
-        t.counters.host_hits.fetch_add(host_hits as u64, Ordering::Relaxed);
+        let mut found = self.read_host(table, keys.len(), |h, f| h.get_many(keys, out, f));
         let mut missing: Vec<usize> = (0..keys.len()).filter(|&i| !found[i]).collect();
         if let (Some(remote), false) = (&self.remote, missing.is_empty()) {
             let mkeys: Vec<i64> = missing.iter().map(|&i| keys[i]).collect();
@@ -127,12 +141,9 @@ impl EmbeddingStore {
     ) -> Vec<bool> {
         let t = &self.tables[table];
         let dim = t.config.dim;
-        let mut found = vec![false; keys.len()];
-        let t0 = Instant::now();
-        self.host(table).get_many_raw(keys, bytemuck::cast_slice_mut(out), &mut found);
-        t.counters.host_ns.fetch_add(ns_since(t0), Ordering::Relaxed);
-        let hits = found.iter().filter(|&&f| f).count();
-        t.counters.host_hits.fetch_add(hits as u64, Ordering::Relaxed);
+        let found = self.read_host(table, keys.len(), |h, f| {
+            h.get_many_raw(keys, bytemuck::cast_slice_mut(out), f)
+        });
         let default = half::f16::from_f32(t.config.default_value).to_bits().to_le();
         for (row, _) in out.chunks_exact_mut(dim).zip(&found).filter(|(_, &f)| !f) {
             row.fill(default);
@@ -173,7 +184,7 @@ pub(crate) fn fetch_parallel<T: Send>(
     let n = keys.len();
     let runs = rayon::current_num_threads().clamp(1, 16).min(n.div_ceil(PER_RUN)).max(1);
     let per = n.div_ceil(runs).max(1);
-    let read = |at: usize, rows: &mut [T], found: &mut [bool]| -> Result<()> {
+    let read = |at: usize, rows: &mut [T], found: &mut [bool]| {
         let range = at..at + found.len();
         for (t, g) in groups {
             let (s, e) = (g.start.max(range.start), g.end.min(range.end));
@@ -183,17 +194,16 @@ pub(crate) fn fetch_parallel<T: Send>(
                 found[s - at..e - at].copy_from_slice(&f);
             }
         }
-        Ok(())
     };
     let mut found = vec![false; n];
     if runs == 1 {
-        read(0, &mut rows[..n * dim], &mut found)?;
+        read(0, &mut rows[..n * dim], &mut found);
     } else {
         rows[..n * dim]
             .par_chunks_mut(per * dim)
             .zip(found.par_chunks_mut(per))
             .enumerate()
-            .try_for_each(|(k, (r, f))| read(k * per, r, f))?;
+            .for_each(|(k, (r, f))| read(k * per, r, f));
     }
     for (t, _) in groups {
         store.check_rows(*t)?;
