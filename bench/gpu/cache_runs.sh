@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# MLPerf DLRM-v2 (scale 1.0, 52 GB of fp16 rows) under the endless stream of fresh keys, served
+# several ways in ONE device call, so that every ratio between them (the 10% cache against every
+# row in HBM, one miss path against another) comes from one machine at one time (issue 66). The
+# tables are written once (the first run pays them and the export: ~100 s), each later run is a
+# fresh tritonserver on the same tables (~60-80 s). Each run is bench/gpu/run.sh dlrm-v2 with the
+# headline's arguments (FP8 network, 6 instances, queries of 8,192 pairs, 24 in flight, LFU) and
+# the run's own; its folder is packed into <run>.tgz; summary.txt has every run's stream line,
+# hit rate, host CPU and the backend's per-batch steps (--timing), and the ratios to `hbm`.
+#
+#   bash bench/gpu/pack.sh     # then, on the device, carry [".carry", ".carry_pa"]:
+#   bash bench/gpu/cache_runs.sh [--deadline-s 560] [--runs hbm,mapped,huge] [--results DIR] [-- more dlrm-v2 arguments]
+#
+# Runs: hbm (every row in HBM), mapped (10% cache, host rows in the files' mapping), huge (10%
+# cache, host rows copied into 2 MiB pages), huge12 (huge, 12 instances), gpu (10% cache, misses
+# read by the GPU in place), auto (10% cache, the store's defaults: what a user gets).
+set -u
+cd "$(dirname "$0")/../.."
+deadline=560
+least=90
+runs="hbm,mapped,huge"
+out="${OUT:-/tmp/out}/cache-runs"
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --deadline-s) deadline="$2"; shift 2 ;;
+    --runs) runs="$2"; shift 2 ;;
+    --results) out="$2"; shift 2 ;;
+    --) shift; break ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
+    esac
+done
+t0=$(date +%s)
+rm -rf "$out"; mkdir -p "$out"
+A=(--allocation lookups --cache-policy lfu --stream-fresh --network-precision fp8 --dcnv2-cross triton
+   --instances 6 --max-queue-delay-us 1000 --graph-batches 2048,4096,6144,8192,10240,12288,14336,16384
+   --concurrency 0 --mlperf-concurrency 0 --lookup-concurrency 0 --big-concurrency 0
+   --stream-concurrency 24 --stream-pairs 8192 --interval-ms 2000 --no-reference --timing --quick "$@")
+rc=0
+first=1
+run() {
+    local name="$1"; shift
+    local left=$(( deadline - ($(date +%s) - t0) ))
+    if [ "$left" -lt "$least" ]; then
+        echo "== $name: skipped, ${left} s left of the call's ${deadline}" | tee -a "$out/skipped.txt"
+        return
+    fi
+    # the stream starts only with 160 s of --budget-s left (dlrm_v2_perf's stream_room_s); a run
+    # on tables already written takes 60-80 s of it
+    local budget=$(( first ? 330 : 230 ))
+    [ "$budget" -gt $(( left + 150 )) ] && budget=$(( left + 150 ))
+    first=0
+    echo "== $name (--budget-s $budget, $(( $(date +%s) - t0 )) s into the call)"
+    timeout $(( left - 5 )) bash bench/gpu/run.sh --pack --results "$out/$name" dlrm-v2 "${A[@]}" "$@" --budget-s "$budget" \
+        > "$out/$name.log" 2>&1 || rc=1
+    grep -E "M pairs/s|CPU:|tables in|host_memory|FAIL|exit" "$out/$name.log" | sed "s/^/  /"
+}
+for name in ${runs//,/ }; do
+    case "$name" in
+    hbm) run hbm --cache 1.0 --stream-warm-passes 2 ;;
+    mapped) run mapped --cache 0.1 --stream-warm-passes 20 --host-memory mapped ;;
+    huge) run huge --cache 0.1 --stream-warm-passes 20 --host-memory huge_pages ;;
+    huge12) run huge12 --cache 0.1 --stream-warm-passes 20 --host-memory huge_pages --instances 12 ;;
+    gpu) run gpu --cache 0.1 --stream-warm-passes 20 --host-memory mapped --miss-reads gpu ;;
+    auto) run auto --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
+    *) echo "unknown run: $name" >&2; rc=1 ;;
+    esac
+done
+python3 bench/gpu/cache_runs_summary.py "$out" | tee "$out/summary.txt"
+exit "$rc"
