@@ -84,6 +84,7 @@ fn main() {
             replicate_share: 0.0,
             sharded_memory: 0,
             hotness: Vec::new(),
+            cache_state: None,
         },
         None,
     )

@@ -142,6 +142,16 @@ pub trait CacheTier: Send + Sync {
     /// Overwrites the rows of keys that are cached; leaves the others out.
     fn refresh(&self, keys: &[i64], vectors: &[f32]) -> Result<()>;
     fn counters(&self) -> CacheCounters;
+    /// The keys this cache holds, least recently used first (inserted in this order into an
+    /// empty cache of the same geometry, they fill it as it is; into a smaller one, the most
+    /// recent win). A tier with nothing to warm (every row resident) holds none.
+    fn held_keys(&self) -> Result<Vec<i64>> {
+        Ok(Vec::new())
+    }
+    /// Every row of its table is here (a resident table): nothing to warm.
+    fn keeps_every_row(&self) -> bool {
+        false
+    }
     fn name(&self) -> &'static str;
     /// The concrete tier (the store looks for the GPU cache to look up straight into
     /// device memory).
@@ -330,6 +340,18 @@ impl CacheTier for HostCache {
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+
+    fn held_keys(&self) -> Result<Vec<i64>> {
+        let mut held: Vec<(u64, i64)> = Vec::new();
+        for set in &self.sets {
+            let set = set.lock();
+            held.extend(
+                set.stamps.iter().zip(&set.keys).filter(|(&t, _)| t != 0).map(|(&t, &k)| (t, k)),
+            );
+        }
+        held.sort_unstable();
+        Ok(held.into_iter().map(|(_, k)| k).collect())
     }
 
     fn name(&self) -> &'static str {

@@ -290,6 +290,14 @@ impl CacheTier for GpuCache {
         self.write(keys, vectors, true)
     }
 
+    fn held_keys(&self) -> Result<Vec<i64>> {
+        Ok(self.slots.held_keys(EMPTY_KEY)?)
+    }
+
+    fn keeps_every_row(&self) -> bool {
+        self.slots.resident_rows().is_some()
+    }
+
     fn counters(&self) -> CacheCounters {
         let (insertions, evictions) = self.slots.counters().unwrap_or((0, 0));
         CacheCounters::new(

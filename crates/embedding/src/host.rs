@@ -357,7 +357,8 @@ impl HostTier {
         let rows = self.len();
         let raw = rows * (8 + self.dim * self.base.as_ref().map_or(4, |b| b.vector_type.size()));
         let overlay = self.overlay.read().capacity() * 4;
-        HostMemory { raw, index, overlay }
+        let copied = self.base.as_ref().is_some_and(TableFiles::copied);
+        HostMemory { raw, index, overlay, copied }
     }
 }
 
@@ -383,6 +384,8 @@ pub struct HostMemory {
     pub raw: usize,
     pub index: usize,
     pub overlay: usize,
+    /// The file's rows were copied at load (2 MiB pages) rather than read from its mapping.
+    pub copied: bool,
 }
 
 impl HostMemory {
@@ -399,12 +402,17 @@ mod tests {
 
     /// The rows as stored equal the f32 rows narrowed back, bit for bit, on both paths (the
     /// dense table untouched: no lock, rows prefetched; after an update: the index), for fp16
-    /// and fp32 tables; an updated row comes rounded to fp16 as the GPU rounds it.
+    /// and fp32 tables, read from the file's mapping and from the copy in huge pages; an
+    /// updated row comes rounded to fp16 as the GPU rounds it.
     #[test]
     fn rows_as_stored_are_the_rows_of_get_many() {
-        for stored in [VectorType::F16, VectorType::F32] {
+        use crate::table::HostRows;
+        let cases = [VectorType::F16, VectorType::F32]
+            .into_iter()
+            .flat_map(|t| [(t, HostRows::Mapped), (t, HostRows::HugePages)]);
+        for (stored, placed) in cases {
             let d = std::env::temp_dir()
-                .join(format!("trt-host-raw-{stored:?}-{}", std::process::id()));
+                .join(format!("trt-host-raw-{stored:?}-{placed:?}-{}", std::process::id()));
             let (dim, rows) = (8, 700);
             let keys: Vec<i64> = (0..rows as i64).collect();
             let vals: Vec<f32> = (0..rows * dim).map(|i| (i as f32 * 0.37).sin()).collect();
@@ -415,7 +423,9 @@ mod tests {
                 }
             };
             write_table(&d, &keys, &bytes, dim, stored).unwrap();
-            let (tier, _) = HostTier::from_files(TableFiles::open_npy(&d).unwrap()).unwrap();
+            let files = TableFiles::open_npy(&d).unwrap().place("t", placed);
+            assert_eq!(files.copied(), placed == HostRows::HugePages);
+            let (tier, _) = HostTier::from_files(files).unwrap();
             assert_eq!(tier.stored(), stored);
             let width = dim * stored.size();
             let probe: Vec<i64> = (0..100).map(|i| (i * 37) % 760 - 20).collect();

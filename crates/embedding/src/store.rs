@@ -27,8 +27,10 @@ mod instance;
 mod metrics;
 #[cfg(feature = "gpu")]
 mod sharded;
+mod warm;
 
 pub use instance::InstanceCaches;
+pub use warm::CacheState;
 
 /// Per-table counters, for metrics. Latencies are summed nanoseconds.
 #[derive(Default)]
@@ -362,13 +364,16 @@ impl EmbeddingStore {
         self: &Arc<Self>,
         make: &dyn Fn(CacheGeometry) -> Result<Arc<dyn CacheTier>>,
     ) -> Result<Arc<InstanceCaches>> {
-        self.attach_table_caches(&|_, geo| make(geo))
+        self.attach_table_caches(&|_, geo| make(geo), "cpu")
     }
 
-    /// [`EmbeddingStore::attach_caches`], `make` told which table each cache is for.
+    /// [`EmbeddingStore::attach_caches`], `make` told which table each cache is for; the
+    /// caches at `place` (`cpu`, `gpu0`, ...) warmed from their saved state when the store
+    /// keeps one (`warm.rs`).
     fn attach_table_caches(
         self: &Arc<Self>,
         make: &dyn Fn(usize, CacheGeometry) -> Result<Arc<dyn CacheTier>>,
+        place: &str,
     ) -> Result<Arc<InstanceCaches>> {
         let caches = if self.config.cache_ratio > 0.0 {
             (0..self.tables.len())
@@ -377,7 +382,17 @@ impl EmbeddingStore {
         } else {
             Vec::new()
         };
-        let inst = Arc::new(InstanceCaches::new(self.clone(), caches));
+        let state = self
+            .config
+            .cache_state
+            .as_ref()
+            .filter(|_| caches.iter().any(|c| !c.keeps_every_row()));
+        let state = state.map(|s| {
+            let file = s.file(&s.store, place);
+            warm::load(self, &s.store, &caches, &file);
+            (file, s.period_s)
+        });
+        let inst = Arc::new(InstanceCaches::new(self.clone(), caches, state));
         let mut reg = self.caches.lock();
         reg.retain(|w| w.strong_count() > 0);
         reg.push(Arc::downgrade(&inst));
@@ -414,7 +429,8 @@ impl EmbeddingStore {
             // making them bound other GPUs' contexts to this thread: this instance's again
             triton_rust_cuda::gpu(device)?;
             let mine = sharded.caches_for(device)?;
-            let caches = self.attach_table_caches(&|t, _| Ok(mine[t].clone()))?;
+            let caches =
+                self.attach_table_caches(&|t, _| Ok(mine[t].clone()), &format!("gpu{device}"))?;
             if shared {
                 registry.push((device, Arc::downgrade(&caches), gpu.clone()));
             }
@@ -424,14 +440,17 @@ impl EmbeddingStore {
             );
             return Ok((gpu, caches));
         }
-        let caches = self.attach_table_caches(&|t, geo| {
-            let host = self.host(t);
-            if self.config.cache_ratio >= 1.0 && host.dense_rows().is_some() {
-                gpu.new_resident(&host, geo)
-            } else {
-                gpu.new_cache(geo)
-            }
-        })?;
+        let caches = self.attach_table_caches(
+            &|t, geo| {
+                let host = self.host(t);
+                if self.config.cache_ratio >= 1.0 && host.dense_rows().is_some() {
+                    gpu.new_resident(&host, geo)
+                } else {
+                    gpu.new_cache(geo)
+                }
+            },
+            &format!("gpu{device}"),
+        )?;
         if shared {
             registry.push((device, Arc::downgrade(&caches), gpu.clone()));
         }
@@ -440,7 +459,7 @@ impl EmbeddingStore {
 
     /// A view of the store with no caches (lookups go straight to the host tier).
     pub fn attach_caches_none(self: &Arc<Self>) -> Arc<InstanceCaches> {
-        Arc::new(InstanceCaches::new(self.clone(), Vec::new()))
+        Arc::new(InstanceCaches::new(self.clone(), Vec::new(), None))
     }
 
     /// Inserts or overwrites rows while serving. Visible in the host tier, Redis and

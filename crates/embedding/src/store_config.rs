@@ -58,6 +58,9 @@ pub struct StoreConfig {
     /// Keys a sample looks up in each table (`embedding_hotness_per_table`); empty: one each.
     /// Sharded rows copy the tables with the most lookups per byte first.
     pub hotness: Vec<usize>,
+    /// Where the caches save the keys they hold and load them at start (`cache_state_dir`,
+    /// `cache_state_period_s`); `None`: they start empty.
+    pub cache_state: Option<crate::store::CacheState>,
 }
 
 /// `gpucache_sharded_replicate`'s default: about a third of each GPU's room. On two H200s

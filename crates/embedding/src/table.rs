@@ -119,29 +119,33 @@ enum Vectors {
 }
 
 /// Where the host tier keeps the rows of tables loaded from files: a store's
-/// `host_memory` parameter (`mapped`, the default, or `huge_pages`).
+/// `host_memory` parameter (`auto`, the default, `mapped` or `huge_pages`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HostRows {
+    /// `HugePages` where the host offers transparent huge pages (`always` or `madvise`) and
+    /// the copy leaves a tenth of its memory (at least 4 GiB) available; `Mapped`
+    /// otherwise, the reason logged (`triton_rust_os::huge_copy_refused`). Decided table by
+    /// table at load, each copy counting against the next.
+    #[default]
+    Auto,
     /// Read in place from the file's mapping (no copy; the first read of a page maps it,
     /// and the store maps them all at load).
-    #[default]
     Mapped,
     /// Copied at load into anonymous memory the kernel backs with 2 MiB pages: one more
     /// copy of the rows in RAM (the file's pages may stay cached too), and reads of rows
-    /// scattered over a large table that miss the TLB far less often. Measured with
-    /// `examples/host_read_bench.rs`: on a 2-core CI machine 0.09 µs a row against 0.10–0.3
-    /// mapped; on the H100 machine (a virtual machine, 16 threads) 0.2–0.6 µs either way
-    /// (`git show 2db98ae:bench/gpu/results/recsys_h100/host_read_bench.log`).
+    /// scattered over a large table that miss the TLB far less often (`examples/
+    /// miss_reads_bench.rs` and `bench/gpu/cache_runs.sh` measure both on the GPU machine).
     HugePages,
 }
 
 impl HostRows {
     pub fn parse(s: &str) -> Result<HostRows> {
         match s.trim() {
-            "" | "mapped" => Ok(HostRows::Mapped),
+            "" | "auto" => Ok(HostRows::Auto),
+            "mapped" => Ok(HostRows::Mapped),
             "huge_pages" => Ok(HostRows::HugePages),
             other => Err(Error::invalid_arg(format!(
-                "host_memory must be mapped or huge_pages; got '{other}'"
+                "host_memory must be auto, mapped or huge_pages; got '{other}'"
             ))),
         }
     }
@@ -291,6 +295,18 @@ impl TableFiles {
                 );
             }
         };
+        let how = match (how, &self.vectors) {
+            (HostRows::Auto, Vectors::Mapped { range, .. }) => {
+                match triton_rust_os::huge_copy_refused(range.len() as u64) {
+                    None => HostRows::HugePages,
+                    Some(why) => {
+                        log::info!("table '{name}': rows read from the file's mapping, not copied into 2 MiB pages: {why}");
+                        HostRows::Mapped
+                    }
+                }
+            }
+            (how, _) => how,
+        };
         match (how, self.vectors) {
             (HostRows::HugePages, Vectors::Mapped { file, range }) => {
                 match HugeCopy::new(&file.bytes()[range.clone()], threads) {
@@ -316,6 +332,12 @@ impl TableFiles {
             }
             (_, copied) => TableFiles { vectors: copied, ..self },
         }
+    }
+
+    /// Whether the rows were copied at load (`HostRows::HugePages`, or `Auto` choosing it)
+    /// rather than read from the file's mapping.
+    pub fn copied(&self) -> bool {
+        matches!(self.vectors, Vectors::Copied(_))
     }
 
     /// The raw bytes of row `i` (dim elements of `vector_type`).
@@ -490,7 +512,14 @@ mod tests {
             huge.read_row(i, &mut b);
             assert_eq!(a, b, "row {i}");
         }
-        assert_eq!(HostRows::parse("").unwrap(), HostRows::Mapped);
+        // auto: copied where the host offers huge pages and room, else mapped; the rows alike
+        let auto = TableFiles::open_npy(&d).unwrap().place("t", HostRows::Auto);
+        let offered = triton_rust_os::huge_copy_refused(auto.vector_bytes().len() as u64).is_none();
+        assert_eq!(auto.copied(), offered, "auto copies exactly where the host offers huge pages");
+        assert_eq!(auto.vector_bytes(), lazy.vector_bytes());
+        assert!(!mapped.copied() && huge.copied());
+        assert_eq!(HostRows::parse("").unwrap(), HostRows::Auto);
+        assert_eq!(HostRows::parse("mapped").unwrap(), HostRows::Mapped);
         assert_eq!(HostRows::parse(" huge_pages ").unwrap(), HostRows::HugePages);
         let e = HostRows::parse("hugepages").unwrap_err();
         assert!(e.message().contains("host_memory") && e.message().contains("'hugepages'"), "{e}");

@@ -12,7 +12,8 @@ use triton_rust_embedding::settings::TableSettings;
 use triton_rust_embedding::stream::StreamSpec;
 use triton_rust_embedding::table::HostRows;
 use triton_rust_embedding::{
-    CacheAllocation, CacheEviction, CacheRows, Placement, StoreConfig, TableConfig, REPLICATE_SHARE,
+    CacheAllocation, CacheEviction, CacheRows, CacheState, Placement, StoreConfig, TableConfig,
+    REPLICATE_SHARE,
 };
 
 #[cfg(test)]
@@ -278,7 +279,9 @@ impl StoreSettings {
         ("gpucache_policy", "lru"),
         ("gpucache_miss_reads", "cpu"),
         ("hit_rate_threshold", "0.9"),
-        ("host_memory", "mapped"),
+        ("host_memory", "auto"),
+        ("cache_state_dir", "none"),
+        ("cache_state_period_s", "0"),
         ("volatile_db", "none"),
         ("volatile_db_credential_file", "none"),
         ("volatile_db_credential_env", "none"),
@@ -402,6 +405,18 @@ impl StoreSettings {
                 (gb * 1e9) as u64
             },
             hotness: pooling.as_ref().map_or_else(Vec::new, |p| p.hotness.clone()),
+            cache_state: match cfg.parameters.get("cache_state_dir").map(|d| d.trim()) {
+                None | Some("") | Some("none") => None,
+                Some(dir) => {
+                    let period_s = number("cache_state_period_s", 0.0)?;
+                    if !(period_s.is_finite() && period_s >= 0.0) {
+                        return Err(Error::invalid_arg(format!(
+                            "parameter 'cache_state_period_s' is the seconds between saves of the caches' keys, 0 or more (0: at unload only); got {period_s}"
+                        )));
+                    }
+                    Some(CacheState { store: name.clone(), dir: version_dir.join(dir), period_s })
+                }
+            },
         };
         if !(0.0..=0.5).contains(&store.replicate_share) {
             return Err(Error::invalid_arg(format!(

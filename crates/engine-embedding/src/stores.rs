@@ -59,13 +59,15 @@ pub(crate) fn shared_store(
     };
     let store = EmbeddingStore::open(settings.store.clone(), remote)?;
     for (i, t) in store.tables().enumerate() {
+        let memory = store.host_memory(i);
         log::info!(
-            "store '{}': table '{}' dim {} with {} rows on the host ({:.2}× the raw bytes), cache {} rows",
+            "store '{}': table '{}' dim {} with {} rows on the host ({:.2}× the raw bytes{}), cache {} rows",
             settings.name,
             t.name,
             t.dim,
             store.host_rows(i),
-            store.host_memory(i).ratio(),
+            memory.ratio(),
+            if memory.copied { ", copied into 2 MiB pages" } else { "" },
             store.cache_geometry(i).capacity()
         );
     }

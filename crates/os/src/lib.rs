@@ -8,8 +8,10 @@ use std::path::{Path, PathBuf};
 use triton_rust_core::error::{Error, Result};
 
 mod guard;
+mod memory;
 
 pub use guard::Guard;
+pub use memory::{huge_copy_refused, memory_available, transparent_huge_pages};
 
 /// A read-only file mapping. Table files are meant to be written once and left alone while
 /// served (updates go to memory, never to the mapped file), but a file cut or rewritten under

@@ -417,6 +417,23 @@ impl CacheSlots {
         self.stream.synchronize().map_err(cuda_err)
     }
 
+    /// The keys a cache holds (not `empty_key`), least recently stamped first; a resident
+    /// table holds none to tell (its rows are all there). Read on the cache's stream, so
+    /// every fill queued before is in.
+    pub fn held_keys(&self, empty_key: i64) -> Result<Vec<i64>> {
+        if self.resident.is_some() {
+            return Ok(Vec::new());
+        }
+        let slots = self.slots.lock();
+        let keys = self.stream.clone_dtoh(&slots.keys).map_err(cuda_err)?;
+        let stamps = self.stream.clone_dtoh(&slots.stamps).map_err(cuda_err)?;
+        self.stream.synchronize().map_err(cuda_err)?;
+        let mut held: Vec<(u64, i64)> =
+            stamps.into_iter().zip(keys).filter(|&(_, k)| k != empty_key).collect();
+        held.sort_unstable();
+        Ok(held.into_iter().map(|(_, k)| k).collect())
+    }
+
     /// The device counters: (insertions, evictions).
     pub fn counters(&self) -> Result<(u64, u64)> {
         let slots = self.slots.lock();

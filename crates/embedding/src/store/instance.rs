@@ -23,26 +23,50 @@ pub struct InstanceCaches {
     pub(crate) caches: Vec<Arc<dyn CacheTier>>,
     filler: Mutex<Option<mpsc::SyncSender<Job>>>,
     worker: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Where these caches save the keys they hold (at drop, and every period seconds
+    /// when above 0; `warm.rs`).
+    state: Option<(std::path::PathBuf, f64)>,
 }
 
 impl InstanceCaches {
     pub(crate) fn new(
         store: Arc<EmbeddingStore>,
         caches: Vec<Arc<dyn CacheTier>>,
+        state: Option<(std::path::PathBuf, f64)>,
     ) -> InstanceCaches {
         let (tx, rx) = mpsc::sync_channel::<Job>(256);
         let (s, c) = (store.clone(), caches.clone());
+        let periodic = state.clone().filter(|(_, p)| *p > 0.0);
         let worker = std::thread::Builder::new()
             .name("embedding-fill".into())
             .spawn(move || {
-                for job in rx {
+                let period = periodic.as_ref().map(|(_, p)| std::time::Duration::from_secs_f64(*p));
+                let mut next = period.map(|p| Instant::now() + p);
+                loop {
+                    let job = match next {
+                        None => rx.recv().ok(),
+                        Some(at) => {
+                            match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
+                                Ok(job) => Some(job),
+                                Err(mpsc::RecvTimeoutError::Timeout) => {
+                                    if let Some((file, _)) = &periodic {
+                                        save_state(&s, &c, file);
+                                    }
+                                    next = period.map(|p| Instant::now() + p);
+                                    continue;
+                                }
+                                Err(mpsc::RecvTimeoutError::Disconnected) => None,
+                            }
+                        }
+                    };
                     match job {
-                        Job::Fill(fill) => {
+                        None => break,
+                        Some(Job::Fill(fill)) => {
                             if let Err(e) = fill_cache(&s, &c, fill) {
                                 log::error!("embedding cache fill failed: {e}");
                             }
                         }
-                        Job::Barrier(ack) => {
+                        Some(Job::Barrier(ack)) => {
                             let _ = ack.send(());
                         }
                     }
@@ -54,7 +78,15 @@ impl InstanceCaches {
             caches,
             filler: Mutex::new(worker.as_ref().map(|_| tx)),
             worker: Mutex::new(worker),
+            state,
         }
+    }
+
+    /// Saves the keys these caches hold now, where the store keeps its cache state (tests,
+    /// and the periodic and final saves). Returns the keys saved, or `None` without one.
+    pub fn save_state(&self) -> Option<usize> {
+        let (file, _) = self.state.as_ref()?;
+        save_state(&self.store, &self.caches, file)
     }
 
     /// Held across a lookup that reads rows in place on a GPU, when the rows are sharded:
@@ -453,6 +485,24 @@ impl Drop for InstanceCaches {
         self.filler.lock().take(); // closes the channel; the worker drains and exits
         if let Some(w) = self.worker.lock().take() {
             let _ = w.join();
+        }
+        // the fills are in: what the caches hold is saved for the next start
+        self.save_state();
+    }
+}
+
+/// Saves what `caches` hold into `file`; a failure is logged (serving goes on).
+fn save_state(
+    store: &EmbeddingStore,
+    caches: &[Arc<dyn CacheTier>],
+    file: &std::path::Path,
+) -> Option<usize> {
+    let name = store.config.cache_state.as_ref().map_or("", |s| s.store.as_str());
+    match super::warm::save(store, name, caches, file) {
+        Ok(n) => Some(n),
+        Err(e) => {
+            log::warn!("store '{name}': its caches' keys not saved: {e}");
+            None
         }
     }
 }

@@ -76,6 +76,7 @@ fn make_store_in(
         replicate_share: crate::store_config::REPLICATE_SHARE,
         sharded_memory: 0,
         hotness: Vec::new(),
+        cache_state: None,
     };
     (EmbeddingStore::open(cfg, None).unwrap(), dir)
 }
@@ -321,6 +322,7 @@ fn config_errors_name_the_table() {
         replicate_share: 0.0,
         sharded_memory: 0,
         hotness: Vec::new(),
+        cache_state: None,
     };
     let e = EmbeddingStore::open(cfg(4), None).err().unwrap();
     assert!(e.message().contains("'users'") && e.message().contains("dim 3"), "{e}");
@@ -421,6 +423,7 @@ fn a_stream_that_leaves_redis_to_its_publisher_needs_an_update_log() {
         replicate_share: 0.0,
         sharded_memory: 0,
         hotness: Vec::new(),
+        cache_state: None,
     };
     let e = match EmbeddingStore::open(cfg(false), None) {
         Err(e) => e,
