@@ -11,7 +11,10 @@
 //!   threads into the lookup's page-locked buffer, one copy up, the scatter on the GPU;
 //! - `store, fp32`: the same reads widened to fp32 on the host (`HostTier::get_many`, the miss
 //!   path before rows went up as stored): twice the bytes up;
-//! - `gpu`: the lookup's kernel reads them in place over the bus (`gpucache_miss_reads: gpu`).
+//! - `gpu`: the lookup's kernel reads them in place over the bus (`gpucache_miss_reads: gpu`);
+//! - `both`: the two at once (`gpucache_miss_reads: both`): the GPU's share in place while the
+//!   host threads read the rest, the share set by each side's rate over the last batches (the
+//!   rates it settled on are printed). Whether they add: `both` against `store, fp16` and `gpu`.
 //!
 //! Every path's rows are compared with the others and with the fixture's.
 //!
@@ -137,8 +140,8 @@ fn main() {
     let instance = GpuInstance::new(0, CacheRows::F16).expect("a GPU");
     let none: [Option<&GpuCache>; 1] = [None];
     let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
-    println!("| misses a batch | plain gather, host only (M rows/s) | store, fp16 up (M rows/s) | store, fp32 up | gpu in place | store fp16 / plain | host reads of store fp16 alone (M rows/s) |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| misses a batch | plain gather, host only (M rows/s) | store, fp16 up (M rows/s) | store, fp32 up | gpu in place | both | store fp16 / plain | both / plain | host reads of store fp16 alone (M rows/s) | both's rates, gpu + host (M rows/s) |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in [16_384usize, 131_072, 1 << 20] {
         let keys: Vec<i64> = (0..n).map(|_| rng.gen_range(0..rows as i64)).collect();
         // the host alone
@@ -152,13 +155,17 @@ fn main() {
         let mut got: Vec<Vec<u8>> = Vec::new();
         let mut rates = Vec::new();
         let mut fetch_alone = 0.0;
-        for path in ["store, fp16", "store, fp32", "gpu"] {
+        let mut learned = (0.0, 0.0);
+        for path in ["store, fp16", "store, fp32", "gpu", "both"] {
             let mut lookup = instance.batch_lookup(&none, dim, RowFormat::F16).expect("lookup");
             lookup.set_fetched(if path == "store, fp32" { RowFormat::F32 } else { RowFormat::F16 });
-            if path == "gpu" {
+            if path == "gpu" || path == "both" {
                 lookup.set_host_rows(&[(mapped.clone(), 0.0)]).expect("host rows");
                 lookup.read_misses_on_gpu(|| true);
+                lookup.share_misses(path == "both");
             }
+            // the shared reads learn their rates over the first runs
+            let warm = if path == "both" { 12 } else { 2 };
             let mut fetch = |_idx: &mut [i32],
                              mkeys: &mut [i64],
                              out: FetchedRows<'_>,
@@ -169,19 +176,22 @@ fn main() {
             };
             let mut best = f64::MAX;
             let mut best_fetch = f64::MAX;
-            for i in 0..iters + 2 {
+            for i in 0..iters + warm {
                 let t = Instant::now();
                 let times = lookup
                     .run(&keys, KeyLayout::Interleaved, instance.next_epoch(), &mut fetch)
                     .expect("run");
                 assert_eq!(times.misses, n, "no cache: every key misses");
-                if i >= 2 {
+                if i >= warm {
                     best = best.min(t.elapsed().as_secs_f64());
                     best_fetch = best_fetch.min(times.fetch_us as f64 / 1e6);
                 }
             }
             if path == "store, fp16" {
                 fetch_alone = best_fetch;
+            }
+            if let Some(r) = lookup.share_rates() {
+                learned = r;
             }
             let rows_view = lookup.rows(n * dim).expect("rows");
             let mut back = vec![0u8; n * dim * 2];
@@ -191,12 +201,16 @@ fn main() {
         }
         let plain_rate = n as f64 / best_plain / 1e6;
         println!(
-            "| {n} | {plain_rate:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} |",
+            "| {n} | {plain_rate:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {:.1} | {:.1} + {:.1} |",
             rates[0],
             rates[1],
             rates[2],
+            rates[3],
             rates[0] / plain_rate,
-            n as f64 / fetch_alone / 1e6
+            rates[3] / plain_rate,
+            n as f64 / fetch_alone / 1e6,
+            learned.0 / 1e6,
+            learned.1 / 1e6
         );
         assert!(got.iter().all(|g| g == &got[0]), "the paths' rows differ");
         assert!(got[0] == plain, "the lookup's rows differ from the plain gather's");

@@ -243,10 +243,10 @@ def parse(argv=None):
     p.add_argument("--cache-policy", default="lru", choices=["lru", "lfu"],
                    help="gpucache_policy: which key a full cache set gives up (lfu: the least frequent, and a missed "
                         "key goes in only once it is looked up more often)")
-    p.add_argument("--miss-reads", default="cpu", choices=["cpu", "gpu"],
+    p.add_argument("--miss-reads", default="cpu", choices=["cpu", "gpu", "both"],
                    help="gpucache_miss_reads: who reads the cache's misses from host memory (gpu: the lookup's "
                         "kernel, in place over PCIe)")
-    p.add_argument("--host-memory", default="mapped", choices=["mapped", "huge_pages"],
+    p.add_argument("--host-memory", default="mapped", choices=["auto", "mapped", "huge_pages"],
                    help="host_memory: the host tier's rows read in place from the fixture's files, or copied at "
                         "load into memory of 2 MiB pages (52 GB more RAM at scale 1.0)")
     p.add_argument("--hit-rate-bound", type=float, default=0.002)

@@ -187,6 +187,8 @@ def main():
               "cached_fp16": dict(combiner="sum", out_type="TYPE_FP16", row_type="fp16"),
               # the same, its misses read by the GPU in place from the tables' host rows (fp32)
               "cached_gpu_reads": dict(combiner="sum", out_type="TYPE_FP16", row_type="fp16", miss_reads="gpu"),
+              # the misses shared: the GPU's share read in place, the rest by host threads
+              "cached_both_reads": dict(combiner="sum", out_type="TYPE_FP16", row_type="fp16", miss_reads="both"),
               "pooled_ragged": dict(combiner="sum", ragged=True),
               # every row on the GPU: resident tables, pooled by one kernel
               "resident_sum": dict(combiner="sum", cache=1.0), "resident_mean": dict(combiner="mean", cache=1.0),

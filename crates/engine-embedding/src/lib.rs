@@ -161,8 +161,9 @@ impl EmbeddingModel {
                     }
                     let (piece_keys, threads) = m.settings.key_upload;
                     lookup.set_key_upload(KeyUpload { piece_keys, threads });
-                    if m.settings.miss_reads == MissReads::Gpu {
+                    if m.settings.miss_reads != MissReads::Cpu {
                         caches.let_gpu_read_misses(id, &mut lookup)?;
+                        lookup.share_misses(m.settings.miss_reads == MissReads::Both);
                     }
                     gpu = Some((instance, lookup));
                 }

@@ -170,6 +170,9 @@ pub enum MissReads {
     /// The lookup's kernels, in place over the bus (the rows page-locked and mapped for the
     /// GPU; `triton_rust_embedding`'s `store/host_rows.rs`).
     Gpu,
+    /// Both at once: each batch's misses shared between the GPU in place and host threads
+    /// by their measured rates (`BatchLookup::share_misses`).
+    Both,
 }
 
 impl MissReads {
@@ -177,8 +180,9 @@ impl MissReads {
         match text.map(str::trim) {
             None | Some("cpu") => Ok(MissReads::Cpu),
             Some("gpu") => Ok(MissReads::Gpu),
+            Some("both") => Ok(MissReads::Both),
             Some(other) => Err(Error::invalid_arg(format!(
-                "parameter 'gpucache_miss_reads' is '{other}'; use cpu (host threads read the misses) or gpu (the GPU reads them in place)"
+                "parameter 'gpucache_miss_reads' is '{other}'; use cpu (host threads read the misses), gpu (the GPU reads them in place) or both (shared by their rates)"
             ))),
         }
     }

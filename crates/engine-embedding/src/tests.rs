@@ -101,6 +101,7 @@ fn miss_reads_parameter() {
     let reads = |extra: &[(&str, &str)]| one_table(extra).map(|s| s.miss_reads);
     assert_eq!(reads(&[]).unwrap(), MissReads::Cpu, "host threads, as HPS");
     assert_eq!(reads(&[("gpucache_miss_reads", " gpu ")]).unwrap(), MissReads::Gpu);
+    assert_eq!(reads(&[("gpucache_miss_reads", "both")]).unwrap(), MissReads::Both);
     let e = reads(&[("gpucache_miss_reads", "dma")]).unwrap_err();
     assert!(e.message().contains("parameter 'gpucache_miss_reads' is 'dma'; use cpu"), "{e}");
 }

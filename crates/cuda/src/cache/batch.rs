@@ -84,6 +84,11 @@ pub struct BatchLookup {
     /// kernel may read them), and whether the next runs read misses there.
     host: Option<(DeviceMem, Vec<Arc<HostRows>>)>,
     host_on: bool,
+    /// Misses shared between the GPU reading in place (on `side`) and the fetcher, by
+    /// their measured rates (`share_misses`); `None`: one or the other.
+    share: Option<host::MissShare>,
+    /// The stream of the GPU's share of the misses, beside the fetcher's copies on `own`.
+    side: Queue,
     /// Misses per table then defaults per table of the last run that read on the GPU.
     host_counts: (PinnedBuf<u32>, DeviceMem),
     host_read: Option<Vec<u32>>,
@@ -153,6 +158,8 @@ impl BatchLookup {
             out: DeviceMem::growing(d),
             host: None,
             host_on: false,
+            share: None,
+            side: Queue { device: d, stream: queue.stream.fork().map_err(cuda_err)? },
             host_counts: (PinnedBuf::new(d), DeviceMem::growing(d)),
             host_read: None,
             last: None,
@@ -279,22 +286,47 @@ impl BatchLookup {
             return Ok(times);
         }
         let t1 = Instant::now();
-        if m > 0 && self.host_on {
-            self.read_host(m, interleaved)?;
+        let sharing = self.host_on && self.share.is_some();
+        if m > 0 && self.host_on && !sharing {
+            self.read_host(m, interleaved, false)?;
+            times.gpu_misses = m;
             times.fetch_us = us(t1);
             self.scatter(m, into)?;
             self.last = Some((m, interleaved, self.fetched_as));
         } else if m > 0 {
             self.missed_keys_to_host(keys, m)?;
-            self.fetch_in_parts(m, fetch)?;
+            // the GPU's share (the first g misses) read in place on the side stream while
+            // the fetcher reads the rest
+            let g = if sharing { self.share.as_ref().map_or(0, |s| s.gpu_part(m)) } else { 0 };
+            if g > 0 {
+                // room for all m first: nothing may grow (and move) under the GPU's kernel
+                self.fetched.1.reserve(m * self.dim * 4)?;
+                self.found.1.reserve(m)?;
+                self.read_host(g, interleaved, true)?;
+            }
+            let th = Instant::now();
+            self.fetch_in_parts(g, m, fetch)?;
+            let host_s = th.elapsed().as_secs_f64();
+            times.gpu_misses = g;
             times.fetch_us = us(t1);
-            self.scatter_fetched(m, into)?;
+            if g > 0 {
+                self.own.stream.join(&self.side.stream).map_err(cuda_err)?;
+            }
+            self.scatter_fetched(g, m, into)?;
             self.last = Some((m, interleaved, self.fetched_as));
+            if let Some(share) = self.share.as_mut() {
+                share.host_took(m - g, host_s);
+            }
         }
         // the hits' rows were written on the queue before `count_misses` waited for them
         self.own.wait()?;
-        if m > 0 && self.host_on {
+        if times.gpu_misses > 0 {
             self.host_read = Some(self.host_counts.0.slice(2 * self.tables)?.to_vec());
+            if times.gpu_misses < m {
+                if let Some(share) = self.share.as_mut() {
+                    share.gpu_took(times.gpu_misses)?;
+                }
+            }
         }
         times.scatter_us = us(t1).saturating_sub(times.fetch_us);
         Ok(times)
@@ -501,16 +533,22 @@ impl BatchLookup {
         Ok(())
     }
 
-    /// The flags and the miss list (in the fetcher's order) of the `m` rows
-    /// [`BatchLookup::fetch_in_parts`] sent up, and the scatter of the rows into place queued.
-    fn scatter_fetched(&mut self, m: usize, into: Option<DevicePtr<'_>>) -> Result<()> {
+    /// The flags and the miss list (in the fetcher's order) of the rows `from..m`
+    /// [`BatchLookup::fetch_in_parts`] sent up, and the scatter of all `m` rows into place
+    /// queued (the first `from` the GPU read in place, their flags and order on the GPU).
+    fn scatter_fetched(
+        &mut self,
+        from: usize,
+        m: usize,
+        into: Option<DevicePtr<'_>>,
+    ) -> Result<()> {
         let q = &self.own;
         let found = self.found.0.slice(m)?;
         self.found.1.reserve(m)?;
-        htod(q, self.found.1.ptr(), found)?;
+        htod(q, self.found.1.ptr().at(from), &found[from..])?;
         // the miss list, in the fetcher's order, goes back as the scatter's indices
         let (h_miss, d_miss) = (self.miss.0.slice(m)?, self.miss.1.ptr());
-        htod(q, d_miss, h_miss)?;
+        htod(q, d_miss.at(from * 4), &h_miss[from..])?;
         self.scatter(m, into)
     }
 

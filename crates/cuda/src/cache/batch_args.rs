@@ -63,6 +63,9 @@ pub struct BatchTimes {
     /// any, the run stopped after the kernel, read nothing below the cache and left its rows
     /// incomplete, for the caller to take another path.
     pub negative: usize,
+    /// Misses the GPU read in place from the host rows it maps (all of them with
+    /// `read_misses_on_gpu`, its share with `share_misses`); the fetcher read the rest.
+    pub gpu_misses: usize,
 }
 
 /// How a [`BatchLookup`](super::BatchLookup) writes its rows: fp32, or fp16 for a network

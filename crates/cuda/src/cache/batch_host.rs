@@ -50,10 +50,32 @@ impl BatchLookup {
         self.host_read.as_deref()
     }
 
+    /// With host rows set, whether each run shares its misses between the GPU reading them
+    /// in place and the fetcher's host threads (while `read_misses_on_gpu` allows the GPU):
+    /// the GPU takes the first share of the miss list on a stream of its own while the
+    /// fetcher reads the rest, the share set so both finish together by each side's rate
+    /// measured over the last runs (rows a second, the GPU's by events around its kernel).
+    pub fn share_misses(&mut self, on: bool) {
+        if on != self.share.is_some() {
+            self.share = on.then(MissShare::new);
+        }
+    }
+
+    /// The rates the share is set by: (GPU, host threads), rows a second; `None` unless sharing.
+    pub fn share_rates(&self) -> Option<(f64, f64)> {
+        self.share.as_ref().map(|s| (s.gpu, s.host))
+    }
+
     /// The `m` missed rows read in place from the host rows the GPU maps, into the fetched
-    /// rows' buffer with their flags, and the per-table counts queued back to the host.
-    pub(super) fn read_host(&mut self, m: usize, interleaved: i32) -> Result<()> {
-        let (q, dim, tables) = (&self.own, self.dim, self.tables);
+    /// rows' buffer with their flags, and the per-table counts queued back to the host; on
+    /// this lookup's own stream, or with `side` on the side stream (after `own`'s work so
+    /// far: the miss list), timed by events for the share.
+    pub(super) fn read_host(&mut self, m: usize, interleaved: i32, side: bool) -> Result<()> {
+        let (dim, tables) = (self.dim, self.tables);
+        let q = if side { &self.side } else { &self.own };
+        if side {
+            q.stream.join(&self.own.stream).map_err(cuda_err)?;
+        }
         let Some((desc, _)) = &self.host else { return Ok(()) };
         self.fetched.1.reserve(m * dim * 4)?; // fp32's room whatever the type, as scatter_fetched
         self.found.1.reserve(m)?;
@@ -74,7 +96,14 @@ impl BatchLookup {
         // `fetched_as`; this stream passed the
         // lookup that wrote the m misses (`count_misses`); the rows and flags have room for
         // m, the counts for 2 × tables; `host` names rows registered while `self.host` lives.
+        let timed = match self.share.as_mut().filter(|_| side) {
+            Some(share) => Some(share.start(&q.stream)?),
+            None => None,
+        };
         unsafe { b.launch(warps_config(m.div_ceil(HOST_ROWS_PER_WARP))) }.map_err(cuda_err)?;
+        if let (Some(share), Some(())) = (self.share.as_mut(), timed) {
+            share.end(&q.stream, m)?;
+        }
         dtoh(q, self.host_counts.0.slice(2 * tables)?, counts)
     }
 
@@ -82,8 +111,10 @@ impl BatchLookup {
     /// the GPU as soon as it is filled: a part's trip up overlaps the reads of the next
     /// (page-locked rows, copied on this lookup's stream). Parts of at least `FETCH_PART`
     /// misses, at most `FETCH_PARTS` of them. The fetcher may reorder each part's misses.
+    /// Only misses `from..m` are the fetcher's (the GPU reads the first `from`).
     pub(super) fn fetch_in_parts<E: From<CudaError>>(
         &mut self,
+        from: usize,
         m: usize,
         fetch: &mut FetchMisses<'_, E>,
     ) -> std::result::Result<(), E> {
@@ -97,17 +128,17 @@ impl BatchLookup {
         // room for fp32 rows whatever their type, so a change of type never grows the buffer
         // under a queued fill
         self.fetched.1.reserve(m * dim * 4)?;
-        let per = m.div_ceil(FETCH_PARTS).max(FETCH_PART);
+        let per = (m - from).div_ceil(FETCH_PARTS).max(FETCH_PART);
         let (q, d_rows) = (&self.own, self.fetched.1.ptr());
         let h_miss = self.miss.0.slice(m)?;
         let h_mkeys = self.missed_keys.0.slice(m)?;
         let found = self.found.0.slice(m)?;
-        found.fill(0);
+        found[from..].fill(0);
         let mut rows = match self.fetched_as {
             RowFormat::F32 => FetchedRows::F32(self.fetched.0.slice(m * dim)?),
             RowFormat::F16 => FetchedRows::F16(self.fetched16.slice(m * dim)?),
         };
-        for at in (0..m).step_by(per) {
+        for at in (from..m).step_by(per) {
             let end = (at + per).min(m);
             let (rs, re) = (at * dim, end * dim);
             let part = match &mut rows {
@@ -187,6 +218,79 @@ impl BatchLookup {
         // fill's, read after it on the same queue.
         unsafe { r.launch(cfg) }.map_err(cuda_err)?;
         self.fill_queued = true;
+        Ok(())
+    }
+}
+
+/// How a run's misses are shared between the GPU reading in place and the fetcher: each
+/// side's rate (rows a second) averaged over the last runs, and the events timing the
+/// GPU's kernel of the run under way.
+pub(super) struct MissShare {
+    pub(super) gpu: f64,
+    pub(super) host: f64,
+    events: Option<(cudarc::driver::CudaEvent, cudarc::driver::CudaEvent)>,
+    /// The GPU's part of the run under way, once its end event is recorded.
+    timing: Option<usize>,
+}
+
+impl MissShare {
+    /// Runs smaller than this on one side do not move its rate (fixed costs, not rows).
+    const LEARN_FROM: usize = 4096;
+    /// Weight of the newest run in a rate.
+    const NEWEST: f64 = 0.25;
+
+    fn new() -> MissShare {
+        // first guesses from miss_reads_bench on an H200 (bench/gpu/results/miss-path/):
+        // the GPU in place about 30 M rows/s, 16 host threads about 60 M
+        MissShare { gpu: 30e6, host: 60e6, events: None, timing: None }
+    }
+
+    /// The GPU's part of `m` misses: both sides finish together at their rates.
+    pub(super) fn gpu_part(&self, m: usize) -> usize {
+        ((m as f64 * self.gpu / (self.gpu + self.host)).round() as usize).min(m)
+    }
+
+    fn start(&mut self, stream: &Arc<cudarc::driver::CudaStream>) -> Result<()> {
+        if self.events.is_none() {
+            let ctx = stream.context();
+            let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+            self.events = Some((
+                ctx.new_event(timing).map_err(cuda_err)?,
+                ctx.new_event(timing).map_err(cuda_err)?,
+            ));
+        }
+        if let Some((e0, _)) = &self.events {
+            e0.record(stream).map_err(cuda_err)?;
+        }
+        Ok(())
+    }
+
+    fn end(&mut self, stream: &Arc<cudarc::driver::CudaStream>, rows: usize) -> Result<()> {
+        if let Some((_, e1)) = &self.events {
+            e1.record(stream).map_err(cuda_err)?;
+            self.timing = Some(rows);
+        }
+        Ok(())
+    }
+
+    fn learn(rate: &mut f64, rows: usize, seconds: f64) {
+        if rows >= Self::LEARN_FROM && seconds > 0.0 {
+            *rate = (1.0 - Self::NEWEST) * *rate + Self::NEWEST * rows as f64 / seconds;
+        }
+    }
+
+    /// The fetcher read `rows` in `seconds`.
+    pub(super) fn host_took(&mut self, rows: usize, seconds: f64) {
+        Self::learn(&mut self.host, rows, seconds);
+    }
+
+    /// After the run's wait: the GPU's kernel time for its part (its events are done).
+    pub(super) fn gpu_took(&mut self, rows: usize) -> Result<()> {
+        if let (Some((e0, e1)), Some(timed)) = (&self.events, self.timing.take()) {
+            let ms = e0.elapsed_ms(e1).map_err(cuda_err)?;
+            debug_assert_eq!(timed, rows);
+            Self::learn(&mut self.gpu, rows, ms as f64 / 1e3);
+        }
         Ok(())
     }
 }

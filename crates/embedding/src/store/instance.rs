@@ -357,7 +357,8 @@ impl InstanceCaches {
             // the GPU read the misses below the cache: its counts per table
             for (t, table) in store.tables.iter().enumerate() {
                 let (m, defaults) = (read[t] as usize, read[tables + t] as u64);
-                missed_per_table[t] = m;
+                // beside the fetcher's share, when the two shared the misses
+                missed_per_table[t] += m;
                 table.counters.host_hits.fetch_add(m as u64 - defaults, Ordering::Relaxed);
                 table.counters.defaults.fetch_add(defaults, Ordering::Relaxed);
             }
@@ -408,10 +409,18 @@ impl InstanceCaches {
                 .take(4)
                 .map(|(t, m)| format!("{} {m}", store.tables[*t].config.name))
                 .collect();
+            let rates = lookup.share_rates().map_or(String::new(), |(g, h)| {
+                format!(
+                    "; shared at {:.1} M rows/s on the GPU, {:.1} M on the host",
+                    g / 1e6,
+                    h / 1e6
+                )
+            });
             log::debug!(
-                "timing: batch lookup: keys {}, misses {}, lookup {} us, below cache {} us, scatter {} us, fill queued {} us (most misses: {})",
+                "timing: batch lookup: keys {}, misses {}, read by the gpu {}, lookup {} us, below cache {} us, scatter {} us, fill queued {} us (most misses: {}{rates})",
                 times.keys,
                 times.misses,
+                times.gpu_misses,
                 times.lookup_us,
                 times.fetch_us,
                 times.scatter_us,
