@@ -13,7 +13,10 @@
 #
 # Runs: hbm (every row in HBM), mapped (10% cache, host rows in the files' mapping), huge (10%
 # cache, host rows copied into 2 MiB pages), huge12 (huge, 12 instances), gpu (10% cache, misses
-# read by the GPU in place), auto (10% cache, the store's defaults: what a user gets).
+# read by the GPU in place), both (10% cache, misses shared between the GPU in place and host
+# threads), auto (10% cache, the store's defaults: what a user gets), auto12 (auto, 12 instances).
+# A device call returns at most eight files: the runs' folders and logs come back packed in
+# runs.tgz, beside summary.txt.
 set -u
 cd "$(dirname "$0")/../.."
 deadline=560
@@ -30,7 +33,8 @@ while [ $# -gt 0 ]; do
     esac
 done
 t0=$(date +%s)
-rm -rf "$out"; mkdir -p "$out"
+rm -rf "$out"; mkdir -p "$out/runs"
+final="$out"; out="$out/runs"
 A=(--allocation lookups --cache-policy lfu --stream-fresh --network-precision fp8 --dcnv2-cross triton
    --instances 6 --max-queue-delay-us 1000 --graph-batches 2048,4096,6144,8192,10240,12288,14336,16384
    --concurrency 0 --mlperf-concurrency 0 --lookup-concurrency 0 --big-concurrency 0
@@ -52,7 +56,10 @@ run() {
     echo "== $name (--budget-s $budget, $(( $(date +%s) - t0 )) s into the call)"
     timeout $(( left - 5 )) bash bench/gpu/run.sh --pack --results "$out/$name" dlrm-v2 "${A[@]}" "$@" --budget-s "$budget" \
         > "$out/$name.log" 2>&1 || rc=1
-    grep -E "M pairs/s|CPU:|tables in|host_memory|FAIL|exit" "$out/$name.log" | sed "s/^/  /"
+    # where the store put the host rows (host_memory auto decides at load; the server's log says)
+    local log=/tmp/dlrm_v2/server.log
+    [ -f "$log" ] && echo "host rows: $(grep -c 'raw bytes, copied into 2 MiB pages' "$log") tables copied into 2 MiB pages; $(grep -c 'not copied into 2 MiB pages' "$log") read from the files' mapping: $(grep -m1 -o 'not copied into 2 MiB pages: .*' "$log" | cut -c1-160)" >> "$out/$name.log"
+    grep -E "M pairs/s|CPU:|tables in|host_memory|host rows:|FAIL|exit" "$out/$name.log" | sed "s/^/  /"
 }
 for name in ${runs//,/ }; do
     case "$name" in
@@ -61,9 +68,12 @@ for name in ${runs//,/ }; do
     huge) run huge --cache 0.1 --stream-warm-passes 20 --host-memory huge_pages ;;
     huge12) run huge12 --cache 0.1 --stream-warm-passes 20 --host-memory huge_pages --instances 12 ;;
     gpu) run gpu --cache 0.1 --stream-warm-passes 20 --host-memory mapped --miss-reads gpu ;;
+    both) run both --cache 0.1 --stream-warm-passes 20 --host-memory auto --miss-reads both ;;
     auto) run auto --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
+    auto12) run auto12 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 12 ;;
     *) echo "unknown run: $name" >&2; rc=1 ;;
     esac
 done
-python3 bench/gpu/cache_runs_summary.py "$out" | tee "$out/summary.txt"
+python3 bench/gpu/cache_runs_summary.py "$out" | tee "$final/summary.txt"
+tar czf "$final/runs.tgz" -C "$out" . && rm -rf "$out"
 exit "$rc"

@@ -207,6 +207,17 @@ impl GpuState {
     pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
         self.ctx.new_stream().map_err(cuda_err)
     }
+
+    /// A new stream of the device's highest priority: its kernels' blocks are scheduled
+    /// before those of streams of the default priority (a network's) as SMs free up, so a
+    /// lookup's short kernels and the miss path's steps do not queue behind another
+    /// instance's GEMMs.
+    pub fn new_urgent_stream(&self) -> Result<Arc<CudaStream>> {
+        self.ctx.bind_to_thread().map_err(cuda_err)?;
+        let (_, greatest) =
+            cudarc::driver::result::stream::get_priority_range().map_err(cuda_err)?;
+        self.ctx.new_stream_with_priority(greatest).map_err(cuda_err)
+    }
 }
 
 /// Asks the driver whether `addr .. addr + len` lies inside one live allocation on GPU

@@ -24,10 +24,17 @@ pub struct Queue {
 }
 
 impl Queue {
-    /// A new stream on `device`, whose cache kernels are compiled first.
+    /// A new stream on `device` of its highest priority (see `GpuState::new_urgent_stream`),
+    /// whose cache kernels are compiled first.
     pub fn new(device: i32) -> Result<Queue> {
         let (g, _) = kernels::device(device)?;
-        Ok(Queue { device, stream: g.new_stream()? })
+        Ok(Queue { device, stream: g.new_urgent_stream()? })
+    }
+
+    /// Another stream of the same device and priority.
+    pub(crate) fn another(&self) -> Result<Queue> {
+        let (g, _) = kernels::device(self.device)?;
+        Ok(Queue { device: self.device, stream: g.new_urgent_stream()? })
     }
     pub fn device(&self) -> i32 {
         self.device

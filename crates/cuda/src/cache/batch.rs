@@ -134,8 +134,8 @@ impl BatchLookup {
         let pair = || (PinnedBuf::new(d), DeviceMem::growing(d));
         Ok(BatchLookup {
             queue: queue.clone(),
-            own: Queue { device: d, stream: queue.stream.fork().map_err(cuda_err)? },
-            upload: queue.stream.fork().map_err(cuda_err)?,
+            own: queue.another()?,
+            upload: queue.another()?.stream,
             kernels,
             tables: caches.len(),
             dim,
@@ -159,7 +159,7 @@ impl BatchLookup {
             host: None,
             host_on: false,
             share: None,
-            side: Queue { device: d, stream: queue.stream.fork().map_err(cuda_err)? },
+            side: queue.another()?,
             host_counts: (PinnedBuf::new(d), DeviceMem::growing(d)),
             host_read: None,
             last: None,
@@ -295,6 +295,7 @@ impl BatchLookup {
             self.last = Some((m, interleaved, self.fetched_as));
         } else if m > 0 {
             self.missed_keys_to_host(keys, m)?;
+            times.keys_down_us = us(t1);
             // the GPU's share (the first g misses) read in place on the side stream while
             // the fetcher reads the rest
             let g = if sharing { self.share.as_ref().map_or(0, |s| s.gpu_part(m)) } else { 0 };

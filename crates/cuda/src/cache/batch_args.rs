@@ -57,6 +57,8 @@ pub struct BatchTimes {
     pub lookup_us: u64,
     /// The miss list back and the caller's reads below the cache.
     pub fetch_us: u64,
+    /// Of `fetch_us`: the miss list and its keys down to the host (a wait on the GPU).
+    pub keys_down_us: u64,
     /// The fetched rows to the GPU, the scatter, and the wait for the rows.
     pub scatter_us: u64,
     /// Keys below zero in a [`KeyLayout::Fixed`] batch (padding, or a client's bad key): when

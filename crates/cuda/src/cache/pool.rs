@@ -31,7 +31,7 @@ impl Pooler {
         let (_, kernels) = kernels::device(queue.device)?;
         let d = queue.device;
         Ok(Pooler {
-            queue: Queue { device: d, stream: queue.stream.fork().map_err(cuda_err)? },
+            queue: queue.another()?,
             kernels,
             offsets: (PinnedBuf::new(d), DeviceMem::growing(d)),
             out: DeviceMem::growing(d),

@@ -417,12 +417,14 @@ impl InstanceCaches {
                 )
             });
             log::debug!(
-                "timing: batch lookup: keys {}, misses {}, read by the gpu {}, lookup {} us, below cache {} us, scatter {} us, fill queued {} us (most misses: {}{rates})",
+                "timing: batch lookup: keys {}, misses {}, read by the gpu {}, lookup {} us, below cache {} us, keys down {} us, host reads {} us, scatter {} us, fill queued {} us (most misses: {}{rates})",
                 times.keys,
                 times.misses,
                 times.gpu_misses,
                 times.lookup_us,
                 times.fetch_us,
+                times.keys_down_us,
+                fetch_ns / 1000,
                 times.scatter_us,
                 tf.elapsed().as_micros(),
                 worst.join(", ")
