@@ -301,6 +301,16 @@ impl HostTier {
         !self.indexed.load(Ordering::Acquire)
     }
 
+    /// A dense table no update has touched: its rows as stored (keys `0..rows` in order, row
+    /// k at `k × dim` elements of `stored()`) and `rows`, read with no lock, as
+    /// `get_many_raw`'s own fast path reads them; `None` for any other table.
+    pub fn untouched_rows(&self) -> Option<(&[u8], usize)> {
+        if self.indexed.load(Ordering::Acquire) {
+            return None;
+        }
+        Some((self.base.as_ref()?.vector_bytes(), self.dense?))
+    }
+
     /// `Some(rows)` when the table was loaded with keys `0..rows` in order.
     pub fn dense_rows(&self) -> Option<usize> {
         self.dense

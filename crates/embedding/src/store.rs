@@ -22,6 +22,8 @@ use crate::table::{self, TableFiles};
 
 mod below;
 #[cfg(feature = "gpu")]
+mod gather;
+#[cfg(feature = "gpu")]
 mod host_rows;
 mod instance;
 mod metrics;

@@ -110,6 +110,14 @@ pub fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) -> Resu
         .map_err(|e| Error::internal(format!("cannot write '{}': {e}", path.display())))
 }
 
+/// One value as type `t` stores it (its little-endian bytes).
+pub fn encode_value(t: VectorType, v: f32) -> Vec<u8> {
+    match t {
+        VectorType::F32 => v.to_le_bytes().to_vec(),
+        VectorType::F16 => half::f16::from_f32(v).to_le_bytes().to_vec(),
+    }
+}
+
 /// Where a table's vectors are read from.
 enum Vectors {
     /// The file's mapping (`range` of it).

@@ -276,9 +276,26 @@ impl InstanceCaches {
         let mut fetch_ns = 0u64;
         let mut fetch = |missed: &mut [i32],
                          missed_keys: &mut [i64],
-                         rows: gpu::FetchedRows<'_>,
+                         mut rows: gpu::FetchedRows<'_>,
                          found: &mut [u8]|
          -> Result<()> {
+            // every table dense and untouched: read in the lookup's order, as a plain gather
+            let tf = Instant::now();
+            let raw: &mut [u8] = match &mut rows {
+                gpu::FetchedRows::F32(r) => bytemuck::cast_slice_mut(&mut **r),
+                gpu::FetchedRows::F16(r) => bytemuck::cast_slice_mut(&mut **r),
+            };
+            if store.gather_dense(
+                &table_of,
+                missed,
+                missed_keys,
+                raw,
+                found,
+                &mut missed_per_table,
+            )? {
+                fetch_ns += ns_since(tf);
+                return Ok(());
+            }
             // group the misses by table (a counting sort), so each table is read in one call;
             // the lookup may call this on its misses part after part: the batch's counts add up
             let of: Vec<u32> = missed.iter().map(|&i| table_of(i as usize) as u32).collect();
@@ -528,11 +545,20 @@ struct KeyTables<'a> {
     counts: Vec<usize>,
     /// Where each table starts: in the batch (blocked), or in a sample (fixed).
     starts: Vec<usize>,
+    /// A fixed layout's table at each place of a sample.
+    place: Vec<u16>,
 }
 
 #[cfg(feature = "gpu")]
 impl<'a> KeyTables<'a> {
     fn new(layout: gpu::KeyLayout<'a>, keys: usize, tables: usize) -> KeyTables<'a> {
+        // a fixed layout's table of each place in a sample, read per miss by the readers
+        let place = match layout {
+            gpu::KeyLayout::Fixed { width, at } => (0..width)
+                .map(|p| at.partition_point(|&s| s as usize <= p).saturating_sub(1) as u16)
+                .collect(),
+            _ => Vec::new(),
+        };
         let (counts, starts): (Vec<usize>, Vec<usize>) = match layout {
             gpu::KeyLayout::Interleaved => (vec![keys / tables.max(1); tables], Vec::new()),
             gpu::KeyLayout::Blocked(c) => {
@@ -553,16 +579,17 @@ impl<'a> KeyTables<'a> {
                 (counts, at.iter().take(tables).map(|&a| a.max(0) as usize).collect())
             }
         };
-        KeyTables { layout, tables, counts, starts }
+        KeyTables { layout, tables, counts, starts, place }
     }
 
     /// The table of key `i` of the batch.
     fn table_of(&self, i: usize) -> usize {
-        let at = |p: usize| self.starts.partition_point(|&s| s <= p).saturating_sub(1);
         match self.layout {
             gpu::KeyLayout::Interleaved => i % self.tables.max(1),
-            gpu::KeyLayout::Blocked(_) => at(i),
-            gpu::KeyLayout::Fixed { width, .. } => at(i % width.max(1)),
+            gpu::KeyLayout::Blocked(_) => {
+                self.starts.partition_point(|&s| s <= i).saturating_sub(1)
+            }
+            gpu::KeyLayout::Fixed { width, .. } => self.place[i % width.max(1)] as usize,
         }
     }
 }
