@@ -14,7 +14,8 @@
 # Runs: hbm (every row in HBM), mapped (10% cache, host rows in the files' mapping), huge (10%
 # cache, host rows copied into 2 MiB pages), huge12 (huge, 12 instances), gpu (10% cache, misses
 # read by the GPU in place), both (10% cache, misses shared between the GPU in place and host
-# threads), auto (10% cache, the store's defaults: what a user gets), auto12 (auto, 12 instances).
+# threads), auto (10% cache, the store's defaults: what a user gets), auto8 and auto12 (auto, 8 or
+# 12 instances), saved / restart / cold (a warm restart against a cold start, below).
 # A device call returns at most eight files: the runs' folders and logs come back packed in
 # runs.tgz, beside summary.txt.
 set -u
@@ -70,7 +71,16 @@ for name in ${runs//,/ }; do
     gpu) run gpu --cache 0.1 --stream-warm-passes 20 --host-memory mapped --miss-reads gpu ;;
     both) run both --cache 0.1 --stream-warm-passes 20 --host-memory auto --miss-reads both ;;
     auto) run auto --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
+    auto8) run auto8 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 8 ;;
     auto12) run auto12 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 12 ;;
+    # a warm restart: a server that saves its caches' keys every 15 s, stopped; a new one loads
+    # them at start and its first 30 s are measured (one warm pass, then 30 s); `cold` the same
+    # new server with no saved keys
+    saved) rm -rf /dev/shm/cache_state
+           run saved --cache 0.1 --stream-warm-passes 20 --host-memory auto --cache-state-dir /dev/shm/cache_state ;;
+    restart) run restart --cache 0.1 --stream-warm-passes 1 --stream-seconds 30 --host-memory auto --cache-state-dir /dev/shm/cache_state
+             grep -h "warmed its caches\|cache state\|saved the" /tmp/dlrm_v2/server.log | cut -c1-220 >> "$out/restart.log" ;;
+    cold) run cold --cache 0.1 --stream-warm-passes 1 --stream-seconds 30 --host-memory auto ;;
     *) echo "unknown run: $name" >&2; rc=1 ;;
     esac
 done

@@ -8,6 +8,7 @@ backend's per-batch steps (medians of its `timing:` lines).
 import io
 import json
 import os
+import re
 import sys
 import tarfile
 
@@ -57,6 +58,22 @@ def main():
         for kind, steps in timing.items():
             text = ", ".join(f"{label} {v[0]}" for label, v in steps.items())
             print(f"  {n}: {kind} (medians, us unless named): {text}")
+    # the first pass of the stream after the server started (the cache as the load left it),
+    # and the first pass with the measured seconds after it: a restart's first half minute
+    for n, (r, _) in runs.items():
+        log = os.path.join(folder, n + ".log")
+        first = [ln for ln in open(log, errors="replace")] if os.path.exists(log) else []
+        first = [ln for ln in first if "warm pass 1:" in ln]
+        m = re.search(r"warm pass 1: ([\d,]+) queries in ([\d.]+) s \(([\d.]+) M pairs/s", first[0]) if first else None
+        if not m:
+            continue
+        s = r["stream"][0]
+        q1, s1, rate1 = int(m.group(1).replace(",", "")), float(m.group(2)), float(m.group(3))
+        pairs = q1 * s["batch"] + s["queries"] * s["batch"]
+        both = pairs / (s1 + s["seconds"]) / 1e6
+        print(f"  {n}: first pass after the start {rate1:.2f} M pairs/s ({s1:.1f} s, "
+              f"{rate1 / (s['pairs_per_s'] / 1e6):.2f}x the measured rate); the first {s1 + s['seconds']:.0f} s "
+              f"together {both:.2f} M pairs/s ({both / (s['pairs_per_s'] / 1e6):.2f}x)")
     for n in order:
         if n not in runs:
             print(f"{n}: no stream figure (see {n}.log)")

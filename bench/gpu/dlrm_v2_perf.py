@@ -249,6 +249,10 @@ def parse(argv=None):
     p.add_argument("--host-memory", default="mapped", choices=["auto", "mapped", "huge_pages"],
                    help="host_memory: the host tier's rows read in place from the fixture's files, or copied at "
                         "load into memory of 2 MiB pages (52 GB more RAM at scale 1.0)")
+    p.add_argument("--cache-state-dir", default="",
+                   help="cache_state_dir: the caches save the keys they hold there (at unload and every "
+                        "--cache-state-period-s) and a new server's caches load them at start (warm restarts)")
+    p.add_argument("--cache-state-period-s", type=float, default=15.0, help="cache_state_period_s")
     p.add_argument("--hit-rate-bound", type=float, default=0.002)
     p.add_argument("--ref-batches", default=None,
                    help=f"the reference's batches in pairs (default {DEFAULTS['ref_batches']}: 270 x 16 and x 64)")
@@ -464,6 +468,8 @@ def write_repository(a, repo, fixture, package, graphs):
              param("gpucache_sharded_memory_gb", a.sharded_memory_gb),
              # both models open one store: the rows are in memory once
              param("store_name", os.path.basename(os.path.normpath(fixture))), param("host_memory", a.host_memory)]
+    if a.cache_state_dir:  # warm restarts: the caches' keys saved there and loaded at start
+        store += [param("cache_state_dir", a.cache_state_dir), param("cache_state_period_s", a.cache_state_period_s)]
     on = f" gpus: [ {', '.join(a.gpus.split(','))} ]" if a.gpus else ""
     group = f"instance_group [ {{ count: {a.instances} kind: KIND_GPU{on} }} ]"
     batching = f"dynamic_batching {{ max_queue_delay_microseconds: {a.max_queue_delay_us} }}"
