@@ -101,14 +101,14 @@ int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_ro
           host.copy_(out[i], /*non_blocking=*/true);
           out[i] = host;
         }
-        wait_asleep(*m.stream);
+        m.stream->synchronize();
       } else {
         // a package may return views (BERT's two logits are strided slices of one tensor):
         // made contiguous on the instance's stream before the wait, because the backend
         // copies outputs on a stream of its own once this returns
         for (auto& o : out) o = o.contiguous();
         times->launched_us = since();
-        wait_asleep(*m.stream);
+        m.stream->synchronize();
       }
       times->synced_us = since();
       if (times->replayed) {

@@ -164,18 +164,6 @@ inline at::Tensor on_device(const Model& m, const at::Tensor& in) {
 std::vector<at::Tensor> run_graph(Model& m, const std::vector<at::Tensor>& in, int64_t pad_rows, RunTimes* times,
                                   Clock::time_point t0);
 int64_t between(const Model& m, int a, int b, const RunTimes* times);
-
-// Waits for the work queued on `s` with this thread asleep (a blocking-sync event), where a
-// stream's own wait spins on a core: a server's instances wait on the GPU for milliseconds
-// at a time, and the host threads reading an embedding cache's misses need those cores.
-inline void wait_asleep(const c10::cuda::CUDAStream& s) {
-  cudaEvent_t ev = nullptr;
-  C10_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventBlockingSync | cudaEventDisableTiming));
-  cudaError_t e = cudaEventRecord(ev, s.stream());
-  if (e == cudaSuccess) e = cudaEventSynchronize(ev);
-  (void)cudaEventDestroy(ev);
-  C10_CUDA_CHECK(e);
-}
 #endif
 
 }  // namespace tra

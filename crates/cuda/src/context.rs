@@ -279,13 +279,3 @@ pub fn view_mut_in<'a, O: ?Sized>(
     // SAFETY: as in view_in, with the owner borrowed exclusively for 'a.
     Ok(unsafe { DeviceViewMut::from_raw(device, addr, len) })
 }
-
-/// Waits for the work queued on `stream` so far with this thread asleep (a blocking-sync
-/// event), where a stream's own wait spins on a core: a server's instances wait on the GPU
-/// for milliseconds at a time, and the host threads reading a cache's misses need the cores.
-pub(crate) fn wait_asleep(stream: &CudaStream) -> Result<()> {
-    let event = stream
-        .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
-        .map_err(cuda_err)?;
-    event.synchronize().map_err(cuda_err)
-}

@@ -41,7 +41,7 @@ impl Queue {
     }
     /// Waits for everything queued so far.
     pub(crate) fn wait(&self) -> Result<()> {
-        crate::context::wait_asleep(&self.stream)
+        self.stream.synchronize().map_err(cuda_err)
     }
 }
 
@@ -120,7 +120,7 @@ fn copy_dtod(device: i32, dst: DevicePtr<'_>, src: DevicePtr<'_>, len: usize) ->
     }
     let stream = copy_stream(device)?;
     dtod_on(&stream, dst, src, len)?;
-    crate::context::wait_asleep(&stream)
+    stream.synchronize().map_err(cuda_err)
 }
 
 /// Queues on `stream` (of GPU `to`) a copy of part `p` (not empty) from GPU `src_device`'s
@@ -173,7 +173,7 @@ fn copy_peer(
         src_device,
         Part { src: src.raw(), dst: dst.raw(), len: len as u64 },
     )?;
-    crate::context::wait_asleep(&stream)
+    stream.synchronize().map_err(cuda_err)
 }
 
 /// Copies device memory at `src` (holding `dst.len()` bytes) into host memory; done when it returns.
@@ -194,7 +194,7 @@ fn copy_htod(device: i32, dst: DevicePtr<'_>, src: &[u8]) -> Result<()> {
     let stream = copy_stream(device)?;
     // SAFETY: `dst` has room for `src` (the caller's lengths); `src` outlives the wait below.
     unsafe { htod_on(&stream, dst, src) }?;
-    crate::context::wait_asleep(&stream)
+    stream.synchronize().map_err(cuda_err)
 }
 
 /// Device bytes read to the host into page-locked memory its owner keeps, on a stream of its
@@ -381,7 +381,7 @@ impl DeviceOps for Cuda {
             }
         }
         for s in &streams {
-            if let Err(e) = crate::context::wait_asleep(s) {
+            if let Err(e) = s.synchronize().map_err(cuda_err) {
                 first_error.get_or_insert(e);
             }
         }
@@ -431,7 +431,7 @@ impl DeviceOps for Cuda {
             }
         }
         let queued = clock.map(|c| c.elapsed());
-        crate::context::wait_asleep(&stream)?;
+        stream.synchronize().map_err(cuda_err)?;
         if let (Some(c), Some(q)) = (clock, queued) {
             log::debug!(
                 "timing: gather: parts {}, bytes {total}, allocated and queued {} us, waited {} us",

@@ -168,7 +168,7 @@ impl Pooler {
         // `rows` holds every row the bounds name (the callers' checks) and `out` has room for
         // batch * tables * dim of `format`.
         unsafe { b.launch(cfg) }.map_err(cuda_err)?;
-        q.wait()?;
+        q.stream.synchronize().map_err(cuda_err)?;
         Ok(self.out.view(out_bytes).expect("reserved above"))
     }
 }
@@ -358,7 +358,7 @@ impl ResidentPool {
         unsafe { b.launch(threads_config(batch * tables * lanes)) }.map_err(cuda_err)?;
         let h_count = self.count.0.slice(1)?;
         dtoh(q, h_count, d_count)?;
-        q.wait()?;
+        q.stream.record_event(None).map_err(cuda_err)?.synchronize().map_err(cuda_err)?;
         Ok(h_count[0] as usize)
     }
 
