@@ -177,23 +177,36 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         let n = 20_000;
         let missed: Vec<i32> = (0..n).map(|_| rng.gen_range(0..50_000)).collect();
-        let keys: Vec<i64> = missed.iter().map(|&i| rng.gen_range(-3..[910i64, 705][table_of(i as usize)])).collect();
+        let keys: Vec<i64> = missed
+            .iter()
+            .map(|&i| rng.gen_range(-3..[910i64, 705][table_of(i as usize)]))
+            .collect();
         let (mut rows, mut found, mut per) = (vec![7u8; n * width], vec![9u8; n], vec![0usize; 2]);
-        assert!(s.gather_dense(&table_of, &missed, &keys, &mut rows, &mut found, &mut per).unwrap());
+        assert!(s
+            .gather_dense(&table_of, &missed, &keys, &mut rows, &mut found, &mut per)
+            .unwrap());
         assert_eq!(per.iter().sum::<usize>(), n);
         for (j, &i) in missed.iter().enumerate() {
             let t = table_of(i as usize);
             let mut want = vec![0u16; dim];
             let f = s.read_below_cache_f16(t, &keys[j..j + 1], &mut want);
             assert_eq!(found[j] == 1, f[0], "miss {j} (key {} of table {t})", keys[j]);
-            assert_eq!(&rows[j * width..(j + 1) * width], bytemuck::cast_slice::<u16, u8>(&want), "miss {j}");
+            assert_eq!(
+                &rows[j * width..(j + 1) * width],
+                bytemuck::cast_slice::<u16, u8>(&want),
+                "miss {j}"
+            );
         }
         assert!(found.contains(&0) && found.contains(&1), "keys past the rows read as defaults");
         // rows of another width, or a table written since it was loaded: the grouped path's
         let mut wide = vec![0u8; n * 32];
-        assert!(!s.gather_dense(&table_of, &missed, &keys, &mut wide, &mut found, &mut per).unwrap());
+        assert!(!s
+            .gather_dense(&table_of, &missed, &keys, &mut wide, &mut found, &mut per)
+            .unwrap());
         s.update(1, &[5], &[1.0; 8]).unwrap();
-        assert!(!s.gather_dense(&table_of, &missed, &keys, &mut rows, &mut found, &mut per).unwrap());
+        assert!(!s
+            .gather_dense(&table_of, &missed, &keys, &mut rows, &mut found, &mut per)
+            .unwrap());
         drop(s);
         std::fs::remove_dir_all(dir).unwrap();
     }
