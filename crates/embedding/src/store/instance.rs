@@ -282,8 +282,8 @@ impl InstanceCaches {
             // every table dense and untouched: read in the lookup's order, as a plain gather
             let tf = Instant::now();
             let raw: &mut [u8] = match &mut rows {
-                gpu::FetchedRows::F32(r) => bytemuck::cast_slice_mut(&mut **r),
-                gpu::FetchedRows::F16(r) => bytemuck::cast_slice_mut(&mut **r),
+                gpu::FetchedRows::F32(r) => bytemuck::cast_slice_mut(r),
+                gpu::FetchedRows::F16(r) => bytemuck::cast_slice_mut(r),
             };
             if store.gather_dense(
                 &table_of,
