@@ -118,6 +118,63 @@ impl EmbeddingStore {
     }
 }
 
+/// Which table each key of a batch lookup belongs to, as the kernels find it from the layout
+/// (`table_of` in cache.cu), and how many keys each table has.
+pub(super) struct KeyTables<'a> {
+    layout: gpu::KeyLayout<'a>,
+    tables: usize,
+    /// Each table's keys in the batch.
+    pub(super) counts: Vec<usize>,
+    /// Where each table starts: in the batch (blocked), or in a sample (fixed).
+    starts: Vec<usize>,
+    /// A fixed layout's table at each place of a sample.
+    place: Vec<u16>,
+}
+
+impl<'a> KeyTables<'a> {
+    pub(super) fn new(layout: gpu::KeyLayout<'a>, keys: usize, tables: usize) -> KeyTables<'a> {
+        // a fixed layout's table of each place in a sample, read per miss by the readers
+        let place = match layout {
+            gpu::KeyLayout::Fixed { width, at } => (0..width)
+                .map(|p| at.partition_point(|&s| s as usize <= p).saturating_sub(1) as u16)
+                .collect(),
+            _ => Vec::new(),
+        };
+        let (counts, starts): (Vec<usize>, Vec<usize>) = match layout {
+            gpu::KeyLayout::Interleaved => (vec![keys / tables.max(1); tables], Vec::new()),
+            gpu::KeyLayout::Blocked(c) => {
+                let starts = c
+                    .iter()
+                    .scan(0, |at, &n| {
+                        let s = *at;
+                        *at += n;
+                        Some(s)
+                    })
+                    .collect();
+                (c.to_vec(), starts)
+            }
+            gpu::KeyLayout::Fixed { width, at } => {
+                let samples = keys / width.max(1);
+                let counts =
+                    at.windows(2).map(|w| (w[1] - w[0]).max(0) as usize * samples).collect();
+                (counts, at.iter().take(tables).map(|&a| a.max(0) as usize).collect())
+            }
+        };
+        KeyTables { layout, tables, counts, starts, place }
+    }
+
+    /// The table of key `i` of the batch.
+    pub(super) fn table_of(&self, i: usize) -> usize {
+        match self.layout {
+            gpu::KeyLayout::Interleaved => i % self.tables.max(1),
+            gpu::KeyLayout::Blocked(_) => {
+                self.starts.partition_point(|&s| s <= i).saturating_sub(1)
+            }
+            gpu::KeyLayout::Fixed { width, .. } => self.place[i % width.max(1)] as usize,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
