@@ -9,8 +9,10 @@
    (`ort`, `tch`, `cudarc`) — checked on each crate's own resolved dependency tree.
 3. No dependency cycle among the workspace's crates (normal and build dependencies).
 4. Inside `crates/cuda`, one-way layers: each file's `use crate::...` / `use super::...`
-   imports name only files of its own layer or lower ones, never form a cycle, and every
-   file has a layer (a new file must be placed); no file is longer than 600 lines.
+   imports name only files of its own layer or lower ones, and every file has a layer (a new
+   file must be placed). In every crate (the root package's `src/` too), the files' imports
+   (`use crate::...`, `use super::...`) never form a cycle, and no source file of any
+   language (`.rs`, `.cpp`, `.cu`, `.h`) is longer than 600 lines.
 5. Inside every crate, no file imports upward into its crate root: what a file below the root
    uses is defined in a module it names (`crate::module::Item`), never in `lib.rs` itself
    (`crate::Item`, or from a file right below the root `super::Item` or `super::*`), so the
@@ -132,21 +134,24 @@ CUDA_LAYERS = [
     ("cache", ["cache/mod.rs", "cache/slots.rs", "cache/rows.rs", "cache/batch_args.rs",
                "cache/batch.rs", "cache/batch_host.rs", "cache/pool.rs", "cache/bench.rs"]),
 ]
-CUDA_MAX_LINES = 600
+MAX_LINES = 600
+SOURCES = ("*.rs", "*.cpp", "*.cu", "*.h")
 cuda_src = ROOT / "crates/cuda/src"
 layer_of = {f: i for i, (_, files) in enumerate(CUDA_LAYERS) for f in files}
 
 
-def module_file(path):
-    """The file of a module path (`["cache", "slots"]`), as a key of layer_of."""
+def module_file(path, files):
+    """The file of a module path (`["cache", "slots"]`) among `files` (paths under src/; a
+    module `m` is `m.rs` or `m/mod.rs`, and `lib.rs` is the root's)."""
     for cand in ("/".join(path) + ".rs", "/".join(path) + "/mod.rs"):
-        if cand in layer_of:
+        if cand in files:
             return cand
     return None
 
 
-def cuda_imports(rel, text):
-    """The files of crates/cuda that `rel` imports through `use crate::` or `use super::`."""
+def file_imports(rel, text, files):
+    """The files among `files` that `rel` imports through `use crate::` or `use super::`
+    (`super` from a file `a/b.rs` is `a.rs` or `a/mod.rs`)."""
     here = rel[:-len("/mod.rs")].split("/") if rel.endswith("/mod.rs") else rel[:-3].split("/")
     code = "\n".join(line.split("//", 1)[0] for line in text.splitlines())
     found = set()
@@ -160,7 +165,7 @@ def cuda_imports(rel, text):
             path = base + mid + ([head] if head not in ("self", "") else [])
             # the longest prefix of the path that is a file (`crate::mem::Device` is mem.rs)
             for cut in range(len(path), 0, -1):
-                f = module_file(path[:cut])
+                f = module_file(path[:cut], files)
                 if f:
                     if f != rel:
                         found.add(f)
@@ -168,40 +173,66 @@ def cuda_imports(rel, text):
     return found
 
 
-cuda_graph = {}
+def strip_tests(text):
+    """The file without its `#[cfg(test)] mod tests { ... }` (a test module may import anything)."""
+    at = text.find("#[cfg(test)]\nmod tests")
+    return text if at < 0 else text[:at]
+
+
 for f in sorted(cuda_src.rglob("*.rs")):
     rel = f.relative_to(cuda_src).as_posix()
-    lines = f.read_text().count("\n")
-    if lines > CUDA_MAX_LINES:
-        fail(f"crates/cuda/src/{rel} has {lines} lines (more than {CUDA_MAX_LINES})")
     if rel == "lib.rs":
         continue
     if rel not in layer_of:
         fail(f"crates/cuda/src/{rel} has no layer in check_architecture.py's CUDA_LAYERS")
         continue
-    cuda_graph[rel] = cuda_imports(rel, f.read_text())
-    for dep in sorted(cuda_graph[rel]):
+    for dep in sorted(file_imports(rel, strip_tests(f.read_text()), layer_of)):
         if layer_of[dep] > layer_of[rel]:
             fail(f"crates/cuda/src/{rel} ({CUDA_LAYERS[layer_of[rel]][0]}) imports {dep}, "
                  f"a higher layer ({CUDA_LAYERS[layer_of[dep]][0]})")
-cuda_state = {}
-
-
-def visit_file(n, path):
-    if cuda_state.get(n) == 1:
-        fail("crates/cuda import cycle: " + " -> ".join(path + [n]))
-        return
-    if cuda_state.get(n) == 2:
-        return
-    cuda_state[n] = 1
-    for d in sorted(cuda_graph.get(n, ())):
-        visit_file(d, path + [n])
-    cuda_state[n] = 2
-
-
-for n in sorted(cuda_graph):
-    visit_file(n, [])
 print("crates/cuda layers, bottom up: " + " | ".join(", ".join(files) for _, files in CUDA_LAYERS))
+
+
+def source_dirs():
+    """Every package's src/ (the root package's and each crate's)."""
+    for name, pkg in sorted(members.items()):
+        src = Path(pkg["manifest_path"]).parent / "src"
+        if src.is_dir():
+            yield name, src
+
+
+def check_cycles(name, src):
+    """Fails every import cycle among the package's .rs files."""
+    files = {f.relative_to(src).as_posix(): f for f in src.rglob("*.rs")}
+    graph = {rel: file_imports(rel, strip_tests(f.read_text()), files) for rel, f in files.items()}
+    state = {}
+
+    def visit(n, path):
+        if state.get(n) == 1:
+            fail(f"{name}: import cycle " + " -> ".join(path[path.index(n):] + [n]))
+            return
+        if state.get(n) == 2:
+            return
+        state[n] = 1
+        for d in sorted(graph.get(n, ())):
+            visit(d, path + [n])
+        state[n] = 2
+
+    for n in sorted(graph):
+        visit(n, [])
+
+
+longest = (0, "")
+for name, src in source_dirs():
+    check_cycles(name, src)
+    for pattern in SOURCES:
+        for f in src.rglob(pattern):
+            lines = f.read_text(errors="replace").count("\n")
+            longest = max(longest, (lines, f.relative_to(ROOT).as_posix()))
+            if lines > MAX_LINES:
+                fail(f"{f.relative_to(ROOT)} has {lines} lines (more than {MAX_LINES})")
+print(f"every package: no import cycle among its files; no source file over {MAX_LINES} lines "
+      f"(the longest: {longest[1]}, {longest[0]})")
 
 
 # 5. no import up into a crate's root (the rule's reading of a crate: scripts/arch_imports.py)

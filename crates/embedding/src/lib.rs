@@ -33,5 +33,5 @@ mod store_config;
 
 pub use keys::{mix64, Zipf};
 pub use redis::RemoteTier;
-pub use store::{CacheState, EmbeddingStore, InstanceCaches, TableCounters};
+pub use store::{EmbeddingStore, InstanceCaches, TableCounters};
 pub use store_config::*;

@@ -33,7 +33,6 @@ mod sharded;
 mod warm;
 
 pub use instance::InstanceCaches;
-pub use warm::CacheState;
 
 /// Per-table counters, for metrics. Latencies are summed nanoseconds.
 #[derive(Default)]
@@ -249,7 +248,7 @@ impl EmbeddingStore {
                 spec.group
             );
             *store.follower.lock() =
-                Some(stream::StreamFollower::start(spec, Arc::downgrade(&store))?);
+                Some(stream::StreamFollower::start(spec, Arc::downgrade(&store) as _)?);
         }
         if let Some(stop) = compactor {
             let weak = Arc::downgrade(&store);
@@ -506,3 +505,13 @@ fn compactor_loop(
 
 #[cfg(test)]
 mod tests;
+
+impl stream::StreamTarget for EmbeddingStore {
+    fn table_named(&self, name: &str) -> Option<(usize, usize)> {
+        self.tables.iter().position(|t| t.config.name == name).map(|i| (i, self.dim(i)))
+    }
+
+    fn write_rows(&self, table: usize, keys: &[i64], vectors: &[f32]) -> Result<()> {
+        self.update_from_stream(table, keys, vectors)
+    }
+}

@@ -60,7 +60,7 @@ pub struct StoreConfig {
     pub hotness: Vec<usize>,
     /// Where the caches save the keys they hold and load them at start (`cache_state_dir`,
     /// `cache_state_period_s`); `None`: they start empty.
-    pub cache_state: Option<crate::store::CacheState>,
+    pub cache_state: Option<CacheState>,
 }
 
 /// `gpucache_sharded_replicate`'s default: about a third of each GPU's room. On two H200s
@@ -240,5 +240,23 @@ impl StoreConfig {
             (None, Some(files)) => Some(files.join("updates")),
             (None, None) => None,
         }
+    }
+}
+
+/// Where a store's caches save the keys they hold (`cache_state_dir`), and how often
+/// (`cache_state_period_s`); read back at start (`store/warm.rs`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CacheState {
+    /// The store's name (`store_name`, else the model's): the files' names begin with it.
+    pub store: String,
+    pub dir: PathBuf,
+    /// Seconds between saves while serving; 0: at unload only.
+    pub period_s: f64,
+}
+
+impl CacheState {
+    /// The file of the caches at `place` (`gpu0`, `cpu`) of store `name`.
+    pub fn file(&self, name: &str, place: &str) -> PathBuf {
+        self.dir.join(format!("{name}.{place}.cache_keys"))
     }
 }

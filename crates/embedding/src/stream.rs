@@ -17,8 +17,6 @@ use std::time::Duration;
 use redis::Value;
 use triton_rust_core::error::{Error, Result};
 
-use crate::store::EmbeddingStore;
-
 /// Where to follow updates from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamSpec {
@@ -91,8 +89,17 @@ impl Drop for StreamFollower {
     }
 }
 
+/// What a stream's entries are written into (the store, which follows the stream): tables
+/// found by name, rows written as an update that came from the stream.
+pub trait StreamTarget: Send + Sync {
+    /// The table named `name`: its index and dim.
+    fn table_named(&self, name: &str) -> Option<(usize, usize)>;
+    /// Writes rows into table `table` (`keys.len() × dim` values).
+    fn write_rows(&self, table: usize, keys: &[i64], vectors: &[f32]) -> Result<()>;
+}
+
 impl StreamFollower {
-    pub fn start(spec: StreamSpec, store: Weak<EmbeddingStore>) -> Result<StreamFollower> {
+    pub fn start(spec: StreamSpec, store: Weak<dyn StreamTarget>) -> Result<StreamFollower> {
         let stop = Arc::new(AtomicBool::new(false));
         let counters = Arc::new(StreamCounters::default());
         let (flag, c) = (stop.clone(), counters.clone());
@@ -109,7 +116,7 @@ const BACKOFF: Duration = Duration::from_millis(500);
 
 fn follow(
     spec: StreamSpec,
-    store: Weak<EmbeddingStore>,
+    store: Weak<dyn StreamTarget>,
     stop: Arc<AtomicBool>,
     c: Arc<StreamCounters>,
 ) {
@@ -137,7 +144,7 @@ fn redis_err(e: redis::RedisError) -> Error {
 /// One connection's worth of following; returns Ok when told to stop.
 fn session(
     spec: &StreamSpec,
-    store: &Weak<EmbeddingStore>,
+    store: &Weak<dyn StreamTarget>,
     stop: &AtomicBool,
     c: &StreamCounters,
 ) -> Result<()> {
@@ -178,7 +185,7 @@ fn session(
         }
         let Some(store) = store.upgrade() else { return Ok(()) };
         for (id, fields) in &entries {
-            match apply(&store, fields) {
+            match apply(&*store, fields) {
                 Ok(rows) => {
                     c.applied_entries.fetch_add(1, Ordering::Relaxed);
                     c.applied_rows.fetch_add(rows as u64, Ordering::Relaxed);
@@ -280,7 +287,7 @@ fn group_state(info: &Value, group: &str) -> Option<(u64, u64)> {
 }
 
 /// Applies one entry; returns its row count. Malformed entries are `InvalidArg`.
-fn apply(store: &EmbeddingStore, fields: &[(String, Vec<u8>)]) -> Result<usize> {
+fn apply(store: &dyn StreamTarget, fields: &[(String, Vec<u8>)]) -> Result<usize> {
     let field = |name: &str| {
         fields
             .iter()
@@ -289,12 +296,10 @@ fn apply(store: &EmbeddingStore, fields: &[(String, Vec<u8>)]) -> Result<usize> 
             .ok_or_else(|| Error::invalid_arg(format!("no field '{name}'")))
     };
     let name = String::from_utf8_lossy(field("table")?).into_owned();
-    let table = store
-        .tables()
-        .position(|t| t.name == name)
+    let (table, dim) = store
+        .table_named(&name)
         .ok_or_else(|| Error::invalid_arg(format!("no table '{name}' in this store")))?;
     let (keys, vectors) = (field("keys")?, field("vectors")?);
-    let dim = store.dim(table);
     if keys.len() % 8 != 0 || vectors.len() != keys.len() / 8 * dim * 4 {
         return Err(Error::invalid_arg(format!(
             "table '{name}': {} bytes of keys and {} bytes of vectors do not make rows of dim {dim}",
@@ -309,7 +314,7 @@ fn apply(store: &EmbeddingStore, fields: &[(String, Vec<u8>)]) -> Result<usize> 
     if let Some(i) = vectors.iter().position(|v| !v.is_finite()) {
         return Err(Error::invalid_arg(format!("table '{name}': value {i} is not finite")));
     }
-    store.update_from_stream(table, &keys, &vectors).map_err(|e| {
+    store.write_rows(table, &keys, &vectors).map_err(|e| {
         if e.kind() == triton_rust_core::ErrorKind::InvalidArg {
             e
         } else {

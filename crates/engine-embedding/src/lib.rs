@@ -34,6 +34,7 @@ use triton_rust_embedding::gpu::{
 };
 use triton_rust_embedding::{CacheRows, InstanceCaches};
 
+mod miss_reads;
 mod model;
 mod pool;
 mod pooled;

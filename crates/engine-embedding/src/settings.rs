@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+pub use crate::miss_reads::MissReads;
 use triton_rust_core::config::ModelConfig;
 use triton_rust_core::error::{Error, Result};
 use triton_rust_core::settings::{BackendSettings, Known};
@@ -15,6 +16,28 @@ use triton_rust_embedding::{
     CacheAllocation, CacheEviction, CacheRows, CacheState, Placement, StoreConfig, TableConfig,
     REPLICATE_SHARE,
 };
+
+/// Where the caches save their keys (`cache_state_dir`, relative to the version directory)
+/// and how often (`cache_state_period_s`), `None` without a directory.
+fn cache_state(
+    cfg: &ModelConfig,
+    name: &str,
+    version_dir: &Path,
+    period_s: f64,
+) -> Result<Option<CacheState>> {
+    let Some(dir) = cfg.parameters.get("cache_state_dir").map(|d| d.trim()) else {
+        return Ok(None);
+    };
+    if dir.is_empty() || dir == "none" {
+        return Ok(None);
+    }
+    if !(period_s.is_finite() && period_s >= 0.0) {
+        return Err(Error::invalid_arg(format!(
+            "parameter 'cache_state_period_s' is the seconds between saves of the caches' keys, 0 or more (0: at unload only); got {period_s}"
+        )));
+    }
+    Ok(Some(CacheState { store: name.to_string(), dir: version_dir.join(dir), period_s }))
+}
 
 #[cfg(test)]
 thread_local! {
@@ -157,32 +180,6 @@ impl CacheSharing {
             Some("instance") => Ok(CacheSharing::Instance),
             Some(other) => Err(Error::invalid_arg(format!(
                 "parameter 'gpucache_sharing' is '{other}'; use device (one cache per GPU, shared by its instances) or instance"
-            ))),
-        }
-    }
-}
-
-/// Who reads a GPU instance's misses from the host tier's rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MissReads {
-    /// Host threads, into page-locked memory, and one copy to the GPU.
-    Cpu,
-    /// The lookup's kernels, in place over the bus (the rows page-locked and mapped for the
-    /// GPU; `triton_rust_embedding`'s `store/host_rows.rs`).
-    Gpu,
-    /// Both at once: each batch's misses shared between the GPU in place and host threads
-    /// by their measured rates (`BatchLookup::share_misses`).
-    Both,
-}
-
-impl MissReads {
-    fn parse(text: Option<&str>) -> Result<MissReads> {
-        match text.map(str::trim) {
-            None | Some("cpu") => Ok(MissReads::Cpu),
-            Some("gpu") => Ok(MissReads::Gpu),
-            Some("both") => Ok(MissReads::Both),
-            Some(other) => Err(Error::invalid_arg(format!(
-                "parameter 'gpucache_miss_reads' is '{other}'; use cpu (host threads read the misses), gpu (the GPU reads them in place) or both (shared by their rates)"
             ))),
         }
     }
@@ -409,18 +406,12 @@ impl StoreSettings {
                 (gb * 1e9) as u64
             },
             hotness: pooling.as_ref().map_or_else(Vec::new, |p| p.hotness.clone()),
-            cache_state: match cfg.parameters.get("cache_state_dir").map(|d| d.trim()) {
-                None | Some("") | Some("none") => None,
-                Some(dir) => {
-                    let period_s = number("cache_state_period_s", 0.0)?;
-                    if !(period_s.is_finite() && period_s >= 0.0) {
-                        return Err(Error::invalid_arg(format!(
-                            "parameter 'cache_state_period_s' is the seconds between saves of the caches' keys, 0 or more (0: at unload only); got {period_s}"
-                        )));
-                    }
-                    Some(CacheState { store: name.clone(), dir: version_dir.join(dir), period_s })
-                }
-            },
+            cache_state: cache_state(
+                cfg,
+                &name,
+                version_dir,
+                number("cache_state_period_s", 0.0)?,
+            )?,
         };
         if !(0.0..=0.5).contains(&store.replicate_share) {
             return Err(Error::invalid_arg(format!(

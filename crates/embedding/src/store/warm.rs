@@ -11,30 +11,13 @@
 //! empty and the model is served.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use super::*;
 use crate::keys::mix64;
 
 const MAGIC: &str = "triton_rust cache state 1";
-
-/// Where a store's caches save what they hold, and how often.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CacheState {
-    /// The store's name (`store_name`, else the model's): the files' names begin with it.
-    pub store: String,
-    pub dir: PathBuf,
-    /// Seconds between saves while serving; 0: at unload only.
-    pub period_s: f64,
-}
-
-impl CacheState {
-    /// The file of the caches at `place` (`gpu0`, `cpu`) of store `name`.
-    pub fn file(&self, name: &str, place: &str) -> PathBuf {
-        self.dir.join(format!("{name}.{place}.cache_keys"))
-    }
-}
 
 /// One table's line of the header: (name, rows, dim, keys saved).
 type TableLine = (String, usize, usize, usize);
@@ -251,6 +234,7 @@ mod tests {
     use super::*;
     use crate::cache::HostCache;
     use crate::table::{write_table, VectorType};
+    use std::path::PathBuf;
 
     const DIM: usize = 4;
 
