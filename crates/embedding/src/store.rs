@@ -22,7 +22,6 @@ use crate::table::{self, TableFiles};
 
 mod attach;
 mod below;
-#[cfg(feature = "gpu")]
 mod gather;
 #[cfg(feature = "gpu")]
 mod host_rows;

@@ -19,7 +19,7 @@ impl EmbeddingStore {
     /// past its table's rows gets the table's default value and is not found. Adds each
     /// table's keys read to `per_table`. `Ok(false)`, nothing read, unless every table is
     /// dense, untouched and stores rows of `width` bytes.
-    pub(crate) fn gather_dense(
+    pub fn gather_dense(
         &self,
         table_of: &(dyn Fn(usize) -> usize + Sync),
         missed: &[i32],
@@ -120,6 +120,7 @@ impl EmbeddingStore {
 
 /// Which table each key of a batch lookup belongs to, as the kernels find it from the layout
 /// (`table_of` in cache.cu), and how many keys each table has.
+#[cfg(feature = "gpu")]
 pub(super) struct KeyTables<'a> {
     layout: gpu::KeyLayout<'a>,
     tables: usize,
@@ -131,6 +132,7 @@ pub(super) struct KeyTables<'a> {
     place: Vec<u16>,
 }
 
+#[cfg(feature = "gpu")]
 impl<'a> KeyTables<'a> {
     pub(super) fn new(layout: gpu::KeyLayout<'a>, keys: usize, tables: usize) -> KeyTables<'a> {
         // a fixed layout's table of each place in a sample, read per miss by the readers

@@ -1,0 +1,241 @@
+//! The host side of a served GPU cache's misses, without Triton or a GPU: several "instances"
+//! (threads, as Triton's model instances are) each reading their batches' misses through the
+//! store's reads (`EmbeddingStore::gather_dense`, the worker pool shared by all), at once,
+//! beside a plain gather of the same rows. Served, six instances' reads together reached
+//! about 40 M rows a second where a plain gather on the same 16-core host read 120 M
+//! (`bench/gpu/results/cache-runs/README.md`); this tells whether the store's concurrent reads
+//! fall short on the host alone, and which way of sharing the cores does better.
+//!
+//! One fp16 table of `--gb` GB (keys `0..rows`, the fixture's synthetic rows, placed as
+//! `--host-memory` says), uniformly random keys. Each batch has `--misses` misses, read in
+//! `--parts` parts one after the other (as the lookup reads them, each part going up while the
+//! next is read). Rates in M rows/s:
+//! - `plain, whole host`: one batch's rows copied by every core at once (scoped threads, each
+//!   an equal share, 16 rows prefetched ahead, from rows placed as the store placed its own):
+//!   the host's rate;
+//! - `store, one instance`: one instance alone, its parts through `gather_dense`;
+//! - `store, N instances`: N threads each reading their own batches through `gather_dense`
+//!   at once (all rows over the wall time, and the median time of a batch);
+//! - `plain, N instances`: the same N threads each running a plain gather on its share of the
+//!   cores (cores / N scoped threads each), no shared pool.
+//!
+//! The store's rows are checked equal to the plain gather's and the fixture's.
+//!
+//!   cargo run --release -p triton_rust_embedding --example served_reads_bench -- \
+//!       [--gb 4] [--dim 128] [--misses 170000] [--parts 3] [--instances 6] [--batches 20]
+//!       [--host-memory auto|mapped|huge_pages] [--dir /tmp/served_reads_table] [--threads N]
+//!
+//! `--threads`: the plain gathers' threads (default: the store's worker pool's, which
+//! `RAYON_NUM_THREADS` sets), so both read on as many threads.
+use std::path::PathBuf;
+use std::time::Instant;
+
+use rand::{Rng, SeedableRng};
+use triton_rust_embedding::fixture::{synthetic_row, write_synthetic_table, Progress};
+use triton_rust_embedding::table::{HostRows, TableFiles};
+use triton_rust_embedding::{
+    CacheAllocation, EmbeddingStore, Placement, StoreConfig, TableConfig, REPLICATE_SHARE,
+};
+
+fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+const AHEAD: usize = 16;
+const SEED: u64 = 9;
+
+/// `keys`' rows copied into `out` on `threads` scoped threads, each prefetching ahead.
+fn plain_gather(bytes: &[u8], width: usize, keys: &[i64], out: &mut [u8], threads: usize) {
+    let per = keys.len().div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|s| {
+        for (k, o) in keys.chunks(per).zip(out.chunks_mut(per * width)) {
+            s.spawn(move || {
+                let row = |key: i64| &bytes[key as usize * width..(key as usize + 1) * width];
+                k.iter().take(AHEAD).for_each(|&key| triton_rust_os::prefetch(row(key)));
+                for (i, (&key, to)) in k.iter().zip(o.chunks_exact_mut(width)).enumerate() {
+                    if let Some(&next) = k.get(i + AHEAD) {
+                        triton_rust_os::prefetch(row(next));
+                    }
+                    to.copy_from_slice(row(key));
+                }
+            });
+        }
+    });
+}
+
+/// One batch's misses read through the store in `parts` parts; every key is table 0's.
+fn store_batch(
+    store: &EmbeddingStore,
+    keys: &[i64],
+    out: &mut [u8],
+    found: &mut [u8],
+    parts: usize,
+) {
+    let (width, per) = (out.len() / keys.len(), keys.len().div_ceil(parts.max(1)));
+    let missed: Vec<i32> = (0..keys.len() as i32).collect();
+    let mut per_table = [0usize];
+    for (((k, o), f), m) in keys
+        .chunks(per)
+        .zip(out.chunks_mut(per * width))
+        .zip(found.chunks_mut(per))
+        .zip(missed.chunks(per))
+    {
+        let read = store.gather_dense(&|_| 0, m, k, o, f, &mut per_table).expect("the reads");
+        assert!(read, "a dense, untouched fp16 table is read by the plain gather");
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let gb: f64 = arg("--gb", 4.0);
+    let dim: usize = arg("--dim", 128);
+    let misses: usize = arg("--misses", 170_000);
+    let parts: usize = arg("--parts", 3);
+    let instances: usize = arg("--instances", 6);
+    let batches: usize = arg("--batches", 20);
+    let dir = PathBuf::from(arg("--dir", "/tmp/served_reads_table".to_string()));
+    let placement =
+        HostRows::parse(&arg("--host-memory", "auto".to_string())).expect("--host-memory");
+    // the plain gathers' threads: as many as the store's worker pool (RAYON_NUM_THREADS)
+    let cores: usize = arg("--threads", rayon::current_num_threads());
+    let width = dim * 2;
+    let rows = (gb * 1e9) as usize / width;
+    let t0 = Instant::now();
+    if TableFiles::open_npy(&dir).map_or(true, |f| f.rows != rows || f.dim != dim) {
+        write_synthetic_table(&dir, SEED, 0, rows, dim, cores, &Progress::default())
+            .expect("the table");
+    }
+    let store = EmbeddingStore::open(
+        StoreConfig {
+            tables: vec![TableConfig {
+                name: "t".into(),
+                dim,
+                path: Some(dir.clone()),
+                format: None,
+                default_value: 0.0,
+            }],
+            cache_ratio: 0.0,
+            cache_allocation: CacheAllocation::PerTable,
+            cache_rows: Default::default(),
+            cache_eviction: Default::default(),
+            hit_rate_threshold: 0.9,
+            update_log_dir: Some(std::env::temp_dir().join("served_reads_bench_log")),
+            compaction_rows: 0,
+            update_stream: None,
+            host_memory: placement,
+            placement: Placement::Replicated,
+            replicate_share: REPLICATE_SHARE,
+            sharded_memory: 0,
+            hotness: Vec::new(),
+            cache_state: None,
+        },
+        None,
+    )
+    .expect("the store");
+    let copied = store.host_memory(0).copied;
+    println!(
+        "table: {rows} rows of dim {dim}, fp16 ({:.1} GB), {}, ready in {:.1} s; {cores} cores, \
+         the worker pool {} threads, the plain gathers {cores}; batches of {misses} misses in {parts} parts",
+        (rows * width) as f64 / 1e9,
+        if copied { "copied into 2 MiB pages" } else { "read from the file's mapping" },
+        t0.elapsed().as_secs_f64(),
+        rayon::current_num_threads()
+    );
+    // the plain gather reads the same rows placed alike: the file's mapping, or a copy in
+    // 2 MiB pages where the store copied them
+    let file = triton_rust_os::MappedFile::open(&dir.join("vectors.npy")).expect("the file");
+    let data = file.bytes();
+    let mapped = &data[data.len() - rows * width..];
+    let copy = copied.then(|| triton_rust_os::HugeCopy::new(mapped, cores).expect("a copy"));
+    let table = copy.as_ref().map_or(mapped, |c| c.bytes());
+
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
+    let draw = |rng: &mut rand::rngs::SmallRng| -> Vec<i64> {
+        (0..misses).map(|_| rng.gen_range(0..rows as i64)).collect()
+    };
+    let batch_keys: Vec<Vec<Vec<i64>>> =
+        (0..instances).map(|_| (0..batches).map(|_| draw(&mut rng)).collect()).collect();
+    let (mut plain, mut got, mut found) =
+        (vec![0u8; misses * width], vec![1u8; misses * width], vec![0u8; misses]);
+
+    // the host's rate: one batch, every core
+    let keys = &batch_keys[0][0];
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let t = Instant::now();
+        plain_gather(table, width, keys, &mut plain, cores);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    let whole = misses as f64 / best / 1e6;
+    // one instance alone, and its rows checked
+    let mut times = Vec::new();
+    for keys in &batch_keys[0] {
+        let t = Instant::now();
+        store_batch(&store, keys, &mut got, &mut found, parts);
+        times.push(t.elapsed().as_secs_f64());
+    }
+    store_batch(&store, &batch_keys[0][0], &mut got, &mut found, parts);
+    assert!(
+        found.iter().all(|&f| f == 1) && got == plain,
+        "the store's rows differ from the plain gather's"
+    );
+    let mut want = vec![0u16; dim];
+    for (i, &k) in batch_keys[0][0].iter().enumerate().step_by(997) {
+        synthetic_row(SEED, 0, k, &mut want);
+        assert_eq!(&got[i * width..(i + 1) * width], bytemuck::cast_slice::<u16, u8>(&want));
+    }
+    let alone = misses as f64 / median(times) / 1e6;
+    // N instances at once: through the store's shared pool, then each its share of the cores
+    let concurrent = |through_store: bool| -> (f64, f64) {
+        let t = Instant::now();
+        let per_batch: Vec<f64> = std::thread::scope(|s| {
+            let handles: Vec<_> = batch_keys
+                .iter()
+                .map(|mine| {
+                    let store = &store;
+                    s.spawn(move || {
+                        let (mut out, mut found) = (vec![0u8; misses * width], vec![0u8; misses]);
+                        let mut times = Vec::new();
+                        for keys in mine {
+                            let t = Instant::now();
+                            if through_store {
+                                store_batch(store, keys, &mut out, &mut found, parts);
+                            } else {
+                                plain_gather(
+                                    table,
+                                    width,
+                                    keys,
+                                    &mut out,
+                                    (cores / instances).max(1),
+                                );
+                            }
+                            times.push(t.elapsed().as_secs_f64());
+                        }
+                        times
+                    })
+                })
+                .collect();
+            handles.into_iter().flat_map(|h| h.join().expect("an instance")).collect()
+        });
+        let all = (instances * batches * misses) as f64;
+        (all / t.elapsed().as_secs_f64() / 1e6, median(per_batch) * 1e3)
+    };
+    let (store_n, store_ms) = concurrent(true);
+    let (plain_n, plain_ms) = concurrent(false);
+    println!("| plain, whole host | store, one instance | store, {instances} instances (batch ms) | plain, {instances} instances (batch ms) | store {instances} / plain whole |");
+    println!("|---:|---:|---:|---:|---:|");
+    println!(
+        "| {whole:.1} | {alone:.1} | {store_n:.1} ({store_ms:.1}) | {plain_n:.1} ({plain_ms:.1}) | {:.2} |",
+        store_n / whole
+    );
+    println!("rows: the store's equal to the plain gather's and the fixture's");
+}
