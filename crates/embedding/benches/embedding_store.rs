@@ -64,27 +64,15 @@ fn main() {
     let cache_ratio = 0.05;
     let store = EmbeddingStore::open(
         StoreConfig {
-            tables: vec![TableConfig {
+            cache_ratio,
+            replicate_share: 0.0,
+            ..StoreConfig::with_tables(vec![TableConfig {
                 name: "t".into(),
                 dim,
                 path: Some(dir.clone()),
                 format: None,
                 default_value: 0.0,
-            }],
-            cache_ratio,
-            cache_allocation: triton_rust_embedding::CacheAllocation::PerTable,
-            cache_rows: Default::default(),
-            cache_eviction: Default::default(),
-            hit_rate_threshold: 0.9, // HPS default: synchronous fills only while the hit rate is low
-            update_log_dir: None,
-            compaction_rows: 0,
-            update_stream: None,
-            host_memory: Default::default(),
-            placement: Default::default(),
-            replicate_share: 0.0,
-            sharded_memory: 0,
-            hotness: Vec::new(),
-            cache_state: None,
+            }])
         },
         None,
     )

@@ -33,9 +33,7 @@ use std::time::Instant;
 use rand::{Rng, SeedableRng};
 use triton_rust_embedding::fixture::{synthetic_row, write_synthetic_table, Progress};
 use triton_rust_embedding::table::{HostRows, TableFiles};
-use triton_rust_embedding::{
-    CacheAllocation, EmbeddingStore, Placement, StoreConfig, TableConfig, REPLICATE_SHARE,
-};
+use triton_rust_embedding::{EmbeddingStore, StoreConfig, TableConfig};
 
 fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
     let args: Vec<String> = std::env::args().collect();
@@ -116,27 +114,16 @@ fn main() {
     }
     let store = EmbeddingStore::open(
         StoreConfig {
-            tables: vec![TableConfig {
+            cache_ratio: 0.0,
+            update_log_dir: Some(std::env::temp_dir().join("served_reads_bench_log")),
+            host_memory: placement,
+            ..StoreConfig::with_tables(vec![TableConfig {
                 name: "t".into(),
                 dim,
                 path: Some(dir.clone()),
                 format: None,
                 default_value: 0.0,
-            }],
-            cache_ratio: 0.0,
-            cache_allocation: CacheAllocation::PerTable,
-            cache_rows: Default::default(),
-            cache_eviction: Default::default(),
-            hit_rate_threshold: 0.9,
-            update_log_dir: Some(std::env::temp_dir().join("served_reads_bench_log")),
-            compaction_rows: 0,
-            update_stream: None,
-            host_memory: placement,
-            placement: Placement::Replicated,
-            replicate_share: REPLICATE_SHARE,
-            sharded_memory: 0,
-            hotness: Vec::new(),
-            cache_state: None,
+            }])
         },
         None,
     )

@@ -233,6 +233,31 @@ pub fn cache_rows(
 }
 
 impl StoreConfig {
+    /// A store of `tables` with the parameters' defaults (as `docs/settings.md` gives them:
+    /// a 10% cache of each table, LRU, fp32 cache rows, fills before a lookup returns below a
+    /// hit rate of 0.9, update logs beside the tables' files, no compaction, no stream, rows
+    /// placed by `host_memory: auto`, replicated, no saved cache state); tools and tests set
+    /// what they need over it.
+    pub fn with_tables(tables: Vec<TableConfig>) -> StoreConfig {
+        StoreConfig {
+            tables,
+            cache_ratio: 0.1,
+            cache_allocation: CacheAllocation::PerTable,
+            cache_rows: CacheRows::default(),
+            cache_eviction: CacheEviction::default(),
+            hit_rate_threshold: 0.9,
+            update_log_dir: None,
+            compaction_rows: 0,
+            update_stream: None,
+            host_memory: table::HostRows::default(),
+            placement: Placement::default(),
+            replicate_share: REPLICATE_SHARE,
+            sharded_memory: 0,
+            hotness: Vec::new(),
+            cache_state: None,
+        }
+    }
+
     /// The directory of a table's update log, if it has one.
     pub fn log_dir(&self, table: &TableConfig) -> Option<PathBuf> {
         match (&self.update_log_dir, &table.path) {

@@ -195,30 +195,19 @@ mod tests {
             write_table(&dir.join(name), &keys, &vals, dim, VectorType::F16).unwrap();
         }
         let cfg = StoreConfig {
-            tables: tables
-                .iter()
-                .map(|(name, _, default)| TableConfig {
-                    name: name.to_string(),
-                    dim,
-                    path: Some(dir.join(name)),
-                    format: None,
-                    default_value: *default,
-                })
-                .collect(),
-            cache_ratio: 0.1,
-            cache_allocation: CacheAllocation::PerTable,
-            cache_rows: Default::default(),
-            cache_eviction: Default::default(),
-            hit_rate_threshold: 0.9,
             update_log_dir: Some(dir.join("log")),
-            compaction_rows: 0,
-            update_stream: None,
-            host_memory: Default::default(),
-            placement: Default::default(),
-            replicate_share: crate::store_config::REPLICATE_SHARE,
-            sharded_memory: 0,
-            hotness: Vec::new(),
-            cache_state: None,
+            ..StoreConfig::with_tables(
+                tables
+                    .iter()
+                    .map(|(name, _, default)| TableConfig {
+                        name: name.to_string(),
+                        dim,
+                        path: Some(dir.join(name)),
+                        format: None,
+                        default_value: *default,
+                    })
+                    .collect(),
+            )
         };
         EmbeddingStore::open(cfg, None).unwrap()
     }

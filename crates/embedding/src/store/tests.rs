@@ -47,7 +47,11 @@ fn make_store_in(
     let vecs: Vec<f32> = keys.iter().flat_map(|&k| row(k, 0, dim)).collect();
     write_table(&dir.join("t0"), &keys, bytemuck::cast_slice(&vecs), dim, VectorType::F32).unwrap();
     let cfg = StoreConfig {
-        tables: vec![
+        cache_ratio: ratio,
+        hit_rate_threshold: threshold,
+        host_memory,
+        placement,
+        ..StoreConfig::with_tables(vec![
             TableConfig {
                 name: "t0".into(),
                 dim,
@@ -62,21 +66,7 @@ fn make_store_in(
                 format: None,
                 default_value: -1.0,
             },
-        ],
-        cache_ratio: ratio,
-        cache_allocation: CacheAllocation::PerTable,
-        cache_rows: Default::default(),
-        cache_eviction: Default::default(),
-        hit_rate_threshold: threshold,
-        update_log_dir: None,
-        compaction_rows: 0,
-        update_stream: None,
-        host_memory,
-        placement,
-        replicate_share: crate::store_config::REPLICATE_SHARE,
-        sharded_memory: 0,
-        hotness: Vec::new(),
-        cache_state: None,
+        ])
     };
     (EmbeddingStore::open(cfg, None).unwrap(), dir)
 }
@@ -302,27 +292,14 @@ fn config_errors_name_the_table() {
     let dir = std::env::temp_dir().join(format!("trt-store-bad-{}", std::process::id()));
     write_table(&dir, &[1, 2], bytemuck::cast_slice(&[0f32; 6]), 3, VectorType::F32).unwrap();
     let cfg = |dim| StoreConfig {
-        tables: vec![TableConfig {
+        replicate_share: 0.0,
+        ..StoreConfig::with_tables(vec![TableConfig {
             name: "users".into(),
             dim,
             path: Some(dir.clone()),
             format: None,
             default_value: 0.0,
-        }],
-        cache_ratio: 0.1,
-        cache_allocation: CacheAllocation::PerTable,
-        cache_rows: Default::default(),
-        cache_eviction: Default::default(),
-        hit_rate_threshold: 0.9,
-        update_log_dir: None,
-        compaction_rows: 0,
-        update_stream: None,
-        host_memory: Default::default(),
-        placement: Default::default(),
-        replicate_share: 0.0,
-        sharded_memory: 0,
-        hotness: Vec::new(),
-        cache_state: None,
+        }])
     };
     let e = EmbeddingStore::open(cfg(4), None).err().unwrap();
     assert!(e.message().contains("'users'") && e.message().contains("dim 3"), "{e}");
@@ -403,27 +380,16 @@ fn a_stream_that_leaves_redis_to_its_publisher_needs_an_update_log() {
         write_remote,
     };
     let cfg = |write_remote| StoreConfig {
-        tables: vec![TableConfig {
+        cache_ratio: 0.0,
+        update_stream: Some(spec(write_remote)),
+        replicate_share: 0.0,
+        ..StoreConfig::with_tables(vec![TableConfig {
             name: "fileless".into(),
             dim: 4,
             path: None,
             format: None,
             default_value: 0.0,
-        }],
-        cache_ratio: 0.0,
-        cache_allocation: CacheAllocation::PerTable,
-        cache_rows: Default::default(),
-        cache_eviction: Default::default(),
-        hit_rate_threshold: 0.9,
-        update_log_dir: None,
-        compaction_rows: 0,
-        update_stream: Some(spec(write_remote)),
-        host_memory: Default::default(),
-        placement: Default::default(),
-        replicate_share: 0.0,
-        sharded_memory: 0,
-        hotness: Vec::new(),
-        cache_state: None,
+        }])
     };
     let e = match EmbeddingStore::open(cfg(false), None) {
         Err(e) => e,

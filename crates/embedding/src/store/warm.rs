@@ -258,21 +258,9 @@ mod tests {
             default_value: 0.0,
         };
         let cfg = StoreConfig {
-            tables: vec![table("t0", Some(files)), table("none", None)],
-            cache_ratio: 0.1,
-            cache_allocation: CacheAllocation::PerTable,
-            cache_rows: Default::default(),
-            cache_eviction: Default::default(),
             hit_rate_threshold: 1.1, // every fill before the lookup returns
-            update_log_dir: None,
-            compaction_rows: 0,
-            update_stream: None,
-            host_memory: Default::default(),
-            placement: Default::default(),
-            replicate_share: crate::store_config::REPLICATE_SHARE,
-            sharded_memory: 0,
-            hotness: Vec::new(),
             cache_state: Some(CacheState { store: name.into(), dir: dir.join("state"), period_s }),
+            ..StoreConfig::with_tables(vec![table("t0", Some(files)), table("none", None)])
         };
         EmbeddingStore::open(cfg, None).unwrap()
     }
