@@ -45,14 +45,15 @@ def main():
         if got and got[0].get("stream"):
             runs[n] = got
     hbm = runs.get("hbm", ({"stream": [{}]},))[0]["stream"][0].get("pairs_per_s")
-    print("run        M pairs/s  x hbm   p50 ms   p99 ms  hit rate (expected)  host busy  server cores  host rows")
+    print("run        M pairs/s  x hbm   p50 ms   p99 ms  hit rate (expected)  host busy  server cores  GPU busy  host rows")
     for n, (r, setup) in runs.items():
         s = r["stream"][0]
         ratio = f"{s['pairs_per_s'] / hbm:5.2f}" if hbm else "    -"
         hr = "-" if s.get("hit_rate") is None else f"{s['hit_rate']:.4f} ({s['expected_hit_rate']:.4f})"
         cpu = s.get("cpu", {})
         print(f"{n:10s} {s['pairs_per_s'] / 1e6:9.2f}  {ratio}  {s['p50_ms']:7.2f}  {s['p99_ms']:7.2f}  {hr:19s}  "
-              f"{cpu.get('host_busy_pct', 0):8.0f}%  {cpu.get('server_cores', 0):12.1f}  {setup.get('host_memory', '-')}")
+              f"{cpu.get('host_busy_pct', 0):8.0f}%  {cpu.get('server_cores', 0):12.1f}  "
+              f"{'-' if s.get('gpu_busy_pct') is None else format(s['gpu_busy_pct'], '7.0f') + '%'}  {setup.get('host_memory', '-')}")
     for n, (r, _) in runs.items():
         timing = r["stream"][0].get("timing") or {}
         for kind, steps in timing.items():

@@ -60,6 +60,7 @@ import zipf_keys  # noqa: E402
 from recsys.cache import cache_rows, lru_table, stationary_hit_rate  # noqa: E402
 from recsys.fixture import SEED, TABLES, fixture_rows, prepare, synthetic_rows  # noqa: E402
 from recsys.measure import device_counts, metrics_text, per_device, scrape  # noqa: E402
+from recsys.gpu_busy import GpuBusy  # noqa: E402
 
 HOT = dlrm_v2.HOTNESS
 WIDTH = sum(HOT)                                   # 214 keys per pair
@@ -1111,7 +1112,9 @@ def stream_phase(a, client, rows, plan, res, failures):
             k0, h0 = scrape(a.port, "dlrm_v2", text)
             d0 = device_counts(a.port, "dlrm_v2", text)
             c0, log_at = cpu_sample(a), log_size(a)
+            busy = GpuBusy(int((a.gpus or "0").split(",")[0]))
             seconds, lat = passes(count, c)
+            gpu_busy = busy.stop()
             cpu = cpu_use(c0, cpu_sample(a), seconds)
             time.sleep(0.6)
             text = metrics_text(a.port)
@@ -1123,6 +1126,7 @@ def stream_phase(a, client, rows, plan, res, failures):
                  **{f"p{pc}_ms": stream_load.percentile(lat, pc) for pc in (50, 90, 95, 99)},
                  "hit_rate": (h1 - h0) / (k1 - k0) if k1 > k0 else None, "expected_hit_rate": expected,
                  "pool_queries": n, "pool_gb": n * qbytes / 1e9, "queries": count, "seconds": seconds, "cpu": cpu,
+                 "gpu_busy_pct": gpu_busy,
                  "per_device": per_device(d0, d1, rate)}
             if a.verbose or a.timing:
                 r["timing"] = timing_of_run(a, log_at)
@@ -1130,7 +1134,8 @@ def stream_phase(a, client, rows, plan, res, failures):
             hr = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.4f}"
             print(f"  stream            c={c:<3} {rate / 1e6:7.2f} M pairs/s {r['queries_per_s']:9,.0f} queries/s "
                   f"{r['lookups_per_s'] / 1e9:6.2f} G lookups/s  p50 {r['p50_ms']:7.2f}  p99 {r['p99_ms']:7.2f} ms  "
-                  f"hit rate {hr} (expected {expected:.4f})\n    {cpu_text(cpu)}" + device_text(r), flush=True)
+                  f"hit rate {hr} (expected {expected:.4f})\n    {cpu_text(cpu)}"
+                  + ("" if gpu_busy is None else f"; GPU busy {gpu_busy:.0f}% (nvidia-smi)") + device_text(r), flush=True)
             save_json(a, res)
     except Exception as e:  # noqa: BLE001 - the stream is one figure among several: said, counted, the run goes on
         print(f"  the endless stream failed: {e}", flush=True)
