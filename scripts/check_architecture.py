@@ -127,7 +127,7 @@ print("layers, bottom up: " + " | ".join(", ".join(layer) for layer in order))
 # 4. crates/cuda's layers, bottom up (paths under crates/cuda/src; lib.rs is the root that
 # declares them and is not a layer).
 CUDA_LAYERS = [
-    ("vocabulary", ["error.rs", "mem.rs"]),
+    ("vocabulary", ["error.rs", "fault.rs", "mem.rs"]),
     ("contexts and streams", ["context.rs", "kernels.rs"]),
     ("buffers", ["buffer.rs", "pinned.rs"]),
     ("copies", ["copy.rs", "upload.rs"]),

@@ -332,35 +332,27 @@ impl InstanceState {
     }
 }
 
-/// GPUs that hit an unrecoverable CUDA error (a device-side assert, an illegal address):
-/// the error is sticky for the whole process's context on that device, so every model
-/// there is refused clearly from then on instead of failing in confusing ways.
-// (process-wide because the fault is: it lives in the process's context on that device)
-static GPU_FAULTS: Mutex<Vec<(i32, String)>> = Mutex::new(Vec::new());
-
 /// Records a sticky CUDA fault on `device` seen by `model`'s engine, if `error` is one
-/// (engines classify their runtime's failures as [`ErrorKind::DeviceLost`]).
+/// (engines classify their runtime's failures as [`ErrorKind::DeviceLost`]); the fault is the
+/// process's, kept by the CUDA crate (`triton_rust_cuda::fault`).
 fn note_gpu_fault(device: Device, model: &str, error: &Error) {
     let Device::Gpu(id) = device else { return };
-    if error.kind() != ErrorKind::DeviceLost {
+    if error.kind() != ErrorKind::DeviceLost || triton_rust_cuda::fault::has_fault(id) {
         return;
     }
     let msg = error.message();
-    let Ok(mut faults) = GPU_FAULTS.lock() else { return };
-    if faults.iter().any(|f| f.0 == id) {
-        return;
-    }
     let first_line = msg.lines().next().unwrap_or(msg);
     let reason =
         format!("model '{model}' hit an unrecoverable CUDA error on GPU {id} ({first_line})");
-    log::error!("{reason}; CUDA keeps this error for the whole server process, so every model on GPU {id} is refused until the server restarts");
-    faults.push((id, reason));
+    if triton_rust_cuda::fault::note_fault(id, reason.clone()) {
+        log::error!("{reason}; CUDA keeps this error for the whole server process, so every model on GPU {id} is refused until the server restarts");
+    }
 }
 
 /// The fault recorded on `device`, if any.
 pub fn gpu_fault(device: Device) -> Option<String> {
     let Device::Gpu(id) = device else { return None };
-    GPU_FAULTS.lock().ok()?.iter().find(|f| f.0 == id).map(|f| f.1.clone())
+    triton_rust_cuda::fault::fault_of(id)
 }
 
 /// Answers every request with the same error (used when the instance itself is unusable).

@@ -3,7 +3,8 @@
 //! `scripts/check_architecture.py`):
 //!
 //! 1. vocabulary, no CUDA needed: [`error`] ([`CudaError`] with the driver's code,
-//!    [`sticky_error_in`] for runtimes that give only text) and [`mem`] ([`Device`], borrowed
+//!    [`sticky_error_in`] for runtimes that give only text), [`fault`] (the GPUs whose
+//!    context a sticky error broke, the process's state) and [`mem`] ([`Device`], borrowed
 //!    views [`DeviceView`]/[`DeviceViewMut`], owned [`DeviceBuffer`]s, [`Bytes`]/[`BytesMut`],
 //!    the [`DeviceOps`] trait the serving path copies through);
 //! 2. contexts and streams (feature `driver`, cudarc with libcuda and NVRTC loaded at run
@@ -17,6 +18,7 @@
 //! Every function that takes a raw address is `unsafe fn`; everything else is safe.
 
 pub mod error;
+pub mod fault;
 pub mod mem;
 pub use error::{sticky_error_in, CudaError, Result};
 pub use mem::{
