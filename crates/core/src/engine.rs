@@ -116,6 +116,35 @@ pub trait EngineKind: Send + Sync {
     fn load(&self, load: &ModelLoad<'_>) -> Result<Box<dyn LoadedModel>>;
 }
 
+/// Declares an engine's kind: a unit struct whose claim is the static `$claim` and whose load
+/// is `$model::load(&ModelLoad) -> Result<$model>`, the model boxed as a [`LoadedModel`].
+///
+/// ```ignore
+/// triton_rust_core::engine_kind!(
+///     /// The ONNX Runtime engine kind.
+///     OnnxKind, CLAIM, OnnxModel
+/// );
+/// ```
+#[macro_export]
+macro_rules! engine_kind {
+    ($(#[$doc:meta])* $kind:ident, $claim:path, $model:ty) => {
+        $(#[$doc])*
+        pub struct $kind;
+
+        impl $crate::engine::EngineKind for $kind {
+            fn claim(&self) -> &'static $crate::engine::EngineClaim {
+                &$claim
+            }
+            fn load(
+                &self,
+                load: &$crate::engine::ModelLoad<'_>,
+            ) -> $crate::error::Result<Box<dyn $crate::engine::LoadedModel>> {
+                Ok(Box::new(<$model>::load(load)?))
+            }
+        }
+    };
+}
+
 /// What the backend keeps across its models for the engines (one value of each type, made
 /// on first use, e.g. the embedding stores shared by name), dropped with the backend.
 #[derive(Default)]

@@ -21,7 +21,7 @@ use triton_rust_abi::plugin::{self, from_abi, to_abi};
 use triton_rust_core::batch::{BatchTensor, RequestTensor};
 use triton_rust_core::config::{ModelConfig, TensorConfig, TensorSpec};
 use triton_rust_core::engine::{
-    Device, Engine, EngineClaim, EngineKind, LoadedModel, ModelLoad, OutputView, Signature,
+    Device, Engine, EngineClaim, LoadedModel, ModelLoad, OutputView, Signature,
 };
 use triton_rust_core::error::{Error, Result};
 use triton_rust_core::settings::Known;
@@ -137,17 +137,10 @@ pub static CLAIM: EngineClaim = EngineClaim {
     keeps_sequences: true,
 };
 
-/// The AOTInductor engine kind.
-pub struct AotiKind;
-
-impl EngineKind for AotiKind {
-    fn claim(&self) -> &'static EngineClaim {
-        &CLAIM
-    }
-    fn load(&self, load: &ModelLoad<'_>) -> Result<Box<dyn LoadedModel>> {
-        Ok(Box::new(AotiModel::load(load)?))
-    }
-}
+triton_rust_core::engine_kind!(
+    /// The AOTInductor engine kind.
+    AotiKind, CLAIM, AotiModel
+);
 
 /// A package, loaded: what it says of itself, the plugin, the signature. Each instance
 /// loads the package on its device.

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use triton_rust_core::batch::{BatchTensor, RequestTensor};
 use triton_rust_core::config::ModelConfig;
 use triton_rust_core::engine::{
-    Device, Engine, EngineClaim, EngineKind, LoadedModel, ModelLoad, OutputView, Shared, Signature,
+    Device, Engine, EngineClaim, LoadedModel, ModelLoad, OutputView, Shared, Signature,
 };
 use triton_rust_core::error::{Error, Result};
 use triton_rust_core::telemetry::MetricsSource;
@@ -65,17 +65,10 @@ pub static CLAIM: EngineClaim = EngineClaim {
     keeps_sequences: false,
 };
 
-/// The embedding engine kind.
-pub struct EmbeddingKind;
-
-impl EngineKind for EmbeddingKind {
-    fn claim(&self) -> &'static EngineClaim {
-        &CLAIM
-    }
-    fn load(&self, load: &ModelLoad<'_>) -> Result<Box<dyn LoadedModel>> {
-        Ok(Box::new(EmbeddingModel::load(load)?))
-    }
-}
+triton_rust_core::engine_kind!(
+    /// The embedding engine kind.
+    EmbeddingKind, CLAIM, EmbeddingModel
+);
 
 /// An embedding model, loaded: its settings and its store (shared by name with the
 /// backend's other models); each instance attaches caches on its device.

@@ -26,7 +26,7 @@ use ort::value::ValueType;
 use triton_rust_core::batch::{check_shared_dims, BatchTensor, RequestTensor};
 use triton_rust_core::config::{ModelConfig, TensorSpec};
 use triton_rust_core::engine::{
-    Device, Engine, EngineClaim, EngineKind, LoadedModel, ModelLoad, OutputView, Signature,
+    Device, Engine, EngineClaim, LoadedModel, ModelLoad, OutputView, Signature,
 };
 use triton_rust_core::error::{Error, Result};
 use triton_rust_core::tensor::{decode_strings, encode_strings, AlignedBuf, Bytes, DataType};
@@ -44,17 +44,10 @@ pub static CLAIM: EngineClaim = EngineClaim {
     keeps_sequences: true,
 };
 
-/// The ONNX Runtime engine kind.
-pub struct OnnxKind;
-
-impl EngineKind for OnnxKind {
-    fn claim(&self) -> &'static EngineClaim {
-        &CLAIM
-    }
-    fn load(&self, load: &ModelLoad<'_>) -> Result<Box<dyn LoadedModel>> {
-        Ok(Box::new(OnnxModel::load(load)?))
-    }
-}
+triton_rust_core::engine_kind!(
+    /// The ONNX Runtime engine kind.
+    OnnxKind, CLAIM, OnnxModel
+);
 
 /// An ONNX model, loaded: its settings, the runtime, its signature read from a CPU session.
 pub struct OnnxModel {

@@ -40,9 +40,7 @@ use std::sync::Arc;
 
 use triton_rust_core::batch::{BatchTensor, RequestTensor};
 use triton_rust_core::config::ModelConfig;
-use triton_rust_core::engine::{
-    Device, Engine, EngineClaim, EngineKind, LoadedModel, ModelLoad, Signature,
-};
+use triton_rust_core::engine::{Device, Engine, EngineClaim, LoadedModel, ModelLoad, Signature};
 use triton_rust_core::error::{Error, Result};
 use triton_rust_core::telemetry::MetricsSource;
 use triton_rust_cuda::upload::Staged;
@@ -69,17 +67,10 @@ static DENSE: &[&EngineClaim] = &[
     &triton_rust_engine_aoti::CLAIM,
 ];
 
-/// The recommender engine kind.
-pub struct RecommenderKind;
-
-impl EngineKind for RecommenderKind {
-    fn claim(&self) -> &'static EngineClaim {
-        &CLAIM
-    }
-    fn load(&self, load: &ModelLoad<'_>) -> Result<Box<dyn LoadedModel>> {
-        Ok(Box::new(RecommenderModel::load(load)?))
-    }
-}
+triton_rust_core::engine_kind!(
+    /// The recommender engine kind.
+    RecommenderKind, CLAIM, RecommenderModel
+);
 
 /// The dense network, loaded by its engine.
 enum DenseModel {

@@ -22,7 +22,7 @@ use triton_rust_abi::plugin::{self, from_abi, to_abi};
 use triton_rust_core::batch::BatchTensor;
 use triton_rust_core::config::{ModelConfig, TensorConfig, TensorSpec};
 use triton_rust_core::engine::{
-    Device, Engine, EngineClaim, EngineKind, LoadedModel, ModelLoad, OutputView, Signature,
+    Device, Engine, EngineClaim, LoadedModel, ModelLoad, OutputView, Signature,
 };
 use triton_rust_core::error::{Error, Result};
 
@@ -59,17 +59,10 @@ pub static CLAIM: EngineClaim = EngineClaim {
     keeps_sequences: true,
 };
 
-/// The TorchScript engine kind.
-pub struct TorchKind;
-
-impl EngineKind for TorchKind {
-    fn claim(&self) -> &'static EngineClaim {
-        &CLAIM
-    }
-    fn load(&self, load: &ModelLoad<'_>) -> Result<Box<dyn LoadedModel>> {
-        Ok(Box::new(TorchModel::load(load)?))
-    }
-}
+triton_rust_core::engine_kind!(
+    /// The TorchScript engine kind.
+    TorchKind, CLAIM, TorchModel
+);
 
 /// A TorchScript model, loaded: its settings, the plugin, and its signature (the config's).
 /// The module itself is loaded by each instance, on its device.
