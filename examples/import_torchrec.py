@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Imports the tables of a trained TorchRec EmbeddingBagCollection into the embedding store's
-format, as examples/import_hugectr.rs does for HPS's files.
+format, as crates/embedding/examples/import_hugectr.rs does for HPS's files.
 
 TorchRec keeps a collection's tables as ``embedding_bags.<table>.weight`` ([rows, dim]) in the
 state dict of the collection, or under the path of the model that holds it (DLRM-v2's is

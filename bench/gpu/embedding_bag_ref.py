@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The bare PyTorch reference for the pooled lookup alone (issue 46), run by `run.sh pooled-bench`
-right after examples/pooled_lookup_bench.rs in the same call: MLPerf DLRM-v2's 26 tables of dim 128
+right after crates/embedding/examples/pooled_lookup_bench.rs in the same call: MLPerf DLRM-v2's 26 tables of dim 128
 at --scale of its rows as fp16 tensors in HBM, each sample's 214 keys (every bag full) pooled by
 `torch.nn.functional.embedding_bag` (sum) table by table, then stacked to [batch, 26, 128] as a
 network would read them; keys already on the GPU, uniform over each table or Zipf (--alpha, ranks

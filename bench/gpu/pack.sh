@@ -6,7 +6,8 @@
 #                run.sh uses (gpu_cache_check, criteo_fixture, ort_bare, aoti_bare: built against
 #                this venv's torch, the GPU machine's release), batch_lookup_bench (a whole batch's
 #                lookup timed alone: `timeout 300 .carry/batch_lookup_bench`), miss_reads_bench (misses read by
-#                host threads or by the GPU, alone: `.carry/miss_reads_bench --gb 16`) and the real tritonserver (the nvidia-pytriton wheel's
+#                host threads or by the GPU, alone: `.carry/miss_reads_bench --gb 16`), served_reads_bench (the
+#                served reads' shape on the host alone: `.carry/served_reads_bench --gb 16 --instances 6`) and the real tritonserver (the nvidia-pytriton wheel's
 #                server and libraries without the bundled libpython, xz-compressed: pyt.tar.xz).
 #                Every subcommand needs it.
 #   .carry_pa/   (~7 MB) the perf-analyzer 2.60.0 wheel (needs glibc 2.38: runs there, not here).
@@ -35,7 +36,8 @@ before=""
 py=.venv/bin/python
 
 # the backend and the tools
-cargo build --release --lib --example gpu_cache_check --example criteo_fixture --example stream_client --example batch_lookup_bench --example pooled_lookup_bench --example miss_reads_bench
+cargo build --release --lib --example stream_client
+cargo build --release -p triton_rust_embedding --features gpu --example gpu_cache_check --example criteo_fixture --example batch_lookup_bench --example pooled_lookup_bench --example miss_reads_bench --example served_reads_bench
 if [ -z "${LIBTORCH:-}" ]; then
     for d in .venv/lib/python3*/site-packages/torch; do [ -f "$d/lib/libtorch_cpu.so" ] && export LIBTORCH="$PWD/$d"; done
 fi
@@ -45,7 +47,7 @@ cargo build --release -p triton_rust_engine_onnx --example ort_bare
 tgt="${CARGO_TARGET_DIR:-target}/release"
 mkdir -p .carry
 for f in libtriton_rust.so libtriton_rust_torch.so libtriton_rust_torch_cuda.so libtriton_rust_aoti.so; do strip -o ".carry/$f" "$tgt/$f"; done
-for f in gpu_cache_check criteo_fixture stream_client batch_lookup_bench pooled_lookup_bench miss_reads_bench; do strip -o ".carry/$f" "$tgt/examples/$f"; done
+for f in gpu_cache_check criteo_fixture stream_client batch_lookup_bench pooled_lookup_bench miss_reads_bench served_reads_bench; do strip -o ".carry/$f" "$tgt/examples/$f"; done
 strip -o .carry/ort_bare "$tgt/examples/ort_bare"
 bash bench/gpu/build_aoti_bare.sh "$LIBTORCH" .carry/aoti_bare && strip .carry/aoti_bare
 

@@ -36,7 +36,7 @@
 #   pooled-bench  the pooled lookup alone over resident tables (every row in HBM): MLPerf DLRM-v2's 26
 #                 tables at --scale (default 1.0, 52 GB fp16), batches of its 214 keys a sample pooled by
 #                 one kernel from keys in GPU memory, uniform and Zipf keys, checked then timed
-#                 (examples/pooled_lookup_bench.rs; its arguments), then the bare PyTorch reference
+#                 (crates/embedding/examples/pooled_lookup_bench.rs; its arguments), then the bare PyTorch reference
 #                 (F.embedding_bag per table, embedding_bag_ref.py) at the same batches. carry [".carry"]
 #   dlrm-v2-check MLPerf's DLRM-v2 (examples/dlrm_v2.py, --scale of its rows) as one recommender on
 #                 KIND_GPU, pooled lookups and a TorchScript network: predictions against the PyTorch

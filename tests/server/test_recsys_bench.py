@@ -21,7 +21,8 @@ ROOT = os.path.join(HERE, "..", "..")
 
 def run_recsys_perf(tmp_path, args):
     """recsys_perf.py at a tiny scale on KIND_CPU with `args`; returns stdout and its $OUT/recsys."""
-    subprocess.run(["cargo", "build", "--release", "-q", "--example", "criteo_fixture", "--example", "stream_client"],
+    subprocess.run(["cargo", "build", "--release", "-q", "--example", "stream_client"], cwd=ROOT, check=True)
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "triton_rust_embedding", "--example", "criteo_fixture"],
                    cwd=ROOT, check=True)
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out))

@@ -16,7 +16,7 @@ from recsys import cache, exactness, fixture  # noqa: E402
 
 
 def fixture_bin():
-    subprocess.run(["cargo", "build", "--release", "-q", "--example", "criteo_fixture"], cwd=ROOT, check=True)
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "triton_rust_embedding", "--example", "criteo_fixture"], cwd=ROOT, check=True)
     return os.path.join(ROOT, "target", "release", "examples", "criteo_fixture")
 
 

@@ -23,13 +23,11 @@ use triton_rust_embedding::fixture::{synthetic_row, write_synthetic_table, Progr
 use triton_rust_embedding::host::HostTier;
 use triton_rust_embedding::table::{HostRows, TableFiles};
 
+mod common;
+
+/// The option's text (`default` when absent).
 fn arg(name: &str, default: &str) -> String {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or(default.into())
+    common::arg(name, default.to_string())
 }
 
 const AHEAD: usize = 16;

@@ -35,14 +35,8 @@ use triton_rust_embedding::fixture::{synthetic_row, write_synthetic_table, Progr
 use triton_rust_embedding::table::{HostRows, TableFiles};
 use triton_rust_embedding::{EmbeddingStore, StoreConfig, TableConfig};
 
-fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod common;
+use common::arg;
 
 const AHEAD: usize = 16;
 const SEED: u64 = 9;

@@ -152,7 +152,7 @@ pub struct StoreSettings {
     pub credential: Credential,
     /// A GPU instance's whole-batch lookup sends its keys in pieces of this many keys, copied
     /// into page-locked memory by up to this many tasks (`gpu_key_piece`,
-    /// `gpu_key_upload_tasks`; `examples/batch_lookup_bench.rs` times the choices).
+    /// `gpu_key_upload_tasks`; `crates/embedding/examples/batch_lookup_bench.rs` times the choices).
     pub key_upload: (usize, usize),
     /// Whose GPU caches a `KIND_GPU` instance looks up in (`gpucache_sharing`).
     pub cache_sharing: CacheSharing,

@@ -1,7 +1,7 @@
 use super::*;
-use triton_rust_core::engine::EngineKind;
 use std::path::Path;
 use triton_rust_core::config::ModelConfig;
+use triton_rust_core::engine::EngineKind;
 use triton_rust_embedding::{CacheEviction, CacheRows};
 
 #[test]

@@ -107,7 +107,7 @@ pub enum KeyLayout<'a> {
 /// How a batch's keys go to the GPU: in pieces of `piece_keys` keys, each piece's DMA and
 /// lookup queued as soon as it is in page-locked memory, copied there by up to `threads`
 /// tasks, none with fewer than two pieces. The default (1 MiB pieces, up to 8 tasks) is the
-/// best `examples/batch_lookup_bench.rs` found on an H100 host for a batch of 65536 × 26 keys
+/// best `crates/embedding/examples/batch_lookup_bench.rs` found on an H100 host for a batch of 65536 × 26 keys
 /// (13.6 MB): 0.84 ms for keys and kernel with fp16 rows against 0.87 ms for 2 MiB pieces on
 /// 4 tasks, 1.75 ms in one piece, 1.47 ms in 512 KiB pieces
 /// (`git show 597bde3:bench/gpu/results/recsys_h100/nov23c_ab1/batch_lookup_bench.log`).

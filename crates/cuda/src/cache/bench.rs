@@ -1,6 +1,6 @@
 //! What only the benchmark programs use (feature `bench`, off in the product build): keys
 //! kept on the GPU and a lookup launched without waiting, to time the hit path's kernel
-//! alone (`examples/gpu_cache_check.rs`).
+//! alone (`crates/embedding/examples/gpu_cache_check.rs`).
 
 use std::sync::Arc;
 

@@ -16,7 +16,7 @@
 //!    checked by part 2 and timed by the served runs) timed alone, over fp32 and over fp16
 //!    rows; prints rows/s and GB/s moved.
 //!
-//!   cargo build --release --example gpu_cache_check
+//!   cargo build --release -p triton_rust_embedding --features gpu --example gpu_cache_check
 //!   target/release/examples/gpu_cache_check [--rows N] [--dim D] [--batch B]
 use std::time::Instant;
 

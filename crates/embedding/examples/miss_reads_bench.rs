@@ -18,7 +18,7 @@
 //!
 //! Every path's rows are compared with the others and with the fixture's.
 //!
-//!   cargo build --release --example miss_reads_bench
+//!   cargo build --release -p triton_rust_embedding --features gpu --example miss_reads_bench
 //!   target/release/examples/miss_reads_bench [--gb 16] [--dim 128] [--iters 10] [--threads 16]
 //!       [--dir /dev/shm/miss_reads] [--host-memory huge_pages|mapped]
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! table format (`keys.npy`, `vectors.npy`). The backend also reads HugeCTR folders as
 //! they are; converting gives numpy-readable files.
 //!
-//!   cargo run --release --example import_hugectr -- <hugectr folder> <dim> <output dir>
+//!   cargo run --release -p triton_rust_embedding --example import_hugectr -- <hugectr folder> <dim> <output dir>
 use std::path::Path;
 
 fn main() {

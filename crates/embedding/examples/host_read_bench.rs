@@ -6,7 +6,7 @@
 //! (every page mapped ahead, as the store does at load), `huge_pages` (copied into memory
 //! backed by 2 MiB pages), or `lazy` (the bare mapping, pages mapped on first read).
 //!
-//!   cargo build --release --example host_read_bench
+//!   cargo build --release -p triton_rust_embedding --example host_read_bench
 //!   target/release/examples/host_read_bench --table /dev/shm/criteo/t0 [--keys 50000]
 //!       [--threads 1,4,16] [--host-memory lazy|mapped|huge_pages]
 use std::time::Instant;

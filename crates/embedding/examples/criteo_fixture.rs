@@ -5,7 +5,7 @@
 //! Prints the plan, progress every two seconds (rows, GB, GB/s, time left) and the
 //! per-table cache capacities for a GPU cache holding `--cache-share` of the rows.
 //!
-//!   cargo run --release --example criteo_fixture -- --out /data/criteo [--scale 0.8]
+//!   cargo run --release -p triton_rust_embedding --example criteo_fixture -- --out /data/criteo [--scale 0.8]
 //!       [--dim 128] [--seed 1] [--threads N] [--cache-share 0.1]
 //!
 //! At --scale 0.8 and dim 128: 163 M rows, 20.9 B parameters, 43 GB of files.

@@ -5,7 +5,7 @@
 //! beside what bounds it: copying the keys between host buffers on 1 to 16 threads. The
 //! served rows are checked against the rows inserted.
 //!
-//!   cargo build --release --example batch_lookup_bench
+//!   cargo build --release -p triton_rust_embedding --features gpu --example batch_lookup_bench
 //!   target/release/examples/batch_lookup_bench [--batch 65536] [--tables 26] [--rows 600000] [--dim 128] [--iters 20]
 use std::sync::Arc;
 use std::time::Instant;

@@ -7,7 +7,7 @@
 //! rows read; keys uniform over each table, or Zipf (`--alpha`, ranks spread over the rows).
 //! Checked first: a batch's pooled rows against sums computed here.
 //!
-//!   cargo build --release --example pooled_lookup_bench
+//!   cargo build --release -p triton_rust_embedding --features gpu --example pooled_lookup_bench
 //!   target/release/examples/pooled_lookup_bench [--scale 1.0] [--batches 1024,4096,16384] [--alpha 1.05] [--iters 30]
 use std::time::Instant;
 

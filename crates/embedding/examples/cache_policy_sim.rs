@@ -9,7 +9,7 @@
 //! never decay, are not made for.
 //!
 //! ```text
-//! cargo build --release --example cache_policy_sim
+//! cargo build --release -p triton_rust_embedding --example cache_policy_sim
 //! target/release/examples/cache_policy_sim [--rows 1000000] [--cache 0.05] [--alpha 1.05]
 //!     [--batches 2000] [--batch 4096] [--window 200]
 //! ```
