@@ -10,7 +10,7 @@
 //! `--host-memory` says), uniformly random keys. Each batch has `--misses` misses, read in
 //! `--parts` parts one after the other (as the lookup reads them, each part going up while the
 //! next is read). Rates in M rows/s:
-//! - `plain, whole host`: one batch's rows copied by every core at once (scoped threads, each
+//! - `plain, whole host`: one batch's rows at a time copied by every core at once (scoped threads, each
 //!   an equal share, 16 rows prefetched ahead, from rows placed as the store placed its own):
 //!   the host's rate;
 //! - `store, one instance`: one instance alone, its parts through `gather_dense`;
@@ -139,44 +139,49 @@ fn main() {
     let copy = copied.then(|| triton_rust_os::HugeCopy::new(mapped, cores).expect("a copy"));
     let table = copy.as_ref().map_or(mapped, |c| c.bytes());
 
+    // every phase reads keys of its own: rows an earlier phase read may still sit in the CPU's
+    // caches (a batch of 170 K rows is 43 MB)
     let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
-    let draw = |rng: &mut rand::rngs::SmallRng| -> Vec<i64> {
-        (0..misses).map(|_| rng.gen_range(0..rows as i64)).collect()
-    };
-    let batch_keys: Vec<Vec<Vec<i64>>> =
-        (0..instances).map(|_| (0..batches).map(|_| draw(&mut rng)).collect()).collect();
+    let mut draw = || -> Vec<i64> { (0..misses).map(|_| rng.gen_range(0..rows as i64)).collect() };
     let (mut plain, mut got, mut found) =
         (vec![0u8; misses * width], vec![1u8; misses * width], vec![0u8; misses]);
-
-    // the host's rate: one batch, every core
-    let keys = &batch_keys[0][0];
-    let mut best = f64::MAX;
-    for _ in 0..3 {
-        let t = Instant::now();
-        plain_gather(table, width, keys, &mut plain, cores);
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    let whole = misses as f64 / best / 1e6;
-    // one instance alone, and its rows checked
-    let mut times = Vec::new();
-    for keys in &batch_keys[0] {
-        let t = Instant::now();
-        store_batch(&store, keys, &mut got, &mut found, parts);
-        times.push(t.elapsed().as_secs_f64());
-    }
-    store_batch(&store, &batch_keys[0][0], &mut got, &mut found, parts);
+    // the rows: one batch read both ways, against each other and the fixture
+    let check = draw();
+    plain_gather(table, width, &check, &mut plain, cores);
+    store_batch(&store, &check, &mut got, &mut found, parts);
     assert!(
         found.iter().all(|&f| f == 1) && got == plain,
         "the store's rows differ from the plain gather's"
     );
     let mut want = vec![0u16; dim];
-    for (i, &k) in batch_keys[0][0].iter().enumerate().step_by(997) {
+    for (i, &k) in check.iter().enumerate().step_by(997) {
         synthetic_row(SEED, 0, k, &mut want);
         assert_eq!(&got[i * width..(i + 1) * width], bytemuck::cast_slice::<u16, u8>(&want));
     }
-    let alone = misses as f64 / median(times) / 1e6;
+    // one batch at a time: every core on a plain gather (the host's rate), then the store
+    let mut one_at_a_time = |through_store: bool| -> f64 {
+        let times: Vec<f64> = (0..batches)
+            .map(|_| {
+                let keys = draw();
+                let t = Instant::now();
+                if through_store {
+                    store_batch(&store, &keys, &mut got, &mut found, parts);
+                } else {
+                    plain_gather(table, width, &keys, &mut plain, cores);
+                }
+                t.elapsed().as_secs_f64()
+            })
+            .collect();
+        misses as f64 / median(times) / 1e6
+    };
+    let whole = one_at_a_time(false);
+    let alone = one_at_a_time(true);
+    let store_keys: Vec<Vec<Vec<i64>>> =
+        (0..instances).map(|_| (0..batches).map(|_| draw()).collect()).collect();
+    let plain_keys: Vec<Vec<Vec<i64>>> =
+        (0..instances).map(|_| (0..batches).map(|_| draw()).collect()).collect();
     // N instances at once: through the store's shared pool, then each its share of the cores
-    let concurrent = |through_store: bool| -> (f64, f64) {
+    let concurrent = |through_store: bool, batch_keys: &[Vec<Vec<i64>>]| -> (f64, f64) {
         let t = Instant::now();
         let per_batch: Vec<f64> = std::thread::scope(|s| {
             let handles: Vec<_> = batch_keys
@@ -210,8 +215,8 @@ fn main() {
         let all = (instances * batches * misses) as f64;
         (all / t.elapsed().as_secs_f64() / 1e6, median(per_batch) * 1e3)
     };
-    let (store_n, store_ms) = concurrent(true);
-    let (plain_n, plain_ms) = concurrent(false);
+    let (store_n, store_ms) = concurrent(true, &store_keys);
+    let (plain_n, plain_ms) = concurrent(false, &plain_keys);
     println!("| plain, whole host | store, one instance | store, {instances} instances (batch ms) | plain, {instances} instances (batch ms) | store {instances} / plain whole |");
     println!("|---:|---:|---:|---:|---:|");
     println!(

@@ -1,12 +1,14 @@
 //! A batch's misses read straight from the tables' rows, as a plain gather reads them: when
 //! every table is dense and untouched by updates (keys `0..rows`, the file's rows as
 //! stored), and the rows go up as stored, each reader of the worker pool takes a share of
-//! the miss list in the lookup's order, finds each key's table by its place in the batch,
-//! and copies its row with the rows 16 keys ahead prefetched. No grouping by table, no
-//! per-table calls, nothing allocated per miss: the grouped path (`below.rs`) first sorted
-//! the misses by table on the lookup's own thread, about a third of the time below the
-//! cache (MLPerf DLRM-v2 at a 10% cache on an H200: 5.6 of 13.0 ms a batch,
-//! `bench/gpu/results/cache-runs/`).
+//! the miss list in the lookup's order, finds each key's row (its table by its place in the
+//! batch), then copies the rows in a loop as tight as a plain gather's, 16 rows ahead
+//! prefetched. No grouping by table, no per-table calls: the grouped path (`below.rs`) first
+//! sorted the misses by table on the lookup's own thread, about a third of the time below
+//! the cache (MLPerf DLRM-v2 at a 10% cache on an H200: 5.6 of 13.0 ms a batch,
+//! `bench/gpu/results/cache-runs/`). Finding each row inside the copy loop instead read
+//! 0.55-0.65x as many rows a second on one thread as the plain gather beside it, finding them
+//! first 0.8-1.05x (`crates/embedding/examples/served_reads_bench.rs`, 2-core CI machine).
 
 use super::*;
 
@@ -59,35 +61,41 @@ impl EmbeddingStore {
                     (&missed[first..first + found.len()], &keys[first..first + found.len()]);
                 // read and default counts per table
                 let mut counts = vec![0usize; 2 * tables.len()];
-                let row_of = |j: usize| -> Option<&[u8]> {
-                    let (bytes, count, _) = &tables[table_of(missed[j] as usize)];
-                    let k = keys[j];
-                    (0..*count as i64)
-                        .contains(&k)
-                        .then(|| &bytes[k as usize * width..(k as usize + 1) * width])
-                };
-                for r in (0..AHEAD.min(keys.len())).filter_map(row_of) {
-                    triton_rust_os::prefetch(r);
+                // first each miss's row found (its table, then its place there), so that the
+                // copy below is a loop as tight as a plain gather's: measured on one thread,
+                // finding each row inside the copy loop read 0.6x as many rows a second
+                let srcs: Vec<(usize, Option<&[u8]>)> = missed
+                    .iter()
+                    .zip(keys)
+                    .map(|(&i, &k)| {
+                        let t = table_of(i as usize);
+                        let (bytes, count, _) = &tables[t];
+                        let src = (0..*count as i64)
+                            .contains(&k)
+                            .then(|| &bytes[k as usize * width..(k as usize + 1) * width]);
+                        counts[if src.is_some() { t } else { tables.len() + t }] += 1;
+                        (t, src)
+                    })
+                    .collect();
+                for src in srcs.iter().take(AHEAD).filter_map(|s| s.1) {
+                    triton_rust_os::prefetch(src);
                 }
-                for (j, (row, f)) in out.chunks_exact_mut(width).zip(found.iter_mut()).enumerate() {
-                    if let Some(ahead) =
-                        (j + AHEAD < keys.len()).then(|| row_of(j + AHEAD)).flatten()
-                    {
+                for (j, ((row, f), (t, src))) in
+                    out.chunks_exact_mut(width).zip(found.iter_mut()).zip(&srcs).enumerate()
+                {
+                    if let Some((_, Some(ahead))) = srcs.get(j + AHEAD) {
                         triton_rust_os::prefetch(ahead);
                     }
-                    let t = table_of(missed[j] as usize);
-                    match row_of(j) {
+                    match src {
                         Some(src) => {
                             row.copy_from_slice(src);
                             *f = 1;
-                            counts[t] += 1;
                         }
                         None => {
-                            for e in row.chunks_exact_mut(tables[t].2.len()) {
-                                e.copy_from_slice(&tables[t].2);
+                            for e in row.chunks_exact_mut(tables[*t].2.len()) {
+                                e.copy_from_slice(&tables[*t].2);
                             }
                             *f = 0;
-                            counts[tables.len() + t] += 1;
                         }
                     }
                 }
