@@ -250,6 +250,9 @@ def parse(argv=None):
     p.add_argument("--host-memory", default="mapped", choices=["auto", "mapped", "huge_pages"],
                    help="host_memory: the host tier's rows read in place from the fixture's files, or copied at "
                         "load into memory of 2 MiB pages (52 GB more RAM at scale 1.0)")
+    p.add_argument("--pipeline-parts", type=int, default=1,
+                   help="recommender_pipeline_parts: a batch runs in this many parts, the lookup of one (its misses "
+                        "read below the cache) beside the network on the part before")
     p.add_argument("--cache-state-dir", default="",
                    help="cache_state_dir: the caches save the keys they hold there (at unload and every "
                         "--cache-state-period-s) and a new server's caches load them at start (warm restarts)")
@@ -483,7 +486,8 @@ def write_repository(a, repo, fixture, package, graphs):
     elif graphs:
         text += ("optimization { cuda { graphs: true graph_spec [ "
                  + ", ".join(f"{{ batch_size: {b} }}" for b in graphs) + " ] } }\n")
-    text += "\n".join(store + [param("recommender_embeddings_type", "TYPE_FP16")]) + "\n"
+    text += "\n".join(store + [param("recommender_embeddings_type", "TYPE_FP16"),
+                               param("recommender_pipeline_parts", a.pipeline_parts)]) + "\n"
     os.makedirs(os.path.join(repo, "dlrm_v2", "1"))
     shutil.copyfile(package, os.path.join(repo, "dlrm_v2", "1", "dense.pt2"))
     with open(os.path.join(repo, "dlrm_v2", "config.pbtxt"), "w") as f:
