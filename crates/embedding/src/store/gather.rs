@@ -7,8 +7,8 @@
 //! sorted the misses by table on the lookup's own thread, about a third of the time below
 //! the cache (MLPerf DLRM-v2 at a 10% cache on an H200: 5.6 of 13.0 ms a batch,
 //! `bench/gpu/results/cache-runs/`). Finding each row inside the copy loop instead read
-//! 0.55-0.65x as many rows a second on one thread as the plain gather beside it, finding them
-//! first 0.8-1.05x (`crates/embedding/examples/served_reads_bench.rs`, 2-core CI machine).
+//! 0.52-0.63x as many rows a second on one thread as the plain gather beside it, finding them
+//! first 0.71-1.06x (`crates/embedding/examples/served_reads_bench.rs`, 2-core CI machine).
 
 use super::*;
 
