@@ -22,8 +22,9 @@ const MAGIC: &str = "triton_rust cache state 1";
 /// One table's line of the header: (name, rows, dim, keys saved).
 type TableLine = (String, usize, usize, usize);
 
-fn checksum(keys: &[i64]) -> u64 {
-    keys.iter().fold(0x9e37_79b9_7f4a_7c15u64, |h, &k| mix64((h ^ k as u64) as i64))
+/// A checksum of the keys of every list, in order (as the file holds them, table after table).
+fn checksum<'a>(lists: impl IntoIterator<Item = &'a [i64]>) -> u64 {
+    lists.into_iter().flatten().fold(0x9e37_79b9_7f4a_7c15u64, |h, &k| mix64((h ^ k as u64) as i64))
 }
 
 /// The header lines of `store`'s tables with `counts` keys each.
@@ -47,12 +48,12 @@ pub(crate) fn save(
     let t0 = Instant::now();
     let held: Vec<Vec<i64>> = caches.iter().map(|c| c.held_keys()).collect::<Result<_>>()?;
     let counts: Vec<usize> = held.iter().map(Vec::len).collect();
-    let all: Vec<i64> = held.concat();
+    let total: usize = counts.iter().sum();
     let mut head = format!("{MAGIC}\nstore {name}\n");
     for (t, rows, dim, n) in table_lines(store, &counts) {
         head += &format!("table {t} {rows} {dim} {n}\n");
     }
-    head += &format!("checksum {:016x}\nend\n", checksum(&all));
+    head += &format!("checksum {:016x}\nend\n", checksum(held.iter().map(Vec::as_slice)));
     let fail =
         |e: std::io::Error| Error::internal(format!("cache state '{}': {e}", path.display()));
     if let Some(dir) = path.parent() {
@@ -61,16 +62,17 @@ pub(crate) fn save(
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(fail)?);
     f.write_all(head.as_bytes()).map_err(fail)?;
-    f.write_all(bytemuck::cast_slice(&all)).map_err(fail)?;
+    for keys in &held {
+        f.write_all(bytemuck::cast_slice(keys)).map_err(fail)?;
+    }
     f.into_inner().map_err(|e| fail(e.into_error()))?.sync_all().map_err(fail)?;
     std::fs::rename(&tmp, path).map_err(fail)?;
     log::info!(
-        "store '{name}': saved the {} keys its caches hold to '{}' in {:.2} s",
-        all.len(),
+        "store '{name}': saved the {total} keys its caches hold to '{}' in {:.2} s",
         path.display(),
         t0.elapsed().as_secs_f64()
     );
-    Ok(all.len())
+    Ok(total)
 }
 
 /// The keys saved in `path` for `store` (one list per table), or why they are not used.
@@ -133,7 +135,7 @@ pub(crate) fn read(
     }
     let all: Vec<i64> =
         body.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
-    if sum != Some(checksum(&all)) {
+    if sum != Some(checksum([all.as_slice()])) {
         return Err("damaged: its keys do not match its checksum".into());
     }
     let mut at = 0;
