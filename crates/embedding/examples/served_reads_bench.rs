@@ -77,7 +77,7 @@ fn store_batch(
         .zip(found.chunks_mut(per))
         .zip(missed.chunks(per))
     {
-        let read = store.gather_dense(&|_| 0, m, k, o, f, &mut per_table).expect("the reads");
+        let read = store.gather_dense(&|_| 0, m, k, o, f, &mut per_table, None).expect("the reads");
         assert!(read, "a dense, untouched fp16 table is read by the plain gather");
     }
 }

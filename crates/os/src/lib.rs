@@ -7,9 +7,11 @@ use std::path::{Path, PathBuf};
 
 use triton_rust_core::error::{Error, Result};
 
+mod crew;
 mod guard;
 mod memory;
 
+pub use crew::Crew;
 pub use guard::Guard;
 pub use memory::{huge_copy_refused, memory_available, transparent_huge_pages};
 
@@ -183,6 +185,45 @@ pub fn prefetch(bytes: &[u8]) {
     let _ = bytes;
 }
 
+/// Copies `src` into `dst` (equal lengths) with stores that bypass the CPU's caches where
+/// both are 16-byte aligned and a whole number of 16 bytes (x86_64's streaming stores;
+/// otherwise a plain copy). For rows gathered into a buffer that only a device reads next:
+/// a plain store first reads the destination's line into the cache and later writes it
+/// back, two more trips to memory per row than the row itself. Stores made this way are
+/// ordered for other threads only after [`store_fence`].
+#[inline]
+pub fn copy_streaming(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "copy_streaming: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if dst.len().is_multiple_of(16)
+        && (dst.as_ptr() as usize).is_multiple_of(16)
+        && (src.as_ptr() as usize).is_multiple_of(16)
+    {
+        use std::arch::x86_64::{__m128i, _mm_load_si128, _mm_stream_si128};
+        for at in (0..dst.len()).step_by(16) {
+            // SAFETY: SSE2 is part of the x86_64 baseline; both addresses are 16-byte
+            // aligned (checked above) and `at + 16 <= len` for both slices.
+            unsafe {
+                let v = _mm_load_si128(src.as_ptr().add(at) as *const __m128i);
+                _mm_stream_si128(dst.as_mut_ptr().add(at) as *mut __m128i, v);
+            }
+        }
+        return;
+    }
+    dst.copy_from_slice(src);
+}
+
+/// Orders every store [`copy_streaming`] made on this thread before its later stores (an
+/// atomic's release included), so another thread that sees those sees the rows.
+#[inline]
+pub fn store_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is part of the x86_64 baseline; a fence has no operands.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+}
+
 /// An anonymous copy of some bytes in memory the kernel is asked to back with 2 MiB
 /// pages (`MADV_HUGEPAGE`; transparent huge pages on, as "madvise" or "always"). Reading
 /// rows scattered over tens of GB through 4 KiB pages costs a TLB miss per row, and a
@@ -214,5 +255,22 @@ impl HugeCopy {
     /// Whether the kernel took the huge-page advice.
     pub fn huge(&self) -> bool {
         self.huge
+    }
+}
+
+#[cfg(test)]
+mod copy_tests {
+    #[test]
+    fn a_streaming_copy_copies_aligned_or_not() {
+        let src: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut dst = vec![0u8; 4096 + 16];
+        // aligned (a Vec<u8> of this size starts 16-byte aligned on glibc), then shifted by one
+        for shift in [0usize, 1] {
+            let off = (16 - dst.as_ptr() as usize % 16) % 16 + shift;
+            let n = 4096 - 16;
+            super::copy_streaming(&mut dst[off..off + n], &src[..n]);
+            super::store_fence();
+            assert_eq!(&dst[off..off + n], &src[..n]);
+        }
     }
 }

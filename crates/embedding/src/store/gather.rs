@@ -1,26 +1,62 @@
 //! A batch's misses read straight from the tables' rows, as a plain gather reads them: when
 //! every table is dense and untouched by updates (keys `0..rows`, the file's rows as
-//! stored), and the rows go up as stored, each reader of the worker pool takes a share of
-//! the miss list in the lookup's order, finds each key's row (its table by its place in the
-//! batch), then copies the rows in a loop as tight as a plain gather's, 16 rows ahead
-//! prefetched. No grouping by table, no per-table calls: the grouped path (`below.rs`) first
-//! sorted the misses by table on the lookup's own thread, about a third of the time below
-//! the cache (MLPerf DLRM-v2 at a 10% cache on an H200: 5.6 of 13.0 ms a batch,
-//! `bench/gpu/results/cache-runs/`). Finding each row inside the copy loop instead read
-//! 0.52-0.63x as many rows a second on one thread as the plain gather beside it, finding them
-//! first 0.71-1.06x (`crates/embedding/examples/served_reads_bench.rs`, 2-core CI machine).
+//! stored), and the rows go up as stored, the miss list is cut into shares in the lookup's
+//! order, read by the calling thread and the reader crew (`triton_rust_os::Crew`) at once;
+//! each share finds each key's row (its table by its place in the batch), then copies the
+//! rows in a loop as tight as a plain gather's, 16 rows ahead prefetched. No grouping by
+//! table, no per-table calls: the grouped path (`below.rs`) first sorted the misses by table
+//! on the lookup's own thread, about a third of the time below the cache (MLPerf DLRM-v2 at
+//! a 10% cache on an H200: 5.6 of 13.0 ms a batch, `bench/gpu/results/cache-runs/`). Finding
+//! each row inside the copy loop instead read 0.52-0.63x as many rows a second on one thread
+//! as the plain gather beside it, finding them first 0.71-1.06x
+//! (`crates/embedding/examples/served_reads_bench.rs`, 2-core CI machine). Shares on the
+//! process's worker pool (rayon) instead waited served about 1 ms for the pool's threads to
+//! wake and 1.5 ms for the caller to run again after the last share, against 0.3 ms of
+//! reading in the longest share (`GatherTimes`, the `timing:` line's reads).
 
 use super::*;
 
 /// Keys a reader prefetches ahead of the one it copies.
 const AHEAD: usize = 16;
 
+/// How a `gather_dense` call's readers spent its time, added over calls: the wall time, the
+/// latest a share started after the call began (a share waits for a free reader), the longest
+/// share's own time and every share's time summed (busy / wall: readers at work at once).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GatherTimes {
+    pub calls: u64,
+    pub wall_ns: u64,
+    pub last_start_ns: u64,
+    pub longest_ns: u64,
+    pub busy_ns: u64,
+    pub shares: u64,
+}
+
+impl GatherTimes {
+    fn add(&mut self, o: &GatherTimes) {
+        self.calls += o.calls;
+        self.wall_ns += o.wall_ns;
+        self.last_start_ns += o.last_start_ns;
+        self.longest_ns += o.longest_ns;
+        self.busy_ns += o.busy_ns;
+        self.shares += o.shares;
+    }
+    /// Adds `o`'s times to these.
+    pub fn absorb(&mut self, o: Option<GatherTimes>) {
+        if let Some(o) = o {
+            self.add(&o);
+        }
+    }
+}
+
 impl EmbeddingStore {
     /// Reads the rows of `keys` (key j is batch key `missed[j]`, of table `table_of(missed[j])`)
     /// into `rows` (`width` bytes each, as the tables store them) and sets `found[j]`; a key
     /// past its table's rows gets the table's default value and is not found. Adds each
     /// table's keys read to `per_table`. `Ok(false)`, nothing read, unless every table is
-    /// dense, untouched and stores rows of `width` bytes.
+    /// dense, untouched and stores rows of `width` bytes. `times`, when given, gets this
+    /// call's readers' times added.
+    #[allow(clippy::too_many_arguments)]
     pub fn gather_dense(
         &self,
         table_of: &(dyn Fn(usize) -> usize + Sync),
@@ -29,8 +65,8 @@ impl EmbeddingStore {
         rows: &mut [u8],
         found: &mut [u8],
         per_table: &mut [usize],
+        times: Option<&mut GatherTimes>,
     ) -> Result<bool> {
-        use rayon::prelude::*;
         let n = keys.len();
         if self.remote.is_some() {
             return Ok(false); // keys past the host tier are Redis's to answer
@@ -49,66 +85,94 @@ impl EmbeddingStore {
             }
         }
         let t0 = Instant::now();
-        let threads = rayon::current_num_threads().clamp(1, 16);
-        let per = n.div_ceil(2 * threads).max(1024);
-        let counts = rows
-            .par_chunks_mut(per * width)
-            .zip(found.par_chunks_mut(per))
-            .enumerate()
-            .map(|(c, (out, found))| {
-                let first = c * per;
-                let (missed, keys) =
-                    (&missed[first..first + found.len()], &keys[first..first + found.len()]);
-                // read and default counts per table
-                let mut counts = vec![0usize; 2 * tables.len()];
-                // first each miss's row found (its table, then its place there), so that the
-                // copy below is a loop as tight as a plain gather's: measured on one thread,
-                // finding each row inside the copy loop read 0.6x as many rows a second
-                let srcs: Vec<(usize, Option<&[u8]>)> = missed
-                    .iter()
-                    .zip(keys)
-                    .map(|(&i, &k)| {
-                        let t = table_of(i as usize);
-                        let (bytes, count, _) = &tables[t];
-                        let src = (0..*count as i64)
-                            .contains(&k)
-                            .then(|| &bytes[k as usize * width..(k as usize + 1) * width]);
-                        counts[if src.is_some() { t } else { tables.len() + t }] += 1;
-                        (t, src)
-                    })
-                    .collect();
-                for src in srcs.iter().take(AHEAD).filter_map(|s| s.1) {
-                    triton_rust_os::prefetch(src);
-                }
-                for (j, ((row, f), (t, src))) in
-                    out.chunks_exact_mut(width).zip(found.iter_mut()).zip(&srcs).enumerate()
-                {
-                    if let Some((_, Some(ahead))) = srcs.get(j + AHEAD) {
-                        triton_rust_os::prefetch(ahead);
-                    }
-                    match src {
-                        Some(src) => {
-                            row.copy_from_slice(src);
-                            *f = 1;
-                        }
-                        None => {
-                            for e in row.chunks_exact_mut(tables[*t].2.len()) {
-                                e.copy_from_slice(&tables[*t].2);
-                            }
-                            *f = 0;
-                        }
-                    }
-                }
-                counts
+        // shares of at least 1,024 rows, about two a reader (the crew and the caller)
+        let crew = triton_rust_os::Crew::global();
+        let readers = (crew.members() + 1).clamp(1, 16);
+        let per = n.div_ceil(2 * readers).max(1024);
+        type Share<'a> = (&'a mut [u8], &'a mut [u8], Vec<usize>, GatherTimes);
+        let shares: Vec<std::sync::Mutex<Share>> = rows
+            .chunks_mut(per * width)
+            .zip(found.chunks_mut(per))
+            .map(|(out, found)| {
+                std::sync::Mutex::new((out, found, Vec::new(), GatherTimes::default()))
             })
-            .reduce(
-                || vec![0usize; 2 * tables.len()],
-                |mut a, b| {
-                    a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
-                    a
-                },
-            );
+            .collect();
+        let read_share = |c: usize| {
+            let started = ns_since(t0);
+            let mut share = shares[c].lock().unwrap_or_else(|e| e.into_inner());
+            let (out, found, counts, times) = &mut *share;
+            let first = c * per;
+            let (missed, keys) =
+                (&missed[first..first + found.len()], &keys[first..first + found.len()]);
+            // read and default counts per table
+            *counts = vec![0usize; 2 * tables.len()];
+            // first each miss's row found (its table, then its place there), so that the
+            // copy below is a loop as tight as a plain gather's: measured on one thread,
+            // finding each row inside the copy loop read 0.6x as many rows a second
+            let srcs: Vec<(usize, Option<&[u8]>)> = missed
+                .iter()
+                .zip(keys)
+                .map(|(&i, &k)| {
+                    let t = table_of(i as usize);
+                    let (bytes, count, _) = &tables[t];
+                    let src = (0..*count as i64)
+                        .contains(&k)
+                        .then(|| &bytes[k as usize * width..(k as usize + 1) * width]);
+                    counts[if src.is_some() { t } else { tables.len() + t }] += 1;
+                    (t, src)
+                })
+                .collect();
+            for src in srcs.iter().take(AHEAD).filter_map(|s| s.1) {
+                triton_rust_os::prefetch(src);
+            }
+            for (j, ((row, f), (t, src))) in
+                out.chunks_exact_mut(width).zip(found.iter_mut()).zip(&srcs).enumerate()
+            {
+                if let Some((_, Some(ahead))) = srcs.get(j + AHEAD) {
+                    triton_rust_os::prefetch(ahead);
+                }
+                match src {
+                    Some(src) => {
+                        // the rows go to the GPU next, never read here: past the caches
+                        triton_rust_os::copy_streaming(row, src);
+                        *f = 1;
+                    }
+                    None => {
+                        for e in row.chunks_exact_mut(tables[*t].2.len()) {
+                            e.copy_from_slice(&tables[*t].2);
+                        }
+                        *f = 0;
+                    }
+                }
+            }
+            triton_rust_os::store_fence(); // the rows seen by whoever sees this share done
+            let took = ns_since(t0) - started;
+            *times = GatherTimes {
+                last_start_ns: started,
+                longest_ns: took,
+                busy_ns: took,
+                shares: 1,
+                ..GatherTimes::default()
+            };
+        };
+        crew.run(shares.len(), &read_share)
+            .map_err(|why| Error::internal(format!("reading a batch's misses: {why}")))?;
+        let mut counts = vec![0usize; 2 * tables.len()];
+        let mut share = GatherTimes::default();
+        for s in shares {
+            let (_, _, c, t) = s.into_inner().unwrap_or_else(|e| e.into_inner());
+            counts.iter_mut().zip(c).for_each(|(a, b)| *a += b);
+            share.last_start_ns = share.last_start_ns.max(t.last_start_ns);
+            share.longest_ns = share.longest_ns.max(t.longest_ns);
+            share.busy_ns += t.busy_ns;
+            share.shares += t.shares;
+        }
         let ns = ns_since(t0);
+        if let Some(times) = times {
+            share.calls = 1;
+            share.wall_ns = ns;
+            times.add(&share);
+        }
         let k = tables.len();
         for t in 0..k {
             let (read, defaults) = (counts[t], counts[k + t]);
@@ -239,7 +303,7 @@ mod tests {
             .collect();
         let (mut rows, mut found, mut per) = (vec![7u8; n * width], vec![9u8; n], vec![0usize; 2]);
         assert!(s
-            .gather_dense(&table_of, &missed, &keys, &mut rows, &mut found, &mut per)
+            .gather_dense(&table_of, &missed, &keys, &mut rows, &mut found, &mut per, None)
             .unwrap());
         assert_eq!(per.iter().sum::<usize>(), n);
         for (j, &i) in missed.iter().enumerate() {
@@ -257,11 +321,11 @@ mod tests {
         // rows of another width, or a table written since it was loaded: the grouped path's
         let mut wide = vec![0u8; n * 32];
         assert!(!s
-            .gather_dense(&table_of, &missed, &keys, &mut wide, &mut found, &mut per)
+            .gather_dense(&table_of, &missed, &keys, &mut wide, &mut found, &mut per, None)
             .unwrap());
         s.update(1, &[5], &[1.0; 8]).unwrap();
         assert!(!s
-            .gather_dense(&table_of, &missed, &keys, &mut rows, &mut found, &mut per)
+            .gather_dense(&table_of, &missed, &keys, &mut rows, &mut found, &mut per, None)
             .unwrap());
         drop(s);
         std::fs::remove_dir_all(dir).unwrap();

@@ -276,6 +276,7 @@ impl InstanceCaches {
         let t0 = Instant::now();
         let mut missed_per_table = vec![0usize; tables];
         let mut fetch_ns = 0u64;
+        let mut reads = super::GatherTimes::default();
         let mut fetch = |missed: &mut [i32],
                          missed_keys: &mut [i64],
                          mut rows: gpu::FetchedRows<'_>,
@@ -294,6 +295,7 @@ impl InstanceCaches {
                 raw,
                 found,
                 &mut missed_per_table,
+                Some(&mut reads),
             )? {
                 fetch_ns += ns_since(tf);
                 return Ok(());
@@ -436,7 +438,7 @@ impl InstanceCaches {
                 )
             });
             log::debug!(
-                "timing: batch lookup: keys {}, misses {}, read by the gpu {}, lookup {} us, below cache {} us, keys down {} us, host reads {} us, scatter {} us, fill queued {} us (most misses: {}{rates})",
+                "timing: batch lookup: keys {}, misses {}, read by the gpu {}, lookup {} us, below cache {} us, keys down {} us, host reads {} us, scatter {} us, fill queued {} us, read calls {}, last share started {} us, longest share {} us, shares busy {} us (most misses: {}{rates})",
                 times.keys,
                 times.misses,
                 times.gpu_misses,
@@ -446,6 +448,10 @@ impl InstanceCaches {
                 fetch_ns / 1000,
                 times.scatter_us,
                 tf.elapsed().as_micros(),
+                reads.calls,
+                reads.last_start_ns / 1000,
+                reads.longest_ns / 1000,
+                reads.busy_ns / 1000,
                 worst.join(", ")
             );
         }
