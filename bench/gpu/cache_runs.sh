@@ -50,7 +50,7 @@ run() {
         echo "== $name: skipped, ${left} s left of the call's ${deadline}" | tee -a "$out/skipped.txt"
         return
     fi
-    # the stream starts only with 160 s of --budget-s left (dlrm_v2_perf's stream_room_s); a run
+    # the stream starts only with 160 s of --budget-s left (recsys/dlrm_v2_stream.py's stream_room_s); a run
     # on tables already written takes 60-80 s of it
     local budget=$(( first ? 330 : 230 ))
     [ "$budget" -gt $(( left + 150 )) ] && budget=$(( left + 150 ))

@@ -149,7 +149,7 @@ def parse(argv=None):
 # ------------------------------------------------------------------ the packages
 
 def export_namespace(precision, cross, work):
-    """The settings dlrm_v2_perf.py's main exports its package with (so that its export_aoti call
+    """The settings dlrm_v2_perf.py's tables_and_network exports its package with (so that its export_aoti call
     finds this package and reuses it: the same key)."""
     import dlrm_v2
     return SimpleNamespace(precision=precision, aoti_dlrm_interaction="triton", dcnv2_cross=cross, example_batch=0,

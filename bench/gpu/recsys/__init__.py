@@ -13,4 +13,20 @@ sys.path for them as every bench/gpu script does: bench/gpu, bench and examples)
 - exactness.py: served rows against the fixture's, the single model against the ensemble;
 - stream.py: the endless stream (stream_load.py) beside perf_analyzer's rows;
 - runs.py: the served phase, with its console lines; options.py: the command's arguments.
+
+bench/gpu/dlrm_v2_perf.py's steps (MLPerf DLRM-v2 served against bare PyTorch) reuse fixture.py,
+cache.py, networks.py, measure.py and gpu_busy.py, and have modules of their own:
+
+- dlrm_v2_model.py: DLRM-v2's shape (hotness, key columns, row size, MLPerf's mean query) and
+  the FP8 network's calibration inputs; clock.py: the phases and the seconds left of the budget;
+- dlrm_v2_options.py: the command's arguments; dlrm_v2_plan.py: the cache's plan, the pairs
+  drawn and the key pools perf_analyzer cycles; dlrm_v2_repository.py: its three models;
+- dlrm_v2_served.py: the served phase (server up, exactness, the runs, the stream, server down);
+  dlrm_v2_exactness.py: pooled rows and predictions against float64 sums;
+- perf_analyzer.py: perf_analyzer's command lines, calls with a time limit, CSVs;
+  dlrm_v2_runs.py: its runs (and the C API's), each with its console line and runs.json row;
+  host_use.py: the host's CPU over a run and the backend's timing lines;
+- dlrm_v2_stream.py: the endless stream (examples/stream_client.rs, keys in GPU memory);
+- dlrm_v2_reference.py: the bare PyTorch reference and its compile in a child process;
+- dlrm_v2_results.py: runs.json, setup.json, perf.tgz, the report and the targets printed.
 """

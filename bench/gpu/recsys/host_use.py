@@ -1,0 +1,75 @@
+"""What a run cost the host, and what the server logged over it: the host's busy share, the cores
+tritonserver and the client (the benchmark's children) used, the server's busiest threads; the
+backend's `timing:` lines since a point of the server's log (bench/gpu/dlrm_v2_perf.py's runs)."""
+import os
+
+
+def cpu_sample(a):
+    """(host jiffies busy, host jiffies in all, the server's jiffies, children's CPU seconds so far)."""
+    import resource
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
+    threads = server_threads(a)
+    ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return sum(v) - idle, sum(v), sum(j for _, j in threads.values()), ch.ru_utime + ch.ru_stime, threads
+
+
+def server_threads(a):
+    """{thread id: (name, jiffies of user and system time)} of the server's threads; {} where there
+    is no server. The server's time is taken as their sum: a thread that ends between two samples
+    is not counted."""
+    out = {}
+    try:
+        from tritonserver_process import server_pid
+        base = f"/proc/{server_pid(a.port)}/task"
+        for tid in os.listdir(base):
+            try:
+                with open(f"{base}/{tid}/stat") as f:
+                    head, rest = f.read().rsplit(")", 1)
+                fields = rest.split()
+                out[tid] = (head.split("(", 1)[1], int(fields[11]) + int(fields[12]))
+            except (OSError, ValueError, IndexError):
+                continue
+    except (OSError, SystemExit):
+        pass
+    return out
+
+
+def cpu_use(s0, s1, seconds):
+    """The host's CPU over a run, from two cpu_sample()s: busy %, cores used by the server and by
+    the client (the benchmark's children: perf_analyzer or stream_client, counted once they exit)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    total = max(1, s1[1] - s0[1])
+    busiest = sorted(((t1 - s0[4].get(tid, (n, 0))[1], n) for tid, (n, t1) in s1[4].items()), reverse=True)[:6]
+    return {"host_busy_pct": 100.0 * (s1[0] - s0[0]) / total, "cpus": os.cpu_count(),
+            "server_cores": (s1[2] - s0[2]) / hz / max(seconds, 1e-9),
+            "client_cores": (s1[3] - s0[3]) / max(seconds, 1e-9),
+            "busiest_server_threads": [[n, j / hz / max(seconds, 1e-9)] for j, n in busiest]}
+
+
+def cpu_text(c):
+    threads = ", ".join(f"{n} {cores:.2f}" for n, cores in c.get("busiest_server_threads", []))
+    return (f"CPU: host {c['host_busy_pct']:.0f}% busy of {c['cpus']}, tritonserver {c['server_cores']:.1f} cores, "
+            f"client {c['client_cores']:.1f} cores; the server's busiest threads (cores): {threads}")
+
+
+def log_size(a):
+    path = os.path.join(a.work, "server.log")
+    return os.path.getsize(path) if os.path.exists(path) else 0
+
+
+def timing_of_run(a, start):
+    """With --verbose: the medians and 99th percentiles of the backend's `timing:` lines the server
+    logged since byte `start` of its log (bench/gpu/timing_summary.py), printed; {kind: {step: [median, p99, n]}}."""
+    import timing_summary
+    with open(os.path.join(a.work, "server.log"), "rb") as f:
+        f.seek(start)
+        lines = f.read().decode(errors="replace").splitlines()
+    found = timing_summary.figures(lines)
+    out = {}
+    for (kind, label), v in found.items():
+        med, p99 = timing_summary.rank(v, 0.5), timing_summary.rank(v, 0.99)
+        out.setdefault(kind, {})[label] = [med, p99, len(v)]
+        print(f"    timing {kind}: {label} median {med} p99 {p99} (n={len(v)})", flush=True)
+    return out
