@@ -20,7 +20,7 @@ use std::time::Instant;
 use triton_rust_abi::graphs::{fit, Fit};
 use triton_rust_abi::worker::Worker;
 use triton_rust_abi::{self as abi, AotiApi, LogFn, TensorView};
-use triton_rust_plugin::{model_of, plugin_api, set_err, with_error, Load, LoadedModel, Outputs};
+use triton_rust_plugin::{model_of, plugin_api, set_err, with_error, Load, Outputs, RuntimeModel};
 
 type Sink = unsafe extern "C" fn(ctx: *mut c_void, index: usize, out: *const TensorView) -> c_int;
 
@@ -98,7 +98,7 @@ unsafe extern "C" fn runtime() -> *const c_char {
     tra_runtime()
 }
 
-impl LoadedModel for Model {
+impl RuntimeModel for Model {
     const RUNTIME: &'static str = "the AOTInductor plugin";
 
     fn load(load: &Load<'_>) -> Result<Model, String> {

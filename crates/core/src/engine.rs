@@ -85,9 +85,9 @@ pub trait LoadedModel: Send + Sync {
     fn request_rows(&self, _inputs: &[RequestTensor<'_>]) -> Option<usize> {
         None
     }
-    /// The runner of one instance on `device`. `config` is the model's config as the
-    /// server completed it (auto-complete may have filled in what the load did not see).
-    fn instance(&self, config: &ModelConfig, device: Device) -> Result<Box<dyn Engine>>;
+    /// The runner of one instance on `device`, made from what the load derived from the
+    /// model's final config (an instance is given no config to derive anything again).
+    fn instance(&self, device: Device) -> Result<Box<dyn Engine>>;
 }
 
 impl dyn LoadedModel + '_ {
@@ -100,23 +100,57 @@ impl dyn LoadedModel + '_ {
     }
 }
 
-/// What a model's load may read.
+/// What a model's description and load may read.
 pub struct ModelLoad<'a> {
+    /// The config: as written when describing, final (auto-completed) when loading.
     pub config: &'a ModelConfig,
     pub backend: &'a BackendSettings,
     /// The model file, or the version directory for an engine whose claim has no file.
     pub model_file: &'a Path,
     /// What the backend keeps for all its models.
     pub shared: &'a Shared,
+    /// What the description opened (a session, parsed settings), for the load to take
+    /// instead of opening it again.
+    pub opened: &'a Opened,
+}
+
+/// What a model's description opened, kept for its load (one value of each type: an engine
+/// that builds on another, the recommender on its network's, keeps its own beside it).
+#[derive(Default)]
+pub struct Opened(Mutex<Vec<Box<dyn Any + Send>>>);
+
+impl Opened {
+    /// Keeps `value` for the load (replacing one of its type).
+    pub fn keep<T: Any + Send>(&self, value: T) {
+        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|v| !v.is::<T>());
+        all.push(Box::new(value));
+    }
+    /// The value of type `T` the description kept, taken.
+    pub fn take<T: Any + Send>(&self) -> Option<T> {
+        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let at = all.iter().position(|v| v.is::<T>())?;
+        all.swap_remove(at).downcast::<T>().ok().map(|b| *b)
+    }
 }
 
 /// An engine crate's offer: the models it claims and how it loads one.
+///
+/// A load runs in Triton's order: the kind describes the model from its file and the config
+/// as written (`describe`), the server auto-completes the config from that description, and
+/// the kind loads the model once on the final config (`load`), taking what the description
+/// opened (`ModelLoad::opened`). Models whose config lists their tensors are not described.
 pub trait EngineKind: Send + Sync {
     fn claim(&self) -> &'static EngineClaim;
+    /// What the model says of itself before its config is complete: its signature, for
+    /// auto-complete to fill the config from; `None` when the config is its only source.
+    fn describe(&self, load: &ModelLoad<'_>) -> Result<Option<Signature>>;
+    /// Loads the model on its final config.
     fn load(&self, load: &ModelLoad<'_>) -> Result<Box<dyn LoadedModel>>;
 }
 
-/// Declares an engine's kind: a unit struct whose claim is the static `$claim` and whose load
+/// Declares an engine's kind: a unit struct whose claim is the static `$claim`, whose
+/// description is `$model::describe(&ModelLoad) -> Result<Option<Signature>>` and whose load
 /// is `$model::load(&ModelLoad) -> Result<$model>`, the model boxed as a [`LoadedModel`].
 ///
 /// ```ignore
@@ -134,6 +168,12 @@ macro_rules! engine_kind {
         impl $crate::engine::EngineKind for $kind {
             fn claim(&self) -> &'static $crate::engine::EngineClaim {
                 &$claim
+            }
+            fn describe(
+                &self,
+                load: &$crate::engine::ModelLoad<'_>,
+            ) -> $crate::error::Result<Option<$crate::engine::Signature>> {
+                <$model>::describe(load)
             }
             fn load(
                 &self,
@@ -179,20 +219,17 @@ impl EngineKinds {
     pub fn claims(&self) -> &[&'static EngineClaim] {
         &self.claims
     }
-    /// Loads a model with the kind that claims `claim`.
-    pub fn load(
-        &self,
-        claim: &EngineClaim,
-        config: &ModelConfig,
-        backend: &BackendSettings,
-        model_file: &Path,
-    ) -> Result<Box<dyn LoadedModel>> {
-        let kind = self
-            .kinds
+    /// The kind that claims `claim`.
+    pub fn kind(&self, claim: &EngineClaim) -> Result<&dyn EngineKind> {
+        self.kinds
             .iter()
             .find(|k| std::ptr::eq(k.claim(), claim))
-            .ok_or_else(|| Error::internal(format!("no engine is named '{}'", claim.name())))?;
-        kind.load(&ModelLoad { config, backend, model_file, shared: &self.shared })
+            .map(|k| k.as_ref())
+            .ok_or_else(|| Error::internal(format!("no engine is named '{}'", claim.name())))
+    }
+    /// What the backend keeps for all its models.
+    pub fn shared(&self) -> &Shared {
+        &self.shared
     }
 }
 

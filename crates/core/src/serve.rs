@@ -1,7 +1,8 @@
 //! Serving: where the server's view (models, instances, requests) meets the engines.
 //!
-//! `ModelState` reads the config, picks the engine kind, loads the model once with it,
-//! auto-completes and checks the config against the loaded model; `InstanceState` owns
+//! `ModelState` reads the config, picks the engine kind, has it describe the model where the
+//! config lacks tensors, auto-completes the config from that, loads the model once on the
+//! final config and checks the config against the loaded model; `InstanceState` owns
 //! the one engine the loaded model made for it;
 //! [`execute`] is the batch path: check each request, group, assemble, run once per
 //! group, scatter outputs into the responses, report statistics. A request's own
@@ -21,7 +22,9 @@ use crate::batch::{
     InputPolicy, RequestTensor,
 };
 use crate::config::{autocomplete, check_against_model, ModelConfig};
-use crate::engine::{self, Device, Engine, EngineKinds, LoadedModel, OutputView};
+use crate::engine::{
+    self, Device, Engine, EngineKinds, LoadedModel, ModelLoad, Opened, OutputView,
+};
 use crate::error::{Error, ErrorKind, Result};
 use crate::settings::{self, CoreSettings};
 use crate::telemetry::MetricsSource;
@@ -190,27 +193,48 @@ impl ModelState {
         // the inputs the sequence batcher adds are the model's like any other (an engine
         // whose signature comes from the config, TorchScript's, sees them too)
         config.add_sequence_inputs()?;
-        let loaded: Arc<dyn LoadedModel> =
-            ctx.kinds.load(claim, &config, ctx.backend, &model_file)?.into();
+        // Triton's order: what the model says of itself, the config completed from it, then
+        // the one load on the final config (a config that lists its tensors is final as written)
+        let kind = ctx.kinds.kind(claim)?;
+        let opened = Opened::default();
+        let (backend, shared) = (ctx.backend, ctx.kinds.shared());
         let mut completed = None;
-        if ctx.autocomplete {
-            if let Some(v) = autocomplete(
-                &raw,
-                loaded.inputs(),
-                loaded.outputs(),
-                ctx.backend.default_max_batch_size,
-            )? {
-                raw = v;
-                config = ModelConfig::from_value(&raw)?;
-                config.add_sequence_inputs()?;
-                completed = Some(raw.to_string());
-                log::info!(
-                    "model '{}': config auto-completed from '{}'",
-                    ctx.name,
-                    model_file.display()
-                );
+        if ctx.autocomplete && (config.inputs.is_empty() || config.outputs.is_empty()) {
+            let given = ModelLoad {
+                config: &config,
+                backend,
+                model_file: &model_file,
+                shared,
+                opened: &opened,
+            };
+            let described = kind.describe(&given)?;
+            if let Some(sig) = described {
+                if let Some(v) = autocomplete(
+                    &raw,
+                    &sig.inputs,
+                    &sig.outputs,
+                    ctx.backend.default_max_batch_size,
+                )? {
+                    raw = v;
+                    config = ModelConfig::from_value(&raw)?;
+                    config.add_sequence_inputs()?;
+                    completed = Some(raw.to_string());
+                    log::info!(
+                        "model '{}': config auto-completed from '{}'",
+                        ctx.name,
+                        model_file.display()
+                    );
+                }
             }
         }
+        let load = ModelLoad {
+            config: &config,
+            backend,
+            model_file: &model_file,
+            shared,
+            opened: &opened,
+        };
+        let loaded: Arc<dyn LoadedModel> = kind.load(&load)?.into();
         config.adopt_scalars(loaded.inputs(), loaded.outputs());
         check_against_model(&config, loaded.inputs(), loaded.outputs())
             .and_then(|()| check_states(&config, loaded.outputs()))
@@ -297,7 +321,7 @@ pub struct InstanceState {
 
 impl InstanceState {
     pub fn new(model: &ModelState, ctx: InstanceContext) -> Result<InstanceState> {
-        let engine = model.loaded.instance(&model.config, ctx.device)?;
+        let engine = model.loaded.instance(ctx.device)?;
         let mut policy = model.policy.clone();
         policy.accepts_device_inputs = model.loaded.accepts_device_inputs(ctx.device);
         log::info!("instance '{}' of model '{}' ready on {:?}", ctx.name, model.name, ctx.device);

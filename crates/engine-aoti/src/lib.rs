@@ -151,8 +151,10 @@ pub struct AotiModel {
     /// Why a package made by another torch release may still load (named if it fails).
     across: Option<String>,
     sig: Signature,
+    /// The final config, which every instance's package is loaded by.
+    config: ModelConfig,
     /// Where the config's tensors sit in the package's flat order, and what requests are
-    /// checked against: made by the first instance from the completed config (and, for a
+    /// checked against: made by the first instance from the final config (and, for a
     /// package that does not list its tensors, the loaded package's call spec).
     layout: OnceLock<Arc<Layout>>,
 }
@@ -173,9 +175,22 @@ struct Layout {
 }
 
 impl AotiModel {
+    /// The package's own tensors where it lists them (and the config's where it does not),
+    /// read from its metadata; the package is kept for the load.
+    pub fn describe(load: &ModelLoad<'_>) -> Result<Option<Signature>> {
+        let (cfg, package) = (load.config, Package::read(load.model_file)?);
+        let (inputs, _) = tensors(cfg, &cfg.inputs, package.inputs.as_deref(), None, true)?;
+        let (outputs, _) = tensors(cfg, &cfg.outputs, package.outputs.as_deref(), None, false)?;
+        load.opened.keep(package);
+        Ok(Some(Signature { inputs, outputs }))
+    }
+
     pub fn load(load: &ModelLoad<'_>) -> Result<AotiModel> {
         let (cfg, model_file) = (load.config, load.model_file);
-        let package = Package::read(model_file)?;
+        let package = match load.opened.take::<Package>() {
+            Some(p) => p,
+            None => Package::read(model_file)?,
+        };
         let plugin = plugin::plugin(
             &plugin::AOTI,
             load.backend.libtorch_dir.as_ref().map(|(d, source)| (d.as_path(), *source)),
@@ -206,6 +221,7 @@ impl AotiModel {
             model_file: model_file.to_path_buf(),
             across,
             sig: Signature { inputs, outputs },
+            config: cfg.clone(),
             layout: OnceLock::new(),
         })
     }
@@ -288,14 +304,15 @@ impl LoadedModel for AotiModel {
         check_dims(&layout.dims, inputs)?;
         check_ranges(&layout.ranges, inputs)
     }
-    fn instance(&self, cfg: &ModelConfig, device: Device) -> Result<Box<dyn Engine>> {
-        Ok(Box::new(self.engine(cfg, device)?))
+    fn instance(&self, device: Device) -> Result<Box<dyn Engine>> {
+        Ok(Box::new(self.engine(device)?))
     }
 }
 
 impl AotiModel {
-    /// The package loaded for an instance on `device` (`cfg`: the completed config).
-    pub fn engine(&self, cfg: &ModelConfig, device: Device) -> Result<AotiEngine> {
+    /// The package loaded for an instance on `device`.
+    pub fn engine(&self, device: Device) -> Result<AotiEngine> {
+        let cfg = &self.config;
         let gpu = match device {
             Device::Gpu(id) => Some(id),
             Device::Cpu => None,

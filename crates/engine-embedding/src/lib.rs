@@ -75,8 +75,26 @@ triton_rust_core::engine_kind!(
 pub struct EmbeddingModel(Arc<Model>);
 
 impl EmbeddingModel {
-    pub fn load(load: &ModelLoad<'_>) -> Result<EmbeddingModel> {
+    /// The tensors its settings and tables make: the model opened on the config as written,
+    /// kept for the load (its settings, and its store alive in the backend's registry).
+    pub fn describe(load: &ModelLoad<'_>) -> Result<Option<Signature>> {
         let settings = StoreSettings::from_config(load.config, load.model_file, load.backend)?;
+        let described = EmbeddingModel::open(settings, load.config, load.shared)?;
+        let sig = described.signature().clone();
+        load.opened.keep(described);
+        Ok(Some(sig))
+    }
+
+    /// The model on its final config: the description's settings and store where it ran.
+    pub fn load(load: &ModelLoad<'_>) -> Result<EmbeddingModel> {
+        let settings = match load.opened.take::<EmbeddingModel>() {
+            // the store stays registered while `described` lives: opened again, it is found
+            Some(described) => {
+                let settings = described.0.settings.clone();
+                return EmbeddingModel::open(settings, load.config, load.shared);
+            }
+            None => StoreSettings::from_config(load.config, load.model_file, load.backend)?,
+        };
         EmbeddingModel::open(settings, load.config, load.shared)
     }
 
@@ -415,7 +433,7 @@ impl LoadedModel for EmbeddingModel {
         self.0.request_rows(inputs)
     }
 
-    fn instance(&self, _config: &ModelConfig, device: Device) -> Result<Box<dyn Engine>> {
+    fn instance(&self, device: Device) -> Result<Box<dyn Engine>> {
         Ok(Box::new(self.engine(device)?))
     }
 }

@@ -1,7 +1,7 @@
 use super::*;
 use std::path::Path;
 use triton_rust_core::config::ModelConfig;
-use triton_rust_core::engine::EngineKind;
+use triton_rust_core::engine::{EngineKind, Opened};
 use triton_rust_embedding::{CacheEviction, CacheRows};
 
 #[test]
@@ -171,22 +171,26 @@ fn settings_are_parsed_once_per_model_however_many_instances_it_has() {
         ("store_name", "parsed_once"),
     ]);
     c.max_batch_size = 8;
-    let shared = Shared::default();
+    let (shared, opened) = (Shared::default(), Opened::default());
     let backend = Default::default();
     let load = ModelLoad {
         config: &c,
         backend: &backend,
         model_file: Path::new("/nonexistent"),
         shared: &shared,
+        opened: &opened,
     };
     let before = settings::PARSED.with(|n| n.get());
+    // described (as for auto-complete), then loaded: the description's settings kept
+    let described = EmbeddingKind.describe(&load).unwrap().unwrap();
     let model = EmbeddingKind.load(&load).unwrap();
-    let engines: Vec<_> = (0..3).map(|_| model.instance(&c, Device::Cpu).unwrap()).collect();
+    assert_eq!(described.outputs, model.signature().outputs);
+    let engines: Vec<_> = (0..3).map(|_| model.instance(Device::Cpu).unwrap()).collect();
     assert_eq!(engines.len(), 3);
     assert_eq!(
         settings::PARSED.with(|n| n.get()) - before,
         1,
-        "one parse for the model and its 3 instances"
+        "one parse for the model's description, its load and its 3 instances"
     );
     assert_eq!(model.signature().outputs[0].shape, vec![-1, 2, 4]);
     // a second model naming the same store gets that store, through the backend's registry
@@ -317,12 +321,13 @@ fn which_models_take_keys_in_gpu_memory() {
         p.push(("store_name", &store_name));
         let mut c = cfg(&p);
         c.max_batch_size = 8;
-        let (shared, backend) = (Shared::default(), Default::default());
+        let (shared, backend, opened) = (Shared::default(), Default::default(), Opened::default());
         let load = ModelLoad {
             config: &c,
             backend: &backend,
             model_file: Path::new("/x"),
             shared: &shared,
+            opened: &opened,
         };
         let model = EmbeddingKind.load(&load).unwrap();
         (model.accepts_device_inputs(Device::Cpu), model.accepts_device_inputs(Device::Gpu(0)))

@@ -53,6 +53,8 @@ triton_rust_core::engine_kind!(
 pub struct OnnxModel {
     runtime: Arc<Runtime>,
     settings: OnnxSettings,
+    /// The final config, which every instance's session is built by.
+    config: ModelConfig,
     model_file: PathBuf,
     sig: Signature,
     input_dims: Vec<(String, Vec<String>)>,
@@ -61,15 +63,49 @@ pub struct OnnxModel {
     cpu_session: Mutex<Option<Session>>,
 }
 
-impl OnnxModel {
-    pub fn load(load: &ModelLoad<'_>) -> Result<OnnxModel> {
+/// What describing an ONNX model opened: its settings, the runtime and a CPU session that
+/// read the file's signature, for the load to take.
+struct Opened {
+    runtime: Arc<Runtime>,
+    settings: OnnxSettings,
+    session: Session,
+    sig: Signature,
+    input_dims: Vec<(String, Vec<String>)>,
+}
+
+impl Opened {
+    fn open(load: &ModelLoad<'_>) -> Result<Opened> {
         let cfg = load.config;
         let settings = OnnxSettings::from_config(cfg)?;
         let runtime = runtime(&settings, load.backend)?;
+        let gpu_instances =
+            cfg.instance_kinds.is_empty() || cfg.instance_kinds.iter().any(|k| k == "KIND_GPU");
+        session::check_accelerators(&settings, gpu_instances)?;
         let session = build_session(&runtime, load.model_file, cfg, Device::Cpu, &settings, false)?;
-        let inputs = specs(session.inputs(), "input")?;
-        let outputs = specs(session.outputs(), "output")?;
+        let sig = Signature {
+            inputs: specs(session.inputs(), "input")?,
+            outputs: specs(session.outputs(), "output")?,
+        };
         let input_dims = dim_names(session.inputs());
+        Ok(Opened { runtime, settings, session, sig, input_dims })
+    }
+}
+
+impl OnnxModel {
+    /// The file's signature, read by a CPU session that the load then keeps.
+    pub fn describe(load: &ModelLoad<'_>) -> Result<Option<Signature>> {
+        let opened = Opened::open(load)?;
+        let sig = opened.sig.clone();
+        load.opened.keep(opened);
+        Ok(Some(sig))
+    }
+
+    pub fn load(load: &ModelLoad<'_>) -> Result<OnnxModel> {
+        let cfg = load.config;
+        let Opened { runtime, settings, session, sig, input_dims } = match load.opened.take() {
+            Some(o) => o,
+            None => Opened::open(load)?,
+        };
         // Triton completes instance_group before the model is loaded; with none given
         // (a config read outside Triton) a CPU instance may come.
         let cpu_instance =
@@ -77,15 +113,17 @@ impl OnnxModel {
         Ok(OnnxModel {
             runtime,
             settings,
+            config: cfg.clone(),
             model_file: load.model_file.to_path_buf(),
-            sig: Signature { inputs, outputs },
+            sig,
             input_dims,
             cpu_session: Mutex::new(cpu_instance.then_some(session)),
         })
     }
 
     /// A GPU instance's engine: inputs and outputs bound in GPU memory, CUDA graphs on request.
-    fn gpu_instance(&self, cfg: &ModelConfig, id: i32) -> Result<OnnxEngine> {
+    fn gpu_instance(&self, id: i32) -> Result<OnnxEngine> {
+        let cfg = &self.config;
         let mut buckets = cfg.cuda_graph_buckets()?;
         if buckets.is_some() && !cfg.gpu_accelerators.is_empty() {
             log::info!("model '{}': optimization.cuda.graphs applies to the CUDA execution provider; with a GPU accelerator it runs without", cfg.name);
@@ -162,16 +200,16 @@ impl LoadedModel for OnnxModel {
         Ok(())
     }
 
-    fn instance(&self, config: &ModelConfig, device: Device) -> Result<Box<dyn Engine>> {
-        Ok(Box::new(self.engine(config, device)?))
+    fn instance(&self, device: Device) -> Result<Box<dyn Engine>> {
+        Ok(Box::new(self.engine(device)?))
     }
 }
 
 impl OnnxModel {
-    /// The session of an instance on `device` (`config`: the completed config).
-    pub fn engine(&self, config: &ModelConfig, device: Device) -> Result<OnnxEngine> {
+    /// The session of an instance on `device`.
+    pub fn engine(&self, device: Device) -> Result<OnnxEngine> {
         Ok(match device {
-            Device::Gpu(id) => self.gpu_instance(config, id)?,
+            Device::Gpu(id) => self.gpu_instance(id)?,
             Device::Cpu => {
                 let kept = self.cpu_session.lock().ok().and_then(|mut s| s.take());
                 let session = match kept {
@@ -179,7 +217,7 @@ impl OnnxModel {
                     None => build_session(
                         &self.runtime,
                         &self.model_file,
-                        config,
+                        &self.config,
                         Device::Cpu,
                         &self.settings,
                         false,

@@ -95,7 +95,7 @@ pub(crate) fn build_session(
     if let Some(mode) = settings.execution_mode {
         builder = builder.with_parallel_execution(mode == 1).map_err(ort_err)?;
     }
-    let providers = execution_providers(cfg, device, cuda_graphs)?;
+    let providers = execution_providers(settings, device, cuda_graphs)?;
     if !providers.is_empty() {
         builder = builder.with_execution_providers(providers).map_err(ort_err)?;
     }
@@ -107,39 +107,48 @@ pub(crate) fn build_session(
     })
 }
 
-/// The execution providers an instance asks for, each checked against the loaded
-/// ONNX Runtime so that a missing one is a clear load error, not a silent CPU run.
+/// Fails unless the loaded ONNX Runtime has `name`'s provider (`ok`): a missing one is a
+/// clear load error, not a silent CPU run.
+fn available(ok: ort::Result<bool>, name: &str) -> Result<()> {
+    if ok.map_err(ort_err)? {
+        Ok(())
+    } else {
+        Err(Error::unavailable(format!(
+            "{name} was asked for, but the ONNX Runtime loaded has no {name} (a CPU-only build?). \
+             Point onnxruntime-library at a GPU build, e.g. the stock image's {STOCK_LIBRARY}"
+        )))
+    }
+}
+
+/// Checks once, at load, that the loaded ONNX Runtime has the accelerators the config asks
+/// for: TensorRT where GPU instances may come, OpenVINO for every instance.
+pub(crate) fn check_accelerators(settings: &OnnxSettings, gpu_instances: bool) -> Result<()> {
+    if settings.tensorrt.is_some() && gpu_instances {
+        available(ep::TensorRT::is_available(), "the TensorRT execution provider")?;
+    }
+    if settings.openvino {
+        available(ep::OpenVINO::is_available(), "the OpenVINO execution provider")?;
+    }
+    Ok(())
+}
+
+/// The execution providers an instance on `device` asks for (the accelerators checked at
+/// load; the CUDA provider here, for a GPU instance).
 fn execution_providers(
-    cfg: &ModelConfig,
+    settings: &OnnxSettings,
     device: Device,
     cuda_graphs: bool,
 ) -> Result<Vec<ep::ExecutionProviderDispatch>> {
     let mut out = Vec::new();
-    let available = |ok: ort::Result<bool>, name: &str| -> Result<()> {
-        if ok.map_err(ort_err)? {
-            Ok(())
-        } else {
-            Err(Error::unavailable(format!(
-                "{name} was asked for, but the ONNX Runtime loaded has no {name} (a CPU-only build?). \
-                 Point onnxruntime-library at a GPU build, e.g. the stock image's {STOCK_LIBRARY}"
-            )))
-        }
-    };
     if let Device::Gpu(id) = device {
-        for acc in &cfg.gpu_accelerators {
-            match acc.name.as_str() {
-                "tensorrt" => {
-                    available(ep::TensorRT::is_available(), "the TensorRT execution provider")?;
-                    let fp16 = acc.parameters.get("precision_mode").is_some_and(|p| p.eq_ignore_ascii_case("FP16"));
-                    out.push(ep::TensorRT::default().with_device_id(id).with_fp16(fp16).build().error_on_failure());
-                }
-                "cuda" => {}
-                other => {
-                    return Err(Error::invalid_arg(format!(
-                        "gpu_execution_accelerator '{other}' is not supported (use 'tensorrt' or 'cuda')"
-                    )))
-                }
-            }
+        if let Some(fp16) = settings.tensorrt {
+            out.push(
+                ep::TensorRT::default()
+                    .with_device_id(id)
+                    .with_fp16(fp16)
+                    .build()
+                    .error_on_failure(),
+            );
         }
         available(
             ep::CUDA::is_available(),
@@ -153,18 +162,8 @@ fn execution_providers(
                 .error_on_failure(),
         );
     }
-    for acc in &cfg.cpu_accelerators {
-        match acc.name.as_str() {
-            "openvino" => {
-                available(ep::OpenVINO::is_available(), "the OpenVINO execution provider")?;
-                out.push(ep::OpenVINO::default().build().error_on_failure());
-            }
-            other => {
-                return Err(Error::invalid_arg(format!(
-                    "cpu_execution_accelerator '{other}' is not supported (use 'openvino')"
-                )))
-            }
-        }
+    if settings.openvino {
+        out.push(ep::OpenVINO::default().build().error_on_failure());
     }
     Ok(out)
 }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use triton_rust_core::config::ModelConfig;
-use triton_rust_core::error::Result;
+use triton_rust_core::error::{Error, Result};
 use triton_rust_core::settings::Known;
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -15,6 +15,11 @@ pub struct OnnxSettings {
     pub inter_op_threads: Option<usize>,
     /// `execution_mode`: 1 runs independent nodes in parallel.
     pub execution_mode: Option<usize>,
+    /// The config's `gpu_execution_accelerator` TensorRT, in FP16 or not (`cuda` is the
+    /// GPU instances' own provider).
+    pub tensorrt: Option<bool>,
+    /// The config's `cpu_execution_accelerator` OpenVINO.
+    pub openvino: bool,
 }
 
 impl OnnxSettings {
@@ -26,11 +31,39 @@ impl OnnxSettings {
     ];
 
     pub fn from_config(cfg: &ModelConfig) -> Result<OnnxSettings> {
+        let mut tensorrt = None;
+        for acc in &cfg.gpu_accelerators {
+            match acc.name.as_str() {
+                "tensorrt" => {
+                    let mode = acc.parameters.get("precision_mode");
+                    tensorrt = Some(mode.is_some_and(|p| p.eq_ignore_ascii_case("FP16")));
+                }
+                "cuda" => {}
+                other => {
+                    return Err(Error::invalid_arg(format!(
+                        "gpu_execution_accelerator '{other}' is not supported (use 'tensorrt' or 'cuda')"
+                    )))
+                }
+            }
+        }
+        let mut openvino = false;
+        for acc in &cfg.cpu_accelerators {
+            match acc.name.as_str() {
+                "openvino" => openvino = true,
+                other => {
+                    return Err(Error::invalid_arg(format!(
+                        "cpu_execution_accelerator '{other}' is not supported (use 'openvino')"
+                    )))
+                }
+            }
+        }
         Ok(OnnxSettings {
             library: cfg.parameters.get("onnxruntime_library").map(PathBuf::from),
             intra_op_threads: cfg.parameter_usize("intra_op_thread_count")?,
             inter_op_threads: cfg.parameter_usize("inter_op_thread_count")?,
             execution_mode: cfg.parameter_usize("execution_mode")?,
+            tensorrt,
+            openvino,
         })
     }
 }

@@ -35,7 +35,6 @@ mod settings;
 pub use chain::{Chain, Joint, LookupStep, Network, Stager};
 pub use settings::{plan, ChainPlan, RecommenderSettings};
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use triton_rust_core::batch::{BatchTensor, RequestTensor};
@@ -85,7 +84,12 @@ impl DenseModel {
         Ok(match plan.dense_engine {
             "onnx" => DenseModel::Onnx(OnnxModel::load(&load)?),
             "torch" => DenseModel::Torch(TorchModel::load(&load)?),
-            _ => DenseModel::Aoti(AotiModel::load(&load)?),
+            "aoti" => DenseModel::Aoti(AotiModel::load(&load)?),
+            other => {
+                return Err(Error::internal(format!(
+                    "the recommender has no network engine named '{other}' (DENSE lists onnx, torch and aoti)"
+                )))
+            }
         })
     }
 
@@ -97,11 +101,11 @@ impl DenseModel {
         }
     }
 
-    fn network(&self, cfg: &ModelConfig, device: Device) -> Result<Box<dyn Network>> {
+    fn network(&self, device: Device) -> Result<Box<dyn Network>> {
         Ok(match self {
-            DenseModel::Onnx(m) => Box::new(m.engine(cfg, device)?),
-            DenseModel::Torch(m) => Box::new(m.engine(cfg, device)?),
-            DenseModel::Aoti(m) => Box::new(m.engine(cfg, device)?),
+            DenseModel::Onnx(m) => Box::new(m.engine(device)?),
+            DenseModel::Torch(m) => Box::new(m.engine(device)?),
+            DenseModel::Aoti(m) => Box::new(m.engine(device)?),
         })
     }
 }
@@ -131,20 +135,47 @@ impl LookupStep for EmbeddingEngine {
 /// A recommender, loaded: its lookup (an embedding model) and its network, each loaded
 /// once, and how their tensors meet.
 pub struct RecommenderModel {
-    settings: RecommenderSettings,
-    /// Keys per sample.
-    keys: usize,
-    /// Whether the lookup pools bags (then the keys may come ragged).
-    pooled: bool,
-    version_dir: PathBuf,
     lookup: EmbeddingModel,
     dense: DenseModel,
     plan: ChainPlan,
     joint: Arc<Joint>,
 }
 
+/// What a recommender's description kept for its load: its settings parsed, its lookup (its
+/// store alive in the backend's registry) and its network with the config it was loaded on.
+struct Described {
+    settings: RecommenderSettings,
+    store: StoreSettings,
+    /// Held, not read: its store stays registered until the load finds it again.
+    _lookup: EmbeddingModel,
+    dense: (ModelConfig, DenseModel),
+}
+
 impl RecommenderModel {
+    /// Its tensors, from its settings, tables and network, the config as written; kept for
+    /// the load. (Its plan needs the config's inputs: a recommender is described only to
+    /// complete its outputs.)
+    pub fn describe(load: &ModelLoad<'_>) -> Result<Option<Signature>> {
+        let (settings, store) = RecommenderModel::settings(load)?;
+        let model = RecommenderModel::open(&settings, store.clone(), None, load)?;
+        let sig = model.joint.sig.clone();
+        let dense = (model.plan.dense_config.clone(), model.dense);
+        load.opened.keep(Described { settings, store, _lookup: model.lookup, dense });
+        Ok(Some(sig))
+    }
+
     pub fn load(load: &ModelLoad<'_>) -> Result<RecommenderModel> {
+        match load.opened.take::<Described>() {
+            Some(d) => RecommenderModel::open(&d.settings, d.store, Some(d.dense), load),
+            None => {
+                let (settings, store) = RecommenderModel::settings(load)?;
+                RecommenderModel::open(&settings, store, None, load)
+            }
+        }
+    }
+
+    /// The recommender's settings and its lookup's, read from the config.
+    fn settings(load: &ModelLoad<'_>) -> Result<(RecommenderSettings, StoreSettings)> {
         // model_file is the version directory: tables/ and dense.onnx, dense.pt or dense.pt2
         let settings = RecommenderSettings::from_config(load.config)?;
         let mut store = StoreSettings::from_config(load.config, load.model_file, load.backend)?;
@@ -153,14 +184,27 @@ impl RecommenderModel {
         if store.interface != Interface::Pooled {
             store.interface = Interface::Batched;
         }
+        Ok((settings, store))
+    }
+
+    /// The recommender on `load`'s config: its plan, its lookup, and its network (`dense`:
+    /// one already loaded, taken when its config is the plan's).
+    fn open(
+        settings: &RecommenderSettings,
+        store: StoreSettings,
+        dense: Option<(ModelConfig, DenseModel)>,
+        load: &ModelLoad<'_>,
+    ) -> Result<RecommenderModel> {
         let keys = store.pooling.as_ref().map_or(settings.tables, |p| p.width());
         let pooled = store.interface == Interface::Pooled;
-        let plan = plan(load.config, &settings, keys, pooled, load.model_file, DENSE)?;
+        let plan = plan(load.config, settings, keys, pooled, load.model_file, DENSE)?;
         let lookup = EmbeddingModel::open(store, &plan.lookup_config, load.shared)?;
-        let dense = DenseModel::load(&plan, load)?;
+        let dense = match dense {
+            Some((config, dense)) if config == plan.dense_config => dense,
+            _ => DenseModel::load(&plan, load)?,
+        };
         let joint = Arc::new(Joint::new(lookup.signature(), dense.model().signature(), &plan)?);
-        let version_dir = load.model_file.to_path_buf();
-        Ok(RecommenderModel { settings, keys, pooled, version_dir, lookup, dense, plan, joint })
+        Ok(RecommenderModel { lookup, dense, plan, joint })
     }
 }
 
@@ -196,7 +240,7 @@ impl LoadedModel for RecommenderModel {
         check_both(&joint.sparse_input, lengths, &self.lookup, self.dense.model(), inputs)
     }
 
-    fn instance(&self, config: &ModelConfig, device: Device) -> Result<Box<dyn Engine>> {
+    fn instance(&self, device: Device) -> Result<Box<dyn Engine>> {
         let dense_takes_device = self.dense.model().accepts_device_inputs(device);
         if device != Device::Cpu && !dense_takes_device {
             return Err(Error::unsupported(format!(
@@ -204,12 +248,9 @@ impl LoadedModel for RecommenderModel {
                 self.plan.dense_file.display()
             )));
         }
-        // the network's config as the server completed the recommender's
-        let dense_config =
-            plan(config, &self.settings, self.keys, self.pooled, &self.version_dir, DENSE)?
-                .dense_config;
+        // the network loaded on the final config's plan
         let lookup = Box::new(self.lookup.engine(device)?);
-        let dense = self.dense.network(&dense_config, device)?;
+        let dense = self.dense.network(device)?;
         let chain = Chain::new(lookup, dense, self.joint.clone(), device, dense_takes_device);
         Ok(Box::new(match device {
             Device::Gpu(id) => {

@@ -68,12 +68,19 @@ triton_rust_core::engine_kind!(
 /// The module itself is loaded by each instance, on its device.
 pub struct TorchModel {
     settings: TorchSettings,
+    /// The final config, which every instance's module is loaded by.
+    config: ModelConfig,
     plugin: std::sync::Arc<plugin::Plugin>,
     model_file: PathBuf,
     sig: Signature,
 }
 
 impl TorchModel {
+    /// A TorchScript file carries no signature: the config is its only source.
+    pub fn describe(_load: &ModelLoad<'_>) -> Result<Option<Signature>> {
+        Ok(None)
+    }
+
     pub fn load(load: &ModelLoad<'_>) -> Result<TorchModel> {
         let cfg = load.config;
         if cfg.inputs.is_empty() || cfg.outputs.is_empty() {
@@ -98,7 +105,8 @@ impl TorchModel {
             );
         }
         let sig = Signature { inputs: specs(cfg, &cfg.inputs), outputs: specs(cfg, &cfg.outputs) };
-        Ok(TorchModel { settings, plugin, model_file: load.model_file.to_path_buf(), sig })
+        let model_file = load.model_file.to_path_buf();
+        Ok(TorchModel { settings, config: cfg.clone(), plugin, model_file, sig })
     }
 }
 
@@ -109,15 +117,15 @@ impl LoadedModel for TorchModel {
     fn accepts_device_inputs(&self, _device: Device) -> bool {
         true
     }
-    fn instance(&self, cfg: &ModelConfig, device: Device) -> Result<Box<dyn Engine>> {
-        Ok(Box::new(self.engine(cfg, device)?))
+    fn instance(&self, device: Device) -> Result<Box<dyn Engine>> {
+        Ok(Box::new(self.engine(device)?))
     }
 }
 
 impl TorchModel {
-    /// The module loaded for an instance on `device` (`cfg`: the completed config).
-    pub fn engine(&self, cfg: &ModelConfig, device: Device) -> Result<TorchEngine> {
-        let settings = &self.settings;
+    /// The module loaded for an instance on `device`.
+    pub fn engine(&self, device: Device) -> Result<TorchEngine> {
+        let (settings, cfg) = (&self.settings, &self.config);
         let gpu = match device {
             Device::Gpu(id) => Some(id),
             Device::Cpu => None,

@@ -1,6 +1,6 @@
 //! The core table's `extern "C"` entries, written once for both plugins: each turns the
 //! ABI's raw pointers into borrowed values, keeps a panic from crossing the ABI, and calls
-//! the plugin's [`LoadedModel`]. A model handle is the plugin's model boxed (`Box<M>`).
+//! the plugin's [`RuntimeModel`]. A model handle is the plugin's model boxed (`Box<M>`).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -10,7 +10,7 @@ use triton_rust_abi::{self as abi, panic_text, FusionStep, LoadOptions, OutputSi
 use crate::error::set_err;
 
 /// A model a plugin loads and runs: what the shims call, with the ABI's pointers made safe.
-pub trait LoadedModel: Sized {
+pub trait RuntimeModel: Sized {
     /// Who a caught panic is put down to ("libtorch" panicked while running).
     const RUNTIME: &'static str;
 
@@ -100,7 +100,7 @@ unsafe fn borrowed<'a, T>(ptr: *const T, n: usize) -> &'a [T] {
 /// # Safety
 /// The ABI's contract: `options` and what it points to are valid for the call; `err` is
 /// null or the caller's out-slot.
-pub unsafe extern "C" fn load<M: LoadedModel>(
+pub unsafe extern "C" fn load<M: RuntimeModel>(
     options: *const LoadOptions,
     err: *mut *mut c_char,
 ) -> *mut c_void {
@@ -126,13 +126,13 @@ pub unsafe extern "C" fn load<M: LoadedModel>(
     std::ptr::null_mut()
 }
 
-/// The table's `run`: the nine arguments of `PluginApi::run`, as [`LoadedModel::run`] takes them.
+/// The table's `run`: the nine arguments of `PluginApi::run`, as [`RuntimeModel::run`] takes them.
 ///
 /// # Safety
 /// The ABI's contract: `model` came from [`load`] for this `M`, no other call of it is in
 /// flight, and every pointer is valid for the call.
 #[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn run<M: LoadedModel>(
+pub unsafe extern "C" fn run<M: RuntimeModel>(
     model: *mut c_void,
     inputs: *const TensorView,
     n_inputs: usize,
@@ -162,7 +162,7 @@ pub unsafe extern "C" fn run<M: LoadedModel>(
 ///
 /// # Safety
 /// `model` is null or came from [`load`] for this `M`, and is freed once.
-pub unsafe extern "C" fn free_model<M: LoadedModel>(model: *mut c_void) {
+pub unsafe extern "C" fn free_model<M: RuntimeModel>(model: *mut c_void) {
     if !model.is_null() {
         let _ = catch_unwind(AssertUnwindSafe(|| (*Box::from_raw(model as *mut M)).free()));
     }
@@ -172,7 +172,7 @@ pub unsafe extern "C" fn free_model<M: LoadedModel>(model: *mut c_void) {
 ///
 /// # Safety
 /// `model` came from [`load`] for this `M`, is not freed, and is not being run meanwhile.
-pub unsafe fn model_of<'a, M: LoadedModel>(model: *mut c_void) -> &'a M {
+pub unsafe fn model_of<'a, M: RuntimeModel>(model: *mut c_void) -> &'a M {
     &*(model as *const M)
 }
 

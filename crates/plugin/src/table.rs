@@ -1,4 +1,4 @@
-//! The table a plugin exports: the core filled from its [`LoadedModel`] through the shims,
+//! The table a plugin exports: the core filled from its [`RuntimeModel`] through the shims,
 //! and the extensions it adds.
 
 use std::ffi::c_char;
@@ -6,11 +6,11 @@ use std::ffi::c_char;
 use triton_rust_abi::{AotiApi, PluginApi, ABI_VERSION};
 
 use crate::error::free_error;
-use crate::shim::{free_model, load, run, LoadedModel};
+use crate::shim::{free_model, load, run, RuntimeModel};
 
 /// The table of a plugin whose models are `M`, whose runtime names itself through `runtime`,
 /// with the AOTInductor extension when it has one.
-pub const fn plugin_api<M: LoadedModel>(
+pub const fn plugin_api<M: RuntimeModel>(
     runtime: unsafe extern "C" fn() -> *const c_char,
     aoti: Option<&'static AotiApi>,
 ) -> PluginApi {

@@ -3,7 +3,7 @@
 //! It links libtorch (through `tch`), so it is built and shipped apart from
 //! `libtriton_rust.so`, which opens it only when a TorchScript model loads (see
 //! `triton_rust_abi` for why and for the ABI; `triton_rust_plugin` makes the table it exports
-//! from [`Model`]'s `LoadedModel`). Inputs are wrapped in place
+//! from [`Model`]'s `RuntimeModel`). Inputs are wrapped in place
 //! (`from_blob`, host or device memory), the module runs under no-grad, and each
 //! output is handed to the caller's sink in the memory it was produced in.
 
@@ -11,7 +11,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 
 use tch::{CModule, Device, IValue, Tensor};
 use triton_rust_abi::{self as abi, TensorView};
-use triton_rust_plugin::{plugin_api, Load, LoadedModel, Outputs};
+use triton_rust_plugin::{plugin_api, Load, Outputs, RuntimeModel};
 
 struct Model {
     module: CModule,
@@ -48,7 +48,7 @@ unsafe extern "C" fn runtime() -> *const c_char {
     RUNTIME.as_ptr()
 }
 
-impl LoadedModel for Model {
+impl RuntimeModel for Model {
     const RUNTIME: &'static str = "libtorch";
 
     fn load(load: &Load<'_>) -> Result<Model, String> {

@@ -277,6 +277,30 @@ fn settings_are_parsed_once_per_model_however_many_instances_it_has() {
 }
 
 #[test]
+fn a_model_is_described_then_loaded_once_on_its_completed_config() {
+    // no tensors listed: the kind describes the model, the config is completed from that,
+    // and the one load sees the completed config (its input), its settings parsed once
+    let bare = r#"{"name": "doubler", "parameters": {"scale": {"string_value": "3"}}}"#;
+    let (m, counts, completed) = load_config_completing(bare, true).unwrap();
+    assert!(completed.is_some_and(|c| c.contains("\"X\"")), "the config completed");
+    assert_eq!(counts.described.load(Ordering::Relaxed), 1, "described once");
+    assert_eq!(counts.loads.load(Ordering::Relaxed), 1, "loaded once");
+    assert_eq!(*counts.load_inputs.lock().unwrap(), vec![1], "the load saw the final config");
+    assert_eq!(
+        counts.settings_parsed.load(Ordering::Relaxed),
+        1,
+        "the description's settings kept"
+    );
+    let inst = instance(&m, "doubler_0", Device::Cpu);
+    let server = FakeServer::default();
+    execute(&inst, &server, vec![request("r", &[1, 2], &[1.0, 2.0], None)]);
+    assert_eq!(floats(&server.sent.borrow()[0].2[0].2), vec![3.0, 6.0]);
+    // a config that lists its tensors is final as written: no description
+    let (_, counts) = model("KIND_CPU");
+    assert_eq!(counts.described.load(Ordering::Relaxed), 0);
+}
+
+#[test]
 fn a_bad_engine_setting_fails_the_load_naming_it() {
     let e = load_config(
         r#"{"name": "doubler", "max_batch_size": 8, "parameters": {"scale": {"string_value": "x"}},

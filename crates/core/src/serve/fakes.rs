@@ -162,6 +162,9 @@ pub(super) struct Counts {
     pub(super) settings_parsed: AtomicUsize,
     /// Engines made for instances.
     pub(super) instances: AtomicUsize,
+    /// Descriptions asked for, and the inputs each load's config listed.
+    pub(super) described: AtomicUsize,
+    pub(super) load_inputs: Mutex<Vec<usize>>,
 }
 
 /// Y = 2 X on [batch, 2] floats; refuses a request holding 13 (a check only the
@@ -181,19 +184,44 @@ impl EngineKind for DoublerKind {
     fn claim(&self) -> &'static EngineClaim {
         &DOUBLER
     }
+    /// Its settings parsed here, kept for the load.
+    fn describe(&self, load: &ModelLoad<'_>) -> Result<Option<Signature>> {
+        self.0.described.fetch_add(1, Ordering::Relaxed);
+        load.opened.keep(DoublerSettings::parse(&self.0, load)?);
+        Ok(Some(doubler_signature()))
+    }
     fn load(&self, load: &ModelLoad<'_>) -> Result<Box<dyn LoadedModel>> {
         self.0.loads.fetch_add(1, Ordering::Relaxed);
-        self.0.settings_parsed.fetch_add(1, Ordering::Relaxed);
+        self.0.load_inputs.lock().unwrap().push(load.config.inputs.len());
+        let settings = match load.opened.take::<DoublerSettings>() {
+            Some(s) => s,
+            None => DoublerSettings::parse(&self.0, load)?,
+        };
+        Ok(Box::new(DoublerModel {
+            sig: doubler_signature(),
+            scale: settings.scale,
+            counts: self.0.clone(),
+        }))
+    }
+}
+
+fn doubler_signature() -> Signature {
+    let spec =
+        |name: &str| TensorSpec { name: name.into(), dtype: DataType::F32, shape: vec![-1, 2] };
+    Signature { inputs: vec![spec("X")], outputs: vec![spec("Y")] }
+}
+
+struct DoublerSettings {
+    scale: f32,
+}
+
+impl DoublerSettings {
+    fn parse(counts: &Counts, load: &ModelLoad<'_>) -> Result<DoublerSettings> {
+        counts.settings_parsed.fetch_add(1, Ordering::Relaxed);
         let scale: f32 = load.config.parameters.get("scale").map_or(Ok(2.0), |s| {
             s.parse().map_err(|_| Error::invalid_arg("parameter 'scale' is a number"))
         })?;
-        let spec =
-            |name: &str| TensorSpec { name: name.into(), dtype: DataType::F32, shape: vec![-1, 2] };
-        Ok(Box::new(DoublerModel {
-            sig: Signature { inputs: vec![spec("X")], outputs: vec![spec("Y")] },
-            scale,
-            counts: self.0.clone(),
-        }))
+        Ok(DoublerSettings { scale })
     }
 }
 
@@ -220,7 +248,7 @@ impl LoadedModel for DoublerModel {
         }
         Ok(())
     }
-    fn instance(&self, _config: &ModelConfig, _device: Device) -> Result<Box<dyn Engine>> {
+    fn instance(&self, _device: Device) -> Result<Box<dyn Engine>> {
         self.counts.instances.fetch_add(1, Ordering::Relaxed);
         Ok(Box::new(Doubler { scale: self.scale, counts: self.counts.clone() }))
     }
@@ -275,6 +303,14 @@ pub(super) fn kinds() -> (Arc<EngineKinds>, Arc<Counts>) {
 
 /// Loads the doubler with `config` (its version directory made and removed here).
 pub(super) fn load_config(config: &str) -> Result<(ModelState, Arc<Counts>)> {
+    load_config_completing(config, false).map(|(m, c, _)| (m, c))
+}
+
+/// Loads the doubler with `config`, auto-complete on or off; also the completed config.
+pub(super) fn load_config_completing(
+    config: &str,
+    autocomplete: bool,
+) -> Result<(ModelState, Arc<Counts>, Option<String>)> {
     static N: AtomicUsize = AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
         "trt-serve-{}-{}",
@@ -290,13 +326,14 @@ pub(super) fn load_config(config: &str) -> Result<(ModelState, Arc<Counts>)> {
         version: 1,
         repository: dir.clone(),
         config_json: config.into(),
-        autocomplete: false,
+        autocomplete,
         backend: &settings,
         kinds,
     };
     let loaded = ModelState::load(ctx);
     std::fs::remove_dir_all(&dir).unwrap();
-    Ok((loaded?.0, counts))
+    let (model, completed) = loaded?;
+    Ok((model, counts, completed))
 }
 
 pub(super) fn model(instance_kind: &str) -> (ModelState, Arc<Counts>) {

@@ -113,7 +113,7 @@ impl LoadedModel for CheckedModel {
             _ => Ok(()),
         }
     }
-    fn instance(&self, _: &ModelConfig, _: Device) -> Result<Box<dyn Engine>> {
+    fn instance(&self, _: Device) -> Result<Box<dyn Engine>> {
         Err(Error::internal("not in this test"))
     }
 }

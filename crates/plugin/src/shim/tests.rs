@@ -4,7 +4,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 
 use triton_rust_abi::{self as abi, LoadOptions, PluginApi, TensorView};
 
-use super::{LoadedModel, Outputs};
+use super::{Outputs, RuntimeModel};
 use crate::table::plugin_api;
 
 /// Loads unless its path says otherwise; each run hands input `i` back as output `i`, or
@@ -13,7 +13,7 @@ struct Echo {
     rows: Vec<i64>,
 }
 
-impl LoadedModel for Echo {
+impl RuntimeModel for Echo {
     const RUNTIME: &'static str = "the echo runtime";
 
     fn load(load: &super::Load<'_>) -> Result<Self, String> {
