@@ -21,7 +21,7 @@ use crate::batch::{
     assemble, check_request, group_by_shape, scatter_ranges, BatchData, CheckedRequest,
     InputPolicy, RequestTensor,
 };
-use crate::config::{autocomplete, check_against_model, ModelConfig};
+use crate::config::{check_against_model, ModelConfig};
 use crate::engine::{
     self, Device, Engine, EngineKinds, LoadedModel, ModelLoad, Opened, OutputView,
 };
@@ -207,24 +207,14 @@ impl ModelState {
                 shared,
                 opened: &opened,
             };
-            let described = kind.describe(&given)?;
-            if let Some(sig) = described {
-                if let Some(v) = autocomplete(
-                    &raw,
-                    &sig.inputs,
-                    &sig.outputs,
-                    ctx.backend.default_max_batch_size,
-                )? {
-                    raw = v;
-                    config = ModelConfig::from_value(&raw)?;
-                    config.add_sequence_inputs()?;
-                    completed = Some(raw.to_string());
-                    log::info!(
-                        "model '{}': config auto-completed from '{}'",
-                        ctx.name,
-                        model_file.display()
-                    );
-                }
+            if let Some(v) = load::completed(kind, &given, &raw)? {
+                (raw, config) = v;
+                completed = Some(raw.to_string());
+                log::info!(
+                    "model '{}': config auto-completed from '{}'",
+                    ctx.name,
+                    model_file.display()
+                );
             }
         }
         let load = ModelLoad {
@@ -237,7 +227,7 @@ impl ModelState {
         let loaded: Arc<dyn LoadedModel> = kind.load(&load)?.into();
         config.adopt_scalars(loaded.inputs(), loaded.outputs());
         check_against_model(&config, loaded.inputs(), loaded.outputs())
-            .and_then(|()| check_states(&config, loaded.outputs()))
+            .and_then(|()| load::check_states(&config, loaded.outputs()))
             .map_err(|e| e.context(format!("model file '{}'", model_file.display())))?;
         // read once the config is complete (auto-complete may add inputs valid_range names)
         let core = CoreSettings::from_config(&config)?;
@@ -275,29 +265,6 @@ impl ModelState {
         }
         Some(Arc::new(ModelMetrics { engine, devices: self.devices.clone() }))
     }
-}
-
-/// Each implicit state's output must be an output of the model, of the state's type.
-fn check_states(config: &ModelConfig, outputs: &[crate::config::TensorSpec]) -> Result<()> {
-    for st in config.sequence.iter().flat_map(|s| &s.states) {
-        let names: Vec<&str> = outputs.iter().map(|o| o.name.as_str()).collect();
-        let out = outputs.iter().find(|o| o.name == st.output).ok_or_else(|| {
-            Error::invalid_arg(format!(
-                "sequence_batching state '{}' has output_name '{}', which is not an output of the model (its outputs are {names:?})",
-                st.input, st.output
-            ))
-        })?;
-        if out.dtype != st.dtype {
-            return Err(Error::invalid_arg(format!(
-                "sequence_batching state '{}' is {} but the model's output '{}' is {}",
-                st.input,
-                st.dtype.config_name(),
-                st.output,
-                out.dtype.config_name()
-            )));
-        }
-    }
-    Ok(())
 }
 
 pub struct InstanceContext {
@@ -560,6 +527,7 @@ impl InstanceState {
 
 mod counts;
 mod group;
+mod load;
 
 use group::run_group;
 

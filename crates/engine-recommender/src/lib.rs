@@ -156,7 +156,7 @@ impl RecommenderModel {
     /// the load. (Its plan needs the config's inputs: a recommender is described only to
     /// complete its outputs.)
     pub fn describe(load: &ModelLoad<'_>) -> Result<Option<Signature>> {
-        let (settings, store) = RecommenderModel::settings(load)?;
+        let (settings, store) = RecommenderModel::read_settings(load)?;
         let model = RecommenderModel::open(&settings, store.clone(), None, load)?;
         let sig = model.joint.sig.clone();
         let dense = (model.plan.dense_config.clone(), model.dense);
@@ -168,14 +168,14 @@ impl RecommenderModel {
         match load.opened.take::<Described>() {
             Some(d) => RecommenderModel::open(&d.settings, d.store, Some(d.dense), load),
             None => {
-                let (settings, store) = RecommenderModel::settings(load)?;
+                let (settings, store) = RecommenderModel::read_settings(load)?;
                 RecommenderModel::open(&settings, store, None, load)
             }
         }
     }
 
     /// The recommender's settings and its lookup's, read from the config.
-    fn settings(load: &ModelLoad<'_>) -> Result<(RecommenderSettings, StoreSettings)> {
+    fn read_settings(load: &ModelLoad<'_>) -> Result<(RecommenderSettings, StoreSettings)> {
         // model_file is the version directory: tables/ and dense.onnx, dense.pt or dense.pt2
         let settings = RecommenderSettings::from_config(load.config)?;
         let mut store = StoreSettings::from_config(load.config, load.model_file, load.backend)?;
