@@ -17,6 +17,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod panic;
+pub mod params;
 pub mod serve;
 pub mod settings;
 pub mod telemetry;

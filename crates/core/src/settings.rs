@@ -35,12 +35,17 @@ pub struct CoreSettings {
     pub valid_range: Vec<(String, i64, i64)>,
 }
 
+crate::parameters! {
+    /// The core's model parameters, as config.pbtxt spells them.
+    pub struct CoreParams {
+        engine: Option<String> = None, doc "from the model file";
+        reject_nonfinite: bool = false, doc "false";
+        valid_range: Option<String> = None, doc "none";
+    }
+}
+
 impl CoreSettings {
-    pub const KNOWN: &'static [Known] = &[
-        ("engine", "from the model file"),
-        ("reject_nonfinite", "false"),
-        ("valid_range", "none"),
-    ];
+    pub const KNOWN: &'static [Known] = CoreParams::KNOWN;
 
     /// The engine the `engine` parameter names, lower case (read before the rest: it says
     /// which engine loads the model, and the rest is read once the config is complete).
@@ -55,7 +60,8 @@ impl CoreSettings {
     pub fn from_config(config: &ModelConfig) -> Result<CoreSettings> {
         #[cfg(test)]
         PARSED.with(|n| n.set(n.get() + 1));
-        let valid_range = match config.parameters.get("valid_range") {
+        let p: CoreParams = crate::params::read(&config.parameters)?;
+        let valid_range = match &p.valid_range {
             None => Vec::new(),
             Some(spec) => {
                 let ranges = crate::batch::parse_valid_range(spec)?;
@@ -70,8 +76,8 @@ impl CoreSettings {
             }
         };
         Ok(CoreSettings {
-            engine: Self::engine_named(config),
-            reject_nonfinite: config.parameter_bool("reject_nonfinite")?.unwrap_or(false),
+            engine: p.engine.map(|e| e.to_ascii_lowercase()),
+            reject_nonfinite: p.reject_nonfinite,
             valid_range,
         })
     }
@@ -273,6 +279,51 @@ pub fn documented_defaults(markdown: &str) -> BTreeMap<String, String> {
     rows
 }
 
+/// The (name, default) rows of the first table under the `## ` heading of `markdown` that
+/// starts with `heading`, in order (backticks dropped from the default). For the tests that
+/// hold a section of `docs/settings.md` equal to a settings type's `KNOWN`.
+pub fn section_rows(markdown: &str, heading: &str) -> Vec<(String, String)> {
+    let mut rows = Vec::new();
+    let mut inside = false;
+    for line in markdown.lines() {
+        if let Some(h) = line.strip_prefix("## ") {
+            if inside {
+                break;
+            }
+            inside = h.starts_with(heading);
+            continue;
+        }
+        let cells: Vec<&str> = line.trim().trim_matches('|').split('|').map(str::trim).collect();
+        let name = cells.first().and_then(|c| c.strip_prefix('`')?.strip_suffix('`'));
+        if let (true, Some(name), true) = (inside, name, cells.len() >= 3) {
+            rows.push((name.to_string(), cells[1].replace('`', "")));
+        }
+    }
+    rows
+}
+
+/// Whether `docs/settings.md`'s section under `heading` lists exactly `known`, in order:
+/// `Err` says the first row that differs.
+pub fn check_section(
+    markdown: &str,
+    heading: &str,
+    known: &[Known],
+) -> std::result::Result<(), String> {
+    let doc = section_rows(markdown, heading);
+    let code: Vec<(String, String)> =
+        known.iter().map(|(n, d)| (n.to_string(), d.to_string())).collect();
+    if doc == code {
+        return Ok(());
+    }
+    let at = doc.iter().zip(&code).position(|(a, b)| a != b).unwrap_or(doc.len().min(code.len()));
+    Err(format!(
+        "docs/settings.md '## {heading}' row {}: the docs have {:?}, the code {:?}",
+        at + 1,
+        doc.get(at),
+        code.get(at)
+    ))
+}
+
 /// Each of `known` missing from `documented`, or documented with another default.
 pub fn undocumented(known: &[Known], documented: &BTreeMap<String, String>) -> Vec<String> {
     known
@@ -340,9 +391,10 @@ mod tests {
 
     #[test]
     fn core_and_backend_defaults_are_the_documented_ones() {
-        let doc = documented_defaults(include_str!("../../../docs/settings.md"));
-        let mut wrong = undocumented(CoreSettings::KNOWN, &doc);
-        wrong.extend(undocumented(BackendSettings::KNOWN, &doc));
+        let md = include_str!("../../../docs/settings.md");
+        check_section(md, "Every model", CoreSettings::KNOWN).unwrap();
+        let doc = documented_defaults(md);
+        let wrong = undocumented(BackendSettings::KNOWN, &doc);
         assert!(wrong.is_empty(), "{wrong:?}");
         assert_eq!(
             BackendSettings::KNOWN.iter().find(|k| k.0 == "malloc-mmap-threshold").unwrap().1,

@@ -22,13 +22,18 @@ pub struct OnnxSettings {
     pub openvino: bool,
 }
 
+triton_rust_core::parameters! {
+    /// The ONNX engine's model parameters, as config.pbtxt spells them.
+    pub struct OnnxParams {
+        onnxruntime_library: Option<PathBuf> = None, doc "the backend's";
+        intra_op_thread_count: Option<usize> = None, doc "the runtime's";
+        inter_op_thread_count: Option<usize> = None, doc "the runtime's";
+        execution_mode: Option<usize> = None, doc "0";
+    }
+}
+
 impl OnnxSettings {
-    pub const KNOWN: &'static [Known] = &[
-        ("onnxruntime_library", "the backend's"),
-        ("intra_op_thread_count", "the runtime's"),
-        ("inter_op_thread_count", "the runtime's"),
-        ("execution_mode", "0"),
-    ];
+    pub const KNOWN: &'static [Known] = OnnxParams::KNOWN;
 
     pub fn from_config(cfg: &ModelConfig) -> Result<OnnxSettings> {
         let mut tensorrt = None;
@@ -57,11 +62,12 @@ impl OnnxSettings {
                 }
             }
         }
+        let p: OnnxParams = triton_rust_core::params::read(&cfg.parameters)?;
         Ok(OnnxSettings {
-            library: cfg.parameters.get("onnxruntime_library").map(PathBuf::from),
-            intra_op_threads: cfg.parameter_usize("intra_op_thread_count")?,
-            inter_op_threads: cfg.parameter_usize("inter_op_thread_count")?,
-            execution_mode: cfg.parameter_usize("execution_mode")?,
+            library: p.onnxruntime_library,
+            intra_op_threads: p.intra_op_thread_count,
+            inter_op_threads: p.inter_op_thread_count,
+            execution_mode: p.execution_mode,
             tensorrt,
             openvino,
         })
@@ -71,7 +77,7 @@ impl OnnxSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use triton_rust_core::settings::{documented_defaults, undocumented};
+    use triton_rust_core::settings::check_section;
 
     #[test]
     fn read_once_and_documented() {
@@ -82,8 +88,7 @@ mod tests {
         cfg.parameters.insert("execution_mode".into(), "x".into());
         let e = OnnxSettings::from_config(&cfg).unwrap_err();
         assert!(e.message().contains("'execution_mode'"), "{e}");
-        let doc = documented_defaults(include_str!("../../../docs/settings.md"));
-        let wrong = undocumented(OnnxSettings::KNOWN, &doc);
-        assert!(wrong.is_empty(), "{wrong:?}");
+        let doc = include_str!("../../../docs/settings.md");
+        check_section(doc, "ONNX engine", OnnxSettings::KNOWN).unwrap();
     }
 }

@@ -51,28 +51,34 @@ pub struct RecommenderSettings {
     pub dim: usize,
 }
 
+triton_rust_core::parameters! {
+    /// The recommender's model parameters, as config.pbtxt spells them (its tables are the
+    /// store's parameters).
+    pub struct RecommenderParams {
+        recommender_sparse_input: String = "sparse".into(), doc "sparse";
+        recommender_embeddings_input: String = "embeddings".into(), doc "embeddings";
+        recommender_lengths_input: String = "lengths".into(), doc "lengths";
+        recommender_embeddings_type: EmbeddingsType = EmbeddingsType::TYPE_FP32, doc "TYPE_FP32";
+        recommender_pipeline_parts: usize = 1, doc "1";
+        recommender_dense_model: Option<String> = None, doc "dense.onnx, else dense.pt, else dense.pt2";
+    }
+}
+
+/// The network's embeddings input type, as config.pbtxt names types.
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize)]
+pub enum EmbeddingsType {
+    TYPE_FP32,
+    TYPE_FP16,
+}
+
 impl RecommenderSettings {
-    pub const KNOWN: &'static [Known] = &[
-        ("recommender_sparse_input", "sparse"),
-        ("recommender_embeddings_input", "embeddings"),
-        ("recommender_lengths_input", "lengths"),
-        ("recommender_embeddings_type", "TYPE_FP32"),
-        ("recommender_pipeline_parts", "1"),
-        ("recommender_dense_model", "dense.onnx, else dense.pt, else dense.pt2"),
-    ];
+    pub const KNOWN: &'static [Known] = RecommenderParams::KNOWN;
 
     pub fn from_config(config: &ModelConfig) -> Result<RecommenderSettings> {
         #[cfg(test)]
         PARSED.with(|n| n.set(n.get() + 1));
-        let param = |key: &str, default: &str| -> String {
-            config
-                .parameters
-                .get(key)
-                .map(|s| s.trim())
-                .filter(|s| !s.is_empty())
-                .unwrap_or(default)
-                .to_string()
-        };
+        let p: RecommenderParams = triton_rust_core::params::read(&config.parameters)?;
         let tables = TableSettings::from_parameters(&config.parameters)?;
         let dim = match tables.dims.as_slice() {
             [d, rest @ ..] if rest.iter().all(|x| x == d) => *d,
@@ -80,34 +86,22 @@ impl RecommenderSettings {
                 "the recommender engine needs one embedding_vecsize_per_table shared by every table",
             )),
         };
-        let embeddings_type = match param("recommender_embeddings_type", "TYPE_FP32").as_str() {
-            "TYPE_FP32" => DataType::F32,
-            "TYPE_FP16" => DataType::F16,
-            other => {
-                return Err(Error::invalid_arg(format!(
-                    "parameter recommender_embeddings_type is TYPE_FP32 or TYPE_FP16, not '{other}'"
-                )))
-            }
-        };
-        let pipeline_parts = param("recommender_pipeline_parts", "1")
-            .parse::<usize>()
-            .ok()
-            .filter(|p| (1..=16).contains(p))
-            .ok_or_else(|| {
-                Error::invalid_arg(
-                    "parameter recommender_pipeline_parts is a number of parts from 1 to 16",
-                )
-            })?;
+        if !(1..=16).contains(&p.recommender_pipeline_parts) {
+            return Err(Error::invalid_arg(format!(
+                "parameter 'recommender_pipeline_parts' must be a number of parts from 1 to 16, got '{}'",
+                p.recommender_pipeline_parts
+            )));
+        }
         Ok(RecommenderSettings {
-            sparse_input: param("recommender_sparse_input", "sparse"),
-            embeddings_input: param("recommender_embeddings_input", "embeddings"),
-            lengths_input: param("recommender_lengths_input", "lengths"),
-            embeddings_type,
-            pipeline_parts,
-            dense_model: config
-                .parameters
-                .get("recommender_dense_model")
-                .map(|s| s.trim().to_string()),
+            sparse_input: p.recommender_sparse_input,
+            embeddings_input: p.recommender_embeddings_input,
+            lengths_input: p.recommender_lengths_input,
+            embeddings_type: match p.recommender_embeddings_type {
+                EmbeddingsType::TYPE_FP32 => DataType::F32,
+                EmbeddingsType::TYPE_FP16 => DataType::F16,
+            },
+            pipeline_parts: p.recommender_pipeline_parts,
+            dense_model: p.recommender_dense_model,
             tables: tables.names.len(),
             dim,
         })

@@ -21,31 +21,39 @@ pub struct TorchSettings {
     pub fusion_steps: Vec<triton_rust_abi::FusionStep>,
 }
 
+triton_rust_core::parameters! {
+    /// The TorchScript engine's model parameters, as config.pbtxt spells them.
+    pub struct TorchParams {
+        intra_op_thread_count: Option<usize> = None, doc "the runtime's";
+        #[serde(rename = "DISABLE_CUDNN")]
+        disable_cudnn: bool = false, doc "false";
+        #[serde(rename = "DISABLE_OPTIMIZED_EXECUTION")]
+        disable_optimized_execution: bool = false, doc "false";
+        #[serde(rename = "ENABLE_TENSOR_FUSER")]
+        enable_tensor_fuser: Option<bool> = None, doc "libtorch's";
+        #[serde(rename = "ENABLE_JIT_PROFILING")]
+        enable_jit_profiling: Option<bool> = None, doc "libtorch's";
+        #[serde(rename = "TORCH_FUSION_STRATEGY")]
+        torch_fusion_strategy: Option<String> = None, doc "libtorch's";
+    }
+}
+
 impl TorchSettings {
-    pub const KNOWN: &'static [Known] = &[
-        ("intra_op_thread_count", "the runtime's"),
-        ("DISABLE_CUDNN", "false"),
-        ("DISABLE_OPTIMIZED_EXECUTION", "false"),
-        ("ENABLE_TENSOR_FUSER", "libtorch's"),
-        ("ENABLE_JIT_PROFILING", "libtorch's"),
-        (FUSION_STRATEGY, "libtorch's"),
-    ];
+    pub const KNOWN: &'static [Known] = TorchParams::KNOWN;
 
     pub fn from_config(cfg: &ModelConfig) -> Result<TorchSettings> {
-        let fusion_strategy = cfg.parameters.get(FUSION_STRATEGY).cloned();
-        let fusion_steps = match &fusion_strategy {
+        let p: TorchParams = triton_rust_core::params::read(&cfg.parameters)?;
+        let fusion_steps = match &p.torch_fusion_strategy {
             None => Vec::new(),
             Some(text) => parse_fusion_strategy(text)?,
         };
         Ok(TorchSettings {
-            intra_op_threads: cfg.parameter_usize("intra_op_thread_count")?.unwrap_or(0),
-            cudnn: !cfg.parameter_bool("DISABLE_CUDNN")?.unwrap_or(false),
-            optimized_execution: !cfg
-                .parameter_bool("DISABLE_OPTIMIZED_EXECUTION")?
-                .unwrap_or(false),
-            tensor_fuser: cfg.parameter_bool("ENABLE_TENSOR_FUSER")?,
-            jit_profiling: cfg.parameter_bool("ENABLE_JIT_PROFILING")?,
-            fusion_strategy,
+            intra_op_threads: p.intra_op_thread_count.unwrap_or(0),
+            cudnn: !p.disable_cudnn,
+            optimized_execution: !p.disable_optimized_execution,
+            tensor_fuser: p.enable_tensor_fuser,
+            jit_profiling: p.enable_jit_profiling,
+            fusion_strategy: p.torch_fusion_strategy,
             fusion_steps,
         })
     }
@@ -93,7 +101,7 @@ pub fn parse_fusion_strategy(text: &str) -> Result<Vec<triton_rust_abi::FusionSt
 #[cfg(test)]
 mod tests {
     use super::*;
-    use triton_rust_core::settings::{documented_defaults, undocumented};
+    use triton_rust_core::settings::check_section;
 
     #[test]
     fn read_once_and_documented() {
@@ -109,8 +117,8 @@ mod tests {
             .unwrap_err()
             .message()
             .contains("ENABLE_JIT_PROFILING"));
-        let doc = documented_defaults(include_str!("../../../docs/settings.md"));
-        let wrong = undocumented(TorchSettings::KNOWN, &doc);
-        assert!(wrong.is_empty(), "{wrong:?}");
+        let doc = include_str!("../../../docs/settings.md");
+        check_section(doc, "TorchScript engine", TorchSettings::KNOWN).unwrap();
+        assert!(TorchSettings::KNOWN.iter().any(|k| k.0 == FUSION_STRATEGY));
     }
 }

@@ -11,11 +11,22 @@ fn settings_parse_tables_strictly_and_are_documented() {
     assert!(e.message().contains("'embedding_vecsize_per_table': cannot parse 'x'"), "{e}");
     let s = RecommenderSettings::from_config(&config("")).unwrap();
     assert_eq!((s.tables, s.dim, s.pipeline_parts), (3, 4, 1));
-    let doc = triton_rust_core::settings::documented_defaults(include_str!(
-        "../../../../docs/settings.md"
-    ));
-    let wrong = triton_rust_core::settings::undocumented(RecommenderSettings::KNOWN, &doc);
-    assert!(wrong.is_empty(), "{wrong:?}");
+    // a type or a count out of range is refused naming the parameter and the value
+    for (key, value) in
+        [("recommender_embeddings_type", "TYPE_FP64"), ("recommender_pipeline_parts", "17")]
+    {
+        let mut c = config("");
+        c.parameters.insert(key.into(), value.into());
+        let e = RecommenderSettings::from_config(&c).unwrap_err();
+        assert!(e.message().contains(&format!("'{key}'")) && e.message().contains(value), "{e}");
+    }
+    let doc = include_str!("../../../../docs/settings.md");
+    triton_rust_core::settings::check_section(
+        doc,
+        "Recommender engine",
+        RecommenderSettings::KNOWN,
+    )
+    .unwrap();
 }
 
 #[test]
