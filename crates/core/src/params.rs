@@ -1,7 +1,7 @@
 //! Model parameters as types. Every value in `parameters` of config.pbtxt is a string; an
 //! engine declares the ones it reads once, with [`parameters!`](crate::parameters): each
 //! field's parameter name, type, default and the default as `docs/settings.md` writes it. The
-//! macro makes a `#[derive(Deserialize)]` struct, its `Default` and its `Known` rows (`crate::settings::Known`) (what
+//! macro makes a `#[derive(Deserialize)]` struct, its `Default` and its [`Known`] rows (what
 //! the unknown-parameter warning and the docs test read), so nothing is written twice.
 //! [`read`] parses the parameters into it, each value as its field's type, an error naming
 //! the parameter, its value and what it takes.
@@ -12,6 +12,10 @@ use std::fmt;
 use serde::de::{self, DeserializeOwned, IntoDeserializer, Visitor};
 
 use crate::error::{Error, Result};
+
+/// A setting a settings type reads: its name and its default, as `docs/settings.md`
+/// writes it.
+pub type Known = (&'static str, &'static str);
 
 /// Declares a settings type read from model parameters:
 ///
@@ -61,7 +65,7 @@ macro_rules! parameters {
 
         impl $name {
             /// Every parameter this type reads, and its default as the docs write it.
-            pub const KNOWN: &'static [$crate::settings::Known] = &[
+            pub const KNOWN: &'static [$crate::params::Known] = &[
                 $(($crate::parameters!(@name $field $(, $rename)?), $doc),)*
             ];
         }

@@ -16,9 +16,7 @@ use serde_json::Value;
 use crate::config::{ModelConfig, DEFAULT_MAX_BATCH_SIZE};
 use crate::error::{Error, Result};
 
-/// A setting a settings type reads: its name and its default, as `docs/settings.md`
-/// writes it.
-pub type Known = (&'static str, &'static str);
+pub use crate::params::Known;
 
 /// Model parameters Triton's own core reads (`EXECUTION_ENV_PATH`: a python-based
 /// backend's environment, whose path Triton localizes); no warning for them.
