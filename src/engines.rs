@@ -14,3 +14,27 @@ pub fn kinds() -> EngineKinds {
     ];
     EngineKinds::new(kinds)
 }
+
+#[cfg(test)]
+mod tests {
+    use triton_rust_core::settings::{section_rows, BackendSettings};
+
+    #[test]
+    fn the_backend_settings_documented_are_those_the_core_and_the_engines_read() {
+        let md = include_str!("../docs/settings.md");
+        let kinds = super::kinds();
+        let mut code: Vec<(String, String)> = BackendSettings::KNOWN
+            .iter()
+            .chain(kinds.claims().iter().flat_map(|c| c.backend_keys.iter()))
+            .map(|(k, d)| (k.to_string(), d.to_string()))
+            .collect();
+        code.sort();
+        code.dedup();
+        let mut doc = section_rows(md, "Backend settings");
+        doc.sort();
+        assert_eq!(doc, code);
+        for var in kinds.environment() {
+            assert!(md.contains(&format!("`{var}`")), "docs/settings.md does not name {var}");
+        }
+    }
+}

@@ -101,7 +101,8 @@ pub extern "C" fn TRITONBACKEND_Initialize(
         // The backend config message belongs to Triton: read it, never delete it.
         let mut msg = std::ptr::null_mut();
         check(unsafe { sys::TRITONBACKEND_BackendConfig(backend, &mut msg) })?;
-        let settings = BackendSettings::from_json(&read_json(msg)?)?;
+        let kinds = engines::kinds();
+        let settings = BackendSettings::from_json(&read_json(msg)?, &kinds.environment())?;
         // Flat memory across model reloads (issue 10): large buffers get their own
         // mappings. `--backend-config=rust,malloc-mmap-threshold=default` leaves glibc's
         // adaptive threshold; a number of bytes sets another fixed one.
@@ -115,8 +116,7 @@ pub extern "C" fn TRITONBACKEND_Initialize(
             env!("CARGO_PKG_VERSION"),
             settings.cmdline
         );
-        let boxed =
-            Box::into_raw(Box::new(TritonBackend { settings, kinds: Arc::new(engines::kinds()) }));
+        let boxed = Box::into_raw(Box::new(TritonBackend { settings, kinds: Arc::new(kinds) }));
         check(unsafe { sys::TRITONBACKEND_BackendSetState(backend, boxed.cast()) }).inspect_err(
             |_| {
                 drop(unsafe { Box::from_raw(boxed) });

@@ -219,6 +219,14 @@ impl EngineKinds {
     pub fn claims(&self) -> &[&'static EngineClaim] {
         &self.claims
     }
+    /// The environment variables the engines read, each once.
+    pub fn environment(&self) -> Vec<&'static str> {
+        let mut vars: Vec<&'static str> =
+            self.claims.iter().flat_map(|c| c.environment.iter().copied()).collect();
+        vars.sort_unstable();
+        vars.dedup();
+        vars
+    }
     /// The kind that claims `claim`.
     pub fn kind(&self, claim: &EngineClaim) -> Result<&dyn EngineKind> {
         self.kinds
@@ -246,6 +254,10 @@ pub struct EngineClaim {
     pub file_suffixes: &'static [&'static str],
     /// The model parameters it reads.
     pub parameters: &'static [Known],
+    /// The backend settings it reads (`--backend-config=rust,<key>=<value>`).
+    pub backend_keys: &'static [Known],
+    /// The environment variables it reads (read once, when the backend starts).
+    pub environment: &'static [&'static str],
     /// Engines it builds on, whose parameters apply to its models too.
     pub builds_on: &'static [&'static str],
     /// Whether it serves `sequence_batching`.
@@ -338,6 +350,8 @@ mod tests {
             default_file: Some("model.onnx"),
             file_suffixes: &[".onnx"],
             parameters: &[("intra_op_thread_count", "")],
+            backend_keys: &[],
+            environment: &[],
             builds_on: &[],
             keeps_sequences: true,
         },
@@ -346,6 +360,8 @@ mod tests {
             default_file: Some("model.pt"),
             file_suffixes: &[".pt", ".pth"],
             parameters: &[],
+            backend_keys: &[],
+            environment: &[],
             builds_on: &[],
             keeps_sequences: true,
         },
@@ -354,6 +370,8 @@ mod tests {
             default_file: None,
             file_suffixes: &[],
             parameters: &[("x", "")],
+            backend_keys: &[],
+            environment: &[],
             builds_on: &["onnx"],
             keeps_sequences: false,
         },

@@ -182,11 +182,15 @@ impl<'de> de::Deserializer<'de> for Text<'de> {
     ) -> std::result::Result<V::Value, TextError> {
         let value = self.value.trim();
         if !variants.contains(&value) {
+            let (last, rest) = variants.split_last().unwrap_or((&"", &[]));
+            let choices = if rest.is_empty() {
+                last.to_string()
+            } else {
+                format!("{} or {last}", rest.join(", "))
+            };
             return Err(TextError(format!(
-                "parameter '{}' is '{}'; use {}",
-                self.name,
-                self.value,
-                variants.join(", ")
+                "parameter '{}' is '{}'; use {choices}",
+                self.name, self.value
             )));
         }
         v.visit_enum(value.into_deserializer())
@@ -273,6 +277,6 @@ mod tests {
             "parameter 'DISABLE_THING' must be true or false, got 'maybe'"
         );
         assert_eq!(err(&[("ratio", "half")]), "parameter 'ratio' must be a number, got 'half'");
-        assert_eq!(err(&[("mode", "quick")]), "parameter 'mode' is 'quick'; use fast, exact");
+        assert_eq!(err(&[("mode", "quick")]), "parameter 'mode' is 'quick'; use fast or exact");
     }
 }

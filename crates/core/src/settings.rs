@@ -9,7 +9,6 @@
 //! the warning for a model parameter nobody knows ([`unknown_parameters`]).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use serde_json::Value;
 
@@ -107,16 +106,9 @@ pub struct BackendSettings {
     pub cmdline: BTreeMap<String, String>,
     pub default_max_batch_size: i64,
     pub mmap_threshold: MmapThreshold,
-    /// `onnxruntime-library`.
-    pub onnxruntime_library: Option<PathBuf>,
-    /// The environment's ONNX Runtime candidates, in order (variable name, path):
-    /// `TRITON_RUST_ONNXRUNTIME_LIBRARY`, then `ORT_DYLIB_PATH`.
-    pub onnxruntime_env: Vec<(&'static str, PathBuf)>,
-    /// libtorch's directory and where it was named (`libtorch-dir`, else
-    /// `TRITON_RUST_LIBTORCH_DIR`).
-    pub libtorch_dir: Option<(PathBuf, &'static str)>,
-    /// `node-name`: this server among the consumers of an update stream; `None`: the host name.
-    pub node_name: Option<String>,
+    /// The environment variables the engines read (`EngineClaim::environment`), those set
+    /// and not empty, as they were when the backend started.
+    pub environment: BTreeMap<String, String>,
 }
 
 impl Default for BackendSettings {
@@ -125,35 +117,30 @@ impl Default for BackendSettings {
             cmdline: BTreeMap::new(),
             default_max_batch_size: DEFAULT_MAX_BATCH_SIZE,
             mmap_threshold: MmapThreshold::Fixed(DEFAULT_MMAP_THRESHOLD),
-            onnxruntime_library: None,
-            onnxruntime_env: Vec::new(),
-            libtorch_dir: None,
-            node_name: None,
+            environment: BTreeMap::new(),
         }
     }
 }
 
 impl BackendSettings {
-    /// The backend settings (Triton passes `default-max-batch-size` and
-    /// `auto-complete-config` among them; the others are ours).
-    pub const KNOWN: &'static [Known] = &[
-        ("onnxruntime-library", "none"),
-        ("malloc-mmap-threshold", "131072"),
-        ("node-name", "the host name"),
-        ("libtorch-dir", "none"),
-        ("default-max-batch-size", "4"),
-    ];
-    /// The environment variables read.
-    pub const ENVIRONMENT: &'static [&'static str] =
-        &["TRITON_RUST_ONNXRUNTIME_LIBRARY", "ORT_DYLIB_PATH", "TRITON_RUST_LIBTORCH_DIR"];
+    /// The core's backend settings (Triton passes `default-max-batch-size` and
+    /// `auto-complete-config` among them); each engine's are in its claim
+    /// (`EngineClaim::backend_keys`).
+    pub const KNOWN: &'static [Known] =
+        &[("malloc-mmap-threshold", "131072"), ("default-max-batch-size", "4")];
 
-    /// From Triton's backend config JSON and this process's environment.
-    pub fn from_json(json: &str) -> Result<Self> {
-        Self::parse(json, |var| std::env::var(var).ok())
+    /// From Triton's backend config JSON and this process's environment (`environment`:
+    /// the variables the engines read).
+    pub fn from_json(json: &str, environment: &[&str]) -> Result<Self> {
+        Self::parse(json, environment, |var| std::env::var(var).ok())
     }
 
     /// From the JSON and an environment given as a lookup.
-    pub fn parse(json: &str, env: impl Fn(&str) -> Option<String>) -> Result<Self> {
+    pub fn parse(
+        json: &str,
+        environment: &[&str],
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self> {
         let v: Value = if json.trim().is_empty() {
             Value::Null
         } else {
@@ -184,24 +171,22 @@ impl BackendSettings {
                 ))
             })?),
         };
-        let set = |var: &'static str| env(var).filter(|p| !p.is_empty()).map(PathBuf::from);
-        let onnxruntime_env = ["TRITON_RUST_ONNXRUNTIME_LIBRARY", "ORT_DYLIB_PATH"]
-            .into_iter()
-            .filter_map(|var| set(var).map(|p| (var, p)))
+        let environment = environment
+            .iter()
+            .filter_map(|&var| Some((var.to_string(), env(var).filter(|v| !v.is_empty())?)))
             .collect();
-        let libtorch_dir = match cmdline.get("libtorch-dir") {
-            Some(d) => Some((PathBuf::from(d), "--backend-config=rust,libtorch-dir")),
-            None => set("TRITON_RUST_LIBTORCH_DIR").map(|d| (d, "TRITON_RUST_LIBTORCH_DIR")),
-        };
-        Ok(BackendSettings {
-            onnxruntime_library: cmdline.get("onnxruntime-library").map(PathBuf::from),
-            node_name: cmdline.get("node-name").cloned().filter(|n| !n.is_empty()),
-            cmdline,
-            default_max_batch_size,
-            mmap_threshold,
-            onnxruntime_env,
-            libtorch_dir,
-        })
+        Ok(BackendSettings { cmdline, default_max_batch_size, mmap_threshold, environment })
+    }
+
+    /// The backend setting `key` as given, unless empty.
+    pub fn key(&self, key: &str) -> Option<&str> {
+        self.cmdline.get(key).map(String::as_str).filter(|v| !v.is_empty())
+    }
+
+    /// The environment variable `var` as the backend found it at start (an engine's, listed
+    /// in its claim), unless empty.
+    pub fn env(&self, var: &str) -> Option<&str> {
+        self.environment.get(var).map(String::as_str)
     }
 }
 
@@ -371,20 +356,23 @@ mod tests {
 
     #[test]
     fn backend_settings_typed_once() {
-        let json = r#"{"cmdline":{"onnxruntime-library":"/x/ort.so","malloc-mmap-threshold":"default","node-name":"n1"}}"#;
-        let env = |v: &str| (v == "ORT_DYLIB_PATH").then(|| "/e/ort.so".to_string());
-        let s = BackendSettings::parse(json, env).unwrap();
-        assert_eq!(s.onnxruntime_library, Some(PathBuf::from("/x/ort.so")));
-        assert_eq!(s.onnxruntime_env, vec![("ORT_DYLIB_PATH", PathBuf::from("/e/ort.so"))]);
+        let json = r#"{"cmdline":{"onnxruntime-library":"/x/ort.so","malloc-mmap-threshold":"default","node-name":""}}"#;
+        let env =
+            |v: &str| (v == "ORT_DYLIB_PATH" || v == "OTHER").then(|| "/e/ort.so".to_string());
+        let s = BackendSettings::parse(json, &["ORT_DYLIB_PATH", "UNSET"], env).unwrap();
+        assert_eq!(s.key("onnxruntime-library"), Some("/x/ort.so"));
+        assert_eq!(s.key("node-name"), None, "given empty");
+        // only the variables the engines declare are read
+        assert_eq!(
+            (s.env("ORT_DYLIB_PATH"), s.env("UNSET"), s.env("OTHER")),
+            (Some("/e/ort.so"), None, None)
+        );
         assert_eq!(s.mmap_threshold, MmapThreshold::Adaptive);
-        assert_eq!(s.node_name.as_deref(), Some("n1"));
         assert_eq!(s.default_max_batch_size, DEFAULT_MAX_BATCH_SIZE);
-        let env = |v: &str| (v == "TRITON_RUST_LIBTORCH_DIR").then(|| "/t".to_string());
-        let s = BackendSettings::parse("", env).unwrap();
-        assert_eq!(s.libtorch_dir, Some((PathBuf::from("/t"), "TRITON_RUST_LIBTORCH_DIR")));
+        let s = BackendSettings::parse("", &[], |_| None).unwrap();
         assert_eq!(s.mmap_threshold, MmapThreshold::Fixed(131072));
         let bad = r#"{"cmdline":{"malloc-mmap-threshold":"lots"}}"#;
-        assert!(BackendSettings::parse(bad, |_| None).is_err());
+        assert!(BackendSettings::parse(bad, &[], |_| None).is_err());
     }
 
     #[test]

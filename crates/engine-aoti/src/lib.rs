@@ -133,6 +133,8 @@ pub static CLAIM: EngineClaim = EngineClaim {
     default_file: Some("model.pt2"),
     file_suffixes: &[".pt2"],
     parameters: KNOWN,
+    backend_keys: &[(plugin::LIBTORCH_KEY, "none")],
+    environment: &[plugin::LIBTORCH_ENV],
     builds_on: &[],
     keeps_sequences: true,
 };
@@ -193,7 +195,12 @@ impl AotiModel {
         };
         let plugin = plugin::plugin(
             &plugin::AOTI,
-            load.backend.libtorch_dir.as_ref().map(|(d, source)| (d.as_path(), *source)),
+            plugin::libtorch_dir(
+                load.backend.key(plugin::LIBTORCH_KEY),
+                load.backend.env(plugin::LIBTORCH_ENV),
+            )
+            .as_ref()
+            .map(|(d, source)| (d.as_path(), source.as_str())),
         )?;
         let runs = runtime_release(plugin.runtime()).to_string();
         let made = package.torch_release().map(str::to_string);

@@ -61,6 +61,8 @@ pub static CLAIM: EngineClaim = EngineClaim {
     default_file: None,
     file_suffixes: &[],
     parameters: StoreSettings::KNOWN,
+    backend_keys: &[(settings::NODE_NAME_KEY, "the host name")],
+    environment: &[],
     builds_on: &[],
     keeps_sequences: false,
 };

@@ -566,12 +566,15 @@ fn redis_access(cfg: &ModelConfig) -> Result<Access> {
     Ok(Access { credential, ca_file })
 }
 
+/// The backend setting naming this server among the nodes following an update stream.
+pub(crate) const NODE_NAME_KEY: &str = "node-name";
+
 /// This server's name among the nodes following a stream: `--backend-config=rust,node-name=…`,
 /// else the host name.
 fn node_name(backend: &BackendSettings) -> String {
     backend
-        .node_name
-        .clone()
+        .key(NODE_NAME_KEY)
+        .map(str::to_string)
         .or_else(|| {
             std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_string())
         })

@@ -40,6 +40,8 @@ pub static CLAIM: EngineClaim = EngineClaim {
     default_file: Some("model.onnx"),
     file_suffixes: &[".onnx"],
     parameters: OnnxSettings::KNOWN,
+    backend_keys: &[(runtime::BACKEND_KEY, "none")],
+    environment: runtime::ENVIRONMENT,
     builds_on: &[],
     keeps_sequences: true,
 };

@@ -10,6 +10,12 @@ use crate::settings::OnnxSettings;
 
 pub(crate) const STOCK_LIBRARY: &str = "/opt/tritonserver/backends/onnxruntime/libonnxruntime.so";
 
+/// The backend setting naming the process's ONNX Runtime.
+pub(crate) const BACKEND_KEY: &str = "onnxruntime-library";
+
+/// The environment variables naming it, in the order they are tried.
+pub(crate) const ENVIRONMENT: &[&str] = &["TRITON_RUST_ONNXRUNTIME_LIBRARY", "ORT_DYLIB_PATH"];
+
 pub(crate) fn ort_err(e: impl std::fmt::Display) -> Error {
     runtime_error(format!("ONNX Runtime: {e}"))
 }
@@ -47,12 +53,14 @@ fn library_candidates(
         c.push(("model parameter 'onnxruntime_library'".into(), p.clone()));
         return (c, true);
     }
-    if let Some(p) = &backend.onnxruntime_library {
-        c.push(("--backend-config=rust,onnxruntime-library".into(), p.clone()));
+    if let Some(p) = backend.key(BACKEND_KEY) {
+        c.push((format!("--backend-config=rust,{BACKEND_KEY}"), PathBuf::from(p)));
         return (c, true);
     }
-    for (var, p) in &backend.onnxruntime_env {
-        c.push((format!("environment variable {var}"), p.clone()));
+    for var in ENVIRONMENT {
+        if let Some(p) = backend.env(var) {
+            c.push((format!("environment variable {var}"), PathBuf::from(p)));
+        }
     }
     c.push(("the stock Triton image location".into(), PathBuf::from(STOCK_LIBRARY)));
     (c, false)

@@ -55,6 +55,8 @@ pub static CLAIM: EngineClaim = EngineClaim {
     default_file: None,
     file_suffixes: &[],
     parameters: RecommenderSettings::KNOWN,
+    backend_keys: &[],
+    environment: &[],
     builds_on: &["embedding", "onnx", "torch", "aoti"],
     keeps_sequences: false,
 };

@@ -55,6 +55,8 @@ pub static CLAIM: EngineClaim = EngineClaim {
     default_file: Some("model.pt"),
     file_suffixes: &[".pt", ".pth"],
     parameters: TorchSettings::KNOWN,
+    backend_keys: &[(plugin::LIBTORCH_KEY, "none")],
+    environment: &[plugin::LIBTORCH_ENV],
     builds_on: &[],
     keeps_sequences: true,
 };
@@ -96,7 +98,12 @@ impl TorchModel {
         let settings = TorchSettings::from_config(cfg)?;
         let plugin = plugin::plugin(
             &plugin::TORCHSCRIPT,
-            load.backend.libtorch_dir.as_ref().map(|(d, source)| (d.as_path(), *source)),
+            plugin::libtorch_dir(
+                load.backend.key(plugin::LIBTORCH_KEY),
+                load.backend.env(plugin::LIBTORCH_ENV),
+            )
+            .as_ref()
+            .map(|(d, source)| (d.as_path(), source.as_str())),
         )?;
         if let Some(text) = &settings.fusion_strategy {
             log::info!(

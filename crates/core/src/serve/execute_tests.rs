@@ -7,15 +7,18 @@ use super::*;
 fn backend_settings_from_triton_json() {
     let s = BackendSettings::from_json(
         r#"{"cmdline":{"onnxruntime-library":"/x/libonnxruntime.so","default-max-batch-size":"8","auto-complete-config":"true"}}"#,
+        &[],
     )
     .unwrap();
     assert_eq!(s.cmdline["onnxruntime-library"], "/x/libonnxruntime.so");
     assert_eq!(s.default_max_batch_size, 8);
     assert_eq!(
-        BackendSettings::from_json("").unwrap().default_max_batch_size,
+        BackendSettings::from_json("", &[]).unwrap().default_max_batch_size,
         crate::config::DEFAULT_MAX_BATCH_SIZE
     );
-    assert!(BackendSettings::from_json(r#"{"cmdline":{"default-max-batch-size":"x"}}"#).is_err());
+    assert!(
+        BackendSettings::from_json(r#"{"cmdline":{"default-max-batch-size":"x"}}"#, &[]).is_err()
+    );
 }
 
 #[test]

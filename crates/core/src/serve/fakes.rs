@@ -176,6 +176,8 @@ static DOUBLER: EngineClaim = EngineClaim {
     default_file: Some("model.onnx"),
     file_suffixes: &[".onnx"],
     parameters: &[("scale", "2")],
+    backend_keys: &[],
+    environment: &[],
     builds_on: &[],
     keeps_sequences: true,
 };

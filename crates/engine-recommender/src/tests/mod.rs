@@ -15,6 +15,8 @@ const CLAIM: EngineClaim = EngineClaim {
     default_file: Some("model.onnx"),
     file_suffixes: &[".onnx"],
     parameters: &[],
+    backend_keys: &[],
+    environment: &[],
     builds_on: &[],
     keeps_sequences: true,
 };
