@@ -17,18 +17,59 @@ use triton_rust_embedding::{
     REPLICATE_SHARE,
 };
 
+triton_rust_core::parameters! {
+    /// The embedding engine's model parameters, as config.pbtxt spells them (HPS's names
+    /// where HPS has one). The tables' own (names, dims, files, defaults, vocabularies) are
+    /// parsed by the store crate's `TableSettings`, which the recommender shares; the store's
+    /// enums by their own parsers.
+    pub struct StoreParams {
+        embedding_interface: Interface = Interface::Hps, doc "hps";
+        embedding_hotness_per_table: Option<String> = None, doc "none";
+        embedding_combiner: Option<Combiner> = None, doc "sum";
+        embedding_table_names: Option<String> = None, doc "required";
+        embedding_vecsize_per_table: Option<String> = None, doc "required";
+        sparse_files: Option<String> = None, doc "tables/<name>";
+        default_value_for_each_table: Option<String> = None, doc "0";
+        vocabulary_size_per_table: Option<String> = None, doc "unchecked";
+        gpucacheper: f64 = 0.1, doc "0.1";
+        gpucache_sharing: Option<String> = None, doc "device";
+        gpucache_placement: Option<String> = None, doc "replicated";
+        gpucache_sharded_replicate: f64 = REPLICATE_SHARE, doc "0.35";
+        gpucache_sharded_memory_gb: f64 = 0.0, doc "0";
+        deployed_device_list: Option<String> = None, doc "none";
+        gpucache_row_type: Option<String> = None, doc "fp32";
+        gpucache_policy: Option<String> = None, doc "lru";
+        gpucache_miss_reads: Option<String> = None, doc "cpu";
+        gpucache_allocation: Option<String> = None, doc "per_table";
+        hit_rate_threshold: f64 = 0.9, doc "0.9";
+        volatile_db: Option<String> = None, doc "none";
+        volatile_db_credential_file: Option<String> = None, doc "none";
+        volatile_db_credential_env: Option<String> = None, doc "none";
+        volatile_db_tls_ca_file: Option<String> = None, doc "the system's roots";
+        store_name: Option<String> = None, doc "the model's name";
+        host_memory: Option<String> = None, doc "auto";
+        cache_state_dir: Option<String> = None, doc "none";
+        cache_state_period_s: f64 = 0.0, doc "0";
+        gpu_key_piece: f64 = (128 << 10) as f64, doc "131072";
+        gpu_key_upload_tasks: f64 = 8.0, doc "8";
+        update_log_dir: Option<String> = None, doc "<table files>/updates/";
+        update_compaction_rows: f64 = 1_000_000.0, doc "1000000";
+        update_stream: Option<String> = None, doc "none";
+        update_stream_group: Option<String> = None, doc "triton-rust:<node>:<store>";
+        update_stream_start: String = "0".into(), doc "0";
+        update_stream_write_remote: bool = true, doc "true";
+        update_credential_file: Option<String> = None, doc "none";
+        update_credential_env: Option<String> = None, doc "none";
+        allow_unauthenticated_updates: bool = false, doc "false";
+    }
+}
+
 /// Where the caches save their keys (`cache_state_dir`, relative to the version directory)
 /// and how often (`cache_state_period_s`), `None` without a directory.
-fn cache_state(
-    cfg: &ModelConfig,
-    name: &str,
-    version_dir: &Path,
-    period_s: f64,
-) -> Result<Option<CacheState>> {
-    let Some(dir) = cfg.parameters.get("cache_state_dir").map(|d| d.trim()) else {
-        return Ok(None);
-    };
-    if dir.is_empty() || dir == "none" {
+fn cache_state(p: &StoreParams, name: &str, version_dir: &Path) -> Result<Option<CacheState>> {
+    let period_s = p.cache_state_period_s;
+    let Some(dir) = p.cache_state_dir.as_deref() else { return Ok(None) };
+    if dir == "none" {
         return Ok(None);
     }
     if !(period_s.is_finite() && period_s >= 0.0) {
@@ -45,7 +86,8 @@ thread_local! {
     pub(crate) static PARSED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Interface {
     Hps,
     Batched,
@@ -55,7 +97,8 @@ pub enum Interface {
 }
 
 /// How a bag's rows reduce to one (HPS's combiner names).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Combiner {
     Sum,
     Mean,
@@ -79,18 +122,14 @@ impl Pooling {
         self.hotness.iter().sum()
     }
 
-    fn from_config(
-        cfg: &ModelConfig,
-        interface: Interface,
-        tables: usize,
-    ) -> Result<Option<Pooling>> {
-        let hot = cfg.parameters.get("embedding_hotness_per_table").map(|s| s.trim());
-        let comb = cfg.parameters.get("embedding_combiner").map(|s| s.trim());
-        if interface != Interface::Pooled {
-            if let Some(key) = [("embedding_hotness_per_table", hot), ("embedding_combiner", comb)]
-                .iter()
-                .find_map(|(k, v)| v.map(|_| *k))
-            {
+    fn from_params(p: &StoreParams, tables: usize) -> Result<Option<Pooling>> {
+        let hot = p.embedding_hotness_per_table.as_deref();
+        if p.embedding_interface != Interface::Pooled {
+            let given = [
+                ("embedding_hotness_per_table", hot.is_some()),
+                ("embedding_combiner", p.embedding_combiner.is_some()),
+            ];
+            if let Some(key) = given.iter().find_map(|(k, set)| set.then_some(*k)) {
                 return Err(Error::invalid_arg(format!(
                     "parameter '{key}' applies to embedding_interface pooled only"
                 )));
@@ -121,16 +160,7 @@ impl Pooling {
                 )))
             }
         };
-        let combiner = match comb {
-            None | Some("sum") => Combiner::Sum,
-            Some("mean") => Combiner::Mean,
-            Some(other) => {
-                return Err(Error::invalid_arg(format!(
-                    "parameter 'embedding_combiner' is '{other}'; use sum or mean"
-                )))
-            }
-        };
-        Ok(Some(Pooling { hotness, combiner }))
+        Ok(Some(Pooling { hotness, combiner: p.embedding_combiner.unwrap_or(Combiner::Sum) }))
     }
 }
 
@@ -175,7 +205,7 @@ pub enum CacheSharing {
 
 impl CacheSharing {
     fn parse(text: Option<&str>) -> Result<CacheSharing> {
-        match text.map(str::trim) {
+        match text {
             None | Some("device") => Ok(CacheSharing::Device),
             Some("instance") => Ok(CacheSharing::Instance),
             Some(other) => Err(Error::invalid_arg(format!(
@@ -211,15 +241,17 @@ impl std::fmt::Debug for Credential {
 pub const TOKEN_PARAMETER: &str = "embedding-update-token";
 
 impl Credential {
+    /// The credential a model config names (its parameters read here).
+    #[cfg(test)]
     pub(crate) fn from_config(cfg: &ModelConfig) -> Result<Credential> {
-        let file = cfg
-            .parameters
-            .get("update_credential_file")
-            .map(|s| s.trim())
-            .filter(|s| !s.is_empty());
-        let env =
-            cfg.parameters.get("update_credential_env").map(|s| s.trim()).filter(|s| !s.is_empty());
-        let open = cfg.parameter_bool("allow_unauthenticated_updates")?.unwrap_or(false);
+        let p: StoreParams = triton_rust_core::params::read(&cfg.parameters)?;
+        Credential::from_params(&p, &cfg.name)
+    }
+
+    pub(crate) fn from_params(p: &StoreParams, model: &str) -> Result<Credential> {
+        let file = p.update_credential_file.as_deref();
+        let env = p.update_credential_env.as_deref();
+        let open = p.allow_unauthenticated_updates;
         let (source, secret) = match (file, env) {
             (Some(_), Some(_)) => return Err(Error::invalid_arg("set one of update_credential_file and update_credential_env, not both")),
             (Some(path), None) => {
@@ -232,7 +264,7 @@ impl Credential {
                 (format!("environment variable '{var}'"), text.trim().as_bytes().to_vec())
             }
             (None, None) if open => {
-                log::warn!("model '{}': updates are NOT authenticated (allow_unauthenticated_updates): anyone who can reach the server can rewrite the embeddings", cfg.name);
+                log::warn!("model '{model}': updates are NOT authenticated (allow_unauthenticated_updates): anyone who can reach the server can rewrite the embeddings");
                 return Ok(Credential::Open);
             }
             (None, None) => {
@@ -265,46 +297,7 @@ pub(crate) fn same_secret(given: &[u8], secret: &[u8]) -> bool {
 
 impl StoreSettings {
     /// The parameters an embedding model reads, with their defaults.
-    pub const KNOWN: &'static [Known] = &[
-        ("embedding_interface", "hps"),
-        ("embedding_table_names", "required"),
-        ("embedding_vecsize_per_table", "required"),
-        ("default_value_for_each_table", "0"),
-        ("sparse_files", "tables/<name>"),
-        ("vocabulary_size_per_table", "unchecked"),
-        ("store_name", "the model's name"),
-        ("gpucacheper", "0.1"),
-        ("gpucache_allocation", "per_table"),
-        ("gpucache_sharing", "device"),
-        ("gpucache_row_type", "fp32"),
-        ("gpucache_policy", "lru"),
-        ("gpucache_miss_reads", "cpu"),
-        ("hit_rate_threshold", "0.9"),
-        ("host_memory", "auto"),
-        ("cache_state_dir", "none"),
-        ("cache_state_period_s", "0"),
-        ("volatile_db", "none"),
-        ("volatile_db_credential_file", "none"),
-        ("volatile_db_credential_env", "none"),
-        ("volatile_db_tls_ca_file", "the system's roots"),
-        ("update_log_dir", "<table files>/updates/"),
-        ("update_compaction_rows", "1000000"),
-        ("update_stream", "none"),
-        ("update_stream_group", "triton-rust:<node>:<store>"),
-        ("update_stream_start", "0"),
-        ("update_stream_write_remote", "true"),
-        ("update_credential_file", "none"),
-        ("update_credential_env", "none"),
-        ("allow_unauthenticated_updates", "false"),
-        ("embedding_hotness_per_table", "none"),
-        ("embedding_combiner", "sum"),
-        ("gpu_key_piece", "131072"),
-        ("gpu_key_upload_tasks", "8"),
-        ("deployed_device_list", "none"),
-        ("gpucache_placement", "replicated"),
-        ("gpucache_sharded_replicate", "0.35"),
-        ("gpucache_sharded_memory_gb", "0"),
-    ];
+    pub const KNOWN: &'static [Known] = StoreParams::KNOWN;
 
     pub fn from_config(
         cfg: &ModelConfig,
@@ -313,28 +306,11 @@ impl StoreSettings {
     ) -> Result<StoreSettings> {
         #[cfg(test)]
         PARSED.with(|n| n.set(n.get() + 1));
-        let interface = match cfg.parameters.get("embedding_interface").map(|s| s.trim()) {
-            None | Some("hps") => Interface::Hps,
-            Some("batched") => Interface::Batched,
-            Some("pooled") => Interface::Pooled,
-            Some("update") => Interface::Update,
-            Some(other) => {
-                return Err(Error::invalid_arg(format!(
-                "parameter 'embedding_interface' is '{other}'; use hps, batched, pooled or update"
-            )))
-            }
-        };
+        let p: StoreParams = triton_rust_core::params::read(&cfg.parameters)?;
+        let interface = p.embedding_interface;
         let TableSettings { names, dims, defaults, files, vocabulary } =
             TableSettings::from_parameters(&cfg.parameters)?;
-        let pooling = Pooling::from_config(cfg, interface, names.len())?;
-        let number = |key: &str, default: f64| -> Result<f64> {
-            match cfg.parameters.get(key) {
-                None => Ok(default),
-                Some(s) => s.trim().parse().map_err(|_| {
-                    Error::invalid_arg(format!("parameter '{key}' must be a number, got '{s}'"))
-                }),
-            }
-        };
+        let pooling = Pooling::from_params(&p, names.len())?;
         let tables = names
             .iter()
             .enumerate()
@@ -350,54 +326,35 @@ impl StoreSettings {
                 }
             })
             .collect();
-        let name = cfg.parameters.get("store_name").cloned().unwrap_or_else(|| cfg.name.clone());
-        let update_stream =
-            match cfg.parameters.get("update_stream").map(|s| s.trim()).filter(|s| !s.is_empty()) {
-                None => None,
-                Some(spec) => {
-                    let group = match cfg.parameters.get("update_stream_group") {
-                        Some(g) => g.trim().to_string(),
-                        None => format!("triton-rust:{}:{name}", node_name(backend)),
-                    };
-                    let start = cfg
-                        .parameters
-                        .get("update_stream_start")
-                        .map(|s| s.trim().to_string())
-                        .unwrap_or_else(|| "0".into());
-                    let mut spec = StreamSpec::parse(spec, group, start)?;
-                    spec.write_remote =
-                        cfg.parameter_bool("update_stream_write_remote")?.unwrap_or(true);
-                    Some(spec)
-                }
-            };
+        let name = p.store_name.clone().unwrap_or_else(|| cfg.name.clone());
+        let update_stream = match p.update_stream.as_deref() {
+            None => None,
+            Some(spec) => {
+                let group = match &p.update_stream_group {
+                    Some(g) => g.clone(),
+                    None => format!("triton-rust:{}:{name}", node_name(backend)),
+                };
+                let mut spec = StreamSpec::parse(spec, group, p.update_stream_start.clone())?;
+                spec.write_remote = p.update_stream_write_remote;
+                Some(spec)
+            }
+        };
+        let text = |v: &Option<String>| v.clone().unwrap_or_default();
         let store = StoreConfig {
             tables,
-            cache_ratio: number("gpucacheper", 0.1)?,
-            cache_allocation: CacheAllocation::parse(
-                cfg.parameters.get("gpucache_allocation").map_or("", |s| s.as_str()),
-            )?,
-            cache_rows: CacheRows::parse(
-                cfg.parameters.get("gpucache_row_type").map_or("", |s| s.as_str()),
-            )?,
-            cache_eviction: CacheEviction::parse(
-                cfg.parameters.get("gpucache_policy").map_or("", |s| s.as_str()),
-            )?,
-            hit_rate_threshold: number("hit_rate_threshold", 0.9)?,
-            update_log_dir: cfg
-                .parameters
-                .get("update_log_dir")
-                .map(|d| version_dir.join(d.trim())),
-            compaction_rows: number("update_compaction_rows", 1_000_000.0)? as usize,
+            cache_ratio: p.gpucacheper,
+            cache_allocation: CacheAllocation::parse(&text(&p.gpucache_allocation))?,
+            cache_rows: CacheRows::parse(&text(&p.gpucache_row_type))?,
+            cache_eviction: CacheEviction::parse(&text(&p.gpucache_policy))?,
+            hit_rate_threshold: p.hit_rate_threshold,
+            update_log_dir: p.update_log_dir.as_ref().map(|d| version_dir.join(d)),
+            compaction_rows: p.update_compaction_rows as usize,
             update_stream,
-            host_memory: HostRows::parse(
-                cfg.parameters.get("host_memory").map_or("", |s| s.as_str()),
-            )?,
-            placement: Placement::parse(
-                cfg.parameters.get("gpucache_placement").map_or("", |s| s.as_str()),
-            )?,
-            replicate_share: number("gpucache_sharded_replicate", REPLICATE_SHARE)?,
+            host_memory: HostRows::parse(&text(&p.host_memory))?,
+            placement: Placement::parse(&text(&p.gpucache_placement))?,
+            replicate_share: p.gpucache_sharded_replicate,
             sharded_memory: {
-                let gb = number("gpucache_sharded_memory_gb", 0.0)?;
+                let gb = p.gpucache_sharded_memory_gb;
                 if !(gb.is_finite() && gb >= 0.0) {
                     return Err(Error::invalid_arg(format!(
                         "parameter 'gpucache_sharded_memory_gb' is the most GB of rows sharded placement puts on each GPU, 0 or more (0: each GPU's free memory less 15%); got {gb}"
@@ -406,12 +363,7 @@ impl StoreSettings {
                 (gb * 1e9) as u64
             },
             hotness: pooling.as_ref().map_or_else(Vec::new, |p| p.hotness.clone()),
-            cache_state: cache_state(
-                cfg,
-                &name,
-                version_dir,
-                number("cache_state_period_s", 0.0)?,
-            )?,
+            cache_state: cache_state(&p, &name, version_dir)?,
         };
         if !(0.0..=0.5).contains(&store.replicate_share) {
             return Err(Error::invalid_arg(format!(
@@ -434,12 +386,11 @@ impl StoreSettings {
             }
         }
         let credential = if interface == Interface::Update {
-            Credential::from_config(cfg)?
+            Credential::from_params(&p, &cfg.name)?
         } else {
             Credential::NotNeeded
         };
-        let whole = |key: &str, default: usize, least: usize| -> Result<usize> {
-            let v = number(key, default as f64)?;
+        let whole = |key: &str, v: f64, least: usize| -> Result<usize> {
             if v.fract() != 0.0 || v < least as f64 || v > (1u64 << 32) as f64 {
                 return Err(Error::invalid_arg(format!(
                     "parameter '{key}' must be a whole number of at least {least}, got {v}"
@@ -447,33 +398,31 @@ impl StoreSettings {
             }
             Ok(v as usize)
         };
-        let key_upload =
-            (whole("gpu_key_piece", 128 << 10, 1024)?, whole("gpu_key_upload_tasks", 8, 1)?);
+        let key_upload = (
+            whole("gpu_key_piece", p.gpu_key_piece, 1024)?,
+            whole("gpu_key_upload_tasks", p.gpu_key_upload_tasks, 1)?,
+        );
         Ok(StoreSettings {
             name,
             interface,
             pooling,
             store,
             vocabulary,
-            volatile_db: cfg.parameters.get("volatile_db").cloned(),
-            redis_access: redis_access(cfg)?,
+            redis_access: redis_access(&p)?,
+            volatile_db: p.volatile_db,
             credential,
             key_upload,
-            cache_sharing: CacheSharing::parse(
-                cfg.parameters.get("gpucache_sharing").map(String::as_str),
-            )?,
-            miss_reads: MissReads::parse(
-                cfg.parameters.get("gpucache_miss_reads").map(String::as_str),
-            )?,
-            devices: device_list(cfg)?,
+            cache_sharing: CacheSharing::parse(p.gpucache_sharing.as_deref())?,
+            miss_reads: MissReads::parse(p.gpucache_miss_reads.as_deref())?,
+            devices: device_list(p.deployed_device_list.as_deref(), &cfg.instance_kinds)?,
         })
     }
 }
 
 /// `deployed_device_list` ("0,1" or HPS's "[0, 1]"): GPU ids, each once; only where the
 /// model has KIND_GPU instances (a KIND_CPU model's instances use none of them).
-fn device_list(cfg: &ModelConfig) -> Result<Option<Vec<i32>>> {
-    let Some(raw) = cfg.parameters.get("deployed_device_list") else { return Ok(None) };
+fn device_list(raw: Option<&str>, instance_kinds: &[String]) -> Result<Option<Vec<i32>>> {
+    let Some(raw) = raw else { return Ok(None) };
     let bad = |why: String| {
         Error::invalid_arg(format!(
             "parameter 'deployed_device_list' is '{raw}': {why}; give GPU ids such as 0,1 (HPS's list maps to instance_group {{ kind: KIND_GPU gpus: [ ... ] }})"
@@ -491,11 +440,8 @@ fn device_list(cfg: &ModelConfig) -> Result<Option<Vec<i32>>> {
         }
         ids.push(id);
     }
-    if !cfg.instance_kinds.iter().any(|k| k == "KIND_GPU") {
-        return Err(bad(format!(
-            "the model's instances are {:?}, which use no GPU",
-            cfg.instance_kinds
-        )));
+    if !instance_kinds.iter().any(|k| k == "KIND_GPU") {
+        return Err(bad(format!("the model's instances are {instance_kinds:?}, which use no GPU")));
     }
     Ok(Some(ids))
 }
@@ -522,9 +468,9 @@ pub(crate) fn check_device(
 /// The Redis tier's login, read at load from the file or environment variable the config
 /// names (never the secret itself: any client may read a model's config through the config
 /// API), and the CA file a `rediss:` server's certificate is checked against.
-fn redis_access(cfg: &ModelConfig) -> Result<Access> {
-    let param = |k: &str| cfg.parameters.get(k).map(|s| s.trim()).filter(|s| !s.is_empty());
-    let (file, env) = (param("volatile_db_credential_file"), param("volatile_db_credential_env"));
+fn redis_access(p: &StoreParams) -> Result<Access> {
+    let (file, env) =
+        (p.volatile_db_credential_file.as_deref(), p.volatile_db_credential_env.as_deref());
     let credential = match (file, env) {
         (Some(_), Some(_)) => {
             return Err(Error::invalid_arg(
@@ -549,7 +495,7 @@ fn redis_access(cfg: &ModelConfig) -> Result<Access> {
         }
         (None, None) => None,
     };
-    let ca_file = match param("volatile_db_tls_ca_file") {
+    let ca_file = match p.volatile_db_tls_ca_file.as_deref() {
         None => None,
         Some(path) => {
             let pem = std::fs::read(path).map_err(|e| {
@@ -558,7 +504,7 @@ fn redis_access(cfg: &ModelConfig) -> Result<Access> {
             Some((path.to_string(), pem))
         }
     };
-    if (credential.is_some() || ca_file.is_some()) && param("volatile_db").is_none() {
+    if (credential.is_some() || ca_file.is_some()) && p.volatile_db.is_none() {
         return Err(Error::invalid_arg(
             "volatile_db_credential_* or volatile_db_tls_ca_file is set without a volatile_db",
         ));
@@ -585,12 +531,13 @@ fn node_name(backend: &BackendSettings) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use triton_rust_core::settings::{documented_defaults, undocumented};
+    use triton_rust_core::settings::{check_section, documented_defaults, undocumented};
 
     #[test]
     fn defaults_are_the_documented_ones() {
-        let doc = documented_defaults(include_str!("../../../docs/settings.md"));
-        let wrong = undocumented(StoreSettings::KNOWN, &doc);
+        let md = include_str!("../../../docs/settings.md");
+        check_section(md, "Embedding engine", StoreSettings::KNOWN).unwrap();
+        let wrong = undocumented(crate::CLAIM.backend_keys, &documented_defaults(md));
         assert!(wrong.is_empty(), "{wrong:?}");
     }
 }
