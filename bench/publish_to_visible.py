@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 sys.path.insert(0, HERE)
 from kserve_client import Client  # noqa: E402
 from publish_updates import publish  # noqa: E402
-from test_embedding import embedding_config, hps_io  # noqa: E402
+from embedding_helpers import embedding_config, hps_io  # noqa: E402
 from test_redis_cluster import cluster_ports, start_cluster  # noqa: E402
 from tritonserver_harness import TritonServer  # noqa: E402
 

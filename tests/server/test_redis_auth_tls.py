@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from conftest import module_server
-from test_embedding import Redis, embedding_config, hps_io, redis_lookup
+from embedding_helpers import Redis, embedding_config, hps_io, redis_lookup
 from tritonserver_harness import ModelRepo, free_ports, make_client
 
 DIM, DEFAULT, ROWS = 4, -3.0, 50

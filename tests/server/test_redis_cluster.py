@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tritonserver_harness import ModelRepo, make_client, infer
-from test_embedding import Redis, embedding_config, hps_io
+from embedding_helpers import Redis, embedding_config, hps_io
 
 DIM = 8
 

@@ -47,7 +47,7 @@ def test_an_hps_device_list_that_the_placement_cannot_meet_fails_the_load(reques
     KIND_CPU model have no GPUs to spread over. Each fails the load with the parameter named,
     and the server goes on."""
     from make_tables import write_table
-    from test_embedding import embedding_config, hps_io
+    from embedding_helpers import embedding_config, hps_io
     repo = ModelRepo(str(tmp_path_factory.mktemp("devices-repo")))
     cases = (("devices_cpu", {"deployed_device_list": "0,1"}), ("devices_bad", {"deployed_device_list": "0,x"}),
              ("sharded_cpu", {"gpucache_placement": "sharded", "gpucacheper": "1.0"}), ("devices_none", {}))
