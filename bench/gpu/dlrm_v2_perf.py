@@ -61,9 +61,9 @@ from recsys.dlrm_v2_served import serve_and_measure  # noqa: E402
 from recsys.fixture import fixture_rows, prepare  # noqa: E402
 
 # Names other files import from here, where they lived before the steps moved to recsys/:
-# tests/tools/test_dlrm_v2_perf_args.py (perf_analyzer's calls), dlrm_v2_fair.py (START,
-# draw_pairs: the exactness check's pairs) and dlrm_v2_network.py (cuda_seconds).
-from recsys.dlrm_v2_model import START  # noqa: E402,F401
+# tests/tools/test_dlrm_v2_perf_args.py (perf_analyzer's calls) and dlrm_v2_network.py
+# (cuda_seconds). draw_pairs (the exactness check's pairs) stays because dlrm_v2_fair.py's help
+# names it dlrm_v2_perf.draw_pairs; that script's code imports it from recsys/dlrm_v2_plan.py.
 from recsys.dlrm_v2_plan import draw_pairs  # noqa: E402,F401
 from recsys.dlrm_v2_reference import cuda_seconds  # noqa: E402,F401
 from recsys.perf_analyzer import CONNECTION_LOST, capi_range, pa_call, pa_command, pa_env  # noqa: E402,F401

@@ -29,4 +29,16 @@ cache.py, networks.py, measure.py and gpu_busy.py, and have modules of their own
 - dlrm_v2_stream.py: the endless stream (examples/stream_client.rs, keys in GPU memory);
 - dlrm_v2_reference.py: the bare PyTorch reference and its compile in a child process;
 - dlrm_v2_results.py: runs.json, setup.json, perf.tgz, the report and the targets printed.
+
+bench/gpu/dlrm_v2_fair.py's phases (the served DLRM-v2 against a bare reference of the same
+precision and overlap, one call) reuse clock.py, fixture.py, networks.py, dlrm_v2_model.py and
+dlrm_v2_plan.py, and have modules of their own:
+
+- dlrm_v2_fair_model.py: DLRM-v2's shape written out (no torch for the driver), the console line;
+- dlrm_v2_fair_options.py: the command's arguments;
+- dlrm_v2_fair_phases.py: the driver's phases, each within --deadline-s, and results.json;
+- dlrm_v2_fair_served.py: the packages' exports and dlrm_v2_perf.py's served runs;
+- dlrm_v2_fair_reference.py: the bare reference (F.embedding_bag and the compiled network as
+  CUDA graphs, one after the other and on streams) in its child process, and its accuracy;
+- dlrm_v2_fair_report.py: the dense peaks, the figures and ratios, fair.png and README.md.
 """
