@@ -114,17 +114,14 @@ fn lib_path(dir: &Option<PathBuf>, name: &str) -> PathBuf {
     }
 }
 
-/// The backend setting naming libtorch's directory.
-pub const LIBTORCH_KEY: &str = "libtorch-dir";
-
 /// The environment variable naming it when the backend setting does not.
 pub const LIBTORCH_ENV: &str = "TRITON_RUST_LIBTORCH_DIR";
 
-/// libtorch's directory and what named it: the backend setting `key`'s value (`LIBTORCH_KEY`),
+/// libtorch's directory and what named it: the backend setting `libtorch-dir`'s value (`key`),
 /// else the environment's (`LIBTORCH_ENV`).
 pub fn libtorch_dir(key: Option<&str>, env: Option<&str>) -> Option<(PathBuf, String)> {
     match (key, env) {
-        (Some(d), _) => Some((PathBuf::from(d), format!("--backend-config=rust,{LIBTORCH_KEY}"))),
+        (Some(d), _) => Some((PathBuf::from(d), "--backend-config=rust,libtorch-dir".to_string())),
         (None, Some(d)) => Some((PathBuf::from(d), LIBTORCH_ENV.to_string())),
         (None, None) => None,
     }

@@ -85,6 +85,23 @@ pub fn read<T: DeserializeOwned>(parameters: &BTreeMap<String, String>) -> Resul
     T::deserialize(map).map_err(|e: TextError| Error::invalid_arg(e.0))
 }
 
+/// A parameter read by its type's own parser (`FromStr`, whose error is the message): for the
+/// types another crate owns and parses with errors of its own (the store's cache policies),
+/// their defaults still declared beside the parameter.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Parsed<T>(pub T);
+
+impl<'de, T> serde::Deserialize<'de> for Parsed<T>
+where
+    T: std::str::FromStr,
+    T::Err: fmt::Display,
+{
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        text.trim().parse().map(Parsed).map_err(de::Error::custom)
+    }
+}
+
 /// A parse error's text, already naming the parameter.
 #[derive(Debug)]
 pub struct TextError(String);
@@ -223,6 +240,7 @@ mod tests {
             ratio: f64 = 0.5, doc "0.5";
             mode: Mode = Mode::Exact, doc "exact";
             path: Option<String> = None, doc "none";
+            level: Parsed<u8> = Parsed(3), doc "3";
         }
     }
 
@@ -238,6 +256,7 @@ mod tests {
             ("ratio", "0.25"),
             ("mode", "fast"),
             ("path", "/x"),
+            ("level", " 7"),
             ("someone_elses", "anything"),
         ]))
         .unwrap();
@@ -247,6 +266,7 @@ mod tests {
             ratio: 0.25,
             mode: Mode::Fast,
             path: Some("/x".into()),
+            level: Parsed(7),
         };
         assert_eq!(s, want);
         assert_eq!(read::<Sample>(&params(&[])).unwrap(), Sample::default());
@@ -259,7 +279,8 @@ mod tests {
                 ("DISABLE_THING", "false"),
                 ("ratio", "0.5"),
                 ("mode", "exact"),
-                ("path", "none")
+                ("path", "none"),
+                ("level", "3")
             ]
         );
     }
@@ -277,6 +298,8 @@ mod tests {
             "parameter 'DISABLE_THING' must be true or false, got 'maybe'"
         );
         assert_eq!(err(&[("ratio", "half")]), "parameter 'ratio' must be a number, got 'half'");
+        // a type's own parser says what is wrong
+        assert_eq!(err(&[("level", "x")]), "invalid digit found in string");
         assert_eq!(err(&[("mode", "quick")]), "parameter 'mode' is 'quick'; use fast or exact");
     }
 }

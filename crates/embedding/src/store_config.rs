@@ -80,6 +80,14 @@ pub enum Placement {
     Sharded,
 }
 
+/// As a model parameter's text (`parse`).
+impl std::str::FromStr for Placement {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Placement, String> {
+        Placement::parse(s).map_err(|e| e.message().to_string())
+    }
+}
+
 impl Placement {
     pub fn parse(s: &str) -> Result<Placement> {
         match s.trim() {
@@ -111,6 +119,14 @@ pub enum CacheAllocation {
     Lookups,
 }
 
+/// As a model parameter's text (`parse`).
+impl std::str::FromStr for CacheAllocation {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<CacheAllocation, String> {
+        CacheAllocation::parse(s).map_err(|e| e.message().to_string())
+    }
+}
+
 impl CacheAllocation {
     pub fn parse(s: &str) -> Result<CacheAllocation> {
         match s.trim() {
@@ -134,6 +150,14 @@ pub enum CacheRows {
     /// each hit reads. A TYPE_FP16 lookup answers the same bits as from fp32 rows; a
     /// TYPE_FP32 lookup answers the fp16 value.
     F16,
+}
+
+/// As a model parameter's text (`parse`).
+impl std::str::FromStr for CacheRows {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<CacheRows, String> {
+        CacheRows::parse(s).map_err(|e| e.message().to_string())
+    }
 }
 
 impl CacheRows {
@@ -165,6 +189,14 @@ pub enum CacheEviction {
     /// The least frequently used, and a missed key goes in only once it has been looked up
     /// more often than that one: on a steady stream the caches hold the most frequent keys.
     Lfu,
+}
+
+/// As a model parameter's text (`parse`).
+impl std::str::FromStr for CacheEviction {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<CacheEviction, String> {
+        CacheEviction::parse(s).map_err(|e| e.message().to_string())
+    }
 }
 
 impl CacheEviction {

@@ -146,6 +146,14 @@ pub enum HostRows {
     HugePages,
 }
 
+/// As a model parameter's text (`parse`).
+impl std::str::FromStr for HostRows {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<HostRows, String> {
+        HostRows::parse(s).map_err(|e| e.message().to_string())
+    }
+}
+
 impl HostRows {
     pub fn parse(s: &str) -> Result<HostRows> {
         match s.trim() {

@@ -133,11 +133,20 @@ pub static CLAIM: EngineClaim = EngineClaim {
     default_file: Some("model.pt2"),
     file_suffixes: &[".pt2"],
     parameters: KNOWN,
-    backend_keys: &[(plugin::LIBTORCH_KEY, "none")],
+    backend_keys: AotiBackend::KNOWN,
     environment: &[plugin::LIBTORCH_ENV],
     builds_on: &[],
     keeps_sequences: true,
 };
+
+triton_rust_core::parameters! {
+    /// The AOTInductor engine's backend setting (`--backend-config=rust,<key>=<value>`): the
+    /// libtorch its plugin loads, as the TorchScript engine's.
+    pub struct AotiBackend {
+        #[serde(rename = "libtorch-dir")]
+        libtorch_dir: Option<String> = None, doc "none";
+    }
+}
 
 triton_rust_core::engine_kind!(
     /// The AOTInductor engine kind.
@@ -196,7 +205,9 @@ impl AotiModel {
         let plugin = plugin::plugin(
             &plugin::AOTI,
             plugin::libtorch_dir(
-                load.backend.key(plugin::LIBTORCH_KEY),
+                triton_rust_core::params::read::<AotiBackend>(&load.backend.cmdline)?
+                    .libtorch_dir
+                    .as_deref(),
                 load.backend.env(plugin::LIBTORCH_ENV),
             )
             .as_ref()

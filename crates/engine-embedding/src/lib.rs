@@ -61,7 +61,7 @@ pub static CLAIM: EngineClaim = EngineClaim {
     default_file: None,
     file_suffixes: &[],
     parameters: StoreSettings::KNOWN,
-    backend_keys: &[(settings::NODE_NAME_KEY, "the host name")],
+    backend_keys: settings::EmbeddingBackend::KNOWN,
     environment: &[],
     builds_on: &[],
     keeps_sequences: false,

@@ -15,6 +15,14 @@ pub enum MissReads {
     Both,
 }
 
+/// As a model parameter's text.
+impl std::str::FromStr for MissReads {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<MissReads, String> {
+        MissReads::parse(Some(s)).map_err(|e| e.message().to_string())
+    }
+}
+
 impl MissReads {
     pub(crate) fn parse(text: Option<&str>) -> Result<MissReads> {
         match text.map(str::trim) {

@@ -7,6 +7,7 @@ use std::path::Path;
 pub use crate::miss_reads::MissReads;
 use triton_rust_core::config::ModelConfig;
 use triton_rust_core::error::{Error, Result};
+use triton_rust_core::params::Parsed;
 use triton_rust_core::settings::{BackendSettings, Known};
 use triton_rust_embedding::redis::{Access, Credential as RedisCredential};
 use triton_rust_embedding::settings::TableSettings;
@@ -32,22 +33,22 @@ triton_rust_core::parameters! {
         default_value_for_each_table: Option<String> = None, doc "0";
         vocabulary_size_per_table: Option<String> = None, doc "unchecked";
         gpucacheper: f64 = 0.1, doc "0.1";
-        gpucache_sharing: Option<String> = None, doc "device";
-        gpucache_placement: Option<String> = None, doc "replicated";
+        gpucache_sharing: Parsed<CacheSharing> = Parsed(CacheSharing::Device), doc "device";
+        gpucache_placement: Parsed<Placement> = Parsed(Placement::Replicated), doc "replicated";
         gpucache_sharded_replicate: f64 = REPLICATE_SHARE, doc "0.35";
         gpucache_sharded_memory_gb: f64 = 0.0, doc "0";
         deployed_device_list: Option<String> = None, doc "none";
-        gpucache_row_type: Option<String> = None, doc "fp32";
-        gpucache_policy: Option<String> = None, doc "lru";
-        gpucache_miss_reads: Option<String> = None, doc "cpu";
-        gpucache_allocation: Option<String> = None, doc "per_table";
+        gpucache_row_type: Parsed<CacheRows> = Parsed(CacheRows::F32), doc "fp32";
+        gpucache_policy: Parsed<CacheEviction> = Parsed(CacheEviction::Lru), doc "lru";
+        gpucache_miss_reads: Parsed<MissReads> = Parsed(MissReads::Cpu), doc "cpu";
+        gpucache_allocation: Parsed<CacheAllocation> = Parsed(CacheAllocation::PerTable), doc "per_table";
         hit_rate_threshold: f64 = 0.9, doc "0.9";
         volatile_db: Option<String> = None, doc "none";
         volatile_db_credential_file: Option<String> = None, doc "none";
         volatile_db_credential_env: Option<String> = None, doc "none";
         volatile_db_tls_ca_file: Option<String> = None, doc "the system's roots";
         store_name: Option<String> = None, doc "the model's name";
-        host_memory: Option<String> = None, doc "auto";
+        host_memory: Parsed<HostRows> = Parsed(HostRows::Auto), doc "auto";
         cache_state_dir: Option<String> = None, doc "none";
         cache_state_period_s: f64 = 0.0, doc "0";
         gpu_key_piece: f64 = (128 << 10) as f64, doc "131072";
@@ -203,6 +204,14 @@ pub enum CacheSharing {
     Instance,
 }
 
+/// As a model parameter's text.
+impl std::str::FromStr for CacheSharing {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<CacheSharing, String> {
+        CacheSharing::parse(Some(s)).map_err(|e| e.message().to_string())
+    }
+}
+
 impl CacheSharing {
     fn parse(text: Option<&str>) -> Result<CacheSharing> {
         match text {
@@ -339,19 +348,18 @@ impl StoreSettings {
                 Some(spec)
             }
         };
-        let text = |v: &Option<String>| v.clone().unwrap_or_default();
         let store = StoreConfig {
             tables,
             cache_ratio: p.gpucacheper,
-            cache_allocation: CacheAllocation::parse(&text(&p.gpucache_allocation))?,
-            cache_rows: CacheRows::parse(&text(&p.gpucache_row_type))?,
-            cache_eviction: CacheEviction::parse(&text(&p.gpucache_policy))?,
+            cache_allocation: p.gpucache_allocation.0,
+            cache_rows: p.gpucache_row_type.0,
+            cache_eviction: p.gpucache_policy.0,
             hit_rate_threshold: p.hit_rate_threshold,
             update_log_dir: p.update_log_dir.as_ref().map(|d| version_dir.join(d)),
             compaction_rows: p.update_compaction_rows as usize,
             update_stream,
-            host_memory: HostRows::parse(&text(&p.host_memory))?,
-            placement: Placement::parse(&text(&p.gpucache_placement))?,
+            host_memory: p.host_memory.0,
+            placement: p.gpucache_placement.0,
             replicate_share: p.gpucache_sharded_replicate,
             sharded_memory: {
                 let gb = p.gpucache_sharded_memory_gb;
@@ -412,8 +420,8 @@ impl StoreSettings {
             volatile_db: p.volatile_db,
             credential,
             key_upload,
-            cache_sharing: CacheSharing::parse(p.gpucache_sharing.as_deref())?,
-            miss_reads: MissReads::parse(p.gpucache_miss_reads.as_deref())?,
+            cache_sharing: p.gpucache_sharing.0,
+            miss_reads: p.gpucache_miss_reads.0,
             devices: device_list(p.deployed_device_list.as_deref(), &cfg.instance_kinds)?,
         })
     }
@@ -512,15 +520,21 @@ fn redis_access(p: &StoreParams) -> Result<Access> {
     Ok(Access { credential, ca_file })
 }
 
-/// The backend setting naming this server among the nodes following an update stream.
-pub(crate) const NODE_NAME_KEY: &str = "node-name";
+triton_rust_core::parameters! {
+    /// The embedding engine's backend setting (`--backend-config=rust,<key>=<value>`).
+    pub struct EmbeddingBackend {
+        /// This server among the nodes following an update stream.
+        #[serde(rename = "node-name")]
+        node_name: Option<String> = None, doc "the host name";
+    }
+}
 
 /// This server's name among the nodes following a stream: `--backend-config=rust,node-name=…`,
 /// else the host name.
 fn node_name(backend: &BackendSettings) -> String {
-    backend
-        .key(NODE_NAME_KEY)
-        .map(str::to_string)
+    let keys: EmbeddingBackend =
+        triton_rust_core::params::read(&backend.cmdline).unwrap_or_default();
+    keys.node_name
         .or_else(|| {
             std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_string())
         })

@@ -40,7 +40,7 @@ pub static CLAIM: EngineClaim = EngineClaim {
     default_file: Some("model.onnx"),
     file_suffixes: &[".onnx"],
     parameters: OnnxSettings::KNOWN,
-    backend_keys: &[(runtime::BACKEND_KEY, "none")],
+    backend_keys: settings::OnnxBackend::KNOWN,
     environment: runtime::ENVIRONMENT,
     builds_on: &[],
     keeps_sequences: true,

@@ -6,12 +6,9 @@ use std::sync::{Arc, Mutex};
 use triton_rust_core::error::{Error, Result};
 use triton_rust_core::settings::BackendSettings;
 
-use crate::settings::OnnxSettings;
+use crate::settings::{OnnxBackend, OnnxSettings};
 
 pub(crate) const STOCK_LIBRARY: &str = "/opt/tritonserver/backends/onnxruntime/libonnxruntime.so";
-
-/// The backend setting naming the process's ONNX Runtime.
-pub(crate) const BACKEND_KEY: &str = "onnxruntime-library";
 
 /// The environment variables naming it, in the order they are tried.
 pub(crate) const ENVIRONMENT: &[&str] = &["TRITON_RUST_ONNXRUNTIME_LIBRARY", "ORT_DYLIB_PATH"];
@@ -53,8 +50,9 @@ fn library_candidates(
         c.push(("model parameter 'onnxruntime_library'".into(), p.clone()));
         return (c, true);
     }
-    if let Some(p) = backend.key(BACKEND_KEY) {
-        c.push((format!("--backend-config=rust,{BACKEND_KEY}"), PathBuf::from(p)));
+    let keys: OnnxBackend = triton_rust_core::params::read(&backend.cmdline).unwrap_or_default();
+    if let Some(p) = keys.onnxruntime_library {
+        c.push(("--backend-config=rust,onnxruntime-library".into(), p));
         return (c, true);
     }
     for var in ENVIRONMENT {

@@ -32,6 +32,14 @@ triton_rust_core::parameters! {
     }
 }
 
+triton_rust_core::parameters! {
+    /// The ONNX engine's backend setting (`--backend-config=rust,<key>=<value>`).
+    pub struct OnnxBackend {
+        #[serde(rename = "onnxruntime-library")]
+        onnxruntime_library: Option<PathBuf> = None, doc "none";
+    }
+}
+
 impl OnnxSettings {
     pub const KNOWN: &'static [Known] = OnnxParams::KNOWN;
 

@@ -55,7 +55,7 @@ pub static CLAIM: EngineClaim = EngineClaim {
     default_file: Some("model.pt"),
     file_suffixes: &[".pt", ".pth"],
     parameters: TorchSettings::KNOWN,
-    backend_keys: &[(plugin::LIBTORCH_KEY, "none")],
+    backend_keys: settings::TorchBackend::KNOWN,
     environment: &[plugin::LIBTORCH_ENV],
     builds_on: &[],
     keeps_sequences: true,
@@ -99,7 +99,9 @@ impl TorchModel {
         let plugin = plugin::plugin(
             &plugin::TORCHSCRIPT,
             plugin::libtorch_dir(
-                load.backend.key(plugin::LIBTORCH_KEY),
+                triton_rust_core::params::read::<settings::TorchBackend>(&load.backend.cmdline)?
+                    .libtorch_dir
+                    .as_deref(),
                 load.backend.env(plugin::LIBTORCH_ENV),
             )
             .as_ref()

@@ -38,6 +38,14 @@ triton_rust_core::parameters! {
     }
 }
 
+triton_rust_core::parameters! {
+    /// The TorchScript engine's backend setting (`--backend-config=rust,<key>=<value>`).
+    pub struct TorchBackend {
+        #[serde(rename = "libtorch-dir")]
+        libtorch_dir: Option<String> = None, doc "none";
+    }
+}
+
 impl TorchSettings {
     pub const KNOWN: &'static [Known] = TorchParams::KNOWN;
 
