@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The miss path's checks and its speed beside the host's, in one device call (after
-# `bash bench/gpu/pack.sh`, carry [".carry"]):
+# `bash bench/gpu/pack.sh`, carry [".carry", ".carry_tools"]):
 #
 #   bash bench/gpu/miss_path.sh            # results in $OUT/miss-path/
 #
@@ -24,7 +24,7 @@ bash bench/gpu/run.sh --results "$out/pooled-check" pooled-check || rc=1
     echo "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
     for t in 16 8; do
         echo "## miss_reads_bench --gb 16 --threads $t"
-        timeout 280 .carry/miss_reads_bench --gb 16 --threads "$t" --iters 5 || rc=1
+        timeout 280 .carry_tools/miss_reads_bench --gb 16 --threads "$t" --iters 5 || rc=1
     done
     rm -rf /dev/shm/miss_reads
 } 2>&1 | tee "$out/miss_reads.log"

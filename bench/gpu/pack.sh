@@ -2,14 +2,18 @@
 # Packs, on this (CPU) machine, everything the GPU machine needs for bench/gpu/run.sh, into
 # folders that git ignores and that a device call names in its `carry`:
 #
-#   .carry/      (~35 MB) the stripped backend libraries (the AOTInductor plugin too), the tools
-#                run.sh uses (gpu_cache_check, criteo_fixture, ort_bare, aoti_bare: built against
-#                this venv's torch, the GPU machine's release), batch_lookup_bench (a whole batch's
-#                lookup timed alone: `timeout 300 .carry/batch_lookup_bench`), miss_reads_bench (misses read by
-#                host threads or by the GPU, alone: `.carry/miss_reads_bench --gb 16`), served_reads_bench (the
-#                served reads' shape on the host alone: `.carry/served_reads_bench --gb 16 --instances 6`) and the real tritonserver (the nvidia-pytriton wheel's
+#   .carry/      (~36 MB) the stripped backend libraries (the AOTInductor plugin too), the tools
+#                run.sh uses (gpu_cache_check, criteo_fixture, stream_client, pooled_lookup_bench,
+#                ort_bare, aoti_bare: built against this venv's torch, the GPU machine's release)
+#                and the real tritonserver (the nvidia-pytriton wheel's
 #                server and libraries without the bundled libpython, xz-compressed: pyt.tar.xz).
 #                Every subcommand needs it.
+#   .carry_tools/ (~5 MB) the store's benchmarks a call runs directly, apart so that .carry,
+#                .carry_pa and the working tree fit one call: batch_lookup_bench (a whole batch's
+#                lookup timed alone: `timeout 300 .carry_tools/batch_lookup_bench`), miss_reads_bench
+#                (misses read by host threads or by the GPU, alone: `.carry_tools/miss_reads_bench
+#                --gb 16`; miss_path.sh), served_reads_bench (the served reads' shape on the host
+#                alone: `.carry_tools/served_reads_bench --gb 16 --instances 6`).
 #   .carry_pa/   (~7 MB) the perf-analyzer 2.60.0 wheel (needs glibc 2.38: runs there, not here).
 #                `recommenders` and `dense` need it.
 #   .carry_ort/  (only with --ort; ~194 MB in 32 MB parts) onnxruntime-gpu 1.31.1's libraries,
@@ -45,9 +49,10 @@ cargo build --release -p triton_rust_torch
 cargo build --release -p triton_rust_aoti
 cargo build --release -p triton_rust_engine_onnx --example ort_bare
 tgt="${CARGO_TARGET_DIR:-target}/release"
-mkdir -p .carry
+mkdir -p .carry .carry_tools
 for f in libtriton_rust.so libtriton_rust_torch.so libtriton_rust_torch_cuda.so libtriton_rust_aoti.so; do strip -o ".carry/$f" "$tgt/$f"; done
-for f in gpu_cache_check criteo_fixture stream_client batch_lookup_bench pooled_lookup_bench miss_reads_bench served_reads_bench; do strip -o ".carry/$f" "$tgt/examples/$f"; done
+for f in gpu_cache_check criteo_fixture stream_client pooled_lookup_bench; do strip -o ".carry/$f" "$tgt/examples/$f"; done
+for f in batch_lookup_bench miss_reads_bench served_reads_bench; do strip -o ".carry_tools/$f" "$tgt/examples/$f"; rm -f ".carry/$f"; done
 strip -o .carry/ort_bare "$tgt/examples/ort_bare"
 bash bench/gpu/build_aoti_bare.sh "$LIBTORCH" .carry/aoti_bare && strip .carry/aoti_bare
 
@@ -92,7 +97,7 @@ fi
 
 ls -la .carry .carry_pa
 tree_mb=$(git ls-files -z --cached --others --exclude-standard | du -cm --files0-from=- 2>/dev/null | tail -1 | cut -f1)
-echo "working tree ~${tree_mb} MB; .carry $(du -sm .carry | cut -f1) MB; .carry_pa $(du -sm .carry_pa | cut -f1) MB (a call carries 64 MiB in all)"
+echo "working tree ~${tree_mb} MB; .carry $(du -sm .carry | cut -f1) MB; .carry_pa $(du -sm .carry_pa | cut -f1) MB; .carry_tools $(du -sm .carry_tools | cut -f1) MB (a call carries 64 MiB in all)"
 
 if [ -n "$before" ]; then
     wt="$(mktemp -d)/before"
