@@ -14,6 +14,7 @@ import time
 from types import SimpleNamespace
 
 from .clock import T0, phase
+from .host_use import gpu_fields
 from .dlrm_v2_fair_model import DIM, log
 from .dlrm_v2_fair_report import add_figures, peaks_for, summary_lines, write_report
 from .dlrm_v2_fair_served import package_path, served_command, served_figures
@@ -27,14 +28,8 @@ PACKAGE_S = 15             # aoti_bare on one package
 
 
 def gpu_facts():
-    try:
-        p = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                           capture_output=True, text=True)
-        line = p.stdout.strip().splitlines()[0] if p.returncode == 0 and p.stdout.strip() else ""
-    except OSError:
-        line = ""
-    name, driver, memory = [x.strip() for x in ((line or "unknown GPU,-,-").split(",") + ["-", "-"])[:3]]
-    return name, driver, memory
+    """(the GPU's name, its driver, its memory) from nvidia-smi."""
+    return tuple(gpu_fields("unknown GPU,-,-"))
 
 
 def report_only(folder):

@@ -4,13 +4,13 @@ for setup.json; and the last step: the ratios and the issue's targets printed (P
 report written (bench/gpu/dlrm_v2_report.py), the failures listed, the exit status."""
 import json
 import os
-import subprocess
 import tarfile
 import time
 
 import dlrm_v2_report
 
 from .clock import PHASES, T0, phase
+from .host_use import gpu_fields
 
 
 def save_json(a, res, setup=None):
@@ -56,14 +56,7 @@ def pack(a, log_path):
 
 def gpu_facts():
     """(the GPU's name and memory, its driver) from nvidia-smi."""
-    try:
-        p = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                           capture_output=True, text=True)
-        line = p.stdout.strip().splitlines()[0] if p.returncode == 0 and p.stdout.strip() else ""
-    except OSError:
-        line = ""
-    line = line or "unknown GPU, unknown, -"
-    name, driver, memory = [x.strip() for x in (line.split(",") + ["-", "-"])[:3]]
+    name, driver, memory = gpu_fields("unknown GPU, unknown, -")
     return f"{name}, {memory}", driver
 
 

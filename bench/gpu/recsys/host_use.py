@@ -2,6 +2,7 @@
 tritonserver and the client (the benchmark's children) used, the server's busiest threads; the
 backend's `timing:` lines since a point of the server's log (bench/gpu/dlrm_v2_perf.py's runs)."""
 import os
+import subprocess
 
 
 def cpu_sample(a):
@@ -73,3 +74,16 @@ def timing_of_run(a, start):
         out.setdefault(kind, {})[label] = [med, p99, len(v)]
         print(f"    timing {kind}: {label} median {med} p99 {p99} (n={len(v)})", flush=True)
     return out
+
+
+def gpu_fields(fallback):
+    """The first GPU's name, driver and memory from nvidia-smi, as three stripped texts;
+    `fallback` ("name,driver,memory") where nvidia-smi is missing or says nothing."""
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                           capture_output=True, text=True)
+        line = p.stdout.strip().splitlines()[0] if p.returncode == 0 and p.stdout.strip() else ""
+    except OSError:
+        line = ""
+    return [x.strip() for x in ((line or fallback).split(",") + ["-", "-"])[:3]]
+
