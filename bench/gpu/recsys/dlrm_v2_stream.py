@@ -16,7 +16,7 @@ from .dlrm_v2_results import save_json
 from .dlrm_v2_runs import device_text
 from .fixture import SEED
 from .gpu_busy import GpuBusy
-from .host_use import cpu_sample, cpu_text, cpu_use, log_size, timing_of_run
+from .host_use import cpu_sample, cpu_text, cpu_use_spans, log_size, timing_of_run
 from .measure import METRICS_SETTLE_S, device_counts, metrics_text, per_device, scrape
 
 
@@ -83,8 +83,11 @@ def stream_phase(a, client, rows, plan, res, failures):
                                                             if a.stream_fresh else ""), flush=True)
         at = 0
 
+        spans = []  # the CPU samples around each send of the measured passes
+
         def send(count, conc):
             nonlocal at
+            c0 = cpu_sample(a)
             cmd = [a.stream_client, "--url", f"localhost:{a.port}", "--model", "dlrm_v2", "--start", str(at),
                    "--count", str(count), "--concurrency", str(conc),
                    "--input", f"sparse,INT64,{q}x{WIDTH},{keys.name},{qbytes},{n}",
@@ -94,6 +97,7 @@ def stream_phase(a, client, rows, plan, res, failures):
             if p.returncode != 0:
                 raise RuntimeError(f"stream_client failed: {p.stderr.strip()[-2000:]}")
             at += count
+            spans.append((c0, cpu_sample(a)))
             out = json.loads(p.stdout)
             return out["seconds"], sorted(out["latencies_ms"])
 
@@ -127,11 +131,12 @@ def stream_phase(a, client, rows, plan, res, failures):
             text = metrics_text(a.port)
             k0, h0 = scrape(a.port, "dlrm_v2", text)
             d0 = device_counts(a.port, "dlrm_v2", text)
-            c0, log_at = cpu_sample(a), log_size(a)
+            log_at = log_size(a)
             busy = GpuBusy(int((a.gpus or "0").split(",")[0]))
+            spans.clear()
             seconds, lat = passes(count, c)
             gpu_busy = busy.stop()
-            cpu = cpu_use(c0, cpu_sample(a), seconds)
+            cpu = cpu_use_spans(spans, seconds)  # the passes' sends only, not the key draws between
             time.sleep(METRICS_SETTLE_S)
             text = metrics_text(a.port)
             k1, h1 = scrape(a.port, "dlrm_v2", text)

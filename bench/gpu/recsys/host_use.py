@@ -42,17 +42,39 @@ def cpu_use(s0, s1, seconds):
     the client (the benchmark's children: perf_analyzer or stream_client, counted once they exit)."""
     hz = os.sysconf("SC_CLK_TCK")
     total = max(1, s1[1] - s0[1])
-    busiest = sorted(((t1 - s0[4].get(tid, (n, 0))[1], n) for tid, (n, t1) in s1[4].items()), reverse=True)[:6]
-    return {"host_busy_pct": 100.0 * (s1[0] - s0[0]) / total, "cpus": os.cpu_count(),
+    used = [(t1 - s0[4].get(tid, (n, 0))[1], n) for tid, (n, t1) in s1[4].items()]
+    busiest = sorted(used, reverse=True)[:6]
+    # threads of one kind together (reader-3, torch-gpu-5: their name less the number)
+    kinds = {}
+    for j, n in used:
+        kind = n.rstrip("0123456789").rstrip("-_") or n
+        kinds[kind] = kinds.get(kind, 0) + j
+    by_kind = sorted(((j, k) for k, j in kinds.items()), reverse=True)[:6]
+    return {"threads_by_kind": [[k, j / hz / max(seconds, 1e-9)] for j, k in by_kind],"host_busy_pct": 100.0 * (s1[0] - s0[0]) / total, "cpus": os.cpu_count(),
             "server_cores": (s1[2] - s0[2]) / hz / max(seconds, 1e-9),
             "client_cores": (s1[3] - s0[3]) / max(seconds, 1e-9),
             "busiest_server_threads": [[n, j / hz / max(seconds, 1e-9)] for j, n in busiest]}
 
 
+def cpu_use_spans(spans, seconds):
+    """cpu_use over several timed spans (each a pair of cpu_sample()s), the gaps between them (an
+    endless stream's key draws) left out; `seconds` the spans' time together."""
+    busy = total = server = children = 0
+    threads = {}
+    for s0, s1 in spans:
+        busy, total = busy + s1[0] - s0[0], total + s1[1] - s0[1]
+        server, children = server + s1[2] - s0[2], children + s1[3] - s0[3]
+        for tid, (n, j) in s1[4].items():
+            threads[tid] = (n, threads.get(tid, (n, 0))[1] + j - s0[4].get(tid, (n, 0))[1])
+    return cpu_use((0, 0, 0, 0, {}), (busy, total, server, children, threads), seconds)
+
+
 def cpu_text(c):
     threads = ", ".join(f"{n} {cores:.2f}" for n, cores in c.get("busiest_server_threads", []))
+    kinds = ", ".join(f"{n} {cores:.1f}" for n, cores in c.get("threads_by_kind", []))
     return (f"CPU: host {c['host_busy_pct']:.0f}% busy of {c['cpus']}, tritonserver {c['server_cores']:.1f} cores, "
-            f"client {c['client_cores']:.1f} cores; the server's busiest threads (cores): {threads}")
+            f"client {c['client_cores']:.1f} cores; the server's busiest threads (cores): {threads}; "
+            f"by kind (cores): {kinds}")
 
 
 def log_size(a):

@@ -21,6 +21,26 @@ at::Tensor pinned_view(std::vector<at::Tensor>& bufs, size_t i, at::IntArrayRef 
   return at::from_blob(buf.data_ptr(), shape, at::TensorOptions().dtype(type));
 }
 
+// Waits for the instance's stream: spinning on it (CUDA's choice for a GPU with cores to
+// spare), or asleep on an event made to block (`TRITON_RUST_GPU_WAIT=block`, read once),
+// which gives the core to other threads (the store's readers) while the network runs.
+void wait_for_stream(Model& m) {
+  static const bool asleep = [] {
+    const char* v = std::getenv("TRITON_RUST_GPU_WAIT");
+    return v != nullptr && std::string(v) == "block";
+  }();
+  if (!asleep) {
+    m.stream->synchronize();
+    return;
+  }
+  cudaEvent_t done = nullptr;
+  cudaError_t e = cudaEventCreateWithFlags(&done, cudaEventBlockingSync | cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(done, m.stream->stream());
+  if (e == cudaSuccess) e = cudaEventSynchronize(done);
+  if (done != nullptr) cudaEventDestroy(done);
+  if (e != cudaSuccess) throw std::runtime_error(std::string("waiting for the instance's stream: ") + cudaGetErrorString(e));
+}
+
 }  // namespace
 #endif
 
@@ -101,14 +121,14 @@ int tra_run(void* model, const View* inputs, size_t n, int graph, int64_t pad_ro
           host.copy_(out[i], /*non_blocking=*/true);
           out[i] = host;
         }
-        m.stream->synchronize();
+        wait_for_stream(m);
       } else {
         // a package may return views (BERT's two logits are strided slices of one tensor):
         // made contiguous on the instance's stream before the wait, because the backend
         // copies outputs on a stream of its own once this returns
         for (auto& o : out) o = o.contiguous();
         times->launched_us = since();
-        m.stream->synchronize();
+        wait_for_stream(m);
       }
       times->synced_us = since();
       if (times->replayed) {

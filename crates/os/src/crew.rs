@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 
 /// How long an idle member watches for the next job before it sleeps: longer than the gap
 /// between a served batch's reads, short enough that an idle server's members sleep.
+/// `TRITON_RUST_READER_SPIN_US` sets it for the process's crew, read once; 0 also puts a
+/// caller waiting for its last shares to sleep instead of spinning (an experiment's knob:
+/// `bench/gpu/cache_runs.sh --runs quiet`).
 const SPIN: Duration = Duration::from_micros(300);
 
 /// The caller's function behind a pointer whose lifetime `Crew::run` erases: it is only
@@ -32,6 +35,9 @@ struct Job {
     /// Shares done.
     done: AtomicUsize,
     panicked: AtomicBool,
+    /// Set by whoever finishes the last share, for a caller that sleeps.
+    finished: Mutex<bool>,
+    finish: Condvar,
 }
 
 // SAFETY: `run` points to a `Sync` function that `Crew::run` keeps alive while any share
@@ -53,7 +59,10 @@ impl Job {
             if catch_unwind(AssertUnwindSafe(|| f(i))).is_err() {
                 self.panicked.store(true, Ordering::Relaxed);
             }
-            self.done.fetch_add(1, Ordering::Release);
+            if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.shares {
+                *self.finished.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                self.finish.notify_all();
+            }
         }
     }
     fn open(&self) -> bool {
@@ -69,6 +78,8 @@ struct State {
 
 #[derive(Default)]
 struct Shared {
+    /// How long an idle member watches before it sleeps.
+    spin: Duration,
     state: Mutex<State>,
     wake: Condvar,
     /// Bumped at every job posted: what a spinning member watches.
@@ -92,7 +103,7 @@ impl Shared {
             let seen = self.posted.load(Ordering::Acquire);
             let since = Instant::now();
             // watching, but giving the core to any other thread that wants it
-            while self.posted.load(Ordering::Acquire) == seen && since.elapsed() < SPIN {
+            while self.posted.load(Ordering::Acquire) == seen && since.elapsed() < self.spin {
                 std::thread::yield_now();
             }
             if self.posted.load(Ordering::Acquire) != seen {
@@ -118,7 +129,13 @@ pub struct Crew {
 impl Crew {
     /// A crew of `members` threads (none: every job runs on its caller alone).
     pub fn new(members: usize) -> Crew {
-        let shared = Arc::new(Shared::default());
+        Crew::watching(members, SPIN)
+    }
+
+    /// A crew of `members` threads whose idle members watch for `spin` before they sleep
+    /// (zero: callers waiting for their last shares sleep too).
+    pub fn watching(members: usize, spin: Duration) -> Crew {
+        let shared = Arc::new(Shared { spin, ..Shared::default() });
         let mut started = 0;
         for i in 0..members {
             let s = shared.clone();
@@ -143,7 +160,11 @@ impl Crew {
         static CREW: OnceLock<Crew> = OnceLock::new();
         CREW.get_or_init(|| {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            Crew::new(cores.saturating_sub(1))
+            let spin = std::env::var("TRITON_RUST_READER_SPIN_US")
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map_or(SPIN, Duration::from_micros);
+            Crew::watching(cores.saturating_sub(1), spin)
         })
     }
 
@@ -172,6 +193,8 @@ impl Crew {
             next: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
+            finished: Mutex::new(false),
+            finish: Condvar::new(),
         });
         if self.members > 0 && shares > 1 {
             let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -182,15 +205,22 @@ impl Crew {
             }
         }
         job.work();
-        // the shares members took: each a short read, so a spin, then a yield
+        // the shares members took: each a short read, so a spin, then a yield while members
+        // watch too (what was measured served); with no watching at all (`spin` zero), asleep
+        // until the member that finishes the last share says so
         let since = Instant::now();
-        while job.done.load(Ordering::Acquire) < shares {
+        while job.done.load(Ordering::Acquire) < shares && !self.shared.spin.is_zero() {
             if since.elapsed() < Duration::from_micros(200) {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
             }
         }
+        let mut finished = job.finished.lock().unwrap_or_else(|e| e.into_inner());
+        while job.done.load(Ordering::Acquire) < shares && !*finished {
+            finished = job.finish.wait(finished).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(finished);
         if job.panicked.load(Ordering::Relaxed) {
             return Err("a share of the job panicked".into());
         }
@@ -204,7 +234,16 @@ mod tests {
 
     #[test]
     fn every_share_runs_once_whoever_calls() {
-        let crew = Arc::new(Crew::new(3));
+        every_share_runs_once(Crew::new(3));
+    }
+
+    #[test]
+    fn every_share_runs_once_when_members_and_callers_sleep_at_once() {
+        every_share_runs_once(Crew::watching(3, Duration::ZERO));
+    }
+
+    fn every_share_runs_once(crew: Crew) {
+        let crew = Arc::new(crew);
         std::thread::scope(|s| {
             for caller in 0..4 {
                 let crew = crew.clone();
