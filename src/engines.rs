@@ -11,6 +11,7 @@ pub fn kinds() -> EngineKinds {
         Box::new(triton_rust_engine_aoti::AotiKind),
         Box::new(triton_rust_engine_embedding::EmbeddingKind),
         Box::new(triton_rust_engine_recommender::RecommenderKind),
+        Box::new(triton_rust_engine_recommender::SequenceKind),
     ];
     EngineKinds::new(kinds)
 }

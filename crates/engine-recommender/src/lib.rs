@@ -30,9 +30,11 @@
 //! order into one response. Batches under P × 1024 rows run whole.
 
 mod chain;
+mod sequences;
 mod settings;
 
 pub use chain::{Chain, Joint, LookupStep, Network, Stager};
+pub use sequences::{SequenceKind, SequenceModel, SequenceParams, SEQUENCE_CLAIM};
 pub use settings::{plan, ChainPlan, RecommenderSettings};
 
 use std::sync::Arc;

@@ -1,0 +1,129 @@
+//! One sequence recommender instance: a batch's ids looked up table by table in one call,
+//! each lookup's rows handed to the network as its input.
+
+use triton_rust_core::batch::{BatchData, BatchTensor};
+use triton_rust_core::config::TensorSpec;
+use triton_rust_core::engine::{Engine, OutputView};
+use triton_rust_core::error::{Error, Result};
+use triton_rust_core::tensor::{Bytes, DataType};
+use triton_rust_engine_aoti::AotiEngine;
+use triton_rust_engine_embedding::EmbeddingEngine;
+
+use super::{i64s, Lookup};
+
+/// One instance: the store's lookup and the network's package.
+pub(super) struct SequenceEngine {
+    pub(super) lookup: EmbeddingEngine,
+    pub(super) network: AotiEngine,
+    pub(super) lookups: Vec<Lookup>,
+    pub(super) tables: usize,
+    pub(super) net_inputs: Vec<TensorSpec>,
+    pub(super) net_outputs: Vec<String>,
+}
+
+impl Engine for SequenceEngine {
+    fn run(
+        &mut self,
+        inputs: &[BatchTensor<'_>],
+        outputs: &[&str],
+        sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let by_name = |name: &str| -> Result<&BatchTensor<'_>> {
+            inputs
+                .iter()
+                .find(|t| t.name == name)
+                .ok_or_else(|| Error::internal(format!("no input '{name}' in the batch")))
+        };
+        let host = |t: &BatchTensor<'_>| -> Result<Vec<u8>> {
+            t.host_bytes().map(<[u8]>::to_vec).ok_or_else(|| {
+                Error::unsupported(format!("input '{}' in GPU memory is not taken yet", t.name))
+            })
+        };
+        // every lookup's ids, table by table (HPS's interface), one call
+        let ids: Vec<Vec<i64>> = self
+            .lookups
+            .iter()
+            .map(|l| Ok(i64s(&host(by_name(&l.ids)?)?).collect()))
+            .collect::<Result<_>>()?;
+        let mut keys = Vec::new();
+        let mut numkeys = vec![0i32; self.tables];
+        for (t, count) in numkeys.iter_mut().enumerate() {
+            for (l, ids) in self.lookups.iter().zip(&ids) {
+                if l.table == t {
+                    keys.extend_from_slice(ids);
+                    *count += ids.len() as i32;
+                }
+            }
+        }
+        let key_bytes: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
+        let num_bytes: Vec<u8> = numkeys.iter().flat_map(|n| n.to_le_bytes()).collect();
+        let lookup_in = [
+            BatchTensor {
+                name: "KEYS".into(),
+                dtype: DataType::I64,
+                shape: vec![keys.len() as i64],
+                data: BatchData::Borrowed(Bytes::Host(&key_bytes)),
+            },
+            BatchTensor {
+                name: "NUMKEYS".into(),
+                dtype: DataType::I32,
+                shape: vec![self.tables as i64],
+                data: BatchData::Borrowed(Bytes::Host(&num_bytes)),
+            },
+        ];
+        let mut rows: Vec<u8> = Vec::new();
+        self.lookup.run(&lookup_in, &["OUTPUT0"], &mut |o| {
+            rows = o
+                .data
+                .host()
+                .ok_or_else(|| Error::internal("the lookup's rows are not in host memory"))?
+                .to_vec();
+            Ok(())
+        })?;
+        // each lookup's rows: its place in its table's block, the tables one after the other
+        let mut at = 0usize;
+        let mut parts: Vec<(usize, usize)> = vec![(0, 0); self.lookups.len()];
+        for t in 0..self.tables {
+            for (i, (l, ids)) in self.lookups.iter().zip(&ids).enumerate() {
+                if l.table == t {
+                    let n = ids.len() * l.dim * 4;
+                    parts[i] = (at, n);
+                    at += n;
+                }
+            }
+        }
+        if at != rows.len() {
+            return Err(Error::internal(format!(
+                "the lookup gave {} bytes of rows, {at} expected",
+                rows.len()
+            )));
+        }
+        let mut net_in = Vec::with_capacity(self.net_inputs.len());
+        for spec in &self.net_inputs {
+            if let Some(i) = self.lookups.iter().position(|l| l.rows == spec.name) {
+                let (from, n) = parts[i];
+                let dim = self.lookups[i].dim;
+                net_in.push(BatchTensor {
+                    name: spec.name.clone(),
+                    dtype: DataType::F32,
+                    shape: vec![(n / 4 / dim.max(1)) as i64, dim as i64],
+                    data: BatchData::Borrowed(Bytes::Host(&rows[from..from + n])),
+                });
+            } else {
+                let t = by_name(&spec.name)?;
+                let count = t.shape.iter().product::<i64>();
+                net_in.push(BatchTensor {
+                    name: t.name.clone(),
+                    dtype: t.dtype,
+                    shape: vec![count],
+                    data: BatchData::Borrowed(
+                        t.bytes().ok_or_else(|| Error::internal("input not gathered"))?,
+                    ),
+                });
+            }
+        }
+        let wanted: Vec<&str> =
+            self.net_outputs.iter().map(String::as_str).filter(|o| outputs.contains(o)).collect();
+        self.network.run(&net_in, &wanted, sink)
+    }
+}
