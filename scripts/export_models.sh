@@ -23,5 +23,6 @@ fi
 python examples/export_models.py --repo models --models resnet50,bert_large,bert_small,identity "$@"
 python examples/torch_models.py --repo models --models fastpitch,resnet50_pt,bert_small_pt,bert_large_pt "$@"
 python examples/recommenders.py --repo models --models dlrm,dcnv2,wide_deep "$@"
+python examples/dlrm_v3/export.py --repo models "$@"  # an AOTInductor package too (about a minute)
 # AOTInductor packages (CPU; 30-60 s of compiling each on two cores)
 python examples/aoti_export.py --repo models --models resnet50_aoti,bert_small_aoti,dlrm_dense_aoti,dcnv2_dense_aoti,wide_deep_dense_aoti,dlrm_aoti,fastpitch_aoti "$@"

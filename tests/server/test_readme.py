@@ -14,6 +14,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -105,6 +106,8 @@ def test_every_example_model_is_served(readme_server):
     configs = {d for d in os.listdir(os.path.join(ROOT, "models"))
                if os.path.exists(os.path.join(ROOT, "models", d, "config.pbtxt"))}
     assert configs and configs <= names, f"not ready: {sorted(configs - names)}"
+    said = re.search(r"serves\s+all (\d+) example models", readme_section("Using it"))
+    assert said and int(said.group(1)) == len(configs), f"the README says {said and said.group(1)}, models/ holds {len(configs)}"
 
 
 def test_onnx_model_answers_as_onnxruntime(readme_server):
@@ -135,5 +138,15 @@ def test_torchscript_model_answers_as_libtorch(readme_server):
 def test_readme_client_line(readme_server):
     out = subprocess.run(["bash", "-c", "set -e\n" + client_line()], cwd=ROOT, capture_output=True,
                          text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stdout + out.stderr
+    print(out.stdout)
+
+
+def test_dlrm_v3_client_answers_as_the_reference(readme_server):
+    """The README's DLRM-v3 client: requests of mixed history lengths sent at once, each answer
+    within its tolerance of the reference rebuilt from the example's seed (it exits 1 otherwise)."""
+    assert "python examples/dlrm_v3/client.py" in readme_section("Using it")
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "dlrm_v3", "client.py")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stdout + out.stderr
     print(out.stdout)
