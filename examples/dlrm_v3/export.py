@@ -47,21 +47,28 @@ def example_batch() -> dv3.Batch:
     return dv3_data.generate_batch(cfg, 6, 0, 9)
 
 
-def write(repo: str, force: bool = False) -> str:
-    version = os.path.join(repo, NAME, "1")
-    package = os.path.join(version, "network.pt2")
-    if os.path.isfile(package) and not force:
-        print(f"{NAME}: {package} exists, skipping (use --force to rebuild)")
-        return package
-    model = ranker()
+def write_version(version: str, model: dv3.HstuRanker, example: dv3.Batch) -> str:
+    """`model`'s tables (`version`/tables/<name>: keys.npy, vectors.npy) and its network package
+    (`version`/network.pt2, exported on `example`): what the sequence recommender loads."""
     for table, attr in TABLES.items():
         rows = getattr(model, attr).detach().float().numpy()
         d = os.path.join(version, "tables", table)
         os.makedirs(d, exist_ok=True)
         np.save(os.path.join(d, "keys.npy"), np.arange(len(rows), dtype=np.int64))
         np.save(os.path.join(d, "vectors.npy"), rows)
+    package = os.path.join(version, "network.pt2")
     with torch.no_grad():
-        net.package(net.HstuNetwork(model).eval(), net.rows_of(model, example_batch()), package)
+        net.package(net.HstuNetwork(model).eval(), net.rows_of(model, example), package)
+    return package
+
+
+def write(repo: str, force: bool = False) -> str:
+    version = os.path.join(repo, NAME, "1")
+    package = os.path.join(version, "network.pt2")
+    if os.path.isfile(package) and not force:
+        print(f"{NAME}: {package} exists, skipping (use --force to rebuild)")
+        return package
+    write_version(version, ranker(), example_batch())
     print(f"{NAME}: tables and the network package -> {version}")
     return package
 

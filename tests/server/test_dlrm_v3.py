@@ -19,15 +19,15 @@ import threading
 
 import numpy as np
 import pytest
-import torch
 
 from conftest import module_server
 from tritonserver_harness import REPO_ROOT, ModelRepo, infer, make_client
 
 sys.path.insert(0, os.path.join(REPO_ROOT, "examples"))
 sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "tools"))
+from dlrm_v3 import export  # noqa: E402
 from dlrm_v3 import model as dv3  # noqa: E402
-from dlrm_v3 import network as net  # noqa: E402
+from dlrm_v3.client import feeds  # noqa: E402
 from test_dlrm_v3_reference import FIXED_NORM, edge_requests, mixed_batch  # noqa: E402
 
 MODEL = "dlrm_v3"
@@ -36,13 +36,12 @@ TOLERANCE = 1e-5
 INPUTS = ["user_ids", "query_times", "hist_lengths", "hist_item_ids", "hist_category_ids", "hist_timestamps",
           "hist_actions", "cand_lengths", "cand_item_ids", "cand_category_ids"]
 MAX_LENGTH = 100  # the longest history or candidate list a request may send here
-TABLES = {"item_id": "item_table", "user_id": "user_table", "category": "category_table"}
 
 
 def config(cfg: dv3.Config) -> str:
     tensors = ",\n".join(f'  {{ name: "{n}" data_type: TYPE_INT64 dims: [ -1 ] allow_ragged_batch: true }}'
                          for n in INPUTS)
-    params = {"engine": "sequence_recommender", "embedding_table_names": ",".join(TABLES),
+    params = {"engine": "sequence_recommender", "embedding_table_names": ",".join(export.TABLES),
               "embedding_vecsize_per_table": str(cfg.table_dim),
               "vocabulary_size_per_table": f"{cfg.num_item_rows},{cfg.num_user_rows},{cfg.num_category_rows}",
               "sequence_max_length": str(MAX_LENGTH)}
@@ -66,24 +65,9 @@ def ranker():
 @pytest.fixture(scope="module")
 def server(request, tmp_path_factory, ranker):
     repo = ModelRepo(str(tmp_path_factory.mktemp("dlrm-v3-repo")))
-    version = os.path.join(repo.root, MODEL, "1")
-    for table, attr in TABLES.items():
-        rows = getattr(ranker, attr).detach().float().numpy()
-        os.makedirs(os.path.join(version, "tables", table))
-        np.save(os.path.join(version, "tables", table, "keys.npy"), np.arange(len(rows), dtype=np.int64))
-        np.save(os.path.join(version, "tables", table, "vectors.npy"), rows)
-    net.package(net.HstuNetwork(ranker).eval(), net.rows_of(ranker, mixed_batch()), os.path.join(version, "network.pt2"))
+    export.write_version(os.path.join(repo.root, MODEL, "1"), ranker, mixed_batch())
     repo.write_config(MODEL, config(ranker.cfg))
     return module_server(request, tmp_path_factory, repo)
-
-
-def feeds(r: dv3.Request) -> dict:
-    """One request's inputs, each [1, n]: a batch of one, its values ragged."""
-    v = {"user_ids": [r.user_id], "query_times": [r.query_time], "hist_lengths": [len(r.item_ids)],
-         "hist_item_ids": r.item_ids, "hist_category_ids": r.category_ids, "hist_timestamps": r.timestamps,
-         "hist_actions": r.actions, "cand_lengths": [len(r.cand_item_ids)], "cand_item_ids": r.cand_item_ids,
-         "cand_category_ids": r.cand_category_ids}
-    return {k: np.asarray(torch.as_tensor(x), dtype=np.int64).reshape(1, -1) for k, x in v.items()}
 
 
 def expected(ranker, r: dv3.Request) -> np.ndarray:
