@@ -8,11 +8,10 @@ Every request of the batch is one stretch of a flat token sequence of B + sum h 
 
 so no shape depends on the values: the sizes are the inputs' own (B, sum h, sum c), where the
 padded layout needs the longest history (a value), which torch.export cannot follow. The
-attention is the reference's SiLU attention under a mask that keeps each row to its own
-request, history causal and each candidate reading the prefix and itself (model.py's
-`candidate_aware_mask`, per request). The mask is [T, T]: this is the CPU formulation, for CI's
-small model, the numbers to hold a GPU kernel to; at the benchmark's lengths the attention is a
-kernel's job (docs/dlrm-v3.md, the plan).
+attention is the reference's SiLU attention, each row reading its own request only, history
+causal and each candidate the prefix and itself (model.py's `candidate_aware_mask`, per
+request): `kernels.hstu_attention`, a Triton kernel over the jagged rows on a GPU, and on the
+CPU the same math under a [T, T] mask (CI's small model; quadratic in the batch's tokens).
 
 What the attention divides by is the reference's: 1 + the longest history + the most candidates
 of the batch (a tensor here, so it stays a value), or Config.attn_norm_len when that is set.
@@ -26,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import kernels
 from .model import Batch, HstuRanker, time_buckets, time_of_day_and_week
 
 # The network's inputs, in order, with their element types and widths (None: one value a row).
@@ -91,22 +91,20 @@ class HstuNetwork(nn.Module):
         positions = positions.index_copy(0, cand_at, one)
         stamps = torch.zeros(total, dtype=torch.long, device=x.device)
         stamps = stamps.index_copy(0, hist_at, hist_timestamps).index_copy(0, cand_at, query_times[cand_req])
-        tok_req, tok_idx = _segments(seq, total)
+        tok_req, _ = _segments(seq, total)
         x = (x * math.sqrt(cfg.model_dim) + r.position_table[positions]
              + r.time_table[time_buckets(query_times[tok_req] - stamps, cfg)])
-        # each row reads its own request: itself, and earlier rows of the user token and history
-        same = tok_req.view(-1, 1) == tok_req.view(1, -1)
-        i, j = tok_idx.view(-1, 1), tok_idx.view(1, -1)
-        mask = same & ((j == i) | ((j < i) & (j <= h[tok_req].view(1, -1))))
         if self.fixed_norm is not None:
             norm = torch.full((), float(self.fixed_norm), dtype=dtype, device=x.device)
         else:
             norm = (1 + h.max() + c.max()).to(dtype)
+        offsets = torch.cat([start, start.new_full((1,), total)])
         for layer in r.layers:
             u, q, k, v = layer.project(x)
-            scores = torch.einsum("nhd,mhd->hnm", q, k) * layer.alpha
-            w = torch.where(mask.unsqueeze(0), F.silu(scores), torch.zeros((), dtype=scores.dtype)) / norm
-            x = layer.finish(x, u, torch.einsum("hnm,mhd->nhd", w, v).flatten(1))
+            # each row reads its own request: itself, and earlier rows of the user token and
+            # history (kernels.py: the Triton kernel on a GPU, the masked form on the CPU)
+            attn = kernels.hstu_attention(q, k, v, offsets, h, norm, layer.alpha)
+            x = layer.finish(x, u, attn.flatten(1))
         # per candidate: its output row and the query's time meet its own item rows in the head
         out = x.index_select(0, cand_at)
         times = time_of_day_and_week(query_times[cand_req]).to(dtype)

@@ -1,0 +1,133 @@
+"""DLRM-v3's attention as a Triton kernel over the jagged token sequence (issue 68, step 2's GPU
+half), a ``torch.library.triton_op`` like examples/triton_kernels.py's: ``torch.export`` and
+AOTInductor compile the kernel into a CUDA package, so the served package needs no Python; on CPU
+tensors it is the masked formulation in plain torch (CPU packages, CI's served model), and
+``TRITON_INTERPRET=1`` runs the kernel itself on CPU tensors (tests/tools/test_dlrm_v3_kernels.py).
+
+The layout is network.py's: request b owns rows ``offsets[b] .. offsets[b + 1]`` of the flat
+sequence, its user token, then its history (``hist_lengths[b]`` rows), then its candidates. Row i
+of a request (0-based inside it) reads row j of the same request when j <= i and j is the user
+token or history (j <= h), and itself: history causal, each candidate the prefix and itself.
+
+    out_i = sum_j allowed(i, j) * SiLU(alpha * q_i . k_j) / norm * v_j        per head
+
+One program takes a block of a request's rows for one head: it walks only the prefix's key
+blocks up to its own last row (never another request's rows, never the candidates' keys) and
+adds each candidate row's own term once, so a request costs its prefix times its rows, not the
+batch's tokens squared as the masked form does. Not yet timed on a GPU: no figure is claimed.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+# rows and keys a program takes at a time (Triton's dot wants 16 or more on each side)
+BLOCK_M = 32
+BLOCK_N = 32
+
+
+@triton.jit
+def _hstu_attention_kernel(q_ptr, k_ptr, v_ptr, offsets_ptr, hist_ptr, norm_ptr, block_req_ptr, block_m_ptr,
+                           out_ptr, alpha, HEADS: tl.constexpr, DQK: tl.constexpr, DV: tl.constexpr,
+                           BM: tl.constexpr, BN: tl.constexpr):
+    slot = tl.program_id(0)
+    head = tl.program_id(1)
+    b = tl.load(block_req_ptr + slot)
+    m = tl.load(block_m_ptr + slot)
+    if b >= 0:
+        start = tl.load(offsets_ptr + b)
+        length = tl.load(offsets_ptr + b + 1) - start
+        prefix = 1 + tl.load(hist_ptr + b)  # the user token and the history
+        norm = tl.load(norm_ptr).to(tl.float32)
+        i = m * BM + tl.arange(0, BM)
+        rows = i < length
+        dq = tl.arange(0, DQK)
+        dv = tl.arange(0, DV)
+        q_at = q_ptr + ((start + i[:, None]) * HEADS + head) * DQK + dq[None, :]
+        q = tl.load(q_at, mask=rows[:, None], other=0.0)
+        acc = tl.zeros([BM, DV], dtype=tl.float32)
+        # the prefix's keys up to the block's last row
+        last = tl.minimum(m * BM + BM, prefix)
+        for n in range(0, last, BN):
+            j = n + tl.arange(0, BN)
+            keys = (j < prefix) & (j < length)
+            k = tl.load(k_ptr + ((start + j[:, None]) * HEADS + head) * DQK + dq[None, :], mask=keys[:, None], other=0.0)
+            v = tl.load(v_ptr + ((start + j[:, None]) * HEADS + head) * DV + dv[None, :], mask=keys[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k)).to(tl.float32) * alpha
+            w = s * tl.sigmoid(s) / norm
+            allowed = (j[None, :] <= i[:, None]) & keys[None, :] & rows[:, None]
+            w = tl.where(allowed, w, 0.0)
+            acc += tl.dot(w.to(v.dtype), v).to(tl.float32)
+        # a candidate reads itself too
+        cand = rows & (i >= prefix)
+        k_self = tl.load(k_ptr + ((start + i[:, None]) * HEADS + head) * DQK + dq[None, :], mask=cand[:, None], other=0.0)
+        v_self = tl.load(v_ptr + ((start + i[:, None]) * HEADS + head) * DV + dv[None, :], mask=cand[:, None], other=0.0)
+        s_self = tl.sum(q.to(tl.float32) * k_self.to(tl.float32), axis=1) * alpha
+        w_self = tl.where(cand, s_self * tl.sigmoid(s_self) / norm, 0.0)
+        acc += w_self[:, None] * v_self.to(tl.float32)
+        out_at = out_ptr + ((start + i[:, None]) * HEADS + head) * DV + dv[None, :]
+        tl.store(out_at, acc.to(out_ptr.dtype.element_ty), mask=rows[:, None])
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor, hist_lengths: torch.Tensor,
+              norm: torch.Tensor, alpha: float) -> torch.Tensor:
+    """The same attention in plain torch, under a [T, T] mask (network.py's CPU form):
+    q, k [T, H, dqk], v [T, H, dv] -> [T, H, dv]."""
+    total = q.shape[0]
+    lengths = offsets[1:] - offsets[:-1]
+    request = torch.repeat_interleave(torch.arange(lengths.shape[0], device=q.device), lengths, output_size=total)
+    index = torch.arange(total, device=q.device) - offsets[:-1][request]
+    same = request.view(-1, 1) == request.view(1, -1)
+    i, j = index.view(-1, 1), index.view(1, -1)
+    mask = same & ((j == i) | ((j < i) & (j <= hist_lengths[request].view(1, -1))))
+    scores = torch.einsum("nhd,mhd->hnm", q, k) * alpha
+    w = torch.where(mask.unsqueeze(0), F.silu(scores), torch.zeros((), dtype=scores.dtype)) / norm
+    return torch.einsum("hnm,mhd->nhd", w, v)
+
+
+def _runs_kernel(t: torch.Tensor) -> bool:
+    """Whether the kernel runs: on CUDA tensors, or anywhere under Triton's interpreter."""
+    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _launcher(kernel):
+    # the interpreter's kernels are not JIT functions, which wrap_triton (for tracing) requires
+    return kernel if os.environ.get("TRITON_INTERPRET") == "1" else wrap_triton(kernel)
+
+
+@triton_op("triton_rust::hstu_attention", mutates_args={})
+def hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
+                   hist_lengths: torch.Tensor, norm: torch.Tensor, alpha: float) -> torch.Tensor:
+    """DLRM-v3's jagged SiLU attention (see the module's note): q, k [T, H, dqk], v [T, H, dv],
+    offsets [B + 1] int64 (each request's first row, then T), hist_lengths [B] int64, norm a
+    scalar tensor. Returns [T, H, dv]."""
+    total, heads, dqk = q.shape
+    dv = v.shape[2]
+    if k.shape != q.shape or v.shape[:2] != q.shape[:2] or dqk < 16 or dv < 16 or dqk & (dqk - 1) or dv & (dv - 1):
+        raise ValueError(f"hstu_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
+                         "(widths powers of two, 16 or more)")
+    if not _runs_kernel(q):
+        return reference(q, k, v, offsets, hist_lengths, norm, alpha)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    requests = hist_lengths.shape[0]
+    slots = (total + BLOCK_M - 1) // BLOCK_M + requests
+    # slot s: the request whose blocks reach past s, and the block's place in it
+    lengths = offsets[1:] - offsets[:-1]
+    count = (lengths + BLOCK_M - 1) // BLOCK_M
+    last = torch.cumsum(count, 0)
+    s = torch.arange(slots, device=q.device)
+    req = torch.searchsorted(last, s, right=True)
+    inside = req < requests
+    first = (last - count)[req.clamp(max=requests - 1)]
+    block_req = torch.where(inside, req, torch.full_like(req, -1))
+    block_m = torch.where(inside, s - first, torch.zeros_like(s))
+    out = torch.empty((total, heads, dv), dtype=v.dtype, device=v.device)
+    _launcher(_hstu_attention_kernel)[(slots, heads)](q, k, v, offsets, hist_lengths, norm.reshape(1), block_req,
+                                                     block_m, out, alpha, HEADS=heads, DQK=dqk, DV=dv, BM=BLOCK_M,
+                                                     BN=BLOCK_N, num_warps=4)
+    return out
