@@ -178,11 +178,6 @@ impl BackendSettings {
         Ok(BackendSettings { cmdline, default_max_batch_size, mmap_threshold, environment })
     }
 
-    /// The backend setting `key` as given, unless empty.
-    pub fn key(&self, key: &str) -> Option<&str> {
-        self.cmdline.get(key).map(String::as_str).filter(|v| !v.is_empty())
-    }
-
     /// The environment variable `var` as the backend found it at start (an engine's, listed
     /// in its claim), unless empty.
     pub fn env(&self, var: &str) -> Option<&str> {
@@ -360,8 +355,8 @@ mod tests {
         let env =
             |v: &str| (v == "ORT_DYLIB_PATH" || v == "OTHER").then(|| "/e/ort.so".to_string());
         let s = BackendSettings::parse(json, &["ORT_DYLIB_PATH", "UNSET"], env).unwrap();
-        assert_eq!(s.key("onnxruntime-library"), Some("/x/ort.so"));
-        assert_eq!(s.key("node-name"), None, "given empty");
+        // the engines read their keys from the command line as typed parameters
+        assert_eq!(s.cmdline.get("onnxruntime-library").map(String::as_str), Some("/x/ort.so"));
         // only the variables the engines declare are read
         assert_eq!(
             (s.env("ORT_DYLIB_PATH"), s.env("UNSET"), s.env("OTHER")),

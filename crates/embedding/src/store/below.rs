@@ -132,7 +132,7 @@ impl EmbeddingStore {
     /// said so): the host tier's rows as stored, a key it lacks given the default value.
     ///
     /// [`misses_as_stored`]: EmbeddingStore::misses_as_stored
-    #[cfg(feature = "gpu")]
+    #[cfg(any(feature = "gpu", test))]
     pub(crate) fn read_below_cache_f16(
         &self,
         table: usize,
