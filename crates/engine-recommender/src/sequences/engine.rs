@@ -71,15 +71,6 @@ impl Engine for SequenceEngine {
                 data: BatchData::Borrowed(Bytes::Host(&num_bytes)),
             },
         ];
-        let mut rows: Vec<u8> = Vec::new();
-        self.lookup.run(&lookup_in, &["OUTPUT0"], &mut |o| {
-            rows = o
-                .data
-                .host()
-                .ok_or_else(|| Error::internal("the lookup's rows are not in host memory"))?
-                .to_vec();
-            Ok(())
-        })?;
         // each lookup's rows: its place in its table's block, the tables one after the other
         let mut at = 0usize;
         let mut parts: Vec<(usize, usize)> = vec![(0, 0); self.lookups.len()];
@@ -92,38 +83,49 @@ impl Engine for SequenceEngine {
                 }
             }
         }
-        if at != rows.len() {
-            return Err(Error::internal(format!(
-                "the lookup gave {} bytes of rows, {at} expected",
-                rows.len()
-            )));
-        }
-        let mut net_in = Vec::with_capacity(self.net_inputs.len());
-        for spec in &self.net_inputs {
-            if let Some(i) = self.lookups.iter().position(|l| l.rows == spec.name) {
-                let (from, n) = parts[i];
-                let dim = self.lookups[i].dim;
-                net_in.push(BatchTensor {
-                    name: spec.name.clone(),
-                    dtype: DataType::F32,
-                    shape: vec![(n / 4 / dim.max(1)) as i64, dim as i64],
-                    data: BatchData::Borrowed(Bytes::Host(&rows[from..from + n])),
-                });
-            } else {
-                let t = by_name(&spec.name)?;
-                let count = t.shape.iter().product::<i64>();
-                net_in.push(BatchTensor {
-                    name: t.name.clone(),
-                    dtype: t.dtype,
-                    shape: vec![count],
-                    data: BatchData::Borrowed(
-                        t.bytes().ok_or_else(|| Error::internal("input not gathered"))?,
-                    ),
-                });
-            }
-        }
+        let SequenceEngine { lookup, network, lookups, net_inputs, net_outputs, .. } = self;
         let wanted: Vec<&str> =
-            self.net_outputs.iter().map(String::as_str).filter(|o| outputs.contains(o)).collect();
-        self.network.run(&net_in, &wanted, sink)
+            net_outputs.iter().map(String::as_str).filter(|o| outputs.contains(o)).collect();
+        // the network runs on the rows where the lookup wrote them (host or GPU memory), while
+        // they are lent: nothing is copied between the two
+        let mut ran = false;
+        lookup.run(&lookup_in, &["OUTPUT0"], &mut |rows| {
+            if rows.data.len() != at {
+                return Err(Error::internal(format!(
+                    "the lookup gave {} bytes of rows, {at} expected",
+                    rows.data.len()
+                )));
+            }
+            let mut net_in = Vec::with_capacity(net_inputs.len());
+            for spec in net_inputs.iter() {
+                if let Some(i) = lookups.iter().position(|l| l.rows == spec.name) {
+                    let ((from, n), dim) = (parts[i], lookups[i].dim.max(1));
+                    net_in.push(BatchTensor {
+                        name: spec.name.clone(),
+                        dtype: DataType::F32,
+                        shape: vec![(n / 4 / dim) as i64, dim as i64],
+                        data: BatchData::Borrowed(rows.data.slice(from..from + n).ok_or_else(
+                            || Error::internal("a lookup's rows past the lookup's output"),
+                        )?),
+                    });
+                } else {
+                    let t = by_name(&spec.name)?;
+                    let bytes =
+                        t.bytes().ok_or_else(|| Error::internal("an input not gathered"))?;
+                    net_in.push(BatchTensor {
+                        name: t.name.clone(),
+                        dtype: t.dtype,
+                        shape: vec![t.shape.iter().product::<i64>()],
+                        data: BatchData::Borrowed(bytes),
+                    });
+                }
+            }
+            ran = true;
+            network.run(&net_in, &wanted, sink)
+        })?;
+        if !ran {
+            return Err(Error::internal("the lookup gave no rows"));
+        }
+        Ok(())
     }
 }
