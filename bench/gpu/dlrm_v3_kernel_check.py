@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""DLRM-v3's jagged attention kernel (examples/dlrm_v3/kernels.py) on a GPU, in one short call:
+equal to the masked form in plain torch on small layouts that cross its blocks (fp32, fp16,
+bf16), then timed at the benchmark's shape (4 heads of 128, histories of 6,400 items, the mean
+at MLPerf's inference step, and 2,048 candidates a request) against our reference's attention in
+eager PyTorch, one request at a time (model.py's attention_one_request, the same math), in the
+same call. Useful FLOPs count each allowed (row, key) pair once: 2 x (dqk + dv) a pair and head.
+
+    python3 bench/gpu/dlrm_v3_kernel_check.py [--requests 8] [--history 6400] [--candidates 2048]
+
+Prints every line as it goes and writes them to $OUT/dlrm_v3_kernel_check.txt when OUT is set.
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+from dlrm_v3 import kernels  # noqa: E402
+from dlrm_v3 import model as dv3  # noqa: E402
+
+LINES = []
+
+
+def say(text):
+    print(text, flush=True)
+    LINES.append(text)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "dlrm_v3_kernel_check.txt"), "w") as f:
+            f.write("\n".join(LINES) + "\n")
+
+
+def layout(hist, cand, device):
+    h = torch.tensor(hist, device=device)
+    lengths = 1 + h + torch.tensor(cand, device=device)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long, device=device), torch.cumsum(lengths, 0)])
+    return h, offsets
+
+
+def pairs(hist, cand):
+    """Allowed (row, key) pairs: the prefix causal, each candidate the prefix and itself."""
+    return sum((1 + h) * (2 + h) // 2 + c * (2 + h) for h, c in zip(hist, cand))
+
+
+def timed(fn, reps):
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=int, default=8)
+    p.add_argument("--history", type=int, default=6400)
+    p.add_argument("--candidates", type=int, default=2048)
+    p.add_argument("--peak-tflops", type=float, default=989.0, help="the GPU's dense fp16/bf16 peak (H100/H200 SXM: 989)")
+    a = p.parse_args()
+    dev = "cuda"
+    say(f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}")
+    torch.manual_seed(0)
+    t0 = time.time()
+    for dtype, bound in ((torch.float32, 2e-3), (torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
+        worst = 0.0
+        for hist, cand in (([0, 3, 40], [3, 1, 5]), ([70, 5], [2, 40]), ([31, 32, 33, 0, 64], [1, 31, 32, 64, 2])):
+            h, offsets = layout(hist, cand, dev)
+            total = int(offsets[-1])
+            q, k, v = (torch.randn(total, 4, 128, device=dev).to(dtype) for _ in range(3))
+            norm = torch.tensor(float(1 + max(hist) + max(cand)), device=dev)
+            got = kernels.hstu_attention(q, k, v, offsets, h, norm, 128 ** -0.5)
+            want = kernels.reference(q.float(), k.float(), v.float(), offsets, h, norm, 128 ** -0.5)
+            worst = max(worst, float((got.float() - want).abs().max()))
+        say(f"exact {str(dtype).removeprefix('torch.')}: largest difference from the masked form {worst:.1e} "
+            f"({'within' if worst <= bound else 'PAST'} {bound:g}; fp32 runs on TF32 tensor cores)")
+    say(f"  ({time.time() - t0:.1f} s, Triton's compiles included)")
+    n, hl, cl = a.requests, a.history, a.candidates
+    hist, cand = [hl] * n, [cl] * n
+    h, offsets = layout(hist, cand, dev)
+    total = int(offsets[-1])
+    q, k, v = (torch.randn(total, 4, 128, device=dev, dtype=torch.bfloat16) for _ in range(3))
+    norm = torch.tensor(float(1 + hl + cl), device=dev)
+    alpha = 128 ** -0.5
+    ms = timed(lambda: kernels.hstu_attention(q, k, v, offsets, h, norm, alpha), 10)
+    flops = pairs(hist, cand) * 4 * 2 * (128 + 128)
+    say(f"kernel, bf16, {n} requests of {hl} history items and {cl} candidates ({total:,} rows, 4 heads of 128): "
+        f"{ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s useful ({100 * flops / ms / 1e9 / a.peak_tflops:.0f}% of "
+        f"{a.peak_tflops:g})")
+
+    def eager():
+        outs = []
+        for b in range(n):
+            s, e = int(offsets[b]), int(offsets[b + 1])
+            outs.append(dv3.attention_one_request(q[s:e], k[s:e], v[s:e], 1 + hl, int(norm), alpha))
+        return torch.cat(outs)
+
+    ref_ms = timed(eager, 3)
+    diff = float((kernels.hstu_attention(q, k, v, offsets, h, norm, alpha).float().flatten(1)
+                  - eager().float()).abs().max())
+    say(f"eager PyTorch (our reference's attention, a request at a time), bf16: {ref_ms:.3f} ms; "
+        f"kernel {ref_ms / ms:.2f}x its speed; largest difference {diff:.1e}")
+    say(f"done in {time.time() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
