@@ -8,6 +8,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 echo "[test] disk: $(df -h --output=avail . | tail -1 | tr -d ' ') free where the checkout is"
 bash scripts/setup.sh
 source scripts/env.sh
+# Inductor's compile cache for every export and test of this run, in memory where /dev/shm has
+# 2 GiB to spare (no disk for it; export_models.sh keeps a cache its caller chose), gone at exit
+if [ -z "${TORCHINDUCTOR_CACHE_DIR:-}" ] \
+    && [ "$(df -k --output=avail /dev/shm 2>/dev/null | tail -1 | tr -d ' ')" -gt $((2 << 20)) ] 2>/dev/null; then
+    TORCHINDUCTOR_CACHE_DIR="$(mktemp -d -p /dev/shm inductor-cache.XXXXXX)"
+    export TORCHINDUCTOR_CACHE_DIR
+    trap 'rm -rf "$TORCHINDUCTOR_CACHE_DIR"' EXIT
+fi
 bash scripts/build.sh
 echo "[test] architecture rules (unsafe only in FFI/CUDA crates, no engine on Triton, no cycle)"
 python scripts/check_architecture.py
