@@ -274,8 +274,8 @@ def candidate_aware_mask(hist_lengths: Tensor, n: int) -> Tensor:
     """[B, N, N] for the padded layout [user, history, candidates, padding]: row i may read
     column j when j == i, or when j < i and j is the user token or history (j <= h). Candidates
     thus read the prefix and themselves; padding columns are never read by a real row."""
-    i = torch.arange(n).view(1, n, 1)
-    j = torch.arange(n).view(1, 1, n)
+    i = torch.arange(n, device=hist_lengths.device).view(1, n, 1)
+    j = torch.arange(n, device=hist_lengths.device).view(1, 1, n)
     return (j == i) | ((j < i) & (j <= hist_lengths.view(-1, 1, 1)))
 
 
@@ -290,18 +290,19 @@ def attention_padded(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, norm_len: in
 
 # ---- positions and times ---------------------------------------------------------------------
 
-def positions_one_request(h: int, c: int, num_buckets: int) -> Tensor:
+def positions_one_request(h: int, c: int, num_buckets: int, device=None) -> Tensor:
     """Position buckets of one sequence: 0 for the user token; h + 1 - i for history item i
     (0-based, so the newest is 2): its distance from the end of the history; 1 for every
     candidate (all sit just past the history). Far items share the last bucket."""
-    hist = (h + 1 - torch.arange(h)).clamp(max=num_buckets - 1)
-    return torch.cat([torch.zeros(1, dtype=torch.long), hist, torch.ones(c, dtype=torch.long)])
+    hist = (h + 1 - torch.arange(h, device=device)).clamp(max=num_buckets - 1)
+    return torch.cat([torch.zeros(1, dtype=torch.long, device=device), hist,
+                      torch.ones(c, dtype=torch.long, device=device)])
 
 
 def positions_padded(hist_lengths: Tensor, n: int, num_buckets: int) -> Tensor:
     """The same buckets for the padded layout, [B, N]: column j of a request with h history items
     is bucket (1 + h) - min(j, 1 + h) + 1, the user token's 0."""
-    j = torch.arange(n).view(1, n)
+    j = torch.arange(n, device=hist_lengths.device).view(1, n)
     end = (1 + hist_lengths).view(-1, 1)
     pos = (end - torch.minimum(j, end) + 1).clamp(max=num_buckets - 1)
     pos[:, 0] = 0
@@ -329,8 +330,8 @@ def time_of_day_and_week(t: Tensor) -> Tensor:
 
 def segment_rows(lengths: Tensor) -> Tuple[Tensor, Tensor]:
     """For jagged values with these [B] lengths: each value's request and index within it."""
-    request = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
-    index = torch.arange(int(lengths.sum())) - offsets_of(lengths)[:-1][request]
+    request = torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device), lengths)
+    index = torch.arange(int(lengths.sum()), device=lengths.device) - offsets_of(lengths)[:-1][request]
     return request, index
 
 
@@ -460,20 +461,21 @@ class HstuRanker(nn.Module):
 
     def _one_request(self, r: Request, norm_len: int) -> Tensor:
         h, c = len(r.item_ids), len(r.cand_item_ids)
+        dev = r.cand_item_ids.device
         x = torch.cat([
-            self.user_tokens(torch.tensor([r.user_id]), torch.tensor([h + c])),
+            self.user_tokens(torch.tensor([r.user_id], device=dev), torch.tensor([h + c], device=dev)),
             self.item_tokens(r.item_ids, r.category_ids) + self.history_action_tokens(r.actions),
             self.item_tokens(r.cand_item_ids, r.cand_category_ids) + self.candidate_action_token(),
         ])
         # The user token is stamped 0, candidates at the query time.
-        stamps = torch.cat([torch.zeros(1, dtype=torch.long), r.timestamps.long(),
-                            torch.full((c,), r.query_time, dtype=torch.long)])
+        stamps = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), r.timestamps.long(),
+                            torch.full((c,), r.query_time, dtype=torch.long, device=dev)])
         x = self.add_positions_and_times(
-            x, positions_one_request(h, c, self.cfg.num_position_buckets), r.query_time - stamps)
+            x, positions_one_request(h, c, self.cfg.num_position_buckets, dev), r.query_time - stamps)
         for layer in self.layers:
             u, q, k, v = layer.project(x)
             x = layer.finish(x, u, attention_one_request(q, k, v, 1 + h, norm_len, layer.alpha))
-        return self.score_rows(x[1 + h:], torch.full((c,), r.query_time, dtype=torch.long),
+        return self.score_rows(x[1 + h:], torch.full((c,), r.query_time, dtype=torch.long, device=dev),
                                r.cand_item_ids, r.cand_category_ids)
 
     # -- the padded path: the batch as [B, N, D] --
@@ -488,13 +490,14 @@ class HstuRanker(nn.Module):
         cand_req, cand_idx = segment_rows(c)
         hist_col = 1 + hist_idx
         cand_col = 1 + h[cand_req] + cand_idx
-        x = torch.zeros(b, n, d, dtype=self.cfg.dtype)
+        dev = batch.user_ids.device
+        x = torch.zeros(b, n, d, dtype=self.cfg.dtype, device=dev)
         x[:, 0] = self.user_tokens(batch.user_ids, h + c)
         x[hist_req, hist_col] = (self.item_tokens(batch.hist_item_ids, batch.hist_category_ids)
                                  + self.history_action_tokens(batch.hist_actions))
         x[cand_req, cand_col] = (self.item_tokens(batch.cand_item_ids, batch.cand_category_ids)
                                  + self.candidate_action_token())
-        stamps = torch.zeros(b, n, dtype=torch.long)
+        stamps = torch.zeros(b, n, dtype=torch.long, device=dev)
         stamps[hist_req, hist_col] = batch.hist_timestamps.long()
         stamps[cand_req, cand_col] = batch.query_times[cand_req]
         x = self.add_positions_and_times(
