@@ -288,6 +288,20 @@ fn groups(config: &ModelConfig) -> Result<Groups> {
             .collect();
         groups.push((lengths.to_string(), members));
     }
+    // one length for each input: a name two groups claim (`a_lengths` and `a_b_lengths` both
+    // claim `a_b_ids`) could never satisfy both
+    for (i, (lengths, members)) in groups.iter().enumerate() {
+        for (other, theirs) in groups.iter().skip(i + 1) {
+            let shared = members.iter().find(|m| theirs.contains(m)).or_else(|| {
+                [lengths, other].into_iter().find(|l| members.contains(l) || theirs.contains(l))
+            });
+            if let Some(name) = shared {
+                return Err(Error::invalid_arg(format!(
+                    "input '{name}' is counted by both '{lengths}' and '{other}': name the groups so that no input's name begins with two of them"
+                )));
+            }
+        }
+    }
     let singles = names
         .iter()
         .filter(|n| !groups.iter().any(|(l, m)| l == *n || m.iter().any(|x| x == *n)))
@@ -318,7 +332,7 @@ fn check_inputs(
         }
     }
     for (lengths, _) in &groups.groups {
-        if input(config, lengths, "")?.dtype != DataType::I64 {
+        if input(config, lengths, "counts its group's values")?.dtype != DataType::I64 {
             return Err(Error::invalid_arg(format!(
                 "input '{lengths}' holds lengths: it must be TYPE_INT64"
             )));

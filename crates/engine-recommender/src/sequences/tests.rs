@@ -36,6 +36,10 @@ fn lengths_govern_their_group_and_the_rest_hold_one_value() {
         "cand_lengths",
         "cand_item_ids",
     ]);
+    let e = groups(&config(&["a_lengths", "a_b_lengths", "a_b_ids"])).unwrap_err();
+    assert!(e.message().contains("'a_b_ids' is counted by both"), "{e}");
+    let e = groups(&config(&["a_lengths", "a_b_lengths"])).unwrap_err();
+    assert!(e.message().contains("'a_b_lengths' is counted by both"), "{e}");
     let g = groups(&c).unwrap();
     assert_eq!(g.singles, ["user_ids", "query_times"]);
     assert_eq!(
