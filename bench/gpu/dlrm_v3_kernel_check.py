@@ -21,16 +21,11 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from dlrm_v3 import kernels  # noqa: E402
 from dlrm_v3 import model as dv3  # noqa: E402
+from recsys.transcript import Transcript  # noqa: E402
 
-LINES = []
 
 
-def say(text):
-    print(text, flush=True)
-    LINES.append(text)
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "dlrm_v3_kernel_check.txt"), "w") as f:
-            f.write("\n".join(LINES) + "\n")
+say = Transcript("dlrm_v3_kernel_check.txt").say
 
 
 def layout(hist, cand, device):

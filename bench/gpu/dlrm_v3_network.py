@@ -33,18 +33,13 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from dlrm_v3 import data as dv3_data  # noqa: E402
 from dlrm_v3 import model as dv3  # noqa: E402
+from recsys.transcript import Transcript  # noqa: E402
 from dlrm_v3 import network as net  # noqa: E402
 
-LINES = []
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def say(text):
-    print(text, flush=True)
-    LINES.append(text)
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "dlrm_v3_network.txt"), "w") as f:
-            f.write("\n".join(LINES) + "\n")
+say = Transcript("dlrm_v3_network.txt").say
 
 
 def requests(a, cfg):
@@ -131,10 +126,11 @@ def main():
             ms, got = timed(lambda: runner(*args), a.reps, dev)
             rows["ours: the jagged network, AOTInductor package"] = ms
     diff = float((got.float() - want.float()).abs().max())
-    base = rows.get("reference, torch.compile (padded)", rows["reference, eager (padded)"])
+    against = "compiled" if "reference, torch.compile (padded)" in rows else "eager"
+    base = rows[f"reference, {'torch.compile' if against == 'compiled' else 'eager'} (padded)"]
     for what, ms in rows.items():
         say(f"  {what:<48} {ms:9.2f} ms a batch  {a.requests / ms * 1e3:10.1f} requests/s  "
-            f"{base / ms:5.2f}x the compiled reference  HSTU layers {flops / ms / 1e9:.3g} TFLOP/s useful"
+            f"{base / ms:5.2f}x the {against} reference  HSTU layers {flops / ms / 1e9:.3g} TFLOP/s useful"
             + (f" ({100 * flops / ms / 1e9 / a.peak_tflops:.0f}% of {a.peak_tflops:g})" if dev == "cuda" else ""))
     say(f"ours against the eager reference: largest difference {diff:.1e} in the predictions ({a.dtype})")
 
