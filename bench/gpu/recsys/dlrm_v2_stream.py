@@ -84,10 +84,11 @@ def stream_phase(a, client, rows, plan, res, failures):
         at = 0
 
         spans = []  # the CPU samples around each send of the measured passes
+        sent = []  # and each send's start and end (time.time())
 
         def send(count, conc):
             nonlocal at
-            c0 = cpu_sample(a)
+            c0, t_send = cpu_sample(a), time.time()
             cmd = [a.stream_client, "--url", f"localhost:{a.port}", "--model", "dlrm_v2", "--start", str(at),
                    "--count", str(count), "--concurrency", str(conc),
                    "--input", f"sparse,INT64,{q}x{WIDTH},{keys.name},{qbytes},{n}",
@@ -98,6 +99,7 @@ def stream_phase(a, client, rows, plan, res, failures):
                 raise RuntimeError(f"stream_client failed: {p.stderr.strip()[-2000:]}")
             at += count
             spans.append((c0, cpu_sample(a)))
+            sent.append((t_send, time.time()))
             out = json.loads(p.stdout)
             return out["seconds"], sorted(out["latencies_ms"])
 
@@ -134,8 +136,9 @@ def stream_phase(a, client, rows, plan, res, failures):
             log_at = log_size(a)
             busy = GpuBusy(int((a.gpus or "0").split(",")[0]))
             spans.clear()
+            sent.clear()
             seconds, lat = passes(count, c)
-            gpu_busy = busy.stop()
+            gpu_busy = busy.stop(sent)  # the sends only, not the key draws (on the GPU) between
             cpu = cpu_use_spans(spans, seconds)  # the passes' sends only, not the key draws between
             time.sleep(METRICS_SETTLE_S)
             text = metrics_text(a.port)
