@@ -2,7 +2,8 @@
 fixture's rows recomputed from the seed (fixture.py: what the exactness check compares served
 rows with) equal the rows criteo_fixture writes, the cache's allocation stays within its budget
 and the stationary hit rate is the Zipf law's mass of the cached keys (cache.py), and the
-exactness verdict (exactness.py); and the command itself still starts (its --help)."""
+exactness verdict (exactness.py); an endless stream's CPU and GPU shares counted over its sends
+alone (host_use.py, gpu_busy.py); and the command itself still starts (its --help)."""
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
-from recsys import cache, exactness, fixture  # noqa: E402
+from recsys import cache, exactness, fixture, gpu_busy, host_use  # noqa: E402
 
 
 def fixture_bin():
@@ -120,3 +121,25 @@ def test_the_command_still_parses_its_arguments():
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "Criteo scale through the real tritonserver" in p.stdout and "--stream-concurrency" in p.stdout
+
+
+def test_an_endless_streams_shares_count_its_sends_alone():
+    """The stream's GPU busy share keeps nvidia-smi's samples inside the sends (the key draws
+    between passes run on the GPU too), and its CPU figures add the sends' spans alone."""
+    import time
+    from datetime import datetime
+    now = time.time()
+    stamp = lambda t: datetime.fromtimestamp(t).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]  # noqa: E731
+    lines = [f"{stamp(now + i / 10)}, {v}" for i, v in enumerate([10, 90, 90, 10, 80])] + ["[N/A]"]
+    assert gpu_busy.mean_busy(lines) == 56.0
+    assert abs(gpu_busy.mean_busy(lines, [(now + 0.05, now + 0.25), (now + 0.35, now + 0.45)]) - 260 / 3) < 1e-9
+    assert gpu_busy.mean_busy(lines, [(now + 9, now + 10)]) is None
+    # two sends of 1 s each: 100 jiffies of the host's 400 busy, the server 150 jiffies
+    # (100 Hz) of two threads of one kind, the client 0.5 s
+    s0 = (100, 1000, 50, 0.0, {"1": ("reader-0", 10), "2": ("reader-1", 40)})
+    s1 = (150, 1200, 125, 0.25, {"1": ("reader-0", 60), "2": ("reader-1", 65)})
+    hz = os.sysconf("SC_CLK_TCK")
+    c = host_use.cpu_use_spans([(s0, s1), (s0, s1)], 2.0)
+    assert c["host_busy_pct"] == 25.0 and c["client_cores"] == 0.25
+    assert abs(c["server_cores"] - 150 / hz / 2) < 1e-9
+    assert c["threads_by_kind"] == [["reader", 150 / hz / 2]]
