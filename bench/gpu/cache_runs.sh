@@ -15,8 +15,8 @@
 # cache, host rows copied into 2 MiB pages), huge12 (huge, 12 instances), gpu (10% cache, misses
 # read by the GPU in place), both (10% cache, misses shared between the GPU in place and host
 # threads), auto (10% cache, the store's defaults: what a user gets), auto8 and auto12 (auto, 8 or
-# 12 instances), quiet / asleep / asleep12 (auto with nothing spinning while it waits; see
-# below), pool8 / pool12 / pool32 (auto, the worker pool at 8, 12 or 32 threads), parts2 (auto, each batch in two parts: one part's misses read while the network
+# 12 instances), quiet / asleep / asleep12 / quiet12 / quiet12c36 / hbmquiet (nothing spinning while it
+# waits; see below), pool8 / pool12 / pool32 (auto, the worker pool at 8, 12 or 32 threads), parts2 (auto, each batch in two parts: one part's misses read while the network
 # runs on the other), saved / restart / cold (a warm restart against a cold start, below).
 # A device call returns at most eight files: the runs' folders and logs come back packed in
 # runs.tgz, beside summary.txt.
@@ -84,6 +84,11 @@ for name in ${runs//,/ }; do
     quiet) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
     asleep) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 TRITON_RUST_GPU_WAIT=block run asleep --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
     asleep12) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 TRITON_RUST_GPU_WAIT=block run asleep12 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 12 ;;
+    quiet12) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet12 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 12 ;;
+    # quiet12 with 36 queries in flight instead of 24 (12 instances, three queries each)
+    quiet12c36) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet12c36 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 12 --stream-concurrency 36 ;;
+    # every row in HBM with nothing spinning: whether quiet costs the model inside the GPU
+    hbmquiet) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run hbmquiet --cache 1.0 --stream-warm-passes 2 ;;
     pool8|pool12|pool32) RAYON_NUM_THREADS=${name#pool} run "$name" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
     # a warm restart: a server that saves its caches' keys every 15 s, stopped; a new one loads
     # them at start and its first 30 s are measured (one warm pass, then 30 s); `cold` the same

@@ -13,6 +13,7 @@ would move with whatever Triton batches it with (docs/dlrm-v3.md).
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 
@@ -47,18 +48,22 @@ def example_batch() -> dv3.Batch:
     return dv3_data.generate_batch(cfg, 6, 0, 9)
 
 
-def write_version(version: str, model: dv3.HstuRanker, example: dv3.Batch) -> str:
+def write_version(version: str, model: dv3.HstuRanker, example: dv3.Batch, device: str = "cpu") -> str:
     """`model`'s tables (`version`/tables/<name>: keys.npy, vectors.npy) and its network package
-    (`version`/network.pt2, exported on `example`): what the sequence recommender loads."""
+    (`version`/network.pt2, exported on `example`): what the sequence recommender loads. `device`:
+    where the package runs ("cuda": a CUDA package, its attention our Triton kernel); `model` stays
+    where it is."""
     for table, attr in TABLES.items():
-        rows = getattr(model, attr).detach().float().numpy()
+        rows = getattr(model, attr).detach().float().cpu().numpy()
         d = os.path.join(version, "tables", table)
         os.makedirs(d, exist_ok=True)
         np.save(os.path.join(d, "keys.npy"), np.arange(len(rows), dtype=np.int64))
         np.save(os.path.join(d, "vectors.npy"), rows)
     package = os.path.join(version, "network.pt2")
     with torch.no_grad():
-        net.package(net.HstuNetwork(model).eval(), net.rows_of(model, example), package)
+        rows = {k: v.to(device) for k, v in net.rows_of(model, example).items()}
+        there = model if device == "cpu" else copy.deepcopy(model).to(device)
+        net.package(net.HstuNetwork(there).eval(), rows, package)
     return package
 
 

@@ -442,11 +442,6 @@ impl LoadedModel for SequenceModel {
     }
 
     fn instance(&self, device: Device) -> Result<Box<dyn Engine>> {
-        if device != Device::Cpu {
-            return Err(Error::unsupported(
-                "the sequence recommender serves KIND_CPU instances only so far (docs/dlrm-v3.md)",
-            ));
-        }
         Ok(Box::new(SequenceEngine {
             lookup: self.lookup.engine(device)?,
             network: self.network.engine(device)?,

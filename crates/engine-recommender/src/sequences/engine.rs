@@ -71,13 +71,13 @@ impl Engine for SequenceEngine {
                 data: BatchData::Borrowed(Bytes::Host(&num_bytes)),
             },
         ];
-        // each lookup's rows: its place in its table's block, the tables one after the other
+        // each lookup's rows: its place (in elements) in its table's block, the tables one after the other
         let mut at = 0usize;
         let mut parts: Vec<(usize, usize)> = vec![(0, 0); self.lookups.len()];
         for t in 0..self.tables {
             for (i, (l, ids)) in self.lookups.iter().zip(&ids).enumerate() {
                 if l.table == t {
-                    let n = ids.len() * l.dim * 4;
+                    let n = ids.len() * l.dim;
                     parts[i] = (at, n);
                     at += n;
                 }
@@ -90,10 +90,13 @@ impl Engine for SequenceEngine {
         // they are lent: nothing is copied between the two
         let mut ran = false;
         lookup.run(&lookup_in, &["OUTPUT0"], &mut |rows| {
-            if rows.data.len() != at {
+            // the rows' format is the lookup's (f32, or the table's f16 on a GPU instance)
+            let size = rows.dtype.size().unwrap_or(4);
+            if rows.data.len() != at * size {
                 return Err(Error::internal(format!(
-                    "the lookup gave {} bytes of rows, {at} expected",
-                    rows.data.len()
+                    "the lookup gave {} bytes of rows, {} expected",
+                    rows.data.len(),
+                    at * size
                 )));
             }
             let mut net_in = Vec::with_capacity(net_inputs.len());
@@ -102,9 +105,9 @@ impl Engine for SequenceEngine {
                     let ((from, n), dim) = (parts[i], lookups[i].dim.max(1));
                     net_in.push(BatchTensor {
                         name: spec.name.clone(),
-                        dtype: DataType::F32,
-                        shape: vec![(n / 4 / dim) as i64, dim as i64],
-                        data: BatchData::Borrowed(rows.data.slice(from..from + n).ok_or_else(
+                        dtype: rows.dtype,
+                        shape: vec![(n / dim) as i64, dim as i64],
+                        data: BatchData::Borrowed(rows.data.slice(from * size..(from + n) * size).ok_or_else(
                             || Error::internal("a lookup's rows past the lookup's output"),
                         )?),
                     });
