@@ -164,6 +164,10 @@ def package(network: HstuNetwork, example: Dict[str, Tensor], path: str) -> Dict
     meta = {**meta, aoti_export.INPUTS_KEY: json.dumps(inputs), aoti_export.OUTPUTS_KEY: json.dumps(outputs)}
     size = sum(t.numel() * t.element_size() for t in network.state_dict().values())
     aoti_export.ensure_free_space(path, size, "AOTInductor package")
-    torch._inductor.aoti_compile_and_package(exported, package_path=path,
-                                             inductor_configs={"aot_inductor.metadata": meta})
+    # On a GPU, Inductor tunes its kernels by running them; at compile time it would feed them
+    # random tensors, and the positions and time buckets this network computes from its inputs
+    # then index past their tables (a device-side assert, seen on an H200). Off, it tunes on a
+    # first pass over the example's real inputs instead. The CPU ignores the setting.
+    torch._inductor.aoti_compile_and_package(exported, package_path=path, inductor_configs={
+        "aot_inductor.metadata": meta, "triton.autotune_at_compile_time": False})
     return meta
