@@ -5,8 +5,12 @@ ours against our PyTorch reference in one run (issue 68, step 2's GPU half):
 - the reference, eager: `HstuRanker.forward_padded`, the batch as [B, N, D] under a mask;
 - the reference, compiled: the same through `torch.compile`;
 - ours: `examples/dlrm_v3/network.py`'s network (the jagged sequence, the attention as our
-  Triton kernel on a GPU) exported and compiled by AOTInductor into a package, run through
-  `aoti_load_package`.
+  Triton kernel on a GPU), eager and through `torch.compile` (Inductor: the compiler that makes
+  the served package from the same module). On the CPU the package itself is run too
+  (`aoti_load_package`); on the GPU machine Python's package loader segfaults (DESIGN.md), so the
+  package's own speed there is the server's to measure.
+
+Each row is printed as soon as it is measured.
 
 Each gets the same batch of requests from `examples/dlrm_v3/data.py` at the benchmark's shape
 (histories of the inference step's mean, 6,400 items, up to 16,384; 2,048 candidates a request),
@@ -105,45 +109,71 @@ def main():
     flops = layer_flops(cfg, hist, cand)
     rows = {}
     want = None
-    with torch.no_grad():
+    base = {}
+
+    def row(what, ms):
+        """Prints a row now; the first reference measured is the ratios' base."""
+        if what.startswith("reference") and not base:
+            base["what"], base["ms"] = what, ms
+        ratio = f"{base['ms'] / ms:5.2f}x {base['what']}" if base else ""
+        say(f"  {what:<46} {ms:9.2f} ms a batch  {a.requests / ms * 1e3:10.1f} requests/s  "
+            f"HSTU layers {flops / ms / 1e9:.3g} TFLOP/s useful"
+            + (f" ({100 * flops / ms / 1e9 / a.peak_tflops:.0f}% of {a.peak_tflops:g})" if dev == "cuda" else "")
+            + (f"  {ratio}" if ratio else ""))
+
+    def attempt(what, fn):
         try:
-            ms, want = timed(lambda: ranker.score_candidates(batch, "padded"), a.reps, dev)
-            rows["reference, eager (padded)"] = ms
+            return fn()
         except torch.OutOfMemoryError as e:
-            say(f"reference, eager (padded): out of memory ({str(e).splitlines()[0][:160]})")
+            say(f"  {what}: out of memory ({str(e).splitlines()[0][:160]})")
+            if dev == "cuda":
+                torch.cuda.empty_cache()
+            return None
+
+    with torch.no_grad():
         if not a.no_compile:
-            try:
-                compiled = torch.compile(ranker.forward_padded)
-                t0 = time.time()
-                compiled(batch)
+            # the compiled reference first: it is the base of the ratios
+            compiled = torch.compile(ranker.forward_padded)
+            t0 = time.time()
+            if attempt("reference, torch.compile (padded)", lambda: compiled(batch)) is not None:
                 say(f"compiled the reference in {time.time() - t0:.0f} s")
-                ms, _ = timed(lambda: compiled(batch), a.reps, dev)
-                rows["reference, torch.compile (padded)"] = ms
-            except torch.OutOfMemoryError as e:
-                say(f"reference, torch.compile (padded): out of memory ({str(e).splitlines()[0][:160]})")
-            torch.cuda.empty_cache() if dev == "cuda" else None
+                got = attempt("reference, torch.compile (padded)", lambda: timed(lambda: compiled(batch), a.reps, dev))
+                if got:
+                    row("reference, torch.compile (padded)", got[0])
+            del compiled
+        got = attempt("reference, eager (padded)", lambda: timed(lambda: ranker.score_candidates(batch, "padded"), a.reps, dev))
+        if got:
+            row("reference, eager (padded)", got[0])
+            want = got[1]
         network = net.HstuNetwork(ranker).eval()
         inputs = {k: v.to(dev) for k, v in net.rows_of(ranker, batch).items()}
         args = [inputs[n] for n, _, _ in net.INPUTS]
-        with tempfile.TemporaryDirectory() as tmp:
-            t0 = time.time()
-            path = os.path.join(tmp, "network.pt2")
-            net.package(network, inputs, path)
-            say(f"exported and compiled our package in {time.time() - t0:.0f} s")
-            runner = torch._inductor.aoti_load_package(path)
-            ms, got = timed(lambda: runner(*args), a.reps, dev)
-            rows["ours: the jagged network, AOTInductor package"] = ms
-    against = ("compiled" if "reference, torch.compile (padded)" in rows
-               else "eager" if "reference, eager (padded)" in rows else "ours")
-    base = rows.get(f"reference, {'torch.compile' if against == 'compiled' else 'eager'} (padded)",
-                    rows["ours: the jagged network, AOTInductor package"])
-    for what, ms in rows.items():
-        say(f"  {what:<48} {ms:9.2f} ms a batch  {a.requests / ms * 1e3:10.1f} requests/s  "
-            f"{base / ms:5.2f}x the {against} reference  HSTU layers {flops / ms / 1e9:.3g} TFLOP/s useful"
-            + (f" ({100 * flops / ms / 1e9 / a.peak_tflops:.0f}% of {a.peak_tflops:g})" if dev == "cuda" else ""))
+        outs = {}
+        got = attempt("ours, eager", lambda: timed(lambda: network(*args), a.reps, dev))
+        if got:
+            row("ours: the jagged network, eager", got[0])
+            outs["eager"] = got[1]
+        ours = torch.compile(network)
+        t0 = time.time()
+        if attempt("ours, torch.compile", lambda: ours(*args)) is not None:
+            say(f"compiled ours in {time.time() - t0:.0f} s")
+            got = attempt("ours, torch.compile", lambda: timed(lambda: ours(*args), a.reps, dev))
+            if got:
+                row("ours: the jagged network, torch.compile", got[0])
+                outs["torch.compile"] = got[1]
+        if dev == "cpu":
+            with tempfile.TemporaryDirectory() as tmp:
+                t0 = time.time()
+                path = os.path.join(tmp, "network.pt2")
+                net.package(network, inputs, path)
+                say(f"exported and compiled our package in {time.time() - t0:.0f} s")
+                runner = torch._inductor.aoti_load_package(path)
+                ms, outs["package"] = timed(lambda: runner(*args), a.reps, dev)
+                row("ours: the jagged network, AOTInductor package", ms)
     if want is not None:
-        diff = float((got.float() - want.float()).abs().max())
-        say(f"ours against the eager reference: largest difference {diff:.1e} in the predictions ({a.dtype})")
+        for what, got in outs.items():
+            diff = float((got.float() - want.float()).abs().max())
+            say(f"ours ({what}) against the eager reference: largest difference {diff:.1e} in the predictions ({a.dtype})")
 
 
 if __name__ == "__main__":
