@@ -90,6 +90,9 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tiny", action="store_true", help="Config.tiny() and its data: the code paths, quickly")
     p.add_argument("--no-compile", action="store_true", help="skip the compiled reference")
+    p.add_argument("--no-reference", action="store_true", help="time ours alone (no padded reference)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="on a GPU, the N heaviest kernels of ours eager and compiled (torch.profiler)")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="the GPU's dense fp16/bf16 peak (H100/H200 SXM: 989)")
     a = p.parse_args()
     dev, dtype = a.device, DTYPES[a.dtype]
@@ -131,7 +134,7 @@ def main():
             return None
 
     with torch.no_grad():
-        if not a.no_compile:
+        if not a.no_compile and not a.no_reference:
             # the compiled reference first: it is the base of the ratios
             compiled = torch.compile(ranker.forward_padded)
             t0 = time.time()
@@ -141,7 +144,7 @@ def main():
                 if got:
                     row("reference, torch.compile (padded)", got[0])
             del compiled
-        got = attempt("reference, eager (padded)", lambda: timed(lambda: ranker.score_candidates(batch, "padded"), a.reps, dev))
+        got = None if a.no_reference else attempt("reference, eager (padded)", lambda: timed(lambda: ranker.score_candidates(batch, "padded"), a.reps, dev))
         if got:
             row("reference, eager (padded)", got[0])
             want = got[1]
@@ -161,6 +164,11 @@ def main():
             if got:
                 row("ours: the jagged network, torch.compile", got[0])
                 outs["torch.compile"] = got[1]
+        if a.profile and dev == "cuda":
+            from network_profile import kernels
+            for what, fn in (("eager", network), ("torch.compile", ours)):
+                say(f"  ours, {what}: where the GPU's time goes")
+                kernels(fn, args, a.profile, say=say, reps=2)
         if dev == "cpu":
             with tempfile.TemporaryDirectory() as tmp:
                 t0 = time.time()

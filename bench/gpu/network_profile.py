@@ -51,10 +51,11 @@ def flops(module, args):
     return counter.get_total_flops()
 
 
-def kernels(fn, args, top):
+def kernels(fn, args, top, say=print, reps=5):
+    """The `top` kernels of `reps` runs of fn(*args) by GPU time, a run's share each, via `say`."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
+        for _ in range(reps):
             fn(*args)
         torch.cuda.synchronize()
     rows = {}
@@ -64,9 +65,9 @@ def kernels(fn, args, top):
             n, total = rows.get(ev.name, (0, 0.0))
             rows[ev.name] = (n + 1, total + t)
     total = sum(t for _, t in rows.values()) or 1.0
-    print(f"    kernels of one run: {total / 5 / 1e3:.3f} ms in all (sum of kernel times)")
+    say(f"    kernels of one run: {total / reps / 1e3:.3f} ms in all (sum of kernel times)")
     for name, (n, t) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:top]:
-        print(f"    {t / 5 / 1e3:8.3f} ms {100 * t / total:5.1f}%  x{n // 5:<3d} {name[:110]}")
+        say(f"    {t / reps / 1e3:8.3f} ms {100 * t / total:5.1f}%  x{n // reps:<3d} {name[:110]}")
 
 
 def main():
