@@ -107,9 +107,11 @@ impl Engine for SequenceEngine {
                         name: spec.name.clone(),
                         dtype: rows.dtype,
                         shape: vec![(n / dim) as i64, dim as i64],
-                        data: BatchData::Borrowed(rows.data.slice(from * size..(from + n) * size).ok_or_else(
-                            || Error::internal("a lookup's rows past the lookup's output"),
-                        )?),
+                        data: BatchData::Borrowed(
+                            rows.data.slice(from * size..(from + n) * size).ok_or_else(|| {
+                                Error::internal("a lookup's rows past the lookup's output")
+                            })?,
+                        ),
                     });
                 } else {
                     let t = by_name(&spec.name)?;
