@@ -9,7 +9,14 @@ use triton_rust_core::tensor::{Bytes, DataType};
 use triton_rust_engine_aoti::AotiEngine;
 use triton_rust_engine_embedding::EmbeddingEngine;
 
-use super::{i64s, Lookup};
+use super::Lookup;
+
+/// A batch input's bytes in host memory (the only place its ids are taken from so far).
+fn host<'a>(t: &'a BatchTensor<'_>) -> Result<&'a [u8]> {
+    t.host_bytes().ok_or_else(|| {
+        Error::unsupported(format!("input '{}' in GPU memory is not taken yet", t.name))
+    })
+}
 
 /// One instance: the store's lookup and the network's package.
 pub(super) struct SequenceEngine {
@@ -34,34 +41,27 @@ impl Engine for SequenceEngine {
                 .find(|t| t.name == name)
                 .ok_or_else(|| Error::internal(format!("no input '{name}' in the batch")))
         };
-        let host = |t: &BatchTensor<'_>| -> Result<Vec<u8>> {
-            t.host_bytes().map(<[u8]>::to_vec).ok_or_else(|| {
-                Error::unsupported(format!("input '{}' in GPU memory is not taken yet", t.name))
-            })
-        };
-        // every lookup's ids, table by table (HPS's interface), one call
-        let ids: Vec<Vec<i64>> = self
-            .lookups
-            .iter()
-            .map(|l| Ok(i64s(&host(by_name(&l.ids)?)?).collect()))
-            .collect::<Result<_>>()?;
-        let mut keys = Vec::new();
+        // every lookup's ids (little-endian INT64, as HPS's KEYS are), table by table, in one
+        // buffer: the lookup's keys are the batch's bytes, copied once
+        let ids: Vec<&[u8]> =
+            self.lookups.iter().map(|l| host(by_name(&l.ids)?)).collect::<Result<_>>()?;
+        let mut key_bytes = Vec::with_capacity(ids.iter().map(|b| b.len()).sum());
         let mut numkeys = vec![0i32; self.tables];
         for (t, count) in numkeys.iter_mut().enumerate() {
             for (l, ids) in self.lookups.iter().zip(&ids) {
                 if l.table == t {
-                    keys.extend_from_slice(ids);
-                    *count += ids.len() as i32;
+                    key_bytes.extend_from_slice(ids);
+                    *count += (ids.len() / 8) as i32;
                 }
             }
         }
-        let key_bytes: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
+        let keys = key_bytes.len() / 8;
         let num_bytes: Vec<u8> = numkeys.iter().flat_map(|n| n.to_le_bytes()).collect();
         let lookup_in = [
             BatchTensor {
                 name: "KEYS".into(),
                 dtype: DataType::I64,
-                shape: vec![keys.len() as i64],
+                shape: vec![keys as i64],
                 data: BatchData::Borrowed(Bytes::Host(&key_bytes)),
             },
             BatchTensor {
@@ -77,7 +77,7 @@ impl Engine for SequenceEngine {
         for t in 0..self.tables {
             for (i, (l, ids)) in self.lookups.iter().zip(&ids).enumerate() {
                 if l.table == t {
-                    let n = ids.len() * l.dim;
+                    let n = ids.len() / 8 * l.dim;
                     parts[i] = (at, n);
                     at += n;
                 }
