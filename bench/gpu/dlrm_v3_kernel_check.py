@@ -116,6 +116,13 @@ def main():
     split_op = torch.compile(lambda x: kernels.hstu_attention(*split(x), offsets, h, norm, alpha))
     ms_sc = timed(lambda: split_op(qkv), 10)
     say(f"q, k, v split from one projection: direct {ms_s:.3f} ms, through torch.compile {ms_sc:.3f} ms")
+    # how Inductor launches it: the kernel's compile options and argument hints in its code
+    from torch._inductor.utils import run_and_get_code
+    torch._dynamo.reset()
+    _, codes = run_and_get_code(torch.compile(lambda x: kernels.hstu_attention(*split(x), offsets, h, norm, alpha)), qkv)
+    for line in "\n".join(codes).splitlines():
+        if "triton_meta" in line or "num_stages" in line or "'configs'" in line:
+            say(f"  inductor: {line.strip()[:400]}")
     say(f"done in {time.time() - t0:.1f} s")
 
 
