@@ -284,6 +284,7 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
     echo "open files: soft limit $(ulimit -Sn) (was $nofile_was), hard $(ulimit -Hn); net.core.somaxconn $(cat /proc/sys/net/core/somaxconn 2>/dev/null || echo ?)"
     echo "torch: $(python3 -c 'import torch; print(torch.__version__, "cuDNN", torch.backends.cudnn.version())')"
     echo "onnxruntime-gpu: $([ -f $ort_lib ] && echo $ort_lib || echo absent)"
+    echo "backend environment: $(env | grep -E '^TRITON_RUST_[A-Z0-9_]+=' | sort | tr '\n' ' ')"
     echo "backend: libtriton_rust.so md5 $(md5sum .carry/libtriton_rust.so | cut -c1-12)$([ -f .carry/libtriton_rust_aoti.so ] && echo ", libtriton_rust_aoti.so md5 $(md5sum .carry/libtriton_rust_aoti.so | cut -c1-12)")"
 } > "$res/host.txt" 2>&1
 cat "$res/host.txt"
