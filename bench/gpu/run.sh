@@ -105,6 +105,9 @@
 #                 (dlrm_v3_serve.py), then the network at the benchmark's shape, ours against the
 #                 reference eager and compiled (dlrm_v3_network.py; its arguments). carry [".carry"]
 #   dlrm-v3-network  that last step alone (dlrm_v3_network.py; its arguments). carry [".carry"]
+#   dlrm-v3-perf  DLRM-v3 at the benchmark's configuration served on KIND_GPU through a GPU cache,
+#                 queries/s and p50/p99 by client count, beside the compiled reference in the same
+#                 call (dlrm_v3_perf.py; its arguments; not yet run on a GPU). carry [".carry"]
 #   ort           gathers the onnxruntime-gpu parts carried by this call (pack.sh --ort) in
 #                 /tmp/ort_parts; the call that brings the last one unpacks /tmp/ort. One call per
 #                 part, carrying that part alone, consecutive (the machine keeps /tmp only while
@@ -162,7 +165,7 @@ while [ $# -gt 0 ]; do
 done
 sub="${1:-}"; [ -n "$sub" ] || usage
 shift
-case "$sub" in models|cache-check|recommenders|dense|trust|ort|aoti|aoti-check|aoti-recsys|network|cross|pooled-check|pooled-bench|dlrm-v2-check|dlrm-v2|dlrm-v2-network|dlrm-v2-fair|dlrm-v3-check|dlrm-v3-network) ;; *) usage ;; esac
+case "$sub" in models|cache-check|recommenders|dense|trust|ort|aoti|aoti-check|aoti-recsys|network|cross|pooled-check|pooled-bench|dlrm-v2-check|dlrm-v2|dlrm-v2-network|dlrm-v2-fair|dlrm-v3-check|dlrm-v3-network|dlrm-v3-perf) ;; *) usage ;; esac
 
 # ---- ort: gather a carried part; unpack once every part is here (no .carry needed) ----
 if [ "$sub" = ort ]; then
@@ -408,6 +411,9 @@ dlrm-v3-check)
     OUT="$res" timeout 150 python3 bench/gpu/dlrm_v3_kernel_check.py || rc=1
     OUT="$res" timeout 170 python3 bench/gpu/dlrm_v3_serve.py --server "$server" --backends "$backends" || rc=1
     OUT="$res" timeout "${NETWORK_TIMEOUT:-240}" python3 bench/gpu/dlrm_v3_network.py "$@" || rc=1
+    ;;
+dlrm-v3-perf)
+    OUT="$res" timeout "${PERF_TIMEOUT:-560}" python3 bench/gpu/dlrm_v3_perf.py --server "$server" --backends "$backends" "$@" || rc=1
     ;;
 dlrm-v3-network)
     OUT="$res" timeout "${NETWORK_TIMEOUT:-400}" python3 bench/gpu/dlrm_v3_network.py "$@" || rc=1
