@@ -56,9 +56,6 @@ def requests(a, cfg):
     return batch
 
 
-def on(batch, device):
-    return dv3.Batch(**{k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(batch).items()})
-
 
 def timed(fn, reps, device):
     fn()
@@ -105,12 +102,11 @@ def main():
         cfg = dv3.Config(num_item_rows=1 << 19, num_user_rows=1 << 16, attn_norm_len=1 + 16384 + 2048, dtype=dtype)
     t0 = time.time()
     ranker = dv3.HstuRanker(cfg).eval().to(dev)
-    batch = on(requests(a, cfg), dev)
+    batch = requests(a, cfg).to(dev)
     hist, cand = batch.hist_lengths.tolist(), batch.cand_lengths.tolist()
     say(f"{a.requests} requests: histories {min(hist)}-{max(hist)} (mean {sum(hist) / len(hist):.0f}), "
         f"candidates {min(cand)}-{max(cand)}; model ready in {time.time() - t0:.1f} s")
     flops = layer_flops(cfg, hist, cand)
-    rows = {}
     want = None
     base = {}
 

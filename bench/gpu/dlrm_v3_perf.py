@@ -46,9 +46,6 @@ from tritonserver_process import serve  # noqa: E402
 say = Transcript("dlrm_v3_perf.txt").say
 
 
-def on(batch, device):
-    return dv3.Batch(**{k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(batch).items()})
-
 
 def model_config(cfg: dv3.Config, a) -> str:
     """models/dlrm_v3's config at this run's sizes and instances."""
@@ -136,7 +133,7 @@ def main():
             worst = 0.0
             for r, job in list(zip(requests, jobs))[:4]:
                 got = client.infer(MODEL, job, ["predictions"])["predictions"]
-                want = reference.score_candidates(on(dv3.Batch.from_requests([r]), dev)).float().cpu().numpy()
+                want = reference.score_candidates(dv3.Batch.from_requests([r]).to(dev)).float().cpu().numpy()
                 worst = max(worst, float(np.abs(got - want).max()))
             say(f"4 answers against the reference on the same device: largest difference {worst:.1e} "
                 f"({'within' if worst <= a.tolerance else 'PAST'} {a.tolerance:g})")
@@ -154,7 +151,7 @@ def main():
         best = 0.0
         sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
         for b in sorted({1, a.max_batch}):
-            sub = on(dv3.Batch.from_requests(requests[:b]), dev)
+            sub = dv3.Batch.from_requests(requests[:b]).to(dev)
             with torch.no_grad():  # the warm-up too: grad mode is one of the compile's guards
                 compiled(sub)
                 sync()

@@ -116,8 +116,7 @@ def main():
                         say(f"request {i}: refused: {answer}")
                         ok = False
                         continue
-                    one = dv3.Batch.from_requests([r])
-                    one = dv3.Batch(**{k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in vars(one).items()})
+                    one = dv3.Batch.from_requests([r]).to(dev)
                     want = reference.score_candidates(one).float().cpu().numpy()
                     worst = max(worst, float(np.abs(answer - want).max()))
             n_exec = after["execution_count"] - before["execution_count"]

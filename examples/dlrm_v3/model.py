@@ -121,6 +121,10 @@ class Batch:
     query_times: Tensor  # [B]
     cand_labels: Optional[Tensor] = None  # [sum c]
 
+    def to(self, device) -> "Batch":
+        """The same batch with its tensors on `device`."""
+        return Batch(**{k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in vars(self).items()})
+
     @property
     def batch_size(self) -> int:
         return int(self.user_ids.numel())

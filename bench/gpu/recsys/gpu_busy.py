@@ -5,7 +5,6 @@ Each sample carries nvidia-smi's clock, so a run made of several timed spans (an
 passes, with keys drawn on the GPU between them) counts the samples inside its spans only.
 """
 import subprocess
-import time
 from datetime import datetime
 
 
@@ -33,7 +32,6 @@ class GpuBusy:
     """Starts sampling GPU `gpu`; `stop(spans)` returns the mean busy percent (None without nvidia-smi)."""
 
     def __init__(self, gpu=0, period_ms=100):
-        self.started = time.time()
         try:
             self.proc = subprocess.Popen(
                 ["nvidia-smi", f"--id={gpu}", "--query-gpu=timestamp,utilization.gpu",

@@ -42,26 +42,30 @@ impl Engine for SequenceEngine {
                 .ok_or_else(|| Error::internal(format!("no input '{name}' in the batch")))
         };
         // every lookup's ids (little-endian INT64, as HPS's KEYS are), table by table, in one
-        // buffer: the lookup's keys are the batch's bytes, copied once
+        // buffer: the lookup's keys are the batch's bytes, copied once; and each lookup's rows,
+        // its place (in elements) in its table's block, the tables one after the other
         let ids: Vec<&[u8]> =
             self.lookups.iter().map(|l| host(by_name(&l.ids)?)).collect::<Result<_>>()?;
         let mut key_bytes = Vec::with_capacity(ids.iter().map(|b| b.len()).sum());
         let mut numkeys = vec![0i32; self.tables];
+        let mut parts: Vec<(usize, usize)> = vec![(0, 0); self.lookups.len()];
+        let mut at = 0usize;
         for (t, count) in numkeys.iter_mut().enumerate() {
-            for (l, ids) in self.lookups.iter().zip(&ids) {
+            for (i, (l, ids)) in self.lookups.iter().zip(&ids).enumerate() {
                 if l.table == t {
                     key_bytes.extend_from_slice(ids);
                     *count += (ids.len() / 8) as i32;
+                    parts[i] = (at, ids.len() / 8 * l.dim);
+                    at += parts[i].1;
                 }
             }
         }
-        let keys = key_bytes.len() / 8;
         let num_bytes: Vec<u8> = numkeys.iter().flat_map(|n| n.to_le_bytes()).collect();
         let lookup_in = [
             BatchTensor {
                 name: "KEYS".into(),
                 dtype: DataType::I64,
-                shape: vec![keys as i64],
+                shape: vec![(key_bytes.len() / 8) as i64],
                 data: BatchData::Borrowed(Bytes::Host(&key_bytes)),
             },
             BatchTensor {
@@ -71,18 +75,6 @@ impl Engine for SequenceEngine {
                 data: BatchData::Borrowed(Bytes::Host(&num_bytes)),
             },
         ];
-        // each lookup's rows: its place (in elements) in its table's block, the tables one after the other
-        let mut at = 0usize;
-        let mut parts: Vec<(usize, usize)> = vec![(0, 0); self.lookups.len()];
-        for t in 0..self.tables {
-            for (i, (l, ids)) in self.lookups.iter().zip(&ids).enumerate() {
-                if l.table == t {
-                    let n = ids.len() / 8 * l.dim;
-                    parts[i] = (at, n);
-                    at += n;
-                }
-            }
-        }
         let SequenceEngine { lookup, network, lookups, net_inputs, net_outputs, .. } = self;
         let wanted: Vec<&str> =
             net_outputs.iter().map(String::as_str).filter(|o| outputs.contains(o)).collect();
