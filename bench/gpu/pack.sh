@@ -4,6 +4,7 @@
 #
 #   .carry/      (~36 MB) the stripped backend libraries (the AOTInductor plugin too), the tools
 #                run.sh uses (gpu_cache_check, criteo_fixture, stream_client, pooled_lookup_bench,
+#                pool_slots_check: the lookup that pools as it goes against the rows path,
 #                ort_bare, aoti_bare: built against this venv's torch, the GPU machine's release)
 #                and the real tritonserver (the nvidia-pytriton wheel's
 #                server and libraries without the bundled libpython, xz-compressed: pyt.tar.xz).
@@ -41,7 +42,7 @@ py=.venv/bin/python
 
 # the backend and the tools
 cargo build --release --lib --example stream_client
-cargo build --release -p triton_rust_embedding --features gpu --example gpu_cache_check --example criteo_fixture --example batch_lookup_bench --example pooled_lookup_bench --example miss_reads_bench --example served_reads_bench
+cargo build --release -p triton_rust_embedding --features gpu --example gpu_cache_check --example criteo_fixture --example batch_lookup_bench --example pooled_lookup_bench --example pool_slots_check --example miss_reads_bench --example served_reads_bench
 if [ -z "${LIBTORCH:-}" ]; then
     for d in .venv/lib/python3*/site-packages/torch; do [ -f "$d/lib/libtorch_cpu.so" ] && export LIBTORCH="$PWD/$d"; done
 fi
@@ -51,7 +52,7 @@ cargo build --release -p triton_rust_engine_onnx --example ort_bare
 tgt="${CARGO_TARGET_DIR:-target}/release"
 mkdir -p .carry .carry_tools
 for f in libtriton_rust.so libtriton_rust_torch.so libtriton_rust_torch_cuda.so libtriton_rust_aoti.so; do strip -o ".carry/$f" "$tgt/$f"; done
-for f in gpu_cache_check criteo_fixture stream_client pooled_lookup_bench; do strip -o ".carry/$f" "$tgt/examples/$f"; done
+for f in gpu_cache_check criteo_fixture stream_client pooled_lookup_bench pool_slots_check; do strip -o ".carry/$f" "$tgt/examples/$f"; done
 for f in batch_lookup_bench miss_reads_bench served_reads_bench; do strip -o ".carry_tools/$f" "$tgt/examples/$f"; rm -f ".carry/$f"; done
 strip -o .carry/ort_bare "$tgt/examples/ort_bare"
 bash bench/gpu/build_aoti_bare.sh "$LIBTORCH" .carry/aoti_bare && strip .carry/aoti_bare

@@ -59,6 +59,13 @@ pub(crate) struct Kernels {
     pub(crate) resident_write: CudaFunction,
     pub(crate) pool_resident: CudaFunction,
     pub(crate) pool_resident_h: CudaFunction,
+    /// Pooled lookups through the caches (`cache/batch_pool.rs`): the probe over fp32 caches
+    /// (fp32 or fp16 out), the misses' rows marked, and the open bags closed with the rows
+    /// fetched as fp32 or fp16 (`_r16`), fp32 or fp16 out.
+    pub(crate) pool_probe: CudaFunction,
+    pub(crate) pool_probe_h: CudaFunction,
+    pub(crate) pool_mark: CudaFunction,
+    pub(crate) pool_close: [CudaFunction; 4],
     /// The kernels that read or write a cache's rows, over caches whose rows are fp16.
     pub(crate) s16: RowKernels,
 }
@@ -80,6 +87,8 @@ pub(crate) struct RowKernels {
     pub(crate) pool_h: CudaFunction,
     pub(crate) pool_fixed: CudaFunction,
     pub(crate) pool_fixed_h: CudaFunction,
+    pub(crate) pool_probe: CudaFunction,
+    pub(crate) pool_probe_h: CudaFunction,
 }
 
 /// Per device, something made once on first use (or why it could not be).
@@ -154,6 +163,15 @@ fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
         resident_write: f("resident_write")?,
         pool_resident: f("pool_resident")?,
         pool_resident_h: f("pool_resident_h")?,
+        pool_probe: f("pool_probe")?,
+        pool_probe_h: f("pool_probe_h")?,
+        pool_mark: f("pool_mark_misses")?,
+        pool_close: [
+            f("pool_close")?,
+            f("pool_close_h")?,
+            f("pool_close_r16")?,
+            f("pool_close_h_r16")?,
+        ],
         s16: RowKernels {
             lookup: f("cache_lookup_s16")?,
             insert: f("cache_insert_s16")?,
@@ -168,6 +186,8 @@ fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
             pool_h: f("pool_bags_h_s16")?,
             pool_fixed: f("pool_fixed_s16")?,
             pool_fixed_h: f("pool_fixed_h_s16")?,
+            pool_probe: f("pool_probe_s16")?,
+            pool_probe_h: f("pool_probe_h_s16")?,
         },
     }))
 }
@@ -262,6 +282,15 @@ mod tests {
             "pool_bags_h_s16",
             "pool_fixed_s16",
             "pool_fixed_h_s16",
+            "pool_probe",
+            "pool_probe_h",
+            "pool_probe_s16",
+            "pool_probe_h_s16",
+            "pool_mark_misses",
+            "pool_close",
+            "pool_close_h",
+            "pool_close_r16",
+            "pool_close_h_r16",
         ] {
             let decl = format!("extern \"C\" __global__ void {name}(");
             assert!(super::SOURCE.contains(&decl), "{name}");

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use triton_rust_core::error::{Error, Result};
 pub use triton_rust_cuda::cache::{
-    BagLayout, BatchKeys, BatchLookup, DeviceRows, FetchedRows, KeyLayout, KeyUpload, Pooler,
-    ResidentPool, RowFormat,
+    BagLayout, BatchKeys, BatchLookup, DeviceRows, FetchedRows, KeyLayout, KeyUpload, PoolSpec,
+    Pooler, ResidentPool, RowFormat,
 };
 use triton_rust_cuda::cache::{CacheSlots, InsertPlan, Queue, WAYS as DEVICE_WAYS};
 

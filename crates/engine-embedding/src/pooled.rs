@@ -6,8 +6,10 @@
 //!   kernel reads the bags where the keys are (a client's CUDA shared memory as it is) and
 //!   writes only the pooled rows ([`ResidentPool`]);
 //! - a GPU instance with fixed hotness and the keys in its GPU's memory: every key looked up
-//!   through the GPU caches in one pass as sent, the rows reduced there
-//!   ([`Pooler::pool_fixed`]), when every bag is full and no key is negative;
+//!   through the GPU caches in one pass as sent, each bag's hits summed from the caches'
+//!   slots as they are found and its misses added once read (`BatchLookup::set_pooling`;
+//!   the rows written out and reduced by [`Pooler::pool_fixed`] where that does not apply),
+//!   when every bag is full and no key is negative;
 //! - a GPU instance otherwise: the bags laid out on the host ([`Bags`]), every key looked up
 //!   through the GPU caches in one pass, the rows reduced there ([`Pooler`]);
 //! - a CPU instance: the same bags, summed on the host ([`pool::pool`]).
@@ -25,7 +27,8 @@ use triton_rust_core::error::{Error, Result};
 use triton_rust_core::tensor::{Bytes, DataType};
 #[cfg(feature = "gpu")]
 use triton_rust_embedding::gpu::{
-    BagLayout, BatchKeys, BatchLookup, GpuInstance, KeyLayout, Pooler, ResidentPool, RowFormat,
+    BagLayout, BatchKeys, BatchLookup, GpuInstance, KeyLayout, PoolSpec, Pooler, ResidentPool,
+    RowFormat,
 };
 use triton_rust_embedding::InstanceCaches;
 
@@ -68,6 +71,15 @@ pub(crate) fn pooled_format(m: &Model) -> RowFormat {
     } else {
         RowFormat::F32
     }
+}
+
+/// Whether the second path pools as it looks up (`BatchLookup::set_pooling`): yes unless
+/// `TRITON_RUST_POOL_FROM_SLOTS=0` in the server's environment (read once), which writes
+/// every key's row out and pools those, as before.
+#[cfg(feature = "gpu")]
+fn pool_from_slots() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TRITON_RUST_POOL_FROM_SLOTS").map_or(true, |v| v != "0"))
 }
 
 /// A tensor's bytes on the host: as they are, or copied from GPU memory.
@@ -208,6 +220,11 @@ impl PooledRun {
         let clock = std::time::Instant::now();
         let batch = v.len() / 8 / width;
         let layout = KeyLayout::Fixed { width, at: &self.hot_at };
+        let mean = pooling.combiner == Combiner::Mean;
+        // the lookup pools as it looks up where it can (the hits summed from the caches'
+        // slots, never written out), else hands the rows to the pooler
+        let spec = PoolSpec { mean, format: pooled_format(m) };
+        lookup.set_pooling(pool_from_slots().then_some(spec));
         let negative =
             caches.lookup_batch_device(BatchKeys::Device(v), layout, instance, lookup, None)?;
         if negative > 0 || batch == 0 {
@@ -215,21 +232,18 @@ impl PooledRun {
         }
         let looked_us = clock.elapsed().as_micros();
         let (tables, dim) = (caches.store().table_count(), caches.store().dim(0));
-        let rows = lookup
-            .rows(batch * width * dim)
-            .ok_or_else(|| Error::internal("pooled lookup: no rows"))?;
         let dtype = m.rows_type;
-        let mean = pooling.combiner == Combiner::Mean;
-        let pooled = pooler.pool_fixed(
-            &rows,
-            lookup.format(),
-            dim,
-            width,
-            &self.hot_at,
-            batch,
-            mean,
-            pooled_format(m),
-        )?;
+        let from_slots = lookup.pooled().is_some();
+        let pooled = match lookup.pooled() {
+            Some(rows) => rows,
+            None => {
+                let rows = lookup
+                    .rows(batch * width * dim)
+                    .ok_or_else(|| Error::internal("pooled lookup: no rows"))?;
+                let (f, at) = (lookup.format(), &self.hot_at);
+                pooler.pool_fixed(&rows, f, dim, width, at, batch, mean, spec.format)?
+            }
+        };
         let pooled_us = clock.elapsed().as_micros();
         if wanted {
             let shape = [batch as i64, tables as i64, dim as i64];
@@ -237,10 +251,11 @@ impl PooledRun {
             sink(OutputView { name, dtype, shape: &shape, data: Bytes::Device(pooled) })?;
         }
         log::debug!(
-            "timing: pooled lookup: keys {}, lookup {looked_us} us, pooling {} us, rows handed on {} us (the keys as sent)",
+            "timing: pooled lookup: keys {}, lookup {looked_us} us, pooling {} us, rows handed on {} us (the keys as sent{})",
             batch * width,
             pooled_us - looked_us,
-            clock.elapsed().as_micros() - pooled_us
+            clock.elapsed().as_micros() - pooled_us,
+            if from_slots { ", pooled from the caches' slots" } else { "" }
         );
         Ok(true)
     }

@@ -14,13 +14,16 @@ use crate::buffer::{DeviceMem, DevicePtr};
 use crate::context::{cuda_err, gpu};
 use crate::copy::{dtod_on, dtoh, htod, htod_now, htod_on, zero, Queue};
 use crate::error::{CudaError, Result};
-use crate::kernels::{self, threads_config, warps_config, Kernels, LOOKUP_KEYS_PER_WARP};
+use crate::kernels::{self, warps_config, Kernels, LOOKUP_KEYS_PER_WARP};
 use crate::mem::{DeviceView, DeviceViewMut};
 use crate::pinned::{HostRows, PinnedBuf};
 use crate::upload::in_parts;
 
 #[path = "batch_host.rs"]
 mod host;
+#[path = "batch_pool.rs"]
+mod pooled;
+pub use pooled::PoolSpec;
 
 /// One instance's lookup of a whole batch, every table at once: the keys go to the GPU
 /// once (from page-locked memory), one kernel serves every hit of every table and lists
@@ -98,6 +101,8 @@ pub struct BatchLookup {
     fill_queued: bool,
     /// The most keys a run has had room for.
     max_keys: usize,
+    /// Pooling as it looks up (`batch_pool.rs`).
+    pool: pooled::PoolRun,
 }
 
 impl BatchLookup {
@@ -165,6 +170,7 @@ impl BatchLookup {
             last: None,
             fill_queued: false,
             max_keys: 0,
+            pool: pooled::PoolRun::new(d),
         })
     }
 
@@ -258,7 +264,13 @@ impl BatchLookup {
         into: Option<DevicePtr<'_>>,
     ) -> std::result::Result<BatchTimes, E> {
         let n = keys.len();
-        self.external = into.is_some();
+        let width = match layout {
+            KeyLayout::Fixed { width, .. } => -(width.min(i32::MAX as usize) as i32),
+            _ => 1,
+        };
+        let on_gpu = matches!(keys, BatchKeys::Device(_));
+        self.pool.active = self.pools(n, width, on_gpu, into.is_none());
+        self.external = into.is_some() || self.pool.active.is_some();
         let mut times = BatchTimes { keys: n, ..BatchTimes::default() };
         if n == 0 {
             return Ok(times);
@@ -273,16 +285,22 @@ impl BatchLookup {
         gpu(self.queue.device)?;
         self.last = None;
         self.host_read = None;
-        self.make_room(n, into.is_none())?;
+        self.make_room(n, !self.external)?;
         let interleaved = self.place_layout(layout, n)?;
         self.clear_misses(n)?;
-        self.send_keys(keys, interleaved, epoch, into)?;
+        match keys {
+            BatchKeys::Device(v) if self.pool.active.is_some() => {
+                self.probe_pool(DevicePtr::of_view(&v)?, n, epoch)?
+            }
+            _ => self.send_keys(keys, interleaved, epoch, into)?,
+        }
         let (m, negative) = self.count_misses(n)?;
         times.misses = m;
         times.lookup_us = us(t0);
         if negative > 0 {
             // a fixed layout with padding or a bad key: the caller takes another path
             times.negative = negative;
+            self.pool.active = None;
             return Ok(times);
         }
         let t1 = Instant::now();
@@ -502,59 +520,12 @@ impl BatchLookup {
         Ok(((h_count[0] as usize).min(n), (h_count[1] as usize).min(n)))
     }
 
-    /// The `m` missed indices to the host, and their keys beside them (gathered on the GPU
-    /// when the keys are there).
-    fn missed_keys_to_host(&mut self, keys: BatchKeys<'_>, m: usize) -> Result<()> {
-        let q = &self.own;
-        let h_miss = self.miss.0.slice(m)?;
-        dtoh(q, h_miss, self.miss.1.ptr())?;
-        q.wait()?;
-        let h_mkeys = self.missed_keys.0.slice(m)?;
-        match keys {
-            BatchKeys::Host(keys) => {
-                for (k, &i) in h_mkeys.iter_mut().zip(h_miss.iter()) {
-                    *k = keys[i as usize];
-                }
-            }
-            BatchKeys::Device(_) => {
-                self.missed_keys.1.reserve(m * 8)?;
-                let (d_keys, d_miss) = (self.keys.1.ptr(), self.miss.1.ptr());
-                let d_mkeys = self.missed_keys.1.ptr();
-                let m_i = m as i32;
-                let mut b = q.stream.launch_builder(&self.kernels.gather_keys);
-                b.arg(&d_keys).arg(&d_miss).arg(&m_i).arg(&d_mkeys);
-                let cfg = threads_config(m);
-                // SAFETY: argument types and order match gather_keys; the m indices in
-                // `d_miss` are < n, `d_keys` holds n keys and `d_mkeys` room for m.
-                unsafe { b.launch(cfg) }.map_err(cuda_err)?;
-                dtoh(q, h_mkeys, d_mkeys)?;
-                q.wait()?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The flags and the miss list (in the fetcher's order) of the rows `from..m`
-    /// [`BatchLookup::fetch_in_parts`] sent up, and the scatter of all `m` rows into place
-    /// queued (the first `from` the GPU read in place, their flags and order on the GPU).
-    fn scatter_fetched(
-        &mut self,
-        from: usize,
-        m: usize,
-        into: Option<DevicePtr<'_>>,
-    ) -> Result<()> {
-        let q = &self.own;
-        let found = self.found.0.slice(m)?;
-        self.found.1.reserve(m)?;
-        htod(q, self.found.1.ptr().at(from), &found[from..])?;
-        // the miss list, in the fetcher's order, goes back as the scatter's indices
-        let (h_miss, d_miss) = (self.miss.0.slice(m)?, self.miss.1.ptr());
-        htod(q, d_miss.at(from * 4), &h_miss[from..])?;
-        self.scatter(m, into)
-    }
-
-    /// The scatter of the `m` fetched rows on the GPU into place queued.
+    /// The scatter of the `m` fetched rows on the GPU into place queued (into the open
+    /// bags, when pooling).
     fn scatter(&mut self, m: usize, into: Option<DevicePtr<'_>>) -> Result<()> {
+        if self.pool.active.is_some() {
+            return self.close_bags(m);
+        }
         let (q, dim) = (&self.own, self.dim);
         let (d_rows, d_miss) = (self.fetched.1.ptr(), self.miss.1.ptr());
         let out = into.unwrap_or(self.out.ptr());

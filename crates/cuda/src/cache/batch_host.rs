@@ -1,14 +1,14 @@
-//! A [`BatchLookup`]'s work beyond the lookup itself: misses fetched by the caller in parts
-//! that go up as they are filled, or read in place from host rows the GPU maps, and the fill
-//! of the caches with the last run's misses.
+//! A [`BatchLookup`]'s work beyond the lookup itself: the misses down to the host, fetched by
+//! the caller in parts that go up as they are filled (their order back after them), or read
+//! in place from host rows the GPU maps, and the fill of the caches with the last run's misses.
 
 use std::sync::Arc;
 
 use cudarc::driver::PushKernelArg;
 
 use super::BatchLookup;
-use crate::buffer::DeviceMem;
-use crate::cache::{FetchMisses, FetchedRows, RowFormat};
+use crate::buffer::{DeviceMem, DevicePtr};
+use crate::cache::{BatchKeys, FetchMisses, FetchedRows, RowFormat};
 use crate::context::{cuda_err, gpu};
 use crate::copy::{dtoh, htod, htod_now, zero};
 use crate::error::{CudaError, Result};
@@ -105,6 +105,57 @@ impl BatchLookup {
             share.end(&q.stream, m)?;
         }
         dtoh(q, self.host_counts.0.slice(2 * tables)?, counts)
+    }
+
+    /// The `m` missed indices to the host, and their keys beside them (gathered on the GPU
+    /// when the keys are there).
+    pub(super) fn missed_keys_to_host(&mut self, keys: BatchKeys<'_>, m: usize) -> Result<()> {
+        let q = &self.own;
+        let h_miss = self.miss.0.slice(m)?;
+        dtoh(q, h_miss, self.miss.1.ptr())?;
+        q.wait()?;
+        let h_mkeys = self.missed_keys.0.slice(m)?;
+        match keys {
+            BatchKeys::Host(keys) => {
+                for (k, &i) in h_mkeys.iter_mut().zip(h_miss.iter()) {
+                    *k = keys[i as usize];
+                }
+            }
+            BatchKeys::Device(_) => {
+                self.missed_keys.1.reserve(m * 8)?;
+                let (d_keys, d_miss) = (self.keys.1.ptr(), self.miss.1.ptr());
+                let d_mkeys = self.missed_keys.1.ptr();
+                let m_i = m as i32;
+                let mut b = q.stream.launch_builder(&self.kernels.gather_keys);
+                b.arg(&d_keys).arg(&d_miss).arg(&m_i).arg(&d_mkeys);
+                let cfg = threads_config(m);
+                // SAFETY: argument types and order match gather_keys; the m indices in
+                // `d_miss` are < n, `d_keys` holds n keys and `d_mkeys` room for m.
+                unsafe { b.launch(cfg) }.map_err(cuda_err)?;
+                dtoh(q, h_mkeys, d_mkeys)?;
+                q.wait()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The flags and the miss list (in the fetcher's order) of the rows `from..m`
+    /// [`BatchLookup::fetch_in_parts`] sent up, and the scatter of all `m` rows into place
+    /// queued (the first `from` the GPU read in place, their flags and order on the GPU).
+    pub(super) fn scatter_fetched(
+        &mut self,
+        from: usize,
+        m: usize,
+        into: Option<DevicePtr<'_>>,
+    ) -> Result<()> {
+        let q = &self.own;
+        let found = self.found.0.slice(m)?;
+        self.found.1.reserve(m)?;
+        htod(q, self.found.1.ptr().at(from), &found[from..])?;
+        // the miss list, in the fetcher's order, goes back as the scatter's indices
+        let (h_miss, d_miss) = (self.miss.0.slice(m)?, self.miss.1.ptr());
+        htod(q, d_miss.at(from * 4), &h_miss[from..])?;
+        self.scatter(m, into)
     }
 
     /// The fetcher called on the `m` misses part after part, each part's rows queued up to

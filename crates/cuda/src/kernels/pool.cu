@@ -208,3 +208,190 @@ extern "C" __global__ void pool_resident_h_s16(const i64* __restrict__ keys, int
         unsigned short* __restrict__ out, unsigned* __restrict__ miss_count) {
     pool_resident_as<unsigned short, unsigned short>(keys, batch, width, tables, at, ragged, desc, dim, lanes, mean, out, miss_count);
 }
+
+// Pooled lookups through the caches, the rows never written out one by one: keys of fixed
+// hotness as sent ([batch, width], bag (b, t) at b * width + at[t] .. at[t+1], every bag full),
+// `lanes` threads a bag (a power of two up to 32, each holding 16 bytes of a row of the
+// caches' type S). Each key is probed in its table's set (each lane reads 32 / lanes of the
+// set's tags), a hit's row read straight from its slot and summed in key order in fp32 (and its
+// slot stamped, as batch_lookup does); a resident table's row is the key's. A miss appends its
+// index to miss[] (order not kept) for the host to read below the cache, and leaves its bag
+// open: the bag's sum of hits goes to partial (fp32, [bags, dim]) and open[bag] = 1; a bag
+// without misses is final at once, out[b][t][:] as O (divided by its count for the mean).
+// pos[i] = -1 for every key (pool_mark_misses then gives the misses their row). A negative key
+// (padding, a client's bad key) is counted in miss_count[1] and nothing else is done for it:
+// the caller then takes the path that leaves padding out. Rows are read where they are within
+// the kernel, so no other lookup's fill can move them under it.
+template <typename S, typename O>
+__device__ __forceinline__ void pool_probe_as(const i64* __restrict__ keys, int batch, int width, int tables,
+        const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, u64 epoch, int mean,
+        O* __restrict__ out, float* __restrict__ partial, int* __restrict__ pos, unsigned char* __restrict__ open,
+        int* __restrict__ miss, unsigned* __restrict__ miss_count) {
+    const int E = 16 / (int)sizeof(S);
+    long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long bag = g / lanes;
+    int gl = (int)(g % lanes), lane = threadIdx.x & 31;
+    if (bag >= (long long)batch * tables) return;  // a bag's lanes leave together
+    unsigned group = lanes == 32 ? FULL : ((1u << lanes) - 1u) << (lane - gl);
+    const int per = 32 / lanes;  // tags a lane reads
+    int b = (int)(bag / tables), t = (int)(bag % tables);
+    long long first = (long long)b * width + at[t];
+    int n = at[t + 1] - at[t];
+    const long long* d = desc + t * DESC;
+    const i64* slot_keys = (const i64*)d[0];
+    u64* stamps = (u64*)d[1];
+    const S* rows = (const S*)d[2] + gl * E;
+    long long sets = d[3];
+    bool lfu = d[6] != 0;
+    float acc[E];
+    #pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = 0.0f;
+    int missed = 0;
+    // four keys at a time: their tags read together, then their rows, added in key order
+    for (int j = 0; j < n; j += 4) {
+        long long slot[4];
+        #pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            slot[u] = -1;
+            if (j + u >= n) continue;  // the same for the bag's lanes
+            long long i = first + j + u;
+            i64 key = keys[i];
+            if (gl == 0) pos[i] = -1;
+            if (key < 0) {
+                if (gl == 0) atomicAdd(miss_count + 1, 1u);
+                continue;
+            }
+            if (sets < 0) {
+                if (key < -sets) slot[u] = key;
+            } else {
+                u64 set = mix64((u64)key) % (u64)sets;
+                const i64* tags = slot_keys + set * 32 + per * gl;
+                unsigned bits = 0;
+                if (per == 1) bits = tags[0] == key;
+                else for (int q = 0; q < per / 2; ++q) {
+                    longlong2 v = ((const longlong2*)tags)[q];
+                    bits |= ((unsigned)(v.x == key) << (2 * q)) | ((unsigned)(v.y == key) << (2 * q + 1));
+                }
+                unsigned any = __ballot_sync(group, bits != 0);
+                if (any != 0) {
+                    int src = __ffs(any) - 1;
+                    unsigned its = __shfl_sync(group, bits, src);
+                    slot[u] = set * 32 + per * (src - (lane - gl)) + __ffs(its) - 1;
+                    if (gl == 0) {
+                        if (lfu) atomicAdd(&stamps[slot[u]], 1ULL);
+                        else stamps[slot[u]] = epoch;
+                    }
+                }
+            }
+            if (slot[u] < 0) {
+                ++missed;
+                if (gl == 0) miss[atomicAdd(miss_count, 1u)] = (int)i;
+            }
+        }
+        uint4 v[4];
+        #pragma unroll
+        for (int u = 0; u < 4; ++u)
+            v[u] = slot[u] >= 0 ? *(const uint4*)(rows + (size_t)slot[u] * dim) : make_uint4(0u, 0u, 0u, 0u);
+        #pragma unroll
+        for (int u = 0; u < 4; ++u) if (slot[u] >= 0) add16(acc, v[u], rows);
+    }
+    if (gl == 0) open[bag] = missed > 0 ? 1 : 0;
+    if (missed > 0) {
+        float* p = partial + (size_t)bag * dim + gl * E;
+        #pragma unroll
+        for (int e = 0; e < E; ++e) p[e] = acc[e];
+        return;
+    }
+    O* o = out + (size_t)bag * dim + gl * E;
+    #pragma unroll
+    for (int e = 0; e < E; ++e) put(o + e, (mean && n > 1) ? acc[e] / (float)n : acc[e]);
+}
+
+// Caches' rows (S) float or fp16, the pooled rows out (O) float or fp16.
+extern "C" __global__ void pool_probe(const i64* __restrict__ keys, int batch, int width, int tables,
+        const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, u64 epoch, int mean,
+        float* __restrict__ out, float* __restrict__ partial, int* __restrict__ pos, unsigned char* __restrict__ open,
+        int* __restrict__ miss, unsigned* __restrict__ miss_count) {
+    pool_probe_as<float, float>(keys, batch, width, tables, at, desc, dim, lanes, epoch, mean, out, partial, pos, open, miss, miss_count);
+}
+
+extern "C" __global__ void pool_probe_h(const i64* __restrict__ keys, int batch, int width, int tables,
+        const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, u64 epoch, int mean,
+        unsigned short* __restrict__ out, float* __restrict__ partial, int* __restrict__ pos, unsigned char* __restrict__ open,
+        int* __restrict__ miss, unsigned* __restrict__ miss_count) {
+    pool_probe_as<float, unsigned short>(keys, batch, width, tables, at, desc, dim, lanes, epoch, mean, out, partial, pos, open, miss, miss_count);
+}
+
+extern "C" __global__ void pool_probe_s16(const i64* __restrict__ keys, int batch, int width, int tables,
+        const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, u64 epoch, int mean,
+        float* __restrict__ out, float* __restrict__ partial, int* __restrict__ pos, unsigned char* __restrict__ open,
+        int* __restrict__ miss, unsigned* __restrict__ miss_count) {
+    pool_probe_as<unsigned short, float>(keys, batch, width, tables, at, desc, dim, lanes, epoch, mean, out, partial, pos, open, miss, miss_count);
+}
+
+extern "C" __global__ void pool_probe_h_s16(const i64* __restrict__ keys, int batch, int width, int tables,
+        const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, u64 epoch, int mean,
+        unsigned short* __restrict__ out, float* __restrict__ partial, int* __restrict__ pos, unsigned char* __restrict__ open,
+        int* __restrict__ miss, unsigned* __restrict__ miss_count) {
+    pool_probe_as<unsigned short, unsigned short>(keys, batch, width, tables, at, desc, dim, lanes, epoch, mean, out, partial, pos, open, miss, miss_count);
+}
+
+// Row j of the fetched rows is key miss[j]'s (the fetcher's order): pos[miss[j]] = j.
+extern "C" __global__ void pool_mark_misses(const int* __restrict__ miss, int m, int* __restrict__ pos) {
+    long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j < m) pos[miss[j]] = (int)j;
+}
+
+// The open bags closed: `lanes` threads a bag, each 16 bytes of a fetched row (R: float, or
+// fp16 bits); a bag's hits' sum (partial) plus its missed keys' fetched rows, in key order,
+// written to out[b][t][:] as O (divided by its count for the mean). So a bag's sum is its
+// hits' rows in key order, then its misses' in key order, in fp32.
+template <typename R, typename O>
+__device__ __forceinline__ void pool_close_as(const R* __restrict__ fetched, const int* __restrict__ pos,
+        const unsigned char* __restrict__ open, int batch, int width, int tables, const int* __restrict__ at,
+        int dim, int lanes, int mean, const float* __restrict__ partial, O* __restrict__ out) {
+    const int E = 16 / (int)sizeof(R);
+    long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long bag = g / lanes;
+    int gl = (int)(g % lanes);
+    if (bag >= (long long)batch * tables || !open[bag]) return;
+    int b = (int)(bag / tables), t = (int)(bag % tables);
+    long long first = (long long)b * width + at[t];
+    int n = at[t + 1] - at[t];
+    const float* p = partial + (size_t)bag * dim + gl * E;
+    float acc[E];
+    #pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = p[e];
+    const R* r = fetched + gl * E;
+    for (int j = 0; j < n; ++j) {
+        int row = pos[first + j];
+        if (row >= 0) add16(acc, *(const uint4*)(r + (size_t)row * dim), r);
+    }
+    O* o = out + (size_t)bag * dim + gl * E;
+    #pragma unroll
+    for (int e = 0; e < E; ++e) put(o + e, (mean && n > 1) ? acc[e] / (float)n : acc[e]);
+}
+
+extern "C" __global__ void pool_close(const float* __restrict__ fetched, const int* __restrict__ pos,
+        const unsigned char* __restrict__ open, int batch, int width, int tables, const int* __restrict__ at,
+        int dim, int lanes, int mean, const float* __restrict__ partial, float* __restrict__ out) {
+    pool_close_as<float, float>(fetched, pos, open, batch, width, tables, at, dim, lanes, mean, partial, out);
+}
+
+extern "C" __global__ void pool_close_h(const float* __restrict__ fetched, const int* __restrict__ pos,
+        const unsigned char* __restrict__ open, int batch, int width, int tables, const int* __restrict__ at,
+        int dim, int lanes, int mean, const float* __restrict__ partial, unsigned short* __restrict__ out) {
+    pool_close_as<float, unsigned short>(fetched, pos, open, batch, width, tables, at, dim, lanes, mean, partial, out);
+}
+
+extern "C" __global__ void pool_close_r16(const unsigned short* __restrict__ fetched, const int* __restrict__ pos,
+        const unsigned char* __restrict__ open, int batch, int width, int tables, const int* __restrict__ at,
+        int dim, int lanes, int mean, const float* __restrict__ partial, float* __restrict__ out) {
+    pool_close_as<unsigned short, float>(fetched, pos, open, batch, width, tables, at, dim, lanes, mean, partial, out);
+}
+
+extern "C" __global__ void pool_close_h_r16(const unsigned short* __restrict__ fetched, const int* __restrict__ pos,
+        const unsigned char* __restrict__ open, int batch, int width, int tables, const int* __restrict__ at,
+        int dim, int lanes, int mean, const float* __restrict__ partial, unsigned short* __restrict__ out) {
+    pool_close_as<unsigned short, unsigned short>(fetched, pos, open, batch, width, tables, at, dim, lanes, mean, partial, out);
+}

@@ -1,0 +1,174 @@
+//! A batch lookup that pools as it looks up ([`BatchLookup::set_pooling`]): keys of fixed
+//! hotness as sent, in GPU memory, are probed in the caches and each bag's hits summed
+//! straight from their slots by one kernel on the caches' queue (`pool_probe`), so no hit's
+//! row is ever written out and read back; the bags that missed are closed once their rows
+//! are up, by adding those rows (`pool_mark_misses`, `pool_close`, on this lookup's stream),
+//! where the rows path scatters them. A bag's sum is its hits' rows in key order, then its
+//! misses' rows in key order, in fp32: equal to the rows path's key-order sum within fp32
+//! rounding, and the same for the same hits and misses every time.
+
+use cudarc::driver::PushKernelArg;
+
+use super::{BatchLookup, RowFormat};
+use crate::buffer::{DeviceMem, DevicePtr};
+use crate::context::cuda_err;
+use crate::copy::dtod_on;
+use crate::error::Result;
+use crate::kernels::threads_config;
+use crate::mem::DeviceView;
+
+/// How a pooling lookup reduces each bag, and the type it writes the pooled rows in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSpec {
+    /// Each bag's sum divided by its count.
+    pub mean: bool,
+    pub format: RowFormat,
+}
+
+/// A pooling lookup's wish and what it keeps from run to run.
+pub(super) struct PoolRun {
+    wanted: Option<PoolSpec>,
+    /// The run under way (or the last) pools: `(batch, width)`.
+    pub(super) active: Option<(usize, usize)>,
+    /// Per key, its fetched row once marked (-1: a hit); per bag, whether it missed; the
+    /// open bags' sums of hits (fp32); the pooled rows.
+    pos: DeviceMem,
+    open: DeviceMem,
+    partial: DeviceMem,
+    out: DeviceMem,
+}
+
+impl PoolRun {
+    pub(super) fn new(device: i32) -> PoolRun {
+        PoolRun {
+            wanted: None,
+            active: None,
+            pos: DeviceMem::growing(device),
+            open: DeviceMem::growing(device),
+            partial: DeviceMem::growing(device),
+            out: DeviceMem::growing(device),
+        }
+    }
+}
+
+/// Threads a bag, each holding 16 bytes of a row of `dim` elements of `format`: `None` unless
+/// a row is whole 16-byte pieces, and (for the probe, `pow2`) their count a power of two up
+/// to 32, so a bag's lanes are one aligned group of a warp.
+fn lanes(dim: usize, format: RowFormat, pow2: bool) -> Option<usize> {
+    let bytes = dim * format.size();
+    let lanes = bytes / 16;
+    let fits = bytes % 16 == 0 && lanes > 0 && (!pow2 || (lanes.is_power_of_two() && lanes <= 32));
+    fits.then_some(lanes)
+}
+
+impl BatchLookup {
+    /// Whether the next runs pool (`Some`): a run over keys of fixed hotness already in GPU
+    /// memory (`KeyLayout::Fixed`, `BatchKeys::Device`), with the misses read by the fetcher
+    /// and the rows in this lookup's own buffer, then hands `[batch, tables, dim]` pooled
+    /// rows ([`BatchLookup::pooled`]) and no rows; any other run, or rows whose 16-byte
+    /// pieces do not make one group of a warp, looks its rows up as before.
+    pub fn set_pooling(&mut self, spec: Option<PoolSpec>) {
+        self.pool.wanted = spec;
+    }
+
+    /// The last run's pooled rows, when it pooled (complete; valid until the next run).
+    pub fn pooled(&self) -> Option<DeviceView<'_>> {
+        let (batch, _) = self.pool.active?;
+        let spec = self.pool.wanted?;
+        self.pool.out.view(batch * self.tables * self.dim * spec.format.size())
+    }
+
+    /// Whether a run of `n` keys pools, and then its `(batch, width)`: `interleaved` is the
+    /// layout's flag (`-width` for fixed hotness).
+    pub(super) fn pools(&self, n: usize, interleaved: i32, on_gpu: bool, own_out: bool) -> Option<(usize, usize)> {
+        let ok = self.pool.wanted.is_some()
+            && interleaved < 0
+            && on_gpu
+            && own_out
+            && !self.host_on
+            && lanes(self.dim, self.stored, true).is_some()
+            && lanes(self.dim, self.fetched_as, false).is_some();
+        let width = interleaved.unsigned_abs() as usize;
+        ok.then_some((n / width.max(1), width))
+    }
+
+    /// The keys (`n`, in GPU memory at `src`) copied into this lookup's buffer and the probe
+    /// queued behind them on the caches' queue: each bag's hits summed from their slots, the
+    /// misses listed.
+    pub(super) fn probe_pool(&mut self, src: DevicePtr<'_>, n: usize, epoch: u64) -> Result<()> {
+        let (Some((batch, width)), Some(spec)) = (self.pool.active, self.pool.wanted) else {
+            return Ok(());
+        };
+        let (tables, dim) = (self.tables, self.dim);
+        let bags = batch * tables;
+        let p = &mut self.pool;
+        p.pos.reserve(n * 4)?;
+        p.open.reserve(bags)?;
+        p.partial.reserve(bags * dim * 4)?;
+        p.out.reserve(bags * dim * spec.format.size())?;
+        let q = &self.queue;
+        let d_keys = self.keys.1.ptr();
+        // `src` holds n keys (checked by `run_keys`) and stays valid through this run, which
+        // waits on the queue; the copy is ordered before the probe and any later fill
+        dtod_on(&q.stream, d_keys, src, n * 8)?;
+        let lanes = lanes(dim, self.stored, true).expect("checked by `pools`");
+        let k = &self.kernels;
+        let f = match (self.stored, spec.format) {
+            (RowFormat::F32, RowFormat::F32) => &k.pool_probe,
+            (RowFormat::F32, RowFormat::F16) => &k.pool_probe_h,
+            (RowFormat::F16, RowFormat::F32) => &k.s16.pool_probe,
+            (RowFormat::F16, RowFormat::F16) => &k.s16.pool_probe_h,
+        };
+        let (batch_i, width_i, tables_i, dim_i, lanes_i, mean_i) =
+            (batch as i32, width as i32, tables as i32, dim as i32, lanes as i32, i32::from(spec.mean));
+        let (d_at, d_desc) = (self.starts.1.ptr(), self.desc.ptr());
+        let (d_out, d_partial, d_pos, d_open) = (p.out.ptr(), p.partial.ptr(), p.pos.ptr(), p.open.ptr());
+        let (d_miss, d_count) = (self.miss.1.ptr(), self.count.1.ptr());
+        let mut b = q.stream.launch_builder(f);
+        b.arg(&d_keys).arg(&batch_i).arg(&width_i).arg(&tables_i).arg(&d_at).arg(&d_desc);
+        b.arg(&dim_i).arg(&lanes_i).arg(&epoch).arg(&mean_i).arg(&d_out).arg(&d_partial);
+        b.arg(&d_pos).arg(&d_open).arg(&d_miss).arg(&d_count);
+        // SAFETY: argument types and order match pool_probe(_h)(_s16), the one for the
+        // caches' rows and the pooled rows' format; the keys hold batch * width keys, the
+        // starts (`place_layout`) tables + 1, the descriptors name slots `_slots` holds, and
+        // every buffer was sized above for n keys and batch * tables bags.
+        unsafe { b.launch(threads_config(bags * lanes)) }.map_err(cuda_err)?;
+        Ok(())
+    }
+
+    /// The open bags closed with the `m` fetched rows (on the GPU, in the fetcher's order, as
+    /// the miss list on the GPU is): each missed key told its row, then each open bag's
+    /// missed rows added, on this lookup's stream.
+    pub(super) fn close_bags(&mut self, m: usize) -> Result<()> {
+        let (Some((batch, width)), Some(spec)) = (self.pool.active, self.pool.wanted) else {
+            return Ok(());
+        };
+        let (q, p) = (&self.own, &self.pool);
+        let (d_miss, d_pos, m_i) = (self.miss.1.ptr(), p.pos.ptr(), m as i32);
+        let mut b = q.stream.launch_builder(&self.kernels.pool_mark);
+        b.arg(&d_miss).arg(&m_i).arg(&d_pos);
+        // SAFETY: argument types and order match pool_mark_misses; the m indices are keys of
+        // this run, which `pos` has room for.
+        unsafe { b.launch(threads_config(m)) }.map_err(cuda_err)?;
+        let lanes = lanes(self.dim, self.fetched_as, false).expect("checked by `pools`");
+        let which = match (self.fetched_as, spec.format) {
+            (RowFormat::F32, RowFormat::F32) => 0,
+            (RowFormat::F32, RowFormat::F16) => 1,
+            (RowFormat::F16, RowFormat::F32) => 2,
+            (RowFormat::F16, RowFormat::F16) => 3,
+        };
+        let (tables, bags) = (self.tables as i32, batch * self.tables);
+        let (batch_i, width_i, dim_i, lanes_i, mean_i) =
+            (batch as i32, width as i32, self.dim as i32, lanes as i32, i32::from(spec.mean));
+        let (d_rows, d_open, d_at) = (self.fetched.1.ptr(), p.open.ptr(), self.starts.1.ptr());
+        let (d_partial, d_out) = (p.partial.ptr(), p.out.ptr());
+        let mut c = q.stream.launch_builder(&self.kernels.pool_close[which]);
+        c.arg(&d_rows).arg(&d_pos).arg(&d_open).arg(&batch_i).arg(&width_i).arg(&tables);
+        c.arg(&d_at).arg(&dim_i).arg(&lanes_i).arg(&mean_i).arg(&d_partial).arg(&d_out);
+        // SAFETY: argument types and order match pool_close(_h)(_r16), the one for the
+        // fetched rows' type and the pooled rows' format; the fetched rows are m rows of dim
+        // (every `pos` ≥ 0 is one of them), and the bags' buffers were sized by the probe.
+        unsafe { c.launch(threads_config(bags * lanes)) }.map_err(cuda_err)?;
+        Ok(())
+    }
+}
