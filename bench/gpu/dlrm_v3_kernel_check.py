@@ -116,12 +116,18 @@ def main():
     split_op = torch.compile(lambda x: kernels.hstu_attention(*split(x), offsets, h, norm, alpha))
     ms_sc = timed(lambda: split_op(qkv), 10)
     say(f"q, k, v split from one projection: direct {ms_s:.3f} ms, through torch.compile {ms_sc:.3f} ms")
+    # static shapes: whether what Inductor cannot prove under dynamic shapes is what costs
+    static_op = torch.compile(lambda x: kernels.hstu_attention(*split(x), offsets, h, norm, alpha), dynamic=False)
+    say(f"  through torch.compile(dynamic=False): {timed(lambda: static_op(qkv), 10):.3f} ms")
     # how Inductor launches it: the kernel's compile options and argument hints in its code
     from torch._inductor.utils import run_and_get_code
     torch._dynamo.reset()
     _, codes = run_and_get_code(split_op, qkv)  # compiled again after the reset, its code kept
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "inductor_code.py"), "w") as f:
+            f.write("\n\n# ----\n\n".join(codes))
     for line in "\n".join(codes).splitlines():
-        if "triton_meta" in line or "num_stages" in line or "'configs'" in line:
+        if any(w in line for w in ("triton_meta", "num_stages", "num_warps", "'configs'", "user_autotune", "_hstu_attention_kernel")):
             say(f"  inductor: {line.strip()[:400]}")
     say(f"done in {time.time() - t0:.1f} s")
 

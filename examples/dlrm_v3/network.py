@@ -110,7 +110,8 @@ class HstuNetwork(nn.Module):
         times = time_of_day_and_week(query_times[cand_req]).to(dtype)
         user_c = r.post_norm(r.post_dense(torch.cat([out, times], -1)))
         item_c = r.item_mlp(torch.cat([cand_item_rows.to(dtype), cand_category_rows.to(dtype)], -1))
-        return r.predictions(r.head(user_c * item_c))
+        # fp32 out whatever the layers ran in (the served config's TYPE_FP32 predictions)
+        return r.predictions(r.head(user_c * item_c)).float()
 
 
 def rows_of(ranker: HstuRanker, batch: Batch) -> Dict[str, Tensor]:

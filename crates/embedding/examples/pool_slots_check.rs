@@ -208,9 +208,19 @@ fn main() {
             }
         }
     }
-    assert!(worst.0 <= 2e-3 && worst.1 <= 2e-3, "pooled rows off: between the paths {}, against the sums {}", worst.0, worst.1);
-    println!("checked: the paths agree within {:.1e} (relative, fp16 out), the sums here within {:.1e}", worst.0, worst.1);
-    for (name, t) in [("rows (written out, then pooled)", &by_rows), ("slots (pooled as looked up)", &by_slots)] {
+    assert!(
+        worst.0 <= 2e-3 && worst.1 <= 2e-3,
+        "pooled rows off: between the paths {}, against the sums {}",
+        worst.0,
+        worst.1
+    );
+    println!(
+        "checked: the paths agree within {:.1e} (relative, fp16 out), the sums here within {:.1e}",
+        worst.0, worst.1
+    );
+    for (name, t) in
+        [("rows (written out, then pooled)", &by_rows), ("slots (pooled as looked up)", &by_slots)]
+    {
         let per = t.secs / t.batches as f64;
         let fetch = t.fetch_us as f64 / t.batches as f64 / 1e3;
         println!(
@@ -226,5 +236,9 @@ fn main() {
         by_rows.fetch_us as f64 / by_rows.batches as f64 / 1e6,
         by_slots.fetch_us as f64 / by_slots.batches as f64 / 1e6,
     );
-    println!("slots / rows: {:.2}x as fast a batch, {:.2}x without the fetcher", r / s, (r - fr) / (s - fs));
+    println!(
+        "slots / rows: {:.2}x as fast a batch, {:.2}x without the fetcher",
+        r / s,
+        (r - fr) / (s - fs)
+    );
 }

@@ -57,7 +57,9 @@ impl PoolRun {
 fn lanes(dim: usize, format: RowFormat, pow2: bool) -> Option<usize> {
     let bytes = dim * format.size();
     let lanes = bytes / 16;
-    let fits = bytes % 16 == 0 && lanes > 0 && (!pow2 || (lanes.is_power_of_two() && lanes <= 32));
+    let fits = bytes.is_multiple_of(16)
+        && lanes > 0
+        && (!pow2 || (lanes.is_power_of_two() && lanes <= 32));
     fits.then_some(lanes)
 }
 
@@ -80,7 +82,13 @@ impl BatchLookup {
 
     /// Whether a run of `n` keys pools, and then its `(batch, width)`: `interleaved` is the
     /// layout's flag (`-width` for fixed hotness).
-    pub(super) fn pools(&self, n: usize, interleaved: i32, on_gpu: bool, own_out: bool) -> Option<(usize, usize)> {
+    pub(super) fn pools(
+        &self,
+        n: usize,
+        interleaved: i32,
+        on_gpu: bool,
+        own_out: bool,
+    ) -> Option<(usize, usize)> {
         let ok = self.pool.wanted.is_some()
             && interleaved < 0
             && on_gpu
@@ -119,10 +127,17 @@ impl BatchLookup {
             (RowFormat::F16, RowFormat::F32) => &k.s16.pool_probe,
             (RowFormat::F16, RowFormat::F16) => &k.s16.pool_probe_h,
         };
-        let (batch_i, width_i, tables_i, dim_i, lanes_i, mean_i) =
-            (batch as i32, width as i32, tables as i32, dim as i32, lanes as i32, i32::from(spec.mean));
+        let (batch_i, width_i, tables_i, dim_i, lanes_i, mean_i) = (
+            batch as i32,
+            width as i32,
+            tables as i32,
+            dim as i32,
+            lanes as i32,
+            i32::from(spec.mean),
+        );
         let (d_at, d_desc) = (self.starts.1.ptr(), self.desc.ptr());
-        let (d_out, d_partial, d_pos, d_open) = (p.out.ptr(), p.partial.ptr(), p.pos.ptr(), p.open.ptr());
+        let (d_out, d_partial, d_pos, d_open) =
+            (p.out.ptr(), p.partial.ptr(), p.pos.ptr(), p.open.ptr());
         let (d_miss, d_count) = (self.miss.1.ptr(), self.count.1.ptr());
         let mut b = q.stream.launch_builder(f);
         b.arg(&d_keys).arg(&batch_i).arg(&width_i).arg(&tables_i).arg(&d_at).arg(&d_desc);
