@@ -158,13 +158,16 @@ def main():
                 f.write(model_config(cfg, a, share))
             log = os.path.join(os.environ.get("OUT", repo), f"dlrm_v3_perf_server_cache{share}.log")
             served[share] = serve_level(a, repo, log, requests, jobs, reference, share)
-        compiled = torch.compile(reference.forward_padded)
         best = 0.0
         sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
         for b in sorted({1, 4, a.max_batch}):
+            # compiled for this batch alone (static shapes): after a first size, a dynamic
+            # recompile ran the padded reference at a quarter of its speed (H200)
+            torch._dynamo.reset()
+            compiled = torch.compile(reference.forward_padded, dynamic=False)
             sub = dv3.Batch.from_requests(requests[:b]).to(dev)
             with torch.no_grad():  # the warm-up too: grad mode is one of the compile's guards
-                for _ in range(2):  # a new shape may compile twice (static, then dynamic)
+                for _ in range(2):
                     compiled(sub)
                 sync()
                 t0 = time.perf_counter()
