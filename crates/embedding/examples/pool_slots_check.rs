@@ -33,15 +33,10 @@ use triton_rust_embedding::{mix64, CacheRows, Zipf};
 mod common;
 use common::arg;
 
-/// MLPerf DLRM-v2's rows per table and keys per bag.
-const ROWS: [usize; 26] = [
-    40_000_000, 39_060, 17_295, 7_424, 20_265, 3, 7_122, 1_543, 63, 40_000_000, 3_067_956, 405_282,
-    10, 2_209, 11_938, 155, 4, 976, 14, 40_000_000, 40_000_000, 40_000_000, 590_152, 12_973, 108,
-    36,
-];
-const HOTNESS: [usize; 26] =
-    [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1];
-const DIM: usize = 128;
+#[path = "common/dlrm_v2.rs"]
+mod dlrm_v2;
+use dlrm_v2::{DIM, HOTNESS, ROWS};
+
 /// Rows repeat with this period (the values do not change what is timed).
 const PERIOD: usize = 65_536;
 
