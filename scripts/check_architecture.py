@@ -133,7 +133,7 @@ CUDA_LAYERS = [
     ("buffers", ["buffer.rs", "pinned.rs"]),
     ("copies", ["copy.rs", "upload.rs"]),
     ("cache", ["cache/mod.rs", "cache/slots.rs", "cache/rows.rs", "cache/batch_args.rs",
-               "cache/batch.rs", "cache/batch_host.rs", "cache/batch_pool.rs", "cache/pool.rs", "cache/bench.rs"]),
+               "cache/batch.rs", "cache/batch_host.rs", "cache/batch_pool.rs", "cache/batch_clock.rs", "cache/pool.rs", "cache/bench.rs"]),
 ]
 MAX_LINES = 600
 SOURCES = ("*.rs", "*.cpp", "*.cu", "*.h", "*.c", "*.py", "*.sh")

@@ -14,7 +14,9 @@
 //! sums differ only in order), and the first samples' equal sums computed here. Timed:
 //! batches alternate between the paths (a fresh batch each, the same stream of keys), each
 //! from the keys to its pooled rows complete, the caches filled after each as served; the
-//! fetcher's time is its own line (both paths call it alike).
+//! fetcher's time is its own line (both paths call it alike). Each path's GPU steps are timed
+//! by CUDA events too (`BatchLookup::time_kernels`): the lookup or probe, the fetched rows put in
+//! place, the fill, and the rows path's pooling: where a batch's GPU time goes.
 //!
 //!   cargo build --release -p triton_rust_embedding --features gpu --example pool_slots_check
 //!   target/release/examples/pool_slots_check [--scale 0.25] [--cache 0.1] [--batch 16384] [--alpha 1.05] [--iters 20]
@@ -53,6 +55,12 @@ struct Totals {
     fetch_us: u64,
     keys: usize,
     misses: usize,
+    /// The GPU steps' event times summed (ms): the lookup or probe, the fetched rows put in
+    /// place (scatter, or the open bags closed), the fill; the rows path's pooling (wall).
+    lookup_ms: f64,
+    place_ms: f64,
+    fill_ms: f64,
+    pool_ms: f64,
 }
 
 fn main() {
@@ -126,6 +134,7 @@ fn main() {
     let new_lookup = || -> BatchLookup {
         let mut l = instance.batch_lookup(&gpu, DIM, RowFormat::F16).expect("batch lookup");
         l.set_fetched(RowFormat::F16);
+        l.time_kernels(true).expect("events");
         l
     };
     let (mut rows_path, mut slots_path) = (new_lookup(), new_lookup());
@@ -144,6 +153,7 @@ fn main() {
         let times = lookup
             .run_keys(BatchKeys::Device(view), layout, instance.next_epoch(), &mut fetch, None)
             .expect("lookup");
+        let tp = Instant::now();
         let pooled = match lookup.pooled() {
             Some(p) => p,
             None => {
@@ -154,11 +164,17 @@ fn main() {
                     .expect("pool")
             }
         };
+        let pool_ms = tp.elapsed().as_secs_f64() * 1e3;
         let secs = t0.elapsed().as_secs_f64();
         let mut got = vec![0u8; pooled.len()];
         Cuda.copy(Bytes::Device(pooled), BytesMut::Host(&mut got)).expect("rows down");
         lookup.fill_last(instance.next_epoch()).expect("fill");
         if let Some(t) = tot {
+            let k = lookup.kernel_times().expect("events").expect("timed");
+            t.lookup_ms += k.lookup_ms as f64;
+            t.place_ms += k.place_ms.unwrap_or(0.0) as f64;
+            t.fill_ms += k.fill_ms.unwrap_or(0.0) as f64;
+            t.pool_ms += if slots { 0.0 } else { pool_ms };
             t.batches += 1;
             t.secs += secs;
             t.fetch_us += times.fetch_us - times.keys_down_us;
@@ -224,6 +240,15 @@ fn main() {
             per * 1e3 - fetch,
             1.0 - t.misses as f64 / t.keys as f64,
             batch as f64 / per / 1e6
+        );
+        let b = t.batches as f64;
+        println!(
+            "{:34}  GPU steps a batch (events): lookup {:.3} ms, fetched rows put in place {:.3} ms, fill {:.3} ms; pooling after (wall) {:.3} ms",
+            "",
+            t.lookup_ms / b,
+            t.place_ms / b,
+            t.fill_ms / b,
+            t.pool_ms / b
         );
     }
     let (r, s) = (by_rows.secs / by_rows.batches as f64, by_slots.secs / by_slots.batches as f64);

@@ -24,6 +24,10 @@ mod host;
 #[path = "batch_pool.rs"]
 mod pooled;
 pub use pooled::PoolSpec;
+#[path = "batch_clock.rs"]
+mod clock;
+pub use clock::KernelTimes;
+use clock::Step;
 
 /// One instance's lookup of a whole batch, every table at once: the keys go to the GPU
 /// once (from page-locked memory), one kernel serves every hit of every table and lists
@@ -103,6 +107,8 @@ pub struct BatchLookup {
     max_keys: usize,
     /// Pooling as it looks up (`batch_pool.rs`).
     pool: pooled::PoolRun,
+    /// The GPU steps' events, when timed (`batch_clock.rs`).
+    clock: Option<Box<clock::KernelClock>>,
 }
 
 impl BatchLookup {
@@ -171,6 +177,7 @@ impl BatchLookup {
             fill_queued: false,
             max_keys: 0,
             pool: pooled::PoolRun::new(d),
+            clock: None,
         })
     }
 
@@ -288,12 +295,15 @@ impl BatchLookup {
         self.make_room(n, !self.external)?;
         let interleaved = self.place_layout(layout, n)?;
         self.clear_misses(n)?;
+        let queue = self.queue.stream.clone();
+        self.mark(Step::Lookup, true, &queue)?;
         match keys {
             BatchKeys::Device(v) if self.pool.active.is_some() => {
                 self.probe_pool(DevicePtr::of_view(&v)?, n, epoch)?
             }
             _ => self.send_keys(keys, interleaved, epoch, into)?,
         }
+        self.mark(Step::Lookup, false, &queue)?;
         let (m, negative) = self.count_misses(n)?;
         times.misses = m;
         times.lookup_us = us(t0);
@@ -520,12 +530,21 @@ impl BatchLookup {
         Ok(((h_count[0] as usize).min(n), (h_count[1] as usize).min(n)))
     }
 
-    /// The scatter of the `m` fetched rows on the GPU into place queued (into the open
-    /// bags, when pooling).
+    /// The `m` fetched rows on the GPU put in place: into the open bags when pooling, else
+    /// scattered to their keys' places.
     fn scatter(&mut self, m: usize, into: Option<DevicePtr<'_>>) -> Result<()> {
+        let own = self.own.stream.clone();
+        self.mark(Step::Place, true, &own)?;
         if self.pool.active.is_some() {
-            return self.close_bags(m);
+            self.close_bags(m)?;
+        } else {
+            self.scatter_rows(m, into)?;
         }
+        self.mark(Step::Place, false, &own)
+    }
+
+    /// The scatter of the `m` fetched rows into their keys' places queued.
+    fn scatter_rows(&mut self, m: usize, into: Option<DevicePtr<'_>>) -> Result<()> {
         let (q, dim) = (&self.own, self.dim);
         let (d_rows, d_miss) = (self.fetched.1.ptr(), self.miss.1.ptr());
         let out = into.unwrap_or(self.out.ptr());

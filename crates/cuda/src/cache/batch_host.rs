@@ -215,10 +215,12 @@ impl BatchLookup {
     /// table on the shared queue).
     pub fn fill_last(&mut self, epoch: u64) -> Result<()> {
         let Some((m, interleaved, fetched)) = self.last.take() else { return Ok(()) };
-        let q = &self.queue;
-        gpu(q.device)?;
+        gpu(self.queue.device)?;
+        let stream = self.queue.stream.clone();
         // the rows, flags and miss order came up on this lookup's own stream
-        q.stream.join(&self.own.stream).map_err(cuda_err)?;
+        stream.join(&self.own.stream).map_err(cuda_err)?;
+        self.mark(super::Step::Fill, true, &stream)?;
+        let q = &self.queue;
         let (keys, miss, found, starts, rows) = (
             self.keys.1.ptr(),
             self.miss.1.ptr(),
@@ -269,7 +271,7 @@ impl BatchLookup {
         // fill's, read after it on the same queue.
         unsafe { r.launch(cfg) }.map_err(cuda_err)?;
         self.fill_queued = true;
-        Ok(())
+        self.mark(super::Step::Fill, false, &stream)
     }
 }
 

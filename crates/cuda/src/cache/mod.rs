@@ -30,7 +30,7 @@ mod slots;
 
 pub use crate::copy::Queue;
 pub use crate::pinned::HostRows;
-pub use batch::{BatchLookup, PoolSpec};
+pub use batch::{BatchLookup, KernelTimes, PoolSpec};
 pub use batch_args::{
     BatchKeys, BatchTimes, FetchMisses, FetchedRows, KeyLayout, KeyUpload, RowFormat,
 };
