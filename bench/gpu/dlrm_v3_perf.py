@@ -11,11 +11,15 @@ answers against the reference on the same device (bf16, the bound --tolerance). 
 the reference (examples/dlrm_v3/model.py's padded form) compiled by torch.compile on batches of
 the same requests: its queries a second, and the served rate's ratio to it.
 
+With --fresh-users N, each share is served again on a new server to N users drawn before it
+starts, each sent once across the levels: a stream of users it has not seen, as far as N lasts
+(a level that runs out says so).
+
 Not yet what the issue asks in full: no perf_analyzer (the requests are ragged, several MB each,
-sent over HTTP by this script's threads), no endless stream of fresh users, no 1 TB table.
+sent over HTTP by this script's threads), no stream without end, no 1 TB table.
 
     python3 bench/gpu/dlrm_v3_perf.py --server $TRITONSERVER --backends $BACKENDS [--concurrency 1,4,8]
-    python3 bench/gpu/dlrm_v3_perf.py ... --device cpu --tiny        # the code paths, here
+    python3 bench/gpu/dlrm_v3_perf.py ... --device cpu --tiny [--fresh-users 200]   # the code paths, here
 
 Writes its lines to $OUT/dlrm_v3_perf.txt when OUT is set.
 """
@@ -60,16 +64,34 @@ def model_config(cfg: dv3.Config, a, share: str) -> str:
     return text + f'parameters {{ key: "gpucacheper" value {{ string_value: "{share}" }} }}\n'
 
 
-def level(port: int, jobs, clients: int, seconds: float):
-    """`clients` threads each sending requests (round robin over `jobs`) for `seconds`:
-    (queries a second, latencies in ms)."""
+class Fresh:
+    """Users each sent once, across every level, in order: `next()` gives the next unsent one,
+    or None when all have been sent (the level then ends early and says so)."""
+
+    def __init__(self, jobs):
+        self.jobs, self.at, self.lock = jobs, 0, threading.Lock()
+
+    def next(self):
+        with self.lock:
+            if self.at >= len(self.jobs):
+                return None
+            self.at += 1
+            return self.jobs[self.at - 1]
+
+
+def level(port: int, jobs, clients: int, seconds: float, fresh=None):
+    """`clients` threads each sending requests for `seconds`, round robin over `jobs`, or each
+    user once from `fresh` (a `Fresh`) until it runs out: (queries a second, latencies in ms)."""
     lat, lock, stop = [], threading.Lock(), time.time() + seconds
 
     def one(c):
         client, i, mine = Client(f"localhost:{port}"), c, []
         while time.time() < stop:
+            job = fresh.next() if fresh else jobs[i % len(jobs)]
+            if job is None:
+                break
             t0 = time.perf_counter()
-            client.infer(MODEL, jobs[i % len(jobs)], ["predictions"])
+            client.infer(MODEL, job, ["predictions"])
             mine.append((time.perf_counter() - t0) * 1e3)
             i += clients
         client.close()
@@ -85,9 +107,34 @@ def level(port: int, jobs, clients: int, seconds: float):
     return len(lat) / (time.time() - t0), lat
 
 
-def serve_level(a, repo, log, requests, jobs, reference, share):
-    """Serves the model at one cache share: a few answers checked, then each client count's line.
-    Returns the best queries a second."""
+def make_users(data, cfg, n: int, seed: int, step, processes: int):
+    """n distinct users of the benchmark's shape at inference step `step`, ids folded into the
+    tables' rows, drawn by `processes` processes (spawned: this process holds CUDA; a user at the
+    benchmark's shape takes ~8 ms to draw)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    chunk = 64
+    parts = [(seed * 100_003 + k, min(chunk, n - k * chunk)) for k in range((n + chunk - 1) // chunk)]
+    jobs = [(data, cfg.num_item_rows, cfg.num_user_rows, step, part) for part in parts]
+    with ProcessPoolExecutor(max(1, processes), mp_context=multiprocessing.get_context("spawn")) as pool:
+        users = list(pool.map(_user_chunk, jobs))
+    return [r for part in users for r in part]
+
+
+def _user_chunk(args):
+    data, items, users, step, (seed, n) = args
+    batch = dv3_data.generate_batch(data, n, seed, step)
+    batch.hist_item_ids = batch.hist_item_ids % items
+    batch.cand_item_ids = batch.cand_item_ids % items
+    batch.user_ids = batch.user_ids % users
+    return batch.requests()
+
+
+def serve_level(a, repo, log, requests, jobs, reference, share, fresh=None):
+    """Serves the model at one cache share on a new server: a few answers checked, then each
+    client count's line (its users from `fresh` when given, each sent once: a stream of users
+    the server has not seen, its cache cold at the start). Returns the best queries a second."""
+    label = f"{share} (fresh users)" if fresh else share
     best = 0.0
     with serve(a.server, repo, a.backends, a.port, log) as client, torch.no_grad():
         worst = 0.0
@@ -95,17 +142,21 @@ def serve_level(a, repo, log, requests, jobs, reference, share):
             got = client.infer(MODEL, job, ["predictions"])["predictions"]
             want = reference.score_candidates(dv3.Batch.from_requests([r]).to(a.device)).float().cpu().numpy()
             worst = max(worst, float(np.abs(got - want).max()))
-        say(f"GPU cache of {share} of each table's rows: 4 answers against the reference on the same device: "
+        say(f"GPU cache of {label} of each table's rows: 4 answers against the reference on the same device: "
             f"largest difference {worst:.1e} ({'within' if worst <= a.tolerance else 'PAST'} {a.tolerance:g})")
         for c in (int(x) for x in a.concurrency.split(",")):
             before = client.stats(MODEL)
-            qps, lat = level(a.port, jobs, c, a.seconds)
+            qps, lat = level(a.port, jobs, c, a.seconds, fresh)
             after = client.stats(MODEL)
+            if not lat:
+                say(f"  served, cache {label}, {c:3d} clients: no fresh users left")
+                break
             execs = max(1, after["execution_count"] - before["execution_count"])
             best = max(best, qps)
-            say(f"  served, cache {share}, {c:3d} clients: {qps:8.1f} queries/s  p50 {np.percentile(lat, 50):8.1f}  "
+            out = fresh is not None and fresh.at >= len(fresh.jobs)
+            say(f"  served, cache {label}, {c:3d} clients: {qps:8.1f} queries/s  p50 {np.percentile(lat, 50):8.1f}  "
                 f"p99 {np.percentile(lat, 99):8.1f} ms  {(after['inference_count'] - before['inference_count']) / execs:.1f} "
-                "queries an execution")
+                f"queries an execution{f' ({len(lat)} queries: the fresh users ran out)' if out else ''}")
     return best
 
 
@@ -121,6 +172,10 @@ def main():
     p.add_argument("--instances", type=int, default=2)
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--requests", type=int, default=32, help="distinct requests sent round robin")
+    p.add_argument("--fresh-users", type=int, default=0,
+                   help="also serve each cache share again to this many more users, each sent once across "
+                   "the levels (a stream of fresh users, as far as they last), drawn before the server starts")
+    p.add_argument("--processes", type=int, default=8, help="processes drawing the fresh users")
     p.add_argument("--concurrency", default="1,4,8")
     p.add_argument("--seconds", type=float, default=15)
     p.add_argument("--tolerance", type=float, default=2e-2)
@@ -151,13 +206,23 @@ def main():
         say(f"tables and the {dev} package written in {time.time() - t0:.0f} s; {a.instances} instances, "
             f"max batch {a.max_batch}")
         reference = ranker.to(dev)
+        fresh_jobs = []
+        if a.fresh_users:
+            t1 = time.time()
+            users = make_users(data, cfg, a.fresh_users, 2, 9 if a.tiny else None, a.processes)
+            fresh_jobs = [feeds(r) for r in users]
+            say(f"{len(users)} fresh users drawn in {time.time() - t1:.0f} s ({a.processes} processes)")
         served = {}
         for share in a.cache.split(","):
             # the same tables and package, served again with the GPU cache at this share of the rows
             with open(os.path.join(repo, MODEL, "config.pbtxt"), "w") as f:
                 f.write(model_config(cfg, a, share))
             log = os.path.join(os.environ.get("OUT", repo), f"dlrm_v3_perf_server_cache{share}.log")
-            served[share] = serve_level(a, repo, log, requests, jobs, reference, share)
+            served[(share, "")] = serve_level(a, repo, log, requests, jobs, reference, share)
+            if fresh_jobs:
+                # the same server again, a new one, on users it has not seen
+                served[(share, "fresh")] = serve_level(a, repo, log.replace(".log", "_fresh.log"), requests, jobs,
+                                                       reference, share, Fresh(fresh_jobs))
         best = 0.0
         sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
         for b in sorted({1, 4, a.max_batch}):
@@ -177,12 +242,15 @@ def main():
             rate = 5 * b / (time.perf_counter() - t0)
             best = max(best, rate)
             say(f"  reference, torch.compile (padded), batch {b}: {rate:8.1f} queries/s")
-    for share, top in served.items():
-        say(f"served with a cache of {share}, at best {top:.1f} queries/s: {top / best:.2f}x the compiled "
-            f"reference's best ({best:.1f})")
-    if len(served) > 1:
-        shares = sorted(served, key=float)
-        say(f"the cache of {shares[0]} against {shares[-1]}: {served[shares[0]] / served[shares[-1]]:.2f}x, the same call")
+    for (share, fresh), top in served.items():
+        say(f"served with a cache of {share}{' to fresh users' if fresh else ''}, at best {top:.1f} queries/s: "
+            f"{top / best:.2f}x the compiled reference's best ({best:.1f})")
+    for fresh in ("", "fresh"):
+        shares = sorted((s for s, f in served if f == fresh), key=float)
+        if len(shares) > 1:
+            lo, hi = served[(shares[0], fresh)], served[(shares[-1], fresh)]
+            say(f"the cache of {shares[0]} against {shares[-1]}{' (fresh users)' if fresh else ''}: "
+                f"{lo / hi:.2f}x, the same call")
 
 if __name__ == "__main__":
     main()

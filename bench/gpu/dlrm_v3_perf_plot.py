@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-SERVED = re.compile(r"served, cache ([0-9.]+),\s+(\d+) clients:\s+([0-9.]+) queries/s\s+p50\s+([0-9.]+)\s+p99\s+([0-9.]+) ms")
+SERVED = re.compile(r"served, cache ([0-9.]+(?: \(fresh users\))?),\s+(\d+) clients:\s+([0-9.]+) queries/s\s+p50\s+([0-9.]+)\s+p99\s+([0-9.]+) ms")
 REFERENCE = re.compile(r"reference, torch.compile \(padded\), batch (\d+):\s+([0-9.]+) queries/s")
 
 
@@ -40,9 +40,11 @@ def main():
     if not served:
         raise SystemExit(f"{a.lines}: no served lines")
     fig, (rate, p99) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for share, points in sorted(served.items(), key=lambda kv: float(kv[0])):
+    for share, points in sorted(served.items()):
         points.sort()
-        label = "every row in HBM" if float(share) >= 1 else f"GPU cache of {float(share):.0%} of the rows"
+        value, fresh = float(share.split()[0]), "fresh" in share
+        label = "every row in HBM" if value >= 1 else f"GPU cache of {value:.0%} of the rows"
+        label += ", fresh users" if fresh else ""
         rate.plot([c for c, _, _ in points], [q for _, q, _ in points], "o-", label=label)
         p99.plot([c for c, _, _ in points], [t for _, _, t in points], "o-", label=label)
     if reference:
