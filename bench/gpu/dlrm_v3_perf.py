@@ -15,8 +15,11 @@ With --fresh-users N, each share is served again on a new server to N users draw
 starts, each sent once across the levels: a stream of users it has not seen, as far as N lasts
 (a level that runs out says so).
 
-Not yet what the issue asks in full: no perf_analyzer (the requests are ragged, several MB each,
-sent over HTTP by this script's threads), no stream without end, no 1 TB table.
+With --perf-analyzer PATH (run.sh passes it when .carry_pa is carried), perf_analyzer runs on each
+share's repeating users too: gRPC, a request one user at its own ragged shapes (a JSON input
+file), a line a concurrency in the seeds' columns.
+
+Not yet what the issue asks in full: no stream without end, no 1 TB table.
 
     python3 bench/gpu/dlrm_v3_perf.py --server $TRITONSERVER --backends $BACKENDS [--concurrency 1,4,8]
     python3 bench/gpu/dlrm_v3_perf.py ... --device cpu --tiny [--fresh-users 200]   # the code paths, here
@@ -24,8 +27,11 @@ sent over HTTP by this script's threads), no stream without end, no 1 TB table.
 Writes its lines to $OUT/dlrm_v3_perf.txt when OUT is set.
 """
 import argparse
+import csv
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -107,6 +113,43 @@ def level(port: int, jobs, clients: int, seconds: float, fresh=None):
     return len(lat) / (time.time() - t0), lat
 
 
+# the seeds' columns (NVIDIA's DeepLearningExamples Triton reports), from perf_analyzer's CSV
+PA_COLUMNS = ("Client Send", "Network+Server Send/Recv", "Server Queue", "Server Compute Input",
+              "Server Compute Infer", "Server Compute Output", "Client Recv",
+              "p50 latency", "p90 latency", "p95 latency", "p99 latency")
+
+
+def perf_analyzer(a, jobs, label: str):
+    """perf_analyzer (gRPC, batch 1: a request is one user) over `jobs` as its input data, each
+    request's inputs at their own ragged shapes, at --pa-concurrency: a line a concurrency in the
+    seeds' columns (ms). Nothing when --perf-analyzer is not given."""
+    if not a.perf_analyzer:
+        return
+    out = os.environ.get("OUT") or tempfile.gettempdir()
+    data = os.path.join(out, "dlrm_v3_pa_input.json")
+    if not os.path.exists(data):
+        with open(data, "w") as f:
+            json.dump({"data": [{name: {"content": arr.reshape(-1).tolist(), "shape": [int(arr.shape[1])]}
+                                 for name, arr in job.items()} for job in jobs]}, f)
+    table = os.path.join(out, f"dlrm_v3_pa_cache{label}.csv")
+    cmd = [a.perf_analyzer, "-m", MODEL, "-u", f"localhost:{a.port + 1}", "-i", "grpc", "-b", "1",
+           "--input-data", data, "--concurrency-range", a.pa_concurrency,
+           "--measurement-interval", str(a.pa_interval_ms), "-f", table]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.pa_timeout_s)
+    except subprocess.TimeoutExpired:
+        say(f"  perf_analyzer, cache {label}: stopped after {a.pa_timeout_s} s")
+        return
+    if r.returncode != 0 or not os.path.exists(table):
+        say(f"  perf_analyzer, cache {label}: failed ({r.returncode}): {(r.stderr or r.stdout)[-600:]}")
+        return
+    with open(table) as f:
+        for row in csv.DictReader(f):
+            cols = "  ".join(f"{c.replace(' latency', '')} {float(row[c]) / 1e3:.1f}" for c in PA_COLUMNS if row.get(c))
+            say(f"  perf_analyzer, cache {label}, concurrency {row['Concurrency']}: "
+                f"{float(row['Inferences/Second']):.1f} queries/s; ms: {cols}")
+
+
 def make_users(data, cfg, n: int, seed: int, step, processes: int):
     """n distinct users of the benchmark's shape at inference step `step`, ids folded into the
     tables' rows, drawn by `processes` processes (spawned: this process holds CUDA; a user at the
@@ -157,6 +200,8 @@ def serve_level(a, repo, log, requests, jobs, reference, share, fresh=None):
             say(f"  served, cache {label}, {c:3d} clients: {qps:8.1f} queries/s  p50 {np.percentile(lat, 50):8.1f}  "
                 f"p99 {np.percentile(lat, 99):8.1f} ms  {(after['inference_count'] - before['inference_count']) / execs:.1f} "
                 f"queries an execution{f' ({len(lat)} queries: the fresh users ran out)' if out else ''}")
+        if fresh is None:
+            perf_analyzer(a, jobs, share)
     return best
 
 
@@ -176,6 +221,11 @@ def main():
                    help="also serve each cache share again to this many more users, each sent once across "
                    "the levels (a stream of fresh users, as far as they last), drawn before the server starts")
     p.add_argument("--processes", type=int, default=8, help="processes drawing the fresh users")
+    p.add_argument("--perf-analyzer", default="", help="perf_analyzer's path: also run it on each share's repeating "
+                   "users (run.sh passes it when .carry_pa is carried)")
+    p.add_argument("--pa-concurrency", default="8:16:8", help="perf_analyzer's --concurrency-range")
+    p.add_argument("--pa-interval-ms", type=int, default=5000)
+    p.add_argument("--pa-timeout-s", type=int, default=240)
     p.add_argument("--concurrency", default="1,4,8")
     p.add_argument("--seconds", type=float, default=15)
     p.add_argument("--tolerance", type=float, default=2e-2)

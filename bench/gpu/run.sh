@@ -107,7 +107,8 @@
 #   dlrm-v3-network  that last step alone (dlrm_v3_network.py; its arguments). carry [".carry"]
 #   dlrm-v3-perf  DLRM-v3 at the benchmark's configuration served on KIND_GPU through a GPU cache,
 #                 queries/s and p50/p99 by client count, beside the compiled reference in the same
-#                 call (dlrm_v3_perf.py; its arguments; not yet run on a GPU). carry [".carry"]
+#                 call (dlrm_v3_perf.py; its arguments: --cache 0.1,1.0, --fresh-users N). carry
+#                 [".carry"]; with ".carry_pa" too, perf_analyzer runs on each share as well
 #   ort           gathers the onnxruntime-gpu parts carried by this call (pack.sh --ort) in
 #                 /tmp/ort_parts; the call that brings the last one unpacks /tmp/ort. One call per
 #                 part, carrying that part alone, consecutive (the machine keeps /tmp only while
@@ -242,6 +243,10 @@ if [ "$sub" = recommenders ] || [ "$sub" = dense ] || [ "$sub" = aoti ] || [ "$s
         ls .carry_pa/perf_analyzer-*.whl >/dev/null 2>&1 || { echo "no .carry_pa/: carry [\".carry\", \".carry_pa\"]" >&2; exit 1; }
         python3 -m pip install --quiet --no-index --no-deps --target /tmp/pa .carry_pa/perf_analyzer-*.whl
     fi
+fi
+# DLRM-v3's benchmark runs perf_analyzer too when .carry_pa is carried (optional there)
+if [ "$sub" = dlrm-v3-perf ] && [ ! -x "$pa" ] && ls .carry_pa/perf_analyzer-*.whl >/dev/null 2>&1; then
+    python3 -m pip install --quiet --no-index --no-deps --target /tmp/pa .carry_pa/perf_analyzer-*.whl
 fi
 ort_lib=/tmp/ort/libonnxruntime.so.1.31.1
 # the bare AOTInductor reference: carried (pack.sh), else built here against this torch
@@ -413,7 +418,9 @@ dlrm-v3-check)
     OUT="$res" timeout "${NETWORK_TIMEOUT:-240}" python3 bench/gpu/dlrm_v3_network.py "$@" || rc=1
     ;;
 dlrm-v3-perf)
-    OUT="$res" timeout "${PERF_TIMEOUT:-560}" python3 bench/gpu/dlrm_v3_perf.py --server "$server" --backends "$backends" "$@" || rc=1
+    pa_args=()
+    [ -x "$pa" ] && pa_args=(--perf-analyzer "$pa")
+    OUT="$res" timeout "${PERF_TIMEOUT:-560}" python3 bench/gpu/dlrm_v3_perf.py --server "$server" --backends "$backends" "${pa_args[@]}" "$@" || rc=1
     ;;
 dlrm-v3-network)
     OUT="$res" timeout "${NETWORK_TIMEOUT:-400}" python3 bench/gpu/dlrm_v3_network.py "$@" || rc=1
