@@ -126,11 +126,10 @@ def perf_analyzer(a, jobs, label: str):
     if not a.perf_analyzer:
         return
     out = os.environ.get("OUT") or tempfile.gettempdir()
-    data = os.path.join(out, "dlrm_v3_pa_input.json")
-    if not os.path.exists(data):
-        with open(data, "w") as f:
-            json.dump({"data": [{name: {"content": arr.reshape(-1).tolist(), "shape": [int(arr.shape[1])]}
-                                 for name, arr in job.items()} for job in jobs]}, f)
+    data = os.path.join(out, "dlrm_v3_pa_input.json")  # this run's users, written afresh
+    with open(data, "w") as f:
+        json.dump({"data": [{name: {"content": arr.reshape(-1).tolist(), "shape": [int(arr.shape[1])]}
+                             for name, arr in job.items()} for job in jobs]}, f)
     table = os.path.join(out, f"dlrm_v3_pa_cache{label}.csv")
     cmd = [a.perf_analyzer, "-m", MODEL, "-u", f"localhost:{a.port + 1}", "-i", "grpc", "-b", "1",
            "--input-data", data, "--concurrency-range", a.pa_concurrency,

@@ -233,15 +233,14 @@ impl PooledRun {
         let looked_us = clock.elapsed().as_micros();
         let (tables, dim) = (caches.store().table_count(), caches.store().dim(0));
         let dtype = m.rows_type;
-        let from_slots = lookup.pooled().is_some();
-        let pooled = match lookup.pooled() {
-            Some(rows) => rows,
+        let (pooled, from_slots) = match lookup.pooled() {
+            Some(rows) => (rows, true),
             None => {
                 let rows = lookup
                     .rows(batch * width * dim)
                     .ok_or_else(|| Error::internal("pooled lookup: no rows"))?;
                 let (f, at) = (lookup.format(), &self.hot_at);
-                pooler.pool_fixed(&rows, f, dim, width, at, batch, mean, spec.format)?
+                (pooler.pool_fixed(&rows, f, dim, width, at, batch, mean, spec.format)?, false)
             }
         };
         let pooled_us = clock.elapsed().as_micros();

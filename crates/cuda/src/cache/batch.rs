@@ -271,12 +271,7 @@ impl BatchLookup {
         into: Option<DevicePtr<'_>>,
     ) -> std::result::Result<BatchTimes, E> {
         let n = keys.len();
-        let width = match layout {
-            KeyLayout::Fixed { width, .. } => -(width.min(i32::MAX as usize) as i32),
-            _ => 1,
-        };
-        let on_gpu = matches!(keys, BatchKeys::Device(_));
-        self.pool.active = self.pools(n, width, on_gpu, into.is_none());
+        self.pool.active = self.pools(&keys, layout, into.is_none());
         self.external = into.is_some() || self.pool.active.is_some();
         let mut times = BatchTimes { keys: n, ..BatchTimes::default() };
         if n == 0 {

@@ -9,7 +9,7 @@
 
 use cudarc::driver::PushKernelArg;
 
-use super::{BatchLookup, RowFormat};
+use super::{BatchKeys, BatchLookup, KeyLayout, RowFormat};
 use crate::buffer::{DeviceMem, DevicePtr};
 use crate::context::cuda_err;
 use crate::copy::dtod_on;
@@ -80,24 +80,22 @@ impl BatchLookup {
         self.pool.out.view(batch * self.tables * self.dim * spec.format.size())
     }
 
-    /// Whether a run of `n` keys pools, and then its `(batch, width)`: `interleaved` is the
-    /// layout's flag (`-width` for fixed hotness).
+    /// Whether a run over `keys` laid out as `layout` pools, and then its `(batch, width)`:
+    /// fixed hotness, keys in GPU memory, rows into this lookup's own buffer (`own_out`).
     pub(super) fn pools(
         &self,
-        n: usize,
-        interleaved: i32,
-        on_gpu: bool,
+        keys: &BatchKeys<'_>,
+        layout: KeyLayout<'_>,
         own_out: bool,
     ) -> Option<(usize, usize)> {
+        let KeyLayout::Fixed { width, .. } = layout else { return None };
         let ok = self.pool.wanted.is_some()
-            && interleaved < 0
-            && on_gpu
+            && matches!(keys, BatchKeys::Device(_))
             && own_out
             && !self.host_on
             && lanes(self.dim, self.stored, true).is_some()
             && lanes(self.dim, self.fetched_as, false).is_some();
-        let width = interleaved.unsigned_abs() as usize;
-        ok.then_some((n / width.max(1), width))
+        ok.then_some((keys.len() / width.max(1), width))
     }
 
     /// The keys (`n`, in GPU memory at `src`) copied into this lookup's buffer and the probe
