@@ -19,7 +19,8 @@ With --perf-analyzer PATH (run.sh passes it when .carry_pa is carried), perf_ana
 share's repeating users too: gRPC, a request one user at its own ragged shapes (a JSON input
 file), a line a concurrency in the seeds' columns.
 
-Not yet what the issue asks in full: no stream without end, no 1 TB table.
+Not yet what the issue asks in full: no stream without end (the fresh users are a finite pool), no
+1 TB table (the tables are written from the model's weights).
 
     python3 bench/gpu/dlrm_v3_perf.py --server $TRITONSERVER --backends $BACKENDS [--concurrency 1,4,8]
     python3 bench/gpu/dlrm_v3_perf.py ... --device cpu --tiny [--fresh-users 200]   # the code paths, here
