@@ -59,9 +59,11 @@ pub(crate) struct Kernels {
     pub(crate) resident_write: CudaFunction,
     pub(crate) pool_resident: CudaFunction,
     pub(crate) pool_resident_h: CudaFunction,
-    /// Pooled lookups through the caches (`cache/batch_pool.rs`): the probe over fp32 caches
-    /// (fp32 or fp16 out), the misses' rows marked, and the open bags closed with the rows
-    /// fetched as fp32 or fp16 (`_r16`), fp32 or fp16 out.
+    /// Pooled lookups through the caches (`cache/batch_pool.rs`): each key's slot found (any
+    /// rows), the bags pooled from those slots over fp32 caches (fp32 or fp16 out), the misses'
+    /// rows marked, and the open bags closed with the rows fetched as fp32 or fp16 (`_r16`),
+    /// fp32 or fp16 out.
+    pub(crate) probe_slots: CudaFunction,
     pub(crate) pool_probe: CudaFunction,
     pub(crate) pool_probe_h: CudaFunction,
     pub(crate) pool_mark: CudaFunction,
@@ -163,6 +165,7 @@ fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
         resident_write: f("resident_write")?,
         pool_resident: f("pool_resident")?,
         pool_resident_h: f("pool_resident_h")?,
+        probe_slots: f("probe_slots")?,
         pool_probe: f("pool_probe")?,
         pool_probe_h: f("pool_probe_h")?,
         pool_mark: f("pool_mark_misses")?,
@@ -215,7 +218,7 @@ pub(crate) fn copy_parts(id: i32) -> Result<CudaFunction> {
     })
 }
 
-/// Keys a warp of the batch lookup (`batch_lookup*`) takes: 32 / `LOOKUP_LANES` in the
+/// Keys a warp of the batch lookup (`batch_lookup*`, `probe_slots`) takes: 32 / `LOOKUP_LANES` in the
 /// kernels' source, which the tests hold to this.
 pub(crate) const LOOKUP_KEYS_PER_WARP: usize = 4;
 
@@ -282,6 +285,7 @@ mod tests {
             "pool_bags_h_s16",
             "pool_fixed_s16",
             "pool_fixed_h_s16",
+            "probe_slots",
             "pool_probe",
             "pool_probe_h",
             "pool_probe_s16",

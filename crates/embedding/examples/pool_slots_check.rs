@@ -118,12 +118,22 @@ fn main() {
                 .collect()
         })
         .collect();
+    // how many of a fetch's missed keys are distinct (table, key) pairs: the rows a fetcher
+    // that read each once would read
+    let distinct = std::cell::Cell::new((0usize, 0usize));
     let mut fetch = |idx: &mut [i32],
                      mkeys: &mut [i64],
                      out: FetchedRows<'_>,
                      found: &mut [u8]|
      -> Result<(), triton_rust_cuda::CudaError> {
         let FetchedRows::F16(out) = out else { panic!("fetched as fp16") };
+        let seen: std::collections::HashSet<(usize, i64)> = idx
+            .iter()
+            .zip(mkeys.iter())
+            .map(|(&i, &k)| (table_of[i as usize % width], k))
+            .collect();
+        let (n, d) = distinct.get();
+        distinct.set((n + idx.len(), d + seen.len()));
         for (j, (&i, &key)) in idx.iter().zip(mkeys.iter()).enumerate() {
             let (t, r) = (table_of[i as usize % width], key as usize % PERIOD);
             out[j * DIM..(j + 1) * DIM].copy_from_slice(&block[t][r * DIM..(r + 1) * DIM]);
@@ -255,6 +265,11 @@ fn main() {
     let (fr, fs) = (
         by_rows.fetch_us as f64 / by_rows.batches as f64 / 1e6,
         by_slots.fetch_us as f64 / by_slots.batches as f64 / 1e6,
+    );
+    let (n, d) = distinct.get();
+    println!(
+        "missed keys fetched: {n}, of them distinct (table, key) pairs within their fetch call: {d} ({:.1}%)",
+        100.0 * d as f64 / n.max(1) as f64
     );
     println!(
         "slots / rows: {:.2}x as fast a batch, {:.2}x without the fetcher",

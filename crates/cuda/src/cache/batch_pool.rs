@@ -1,7 +1,8 @@
 //! A batch lookup that pools as it looks up ([`BatchLookup::set_pooling`]): keys of fixed
-//! hotness as sent, in GPU memory, are probed in the caches and each bag's hits summed
-//! straight from their slots by one kernel on the caches' queue (`pool_probe`), so no hit's
-//! row is ever written out and read back; the bags that missed are closed once their rows
+//! hotness as sent, in GPU memory, are probed in the caches (`probe_slots`: each key's slot,
+//! 8 bytes a key) and each bag's hits summed straight from those slots (`pool_probe`), the two
+//! kernels one after the other on the caches' queue, so no fill can move a row between them and
+//! no hit's row is ever written out and read back; the bags that missed are closed once their rows
 //! are up, by adding those rows (`pool_mark_misses`, `pool_close`, on this lookup's stream),
 //! where the rows path scatters them. A bag's sum is its hits' rows in key order, then its
 //! misses' rows in key order, in fp32: equal to the rows path's key-order sum within fp32
@@ -14,7 +15,7 @@ use crate::buffer::{DeviceMem, DevicePtr};
 use crate::context::cuda_err;
 use crate::copy::dtod_on;
 use crate::error::Result;
-use crate::kernels::threads_config;
+use crate::kernels::{threads_config, warps_config, LOOKUP_KEYS_PER_WARP};
 use crate::mem::DeviceView;
 
 /// How a pooling lookup reduces each bag, and the type it writes the pooled rows in.
@@ -30,8 +31,9 @@ pub(super) struct PoolRun {
     wanted: Option<PoolSpec>,
     /// The run under way (or the last) pools: `(batch, width)`.
     pub(super) active: Option<(usize, usize)>,
-    /// Per key, its fetched row once marked (-1: a hit); per bag, whether it missed; the
-    /// open bags' sums of hits (fp32); the pooled rows.
+    /// Per key, its slot (-1: a miss) and its fetched row once marked (-1: a hit); per bag,
+    /// whether it missed; the open bags' sums of hits (fp32); the pooled rows.
+    slots: DeviceMem,
     pos: DeviceMem,
     open: DeviceMem,
     partial: DeviceMem,
@@ -43,6 +45,7 @@ impl PoolRun {
         PoolRun {
             wanted: None,
             active: None,
+            slots: DeviceMem::growing(device),
             pos: DeviceMem::growing(device),
             open: DeviceMem::growing(device),
             partial: DeviceMem::growing(device),
@@ -99,8 +102,8 @@ impl BatchLookup {
     }
 
     /// The keys (`n`, in GPU memory at `src`) copied into this lookup's buffer and the probe
-    /// queued behind them on the caches' queue: each bag's hits summed from their slots, the
-    /// misses listed.
+    /// queued behind them on the caches' queue: each key's slot found and the misses listed
+    /// (`probe_slots`), then each bag's hits summed from their slots (`pool_probe`).
     pub(super) fn probe_pool(&mut self, src: DevicePtr<'_>, n: usize, epoch: u64) -> Result<()> {
         let (Some((batch, width)), Some(spec)) = (self.pool.active, self.pool.wanted) else {
             return Ok(());
@@ -108,6 +111,7 @@ impl BatchLookup {
         let (tables, dim) = (self.tables, self.dim);
         let bags = batch * tables;
         let p = &mut self.pool;
+        p.slots.reserve(n * 8)?;
         p.pos.reserve(n * 4)?;
         p.open.reserve(bags)?;
         p.partial.reserve(bags * dim * 4)?;
@@ -125,7 +129,8 @@ impl BatchLookup {
             (RowFormat::F16, RowFormat::F32) => &k.s16.pool_probe,
             (RowFormat::F16, RowFormat::F16) => &k.s16.pool_probe_h,
         };
-        let (batch_i, width_i, tables_i, dim_i, lanes_i, mean_i) = (
+        let (n_i, batch_i, width_i, tables_i, dim_i, lanes_i, mean_i) = (
+            n as i32,
             batch as i32,
             width as i32,
             tables as i32,
@@ -134,17 +139,22 @@ impl BatchLookup {
             i32::from(spec.mean),
         );
         let (d_at, d_desc) = (self.starts.1.ptr(), self.desc.ptr());
-        let (d_out, d_partial, d_pos, d_open) =
-            (p.out.ptr(), p.partial.ptr(), p.pos.ptr(), p.open.ptr());
+        let (d_slots, d_out, d_partial, d_pos, d_open) =
+            (p.slots.ptr(), p.out.ptr(), p.partial.ptr(), p.pos.ptr(), p.open.ptr());
         let (d_miss, d_count) = (self.miss.1.ptr(), self.count.1.ptr());
+        let mut a = q.stream.launch_builder(&k.probe_slots);
+        a.arg(&d_keys).arg(&n_i).arg(&width_i).arg(&tables_i).arg(&d_at).arg(&d_desc);
+        a.arg(&epoch).arg(&d_slots).arg(&d_pos).arg(&d_miss).arg(&d_count);
+        // SAFETY: argument types and order match probe_slots; the keys hold n = batch * width
+        // keys, the starts (`place_layout`) tables + 1, the descriptors name slots `_slots`
+        // holds, slots and pos were sized above for n keys and the miss list holds n.
+        unsafe { a.launch(warps_config(n.div_ceil(LOOKUP_KEYS_PER_WARP))) }.map_err(cuda_err)?;
         let mut b = q.stream.launch_builder(f);
-        b.arg(&d_keys).arg(&batch_i).arg(&width_i).arg(&tables_i).arg(&d_at).arg(&d_desc);
-        b.arg(&dim_i).arg(&lanes_i).arg(&epoch).arg(&mean_i).arg(&d_out).arg(&d_partial);
-        b.arg(&d_pos).arg(&d_open).arg(&d_miss).arg(&d_count);
+        b.arg(&d_slots).arg(&batch_i).arg(&width_i).arg(&tables_i).arg(&d_at).arg(&d_desc);
+        b.arg(&dim_i).arg(&lanes_i).arg(&mean_i).arg(&d_out).arg(&d_partial).arg(&d_open);
         // SAFETY: argument types and order match pool_probe(_h)(_s16), the one for the
-        // caches' rows and the pooled rows' format; the keys hold batch * width keys, the
-        // starts (`place_layout`) tables + 1, the descriptors name slots `_slots` holds, and
-        // every buffer was sized above for n keys and batch * tables bags.
+        // caches' rows and the pooled rows' format; the slots (written just before on this
+        // queue) hold n keys' slots, every buffer was sized above for batch * tables bags.
         unsafe { b.launch(threads_config(bags * lanes)) }.map_err(cuda_err)?;
         Ok(())
     }

@@ -355,6 +355,25 @@ __device__ __forceinline__ void batch_fill_as(const i64* __restrict__ keys, cons
     unsigned* sketch = (unsigned*)d[6];
     int lfu = sketch != 0;
     u64 count = lfu ? sketch_read(sketch, d[7], key) : 0;  // batch_fill_count ran before
+    if (lfu) {
+        // Most misses under LFU are counted less often than every row of their set and never
+        // go in: seen here, before a ticket or the lock. While a fill runs (alone on the
+        // caches' queue), a set's least stamp only grows (a way is given up only to a higher
+        // count, a refresh keeps the higher of two, a hit adds one), so a key absent now whose
+        // count is no more than the least stamp now would be refused under the lock too; and
+        // if another warp of this fill put the same key in meanwhile, it did so with the same
+        // row and count, which this one's refresh would leave as they are.
+        size_t at = set * 32 + lane;
+        u64 st0 = __ldcg(&slot_stamps[at]);
+        i64 sk0 = __ldcg(&slot_keys[at]);
+        unsigned present = __ballot_sync(FULL, st0 != 0 && sk0 == key);
+        u64 least = st0;
+        for (int off = 16; off > 0; off >>= 1) {
+            u64 o = __shfl_xor_sync(FULL, least, off);
+            least = o < least ? o : least;
+        }
+        if (present == 0 && least != 0 && count != 0 && count <= least) return;
+    }
     unsigned ticket = 0;
     if (lane == 0) ticket = atomicAdd(&locks[sets + set], 1u);
     if (__shfl_sync(FULL, ticket, 0) >= 32u) return;

@@ -209,91 +209,107 @@ extern "C" __global__ void pool_resident_h_s16(const i64* __restrict__ keys, int
     pool_resident_as<unsigned short, unsigned short>(keys, batch, width, tables, at, ragged, desc, dim, lanes, mean, out, miss_count);
 }
 
-// Pooled lookups through the caches, the rows never written out one by one: keys of fixed
-// hotness as sent ([batch, width], bag (b, t) at b * width + at[t] .. at[t+1], every bag full),
-// `lanes` threads a bag (a power of two up to 32, each holding 16 bytes of a row of the
-// caches' type S). Each key is probed in its table's set (each lane reads 32 / lanes of the
-// set's tags), a hit's row read straight from its slot and summed in key order in fp32 (and its
-// slot stamped, as batch_lookup does); a resident table's row is the key's. A miss appends its
-// index to miss[] (order not kept) for the host to read below the cache, and leaves its bag
-// open: the bag's sum of hits goes to partial (fp32, [bags, dim]) and open[bag] = 1; a bag
-// without misses is final at once, out[b][t][:] as O (divided by its count for the mean).
-// pos[i] = -1 for every key (pool_mark_misses then gives the misses their row). A negative key
-// (padding, a client's bad key) is counted in miss_count[1] and nothing else is done for it:
-// the caller then takes the path that leaves padding out. Rows are read where they are within
-// the kernel, so no other lookup's fill can move them under it.
+// Pooled lookups through the caches, the rows never written out one by one, in two kernels
+// queued one after the other on the caches' queue (so no fill can move a row between them):
+// probe_slots finds each key's slot, pool_probe sums each bag's rows from those slots.
+//
+// probe_slots: keys of fixed hotness as sent ([batch, width], key i of table t where at[t] <=
+// i % width < at[t+1]), LOOKUP_LANES lanes a key as batch_lookup reads the set's tags: slot[i]
+// = the key's slot in its table's cache (a resident table's: the key's row), stamped as
+// batch_lookup stamps a hit; or -1 for a miss, whose index goes to miss[] (order not kept) for
+// the host to read below the cache. pos[i] = -1 for every key (pool_mark_misses then gives the
+// misses their fetched row). A negative key (padding, a client's bad key) is counted in
+// miss_count[1], slot -1: the caller then takes the path that leaves padding out. Only 8 bytes
+// a key are written, not its row.
+extern "C" __global__ void probe_slots(const i64* __restrict__ keys, int n, int width, int tables,
+        const int* __restrict__ at, const long long* __restrict__ desc, u64 epoch,
+        long long* __restrict__ slot, int* __restrict__ pos, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
+    const int L = LOOKUP_LANES, PER = 32 / LOOKUP_LANES;  // lanes a key; keys a warp = tags a lane
+    long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    int g = lane / L, gl = lane % L;
+    if (warp * PER >= n) return;  // the whole warp: all its keys are past the end
+    long long i = warp * PER + g;
+    bool live = i < n;
+    int t = live ? table_of(i, tables, -width, at) : 0;
+    const long long* d = desc + t * DESC;
+    long long sets = d[3];
+    i64 key = live ? keys[i] : -1;
+    unsigned bits = 0;  // bit p: way PER * gl + p holds the key
+    u64 set = 0;
+    if (sets > 0 && key >= 0) {
+        set = mix64((u64)key) % (u64)sets;
+        const longlong2* tags = (const longlong2*)((const i64*)d[0] + set * 32 + PER * gl);
+        #pragma unroll
+        for (int q = 0; q < PER / 2; ++q) {
+            longlong2 v = tags[q];
+            bits |= ((unsigned)(v.x == key) << (2 * q)) | ((unsigned)(v.y == key) << (2 * q + 1));
+        }
+    }
+    // every lane takes part: the group's lanes with a match, and the first one's bits
+    unsigned any = (__ballot_sync(FULL, bits != 0) >> (g * L)) & ((1u << L) - 1u);
+    int first = any != 0 ? __ffs(any) - 1 : 0;
+    unsigned its = __shfl_sync(FULL, bits, g * L + first);
+    if (!live || gl != 0) return;
+    pos[i] = -1;
+    if (key < 0) {
+        slot[i] = -1;
+        atomicAdd(miss_count + 1, 1u);
+        return;
+    }
+    long long s = -1;
+    if (sets < 0) {
+        if (key < -sets) s = key;
+    } else if (any != 0) {
+        s = (long long)set * 32 + PER * first + __ffs(its) - 1;
+        u64* stamps = (u64*)d[1];
+        if (d[6] != 0) atomicAdd(&stamps[s], 1ULL);  // LFU: one more use
+        else stamps[s] = epoch;
+    }
+    slot[i] = s;
+    if (s < 0) miss[atomicAdd(miss_count, 1u)] = (int)i;
+}
+
+// pool_probe: each bag summed from the slots probe_slots found, `lanes` threads a bag (each
+// holding 16 bytes of a row of the caches' type S), four rows in flight at a time, added in key
+// order in fp32, as pool_resident reads a resident table. A bag whose keys all hit is final at
+// once, out[b][t][:] as O (divided by its count for the mean); one with a miss stays open: its
+// hits' sum goes to partial (fp32, [bags, dim]) and open[bag] = 1.
 template <typename S, typename O>
-__device__ __forceinline__ void pool_probe_as(const i64* __restrict__ keys, int batch, int width, int tables,
-        const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, u64 epoch, int mean,
-        O* __restrict__ out, float* __restrict__ partial, int* __restrict__ pos, unsigned char* __restrict__ open,
-        int* __restrict__ miss, unsigned* __restrict__ miss_count) {
+__device__ __forceinline__ void pool_probe_as(const long long* __restrict__ slot, int batch, int width, int tables,
+        const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, int mean,
+        O* __restrict__ out, float* __restrict__ partial, unsigned char* __restrict__ open) {
     const int E = 16 / (int)sizeof(S);
     long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long bag = g / lanes;
-    int gl = (int)(g % lanes), lane = threadIdx.x & 31;
-    if (bag >= (long long)batch * tables) return;  // a bag's lanes leave together
-    unsigned group = lanes == 32 ? FULL : ((1u << lanes) - 1u) << (lane - gl);
-    const int per = 32 / lanes;  // tags a lane reads
+    int gl = (int)(g % lanes);
+    if (bag >= (long long)batch * tables) return;
     int b = (int)(bag / tables), t = (int)(bag % tables);
-    long long first = (long long)b * width + at[t];
+    const long long* s = slot + (long long)b * width + at[t];
     int n = at[t + 1] - at[t];
-    const long long* d = desc + t * DESC;
-    const i64* slot_keys = (const i64*)d[0];
-    u64* stamps = (u64*)d[1];
-    const S* rows = (const S*)d[2] + gl * E;
-    long long sets = d[3];
-    bool lfu = d[6] != 0;
+    const S* rows = (const S*)desc[t * DESC + 2] + gl * E;
     float acc[E];
     #pragma unroll
     for (int e = 0; e < E; ++e) acc[e] = 0.0f;
-    int missed = 0;
-    // four keys at a time: their tags read together, then their rows, added in key order
-    for (int j = 0; j < n; j += 4) {
-        long long slot[4];
-        #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            slot[u] = -1;
-            if (j + u >= n) continue;  // the same for the bag's lanes
-            long long i = first + j + u;
-            i64 key = keys[i];
-            if (gl == 0) pos[i] = -1;
-            if (key < 0) {
-                if (gl == 0) atomicAdd(miss_count + 1, 1u);
-                continue;
-            }
-            if (sets < 0) {
-                if (key < -sets) slot[u] = key;
-            } else {
-                u64 set = mix64((u64)key) % (u64)sets;
-                const i64* tags = slot_keys + set * 32 + per * gl;
-                unsigned bits = 0;
-                if (per == 1) bits = tags[0] == key;
-                else for (int q = 0; q < per / 2; ++q) {
-                    longlong2 v = ((const longlong2*)tags)[q];
-                    bits |= ((unsigned)(v.x == key) << (2 * q)) | ((unsigned)(v.y == key) << (2 * q + 1));
-                }
-                unsigned any = __ballot_sync(group, bits != 0);
-                if (any != 0) {
-                    int src = __ffs(any) - 1;
-                    unsigned its = __shfl_sync(group, bits, src);
-                    slot[u] = set * 32 + per * (src - (lane - gl)) + __ffs(its) - 1;
-                    if (gl == 0) {
-                        if (lfu) atomicAdd(&stamps[slot[u]], 1ULL);
-                        else stamps[slot[u]] = epoch;
-                    }
-                }
-            }
-            if (slot[u] < 0) {
-                ++missed;
-                if (gl == 0) miss[atomicAdd(miss_count, 1u)] = (int)i;
-            }
-        }
+    int missed = 0, j = 0;
+    for (; j + 4 <= n; j += 4) {
+        long long ss[4];
         uint4 v[4];
         #pragma unroll
-        for (int u = 0; u < 4; ++u)
-            v[u] = slot[u] >= 0 ? *(const uint4*)(rows + (size_t)slot[u] * dim) : make_uint4(0u, 0u, 0u, 0u);
+        for (int u = 0; u < 4; ++u) ss[u] = s[j + u];
         #pragma unroll
-        for (int u = 0; u < 4; ++u) if (slot[u] >= 0) add16(acc, v[u], rows);
+        for (int u = 0; u < 4; ++u)
+            v[u] = ss[u] >= 0 ? *(const uint4*)(rows + (size_t)ss[u] * dim) : make_uint4(0u, 0u, 0u, 0u);
+        #pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            if (ss[u] >= 0) add16(acc, v[u], rows);
+            else ++missed;
+        }
+    }
+    for (; j < n; ++j) {
+        long long x = s[j];
+        if (x >= 0) add16(acc, *(const uint4*)(rows + (size_t)x * dim), rows);
+        else ++missed;
     }
     if (gl == 0) open[bag] = missed > 0 ? 1 : 0;
     if (missed > 0) {
@@ -308,32 +324,28 @@ __device__ __forceinline__ void pool_probe_as(const i64* __restrict__ keys, int 
 }
 
 // Caches' rows (S) float or fp16, the pooled rows out (O) float or fp16.
-extern "C" __global__ void pool_probe(const i64* __restrict__ keys, int batch, int width, int tables,
-        const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, u64 epoch, int mean,
-        float* __restrict__ out, float* __restrict__ partial, int* __restrict__ pos, unsigned char* __restrict__ open,
-        int* __restrict__ miss, unsigned* __restrict__ miss_count) {
-    pool_probe_as<float, float>(keys, batch, width, tables, at, desc, dim, lanes, epoch, mean, out, partial, pos, open, miss, miss_count);
+extern "C" __global__ void pool_probe(const long long* __restrict__ slot, int batch, int width, int tables,
+        const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, int mean,
+        float* __restrict__ out, float* __restrict__ partial, unsigned char* __restrict__ open) {
+    pool_probe_as<float, float>(slot, batch, width, tables, at, desc, dim, lanes, mean, out, partial, open);
 }
 
-extern "C" __global__ void pool_probe_h(const i64* __restrict__ keys, int batch, int width, int tables,
-        const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, u64 epoch, int mean,
-        unsigned short* __restrict__ out, float* __restrict__ partial, int* __restrict__ pos, unsigned char* __restrict__ open,
-        int* __restrict__ miss, unsigned* __restrict__ miss_count) {
-    pool_probe_as<float, unsigned short>(keys, batch, width, tables, at, desc, dim, lanes, epoch, mean, out, partial, pos, open, miss, miss_count);
+extern "C" __global__ void pool_probe_h(const long long* __restrict__ slot, int batch, int width, int tables,
+        const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, int mean,
+        unsigned short* __restrict__ out, float* __restrict__ partial, unsigned char* __restrict__ open) {
+    pool_probe_as<float, unsigned short>(slot, batch, width, tables, at, desc, dim, lanes, mean, out, partial, open);
 }
 
-extern "C" __global__ void pool_probe_s16(const i64* __restrict__ keys, int batch, int width, int tables,
-        const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, u64 epoch, int mean,
-        float* __restrict__ out, float* __restrict__ partial, int* __restrict__ pos, unsigned char* __restrict__ open,
-        int* __restrict__ miss, unsigned* __restrict__ miss_count) {
-    pool_probe_as<unsigned short, float>(keys, batch, width, tables, at, desc, dim, lanes, epoch, mean, out, partial, pos, open, miss, miss_count);
+extern "C" __global__ void pool_probe_s16(const long long* __restrict__ slot, int batch, int width, int tables,
+        const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, int mean,
+        float* __restrict__ out, float* __restrict__ partial, unsigned char* __restrict__ open) {
+    pool_probe_as<unsigned short, float>(slot, batch, width, tables, at, desc, dim, lanes, mean, out, partial, open);
 }
 
-extern "C" __global__ void pool_probe_h_s16(const i64* __restrict__ keys, int batch, int width, int tables,
-        const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, u64 epoch, int mean,
-        unsigned short* __restrict__ out, float* __restrict__ partial, int* __restrict__ pos, unsigned char* __restrict__ open,
-        int* __restrict__ miss, unsigned* __restrict__ miss_count) {
-    pool_probe_as<unsigned short, unsigned short>(keys, batch, width, tables, at, desc, dim, lanes, epoch, mean, out, partial, pos, open, miss, miss_count);
+extern "C" __global__ void pool_probe_h_s16(const long long* __restrict__ slot, int batch, int width, int tables,
+        const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, int mean,
+        unsigned short* __restrict__ out, float* __restrict__ partial, unsigned char* __restrict__ open) {
+    pool_probe_as<unsigned short, unsigned short>(slot, batch, width, tables, at, desc, dim, lanes, mean, out, partial, open);
 }
 
 // Row j of the fetched rows is key miss[j]'s (the fetcher's order): pos[miss[j]] = j.
