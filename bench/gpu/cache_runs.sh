@@ -16,7 +16,8 @@
 # read by the GPU in place), both (10% cache, misses shared between the GPU in place and host
 # threads), auto (10% cache, the store's defaults: what a user gets), auto8 and auto12 (auto, 8 or
 # 12 instances), quiet / asleep / asleep12 / quiet12 / quiet12c36 / hbmquiet (nothing spinning while it
-# waits; see below), rowsquiet (quiet, the rows written out before pooling, as before), pool8 / pool12 / pool32 (auto, the worker pool at 8, 12 or 32 threads), parts2 (auto, each batch in two parts: one part's misses read while the network
+# waits; see below), rowsquiet (quiet, the rows written out before pooling, as before), quietonce
+# (quiet, each missed row of a batch read once), pool8 / pool12 / pool32 (auto, the worker pool at 8, 12 or 32 threads), parts2 (auto, each batch in two parts: one part's misses read while the network
 # runs on the other), saved / restart / cold (a warm restart against a cold start, below).
 # A device call returns at most eight files: the runs' folders and logs come back packed in
 # runs.tgz, beside summary.txt.
@@ -90,6 +91,9 @@ for name in ${runs//,/ }; do
     # quiet with every key's row written out and then pooled (the path before the lookup
     # pooled as it went, TRITON_RUST_POOL_FROM_SLOTS=0): the same call's before and after
     rowsquiet) TRITON_RUST_POOL_FROM_SLOTS=0 TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run rowsquiet --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
+    # quiet with each missed (table, key) of a batch read and filled once
+    # (TRITON_RUST_MISSES_ONCE=1): the same call's before (quiet) and after
+    quietonce) TRITON_RUST_MISSES_ONCE=1 TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietonce --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
     # every row in HBM with nothing spinning: whether quiet costs the model inside the GPU
     hbmquiet) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run hbmquiet --cache 1.0 --stream-warm-passes 2 ;;
     pool8|pool12|pool32) RAYON_NUM_THREADS=${name#pool} run "$name" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;

@@ -67,6 +67,9 @@ pub(crate) struct Kernels {
     pub(crate) pool_probe: CudaFunction,
     pub(crate) pool_probe_h: CudaFunction,
     pub(crate) pool_mark: CudaFunction,
+    /// A pooled lookup's misses made distinct, and the repeats given their owner's row.
+    pub(crate) dedupe_misses: CudaFunction,
+    pub(crate) pool_mark_repeats: CudaFunction,
     pub(crate) pool_close: [CudaFunction; 4],
     /// The kernels that read or write a cache's rows, over caches whose rows are fp16.
     pub(crate) s16: RowKernels,
@@ -169,6 +172,8 @@ fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
         pool_probe: f("pool_probe")?,
         pool_probe_h: f("pool_probe_h")?,
         pool_mark: f("pool_mark_misses")?,
+        dedupe_misses: f("dedupe_misses")?,
+        pool_mark_repeats: f("pool_mark_repeats")?,
         pool_close: [
             f("pool_close")?,
             f("pool_close_h")?,
@@ -291,6 +296,8 @@ mod tests {
             "pool_probe_s16",
             "pool_probe_h_s16",
             "pool_mark_misses",
+            "dedupe_misses",
+            "pool_mark_repeats",
             "pool_close",
             "pool_close_h",
             "pool_close_r16",

@@ -8,7 +8,8 @@
 //! - `rows`: `BatchLookup` writes every key's row, then `Pooler::pool_fixed` sums each bag
 //!   (the path served before);
 //! - `slots`: the same lookup with `set_pooling`, each bag's hits summed from the slots as they
-//!   are found and its misses added once they are up.
+//!   are found and its misses added once they are up; with `--once 1` (the default) each
+//!   missed (table, key) of a batch read once (`PoolSpec::once`), `--once 0` every miss.
 //!
 //! Checked on every timed batch: the two paths' pooled rows agree within one fp16 step (their
 //! sums differ only in order), and the first samples' equal sums computed here. Timed:
@@ -19,7 +20,7 @@
 //! place, the fill, and the rows path's pooling: where a batch's GPU time goes.
 //!
 //!   cargo build --release -p triton_rust_embedding --features gpu --example pool_slots_check
-//!   target/release/examples/pool_slots_check [--scale 0.25] [--cache 0.1] [--batch 16384] [--alpha 1.05] [--iters 20]
+//!   target/release/examples/pool_slots_check [--scale 0.25] [--cache 0.1] [--batch 16384] [--alpha 1.05] [--iters 20] [--warm 40] [--once 1]
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -55,6 +56,8 @@ struct Totals {
     fetch_us: u64,
     keys: usize,
     misses: usize,
+    /// Rows read below the cache (the misses, or their distinct (table, key) pairs).
+    read: usize,
     /// The GPU steps' event times summed (ms): the lookup or probe, the fetched rows put in
     /// place (scatter, or the open bags closed), the fill; the rows path's pooling (wall).
     lookup_ms: f64,
@@ -69,6 +72,7 @@ fn main() {
     let batch: usize = arg("--batch", 16384);
     let alpha: f64 = arg("--alpha", 1.05);
     let iters: usize = arg("--iters", 20);
+    let warm: usize = arg("--warm", 40);
     let rows: Vec<usize> =
         ROWS.iter().map(|&r| ((r as f64 * scale).round() as usize).max(1)).collect();
     let instance = GpuInstance::new(0, CacheRows::F16).expect("a GPU");
@@ -148,7 +152,7 @@ fn main() {
         l
     };
     let (mut rows_path, mut slots_path) = (new_lookup(), new_lookup());
-    let spec = PoolSpec { mean: false, format: RowFormat::F16 };
+    let spec = PoolSpec { mean: false, format: RowFormat::F16, once: arg("--once", 1u8) != 0 };
     slots_path.set_pooling(Some(spec));
     let mut pooler = instance.pooler().expect("pooler");
     let layout = KeyLayout::Fixed { width, at: &at };
@@ -190,16 +194,17 @@ fn main() {
             t.fetch_us += times.fetch_us - times.keys_down_us;
             t.keys += times.keys;
             t.misses += times.misses;
+            t.read += times.read;
         }
         got.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()
     };
     // warm the caches to their stationary share, through both paths
     let t0 = Instant::now();
-    for i in 0..40 {
+    for i in 0..warm {
         let keys = next_batch();
         run(i % 2 == 1, &keys, None);
     }
-    println!("caches warmed by 40 batches in {:.1} s", t0.elapsed().as_secs_f64());
+    println!("caches warmed by {warm} batches in {:.1} s", t0.elapsed().as_secs_f64());
     let (mut by_rows, mut by_slots) = (Totals::default(), Totals::default());
     let mut worst = (0f32, 0f32);
     for i in 0..2 * iters {
@@ -270,6 +275,13 @@ fn main() {
     println!(
         "missed keys fetched: {n}, of them distinct (table, key) pairs within their fetch call: {d} ({:.1}%)",
         100.0 * d as f64 / n.max(1) as f64
+    );
+    println!(
+        "timed batches, slots path (--once {}): {} misses, {} rows read below the cache ({:.1}%)",
+        u8::from(spec.once),
+        by_slots.misses,
+        by_slots.read,
+        100.0 * by_slots.read as f64 / by_slots.misses.max(1) as f64
     );
     println!(
         "slots / rows: {:.2}x as fast a batch, {:.2}x without the fetcher",

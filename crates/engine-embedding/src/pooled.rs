@@ -82,6 +82,16 @@ fn pool_from_slots() -> bool {
     *ON.get_or_init(|| std::env::var("TRITON_RUST_POOL_FROM_SLOTS").map_or(true, |v| v != "0"))
 }
 
+/// Whether a pooling lookup reads each missed (table, key) of a batch once (`PoolSpec::once`):
+/// only with `TRITON_RUST_MISSES_ONCE=1` in the server's environment (read once). Off by
+/// default until a GPU run has checked and timed it (written after the last device call);
+/// off, a row is read as often as the batch's keys miss it.
+#[cfg(feature = "gpu")]
+fn misses_once() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TRITON_RUST_MISSES_ONCE").is_ok_and(|v| v == "1"))
+}
+
 /// A tensor's bytes on the host: as they are, or copied from GPU memory.
 fn host_copy<'t>(t: &'t BatchTensor<'_>) -> Result<Cow<'t, [u8]>> {
     match t.bytes() {
@@ -223,7 +233,7 @@ impl PooledRun {
         let mean = pooling.combiner == Combiner::Mean;
         // the lookup pools as it looks up where it can (the hits summed from the caches'
         // slots, never written out), else hands the rows to the pooler
-        let spec = PoolSpec { mean, format: pooled_format(m) };
+        let spec = PoolSpec { mean, format: pooled_format(m), once: misses_once() };
         lookup.set_pooling(pool_from_slots().then_some(spec));
         let negative =
             caches.lookup_batch_device(BatchKeys::Device(v), layout, instance, lookup, None)?;

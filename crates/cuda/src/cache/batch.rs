@@ -313,10 +313,14 @@ impl BatchLookup {
         if m > 0 && self.host_on && !sharing {
             self.read_host(m, interleaved, false)?;
             times.gpu_misses = m;
+            times.read = m;
             times.fetch_us = us(t1);
             self.scatter(m, into)?;
             self.last = Some((m, interleaved, self.fetched_as));
         } else if m > 0 {
+            // a pooling run may read each missed (table, key) once: the list is then shorter
+            let m = self.distinct_misses(m)?;
+            times.read = m;
             self.missed_keys_to_host(keys, m)?;
             times.keys_down_us = us(t1);
             // the GPU's share (the first g misses) read in place on the side stream while

@@ -53,6 +53,9 @@ impl BatchKeys<'_> {
 pub struct BatchTimes {
     pub keys: usize,
     pub misses: usize,
+    /// Of `misses`, the rows read below the cache: the distinct (table, key) pairs when a
+    /// pooling lookup reads each once ([`PoolSpec::once`](super::PoolSpec)), else all of them.
+    pub read: usize,
     /// Keys to the GPU, the lookup kernel and the miss count back.
     pub lookup_us: u64,
     /// The miss list back and the caller's reads below the cache.

@@ -13,17 +13,22 @@ use cudarc::driver::PushKernelArg;
 use super::{BatchKeys, BatchLookup, KeyLayout, RowFormat};
 use crate::buffer::{DeviceMem, DevicePtr};
 use crate::context::cuda_err;
-use crate::copy::dtod_on;
-use crate::error::Result;
+use crate::copy::{dtod_on, dtoh, zero};
+use crate::error::{CudaError, Result};
 use crate::kernels::{threads_config, warps_config, LOOKUP_KEYS_PER_WARP};
 use crate::mem::DeviceView;
 
-/// How a pooling lookup reduces each bag, and the type it writes the pooled rows in.
+/// How a pooling lookup reduces each bag, the type it writes the pooled rows in, and whether
+/// it reads a row missed by several keys of a batch once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolSpec {
     /// Each bag's sum divided by its count.
     pub mean: bool,
     pub format: RowFormat,
+    /// The misses made distinct on the GPU before they go down (`dedupe_misses`): the fetcher
+    /// reads, and the fill inserts, each missed (table, key) of a batch once; the keys that
+    /// repeat it take its row (`pool_mark_repeats`).
+    pub once: bool,
 }
 
 /// A pooling lookup's wish and what it keeps from run to run.
@@ -38,6 +43,13 @@ pub(super) struct PoolRun {
     open: DeviceMem,
     partial: DeviceMem,
     out: DeviceMem,
+    /// Making the misses distinct (`once`): the owners' table, the distinct misses, the
+    /// repeats as (index, owner's index), the two counts; the last run's repeats.
+    owners: DeviceMem,
+    uniq: DeviceMem,
+    dups: DeviceMem,
+    counts: DeviceMem,
+    repeats: usize,
 }
 
 impl PoolRun {
@@ -50,6 +62,11 @@ impl PoolRun {
             open: DeviceMem::growing(device),
             partial: DeviceMem::growing(device),
             out: DeviceMem::growing(device),
+            owners: DeviceMem::growing(device),
+            uniq: DeviceMem::growing(device),
+            dups: DeviceMem::growing(device),
+            counts: DeviceMem::growing(device),
+            repeats: 0,
         }
     }
 }
@@ -159,6 +176,55 @@ impl BatchLookup {
         Ok(())
     }
 
+    /// A pooling run's `m` misses (the probe's list, on the GPU) made distinct when its spec
+    /// says `once`: the list becomes the first miss of each (table, key), in no order, and the
+    /// others are kept for `close_bags` to give their owner's row. Returns how many the list
+    /// holds now (`m` when not pooling, or not `once`).
+    pub(super) fn distinct_misses(&mut self, m: usize) -> Result<usize> {
+        self.pool.repeats = 0;
+        let (Some((_, width)), Some(spec)) = (self.pool.active, self.pool.wanted) else {
+            return Ok(m);
+        };
+        if !spec.once || m < 2 {
+            return Ok(m);
+        }
+        let cap = (2 * m).next_power_of_two();
+        let p = &mut self.pool;
+        p.owners.reserve(cap * 4)?;
+        p.uniq.reserve(m * 4)?;
+        p.dups.reserve(m * 8)?;
+        p.counts.reserve(8)?;
+        // after `count_misses`: this stream already waits for the probe that listed them
+        let q = &self.own;
+        zero(q, p.owners.ptr(), cap * 4)?;
+        zero(q, p.counts.ptr(), 8)?;
+        let (d_keys, d_miss, d_at) = (self.keys.1.ptr(), self.miss.1.ptr(), self.starts.1.ptr());
+        let (d_owners, d_uniq, d_dups, d_counts) =
+            (p.owners.ptr(), p.uniq.ptr(), p.dups.ptr(), p.counts.ptr());
+        let (m_i, width_i, tables_i, cap_i) =
+            (m as i32, width as i32, self.tables as i32, cap as i64);
+        let mut b = q.stream.launch_builder(&self.kernels.dedupe_misses);
+        b.arg(&d_keys).arg(&d_miss).arg(&m_i).arg(&width_i).arg(&tables_i).arg(&d_at);
+        b.arg(&d_owners).arg(&cap_i).arg(&d_uniq).arg(&d_dups).arg(&d_counts);
+        // SAFETY: argument types and order match dedupe_misses; the m indices are keys of
+        // this run (< n, which the keys hold), the starts hold tables + 1, the owners' table
+        // has cap (a power of two, zeroed) places, uniq and dups room for m entries each.
+        unsafe { b.launch(threads_config(m)) }.map_err(cuda_err)?;
+        let h = self.count.0.slice(2)?;
+        dtoh(q, h, d_counts)?;
+        q.wait()?;
+        let (distinct, repeats) = (h[0] as usize, h[1] as usize);
+        if distinct + repeats != m || distinct == 0 {
+            return Err(CudaError::internal(format!(
+                "{m} misses made distinct gave {distinct} distinct and {repeats} repeats"
+            )));
+        }
+        // the distinct misses become the list the fetcher, the close and the fill read
+        dtod_on(&q.stream, d_miss, d_uniq, distinct * 4)?;
+        self.pool.repeats = repeats;
+        Ok(distinct)
+    }
+
     /// The open bags closed with the `m` fetched rows (on the GPU, in the fetcher's order, as
     /// the miss list on the GPU is): each missed key told its row, then each open bag's
     /// missed rows added, on this lookup's stream.
@@ -173,6 +239,14 @@ impl BatchLookup {
         // SAFETY: argument types and order match pool_mark_misses; the m indices are keys of
         // this run, which `pos` has room for.
         unsafe { b.launch(threads_config(m)) }.map_err(cuda_err)?;
+        if p.repeats > 0 {
+            let (d_dups, d_i) = (p.dups.ptr(), p.repeats as i32);
+            let mut r = q.stream.launch_builder(&self.kernels.pool_mark_repeats);
+            r.arg(&d_dups).arg(&d_i).arg(&d_pos);
+            // SAFETY: argument types and order match pool_mark_repeats; `distinct_misses`
+            // listed `repeats` pairs of this run's key indices, which `pos` has room for.
+            unsafe { r.launch(threads_config(p.repeats)) }.map_err(cuda_err)?;
+        }
         let lanes = lanes(self.dim, self.fetched_as, false).expect("checked by `pools`");
         let which = match (self.fetched_as, spec.format) {
             (RowFormat::F32, RowFormat::F32) => 0,

@@ -354,6 +354,44 @@ extern "C" __global__ void pool_mark_misses(const int* __restrict__ miss, int m,
     if (j < m) pos[miss[j]] = (int)j;
 }
 
+// A pooled lookup's misses made distinct, so the host reads each row once and the fill inserts
+// it once: one thread per miss j of miss[0..m) (index i = miss[j], key keys[i], of table t with
+// at[t] <= i % width < at[t+1]), over `table` (cap places, a power of two, zeroed before). The
+// first miss of a (table, key) to claim a place (owner i + 1) is listed in uniq[] (counts[0]);
+// every other is listed in dups[] as the pair (i, its owner's i) (counts[1]). Orders not kept.
+extern "C" __global__ void dedupe_misses(const i64* __restrict__ keys, const int* __restrict__ miss, int m,
+        int width, int tables, const int* __restrict__ at, int* __restrict__ table, long long cap,
+        int* __restrict__ uniq, int* __restrict__ dups, unsigned* __restrict__ counts) {
+    long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= m) return;
+    int i = miss[j];
+    i64 key = keys[i];
+    int t = table_of(i, tables, -width, at);
+    u64 h = mix64((u64)key ^ (0x9e3779b97f4a7c15ULL * (u64)(t + 1))) & (u64)(cap - 1);
+    for (;;) {
+        int was = atomicCAS(&table[h], 0, i + 1);
+        if (was == 0) {
+            uniq[atomicAdd(&counts[0], 1u)] = i;
+            return;
+        }
+        int o = was - 1;
+        if (keys[o] == key && table_of(o, tables, -width, at) == t) {
+            unsigned d = atomicAdd(&counts[1], 1u);
+            dups[2 * d] = i;
+            dups[2 * d + 1] = o;
+            return;
+        }
+        h = (h + 1) & (u64)(cap - 1);
+    }
+}
+
+// Each repeated miss (dups[2k], its owner dups[2k + 1]) given its owner's fetched row, after
+// pool_mark_misses gave the owners theirs.
+extern "C" __global__ void pool_mark_repeats(const int* __restrict__ dups, int d, int* __restrict__ pos) {
+    long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k < d) pos[dups[2 * k]] = pos[dups[2 * k + 1]];
+}
+
 // The open bags closed: `lanes` threads a bag, each 16 bytes of a fetched row (R: float, or
 // fp16 bits); a bag's hits' sum (partial) plus its missed keys' fetched rows, in key order,
 // written to out[b][t][:] as O (divided by its count for the mean). So a bag's sum is its

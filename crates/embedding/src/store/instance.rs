@@ -438,9 +438,10 @@ impl InstanceCaches {
                 )
             });
             log::debug!(
-                "timing: batch lookup: keys {}, misses {}, read by the gpu {}, lookup {} us, below cache {} us, keys down {} us, host reads {} us, scatter {} us, fill queued {} us, read calls {}, last share started {} us, longest share {} us, shares busy {} us (most misses: {}{rates})",
+                "timing: batch lookup: keys {}, misses {}, rows read {}, read by the gpu {}, lookup {} us, below cache {} us, keys down {} us, host reads {} us, scatter {} us, fill queued {} us, read calls {}, last share started {} us, longest share {} us, shares busy {} us (most misses: {}{rates})",
                 times.keys,
                 times.misses,
+                times.read,
                 times.gpu_misses,
                 times.lookup_us,
                 times.fetch_us,
