@@ -287,6 +287,7 @@ impl BatchLookup {
         gpu(self.queue.device)?;
         self.last = None;
         self.host_read = None;
+        self.pool.new_run();
         self.make_room(n, !self.external)?;
         let interleaved = self.place_layout(layout, n)?;
         self.clear_misses(n)?;
@@ -319,7 +320,7 @@ impl BatchLookup {
             self.last = Some((m, interleaved, self.fetched_as));
         } else if m > 0 {
             // a pooling run may read each missed (table, key) once: the list is then shorter
-            let m = self.distinct_misses(m)?;
+            let m = self.distinct_misses(n, m)?;
             times.read = m;
             self.missed_keys_to_host(keys, m)?;
             times.keys_down_us = us(t1);

@@ -239,11 +239,15 @@ impl BatchLookup {
         };
         if self.lfu {
             // LFU: every placed key's miss counted before any is placed
+            // a distinct miss list counts each row as often as the batch's keys missed it
+            let mult = self.pool.mult_for_fill();
             let mut c = q.stream.launch_builder(&self.kernels.fill_count);
             c.arg(&keys).arg(&miss).arg(&found).arg(&m_i).arg(&tables).arg(&interleaved);
-            c.arg(&starts).arg(&desc);
+            c.arg(&starts).arg(&desc).arg(&mult);
             // SAFETY: argument types and order match batch_fill_count; the fill's buffers,
-            // read before it on the same queue.
+            // read before it on the same queue; `mult` is 0 or the last run's counts by key
+            // index (every listed miss's index is one of its keys), untouched until the next
+            // run, whose queue work follows this.
             unsafe { c.launch(threads_config(m)) }.map_err(cuda_err)?;
         }
         let mut b = q.stream.launch_builder(fill);

@@ -50,6 +50,10 @@ pub(super) struct PoolRun {
     dups: DeviceMem,
     counts: DeviceMem,
     repeats: usize,
+    /// Per key index, how many of the last run's misses its row stands for (`once`), for the
+    /// fill's LFU count; `counted`: the last run's miss list is distinct and `mult` holds them.
+    mult: DeviceMem,
+    counted: bool,
 }
 
 impl PoolRun {
@@ -67,6 +71,24 @@ impl PoolRun {
             dups: DeviceMem::growing(device),
             counts: DeviceMem::growing(device),
             repeats: 0,
+            mult: DeviceMem::growing(device),
+            counted: false,
+        }
+    }
+
+    /// A run begins: no misses made distinct yet.
+    pub(super) fn new_run(&mut self) {
+        self.repeats = 0;
+        self.counted = false;
+    }
+
+    /// The fill's LFU count's multiplicities: the device address of `mult` when the last
+    /// run's miss list was made distinct, else 0 (each listed miss counted once).
+    pub(super) fn mult_for_fill(&self) -> u64 {
+        if self.counted {
+            self.mult.ptr().raw()
+        } else {
+            0
         }
     }
 }
@@ -176,12 +198,13 @@ impl BatchLookup {
         Ok(())
     }
 
-    /// A pooling run's `m` misses (the probe's list, on the GPU) made distinct when its spec
-    /// says `once`: the list becomes the first miss of each (table, key), in no order, and the
-    /// others are kept for `close_bags` to give their owner's row. Returns how many the list
-    /// holds now (`m` when not pooling, or not `once`).
-    pub(super) fn distinct_misses(&mut self, m: usize) -> Result<usize> {
-        self.pool.repeats = 0;
+    /// A pooling run's `m` misses among its `n` keys (the probe's list, on the GPU) made
+    /// distinct when its spec says `once`: the list becomes the first miss of each (table,
+    /// key), in no order, the others are kept for `close_bags` to give their owner's row, and
+    /// each row's count of misses for the fill's LFU count. Returns how many the list holds
+    /// now (`m` when not pooling, or not `once`).
+    pub(super) fn distinct_misses(&mut self, n: usize, m: usize) -> Result<usize> {
+        self.pool.new_run();
         let (Some((_, width)), Some(spec)) = (self.pool.active, self.pool.wanted) else {
             return Ok(m);
         };
@@ -194,21 +217,25 @@ impl BatchLookup {
         p.uniq.reserve(m * 4)?;
         p.dups.reserve(m * 8)?;
         p.counts.reserve(8)?;
-        // after `count_misses`: this stream already waits for the probe that listed them
+        p.mult.reserve(n * 4)?;
+        // after `count_misses`: this stream already waits for the probe that listed them, and
+        // the queue for the last fill, which read `mult`
         let q = &self.own;
         zero(q, p.owners.ptr(), cap * 4)?;
         zero(q, p.counts.ptr(), 8)?;
+        zero(q, p.mult.ptr(), n * 4)?;
         let (d_keys, d_miss, d_at) = (self.keys.1.ptr(), self.miss.1.ptr(), self.starts.1.ptr());
-        let (d_owners, d_uniq, d_dups, d_counts) =
-            (p.owners.ptr(), p.uniq.ptr(), p.dups.ptr(), p.counts.ptr());
+        let (d_owners, d_uniq, d_dups, d_counts, d_mult) =
+            (p.owners.ptr(), p.uniq.ptr(), p.dups.ptr(), p.counts.ptr(), p.mult.ptr());
         let (m_i, width_i, tables_i, cap_i) =
             (m as i32, width as i32, self.tables as i32, cap as i64);
         let mut b = q.stream.launch_builder(&self.kernels.dedupe_misses);
         b.arg(&d_keys).arg(&d_miss).arg(&m_i).arg(&width_i).arg(&tables_i).arg(&d_at);
-        b.arg(&d_owners).arg(&cap_i).arg(&d_uniq).arg(&d_dups).arg(&d_counts);
+        b.arg(&d_owners).arg(&cap_i).arg(&d_uniq).arg(&d_dups).arg(&d_counts).arg(&d_mult);
         // SAFETY: argument types and order match dedupe_misses; the m indices are keys of
-        // this run (< n, which the keys hold), the starts hold tables + 1, the owners' table
-        // has cap (a power of two, zeroed) places, uniq and dups room for m entries each.
+        // this run (< n, which the keys and `mult` hold), the starts hold tables + 1, the
+        // owners' table has cap (a power of two, zeroed) places, uniq and dups room for m
+        // entries each.
         unsafe { b.launch(threads_config(m)) }.map_err(cuda_err)?;
         let h = self.count.0.slice(2)?;
         dtoh(q, h, d_counts)?;
@@ -222,6 +249,7 @@ impl BatchLookup {
         // the distinct misses become the list the fetcher, the close and the fill read
         dtod_on(&q.stream, d_miss, d_uniq, distinct * 4)?;
         self.pool.repeats = repeats;
+        self.pool.counted = true;
         Ok(distinct)
     }
 

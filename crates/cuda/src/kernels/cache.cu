@@ -91,14 +91,16 @@ __device__ __forceinline__ unsigned* sketch_at(unsigned* sketch, long long width
     return sketch + (size_t)r * width + (mix64((u64)key ^ seed) & (u64)(width - 1));
 }
 
-__device__ __forceinline__ void sketch_add(unsigned* sketch, long long width, i64 key) {
+// `amount` more misses of key (saturating).
+__device__ __forceinline__ void sketch_add(unsigned* sketch, long long width, i64 key, unsigned amount = 1u) {
     for (int r = 0; r < 2; ++r) {
         unsigned* c = sketch_at(sketch, width, key, r);
         unsigned old = *c, was;
         do {  // saturating
             was = old;
             if (was == 0xffffffffu) break;
-            old = atomicCAS(c, was, was + 1u);
+            unsigned next = was > 0xffffffffu - amount ? 0xffffffffu : was + amount;
+            old = atomicCAS(c, was, next);
         } while (old != was);
     }
 }
@@ -447,16 +449,18 @@ extern "C" __global__ void batch_fill_reset(const i64* __restrict__ keys, const 
 }
 
 // One thread per missed key, before the fill on the same queue: counts the miss of every key
-// the fill will place in an LFU cache (fill_target, as the fill asks it).
+// the fill will place in an LFU cache (fill_target, as the fill asks it). When the run's misses
+// were made distinct (dedupe_misses), mult[i] is how many of the batch's keys missed the row of
+// key index i, all counted, as they were when every miss was listed; mult 0: one each.
 extern "C" __global__ void batch_fill_count(const i64* __restrict__ keys, const int* __restrict__ miss,
         const unsigned char* __restrict__ found, int m, int tables, int interleaved,
-        const int* __restrict__ key_start, const long long* __restrict__ desc) {
+        const int* __restrict__ key_start, const long long* __restrict__ desc, const int* __restrict__ mult) {
     long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long* d;
     i64 key;
     u64 set;
     if (!fill_target(keys, miss, found, j, m, tables, interleaved, key_start, desc, &d, &key, &set)) return;
-    if (d[6] != 0) sketch_add((unsigned*)d[6], d[7], key);
+    if (d[6] != 0) sketch_add((unsigned*)d[6], d[7], key, mult ? (unsigned)mult[miss[j]] : 1u);
 }
 
 // One warp per row: writes rows[i] to out + idx[i] * out_stride (rows fetched below the cache).

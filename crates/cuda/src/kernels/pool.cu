@@ -359,9 +359,11 @@ extern "C" __global__ void pool_mark_misses(const int* __restrict__ miss, int m,
 // at[t] <= i % width < at[t+1]), over `table` (cap places, a power of two, zeroed before). The
 // first miss of a (table, key) to claim a place (owner i + 1) is listed in uniq[] (counts[0]);
 // every other is listed in dups[] as the pair (i, its owner's i) (counts[1]). Orders not kept.
+// mult[owner's i] (zeroed before) counts the misses of its row, for the LFU sketch
+// (batch_fill_count).
 extern "C" __global__ void dedupe_misses(const i64* __restrict__ keys, const int* __restrict__ miss, int m,
         int width, int tables, const int* __restrict__ at, int* __restrict__ table, long long cap,
-        int* __restrict__ uniq, int* __restrict__ dups, unsigned* __restrict__ counts) {
+        int* __restrict__ uniq, int* __restrict__ dups, unsigned* __restrict__ counts, int* __restrict__ mult) {
     long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= m) return;
     int i = miss[j];
@@ -372,10 +374,12 @@ extern "C" __global__ void dedupe_misses(const i64* __restrict__ keys, const int
         int was = atomicCAS(&table[h], 0, i + 1);
         if (was == 0) {
             uniq[atomicAdd(&counts[0], 1u)] = i;
+            atomicAdd(&mult[i], 1);
             return;
         }
         int o = was - 1;
         if (keys[o] == key && table_of(o, tables, -width, at) == t) {
+            atomicAdd(&mult[o], 1);
             unsigned d = atomicAdd(&counts[1], 1u);
             dups[2 * d] = i;
             dups[2 * d + 1] = o;
