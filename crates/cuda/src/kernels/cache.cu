@@ -225,6 +225,28 @@ __device__ __forceinline__ int table_of(long long i, int tables, int interleaved
 // miss[] (order not kept). Rows land as O: float, or fp16 bits (unsigned short) for a
 // TYPE_FP16 output; the cache keeps them as S (the same choice).
 #define LOOKUP_LANES 8
+
+// Whether `key` is among the 32 tags of `set` (read only where `probe`; lane gl of group g
+// reads 32 / LOOKUP_LANES of them, 16 bytes at a time), *way its lowest way. Every lane calls it.
+__device__ __forceinline__ bool group_find(const i64* __restrict__ slot_keys, u64 set, i64 key, bool probe,
+        int g, int gl, int* way) {
+    const int L = LOOKUP_LANES, PER = 32 / LOOKUP_LANES;
+    unsigned bits = 0;  // bit p: way PER * gl + p holds the key
+    if (probe) {
+        const longlong2* tags = (const longlong2*)(slot_keys + set * 32 + PER * gl);
+        #pragma unroll
+        for (int q = 0; q < PER / 2; ++q) {
+            longlong2 v = tags[q];
+            bits |= ((unsigned)(v.x == key) << (2 * q)) | ((unsigned)(v.y == key) << (2 * q + 1));
+        }
+    }
+    // the group's lanes with a match, and the first one's bits
+    unsigned any = (__ballot_sync(FULL, bits != 0) >> (g * L)) & ((1u << L) - 1u);
+    int at = any != 0 ? __ffs(any) - 1 : 0;
+    unsigned its = __shfl_sync(FULL, bits, g * L + at);
+    *way = PER * at + __ffs(its) - 1;
+    return any != 0;
+}
 template <typename S, typename O>
 __device__ __forceinline__ void batch_lookup_as(const i64* __restrict__ keys, long long first, int n, int tables, int interleaved,
         const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
@@ -243,22 +265,10 @@ __device__ __forceinline__ void batch_lookup_as(const i64* __restrict__ keys, lo
     const S* rows = (const S*)desc[t * DESC + 2];
     long long sets = desc[t * DESC + 3];
     i64 key = live ? keys[i] : EMPTY_KEY;
-    unsigned bits = 0;  // bit p: way PER * gl + p holds the key
-    u64 set = 0;
-    if (sets > 0 && key != EMPTY_KEY) {
-        set = mix64((u64)key) % (u64)sets;
-        // a set's tags start 256-byte aligned
-        const longlong2* tags = (const longlong2*)(slot_keys + set * 32 + PER * gl);
-        #pragma unroll
-        for (int q = 0; q < PER / 2; ++q) {
-            longlong2 v = tags[q];
-            bits |= ((unsigned)(v.x == key) << (2 * q)) | ((unsigned)(v.y == key) << (2 * q + 1));
-        }
-    }
-    // every lane takes part: the group's lanes with a match, and the first one's bits
-    unsigned any = (__ballot_sync(FULL, bits != 0) >> (g * L)) & ((1u << L) - 1u);
-    int at = any != 0 ? __ffs(any) - 1 : 0;
-    unsigned its = __shfl_sync(FULL, bits, g * L + at);
+    bool probe = sets > 0 && key != EMPTY_KEY;
+    u64 set = probe ? mix64((u64)key) % (u64)sets : 0;
+    int way;
+    bool found = group_find(slot_keys, set, key, probe, g, gl, &way);
     if (!live) return;
     if (interleaved < 0 && key < 0) {  // fixed hotness: padding or a bad key, counted, not looked up
         if (gl == 0) atomicAdd(miss_count + 1, 1u);
@@ -272,11 +282,10 @@ __device__ __forceinline__ void batch_lookup_as(const i64* __restrict__ keys, lo
         }
         return;
     }
-    if (any == 0) {
+    if (!found) {
         if (gl == 0) miss[atomicAdd(miss_count, 1u)] = (int)i;
         return;
     }
-    int way = PER * at + __ffs(its) - 1;
     copy_row(out + (size_t)i * dim, rows + (set * 32 + way) * (size_t)dim, dim, gl, L);
     if (gl == 0) {
         if (desc[t * DESC + 6] != 0) atomicAdd(&slot_stamps[set * 32 + way], 1ULL);  // LFU: one more use
@@ -358,13 +367,10 @@ __device__ __forceinline__ void batch_fill_as(const i64* __restrict__ keys, cons
     int lfu = sketch != 0;
     u64 count = lfu ? sketch_read(sketch, d[7], key) : 0;  // batch_fill_count ran before
     if (lfu) {
-        // Most misses under LFU are counted less often than every row of their set and never
-        // go in: seen here, before a ticket or the lock. While a fill runs (alone on the
-        // caches' queue), a set's least stamp only grows (a way is given up only to a higher
-        // count, a refresh keeps the higher of two, a hit adds one), so a key absent now whose
-        // count is no more than the least stamp now would be refused under the lock too; and
-        // if another warp of this fill put the same key in meanwhile, it did so with the same
-        // row and count, which this one's refresh would leave as they are.
+        // Most LFU misses count no more than every row of their set: refused here, before a
+        // ticket or the lock. While a fill runs (alone on the caches' queue) a set's least
+        // stamp only grows, so the lock would refuse them too; a warp of this fill that put
+        // the same key in meanwhile did so with the same row and count.
         size_t at = set * 32 + lane;
         u64 st0 = __ldcg(&slot_stamps[at]);
         i64 sk0 = __ldcg(&slot_keys[at]);
@@ -461,37 +467,6 @@ extern "C" __global__ void batch_fill_count(const i64* __restrict__ keys, const 
     u64 set;
     if (!fill_target(keys, miss, found, j, m, tables, interleaved, key_start, desc, &d, &key, &set)) return;
     if (d[6] != 0) sketch_add((unsigned*)d[6], d[7], key, mult ? (unsigned)mult[miss[j]] : 1u);
-}
-
-// One warp per row: writes rows[i] to out + idx[i] * out_stride (rows fetched below the cache).
-template <typename O, typename R>
-__device__ __forceinline__ void scatter_rows_as(const R* __restrict__ rows, const int* __restrict__ idx, int n,
-        O* __restrict__ out, long long out_stride, int dim) {
-    long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    if (warp >= n) return;
-    copy_row(out + (size_t)idx[warp] * out_stride, rows + (size_t)warp * dim, dim, lane);
-}
-
-extern "C" __global__ void scatter_rows(const float* __restrict__ rows, const int* __restrict__ idx, int n,
-        float* __restrict__ out, long long out_stride, int dim) {
-    scatter_rows_as(rows, idx, n, out, out_stride, dim);
-}
-
-extern "C" __global__ void scatter_rows_h(const float* __restrict__ rows, const int* __restrict__ idx, int n,
-        unsigned short* __restrict__ out, long long out_stride, int dim) {
-    scatter_rows_as(rows, idx, n, out, out_stride, dim);
-}
-
-// The same of rows fetched as fp16 bits, written as fp32 (exactly) or fp16 (copied).
-extern "C" __global__ void scatter_rows_r16(const unsigned short* __restrict__ rows, const int* __restrict__ idx, int n,
-        float* __restrict__ out, long long out_stride, int dim) {
-    scatter_rows_as(rows, idx, n, out, out_stride, dim);
-}
-
-extern "C" __global__ void scatter_rows_h_r16(const unsigned short* __restrict__ rows, const int* __restrict__ idx, int n,
-        unsigned short* __restrict__ out, long long out_stride, int dim) {
-    scatter_rows_as(rows, idx, n, out, out_stride, dim);
 }
 
 // Four missed keys a warp, eight lanes each (miss[j], j < m; the reads of four rows in flight

@@ -1,5 +1,6 @@
 // The GPU embedding cache's pooling kernels: pooled lookups over looked-up rows, bags of fixed
-// hotness, and resident tables. Compiled after cache.cu as one source (src/kernels.rs), whose
+// hotness, resident tables and the caches' slots; and the fetched rows put in place (scatter).
+// Compiled after cache.cu as one source (src/kernels.rs), whose
 // types and helpers (i64, copy_row, f2h, h2f, the descriptors) they use.
 
 // Pooled lookups: one block per bag, bags table-major (bag t * batch + b holds rows
@@ -235,21 +236,10 @@ extern "C" __global__ void probe_slots(const i64* __restrict__ keys, int n, int 
     const long long* d = desc + t * DESC;
     long long sets = d[3];
     i64 key = live ? keys[i] : -1;
-    unsigned bits = 0;  // bit p: way PER * gl + p holds the key
-    u64 set = 0;
-    if (sets > 0 && key >= 0) {
-        set = mix64((u64)key) % (u64)sets;
-        const longlong2* tags = (const longlong2*)((const i64*)d[0] + set * 32 + PER * gl);
-        #pragma unroll
-        for (int q = 0; q < PER / 2; ++q) {
-            longlong2 v = tags[q];
-            bits |= ((unsigned)(v.x == key) << (2 * q)) | ((unsigned)(v.y == key) << (2 * q + 1));
-        }
-    }
-    // every lane takes part: the group's lanes with a match, and the first one's bits
-    unsigned any = (__ballot_sync(FULL, bits != 0) >> (g * L)) & ((1u << L) - 1u);
-    int first = any != 0 ? __ffs(any) - 1 : 0;
-    unsigned its = __shfl_sync(FULL, bits, g * L + first);
+    bool probe = sets > 0 && key >= 0;
+    u64 set = probe ? mix64((u64)key) % (u64)sets : 0;
+    int way;
+    bool found = group_find((const i64*)d[0], set, key, probe, g, gl, &way);
     if (!live || gl != 0) return;
     pos[i] = -1;
     if (key < 0) {
@@ -260,8 +250,8 @@ extern "C" __global__ void probe_slots(const i64* __restrict__ keys, int n, int 
     long long s = -1;
     if (sets < 0) {
         if (key < -sets) s = key;
-    } else if (any != 0) {
-        s = (long long)set * 32 + PER * first + __ffs(its) - 1;
+    } else if (found) {
+        s = (long long)set * 32 + way;
         u64* stamps = (u64*)d[1];
         if (d[6] != 0) atomicAdd(&stamps[s], 1ULL);  // LFU: one more use
         else stamps[s] = epoch;
@@ -448,4 +438,35 @@ extern "C" __global__ void pool_close_h_r16(const unsigned short* __restrict__ f
         const unsigned char* __restrict__ open, int batch, int width, int tables, const int* __restrict__ at,
         int dim, int lanes, int mean, const float* __restrict__ partial, unsigned short* __restrict__ out) {
     pool_close_as<unsigned short, unsigned short>(fetched, pos, open, batch, width, tables, at, dim, lanes, mean, partial, out);
+}
+
+// One warp per row: writes rows[i] to out + idx[i] * out_stride (rows fetched below the cache).
+template <typename O, typename R>
+__device__ __forceinline__ void scatter_rows_as(const R* __restrict__ rows, const int* __restrict__ idx, int n,
+        O* __restrict__ out, long long out_stride, int dim) {
+    long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (warp >= n) return;
+    copy_row(out + (size_t)idx[warp] * out_stride, rows + (size_t)warp * dim, dim, lane);
+}
+
+extern "C" __global__ void scatter_rows(const float* __restrict__ rows, const int* __restrict__ idx, int n,
+        float* __restrict__ out, long long out_stride, int dim) {
+    scatter_rows_as(rows, idx, n, out, out_stride, dim);
+}
+
+extern "C" __global__ void scatter_rows_h(const float* __restrict__ rows, const int* __restrict__ idx, int n,
+        unsigned short* __restrict__ out, long long out_stride, int dim) {
+    scatter_rows_as(rows, idx, n, out, out_stride, dim);
+}
+
+// The same of rows fetched as fp16 bits, written as fp32 (exactly) or fp16 (copied).
+extern "C" __global__ void scatter_rows_r16(const unsigned short* __restrict__ rows, const int* __restrict__ idx, int n,
+        float* __restrict__ out, long long out_stride, int dim) {
+    scatter_rows_as(rows, idx, n, out, out_stride, dim);
+}
+
+extern "C" __global__ void scatter_rows_h_r16(const unsigned short* __restrict__ rows, const int* __restrict__ idx, int n,
+        unsigned short* __restrict__ out, long long out_stride, int dim) {
+    scatter_rows_as(rows, idx, n, out, out_stride, dim);
 }
