@@ -19,8 +19,14 @@ With --perf-analyzer PATH (run.sh passes it when .carry_pa is carried), perf_ana
 share's repeating users too: gRPC, a request one user at its own ragged shapes (a JSON input
 file), a line a concurrency in the seeds' columns.
 
+With --item-rows N (more than the reference's --items rows P), the served item table has N rows,
+row k holding the reference's row k % P in fp16 (the reference's rows rounded to fp16 alike): a
+table as large as host memory allows, while the reference holds P rows and is run on the same
+requests with their item ids taken % P. The requests' ids then range over N, so the GPU cache
+sees N distinct rows.
+
 Not yet what the issue asks in full: no stream without end (the fresh users are a finite pool), no
-1 TB table (the tables are written from the model's weights).
+1 TB table.
 
     python3 bench/gpu/dlrm_v3_perf.py --server $TRITONSERVER --backends $BACKENDS [--concurrency 1,4,8]
     python3 bench/gpu/dlrm_v3_perf.py ... --device cpu --tiny [--fresh-users 200]   # the code paths, here
@@ -29,6 +35,7 @@ Writes its lines to $OUT/dlrm_v3_perf.txt when OUT is set.
 """
 import argparse
 import csv
+import dataclasses
 import json
 import os
 import statistics
@@ -59,16 +66,48 @@ say = Transcript("dlrm_v3_perf.txt").say
 
 
 def model_config(cfg: dv3.Config, a, share: str) -> str:
-    """models/dlrm_v3's config at this run's sizes and instances."""
+    """models/dlrm_v3's config at this run's sizes (the item table's served rows) and instances."""
     kind = f"count: {a.instances} kind: KIND_GPU gpus: [ 0 ]" if a.device == "cuda" else f"count: {a.instances} kind: KIND_CPU"
     text = config("kind: KIND_CPU").replace("count: 1 kind: KIND_CPU", kind).replace("max_batch_size: 32", f"max_batch_size: {a.max_batch}")
     text = text.replace('"embedding_vecsize_per_table" value { string_value: "32" }',
                         f'"embedding_vecsize_per_table" value {{ string_value: "{cfg.table_dim}" }}')
     text = text.replace('"vocabulary_size_per_table" value { string_value: "4096,1000,128" }',
-                        f'"vocabulary_size_per_table" value {{ string_value: "{cfg.num_item_rows},{cfg.num_user_rows},{cfg.num_category_rows}" }}')
+                        f'"vocabulary_size_per_table" value {{ string_value: "{served_items(cfg, a)},{cfg.num_user_rows},{cfg.num_category_rows}" }}')
     text = text.replace('"sequence_max_length" value { string_value: "128" }',
                         f'"sequence_max_length" value {{ string_value: "{cfg.max_seq_len}" }}')
     return text + f'parameters {{ key: "gpucacheper" value {{ string_value: "{share}" }} }}\n'
+
+
+def served_items(cfg: dv3.Config, a) -> int:
+    """The served item table's rows: --item-rows, or the reference's own."""
+    return max(a.item_rows, cfg.num_item_rows)
+
+
+def folded(requests, rows: int):
+    """`requests` with their item ids taken % `rows`: what the reference, which holds `rows` item
+    rows, looks up for the served table's row k (row k % rows; see --item-rows)."""
+    return [dataclasses.replace(r, item_ids=r.item_ids % rows, cand_item_ids=r.cand_item_ids % rows)
+            for r in requests]
+
+
+def write_item_table(directory: str, base: torch.Tensor, rows: int, chunk: int = 1 << 20) -> None:
+    """The served item table of `rows` rows in the store's format, fp16: row k is `base`'s row
+    k % len(base) (written a chunk at a time, so it may be far larger than the reference's)."""
+    base16 = base.detach().half().cpu().numpy()
+    for name in ("keys.npy", "vectors.npy"):
+        path = os.path.join(directory, name)
+        if os.path.exists(path):
+            os.remove(path)
+    keys = np.lib.format.open_memmap(os.path.join(directory, "keys.npy"), "w+", np.int64, (rows,))
+    vectors = np.lib.format.open_memmap(os.path.join(directory, "vectors.npy"), "w+", np.float16,
+                                        (rows, base16.shape[1]))
+    for k in range(0, rows, chunk):
+        at = np.arange(k, min(rows, k + chunk), dtype=np.int64)
+        keys[k:k + len(at)] = at
+        vectors[k:k + len(at)] = base16[at % len(base16)]
+    keys.flush()
+    vectors.flush()
+    del keys, vectors
 
 
 class Fresh:
@@ -150,15 +189,15 @@ def perf_analyzer(a, jobs, label: str):
                 f"{float(row['Inferences/Second']):.1f} queries/s; ms: {cols}")
 
 
-def make_users(data, cfg, n: int, seed: int, step, processes: int):
+def make_users(data, cfg, items: int, n: int, seed: int, step, processes: int):
     """n distinct users of the benchmark's shape at inference step `step`, ids folded into the
-    tables' rows, drawn by `processes` processes (spawned: this process holds CUDA; a user at the
-    benchmark's shape takes ~8 ms to draw)."""
+    tables' rows (`items` item rows), drawn by `processes` processes (spawned: this process holds
+    CUDA; a user at the benchmark's shape takes ~8 ms to draw)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     chunk = 64
     parts = [(seed * 100_003 + k, min(chunk, n - k * chunk)) for k in range((n + chunk - 1) // chunk)]
-    jobs = [(data, cfg.num_item_rows, cfg.num_user_rows, step, part) for part in parts]
+    jobs = [(data, items, cfg.num_user_rows, step, part) for part in parts]
     with ProcessPoolExecutor(max(1, processes), mp_context=multiprocessing.get_context("spawn")) as pool:
         users = list(pool.map(_user_chunk, jobs))
     return [r for part in users for r in part]
@@ -183,7 +222,8 @@ def serve_level(a, repo, log, requests, jobs, reference, share, fresh=None):
         worst = 0.0
         for r, job in list(zip(requests, jobs))[:4]:
             got = client.infer(MODEL, job, ["predictions"])["predictions"]
-            want = reference.score_candidates(dv3.Batch.from_requests([r]).to(a.device)).float().cpu().numpy()
+            rows = reference.cfg.num_item_rows
+            want = reference.score_candidates(dv3.Batch.from_requests(folded([r], rows)).to(a.device)).float().cpu().numpy()
             worst = max(worst, float(np.abs(got - want).max()))
         say(f"GPU cache of {label} of each table's rows: 4 answers against the reference on the same device: "
             f"largest difference {worst:.1e} ({'within' if worst <= a.tolerance else 'PAST'} {a.tolerance:g})")
@@ -211,7 +251,10 @@ def main():
     p.add_argument("--backends", required=True)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--tiny", action="store_true", help="Config.tiny() and its data: the code paths, quickly")
-    p.add_argument("--items", type=int, default=1 << 19, help="item table rows (the benchmark's 1e9 folded)")
+    p.add_argument("--items", type=int, default=None, help="the reference's item table rows (the benchmark's 1e9 "
+                   "folded; default 2^19, with --tiny the tiny config's)")
+    p.add_argument("--item-rows", type=int, default=0, help="the served item table's rows, past --items: row k "
+                   "holds the reference's row k %% --items in fp16 (see above)")
     p.add_argument("--cache", default="0.1,1.0", help="gpucacheper, the share of each table's rows the GPU "
                    "cache holds: each in turn, the same tables and package (1.0: every row in HBM)")
     p.add_argument("--instances", type=int, default=2)
@@ -236,30 +279,42 @@ def main():
     if a.tiny:
         data = dv3_data.DataConfig.tiny(seconds_per_timestamp=3600, min_candidates=2)
         cfg = export.config()
+        if a.items:
+            cfg = dataclasses.replace(cfg, num_item_rows=a.items)
     else:
         data = dv3_data.DataConfig(seconds_per_timestamp=3600)
-        cfg = dv3.Config(num_item_rows=a.items, num_user_rows=1 << 16, dtype=torch.bfloat16,
+        cfg = dv3.Config(num_item_rows=a.items or 1 << 19, num_user_rows=1 << 16, dtype=torch.bfloat16,
                          attn_norm_len=1 + 16384 + 2048)
     ranker = dv3.HstuRanker(cfg).eval()
+    items = served_items(cfg, a)
+    if items > cfg.num_item_rows:
+        # the served table holds these rows in fp16: the reference's, rounded alike
+        ranker.item_table.data = ranker.item_table.data.half().float()
     batch = dv3_data.generate_batch(data, a.requests, 1, 9 if a.tiny else None)  # None: the first inference step
-    batch.hist_item_ids = batch.hist_item_ids % cfg.num_item_rows
-    batch.cand_item_ids = batch.cand_item_ids % cfg.num_item_rows
+    batch.hist_item_ids = batch.hist_item_ids % items
+    batch.cand_item_ids = batch.cand_item_ids % items
     batch.user_ids = batch.user_ids % cfg.num_user_rows
     requests = batch.requests()
     hist = [len(r.item_ids) for r in requests]
     say(f"{len(requests)} requests: histories {min(hist)}-{max(hist)} (mean {statistics.mean(hist):.0f}), "
-        f"candidates {len(requests[0].cand_item_ids)}; items {cfg.num_item_rows:,} rows of {cfg.table_dim}")
+        f"candidates {len(requests[0].cand_item_ids)}; items {items:,} rows of {cfg.table_dim}"
+        + (f" (the reference's {cfg.num_item_rows:,} repeated, fp16)" if items > cfg.num_item_rows else ""))
     jobs = [feeds(r) for r in requests]
-    with tempfile.TemporaryDirectory() as repo:
+    # a large item table in memory (tmpfs), not on the disk
+    shm = "/dev/shm" if items > cfg.num_item_rows and os.path.isdir("/dev/shm") else None
+    with tempfile.TemporaryDirectory(dir=shm) as repo:
         t0 = time.time()
-        export.write_version(os.path.join(repo, MODEL, "1"), ranker, dv3.Batch.from_requests(requests[:2]), device=dev)
+        export.write_version(os.path.join(repo, MODEL, "1"), ranker,
+                             dv3.Batch.from_requests(folded(requests[:2], cfg.num_item_rows)), device=dev)
+        if items > cfg.num_item_rows:
+            write_item_table(os.path.join(repo, MODEL, "1", "tables", "item_id"), ranker.item_table, items)
         say(f"tables and the {dev} package written in {time.time() - t0:.0f} s; {a.instances} instances, "
             f"max batch {a.max_batch}")
         reference = ranker.to(dev)
         fresh_jobs = []
         if a.fresh_users:
             t1 = time.time()
-            users = make_users(data, cfg, a.fresh_users, 2, 9 if a.tiny else None, a.processes)
+            users = make_users(data, cfg, items, a.fresh_users, 2, 9 if a.tiny else None, a.processes)
             fresh_jobs = [feeds(r) for r in users]
             say(f"{len(users)} fresh users drawn in {time.time() - t1:.0f} s ({a.processes} processes)")
         served = {}
@@ -280,7 +335,7 @@ def main():
             # recompile ran the padded reference at a quarter of its speed (H200)
             torch._dynamo.reset()
             compiled = torch.compile(reference.forward_padded, dynamic=False)
-            sub = dv3.Batch.from_requests(requests[:b]).to(dev)
+            sub = dv3.Batch.from_requests(folded(requests[:b], cfg.num_item_rows)).to(dev)
             with torch.no_grad():  # the warm-up too: grad mode is one of the compile's guards
                 for _ in range(2):
                     compiled(sub)
