@@ -247,6 +247,7 @@ __device__ __forceinline__ bool group_find(const i64* __restrict__ slot_keys, u6
     *way = PER * at + __ffs(its) - 1;
     return any != 0;
 }
+
 template <typename S, typename O>
 __device__ __forceinline__ void batch_lookup_as(const i64* __restrict__ keys, long long first, int n, int tables, int interleaved,
         const int* __restrict__ key_start, const long long* __restrict__ desc, int dim, u64 epoch,
