@@ -30,9 +30,10 @@ cargo test --release
 if [ -n "$LIBTORCH_DIR" ]; then  # the torch plugin's own tests (its worker threads) need libtorch
     LD_LIBRARY_PATH="$LIBTORCH_DIR:$LD_LIBRARY_PATH" LIBTORCH="$(dirname "$LIBTORCH_DIR")" cargo test --release -p triton_rust_torch
 fi
-# the test programs cargo built are not run again here: their 0.4 GB of disk goes back before the
-# models are written (a later run links them again)
-find target/release/deps -maxdepth 1 -type f -executable ! -name '*.so' -delete
+# the test and example programs cargo built are not run again here: their ~1 GB of disk goes back
+# before the models are written (a test that needs an example links it again)
+find target/release/deps target/release/examples -maxdepth 1 -type f -executable ! -name '*.so' -delete
+echo "[test] disk: $(df -h --output=avail . | tail -1 | tr -d ' ') free before the models are written"
 echo "[test] exporting the example models (README \"Using it\" serves them all)"
 bash scripts/export_models.sh
 echo "[test] integration tests against the real tritonserver"
