@@ -15,6 +15,14 @@ With --fresh-users N, each share is served again on a new server to N users draw
 starts, each sent once across the levels: a stream of users it has not seen, as far as N lasts
 (a level that runs out says so).
 
+With --stream, each share is served again on a new server to a stream of users without end
+(recsys/user_stream.py: --processes processes draw users while the levels run, none drawn
+twice), first for --stream-warm-s seconds uncounted so that the cache holds what the stream
+keeps asking for, then a line a client count. Each such line says the share of the clients'
+time spent waiting for a user: past 5%, the drawers, not the server, held the rate.
+
+Every level's line gives the GPU cache's hit rate over it (the server's metrics).
+
 With --perf-analyzer PATH (run.sh passes it when .carry_pa is carried), perf_analyzer runs on each
 share's repeating users too: gRPC, a request one user at its own ragged shapes (a JSON input
 file), a line a concurrency in the seeds' columns.
@@ -25,11 +33,11 @@ table as large as host memory allows, while the reference holds P rows and is ru
 requests with their item ids taken % P. The requests' ids then range over N, so the GPU cache
 sees N distinct rows.
 
-Not yet what the issue asks in full: no stream without end (the fresh users are a finite pool), no
-1 TB table.
+Not yet what the issue asks in full: no 1 TB table (--item-rows writes the largest the host's
+memory holds).
 
     python3 bench/gpu/dlrm_v3_perf.py --server $TRITONSERVER --backends $BACKENDS [--concurrency 1,4,8]
-    python3 bench/gpu/dlrm_v3_perf.py ... --device cpu --tiny [--fresh-users 200]   # the code paths, here
+    python3 bench/gpu/dlrm_v3_perf.py ... --device cpu --tiny [--fresh-users 200] [--stream]   # the code paths, here
 
 Writes its lines to $OUT/dlrm_v3_perf.txt when OUT is set.
 """
@@ -58,7 +66,9 @@ from dlrm_v3 import model as dv3  # noqa: E402
 from dlrm_v3.client import feeds  # noqa: E402
 from dlrm_v3_serve import MODEL, config  # noqa: E402
 from kserve_client import Client  # noqa: E402
+from recsys.measure import METRICS_SETTLE_S, scrape  # noqa: E402
 from recsys.transcript import Transcript  # noqa: E402
+from recsys.user_stream import UserStream  # noqa: E402
 from tritonserver_process import serve  # noqa: E402
 
 say = Transcript("dlrm_v3_perf.txt").say
@@ -127,7 +137,8 @@ class Fresh:
 
 def level(port: int, jobs, clients: int, seconds: float, fresh=None):
     """`clients` threads each sending requests for `seconds`, round robin over `jobs`, or each
-    user once from `fresh` (a `Fresh`) until it runs out: (queries a second, latencies in ms)."""
+    user once from `fresh` (a `Fresh` until it runs out, or a `UserStream`): (queries a second,
+    latencies in ms)."""
     lat, lock, stop = [], threading.Lock(), time.time() + seconds
 
     def one(c):
@@ -212,11 +223,29 @@ def _user_chunk(args):
     return batch.requests()
 
 
+def hits(port: int):
+    """(keys looked up, GPU cache hits) so far, from the server's metrics once its last lookups
+    are published; None where it has none."""
+    time.sleep(METRICS_SETTLE_S)
+    try:
+        return scrape(port, MODEL)
+    except OSError:
+        return None
+
+
+def hit_rate(before, after) -> str:
+    if before is None or after is None or after[0] <= before[0]:
+        return "hit rate -"
+    return f"hit rate {(after[1] - before[1]) / (after[0] - before[0]):.4f}"
+
+
 def serve_level(a, repo, log, requests, jobs, reference, share, fresh=None):
     """Serves the model at one cache share on a new server: a few answers checked, then each
     client count's line (its users from `fresh` when given, each sent once: a stream of users
-    the server has not seen, its cache cold at the start). Returns the best queries a second."""
-    label = f"{share} (fresh users)" if fresh else share
+    the server has not seen, its cache cold at the start; a `UserStream` is first sent for
+    --stream-warm-s uncounted). Returns the best queries a second."""
+    stream = isinstance(fresh, UserStream)
+    label = f"{share} (stream)" if stream else f"{share} (fresh users)" if fresh else share
     best = 0.0
     with serve(a.server, repo, a.backends, a.port, log) as client, torch.no_grad():
         worst = 0.0
@@ -227,22 +256,52 @@ def serve_level(a, repo, log, requests, jobs, reference, share, fresh=None):
             worst = max(worst, float(np.abs(got - want).max()))
         say(f"GPU cache of {label} of each table's rows: 4 answers against the reference on the same device: "
             f"largest difference {worst:.1e} ({'within' if worst <= a.tolerance else 'PAST'} {a.tolerance:g})")
-        for c in (int(x) for x in a.concurrency.split(",")):
-            before = client.stats(MODEL)
+        counts = [int(x) for x in a.concurrency.split(",")]
+        if stream and a.stream_warm_s > 0:
+            qps, _ = level(a.port, jobs, max(counts), a.stream_warm_s, fresh)
+            say(f"  served, cache {label}: {a.stream_warm_s:g} s uncounted first, {max(counts)} clients, "
+                f"{qps:.1f} queries/s")
+        for c in counts:
+            before, seen = client.stats(MODEL), hits(a.port)
+            waited = fresh.waited() if stream else None
             qps, lat = level(a.port, jobs, c, a.seconds, fresh)
-            after = client.stats(MODEL)
+            after, seen_after = client.stats(MODEL), hits(a.port)
             if not lat:
                 say(f"  served, cache {label}, {c:3d} clients: no fresh users left")
                 break
             execs = max(1, after["execution_count"] - before["execution_count"])
             best = max(best, qps)
-            out = fresh is not None and fresh.at >= len(fresh.jobs)
+            out = fresh is not None and not stream and fresh.at >= len(fresh.jobs)
+            note = f" ({len(lat)} queries: the fresh users ran out)" if out else ""
+            if stream:
+                sent, wait_s = (x - y for x, y in zip(fresh.waited(), waited))
+                share_waited = wait_s / (c * a.seconds)
+                note = (f"; {sent} users, the clients waited for one {100 * share_waited:.1f}% of their time"
+                        + (" (the drawers held the rate)" if share_waited > 0.05 else ""))
             say(f"  served, cache {label}, {c:3d} clients: {qps:8.1f} queries/s  p50 {np.percentile(lat, 50):8.1f}  "
                 f"p99 {np.percentile(lat, 99):8.1f} ms  {(after['inference_count'] - before['inference_count']) / execs:.1f} "
-                f"queries an execution{f' ({len(lat)} queries: the fresh users ran out)' if out else ''}")
+                f"queries an execution, {hit_rate(seen, seen_after)}{note}")
         if fresh is None:
             perf_analyzer(a, jobs, share)
     return best
+
+
+def serve_shares(a, repo, cfg, requests, jobs, reference, fresh_jobs, stream, served):
+    """Each --cache share served in turn (a new server each time; `served[(share, kind)]`: its
+    best queries a second, kind "" for the repeating users, "fresh" and "stream")."""
+    for share in a.cache.split(","):
+        # the same tables and package, served again with the GPU cache at this share of the rows
+        with open(os.path.join(repo, MODEL, "config.pbtxt"), "w") as f:
+            f.write(model_config(cfg, a, share))
+        log = os.path.join(os.environ.get("OUT", repo), f"dlrm_v3_perf_server_cache{share}.log")
+        served[(share, "")] = serve_level(a, repo, log, requests, jobs, reference, share)
+        if fresh_jobs:
+            # the same server again, a new one, on users it has not seen
+            served[(share, "fresh")] = serve_level(a, repo, log.replace(".log", "_fresh.log"), requests, jobs,
+                                                   reference, share, Fresh(fresh_jobs))
+        if stream:
+            served[(share, "stream")] = serve_level(a, repo, log.replace(".log", "_stream.log"), requests, jobs,
+                                                    reference, share, stream)
 
 
 def main():
@@ -263,7 +322,11 @@ def main():
     p.add_argument("--fresh-users", type=int, default=0,
                    help="also serve each cache share again to this many more users, each sent once across "
                    "the levels (a stream of fresh users, as far as they last), drawn before the server starts")
-    p.add_argument("--processes", type=int, default=8, help="processes drawing the fresh users")
+    p.add_argument("--stream", action="store_true", help="also serve each cache share again to a stream of users "
+                   "without end, drawn while it is served (see above)")
+    p.add_argument("--stream-warm-s", type=float, default=20.0, help="seconds of the stream sent uncounted "
+                   "before its levels")
+    p.add_argument("--processes", type=int, default=8, help="processes drawing the fresh users, or the stream's")
     p.add_argument("--perf-analyzer", default="", help="perf_analyzer's path: also run it on each share's repeating "
                    "users (run.sh passes it when .carry_pa is carried)")
     p.add_argument("--pa-concurrency", default="8:16:8", help="perf_analyzer's --concurrency-range")
@@ -318,16 +381,13 @@ def main():
             fresh_jobs = [feeds(r) for r in users]
             say(f"{len(users)} fresh users drawn in {time.time() - t1:.0f} s ({a.processes} processes)")
         served = {}
-        for share in a.cache.split(","):
-            # the same tables and package, served again with the GPU cache at this share of the rows
-            with open(os.path.join(repo, MODEL, "config.pbtxt"), "w") as f:
-                f.write(model_config(cfg, a, share))
-            log = os.path.join(os.environ.get("OUT", repo), f"dlrm_v3_perf_server_cache{share}.log")
-            served[(share, "")] = serve_level(a, repo, log, requests, jobs, reference, share)
-            if fresh_jobs:
-                # the same server again, a new one, on users it has not seen
-                served[(share, "fresh")] = serve_level(a, repo, log.replace(".log", "_fresh.log"), requests, jobs,
-                                                       reference, share, Fresh(fresh_jobs))
+        # drawing from now on, so that users are ready when the first stream level starts
+        stream = UserStream(data, items, cfg.num_user_rows, 9 if a.tiny else None, a.processes) if a.stream else None
+        try:
+            serve_shares(a, repo, cfg, requests, jobs, reference, fresh_jobs, stream, served)
+        finally:
+            if stream:
+                stream.close()
         best = 0.0
         sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
         for b in sorted({1, 4, a.max_batch}):
@@ -348,13 +408,13 @@ def main():
             best = max(best, rate)
             say(f"  reference, torch.compile (padded), batch {b}: {rate:8.1f} queries/s")
     for (share, fresh), top in served.items():
-        say(f"served with a cache of {share}{' to fresh users' if fresh else ''}, at best {top:.1f} queries/s: "
+        say(f"served with a cache of {share}{' to fresh users' if fresh == 'fresh' else ' to the stream' if fresh else ''}, at best {top:.1f} queries/s: "
             f"{top / best:.2f}x the compiled reference's best ({best:.1f})")
-    for fresh in ("", "fresh"):
+    for fresh in ("", "fresh", "stream"):
         shares = sorted((s for s, f in served if f == fresh), key=float)
         if len(shares) > 1:
             lo, hi = served[(shares[0], fresh)], served[(shares[-1], fresh)]
-            say(f"the cache of {shares[0]} against {shares[-1]}{' (fresh users)' if fresh else ''}: "
+            say(f"the cache of {shares[0]} against {shares[-1]}{f' ({fresh})' if fresh else ''}: "
                 f"{lo / hi:.2f}x, the same call")
 
 if __name__ == "__main__":

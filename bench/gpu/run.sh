@@ -107,7 +107,8 @@
 #   dlrm-v3-network  that last step alone (dlrm_v3_network.py; its arguments). carry [".carry"]
 #   dlrm-v3-perf  DLRM-v3 at the benchmark's configuration served on KIND_GPU through a GPU cache,
 #                 queries/s and p50/p99 by client count, beside the compiled reference in the same
-#                 call (dlrm_v3_perf.py; its arguments: --cache 0.1,1.0, --fresh-users N). carry
+#                 call (dlrm_v3_perf.py; its arguments: --cache 0.1,1.0, --fresh-users N, --stream,
+#                 --item-rows N). carry
 #                 [".carry"]; with ".carry_pa" too, perf_analyzer runs on each share as well
 #   ort           gathers the onnxruntime-gpu parts carried by this call (pack.sh --ort) in
 #                 /tmp/ort_parts; the call that brings the last one unpacks /tmp/ort. One call per

@@ -41,4 +41,7 @@ dlrm_v2_plan.py, and have modules of their own:
 - dlrm_v2_fair_reference.py: the bare reference (F.embedding_bag and the compiled network as
   CUDA graphs, one after the other and on streams) in its child process, and its accuracy;
 - dlrm_v2_fair_report.py: the dense peaks, the figures and ratios, fair.png and README.md.
+
+bench/gpu/dlrm_v3_perf.py (DLRM-v3 served) reuses measure.py and transcript.py, and has
+user_stream.py: its stream of users without end, drawn by processes while it serves.
 """
