@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-SERVED = re.compile(r"served, cache ([0-9.]+(?: \(fresh users\))?),\s+(\d+) clients:\s+([0-9.]+) queries/s\s+p50\s+([0-9.]+)\s+p99\s+([0-9.]+) ms")
+SERVED = re.compile(r"served, cache ([0-9.]+(?: \((?:fresh users|stream)\))?),\s+(\d+) clients:\s+([0-9.]+) queries/s\s+p50\s+([0-9.]+)\s+p99\s+([0-9.]+) ms")
 ANALYZER = re.compile(r"perf_analyzer, cache ([0-9.]+), concurrency (\d+):\s+([0-9.]+) queries/s;.*p99 ([0-9.]+)$")
 REFERENCE = re.compile(r"reference, torch.compile \(padded\), batch (\d+):\s+([0-9.]+) queries/s")
 
@@ -49,7 +49,7 @@ def main():
         points.sort()
         value, fresh, pa = float(share.split()[0]), "fresh" in share, "perf_analyzer" in share
         label = "every row in HBM" if value >= 1 else f"GPU cache of {value:.0%} of the rows"
-        label += ", fresh users" if fresh else ""
+        label += ", fresh users" if fresh else ", endless stream" if "stream" in share else ""
         label += ", perf_analyzer" if pa else ""
         style = "s--" if pa else "o-"
         rate.plot([c for c, _, _ in points], [q for _, q, _ in points], style, label=label)
