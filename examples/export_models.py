@@ -37,7 +37,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model_files import ensure_free_space, tmp_path  # noqa: E402
+from model_files import finish, placed, tmp_path  # noqa: E402
 
 OPSET = 17
 IR_VERSION = 8  # ONNX Runtime releases back to 1.13 read IR 8 + opset 17
@@ -337,15 +337,18 @@ DEFAULT_MODELS = ["resnet50", "bert_small", "bert_large", "identity"]
 
 def save_model(model: onnx.ModelProto, path: str) -> None:
     """Save in one file when it fits in a protobuf message, else with external data beside it."""
-    ensure_free_space(path, model.ByteSize(), "ONNX model")
-    tmp = tmp_path(path)
+    where = placed(path, model.ByteSize(), "ONNX model")
+    tmp = tmp_path(where)
     if model.ByteSize() < PROTOBUF_LIMIT:
         with open(tmp, "wb") as f:
             f.write(model.SerializeToString())
     else:
+        if where != path:
+            raise SystemExit(f"ONNX model: {path} has external data and cannot be spilled; free "
+                             f"{model.ByteSize() >> 20} MiB beside it")
         onnx.save_model(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
                         location=os.path.basename(path) + ".data", size_threshold=1024)
-    os.replace(tmp, path)
+    finish(path, where)
 
 
 def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:

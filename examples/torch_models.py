@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model_files import ensure_free_space, tmp_path  # noqa: E402
+from model_files import finish, placed, tmp_path  # noqa: E402
 
 # ------------------------------------------------------------------ ResNet50 v1.5
 
@@ -257,9 +257,9 @@ def export(repo: str, name: str) -> str:
     model = make(name)
     path = os.path.join(repo, name, "1", "model.pt")
     size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    ensure_free_space(path, size, name)
-    torch.jit.script(model).save(tmp_path(path))
-    os.replace(tmp_path(path), path)
+    where = placed(path, size, name)
+    torch.jit.script(model).save(tmp_path(where))
+    finish(path, where)
     return path
 
 

@@ -34,3 +34,54 @@ def test_a_torchscript_export_leaves_only_the_finished_file(tmp_path):
     assert os.listdir(os.path.dirname(path)) == ["model.pt"]
     import torch
     torch.jit.load(path)  # whole: loads
+
+
+def short_disk(monkeypatch, folder: str, free: int):
+    """shutil.disk_usage reporting `free` bytes for paths under `folder`, the truth elsewhere."""
+    real = shutil.disk_usage
+
+    def usage(p):
+        u = real(p)
+        if os.path.abspath(p).startswith(os.path.abspath(folder)):
+            return u._replace(free=free)
+        return u
+    monkeypatch.setattr(model_files.shutil, "disk_usage", usage)
+
+
+def test_a_file_too_large_for_its_disk_goes_to_the_spill_folder_and_is_linked(tmp_path, monkeypatch):
+    repo, spill = tmp_path / "repo", tmp_path / "spill"
+    path = str(repo / "bert_large" / "1" / "model.onnx")
+    short_disk(monkeypatch, str(repo), 10 << 20)
+    monkeypatch.setenv(model_files.SPILL_ENV, str(spill))
+    where = model_files.placed(path, 100 << 20, "ONNX model")
+    assert where.startswith(str(spill)) and where.endswith(os.path.join("bert_large", "1", "model.onnx"))
+    with open(model_files.tmp_path(where), "wb") as f:
+        f.write(b"weights")
+    model_files.finish(path, where)
+    assert os.path.islink(path) and open(path, "rb").read() == b"weights"
+    assert sorted(os.listdir(os.path.dirname(path))) == ["model.onnx"]  # no temporary left
+    # the spilled file gone (the test command removes its folder at exit): no file, written again
+    os.remove(where)
+    assert not os.path.exists(path)
+    monkeypatch.undo()
+    again = model_files.placed(path, 1 << 20, "ONNX model")
+    assert again == path
+    with open(model_files.tmp_path(again), "wb") as f:
+        f.write(b"new")
+    model_files.finish(path, again)
+    assert not os.path.islink(path) and open(path, "rb").read() == b"new"
+
+
+def test_no_spill_folder_or_no_room_there_is_the_disks_message(tmp_path, monkeypatch):
+    repo, spill = tmp_path / "repo", tmp_path / "spill"
+    path = str(repo / "m" / "1" / "model.pt")
+    short_disk(monkeypatch, str(repo), 10 << 20)
+    monkeypatch.delenv(model_files.SPILL_ENV, raising=False)
+    with pytest.raises(SystemExit) as e:
+        model_files.placed(path, 100 << 20, "bert_large_pt")
+    assert "bert_large_pt" in str(e.value) and "MiB are free" in str(e.value)
+    short_disk(monkeypatch, str(tmp_path), 10 << 20)  # the spill folder short too
+    monkeypatch.setenv(model_files.SPILL_ENV, str(spill))
+    with pytest.raises(SystemExit) as e:
+        model_files.placed(path, 100 << 20, "bert_large_pt")
+    assert path in str(e.value)
