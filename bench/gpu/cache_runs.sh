@@ -20,7 +20,10 @@
 # (quiet, each missed row of a batch read once), pool8 / pool12 / pool32 (auto, the worker pool at 8, 12 or 32 threads), parts2 (auto, each batch in two parts: one part's misses read while the network
 # runs on the other), saved / restart / cold (a warm restart against a cold start, below).
 # A device call returns at most eight files: the runs' folders and logs come back packed in
-# runs.tgz, beside summary.txt.
+# runs.tgz, beside summary.txt. `plain` is no server: served_reads_bench (carry ".carry_tools"
+# too) reads a 16 GB fp16 table in 2 MiB pages on the host alone, a plain gather on every core
+# beside the store's reads (plain.txt); the summary sets each run's misses read a second against
+# its plain gather, as issue 66's first target asks (the same call).
 set -u
 cd "$(dirname "$0")/../.."
 deadline=560
@@ -67,6 +70,18 @@ run() {
 }
 for name in ${runs//,/ }; do
     case "$name" in
+    plain) left=$(( deadline - ($(date +%s) - t0) ))
+           b=$(ls .carry_tools/served_reads_bench .carry/served_reads_bench 2>/dev/null | head -1)
+           if [ -z "$b" ]; then echo "== plain: no served_reads_bench carried (.carry_tools)" | tee -a "$out/skipped.txt"
+           elif [ "$left" -lt 60 ]; then echo "== plain: skipped, ${left} s left" | tee -a "$out/skipped.txt"
+           else
+               echo "== plain ($b, $(( $(date +%s) - t0 )) s into the call)"
+               # the table on the disk (/tmp): /dev/shm holds the runs' 52 GB fixture
+               timeout $(( left - 5 )) "$b" --gb 16 --instances 6 --parts 3 --batches 10 --host-memory huge_pages \
+                   --dir /tmp/served_reads_table > "$out/plain.txt" 2>&1 || rc=1
+               rm -rf /tmp/served_reads_table
+               grep -A2 "plain, whole host" "$out/plain.txt" | sed "s/^/  /"
+           fi ;;
     hbm) run hbm --cache 1.0 --stream-warm-passes 2 ;;
     mapped) run mapped --cache 0.1 --stream-warm-passes 20 --host-memory mapped ;;
     huge) run huge --cache 0.1 --stream-warm-passes 20 --host-memory huge_pages ;;

@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """The summary of one bench/gpu/cache_runs.sh call: per run, the endless stream's pairs/s, its
 latencies and hit rate, the host's CPU, the ratio to the `hbm` run of the same call, and the
-backend's per-batch steps (medians of its `timing:` lines).
+backend's per-batch steps (medians of its `timing:` lines). Then each cached run's misses read
+from the host a second, served (the stream's keys a second times its miss rate; the rows read,
+fewer when a batch reads each missed row once, from the timing line's medians), beside the
+plain gather of the same call's `plain` run (served_reads_bench: the host alone, every core),
+as issue 66's first target reads.
 
     python3 bench/gpu/cache_runs_summary.py DIR      # DIR: the call's folder (<run>.tgz or <run>/)
 """
@@ -11,6 +15,34 @@ import os
 import re
 import sys
 import tarfile
+
+PLAIN_ROW = re.compile(r"^\|\s*([0-9.]+)\s*\|")
+
+
+def plain_rate(folder):
+    """The `plain` run's plain gather on the whole host, M rows/s, and its table line; None
+    when the call had no such run."""
+    path = os.path.join(folder, "plain.txt")
+    if not os.path.exists(path):
+        return None
+    lines = open(path, errors="replace").read().splitlines()
+    for i, ln in enumerate(lines):
+        m = PLAIN_ROW.match(ln)
+        if m and i >= 2 and "plain, whole host" in lines[i - 2]:
+            return float(m.group(1)), lines[i - 2], ln
+    return None
+
+
+def misses_read(stream):
+    """(misses a second, rows read from the host a second) of a served stream, M: its keys a
+    second times its miss rate, and the rows the batches read (the timing line's `rows read`
+    against its `misses`, medians; the misses where it has none). None without a hit rate."""
+    if stream.get("hit_rate") is None or not stream.get("lookups_per_s"):
+        return None
+    misses = stream["lookups_per_s"] * (1 - stream["hit_rate"]) / 1e6
+    steps = (stream.get("timing") or {}).get("batch lookup", {})
+    m, read = steps.get("misses", [0])[0], steps.get("rows read", [0])[0]
+    return misses, misses * read / m if m and read else misses
 
 
 def load(folder, name):
@@ -75,8 +107,16 @@ def main():
         print(f"  {n}: first pass after the start {rate1:.2f} M pairs/s ({s1:.1f} s, "
               f"{rate1 / (s['pairs_per_s'] / 1e6):.2f}x the measured rate); the first {s1 + s['seconds']:.0f} s "
               f"together {both:.2f} M pairs/s ({both / (s['pairs_per_s'] / 1e6):.2f}x)")
+    plain = plain_rate(folder)
+    if plain:
+        print(f"plain gather, the host alone, same call (plain.txt): {plain[0]:.1f} M rows/s on the whole host")
+    for n, (r, _) in runs.items():
+        got = misses_read(r["stream"][0])
+        if got and got[0] > 0:
+            versus = f"; {got[1] / plain[0]:.2f}x the plain gather" if plain else ""
+            print(f"  {n}: misses served {got[0]:.1f} M/s, rows read from the host {got[1]:.1f} M/s{versus}")
     for n in order:
-        if n not in runs:
+        if n not in runs and n != "plain":
             print(f"{n}: no stream figure (see {n}.log)")
 
 
