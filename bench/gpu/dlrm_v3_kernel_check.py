@@ -6,7 +6,12 @@ at MLPerf's inference step, and 2,048 candidates a request) against our referenc
 eager PyTorch, one request at a time (model.py's attention_one_request, the same math), in the
 same call. Useful FLOPs count each allowed (row, key) pair once: 2 x (dqk + dv) a pair and head.
 
-    python3 bench/gpu/dlrm_v3_kernel_check.py [--requests 8] [--history 6400] [--candidates 2048]
+Then the sweep: each of --blocks (kernels.Blocks: rows and keys a program takes, warps, stages,
+SiLU exact or one tanh.approx) checked on the small layouts in bf16 and timed at the same shape,
+a line each, and the fastest exact one named: the setting TRITON_RUST_HSTU_BLOCKS takes for the
+network and the served package.
+
+    python3 bench/gpu/dlrm_v3_kernel_check.py [--requests 8] [--history 6400] [--candidates 2048] [--blocks A;B;...]
 
 Prints every line as it goes and writes them to $OUT/dlrm_v3_kernel_check.txt when OUT is set.
 """
@@ -40,6 +45,52 @@ def pairs(hist, cand):
     return sum((1 + h) * (2 + h) // 2 + c * (2 + h) for h, c in zip(hist, cand))
 
 
+SWEEP = ("32,32,4,3,exact;32,32,4,3,fast;64,32,4,3,fast;64,64,4,3,exact;64,64,4,3,fast;64,64,4,2,fast;"
+         "64,64,8,3,fast;128,64,8,3,fast;128,64,8,2,fast;128,32,8,3,fast;64,128,4,2,fast;128,128,8,2,fast")
+SMALL = (([0, 3, 40], [3, 1, 5]), ([70, 5], [2, 40]), ([31, 32, 33, 0, 64], [1, 31, 32, 64, 2]),
+         ([200, 130], [129, 64]))
+
+
+def small_error(dtype, dev):
+    """The kernel's largest difference from the masked form over SMALL, at the current blocks."""
+    worst = 0.0
+    for hist, cand in SMALL:
+        h, offsets = layout(hist, cand, dev)
+        total = int(offsets[-1])
+        q, k, v = (torch.randn(total, 4, 128, device=dev).to(dtype) for _ in range(3))
+        norm = torch.tensor(float(1 + max(hist) + max(cand)), device=dev)
+        got = kernels.hstu_attention(q, k, v, offsets, h, norm, 128 ** -0.5)
+        want = kernels.reference(q.float(), k.float(), v.float(), offsets, h, norm, 128 ** -0.5)
+        worst = max(worst, float((got.float() - want).abs().max()))
+    return worst
+
+
+def sweep(a, dev, q, k, v, offsets, h, norm, alpha, flops):
+    """Each of --blocks checked and timed (see the module's note); the fastest within the bound."""
+    best = None
+    for text in (x for x in a.blocks.split(";") if x.strip()):
+        os.environ[kernels.BLOCKS_ENV] = text
+        cut = kernels.blocks()
+        try:
+            err = small_error(torch.bfloat16, dev)
+            ms = timed(lambda: kernels.hstu_attention(q, k, v, offsets, h, norm, alpha), 10)
+        except Exception as e:  # a block too large for shared memory, say: that config alone
+            say(f"  blocks {cut}: failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            torch.cuda.synchronize()
+            continue
+        ok = err <= 2e-2
+        tflops = flops / ms / 1e9
+        say(f"  blocks {cut}: {ms:.3f} ms, {tflops:.0f} TFLOP/s useful ({100 * tflops / a.peak_tflops:.0f}% of "
+            f"{a.peak_tflops:g}); bf16 error {err:.1e} ({'within' if ok else 'PAST'} 2e-2)")
+        if ok and (best is None or ms < best[1]):
+            best = (cut, ms, tflops)
+    os.environ.pop(kernels.BLOCKS_ENV, None)
+    if best:
+        say(f"fastest blocks within the bound: {best[0]} ({best[1]:.3f} ms, {best[2]:.0f} TFLOP/s, "
+            f"{100 * best[2] / a.peak_tflops:.0f}% of {a.peak_tflops:g}): {kernels.BLOCKS_ENV}={best[0]}")
+    return best
+
+
 def timed(fn, reps):
     fn()
     torch.cuda.synchronize()
@@ -58,6 +109,7 @@ def main():
     p.add_argument("--history", type=int, default=6400)
     p.add_argument("--candidates", type=int, default=2048)
     p.add_argument("--peak-tflops", type=float, default=989.0, help="the GPU's dense fp16/bf16 peak (H100/H200 SXM: 989)")
+    p.add_argument("--blocks", default=SWEEP, help="the blocks swept, ';' between them (kernels.Blocks.parse's form)")
     a = p.parse_args()
     dev = "cuda"
     say(f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}")
@@ -85,9 +137,11 @@ def main():
     alpha = 128 ** -0.5
     ms = timed(lambda: kernels.hstu_attention(q, k, v, offsets, h, norm, alpha), 10)
     flops = pairs(hist, cand) * 4 * 2 * (128 + 128)
-    say(f"kernel, bf16, {n} requests of {hl} history items and {cl} candidates ({total:,} rows, 4 heads of 128): "
-        f"{ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s useful ({100 * flops / ms / 1e9 / a.peak_tflops:.0f}% of "
-        f"{a.peak_tflops:g})")
+    say(f"kernel, bf16, {n} requests of {hl} history items and {cl} candidates ({total:,} rows, 4 heads of 128), "
+        f"blocks {kernels.blocks()}: {ms:.3f} ms, {flops / ms / 1e9:.0f} TFLOP/s useful "
+        f"({100 * flops / ms / 1e9 / a.peak_tflops:.0f}% of {a.peak_tflops:g})")
+    say(f"the blocks swept ({kernels.BLOCKS_ENV}: BM,BN,WARPS,STAGES,SiLU), the same shape:")
+    sweep(a, dev, q, k, v, offsets, h, norm, alpha, flops)
 
     def eager():
         outs = []

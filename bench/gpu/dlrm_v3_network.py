@@ -36,6 +36,7 @@ import torch
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 from dlrm_v3 import data as dv3_data  # noqa: E402
+from dlrm_v3 import kernels  # noqa: E402
 from dlrm_v3 import model as dv3  # noqa: E402
 from recsys.transcript import Transcript  # noqa: E402
 from dlrm_v3 import network as net  # noqa: E402
@@ -94,7 +95,8 @@ def main():
     a = p.parse_args()
     dev, dtype = a.device, DTYPES[a.dtype]
     name = torch.cuda.get_device_name(0) if dev == "cuda" else "CPU"
-    say(f"device: {name}; torch {torch.__version__}; {a.dtype}")
+    say(f"device: {name}; torch {torch.__version__}; {a.dtype}; attention blocks {kernels.blocks()} "
+        f"({kernels.BLOCKS_ENV})")
     if a.tiny:
         cfg = dv3.Config.tiny(attn_norm_len=145, dtype=dtype)
     else:

@@ -62,6 +62,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
 from dlrm_v3 import data as dv3_data  # noqa: E402
 from dlrm_v3 import export  # noqa: E402
+from dlrm_v3 import kernels  # noqa: E402
 from dlrm_v3 import model as dv3  # noqa: E402
 from dlrm_v3.client import feeds  # noqa: E402
 from dlrm_v3_serve import MODEL, config  # noqa: E402
@@ -338,7 +339,8 @@ def main():
     p.add_argument("--port", type=int, default=8760)
     a = p.parse_args()
     dev = a.device
-    say(f"device: {torch.cuda.get_device_name(0) if dev == 'cuda' else 'CPU'}; torch {torch.__version__}")
+    say(f"device: {torch.cuda.get_device_name(0) if dev == 'cuda' else 'CPU'}; torch {torch.__version__}; "
+        f"attention blocks {kernels.blocks()} ({kernels.BLOCKS_ENV})")
     if a.tiny:
         data = dv3_data.DataConfig.tiny(seconds_per_timestamp=3600, min_candidates=2)
         cfg = export.config()

@@ -14,11 +14,13 @@ token or history (j <= h), and itself: history causal, each candidate the prefix
 One program takes a block of a request's rows for one head: it walks only the prefix's key
 blocks up to its own last row (never another request's rows, never the candidates' keys) and
 adds each candidate row's own term once, so a request costs its prefix times its rows, not the
-batch's tokens squared as the masked form does. Not yet timed on a GPU: no figure is claimed.
+batch's tokens squared as the masked form does. The key blocks below both the block's first row
+and the prefix's end need no mask and take a loop of their own; the rest are masked.
 """
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -26,15 +28,60 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-# rows and keys a program takes at a time (Triton's dot wants 16 or more on each side)
-BLOCK_M = 32
-BLOCK_N = 32
+# How a launch is cut (`Blocks`): rows and keys a program takes at a time (Triton's dot wants 16
+# or more on each side), its warps and pipeline stages, and whether SiLU is one `tanh.approx`
+# (GPU only: silu(s) = s/2 * (1 + tanh(s/2)), one special-function op a score where the exact
+# form takes an exponential and a division). TRITON_RUST_HSTU_BLOCKS="BM,BN,WARPS,STAGES[,exact]"
+# sets it for the launches (and so the packages) that follow; bench/gpu/dlrm_v3_kernel_check.py
+# times the choices on a GPU.
+BLOCKS_ENV = "TRITON_RUST_HSTU_BLOCKS"
+
+
+class Blocks(NamedTuple):
+    """The defaults are the blocks the served figures so far were measured with (H200: 159
+    TFLOP/s useful at the benchmark's shape, `bench/gpu/results/dlrm-v3-check/`)."""
+    bm: int = 32
+    bn: int = 32
+    warps: int = 4
+    stages: int = 3
+    fast: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> "Blocks":
+        parts = [x.strip() for x in text.split(",") if x.strip()]
+        if len(parts) not in (4, 5) or (len(parts) == 5 and parts[4] not in ("exact", "fast")):
+            raise ValueError(f"{BLOCKS_ENV}: BM,BN,WARPS,STAGES[,exact|fast], not {text!r}")
+        bm, bn, warps, stages = (int(x) for x in parts[:4])
+        for name, x in (("BM", bm), ("BN", bn)):
+            if x < 16 or x & (x - 1):
+                raise ValueError(f"{BLOCKS_ENV}: {name} is a power of two of 16 or more, not {x}")
+        return cls(bm, bn, warps, stages, len(parts) == 4 or parts[4] == "fast")
+
+    def __str__(self) -> str:
+        return f"{self.bm},{self.bn},{self.warps},{self.stages},{'fast' if self.fast else 'exact'}"
+
+
+def blocks() -> Blocks:
+    """The launches' blocks: TRITON_RUST_HSTU_BLOCKS, else the defaults."""
+    text = os.environ.get(BLOCKS_ENV, "")
+    return Blocks.parse(text) if text else Blocks()
+
+
+@triton.jit
+def _silu(s, FAST: tl.constexpr):
+    if FAST:
+        h = 0.5 * s
+        t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [h], dtype=tl.float32,
+                                      is_pure=True, pack=1)
+        return h + h * t
+    else:
+        return s * tl.sigmoid(s)
 
 
 @triton.jit
 def _hstu_attention_kernel(q_ptr, k_ptr, v_ptr, offsets_ptr, hist_ptr, norm_ptr, block_req_ptr, block_m_ptr,
                            out_ptr, alpha, HEADS: tl.constexpr, DQK: tl.constexpr, DV: tl.constexpr,
-                           BM: tl.constexpr, BN: tl.constexpr):
+                           BM: tl.constexpr, BN: tl.constexpr, FAST: tl.constexpr):
     slot = tl.program_id(0)
     head = tl.program_id(1)
     # Inductor passes a Python float as fp64 (Triton's own launch as fp32): the scores in fp64
@@ -46,7 +93,7 @@ def _hstu_attention_kernel(q_ptr, k_ptr, v_ptr, offsets_ptr, hist_ptr, norm_ptr,
         start = tl.load(offsets_ptr + b)
         length = tl.load(offsets_ptr + b + 1) - start
         prefix = 1 + tl.load(hist_ptr + b)  # the user token and the history
-        norm = tl.load(norm_ptr).to(tl.float32)
+        inv_norm = 1.0 / tl.load(norm_ptr).to(tl.float32)  # once, not a division a score
         i = m * BM + tl.arange(0, BM)
         rows = i < length
         dq = tl.arange(0, DQK)
@@ -54,15 +101,26 @@ def _hstu_attention_kernel(q_ptr, k_ptr, v_ptr, offsets_ptr, hist_ptr, norm_ptr,
         q_at = q_ptr + ((start + i[:, None]) * HEADS + head) * DQK + dq[None, :]
         q = tl.load(q_at, mask=rows[:, None], other=0.0)
         acc = tl.zeros([BM, DV], dtype=tl.float32)
-        # the prefix's keys up to the block's last row
+        # Keys below both the block's first row and the prefix's end are allowed to every row
+        # of the block (history rows read earlier keys, candidates the whole prefix): no mask.
+        # A row past the request has q = 0, so a weight of silu(0) = 0, and is not stored.
+        free = (tl.minimum(m * BM, prefix) // BN) * BN
+        for n in range(0, free, BN):
+            j = n + tl.arange(0, BN)
+            k = tl.load(k_ptr + ((start + j[:, None]) * HEADS + head) * DQK + dq[None, :])
+            v = tl.load(v_ptr + ((start + j[:, None]) * HEADS + head) * DV + dv[None, :])
+            s = tl.dot(q, tl.trans(k)).to(tl.float32) * alpha
+            w = _silu(s, FAST) * inv_norm
+            acc += tl.dot(w.to(v.dtype), v).to(tl.float32)
+        # then the prefix's keys up to the block's last row, under the mask
         last = tl.minimum(m * BM + BM, prefix)
-        for n in range(0, last, BN):
+        for n in range(free, last, BN):
             j = n + tl.arange(0, BN)
             keys = (j < prefix) & (j < length)
             k = tl.load(k_ptr + ((start + j[:, None]) * HEADS + head) * DQK + dq[None, :], mask=keys[:, None], other=0.0)
             v = tl.load(v_ptr + ((start + j[:, None]) * HEADS + head) * DV + dv[None, :], mask=keys[:, None], other=0.0)
             s = tl.dot(q, tl.trans(k)).to(tl.float32) * alpha
-            w = s * tl.sigmoid(s) / norm
+            w = _silu(s, FAST) * inv_norm
             allowed = (j[None, :] <= i[:, None]) & keys[None, :] & rows[:, None]
             w = tl.where(allowed, w, 0.0)
             acc += tl.dot(w.to(v.dtype), v).to(tl.float32)
@@ -71,7 +129,7 @@ def _hstu_attention_kernel(q_ptr, k_ptr, v_ptr, offsets_ptr, hist_ptr, norm_ptr,
         k_self = tl.load(k_ptr + ((start + i[:, None]) * HEADS + head) * DQK + dq[None, :], mask=cand[:, None], other=0.0)
         v_self = tl.load(v_ptr + ((start + i[:, None]) * HEADS + head) * DV + dv[None, :], mask=cand[:, None], other=0.0)
         s_self = tl.sum(q.to(tl.float32) * k_self.to(tl.float32), axis=1) * alpha
-        w_self = tl.where(cand, s_self * tl.sigmoid(s_self) / norm, 0.0)
+        w_self = tl.where(cand, _silu(s_self, FAST) * inv_norm, 0.0)
         acc += w_self[:, None] * v_self.to(tl.float32)
         out_at = out_ptr + ((start + i[:, None]) * HEADS + head) * DV + dv[None, :]
         tl.store(out_at, acc.to(out_ptr.dtype.element_ty), mask=rows[:, None])
@@ -117,20 +175,26 @@ def hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: t
     if not _runs_kernel(q):
         return reference(q, k, v, offsets, hist_lengths, norm, alpha)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    cut = blocks()
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # no PTX there: the exact SiLU
     requests = hist_lengths.shape[0]
-    slots = (total + BLOCK_M - 1) // BLOCK_M + requests
-    # slot s: the request whose blocks reach past s, and the block's place in it
+    slots = (total + cut.bm - 1) // cut.bm + requests
+    # slot s: the request whose blocks reach past s, and the block's place in it, its last
+    # block first (a block reads the keys before it: the last ones are the longest, started
+    # first so that none is left running alone at the end)
     lengths = offsets[1:] - offsets[:-1]
-    count = (lengths + BLOCK_M - 1) // BLOCK_M
+    count = (lengths + cut.bm - 1) // cut.bm
     last = torch.cumsum(count, 0)
     s = torch.arange(slots, device=q.device)
     req = torch.searchsorted(last, s, right=True)
     inside = req < requests
-    first = (last - count)[req.clamp(max=requests - 1)]
+    req_c = req.clamp(max=requests - 1)
+    first = (last - count)[req_c]
     block_req = torch.where(inside, req, torch.full_like(req, -1))
-    block_m = torch.where(inside, s - first, torch.zeros_like(s))
+    block_m = torch.where(inside, count[req_c] - 1 - (s - first), torch.zeros_like(s))
     out = torch.empty((total, heads, dv), dtype=v.dtype, device=v.device)
     _launcher(_hstu_attention_kernel)[(slots, heads)](q, k, v, offsets, hist_lengths, norm.reshape(1), block_req,
-                                                     block_m, out, alpha, HEADS=heads, DQK=dqk, DV=dv, BM=BLOCK_M,
-                                                     BN=BLOCK_N, num_warps=4)
+                                                     block_m, out, alpha, HEADS=heads, DQK=dqk, DV=dv, BM=cut.bm,
+                                                     BN=cut.bn, FAST=cut.fast and not interpreted,
+                                                     num_warps=cut.warps, num_stages=cut.stages)
     return out

@@ -2,7 +2,8 @@
 interpreter on CPU tensors (TRITON_INTERPRET=1, in a process of its own: the setting is read when
 Triton is imported), equals the masked form in plain torch on layouts that cross the kernel's
 blocks (requests of no history, histories and candidate lists shorter and longer than a block,
-one request alone), in fp32 and fp16; and the whole network run through the kernel gives the
+one request alone), in fp32 and fp16, with the default blocks and two other shapes of them
+(TRITON_RUST_HSTU_BLOCKS; a malformed setting refused); and the whole network run through the kernel gives the
 reference model's scores. No GPU here: its speed is not measured by this test."""
 import os
 import subprocess
@@ -20,9 +21,16 @@ import torch
 from dlrm_v3 import kernels, network as net, model as dv3
 from test_dlrm_v3_reference import FIXED_NORM, mixed_batch
 
+import os
 torch.manual_seed(0)
 layouts = [([0, 3, 40], [3, 1, 5]), ([70, 5], [2, 40]), ([0], [1]), ([31, 32, 33, 0, 64], [1, 31, 32, 64, 2])]
-for dtype, bound in ((torch.float32, 1e-6), (torch.float16, 2e-3)):
+# the defaults, then blocks of other shapes (the unmasked loop's end moves with them)
+for cut, dtype, bound in ((None, torch.float32, 1e-6), (None, torch.float16, 2e-3),
+                          ("16,32,4,2", torch.float32, 1e-6), ("64,16,4,3,exact", torch.float32, 1e-6)):
+    os.environ.pop(kernels.BLOCKS_ENV, None)
+    if cut:
+        os.environ[kernels.BLOCKS_ENV] = cut
+    print("blocks", kernels.blocks())
     for hist, cand in layouts:
         h = torch.tensor(hist)
         lengths = 1 + h + torch.tensor(cand)
@@ -35,6 +43,12 @@ for dtype, bound in ((torch.float32, 1e-6), (torch.float16, 2e-3)):
         err = float((got.float() - want).abs().max())
         assert got.dtype == dtype and got.shape == want.shape and err <= bound, (dtype, hist, cand, err)
         print("kernel", dtype, hist, cand, f"{err:.1e}")
+os.environ.pop(kernels.BLOCKS_ENV, None)
+for bad in ("32,32,4", "24,32,4,3", "32,32,4,3,quick"):
+    try:
+        kernels.Blocks.parse(bad)
+    except ValueError as e:
+        print("refused blocks:", e)
 try:
     kernels.hstu_attention(torch.zeros(3, 2, 24), torch.zeros(3, 2, 24), torch.zeros(3, 2, 32),
                            torch.tensor([0, 3]), torch.tensor([1]), torch.tensor(3.0), 0.2)
@@ -59,4 +73,5 @@ def test_the_kernel_under_the_interpreter_equals_the_masked_form():
     out = subprocess.run([PY, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     print(out.stdout)
-    assert out.stdout.count("kernel ") == 8 and "refused:" in out.stdout and out.stdout.count("network ") == 2
+    assert out.stdout.count("kernel ") == 16 and out.stdout.count("refused blocks:") == 3
+    assert "refused:" in out.stdout and out.stdout.count("network ") == 2

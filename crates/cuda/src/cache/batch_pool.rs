@@ -204,7 +204,7 @@ impl BatchLookup {
     /// each row's count of misses for the fill's LFU count. Returns how many the list holds
     /// now (`m` when not pooling, or not `once`).
     pub(super) fn distinct_misses(&mut self, n: usize, m: usize) -> Result<usize> {
-        self.pool.new_run();
+        // the run's start (`new_run`) left no repeats and nothing counted
         let (Some((_, width)), Some(spec)) = (self.pool.active, self.pool.wanted) else {
             return Ok(m);
         };
