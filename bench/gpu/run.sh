@@ -105,6 +105,9 @@
 #                 (dlrm_v3_serve.py), then the network at the benchmark's shape, ours against the
 #                 reference eager and compiled (dlrm_v3_network.py; its arguments). carry [".carry"]
 #   dlrm-v3-network  that last step alone (dlrm_v3_network.py; its arguments). carry [".carry"]
+#   dlrm-v3-blocks the attention kernel's blocks swept (dlrm_v3_kernel_check.py), then the network
+#                 timed with the fastest (TRITON_RUST_HSTU_BLOCKS; dlrm_v3_network.py's arguments).
+#                 carry [".carry"]
 #   dlrm-v3-perf  DLRM-v3 at the benchmark's configuration served on KIND_GPU through a GPU cache,
 #                 queries/s and p50/p99 by client count, beside the compiled reference in the same
 #                 call (dlrm_v3_perf.py; its arguments: --cache 0.1,1.0, --fresh-users N, --stream,
@@ -167,7 +170,7 @@ while [ $# -gt 0 ]; do
 done
 sub="${1:-}"; [ -n "$sub" ] || usage
 shift
-case "$sub" in models|cache-check|recommenders|dense|trust|ort|aoti|aoti-check|aoti-recsys|network|cross|pooled-check|pooled-bench|dlrm-v2-check|dlrm-v2|dlrm-v2-network|dlrm-v2-fair|dlrm-v3-check|dlrm-v3-network|dlrm-v3-perf) ;; *) usage ;; esac
+case "$sub" in models|cache-check|recommenders|dense|trust|ort|aoti|aoti-check|aoti-recsys|network|cross|pooled-check|pooled-bench|dlrm-v2-check|dlrm-v2|dlrm-v2-network|dlrm-v2-fair|dlrm-v3-check|dlrm-v3-network|dlrm-v3-blocks|dlrm-v3-perf) ;; *) usage ;; esac
 
 # ---- ort: gather a carried part; unpack once every part is here (no .carry needed) ----
 if [ "$sub" = ort ]; then
@@ -414,7 +417,7 @@ dlrm-v2-fair)
     kill "$dm" 2>/dev/null
     ;;
 dlrm-v3-check)
-    OUT="$res" timeout 150 python3 bench/gpu/dlrm_v3_kernel_check.py || rc=1
+    OUT="$res" timeout 240 python3 bench/gpu/dlrm_v3_kernel_check.py || rc=1
     OUT="$res" timeout 170 python3 bench/gpu/dlrm_v3_serve.py --server "$server" --backends "$backends" || rc=1
     OUT="$res" timeout "${NETWORK_TIMEOUT:-240}" python3 bench/gpu/dlrm_v3_network.py "$@" || rc=1
     ;;
@@ -425,6 +428,17 @@ dlrm-v3-perf)
     ;;
 dlrm-v3-network)
     OUT="$res" timeout "${NETWORK_TIMEOUT:-400}" python3 bench/gpu/dlrm_v3_network.py "$@" || rc=1
+    ;;
+dlrm-v3-blocks)
+    # the attention kernel's blocks swept (the defaults among them), then the network timed
+    # with the fastest within the bound (its reference in the same run)
+    OUT="$res" timeout 240 python3 bench/gpu/dlrm_v3_kernel_check.py || rc=1
+    best=$(sed -n 's/^fastest blocks within the bound: .*TRITON_RUST_HSTU_BLOCKS=\([^ ]*\)$/\1/p' "$res/dlrm_v3_kernel_check.txt" 2>/dev/null | tail -1)
+    if [ -n "$best" ]; then
+        TRITON_RUST_HSTU_BLOCKS="$best" OUT="$res" timeout "${NETWORK_TIMEOUT:-320}" python3 bench/gpu/dlrm_v3_network.py "$@" || rc=1
+    else
+        echo "no blocks within the bound: the network not timed" >&2; rc=1
+    fi
     ;;
 aoti-check)
     OUT="$res" timeout "${AOTI_TIMEOUT:-570}" python3 bench/gpu/aoti_check.py --server "$server" \
