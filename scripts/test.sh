@@ -3,7 +3,7 @@
 # tritonserver with libtriton_rust.so (pytest, tests/server/).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-# A run from a fresh clone takes about 12 GB of disk (.venv 5.3, models/ 3.6, target/ 2.0, the
+# A run from a fresh clone takes about 12 GB of disk (.venv 5.4, models/ 3.6, target/ 1.9, the
 # rest in /tmp; README); a full disk shows up late and strangely, so say up front what is free.
 echo "[test] disk: $(df -h --output=avail . | tail -1 | tr -d ' ') free where the checkout is"
 bash scripts/setup.sh
