@@ -66,7 +66,7 @@ from torch.utils import _pytree as pytree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import recommenders  # noqa: E402
 import torch_models  # noqa: E402
-from model_files import ensure_free_space  # noqa: E402
+from model_files import ensure_free_space, link_spilled, placed  # noqa: E402
 
 TORCH_VERSION_KEY = "triton_rust.torch_version"
 INPUTS_KEY = "triton_rust.inputs"
@@ -200,15 +200,16 @@ def package(module: nn.Module, example_inputs: Sequence[torch.Tensor], path: str
         exported = torch.export.export(module, tuple(example), kwargs=kwargs or None, dynamic_shapes=dynamic_shapes)
         meta = metadata(exported)
         size = sum(t.numel() * t.element_size() for t in module.state_dict().values())
-        ensure_free_space(path, size, "AOTInductor package")
+        where = placed(path, size, "AOTInductor package")
         # The package's folders are named after its file, so it is written under its own name
         # in a folder beside it, then moved.
-        with tempfile.TemporaryDirectory(prefix=".export-", dir=os.path.dirname(os.path.abspath(path))) as tmp:
+        with tempfile.TemporaryDirectory(prefix=".export-", dir=os.path.dirname(os.path.abspath(where))) as tmp:
             tmp_file = os.path.join(tmp, os.path.basename(path))
             torch._inductor.aoti_compile_and_package(exported, package_path=tmp_file,
                                                      inductor_configs={**(inductor_configs or {}),
                                                                        "aot_inductor.metadata": meta})
-            os.replace(tmp_file, path)
+            os.replace(tmp_file, where)
+        link_spilled(path, where)
     return meta
 
 

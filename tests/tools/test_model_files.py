@@ -63,6 +63,11 @@ def test_a_file_too_large_for_its_disk_goes_to_the_spill_folder_and_is_linked(tm
     # the spilled file gone (the test command removes its folder at exit): no file, written again
     os.remove(where)
     assert not os.path.exists(path)
+    # room for the file but not for the reserve the disk keeps: spilled too
+    short_disk(monkeypatch, str(repo), (100 << 20) + model_files.SPILL_RESERVE - 1)
+    assert model_files.placed(path, 100 << 20, "ONNX model") == where
+    short_disk(monkeypatch, str(repo), (100 << 20) + model_files.SPILL_RESERVE)
+    assert model_files.placed(path, 100 << 20, "ONNX model") == path
     monkeypatch.undo()
     again = model_files.placed(path, 1 << 20, "ONNX model")
     assert again == path
