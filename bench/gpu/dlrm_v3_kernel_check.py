@@ -68,9 +68,8 @@ def small_error(dtype, dev):
 def sweep(a, dev, q, k, v, offsets, h, norm, alpha, flops):
     """Each of --blocks checked and timed (see the module's note); the fastest within the bound."""
     best = None
-    for text in (x for x in a.blocks.split(";") if x.strip()):
-        os.environ[kernels.BLOCKS_ENV] = text
-        cut = kernels.blocks()
+    for cut in a.cuts:
+        os.environ[kernels.BLOCKS_ENV] = str(cut)
         try:
             err = small_error(torch.bfloat16, dev)
             ms = timed(lambda: kernels.hstu_attention(q, k, v, offsets, h, norm, alpha), 10)
@@ -111,6 +110,10 @@ def main():
     p.add_argument("--peak-tflops", type=float, default=989.0, help="the GPU's dense fp16/bf16 peak (H100/H200 SXM: 989)")
     p.add_argument("--blocks", default=SWEEP, help="the blocks swept, ';' between them (kernels.Blocks.parse's form)")
     a = p.parse_args()
+    try:  # every setting read before the GPU's work: a malformed one stops the run at once
+        a.cuts = [kernels.Blocks.parse(x) for x in a.blocks.split(";") if x.strip()]
+    except ValueError as e:
+        p.error(str(e))
     dev = "cuda"
     say(f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}")
     torch.manual_seed(0)
