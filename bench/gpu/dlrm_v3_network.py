@@ -163,10 +163,10 @@ def main():
                 row("ours: the jagged network, torch.compile", got[0])
                 outs["torch.compile"] = got[1]
         if a.profile and dev == "cuda":
-            from network_profile import kernels
+            from network_profile import kernels as heaviest
             for what, fn in (("eager", network), ("torch.compile", ours)):
                 say(f"  ours, {what}: where the GPU's time goes")
-                kernels(fn, args, a.profile, say=say, reps=2)
+                heaviest(fn, args, a.profile, say=say, reps=2)
         if dev == "cpu":
             with tempfile.TemporaryDirectory() as tmp:
                 t0 = time.time()
