@@ -66,7 +66,7 @@ from torch.utils import _pytree as pytree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import recommenders  # noqa: E402
 import torch_models  # noqa: E402
-from model_files import ensure_free_space, link_spilled, placed  # noqa: E402
+from model_files import link_spilled, placed  # noqa: E402
 
 TORCH_VERSION_KEY = "triton_rust.torch_version"
 INPUTS_KEY = "triton_rust.inputs"

@@ -262,8 +262,9 @@ def serve_level(a, repo, log, requests, jobs, reference, share, fresh=None):
             qps, _ = level(a.port, jobs, max(counts), a.stream_warm_s, fresh)
             say(f"  served, cache {label}: {a.stream_warm_s:g} s uncounted first, {max(counts)} clients, "
                 f"{qps:.1f} queries/s")
+        seen = hits(a.port)  # then each level's end is the next one's start
         for c in counts:
-            before, seen = client.stats(MODEL), hits(a.port)
+            before = client.stats(MODEL)
             waited = fresh.waited() if stream else None
             qps, lat = level(a.port, jobs, c, a.seconds, fresh)
             after, seen_after = client.stats(MODEL), hits(a.port)
@@ -282,6 +283,7 @@ def serve_level(a, repo, log, requests, jobs, reference, share, fresh=None):
             say(f"  served, cache {label}, {c:3d} clients: {qps:8.1f} queries/s  p50 {np.percentile(lat, 50):8.1f}  "
                 f"p99 {np.percentile(lat, 99):8.1f} ms  {(after['inference_count'] - before['inference_count']) / execs:.1f} "
                 f"queries an execution, {hit_rate(seen, seen_after)}{note}")
+            seen = seen_after
         if fresh is None:
             perf_analyzer(a, jobs, share)
     return best

@@ -31,7 +31,7 @@ from torch.library import triton_op, wrap_triton
 # How a launch is cut (`Blocks`): rows and keys a program takes at a time (Triton's dot wants 16
 # or more on each side), its warps and pipeline stages, and whether SiLU is one `tanh.approx`
 # (GPU only: silu(s) = s/2 * (1 + tanh(s/2)), one special-function op a score where the exact
-# form takes an exponential and a division). TRITON_RUST_HSTU_BLOCKS="BM,BN,WARPS,STAGES[,exact]"
+# form takes an exponential and a division). TRITON_RUST_HSTU_BLOCKS="BM,BN,WARPS,STAGES[,exact|fast]"
 # sets it for the launches (and so the packages) that follow; bench/gpu/dlrm_v3_kernel_check.py
 # times the choices on a GPU.
 BLOCKS_ENV = "TRITON_RUST_HSTU_BLOCKS"
@@ -79,6 +79,29 @@ def _silu(s, FAST: tl.constexpr):
 
 
 @triton.jit
+def _key_block(acc, q, k_ptr, v_ptr, start, n, i, rows, prefix, length, head, alpha, inv_norm,
+               HEADS: tl.constexpr, DQK: tl.constexpr, DV: tl.constexpr, BN: tl.constexpr,
+               FAST: tl.constexpr, MASKED: tl.constexpr):
+    """`acc` plus the block's rows' weighted values of the keys n .. n + BN (MASKED: only those
+    each row may read; else every row reads every key)."""
+    j = n + tl.arange(0, BN)
+    dq = tl.arange(0, DQK)
+    dv = tl.arange(0, DV)
+    if MASKED:
+        keys = (j < prefix) & (j < length)
+        k = tl.load(k_ptr + ((start + j[:, None]) * HEADS + head) * DQK + dq[None, :], mask=keys[:, None], other=0.0)
+        v = tl.load(v_ptr + ((start + j[:, None]) * HEADS + head) * DV + dv[None, :], mask=keys[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptr + ((start + j[:, None]) * HEADS + head) * DQK + dq[None, :])
+        v = tl.load(v_ptr + ((start + j[:, None]) * HEADS + head) * DV + dv[None, :])
+    s = tl.dot(q, tl.trans(k)).to(tl.float32) * alpha
+    w = _silu(s, FAST) * inv_norm
+    if MASKED:
+        w = tl.where((j[None, :] <= i[:, None]) & keys[None, :] & rows[:, None], w, 0.0)
+    return acc + tl.dot(w.to(v.dtype), v).to(tl.float32)
+
+
+@triton.jit
 def _hstu_attention_kernel(q_ptr, k_ptr, v_ptr, offsets_ptr, hist_ptr, norm_ptr, block_req_ptr, block_m_ptr,
                            out_ptr, alpha, HEADS: tl.constexpr, DQK: tl.constexpr, DV: tl.constexpr,
                            BM: tl.constexpr, BN: tl.constexpr, FAST: tl.constexpr):
@@ -106,24 +129,13 @@ def _hstu_attention_kernel(q_ptr, k_ptr, v_ptr, offsets_ptr, hist_ptr, norm_ptr,
         # A row past the request has q = 0, so a weight of silu(0) = 0, and is not stored.
         free = (tl.minimum(m * BM, prefix) // BN) * BN
         for n in range(0, free, BN):
-            j = n + tl.arange(0, BN)
-            k = tl.load(k_ptr + ((start + j[:, None]) * HEADS + head) * DQK + dq[None, :])
-            v = tl.load(v_ptr + ((start + j[:, None]) * HEADS + head) * DV + dv[None, :])
-            s = tl.dot(q, tl.trans(k)).to(tl.float32) * alpha
-            w = _silu(s, FAST) * inv_norm
-            acc += tl.dot(w.to(v.dtype), v).to(tl.float32)
+            acc = _key_block(acc, q, k_ptr, v_ptr, start, n, i, rows, prefix, length, head, alpha, inv_norm,
+                             HEADS, DQK, DV, BN, FAST, False)
         # then the prefix's keys up to the block's last row, under the mask
         last = tl.minimum(m * BM + BM, prefix)
         for n in range(free, last, BN):
-            j = n + tl.arange(0, BN)
-            keys = (j < prefix) & (j < length)
-            k = tl.load(k_ptr + ((start + j[:, None]) * HEADS + head) * DQK + dq[None, :], mask=keys[:, None], other=0.0)
-            v = tl.load(v_ptr + ((start + j[:, None]) * HEADS + head) * DV + dv[None, :], mask=keys[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)).to(tl.float32) * alpha
-            w = _silu(s, FAST) * inv_norm
-            allowed = (j[None, :] <= i[:, None]) & keys[None, :] & rows[:, None]
-            w = tl.where(allowed, w, 0.0)
-            acc += tl.dot(w.to(v.dtype), v).to(tl.float32)
+            acc = _key_block(acc, q, k_ptr, v_ptr, start, n, i, rows, prefix, length, head, alpha, inv_norm,
+                             HEADS, DQK, DV, BN, FAST, True)
         # a candidate reads itself too
         cand = rows & (i >= prefix)
         k_self = tl.load(k_ptr + ((start + i[:, None]) * HEADS + head) * DQK + dq[None, :], mask=cand[:, None], other=0.0)
@@ -151,14 +163,19 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.
     return torch.einsum("hnm,mhd->nhd", w, v)
 
 
+def _interpreted() -> bool:
+    """Whether Triton's interpreter runs the kernel (on the CPU, in numpy)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def _runs_kernel(t: torch.Tensor) -> bool:
     """Whether the kernel runs: on CUDA tensors, or anywhere under Triton's interpreter."""
-    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return t.is_cuda or _interpreted()
 
 
 def _launcher(kernel):
     # the interpreter's kernels are not JIT functions, which wrap_triton (for tracing) requires
-    return kernel if os.environ.get("TRITON_INTERPRET") == "1" else wrap_triton(kernel)
+    return kernel if _interpreted() else wrap_triton(kernel)
 
 
 @triton_op("triton_rust::hstu_attention", mutates_args={})
@@ -176,7 +193,6 @@ def hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: t
         return reference(q, k, v, offsets, hist_lengths, norm, alpha)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     cut = blocks()
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # no PTX there: the exact SiLU
     requests = hist_lengths.shape[0]
     slots = (total + cut.bm - 1) // cut.bm + requests
     # slot s: the request whose blocks reach past s, and the block's place in it, its last
@@ -195,6 +211,6 @@ def hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: t
     out = torch.empty((total, heads, dv), dtype=v.dtype, device=v.device)
     _launcher(_hstu_attention_kernel)[(slots, heads)](q, k, v, offsets, hist_lengths, norm.reshape(1), block_req,
                                                      block_m, out, alpha, HEADS=heads, DQK=dqk, DV=dv, BM=cut.bm,
-                                                     BN=cut.bn, FAST=cut.fast and not interpreted,
+                                                     BN=cut.bn, FAST=cut.fast and not _interpreted(),  # no PTX there
                                                      num_warps=cut.warps, num_stages=cut.stages)
     return out

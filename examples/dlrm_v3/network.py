@@ -154,6 +154,7 @@ def package(network: HstuNetwork, example: Dict[str, Tensor], path: str) -> Dict
     import json
 
     import aoti_export  # examples/, on the path of whoever runs this
+    import model_files
 
     exported = export(network, example)
     meta = aoti_export.metadata(exported)
@@ -164,7 +165,7 @@ def package(network: HstuNetwork, example: Dict[str, Tensor], path: str) -> Dict
     outputs[0]["name"] = "predictions"
     meta = {**meta, aoti_export.INPUTS_KEY: json.dumps(inputs), aoti_export.OUTPUTS_KEY: json.dumps(outputs)}
     size = sum(t.numel() * t.element_size() for t in network.state_dict().values())
-    aoti_export.ensure_free_space(path, size, "AOTInductor package")
+    model_files.ensure_free_space(path, size, "AOTInductor package")
     # On a GPU, Inductor tunes its kernels by running them; at compile time it would feed them
     # random tensors, and the positions and time buckets this network computes from its inputs
     # then index past their tables (a device-side assert, seen on an H200). Off, it tunes on a
