@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """DLRM-v3 served, timed (issue 68, step 5's first form; run.sh dlrm-v3-perf): the network at the
 benchmark's configuration (5 HSTU layers, 4 heads of 128, width 512) exported in this run as a
-package on the device, its tables (folded to --items item rows; fp32 rows of 512, a GPU cache of
---cache of them) written in the store's format, one model on --instances instances, and requests
+package on the device, its tables (folded to --items item rows; fp32 rows of 512) written in the
+store's format behind a GPU cache (--cache of the item table's rows, the user and category tables
+whole; --cache-tables each: of every table's rows; --cache-rows fp16: rows kept as stored), one model on --instances instances, and requests
 of the benchmark's shape (examples/dlrm_v3/data.py: histories around 6,400 items, 2,048
 candidates; a request is a query, one user) sent by --concurrency clients each sending its next
 request when the last is answered, for --seconds a level. Printed, a line a level: queries
@@ -86,7 +87,14 @@ def model_config(cfg: dv3.Config, a, share: str) -> str:
                         f'"vocabulary_size_per_table" value {{ string_value: "{served_items(cfg, a)},{cfg.num_user_rows},{cfg.num_category_rows}" }}')
     text = text.replace('"sequence_max_length" value { string_value: "128" }',
                         f'"sequence_max_length" value {{ string_value: "{cfg.max_seq_len}" }}')
-    return text + f'parameters {{ key: "gpucacheper" value {{ string_value: "{share}" }} }}\n'
+    text += f'parameters {{ key: "gpucacheper" value {{ string_value: "{share}" }} }}\n'
+    if a.cache_tables == "items":
+        # the item table behind the share, the user and category tables whole (in the order of
+        # embedding_table_names: item_id, user_id, category)
+        text += f'parameters {{ key: "gpucacheper_per_table" value {{ string_value: "{share},1.0,1.0" }} }}\n'
+    if a.cache_rows == "fp16":
+        text += 'parameters { key: "gpucache_row_type" value { string_value: "fp16" } }\n'
+    return text
 
 
 def served_items(cfg: dv3.Config, a) -> int:
@@ -255,7 +263,8 @@ def serve_level(a, repo, log, requests, jobs, reference, share, fresh=None):
             rows = reference.cfg.num_item_rows
             want = reference.score_candidates(dv3.Batch.from_requests(folded([r], rows)).to(a.device)).float().cpu().numpy()
             worst = max(worst, float(np.abs(got - want).max()))
-        say(f"GPU cache of {label} of each table's rows: 4 answers against the reference on the same device: "
+        which = "the item table's rows, the other tables whole" if a.cache_tables == "items" else "each table's rows"
+        say(f"GPU cache of {label} of {which} ({a.cache_rows} rows): 4 answers against the reference on the same device: "
             f"largest difference {worst:.1e} ({'within' if worst <= a.tolerance else 'PAST'} {a.tolerance:g})")
         counts = [int(x) for x in a.concurrency.split(",")]
         if stream and a.stream_warm_s > 0:
@@ -317,8 +326,16 @@ def main():
                    "folded; default 2^19, with --tiny the tiny config's)")
     p.add_argument("--item-rows", type=int, default=0, help="the served item table's rows, past --items: row k "
                    "holds the reference's row k %% --items in fp16 (see above)")
-    p.add_argument("--cache", default="0.1,1.0", help="gpucacheper, the share of each table's rows the GPU "
+    p.add_argument("--cache", default="0.1,1.0", help="gpucacheper, the share of the item table's rows (--cache-tables) the GPU "
                    "cache holds: each in turn, the same tables and package (1.0: every row in HBM)")
+    p.add_argument("--cache-tables", choices=["items", "each"], default="items",
+                   help="items: the --cache share of the item table alone, the user and category tables "
+                   "whole (gpucacheper_per_table); each: the share of every table (gpucacheper alone, "
+                   "HPS's meaning: the 128-row category table gets 13 slots at 0.1; the calls up to "
+                   "2026-11-30 ran so)")
+    p.add_argument("--cache-rows", choices=["fp32", "fp16"], default="fp32",
+                   help="gpucache_row_type: fp16 keeps the rows as the tables store them, so the misses "
+                   "go up as stored (fp32, the store's default, widens them on the host)")
     p.add_argument("--instances", type=int, default=2)
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--requests", type=int, default=32, help="distinct requests sent round robin")

@@ -39,3 +39,30 @@ def test_requests_fold_for_the_reference_only():
     assert f.item_ids.tolist() == [3, 2, 5] and f.cand_item_ids.tolist() == [0, 4]
     assert f.category_ids.tolist() == [0, 1, 2] and f.query_time == 9
     assert r.item_ids.tolist() == [3, 12, 25]  # the served request keeps its ids
+
+
+def test_the_cache_share_is_the_item_tables_unless_asked_for_each_table():
+    """The served config: the --cache share of the item table alone, the user and category tables
+    whole, in embedding_table_names' order (`--cache-tables each`: gpucacheper alone, HPS's
+    meaning); `--cache-rows fp16` asks for fp16 cache rows. (Served with them on the CPU:
+    `dlrm_v3_perf.py --device cpu --tiny --cache 0.1,1.0 --cache-rows fp16`, the item cache 416
+    rows of 4,096, the others whole, answers within 1.8e-7.)"""
+    import argparse
+    cfg = dv3.Config.tiny()
+
+    base = dict(device="cuda", instances=2, max_batch=8, item_rows=0)
+
+    def config(tables="items", rows="fp32"):
+        a = argparse.Namespace(**base, cache_tables=tables, cache_rows=rows)
+        return dlrm_v3_perf.model_config(cfg, a, "0.1")
+
+    def param(text, key):
+        line = [x for x in text.splitlines() if f'key: "{key}"' in x]
+        return line[0].split('string_value: "')[1].split('"')[0] if line else None
+
+    text = config()
+    assert param(text, "embedding_table_names") == "item_id,user_id,category"
+    assert param(text, "gpucacheper") == "0.1" and param(text, "gpucacheper_per_table") == "0.1,1.0,1.0"
+    assert param(text, "gpucache_row_type") is None
+    each = config("each", "fp16")
+    assert param(each, "gpucacheper_per_table") is None and param(each, "gpucache_row_type") == "fp16"

@@ -156,6 +156,31 @@ impl EmbeddingStore {
         if config.tables.is_empty() {
             return Err(Error::invalid_arg("the embedding store needs at least one table"));
         }
+        if !config.cache_ratios.is_empty() {
+            if config.cache_ratios.len() != config.tables.len() {
+                return Err(Error::invalid_arg(format!(
+                    "gpucacheper_per_table lists {} fractions for {} tables",
+                    config.cache_ratios.len(),
+                    config.tables.len()
+                )));
+            }
+            if let Some((t, r)) = config
+                .cache_ratios
+                .iter()
+                .enumerate()
+                .find(|(_, r)| !(r.is_finite() && **r > 0.0 && **r <= 1.0))
+            {
+                return Err(Error::invalid_arg(format!(
+                    "gpucacheper_per_table: table '{}' has {r}; each fraction is above 0 and at most 1",
+                    config.tables[t].name
+                )));
+            }
+            if config.cache_allocation != CacheAllocation::PerTable {
+                return Err(Error::invalid_arg(
+                    "gpucacheper_per_table gives each table its own fraction, which only gpucache_allocation per_table keeps",
+                ));
+            }
+        }
         let mut tables = Vec::with_capacity(config.tables.len());
         for t in &config.tables {
             if t.dim == 0 {
@@ -346,12 +371,19 @@ impl EmbeddingStore {
     /// and `cache_eviction` (LFU's sketch sized for the table's rows).
     pub fn cache_geometry(&self, table: usize) -> CacheGeometry {
         let rows: Vec<usize> = self.tables.iter().map(|t| t.host.read().len()).collect();
-        let cached = cache_rows(
-            &rows,
-            self.config.cache_ratio,
-            self.config.cache_allocation,
-            &self.config.hotness,
-        );
+        let cached = if self.config.cache_ratios.is_empty() {
+            cache_rows(
+                &rows,
+                self.config.cache_ratio,
+                self.config.cache_allocation,
+                &self.config.hotness,
+            )
+        } else {
+            let per = |t: usize| {
+                cache_rows(&rows[t..=t], self.config.table_ratio(t), CacheAllocation::PerTable, &[])
+            };
+            (0..rows.len()).map(|t| per(t)[0]).collect()
+        };
         let geo = CacheGeometry::for_rows(cached[table], self.tables[table].config.dim);
         match self.config.cache_eviction {
             CacheEviction::Lru => geo,

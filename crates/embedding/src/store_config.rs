@@ -30,6 +30,9 @@ pub struct StoreConfig {
     /// Fraction of the rows the cache holds (HPS `gpucacheper`), per table or of the
     /// whole store as `cache_allocation` says.
     pub cache_ratio: f64,
+    /// Each table's own fraction (`gpucacheper_per_table`), in table order, in place of
+    /// `cache_ratio`; empty: `cache_ratio` for every table. Only with `PerTable`.
+    pub cache_ratios: Vec<f64>,
     pub cache_allocation: CacheAllocation,
     /// How the GPU caches keep their rows (`gpucache_row_type`); the CPU cache keeps fp32.
     pub cache_rows: CacheRows,
@@ -274,6 +277,7 @@ impl StoreConfig {
         StoreConfig {
             tables,
             cache_ratio: 0.1,
+            cache_ratios: Vec::new(),
             cache_allocation: CacheAllocation::PerTable,
             cache_rows: CacheRows::default(),
             cache_eviction: CacheEviction::default(),
@@ -288,6 +292,17 @@ impl StoreConfig {
             hotness: Vec::new(),
             cache_state: None,
         }
+    }
+
+    /// The fraction of table `t`'s rows its cache holds under `PerTable`: its own
+    /// (`cache_ratios`) or the store's `cache_ratio`.
+    pub fn table_ratio(&self, t: usize) -> f64 {
+        self.cache_ratios.get(t).copied().unwrap_or(self.cache_ratio)
+    }
+
+    /// Whether any table has a cache.
+    pub fn caches_rows(&self) -> bool {
+        (0..self.tables.len()).any(|t| self.table_ratio(t) > 0.0)
     }
 
     /// The directory of a table's update log, if it has one.

@@ -33,6 +33,7 @@ triton_rust_core::parameters! {
         default_value_for_each_table: Option<String> = None, doc "0";
         vocabulary_size_per_table: Option<String> = None, doc "unchecked";
         gpucacheper: f64 = 0.1, doc "0.1";
+        gpucacheper_per_table: Option<String> = None, doc "none";
         gpucache_sharing: Parsed<CacheSharing> = Parsed(CacheSharing::Device), doc "device";
         gpucache_placement: Parsed<Placement> = Parsed(Placement::Replicated), doc "replicated";
         gpucache_sharded_replicate: f64 = REPLICATE_SHARE, doc "0.35";
@@ -351,6 +352,18 @@ impl StoreSettings {
         let store = StoreConfig {
             tables,
             cache_ratio: p.gpucacheper,
+            cache_ratios: match p.gpucacheper_per_table.as_deref() {
+                None => Vec::new(),
+                Some(list) => list
+                    .split(',')
+                    .map(|r| r.trim().parse::<f64>().ok())
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| {
+                        Error::invalid_arg(format!(
+                            "parameter 'gpucacheper_per_table' = '{list}': one fraction per table, in table order"
+                        ))
+                    })?,
+            },
             cache_allocation: p.gpucache_allocation.0,
             cache_rows: p.gpucache_row_type.0,
             cache_eviction: p.gpucache_policy.0,
@@ -386,10 +399,11 @@ impl StoreSettings {
                     cfg.instance_kinds
                 )));
             }
-            if store.cache_ratio < 1.0 {
+            if let Some(t) = (0..store.tables.len()).find(|&t| store.table_ratio(t) < 1.0) {
                 return Err(Error::invalid_arg(format!(
-                    "parameter 'gpucache_placement' is sharded, which keeps every row in GPU memory once: set gpucacheper to 1.0 (it is {})",
-                    store.cache_ratio
+                    "parameter 'gpucache_placement' is sharded, which keeps every row in GPU memory once: set gpucacheper to 1.0 (table '{}' caches {})",
+                    store.tables[t].name,
+                    store.table_ratio(t)
                 )));
             }
         }

@@ -88,6 +88,23 @@ fn gpu_caches_keep_fp32_rows_unless_the_config_says_fp16() {
 }
 
 #[test]
+fn each_table_may_name_its_own_cache_share() {
+    let shares = |extra: &[(&str, &str)]| one_table(extra).map(|s| s.store.cache_ratios);
+    assert_eq!(shares(&[]).unwrap(), Vec::<f64>::new(), "gpucacheper for every table, as HPS");
+    assert_eq!(shares(&[("gpucacheper_per_table", " 0.25 ")]).unwrap(), [0.25]);
+    let e = shares(&[("gpucacheper_per_table", "0.1,all")]).unwrap_err();
+    assert!(e.message().contains("'gpucacheper_per_table' = '0.1,all'"), "{e}");
+    // sharded placement needs every table whole, whichever parameter says it
+    let p = [
+        ("gpucache_placement", "sharded"),
+        ("gpucacheper", "1.0"),
+        ("gpucacheper_per_table", "0.5"),
+    ];
+    let e = one_table_on(&["KIND_GPU"], &p).unwrap_err();
+    assert!(e.message().contains("table 'a' caches 0.5"), "{e}");
+}
+
+#[test]
 fn cache_policy_parameter() {
     let policy = |extra: &[(&str, &str)]| one_table(extra).map(|s| s.store.cache_eviction);
     assert_eq!(policy(&[]).unwrap(), CacheEviction::Lru, "every miss goes in, as HPS");

@@ -21,7 +21,7 @@ impl EmbeddingStore {
         make: &dyn Fn(usize, CacheGeometry) -> Result<Arc<dyn CacheTier>>,
         place: &str,
     ) -> Result<Arc<InstanceCaches>> {
-        let caches = if self.config.cache_ratio > 0.0 {
+        let caches = if self.config.caches_rows() {
             (0..self.tables.len())
                 .map(|t| make(t, self.cache_geometry(t)))
                 .collect::<Result<Vec<_>>>()?
@@ -89,7 +89,7 @@ impl EmbeddingStore {
         let caches = self.attach_table_caches(
             &|t, geo| {
                 let host = self.host(t);
-                if self.config.cache_ratio >= 1.0 && host.dense_rows().is_some() {
+                if self.config.table_ratio(t) >= 1.0 && host.dense_rows().is_some() {
                     gpu.new_resident(&host, geo)
                 } else {
                     gpu.new_cache(geo)

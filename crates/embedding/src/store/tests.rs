@@ -288,6 +288,64 @@ fn a_store_wide_share_by_lookups_gives_the_large_tables_slots_by_their_keys_a_sa
 }
 
 #[test]
+fn each_table_can_have_its_own_cache_share() {
+    let dir = std::env::temp_dir().join(format!("trt-store-shares-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let dim = 4;
+    let tables: Vec<TableConfig> = [("items", 10_000usize), ("categories", 100)]
+        .iter()
+        .map(|&(name, rows)| {
+            let keys: Vec<i64> = (0..rows as i64).collect();
+            let vecs: Vec<f32> = keys.iter().flat_map(|&k| row(k, 0, dim)).collect();
+            write_table(&dir.join(name), &keys, bytemuck::cast_slice(&vecs), dim, VectorType::F32)
+                .unwrap();
+            TableConfig {
+                name: name.into(),
+                dim,
+                path: Some(dir.join(name)),
+                format: None,
+                default_value: 0.0,
+            }
+        })
+        .collect();
+    let cfg = |ratios: Vec<f64>, allocation| StoreConfig {
+        cache_ratio: 0.5,
+        cache_ratios: ratios,
+        cache_allocation: allocation,
+        ..StoreConfig::with_tables(tables.clone())
+    };
+    // the items at 10%, the categories whole; the store's own share applies to neither
+    let store = EmbeddingStore::open(cfg(vec![0.1, 1.0], CacheAllocation::PerTable), None).unwrap();
+    let slots = |t| store.cache_geometry(t).capacity();
+    assert_eq!(slots(0), CacheGeometry::for_rows(1_000, dim).capacity());
+    assert_eq!(slots(1), CacheGeometry::for_rows(100, dim).capacity());
+    let caches = store.attach_caches(&cpu).unwrap();
+    let keys: Vec<i64> = (0..100).map(|k| k * 97).collect();
+    for _ in 0..3 {
+        let mut out = vec![0f32; keys.len() * dim];
+        caches.lookup(1, &keys.iter().map(|k| k % 100).collect::<Vec<_>>(), &mut out).unwrap();
+        let want: Vec<f32> = keys.iter().flat_map(|k| row(k % 100, 0, dim)).collect();
+        assert_eq!(out, want);
+        caches.lookup(0, &keys, &mut out).unwrap();
+        assert_eq!(out, keys.iter().flat_map(|&k| row(k, 0, dim)).collect::<Vec<f32>>());
+    }
+    drop((caches, store));
+    // refused, naming what is wrong
+    let refused = |ratios, allocation| {
+        EmbeddingStore::open(cfg(ratios, allocation), None).err().unwrap().message().to_string()
+    };
+    let e = refused(vec![0.1], CacheAllocation::PerTable);
+    assert!(e.contains("1 fractions for 2 tables"), "{e}");
+    let e = refused(vec![0.1, 0.0], CacheAllocation::PerTable);
+    assert!(e.contains("'categories' has 0"), "{e}");
+    let e = refused(vec![1.5, 1.0], CacheAllocation::PerTable);
+    assert!(e.contains("'items' has 1.5"), "{e}");
+    let e = refused(vec![0.1, 1.0], CacheAllocation::Store);
+    assert!(e.contains("per_table"), "{e}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
 fn config_errors_name_the_table() {
     let dir = std::env::temp_dir().join(format!("trt-store-bad-{}", std::process::id()));
     write_table(&dir, &[1, 2], bytemuck::cast_slice(&[0f32; 6]), 3, VectorType::F32).unwrap();
