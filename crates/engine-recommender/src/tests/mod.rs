@@ -320,7 +320,10 @@ fn gpu_chain(
 ) -> Chain {
     let mut c = config("");
     c.parameters.insert("recommender_pipeline_parts".into(), parts.to_string());
-    let dir = std::env::temp_dir().join(format!("trt-chain-{parts}-{}", std::process::id()));
+    // a folder of its own per call: tests run side by side, several with the same `parts`
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("trt-chain-{parts}-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("dense.pt"), b"x").unwrap();
     let plan = plan(&c, &settings(&c), 3, false, &dir, CLAIMS).unwrap();
