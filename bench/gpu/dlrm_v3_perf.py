@@ -3,7 +3,7 @@
 benchmark's configuration (5 HSTU layers, 4 heads of 128, width 512) exported in this run as a
 package on the device, its tables (folded to --items item rows; fp32 rows of 512) written in the
 store's format behind a GPU cache (--cache of the item table's rows, the user and category tables
-whole; --cache-tables each: of every table's rows; --cache-rows fp16: rows kept as stored), one model on --instances instances, and requests
+whole; --cache-tables each: of every table's rows; --cache-rows fp16: fp16 cache slots), one model on --instances instances, and requests
 of the benchmark's shape (examples/dlrm_v3/data.py: histories around 6,400 items, 2,048
 candidates; a request is a query, one user) sent by --concurrency clients each sending its next
 request when the last is answered, for --seconds a level. Printed, a line a level: queries
@@ -334,8 +334,8 @@ def main():
                    "HPS's meaning: the 128-row category table gets 13 slots at 0.1; the calls up to "
                    "2026-11-30 ran so)")
     p.add_argument("--cache-rows", choices=["fp32", "fp16"], default="fp32",
-                   help="gpucache_row_type: fp16 keeps the rows as the tables store them, so the misses "
-                   "go up as stored (fp32, the store's default, widens them on the host)")
+                   help="gpucache_row_type: fp16 slots, half the GPU memory a row (the lookup still "
+                   "hands the network fp32 rows, so the misses are widened on the host either way)")
     p.add_argument("--instances", type=int, default=2)
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--requests", type=int, default=32, help="distinct requests sent round robin")

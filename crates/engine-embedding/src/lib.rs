@@ -32,7 +32,9 @@ use triton_rust_embedding::cache::{CacheTier, HostCache};
 use triton_rust_embedding::gpu::{
     BatchKeys, BatchLookup, GpuInstance, KeyLayout, KeyUpload, RowFormat,
 };
-use triton_rust_embedding::{CacheRows, InstanceCaches};
+#[cfg(feature = "gpu")]
+use triton_rust_embedding::CacheRows;
+use triton_rust_embedding::InstanceCaches;
 
 mod miss_reads;
 mod model;
