@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """DLRM-v3 served, timed (issue 68, step 5's first form; run.sh dlrm-v3-perf): the network at the
 benchmark's configuration (5 HSTU layers, 4 heads of 128, width 512) exported in this run as a
-package on the device, its tables (folded to --items item rows; fp32 rows of 512) written in the
-store's format behind a GPU cache (--cache of the item table's rows, the user and category tables
+package on the device, its tables (folded to --items item rows; rows of 512 in fp16 as the
+benchmark's, or --tables fp32; the network takes the rows as stored) written in the store's format
+behind a GPU cache (--cache of the item table's rows, the user and category tables
 whole; --cache-tables each: of every table's rows; --cache-rows fp16: fp16 cache slots), one model on --instances instances, and requests
 of the benchmark's shape (examples/dlrm_v3/data.py: histories around 6,400 items, 2,048
 candidates; a request is a query, one user) sent by --concurrency clients each sending its next
@@ -334,8 +335,12 @@ def main():
                    "HPS's meaning: the 128-row category table gets 13 slots at 0.1; the calls up to "
                    "2026-11-30 ran so)")
     p.add_argument("--cache-rows", choices=["fp32", "fp16"], default="fp32",
-                   help="gpucache_row_type: fp16 slots, half the GPU memory a row (the lookup still "
-                   "hands the network fp32 rows, so the misses are widened on the host either way)")
+                   help="gpucache_row_type: fp16 slots, half the GPU memory a row")
+    p.add_argument("--tables", choices=["fp16", "fp32"], default="fp16",
+                   help="fp16: every table's rows in fp16 as the benchmark's, the network taking them as "
+                   "stored (a miss's row goes up as read); fp32: fp32 rows to the network, the tables in "
+                   "fp32 but for an --item-rows item table, fp16 and widened on the host a miss at a time "
+                   "(the calls up to 2026-11-30 ran so)")
     p.add_argument("--instances", type=int, default=2)
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--requests", type=int, default=32, help="distinct requests sent round robin")
@@ -369,10 +374,13 @@ def main():
         data = dv3_data.DataConfig(seconds_per_timestamp=3600)
         cfg = dv3.Config(num_item_rows=a.items or 1 << 19, num_user_rows=1 << 16, dtype=torch.bfloat16,
                          attn_norm_len=1 + 16384 + 2048)
+    if a.tables == "fp16":
+        cfg = dataclasses.replace(cfg, table_dtype=torch.float16)
     ranker = dv3.HstuRanker(cfg).eval()
     items = served_items(cfg, a)
-    if items > cfg.num_item_rows:
-        # the served table holds these rows in fp16: the reference's, rounded alike
+    if a.tables == "fp32" and items > cfg.num_item_rows:
+        # the large item table holds these rows in fp16: the reference's, rounded alike, kept in
+        # fp32 so that the network is exported for fp32 rows
         ranker.item_table.data = ranker.item_table.data.half().float()
     batch = dv3_data.generate_batch(data, a.requests, 1, 9 if a.tiny else None)  # None: the first inference step
     batch.hist_item_ids = batch.hist_item_ids % items
@@ -382,7 +390,8 @@ def main():
     hist = [len(r.item_ids) for r in requests]
     say(f"{len(requests)} requests: histories {min(hist)}-{max(hist)} (mean {statistics.mean(hist):.0f}), "
         f"candidates {len(requests[0].cand_item_ids)}; items {items:,} rows of {cfg.table_dim}"
-        + (f" (the reference's {cfg.num_item_rows:,} repeated, fp16)" if items > cfg.num_item_rows else ""))
+        + (f" (the reference's {cfg.num_item_rows:,} repeated, fp16)" if items > cfg.num_item_rows else "")
+        + f"; tables {a.tables}, the network takes {'fp16' if a.tables == 'fp16' else 'fp32'} rows")
     jobs = [feeds(r) for r in requests]
     # a large item table in memory (tmpfs), not on the disk
     shm = "/dev/shm" if items > cfg.num_item_rows and os.path.isdir("/dev/shm") else None

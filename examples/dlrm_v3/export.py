@@ -54,7 +54,7 @@ def write_version(version: str, model: dv3.HstuRanker, example: dv3.Batch, devic
     where the package runs ("cuda": a CUDA package, its attention our Triton kernel); `model` stays
     where it is."""
     for table, attr in TABLES.items():
-        rows = getattr(model, attr).detach().float().cpu().numpy()
+        rows = net.as_stored(getattr(model, attr).detach().cpu()).numpy()  # fp16 tables stay fp16
         d = os.path.join(version, "tables", table)
         os.makedirs(d, exist_ok=True)
         np.save(os.path.join(d, "keys.npy"), np.arange(len(rows), dtype=np.int64))

@@ -29,7 +29,8 @@ from . import kernels
 from .model import Batch, HstuRanker, time_buckets, time_of_day_and_week
 
 # The network's inputs, in order, with their element types and widths (None: one value a row).
-# `*_rows` come from the tables; the rest from the request.
+# `*_rows` come from the tables (float32, or float16 where the tables are fp16: as_stored); the
+# rest from the request.
 INPUTS: List[Tuple[str, torch.dtype, str]] = [
     ("user_rows", torch.float32, "table"),          # [B, table_dim]
     ("hist_lengths", torch.int64, ""),              # [B]
@@ -114,11 +115,17 @@ class HstuNetwork(nn.Module):
         return r.predictions(r.head(user_c * item_c)).float()
 
 
+def as_stored(rows: Tensor) -> Tensor:
+    """Rows as the store hands them to the network: an fp16 table's as stored, any other's in fp32
+    (the network casts either to its own dtype; fp16 to bf16 directly rounds as through fp32)."""
+    return rows if rows.dtype == torch.float16 else rows.float()
+
+
 def rows_of(ranker: HstuRanker, batch: Batch) -> Dict[str, Tensor]:
     """The network's inputs for `batch`, its rows looked up in the ranker's own tables: what the
     embedding store hands the network when it serves the model."""
     def rows(table, ids):
-        return F.embedding(ids, table).float()
+        return as_stored(F.embedding(ids, table))
     return {
         "user_rows": rows(ranker.user_table, batch.user_ids),
         "hist_lengths": batch.hist_lengths,

@@ -1,7 +1,9 @@
 """A small DLRM-v3 served through the real tritonserver (issue 68, CI's part): the sequence
 recommender engine looks each id up as one row in the embedding store (the item, user and
-category tables written from our reference's weights) and hands them, jagged, to the network
-package (examples/dlrm_v3/network.py, exported here; about a minute of compiling).
+category tables written from our reference's weights, in fp16 as the benchmark's) and hands them,
+jagged and as stored (fp16), to the network package (examples/dlrm_v3/network.py, exported here;
+about a minute of compiling). The example model (models/dlrm_v3, fp32 tables and rows) is served
+by test_readme.py.
 
 - Requests of different history and candidate counts, sent at once over HTTP and gRPC, are
   batched together (the statistics count fewer executions than requests) and each answer equals
@@ -13,12 +15,15 @@ package (examples/dlrm_v3/network.py, exported here; about a minute of compiling
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
+import zipfile
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import module_server
 from tritonserver_harness import REPO_ROOT, ModelRepo, infer, make_client
@@ -59,13 +64,18 @@ instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 
 @pytest.fixture(scope="module")
 def ranker():
-    return dv3.HstuRanker(dv3.Config.tiny(attn_norm_len=FIXED_NORM)).eval()
+    return dv3.HstuRanker(dv3.Config.tiny(attn_norm_len=FIXED_NORM, table_dtype=torch.float16)).eval()
 
 
 @pytest.fixture(scope="module")
 def server(request, tmp_path_factory, ranker):
     repo = ModelRepo(str(tmp_path_factory.mktemp("dlrm-v3-repo")))
-    export.write_version(os.path.join(repo.root, MODEL, "1"), ranker, mixed_batch())
+    package = export.write_version(os.path.join(repo.root, MODEL, "1"), ranker, mixed_batch())
+    # the rows the network takes are the tables' fp16 ones (the path under test), as its metadata says
+    with zipfile.ZipFile(package) as z:
+        meta = next(json.loads(z.read(n)) for n in z.namelist() if n.endswith("wrapper_metadata.json"))
+    rows = {t["name"]: t["dtype"] for t in json.loads(meta["triton_rust.inputs"]) if t["name"].endswith("_rows")}
+    assert len(rows) == 5 and set(rows.values()) == {"float16"}, rows
     repo.write_config(MODEL, config(ranker.cfg))
     return module_server(request, tmp_path_factory, repo)
 

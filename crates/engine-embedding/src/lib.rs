@@ -3,7 +3,8 @@
 //! Three roles, set by `parameters { key: "embedding_interface" }`:
 //! - `hps` (default): HPS's interface. `KEYS` INT64 [-1] holds a request's keys table
 //!   after table, `NUMKEYS` INT32 [-1] how many belong to each table, `OUTPUT0` FP32
-//!   [-1] the rows in the same order (Σ numkeys_i × dim_i). `max_batch_size: 0`.
+//!   [-1] the rows in the same order (Σ numkeys_i × dim_i). `max_batch_size: 0`. FP16
+//!   when declared so (tables of one dim).
 //! - `batched`: one key per table per sample, `KEYS` INT64 [num_tables] →
 //!   `OUTPUT0` FP32 [num_tables, dim], with a batch dimension the dynamic batcher merges.
 //! - `update`: writes rows while serving: `KEYS`, `NUMKEYS` as for `hps` plus
@@ -119,18 +120,29 @@ impl EmbeddingModel {
                 )));
             }
         }
-        // The batched interface writes its rows as its output is declared: TYPE_FP32 (the
-        // caches' own), or TYPE_FP16 for an fp16 network (half the bytes, no cast in it).
+        // The lookup interfaces write their rows as their output is declared: TYPE_FP32 (the
+        // caches' own), or TYPE_FP16 for an fp16 network (half the bytes, no cast in it; an
+        // fp16 table's rows go up as stored)
         let rows_type = match (settings.interface, cfg.outputs.first().map(|t| t.dtype)) {
-            (Interface::Batched | Interface::Pooled, Some(DataType::F16)) => DataType::F16,
-            (Interface::Batched | Interface::Pooled, Some(d)) if d != DataType::F32 => {
+            (Interface::Update, _) | (_, None | Some(DataType::F32)) => DataType::F32,
+            (_, Some(DataType::F16)) => DataType::F16,
+            (_, Some(d)) => {
                 return Err(Error::invalid_arg(format!(
-                    "output '{}' of the batched interface holds the rows: TYPE_FP32 or TYPE_FP16, not {d:?}",
+                    "output '{}' holds the rows: TYPE_FP32 or TYPE_FP16, not {d:?}",
                     cfg.outputs[0].name
                 )))
             }
-            _ => DataType::F32,
         };
+        if rows_type == DataType::F16
+            && settings.interface == Interface::Hps
+            && (0..store.table_count()).any(|t| store.dim(t) != store.dim(0))
+        {
+            return Err(Error::invalid_arg(format!(
+                "output '{}' is TYPE_FP16: the hps interface writes fp16 rows for tables of one dim only (these are {:?}); declare it TYPE_FP32",
+                cfg.outputs[0].name,
+                (0..store.table_count()).map(|t| store.dim(t)).collect::<Vec<_>>()
+            )));
+        }
         let sig = signature(&settings, &store, cfg, rows_type)?;
         Ok(EmbeddingModel(Arc::new(Model { settings, store, rows_type, sig })))
     }
@@ -265,12 +277,8 @@ impl Engine for EmbeddingEngine {
                     at += part.len() * store.dim(t);
                 }
                 if wanted {
-                    sink(OutputView {
-                        name: &out_name,
-                        dtype: DataType::F32,
-                        shape: &[total as i64],
-                        data: rows.bytes(total)?,
-                    })?;
+                    let data = rows.bytes(total)?;
+                    sink_rows(sink, &out_name, self.model.rows_type, &[total as i64], data)?;
                 }
             }
             Interface::Batched => {
@@ -317,29 +325,7 @@ impl Engine for EmbeddingEngine {
                 if wanted {
                     let shape = [batch as i64, tables as i64, dim as i64];
                     let data = rows.bytes(total)?;
-                    if self.model.rows_type == DataType::F16 {
-                        // host rows (a CPU instance: the GPU path writes fp16 itself)
-                        let f32s = data.host().ok_or_else(|| {
-                            Error::internal("fp16 rows: the rows are not on the host")
-                        })?;
-                        let halves: Vec<half::f16> = bytemuck::cast_slice::<u8, f32>(f32s)
-                            .iter()
-                            .map(|&v| half::f16::from_f32(v))
-                            .collect();
-                        sink(OutputView {
-                            name: &out_name,
-                            dtype: DataType::F16,
-                            shape: &shape,
-                            data: Bytes::Host(bytemuck::cast_slice(&halves)),
-                        })?;
-                    } else {
-                        sink(OutputView {
-                            name: &out_name,
-                            dtype: DataType::F32,
-                            shape: &shape,
-                            data,
-                        })?;
-                    }
+                    sink_rows(sink, &out_name, self.model.rows_type, &shape, data)?;
                 }
             }
             Interface::Pooled => {
@@ -440,6 +426,31 @@ impl LoadedModel for EmbeddingModel {
     fn instance(&self, device: Device) -> Result<Box<dyn Engine>> {
         Ok(Box::new(self.engine(device)?))
     }
+}
+
+/// fp32 rows the store wrote (`data`) handed to `sink` as the output is declared: as they are,
+/// or rounded to fp16 on the host (a CPU instance's rows: a GPU instance's lookup writes fp16
+/// itself).
+fn sink_rows(
+    sink: &mut dyn FnMut(OutputView<'_>) -> Result<()>,
+    name: &str,
+    rows_type: DataType,
+    shape: &[i64],
+    data: Bytes<'_>,
+) -> Result<()> {
+    if rows_type != DataType::F16 {
+        return sink(OutputView { name, dtype: DataType::F32, shape, data });
+    }
+    let f32s =
+        data.host().ok_or_else(|| Error::internal("fp16 rows: the rows are not on the host"))?;
+    let halves: Vec<half::f16> =
+        bytemuck::cast_slice::<u8, f32>(f32s).iter().map(|&v| half::f16::from_f32(v)).collect();
+    sink(OutputView {
+        name,
+        dtype: DataType::F16,
+        shape,
+        data: Bytes::Host(bytemuck::cast_slice(&halves)),
+    })
 }
 
 impl EmbeddingEngine {

@@ -18,7 +18,7 @@ use crate::settings::{Interface, StoreSettings, PAD};
 pub(crate) struct Model {
     pub(crate) settings: StoreSettings,
     pub(crate) store: Arc<EmbeddingStore>,
-    /// The batched interface's rows: F32, or F16 when its output is declared so.
+    /// The lookup interfaces' rows: F32, or F16 when the output is declared so.
     pub(crate) rows_type: DataType,
     pub(crate) sig: Signature,
 }
@@ -45,7 +45,7 @@ pub(crate) fn signature(
                     t(name_or(&cfg.inputs, 0, "KEYS"), DataType::I64, vec![-1]),
                     t(name_or(&cfg.inputs, 1, "NUMKEYS"), DataType::I32, vec![-1]),
                 ],
-                vec![t(name_or(&cfg.outputs, 0, "OUTPUT0"), DataType::F32, vec![-1])],
+                vec![t(name_or(&cfg.outputs, 0, "OUTPUT0"), rows_type, vec![-1])],
             )
         }
         Interface::Batched | Interface::Pooled => {

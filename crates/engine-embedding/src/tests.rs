@@ -459,3 +459,70 @@ fn sharded_memory_is_read_in_gb_and_refused_below_zero() {
         );
     }
 }
+
+#[test]
+fn the_hps_interface_gives_fp16_rows_when_its_output_says_so() {
+    use triton_rust_core::batch::BatchData;
+    use triton_rust_core::config::TensorConfig;
+    let open = |name: &str, dims: &str, out: DataType| {
+        let mut c = cfg(&[
+            ("embedding_table_names", "a,b"),
+            ("embedding_vecsize_per_table", dims),
+            ("sparse_files", "none,none"),
+            ("default_value_for_each_table", "0.1,-2.5"),
+            ("store_name", name),
+        ]);
+        c.outputs = vec![TensorConfig {
+            name: "ROWS".into(),
+            dtype: out,
+            dims: vec![-1],
+            reshape: None,
+        }];
+        let (shared, backend, opened) = (Shared::default(), Default::default(), Opened::default());
+        let load = ModelLoad {
+            config: &c,
+            backend: &backend,
+            model_file: Path::new("/x"),
+            shared: &shared,
+            opened: &opened,
+        };
+        EmbeddingKind.load(&load)
+    };
+    let model = open("hps_fp16", "4,4", DataType::F16).unwrap();
+    assert_eq!(model.signature().outputs[0].dtype, DataType::F16);
+    // 2 keys of table a, 1 of b: every key unknown, each row its table's default
+    let keys: Vec<u8> = [3i64, 9, 7].iter().flat_map(|k| k.to_le_bytes()).collect();
+    let numkeys: Vec<u8> = [2i32, 1].iter().flat_map(|n| n.to_le_bytes()).collect();
+    let inputs = [
+        BatchTensor {
+            name: "KEYS".into(),
+            dtype: DataType::I64,
+            shape: vec![3],
+            data: BatchData::Borrowed(Bytes::Host(&keys)),
+        },
+        BatchTensor {
+            name: "NUMKEYS".into(),
+            dtype: DataType::I32,
+            shape: vec![2],
+            data: BatchData::Borrowed(Bytes::Host(&numkeys)),
+        },
+    ];
+    let mut engine = model.instance(Device::Cpu).unwrap();
+    let mut got = None;
+    engine
+        .run(&inputs, &["ROWS"], &mut |o| {
+            let halves: Vec<half::f16> = bytemuck::pod_collect_to_vec(o.data.host().unwrap());
+            got = Some((o.dtype, o.shape.to_vec(), halves));
+            Ok(())
+        })
+        .unwrap();
+    let (dtype, shape, rows) = got.expect("the rows");
+    assert_eq!((dtype, shape), (DataType::F16, vec![12]));
+    let want: Vec<f32> = [0.1f32; 8].into_iter().chain([-2.5; 4]).collect();
+    assert_eq!(rows, want.iter().map(|&v| half::f16::from_f32(v)).collect::<Vec<_>>());
+    // tables of two dims: fp16 refused, naming the output
+    let e = open("hps_fp16_dims", "4,8", DataType::F16).err().expect("refused");
+    assert!(e.message().contains("'ROWS'") && e.message().contains("[4, 8]"), "{e}");
+    let e = open("hps_i32", "4,4", DataType::I32).err().expect("refused");
+    assert!(e.message().contains("TYPE_FP32 or TYPE_FP16"), "{e}");
+}

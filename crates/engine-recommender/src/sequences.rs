@@ -138,13 +138,6 @@ impl SequenceModel {
                 reshape: None,
             },
         ];
-        lookup_config.outputs = vec![TensorConfig {
-            name: "OUTPUT0".into(),
-            dtype: DataType::F32,
-            dims: vec![-1],
-            reshape: None,
-        }];
-        let lookup = EmbeddingModel::open(store, &lookup_config, load.shared)?;
         // the network: its package's own tensors, no batching of its own (its sizes are the
         // batch's totals)
         let file: PathBuf = load.model_file.join(&p.sequence_network);
@@ -162,6 +155,15 @@ impl SequenceModel {
         let described = ModelLoad { config: &net_config, model_file: &file, ..*load };
         let net_sig = AotiModel::describe(&described)?
             .ok_or_else(|| Error::internal("the package described nothing"))?;
+        let lookups = lookups(&p.sequence_lookups, &tables, config, &net_sig)?;
+        // the rows as the network takes them: fp16 ones (an fp16 table's) go up as stored
+        lookup_config.outputs = vec![TensorConfig {
+            name: "OUTPUT0".into(),
+            dtype: rows_type(&lookups, &net_sig)?,
+            dims: vec![-1],
+            reshape: None,
+        }];
+        let lookup = EmbeddingModel::open(store, &lookup_config, load.shared)?;
         let as_config = |t: &TensorSpec| TensorConfig {
             name: t.name.clone(),
             dtype: t.dtype,
@@ -172,7 +174,6 @@ impl SequenceModel {
         net_config.outputs = net_sig.outputs.iter().map(as_config).collect();
         let network =
             AotiModel::load(&ModelLoad { config: &net_config, model_file: &file, ..*load })?;
-        let lookups = lookups(&p.sequence_lookups, &tables, config, &net_sig)?;
         let groups = groups(config)?;
         check_inputs(config, &net_sig, &lookups, &groups)?;
         if !groups.groups.iter().any(|(_, members)| members.contains(&p.sequence_rows_input)) {
@@ -260,12 +261,12 @@ fn lookups(
                 "the network package takes no input '{rows}' for the rows of '{ids}'"
             )));
         };
-        if takes.dtype != DataType::F32
+        if !matches!(takes.dtype, DataType::F32 | DataType::F16)
             || takes.shape.len() != 2
             || !matches!(takes.shape[1], -1) && takes.shape[1] != dim as i64
         {
             return Err(Error::invalid_arg(format!(
-                "the network's input '{rows}' is {:?} {:?}; the lookup gives FP32 rows of {dim}",
+                "the network's input '{rows}' is {:?} {:?}; the lookup gives FP32 or FP16 rows of {dim}",
                 takes.dtype, takes.shape
             )));
         }
@@ -273,6 +274,21 @@ fn lookups(
         out.push(Lookup { ids, rows, table: t, dim, vocabulary });
     }
     Ok(out)
+}
+
+/// The one row type the network takes every lookup's rows in (FP32, or FP16: the lookup writes
+/// all of them in one output); an error naming two inputs that differ.
+fn rows_type(lookups: &[Lookup], net: &Signature) -> Result<DataType> {
+    let of = |l: &Lookup| net.inputs.iter().find(|i| i.name == l.rows).map(|i| i.dtype);
+    let mut types = lookups.iter().map(|l| (l, of(l).unwrap_or(DataType::F32)));
+    let Some((first, dtype)) = types.next() else { return Ok(DataType::F32) };
+    match types.find(|(_, d)| *d != dtype) {
+        Some((other, d)) => Err(Error::invalid_arg(format!(
+            "the network takes '{}' as {dtype:?} but '{}' as {d:?}: the lookup gives every table's rows in one type",
+            first.rows, other.rows
+        ))),
+        None => Ok(dtype),
+    }
 }
 
 /// The config's inputs by length: `<group>_lengths` and the inputs named `<group>_...`; the rest one value each.

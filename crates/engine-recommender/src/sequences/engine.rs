@@ -82,7 +82,7 @@ impl Engine for SequenceEngine {
         // they are lent: nothing is copied between the two
         let mut ran = false;
         lookup.run(&lookup_in, &["OUTPUT0"], &mut |rows| {
-            // the rows' format is the one the lookup declares (f32 today; sized from it, not assumed)
+            // the rows in the type the lookup declares (the network's: FP32 or FP16)
             let size = rows.dtype.size().unwrap_or(4);
             if rows.data.len() != at * size {
                 return Err(Error::internal(format!(
