@@ -79,6 +79,49 @@ def layer_flops(cfg, hist, cand):
     return cfg.num_layers * (tokens * per_token + pairs * h * 2 * (dqk + dv))
 
 
+def parts(network, args, flops, a, dev, attempt):
+    """Where the compiled network's time goes: its three parts (network.py: the tokens with their
+    MLPs, the HSTU layers, the score head) each compiled and timed alone on the inputs the part
+    before gives it, and within the layers the attention kernel's five calls alone. The layers'
+    useful TFLOP/s here are over their own time, the figure the issue's 40% target names."""
+    def one(what, fn):
+        got = attempt(what, lambda: timed(fn, a.reps, dev))
+        return got[0] if got else float("nan")
+
+    tokens, layers, score = (torch.compile(f) for f in (network.tokens, network.layers, network.score))
+    x, offsets, norm, cand_at, cand_req = tokens(*args)
+    hist_lengths, cand_item_rows, cand_category_rows, query_times = args[1], args[7], args[8], args[9]
+    y = layers(x, offsets, hist_lengths, norm)
+    score(y, cand_at, cand_req, query_times, cand_item_rows, cand_category_rows)
+    ms = {"tokens": one("tokens", lambda: tokens(*args)),
+          "layers": one("layers", lambda: layers(x, offsets, hist_lengths, norm)),
+          "score": one("score", lambda: score(y, cand_at, cand_req, query_times, cand_item_rows,
+                                              cand_category_rows))}
+    # the attention's own inputs, layer by layer (eager), then its five calls alone
+    qkv, h = [], x
+    for layer in network.ranker.layers:
+        u, q, k, v = layer.project(h)
+        attn = kernels.hstu_attention(q, k, v, offsets, hist_lengths, norm, layer.alpha)
+        qkv.append((q, k, v, layer.alpha))
+        h = layer.finish(h, u, attn.flatten(1))
+    ms["attention"] = one("attention", lambda: [kernels.hstu_attention(q, k, v, offsets, hist_lengths, norm, al)
+                                                for q, k, v, al in qkv])
+    del qkv
+    peak = lambda f, t: f" ({100 * f / t / 1e9 / a.peak_tflops:.1f}% of {a.peak_tflops:g})" if dev == "cuda" else ""
+    cfg = network.ranker.cfg
+    tokens_n = x.shape[0]
+    attn_flops = flops - cfg.num_layers * tokens_n * (2 * cfg.model_dim * cfg.num_heads * (2 * cfg.linear_dim + 2 * cfg.attn_dim)
+                                                      + 2 * 3 * cfg.num_heads * cfg.linear_dim * cfg.model_dim)
+    whole = ms["tokens"] + ms["layers"] + ms["score"]
+    say(f"  where the compiled network's time goes (each part compiled and timed alone, {whole:.2f} ms in all):")
+    say(f"    tokens and their MLPs        {ms['tokens']:8.2f} ms  {100 * ms['tokens'] / whole:4.1f}%")
+    say(f"    the HSTU layers              {ms['layers']:8.2f} ms  {100 * ms['layers'] / whole:4.1f}%  "
+        f"{flops / ms['layers'] / 1e9:.3g} TFLOP/s useful{peak(flops, ms['layers'])}")
+    say(f"      of which the attention     {ms['attention']:8.2f} ms  (its 5 calls alone, eager: "
+        f"{attn_flops / ms['attention'] / 1e9:.3g} TFLOP/s useful{peak(attn_flops, ms['attention'])})")
+    say(f"    the score head               {ms['score']:8.2f} ms  {100 * ms['score'] / whole:4.1f}%")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
@@ -91,6 +134,7 @@ def main():
     p.add_argument("--no-reference", action="store_true", help="time ours alone (no padded reference)")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="on a GPU, the N heaviest kernels of ours eager and compiled (torch.profiler)")
+    p.add_argument("--no-parts", action="store_true", help="skip the network's parts timed alone")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="the GPU's dense fp16/bf16 peak (H100/H200 SXM: 989)")
     a = p.parse_args()
     dev, dtype = a.device, DTYPES[a.dtype]
@@ -162,6 +206,8 @@ def main():
             if got:
                 row("ours: the jagged network, torch.compile", got[0])
                 outs["torch.compile"] = got[1]
+        if not a.no_parts:
+            parts(network, args, flops, a, dev, attempt)
         if a.profile and dev == "cuda":
             from network_profile import kernels as heaviest
             for what, fn in (("eager", network), ("torch.compile", ours)):

@@ -10,8 +10,8 @@ candidates; a request is a query, one user) sent by --concurrency clients each s
 request when the last is answered, for --seconds a level. Printed, a line a level: queries
 (samples) a second, p50 and p99 ms a query, and the executions' mean batch; before them, a few
 answers against the reference on the same device (bf16, the bound --tolerance). In the same run,
-the reference (examples/dlrm_v3/model.py's padded form) compiled by torch.compile on batches of
-the same requests: its queries a second, and the served rate's ratio to it.
+the reference (examples/dlrm_v3/model.py's padded form), compiled by torch.compile and eager, on
+batches of the same requests: its queries a second, and the served rate's ratios to each.
 
 With --fresh-users N, each share is served again on a new server to N users drawn before it
 starts, each sent once across the levels: a stream of users it has not seen, as far as N lasts
@@ -418,7 +418,7 @@ def main():
         finally:
             if stream:
                 stream.close()
-        best = 0.0
+        best = best_eager = 0.0
         sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
         for b in sorted({1, 4, a.max_batch}):
             # compiled for this batch alone (static shapes): after a first size, a dynamic
@@ -437,9 +437,19 @@ def main():
             rate = 5 * b / (time.perf_counter() - t0)
             best = max(best, rate)
             say(f"  reference, torch.compile (padded), batch {b}: {rate:8.1f} queries/s")
+            with torch.no_grad():  # and eager, the same batch
+                reference.forward_padded(sub)
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(3):
+                    reference.forward_padded(sub)
+                sync()
+            eager = 3 * b / (time.perf_counter() - t0)
+            best_eager = max(best_eager, eager)
+            say(f"  reference, eager (padded), batch {b}: {eager:8.1f} queries/s")
     for (share, fresh), top in served.items():
         say(f"served with a cache of {share}{' to fresh users' if fresh == 'fresh' else ' to the stream' if fresh else ''}, at best {top:.1f} queries/s: "
-            f"{top / best:.2f}x the compiled reference's best ({best:.1f})")
+            f"{top / best:.2f}x the compiled reference's best ({best:.1f}), {top / best_eager:.2f}x the eager one's ({best_eager:.1f})")
     for fresh in ("", "fresh", "stream"):
         shares = sorted((s for s, f in served if f == fresh), key=float)
         if len(shares) > 1:

@@ -2,10 +2,12 @@
 """Averages (medians, 99th percentiles) of the backend's verbose `timing:` lines in a server log, per kind of
 line (server run with --log-verbose=1): where a batch's time goes inside the server.
 
-    python3 bench/gpu/timing_summary.py server.log
+    python3 bench/gpu/timing_summary.py server.log [--skip 0.25]
+
+--skip F leaves out the first F of the log's timing lines (the warm-up: a cold cache, the first
+batches' CUDA graphs).
 """
 import re
-import sys
 
 
 KINDS = ("batch lookup", "torch run", "onnx run", "aoti run", "resident pooled lookup", "pooled lookup", "execute", "gather")
@@ -45,15 +47,21 @@ def medians(lines):
     return {k: rank(v, 0.5) for k, v in figures(lines).items()}
 
 
-def summarize(path):
-    """{(kind, label): (mean, median, p99, count)} of a server log's timing lines: the p99
-    says which step a slow batch's time went to."""
+def summarize(path, skip: float = 0.0):
+    """{(kind, label): (mean, median, p99, count)} of a server log's timing lines (the first
+    `skip` of them left out): the p99 says which step a slow batch's time went to."""
     with open(path, errors="replace") as f:
-        found = figures(f)
+        lines = [line for line in f if "timing:" in line]
+    found = figures(lines[int(skip * len(lines)):])
     return {k: (sum(v) / len(v), rank(v, 0.5), rank(v, 0.99), len(v)) for k, v in found.items()}
 
 
 if __name__ == "__main__":
+    import argparse
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("log")
+    p.add_argument("--skip", type=float, default=0.0, help="the share of the timing lines left out first")
+    a = p.parse_args()
     print(f"{'kind':<14} {'step (us, or a count)':<28} {'mean':>12} {'median':>10} {'p99':>10}")
-    for (kind, label), (avg, median, p99, n) in sorted(summarize(sys.argv[1]).items()):
+    for (kind, label), (avg, median, p99, n) in sorted(summarize(a.log, a.skip).items()):
         print(f"{kind:<14} {label:<28} {avg:>12.1f} {median:>10} {p99:>10}  (n={n})")

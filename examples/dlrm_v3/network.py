@@ -66,6 +66,19 @@ class HstuNetwork(nn.Module):
                 hist_category_rows: Tensor, hist_timestamps: Tensor, hist_actions: Tensor,
                 cand_lengths: Tensor, cand_item_rows: Tensor, cand_category_rows: Tensor,
                 query_times: Tensor) -> Tensor:
+        x, offsets, norm, cand_at, cand_req = self.tokens(
+            user_rows, hist_lengths, hist_item_rows, hist_category_rows, hist_timestamps, hist_actions,
+            cand_lengths, cand_item_rows, cand_category_rows, query_times)
+        x = self.layers(x, offsets, hist_lengths, norm)
+        return self.score(x, cand_at, cand_req, query_times, cand_item_rows, cand_category_rows)
+
+    def tokens(self, user_rows: Tensor, hist_lengths: Tensor, hist_item_rows: Tensor,
+               hist_category_rows: Tensor, hist_timestamps: Tensor, hist_actions: Tensor,
+               cand_lengths: Tensor, cand_item_rows: Tensor, cand_category_rows: Tensor,
+               query_times: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """The jagged sequence the layers read (user token, history, candidates, request after
+        request, with positions and times added), its request offsets, the attention's
+        normaliser, and each candidate's row and request."""
         r, cfg = self.ranker, self.ranker.cfg
         dtype = cfg.dtype
         b, nh, nc = user_rows.shape[0], hist_item_rows.shape[0], cand_item_rows.shape[0]
@@ -100,13 +113,22 @@ class HstuNetwork(nn.Module):
         else:
             norm = (1 + h.max() + c.max()).to(dtype)
         offsets = torch.cat([start, start.new_full((1,), total)])
-        for layer in r.layers:
+        return x, offsets, norm, cand_at, cand_req
+
+    def layers(self, x: Tensor, offsets: Tensor, hist_lengths: Tensor, norm: Tensor) -> Tensor:
+        """The HSTU layers over the jagged sequence `x` (requests at `offsets`)."""
+        for layer in self.ranker.layers:
             u, q, k, v = layer.project(x)
             # each row reads its own request: itself, and earlier rows of the user token and
             # history (kernels.py: the Triton kernel on a GPU, the masked form on the CPU)
-            attn = kernels.hstu_attention(q, k, v, offsets, h, norm, layer.alpha)
+            attn = kernels.hstu_attention(q, k, v, offsets, hist_lengths, norm, layer.alpha)
             x = layer.finish(x, u, attn.flatten(1))
-        # per candidate: its output row and the query's time meet its own item rows in the head
+        return x
+
+    def score(self, x: Tensor, cand_at: Tensor, cand_req: Tensor, query_times: Tensor,
+              cand_item_rows: Tensor, cand_category_rows: Tensor) -> Tensor:
+        """Per candidate: its output row and the query's time meet its own item rows in the head."""
+        r, dtype = self.ranker, self.ranker.cfg.dtype
         out = x.index_select(0, cand_at)
         times = time_of_day_and_week(query_times[cand_req]).to(dtype)
         user_c = r.post_norm(r.post_dense(torch.cat([out, times], -1)))

@@ -472,12 +472,8 @@ fn the_hps_interface_gives_fp16_rows_when_its_output_says_so() {
             ("default_value_for_each_table", "0.1,-2.5"),
             ("store_name", name),
         ]);
-        c.outputs = vec![TensorConfig {
-            name: "ROWS".into(),
-            dtype: out,
-            dims: vec![-1],
-            reshape: None,
-        }];
+        c.outputs =
+            vec![TensorConfig { name: "ROWS".into(), dtype: out, dims: vec![-1], reshape: None }];
         let (shared, backend, opened) = (Shared::default(), Default::default(), Opened::default());
         let load = ModelLoad {
             config: &c,
