@@ -321,6 +321,19 @@ fn ragged_bag_starts_are_the_lengths_summed_and_malformed_lengths_are_refused() 
     assert!(e.message().contains("negative length -1"), "{e}");
 }
 
+/// The embedding model `c` describes, loaded in a backend of its own (no model file).
+fn load_alone(c: &ModelConfig) -> Result<Box<dyn LoadedModel>> {
+    let (shared, backend, opened) = (Shared::default(), Default::default(), Opened::default());
+    let load = ModelLoad {
+        config: c,
+        backend: &backend,
+        model_file: Path::new("/x"),
+        shared: &shared,
+        opened: &opened,
+    };
+    EmbeddingKind.load(&load)
+}
+
 #[test]
 fn which_models_take_keys_in_gpu_memory() {
     let takes = |interface: &str, extra: &[(&str, &str)]| {
@@ -338,15 +351,7 @@ fn which_models_take_keys_in_gpu_memory() {
         p.push(("store_name", &store_name));
         let mut c = cfg(&p);
         c.max_batch_size = 8;
-        let (shared, backend, opened) = (Shared::default(), Default::default(), Opened::default());
-        let load = ModelLoad {
-            config: &c,
-            backend: &backend,
-            model_file: Path::new("/x"),
-            shared: &shared,
-            opened: &opened,
-        };
-        let model = EmbeddingKind.load(&load).unwrap();
+        let model = load_alone(&c).unwrap();
         (model.accepts_device_inputs(Device::Cpu), model.accepts_device_inputs(Device::Gpu(0)))
     };
     let gpu = cfg!(feature = "gpu");
@@ -474,15 +479,7 @@ fn the_hps_interface_gives_fp16_rows_when_its_output_says_so() {
         ]);
         c.outputs =
             vec![TensorConfig { name: "ROWS".into(), dtype: out, dims: vec![-1], reshape: None }];
-        let (shared, backend, opened) = (Shared::default(), Default::default(), Opened::default());
-        let load = ModelLoad {
-            config: &c,
-            backend: &backend,
-            model_file: Path::new("/x"),
-            shared: &shared,
-            opened: &opened,
-        };
-        EmbeddingKind.load(&load)
+        load_alone(&c)
     };
     let model = open("hps_fp16", "4,4", DataType::F16).unwrap();
     assert_eq!(model.signature().outputs[0].dtype, DataType::F16);

@@ -19,7 +19,9 @@
 //! together (Triton's ragged batching: each input's values, request after request). A request
 //! whose lengths disagree with what it sent, or whose ids are negative or past their table's
 //! `vocabulary_size_per_table`, is refused naming the input, before the batch runs, and the
-//! rest of the batch is answered. `KIND_CPU` instances only, so far.
+//! rest of the batch is answered. On `KIND_CPU` and `KIND_GPU` instances (a GPU instance's lookup
+//! writes the rows on the GPU, where the package reads them), in the type the package takes its
+//! rows (FP32, or FP16: an fp16 table's rows as stored).
 
 mod engine;
 #[cfg(test)]
