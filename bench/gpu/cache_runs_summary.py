@@ -5,7 +5,10 @@ backend's per-batch steps (medians of its `timing:` lines). Then each cached run
 from the host a second, served (the stream's keys a second times its miss rate; the rows read,
 fewer when a batch reads each missed row once, from the timing line's medians), beside the
 plain gather of the same call's `plain` run (served_reads_bench: the host alone, every core),
-as issue 66's first target reads.
+as issue 66's first target reads. And where the reads' cores went: the readers' busy time a batch
+(the timing line's `shares busy`) times the batches a second is how many cores read on average;
+the rows each of them read a second, beside the plain gather's a thread, says whether the gap to
+the plain gather is slower reads or fewer cores reading.
 
     python3 bench/gpu/cache_runs_summary.py DIR      # DIR: the call's folder (<run>.tgz or <run>/)
 """
@@ -43,6 +46,26 @@ def misses_read(stream):
     steps = (stream.get("timing") or {}).get("batch lookup", {})
     m, read = steps.get("misses", [0])[0], steps.get("rows read", [0])[0]
     return misses, misses * read / m if m and read else misses
+
+
+def reading_cores(stream):
+    """(cores reading on average, M rows read a second by each) of a served stream, from its
+    timing medians (`shares busy` us a batch, `rows read`, the batch's `rows`); None without them."""
+    timing = stream.get("timing") or {}
+    lookup, serve = timing.get("batch lookup", {}), timing.get("serve", {})
+    busy, read, pairs = (d.get(k, [0])[0] for d, k in ((lookup, "shares busy"), (lookup, "rows read"), (serve, "rows")))
+    if not (busy and read and pairs and stream.get("pairs_per_s")):
+        return None
+    batches = stream["pairs_per_s"] / pairs
+    return busy * 1e-6 * batches, read / (busy * 1e-6) / 1e6
+
+
+def plain_threads(folder):
+    """The plain gather's threads on the whole host, from plain.txt's setup line; None if absent."""
+    path = os.path.join(folder, "plain.txt")
+    text = open(path, errors="replace").read() if os.path.exists(path) else ""
+    m = re.search(r"the plain gathers (\d+)", text)
+    return int(m.group(1)) if m else None
 
 
 def load(folder, name):
@@ -115,6 +138,11 @@ def main():
         if got and got[0] > 0:
             versus = f"; {got[1] / plain[0]:.2f}x the plain gather" if plain else ""
             print(f"  {n}: misses served {got[0]:.1f} M/s, rows read from the host {got[1]:.1f} M/s{versus}")
+            cores, each = reading_cores(r["stream"][0]) or (None, None)
+            threads = plain_threads(folder)
+            if cores:
+                per = f" against the plain gather's {plain[0] / threads:.2f} M a thread ({threads} threads)" if plain and threads else ""
+                print(f"  {n}: its readers busy {cores:.1f} cores on average, {each:.2f} M rows/s a busy core{per}")
     for n in order:
         if n not in runs and n != "plain":
             print(f"{n}: no stream figure (see {n}.log)")
