@@ -301,7 +301,7 @@ impl StoreConfig {
     }
 
     /// Whether any table has a cache.
-    pub fn caches_rows(&self) -> bool {
+    pub fn any_table_cached(&self) -> bool {
         (0..self.tables.len()).any(|t| self.table_ratio(t) > 0.0)
     }
 

@@ -21,7 +21,7 @@ impl EmbeddingStore {
         make: &dyn Fn(usize, CacheGeometry) -> Result<Arc<dyn CacheTier>>,
         place: &str,
     ) -> Result<Arc<InstanceCaches>> {
-        let caches = if self.config.caches_rows() {
+        let caches = if self.config.any_table_cached() {
             (0..self.tables.len())
                 .map(|t| make(t, self.cache_geometry(t)))
                 .collect::<Result<Vec<_>>>()?
