@@ -7,11 +7,11 @@ behind a GPU cache (--cache of the item table's rows, the user and category tabl
 --cache-tables each: of every table's rows; --cache-rows fp16: fp16 cache slots), one model on
 --instances instances, and requests of the benchmark's shape (examples/dlrm_v3/data.py: histories
 around 6,400 items, 2,048 candidates; a request is a query, one user) sent by --concurrency clients
-each sending its next request when the last is answered, for --seconds a level. Printed, a line a level: queries
-(samples) a second, p50 and p99 ms a query, and the executions' mean batch; before them, a few
-answers against the reference on the same device (bf16, the bound --tolerance). In the same run,
-the reference (examples/dlrm_v3/model.py's padded form), compiled by torch.compile and eager, on
-batches of the same requests: its queries a second, and the served rate's ratios to each.
+each sending its next request when the last is answered, for --seconds a level. Printed, a line a
+level: queries (samples) a second, p50 and p99 ms a query, and the executions' mean batch; before
+them, a few answers against the reference on the same device (bf16, the bound --tolerance). In the
+same run, the reference (examples/dlrm_v3/model.py's padded form), compiled by torch.compile and
+eager, on batches of the same requests: its queries a second, and the served rate's ratios to each.
 
 With --fresh-users N, each share is served again on a new server to N users drawn before it
 starts, each sent once across the levels: a stream of users it has not seen, as far as N lasts
