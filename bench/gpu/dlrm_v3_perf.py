@@ -15,7 +15,8 @@ eager, on batches of the same requests: its queries a second, and the served rat
 
 With --fresh-users N, each share is served again on a new server to N users drawn before it
 starts, each sent once across the levels: a stream of users it has not seen, as far as N lasts
-(a level that runs out says so).
+(a level that runs out says so), first for --fresh-warm-s seconds uncounted. No drawer shares the
+server's cores while it serves (the --stream's drawers do, and can hold its rate).
 
 With --stream, each share is served again on a new server to a stream of users without end
 (recsys/user_stream.py: --processes processes draw users while the levels run, none drawn
@@ -268,9 +269,10 @@ def serve_level(a, repo, log, requests, jobs, reference, share, fresh=None):
         say(f"GPU cache of {label} of {which} ({a.cache_rows} rows): 4 answers against the reference on the same device: "
             f"largest difference {worst:.1e} ({'within' if worst <= a.tolerance else 'PAST'} {a.tolerance:g})")
         counts = [int(x) for x in a.concurrency.split(",")]
-        if stream and a.stream_warm_s > 0:
-            qps, _ = level(a.port, jobs, max(counts), a.stream_warm_s, fresh)
-            say(f"  served, cache {label}: {a.stream_warm_s:g} s uncounted first, {max(counts)} clients, "
+        warm_s = a.stream_warm_s if stream else a.fresh_warm_s if fresh is not None else 0
+        if warm_s > 0:
+            qps, _ = level(a.port, jobs, max(counts), warm_s, fresh)
+            say(f"  served, cache {label}: {warm_s:g} s uncounted first, {max(counts)} clients, "
                 f"{qps:.1f} queries/s")
         seen = hits(a.port)  # then each level's end is the next one's start
         for c in counts:
@@ -347,6 +349,9 @@ def main():
     p.add_argument("--fresh-users", type=int, default=0,
                    help="also serve each cache share again to this many more users, each sent once across "
                    "the levels (a stream of fresh users, as far as they last), drawn before the server starts")
+    p.add_argument("--fresh-warm-s", type=float, default=0.0, help="seconds of the fresh users sent uncounted "
+                   "before their levels (the cache then holds what fresh users keep asking for, as --stream-warm-s "
+                   "does for the stream; the users drawn beforehand, no drawer shares the server's cores)")
     p.add_argument("--stream", action="store_true", help="also serve each cache share again to a stream of users "
                    "without end, drawn while it is served (see above)")
     p.add_argument("--stream-warm-s", type=float, default=20.0, help="seconds of the stream sent uncounted "
