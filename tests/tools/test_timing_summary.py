@@ -52,3 +52,23 @@ def test_the_99th_percentile_says_where_slow_batches_went(tmp_path):
     assert (median, p99, n) == (100, 900, 200), "nearest rank: index 198 of 200 sorted, the second slowest"
     assert mean == (198 * 100 + 900 + 950) / 200
     assert summarize(str(log))[("batch lookup", "scatter")][2] == 20
+
+
+def test_the_first_share_of_a_log_can_be_left_out(tmp_path):
+    # a warm-up of 25 slow batches, then 75 typical ones: --skip 0.25 leaves the warm-up out
+    lines = [f'"timing: batch lookup: keys 10, misses 5, below cache {v} us"' for v in [5000] * 25 + [200] * 75]
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(["an unrelated line"] * 7 + lines) + "\n")
+    assert summarize(str(log))[("batch lookup", "below cache")][3] == 100
+    mean, median, p99, n = summarize(str(log), skip=0.25)[("batch lookup", "below cache")]
+    assert (mean, median, p99, n) == (200, 200, 200, 75), "a quarter of the timing lines, not of the log's"
+
+
+def test_reading_cores_from_a_served_streams_medians():
+    import cache_runs_summary as crs
+    # 170,000 rows a batch read in 26 ms of readers' time, batches of 16,384 pairs at 6.5536 M pairs/s (400 a second)
+    stream = {"pairs_per_s": 6.5536e6, "timing": {"batch lookup": {"shares busy": [26000], "rows read": [170000]},
+                                                  "serve": {"rows": [16384]}}}
+    cores, each = crs.reading_cores(stream)
+    assert abs(cores - 10.4) < 1e-9 and abs(each - 170000 / 0.026 / 1e6) < 1e-9
+    assert crs.reading_cores({"pairs_per_s": 1.0, "timing": {}}) is None
