@@ -17,7 +17,8 @@
 # threads), auto (10% cache, the store's defaults: what a user gets), auto8 and auto12 (auto, 8 or
 # 12 instances), quiet / asleep / asleep12 / quiet12 / quiet12c36 / hbmquiet (nothing spinning while it
 # waits; see below), rowsquiet (quiet, the rows written out before pooling, as before), quietonce
-# (quiet, each missed row of a batch read once), quiet270 (quiet, queries of 270 pairs), pool8 / pool12 / pool32 (auto, the worker pool at 8, 12 or 32 threads), parts2 (auto, each batch in two parts: one part's misses read while the network
+# (quiet, each missed row of a batch read once), quiet270 (quiet, queries of 270 pairs), quietparts2
+# (quiet, each batch in two parts), pool8 / pool12 / pool32 (auto, the worker pool at 8, 12 or 32 threads), parts2 (auto, each batch in two parts: one part's misses read while the network
 # runs on the other), saved / restart / cold (a warm restart against a cold start, below).
 # A device call returns at most eight files: the runs' folders and logs come back packed in
 # runs.tgz, beside summary.txt. `plain` is no server: served_reads_bench reads a 16 GB fp16 table
@@ -116,6 +117,9 @@ for name in ${runs//,/ }; do
     # quiet with MLPerf's Server shape, queries of 270 pairs (issue 66: p99 <= 60 ms at >= 5 M
     # pairs/s), 256 in flight (about the pairs 24 queries of 8,192 keep in flight, a third)
     quiet270) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet270 --cache 0.1 --stream-warm-passes 20 --host-memory auto --stream-pairs 270 --stream-concurrency 256 ;;
+    # quiet with each batch in two parts, one part's misses read while the network runs on the
+    # other (recommender_pipeline_parts 2): whether a batch's reads hide behind its own network
+    quietparts2) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietparts2 --cache 0.1 --stream-warm-passes 20 --host-memory auto --pipeline-parts 2 ;;
     # every row in HBM with nothing spinning: whether quiet costs the model inside the GPU
     hbmquiet) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run hbmquiet --cache 1.0 --stream-warm-passes 2 ;;
     pool8|pool12|pool32) RAYON_NUM_THREADS=${name#pool} run "$name" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
