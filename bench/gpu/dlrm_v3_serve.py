@@ -13,12 +13,19 @@ served on a KIND_GPU instance by the sequence recommender engine, checked rather
   ids, sent with the others: both refused naming the input, every other request answered.
 
 `--device cpu` runs the same with a CPU package on KIND_CPU: how the script is checked here.
+`--tables fp16` writes the tables in fp16 (as the benchmark's) and exports the package on fp16
+rows, so the lookup hands the network the rows as stored. `--gpus 0,1` puts an instance on each
+GPU listed; with `--sharded` the tables are placed once over those GPUs
+(`gpucache_placement: sharded`, no copies, every row in GPU memory), so an instance reads the
+tables placed on the other GPU through peer access.
 
     python3 bench/gpu/dlrm_v3_serve.py --server $TRITONSERVER --backends $BACKENDS [--device cpu]
+        [--tables fp16] [--gpus 0,1 --sharded]
 
 Writes its lines to $OUT/dlrm_v3_serve.txt when OUT is set; exits 1 when a check fails.
 """
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -44,10 +51,15 @@ say = Transcript("dlrm_v3_serve.txt").say
 MODEL = export.NAME
 
 
-def config(kind: str) -> str:
-    """models/dlrm_v3's config, its instance `kind`."""
+def config(kind: str, sharded: bool = False) -> str:
+    """models/dlrm_v3's config, its instance `kind`; `sharded`: the tables placed once over the
+    instances' GPUs."""
     with open(os.path.join(HERE, "..", "..", "models", MODEL, "config.pbtxt")) as f:
-        return f.read().replace("kind: KIND_CPU", kind)
+        text = f.read().replace("kind: KIND_CPU", kind)
+    if sharded:
+        text += "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in (
+            ("gpucache_placement", "sharded"), ("gpucache_sharded_replicate", "0"), ("gpucacheper", "1.0")))
+    return text
 
 
 def send_all(port: int, jobs):
@@ -80,6 +92,10 @@ def main():
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--port", type=int, default=8750)
+    p.add_argument("--tables", choices=["fp32", "fp16"], default="fp32",
+                   help="the tables' rows (fp16: the network takes them as stored)")
+    p.add_argument("--gpus", default="0", help="the GPUs an instance each goes on (KIND_GPU)")
+    p.add_argument("--sharded", action="store_true", help="the tables placed once over --gpus (see above)")
     p.add_argument("--tolerance", type=float, default=None,
                    help="max |served - reference| (default 2e-3 on a GPU: the kernel's dots may run on TF32; 1e-5 on the CPU)")
     a = p.parse_args()
@@ -87,15 +103,18 @@ def main():
     tol = a.tolerance if a.tolerance is not None else (2e-3 if dev == "cuda" else 1e-5)
     say(f"device: {torch.cuda.get_device_name(0) if dev == 'cuda' else 'CPU'}; torch {torch.__version__}")
     ranker = export.ranker()
+    if a.tables == "fp16":
+        ranker = dv3.HstuRanker(dataclasses.replace(ranker.cfg, table_dtype=torch.float16)).eval()
     cfg = ranker.cfg
     ok = True
     with tempfile.TemporaryDirectory() as repo:
         t0 = time.time()
         export.write_version(os.path.join(repo, MODEL, "1"), ranker, export.example_batch(), device=dev)
-        kind = "kind: KIND_GPU gpus: [ 0 ]" if dev == "cuda" else "kind: KIND_CPU"
+        kind = f"kind: KIND_GPU gpus: [ {', '.join(a.gpus.split(','))} ]" if dev == "cuda" else "kind: KIND_CPU"
         with open(os.path.join(repo, MODEL, "config.pbtxt"), "w") as f:
-            f.write(config(kind))
-        say(f"tables and a {dev} package written in {time.time() - t0:.0f} s; instance {kind}")
+            f.write(config(kind, a.sharded))
+        say(f"tables ({a.tables}) and a {dev} package written in {time.time() - t0:.0f} s; instances {kind}"
+            + ("; the tables sharded over those GPUs" if a.sharded else ""))
         reference = ranker.to(dev)
         data = dv3_data.DataConfig.tiny(seconds_per_timestamp=3600, min_candidates=2)
         requests = dv3_data.generate_batch(data, a.requests, 1, 9).requests()

@@ -104,6 +104,9 @@
 #                 KIND_GPU from a CUDA package and checked against the reference
 #                 (dlrm_v3_serve.py), then the network at the benchmark's shape, ours against the
 #                 reference eager and compiled (dlrm_v3_network.py; its arguments). carry [".carry"]
+#   dlrm-v3-serve the second step alone (dlrm_v3_serve.py; its arguments: --tables fp16, the rows
+#                 as stored; --gpus 0,1 --sharded, the tables placed once over two GPUs, on
+#                 nvidia-h200-x2). carry [".carry"]
 #   dlrm-v3-network  that last step alone (dlrm_v3_network.py; its arguments). carry [".carry"]
 #   dlrm-v3-blocks the attention kernel's blocks swept (dlrm_v3_kernel_check.py), then the network
 #                 timed with the fastest (TRITON_RUST_HSTU_BLOCKS; dlrm_v3_network.py's arguments).
@@ -170,7 +173,7 @@ while [ $# -gt 0 ]; do
 done
 sub="${1:-}"; [ -n "$sub" ] || usage
 shift
-case "$sub" in models|cache-check|recommenders|dense|trust|ort|aoti|aoti-check|aoti-recsys|network|cross|pooled-check|pooled-bench|dlrm-v2-check|dlrm-v2|dlrm-v2-network|dlrm-v2-fair|dlrm-v3-check|dlrm-v3-network|dlrm-v3-blocks|dlrm-v3-perf) ;; *) usage ;; esac
+case "$sub" in models|cache-check|recommenders|dense|trust|ort|aoti|aoti-check|aoti-recsys|network|cross|pooled-check|pooled-bench|dlrm-v2-check|dlrm-v2|dlrm-v2-network|dlrm-v2-fair|dlrm-v3-check|dlrm-v3-serve|dlrm-v3-network|dlrm-v3-blocks|dlrm-v3-perf) ;; *) usage ;; esac
 
 # ---- ort: gather a carried part; unpack once every part is here (no .carry needed) ----
 if [ "$sub" = ort ]; then
@@ -420,6 +423,9 @@ dlrm-v3-check)
     OUT="$res" timeout 240 python3 bench/gpu/dlrm_v3_kernel_check.py || rc=1
     OUT="$res" timeout 170 python3 bench/gpu/dlrm_v3_serve.py --server "$server" --backends "$backends" || rc=1
     OUT="$res" timeout "${NETWORK_TIMEOUT:-240}" python3 bench/gpu/dlrm_v3_network.py "$@" || rc=1
+    ;;
+dlrm-v3-serve)
+    OUT="$res" timeout "${SERVE_TIMEOUT:-300}" python3 bench/gpu/dlrm_v3_serve.py --server "$server" --backends "$backends" "$@" || rc=1
     ;;
 dlrm-v3-perf)
     pa_args=()
