@@ -372,19 +372,19 @@ impl EmbeddingStore {
     pub fn cache_geometry(&self, table: usize) -> CacheGeometry {
         let rows: Vec<usize> = self.tables.iter().map(|t| t.host.read().len()).collect();
         let cached = if self.config.cache_ratios.is_empty() {
+            // the store's allocation weighs every table's rows
             cache_rows(
                 &rows,
                 self.config.cache_ratio,
                 self.config.cache_allocation,
                 &self.config.hotness,
-            )
+            )[table]
         } else {
-            let per = |t: usize| {
-                cache_rows(&rows[t..=t], self.config.table_ratio(t), CacheAllocation::PerTable, &[])
-            };
-            (0..rows.len()).map(|t| per(t)[0]).collect()
+            // a share of its own: this table's rows alone
+            let ratio = self.config.table_ratio(table);
+            cache_rows(&rows[table..=table], ratio, CacheAllocation::PerTable, &[])[0]
         };
-        let geo = CacheGeometry::for_rows(cached[table], self.tables[table].config.dim);
+        let geo = CacheGeometry::for_rows(cached, self.tables[table].config.dim);
         match self.config.cache_eviction {
             CacheEviction::Lru => geo,
             CacheEviction::Lfu => {
