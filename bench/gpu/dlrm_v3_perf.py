@@ -89,6 +89,10 @@ def model_config(cfg: dv3.Config, a, share: str) -> str:
                         f'"vocabulary_size_per_table" value {{ string_value: "{served_items(cfg, a)},{cfg.num_user_rows},{cfg.num_category_rows}" }}')
     text = text.replace('"sequence_max_length" value { string_value: "128" }',
                         f'"sequence_max_length" value {{ string_value: "{cfg.max_seq_len}" }}')
+    # a request's predictions, one a candidate, as one variable dimension: perf_analyzer sizes
+    # an output's shared memory from the config's dims, and a fixed [ 1 ] would be one prediction
+    text = text.replace('output [ { name: "predictions" data_type: TYPE_FP32 dims: [ 1 ] } ]',
+                        'output [ { name: "predictions" data_type: TYPE_FP32 dims: [ -1 ] } ]')
     text += f'parameters {{ key: "gpucacheper" value {{ string_value: "{share}" }} }}\n'
     if a.cache_tables == "items":
         # the item table behind the share, the user and category tables whole (in the order of
@@ -196,6 +200,13 @@ def perf_analyzer(a, jobs, label: str):
     cmd = [a.perf_analyzer, "-m", MODEL, "-u", f"localhost:{a.port + 1}", "-i", "grpc", "-b", "1",
            "--input-data", data, "--concurrency-range", a.pa_concurrency,
            "--measurement-interval", str(a.pa_interval_ms), "-f", table]
+    if a.pa_shm != "none":
+        # inputs and outputs in shared memory: the predictions' region sized for the most
+        # candidates a request has (the config's `dims: [ -1 ]` lets perf_analyzer take it)
+        most = max(int(job["cand_item_ids"].shape[1]) for job in jobs)
+        cmd += ["--shared-memory", a.pa_shm, "--output-shared-memory-size", str(4 * most)]
+    say(f"  perf_analyzer, cache {label}: gRPC, "
+        + (f"inputs and outputs in {a.pa_shm} shared memory" if a.pa_shm != "none" else "no shared memory"))
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.pa_timeout_s)
     except subprocess.TimeoutExpired:
@@ -360,6 +371,8 @@ def main():
     p.add_argument("--perf-analyzer", default="", help="perf_analyzer's path: also run it on each share's repeating "
                    "users (run.sh passes it when .carry_pa is carried)")
     p.add_argument("--pa-concurrency", default="8:16:8", help="perf_analyzer's --concurrency-range")
+    p.add_argument("--pa-shm", choices=["system", "cuda", "none"], default="system",
+                   help="perf_analyzer's --shared-memory (the calls up to 2026-11-30 06:37 ran none)")
     p.add_argument("--pa-interval-ms", type=int, default=5000)
     p.add_argument("--pa-timeout-s", type=int, default=240)
     p.add_argument("--concurrency", default="1,4,8")

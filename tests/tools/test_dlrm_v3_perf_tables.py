@@ -61,6 +61,8 @@ def test_the_cache_share_is_the_item_tables_unless_asked_for_each_table():
         return line[0].split('string_value: "')[1].split('"')[0] if line else None
 
     text = config()
+    # the predictions one variable dimension, so that perf_analyzer's shared memory holds a request's
+    assert 'name: "predictions" data_type: TYPE_FP32 dims: [ -1 ]' in text
     assert param(text, "embedding_table_names") == "item_id,user_id,category"
     assert param(text, "gpucacheper") == "0.1" and param(text, "gpucacheper_per_table") == "0.1,1.0,1.0"
     assert param(text, "gpucache_row_type") is None
