@@ -23,16 +23,18 @@ PLAIN_ROW = re.compile(r"^\|\s*([0-9.]+)\s*\|")
 
 
 def plain_rate(folder):
-    """The `plain` run's plain gather on the whole host, M rows/s, and its table line; None
-    when the call had no such run."""
+    """The `plain` run's plain gather on the whole host: (M rows/s, its table line, the row, its
+    threads or None); None when the call had no such run."""
     path = os.path.join(folder, "plain.txt")
     if not os.path.exists(path):
         return None
-    lines = open(path, errors="replace").read().splitlines()
+    text = open(path, errors="replace").read()
+    threads = re.search(r"the plain gathers (\d+)", text)
+    lines = text.splitlines()
     for i, ln in enumerate(lines):
         m = PLAIN_ROW.match(ln)
         if m and i >= 2 and "plain, whole host" in lines[i - 2]:
-            return float(m.group(1)), lines[i - 2], ln
+            return float(m.group(1)), lines[i - 2], ln, int(threads.group(1)) if threads else None
     return None
 
 
@@ -60,12 +62,6 @@ def reading_cores(stream):
     return busy * 1e-6 * batches, read / (busy * 1e-6) / 1e6
 
 
-def plain_threads(folder):
-    """The plain gather's threads on the whole host, from plain.txt's setup line; None if absent."""
-    path = os.path.join(folder, "plain.txt")
-    text = open(path, errors="replace").read() if os.path.exists(path) else ""
-    m = re.search(r"the plain gathers (\d+)", text)
-    return int(m.group(1)) if m else None
 
 
 def load(folder, name):
@@ -139,7 +135,7 @@ def main():
             versus = f"; {got[1] / plain[0]:.2f}x the plain gather" if plain else ""
             print(f"  {n}: misses served {got[0]:.1f} M/s, rows read from the host {got[1]:.1f} M/s{versus}")
             cores, each = reading_cores(r["stream"][0]) or (None, None)
-            threads = plain_threads(folder)
+            threads = plain[3] if plain else None
             if cores:
                 per = f" against the plain gather's {plain[0] / threads:.2f} M a thread ({threads} threads)" if plain and threads else ""
                 print(f"  {n}: its readers busy {cores:.1f} cores on average, {each:.2f} M rows/s a busy core{per}")

@@ -69,17 +69,23 @@ def timed(fn, reps, device):
     return (time.perf_counter() - t0) / reps * 1e3, out
 
 
+def attention_flops(cfg, hist, cand):
+    """The attention's useful FLOPs in the HSTU layers for requests of these lengths: each
+    allowed (row, key) pair's scores and weighted values."""
+    pairs = sum((1 + x) * (2 + x) // 2 + y * (2 + x) for x, y in zip(hist, cand))
+    return cfg.num_layers * pairs * cfg.num_heads * 2 * (cfg.attn_dim + cfg.linear_dim)
+
+
 def layer_flops(cfg, hist, cand):
     """The HSTU layers' useful FLOPs for requests of these lengths: the projections and the
-    output layer on every token, the attention on each allowed (row, key) pair."""
+    output layer on every token, and the attention (attention_flops)."""
     d, h, dqk, dv = cfg.model_dim, cfg.num_heads, cfg.attn_dim, cfg.linear_dim
     tokens = sum(1 + x + y for x, y in zip(hist, cand))
-    pairs = sum((1 + x) * (2 + x) // 2 + y * (2 + x) for x, y in zip(hist, cand))
     per_token = 2 * d * h * (2 * dv + 2 * dqk) + 2 * 3 * h * dv * d
-    return cfg.num_layers * (tokens * per_token + pairs * h * 2 * (dqk + dv))
+    return cfg.num_layers * tokens * per_token + attention_flops(cfg, hist, cand)
 
 
-def parts(network, args, flops, a, dev, attempt):
+def parts(network, args, flops, attn_flops, a, dev, attempt):
     """Where the compiled network's time goes: its three parts (network.py: the tokens with their
     MLPs, the HSTU layers, the score head) each compiled and timed alone on the inputs the part
     before gives it, and within the layers the attention kernel's five calls alone. The layers'
@@ -108,10 +114,6 @@ def parts(network, args, flops, a, dev, attempt):
                                                 for q, k, v, al in qkv])
     del qkv
     peak = lambda f, t: f" ({100 * f / t / 1e9 / a.peak_tflops:.1f}% of {a.peak_tflops:g})" if dev == "cuda" else ""
-    cfg = network.ranker.cfg
-    tokens_n = x.shape[0]
-    attn_flops = flops - cfg.num_layers * tokens_n * (2 * cfg.model_dim * cfg.num_heads * (2 * cfg.linear_dim + 2 * cfg.attn_dim)
-                                                      + 2 * 3 * cfg.num_heads * cfg.linear_dim * cfg.model_dim)
     whole = ms["tokens"] + ms["layers"] + ms["score"]
     say(f"  where the compiled network's time goes (each part compiled and timed alone, {whole:.2f} ms in all):")
     say(f"    tokens and their MLPs        {ms['tokens']:8.2f} ms  {100 * ms['tokens'] / whole:4.1f}%")
@@ -207,7 +209,7 @@ def main():
                 row("ours: the jagged network, torch.compile", got[0])
                 outs["torch.compile"] = got[1]
         if not a.no_parts:
-            parts(network, args, flops, a, dev, attempt)
+            parts(network, args, flops, attention_flops(cfg, hist, cand), a, dev, attempt)
         if a.profile and dev == "cuda":
             from network_profile import kernels as heaviest
             for what, fn in (("eager", network), ("torch.compile", ours)):

@@ -135,6 +135,20 @@ def write_item_table(directory: str, base: torch.Tensor, rows: int, chunk: int =
     del keys, vectors
 
 
+def queries_per_s(fn, sub, queries: int, warm: int, reps: int, sync) -> float:
+    """`fn(sub)` (a batch of `queries`) run `warm` times, then timed over `reps`: queries a second.
+    No grad, the warm-up too (grad mode is one of torch.compile's guards)."""
+    with torch.no_grad():
+        for _ in range(warm):
+            fn(sub)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn(sub)
+        sync()
+    return reps * queries / (time.perf_counter() - t0)
+
+
 class Fresh:
     """Users each sent once, across every level, in order: `next()` gives the next unsent one,
     or None when all have been sent (the level then ends early and says so)."""
@@ -444,25 +458,10 @@ def main():
             torch._dynamo.reset()
             compiled = torch.compile(reference.forward_padded, dynamic=False)
             sub = dv3.Batch.from_requests(folded(requests[:b], cfg.num_item_rows)).to(dev)
-            with torch.no_grad():  # the warm-up too: grad mode is one of the compile's guards
-                for _ in range(2):
-                    compiled(sub)
-                sync()
-                t0 = time.perf_counter()
-                for _ in range(5):
-                    compiled(sub)
-                sync()
-            rate = 5 * b / (time.perf_counter() - t0)
+            rate = queries_per_s(compiled, sub, b, 2, 5, sync)
             best = max(best, rate)
             say(f"  reference, torch.compile (padded), batch {b}: {rate:8.1f} queries/s")
-            with torch.no_grad():  # and eager, the same batch
-                reference.forward_padded(sub)
-                sync()
-                t0 = time.perf_counter()
-                for _ in range(3):
-                    reference.forward_padded(sub)
-                sync()
-            eager = 3 * b / (time.perf_counter() - t0)
+            eager = queries_per_s(reference.forward_padded, sub, b, 1, 3, sync)  # the same batch
             best_eager = max(best_eager, eager)
             say(f"  reference, eager (padded), batch {b}: {eager:8.1f} queries/s")
     for (share, fresh), top in served.items():

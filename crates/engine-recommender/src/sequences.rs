@@ -78,6 +78,8 @@ struct Lookup {
     rows: String,
     table: usize,
     dim: usize,
+    /// The type the network takes the rows in (FP32 or FP16).
+    dtype: DataType,
     /// Ids must lie in `[0, vocabulary)` when the table's size is given.
     vocabulary: Option<u64>,
 }
@@ -161,7 +163,7 @@ impl SequenceModel {
         // the rows as the network takes them: fp16 ones (an fp16 table's) go up as stored
         lookup_config.outputs = vec![TensorConfig {
             name: "OUTPUT0".into(),
-            dtype: rows_type(&lookups, &net_sig)?,
+            dtype: rows_type(&lookups)?,
             dims: vec![-1],
             reshape: None,
         }];
@@ -273,23 +275,21 @@ fn lookups(
             )));
         }
         let vocabulary = tables.vocabulary.get(t).copied().flatten();
-        out.push(Lookup { ids, rows, table: t, dim, vocabulary });
+        out.push(Lookup { ids, rows, table: t, dim, dtype: takes.dtype, vocabulary });
     }
     Ok(out)
 }
 
 /// The one row type the network takes every lookup's rows in (FP32, or FP16: the lookup writes
 /// all of them in one output); an error naming two inputs that differ.
-fn rows_type(lookups: &[Lookup], net: &Signature) -> Result<DataType> {
-    let of = |l: &Lookup| net.inputs.iter().find(|i| i.name == l.rows).map(|i| i.dtype);
-    let mut types = lookups.iter().map(|l| (l, of(l).unwrap_or(DataType::F32)));
-    let Some((first, dtype)) = types.next() else { return Ok(DataType::F32) };
-    match types.find(|(_, d)| *d != dtype) {
-        Some((other, d)) => Err(Error::invalid_arg(format!(
-            "the network takes '{}' as {dtype:?} but '{}' as {d:?}: the lookup gives every table's rows in one type",
-            first.rows, other.rows
+fn rows_type(lookups: &[Lookup]) -> Result<DataType> {
+    let Some(first) = lookups.first() else { return Ok(DataType::F32) };
+    match lookups.iter().find(|l| l.dtype != first.dtype) {
+        Some(other) => Err(Error::invalid_arg(format!(
+            "the network takes '{}' as {:?} but '{}' as {:?}: the lookup gives every table's rows in one type",
+            first.rows, first.dtype, other.rows, other.dtype
         ))),
-        None => Ok(dtype),
+        None => Ok(first.dtype),
     }
 }
 
