@@ -18,10 +18,13 @@
 # 12 instances), quiet / asleep / asleep12 / quiet12 / quiet12c36 / hbmquiet (nothing spinning while it
 # waits; see below), rowsquiet (quiet, the rows written out before pooling, as before), quietonce
 # (quiet, each missed row of a batch read once), quiet270 (quiet, queries of 270 pairs), quietparts2
-# (quiet, each batch in two parts), pool8 / pool12 / pool32 (auto, the worker pool at 8, 12 or 32 threads), parts2 (auto, each batch in two parts: one part's misses read while the network
+# (quiet, each batch in two parts), bothquiet (quiet, misses shared between host threads and the GPU
+# reading in place on a few SMs), pool8 / pool12 / pool32 (auto, the worker pool at 8, 12 or 32 threads), parts2 (auto, each batch in two parts: one part's misses read while the network
 # runs on the other), saved / restart / cold (a warm restart against a cold start, below).
 # A device call returns at most eight files: the runs' folders and logs come back packed in
-# runs.tgz, beside summary.txt. `plain` is no server: served_reads_bench reads a 16 GB fp16 table
+# runs.tgz, beside summary.txt. `grid` is no server: miss_reads_bench times the GPU's in-place
+# reads alone on grids of 4 to 32 blocks and on a warp for every four misses (grid.txt; run it
+# first, its table leaves /dev/shm before the runs' tables come). `plain` is no server: served_reads_bench reads a 16 GB fp16 table
 # in 2 MiB pages on the host alone, a plain gather on every core beside the store's reads
 # (plain.txt); the summary sets each run's misses read a second against its plain gather, as
 # issue 66's first target asks (the same call). It is taken from .carry_tools/ or .carry/; the
@@ -87,6 +90,17 @@ for name in ${runs//,/ }; do
                rm -rf /tmp/served_reads_table
                grep -A2 "plain, whole host" "$out/plain.txt" | sed "s/^/  /"
            fi ;;
+    grid) left=$(( deadline - ($(date +%s) - t0) ))
+          b=$(ls .carry_tools/miss_reads_bench .carry/miss_reads_bench 2>/dev/null | head -1)
+          if [ -z "$b" ]; then echo "== grid: no miss_reads_bench carried" | tee -a "$out/skipped.txt"
+          else
+              echo "== grid ($b, $(( $(date +%s) - t0 )) s into the call)"
+              # before the served runs: its 16 GB table leaves /dev/shm before their 52 GB come
+              timeout $(( left < 150 ? left - 5 : 150 )) "$b" --gb 16 --iters 3 --grid-only 1 --grid 4,8,16,32,0 \
+                  > "$out/grid.txt" 2>&1 || rc=1
+              rm -rf /dev/shm/miss_reads
+              grep "^|" "$out/grid.txt" | sed "s/^/  /"
+          fi ;;
     hbm) run hbm --cache 1.0 --stream-warm-passes 2 ;;
     mapped) run mapped --cache 0.1 --stream-warm-passes 20 --host-memory mapped ;;
     huge) run huge --cache 0.1 --stream-warm-passes 20 --host-memory huge_pages ;;
@@ -120,6 +134,9 @@ for name in ${runs//,/ }; do
     # quiet with each batch in two parts, one part's misses read while the network runs on the
     # other (recommender_pipeline_parts 2): whether a batch's reads hide behind its own network
     quietparts2) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietparts2 --cache 0.1 --stream-warm-passes 20 --host-memory auto --pipeline-parts 2 ;;
+    # quiet with each batch's misses shared between host threads and the GPU reading its share in
+    # place on a few SMs (gpucache_miss_reads both; TRITON_RUST_GPU_READ_BLOCKS blocks, 16 unless set)
+    bothquiet) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run bothquiet --cache 0.1 --stream-warm-passes 20 --host-memory auto --miss-reads both ;;
     # every row in HBM with nothing spinning: whether quiet costs the model inside the GPU
     hbmquiet) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run hbmquiet --cache 1.0 --stream-warm-passes 2 ;;
     pool8|pool12|pool32) RAYON_NUM_THREADS=${name#pool} run "$name" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;

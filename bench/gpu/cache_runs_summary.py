@@ -139,8 +139,14 @@ def main():
             if cores:
                 per = f" against the plain gather's {plain[0] / threads:.2f} M a thread ({threads} threads)" if plain and threads else ""
                 print(f"  {n}: its readers busy {cores:.1f} cores on average, {each:.2f} M rows/s a busy core{per}")
+    grid = os.path.join(folder, "grid.txt")
+    if os.path.exists(grid):
+        print("the GPU's in-place reads alone, by grid, same call (grid.txt):")
+        for ln in open(grid, errors="replace"):
+            if ln.startswith("|") or ln.startswith("rows:"):
+                print("  " + ln.rstrip())
     for n in order:
-        if n not in runs and n != "plain":
+        if n not in runs and n not in ("plain", "grid"):
             print(f"{n}: no stream figure (see {n}.log)")
 
 

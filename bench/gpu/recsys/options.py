@@ -47,6 +47,9 @@ def parse(description, argv=None):
                    help="the endless stream's sender (examples/stream_client.rs, built by bench/gpu/pack.sh); where it "
                         "is absent, Python threads send")
     p.add_argument("--stream-gb", type=float, default=30.0, help="the endless stream's key pool: at most this many GB")
+    p.add_argument("--stream-min-requests", type=int, default=0,
+                   help="the endless stream's pool holds at least this many distinct requests (a model with every row "
+                        "in HBM needs none for its hit rate; this gives it the same keys' spread as its cached twin)")
     p.add_argument("--stream-passes", type=int, default=1, help="the endless stream: passes of its pool measured")
     p.add_argument("--hit-rate-threshold", default="",
                    help="the store's hit_rate_threshold (default: its own, 0.9): a lookup whose hit rate is below it "

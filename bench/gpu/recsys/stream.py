@@ -16,7 +16,7 @@ def stream_check(a, m, batch, alpha, rows, plan, streams, out_dir):
     from kserve_client import Client
     need = max(1, math.ceil(plan["needed_lookups"] / batch))
     cap = max(1, int(a.stream_gb * 1e9 // (batch * TABLES * 8)))
-    requests = min(need, cap)
+    requests = min(max(need, a.stream_min_requests), cap)
     lru = plan["lru"]
     client_bin = a.stream_client if a.stream_client and os.path.exists(a.stream_client) else None
     results = stream_load.run(lambda: Client(f"localhost:{a.port}"), lambda: scrape(a.port, f"{m}_sparse"), f"{m}_one",

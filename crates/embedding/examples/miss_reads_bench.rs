@@ -16,11 +16,14 @@
 //!   host threads read the rest, the share set by each side's rate over the last batches (the
 //!   rates it settled on are printed). Whether they add: `both` against `store, fp16` and `gpu`.
 //!
-//! Every path's rows are compared with the others and with the fixture's.
+//! Every path's rows are compared with the others and with the fixture's. Then the GPU's
+//! in-place reads alone at each `--grid` size (blocks of 256 threads, 0: a warp for every four
+//! misses; the served default is 16, `TRITON_RUST_GPU_READ_BLOCKS`).
 //!
 //!   cargo build --release -p triton_rust_embedding --features gpu --example miss_reads_bench
 //!   target/release/examples/miss_reads_bench [--gb 16] [--dim 128] [--iters 10] [--threads 16]
-//!       [--dir /dev/shm/miss_reads] [--host-memory huge_pages|mapped]
+//!       [--dir /dev/shm/miss_reads] [--host-memory huge_pages|mapped] [--grid 4,8,16,32,64,0]
+//!       [--grid-only 1]
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -138,8 +141,25 @@ fn main() {
     let bytes = tier.dense_base().expect("a dense table").0;
 
     let instance = GpuInstance::new(0, CacheRows::F16).expect("a GPU");
-    let none: [Option<&GpuCache>; 1] = [None];
     let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
+    if arg("--grid-only", 0u32) == 0 {
+        compare_paths(&instance, &tier, &mapped, bytes, (width, rows), (iters, threads), &mut rng);
+    }
+    gpu_grids(&instance, &mapped, bytes, width, rows, iters, &mut rng);
+}
+
+/// The paths side by side at three batch sizes, rows compared (the first table).
+fn compare_paths(
+    instance: &GpuInstance,
+    tier: &Arc<HostTier>,
+    mapped: &Arc<HostRows>,
+    bytes: &[u8],
+    (width, rows): (usize, usize),
+    (iters, threads): (usize, usize),
+    rng: &mut rand::rngs::SmallRng,
+) {
+    let dim = width / 2;
+    let none: [Option<&GpuCache>; 1] = [None];
     println!("| misses a batch | plain gather, host only (M rows/s) | store, fp16 up (M rows/s) | store, fp32 up | gpu in place | both | store fp16 / plain | both / plain | host reads of store fp16 alone (M rows/s) | both's rates, gpu + host (M rows/s) |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in [16_384usize, 131_072, 1 << 20] {
@@ -171,7 +191,7 @@ fn main() {
                              out: FetchedRows<'_>,
                              found: &mut [u8]|
              -> Result<(), triton_rust_cuda::CudaError> {
-                store_reads(&tier, mkeys, out, found, threads);
+                store_reads(tier, mkeys, out, found, threads);
                 Ok(())
             };
             let mut best = f64::MAX;
@@ -221,4 +241,63 @@ fn main() {
         }
     }
     println!("rows: every path's equal, and equal to the plain gather's and the fixture's");
+}
+
+/// The GPU's in-place reads alone at each `--grid` size (blocks of 256 threads; 0: a warp for
+/// every four misses), rows compared with a plain gather's: how few SMs keep its rate.
+fn gpu_grids(
+    instance: &GpuInstance,
+    mapped: &Arc<HostRows>,
+    bytes: &[u8],
+    width: usize,
+    rows: usize,
+    iters: usize,
+    rng: &mut rand::rngs::SmallRng,
+) {
+    let grids: Vec<u32> = arg("--grid", "4,8,16,32,64,0".to_string())
+        .split(',')
+        .filter_map(|g| g.parse().ok())
+        .collect();
+    let dim = width / 2;
+    let none: [Option<&GpuCache>; 1] = [None];
+    print!("\n| misses a batch |");
+    grids.iter().for_each(|g| print!(" gpu, {g} blocks (M rows/s) |"));
+    println!("\n|---:|{}", "---:|".repeat(grids.len()));
+    for n in [131_072usize, 1 << 20] {
+        let keys: Vec<i64> = (0..n).map(|_| rng.gen_range(0..rows as i64)).collect();
+        let mut plain = vec![0u8; n * width];
+        plain_gather(bytes, width, &keys, &mut plain, 4);
+        print!("| {n} |");
+        for &g in &grids {
+            let mut lookup = instance.batch_lookup(&none, dim, RowFormat::F16).expect("lookup");
+            lookup.set_fetched(RowFormat::F16);
+            lookup.set_host_rows(&[(mapped.clone(), 0.0)]).expect("host rows");
+            lookup.read_misses_on_gpu(|| true);
+            lookup.set_gpu_read_blocks(g);
+            let mut fetch = |_: &mut [i32],
+                             _: &mut [i64],
+                             _: FetchedRows<'_>,
+                             _: &mut [u8]|
+             -> Result<(), triton_rust_cuda::CudaError> {
+                unreachable!("the GPU reads every miss")
+            };
+            let mut best = f64::MAX;
+            for i in 0..iters + 2 {
+                let t = Instant::now();
+                lookup
+                    .run(&keys, KeyLayout::Interleaved, instance.next_epoch(), &mut fetch)
+                    .expect("run");
+                if i >= 2 {
+                    best = best.min(t.elapsed().as_secs_f64());
+                }
+            }
+            let view = lookup.rows(n * dim).expect("rows");
+            let mut back = vec![0u8; n * width];
+            Cuda.copy(Bytes::Device(view), BytesMut::Host(&mut back)).expect("rows back");
+            assert!(back == plain, "{g} blocks: rows differ from the plain gather's");
+            print!(" {:.1} |", n as f64 / best / 1e6);
+        }
+        println!();
+    }
+    println!("rows: every grid's equal to the plain gather's");
 }

@@ -91,6 +91,9 @@ pub struct BatchLookup {
     /// kernel may read them), and whether the next runs read misses there.
     host: Option<(DeviceMem, Vec<Arc<HostRows>>)>,
     host_on: bool,
+    /// Blocks of 256 threads the in-place reads run on, 0: a warp for every four misses
+    /// (`set_gpu_read_blocks`).
+    read_blocks: u32,
     /// Misses shared between the GPU reading in place (on `side`) and the fetcher, by
     /// their measured rates (`share_misses`); `None`: one or the other.
     share: Option<host::MissShare>,
@@ -169,6 +172,7 @@ impl BatchLookup {
             out: DeviceMem::growing(d),
             host: None,
             host_on: false,
+            read_blocks: host::default_read_blocks(),
             share: None,
             side: queue.another()?,
             host_counts: (PinnedBuf::new(d), DeviceMem::growing(d)),

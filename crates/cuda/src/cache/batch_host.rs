@@ -50,6 +50,14 @@ impl BatchLookup {
         self.host_read.as_deref()
     }
 
+    /// The blocks of 256 threads the GPU's in-place reads run on (0: a warp for every four
+    /// misses, as many as the GPU holds). Reads over the bus wait long on each row: a grid
+    /// sized to the misses fills every SM with waiting warps, and a network on another stream
+    /// waits for them; a few blocks stepping over the misses keep as many reads in flight.
+    pub fn set_gpu_read_blocks(&mut self, blocks: u32) {
+        self.read_blocks = blocks;
+    }
+
     /// With host rows set, whether each run shares its misses between the GPU reading them
     /// in place and the fetcher's host threads (while `read_misses_on_gpu` allows the GPU):
     /// the GPU takes the first share of the miss list on a stream of its own while the
@@ -89,6 +97,10 @@ impl BatchLookup {
             RowFormat::F32 => &self.kernels.read_host,
             RowFormat::F16 => &self.kernels.read_host_r16,
         };
+        let mut warps = m.div_ceil(HOST_ROWS_PER_WARP);
+        if self.read_blocks > 0 {
+            warps = warps.min(self.read_blocks as usize * 8);
+        }
         let mut b = q.stream.launch_builder(read);
         b.arg(&keys).arg(&miss).arg(&m_i).arg(&tables_i).arg(&interleaved).arg(&starts);
         b.arg(&host).arg(&dim_i).arg(&rows).arg(&found).arg(&counts);
@@ -100,7 +112,7 @@ impl BatchLookup {
             Some(share) => Some(share.start(&q.stream)?),
             None => None,
         };
-        unsafe { b.launch(warps_config(m.div_ceil(HOST_ROWS_PER_WARP))) }.map_err(cuda_err)?;
+        unsafe { b.launch(warps_config(warps)) }.map_err(cuda_err)?;
         if let (Some(share), Some(())) = (self.share.as_mut(), timed) {
             share.end(&q.stream, m)?;
         }
@@ -282,6 +294,15 @@ impl BatchLookup {
 /// How a run's misses are shared between the GPU reading in place and the fetcher: each
 /// side's rate (rows a second) averaged over the last runs, and the events timing the
 /// GPU's kernel of the run under way.
+/// The blocks the in-place reads run on unless set: `TRITON_RUST_GPU_READ_BLOCKS` in the
+/// process's environment (read once; 0: one warp for every four misses), else 16.
+pub(super) fn default_read_blocks() -> u32 {
+    static BLOCKS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *BLOCKS.get_or_init(|| {
+        std::env::var("TRITON_RUST_GPU_READ_BLOCKS").ok().and_then(|v| v.parse().ok()).unwrap_or(16)
+    })
+}
+
 pub(super) struct MissShare {
     pub(super) gpu: f64,
     pub(super) host: f64,

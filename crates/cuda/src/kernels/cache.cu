@@ -471,10 +471,12 @@ extern "C" __global__ void batch_fill_count(const i64* __restrict__ keys, const 
 }
 
 // Four missed keys a warp, eight lanes each (miss[j], j < m; the reads of four rows in flight
-// at once, each crossing the bus): row j of `rows` (fp32; fp16 bits in the _r16 form) is the row of key keys[miss[j]] read
-// in place from its table's rows in page-locked host memory this GPU maps (host + t *
-// HOST_DESC: the rows' address on the GPU, how many rows, bytes an element (2: fp16, 4: fp32),
-// the default value's bits), and found[j] = 1; a key outside those rows gets the default
+// at once, each crossing the bus; a grid of fewer warps than m / 4 steps over the misses, so
+// the reads waiting on the bus hold only the SMs the launch gives them): row j of `rows`
+// (fp32; fp16 bits in the _r16 form) is the row of key keys[miss[j]] read in place from its
+// table's rows in page-locked host memory this GPU maps (host + t * HOST_DESC: the rows'
+// address on the GPU, how many rows, bytes an element (2: fp16, 4: fp32), the default value's
+// bits), and found[j] = 1; a key outside those rows gets the default
 // value and found[j] = 0. counts[t] counts table t's misses, counts[tables + t] those defaulted.
 #define HOST_DESC 4
 #define HOST_ROWS_PER_WARP 4
@@ -484,22 +486,24 @@ __device__ __forceinline__ void read_host_rows_as(const i64* __restrict__ keys, 
         R* __restrict__ rows, unsigned char* __restrict__ found, unsigned* __restrict__ counts) {
     const int L = 32 / HOST_ROWS_PER_WARP;
     long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    long long stride = ((long long)gridDim.x * blockDim.x >> 5) * HOST_ROWS_PER_WARP;
     int lane = threadIdx.x & 31, gl = lane % L;
-    long long j = warp * HOST_ROWS_PER_WARP + lane / L;
-    if (j >= m) return;  // no lane waits on another here
-    int i = miss[j];
-    int t = table_of(i, tables, interleaved, key_start);
-    const long long* h = host + t * HOST_DESC;
-    i64 key = keys[i];
-    R* dst = rows + (size_t)j * dim;
-    bool in = key >= 0 && key < h[1];
-    if (in && h[2] == 2) copy_row(dst, (const unsigned short*)h[0] + (size_t)key * dim, dim, gl, L);
-    else if (in) copy_row(dst, (const float*)h[0] + (size_t)key * dim, dim, gl, L);
-    else for (int d = gl; d < dim; d += L) set_value(dst + d, __int_as_float((int)h[3]));
-    if (gl == 0) {
-        found[j] = in ? 1 : 0;
-        atomicAdd(counts + t, 1u);
-        if (!in) atomicAdd(counts + tables + t, 1u);
+    // a grid smaller than the misses steps over them (no lane waits on another here)
+    for (long long j = warp * HOST_ROWS_PER_WARP + lane / L; j < m; j += stride) {
+        int i = miss[j];
+        int t = table_of(i, tables, interleaved, key_start);
+        const long long* h = host + t * HOST_DESC;
+        i64 key = keys[i];
+        R* dst = rows + (size_t)j * dim;
+        bool in = key >= 0 && key < h[1];
+        if (in && h[2] == 2) copy_row(dst, (const unsigned short*)h[0] + (size_t)key * dim, dim, gl, L);
+        else if (in) copy_row(dst, (const float*)h[0] + (size_t)key * dim, dim, gl, L);
+        else for (int d = gl; d < dim; d += L) set_value(dst + d, __int_as_float((int)h[3]));
+        if (gl == 0) {
+            found[j] = in ? 1 : 0;
+            atomicAdd(counts + t, 1u);
+            if (!in) atomicAdd(counts + tables + t, 1u);
+        }
     }
 }
 
