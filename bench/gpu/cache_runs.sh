@@ -144,11 +144,13 @@ for name in ${runs//,/ }; do
     hbmquiet) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run hbmquiet --cache 1.0 --stream-warm-passes 2 ;;
     pool8|pool12|pool32) RAYON_NUM_THREADS=${name#pool} run "$name" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
     # a warm restart: a server that saves its caches' keys every 15 s, stopped; a new one loads
-    # them at start and its first 30 s are measured (one warm pass, then 30 s); `cold` the same
+    # them at start and its first 30 s are measured (one warm pass, then 30 s or more); `cold` the same
     # new server with no saved keys
     saved) rm -rf /dev/shm/cache_state
            run saved --cache 0.1 --stream-warm-passes 20 --host-memory auto --cache-state-dir /dev/shm/cache_state ;;
-    restart) run restart --cache 0.1 --stream-warm-passes 1 --stream-seconds 30 --host-memory auto --cache-state-dir /dev/shm/cache_state
+    # (the stream's length is set from the warm pass's rate, about 0.65x the steady one after a
+    # restart: 50 s at that rate is over 30 s at the steady rate, the window issue 66 asks)
+    restart) run restart --cache 0.1 --stream-warm-passes 1 --stream-seconds 50 --host-memory auto --cache-state-dir /dev/shm/cache_state
              grep -h "warmed its caches\|cache state\|saved the" /tmp/dlrm_v2/server.log | cut -c1-220 >> "$out/restart.log" ;;
     cold) run cold --cache 0.1 --stream-warm-passes 1 --stream-seconds 30 --host-memory auto ;;
     *) echo "unknown run: $name" >&2; rc=1 ;;

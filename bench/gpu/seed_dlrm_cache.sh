@@ -10,7 +10,7 @@
 #   bash bench/gpu/seed_dlrm_cache.sh [--results DIR] [-- more recsys_perf arguments]
 #
 # Each run's folder is as `run.sh aoti-recsys` leaves it (console.log, host.txt, recsys.tgz);
-# summary.txt has both stream lines and the ratio.
+# summary.txt has both stream lines and the ratio; logs.tgz the runs' logs and folders.
 set -u
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/out}/seed-dlrm-cache"
@@ -55,4 +55,6 @@ if len(got) == 2:
     print(f"10% cache / every row in HBM, same call: {ratio:.2f}x -> {'PASS' if ratio >= 0.9 else 'FAIL'} >= 0.9x "
           "(issue 66, the seed DLRM at batch 65536, the endless stream)")
 EOF
+# a call returns at most eight files: the runs' logs and folders packed beside summary.txt
+tar czf "$out/logs.tgz" -C "$out" summary.txt cache10.log hbm.log cache10 hbm && rm -rf "$out"/cache10* "$out"/hbm*
 exit "$rc"
