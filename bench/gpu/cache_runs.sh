@@ -56,9 +56,26 @@ A=(--allocation lookups --cache-policy lfu --stream-fresh --network-precision fp
    --stream-concurrency 24 --stream-pairs 8192 --interval-ms 2000 --no-reference --timing --quick "$@")
 rc=0
 first=1
+left_s() { echo $(( deadline - ($(date +%s) - t0) )); }
+# a carried program (.carry_tools/ or .carry/) on the host alone, no server: tool NAME PROGRAM
+# MOST_S FILE ARGS..., its output into FILE; fails (and says why) when it is not carried or the
+# call has under 60 s left
+tool() {
+    local name="$1" prog="$2" most="$3" file="$4"; shift 4
+    local left b
+    left=$(left_s)
+    b=$(ls ".carry_tools/$prog" ".carry/$prog" 2>/dev/null | head -1)
+    if [ -z "$b" ] || [ "$left" -lt 60 ]; then
+        echo "== $name: skipped (${b:-no $prog carried}; ${left} s left of the call's ${deadline})" | tee -a "$out/skipped.txt"
+        return 1
+    fi
+    echo "== $name ($b, $(( $(date +%s) - t0 )) s into the call)"
+    timeout $(( left - 5 < most ? left - 5 : most )) "$b" "$@" > "$out/$file" 2>&1 || { rc=1; return 1; }
+}
 run() {
     local name="$1"; shift
-    local left=$(( deadline - ($(date +%s) - t0) ))
+    local left
+    left=$(left_s)
     if [ "$left" -lt "$least" ]; then
         echo "== $name: skipped, ${left} s left of the call's ${deadline}" | tee -a "$out/skipped.txt"
         return
@@ -78,29 +95,15 @@ run() {
 }
 for name in ${runs//,/ }; do
     case "$name" in
-    plain) left=$(( deadline - ($(date +%s) - t0) ))
-           b=$(ls .carry_tools/served_reads_bench .carry/served_reads_bench 2>/dev/null | head -1)
-           if [ -z "$b" ]; then echo "== plain: no served_reads_bench carried (.carry_tools)" | tee -a "$out/skipped.txt"
-           elif [ "$left" -lt 60 ]; then echo "== plain: skipped, ${left} s left" | tee -a "$out/skipped.txt"
-           else
-               echo "== plain ($b, $(( $(date +%s) - t0 )) s into the call)"
-               # the table on the disk (/tmp): /dev/shm holds the runs' 52 GB fixture
-               timeout $(( left - 5 )) "$b" --gb 16 --instances 6 --parts 3 --batches 10 --host-memory huge_pages \
-                   --dir /tmp/served_reads_table > "$out/plain.txt" 2>&1 || rc=1
-               rm -rf /tmp/served_reads_table
+    # the table on the disk (/tmp): /dev/shm holds the runs' 52 GB fixture
+    plain) tool plain served_reads_bench 600 plain.txt --gb 16 --instances 6 --parts 3 --batches 10 \
+               --host-memory huge_pages --dir /tmp/served_reads_table &&
                grep -A2 "plain, whole host" "$out/plain.txt" | sed "s/^/  /"
-           fi ;;
-    grid) left=$(( deadline - ($(date +%s) - t0) ))
-          b=$(ls .carry_tools/miss_reads_bench .carry/miss_reads_bench 2>/dev/null | head -1)
-          if [ -z "$b" ]; then echo "== grid: no miss_reads_bench carried" | tee -a "$out/skipped.txt"
-          else
-              echo "== grid ($b, $(( $(date +%s) - t0 )) s into the call)"
-              # before the served runs: its 16 GB table leaves /dev/shm before their 52 GB come
-              timeout $(( left < 150 ? left - 5 : 150 )) "$b" --gb 16 --iters 3 --grid-only 1 --grid 4,8,16,32,0 \
-                  > "$out/grid.txt" 2>&1 || rc=1
-              rm -rf /dev/shm/miss_reads
+           rm -rf /tmp/served_reads_table ;;
+    # before the served runs: its 16 GB table leaves /dev/shm before their 52 GB come
+    grid) tool grid miss_reads_bench 150 grid.txt --gb 16 --iters 3 --grid-only 1 --grid 4,8,16,32,0 &&
               grep "^|" "$out/grid.txt" | sed "s/^/  /"
-          fi ;;
+          rm -rf /dev/shm/miss_reads ;;
     hbm) run hbm --cache 1.0 --stream-warm-passes 2 ;;
     mapped) run mapped --cache 0.1 --stream-warm-passes 20 --host-memory mapped ;;
     huge) run huge --cache 0.1 --stream-warm-passes 20 --host-memory huge_pages ;;
