@@ -350,6 +350,17 @@ impl EmbeddingStore {
         self.tables[table].config.dim
     }
 
+    /// Every table's dim, in table order.
+    pub fn dims(&self) -> Vec<usize> {
+        self.tables.iter().map(|t| t.config.dim).collect()
+    }
+
+    /// Whether every table has the same dim (a batch's rows then go in one pass, as one
+    /// [batch, tables, dim] tensor).
+    pub fn one_dim(&self) -> bool {
+        self.tables.windows(2).all(|w| w[0].config.dim == w[1].config.dim)
+    }
+
     pub fn counters(&self, table: usize) -> &TableCounters {
         &self.tables[table].counters
     }

@@ -133,14 +133,11 @@ impl EmbeddingModel {
                 )))
             }
         };
-        if rows_type == DataType::F16
-            && settings.interface == Interface::Hps
-            && (0..store.table_count()).any(|t| store.dim(t) != store.dim(0))
-        {
+        if rows_type == DataType::F16 && settings.interface == Interface::Hps && !store.one_dim() {
             return Err(Error::invalid_arg(format!(
                 "output '{}' is TYPE_FP16: the hps interface writes fp16 rows for tables of one dim only (these are {:?}); declare it TYPE_FP32",
                 cfg.outputs[0].name,
-                (0..store.table_count()).map(|t| store.dim(t)).collect::<Vec<_>>()
+                store.dims()
             )));
         }
         let sig = signature(&settings, &store, cfg, rows_type)?;
@@ -170,8 +167,7 @@ impl EmbeddingModel {
             Device::Gpu(id) => {
                 let shared = m.settings.cache_sharing == CacheSharing::Device;
                 let (instance, caches) = store.attach_gpu_caches(id, shared)?;
-                let same_dim = (0..store.table_count()).all(|t| store.dim(t) == store.dim(0));
-                if same_dim && m.settings.interface != Interface::Update {
+                if store.one_dim() && m.settings.interface != Interface::Update {
                     let pooled_interface = m.settings.interface == Interface::Pooled;
                     // a pooled lookup's rows stay as the caches keep them until the bags are
                     // reduced in fp32: fp16 caches' rows are exact in fp16 (a miss's row read

@@ -217,7 +217,7 @@ impl InstanceCaches {
     ) -> Result<gpu::BatchLookup> {
         let store = &self.store;
         let dim = store.dim(0);
-        if (0..store.table_count()).any(|t| store.dim(t) != dim) {
+        if !store.one_dim() {
             return Err(Error::unsupported(
                 "the whole-batch GPU lookup needs every table to have the same dim",
             ));
