@@ -285,11 +285,20 @@ impl BatchLookup {
         let (tables, bags) = (self.tables as i32, batch * self.tables);
         let (batch_i, width_i, dim_i, lanes_i, mean_i) =
             (batch as i32, width as i32, self.dim as i32, lanes as i32, i32::from(spec.mean));
+        // fp32 rows fetched for caches of fp16 rows: each rounded as the caches round a row
+        // that goes in, so a bag's sum does not depend on which of its keys hit
+        let round16 = i32::from(self.stored == RowFormat::F16 && self.fetched_as == RowFormat::F32);
         let (d_rows, d_open, d_at) = (self.fetched.1.ptr(), p.open.ptr(), self.starts.1.ptr());
         let (d_partial, d_out) = (p.partial.ptr(), p.out.ptr());
         let mut c = q.stream.launch_builder(&self.kernels.pool_close[which]);
         c.arg(&d_rows).arg(&d_pos).arg(&d_open).arg(&batch_i).arg(&width_i).arg(&tables);
-        c.arg(&d_at).arg(&dim_i).arg(&lanes_i).arg(&mean_i).arg(&d_partial).arg(&d_out);
+        c.arg(&d_at)
+            .arg(&dim_i)
+            .arg(&lanes_i)
+            .arg(&mean_i)
+            .arg(&round16)
+            .arg(&d_partial)
+            .arg(&d_out);
         // SAFETY: argument types and order match pool_close(_h)(_r16), the one for the
         // fetched rows' type and the pooled rows' format; the fetched rows are m rows of dim
         // (every `pos` ≥ 0 is one of them), and the bags' buffers were sized by the probe.

@@ -122,6 +122,15 @@ __device__ __forceinline__ void add16(float* acc, uint4 v, const float*) {
     acc[2] += __uint_as_float(v.z); acc[3] += __uint_as_float(v.w);
 }
 
+// 16 bytes of a fetched row as a cache of fp16 rows keeps them: fp32 values rounded to fp16
+// (to nearest even) and back; fp16 bits are so already.
+__device__ __forceinline__ float as_half(unsigned u) { return h2f(f2h(__uint_as_float(u))); }
+__device__ __forceinline__ uint4 kept16(uint4 v, const float*) {
+    return make_uint4(__float_as_uint(as_half(v.x)), __float_as_uint(as_half(v.y)),
+                      __float_as_uint(as_half(v.z)), __float_as_uint(as_half(v.w)));
+}
+__device__ __forceinline__ uint4 kept16(uint4 v, const unsigned short*) { return v; }
+
 // Pooled lookups over resident tables, read where the keys are: `lanes` threads a bag, each
 // holding 16 bytes of the row (dim * sizeof(S) / 16 lanes), so a bag's rows are read whole
 // and summed in registers, and nothing but the pooled row is written (out[b][t][:], as O).
@@ -389,11 +398,13 @@ extern "C" __global__ void pool_mark_repeats(const int* __restrict__ dups, int d
 // The open bags closed: `lanes` threads a bag, each 16 bytes of a fetched row (R: float, or
 // fp16 bits); a bag's hits' sum (partial) plus its missed keys' fetched rows, in key order,
 // written to out[b][t][:] as O (divided by its count for the mean). So a bag's sum is its
-// hits' rows in key order, then its misses' in key order, in fp32.
+// hits' rows in key order, then its misses' in key order, in fp32. With round16 (caches of fp16
+// rows, fp32 rows fetched) each fetched row is first rounded to fp16, as the cache rounds it
+// when it goes in: a bag's sum is the same whether its keys hit or missed.
 template <typename R, typename O>
 __device__ __forceinline__ void pool_close_as(const R* __restrict__ fetched, const int* __restrict__ pos,
         const unsigned char* __restrict__ open, int batch, int width, int tables, const int* __restrict__ at,
-        int dim, int lanes, int mean, const float* __restrict__ partial, O* __restrict__ out) {
+        int dim, int lanes, int mean, int round16, const float* __restrict__ partial, O* __restrict__ out) {
     const int E = 16 / (int)sizeof(R);
     long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long bag = g / lanes;
@@ -409,7 +420,9 @@ __device__ __forceinline__ void pool_close_as(const R* __restrict__ fetched, con
     const R* r = fetched + gl * E;
     for (int j = 0; j < n; ++j) {
         int row = pos[first + j];
-        if (row >= 0) add16(acc, *(const uint4*)(r + (size_t)row * dim), r);
+        if (row < 0) continue;
+        uint4 v = *(const uint4*)(r + (size_t)row * dim);
+        add16(acc, round16 ? kept16(v, r) : v, r);
     }
     O* o = out + (size_t)bag * dim + gl * E;
     #pragma unroll
@@ -418,26 +431,26 @@ __device__ __forceinline__ void pool_close_as(const R* __restrict__ fetched, con
 
 extern "C" __global__ void pool_close(const float* __restrict__ fetched, const int* __restrict__ pos,
         const unsigned char* __restrict__ open, int batch, int width, int tables, const int* __restrict__ at,
-        int dim, int lanes, int mean, const float* __restrict__ partial, float* __restrict__ out) {
-    pool_close_as<float, float>(fetched, pos, open, batch, width, tables, at, dim, lanes, mean, partial, out);
+        int dim, int lanes, int mean, int round16, const float* __restrict__ partial, float* __restrict__ out) {
+    pool_close_as<float, float>(fetched, pos, open, batch, width, tables, at, dim, lanes, mean, round16, partial, out);
 }
 
 extern "C" __global__ void pool_close_h(const float* __restrict__ fetched, const int* __restrict__ pos,
         const unsigned char* __restrict__ open, int batch, int width, int tables, const int* __restrict__ at,
-        int dim, int lanes, int mean, const float* __restrict__ partial, unsigned short* __restrict__ out) {
-    pool_close_as<float, unsigned short>(fetched, pos, open, batch, width, tables, at, dim, lanes, mean, partial, out);
+        int dim, int lanes, int mean, int round16, const float* __restrict__ partial, unsigned short* __restrict__ out) {
+    pool_close_as<float, unsigned short>(fetched, pos, open, batch, width, tables, at, dim, lanes, mean, round16, partial, out);
 }
 
 extern "C" __global__ void pool_close_r16(const unsigned short* __restrict__ fetched, const int* __restrict__ pos,
         const unsigned char* __restrict__ open, int batch, int width, int tables, const int* __restrict__ at,
-        int dim, int lanes, int mean, const float* __restrict__ partial, float* __restrict__ out) {
-    pool_close_as<unsigned short, float>(fetched, pos, open, batch, width, tables, at, dim, lanes, mean, partial, out);
+        int dim, int lanes, int mean, int round16, const float* __restrict__ partial, float* __restrict__ out) {
+    pool_close_as<unsigned short, float>(fetched, pos, open, batch, width, tables, at, dim, lanes, mean, round16, partial, out);
 }
 
 extern "C" __global__ void pool_close_h_r16(const unsigned short* __restrict__ fetched, const int* __restrict__ pos,
         const unsigned char* __restrict__ open, int batch, int width, int tables, const int* __restrict__ at,
-        int dim, int lanes, int mean, const float* __restrict__ partial, unsigned short* __restrict__ out) {
-    pool_close_as<unsigned short, unsigned short>(fetched, pos, open, batch, width, tables, at, dim, lanes, mean, partial, out);
+        int dim, int lanes, int mean, int round16, const float* __restrict__ partial, unsigned short* __restrict__ out) {
+    pool_close_as<unsigned short, unsigned short>(fetched, pos, open, batch, width, tables, at, dim, lanes, mean, round16, partial, out);
 }
 
 // One warp per row: writes rows[i] to out + idx[i] * out_stride (rows fetched below the cache).
