@@ -291,9 +291,6 @@ impl BatchLookup {
     }
 }
 
-/// How a run's misses are shared between the GPU reading in place and the fetcher: each
-/// side's rate (rows a second) averaged over the last runs, and the events timing the
-/// GPU's kernel of the run under way.
 /// The blocks the in-place reads run on unless set: `TRITON_RUST_GPU_READ_BLOCKS` in the
 /// process's environment (read once; 0: one warp for every four misses), else 16.
 pub(super) fn default_read_blocks() -> u32 {
@@ -303,6 +300,9 @@ pub(super) fn default_read_blocks() -> u32 {
     })
 }
 
+/// How a run's misses are shared between the GPU reading in place and the fetcher: each
+/// side's rate (rows a second) averaged over the last runs, and the events timing the
+/// GPU's kernel of the run under way.
 pub(super) struct MissShare {
     pub(super) gpu: f64,
     pub(super) host: f64,
