@@ -38,24 +38,32 @@ def plain_rate(folder):
     return None
 
 
+def host_rows(steps):
+    """Rows a batch's host threads read (medians of the `batch lookup` timing steps: `rows read`
+    less those `read by the gpu` in place); 0 where the line has none."""
+    return max(0, steps.get("rows read", [0])[0] - steps.get("read by the gpu", [0])[0])
+
+
 def misses_read(stream):
-    """(misses a second, rows read from the host a second) of a served stream, M: its keys a
-    second times its miss rate, and the rows the batches read (the timing line's `rows read`
-    against its `misses`, medians; the misses where it has none). None without a hit rate."""
+    """(misses a second, rows read from the host a second by host threads) of a served stream,
+    M: its keys a second times its miss rate, and the rows the batches' host threads read
+    against their `misses` (timing medians; the misses where it has none). None without a hit
+    rate."""
     if stream.get("hit_rate") is None or not stream.get("lookups_per_s"):
         return None
     misses = stream["lookups_per_s"] * (1 - stream["hit_rate"]) / 1e6
     steps = (stream.get("timing") or {}).get("batch lookup", {})
-    m, read = steps.get("misses", [0])[0], steps.get("rows read", [0])[0]
+    m, read = steps.get("misses", [0])[0], host_rows(steps)
     return misses, misses * read / m if m and read else misses
 
 
 def reading_cores(stream):
     """(cores reading on average, M rows read a second by each) of a served stream, from its
-    timing medians (`shares busy` us a batch, `rows read`, the batch's `rows`); None without them."""
+    timing medians (`shares busy` us a batch, the host threads' rows, the batch's `rows`); None
+    without them."""
     timing = stream.get("timing") or {}
     lookup, serve = timing.get("batch lookup", {}), timing.get("serve", {})
-    busy, read, pairs = (d.get(k, [0])[0] for d, k in ((lookup, "shares busy"), (lookup, "rows read"), (serve, "rows")))
+    busy, read, pairs = lookup.get("shares busy", [0])[0], host_rows(lookup), serve.get("rows", [0])[0]
     if not (busy and read and pairs and stream.get("pairs_per_s")):
         return None
     batches = stream["pairs_per_s"] / pairs

@@ -72,3 +72,18 @@ def test_reading_cores_from_a_served_streams_medians():
     cores, each = crs.reading_cores(stream)
     assert abs(cores - 10.4) < 1e-9 and abs(each - 170000 / 0.026 / 1e6) < 1e-9
     assert crs.reading_cores({"pairs_per_s": 1.0, "timing": {}}) is None
+
+
+def test_rows_the_gpu_read_in_place_are_not_the_host_threads():
+    import cache_runs_summary as crs
+    # a batch of 170,000 misses, 35,000 of them read by the GPU in place: the host threads read
+    # 135,000, and the readers' rate a core counts only theirs
+    lookup = {"misses": [170000], "rows read": [170000], "read by the gpu": [35000], "shares busy": [20000]}
+    stream = {"pairs_per_s": 4.9152e6, "hit_rate": 0.95, "lookups_per_s": 1e9,
+              "timing": {"batch lookup": lookup, "serve": {"rows": [16384]}}}
+    served, host = crs.misses_read(stream)
+    assert abs(served - 50.0) < 1e-9 and abs(host - 50.0 * 135000 / 170000) < 1e-9
+    cores, each = crs.reading_cores(stream)
+    assert abs(cores - 6.0) < 1e-9 and abs(each - 135000 / 0.020 / 1e6) < 1e-9
+    del lookup["read by the gpu"]  # host threads alone: every row read is theirs
+    assert abs(crs.misses_read(stream)[1] - 50.0) < 1e-9
