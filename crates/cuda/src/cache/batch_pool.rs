@@ -292,13 +292,8 @@ impl BatchLookup {
         let (d_partial, d_out) = (p.partial.ptr(), p.out.ptr());
         let mut c = q.stream.launch_builder(&self.kernels.pool_close[which]);
         c.arg(&d_rows).arg(&d_pos).arg(&d_open).arg(&batch_i).arg(&width_i).arg(&tables);
-        c.arg(&d_at)
-            .arg(&dim_i)
-            .arg(&lanes_i)
-            .arg(&mean_i)
-            .arg(&round16)
-            .arg(&d_partial)
-            .arg(&d_out);
+        c.arg(&d_at).arg(&dim_i).arg(&lanes_i).arg(&mean_i);
+        c.arg(&round16).arg(&d_partial).arg(&d_out);
         // SAFETY: argument types and order match pool_close(_h)(_r16), the one for the
         // fetched rows' type and the pooled rows' format; the fetched rows are m rows of dim
         // (every `pos` ≥ 0 is one of them), and the bags' buffers were sized by the probe.

@@ -476,8 +476,8 @@ extern "C" __global__ void batch_fill_count(const i64* __restrict__ keys, const 
 // (fp32; fp16 bits in the _r16 form) is the row of key keys[miss[j]] read in place from its
 // table's rows in page-locked host memory this GPU maps (host + t * HOST_DESC: the rows'
 // address on the GPU, how many rows, bytes an element (2: fp16, 4: fp32), the default value's
-// bits), and found[j] = 1; a key outside those rows gets the default
-// value and found[j] = 0. counts[t] counts table t's misses, counts[tables + t] those defaulted.
+// bits), and found[j] = 1; a key outside those rows gets the default value and found[j] = 0.
+// counts[t] counts table t's misses, counts[tables + t] those defaulted.
 #define HOST_DESC 4
 #define HOST_ROWS_PER_WARP 4
 template <typename R>
