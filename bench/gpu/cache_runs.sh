@@ -19,7 +19,8 @@
 # waits; see below), rowsquiet (quiet, the rows written out before pooling, as before), quietonce
 # (quiet, each missed row of a batch read once), quiet270 (quiet, queries of 270 pairs), quietparts2
 # (quiet, each batch in two parts), bothquiet (quiet, misses shared between host threads and the GPU
-# reading in place on a few SMs; bothquiet2: on 2 blocks a kernel), pool8 / pool12 / pool32 (auto, the worker pool at 8, 12 or 32 threads), parts2 (auto, each batch in two parts: one part's misses read while the network
+# reading in place on a few SMs; bothquiet2: on 2 blocks a kernel), bothyield (bothquiet with the GPU's reads
+# on short blocks below the network's priority), pool8 / pool12 / pool32 (auto, the worker pool at 8, 12 or 32 threads), parts2 (auto, each batch in two parts: one part's misses read while the network
 # runs on the other), saved / restart / cold (a warm restart against a cold start, below).
 # A device call returns at most eight files: the runs' folders and logs come back packed in
 # runs.tgz, beside summary.txt. `grid` is no server: miss_reads_bench times the GPU's in-place
@@ -142,6 +143,12 @@ for name in ${runs//,/ }; do
     # (bothquietN: on N blocks a read kernel, N of them for the GPU's reads of each of 6 instances)
     bothquiet|bothquiet[0-9]*) blocks=${name#bothquiet}
         TRITON_RUST_GPU_READ_BLOCKS=${blocks:-16} TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
+            run "$name" --cache 0.1 --stream-warm-passes 20 --host-memory auto --miss-reads both ;;
+    # bothquiet with the GPU's reads yielding the SMs to the network (TRITON_RUST_GPU_READS_YIELD=1:
+    # their stream at the least priority, the network's above) on a grid of short blocks, a warp
+    # for every four misses (bothyieldN: on N blocks a read kernel)
+    bothyield|bothyield[0-9]*) blocks=${name#bothyield}
+        TRITON_RUST_GPU_READS_YIELD=1 TRITON_RUST_GPU_READ_BLOCKS=${blocks:-0} TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
             run "$name" --cache 0.1 --stream-warm-passes 20 --host-memory auto --miss-reads both ;;
     # every row in HBM with nothing spinning: whether quiet costs the model inside the GPU
     hbmquiet) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run hbmquiet --cache 1.0 --stream-warm-passes 2 ;;

@@ -264,8 +264,13 @@ void* tra_load(const char* path, int gpu, int graphs, Log log, char* err, size_t
 #ifdef TRA_CUDA
       m->device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(gpu));
       c10::cuda::CUDAGuard device_guard(m->device);
+      // above the GPU's in-place miss reads when they yield to the network
+      // (TRITON_RUST_GPU_READS_YIELD=1, crates/cuda/src/cache/batch_host.rs), else the
+      // pool's default priority
+      const char* yield = std::getenv("TRITON_RUST_GPU_READS_YIELD");
+      const bool above = yield != nullptr && std::string(yield) == "1";
       m->stream = std::make_unique<c10::cuda::CUDAStream>(
-          c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(gpu)));
+          c10::cuda::getStreamFromPool(above, static_cast<c10::DeviceIndex>(gpu)));
       m->graphs = graphs != 0;
       if (m->graphs) m->pool = at::cuda::graph_pool_handle();
       c10::cuda::CUDAStreamGuard stream_guard(*m->stream);

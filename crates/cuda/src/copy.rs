@@ -36,6 +36,14 @@ impl Queue {
         let (g, _) = kernels::device(self.device)?;
         Ok(Queue { device: self.device, stream: g.new_urgent_stream()? })
     }
+
+    /// Another stream of the same device at its least priority (a network's, or below one
+    /// whose stream asks more): its kernels' blocks go to SMs only when no block of a
+    /// stream above waits for one.
+    pub(crate) fn another_least(&self) -> Result<Queue> {
+        let (g, _) = kernels::device(self.device)?;
+        Ok(Queue { device: self.device, stream: g.new_stream()? })
+    }
     pub fn device(&self) -> i32 {
         self.device
     }
