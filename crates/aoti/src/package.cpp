@@ -340,6 +340,7 @@ void tra_free(void* model) {
     for (auto& e : m->events) {
       if (e) (void)cudaEventDestroy(e);
     }
+    if (m->asleep) (void)cudaEventDestroy(m->asleep);
 #endif
     m->loader.reset();
 #ifdef TRA_CUDA

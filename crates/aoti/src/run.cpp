@@ -33,11 +33,11 @@ void wait_for_stream(Model& m) {
     m.stream->synchronize();
     return;
   }
-  cudaEvent_t done = nullptr;
-  cudaError_t e = cudaEventCreateWithFlags(&done, cudaEventBlockingSync | cudaEventDisableTiming);
-  if (e == cudaSuccess) e = cudaEventRecord(done, m.stream->stream());
-  if (e == cudaSuccess) e = cudaEventSynchronize(done);
-  if (done != nullptr) cudaEventDestroy(done);
+  // made once per instance (a run at a time uses it; freed with the model)
+  cudaError_t e = cudaSuccess;
+  if (m.asleep == nullptr) e = cudaEventCreateWithFlags(&m.asleep, cudaEventBlockingSync | cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(m.asleep, m.stream->stream());
+  if (e == cudaSuccess) e = cudaEventSynchronize(m.asleep);
   if (e != cudaSuccess) throw std::runtime_error(std::string("waiting for the instance's stream: ") + cudaGetErrorString(e));
 }
 
