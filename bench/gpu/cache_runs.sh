@@ -16,7 +16,7 @@
 # read by the GPU in place), both (10% cache, misses shared between the GPU in place and host
 # threads), auto (10% cache, the store's defaults: what a user gets), auto8 and auto12 (auto, 8 or
 # 12 instances), quiet / asleep / asleep12 / quiet12 / quiet12c36 / hbmquiet (nothing spinning while it
-# waits; see below), rowsquiet (quiet, the rows written out before pooling, as before), quietonce
+# waits; see below), quiet8 (quiet, 8 instances), quietrN (quiet, N readers), rowsquiet (quiet, the rows written out before pooling, as before), quietonce
 # (quiet, each missed row of a batch read once), quiet270 (quiet, queries of 270 pairs), quietparts2
 # (quiet, each batch in two parts), bothquiet (quiet, misses shared between host threads and the GPU
 # reading in place on a few SMs; bothquiet2: on 2 blocks a kernel), bothyield (bothquiet with the GPU's reads
@@ -123,6 +123,12 @@ for name in ${runs//,/ }; do
     quiet) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
     asleep) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 TRITON_RUST_GPU_WAIT=block run asleep --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
     asleep12) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 TRITON_RUST_GPU_WAIT=block run asleep12 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 12 ;;
+    # quiet with the misses read on N threads, the caller among them (TRITON_RUST_READERS; one
+    # a core unless set): whether fewer readers leave the network's threads the cores they need
+    quietr[0-9]*) TRITON_RUST_READERS=${name#quietr} TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
+        run "$name" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
+    # quiet with 8 instances
+    quiet8) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet8 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 8 ;;
     quiet12) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet12 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 12 ;;
     # quiet12 with 36 queries in flight instead of 24 (12 instances, three queries each)
     quiet12c36) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet12c36 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 12 --stream-concurrency 36 ;;

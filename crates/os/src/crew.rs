@@ -126,6 +126,14 @@ pub struct Crew {
     members: usize,
 }
 
+/// The readers of a call, the caller among them: `set` (`TRITON_RUST_READERS`) when it is a
+/// positive number, else one a core.
+fn readers(set: Option<&str>) -> usize {
+    set.and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 impl Crew {
     /// A crew of `members` threads (none: every job runs on its caller alone).
     pub fn new(members: usize) -> Crew {
@@ -154,12 +162,13 @@ impl Crew {
         Crew { shared, members: started }
     }
 
-    /// The process's crew: one member a core less one (the caller reads too), started on
-    /// first use.
+    /// The process's crew: one member a core less one (the caller reads too), or
+    /// `TRITON_RUST_READERS` less one (the readers of a call, the caller among them, read
+    /// once), started on first use.
     pub fn global() -> &'static Crew {
         static CREW: OnceLock<Crew> = OnceLock::new();
         CREW.get_or_init(|| {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let cores = readers(std::env::var("TRITON_RUST_READERS").ok().as_deref());
             let spin = std::env::var("TRITON_RUST_READER_SPIN_US")
                 .ok()
                 .and_then(|v| v.trim().parse::<u64>().ok())
@@ -261,6 +270,16 @@ mod tests {
                 });
             }
         });
+    }
+
+    #[test]
+    fn readers_are_one_a_core_unless_set() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(readers(Some("8")), 8);
+        assert_eq!(readers(Some(" 3 ")), 3);
+        for unset in [None, Some("0"), Some("many"), Some("")] {
+            assert_eq!(readers(unset), cores, "{unset:?}");
+        }
     }
 
     #[test]
