@@ -300,13 +300,14 @@ pub(super) fn default_read_blocks() -> u32 {
     })
 }
 
-/// Whether the GPU's in-place reads yield the SMs to the networks beside them:
+/// Whether the GPU's in-place reads yield the SMs to the networks beside them (an A/B knob):
 /// `TRITON_RUST_GPU_READS_YIELD=1` in the process's environment (read once) puts their side
-/// stream at the device's least priority, and the AOTInductor networks' streams one above
-/// (`crates/aoti/src/package.cpp` reads the same variable). A read kernel on a grid of
-/// short blocks then fills the SMs the network leaves idle, and a network's kernel waits at
-/// most for the read blocks already running; on the lookup's own priority, the highest, a
-/// block that reads holds its SM while a network's kernel that wants every SM waits for it.
+/// stream at the device's least priority, and the AOTInductor networks' streams above it,
+/// libtorch's high-priority pool (`crates/aoti/src/package.cpp` reads the same variable). A
+/// network's kernel then waits at most for the read blocks already running, short ones on a
+/// grid of a warp for every four misses. Served on an H200 it was slower, not faster: the
+/// network still slowed beside the bus reads, and each lookup waited for its share to find
+/// SMs (`bench/gpu/results/cache-runs/`, `yield`).
 pub(super) fn reads_yield() -> bool {
     static YIELD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *YIELD.get_or_init(|| std::env::var("TRITON_RUST_GPU_READS_YIELD").is_ok_and(|v| v == "1"))
