@@ -16,7 +16,8 @@
 # read by the GPU in place), both (10% cache, misses shared between the GPU in place and host
 # threads), auto (10% cache, the store's defaults: what a user gets), auto8 and auto12 (auto, 8 or
 # 12 instances), quiet / asleep / asleep12 / quiet12 / quiet12c36 / hbmquiet (nothing spinning while it
-# waits; see below), quiet8 (quiet, 8 instances), quietrN (quiet, N readers), rowsquiet (quiet, the rows written out before pooling, as before), quietonce
+# waits; see below), quiet8 (quiet, 8 instances), quietrN (quiet, N readers), quietyield / quietblock (quiet, every
+# CUDA wait yielding or asleep), rowsquiet (quiet, the rows written out before pooling, as before), quietonce
 # (quiet, each missed row of a batch read once), quiet270 (quiet, queries of 270 pairs), quietparts2
 # (quiet, each batch in two parts), bothquiet (quiet, misses shared between host threads and the GPU
 # reading in place on a few SMs; bothquiet2: on 2 blocks a kernel), bothyield (bothquiet with the GPU's reads
@@ -126,6 +127,10 @@ for name in ${runs//,/ }; do
     # quiet with the misses read on N threads, the caller among them (TRITON_RUST_READERS; one
     # a core unless set): whether fewer readers leave the network's threads the cores they need
     quietr[0-9]*) TRITON_RUST_READERS=${name#quietr} TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
+        run "$name" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
+    # quiet with every CUDA wait in the process yielding its core, or asleep
+    # (TRITON_RUST_CUDA_SCHED=yield|block; unset, CUDA spins)
+    quietyield|quietblock) TRITON_RUST_CUDA_SCHED=${name#quiet} TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
         run "$name" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
     # quiet with 8 instances
     quiet8) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet8 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 8 ;;

@@ -51,6 +51,7 @@ pub(crate) fn state(device: i32) -> Result<Arc<GpuState>> {
                     })?
                     .map_err(cuda_err)?;
                 keep_freed_memory(&ctx, device);
+                wait_policy(&ctx, device, std::env::var("TRITON_RUST_CUDA_SCHED").ok().as_deref())?;
                 let s = Arc::new(GpuState { ctx });
                 map.insert(device, s.clone());
                 s
@@ -186,6 +187,50 @@ fn keep_freed_memory(ctx: &CudaContext, device: i32) {
     }
 }
 
+/// How a thread waiting for this device's work waits, for every wait in the process (the
+/// primary context is shared with libtorch and ONNX Runtime): `TRITON_RUST_CUDA_SCHED` in the
+/// server's environment, `spin`, `yield` or `block` (CUDA's scheduling flags, set on the live
+/// context, CUDA 12.1 or later); unset, CUDA's own choice, which spins while the process has
+/// fewer contexts than cores. A spinning wait holds a core that the store's readers could
+/// use; a blocking one gives it up and wakes later. Any other value, or a driver that refuses,
+/// fails the device's first use with the reason.
+fn wait_policy(ctx: &CudaContext, device: i32, set: Option<&str>) -> Result<()> {
+    use cudarc::driver::sys::{self, CUctx_flags as F};
+    let Some(set) = set else { return Ok(()) };
+    let sched = sched_flag(set)?;
+    ctx.bind_to_thread().map_err(cuda_err)?;
+    let mut flags: std::ffi::c_uint = 0;
+    // SAFETY: driver calls on the context just bound to this thread; `flags` outlives them.
+    let r = unsafe {
+        match sys::cuCtxGetFlags(&mut flags) {
+            sys::CUresult::CUDA_SUCCESS => sys::cuCtxSetFlags(
+                (flags & !(F::CU_CTX_SCHED_MASK as std::ffi::c_uint)) | sched as std::ffi::c_uint,
+            ),
+            e => e,
+        }
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(CudaError::unavailable(format!(
+            "GPU {device}: TRITON_RUST_CUDA_SCHED={set}: the driver refused the scheduling flag ({r:?})"
+        )));
+    }
+    log::info!("GPU {device}: waits for its work {set} (TRITON_RUST_CUDA_SCHED)");
+    Ok(())
+}
+
+/// `TRITON_RUST_CUDA_SCHED`'s value as CUDA's scheduling flag.
+fn sched_flag(set: &str) -> Result<cudarc::driver::sys::CUctx_flags> {
+    use cudarc::driver::sys::CUctx_flags as F;
+    match set.trim() {
+        "spin" => Ok(F::CU_CTX_SCHED_SPIN),
+        "yield" => Ok(F::CU_CTX_SCHED_YIELD),
+        "block" => Ok(F::CU_CTX_SCHED_BLOCKING_SYNC),
+        other => Err(CudaError::unavailable(format!(
+            "TRITON_RUST_CUDA_SCHED is '{other}': spin, yield or block"
+        ))),
+    }
+}
+
 /// The device's default memory pool (where its stream-ordered allocations come from).
 fn default_pool(
     ctx: &CudaContext,
@@ -278,4 +323,19 @@ pub fn view_mut_in<'a, O: ?Sized>(
     check_allocated(device, addr, len)?;
     // SAFETY: as in view_in, with the owner borrowed exclusively for 'a.
     Ok(unsafe { DeviceViewMut::from_raw(device, addr, len) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::driver::sys::CUctx_flags as F;
+
+    #[test]
+    fn sched_names_are_cudas_flags_and_others_refused() {
+        assert_eq!(sched_flag("spin").unwrap(), F::CU_CTX_SCHED_SPIN);
+        assert_eq!(sched_flag(" yield ").unwrap(), F::CU_CTX_SCHED_YIELD);
+        assert_eq!(sched_flag("block").unwrap(), F::CU_CTX_SCHED_BLOCKING_SYNC);
+        let why = sched_flag("sleep").unwrap_err().to_string();
+        assert!(why.contains("TRITON_RUST_CUDA_SCHED is 'sleep'"), "{why}");
+    }
 }
