@@ -33,16 +33,16 @@ impl Queue {
 
     /// Another stream of the same device and priority.
     pub(crate) fn another(&self) -> Result<Queue> {
-        let (g, _) = kernels::device(self.device)?;
-        Ok(Queue { device: self.device, stream: g.new_urgent_stream()? })
+        self.another_at(true)
     }
 
-    /// Another stream of the same device at its least priority (a network's, or below one
-    /// whose stream asks more): its kernels' blocks go to SMs only when no block of a
-    /// stream above waits for one.
-    pub(crate) fn another_least(&self) -> Result<Queue> {
+    /// Another stream of the same device: of its highest priority (`urgent`), or of its
+    /// least (a network's, or below one whose stream asks more), whose kernels' blocks go to
+    /// SMs only when no block of a stream above waits for one.
+    pub(crate) fn another_at(&self, urgent: bool) -> Result<Queue> {
         let (g, _) = kernels::device(self.device)?;
-        Ok(Queue { device: self.device, stream: g.new_stream()? })
+        let stream = if urgent { g.new_urgent_stream()? } else { g.new_stream()? };
+        Ok(Queue { device: self.device, stream })
     }
     pub fn device(&self) -> i32 {
         self.device

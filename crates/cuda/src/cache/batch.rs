@@ -174,7 +174,7 @@ impl BatchLookup {
             host_on: false,
             read_blocks: host::default_read_blocks(),
             share: None,
-            side: if host::reads_yield() { queue.another_least()? } else { queue.another()? },
+            side: queue.another_at(!host::reads_yield())?,
             host_counts: (PinnedBuf::new(d), DeviceMem::growing(d)),
             host_read: None,
             last: None,
