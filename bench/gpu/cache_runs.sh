@@ -17,7 +17,7 @@
 # threads), auto (10% cache, the store's defaults: what a user gets), auto8 and auto12 (auto, 8 or
 # 12 instances), quiet / asleep / asleep12 / quiet12 / quiet12c36 / hbmquiet (nothing spinning while it
 # waits; see below), quiet8 (quiet, 8 instances), quietrN (quiet, N readers), quietyield / quietblock (quiet, every
-# CUDA wait yielding or asleep), rowsquiet (quiet, the rows written out before pooling, as before), quietonce
+# CUDA wait yielding or asleep; quietblockN with N instances), rowsquiet (quiet, the rows written out before pooling, as before), quietonce
 # (quiet, each missed row of a batch read once), quiet270 (quiet, queries of 270 pairs), quietparts2
 # (quiet, each batch in two parts), bothquiet (quiet, misses shared between host threads and the GPU
 # reading in place on a few SMs; bothquiet2: on 2 blocks a kernel), bothyield (bothquiet with the GPU's reads
@@ -100,7 +100,7 @@ for name in ${runs//,/ }; do
     # the table on the disk (/tmp): /dev/shm holds the runs' 52 GB fixture
     plain) tool plain served_reads_bench 600 plain.txt --gb 16 --instances 6 --parts 3 --batches 10 \
                --host-memory huge_pages --dir /tmp/served_reads_table &&
-               grep -A2 "plain, whole host" "$out/plain.txt" | sed "s/^/  /"
+               grep "^|" "$out/plain.txt" | sed "s/^/  /"
            rm -rf /tmp/served_reads_table ;;
     # before the served runs: its 16 GB table leaves /dev/shm before their 52 GB come
     grid) tool grid miss_reads_bench 150 grid.txt --gb 16 --iters 3 --grid-only 1 --grid 4,8,16,32,0 &&
@@ -130,8 +130,11 @@ for name in ${runs//,/ }; do
         run "$name" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
     # quiet with every CUDA wait in the process yielding its core, or asleep
     # (TRITON_RUST_CUDA_SCHED=yield|block; unset, CUDA spins)
+    # (quietblockN: with N instances, as the cores the spinning waits held are free)
     quietyield|quietblock) TRITON_RUST_CUDA_SCHED=${name#quiet} TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
         run "$name" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
+    quietblock[0-9]*) TRITON_RUST_CUDA_SCHED=block TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
+        run "$name" --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances "${name#quietblock}" ;;
     # quiet with 8 instances
     quiet8) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet8 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 8 ;;
     quiet12) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet12 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 12 ;;

@@ -38,6 +38,27 @@ def plain_rate(folder):
     return None
 
 
+def plain_steady(folder):
+    """The `plain` run's steady gather (threads that never pause): (best M rows/s, its threads,
+    its prefetch depth); None when plain.txt has no such table."""
+    path = os.path.join(folder, "plain.txt")
+    if not os.path.exists(path):
+        return None
+    best, inside = None, False
+    for ln in open(path, errors="replace"):
+        if "plain, steady threads" in ln:
+            inside = True
+            continue
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+        if not inside or not cells or not cells[0].isdigit():
+            continue
+        for ahead, cell in zip((4, 8, 16), cells[1:]):
+            rate = float(cell)
+            if best is None or rate > best[0]:
+                best = (rate, int(cells[0]), ahead)
+    return best
+
+
 def host_rows(steps):
     """Rows a batch's host threads read (medians of the `batch lookup` timing steps: `rows read`
     less those `read by the gpu` in place); 0 where the line has none."""
@@ -137,10 +158,16 @@ def main():
     plain = plain_rate(folder)
     if plain:
         print(f"plain gather, the host alone, same call (plain.txt): {plain[0]:.1f} M rows/s on the whole host")
+    steady = plain_steady(folder)
+    if steady:
+        print(f"plain gather, steady threads, same call (plain.txt): best {steady[0]:.1f} M rows/s "
+              f"({steady[1]} threads, {steady[2]} rows prefetched ahead)")
     for n, (r, _) in runs.items():
         got = misses_read(r["stream"][0])
         if got and got[0] > 0:
             versus = f"; {got[1] / plain[0]:.2f}x the plain gather" if plain else ""
+            if steady:
+                versus += f", {got[1] / steady[0]:.2f}x its steady best"
             print(f"  {n}: misses served {got[0]:.1f} M/s, rows read from the host {got[1]:.1f} M/s{versus}")
             cores, each = reading_cores(r["stream"][0]) or (None, None)
             threads = plain[3] if plain else None

@@ -17,7 +17,10 @@
 //! - `store, N instances`: N threads each reading their own batches through `gather_dense`
 //!   at once (all rows over the wall time, and the median time of a batch);
 //! - `plain, N instances`: the same N threads each running a plain gather on its share of the
-//!   cores (cores / N scoped threads each), no shared pool.
+//!   cores (cores / N scoped threads each), no shared pool;
+//! - `plain, steady threads`: 4, 8, half and all the cores' threads gathering for a second
+//!   without a pause (no thread started per batch, no batch boundary), prefetching 4, 8 or 16
+//!   rows ahead: the host's steady rate, as the plain C program measured it.
 //!
 //! The store's rows are checked equal to the plain gather's and the fixture's.
 //!
@@ -80,6 +83,53 @@ fn store_batch(
         let read = store.gather_dense(&|_| 0, m, k, o, f, &mut per_table, None).expect("the reads");
         assert!(read, "a dense, untouched fp16 table is read by the plain gather");
     }
+}
+
+/// Rows a second when `threads` threads gather without a pause for `secs` seconds, each its
+/// own uniformly random keys (drawn beforehand, as many as the table has rows between them)
+/// into its own share of a batch's staging buffer, `ahead` rows prefetched: no thread started
+/// per batch and no batch boundary to wait at, the steady rate of the plain C program.
+fn plain_steady(bytes: &[u8], width: usize, threads: usize, ahead: usize, misses: usize) -> f64 {
+    const SECS: f64 = 1.0;
+    let rows = bytes.len() / width;
+    // a power of two of keys a thread, at least the table's rows between the threads, so the
+    // next key's place is a mask, not a division
+    let per_thread = rows.div_ceil(threads).next_power_of_two();
+    let share = misses.div_ceil(threads).max(1);
+    let done: usize = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|th| {
+                s.spawn(move || {
+                    let mut rng = rand::rngs::SmallRng::seed_from_u64(100 + th as u64);
+                    let keys: Vec<usize> =
+                        (0..per_thread).map(|_| rng.gen_range(0..rows)).collect();
+                    let mut out = vec![0u8; share * width];
+                    let row = |key: usize| &bytes[key * width..(key + 1) * width];
+                    let (mut next, mut done) = (0usize, 0usize);
+                    let begun = Instant::now();
+                    while begun.elapsed().as_secs_f64() < SECS {
+                        for to in out.chunks_exact_mut(width) {
+                            triton_rust_os::prefetch(row(keys[(next + ahead) & (per_thread - 1)]));
+                            to.copy_from_slice(row(keys[next & (per_thread - 1)]));
+                            next += 1;
+                        }
+                        done += share;
+                    }
+                    std::hint::black_box(&out);
+                    (done, begun.elapsed().as_secs_f64())
+                })
+            })
+            .collect();
+        // the rate while every thread ran: each thread's rows over its own time, summed
+        handles
+            .into_iter()
+            .map(|h| {
+                let (done, secs) = h.join().expect("a thread");
+                (done as f64 / secs) as usize
+            })
+            .sum()
+    });
+    done as f64 / 1e6
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -224,4 +274,16 @@ fn main() {
         store_n / whole
     );
     println!("rows: the store's equal to the plain gather's and the fixture's");
+    // the host's steady rate: threads that never stop, at several counts and prefetch depths
+    let mut counts: Vec<usize> = vec![4, 8, cores / 2, cores];
+    counts.sort_unstable();
+    counts.dedup();
+    counts.retain(|&n| n >= 1 && n <= cores);
+    println!("| plain, steady threads (M rows/s): threads | prefetch 4 rows ahead | 8 ahead | 16 ahead |");
+    println!("|---:|---:|---:|---:|");
+    for n in counts {
+        let r: Vec<f64> =
+            [4, 8, 16].iter().map(|&a| plain_steady(table, width, n, a, misses)).collect();
+        println!("| {n} | {:.1} | {:.1} | {:.1} |", r[0], r[1], r[2]);
+    }
 }
