@@ -75,7 +75,7 @@ tool() {
     timeout $(( left - 5 < most ? left - 5 : most )) "$b" "$@" > "$out/$file" 2>&1 || { rc=1; return 1; }
 }
 run() {
-    local name="$1"; shift
+    local name="$1$extra"; shift
     local left
     left=$(left_s)
     if [ "$left" -lt "$least" ]; then
@@ -96,11 +96,16 @@ run() {
     grep -E "M pairs/s|CPU:|tables in|host_memory|host rows:|FAIL|exit" "$out/$name.log" | sed "s/^/  /"
 }
 for name in ${runs//,/ }; do
-    case "$name" in
+    # any run with `cached` after its name: the same run with the readers' rows stored through
+    # the CPU's caches (TRITON_RUST_MISS_STORES=cached; unset, past them), in <name>cached/
+    extra=""; base="$name"
+    case "$name" in *cached) extra=cached; base="${name%cached}" ;; esac
+    if [ -n "$extra" ]; then export TRITON_RUST_MISS_STORES=cached; else unset TRITON_RUST_MISS_STORES; fi
+    case "$base" in
     # the table on the disk (/tmp): /dev/shm holds the runs' 52 GB fixture
-    plain) tool plain served_reads_bench 600 plain.txt --gb 16 --instances 6 --parts 3 --batches 10 \
+    plain) tool "$name" served_reads_bench 600 "$name.txt" --gb 16 --instances 6 --parts 3 --batches 10 \
                --host-memory huge_pages --dir /tmp/served_reads_table &&
-               grep "^|" "$out/plain.txt" | sed "s/^/  /"
+               grep "^|" "$out/$name.txt" | sed "s/^/  /"
            rm -rf /tmp/served_reads_table ;;
     # before the served runs: its 16 GB table leaves /dev/shm before their 52 GB come
     grid) tool grid miss_reads_bench 150 grid.txt --gb 16 --iters 3 --grid-only 1 --grid 4,8,16,32,0 &&
@@ -126,15 +131,15 @@ for name in ${runs//,/ }; do
     asleep12) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 TRITON_RUST_GPU_WAIT=block run asleep12 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 12 ;;
     # quiet with the misses read on N threads, the caller among them (TRITON_RUST_READERS; one
     # a core unless set): whether fewer readers leave the network's threads the cores they need
-    quietr[0-9]*) TRITON_RUST_READERS=${name#quietr} TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
-        run "$name" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
+    quietr[0-9]*) TRITON_RUST_READERS=${base#quietr} TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
+        run "$base" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
     # quiet with every CUDA wait in the process yielding its core, or asleep
     # (TRITON_RUST_CUDA_SCHED=yield|block; unset, CUDA spins)
     # (quietblockN: with N instances, as the cores the spinning waits held are free)
-    quietyield|quietblock) TRITON_RUST_CUDA_SCHED=${name#quiet} TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
-        run "$name" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
+    quietyield|quietblock) TRITON_RUST_CUDA_SCHED=${base#quiet} TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
+        run "$base" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
     quietblock[0-9]*) TRITON_RUST_CUDA_SCHED=block TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
-        run "$name" --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances "${name#quietblock}" ;;
+        run "$base" --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances "${base#quietblock}" ;;
     # quiet with 8 instances
     quiet8) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet8 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 8 ;;
     quiet12) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet12 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 12 ;;
@@ -155,18 +160,18 @@ for name in ${runs//,/ }; do
     # quiet with each batch's misses shared between host threads and the GPU reading its share in
     # place on a few SMs (gpucache_miss_reads both; TRITON_RUST_GPU_READ_BLOCKS blocks, 16 unless set)
     # (bothquietN: on N blocks a read kernel, N of them for the GPU's reads of each of 6 instances)
-    bothquiet|bothquiet[0-9]*) blocks=${name#bothquiet}
+    bothquiet|bothquiet[0-9]*) blocks=${base#bothquiet}
         TRITON_RUST_GPU_READ_BLOCKS=${blocks:-16} TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
-            run "$name" --cache 0.1 --stream-warm-passes 20 --host-memory auto --miss-reads both ;;
+            run "$base" --cache 0.1 --stream-warm-passes 20 --host-memory auto --miss-reads both ;;
     # bothquiet with the GPU's reads yielding the SMs to the network (TRITON_RUST_GPU_READS_YIELD=1:
     # their stream at the least priority, the network's above) on a grid of short blocks, a warp
     # for every four misses (bothyieldN: on N blocks a read kernel)
-    bothyield|bothyield[0-9]*) blocks=${name#bothyield}
+    bothyield|bothyield[0-9]*) blocks=${base#bothyield}
         TRITON_RUST_GPU_READS_YIELD=1 TRITON_RUST_GPU_READ_BLOCKS=${blocks:-0} TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
-            run "$name" --cache 0.1 --stream-warm-passes 20 --host-memory auto --miss-reads both ;;
+            run "$base" --cache 0.1 --stream-warm-passes 20 --host-memory auto --miss-reads both ;;
     # every row in HBM with nothing spinning: whether quiet costs the model inside the GPU
     hbmquiet) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run hbmquiet --cache 1.0 --stream-warm-passes 2 ;;
-    pool8|pool12|pool32) RAYON_NUM_THREADS=${name#pool} run "$name" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
+    pool8|pool12|pool32) RAYON_NUM_THREADS=${base#pool} run "$base" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
     # a warm restart: a server that saves its caches' keys every 15 s, stopped; a new one loads
     # them at start and its first 30 s are measured (one warm pass, then 30 s or more); `cold` the same
     # new server with no saved keys

@@ -20,7 +20,9 @@
 //!   cores (cores / N scoped threads each), no shared pool;
 //! - `plain, steady threads`: 4, 8, half and all the cores' threads gathering for a second
 //!   without a pause (no thread started per batch, no batch boundary), prefetching 4, 8 or 16
-//!   rows ahead: the host's steady rate, as the issue's plain C program measured it.
+//!   rows ahead, plain stores (and 16 ahead with streaming stores, as the store's readers store
+//!   unless `TRITON_RUST_MISS_STORES=cached`): the host's steady rate, as the issue's plain C
+//!   program measured it.
 //!
 //! The store's rows are checked equal to the plain gather's and the fixture's.
 //!
@@ -89,7 +91,16 @@ fn store_batch(
 /// own uniformly random keys (drawn beforehand, as many as the table has rows between them)
 /// into its own share of a batch's staging buffer, `ahead` rows prefetched: no thread started
 /// per batch and no batch boundary to wait at, the steady rate of the issue's plain C program.
-fn plain_steady(bytes: &[u8], width: usize, threads: usize, ahead: usize, misses: usize) -> f64 {
+/// `streaming`: each row stored past the CPU's caches, as the store's readers do unless
+/// `TRITON_RUST_MISS_STORES=cached`.
+fn plain_steady(
+    bytes: &[u8],
+    width: usize,
+    threads: usize,
+    ahead: usize,
+    misses: usize,
+    streaming: bool,
+) -> f64 {
     const SECS: f64 = 1.0;
     let rows = bytes.len() / width;
     // a power of two of keys a thread, at least the table's rows between the threads, so the
@@ -110,11 +121,17 @@ fn plain_steady(bytes: &[u8], width: usize, threads: usize, ahead: usize, misses
                     while begun.elapsed().as_secs_f64() < SECS {
                         for to in out.chunks_exact_mut(width) {
                             triton_rust_os::prefetch(row(keys[(next + ahead) & (per_thread - 1)]));
-                            to.copy_from_slice(row(keys[next & (per_thread - 1)]));
+                            let from = row(keys[next & (per_thread - 1)]);
+                            if streaming {
+                                triton_rust_os::copy_streaming(to, from);
+                            } else {
+                                to.copy_from_slice(from);
+                            }
                             next += 1;
                         }
                         done += share;
                     }
+                    triton_rust_os::store_fence();
                     std::hint::black_box(&out);
                     (done, begun.elapsed().as_secs_f64())
                 })
@@ -175,11 +192,13 @@ fn main() {
     let copied = store.host_memory(0).copied;
     println!(
         "table: {rows} rows of dim {dim}, fp16 ({:.1} GB), {}, ready in {:.1} s; {cores} cores, \
-         the worker pool {} threads, the plain gathers {cores}; batches of {misses} misses in {parts} parts",
+         the worker pool {} threads, the plain gathers {cores}; batches of {misses} misses in {parts} parts; \
+         the store's stores {}",
         (rows * width) as f64 / 1e9,
         if copied { "copied into 2 MiB pages" } else { "read from the file's mapping" },
         t0.elapsed().as_secs_f64(),
-        rayon::current_num_threads()
+        rayon::current_num_threads(),
+        std::env::var("TRITON_RUST_MISS_STORES").unwrap_or_else(|_| "streaming (unset)".into())
     );
     // the plain gather reads the same rows placed alike: the file's mapping, or a copy in
     // 2 MiB pages where the store copied them
@@ -279,11 +298,13 @@ fn main() {
     counts.sort_unstable();
     counts.dedup();
     counts.retain(|&n| n >= 1 && n <= cores);
-    println!("| plain, steady threads (M rows/s): threads | prefetch 4 rows ahead | 8 ahead | 16 ahead |");
-    println!("|---:|---:|---:|---:|");
+    println!("| plain, steady threads (M rows/s): threads | prefetch 4 rows ahead | 8 ahead | 16 ahead | 16 ahead, streaming stores |");
+    println!("|---:|---:|---:|---:|---:|");
     for n in counts {
-        let r: Vec<f64> =
-            [4, 8, 16].iter().map(|&a| plain_steady(table, width, n, a, misses)).collect();
-        println!("| {n} | {:.1} | {:.1} | {:.1} |", r[0], r[1], r[2]);
+        let r: Vec<f64> = [(4, false), (8, false), (16, false), (16, true)]
+            .iter()
+            .map(|&(a, streaming)| plain_steady(table, width, n, a, misses, streaming))
+            .collect();
+        println!("| {n} | {:.1} | {:.1} | {:.1} | {:.1} |", r[0], r[1], r[2], r[3]);
     }
 }

@@ -19,6 +19,15 @@ use super::*;
 /// Keys a reader prefetches ahead of the one it copies.
 const AHEAD: usize = 16;
 
+/// Whether the readers store each row into the batch's page-locked buffer past the CPU's
+/// caches (`triton_rust_os::copy_streaming`) or with plain stores:
+/// `TRITON_RUST_MISS_STORES=streaming|cached` in the server's environment, read once;
+/// streaming unless set (what every served figure to 2026-11-30 used).
+fn streaming_stores() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TRITON_RUST_MISS_STORES").map_or(true, |v| v != "cached"))
+}
+
 /// How a `gather_dense` call's readers spent its time, added over calls: the wall time, the
 /// latest a share started after the call began (a share waits for a free reader), the longest
 /// share's own time and every share's time summed (busy / wall: readers at work at once).
@@ -84,6 +93,7 @@ impl EmbeddingStore {
                 _ => return Ok(false),
             }
         }
+        let streaming = streaming_stores();
         let t0 = Instant::now();
         // shares of at least 1,024 rows, about two a reader (the crew and the caller)
         let crew = triton_rust_os::Crew::global();
@@ -132,9 +142,13 @@ impl EmbeddingStore {
                     triton_rust_os::prefetch(ahead);
                 }
                 match src {
-                    Some(src) => {
+                    Some(src) if streaming => {
                         // the rows go to the GPU next, never read here: past the caches
                         triton_rust_os::copy_streaming(row, src);
+                        *f = 1;
+                    }
+                    Some(src) => {
+                        row.copy_from_slice(src);
                         *f = 1;
                     }
                     None => {
