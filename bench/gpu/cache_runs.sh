@@ -96,11 +96,14 @@ run() {
     grep -E "M pairs/s|CPU:|tables in|host_memory|host rows:|FAIL|exit" "$out/$name.log" | sed "s/^/  /"
 }
 for name in ${runs//,/ }; do
-    # any run with `cached` after its name: the same run with the readers' rows stored through
-    # the CPU's caches (TRITON_RUST_MISS_STORES=cached; unset, past them), in <name>cached/
+    # any run with `streaming` after its name: the same run with the readers' rows stored past
+    # the CPU's caches (TRITON_RUST_MISS_STORES=streaming, the rule until 2026-11-30), in
+    # <name>streaming/; with `cached` after it, through them (the default since), as the call
+    # of 2026-11-30 15:01 named its runs
     extra=""; base="$name"
-    case "$name" in *cached) extra=cached; base="${name%cached}" ;; esac
-    if [ -n "$extra" ]; then export TRITON_RUST_MISS_STORES=cached; else unset TRITON_RUST_MISS_STORES; fi
+    case "$name" in *cached) extra=cached ;; *streaming) extra=streaming ;; esac
+    base="${name%"$extra"}"
+    if [ -n "$extra" ]; then export TRITON_RUST_MISS_STORES="$extra"; else unset TRITON_RUST_MISS_STORES; fi
     case "$base" in
     # the table on the disk (/tmp): /dev/shm holds the runs' 52 GB fixture
     plain) tool "$name" served_reads_bench 600 "$name.txt" --gb 16 --instances 6 --parts 3 --batches 10 \

@@ -21,7 +21,7 @@
 //! - `plain, steady threads`: 4, 8, half and all the cores' threads gathering for a second
 //!   without a pause (no thread started per batch, no batch boundary), prefetching 4, 8 or 16
 //!   rows ahead, plain stores (and 16 ahead with streaming stores, as the store's readers store
-//!   unless `TRITON_RUST_MISS_STORES=cached`): the host's steady rate, as the plain C
+//!   with `TRITON_RUST_MISS_STORES=streaming`): the host's steady rate, as the plain C
 //!   program measured it.
 //!
 //! The store's rows are checked equal to the plain gather's and the fixture's.
@@ -91,8 +91,8 @@ fn store_batch(
 /// own uniformly random keys (drawn beforehand, as many as the table has rows between them)
 /// into its own share of a batch's staging buffer, `ahead` rows prefetched: no thread started
 /// per batch and no batch boundary to wait at, the steady rate of the plain C program.
-/// `streaming`: each row stored past the CPU's caches, as the store's readers do unless
-/// `TRITON_RUST_MISS_STORES=cached`.
+/// `streaming`: each row stored past the CPU's caches, as the store's readers do with
+/// `TRITON_RUST_MISS_STORES=streaming`.
 fn plain_steady(
     bytes: &[u8],
     width: usize,
@@ -198,7 +198,7 @@ fn main() {
         if copied { "copied into 2 MiB pages" } else { "read from the file's mapping" },
         t0.elapsed().as_secs_f64(),
         rayon::current_num_threads(),
-        std::env::var("TRITON_RUST_MISS_STORES").unwrap_or_else(|_| "streaming (unset)".into())
+        std::env::var("TRITON_RUST_MISS_STORES").unwrap_or_else(|_| "cached (unset)".into())
     );
     // the plain gather reads the same rows placed alike: the file's mapping, or a copy in
     // 2 MiB pages where the store copied them

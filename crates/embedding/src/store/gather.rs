@@ -20,12 +20,18 @@ use super::*;
 const AHEAD: usize = 16;
 
 /// Whether the readers store each row into the batch's page-locked buffer past the CPU's
-/// caches (`triton_rust_os::copy_streaming`) or with plain stores:
-/// `TRITON_RUST_MISS_STORES=streaming|cached` in the server's environment, read once;
-/// streaming unless set (what every served figure to 2026-11-30 used).
+/// caches (`triton_rust_os::copy_streaming`, streaming stores) or through them (plain
+/// stores): `TRITON_RUST_MISS_STORES=streaming` in the server's environment for the first,
+/// read once; through the caches otherwise. Streaming stores were the rule until
+/// 2026-11-30, meant to spare each row's line a trip into the cache; measured on the GPU
+/// machine's host they read fewer rows a second instead, the plain gather's threads
+/// 145-161 M rows/s against 246-256 M with plain stores (16 threads), the store's own reads
+/// 78-79 M against 109-111 M, and served MLPerf DLRM-v2 at a 10% cache 6.66 against 6.96 M
+/// pairs/s, its readers busy 9.5 cores against 7.6 (one H200, one call,
+/// `bench/gpu/results/cache-runs/`).
 fn streaming_stores() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("TRITON_RUST_MISS_STORES").map_or(true, |v| v != "cached"))
+    *ON.get_or_init(|| std::env::var("TRITON_RUST_MISS_STORES").is_ok_and(|v| v == "streaming"))
 }
 
 /// How a `gather_dense` call's readers spent its time, added over calls: the wall time, the
@@ -76,6 +82,23 @@ impl EmbeddingStore {
         per_table: &mut [usize],
         times: Option<&mut GatherTimes>,
     ) -> Result<bool> {
+        let streaming = streaming_stores();
+        self.gather_dense_as(streaming, table_of, missed, keys, rows, found, per_table, times)
+    }
+
+    /// [`Self::gather_dense`] with its rows stored past the CPU's caches or through them.
+    #[allow(clippy::too_many_arguments)]
+    fn gather_dense_as(
+        &self,
+        streaming: bool,
+        table_of: &(dyn Fn(usize) -> usize + Sync),
+        missed: &[i32],
+        keys: &[i64],
+        rows: &mut [u8],
+        found: &mut [u8],
+        per_table: &mut [usize],
+        times: Option<&mut GatherTimes>,
+    ) -> Result<bool> {
         let n = keys.len();
         if self.remote.is_some() {
             return Ok(false); // keys past the host tier are Redis's to answer
@@ -93,7 +116,6 @@ impl EmbeddingStore {
                 _ => return Ok(false),
             }
         }
-        let streaming = streaming_stores();
         let t0 = Instant::now();
         // shares of at least 1,024 rows, about two a reader (the crew and the caller)
         let crew = triton_rust_os::Crew::global();
@@ -316,10 +338,27 @@ mod tests {
             .map(|&i| rng.gen_range(-3..[910i64, 705][table_of(i as usize)]))
             .collect();
         let (mut rows, mut found, mut per) = (vec![7u8; n * width], vec![9u8; n], vec![0usize; 2]);
+        // streaming stores first, then plain ones over the same buffer
+        let mut streamed = vec![7u8; n * width];
         assert!(s
-            .gather_dense(&table_of, &missed, &keys, &mut rows, &mut found, &mut per, None)
+            .gather_dense_as(
+                true,
+                &table_of,
+                &missed,
+                &keys,
+                &mut streamed,
+                &mut found,
+                &mut per,
+                None
+            )
             .unwrap());
-        assert_eq!(per.iter().sum::<usize>(), n);
+        assert!(s
+            .gather_dense_as(
+                false, &table_of, &missed, &keys, &mut rows, &mut found, &mut per, None
+            )
+            .unwrap());
+        assert!(streamed == rows, "streaming and plain stores put the same rows");
+        assert_eq!(per.iter().sum::<usize>(), 2 * n);
         for (j, &i) in missed.iter().enumerate() {
             let t = table_of(i as usize);
             let mut want = vec![0u16; dim];
