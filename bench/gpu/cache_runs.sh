@@ -27,9 +27,10 @@
 # runs.tgz, beside summary.txt. `grid` is no server: miss_reads_bench times the GPU's in-place
 # reads alone on grids of 4 to 32 blocks and on a warp for every four misses (grid.txt; run it
 # first, its table leaves /dev/shm before the runs' tables come). `plain` is no server: served_reads_bench reads a 16 GB fp16 table
-# in 2 MiB pages on the host alone, a plain gather on every core beside the store's reads
-# (plain.txt); the summary sets each run's misses read a second against its plain gather, as
-# issue 66's first target asks (the same call). It is taken from .carry_tools/ or .carry/; the
+# in 2 MiB pages on the host alone, plain gathers on every core beside the store's reads
+# (plain.txt): one starting its threads for each batch, and a steady one whose threads never
+# pause (the host's rate); the summary sets each run's misses read a second against both, issue
+# 66's first target against the steady one (the same call). It is taken from .carry_tools/ or .carry/; the
 # three carries together pass a call's 64 MiB, so for `plain` copy it into .carry and set aside
 # what these runs do not use (as the call of 2026-11-30 did, 63 MiB with a 22 MB working tree):
 #   cp .carry_tools/served_reads_bench .carry/ && mkdir -p /tmp/aside &&

@@ -4,8 +4,10 @@ latencies and hit rate, the host's CPU, the ratio to the `hbm` run of the same c
 backend's per-batch steps (medians of its `timing:` lines). Then each cached run's misses read
 from the host a second, served (the stream's keys a second times its miss rate; the rows read,
 fewer when a batch reads each missed row once, from the timing line's medians), beside the
-plain gather of the same call's `plain` run (served_reads_bench: the host alone, every core),
-as issue 66's first target reads. And where the reads' cores went: the readers' busy time a batch
+plain gathers of the same call's `plain` run (served_reads_bench: the host alone, every core):
+the batched one, 16 threads started for each batch, and the steady one, threads started once
+that never pause (the host's rate, 2.2-3.7x the batched on the H200 hosts of 2026-11-30; issue
+66's first target reads against it). And where the reads' cores went: the readers' busy time a batch
 (the timing line's `shares busy`) times the batches a second is how many cores read on average;
 the rows each of them read a second, beside the plain gather's a thread, says whether the gap to
 the plain gather is slower reads or fewer cores reading.
@@ -157,7 +159,8 @@ def main():
               f"together {both:.2f} M pairs/s ({both / (s['pairs_per_s'] / 1e6):.2f}x)")
     plain = plain_rate(folder)
     if plain:
-        print(f"plain gather, the host alone, same call (plain.txt): {plain[0]:.1f} M rows/s on the whole host")
+        print(f"plain gather, the host alone, same call (plain.txt): {plain[0]:.1f} M rows/s on the whole host, "
+              "16 threads started for each batch")
     steady = plain_steady(folder)
     if steady:
         print(f"plain gather, steady threads, same call (plain.txt): best {steady[0]:.1f} M rows/s "
@@ -165,14 +168,14 @@ def main():
     for n, (r, _) in runs.items():
         got = misses_read(r["stream"][0])
         if got and got[0] > 0:
-            versus = f"; {got[1] / plain[0]:.2f}x the plain gather" if plain else ""
+            versus = f"; {got[1] / plain[0]:.2f}x the batched plain gather" if plain else ""
             if steady:
                 versus += f", {got[1] / steady[0]:.2f}x its steady best"
             print(f"  {n}: misses served {got[0]:.1f} M/s, rows read from the host {got[1]:.1f} M/s{versus}")
             cores, each = reading_cores(r["stream"][0]) or (None, None)
             threads = plain[3] if plain else None
             if cores:
-                per = f" against the plain gather's {plain[0] / threads:.2f} M a thread ({threads} threads)" if plain and threads else ""
+                per = f" against the batched plain gather's {plain[0] / threads:.2f} M a thread ({threads} threads)" if plain and threads else ""
                 print(f"  {n}: its readers busy {cores:.1f} cores on average, {each:.2f} M rows/s a busy core{per}")
     grid = os.path.join(folder, "grid.txt")
     if os.path.exists(grid):

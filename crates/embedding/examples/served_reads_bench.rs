@@ -10,9 +10,10 @@
 //! `--host-memory` says), uniformly random keys. Each batch has `--misses` misses, read in
 //! `--parts` parts one after the other (as the lookup reads them, each part going up while the
 //! next is read). Rates in M rows/s:
-//! - `plain, whole host`: one batch's rows at a time copied by every core at once (scoped threads, each
-//!   an equal share, 16 rows prefetched ahead, from rows placed as the store placed its own):
-//!   the host's rate;
+//! - `plain, whole host`: one batch's rows at a time copied by every core at once (scoped threads
+//!   started for each batch, each an equal share, 16 rows prefetched ahead, from rows placed as
+//!   the store placed its own). Starting the threads costs it most of its time: on the GPU
+//!   machine's hosts it read 0.27-0.45x the steady gather below, which is the host's rate;
 //! - `store, one instance`: one instance alone, its parts through `gather_dense`;
 //! - `store, N instances`: N threads each reading their own batches through `gather_dense`
 //!   at once (all rows over the wall time, and the median time of a batch);
