@@ -140,10 +140,9 @@ for name in ${runs//,/ }; do
     # quiet with every CUDA wait in the process yielding its core, or asleep
     # (TRITON_RUST_CUDA_SCHED=yield|block; unset, CUDA spins)
     # (quietblockN: with N instances, as the cores the spinning waits held are free)
-    quietyield|quietblock) TRITON_RUST_CUDA_SCHED=${base#quiet} TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
-        run "$base" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
-    quietblock[0-9]*) TRITON_RUST_CUDA_SCHED=block TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
-        run "$base" --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances "${base#quietblock}" ;;
+    quietyield|quietblock|quietblock[0-9]*) sched=${base#quiet}; sched=${sched%%[0-9]*}; n=${base#quiet"$sched"}
+        TRITON_RUST_CUDA_SCHED=$sched TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
+        run "$base" --cache 0.1 --stream-warm-passes 20 --host-memory auto ${n:+--instances "$n"} ;;
     # quiet with 8 instances
     quiet8) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet8 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 8 ;;
     quiet12) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet12 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 12 ;;

@@ -164,13 +164,12 @@ impl EmbeddingStore {
                     triton_rust_os::prefetch(ahead);
                 }
                 match src {
-                    Some(src) if streaming => {
-                        // the rows go to the GPU next, never read here: past the caches
-                        triton_rust_os::copy_streaming(row, src);
-                        *f = 1;
-                    }
                     Some(src) => {
-                        row.copy_from_slice(src);
+                        if streaming {
+                            triton_rust_os::copy_streaming(row, src);
+                        } else {
+                            row.copy_from_slice(src);
+                        }
                         *f = 1;
                     }
                     None => {
@@ -181,7 +180,9 @@ impl EmbeddingStore {
                     }
                 }
             }
-            triton_rust_os::store_fence(); // the rows seen by whoever sees this share done
+            if streaming {
+                triton_rust_os::store_fence(); // the rows seen by whoever sees this share done
+            }
             let took = ns_since(t0) - started;
             *times = GatherTimes {
                 last_start_ns: started,
