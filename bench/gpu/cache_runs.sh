@@ -15,7 +15,7 @@
 # cache, host rows copied into 2 MiB pages), huge12 (huge, 12 instances), gpu (10% cache, misses
 # read by the GPU in place), both (10% cache, misses shared between the GPU in place and host
 # threads), auto (10% cache, the store's defaults: what a user gets), auto8 and auto12 (auto, 8 or
-# 12 instances), quiet / asleep / asleep12 / quiet12 / quiet12c36 / hbmquiet (nothing spinning while it
+# 12 instances), quietlN (quiet, N lanes a key of the batch lookup), quiet / asleep / asleep12 / quiet12 / quiet12c36 / hbmquiet (nothing spinning while it
 # waits; see below), quiet8 (quiet, 8 instances), quietrN (quiet, N readers), quietyield / quietblock (quiet, every
 # CUDA wait yielding or asleep; quietblockN with N instances), rowsquiet (quiet, the rows written out before pooling, as before), quietonce
 # (quiet, each missed row of a batch read once), quiet270 (quiet, queries of 270 pairs), quietparts2
@@ -51,6 +51,9 @@ while [ $# -gt 0 ]; do
     esac
 done
 t0=$(date +%s)
+# every run's GPU batch lookups time how long they hold the caches' queue (the timing lines'
+# `queue lookup` and `queue fill`; the summary says how busy the queue was)
+export TRITON_RUST_TIME_QUEUE=1
 rm -rf "$out"; mkdir -p "$out/runs"
 final="$out"; out="$out/runs"
 A=(--allocation lookups --cache-policy lfu --stream-fresh --network-precision fp8 --dcnv2-cross triton
@@ -143,6 +146,10 @@ for name in ${runs//,/ }; do
     quietyield|quietblock|quietblock[0-9]*) sched=${base#quiet}; sched=${sched%%[0-9]*}; n=${base#quiet"$sched"}
         TRITON_RUST_CUDA_SCHED=$sched TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
         run "$base" --cache 0.1 --stream-warm-passes 20 --host-memory auto ${n:+--instances "$n"} ;;
+    # quiet with each key of the batch lookup read by N lanes instead of 8 (TRITON_RUST_LOOKUP_LANES,
+    # 2 or 4: 16 or 8 keys' tags in flight a warp instead of 4)
+    quietl[0-9]*) TRITON_RUST_LOOKUP_LANES=${base#quietl} TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
+        run "$base" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
     # quiet with 8 instances
     quiet8) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet8 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 8 ;;
     quiet12) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet12 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 12 ;;

@@ -93,6 +93,20 @@ def reading_cores(stream):
     return busy * 1e-6 * batches, read / (busy * 1e-6) / 1e6
 
 
+def queue_busy(stream):
+    """(share of the time the caches' queue was held, its lookup ms, its fill ms a batch) of a
+    served stream: the `queue lookup` and `queue fill` medians (GPU time by events, a run under
+    TRITON_RUST_TIME_QUEUE=1) times the batches a second. Every instance of the GPU queues its
+    lookup and its fill there one after the other, so near 1.0 that queue holds the rate. None
+    without them."""
+    timing = stream.get("timing") or {}
+    lookup, serve = timing.get("batch lookup", {}), timing.get("serve", {})
+    probe, fill = lookup.get("queue lookup", [0])[0], lookup.get("queue fill", [0])[0]
+    pairs = serve.get("rows", [0])[0]
+    if not (probe and pairs and stream.get("pairs_per_s")):
+        return None
+    batches = stream["pairs_per_s"] / pairs
+    return (probe + fill) * 1e-6 * batches, probe / 1e3, fill / 1e3
 
 
 def load(folder, name):
@@ -177,6 +191,11 @@ def main():
             if cores:
                 per = f" against the batched plain gather's {plain[0] / threads:.2f} M a thread ({threads} threads)" if plain and threads else ""
                 print(f"  {n}: its readers busy {cores:.1f} cores on average, {each:.2f} M rows/s a busy core{per}")
+    for n, (r, _) in runs.items():
+        got = queue_busy(r["stream"][0])
+        if got:
+            print(f"  {n}: the caches' queue held {100 * got[0]:.0f}% of the time: a batch's lookup "
+                  f"{got[1]:.3f} ms and fill {got[2]:.3f} ms on it (GPU time, medians)")
     grid = os.path.join(folder, "grid.txt")
     if os.path.exists(grid):
         print("the GPU's in-place reads alone, by grid, same call (grid.txt):")

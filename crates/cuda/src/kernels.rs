@@ -142,7 +142,12 @@ fn load(g: &GpuState, source: &str, needs: &str) -> Result<Arc<CudaModule>> {
 }
 
 fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
-    let module = load(g, SOURCE, "the GPU embedding cache")?;
+    let lanes = lookup_lanes();
+    let module = if lanes == 32 / LOOKUP_KEYS_PER_WARP {
+        load(g, SOURCE, "the GPU embedding cache")?
+    } else {
+        load(g, &format!("#define LOOKUP_LANES {lanes}\n{SOURCE}"), "the GPU embedding cache")?
+    };
     let f = |name: &str| module.load_function(name).map_err(cuda_err);
     Ok(Arc::new(Kernels {
         lookup: f("cache_lookup")?,
@@ -223,9 +228,28 @@ pub(crate) fn copy_parts(id: i32) -> Result<CudaFunction> {
     })
 }
 
-/// Keys a warp of the batch lookup (`batch_lookup*`, `probe_slots`) takes: 32 / `LOOKUP_LANES` in the
-/// kernels' source, which the tests hold to this.
+/// Keys a warp of the batch lookup (`batch_lookup*`, `probe_slots`) takes by default: 32 /
+/// `LOOKUP_LANES` in the kernels' source, which the tests hold to this.
 pub(crate) const LOOKUP_KEYS_PER_WARP: usize = 4;
+
+/// Lanes a key of the batch lookup, as this process compiles it: `TRITON_RUST_LOOKUP_LANES`
+/// (2, 4 or 8: a key's 32 tags read 16, 8 or 4 a lane, so 16, 8 or 4 keys' reads in flight a
+/// warp) in its environment, read once; else 32 / [`LOOKUP_KEYS_PER_WARP`]. An A/B knob.
+pub(crate) fn lookup_lanes() -> usize {
+    static LANES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LANES.get_or_init(|| {
+        std::env::var("TRITON_RUST_LOOKUP_LANES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|l| matches!(l, 2 | 4 | 8))
+            .unwrap_or(32 / LOOKUP_KEYS_PER_WARP)
+    })
+}
+
+/// Keys a warp of the batch lookup takes, as compiled ([`lookup_lanes`]).
+pub(crate) fn lookup_keys_per_warp() -> usize {
+    32 / lookup_lanes()
+}
 
 /// Fields of a table's descriptor of host rows the GPU maps: `HOST_DESC` in the kernels'
 /// source (`read_host_rows`), which the tests hold to this.

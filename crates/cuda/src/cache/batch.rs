@@ -14,7 +14,7 @@ use crate::buffer::{DeviceMem, DevicePtr};
 use crate::context::{cuda_err, gpu};
 use crate::copy::{dtod_on, dtoh, htod, htod_now, htod_on, zero, Queue};
 use crate::error::{CudaError, Result};
-use crate::kernels::{self, warps_config, Kernels, LOOKUP_KEYS_PER_WARP};
+use crate::kernels::{self, lookup_keys_per_warp, warps_config, Kernels};
 use crate::mem::{DeviceView, DeviceViewMut};
 use crate::pinned::{HostRows, PinnedBuf};
 use crate::upload::in_parts;
@@ -478,7 +478,7 @@ impl BatchLookup {
             // caches' rows and the output's format; this stream has
             // the copy of keys[at .. at + len] queued before it; every buffer was sized for n
             // keys and n rows, and the descriptors name cache slots `self._slots` holds.
-            unsafe { b.launch(warps_config(len.div_ceil(LOOKUP_KEYS_PER_WARP))) }
+            unsafe { b.launch(warps_config(len.div_ceil(lookup_keys_per_warp()))) }
                 .map_err(cuda_err)?;
             Ok(())
         };

@@ -224,7 +224,9 @@ __device__ __forceinline__ int table_of(long long i, int tables, int interleaved
 // matching way, as cache_lookup takes); misses append their index i in the whole batch to
 // miss[] (order not kept). Rows land as O: float, or fp16 bits (unsigned short) for a
 // TYPE_FP16 output; the cache keeps them as S (the same choice).
+#ifndef LOOKUP_LANES  // src/kernels.rs may set it first (TRITON_RUST_LOOKUP_LANES)
 #define LOOKUP_LANES 8
+#endif
 
 // Whether `key` is among the 32 tags of `set` (read only where `probe`; lane gl of group g
 // reads 32 / LOOKUP_LANES of them, 16 bytes at a time), *way its lowest way. Every lane calls it.

@@ -225,7 +225,11 @@ impl InstanceCaches {
         let caches: Vec<Option<&gpu::GpuCache>> = (0..store.table_count())
             .map(|t| self.caches.get(t).and_then(|c| c.as_any().downcast_ref::<gpu::GpuCache>()))
             .collect();
-        gpu.batch_lookup(&caches, dim, format)
+        let mut lookup = gpu.batch_lookup(&caches, dim, format)?;
+        if time_queue() {
+            lookup.time_kernels(true)?;
+        }
+        Ok(lookup)
     }
 
     /// The one-kernel pooled lookup over this instance's tables when every one is resident
@@ -368,6 +372,8 @@ impl InstanceCaches {
             gpu::RowFormat::F32
         });
         let times = lookup.run_keys::<Error>(keys, layout, epoch, &mut fetch, into)?;
+        // read now: the lookup was waited for, the fill before it on the queue too
+        let queue = lookup.queue_times()?;
         // the fill below takes the gate itself
         drop(order);
         if times.negative > 0 {
@@ -438,7 +444,7 @@ impl InstanceCaches {
                 )
             });
             log::debug!(
-                "timing: batch lookup: keys {}, misses {}, rows read {}, read by the gpu {}, lookup {} us, below cache {} us, keys down {} us, host reads {} us, scatter {} us, fill queued {} us, read calls {}, last share started {} us, longest share {} us, shares busy {} us (most misses: {}{rates})",
+                "timing: batch lookup: keys {}, misses {}, rows read {}, read by the gpu {}, lookup {} us, below cache {} us, keys down {} us, host reads {} us, scatter {} us, fill queued {} us, read calls {}, last share started {} us, longest share {} us, shares busy {} us{} (most misses: {}{rates})",
                 times.keys,
                 times.misses,
                 times.read,
@@ -453,6 +459,7 @@ impl InstanceCaches {
                 reads.last_start_ns / 1000,
                 reads.longest_ns / 1000,
                 reads.busy_ns / 1000,
+                queue_line(queue),
                 worst.join(", ")
             );
         }
@@ -579,5 +586,28 @@ mod key_tables_tests {
         assert_eq!(t.counts, vec![4, 0, 6]);
         let of: Vec<usize> = (0..10).map(|i| t.table_of(i)).collect();
         assert_eq!(of, vec![0, 0, 2, 2, 2, 0, 0, 2, 2, 2], "a table of hotness 0 holds no key");
+    }
+}
+
+/// Whether every GPU batch lookup times how long it holds the caches' queue:
+/// `TRITON_RUST_TIME_QUEUE=1` in the server's environment (read once). The timing lines
+/// (`--log-verbose=1`) then say it, and the benchmarks how busy that queue was.
+#[cfg(feature = "gpu")]
+fn time_queue() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TRITON_RUST_TIME_QUEUE").is_ok_and(|v| v == "1"))
+}
+
+/// The timing line's figures for the caches' queue: this batch's lookup on it and the fill
+/// before (GPU time by events), when timed.
+#[cfg(feature = "gpu")]
+fn queue_line(queue: Option<(f32, Option<f32>)>) -> String {
+    let us = |ms: f32| (ms * 1000.0).round() as u64;
+    match queue {
+        Some((lookup, Some(fill))) => {
+            format!(", queue lookup {} us, queue fill {} us", us(lookup), us(fill))
+        }
+        Some((lookup, None)) => format!(", queue lookup {} us", us(lookup)),
+        None => String::new(),
     }
 }
