@@ -147,7 +147,7 @@ for name in ${runs//,/ }; do
         TRITON_RUST_CUDA_SCHED=$sched TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
         run "$base" --cache 0.1 --stream-warm-passes 20 --host-memory auto ${n:+--instances "$n"} ;;
     # quiet with each key of the batch lookup read by N lanes instead of 8 (TRITON_RUST_LOOKUP_LANES,
-    # 2 or 4: 16 or 8 keys' tags in flight a warp instead of 4)
+    # 1, 2 or 4: 32, 16 or 8 keys' tags in flight a warp instead of 4)
     quietl[0-9]*) TRITON_RUST_LOOKUP_LANES=${base#quietl} TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
         run "$base" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
     # quiet with 8 instances

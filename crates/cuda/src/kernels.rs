@@ -233,15 +233,15 @@ pub(crate) fn copy_parts(id: i32) -> Result<CudaFunction> {
 pub(crate) const LOOKUP_KEYS_PER_WARP: usize = 4;
 
 /// Lanes a key of the batch lookup, as this process compiles it: `TRITON_RUST_LOOKUP_LANES`
-/// (2, 4 or 8: a key's 32 tags read 16, 8 or 4 a lane, so 16, 8 or 4 keys' reads in flight a
-/// warp) in its environment, read once; else 32 / [`LOOKUP_KEYS_PER_WARP`]. An A/B knob.
+/// (1, 2, 4 or 8: a key's 32 tags read 32, 16, 8 or 4 a lane, so 32, 16, 8 or 4 keys' reads in
+/// flight a warp) in its environment, read once; else 32 / [`LOOKUP_KEYS_PER_WARP`]. An A/B knob.
 pub(crate) fn lookup_lanes() -> usize {
     static LANES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *LANES.get_or_init(|| {
         std::env::var("TRITON_RUST_LOOKUP_LANES")
             .ok()
             .and_then(|v| v.parse().ok())
-            .filter(|l| matches!(l, 2 | 4 | 8))
+            .filter(|l| matches!(l, 1 | 2 | 4 | 8))
             .unwrap_or(32 / LOOKUP_KEYS_PER_WARP)
     })
 }
