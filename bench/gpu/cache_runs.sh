@@ -92,8 +92,12 @@ run() {
     [ "$budget" -gt $(( left + 150 )) ] && budget=$(( left + 150 ))
     first=0
     echo "== $name (--budget-s $budget, $(( $(date +%s) - t0 )) s into the call)"
+    # the bus's traffic and the SMs' busy share, a sample a second, while the run serves
+    nvidia-smi dmon -s tu -o T -d 1 > "$out/$name.dmon.txt" 2>&1 &
+    local dmon=$!
     timeout $(( left - 5 )) bash bench/gpu/run.sh --pack --results "$out/$name" dlrm-v2 "${A[@]}" "$@" --budget-s "$budget" \
         > "$out/$name.log" 2>&1 || rc=1
+    kill "$dmon" 2>/dev/null; wait "$dmon" 2>/dev/null
     # where the store put the host rows (host_memory auto decides at load; the server's log says)
     local log=/tmp/dlrm_v2/server.log
     [ -f "$log" ] && echo "host rows: $(grep -c 'raw bytes, copied into 2 MiB pages' "$log") tables copied into 2 MiB pages; $(grep -c 'not copied into 2 MiB pages' "$log") read from the files' mapping: $(grep -m1 -o 'not copied into 2 MiB pages: .*' "$log" | cut -c1-160)" >> "$out/$name.log"
@@ -114,6 +118,9 @@ for name in ${runs//,/ }; do
                --host-memory huge_pages --dir /tmp/served_reads_table &&
                grep "^|" "$out/$name.txt" | sed "s/^/  /"
            rm -rf /tmp/served_reads_table ;;
+    # no server: the bus alone, page-locked copies up and down (the served runs' dmon samples beside it)
+    pcie) echo "== pcie"; timeout 60 python3 bench/gpu/pcie_bandwidth.py > "$out/pcie.txt" 2>&1 || rc=1
+          sed "s/^/  /" "$out/pcie.txt" ;;
     # before the served runs: its 16 GB table leaves /dev/shm before their 52 GB come
     grid) tool grid miss_reads_bench 150 grid.txt --gb 16 --iters 3 --grid-only 1 --grid 4,8,16,32,0 &&
               grep "^|" "$out/grid.txt" | sed "s/^/  /"

@@ -109,6 +109,31 @@ def queue_busy(stream):
     return (probe + fill) * 1e-6 * batches, probe / 1e3, fill / 1e3
 
 
+def bus_traffic(path):
+    """(GB/s up, GB/s down, SM busy %) medians of a run's `nvidia-smi dmon -s tu` samples
+    while it served (the samples whose SM share is at least half the run's highest: not the
+    server's start nor the tables' load); None without samples."""
+    if not os.path.exists(path):
+        return None
+    cols, rows = None, []
+    for ln in open(path, errors="replace"):
+        f = ln.split()
+        if ln.startswith("#") and "rxpci" in ln:
+            cols = [c.lstrip("#") for c in f]
+        elif cols and not ln.startswith("#") and len(f) == len(cols):
+            try:
+                rows.append({c: float(v) for c, v in zip(cols, f) if c in ("sm", "rxpci", "txpci")})
+            except ValueError:
+                continue
+    rows = [r for r in rows if len(r) == 3]
+    if not rows:
+        return None
+    top = max(r["sm"] for r in rows)
+    serving = [r for r in rows if r["sm"] >= top / 2]
+    mid = lambda k: sorted(r[k] for r in serving)[len(serving) // 2]
+    return mid("rxpci") / 1e3, mid("txpci") / 1e3, mid("sm")
+
+
 def load(folder, name):
     """The run's runs.json and setup.json, from its folder or its packed .tgz; None where absent."""
     d = os.path.join(folder, name)
@@ -191,6 +216,16 @@ def main():
             if cores:
                 per = f" against the batched plain gather's {plain[0] / threads:.2f} M a thread ({threads} threads)" if plain and threads else ""
                 print(f"  {n}: its readers busy {cores:.1f} cores on average, {each:.2f} M rows/s a busy core{per}")
+    for n in runs:
+        got = bus_traffic(os.path.join(folder, n + ".dmon.txt"))
+        if got:
+            print(f"  {n}: while serving (nvidia-smi dmon, medians): {got[0]:.1f} GB/s up the bus, "
+                  f"{got[1]:.1f} GB/s down, SMs busy {got[2]:.0f}%")
+    pcie = os.path.join(folder, "pcie.txt")
+    if os.path.exists(pcie):
+        print("the bus alone, same call (pcie.txt):")
+        for ln in open(pcie, errors="replace"):
+            print("  " + ln.rstrip())
     for n, (r, _) in runs.items():
         got = queue_busy(r["stream"][0])
         if got:
