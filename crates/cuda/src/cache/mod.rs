@@ -38,4 +38,6 @@ pub use batch_args::{
 pub use bench::DeviceKeys;
 pub use pool::{BagLayout, Pooler, ResidentPool};
 pub use rows::DeviceRows;
+#[cfg(test)]
+pub(crate) use slots::DESC;
 pub use slots::{CacheSlots, InsertPlan, WAYS};
