@@ -92,7 +92,7 @@ run() {
     [ "$budget" -gt $(( left + 150 )) ] && budget=$(( left + 150 ))
     first=0
     echo "== $name (--budget-s $budget, $(( $(date +%s) - t0 )) s into the call)"
-    # the bus's traffic and the SMs' busy share, a sample a second, while the run serves
+    # the bus's traffic, a sample a second, while the run serves
     nvidia-smi dmon -s tu -o T -d 1 > "$out/$name.dmon.txt" 2>&1 &
     local dmon=$!
     timeout $(( left - 5 )) bash bench/gpu/run.sh --pack --results "$out/$name" dlrm-v2 "${A[@]}" "$@" --budget-s "$budget" \

@@ -110,9 +110,11 @@ def queue_busy(stream):
 
 
 def bus_traffic(path):
-    """(GB/s up, GB/s down, SM busy %) medians of a run's `nvidia-smi dmon -s tu` samples
-    while it served (the samples whose SM share is at least half the run's highest: not the
-    server's start nor the tables' load); None without samples."""
+    """(GB/s up, GB/s down) means of a run's `nvidia-smi dmon -s tu` samples over its longest
+    stretch of busy seconds (SM share over 5% in each: the warm passes and the stream). A sample a
+    second swings between NVML's shorter windows (the SM share 30% and 100% in turn under a
+    steady load), so means, and no SM share: the stream's own GPU busy figure is the one to read;
+    None without samples."""
     if not os.path.exists(path):
         return None
     cols, rows = None, []
@@ -128,10 +130,16 @@ def bus_traffic(path):
     rows = [r for r in rows if len(r) == 3]
     if not rows:
         return None
-    top = max(r["sm"] for r in rows)
-    serving = [r for r in rows if r["sm"] >= top / 2]
-    mid = lambda k: sorted(r[k] for r in serving)[len(serving) // 2]
-    return mid("rxpci") / 1e3, mid("txpci") / 1e3, mid("sm")
+    serving, stretch = [], []
+    for r in rows + [{"sm": 0}]:
+        if r["sm"] > 5:
+            stretch.append(r)
+        else:
+            serving, stretch = max(serving, stretch, key=len), []
+    if not serving:
+        return None
+    mean = lambda k: sum(r[k] for r in serving) / len(serving)
+    return mean("rxpci") / 1e3, mean("txpci") / 1e3
 
 
 def load(folder, name):
@@ -219,8 +227,8 @@ def main():
     for n in runs:
         got = bus_traffic(os.path.join(folder, n + ".dmon.txt"))
         if got:
-            print(f"  {n}: while serving (nvidia-smi dmon, medians): {got[0]:.1f} GB/s up the bus, "
-                  f"{got[1]:.1f} GB/s down, SMs busy {got[2]:.0f}%")
+            print(f"  {n}: while serving (nvidia-smi dmon, means): {got[0]:.1f} GB/s up the bus, "
+                  f"{got[1]:.1f} GB/s down")
     pcie = os.path.join(folder, "pcie.txt")
     if os.path.exists(pcie):
         print("the bus alone, same call (pcie.txt):")
