@@ -6,9 +6,6 @@
 # events). After bash bench/gpu/pack.sh, carry [".carry"]:
 #
 #   bash bench/gpu/lookup_lanes.sh [--lanes 8,4,2] [--scale 0.25]    # $OUT/lanes<N>.txt, and the lines that matter
-#
-# TRITON_RUST_LOOKUP_TAGS=1 in the environment: the lookups read the sets' one-byte tags (the
-# same checks and times of that form).
 set -u
 cd "$(dirname "$0")/../.."
 lanes=8,4,2

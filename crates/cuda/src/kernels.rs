@@ -142,7 +142,12 @@ fn load(g: &GpuState, source: &str, needs: &str) -> Result<Arc<CudaModule>> {
 }
 
 fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
-    let module = load(g, &format!("{}{SOURCE}", lookup_defines()), "the GPU embedding cache")?;
+    let lanes = lookup_lanes();
+    let module = if lanes == 32 / LOOKUP_KEYS_PER_WARP {
+        load(g, SOURCE, "the GPU embedding cache")?
+    } else {
+        load(g, &format!("#define LOOKUP_LANES {lanes}\n{SOURCE}"), "the GPU embedding cache")?
+    };
     let f = |name: &str| module.load_function(name).map_err(cuda_err);
     Ok(Arc::new(Kernels {
         lookup: f("cache_lookup")?,
@@ -239,26 +244,6 @@ pub(crate) fn lookup_lanes() -> usize {
             .filter(|l| matches!(l, 1 | 2 | 4 | 8))
             .unwrap_or(32 / LOOKUP_KEYS_PER_WARP)
     })
-}
-
-/// Whether the batch lookup reads a set's one-byte tags, and a key only where its tag matches,
-/// instead of the set's 32 keys: `TRITON_RUST_LOOKUP_TAGS=1` in the process's environment,
-/// read once. An A/B knob; the tags are kept either way.
-pub(crate) fn lookup_tags() -> bool {
-    static TAGS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *TAGS.get_or_init(|| std::env::var("TRITON_RUST_LOOKUP_TAGS").is_ok_and(|v| v == "1"))
-}
-
-/// The defines the knobs put before the kernels' source (none by default).
-fn lookup_defines() -> String {
-    let mut d = String::new();
-    if lookup_lanes() != 32 / LOOKUP_KEYS_PER_WARP {
-        d += &format!("#define LOOKUP_LANES {}\n", lookup_lanes());
-    }
-    if lookup_tags() {
-        d += "#define LOOKUP_TAGS 1\n";
-    }
-    d
 }
 
 /// Keys a warp of the batch lookup takes, as compiled ([`lookup_lanes`]).

@@ -19,10 +19,10 @@ use crate::kernels::{self, threads_config, warps_config, Kernels};
 pub const WAYS: usize = 32;
 
 /// Fields of a table's descriptor for the whole-batch kernels (see `batch_lookup` in the kernels).
-pub(crate) const DESC: usize = 9;
+pub(crate) const DESC: usize = 8;
 
 /// A table's slots as the whole-batch kernels see them: the descriptor's fields (keys,
-/// stamps, rows, sets, locks, counters, the LFU sketch or 0, its width, tags), with a hold on the memory they name, so the
+/// stamps, rows, sets, locks, counters, the LFU sketch or 0, its width), with a hold on the memory they name, so the
 /// addresses stay valid for as long as this lives.
 pub(crate) struct SlotsDesc {
     pub(crate) fields: [i64; DESC],
@@ -31,9 +31,6 @@ pub(crate) struct SlotsDesc {
 
 struct Slots {
     keys: CudaSlice<i64>,
-    /// A byte a slot: its key's tag (`tag_of` in the kernels; 0 while empty), written with the
-    /// key, so a lookup compiled to read tags reads a set's 32 in 32 bytes.
-    tags: CudaSlice<u8>,
     stamps: CudaSlice<u64>,
     /// `dim` elements a slot, fp32 or fp16 (`CacheSlots::rows`).
     rows: CudaSlice<u8>,
@@ -95,7 +92,6 @@ impl CacheSlots {
         let capacity = sets * WAYS;
         let slots = Slots {
             keys: stream.clone_htod(&vec![empty_key; capacity]).map_err(cuda_err)?,
-            tags: stream.alloc_zeros::<u8>(capacity.max(1)).map_err(cuda_err)?,
             stamps: stream.alloc_zeros::<u64>(capacity).map_err(cuda_err)?,
             rows: stream.alloc_zeros::<u8>(capacity * dim * rows.size()).map_err(cuda_err)?,
             counters: stream.alloc_zeros::<u64>(2).map_err(cuda_err)?,
@@ -131,7 +127,6 @@ impl CacheSlots {
         let bytes = nrows.max(1) * dim * rows.size();
         let slots = Slots {
             keys: stream.alloc_zeros::<i64>(1).map_err(cuda_err)?,
-            tags: stream.alloc_zeros::<u8>(1).map_err(cuda_err)?,
             stamps: stream.alloc_zeros::<u64>(1).map_err(cuda_err)?,
             rows: stream.alloc_zeros::<u8>(bytes).map_err(|e| {
                 CudaError::internal(format!(
@@ -204,15 +199,12 @@ impl CacheSlots {
         let (l, _d) = slots.locks.device_ptr(&self.stream);
         let (c, _e) = slots.counters.device_ptr(&self.stream);
         let (sk, _f) = slots.sketch.device_ptr(&self.stream);
-        let (tg, _g) = slots.tags.device_ptr(&self.stream);
-        // a resident table has no tags to read
-        let tags = if self.resident.is_some() { 0 } else { addr(tg) };
         let (sketch, width) = match self.sketch_width {
             0 => (0, 0),
             w => (addr(sk), w as i64),
         };
         let fields =
-            [addr(k), addr(st), addr(r), self.sets_field(), addr(l), addr(c), sketch, width, tags];
+            [addr(k), addr(st), addr(r), self.sets_field(), addr(l), addr(c), sketch, width];
         SlotsDesc { fields, _held: self.slots.clone() }
     }
 
@@ -346,7 +338,7 @@ impl CacheSlots {
             only_if_present as i32,
             self.sketch_width as i64,
         );
-        let Slots { keys: sk, tags, stamps, rows, counters, sketch, .. } = &mut *slots;
+        let Slots { keys: sk, stamps, rows, counters, sketch, .. } = &mut *slots;
         if self.sketch_width != 0 && !only_if_present {
             // LFU: every key's miss counted before any is placed
             let n = keys.len() as i32;
@@ -362,7 +354,7 @@ impl CacheSlots {
         };
         let mut b = s.launch_builder(f);
         b.arg(&d_keys).arg(&d_vecs).arg(&d_order).arg(&d_starts).arg(&d_sets).arg(&groups);
-        b.arg(sk).arg(tags).arg(stamps).arg(rows).arg(&dim).arg(&epoch).arg(&flag).arg(counters);
+        b.arg(sk).arg(stamps).arg(rows).arg(&dim).arg(&epoch).arg(&flag).arg(counters);
         // under LRU the kernel reads no sketch: a null pointer says so
         let none = 0u64;
         if self.sketch_width == 0 {

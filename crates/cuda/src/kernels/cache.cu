@@ -4,18 +4,12 @@ typedef long long i64;
 typedef unsigned long long u64;
 #define FULL 0xffffffffu
 #define EMPTY_KEY ((i64)0x8000000000000000ULL)
-#define DESC 9  // fields of a table's descriptor (src/cache/slots.rs DESC)
+#define DESC 8  // fields of a table's descriptor (src/cache/slots.rs DESC)
 
 __device__ __forceinline__ u64 mix64(u64 k) {
     k ^= k >> 33; k *= 0xff51afd7ed558ccdULL;
     k ^= k >> 33; k *= 0xc4ceb9fe1a85ec53ULL;
     k ^= k >> 33; return k;
-}
-
-// A key's one-byte tag, kept beside its slot's key (never 0, which an empty slot's tag is), so a
-// lookup can read a set's 32 tags in 32 bytes, not 256, and the key only where the tag matches.
-__device__ __forceinline__ unsigned char tag_of(i64 key) {
-    return (unsigned char)((mix64((u64)key ^ 0x9e3779b97f4a7c15ULL) >> 56) | 1u);
 }
 
 // A row copied by `lanes` lanes of a warp (lane: this one's place among them).
@@ -135,10 +129,10 @@ __device__ __forceinline__ u64 next_stamp(int fresh, u64 old, u64 count, u64 epo
 // lane: its own way when present (*fresh 0); else -1 when only_if_present; else the way with
 // the lowest stamp (lowest lane on ties: LRU's least recent, LFU's least frequent). LFU
 // (count > 0, the key's sketched misses) gives it up only to a key counted more often than
-// it (else -1). Lane 0 claims the way for key (its key and tag) and counts an insert, and an
-// eviction when the way held a row; *fresh 1. Callers in fill and insert share this choice.
+// it (else -1). Lane 0 claims the way for key and counts an insert, and an eviction when the
+// way held a row; *fresh 1. Callers in fill and insert share this choice.
 __device__ __forceinline__ int way_for(u64 st, i64 sk, i64 key, int lane, int only_if_present,
-        u64 count, i64* slot_keys, unsigned char* slot_tags, u64 set, u64* counters, int* fresh) {
+        u64 count, i64* slot_keys, u64 set, u64* counters, int* fresh) {
     unsigned hit = __ballot_sync(FULL, st != 0 && sk == key);
     *fresh = 0;
     if (hit != 0) return __ffs(hit) - 1;
@@ -157,7 +151,6 @@ __device__ __forceinline__ int way_for(u64 st, i64 sk, i64 key, int lane, int on
         atomicAdd(&counters[0], 1ULL);
         if (victim_stamp != 0) atomicAdd(&counters[1], 1ULL);
         slot_keys[set * 32 + way] = key;
-        slot_tags[set * 32 + way] = tag_of(key);
     }
     return way;
 }
@@ -210,8 +203,8 @@ extern "C" __global__ void cache_lookup_s16(const i64* __restrict__ keys, int n,
 
 // The whole-batch kernels. Table t's slots are described by desc[t*DESC .. t*DESC+DESC] =
 // (slot keys, slot stamps, slot rows, sets, set locks, counters, LFU sketch or 0 under LRU,
-// the sketch's width, slot tags); a resident table (every row on the GPU, row = key) says -rows
-// for sets and has no keys, stamps, locks, sketch or tags. Key i belongs to table
+// the sketch's width); a resident table (every row on the GPU, row = key) says -rows for sets
+// and has no keys, stamps, locks or sketch. Key i belongs to table
 // i % tables (interleaved > 0: keys [batch, tables]), to the t with key_start[t] <= i <
 // key_start[t+1] (interleaved 0, blocked: table after table), or, for fixed hotness (interleaved
 // = -width: keys [batch, width] as sent), to the t with key_start[t] <= i % width <
@@ -235,39 +228,19 @@ __device__ __forceinline__ int table_of(long long i, int tables, int interleaved
 #define LOOKUP_LANES 8
 #endif
 
-// Whether `key` is among the 32 keys of `set` (read only where `probe`; lane gl of group g
+// Whether `key` is among the 32 tags of `set` (read only where `probe`; lane gl of group g
 // reads 32 / LOOKUP_LANES of them, 16 bytes at a time), *way its lowest way. Every lane calls it.
-// Compiled with LOOKUP_TAGS (src/kernels.rs, TRITON_RUST_LOOKUP_TAGS=1), a lane reads its ways'
-// one-byte tags instead, 4 a load, and the key only of a way whose tag is the key's.
-__device__ __forceinline__ bool group_find(const i64* __restrict__ slot_keys,
-        const unsigned char* __restrict__ slot_tags, u64 set, i64 key, bool probe,
+__device__ __forceinline__ bool group_find(const i64* __restrict__ slot_keys, u64 set, i64 key, bool probe,
         int g, int gl, int* way) {
     const int L = LOOKUP_LANES, PER = 32 / LOOKUP_LANES;
     unsigned bits = 0;  // bit p: way PER * gl + p holds the key
     if (probe) {
-#ifdef LOOKUP_TAGS
-        const unsigned* t4 = (const unsigned*)(slot_tags + set * 32 + PER * gl);
-        const unsigned want = tag_of(key);
-        unsigned maybe = 0;  // bit p: way PER * gl + p has the key's tag
-        #pragma unroll
-        for (int q = 0; q < PER / 4; ++q) {
-            unsigned v = t4[q];
-            #pragma unroll
-            for (int b = 0; b < 4; ++b) maybe |= (unsigned)(((v >> (8 * b)) & 0xffu) == want) << (4 * q + b);
-        }
-        while (maybe != 0) {
-            int p = __ffs(maybe) - 1;
-            maybe &= maybe - 1;
-            bits |= (unsigned)(slot_keys[set * 32 + PER * gl + p] == key) << p;
-        }
-#else
         const longlong2* tags = (const longlong2*)(slot_keys + set * 32 + PER * gl);
         #pragma unroll
         for (int q = 0; q < PER / 2; ++q) {
             longlong2 v = tags[q];
             bits |= ((unsigned)(v.x == key) << (2 * q)) | ((unsigned)(v.y == key) << (2 * q + 1));
         }
-#endif
     }
     // the group's lanes with a match, and the first one's bits
     unsigned any = (__ballot_sync(FULL, bits != 0) >> (g * L)) & ((1u << L) - 1u);
@@ -298,7 +271,7 @@ __device__ __forceinline__ void batch_lookup_as(const i64* __restrict__ keys, lo
     bool probe = sets > 0 && key != EMPTY_KEY;
     u64 set = probe ? mix64((u64)key) % (u64)sets : 0;
     int way;
-    bool found = group_find(slot_keys, (const unsigned char*)desc[t * DESC + 8], set, key, probe, g, gl, &way);
+    bool found = group_find(slot_keys, set, key, probe, g, gl, &way);
     if (!live) return;
     if (interleaved < 0 && key < 0) {  // fixed hotness: padding or a bad key, counted, not looked up
         if (gl == 0) atomicAdd(miss_count + 1, 1u);
@@ -389,7 +362,6 @@ __device__ __forceinline__ void batch_fill_as(const i64* __restrict__ keys, cons
     if (!fill_target(keys, miss, found, j, m, tables, interleaved, key_start, desc, &d, &key, &set)) return;
     long long sets = d[3];
     i64* slot_keys = (i64*)d[0];
-    unsigned char* slot_tags = (unsigned char*)d[8];
     u64* slot_stamps = (u64*)d[1];
     S* slot_rows = (S*)d[2];
     unsigned* locks = (unsigned*)d[4];
@@ -426,7 +398,7 @@ __device__ __forceinline__ void batch_fill_as(const i64* __restrict__ keys, cons
     u64 st = __ldcg(&slot_stamps[slot]);
     i64 sk = __ldcg(&slot_keys[slot]);
     int fresh;
-    int way = way_for(st, sk, key, lane, 0, count, slot_keys, slot_tags, set, counters, &fresh);
+    int way = way_for(st, sk, key, lane, 0, count, slot_keys, set, counters, &fresh);
     if (way >= 0) {
         u64 old = __shfl_sync(FULL, st, way);
         copy_row(slot_rows + (set * 32 + way) * (size_t)dim, rows + (size_t)j * dim, dim, lane);
@@ -562,7 +534,7 @@ template <typename S>
 __device__ __forceinline__ void cache_insert_as(const i64* __restrict__ keys, const float* __restrict__ vecs,
         const int* __restrict__ order, const int* __restrict__ group_start,
         const long long* __restrict__ group_set, int groups,
-        i64* __restrict__ slot_keys, unsigned char* __restrict__ slot_tags, u64* __restrict__ slot_stamps, S* __restrict__ rows,
+        i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps, S* __restrict__ rows,
         int dim, u64 epoch, int only_if_present, u64* __restrict__ counters,
         unsigned* __restrict__ sketch, long long width) {
     long long g = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -580,7 +552,7 @@ __device__ __forceinline__ void cache_insert_as(const i64* __restrict__ keys, co
         u64 st = slot_stamps[slot];
         i64 sk = slot_keys[slot];
         int fresh;
-        int way = way_for(st, sk, key, lane, only_if_present, count, slot_keys, slot_tags, set, counters, &fresh);
+        int way = way_for(st, sk, key, lane, only_if_present, count, slot_keys, set, counters, &fresh);
         if (way < 0) continue;
         u64 old = __shfl_sync(FULL, st, way);
         copy_row(rows + (set * 32 + way) * (size_t)dim, vecs + (size_t)i * dim, dim, lane);
@@ -593,17 +565,17 @@ __device__ __forceinline__ void cache_insert_as(const i64* __restrict__ keys, co
 extern "C" __global__ void cache_insert(const i64* __restrict__ keys, const float* __restrict__ vecs,
         const int* __restrict__ order, const int* __restrict__ group_start,
         const long long* __restrict__ group_set, int groups,
-        i64* __restrict__ slot_keys, unsigned char* __restrict__ slot_tags, u64* __restrict__ slot_stamps, float* __restrict__ rows,
+        i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps, float* __restrict__ rows,
         int dim, u64 epoch, int only_if_present, u64* __restrict__ counters,
         unsigned* __restrict__ sketch, long long width) {
-    cache_insert_as(keys, vecs, order, group_start, group_set, groups, slot_keys, slot_tags, slot_stamps, rows, dim, epoch, only_if_present, counters, sketch, width);
+    cache_insert_as(keys, vecs, order, group_start, group_set, groups, slot_keys, slot_stamps, rows, dim, epoch, only_if_present, counters, sketch, width);
 }
 
 extern "C" __global__ void cache_insert_s16(const i64* __restrict__ keys, const float* __restrict__ vecs,
         const int* __restrict__ order, const int* __restrict__ group_start,
         const long long* __restrict__ group_set, int groups,
-        i64* __restrict__ slot_keys, unsigned char* __restrict__ slot_tags, u64* __restrict__ slot_stamps, unsigned short* __restrict__ rows,
+        i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps, unsigned short* __restrict__ rows,
         int dim, u64 epoch, int only_if_present, u64* __restrict__ counters,
         unsigned* __restrict__ sketch, long long width) {
-    cache_insert_as(keys, vecs, order, group_start, group_set, groups, slot_keys, slot_tags, slot_stamps, rows, dim, epoch, only_if_present, counters, sketch, width);
+    cache_insert_as(keys, vecs, order, group_start, group_set, groups, slot_keys, slot_stamps, rows, dim, epoch, only_if_present, counters, sketch, width);
 }

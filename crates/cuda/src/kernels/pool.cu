@@ -248,7 +248,7 @@ extern "C" __global__ void probe_slots(const i64* __restrict__ keys, int n, int 
     bool probe = sets > 0 && key >= 0;
     u64 set = probe ? mix64((u64)key) % (u64)sets : 0;
     int way;
-    bool found = group_find((const i64*)d[0], (const unsigned char*)d[8], set, key, probe, g, gl, &way);
+    bool found = group_find((const i64*)d[0], set, key, probe, g, gl, &way);
     if (!live || gl != 0) return;
     pos[i] = -1;
     if (key < 0) {
