@@ -142,6 +142,18 @@ def bus_traffic(path):
     return mean("rxpci") / 1e3, mean("txpci") / 1e3
 
 
+def echo(folder, name, title, keep=lambda ln: True):
+    """A file of the call's (a tool's output) under `title`, the lines `keep` takes, indented;
+    nothing where it is absent."""
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        return
+    print(title)
+    for ln in open(path, errors="replace"):
+        if keep(ln):
+            print("  " + ln.rstrip())
+
+
 def load(folder, name):
     """The run's runs.json and setup.json, from its folder or its packed .tgz; None where absent."""
     d = os.path.join(folder, name)
@@ -229,22 +241,14 @@ def main():
         if got:
             print(f"  {n}: while serving (nvidia-smi dmon, means): {got[0]:.1f} GB/s up the bus, "
                   f"{got[1]:.1f} GB/s down")
-    pcie = os.path.join(folder, "pcie.txt")
-    if os.path.exists(pcie):
-        print("the bus alone, same call (pcie.txt):")
-        for ln in open(pcie, errors="replace"):
-            print("  " + ln.rstrip())
+    echo(folder, "pcie.txt", "the bus alone, same call (pcie.txt):")
     for n, (r, _) in runs.items():
         got = queue_busy(r["stream"][0])
         if got:
             print(f"  {n}: the caches' queue held {100 * got[0]:.0f}% of the time: a batch's lookup "
                   f"{got[1]:.3f} ms and fill {got[2]:.3f} ms on it (GPU time, medians)")
-    grid = os.path.join(folder, "grid.txt")
-    if os.path.exists(grid):
-        print("the GPU's in-place reads alone, by grid, same call (grid.txt):")
-        for ln in open(grid, errors="replace"):
-            if ln.startswith("|") or ln.startswith("rows:"):
-                print("  " + ln.rstrip())
+    echo(folder, "grid.txt", "the GPU's in-place reads alone, by grid, same call (grid.txt):",
+         lambda ln: ln.startswith(("|", "rows:")))
     for n in order:
         if n not in runs and n not in ("plain", "grid"):
             print(f"{n}: no stream figure (see {n}.log)")
