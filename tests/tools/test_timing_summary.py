@@ -87,3 +87,36 @@ def test_rows_the_gpu_read_in_place_are_not_the_host_threads():
     assert abs(cores - 6.0) < 1e-9 and abs(each - 135000 / 0.020 / 1e6) < 1e-9
     del lookup["read by the gpu"]  # host threads alone: every row read is theirs
     assert abs(crs.misses_read(stream)[1] - 50.0) < 1e-9
+
+
+def test_the_caches_queue_held_from_a_served_streams_medians():
+    import cache_runs_summary as crs
+    import timing_summary
+    # a batch lookup's timing line with the queue's figures (TRITON_RUST_TIME_QUEUE=1): parsed
+    # like the rest, not the notes in brackets after them
+    line = ("timing: batch lookup: keys 3506176, misses 169664, shares busy 16503 us, queue lookup 1075 us, "
+            "queue fill 247 us (most misses: t20 9000)")
+    found = timing_summary.figures([line])
+    assert found[("batch lookup", "queue lookup")] == [1075] and found[("batch lookup", "queue fill")] == [247]
+    # 1.075 + 0.247 ms a batch at 400 batches a second (6.5536 M pairs/s of 16,384): held 52.88%
+    stream = {"pairs_per_s": 6.5536e6, "timing": {"batch lookup": {"queue lookup": [1075], "queue fill": [247]},
+                                                  "serve": {"rows": [16384]}}}
+    held, lookup, fill = crs.queue_busy(stream)
+    assert abs(held - 0.5288) < 1e-9 and (lookup, fill) == (1.075, 0.247)
+    # no queue figures (a run without the knob, or every row in HBM): nothing said
+    assert crs.queue_busy({"pairs_per_s": 1.0, "timing": {"serve": {"rows": [16384]}}}) is None
+
+
+def test_the_bus_traffic_is_the_mean_over_the_longest_busy_stretch(tmp_path):
+    import cache_runs_summary as crs
+    head = ("#Time         gpu  rxpci  txpci     sm    mem\n"
+            "#HH:MM:SS     Idx   MB/s   MB/s      %      %\n")
+    rows = [("0", "0", "0"), ("5000", "500", "12"), ("0", "0", "0"),  # the tables' load, a pause
+            ("30000", "3000", "90"), ("10000", "1000", "30"), ("20000", "2000", "95"),  # serving
+            ("0", "0", "0")]
+    body = "".join(f" 18:00:{i:02d}  0  {rx}  {tx}  {sm}  10\n" for i, (rx, tx, sm) in enumerate(rows))
+    p = tmp_path / "run.dmon.txt"
+    p.write_text(head + body)
+    up, down = crs.bus_traffic(str(p))
+    assert abs(up - 20.0) < 1e-9 and abs(down - 2.0) < 1e-9
+    assert crs.bus_traffic(str(tmp_path / "absent.txt")) is None
