@@ -92,9 +92,7 @@ impl KernelClock {
             fill_ms: time(Step::Fill as usize)?,
         }))
     }
-}
 
-impl KernelClock {
     /// This run's lookup on the caches' queue, and the run before's fill on it, in ms. Read
     /// after the lookup was waited for: both are done then (the fill came first on the queue).
     fn queue_times(&self) -> Result<Option<(f32, Option<f32>)>> {

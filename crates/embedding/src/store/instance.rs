@@ -372,8 +372,9 @@ impl InstanceCaches {
             gpu::RowFormat::F32
         });
         let times = lookup.run_keys::<Error>(keys, layout, epoch, &mut fetch, into)?;
-        // read now: the lookup was waited for, the fill before it on the queue too
-        let queue = lookup.queue_times()?;
+        // read now: the lookup was waited for, the fill before it on the queue too (a
+        // figure for the timing line, never a failed batch)
+        let queue = lookup.queue_times().ok().flatten();
         // the fill below takes the gate itself
         drop(order);
         if times.negative > 0 {
