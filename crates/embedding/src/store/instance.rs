@@ -566,30 +566,6 @@ fn fill_cache(store: &EmbeddingStore, caches: &[Arc<dyn CacheTier>], fill: Fill)
     cache.insert(&fill.keys, &fill.vectors)
 }
 
-#[cfg(all(test, feature = "gpu"))]
-mod key_tables_tests {
-    use super::KeyTables;
-    use crate::gpu::KeyLayout;
-
-    #[test]
-    fn each_layout_names_the_table_the_kernels_do() {
-        // [batch 2, tables 3] interleaved
-        let t = KeyTables::new(KeyLayout::Interleaved, 6, 3);
-        assert_eq!(t.counts, vec![2, 2, 2]);
-        assert_eq!((0..6).map(|i| t.table_of(i)).collect::<Vec<_>>(), vec![0, 1, 2, 0, 1, 2]);
-        // blocked: 2, 0 and 3 keys, table after table
-        let t = KeyTables::new(KeyLayout::Blocked(&[2, 0, 3]), 5, 3);
-        assert_eq!(t.counts, vec![2, 0, 3]);
-        assert_eq!((0..5).map(|i| t.table_of(i)).collect::<Vec<_>>(), vec![0, 0, 2, 2, 2]);
-        // fixed hotness 2, 0, 3 (a sample of 5 keys), two samples as sent
-        let at = [0, 2, 2, 5];
-        let t = KeyTables::new(KeyLayout::Fixed { width: 5, at: &at }, 10, 3);
-        assert_eq!(t.counts, vec![4, 0, 6]);
-        let of: Vec<usize> = (0..10).map(|i| t.table_of(i)).collect();
-        assert_eq!(of, vec![0, 0, 2, 2, 2, 0, 0, 2, 2, 2], "a table of hotness 0 holds no key");
-    }
-}
-
 /// Whether every GPU batch lookup times how long it holds the caches' queue:
 /// `TRITON_RUST_TIME_QUEUE=1` in the server's environment (read once). The timing lines
 /// (`--log-verbose=1`) then say it, and the benchmarks how busy that queue was.
