@@ -10,7 +10,10 @@ that never pause (the host's rate, 2.2-3.7x the batched on the H200 hosts of 202
 66's first target reads against it). And where the reads' cores went: the readers' busy time a batch
 (the timing line's `shares busy`) times the batches a second is how many cores read on average;
 the rows each of them read a second, beside the plain gather's a thread, says whether the gap to
-the plain gather is slower reads or fewer cores reading.
+the plain gather is slower reads or fewer cores reading; beside the steady gather's a thread at
+the readers' busy cores (the same thread count, as far as its table goes). And the misses a pair
+costs: at DLRM-v2's hit rate, misses served a second are the pairs a second times about 10.4, so
+100 M of them would take about 0.84x the all-in-HBM rate.
 
     python3 bench/gpu/cache_runs_summary.py DIR      # DIR: the call's folder (<run>.tgz or <run>/)
 """
@@ -59,6 +62,42 @@ def plain_steady(folder):
             if best is None or rate > best[0]:
                 best = (rate, int(cells[0]), ahead)
     return best
+
+
+def steady_per_thread(folder):
+    """The `plain` run's steady gather a thread, by its thread count: {threads: M rows/s a
+    thread}, each count's best prefetch depth with plain stores; {} without the table."""
+    path = os.path.join(folder, "plain.txt")
+    if not os.path.exists(path):
+        return {}
+    got, inside = {}, False
+    for ln in open(path, errors="replace"):
+        if "plain, steady threads" in ln:
+            inside = True
+            continue
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+        if inside and cells and cells[0].isdigit():
+            threads = int(cells[0])
+            got[threads] = max(float(c) for c in cells[1:4]) / threads
+    return got
+
+
+def per_core_against_steady(each, cores, steady):
+    """(ratio, threads) of a busy reader core's rows a second (`each`) to a steady plain-gather
+    thread's at the fewest threads of `steady` that are at least the readers' busy `cores` (the
+    most there are, when none is): the same thread count, as far as the table has it; None
+    without a table."""
+    if not steady:
+        return None
+    at = min((t for t in steady if t >= cores), default=max(steady))
+    return each / steady[at], at
+
+
+def misses_a_pair(stream):
+    """Misses a served pair costs (its keys a pair times the miss rate); None without a hit rate."""
+    if stream.get("hit_rate") is None or not stream.get("pairs_per_s"):
+        return None
+    return stream["lookups_per_s"] / stream["pairs_per_s"] * (1 - stream["hit_rate"])
 
 
 def host_rows(steps):
@@ -231,11 +270,20 @@ def main():
             if steady:
                 versus += f", {got[1] / steady[0]:.2f}x its steady best"
             print(f"  {n}: misses served {got[0]:.1f} M/s, rows read from the host {got[1]:.1f} M/s{versus}")
+            m = misses_a_pair(r["stream"][0])
+            if m and hbm:
+                need = 100.0 / m
+                print(f"  {n}: {m:.2f} misses a pair: 100 M misses a second would take {need:.2f} M pairs/s "
+                      f"({need * 1e6 / hbm:.2f}x hbm)")
             cores, each = reading_cores(r["stream"][0]) or (None, None)
             threads = plain[3] if plain else None
             if cores:
                 per = f" against the batched plain gather's {plain[0] / threads:.2f} M a thread ({threads} threads)" if plain and threads else ""
                 print(f"  {n}: its readers busy {cores:.1f} cores on average, {each:.2f} M rows/s a busy core{per}")
+                against = per_core_against_steady(each, cores, steady_per_thread(folder))
+                if against:
+                    print(f"  {n}: a busy reader core {against[0]:.2f}x a steady plain-gather thread at "
+                          f"{against[1]} threads, same call")
     for n in runs:
         got = bus_traffic(os.path.join(folder, n + ".dmon.txt"))
         if got:

@@ -120,3 +120,32 @@ def test_the_bus_traffic_is_the_mean_over_the_longest_busy_stretch(tmp_path):
     up, down = crs.bus_traffic(str(p))
     assert abs(up - 20.0) < 1e-9 and abs(down - 2.0) < 1e-9
     assert crs.bus_traffic(str(tmp_path / "absent.txt")) is None
+
+
+def test_a_busy_reader_core_against_a_steady_gather_thread_at_the_same_thread_count(tmp_path):
+    import cache_runs_summary as crs
+    (tmp_path / "plain.txt").write_text(
+        "| plain, steady threads (M rows/s): threads | prefetch 4 rows ahead | 8 ahead | 16 ahead | 16 ahead, streaming stores |\n"
+        "|---:|---:|---:|---:|---:|\n"
+        "| 4 | 41.0 | 40.0 | 39.0 | 30.0 |\n"
+        "| 8 | 120.0 | 143.2 | 140.0 | 90.0 |\n"
+        "| 16 | 240.0 | 250.0 | 252.0 | 160.0 |\n")
+    steady = crs.steady_per_thread(str(tmp_path))
+    # each count's best of its plain-store columns, a thread (not the streaming column)
+    assert steady == {4: 41.0 / 4, 8: 143.2 / 8, 16: 252.0 / 16}
+    # 7.6 busy cores: against 8 threads; 9.5: against 16; more than the table: its most
+    ratio, at = crs.per_core_against_steady(8.95, 7.6, steady)
+    assert abs(ratio - 0.5) < 1e-9 and at == 8
+    ratio, at = crs.per_core_against_steady(7.875, 9.5, steady)
+    assert abs(ratio - 0.5) < 1e-9 and at == 16
+    assert crs.per_core_against_steady(7.875, 20, steady)[1] == 16
+    assert crs.per_core_against_steady(1.0, 4, {}) is None
+    assert crs.steady_per_thread(str(tmp_path / "absent")) == {}
+
+
+def test_misses_a_served_pair():
+    import cache_runs_summary as crs
+    # 214 keys a pair at hit rate 0.95: 10.7 misses a pair
+    stream = {"pairs_per_s": 7e6, "lookups_per_s": 7e6 * 214, "hit_rate": 0.95}
+    assert abs(crs.misses_a_pair(stream) - 10.7) < 1e-9
+    assert crs.misses_a_pair({"pairs_per_s": 7e6, "lookups_per_s": 1.0}) is None
