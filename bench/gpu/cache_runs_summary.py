@@ -43,43 +43,34 @@ def plain_rate(folder):
     return None
 
 
-def plain_steady(folder):
-    """The `plain` run's steady gather (threads that never pause): (best M rows/s, its threads,
-    its prefetch depth); None when plain.txt has no such table."""
-    path = os.path.join(folder, "plain.txt")
-    if not os.path.exists(path):
-        return None
-    best, inside = None, False
-    for ln in open(path, errors="replace"):
-        if "plain, steady threads" in ln:
-            inside = True
-            continue
-        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
-        if not inside or not cells or not cells[0].isdigit():
-            continue
-        for ahead, cell in zip((4, 8, 16), cells[1:]):
-            rate = float(cell)
-            if best is None or rate > best[0]:
-                best = (rate, int(cells[0]), ahead)
-    return best
-
-
-def steady_per_thread(folder):
-    """The `plain` run's steady gather a thread, by its thread count: {threads: M rows/s a
-    thread}, each count's best prefetch depth with plain stores; {} without the table."""
+def steady_table(folder):
+    """The `plain` run's steady gather (threads that never pause) as plain.txt has it:
+    {threads: {rows prefetched ahead: M rows/s}}, plain stores only (not its streaming column);
+    {} when plain.txt has no such table."""
     path = os.path.join(folder, "plain.txt")
     if not os.path.exists(path):
         return {}
-    got, inside = {}, False
+    table, inside = {}, False
     for ln in open(path, errors="replace"):
         if "plain, steady threads" in ln:
             inside = True
             continue
         cells = [c.strip() for c in ln.strip().strip("|").split("|")]
         if inside and cells and cells[0].isdigit():
-            threads = int(cells[0])
-            got[threads] = max(float(c) for c in cells[1:4]) / threads
-    return got
+            table[int(cells[0])] = {ahead: float(c) for ahead, c in zip((4, 8, 16), cells[1:4])}
+    return table
+
+
+def plain_steady(folder):
+    """The steady gather's best: (M rows/s, its threads, its prefetch depth); None without it."""
+    rates = [(rate, threads, ahead) for threads, row in steady_table(folder).items() for ahead, rate in row.items()]
+    return max(rates, key=lambda r: r[0]) if rates else None
+
+
+def steady_per_thread(folder):
+    """The steady gather a thread, by its thread count: {threads: M rows/s a thread}, each
+    count's best prefetch depth; {} without the table."""
+    return {threads: max(row.values()) / threads for threads, row in steady_table(folder).items()}
 
 
 def per_core_against_steady(each, cores, steady):

@@ -372,9 +372,6 @@ impl InstanceCaches {
             gpu::RowFormat::F32
         });
         let times = lookup.run_keys::<Error>(keys, layout, epoch, &mut fetch, into)?;
-        // read now: the lookup was waited for, the fill before it on the queue too (a
-        // figure for the timing line, never a failed batch)
-        let queue = lookup.queue_times().ok().flatten();
         // the fill below takes the gate itself
         drop(order);
         if times.negative > 0 {
@@ -460,7 +457,9 @@ impl InstanceCaches {
                 reads.last_start_ns / 1000,
                 reads.longest_ns / 1000,
                 reads.busy_ns / 1000,
-                queue_line(queue),
+                // the lookup was waited for, the fill before it on the queue too; a figure for
+                // this line, never a failed batch
+                queue_line(lookup.queue_times().ok().flatten()),
                 worst.join(", ")
             );
         }
