@@ -251,6 +251,10 @@ pub(crate) fn lookup_keys_per_warp() -> usize {
     32 / lookup_lanes()
 }
 
+/// Groups of [`lookup_keys_per_warp`] keys a warp of `probe_slots` takes: `PROBE_STEPS` in the
+/// kernels' source, which the tests hold to this.
+pub(crate) const PROBE_STEPS: usize = 4;
+
 /// Fields of a table's descriptor of host rows the GPU maps: `HOST_DESC` in the kernels'
 /// source (`read_host_rows`), which the tests hold to this.
 pub(crate) const HOST_DESC: usize = 4;
@@ -347,6 +351,12 @@ mod tests {
         assert_eq!(lanes * super::LOOKUP_KEYS_PER_WARP, 32);
         let define = format!("#define LOOKUP_LANES {lanes}\n");
         assert!(super::SOURCE.contains(&define), "cache.cu must say {define:?}");
+    }
+
+    #[test]
+    fn the_probe_launch_matches_its_steps_a_warp() {
+        let define = format!("#define PROBE_STEPS {} ", super::PROBE_STEPS);
+        assert!(super::SOURCE.contains(&define), "pool.cu must say {define:?}");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The cache tier's policy, and its CPU implementation.
 //!
 //! Layout (the same on the GPU, `gpu.rs` and the CUDA crate): a set-associative table of
-//! `sets × WAYS` slots. A key lives only in set `mix64(key) % sets`, in any of its 32
+//! `sets × WAYS` slots. A key lives only in set `mix64(key) × sets >> 64`, in any of its 32
 //! ways (one warp's width, so the GPU checks a whole set in one instruction). Each
 //! slot has a key, a stamp (0 = empty) and a row of `dim` floats.
 //!
@@ -93,8 +93,10 @@ impl CacheGeometry {
     pub fn capacity(&self) -> usize {
         self.sets * WAYS
     }
+    /// The high 64 bits of the key's hash times `sets`: as even as `% sets`, and one multiply
+    /// for a 64-bit division on the GPU (cache.cu's `set_of` is the same).
     pub fn set_of(&self, key: i64) -> usize {
-        (mix64(key) % self.sets as u64) as usize
+        ((mix64(key) as u128 * self.sets as u128) >> 64) as usize
     }
     pub fn bytes(&self) -> usize {
         self.capacity() * (8 + 8 + self.dim * 4) + self.sketch_len() * 4

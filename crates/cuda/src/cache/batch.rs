@@ -419,8 +419,13 @@ impl BatchLookup {
                         self.tables
                     )));
                 }
-                let h = self.starts.0.slice(at.len())?;
-                h.copy_from_slice(at);
+                // the starts, then the table of each place of a sample (the kernels' table_of
+                // reads it there instead of searching the starts for every key)
+                let h = self.starts.0.slice(at.len() + width)?;
+                h[..at.len()].copy_from_slice(at);
+                for (t, w) in at.windows(2).enumerate() {
+                    h[at.len() + w[0] as usize..at.len() + w[1] as usize].fill(t as i32);
+                }
                 self.starts.1.reserve(h.len() * 4)?;
                 htod(&self.queue, self.starts.1.ptr(), h)?;
                 Ok(-(width as i32))

@@ -15,7 +15,7 @@ use crate::buffer::{DeviceMem, DevicePtr};
 use crate::context::cuda_err;
 use crate::copy::{dtod_on, dtoh, zero};
 use crate::error::{CudaError, Result};
-use crate::kernels::{lookup_keys_per_warp, threads_config, warps_config};
+use crate::kernels::{lookup_keys_per_warp, threads_config, warps_config, PROBE_STEPS};
 use crate::mem::DeviceView;
 
 /// How a pooling lookup reduces each bag, the type it writes the pooled rows in, and whether
@@ -187,7 +187,8 @@ impl BatchLookup {
         // SAFETY: argument types and order match probe_slots; the keys hold n = batch * width
         // keys, the starts (`place_layout`) tables + 1, the descriptors name slots `_slots`
         // holds, slots and pos were sized above for n keys and the miss list holds n.
-        unsafe { a.launch(warps_config(n.div_ceil(lookup_keys_per_warp()))) }.map_err(cuda_err)?;
+        unsafe { a.launch(warps_config(n.div_ceil(lookup_keys_per_warp() * PROBE_STEPS))) }
+            .map_err(cuda_err)?;
         let mut b = q.stream.launch_builder(f);
         b.arg(&d_slots).arg(&batch_i).arg(&width_i).arg(&tables_i).arg(&d_at).arg(&d_desc);
         b.arg(&dim_i).arg(&lanes_i).arg(&mean_i).arg(&d_out).arg(&d_partial).arg(&d_open);

@@ -12,6 +12,12 @@ __device__ __forceinline__ u64 mix64(u64 k) {
     k ^= k >> 33; return k;
 }
 
+// The set of `key` among `sets` (> 0): the high 64 bits of its hash times `sets`, as even as
+// `% sets` with a multiply for a 64-bit division (src/cache.rs `CacheGeometry::set_of` too).
+__device__ __forceinline__ u64 set_of(i64 key, long long sets) {
+    return __umul64hi(mix64((u64)key), (u64)sets);
+}
+
 // A row copied by `lanes` lanes of a warp (lane: this one's place among them).
 __device__ __forceinline__ void copy_row(float* __restrict__ dst, const float* __restrict__ src, int dim, int lane, int lanes = 32) {
     if ((dim & 3) == 0 && ((((size_t)dst) | ((size_t)src)) & 15) == 0) {
@@ -172,7 +178,7 @@ __device__ __forceinline__ void cache_lookup_as(const i64* __restrict__ keys, in
         if (lane == 0) hit[warp] = in ? 1 : 0;
         return;
     }
-    u64 set = mix64((u64)key) % (u64)sets;
+    u64 set = set_of(key, sets);
     size_t slot = set * 32 + lane;
     // Empty slots hold EMPTY_KEY, which is never inserted: only the tags are read.
     bool match = key != EMPTY_KEY && slot_keys[slot] == key;
@@ -208,12 +214,14 @@ extern "C" __global__ void cache_lookup_s16(const i64* __restrict__ keys, int n,
 // i % tables (interleaved > 0: keys [batch, tables]), to the t with key_start[t] <= i <
 // key_start[t+1] (interleaved 0, blocked: table after table), or, for fixed hotness (interleaved
 // = -width: keys [batch, width] as sent), to the t with key_start[t] <= i % width <
-// key_start[t+1]; its row lands at out + i * dim in every layout.
+// key_start[t+1], said after the starts: key_start[tables + 1 + p] is place p's table
+// (src/cache/batch.rs `place_layout`). Its row lands at out + i * dim in every layout. A
+// batch's keys are counted in int (0 <= i < 2^31): 32-bit remainders.
 __device__ __forceinline__ int table_of(long long i, int tables, int interleaved, const int* key_start) {
-    if (interleaved > 0) return (int)(i % tables);
-    long long p = interleaved < 0 ? i % (long long)(-interleaved) : i;
+    if (interleaved > 0) return (int)((unsigned)i % (unsigned)tables);
+    if (interleaved < 0) return key_start[tables + 1 + (unsigned)i % (unsigned)(-interleaved)];
     int t = 0;
-    while (t + 1 < tables && p >= key_start[t + 1]) ++t;
+    while (t + 1 < tables && i >= key_start[t + 1]) ++t;
     return t;
 }
 
@@ -228,26 +236,37 @@ __device__ __forceinline__ int table_of(long long i, int tables, int interleaved
 #define LOOKUP_LANES 8
 #endif
 
-// Whether `key` is among the 32 tags of `set` (read only where `probe`; lane gl of group g
-// reads 32 / LOOKUP_LANES of them, 16 bytes at a time), *way its lowest way. Every lane calls it.
-__device__ __forceinline__ bool group_find(const i64* __restrict__ slot_keys, u64 set, i64 key, bool probe,
-        int g, int gl, int* way) {
+// A lane's share of a set's tags (v: 32 / LOOKUP_LANES of them) against key: bit p set where
+// its p-th holds the key.
+__device__ __forceinline__ unsigned match_bits(const longlong2* v, i64 key) {
+    unsigned bits = 0;
+    #pragma unroll
+    for (int q = 0; q < 16 / LOOKUP_LANES; ++q)
+        bits |= ((unsigned)(v[q].x == key) << (2 * q)) | ((unsigned)(v[q].y == key) << (2 * q + 1));
+    return bits;
+}
+
+// A key's group joined (every lane calls it; lane gl of group g holds match_bits of ways
+// 32 / LOOKUP_LANES * gl onwards): whether any way holds the key, *way the lowest that does.
+__device__ __forceinline__ bool group_way(unsigned bits, int g, int* way) {
     const int L = LOOKUP_LANES, PER = 32 / LOOKUP_LANES;
-    unsigned bits = 0;  // bit p: way PER * gl + p holds the key
-    if (probe) {
-        const longlong2* tags = (const longlong2*)(slot_keys + set * 32 + PER * gl);
-        #pragma unroll
-        for (int q = 0; q < PER / 2; ++q) {
-            longlong2 v = tags[q];
-            bits |= ((unsigned)(v.x == key) << (2 * q)) | ((unsigned)(v.y == key) << (2 * q + 1));
-        }
-    }
-    // the group's lanes with a match, and the first one's bits
     unsigned any = (__ballot_sync(FULL, bits != 0) >> (g * L)) & ((1u << L) - 1u);
     int at = any != 0 ? __ffs(any) - 1 : 0;
     unsigned its = __shfl_sync(FULL, bits, g * L + at);
     *way = PER * at + __ffs(its) - 1;
     return any != 0;
+}
+
+// Whether `key` is among the 32 tags of `set` (read only where `probe`; lane gl of group g
+// reads 32 / LOOKUP_LANES of them, 16 bytes at a time), *way its lowest way. Every lane calls it.
+__device__ __forceinline__ bool group_find(const i64* __restrict__ slot_keys, u64 set, i64 key, bool probe,
+        int g, int gl, int* way) {
+    const int PER = 32 / LOOKUP_LANES;
+    longlong2 v[PER / 2];
+    const longlong2* tags = (const longlong2*)(slot_keys + set * 32 + PER * gl);
+    #pragma unroll
+    for (int q = 0; q < PER / 2; ++q) v[q] = probe ? tags[q] : make_longlong2(0, 0);
+    return group_way(probe ? match_bits(v, key) : 0u, g, way);
 }
 
 template <typename S, typename O>
@@ -269,7 +288,7 @@ __device__ __forceinline__ void batch_lookup_as(const i64* __restrict__ keys, lo
     long long sets = desc[t * DESC + 3];
     i64 key = live ? keys[i] : EMPTY_KEY;
     bool probe = sets > 0 && key != EMPTY_KEY;
-    u64 set = probe ? mix64((u64)key) % (u64)sets : 0;
+    u64 set = probe ? set_of(key, sets) : 0;
     int way;
     bool found = group_find(slot_keys, set, key, probe, g, gl, &way);
     if (!live) return;
@@ -336,7 +355,7 @@ __device__ __forceinline__ bool fill_target(const i64* __restrict__ keys, const 
     *key = keys[i];
     if (sets <= 0 || *key == EMPTY_KEY) return false;
     *d = desc + t * DESC;
-    *set = mix64((u64)*key) % (u64)sets;
+    *set = set_of(*key, sets);
     return true;
 }
 

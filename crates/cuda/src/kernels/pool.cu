@@ -13,6 +13,34 @@ __device__ __forceinline__ void put(unsigned short* p, float v) { *p = f2h(v); }
 __device__ __forceinline__ float val(float v) { return v; }
 __device__ __forceinline__ float val(unsigned short h) { return h2f(h); }
 
+// A bags kernel's thread: its bag (`lanes` threads a bag) and its place among them, then the
+// bag's sample b and table t (bag = b * tables + t). The quotients in 32 bits wherever the
+// thread's index fits them (any batch of under 2^32 / lanes bags), a 64-bit division costing
+// several times the instructions; false for a thread past the batch's bags.
+__device__ __forceinline__ bool bag_of(int lanes, int batch, int tables, long long* bag, int* gl, int* b, int* t) {
+    unsigned long long g = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g <= 0xffffffffULL) {
+        unsigned u = (unsigned)g, q = u / (unsigned)lanes;
+        *bag = q;
+        *gl = (int)(u - q * (unsigned)lanes);
+    } else {
+        *bag = (long long)(g / (unsigned long long)lanes);
+        *gl = (int)(g % (unsigned long long)lanes);
+    }
+    if (*bag >= (long long)batch * tables) return false;
+    // a bag under the batch's count is b * tables + t with b < batch (an int)
+    unsigned long long v = (unsigned long long)*bag;
+    if (v <= 0xffffffffULL) {
+        unsigned q = (unsigned)v / (unsigned)tables;
+        *b = (int)q;
+        *t = (int)((unsigned)v - q * (unsigned)tables);
+    } else {
+        *b = (int)(v / (unsigned long long)tables);
+        *t = (int)(v % (unsigned long long)tables);
+    }
+    return true;
+}
+
 template <typename R, typename O>
 __device__ __forceinline__ void pool_bags_as(const R* __restrict__ rows, const int* __restrict__ offsets,
         int batch, int tables, int dim, int mean, O* __restrict__ out) {
@@ -145,11 +173,9 @@ __device__ __forceinline__ void pool_resident_as(const i64* __restrict__ keys, i
         const int* __restrict__ at, int ragged, const long long* __restrict__ desc, int dim, int lanes, int mean,
         O* __restrict__ out, unsigned* __restrict__ miss_count) {
     const int E = 16 / (int)sizeof(S);
-    long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    long long bag = g / lanes;
-    int gl = (int)(g % lanes);
-    if (bag >= (long long)batch * tables) return;
-    int b = (int)(bag / tables), t = (int)(bag % tables);
+    long long bag;
+    int gl, b, t;
+    if (!bag_of(lanes, batch, tables, &bag, &gl, &b, &t)) return;
     long long first, n;
     if (ragged) { first = at[bag]; n = (long long)at[bag + 1] - first; }
     else { first = (long long)b * width + at[t]; n = at[t + 1] - at[t]; }
@@ -231,42 +257,95 @@ extern "C" __global__ void pool_resident_h_s16(const i64* __restrict__ keys, int
 // misses their fetched row). A negative key (padding, a client's bad key) is counted in
 // miss_count[1], slot -1: the caller then takes the path that leaves padding out. Only 8 bytes
 // a key are written, not its row.
+//
+// A warp takes PROBE_STEPS groups of 32 / LOOKUP_LANES keys (contiguous): every key and its
+// table first, then every key's tags read, then each compared, so each warp keeps PROBE_STEPS
+// times one group's reads in flight (a key's chain, its key then its set's tags, waits on memory
+// twice: measured alone, warps waited on loads two thirds of the time); its misses take their
+// places in miss[] with one atomic.
+#define PROBE_STEPS 4  // src/kernels.rs PROBE_STEPS
+__device__ i64 no_tags[32];  // read in place of a set's tags by a key that is not probed
 extern "C" __global__ void probe_slots(const i64* __restrict__ keys, int n, int width, int tables,
         const int* __restrict__ at, const long long* __restrict__ desc, u64 epoch,
         long long* __restrict__ slot, int* __restrict__ pos, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
-    const int L = LOOKUP_LANES, PER = 32 / LOOKUP_LANES;  // lanes a key; keys a warp = tags a lane
+    const int L = LOOKUP_LANES, PER = 32 / LOOKUP_LANES, K = PROBE_STEPS;
     long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     int g = lane / L, gl = lane % L;
-    if (warp * PER >= n) return;  // the whole warp: all its keys are past the end
-    long long i = warp * PER + g;
-    bool live = i < n;
-    int t = live ? table_of(i, tables, -width, at) : 0;
-    const long long* d = desc + t * DESC;
-    long long sets = d[3];
-    i64 key = live ? keys[i] : -1;
-    bool probe = sets > 0 && key >= 0;
-    u64 set = probe ? mix64((u64)key) % (u64)sets : 0;
-    int way;
-    bool found = group_find((const i64*)d[0], set, key, probe, g, gl, &way);
-    if (!live || gl != 0) return;
-    pos[i] = -1;
-    if (key < 0) {
-        slot[i] = -1;
-        atomicAdd(miss_count + 1, 1u);
-        return;
+    long long first = warp * (PER * K);
+    if (first >= n) return;  // the whole warp: all its keys are past the end
+    const long long* d[K];
+    i64 key[K];
+    #pragma unroll
+    for (int u = 0; u < K; ++u) {
+        long long i = first + u * PER + g;
+        bool live = i < n;
+        d[u] = desc + (live ? table_of(i, tables, -width, at) : 0) * DESC;
+        key[u] = live ? keys[i] : -1;
     }
-    long long s = -1;
-    if (sets < 0) {
-        if (key < -sets) s = key;
-    } else if (found) {
-        s = (long long)set * 32 + way;
-        u64* stamps = (u64*)d[1];
-        if (d[6] != 0) atomicAdd(&stamps[s], 1ULL);  // LFU: one more use
-        else stamps[s] = epoch;
+    // every step's tags read before any is compared (no branch between the loads: a key not
+    // probed reads no_tags instead), so the K reads wait on memory together
+    u64 set[K];
+    bool probe[K];
+    const longlong2* tags[K];
+    #pragma unroll
+    for (int u = 0; u < K; ++u) {
+        long long sets = d[u][3];
+        probe[u] = sets > 0 && key[u] >= 0;
+        set[u] = probe[u] ? set_of(key[u], sets) : 0;
+        tags[u] = (const longlong2*)(probe[u] ? (const i64*)d[u][0] + set[u] * 32 + PER * gl : no_tags);
     }
-    slot[i] = s;
-    if (s < 0) miss[atomicAdd(miss_count, 1u)] = (int)i;
+    longlong2 v[K][PER / 2];
+    #pragma unroll
+    for (int u = 0; u < K; ++u)
+        #pragma unroll
+        for (int q = 0; q < PER / 2; ++q) v[u][q] = __ldg(tags[u] + q);
+    unsigned bits[K];
+    #pragma unroll
+    for (int u = 0; u < K; ++u) {
+        bits[u] = match_bits(v[u], key[u]);
+        if (!probe[u]) bits[u] = 0;
+    }
+    unsigned missed = 0;  // bit u: this lane's key of step u missed (the group's lane 0 only)
+    #pragma unroll
+    for (int u = 0; u < K; ++u) {
+        int way;
+        bool found = group_way(bits[u], g, &way);
+        long long i = first + u * PER + g;
+        if (i >= n || gl != 0) continue;
+        pos[i] = -1;
+        if (key[u] < 0) {
+            slot[i] = -1;
+            atomicAdd(miss_count + 1, 1u);
+            continue;
+        }
+        long long sets = d[u][3], s = -1;
+        if (sets < 0) {
+            if (key[u] < -sets) s = key[u];
+        } else if (found) {
+            s = (long long)set[u] * 32 + way;
+            u64* stamps = (u64*)d[u][1];
+            if (d[u][6] != 0) atomicAdd(&stamps[s], 1ULL);  // LFU: one more use
+            else stamps[s] = epoch;
+        }
+        slot[i] = s;
+        if (s < 0) missed |= 1u << u;
+    }
+    // the warp's misses: one place in miss[] each, taken with one atomic
+    unsigned total = 0, below = (1u << lane) - 1u, off[K];
+    #pragma unroll
+    for (int u = 0; u < K; ++u) {
+        unsigned b = __ballot_sync(FULL, (missed >> u) & 1u);
+        off[u] = total + __popc(b & below);  // the warp's misses before this one
+        total += __popc(b);
+    }
+    if (total == 0) return;
+    unsigned base = 0;
+    if (lane == 0) base = atomicAdd(miss_count, total);
+    base = __shfl_sync(FULL, base, 0);
+    #pragma unroll
+    for (int u = 0; u < K; ++u)
+        if ((missed >> u) & 1u) miss[base + off[u]] = (int)(first + u * PER + g);
 }
 
 // pool_probe: each bag summed from the slots probe_slots found, `lanes` threads a bag (each
@@ -279,11 +358,9 @@ __device__ __forceinline__ void pool_probe_as(const long long* __restrict__ slot
         const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, int mean,
         O* __restrict__ out, float* __restrict__ partial, unsigned char* __restrict__ open) {
     const int E = 16 / (int)sizeof(S);
-    long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    long long bag = g / lanes;
-    int gl = (int)(g % lanes);
-    if (bag >= (long long)batch * tables) return;
-    int b = (int)(bag / tables), t = (int)(bag % tables);
+    long long bag;
+    int gl, b, t;
+    if (!bag_of(lanes, batch, tables, &bag, &gl, &b, &t)) return;
     const long long* s = slot + (long long)b * width + at[t];
     int n = at[t + 1] - at[t];
     const S* rows = (const S*)desc[t * DESC + 2] + gl * E;
@@ -406,11 +483,9 @@ __device__ __forceinline__ void pool_close_as(const R* __restrict__ fetched, con
         const unsigned char* __restrict__ open, int batch, int width, int tables, const int* __restrict__ at,
         int dim, int lanes, int mean, int round16, const float* __restrict__ partial, O* __restrict__ out) {
     const int E = 16 / (int)sizeof(R);
-    long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    long long bag = g / lanes;
-    int gl = (int)(g % lanes);
-    if (bag >= (long long)batch * tables || !open[bag]) return;
-    int b = (int)(bag / tables), t = (int)(bag % tables);
+    long long bag;
+    int gl, b, t;
+    if (!bag_of(lanes, batch, tables, &bag, &gl, &b, &t) || !open[bag]) return;
     long long first = (long long)b * width + at[t];
     int n = at[t + 1] - at[t];
     const float* p = partial + (size_t)bag * dim + gl * E;
