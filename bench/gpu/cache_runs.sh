@@ -15,7 +15,7 @@
 # cache, host rows copied into 2 MiB pages), huge12 (huge, 12 instances), gpu (10% cache, misses
 # read by the GPU in place), both (10% cache, misses shared between the GPU in place and host
 # threads), auto (10% cache, the store's defaults: what a user gets), auto8 and auto12 (auto, 8 or
-# 12 instances), quietlN (quiet, N lanes a key of the batch lookup), quietc99 (quiet, a cache of 99% of the rows), quiet / asleep / asleep12 / quiet12 / quiet12c36 / hbmquiet (nothing spinning while it
+# 12 instances), quietlN (quiet, N lanes a key of the batch lookup), quietc99 (quiet, a cache of 99% of the rows), quietlru / quietc99lru (quiet / quietc99 under LRU), quiet / asleep / asleep12 / quiet12 / quiet12c36 / hbmquiet (nothing spinning while it
 # waits; see below), quiet8 (quiet, 8 instances), quietrN (quiet, N readers), quietyield / quietblock (quiet, every
 # CUDA wait yielding or asleep; quietblockN with N instances), rowsquiet (quiet, the rows written out before pooling, as before), quietonce
 # (quiet, each missed row of a batch read once), quiet270 (quiet, queries of 270 pairs), quietparts2
@@ -160,6 +160,10 @@ for name in ${runs//,/ }; do
     # quiet with a cache of 99% of the rows: the probe path with almost no misses, which splits
     # the 10% cache's distance to hbm between the probe path and the misses
     quietc99) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietc99 --cache 0.99 --stream-warm-passes 20 --host-memory auto ;;
+    # the same two under LRU: a hit's stamp a plain store of the epoch, not LFU's atomic add
+    # (3.3 M a batch), so beside quietc99 in one call they say what the atomics take served
+    quietlru) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietlru --cache 0.1 --stream-warm-passes 20 --host-memory auto --cache-policy lru ;;
+    quietc99lru) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietc99lru --cache 0.99 --stream-warm-passes 20 --host-memory auto --cache-policy lru ;;
     # quiet with 8 instances
     quiet8) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet8 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 8 ;;
     quiet12) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet12 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 12 ;;
