@@ -15,7 +15,7 @@
 # cache, host rows copied into 2 MiB pages), huge12 (huge, 12 instances), gpu (10% cache, misses
 # read by the GPU in place), both (10% cache, misses shared between the GPU in place and host
 # threads), auto (10% cache, the store's defaults: what a user gets), auto8 and auto12 (auto, 8 or
-# 12 instances), quietlN (quiet, N lanes a key of the batch lookup), quietc99 (quiet, a cache of 99% of the rows), quietlru / quietc99lru (quiet / quietc99 under LRU), quiet / asleep / asleep12 / quiet12 / quiet12c36 / hbmquiet (nothing spinning while it
+# 12 instances), quietlN (quiet, N lanes a key of the batch lookup), quietc99 (quiet, a cache of 99% of the rows), quietlru / quietc99lru (quiet / quietc99 under LRU), <run>trace (the run with every kernel the server runs traced: what ran beside what, <run>.trace.txt), quiet / asleep / asleep12 / quiet12 / quiet12c36 / hbmquiet (nothing spinning while it
 # waits; see below), quiet8 (quiet, 8 instances), quietrN (quiet, N readers), quietyield / quietblock (quiet, every
 # CUDA wait yielding or asleep; quietblockN with N instances), rowsquiet (quiet, the rows written out before pooling, as before), quietonce
 # (quiet, each missed row of a batch read once), quiet270 (quiet, queries of 270 pairs), quietparts2
@@ -103,15 +103,50 @@ run() {
     [ -f "$log" ] && echo "host rows: $(grep -c 'raw bytes, copied into 2 MiB pages' "$log") tables copied into 2 MiB pages; $(grep -c 'not copied into 2 MiB pages' "$log") read from the files' mapping: $(grep -m1 -o 'not copied into 2 MiB pages: .*' "$log" | cut -c1-160)" >> "$out/$name.log"
     grep -E "M pairs/s|CPU:|tables in|host_memory|host rows:|FAIL|exit" "$out/$name.log" | sed "s/^/  /"
 }
+# every kernel tritonserver runs, its start and end on the GPU (bench/gpu/kernel_trace.c through
+# CUDA's injection hook, with the CUPTI of the torch here), summarized by kernel_trace.py into
+# <run>.trace.txt: what the GPU ran beside what over the steady stretch
+trace_on() {
+    local lib
+    lib=$(python3 -c "
+import glob, os
+roots = []
+try:
+    import torch
+    roots.append(os.path.dirname(os.path.dirname(torch.__file__)) + '/nvidia/*/lib/')
+except ImportError:
+    pass
+found = [f for r in roots for f in sorted(glob.glob(r + 'libcupti.so.*'))]
+print((found + sorted(glob.glob('/usr/local/cuda*/extras/CUPTI/lib64/libcupti.so.*')) + [''])[0])" 2>/dev/null)
+    echo "== $1: every kernel traced (CUPTI: ${lib:-none found})"
+    export CUDA_INJECTION64_PATH="$PWD/.carry/libkernel_trace.so" TRITON_RUST_KERNEL_TRACE="/tmp/kernel_trace_$1.bin" \
+        TRITON_RUST_CUPTI="$lib"
+}
+trace_off() {
+    unset CUDA_INJECTION64_PATH TRITON_RUST_KERNEL_TRACE TRITON_RUST_CUPTI
+    local f="/tmp/kernel_trace_$1.bin"
+    if [ -s "$f" ]; then
+        python3 bench/gpu/kernel_trace.py "$f" > "$out/$1.trace.txt" 2>&1 || rc=1
+        sed "s/^/  /" "$out/$1.trace.txt"
+    else
+        echo "  $1: no kernel trace written" | tee "$out/$1.trace.txt"
+    fi
+    rm -f "$f"
+}
 for name in ${runs//,/ }; do
     # any run with `streaming` after its name: the same run with the readers' rows stored past
     # the CPU's caches (TRITON_RUST_MISS_STORES=streaming, the rule until 2026-11-30), in
     # <name>streaming/; with `cached` after it, through them (the default since), as the call
     # of 2026-11-30 15:01 named its runs
+    # <name>trace: the same run with every kernel the server runs recorded (trace_on below)
     extra=""; base="$name"
-    case "$name" in *cached) extra=cached ;; *streaming) extra=streaming ;; esac
+    case "$name" in *cached) extra=cached ;; *streaming) extra=streaming ;; *trace) extra=trace ;; esac
     base="${name%"$extra"}"
-    if [ -n "$extra" ]; then export TRITON_RUST_MISS_STORES="$extra"; else unset TRITON_RUST_MISS_STORES; fi
+    unset TRITON_RUST_MISS_STORES
+    case "$extra" in
+    cached|streaming) export TRITON_RUST_MISS_STORES="$extra" ;;
+    trace) trace_on "$name" ;;
+    esac
     case "$base" in
     # the table on the disk (/tmp): /dev/shm holds the runs' 52 GB fixture
     plain) tool "$name" served_reads_bench 600 "$name.txt" --gb 16 --instances 6 --parts 3 --batches 10 \
@@ -208,6 +243,7 @@ for name in ${runs//,/ }; do
     cold) run cold --cache 0.1 --stream-warm-passes 1 --stream-seconds 30 --host-memory auto ;;
     *) echo "unknown run: $name" >&2; rc=1 ;;
     esac
+    [ "$extra" = trace ] && trace_off "$name"
 done
 python3 bench/gpu/cache_runs_summary.py "$out" | tee "$final/summary.txt"
 tar czf "$final/runs.tgz" -C "$out" . && rm -rf "$out"

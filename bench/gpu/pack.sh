@@ -4,6 +4,7 @@
 #
 #   .carry/      (~37 MB) the stripped backend libraries (the AOTInductor plugin too), the tools
 #                run.sh uses (gpu_cache_check, criteo_fixture, stream_client, pooled_lookup_bench,
+#                libkernel_trace.so: every kernel's start and end in a served run,
 #                pool_slots_check: the lookup that pools as it goes against the rows path,
 #                ort_bare, aoti_bare: built against this venv's torch, the GPU machine's release)
 #                and the real tritonserver (the nvidia-pytriton wheel's
@@ -55,6 +56,11 @@ for f in libtriton_rust.so libtriton_rust_torch.so libtriton_rust_torch_cuda.so 
 for f in gpu_cache_check criteo_fixture stream_client pooled_lookup_bench pool_slots_check; do strip -o ".carry/$f" "$tgt/examples/$f"; done
 for f in batch_lookup_bench miss_reads_bench served_reads_bench; do strip -o ".carry_tools/$f" "$tgt/examples/$f"; rm -f ".carry/$f"; done
 strip -o .carry/ort_bare "$tgt/examples/ort_bare"
+# the kernel tracer (bench/gpu/kernel_trace.c, cache_runs.sh's `...trace` runs): CUPTI's headers
+# from the venv's nvidia-cuda-cupti, CUDA's crt/ headers from its triton
+v=$(echo .venv/lib/python3*/site-packages)
+gcc -O2 -Wall -Wextra -shared -fPIC -I"$v/nvidia/cu13/include" -idirafter "$v/triton/backends/nvidia/include" \
+    bench/gpu/kernel_trace.c -o .carry/libkernel_trace.so -ldl -lpthread
 bash bench/gpu/build_aoti_bare.sh "$LIBTORCH" .carry/aoti_bare && strip .carry/aoti_bare
 
 # tritonserver: the server binary and its libraries, without libpython (the server does not load it);
