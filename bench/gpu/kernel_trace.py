@@ -69,15 +69,22 @@ def intersect(a, b):
     return out
 
 
+def stores(names):
+    """{name index: whether it is one of the store's kernels}."""
+    return {i: bool(STORE.match(n)) for i, n in names.items()}
+
+
 def steady(kernels, names, seconds):
     """(from_ns, to_ns) of the steady stretch: see the module's docstring; None without one."""
-    net = [k[0] for k in kernels if not STORE.match(names.get(k[3], "?"))]
+    store = stores(names)
+    net = [k[0] for k in kernels if not store.get(k[3], False)]
     if not net:
         return None
     t0 = min(net)
     bins = {}
     for s in net:
-        bins[(s - t0) // 1_000_000_000] = bins.get((s - t0) // 1_000_000_000, 0) + 1
+        b = (s - t0) // 1_000_000_000
+        bins[b] = bins.get(b, 0) + 1
     top = max(bins.values())
     best, run = (0, 0), None
     for b in range(max(bins) + 1):
@@ -104,8 +111,9 @@ def summary(names, kernels, seconds=10.0, top=12):
     a, b = window
     inside = [(max(s, a), min(e, b), st, n) for s, e, st, n in kernels if e > a and s < b]
     span = b - a
-    net = union([(s, e) for s, e, _, n in inside if not STORE.match(names.get(n, "?"))])
-    store = union([(s, e) for s, e, _, n in inside if STORE.match(names.get(n, "?"))])
+    is_store = stores(names)
+    net = union([(s, e) for s, e, _, n in inside if not is_store.get(n, False)])
+    store = union([(s, e) for s, e, _, n in inside if is_store.get(n, False)])
     both = intersect(net, store)
     every = union([(s, e) for s, e, _, _ in inside])
     batches = sum(1 for s, _, _, n in inside if s >= a and BATCH.match(names.get(n, "?")))
@@ -125,11 +133,12 @@ def summary(names, kernels, seconds=10.0, top=12):
     rows = sorted(per.items(), key=lambda kv: -sum(e - s for s, e in kv[1]))[:top]
     lines.append(f"{'kernel':48} {'count':>7} {'ms total':>9} {'us each':>8} {'network beside':>15}")
     for n, iv in rows:
-        name = names.get(n, "?")
         busy = sum(e - s for s, e in iv)
-        beside = length(intersect(union(iv), net)) if STORE.match(name) else None
-        lines.append(f"{name[:48]:48} {len(iv):7d} {busy / 1e6:9.1f} {busy / len(iv) / 1e3:8.1f} "
-                     f"{'-' if beside is None else format(100.0 * beside / max(1, length(union(iv))), '14.0f') + '%'}")
+        beside = "-"
+        if is_store.get(n, False):
+            own = union(iv)
+            beside = format(100.0 * length(intersect(own, net)) / max(1, length(own)), "14.0f") + "%"
+        lines.append(f"{names.get(n, '?')[:48]:48} {len(iv):7d} {busy / 1e6:9.1f} {busy / len(iv) / 1e3:8.1f} {beside}")
     return lines
 
 

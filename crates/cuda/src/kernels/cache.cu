@@ -213,10 +213,9 @@ extern "C" __global__ void cache_lookup_s16(const i64* __restrict__ keys, int n,
 // and has no keys, stamps, locks or sketch. Key i belongs to table
 // i % tables (interleaved > 0: keys [batch, tables]), to the t with key_start[t] <= i <
 // key_start[t+1] (interleaved 0, blocked: table after table), or, for fixed hotness (interleaved
-// = -width: keys [batch, width] as sent), to the t with key_start[t] <= i % width <
-// key_start[t+1], said after the starts: key_start[tables + 1 + p] is place p's table
-// (src/cache/batch.rs `place_layout`). Its row lands at out + i * dim in every layout. A
-// batch's keys are counted in int (0 <= i < 2^31): 32-bit remainders.
+// = -width: keys [batch, width] as sent), to key_start[tables + 1 + i % width], each place's table
+// put after the starts (src/cache/batch.rs `place_layout`). Its row lands at out + i * dim in every
+// layout. A batch's keys are counted in int (0 <= i < 2^31): 32-bit remainders.
 __device__ __forceinline__ int table_of(long long i, int tables, int interleaved, const int* key_start) {
     if (interleaved > 0) return (int)((unsigned)i % (unsigned)tables);
     if (interleaved < 0) return key_start[tables + 1 + (unsigned)i % (unsigned)(-interleaved)];
@@ -236,8 +235,7 @@ __device__ __forceinline__ int table_of(long long i, int tables, int interleaved
 #define LOOKUP_LANES 8
 #endif
 
-// A lane's share of a set's tags (v: 32 / LOOKUP_LANES of them) against key: bit p set where
-// its p-th holds the key.
+// A lane's share of a set's tags (v: 32 / LOOKUP_LANES of them) against key: bit p, its p-th holds it.
 __device__ __forceinline__ unsigned match_bits(const longlong2* v, i64 key) {
     unsigned bits = 0;
     #pragma unroll
@@ -246,8 +244,7 @@ __device__ __forceinline__ unsigned match_bits(const longlong2* v, i64 key) {
     return bits;
 }
 
-// A key's group joined (every lane calls it; lane gl of group g holds match_bits of ways
-// 32 / LOOKUP_LANES * gl onwards): whether any way holds the key, *way the lowest that does.
+// A key's group's match_bits joined (every lane calls it): whether any way holds it, *way the lowest.
 __device__ __forceinline__ bool group_way(unsigned bits, int g, int* way) {
     const int L = LOOKUP_LANES, PER = 32 / LOOKUP_LANES;
     unsigned any = (__ballot_sync(FULL, bits != 0) >> (g * L)) & ((1u << L) - 1u);
@@ -257,16 +254,19 @@ __device__ __forceinline__ bool group_way(unsigned bits, int g, int* way) {
     return any != 0;
 }
 
-// Whether `key` is among the 32 tags of `set` (read only where `probe`; lane gl of group g
-// reads 32 / LOOKUP_LANES of them, 16 bytes at a time), *way its lowest way. Every lane calls it.
+// Whether `key` is among `set`'s 32 tags (read where `probe`, 32 / LOOKUP_LANES a lane), *way its lowest way.
 __device__ __forceinline__ bool group_find(const i64* __restrict__ slot_keys, u64 set, i64 key, bool probe,
         int g, int gl, int* way) {
     const int PER = 32 / LOOKUP_LANES;
-    longlong2 v[PER / 2];
-    const longlong2* tags = (const longlong2*)(slot_keys + set * 32 + PER * gl);
-    #pragma unroll
-    for (int q = 0; q < PER / 2; ++q) v[q] = probe ? tags[q] : make_longlong2(0, 0);
-    return group_way(probe ? match_bits(v, key) : 0u, g, way);
+    unsigned bits = 0;
+    if (probe) {
+        longlong2 v[PER / 2];
+        const longlong2* tags = (const longlong2*)(slot_keys + set * 32 + PER * gl);
+        #pragma unroll
+        for (int q = 0; q < PER / 2; ++q) v[q] = tags[q];
+        bits = match_bits(v, key);
+    }
+    return group_way(bits, g, way);
 }
 
 template <typename S, typename O>

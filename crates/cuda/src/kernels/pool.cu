@@ -14,31 +14,24 @@ __device__ __forceinline__ float val(float v) { return v; }
 __device__ __forceinline__ float val(unsigned short h) { return h2f(h); }
 
 // A bags kernel's thread: its bag (`lanes` threads a bag) and its place among them, then the
-// bag's sample b and table t (bag = b * tables + t). The quotients in 32 bits wherever the
-// thread's index fits them (any batch of under 2^32 / lanes bags), a 64-bit division costing
-// several times the instructions; false for a thread past the batch's bags.
+// bag's sample b and table t (bag = b * tables + t); false for a thread past the batch's bags.
+// In 32 bits wherever the thread's index fits them (any batch of under 2^32 / lanes bags): a
+// 64-bit division costs several times the instructions.
 __device__ __forceinline__ bool bag_of(int lanes, int batch, int tables, long long* bag, int* gl, int* b, int* t) {
     unsigned long long g = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (g <= 0xffffffffULL) {
-        unsigned u = (unsigned)g, q = u / (unsigned)lanes;
+        unsigned u = (unsigned)g, q = u / (unsigned)lanes, r = q / (unsigned)tables;
         *bag = q;
         *gl = (int)(u - q * (unsigned)lanes);
+        *b = (int)r;
+        *t = (int)(q - r * (unsigned)tables);
     } else {
         *bag = (long long)(g / (unsigned long long)lanes);
         *gl = (int)(g % (unsigned long long)lanes);
+        *b = (int)(*bag / tables);
+        *t = (int)(*bag % tables);
     }
-    if (*bag >= (long long)batch * tables) return false;
-    // a bag under the batch's count is b * tables + t with b < batch (an int)
-    unsigned long long v = (unsigned long long)*bag;
-    if (v <= 0xffffffffULL) {
-        unsigned q = (unsigned)v / (unsigned)tables;
-        *b = (int)q;
-        *t = (int)((unsigned)v - q * (unsigned)tables);
-    } else {
-        *b = (int)(v / (unsigned long long)tables);
-        *t = (int)(v % (unsigned long long)tables);
-    }
-    return true;
+    return *bag < (long long)batch * tables;
 }
 
 template <typename R, typename O>
