@@ -1,4 +1,4 @@
-"""crates/cuda/src/kernels/cache.cu and pool.cu, the GPU cache's kernels as one program, compile under NVRTC with no GPU:
+"""crates/cuda/src/kernels/cache.cu, pool.cu and probe.cu, the GPU cache's kernels as one program, compile under NVRTC with no GPU:
 as the backend compiles it at run time (no options: PTX for NVRTC's default architecture) and for
 an H100 (sm_90), and every kernel the backend loads (crates/cuda/src/kernels.rs) is in the PTX.
 NVRTC is the one in torch's CUDA wheel (nvidia/cu13); without it the test is skipped."""
@@ -11,8 +11,8 @@ import sys
 import pytest
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-# one program, as src/kernels.rs builds it: cache.cu, then pool.cu
-SOURCES = [os.path.join(ROOT, "crates", "cuda", "src", "kernels", f) for f in ("cache.cu", "pool.cu")]
+# one program, as src/kernels.rs builds it: cache.cu, then pool.cu, then probe.cu
+SOURCES = [os.path.join(ROOT, "crates", "cuda", "src", "kernels", f) for f in ("cache.cu", "pool.cu", "probe.cu")]
 LOADER = os.path.join(ROOT, "crates", "cuda", "src", "kernels.rs")
 
 

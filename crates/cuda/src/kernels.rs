@@ -1,4 +1,4 @@
-//! The GPU cache's kernels (CUDA C in `kernels/cache.cu`) and the batched copy
+//! The GPU cache's kernels (CUDA C in `kernels/cache.cu`, `pool.cu`, `probe.cu`) and the batched copy
 //! (`kernels/copy.cu`), each compiled by NVRTC once per device on first use, and the launch
 //! shape they share. Launching them is the cache's (`crate::cache`) and the copies'
 //! (`crate::copy`); this layer only loads them.
@@ -13,8 +13,13 @@ use parking_lot::Mutex;
 use crate::context::{cuda_err, gpu, GpuState};
 use crate::error::{CudaError, Result};
 
-// one NVRTC program: the cache kernels, then the pooling kernels built on their helpers
-const SOURCE: &str = concat!(include_str!("kernels/cache.cu"), include_str!("kernels/pool.cu"));
+// one NVRTC program: the cache kernels, then the pooling kernels and the pooled lookup's probes
+// built on their helpers
+const SOURCE: &str = concat!(
+    include_str!("kernels/cache.cu"),
+    include_str!("kernels/pool.cu"),
+    include_str!("kernels/probe.cu")
+);
 const COPY_SOURCE: &str = include_str!("kernels/copy.cu");
 
 /// Parts one launch of `copy_parts` copies: `COPY_PARTS` in `kernels/copy.cu`, which the
@@ -60,10 +65,11 @@ pub(crate) struct Kernels {
     pub(crate) pool_resident: CudaFunction,
     pub(crate) pool_resident_h: CudaFunction,
     /// Pooled lookups through the caches (`cache/batch_pool.rs`): each key's slot found (any
-    /// rows), the bags pooled from those slots over fp32 caches (fp32 or fp16 out), the misses'
+    /// rows; by its set's tags, or through the caches' key indexes), the bags pooled from those slots over fp32 caches (fp32 or fp16 out), the misses'
     /// rows marked, and the open bags closed with the rows fetched as fp32 or fp16 (`_r16`),
     /// fp32 or fp16 out.
     pub(crate) probe_slots: CudaFunction,
+    pub(crate) probe_index: CudaFunction,
     pub(crate) pool_probe: CudaFunction,
     pub(crate) pool_probe_h: CudaFunction,
     pub(crate) pool_mark: CudaFunction,
@@ -174,6 +180,7 @@ fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
         pool_resident: f("pool_resident")?,
         pool_resident_h: f("pool_resident_h")?,
         probe_slots: f("probe_slots")?,
+        probe_index: f("probe_index")?,
         pool_probe: f("pool_probe")?,
         pool_probe_h: f("pool_probe_h")?,
         pool_mark: f("pool_mark_misses")?,
@@ -319,6 +326,7 @@ mod tests {
             "pool_fixed_s16",
             "pool_fixed_h_s16",
             "probe_slots",
+            "probe_index",
             "pool_probe",
             "pool_probe_h",
             "pool_probe_s16",
@@ -356,7 +364,7 @@ mod tests {
     #[test]
     fn the_probe_launch_matches_its_steps_a_warp() {
         let define = format!("#define PROBE_STEPS {} ", super::PROBE_STEPS);
-        assert!(super::SOURCE.contains(&define), "pool.cu must say {define:?}");
+        assert!(super::SOURCE.contains(&define), "probe.cu must say {define:?}");
     }
 
     #[test]

@@ -41,7 +41,7 @@ fn main() {
     let geo = CacheGeometry::for_rows(rows, dim);
     let t0 = Instant::now();
     let caches: Vec<Arc<dyn CacheTier>> =
-        (0..tables).map(|_| instance.new_cache(geo).expect("a cache")).collect();
+        (0..tables).map(|_| instance.new_cache(geo, 0).expect("a cache")).collect();
     for (t, cache) in caches.iter().enumerate() {
         for part in (0..rows as i64).collect::<Vec<_>>().chunks(1 << 16) {
             let vals: Vec<f32> =

@@ -275,7 +275,7 @@ fn shared_under_concurrency(
 ) {
     let sets = 64; // 2,048 slots for 100,000 keys: most lookups of cold keys evict
     let first = Queue::new(0).expect("queue");
-    let slots = CacheSlots::new(&first, sets, dim, EMPTY_KEY, stored, sketch).expect("slots");
+    let slots = CacheSlots::new(&first, sets, dim, EMPTY_KEY, stored, sketch, 0).expect("slots");
     let clock = std::sync::atomic::AtomicU64::new(1);
     let zipf = Zipf::new(100_000, 0.9);
     let (hits, checked, torn) = std::thread::scope(|scope| {

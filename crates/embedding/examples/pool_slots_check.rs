@@ -12,7 +12,10 @@
 //!   missed (table, key) of a batch read once (`PoolSpec::once`), `--once 0` every miss.
 //!
 //! Checked on every timed batch: the two paths' pooled rows agree within one fp16 step (their
-//! sums differ only in order), and the first samples' equal sums computed here. Timed:
+//! sums differ only in order), and the first samples' equal sums computed here. With `--index 1`
+//! (the default) each cache keeps a key index and the slots path probes through it
+//! (`probe_index`); `--index 0`: it reads the sets' tags (`probe_slots`). Then, on 4 more
+//! batches, the slots path's probe and the rows path's scan of the tags must miss as many keys. Timed:
 //! batches alternate between the paths (a fresh batch each, the same stream of keys), each
 //! from the keys to its pooled rows complete, the caches filled after each as served; the
 //! fetcher's time is its own line (both paths call it alike). Each path's GPU steps are timed
@@ -20,7 +23,7 @@
 //! place, the fill, and the rows path's pooling: where a batch's GPU time goes.
 //!
 //!   cargo build --release -p triton_rust_embedding --features gpu --example pool_slots_check
-//!   target/release/examples/pool_slots_check [--scale 0.25] [--cache 0.1] [--batch 16384] [--alpha 1.05] [--iters 20] [--warm 40] [--once 1]
+//!   target/release/examples/pool_slots_check [--scale 0.25] [--cache 0.1] [--batch 16384] [--alpha 1.05] [--iters 20] [--warm 40] [--once 1] [--index 1]
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -83,8 +86,14 @@ fn main() {
             geo.with_policy(CachePolicy::lfu_for(n, geo.capacity()))
         })
         .collect();
-    let caches: Vec<Arc<dyn CacheTier>> =
-        geos.iter().map(|&g| instance.new_cache(g).expect("a cache")).collect();
+    // `--index 1` (the default): each cache keeps a key index, so the slots path probes through
+    // it (`probe_index`) while the rows path reads the sets' tags (`batch_lookup`)
+    let index = arg("--index", 1u8) != 0;
+    let caches: Vec<Arc<dyn CacheTier>> = geos
+        .iter()
+        .zip(&rows)
+        .map(|(&g, &n)| instance.new_cache(g, if index { n } else { 0 }).expect("a cache"))
+        .collect();
     let gpu: Vec<Option<&GpuCache>> =
         caches.iter().map(|c| c.as_any().downcast_ref::<GpuCache>()).collect();
     let slots: usize = geos.iter().map(|g| g.capacity()).sum();
@@ -243,6 +252,31 @@ fn main() {
     println!(
         "checked: the paths agree within {:.1e} (relative, fp16 out), the sums here within {:.1e}",
         worst.0, worst.1
+    );
+    // the probe against the sets' tags: the same keys through the slots path, then the rows
+    // path, before either fills (a hit's stamp moves no key), so both must miss as many keys
+    let probe = if index { "probe_index" } else { "probe_slots" };
+    let mut checked_misses = Vec::new();
+    for _ in 0..4 {
+        let keys = next_batch();
+        let bytes: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
+        Cuda.copy(Bytes::Host(&bytes), BytesMut::Device(d_keys.view_mut())).expect("keys up");
+        let mut misses = [0usize; 2];
+        for (m, lookup) in misses.iter_mut().zip([&mut slots_path, &mut rows_path]) {
+            let keys = BatchKeys::Device(d_keys.view());
+            *m = lookup
+                .run_keys(keys, layout, instance.next_epoch(), &mut fetch, None)
+                .expect("lookup")
+                .misses;
+        }
+        assert_eq!(misses[0], misses[1], "{probe} and the tags' scan missed different counts");
+        checked_misses.push(misses[0]);
+        for lookup in [&mut slots_path, &mut rows_path] {
+            lookup.fill_last(instance.next_epoch()).expect("fill");
+        }
+    }
+    println!(
+        "checked: {probe} (the slots path) and batch_lookup's scan of the tags missed as many keys in each of 4 batches before a fill: {checked_misses:?}"
     );
     for (name, t) in
         [("rows (written out, then pooled)", &by_rows), ("slots (pooled as looked up)", &by_slots)]

@@ -73,9 +73,11 @@ impl GpuInstance {
         Ok(GpuInstance { queue: Queue::new(device)?, clock: Arc::new(AtomicU64::new(1)), rows })
     }
 
-    /// A cache for one table of this instance.
-    pub fn new_cache(&self, geo: CacheGeometry) -> Result<Arc<dyn CacheTier>> {
-        Ok(Arc::new(GpuCache::with_queue(&self.queue, geo, self.clock.clone(), self.rows)?))
+    /// A cache for one table of this instance; keys `0..index_rows` with a key index
+    /// (`CacheSlots::new`; 0: none, every probe reads its set's tags).
+    pub fn new_cache(&self, geo: CacheGeometry, index_rows: usize) -> Result<Arc<dyn CacheTier>> {
+        let clock = self.clock.clone();
+        Ok(Arc::new(GpuCache::with_queue(&self.queue, geo, clock, self.rows, index_rows)?))
     }
 
     /// A resident table of this instance: every row of `host` (a dense table, keys
@@ -191,14 +193,14 @@ impl GpuInstance {
 
 /// Creates a GPU cache of fp32 rows on device `id` with its own queue and clock (tests, tools).
 pub fn new_cache(id: i32, geo: CacheGeometry) -> Result<Arc<dyn CacheTier>> {
-    GpuInstance::new(id, CacheRows::F32)?.new_cache(geo)
+    GpuInstance::new(id, CacheRows::F32)?.new_cache(geo, 0)
 }
 
 impl GpuCache {
     /// A cache with its own queue and clock, its rows kept as `rows` (tools that measure
     /// one table's cache).
     pub fn new(device: i32, geo: CacheGeometry, rows: RowFormat) -> Result<GpuCache> {
-        GpuCache::with_queue(&Queue::new(device)?, geo, Arc::new(AtomicU64::new(1)), rows)
+        GpuCache::with_queue(&Queue::new(device)?, geo, Arc::new(AtomicU64::new(1)), rows, 0)
     }
 
     fn with_queue(
@@ -206,12 +208,13 @@ impl GpuCache {
         geo: CacheGeometry,
         clock: Arc<AtomicU64>,
         rows: RowFormat,
+        index_rows: usize,
     ) -> Result<GpuCache> {
         let sketch = match geo.policy {
             CachePolicy::Lru => 0,
             CachePolicy::Lfu { width } => width,
         };
-        let slots = CacheSlots::new(queue, geo.sets, geo.dim, EMPTY_KEY, rows, sketch)?;
+        let slots = CacheSlots::new(queue, geo.sets, geo.dim, EMPTY_KEY, rows, sketch, index_rows)?;
         Ok(GpuCache { slots, geo, clock, hits: AtomicU64::new(0), misses: AtomicU64::new(0) })
     }
 

@@ -373,6 +373,22 @@ impl EmbeddingStore {
         self.host(table).memory()
     }
 
+    /// Whether this store's GPU caches keep key indexes (`gpucache_key_index`).
+    pub fn cache_index(&self) -> CacheIndex {
+        self.config.cache_index
+    }
+
+    /// The keys table `t`'s GPU cache of `geo` indexes (0: none): `gpucache_key_index`'s rule
+    /// for the table's rows and the cache's GPU memory.
+    pub fn cache_index_rows(&self, t: usize, geo: &CacheGeometry) -> usize {
+        let row = match self.config.cache_rows {
+            CacheRows::F32 => 4,
+            CacheRows::F16 => 2,
+        };
+        let bytes = geo.capacity() * (16 + geo.dim * row);
+        self.config.cache_index.rows(self.host(t).dense_rows(), bytes)
+    }
+
     /// Which key this store's full cache sets give up.
     pub fn cache_eviction(&self) -> CacheEviction {
         self.config.cache_eviction

@@ -38,6 +38,8 @@ pub struct StoreConfig {
     pub cache_rows: CacheRows,
     /// Which key a full cache set gives up (`gpucache_policy`), on the GPU and the CPU.
     pub cache_eviction: CacheEviction,
+    /// Whether a GPU cache keeps a key index (`gpucache_key_index`).
+    pub cache_index: CacheIndex,
     /// HPS `hit_rate_threshold`: below it, misses are inserted before the lookup returns.
     pub hit_rate_threshold: f64,
     /// Where the update logs of tables without files live (`<dir>/<table>/`); tables with
@@ -222,6 +224,66 @@ impl CacheEviction {
     }
 }
 
+/// Whether a GPU cache of a table whose keys are its row numbers keeps a key index: 4 bytes a
+/// row of GPU memory, the slot each key is in, through which a pooled lookup finds a key with
+/// one 4-byte read and one tag instead of its set's 32 tags (256 bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheIndex {
+    /// Where the index takes at most a quarter of the cache's own GPU memory
+    /// ([`CacheIndex::rows`]): a cache of at least about 6% of a table of rows of 128 fp16.
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+/// As a model parameter's text (`parse`).
+impl std::str::FromStr for CacheIndex {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<CacheIndex, String> {
+        CacheIndex::parse(s).map_err(|e| e.message().to_string())
+    }
+}
+
+impl CacheIndex {
+    /// The parameter's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheIndex::Auto => "auto",
+            CacheIndex::On => "on",
+            CacheIndex::Off => "off",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<CacheIndex> {
+        match s.trim() {
+            "" | "auto" => Ok(CacheIndex::Auto),
+            "on" => Ok(CacheIndex::On),
+            "off" => Ok(CacheIndex::Off),
+            other => Err(Error::invalid_arg(format!(
+                "gpucache_key_index must be auto, on or off; got '{other}'"
+            ))),
+        }
+    }
+
+    /// The keys a cache's index covers (0: no index) for a table of `dense` rows (keys
+    /// `0..rows` in order; `None`: any other keys, which no index covers) whose cache takes
+    /// `cache_bytes` of GPU memory.
+    pub fn rows(self, dense: Option<usize>, cache_bytes: usize) -> usize {
+        match (self, dense) {
+            (CacheIndex::Off, _) | (_, None) => 0,
+            (CacheIndex::On, Some(rows)) => rows,
+            (CacheIndex::Auto, Some(rows)) => {
+                if rows * 4 <= cache_bytes / 4 {
+                    rows
+                } else {
+                    0
+                }
+            }
+        }
+    }
+}
+
 /// Slots per row of a table the store-wide allocation caches whole. Keys land in sets by
 /// hash, so a table of exactly as many rows as slots overfills a set for every few that
 /// are short: ~7% of its keys find no way in their set and miss on every lookup, however
@@ -281,6 +343,7 @@ impl StoreConfig {
             cache_allocation: CacheAllocation::PerTable,
             cache_rows: CacheRows::default(),
             cache_eviction: CacheEviction::default(),
+            cache_index: CacheIndex::default(),
             hit_rate_threshold: 0.9,
             update_log_dir: None,
             compaction_rows: 0,

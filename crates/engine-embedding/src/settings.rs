@@ -14,8 +14,8 @@ use triton_rust_embedding::settings::TableSettings;
 use triton_rust_embedding::stream::StreamSpec;
 use triton_rust_embedding::table::HostRows;
 use triton_rust_embedding::{
-    CacheAllocation, CacheEviction, CacheRows, CacheState, Placement, StoreConfig, TableConfig,
-    REPLICATE_SHARE,
+    CacheAllocation, CacheEviction, CacheIndex, CacheRows, CacheState, Placement, StoreConfig,
+    TableConfig, REPLICATE_SHARE,
 };
 
 triton_rust_core::parameters! {
@@ -41,6 +41,7 @@ triton_rust_core::parameters! {
         deployed_device_list: Option<String> = None, doc "none";
         gpucache_row_type: Parsed<CacheRows> = Parsed(CacheRows::F32), doc "fp32";
         gpucache_policy: Parsed<CacheEviction> = Parsed(CacheEviction::Lru), doc "lru";
+        gpucache_key_index: Parsed<CacheIndex> = Parsed(CacheIndex::Auto), doc "auto";
         gpucache_miss_reads: Parsed<MissReads> = Parsed(MissReads::Cpu), doc "cpu";
         gpucache_allocation: Parsed<CacheAllocation> = Parsed(CacheAllocation::PerTable), doc "per_table";
         hit_rate_threshold: f64 = 0.9, doc "0.9";
@@ -367,6 +368,7 @@ impl StoreSettings {
             cache_allocation: p.gpucache_allocation.0,
             cache_rows: p.gpucache_row_type.0,
             cache_eviction: p.gpucache_policy.0,
+            cache_index: p.gpucache_key_index.0,
             hit_rate_threshold: p.hit_rate_threshold,
             update_log_dir: p.update_log_dir.as_ref().map(|d| version_dir.join(d)),
             compaction_rows: p.update_compaction_rows as usize,

@@ -49,6 +49,13 @@ pub(crate) fn shared_store(
                 store.cache_eviction().name()
             )));
         }
+        if store.cache_index() != settings.store.cache_index {
+            return Err(Error::invalid_arg(format!(
+                "store '{}' is already loaded with gpucache_key_index {}; models sharing a store_name must ask the same",
+                settings.name,
+                store.cache_index().name()
+            )));
+        }
         return Ok(store);
     }
     let remote = match &settings.volatile_db {

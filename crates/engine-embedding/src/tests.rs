@@ -2,7 +2,7 @@ use super::*;
 use std::path::Path;
 use triton_rust_core::config::ModelConfig;
 use triton_rust_core::engine::{EngineKind, Opened};
-use triton_rust_embedding::{CacheEviction, CacheRows};
+use triton_rust_embedding::{CacheEviction, CacheIndex, CacheRows};
 
 #[test]
 fn secrets_compare_whole() {
@@ -102,6 +102,16 @@ fn each_table_may_name_its_own_cache_share() {
     ];
     let e = one_table_on(&["KIND_GPU"], &p).unwrap_err();
     assert!(e.message().contains("table 'a' caches 0.5"), "{e}");
+}
+
+#[test]
+fn cache_key_index_parameter() {
+    let index = |extra: &[(&str, &str)]| one_table(extra).map(|s| s.store.cache_index);
+    assert_eq!(index(&[]).unwrap(), CacheIndex::Auto);
+    assert_eq!(index(&[("gpucache_key_index", " off ")]).unwrap(), CacheIndex::Off);
+    assert_eq!(index(&[("gpucache_key_index", "on")]).unwrap(), CacheIndex::On);
+    let e = index(&[("gpucache_key_index", "yes")]).unwrap_err();
+    assert!(e.message().contains("gpucache_key_index must be auto, on or off; got 'yes'"), "{e}");
 }
 
 #[test]

@@ -142,7 +142,7 @@ impl BatchLookup {
 
     /// The keys (`n`, in GPU memory at `src`) copied into this lookup's buffer and the probe
     /// queued behind them on the caches' queue: each key's slot found and the misses listed
-    /// (`probe_slots`), then each bag's hits summed from their slots (`pool_probe`).
+    /// (`probe_index` through the caches' key indexes, or `probe_slots` reading sets' tags), then each bag's hits summed from their slots (`pool_probe`).
     pub(super) fn probe_pool(&mut self, src: DevicePtr<'_>, n: usize, epoch: u64) -> Result<()> {
         let (Some((batch, width)), Some(spec)) = (self.pool.active, self.pool.wanted) else {
             return Ok(());
@@ -181,14 +181,21 @@ impl BatchLookup {
         let (d_slots, d_out, d_partial, d_pos, d_open) =
             (p.slots.ptr(), p.out.ptr(), p.partial.ptr(), p.pos.ptr(), p.open.ptr());
         let (d_miss, d_count) = (self.miss.1.ptr(), self.count.1.ptr());
-        let mut a = q.stream.launch_builder(&k.probe_slots);
+        // through the key indexes when every cache has one (a resident table needs none)
+        let indexed = self._slots.iter().filter(|s| s.fields[3] > 0).all(|s| s.fields[8] != 0);
+        let (probe, grid) = if indexed {
+            (&k.probe_index, threads_config(n))
+        } else {
+            (&k.probe_slots, warps_config(n.div_ceil(lookup_keys_per_warp() * PROBE_STEPS)))
+        };
+        let mut a = q.stream.launch_builder(probe);
         a.arg(&d_keys).arg(&n_i).arg(&width_i).arg(&tables_i).arg(&d_at).arg(&d_desc);
         a.arg(&epoch).arg(&d_slots).arg(&d_pos).arg(&d_miss).arg(&d_count);
-        // SAFETY: argument types and order match probe_slots; the keys hold n = batch * width
-        // keys, the starts (`place_layout`) tables + 1, the descriptors name slots `_slots`
-        // holds, slots and pos were sized above for n keys and the miss list holds n.
-        unsafe { a.launch(warps_config(n.div_ceil(lookup_keys_per_warp() * PROBE_STEPS))) }
-            .map_err(cuda_err)?;
+        // SAFETY: argument types and order match probe_slots and probe_index (the same); the
+        // keys hold n = batch * width keys, the starts (`place_layout`) tables + 1, the
+        // descriptors name slots `_slots` holds (an index of as many keys as they say), slots
+        // and pos were sized above for n keys and the miss list holds n.
+        unsafe { a.launch(grid) }.map_err(cuda_err)?;
         let mut b = q.stream.launch_builder(f);
         b.arg(&d_slots).arg(&batch_i).arg(&width_i).arg(&tables_i).arg(&d_at).arg(&d_desc);
         b.arg(&dim_i).arg(&lanes_i).arg(&mean_i).arg(&d_out).arg(&d_partial).arg(&d_open);

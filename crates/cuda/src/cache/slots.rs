@@ -19,10 +19,11 @@ use crate::kernels::{self, threads_config, warps_config, Kernels};
 pub const WAYS: usize = 32;
 
 /// Fields of a table's descriptor for the whole-batch kernels (see `batch_lookup` in the kernels).
-pub(crate) const DESC: usize = 8;
+pub(crate) const DESC: usize = 10;
 
 /// A table's slots as the whole-batch kernels see them: the descriptor's fields (keys,
-/// stamps, rows, sets, locks, counters, the LFU sketch or 0, its width), with a hold on the memory they name, so the
+/// stamps, rows, sets, locks, counters, the LFU sketch or 0, its width, the key index or 0,
+/// the keys it covers), with a hold on the memory they name, so the
 /// addresses stay valid for as long as this lives.
 pub(crate) struct SlotsDesc {
     pub(crate) fields: [i64; DESC],
@@ -43,6 +44,10 @@ struct Slots {
     /// LFU: the count-min sketch of the misses, 2 rows of `sketch_width` counters (see
     /// `sketch_miss` in the kernels); one unused word under LRU.
     sketch: CudaSlice<u32>,
+    /// The key index (`index_rows` of [`CacheSlots::new`]): key k's slot at k, `u32::MAX`
+    /// until a fill or insert places k (`way_for` in the kernels; `probe_index` reads it). One
+    /// unused word without one.
+    index: CudaSlice<u32>,
 }
 
 /// One table's cache slots on one GPU: `sets × WAYS` keys, stamps and rows of `dim`,
@@ -56,6 +61,8 @@ pub struct CacheSlots {
     sketch_width: usize,
     /// A resident table's rows (keys `0..rows`); `None` for a cache.
     resident: Option<usize>,
+    /// Keys `0..index_rows` have a slot in the key index (0: no index).
+    index_rows: usize,
     dim: usize,
     rows: RowFormat,
     /// Shared with every [`super::BatchLookup`] whose descriptors name these slots, so the
@@ -73,7 +80,9 @@ pub struct InsertPlan<'a> {
 impl CacheSlots {
     /// Empty slots hold `empty_key`, which must never be inserted. The slots' work goes
     /// through `queue`; their rows are kept as `rows` says. `sketch_width`: 0 for LRU, else
-    /// LFU with a sketch of 2 rows of that many counters (a power of two).
+    /// LFU with a sketch of 2 rows of that many counters (a power of two). `index_rows`: keys
+    /// `0..index_rows` get a key index (4 bytes a key, the slot each is in), through which the
+    /// pooled lookup finds them (`probe_index`) instead of reading their set's tags; 0: none.
     pub fn new(
         queue: &Queue,
         sets: usize,
@@ -81,15 +90,28 @@ impl CacheSlots {
         empty_key: i64,
         rows: RowFormat,
         sketch_width: usize,
+        index_rows: usize,
     ) -> Result<CacheSlots> {
         if sketch_width != 0 && !sketch_width.is_power_of_two() {
             return Err(CudaError::internal(format!(
                 "an LFU sketch's width must be a power of two, not {sketch_width}"
             )));
         }
+        let capacity = sets * WAYS;
+        if index_rows > 0 && capacity >= u32::MAX as usize {
+            return Err(CudaError::internal(format!(
+                "a key index names slots in 32 bits: {capacity} slots are too many"
+            )));
+        }
         let (g, kernels) = kernels::device(queue.device)?;
         let stream = queue.stream.clone();
-        let capacity = sets * WAYS;
+        let index = stream.alloc_zeros::<u32>(index_rows.max(1)).map_err(|e| {
+            CudaError::internal(format!(
+                "a key index of {index_rows} keys ({:.2} GB) does not fit GPU {}: {e}",
+                (index_rows * 4) as f64 / 1e9,
+                queue.device
+            ))
+        })?;
         let slots = Slots {
             keys: stream.clone_htod(&vec![empty_key; capacity]).map_err(cuda_err)?,
             stamps: stream.alloc_zeros::<u64>(capacity).map_err(cuda_err)?,
@@ -97,7 +119,18 @@ impl CacheSlots {
             counters: stream.alloc_zeros::<u64>(2).map_err(cuda_err)?,
             locks: stream.alloc_zeros::<u32>(2 * sets.max(1)).map_err(cuda_err)?,
             sketch: stream.alloc_zeros::<u32>((2 * sketch_width).max(1)).map_err(cuda_err)?,
+            index,
         };
+        if index_rows > 0 {
+            // no key has a slot yet
+            let (p, _i) = slots.index.device_ptr(&stream);
+            // SAFETY: the index holds index_rows u32s (4 bytes each), all set here on its
+            // stream, which is synchronized below
+            unsafe {
+                cudarc::driver::result::memset_d8_async(p, 0xff, index_rows * 4, stream.cu_stream())
+            }
+            .map_err(cuda_err)?;
+        }
         stream.synchronize().map_err(cuda_err)?;
         let slots = Arc::new(Mutex::new(slots));
         Ok(CacheSlots {
@@ -107,6 +140,7 @@ impl CacheSlots {
             sets,
             sketch_width,
             resident: None,
+            index_rows,
             dim,
             rows,
             slots,
@@ -138,6 +172,7 @@ impl CacheSlots {
             counters: stream.alloc_zeros::<u64>(2).map_err(cuda_err)?,
             locks: stream.alloc_zeros::<u32>(2).map_err(cuda_err)?,
             sketch: stream.alloc_zeros::<u32>(1).map_err(cuda_err)?,
+            index: stream.alloc_zeros::<u32>(1).map_err(cuda_err)?,
         };
         stream.synchronize().map_err(cuda_err)?;
         let slots = Arc::new(Mutex::new(slots));
@@ -148,6 +183,7 @@ impl CacheSlots {
             sets: 0,
             sketch_width: 0,
             resident: Some(nrows),
+            index_rows: 0,
             dim,
             rows,
             slots,
@@ -199,17 +235,37 @@ impl CacheSlots {
         let (l, _d) = slots.locks.device_ptr(&self.stream);
         let (c, _e) = slots.counters.device_ptr(&self.stream);
         let (sk, _f) = slots.sketch.device_ptr(&self.stream);
+        let (ix, _g) = slots.index.device_ptr(&self.stream);
         let (sketch, width) = match self.sketch_width {
             0 => (0, 0),
             w => (addr(sk), w as i64),
         };
-        let fields =
-            [addr(k), addr(st), addr(r), self.sets_field(), addr(l), addr(c), sketch, width];
+        let (index, irows) = match self.index_rows {
+            0 => (0, 0),
+            n => (addr(ix), n as i64),
+        };
+        let fields = [
+            addr(k),
+            addr(st),
+            addr(r),
+            self.sets_field(),
+            addr(l),
+            addr(c),
+            sketch,
+            width,
+            index,
+            irows,
+        ];
         SlotsDesc { fields, _held: self.slots.clone() }
     }
 
     pub fn dim(&self) -> usize {
         self.dim
+    }
+
+    /// Keys `0..n` have a key index (0: none).
+    pub fn index_rows(&self) -> usize {
+        self.index_rows
     }
 
     /// How the rows are kept.
@@ -338,7 +394,7 @@ impl CacheSlots {
             only_if_present as i32,
             self.sketch_width as i64,
         );
-        let Slots { keys: sk, stamps, rows, counters, sketch, .. } = &mut *slots;
+        let Slots { keys: sk, stamps, rows, counters, sketch, index, .. } = &mut *slots;
         if self.sketch_width != 0 && !only_if_present {
             // LFU: every key's miss counted before any is placed
             let n = keys.len() as i32;
@@ -363,8 +419,16 @@ impl CacheSlots {
             b.arg(sketch);
         }
         b.arg(&width);
+        // without a key index the kernel writes none: a null pointer says so
+        let irows = self.index_rows as i64;
+        if self.index_rows == 0 {
+            b.arg(&none);
+        } else {
+            b.arg(index);
+        }
+        b.arg(&irows);
         // SAFETY: argument types and order match cache_insert(_s16), the one for the rows'
-        // format; the plan's sets are < sets.
+        // format; the plan's sets are < sets, the index holds index_rows keys' slots.
         unsafe { b.launch(warps_config(plan.group_set.len())) }.map_err(cuda_err)?;
         s.synchronize().map_err(cuda_err)?;
         Ok(())

@@ -4,7 +4,7 @@ typedef long long i64;
 typedef unsigned long long u64;
 #define FULL 0xffffffffu
 #define EMPTY_KEY ((i64)0x8000000000000000ULL)
-#define DESC 8  // fields of a table's descriptor (src/cache/slots.rs DESC)
+#define DESC 10  // fields of a table's descriptor (src/cache/slots.rs DESC)
 
 __device__ __forceinline__ u64 mix64(u64 k) {
     k ^= k >> 33; k *= 0xff51afd7ed558ccdULL;
@@ -136,12 +136,17 @@ __device__ __forceinline__ u64 next_stamp(int fresh, u64 old, u64 count, u64 epo
 // the lowest stamp (lowest lane on ties: LRU's least recent, LFU's least frequent). LFU
 // (count > 0, the key's sketched misses) gives it up only to a key counted more often than
 // it (else -1). Lane 0 claims the way for key and counts an insert, and an eviction when the
-// way held a row; *fresh 1. Callers in fill and insert share this choice.
+// way held a row; *fresh 1. Callers in fill and insert share this choice. A key index (index,
+// keys 0 .. irows - 1; probe.cu) gets the slot of a key found or placed.
 __device__ __forceinline__ int way_for(u64 st, i64 sk, i64 key, int lane, int only_if_present,
-        u64 count, i64* slot_keys, u64 set, u64* counters, int* fresh) {
+        u64 count, i64* slot_keys, u64 set, u64* counters, int* fresh, unsigned* index, long long irows) {
     unsigned hit = __ballot_sync(FULL, st != 0 && sk == key);
     *fresh = 0;
-    if (hit != 0) return __ffs(hit) - 1;
+    bool indexed = lane == 0 && index != 0 && key >= 0 && key < irows;
+    if (hit != 0) {
+        if (indexed) index[key] = (unsigned)(set * 32 + __ffs(hit) - 1);
+        return __ffs(hit) - 1;
+    }
     if (only_if_present) return -1;
     u64 best = st; int bl = lane;
     for (int off = 16; off > 0; off >>= 1) {
@@ -157,6 +162,7 @@ __device__ __forceinline__ int way_for(u64 st, i64 sk, i64 key, int lane, int on
         atomicAdd(&counters[0], 1ULL);
         if (victim_stamp != 0) atomicAdd(&counters[1], 1ULL);
         slot_keys[set * 32 + way] = key;
+        if (indexed) index[key] = (unsigned)(set * 32 + way);
     }
     return way;
 }
@@ -209,7 +215,7 @@ extern "C" __global__ void cache_lookup_s16(const i64* __restrict__ keys, int n,
 
 // The whole-batch kernels. Table t's slots are described by desc[t*DESC .. t*DESC+DESC] =
 // (slot keys, slot stamps, slot rows, sets, set locks, counters, LFU sketch or 0 under LRU,
-// the sketch's width); a resident table (every row on the GPU, row = key) says -rows for sets
+// the sketch's width, the key index or 0, the keys it covers: see probe.cu); a resident table (every row on the GPU, row = key) says -rows for sets
 // and has no keys, stamps, locks or sketch. Key i belongs to table
 // i % tables (interleaved > 0: keys [batch, tables]), to the t with key_start[t] <= i <
 // key_start[t+1] (interleaved 0, blocked: table after table), or, for fixed hotness (interleaved
@@ -417,7 +423,7 @@ __device__ __forceinline__ void batch_fill_as(const i64* __restrict__ keys, cons
     u64 st = __ldcg(&slot_stamps[slot]);
     i64 sk = __ldcg(&slot_keys[slot]);
     int fresh;
-    int way = way_for(st, sk, key, lane, 0, count, slot_keys, set, counters, &fresh);
+    int way = way_for(st, sk, key, lane, 0, count, slot_keys, set, counters, &fresh, (unsigned*)d[8], d[9]);
     if (way >= 0) {
         u64 old = __shfl_sync(FULL, st, way);
         copy_row(slot_rows + (set * 32 + way) * (size_t)dim, rows + (size_t)j * dim, dim, lane);
@@ -541,13 +547,6 @@ extern "C" __global__ void read_host_rows_r16(const i64* __restrict__ keys, cons
     read_host_rows_as(keys, miss, m, tables, interleaved, key_start, host, dim, rows, found, counts);
 }
 
-// One thread per missed key: out[j] = keys[idx[j]] (a batch whose keys came in GPU memory
-// tells the host which keys missed).
-extern "C" __global__ void gather_keys(const i64* __restrict__ keys, const int* __restrict__ idx, int m, i64* __restrict__ out) {
-    long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (j < m) out[j] = keys[idx[j]];
-}
-
 // One warp per set: inserts (or, with only_if_present, refreshes) that set's keys in order.
 template <typename S>
 __device__ __forceinline__ void cache_insert_as(const i64* __restrict__ keys, const float* __restrict__ vecs,
@@ -555,7 +554,7 @@ __device__ __forceinline__ void cache_insert_as(const i64* __restrict__ keys, co
         const long long* __restrict__ group_set, int groups,
         i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps, S* __restrict__ rows,
         int dim, u64 epoch, int only_if_present, u64* __restrict__ counters,
-        unsigned* __restrict__ sketch, long long width) {
+        unsigned* __restrict__ sketch, long long width, unsigned* __restrict__ index, long long irows) {
     long long g = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (g >= groups) return;
@@ -571,7 +570,7 @@ __device__ __forceinline__ void cache_insert_as(const i64* __restrict__ keys, co
         u64 st = slot_stamps[slot];
         i64 sk = slot_keys[slot];
         int fresh;
-        int way = way_for(st, sk, key, lane, only_if_present, count, slot_keys, set, counters, &fresh);
+        int way = way_for(st, sk, key, lane, only_if_present, count, slot_keys, set, counters, &fresh, index, irows);
         if (way < 0) continue;
         u64 old = __shfl_sync(FULL, st, way);
         copy_row(rows + (set * 32 + way) * (size_t)dim, vecs + (size_t)i * dim, dim, lane);
@@ -586,8 +585,8 @@ extern "C" __global__ void cache_insert(const i64* __restrict__ keys, const floa
         const long long* __restrict__ group_set, int groups,
         i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps, float* __restrict__ rows,
         int dim, u64 epoch, int only_if_present, u64* __restrict__ counters,
-        unsigned* __restrict__ sketch, long long width) {
-    cache_insert_as(keys, vecs, order, group_start, group_set, groups, slot_keys, slot_stamps, rows, dim, epoch, only_if_present, counters, sketch, width);
+        unsigned* __restrict__ sketch, long long width, unsigned* __restrict__ index, long long irows) {
+    cache_insert_as(keys, vecs, order, group_start, group_set, groups, slot_keys, slot_stamps, rows, dim, epoch, only_if_present, counters, sketch, width, index, irows);
 }
 
 extern "C" __global__ void cache_insert_s16(const i64* __restrict__ keys, const float* __restrict__ vecs,
@@ -595,6 +594,6 @@ extern "C" __global__ void cache_insert_s16(const i64* __restrict__ keys, const 
         const long long* __restrict__ group_set, int groups,
         i64* __restrict__ slot_keys, u64* __restrict__ slot_stamps, unsigned short* __restrict__ rows,
         int dim, u64 epoch, int only_if_present, u64* __restrict__ counters,
-        unsigned* __restrict__ sketch, long long width) {
-    cache_insert_as(keys, vecs, order, group_start, group_set, groups, slot_keys, slot_stamps, rows, dim, epoch, only_if_present, counters, sketch, width);
+        unsigned* __restrict__ sketch, long long width, unsigned* __restrict__ index, long long irows) {
+    cache_insert_as(keys, vecs, order, group_start, group_set, groups, slot_keys, slot_stamps, rows, dim, epoch, only_if_present, counters, sketch, width, index, irows);
 }

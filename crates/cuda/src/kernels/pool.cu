@@ -238,110 +238,7 @@ extern "C" __global__ void pool_resident_h_s16(const i64* __restrict__ keys, int
     pool_resident_as<unsigned short, unsigned short>(keys, batch, width, tables, at, ragged, desc, dim, lanes, mean, out, miss_count);
 }
 
-// Pooled lookups through the caches, the rows never written out one by one, in two kernels
-// queued one after the other on the caches' queue (so no fill can move a row between them):
-// probe_slots finds each key's slot, pool_probe sums each bag's rows from those slots.
-//
-// probe_slots: keys of fixed hotness as sent ([batch, width], key i of table t where at[t] <=
-// i % width < at[t+1]), LOOKUP_LANES lanes a key as batch_lookup reads the set's tags: slot[i]
-// = the key's slot in its table's cache (a resident table's: the key's row), stamped as
-// batch_lookup stamps a hit; or -1 for a miss, whose index goes to miss[] (order not kept) for
-// the host to read below the cache. pos[i] = -1 for every key (pool_mark_misses then gives the
-// misses their fetched row). A negative key (padding, a client's bad key) is counted in
-// miss_count[1], slot -1: the caller then takes the path that leaves padding out. Only 8 bytes
-// a key are written, not its row.
-//
-// A warp takes PROBE_STEPS groups of 32 / LOOKUP_LANES keys (contiguous): every key and its
-// table first, then every key's tags read, then each compared, so each warp keeps PROBE_STEPS
-// times one group's reads in flight (a key's chain, its key then its set's tags, waits on memory
-// twice: measured alone, warps waited on loads two thirds of the time); its misses take their
-// places in miss[] with one atomic.
-#define PROBE_STEPS 4  // src/kernels.rs PROBE_STEPS
-__device__ i64 no_tags[32];  // read in place of a set's tags by a key that is not probed
-extern "C" __global__ void probe_slots(const i64* __restrict__ keys, int n, int width, int tables,
-        const int* __restrict__ at, const long long* __restrict__ desc, u64 epoch,
-        long long* __restrict__ slot, int* __restrict__ pos, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
-    const int L = LOOKUP_LANES, PER = 32 / LOOKUP_LANES, K = PROBE_STEPS;
-    long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    int g = lane / L, gl = lane % L;
-    long long first = warp * (PER * K);
-    if (first >= n) return;  // the whole warp: all its keys are past the end
-    const long long* d[K];
-    i64 key[K];
-    #pragma unroll
-    for (int u = 0; u < K; ++u) {
-        long long i = first + u * PER + g;
-        bool live = i < n;
-        d[u] = desc + (live ? table_of(i, tables, -width, at) : 0) * DESC;
-        key[u] = live ? keys[i] : -1;
-    }
-    // every step's tags read before any is compared (no branch between the loads: a key not
-    // probed reads no_tags instead), so the K reads wait on memory together
-    u64 set[K];
-    bool probe[K];
-    const longlong2* tags[K];
-    #pragma unroll
-    for (int u = 0; u < K; ++u) {
-        long long sets = d[u][3];
-        probe[u] = sets > 0 && key[u] >= 0;
-        set[u] = probe[u] ? set_of(key[u], sets) : 0;
-        tags[u] = (const longlong2*)(probe[u] ? (const i64*)d[u][0] + set[u] * 32 + PER * gl : no_tags);
-    }
-    longlong2 v[K][PER / 2];
-    #pragma unroll
-    for (int u = 0; u < K; ++u)
-        #pragma unroll
-        for (int q = 0; q < PER / 2; ++q) v[u][q] = __ldg(tags[u] + q);
-    unsigned bits[K];
-    #pragma unroll
-    for (int u = 0; u < K; ++u) {
-        bits[u] = match_bits(v[u], key[u]);
-        if (!probe[u]) bits[u] = 0;
-    }
-    unsigned missed = 0;  // bit u: this lane's key of step u missed (the group's lane 0 only)
-    #pragma unroll
-    for (int u = 0; u < K; ++u) {
-        int way;
-        bool found = group_way(bits[u], g, &way);
-        long long i = first + u * PER + g;
-        if (i >= n || gl != 0) continue;
-        pos[i] = -1;
-        if (key[u] < 0) {
-            slot[i] = -1;
-            atomicAdd(miss_count + 1, 1u);
-            continue;
-        }
-        long long sets = d[u][3], s = -1;
-        if (sets < 0) {
-            if (key[u] < -sets) s = key[u];
-        } else if (found) {
-            s = (long long)set[u] * 32 + way;
-            u64* stamps = (u64*)d[u][1];
-            if (d[u][6] != 0) atomicAdd(&stamps[s], 1ULL);  // LFU: one more use
-            else stamps[s] = epoch;
-        }
-        slot[i] = s;
-        if (s < 0) missed |= 1u << u;
-    }
-    // the warp's misses: one place in miss[] each, taken with one atomic
-    unsigned total = 0, below = (1u << lane) - 1u, off[K];
-    #pragma unroll
-    for (int u = 0; u < K; ++u) {
-        unsigned b = __ballot_sync(FULL, (missed >> u) & 1u);
-        off[u] = total + __popc(b & below);  // the warp's misses before this one
-        total += __popc(b);
-    }
-    if (total == 0) return;
-    unsigned base = 0;
-    if (lane == 0) base = atomicAdd(miss_count, total);
-    base = __shfl_sync(FULL, base, 0);
-    #pragma unroll
-    for (int u = 0; u < K; ++u)
-        if ((missed >> u) & 1u) miss[base + off[u]] = (int)(first + u * PER + g);
-}
-
-// pool_probe: each bag summed from the slots probe_slots found, `lanes` threads a bag (each
+// pool_probe: each bag summed from the slots probe.cu found (probe_slots or probe_index), `lanes` threads a bag (each
 // holding 16 bytes of a row of the caches' type S), four rows in flight at a time, added in key
 // order in fp32, as pool_resident reads a resident table. A bag whose keys all hit is final at
 // once, out[b][t][:] as O (divided by its count for the mean); one with a miss stays open: its
@@ -415,6 +312,13 @@ extern "C" __global__ void pool_probe_h_s16(const long long* __restrict__ slot, 
         const int* __restrict__ at, const long long* __restrict__ desc, int dim, int lanes, int mean,
         unsigned short* __restrict__ out, float* __restrict__ partial, unsigned char* __restrict__ open) {
     pool_probe_as<unsigned short, unsigned short>(slot, batch, width, tables, at, desc, dim, lanes, mean, out, partial, open);
+}
+
+// One thread per missed key: out[j] = keys[idx[j]] (a batch whose keys came in GPU memory
+// tells the host which keys missed).
+extern "C" __global__ void gather_keys(const i64* __restrict__ keys, const int* __restrict__ idx, int m, i64* __restrict__ out) {
+    long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j < m) out[j] = keys[idx[j]];
 }
 
 // Row j of the fetched rows is key miss[j]'s (the fetcher's order): pos[miss[j]] = j.

@@ -86,17 +86,26 @@ impl EmbeddingStore {
             );
             return Ok((gpu, caches));
         }
+        let indexed = std::sync::atomic::AtomicUsize::new(0);
         let caches = self.attach_table_caches(
             &|t, geo| {
                 let host = self.host(t);
                 if self.config.table_ratio(t) >= 1.0 && host.dense_rows().is_some() {
                     gpu.new_resident(&host, geo)
                 } else {
-                    gpu.new_cache(geo)
+                    let rows = self.cache_index_rows(t, &geo);
+                    indexed.fetch_add(rows, std::sync::atomic::Ordering::Relaxed);
+                    gpu.new_cache(geo, rows)
                 }
             },
             &format!("gpu{device}"),
         )?;
+        let indexed = indexed.into_inner();
+        log::info!(
+            "GPU {device}: key indexes of {indexed} keys ({:.2} GB; gpucache_key_index {})",
+            indexed as f64 * 4e-9,
+            self.config.cache_index.name()
+        );
         if shared {
             registry.push((device, Arc::downgrade(&caches), gpu.clone()));
         }

@@ -555,3 +555,23 @@ fn a_table_file_cut_or_rewritten_under_the_store_never_ends_the_process() {
         }
     }
 }
+
+#[test]
+fn a_gpu_cache_keeps_a_key_index_where_it_costs_at_most_a_quarter_of_the_cache() {
+    // a 10% cache of rows of 128 fp32: 0.1 x (16 + 512) bytes a row against 4 for the index
+    let (store, dir) = make_store("key-index", 10_000, 128, 0.1, 0.0);
+    let geo = store.cache_geometry(0);
+    assert_eq!(store.cache_index(), CacheIndex::Auto);
+    assert_eq!(store.cache_index_rows(0, &geo), 10_000, "every key indexed");
+    // a 1% cache: the index would be 1.5 times the cache
+    let small = CacheGeometry::for_rows(100, 128);
+    assert_eq!(store.cache_index_rows(0, &small), 0);
+    std::fs::remove_dir_all(dir).unwrap();
+    let bytes = 1_000 * 16;
+    assert_eq!(CacheIndex::Auto.rows(Some(1_000), bytes), 1_000, "4,000 bytes <= 16,000 / 4");
+    assert_eq!(CacheIndex::Auto.rows(Some(1_001), bytes), 0);
+    assert_eq!(CacheIndex::On.rows(Some(1_001), bytes), 1_001);
+    assert_eq!(CacheIndex::Off.rows(Some(10), bytes), 0);
+    // keys that are not row numbers: no index covers them
+    assert_eq!(CacheIndex::On.rows(None, bytes), 0);
+}
