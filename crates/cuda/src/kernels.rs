@@ -149,11 +149,14 @@ fn load(g: &GpuState, source: &str, needs: &str) -> Result<Arc<CudaModule>> {
 
 fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
     let lanes = lookup_lanes();
-    let module = if lanes == 32 / LOOKUP_KEYS_PER_WARP {
-        load(g, SOURCE, "the GPU embedding cache")?
-    } else {
-        load(g, &format!("#define LOOKUP_LANES {lanes}\n{SOURCE}"), "the GPU embedding cache")?
-    };
+    let mut defines = String::new();
+    if lanes != 32 / LOOKUP_KEYS_PER_WARP {
+        defines += &format!("#define LOOKUP_LANES {lanes}\n");
+    }
+    if !probe_stamps() {
+        defines += "#define PROBE_STAMPS 0\n";
+    }
+    let module = load(g, &format!("{defines}{SOURCE}"), "the GPU embedding cache")?;
     let f = |name: &str| module.load_function(name).map_err(cuda_err);
     Ok(Arc::new(Kernels {
         lookup: f("cache_lookup")?,
@@ -251,6 +254,15 @@ pub(crate) fn lookup_lanes() -> usize {
             .filter(|l| matches!(l, 1 | 2 | 4 | 8))
             .unwrap_or(32 / LOOKUP_KEYS_PER_WARP)
     })
+}
+
+/// Whether the pooled lookup's probes stamp the slots they hit (LRU's epoch, LFU's one more
+/// use), as every lookup does: `TRITON_RUST_PROBE_STAMPS=0` in the process's environment (read
+/// once) compiles them without, a measuring knob only (what the stamps cost a served batch;
+/// the caches' policy then sees no hits of the pooled lookups).
+pub(crate) fn probe_stamps() -> bool {
+    static STAMPS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *STAMPS.get_or_init(|| std::env::var("TRITON_RUST_PROBE_STAMPS").map_or(true, |v| v != "0"))
 }
 
 /// Keys a warp of the batch lookup takes, as compiled ([`lookup_lanes`]).

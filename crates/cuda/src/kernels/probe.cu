@@ -18,6 +18,9 @@
 // twice: measured alone, warps waited on loads two thirds of the time); its misses take their
 // places in miss[] with one atomic.
 #define PROBE_STEPS 4  // src/kernels.rs PROBE_STEPS
+#ifndef PROBE_STAMPS  // src/kernels.rs may set it to 0 first (TRITON_RUST_PROBE_STAMPS: hits not stamped)
+#define PROBE_STAMPS 1
+#endif
 __device__ i64 no_tags[32];  // read in place of a set's tags by a key that is not probed
 extern "C" __global__ void probe_slots(const i64* __restrict__ keys, int n, int width, int tables,
         const int* __restrict__ at, const long long* __restrict__ desc, u64 epoch,
@@ -79,8 +82,8 @@ extern "C" __global__ void probe_slots(const i64* __restrict__ keys, int n, int 
         } else if (found) {
             s = (long long)set[u] * 32 + way;
             u64* stamps = (u64*)d[u][1];
-            if (d[u][6] != 0) atomicAdd(&stamps[s], 1ULL);  // LFU: one more use
-            else stamps[s] = epoch;
+            if (PROBE_STAMPS && d[u][6] != 0) atomicAdd(&stamps[s], 1ULL);  // LFU: one more use
+            else if (PROBE_STAMPS) stamps[s] = epoch;
         }
         slot[i] = s;
         if (s < 0) missed |= 1u << u;
@@ -144,7 +147,7 @@ extern "C" __global__ void probe_index(const i64* __restrict__ keys, int n, int 
                 if (key < -sets) s = key;  // a resident table's row
             } else if (sets > 0) {
                 s = indexed_slot(d, key, sets);
-                if (s >= 0) {
+                if (s >= 0 && PROBE_STAMPS) {
                     u64* stamps = (u64*)d[1];
                     if (d[6] != 0) atomicAdd(&stamps[s], 1ULL);  // LFU: one more use
                     else stamps[s] = epoch;
