@@ -88,7 +88,7 @@ def describe_run(a):
              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "scale": a.scale, "rows": sum(rows),
              "rows_per_table": rows, "parameters": params, "table_gb": sum(rows) * ROW_BYTES / 1e9, "cache": a.cache,
              "allocation": a.allocation, "cached_rows": sum(plan["cached_per_table"]), "cache_plan": plan,
-             "cache_policy": a.cache_policy, "cache_key_index": a.cache_key_index, "miss_reads": a.miss_reads, "host_memory": a.host_memory, "stream_fresh": a.stream_fresh, "stream_warm_passes": a.stream_warm_passes,
+             "cache_policy": a.cache_policy, "cache_key_index": a.cache_key_index, "cache_hit_stamp_every": a.cache_hit_stamp_every, "miss_reads": a.miss_reads, "host_memory": a.host_memory, "stream_fresh": a.stream_fresh, "stream_warm_passes": a.stream_warm_passes,
              "instances": a.instances, "gpus": a.gpus, "server_args": a.server_arg, "placement": a.placement, "replicate_share": a.replicate_share, "sharded_memory_gb": a.sharded_memory_gb, "cache_rows": a.cache_rows, "max_queue_delay_us": a.max_queue_delay_us, "max_batch": a.max_batch,
              "graph_batches": ("the backend's powers of two" if graphs is None else
                                ",".join(map(str, graphs)) if graphs else "none (off)"),

@@ -160,6 +160,9 @@ def parse(description, argv=None):
     p.add_argument("--cache-key-index", default="auto", choices=["auto", "on", "off"],
                    help="gpucache_key_index: whether the GPU caches keep a key index (4 bytes a row) that the "
                         "pooled lookup probes through instead of reading each key's set of 32 tags")
+    p.add_argument("--cache-hit-stamp-every", type=int, default=1,
+                   help="gpucache_hit_stamp_every: the pooled lookups stamp one hit in this many (1: every hit; a "
+                        "power of two; 0: none)")
     p.add_argument("--miss-reads", default="cpu", choices=["cpu", "gpu", "both"],
                    help="gpucache_miss_reads: who reads the cache's misses from host memory (gpu: the lookup's "
                         "kernel, in place over PCIe)")

@@ -149,15 +149,11 @@ fn load(g: &GpuState, source: &str, needs: &str) -> Result<Arc<CudaModule>> {
 
 fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
     let lanes = lookup_lanes();
-    let mut defines = String::new();
-    if lanes != 32 / LOOKUP_KEYS_PER_WARP {
-        defines += &format!("#define LOOKUP_LANES {lanes}\n");
-    }
-    let every = probe_stamp_every();
-    if every != PROBE_STAMP_EVERY {
-        defines += &format!("#define PROBE_STAMP_EVERY {every}\n");
-    }
-    let module = load(g, &format!("{defines}{SOURCE}"), "the GPU embedding cache")?;
+    let module = if lanes == 32 / LOOKUP_KEYS_PER_WARP {
+        load(g, SOURCE, "the GPU embedding cache")?
+    } else {
+        load(g, &format!("#define LOOKUP_LANES {lanes}\n{SOURCE}"), "the GPU embedding cache")?
+    };
     let f = |name: &str| module.load_function(name).map_err(cuda_err);
     Ok(Arc::new(Kernels {
         lookup: f("cache_lookup")?,
@@ -254,24 +250,6 @@ pub(crate) fn lookup_lanes() -> usize {
             .and_then(|v| v.parse().ok())
             .filter(|l| matches!(l, 1 | 2 | 4 | 8))
             .unwrap_or(32 / LOOKUP_KEYS_PER_WARP)
-    })
-}
-
-/// One hit in this many the pooled lookup's probes stamp (LRU's epoch; LFU's uses, this many
-/// at once): `PROBE_STAMP_EVERY` in the kernels' source, which the tests hold to this.
-pub(crate) const PROBE_STAMP_EVERY: u32 = 8;
-
-/// The probes' [`PROBE_STAMP_EVERY`] as this process compiles them:
-/// `TRITON_RUST_PROBE_STAMP_EVERY` (0: no hit stamped, a measuring knob; 1: every hit, as
-/// the other lookups stamp; or any power of two up to 1024) in its environment, read once.
-pub(crate) fn probe_stamp_every() -> u32 {
-    static EVERY: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *EVERY.get_or_init(|| {
-        std::env::var("TRITON_RUST_PROBE_STAMP_EVERY")
-            .ok()
-            .and_then(|v| v.trim().parse::<u32>().ok())
-            .filter(|&e| e == 0 || (e.is_power_of_two() && e <= 1024))
-            .unwrap_or(PROBE_STAMP_EVERY)
     })
 }
 
@@ -387,13 +365,6 @@ mod tests {
     fn the_probe_launch_matches_its_steps_a_warp() {
         let define = format!("#define PROBE_STEPS {} ", super::PROBE_STEPS);
         assert!(super::SOURCE.contains(&define), "probe.cu must say {define:?}");
-    }
-
-    #[test]
-    fn the_probes_stamp_as_often_as_the_loader_says() {
-        let define = format!("#define PROBE_STAMP_EVERY {}\n", super::PROBE_STAMP_EVERY);
-        assert!(super::SOURCE.contains(&define), "probe.cu must say {define:?}");
-        assert!(super::PROBE_STAMP_EVERY.is_power_of_two());
     }
 
     #[test]

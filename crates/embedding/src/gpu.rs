@@ -61,6 +61,8 @@ pub struct GpuInstance {
     clock: Arc<AtomicU64>,
     /// How its caches keep their rows.
     rows: RowFormat,
+    /// The pooled lookups stamp one hit in this many (`set_hit_stamp_every`).
+    stamp_every: u32,
 }
 
 impl GpuInstance {
@@ -70,14 +72,23 @@ impl GpuInstance {
             CacheRows::F32 => RowFormat::F32,
             CacheRows::F16 => RowFormat::F16,
         };
-        Ok(GpuInstance { queue: Queue::new(device)?, clock: Arc::new(AtomicU64::new(1)), rows })
+        let (queue, clock) = (Queue::new(device)?, Arc::new(AtomicU64::new(1)));
+        Ok(GpuInstance { queue, clock, rows, stamp_every: 1 })
     }
 
     /// A cache for one table of this instance; keys `0..index_rows` with a key index
     /// (`CacheSlots::new`; 0: none, every probe reads its set's tags).
     pub fn new_cache(&self, geo: CacheGeometry, index_rows: usize) -> Result<Arc<dyn CacheTier>> {
         let clock = self.clock.clone();
-        Ok(Arc::new(GpuCache::with_queue(&self.queue, geo, clock, self.rows, index_rows)?))
+        let mut cache = GpuCache::with_queue(&self.queue, geo, clock, self.rows, index_rows)?;
+        cache.slots.set_hit_stamp_every(self.stamp_every)?;
+        Ok(Arc::new(cache))
+    }
+
+    /// The caches made after this stamp one pooled lookup's hit in `every`
+    /// (`gpucache_hit_stamp_every`; `CacheSlots::set_hit_stamp_every`).
+    pub fn set_hit_stamp_every(&mut self, every: u32) {
+        self.stamp_every = every;
     }
 
     /// A resident table of this instance: every row of `host` (a dense table, keys

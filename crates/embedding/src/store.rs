@@ -373,6 +373,12 @@ impl EmbeddingStore {
         self.host(table).memory()
     }
 
+    /// One pooled lookup's hit in this many is stamped in this store's GPU caches
+    /// (`gpucache_hit_stamp_every`).
+    pub fn hit_stamp_every(&self) -> u32 {
+        self.config.hit_stamp_every
+    }
+
     /// Whether this store's GPU caches keep key indexes (`gpucache_key_index`).
     pub fn cache_index(&self) -> CacheIndex {
         self.config.cache_index

@@ -40,6 +40,9 @@ pub struct StoreConfig {
     pub cache_eviction: CacheEviction,
     /// Whether a GPU cache keeps a key index (`gpucache_key_index`).
     pub cache_index: CacheIndex,
+    /// The pooled lookups stamp one hit in this many in the GPU caches
+    /// (`gpucache_hit_stamp_every`: 1, every hit; a power of two up to 1024; 0: none).
+    pub hit_stamp_every: u32,
     /// HPS `hit_rate_threshold`: below it, misses are inserted before the lookup returns.
     pub hit_rate_threshold: f64,
     /// Where the update logs of tables without files live (`<dir>/<table>/`); tables with
@@ -344,6 +347,7 @@ impl StoreConfig {
             cache_rows: CacheRows::default(),
             cache_eviction: CacheEviction::default(),
             cache_index: CacheIndex::default(),
+            hit_stamp_every: 1,
             hit_rate_threshold: 0.9,
             update_log_dir: None,
             compaction_rows: 0,

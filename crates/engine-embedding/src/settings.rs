@@ -42,6 +42,7 @@ triton_rust_core::parameters! {
         gpucache_row_type: Parsed<CacheRows> = Parsed(CacheRows::F32), doc "fp32";
         gpucache_policy: Parsed<CacheEviction> = Parsed(CacheEviction::Lru), doc "lru";
         gpucache_key_index: Parsed<CacheIndex> = Parsed(CacheIndex::Auto), doc "auto";
+        gpucache_hit_stamp_every: f64 = 1.0, doc "1";
         gpucache_miss_reads: Parsed<MissReads> = Parsed(MissReads::Cpu), doc "cpu";
         gpucache_allocation: Parsed<CacheAllocation> = Parsed(CacheAllocation::PerTable), doc "per_table";
         hit_rate_threshold: f64 = 0.9, doc "0.9";
@@ -369,6 +370,16 @@ impl StoreSettings {
             cache_rows: p.gpucache_row_type.0,
             cache_eviction: p.gpucache_policy.0,
             cache_index: p.gpucache_key_index.0,
+            hit_stamp_every: {
+                let e = p.gpucache_hit_stamp_every;
+                let ok = e == 0.0 || ((1.0..=1024.0).contains(&e) && e.fract() == 0.0 && (e as u32).is_power_of_two());
+                if !ok {
+                    return Err(Error::invalid_arg(format!(
+                        "parameter 'gpucache_hit_stamp_every' = {e}: 1 (every hit), a power of two up to 1024, or 0 (none)"
+                    )));
+                }
+                e as u32
+            },
             hit_rate_threshold: p.hit_rate_threshold,
             update_log_dir: p.update_log_dir.as_ref().map(|d| version_dir.join(d)),
             compaction_rows: p.update_compaction_rows as usize,

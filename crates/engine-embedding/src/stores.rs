@@ -49,6 +49,13 @@ pub(crate) fn shared_store(
                 store.cache_eviction().name()
             )));
         }
+        if store.hit_stamp_every() != settings.store.hit_stamp_every {
+            return Err(Error::invalid_arg(format!(
+                "store '{}' is already loaded with gpucache_hit_stamp_every {}; models sharing a store_name must ask the same",
+                settings.name,
+                store.hit_stamp_every()
+            )));
+        }
         if store.cache_index() != settings.store.cache_index {
             return Err(Error::invalid_arg(format!(
                 "store '{}' is already loaded with gpucache_key_index {}; models sharing a store_name must ask the same",

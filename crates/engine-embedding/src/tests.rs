@@ -115,6 +115,18 @@ fn cache_key_index_parameter() {
 }
 
 #[test]
+fn hit_stamp_every_parameter() {
+    let every = |extra: &[(&str, &str)]| one_table(extra).map(|s| s.store.hit_stamp_every);
+    assert_eq!(every(&[]).unwrap(), 1, "every hit stamped, as the CPU cache stamps");
+    assert_eq!(every(&[("gpucache_hit_stamp_every", "8")]).unwrap(), 8);
+    assert_eq!(every(&[("gpucache_hit_stamp_every", "0")]).unwrap(), 0);
+    for bad in ["6", "2048", "-1", "0.5"] {
+        let e = every(&[("gpucache_hit_stamp_every", bad)]).unwrap_err();
+        assert!(e.message().contains("'gpucache_hit_stamp_every'"), "{bad}: {e}");
+    }
+}
+
+#[test]
 fn cache_policy_parameter() {
     let policy = |extra: &[(&str, &str)]| one_table(extra).map(|s| s.store.cache_eviction);
     assert_eq!(policy(&[]).unwrap(), CacheEviction::Lru, "every miss goes in, as HPS");

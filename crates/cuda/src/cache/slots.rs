@@ -19,11 +19,11 @@ use crate::kernels::{self, threads_config, warps_config, Kernels};
 pub const WAYS: usize = 32;
 
 /// Fields of a table's descriptor for the whole-batch kernels (see `batch_lookup` in the kernels).
-pub(crate) const DESC: usize = 10;
+pub(crate) const DESC: usize = 11;
 
 /// A table's slots as the whole-batch kernels see them: the descriptor's fields (keys,
 /// stamps, rows, sets, locks, counters, the LFU sketch or 0, its width, the key index or 0,
-/// the keys it covers), with a hold on the memory they name, so the
+/// the keys it covers, the pooled probes' hit stamp rate), with a hold on the memory they name, so the
 /// addresses stay valid for as long as this lives.
 pub(crate) struct SlotsDesc {
     pub(crate) fields: [i64; DESC],
@@ -63,6 +63,8 @@ pub struct CacheSlots {
     resident: Option<usize>,
     /// Keys `0..index_rows` have a slot in the key index (0: no index).
     index_rows: usize,
+    /// The pooled lookup's probes stamp one hit in this many ([`CacheSlots::set_hit_stamp_every`]).
+    stamp_every: u32,
     dim: usize,
     rows: RowFormat,
     /// Shared with every [`super::BatchLookup`] whose descriptors name these slots, so the
@@ -141,6 +143,7 @@ impl CacheSlots {
             sketch_width,
             resident: None,
             index_rows,
+            stamp_every: 1,
             dim,
             rows,
             slots,
@@ -184,6 +187,7 @@ impl CacheSlots {
             sketch_width: 0,
             resident: Some(nrows),
             index_rows: 0,
+            stamp_every: 1,
             dim,
             rows,
             slots,
@@ -255,6 +259,7 @@ impl CacheSlots {
             width,
             index,
             irows,
+            self.stamp_every as i64,
         ];
         SlotsDesc { fields, _held: self.slots.clone() }
     }
@@ -266,6 +271,21 @@ impl CacheSlots {
     /// Keys `0..n` have a key index (0: none).
     pub fn index_rows(&self) -> usize {
         self.index_rows
+    }
+
+    /// The pooled lookup's probes (`probe_index`, `probe_slots`) stamp one hit in `every` (a
+    /// power of two up to 1024; 0: none), chosen by a hash of the key's place in the batch and
+    /// the epoch: LRU writes the epoch, LFU adds `every` uses (a slot's count is its hits' on
+    /// average). 1 (every hit, as every other lookup stamps) until set. Read by the lookups
+    /// made after.
+    pub fn set_hit_stamp_every(&mut self, every: u32) -> Result<()> {
+        if every != 0 && !(every.is_power_of_two() && every <= 1024) {
+            return Err(CudaError::internal(format!(
+                "a hit stamp rate must be 0 or a power of two up to 1024, not {every}"
+            )));
+        }
+        self.stamp_every = every;
+        Ok(())
     }
 
     /// How the rows are kept.

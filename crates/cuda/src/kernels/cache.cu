@@ -4,7 +4,7 @@ typedef long long i64;
 typedef unsigned long long u64;
 #define FULL 0xffffffffu
 #define EMPTY_KEY ((i64)0x8000000000000000ULL)
-#define DESC 10  // fields of a table's descriptor (src/cache/slots.rs DESC)
+#define DESC 11  // fields of a table's descriptor (src/cache/slots.rs DESC)
 
 __device__ __forceinline__ u64 mix64(u64 k) {
     k ^= k >> 33; k *= 0xff51afd7ed558ccdULL;
@@ -215,7 +215,8 @@ extern "C" __global__ void cache_lookup_s16(const i64* __restrict__ keys, int n,
 
 // The whole-batch kernels. Table t's slots are described by desc[t*DESC .. t*DESC+DESC] =
 // (slot keys, slot stamps, slot rows, sets, set locks, counters, LFU sketch or 0 under LRU,
-// the sketch's width, the key index or 0, the keys it covers: see probe.cu); a resident table (every row on the GPU, row = key) says -rows for sets
+// the sketch's width, the key index or 0, the keys it covers, the probes' hit stamp rate: see
+// probe.cu); a resident table (every row on the GPU, row = key) says -rows for sets
 // and has no keys, stamps, locks or sketch. Key i belongs to table
 // i % tables (interleaved > 0: keys [batch, tables]), to the t with key_start[t] <= i <
 // key_start[t+1] (interleaved 0, blocked: table after table), or, for fixed hotness (interleaved

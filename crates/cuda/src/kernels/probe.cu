@@ -6,7 +6,7 @@
 // probe_slots: keys of fixed hotness as sent ([batch, width], key i of table t where at[t] <=
 // i % width < at[t+1]), LOOKUP_LANES lanes a key as batch_lookup reads the set's tags: slot[i]
 // = the key's slot in its table's cache (a resident table's: the key's row), stamped as
-// batch_lookup stamps a hit, one hit in PROBE_STAMP_EVERY (below); or -1 for a miss, whose index goes to miss[] (order not kept) for
+// batch_lookup stamps a hit, one hit in the table's stamp rate (stamp_hit below); or -1 for a miss, whose index goes to miss[] (order not kept) for
 // the host to read below the cache. pos[i] = -1 for every key (pool_mark_misses then gives the
 // misses their fetched row). A negative key (padding, a client's bad key) is counted in
 // miss_count[1], slot -1: the caller then takes the path that leaves padding out. Only 8 bytes
@@ -18,18 +18,16 @@
 // twice: measured alone, warps waited on loads two thirds of the time); its misses take their
 // places in miss[] with one atomic.
 #define PROBE_STEPS 4  // src/kernels.rs PROBE_STEPS
-// A probe stamps one hit in PROBE_STAMP_EVERY (a power of two; 0: none), those whose place in the
-// batch hashes with the epoch to 0 modulo it: LFU adds PROBE_STAMP_EVERY uses, so a slot's count
+// A probe stamps one hit in d[10] of its table (1: every hit; a power of two; 0: none), those whose
+// place in the batch hashes with the epoch to 0 modulo it: LFU adds d[10] uses, so a slot's count
 // is its hits' on average; LRU writes the epoch. Each stamp is a read-modify-write of 8 bytes at a
-// random place (LFU's an atomic): stamping every hit took 0.44 of a batch's 1.05 ms of probe and
+// random place (LFU's an atomic): stamping every hit took 0.42 of a batch's 1.05 ms of probe and
 // pooling on the caches' queue, served (an H200, docs/embedding-store.md#hit-stamps).
-#ifndef PROBE_STAMP_EVERY  // src/kernels.rs PROBE_STAMP_EVERY, or TRITON_RUST_PROBE_STAMP_EVERY
-#define PROBE_STAMP_EVERY 8
-#endif
 __device__ __forceinline__ void stamp_hit(const long long* __restrict__ d, long long s, long long i, u64 epoch) {
-    if (PROBE_STAMP_EVERY == 0 || (mix64((u64)i + epoch * 0x9e3779b97f4a7c15ULL) & (PROBE_STAMP_EVERY - 1)) != 0) return;
+    long long every = d[10];
+    if (every == 0 || (mix64((u64)i + epoch * 0x9e3779b97f4a7c15ULL) & (u64)(every - 1)) != 0) return;
     u64* stamps = (u64*)d[1];
-    if (d[6] != 0) atomicAdd(&stamps[s], (u64)PROBE_STAMP_EVERY);  // LFU: as many more uses
+    if (d[6] != 0) atomicAdd(&stamps[s], (u64)every);  // LFU: as many more uses
     else stamps[s] = epoch;
 }
 __device__ i64 no_tags[32];  // read in place of a set's tags by a key that is not probed

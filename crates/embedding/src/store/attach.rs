@@ -64,7 +64,8 @@ impl EmbeddingStore {
                 return Ok(found);
             }
         }
-        let gpu = gpu::GpuInstance::new(device, self.config.cache_rows)?;
+        let mut gpu = gpu::GpuInstance::new(device, self.config.cache_rows)?;
+        gpu.set_hit_stamp_every(self.config.hit_stamp_every);
         // A table whose every row the cache would hold and whose keys are its row numbers
         // is kept whole on the GPU, looked up by row number (a resident table). No update
         // lands between its copy and the caches' registration for updates.
