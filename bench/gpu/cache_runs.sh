@@ -15,7 +15,7 @@
 # cache, host rows copied into 2 MiB pages), huge12 (huge, 12 instances), gpu (10% cache, misses
 # read by the GPU in place), both (10% cache, misses shared between the GPU in place and host
 # threads), auto (10% cache, the store's defaults: what a user gets), auto8 and auto12 (auto, 8 or
-# 12 instances), quietlN (quiet, N lanes a key of the batch lookup), quietc99 (quiet, a cache of 99% of the rows), quietlru / quietc99lru (quiet / quietc99 under LRU), quietslots / quietc99slots (quiet / quietc99 with no key index: gpucache_key_index off, the probe reading every key's set of tags), quietindex (quiet, every cache with a key index: on), quietc99nostamp (quietc99, the probe's hits not stamped: gpucache_hit_stamp_every 0), quietevery8 / quietc99every8 (one hit in 8 stamped), <run>trace (the run with every kernel the server runs traced: what ran beside what, <run>.trace.txt), quiet / asleep / asleep12 / quiet12 / quiet12c36 / hbmquiet (nothing spinning while it
+# 12 instances), quietlN (quiet, N lanes a key of the batch lookup), quietc99 (quiet, a cache of 99% of the rows), quietlru / quietc99lru (quiet / quietc99 under LRU), quietslots / quietc99slots (quiet / quietc99 with no key index: gpucache_key_index off, the probe reading every key's set of tags), quietindex / quietc99index (every cache with a key index: gpucache_key_index on), quietc99nostamp (quietc99, the probe's hits not stamped: gpucache_hit_stamp_every 0), quietevery8 / quietc99every8 (one hit in 8 stamped), <run>trace (the run with every kernel the server runs traced: what ran beside what, <run>.trace.txt), quiet / asleep / asleep12 / quiet12 / quiet12c36 / hbmquiet (nothing spinning while it
 # waits; see below), quiet8 (quiet, 8 instances), quietrN (quiet, N readers), quietyield / quietblock (quiet, every
 # CUDA wait yielding or asleep; quietblockN with N instances), rowsquiet (quiet, the rows written out before pooling, as before), quietonce
 # (quiet, each missed row of a batch read once), quiet270 (quiet, queries of 270 pairs), quietparts2
@@ -200,9 +200,11 @@ for name in ${runs//,/ }; do
     quietlru) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietlru --cache 0.1 --stream-warm-passes 20 --host-memory auto --cache-policy lru ;;
     quietc99lru) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietc99lru --cache 0.99 --stream-warm-passes 20 --host-memory auto --cache-policy lru ;;
     # the pooled lookup's probe reading every key's set of tags (probe_slots), not the key index
+    # (gpucache_key_index off, the default since 2026-12-01 00:30; the call of 00:05 ran quietc99
+    # with the index, auto then); quietindex / quietc99index: every cache with a key index
     quietslots) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietslots --cache 0.1 --stream-warm-passes 20 --host-memory auto --cache-key-index off ;;
-    # quiet with every table's cache keeping a key index (auto leaves out the caches of under ~6% of their table)
     quietindex) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietindex --cache 0.1 --stream-warm-passes 20 --host-memory auto --cache-key-index on ;;
+    quietc99index) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietc99index --cache 0.99 --stream-warm-passes 20 --host-memory auto --cache-key-index on ;;
     # quietc99 with the probe's hits not stamped (gpucache_hit_stamp_every 0: what the stamps
     # cost); quietevery8 / quietc99every8: one hit in 8 stamped (the calls of 2026-12-01 00:21 and 00:25
     # ran them as quiet and quietc99, the rate then compiled in)

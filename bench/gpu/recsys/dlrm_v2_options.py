@@ -157,7 +157,7 @@ def parse(description, argv=None):
     p.add_argument("--cache-policy", default="lru", choices=["lru", "lfu"],
                    help="gpucache_policy: which key a full cache set gives up (lfu: the least frequent, and a missed "
                         "key goes in only once it is looked up more often)")
-    p.add_argument("--cache-key-index", default="auto", choices=["auto", "on", "off"],
+    p.add_argument("--cache-key-index", default="off", choices=["auto", "on", "off"],
                    help="gpucache_key_index: whether the GPU caches keep a key index (4 bytes a row) that the "
                         "pooled lookup probes through instead of reading each key's set of 32 tags")
     p.add_argument("--cache-hit-stamp-every", type=int, default=1,

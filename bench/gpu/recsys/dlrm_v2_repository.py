@@ -44,7 +44,7 @@ def write_repository(a, repo, fixture, package, graphs):
              # one cache per GPU for both instances (two copies would not fit at --cache 1.0)
              param("gpucache_sharing", "device"), param("gpucache_row_type", a.cache_rows),
              param("gpucache_policy", a.cache_policy), param("gpucache_miss_reads", a.miss_reads),
-             param("gpucache_key_index", getattr(a, "cache_key_index", "auto")),
+             param("gpucache_key_index", getattr(a, "cache_key_index", "off")),
              param("gpucache_hit_stamp_every", getattr(a, "cache_hit_stamp_every", 1)),
              param("gpucache_placement", a.placement), param("gpucache_sharded_replicate", a.replicate_share),
              param("gpucache_sharded_memory_gb", a.sharded_memory_gb),

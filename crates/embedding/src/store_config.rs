@@ -230,13 +230,15 @@ impl CacheEviction {
 /// Whether a GPU cache of a table whose keys are its row numbers keeps a key index: 4 bytes a
 /// row of GPU memory, the slot each key is in, through which a pooled lookup finds a key with
 /// one 4-byte read and one tag instead of its set's 32 tags (256 bytes).
+/// Off unless asked: served on an H200 it moved DLRM-v2's rate by no more than the calls differ
+/// (docs/embedding-store.md#the-key-index).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CacheIndex {
     /// Where the index takes at most a quarter of the cache's own GPU memory
     /// ([`CacheIndex::rows`]): a cache of at least about 6% of a table of rows of 128 fp16.
-    #[default]
     Auto,
     On,
+    #[default]
     Off,
 }
 
@@ -260,9 +262,9 @@ impl CacheIndex {
 
     pub fn parse(s: &str) -> Result<CacheIndex> {
         match s.trim() {
-            "" | "auto" => Ok(CacheIndex::Auto),
+            "auto" => Ok(CacheIndex::Auto),
             "on" => Ok(CacheIndex::On),
-            "off" => Ok(CacheIndex::Off),
+            "" | "off" => Ok(CacheIndex::Off),
             other => Err(Error::invalid_arg(format!(
                 "gpucache_key_index must be auto, on or off; got '{other}'"
             ))),

@@ -41,7 +41,7 @@ triton_rust_core::parameters! {
         deployed_device_list: Option<String> = None, doc "none";
         gpucache_row_type: Parsed<CacheRows> = Parsed(CacheRows::F32), doc "fp32";
         gpucache_policy: Parsed<CacheEviction> = Parsed(CacheEviction::Lru), doc "lru";
-        gpucache_key_index: Parsed<CacheIndex> = Parsed(CacheIndex::Auto), doc "auto";
+        gpucache_key_index: Parsed<CacheIndex> = Parsed(CacheIndex::Off), doc "off";
         gpucache_hit_stamp_every: f64 = 1.0, doc "1";
         gpucache_miss_reads: Parsed<MissReads> = Parsed(MissReads::Cpu), doc "cpu";
         gpucache_allocation: Parsed<CacheAllocation> = Parsed(CacheAllocation::PerTable), doc "per_table";

@@ -107,8 +107,8 @@ fn each_table_may_name_its_own_cache_share() {
 #[test]
 fn cache_key_index_parameter() {
     let index = |extra: &[(&str, &str)]| one_table(extra).map(|s| s.store.cache_index);
-    assert_eq!(index(&[]).unwrap(), CacheIndex::Auto);
-    assert_eq!(index(&[("gpucache_key_index", " off ")]).unwrap(), CacheIndex::Off);
+    assert_eq!(index(&[]).unwrap(), CacheIndex::Off);
+    assert_eq!(index(&[("gpucache_key_index", " auto ")]).unwrap(), CacheIndex::Auto);
     assert_eq!(index(&[("gpucache_key_index", "on")]).unwrap(), CacheIndex::On);
     let e = index(&[("gpucache_key_index", "yes")]).unwrap_err();
     assert!(e.message().contains("gpucache_key_index must be auto, on or off; got 'yes'"), "{e}");

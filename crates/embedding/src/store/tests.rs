@@ -561,11 +561,15 @@ fn a_gpu_cache_keeps_a_key_index_where_it_costs_at_most_a_quarter_of_the_cache()
     // a 10% cache of rows of 128 fp32: 0.1 x (16 + 512) bytes a row against 4 for the index
     let (store, dir) = make_store("key-index", 10_000, 128, 0.1, 0.0);
     let geo = store.cache_geometry(0);
-    assert_eq!(store.cache_index(), CacheIndex::Auto);
-    assert_eq!(store.cache_index_rows(0, &geo), 10_000, "every key indexed");
+    assert_eq!(store.cache_index(), CacheIndex::Off, "off unless asked");
+    assert_eq!(store.cache_index_rows(0, &geo), 0);
+    let dense = store.host(0).dense_rows();
+    assert_eq!(dense, Some(10_000), "keys 0..rows in order");
+    let bytes = |g: &CacheGeometry| g.capacity() * (16 + 128 * 4);
+    assert_eq!(CacheIndex::Auto.rows(dense, bytes(&geo)), 10_000, "every key indexed");
     // a 1% cache: the index would be 1.5 times the cache
     let small = CacheGeometry::for_rows(100, 128);
-    assert_eq!(store.cache_index_rows(0, &small), 0);
+    assert_eq!(CacheIndex::Auto.rows(dense, bytes(&small)), 0);
     std::fs::remove_dir_all(dir).unwrap();
     let bytes = 1_000 * 16;
     assert_eq!(CacheIndex::Auto.rows(Some(1_000), bytes), 1_000, "4,000 bytes <= 16,000 / 4");
