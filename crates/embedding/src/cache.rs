@@ -1,9 +1,7 @@
 //! The cache tier's policy, and its CPU implementation.
 //!
-//! Layout (the same on the GPU, `gpu.rs` and the CUDA crate): a set-associative table of
-//! `sets × WAYS` slots. A key lives only in set `mix64(key) × sets >> 64`, in any of its 32
-//! ways (one warp's width, so the GPU checks a whole set in one instruction). Each
-//! slot has a key, a stamp (0 = empty) and a row of `dim` floats.
+//! Layout (the same on the GPU): `sets × WAYS` slots, a key only in set `mix64(key) × sets >>
+//! 64`, any of its 32 ways (a warp's width). A slot: a key, a stamp (0 = empty), a row.
 //!
 //! Two policies ([`CachePolicy`]), the same on both devices:
 //! - LRU at batch granularity: every lookup call takes a new epoch from a global clock and
@@ -16,17 +14,15 @@
 //!   change, a set so ends up holding its most frequent keys; counts never decay, so a key that
 //!   was hot long ago keeps its place.
 //!
-//! Capacity never grows: a set holds at most 32 keys and an insert into a full set evicts at
-//! most one.
-//!
-//! Concurrency (CPU): each set has its own mutex; a row is copied in or out whole
-//! under it, so a reader never sees a torn row.
+//! Capacity never grows: an insert into a full set evicts at most one. Concurrency (CPU): each
+//! set has its own mutex; a row is copied in or out whole under it, never torn.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
 use crate::keys::mix64;
+pub use crate::stamps::HitStamps;
 use triton_rust_core::error::{Error, Result};
 
 pub const WAYS: usize = 32;
@@ -176,9 +172,21 @@ pub struct HostCache {
     misses: AtomicU64,
     insertions: AtomicU64,
     evictions: AtomicU64,
+    /// Which hits are stamped, and how many stamps were written.
+    stamps: HitStamps,
+    written: AtomicU64,
 }
 
 impl HostCache {
+    /// The cache stamping its hits as `stamps` says (`cache_policy_sim`).
+    pub fn with_hit_stamps(self, stamps: HitStamps) -> HostCache {
+        HostCache { stamps, ..self }
+    }
+    /// How many stamps its lookups wrote.
+    pub fn stamps_written(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
+    }
+
     pub fn new(geo: CacheGeometry) -> HostCache {
         HostCache {
             geo,
@@ -197,6 +205,8 @@ impl HostCache {
             misses: AtomicU64::new(0),
             insertions: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
+            stamps: HitStamps { every: 1, exact_below: 0 },
+            written: AtomicU64::new(0),
         }
     }
 
@@ -287,15 +297,15 @@ impl CacheTier for HostCache {
         self.check_len(keys, out)?;
         let dim = self.geo.dim;
         let epoch = self.clock.fetch_add(1, Ordering::Relaxed);
-        let mut missed = Vec::new();
+        let (mut missed, mut written) = (Vec::new(), 0u64);
         for (i, (&k, row)) in keys.iter().zip(out.chunks_exact_mut(dim)).enumerate() {
             let mut set = self.sets[self.geo.set_of(k)].lock();
             match (0..WAYS).find(|&w| set.stamps[w] != 0 && set.keys[w] == k) {
                 Some(w) => {
-                    set.stamps[w] = match self.geo.policy {
-                        CachePolicy::Lru => set.stamps[w].max(epoch),
-                        CachePolicy::Lfu { .. } => set.stamps[w].saturating_add(1),
-                    };
+                    let lfu = matches!(self.geo.policy, CachePolicy::Lfu { .. });
+                    let (stamp, wrote) = self.stamps.stamp(lfu, set.stamps[w], i, epoch);
+                    set.stamps[w] = stamp;
+                    written += u64::from(wrote);
                     row.copy_from_slice(&set.rows[w * dim..(w + 1) * dim]);
                 }
                 None => missed.push(i),
@@ -303,6 +313,7 @@ impl CacheTier for HostCache {
         }
         self.hits.fetch_add((keys.len() - missed.len()) as u64, Ordering::Relaxed);
         self.misses.fetch_add(missed.len() as u64, Ordering::Relaxed);
+        self.written.fetch_add(written, Ordering::Relaxed);
         Ok(missed)
     }
 

@@ -25,6 +25,7 @@ pub mod keys;
 pub mod redis;
 pub mod settings;
 pub mod shard;
+mod stamps;
 pub mod store;
 pub mod stream;
 pub mod table;
