@@ -1,5 +1,5 @@
-//! The GPU cache's kernels (CUDA C in `kernels/cache.cu`, `pool.cu`, `probe.cu`) and the batched copy
-//! (`kernels/copy.cu`), each compiled by NVRTC once per device on first use, and the launch
+//! The GPU cache's kernels (CUDA C in `kernels/cache.cu`, `pool.cu`, `probe.cu`) and the
+//! batched copy (`kernels/copy.cu`), each compiled by NVRTC once per device on first use, and the launch
 //! shape they share. Launching them is the cache's (`crate::cache`) and the copies'
 //! (`crate::copy`); this layer only loads them.
 
@@ -65,9 +65,9 @@ pub(crate) struct Kernels {
     pub(crate) pool_resident: CudaFunction,
     pub(crate) pool_resident_h: CudaFunction,
     /// Pooled lookups through the caches (`cache/batch_pool.rs`): each key's slot found (any
-    /// rows; by its set's tags, or through the caches' key indexes), the bags pooled from those slots over fp32 caches (fp32 or fp16 out), the misses'
-    /// rows marked, and the open bags closed with the rows fetched as fp32 or fp16 (`_r16`),
-    /// fp32 or fp16 out.
+    /// rows; by its set's tags, or through the caches' key indexes), the bags pooled from those
+    /// slots over fp32 caches (fp32 or fp16 out), the misses' rows marked, and the open bags
+    /// closed with the rows fetched as fp32 or fp16 (`_r16`), fp32 or fp16 out.
     pub(crate) probe_slots: CudaFunction,
     pub(crate) probe_index: CudaFunction,
     pub(crate) pool_probe: CudaFunction,

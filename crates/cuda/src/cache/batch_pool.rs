@@ -142,7 +142,8 @@ impl BatchLookup {
 
     /// The keys (`n`, in GPU memory at `src`) copied into this lookup's buffer and the probe
     /// queued behind them on the caches' queue: each key's slot found and the misses listed
-    /// (`probe_index` through the caches' key indexes, or `probe_slots` reading sets' tags), then each bag's hits summed from their slots (`pool_probe`).
+    /// (`probe_index` through the caches' key indexes, or `probe_slots` reading sets' tags),
+    /// then each bag's hits summed from their slots (`pool_probe`).
     pub(super) fn probe_pool(&mut self, src: DevicePtr<'_>, n: usize, epoch: u64) -> Result<()> {
         let (Some((batch, width)), Some(spec)) = (self.pool.active, self.pool.wanted) else {
             return Ok(());

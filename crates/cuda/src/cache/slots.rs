@@ -268,11 +268,6 @@ impl CacheSlots {
         self.dim
     }
 
-    /// Keys `0..n` have a key index (0: none).
-    pub fn index_rows(&self) -> usize {
-        self.index_rows
-    }
-
     /// The pooled lookup's probes (`probe_index`, `probe_slots`) stamp one hit in `every` (a
     /// power of two up to 1024; 0: none), chosen by a hash of the key's place in the batch and
     /// the epoch: LRU writes the epoch, LFU adds `every` uses (a slot's count is its hits' on

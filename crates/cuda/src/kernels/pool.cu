@@ -238,8 +238,9 @@ extern "C" __global__ void pool_resident_h_s16(const i64* __restrict__ keys, int
     pool_resident_as<unsigned short, unsigned short>(keys, batch, width, tables, at, ragged, desc, dim, lanes, mean, out, miss_count);
 }
 
-// pool_probe: each bag summed from the slots probe.cu found (probe_slots or probe_index), `lanes` threads a bag (each
-// holding 16 bytes of a row of the caches' type S), four rows in flight at a time, added in key
+// pool_probe: each bag summed from the slots probe.cu found (probe_slots or probe_index),
+// `lanes` threads a bag (each holding 16 bytes of a row of the caches' type S), four rows in
+// flight at a time, added in key
 // order in fp32, as pool_resident reads a resident table. A bag whose keys all hit is final at
 // once, out[b][t][:] as O (divided by its count for the mean); one with a miss stays open: its
 // hits' sum goes to partial (fp32, [bags, dim]) and open[bag] = 1.

@@ -3,21 +3,6 @@
 // probe_slots reads the key's set's 32 tags; probe_index reads the slot a key index names and the
 // one tag there (a cache with a key index: every cached table of the lookup has one).
 //
-// probe_slots: keys of fixed hotness as sent ([batch, width], key i of table t where at[t] <=
-// i % width < at[t+1]), LOOKUP_LANES lanes a key as batch_lookup reads the set's tags: slot[i]
-// = the key's slot in its table's cache (a resident table's: the key's row), stamped as
-// batch_lookup stamps a hit, one hit in the table's stamp rate (stamp_hit below); or -1 for a miss, whose index goes to miss[] (order not kept) for
-// the host to read below the cache. pos[i] = -1 for every key (pool_mark_misses then gives the
-// misses their fetched row). A negative key (padding, a client's bad key) is counted in
-// miss_count[1], slot -1: the caller then takes the path that leaves padding out. Only 8 bytes
-// a key are written, not its row.
-//
-// A warp takes PROBE_STEPS groups of 32 / LOOKUP_LANES keys (contiguous): every key and its
-// table first, then every key's tags read, then each compared, so each warp keeps PROBE_STEPS
-// times one group's reads in flight (a key's chain, its key then its set's tags, waits on memory
-// twice: measured alone, warps waited on loads two thirds of the time); its misses take their
-// places in miss[] with one atomic.
-#define PROBE_STEPS 4  // src/kernels.rs PROBE_STEPS
 // A probe stamps one hit in N = d[10] of its table (1: every hit; a power of two; 0: none), those
 // whose place in the batch hashes with the epoch to 0 modulo N: LFU adds N uses, so a slot's count
 // is its hits' on average, but counts each hit while the count is below 2N, where a set's least
@@ -37,6 +22,22 @@ __device__ __forceinline__ void stamp_hit(const long long* __restrict__ d, long 
     if (lfu) atomicAdd(&stamps[s], (u64)every);  // LFU: as many more uses
     else stamps[s] = epoch;
 }
+
+// probe_slots: keys of fixed hotness as sent ([batch, width], key i of table t where at[t] <=
+// i % width < at[t+1]), LOOKUP_LANES lanes a key as batch_lookup reads the set's tags: slot[i]
+// = the key's slot in its table's cache (a resident table's: the key's row), its hit stamped
+// (stamp_hit above); or -1 for a miss, whose index goes to miss[] (order not kept) for the host
+// to read below the cache. pos[i] = -1 for every key (pool_mark_misses then gives the
+// misses their fetched row). A negative key (padding, a client's bad key) is counted in
+// miss_count[1], slot -1: the caller then takes the path that leaves padding out. Only 8 bytes
+// a key are written, not its row.
+//
+// A warp takes PROBE_STEPS groups of 32 / LOOKUP_LANES keys (contiguous): every key and its
+// table first, then every key's tags read, then each compared, so each warp keeps PROBE_STEPS
+// times one group's reads in flight (a key's chain, its key then its set's tags, waits on memory
+// twice: measured alone, warps waited on loads two thirds of the time); its misses take their
+// places in miss[] with one atomic.
+#define PROBE_STEPS 4  // src/kernels.rs PROBE_STEPS
 __device__ i64 no_tags[32];  // read in place of a set's tags by a key that is not probed
 extern "C" __global__ void probe_slots(const i64* __restrict__ keys, int n, int width, int tables,
         const int* __restrict__ at, const long long* __restrict__ desc, u64 epoch,
@@ -118,7 +119,6 @@ extern "C" __global__ void probe_slots(const i64* __restrict__ keys, int n, int 
     for (int u = 0; u < K; ++u)
         if ((missed >> u) & 1u) miss[base + off[u]] = (int)(first + u * PER + g);
 }
-
 
 // A key's slot through its table's key index (desc[8]: one u32 a key for keys 0 .. desc[9] - 1,
 // 0xffffffff where none; way_for writes a key's slot there whenever it takes or finds a way, so a
