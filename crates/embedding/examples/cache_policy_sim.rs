@@ -116,8 +116,8 @@ fn main() {
     let mut every_rate = None;
     for (name, every, exact_below) in [
         ("every hit", 1, 0),
-        ("one in 8", 8, 0),
-        ("one in 8, exact below 16 (GPU's)", 8, 16),
+        ("one in 8 (GPU's)", 8, 0),
+        ("one in 8, exact below 16", 8, 16),
         ("one in 8, exact below 64", 8, 64),
         ("one in 8, exact below 256", 8, 256),
         ("none", 0, 0),

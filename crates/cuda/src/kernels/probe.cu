@@ -5,8 +5,7 @@
 //
 // A probe stamps one hit in N = d[10] of its table (1: every hit; a power of two; 0: none), those
 // whose place in the batch hashes with the epoch to 0 modulo N: LFU adds N uses, so a slot's count
-// is its hits' on average, but counts each hit while the count is below 2N, where a set's least
-// count decides evictions (src/stamps.rs HitStamps, the CPU's same rule); LRU writes the epoch.
+// is its hits' on average (src/stamps.rs HitStamps, the CPU's same rule); LRU writes the epoch.
 // Each stamp is a read-modify-write of 8 bytes at a random place (LFU's an atomic): stamping every
 // hit took 0.42 of a batch's 1.05 ms of probe and pooling on the caches' queue, served (an H200,
 // docs/embedding-store.md#hit-stamps).
@@ -14,10 +13,6 @@ __device__ __forceinline__ void stamp_hit(const long long* __restrict__ d, long 
     long long every = d[10];
     u64* stamps = (u64*)d[1];
     bool lfu = d[6] != 0;
-    if (lfu && every > 1 && __ldcg(&stamps[s]) < (u64)(2 * every)) {
-        atomicAdd(&stamps[s], 1ULL);  // a low count: each hit counted
-        return;
-    }
     if (every == 0 || (mix64((u64)i + epoch * 0x9e3779b97f4a7c15ULL) & (u64)(every - 1)) != 0) return;
     if (lfu) atomicAdd(&stamps[s], (u64)every);  // LFU: as many more uses
     else stamps[s] = epoch;
