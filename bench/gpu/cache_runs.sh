@@ -15,7 +15,7 @@
 # cache, host rows copied into 2 MiB pages), huge12 (huge, 12 instances), gpu (10% cache, misses
 # read by the GPU in place), both (10% cache, misses shared between the GPU in place and host
 # threads), auto (10% cache, the store's defaults: what a user gets), auto8 and auto12 (auto, 8 or
-# 12 instances), quietlN (quiet, N lanes a key of the batch lookup), quietc99 (quiet, a cache of 99% of the rows), quietlru / quietc99lru (quiet / quietc99 under LRU), quietslots / quietc99slots (quiet / quietc99 with no key index: gpucache_key_index off, the probe reading every key's set of tags), quietindex / quietc99index (every cache with a key index: gpucache_key_index on), quietc99nostamp (quietc99, the probe's hits not stamped: gpucache_hit_stamp_every 0), quietevery8 / quietc99every8 (one hit in 8 stamped), <run>trace (the run with every kernel the server runs traced: what ran beside what, <run>.trace.txt), quiet / asleep / asleep12 / quiet12 / quiet12c36 / hbmquiet (nothing spinning while it
+# 12 instances), quietlN (quiet, N lanes a key of the batch lookup), quietc99 (quiet, a cache of 99% of the rows), quietlru / quietc99lru (quiet / quietc99 under LRU), quietslots / quietc99slots (quiet / quietc99 with no key index: gpucache_key_index off, the probe reading every key's set of tags), quietindex / quietc99index (every cache with a key index: gpucache_key_index on), quietc99nostamp (quietc99, the probe's hits not stamped: gpucache_hit_stamp_every 0), quietevery8 / quietc99every8 (one hit in 8 stamped), quietsN (quiet, N shares a reader of a batch's misses), hbmb32 / quietb32 (hbm / quiet, batches of up to 32,768 pairs, 48 queries in flight), quietniceN (quiet, the reader crew at niceness N), plainquiet / plainquietsN (plain with the crew asleep between jobs, as served quiet; N shares a reader), <run>trace (the run with every kernel the server runs traced: what ran beside what, <run>.trace.txt), quiet / asleep / asleep12 / quiet12 / quiet12c36 / hbmquiet (nothing spinning while it
 # waits; see below), quiet8 (quiet, 8 instances), quietrN (quiet, N readers), quietyield / quietblock (quiet, every
 # CUDA wait yielding or asleep; quietblockN with N instances), rowsquiet (quiet, the rows written out before pooling, as before), quietonce
 # (quiet, each missed row of a batch read once), quiet270 (quiet, queries of 270 pairs), quietparts2
@@ -149,10 +149,15 @@ for name in ${runs//,/ }; do
     esac
     case "$base" in
     # the table on the disk (/tmp): /dev/shm holds the runs' 52 GB fixture
-    plain) tool "$name" served_reads_bench 600 "$name.txt" --gb 16 --instances 6 --parts 3 --batches 10 \
+    # plainquiet: the store's reader crew asleep between jobs, as served quiet; plainquietsN: N
+    # shares a reader (TRITON_RUST_READ_SHARES; 2 otherwise); the table kept for the next plain run
+    plain|plainquiet|plainquiets[0-9]*)
+           spin=""; [ "$base" != plain ] && spin=0
+           shares=""; case "$base" in plainquiets*) shares=${base#plainquiets} ;; esac
+           TRITON_RUST_READER_SPIN_US=${spin:-300} TRITON_RUST_READ_SHARES=${shares:-2} \
+               tool "$name" served_reads_bench 600 "$name.txt" --gb 16 --instances 6 --parts 3 --batches 10 \
                --host-memory huge_pages --dir /tmp/served_reads_table &&
-               grep "^|" "$out/$name.txt" | sed "s/^/  /"
-           rm -rf /tmp/served_reads_table ;;
+               grep -E "^\||^the store's reads" "$out/$name.txt" | sed "s/^/  /" ;;
     # no server: the bus alone, page-locked copies up and down (the served runs' dmon samples beside it)
     pcie) echo "== pcie"; timeout 60 python3 bench/gpu/pcie_bandwidth.py > "$out/pcie.txt" 2>&1 || rc=1
           sed "s/^/  /" "$out/pcie.txt" ;;
@@ -212,6 +217,13 @@ for name in ${runs//,/ }; do
     quietevery8) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietevery8 --cache 0.1 --stream-warm-passes 20 --host-memory auto --cache-hit-stamp-every 8 ;;
     quietc99every8) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietc99every8 --cache 0.99 --stream-warm-passes 20 --host-memory auto --cache-hit-stamp-every 8 ;;
     quietc99slots) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietc99slots --cache 0.99 --stream-warm-passes 20 --host-memory auto --cache-key-index off ;;
+    # quiet with N shares a reader of a batch's misses (TRITON_RUST_READ_SHARES; 2 otherwise), or
+    # the reader crew's members at niceness N (TRITON_RUST_READER_NICE): the instances' and the
+    # network's threads run first when the cores are short
+    quiets[0-9]*) TRITON_RUST_READ_SHARES=${base#quiets} TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
+        run "$base" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
+    quietnice[0-9]*) TRITON_RUST_READER_NICE=${base#quietnice} TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
+        run "$base" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
     # quiet with 8 instances
     quiet8) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet8 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 8 ;;
     quiet12) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet12 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 12 ;;
@@ -242,6 +254,11 @@ for name in ${runs//,/ }; do
         TRITON_RUST_GPU_READS_YIELD=1 TRITON_RUST_GPU_READ_BLOCKS=${blocks:-0} TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
             run "$base" --cache 0.1 --stream-warm-passes 20 --host-memory auto --miss-reads both ;;
     # every row in HBM with nothing spinning: whether quiet costs the model inside the GPU
+    # hbm / quiet with batches of up to 32,768 pairs (four queries) and 48 queries in flight
+    hbmb32) run hbmb32 --cache 1.0 --stream-warm-passes 2 --max-batch 32768 --graph-batches 8192,16384,24576,32768 \
+        --stream-concurrency 48 ;;
+    quietb32) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietb32 --cache 0.1 --stream-warm-passes 20 \
+        --host-memory auto --max-batch 32768 --graph-batches 8192,16384,24576,32768 --stream-concurrency 48 ;;
     hbmquiet) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run hbmquiet --cache 1.0 --stream-warm-passes 2 ;;
     pool8|pool12|pool32) RAYON_NUM_THREADS=${base#pool} run "$base" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
     # a warm restart: a server that saves its caches' keys every 15 s, stopped; a new one loads

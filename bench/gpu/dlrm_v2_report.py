@@ -155,12 +155,27 @@ def targets(setup, res):
         pool = ("" if top is None else
                 f"; beside it, perf_analyzer's repeating pool (it fits in the cache: no verdict on it): "
                 f"{top['pairs_per_s'] / 1e6:.2f} M pairs/s ({KIND_LABEL[top['kind']]}, concurrency {top['concurrency']})")
-        out.append((f">= 6 M pairs/s with {setup['cache']:.0%} of the rows in the GPU cache (the endless stream of "
-                    f"fresh keys)" + scale_note,
-                    verdict(None if stream_top is None else stream_top["pairs_per_s"] >= 6e6),
-                    ("no endless stream ran" if stream_top is None else
-                     f"{stream_top['pairs_per_s'] / 1e6:.2f} M pairs/s (concurrency {stream_top['concurrency']})")
-                    + pool))
+        small = [r for r in res.get("stream", []) if 0 < r.get("batch", 0) <= 270]
+        large = [r for r in res.get("stream", []) if r not in small]
+        if small:
+            # queries of MLPerf's size (issue 66: p99 <= 60 ms at >= 5 M pairs/s), judged as such
+            fast = [r for r in small if r["pairs_per_s"] >= 5e6]
+            ok = [r for r in fast if r["p99_ms"] <= P99_BOUND_MS]
+            r = (max(ok, key=lambda r: r["pairs_per_s"]) if ok else
+                 min(fast, key=lambda r: r["p99_ms"]) if fast else max(small, key=lambda r: r["pairs_per_s"]))
+            out.append((f"{r['batch']}-pair queries: p99 <= 60 ms at >= 5 M pairs/s with {setup['cache']:.0%} of the "
+                        f"rows in the GPU cache (the endless stream of fresh keys)" + scale_note,
+                        verdict(bool(ok)),
+                        f"{r['pairs_per_s'] / 1e6:.2f} M pairs/s at p99 {r['p99_ms']:.1f} ms "
+                        f"(concurrency {r['concurrency']})"))
+        if large or not small:
+            stream_top = best(large, "pairs_per_s")
+            out.append((f">= 6 M pairs/s with {setup['cache']:.0%} of the rows in the GPU cache (the endless stream of "
+                        f"fresh keys)" + scale_note,
+                        verdict(None if stream_top is None else stream_top["pairs_per_s"] >= 6e6),
+                        ("no endless stream ran" if stream_top is None else
+                         f"{stream_top['pairs_per_s'] / 1e6:.2f} M pairs/s (concurrency {stream_top['concurrency']})")
+                        + pool))
         rate, where = measured_hit_rate(res)
         stationary = setup["cache_plan"]["stationary"]
         gap = None if rate is None else rate - stationary

@@ -61,6 +61,24 @@ def test_dlrm_v2_with_a_cache_is_judged_by_the_endless_stream():
     assert got[">= 6 M pairs/s with 10% of the rows in the GPU cache"][0] == "n/a"
 
 
+def test_dlrm_v2_a_stream_of_270_pair_queries_is_judged_by_the_270_pair_target():
+    """A stream of MLPerf-sized queries (270 pairs) answers issue 66's p99 target, not the 6 M one
+    (an H200 run printed "MISS >= 6 M" for 5.57 M pairs/s of 270-pair queries at p99 19.1 ms)."""
+    sys.path.insert(0, os.path.join(ROOT, "bench", "gpu"))
+    import dlrm_v2_report
+    setup = {"scale": 1.0, "cache": 0.1, "alpha": 1.05, "cache_plan": {"stationary": 0.9532, "lru": 0.9347}}
+    stream = {"kind": "stream", "batch": 270, "pairs_per_s": 5.57e6, "concurrency": 256, "p99_ms": 19.1,
+              "hit_rate": 0.9516}
+    got = {t.split(" (")[0]: (v, d) for t, v, d in dlrm_v2_report.targets(setup, {"stream": [stream]})}
+    assert not any(t.startswith(">= 6 M") for t in got), got
+    verdict, detail = got["270-pair queries: p99 <= 60 ms at >= 5 M pairs/s with 10% of the rows in the GPU cache"]
+    assert verdict == "PASS" and detail.startswith("5.57 M pairs/s at p99 19.1 ms"), detail
+    for slow in ({"pairs_per_s": 4.9e6}, {"p99_ms": 61.0}):
+        got = {t.split(" (")[0]: (v, d) for t, v, d in
+               dlrm_v2_report.targets(setup, {"stream": [{**stream, **slow}]})}
+        assert got["270-pair queries: p99 <= 60 ms at >= 5 M pairs/s with 10% of the rows in the GPU cache"][0] == "MISS"
+
+
 def test_dlrm_v2_plots_draw_one_line_per_perf_analyzer_mode():
     """A run that measured sync and async calls plots each as its own line (sync dotted); one
     mode, or results from before the modes, keep the kind's one line and label."""

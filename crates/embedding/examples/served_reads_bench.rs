@@ -23,7 +23,10 @@
 //!   without a pause (no thread started per batch, no batch boundary), prefetching 4, 8 or 16
 //!   rows ahead, plain stores (and 16 ahead with streaming stores, as the store's readers store
 //!   with `TRITON_RUST_MISS_STORES=streaming`): the host's steady rate, as the issue's plain C
-//!   program measured it.
+//!   program measured it. Each thread writes one batch's share over and over, a buffer the
+//!   CPU's caches hold (`misses` rows between the threads); the last two columns write as many
+//!   batches' buffers in turn as there are instances, as the served instances' page-locked
+//!   staging is written, which the caches cannot hold.
 //!
 //! The store's rows are checked equal to the plain gather's and the fixture's.
 //!
@@ -38,6 +41,7 @@ use std::time::Instant;
 
 use rand::{Rng, SeedableRng};
 use triton_rust_embedding::fixture::{synthetic_row, write_synthetic_table, Progress};
+use triton_rust_embedding::store::GatherTimes;
 use triton_rust_embedding::table::{HostRows, TableFiles};
 use triton_rust_embedding::{EmbeddingStore, StoreConfig, TableConfig};
 
@@ -66,13 +70,15 @@ fn plain_gather(bytes: &[u8], width: usize, keys: &[i64], out: &mut [u8], thread
     });
 }
 
-/// One batch's misses read through the store in `parts` parts; every key is table 0's.
+/// One batch's misses read through the store in `parts` parts; every key is table 0's. The
+/// readers' times of each part added to `times`.
 fn store_batch(
     store: &EmbeddingStore,
     keys: &[i64],
     out: &mut [u8],
     found: &mut [u8],
     parts: usize,
+    times: &mut GatherTimes,
 ) {
     let (width, per) = (out.len() / keys.len(), keys.len().div_ceil(parts.max(1)));
     let missed: Vec<i32> = (0..keys.len() as i32).collect();
@@ -83,7 +89,9 @@ fn store_batch(
         .zip(found.chunks_mut(per))
         .zip(missed.chunks(per))
     {
-        let read = store.gather_dense(&|_| 0, m, k, o, f, &mut per_table, None).expect("the reads");
+        let read = store
+            .gather_dense(&|_| 0, m, k, o, f, &mut per_table, Some(&mut *times))
+            .expect("the reads");
         assert!(read, "a dense, untouched fp16 table is read by the plain gather");
     }
 }
@@ -93,7 +101,10 @@ fn store_batch(
 /// into its own share of a batch's staging buffer, `ahead` rows prefetched: no thread started
 /// per batch and no batch boundary to wait at, the steady rate of the issue's plain C program.
 /// `streaming`: each row stored past the CPU's caches, as the store's readers do with
-/// `TRITON_RUST_MISS_STORES=streaming`.
+/// `TRITON_RUST_MISS_STORES=streaming`. `span`: each thread writes its share of `span` batches'
+/// staging one after the other (1: one batch's, `misses` rows between the threads, which the
+/// CPU's caches can hold; the instances' count: as many batches' buffers as the served
+/// instances write in turn, which they cannot).
 fn plain_steady(
     bytes: &[u8],
     width: usize,
@@ -101,6 +112,7 @@ fn plain_steady(
     ahead: usize,
     misses: usize,
     streaming: bool,
+    span: usize,
 ) -> f64 {
     const SECS: f64 = 1.0;
     let rows = bytes.len() / width;
@@ -115,7 +127,7 @@ fn plain_steady(
                     let mut rng = rand::rngs::SmallRng::seed_from_u64(100 + th as u64);
                     let keys: Vec<usize> =
                         (0..per_thread).map(|_| rng.gen_range(0..rows)).collect();
-                    let mut out = vec![0u8; share * width];
+                    let mut out = vec![0u8; share * span.max(1) * width];
                     let row = |key: usize| &bytes[key * width..(key + 1) * width];
                     let (mut next, mut done) = (0usize, 0usize);
                     let begun = Instant::now();
@@ -130,7 +142,7 @@ fn plain_steady(
                             }
                             next += 1;
                         }
-                        done += share;
+                        done += share * span.max(1);
                     }
                     triton_rust_os::store_fence();
                     std::hint::black_box(&out);
@@ -218,7 +230,7 @@ fn main() {
     // the rows: one batch read both ways, against each other and the fixture
     let check = draw();
     plain_gather(table, width, &check, &mut plain, cores);
-    store_batch(&store, &check, &mut got, &mut found, parts);
+    store_batch(&store, &check, &mut got, &mut found, parts, &mut GatherTimes::default());
     assert!(
         found.iter().all(|&f| f == 1) && got == plain,
         "the store's rows differ from the plain gather's"
@@ -229,13 +241,14 @@ fn main() {
         assert_eq!(&got[i * width..(i + 1) * width], bytemuck::cast_slice::<u16, u8>(&want));
     }
     // one batch at a time: every core on a plain gather (the host's rate), then the store
+    let mut alone_times = GatherTimes::default();
     let mut one_at_a_time = |through_store: bool| -> f64 {
         let times: Vec<f64> = (0..batches)
             .map(|_| {
                 let keys = draw();
                 let t = Instant::now();
                 if through_store {
-                    store_batch(&store, &keys, &mut got, &mut found, parts);
+                    store_batch(&store, &keys, &mut got, &mut found, parts, &mut alone_times);
                 } else {
                     plain_gather(table, width, &keys, &mut plain, cores);
                 }
@@ -251,20 +264,21 @@ fn main() {
     let plain_keys: Vec<Vec<Vec<i64>>> =
         (0..instances).map(|_| (0..batches).map(|_| draw()).collect()).collect();
     // N instances at once: through the store's shared pool, then each its share of the cores
+    let concurrent_times = std::sync::Mutex::new(GatherTimes::default());
     let concurrent = |through_store: bool, batch_keys: &[Vec<Vec<i64>>]| -> (f64, f64) {
         let t = Instant::now();
         let per_batch: Vec<f64> = std::thread::scope(|s| {
             let handles: Vec<_> = batch_keys
                 .iter()
                 .map(|mine| {
-                    let store = &store;
+                    let (store, concurrent_times) = (&store, &concurrent_times);
                     s.spawn(move || {
                         let (mut out, mut found) = (vec![0u8; misses * width], vec![0u8; misses]);
-                        let mut times = Vec::new();
+                        let (mut times, mut reads) = (Vec::new(), GatherTimes::default());
                         for keys in mine {
                             let t = Instant::now();
                             if through_store {
-                                store_batch(store, keys, &mut out, &mut found, parts);
+                                store_batch(store, keys, &mut out, &mut found, parts, &mut reads);
                             } else {
                                 plain_gather(
                                     table,
@@ -276,6 +290,7 @@ fn main() {
                             }
                             times.push(t.elapsed().as_secs_f64());
                         }
+                        concurrent_times.lock().expect("the times").absorb(Some(reads));
                         times
                     })
                 })
@@ -294,18 +309,40 @@ fn main() {
         store_n / whole
     );
     println!("rows: the store's equal to the plain gather's and the fixture's");
+    let readers = triton_rust_os::Crew::global().members() + 1;
+    for (who, t) in [
+        ("one instance", alone_times),
+        (&*format!("{instances} instances"), concurrent_times.into_inner().expect("the times")),
+    ] {
+        let per = |ns: u64| ns as f64 / t.calls.max(1) as f64 / 1e3;
+        println!(
+            "the store's reads, {who}: a call (a part) {:.0} us, its last share started at {:.0} us, \
+             its longest share {:.0} us, {:.1} shares; its shares' time over its wall time {:.1} \
+             (readers {readers}, the caller among them)",
+            per(t.wall_ns),
+            per(t.last_start_ns),
+            per(t.longest_ns),
+            t.shares as f64 / t.calls.max(1) as f64,
+            t.busy_ns as f64 / t.wall_ns.max(1) as f64,
+        );
+    }
     // the host's steady rate: threads that never stop, at several counts and prefetch depths
     let mut counts: Vec<usize> = vec![4, 8, cores / 2, cores];
     counts.sort_unstable();
     counts.dedup();
     counts.retain(|&n| n >= 1 && n <= cores);
-    println!("| plain, steady threads (M rows/s): threads | prefetch 4 rows ahead | 8 ahead | 16 ahead | 16 ahead, streaming stores |");
-    println!("|---:|---:|---:|---:|---:|");
+    let big = instances * misses * width;
+    println!("| plain, steady threads (M rows/s): threads | prefetch 4 rows ahead | 8 ahead | 16 ahead | 16 ahead, streaming stores | 16 ahead, into {instances} batches' buffers ({:.0} MB) | the same, streaming stores |", big as f64 / 1e6);
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     for n in counts {
-        let r: Vec<f64> = [(4, false), (8, false), (16, false), (16, true)]
-            .iter()
-            .map(|&(a, streaming)| plain_steady(table, width, n, a, misses, streaming))
+        let r: Vec<f64> = [(4, false, 1), (8, false, 1), (16, false, 1), (16, true, 1)]
+            .into_iter()
+            .chain([(16, false, instances), (16, true, instances)])
+            .map(|(a, streaming, span)| plain_steady(table, width, n, a, misses, streaming, span))
             .collect();
-        println!("| {n} | {:.1} | {:.1} | {:.1} | {:.1} |", r[0], r[1], r[2], r[3]);
+        println!(
+            "| {n} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            r[0], r[1], r[2], r[3], r[4], r[5]
+        );
     }
 }

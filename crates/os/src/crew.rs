@@ -120,6 +120,29 @@ impl Shared {
     }
 }
 
+/// The niceness a member takes (`TRITON_RUST_READER_NICE`, 1 to 19; 0 unset or otherwise): an
+/// experiment's knob, so that the threads that feed the GPU (a model instance's, the network's)
+/// run before the crew's members when the cores are short.
+fn member_nice(set: Option<&str>) -> i32 {
+    set.and_then(|v| v.trim().parse::<i32>().ok()).filter(|n| (1..=19).contains(n)).unwrap_or(0)
+}
+
+/// Lowers the calling thread's scheduling priority to niceness `nice` (0: left as it is); a
+/// refusal only logs.
+fn lower_priority(nice: i32) {
+    if nice == 0 {
+        return;
+    }
+    // SAFETY: plain system calls on the calling thread (Linux: a thread id names one thread).
+    let done = unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, nice)
+    };
+    if done != 0 {
+        log::warn!("a reader thread kept its priority: {}", std::io::Error::last_os_error());
+    }
+}
+
 /// Threads that take shares of their callers' jobs (see the module's note).
 pub struct Crew {
     shared: Arc<Shared>,
@@ -144,11 +167,15 @@ impl Crew {
     /// (zero: callers waiting for their last shares sleep too).
     pub fn watching(members: usize, spin: Duration) -> Crew {
         let shared = Arc::new(Shared { spin, ..Shared::default() });
+        let nice = member_nice(std::env::var("TRITON_RUST_READER_NICE").ok().as_deref());
         let mut started = 0;
         for i in 0..members {
             let s = shared.clone();
             let spawned =
-                std::thread::Builder::new().name(format!("reader-{i}")).spawn(move || s.member());
+                std::thread::Builder::new().name(format!("reader-{i}")).spawn(move || {
+                    lower_priority(nice);
+                    s.member()
+                });
             match spawned {
                 Ok(_) => started += 1,
                 Err(e) => {
@@ -240,6 +267,27 @@ impl Crew {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_member_takes_the_niceness_asked_and_nothing_else() {
+        assert_eq!(member_nice(Some("5")), 5);
+        assert_eq!(member_nice(Some(" 19 ")), 19);
+        for v in [None, Some("0"), Some("20"), Some("-3"), Some("low")] {
+            assert_eq!(member_nice(v), 0, "{v:?}");
+        }
+        // a thread lowered to 7 reads 7 back (raising it again needs a privilege)
+        let got = std::thread::spawn(|| {
+            lower_priority(7);
+            // SAFETY: a plain query of the calling thread's priority.
+            unsafe {
+                let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+                libc::getpriority(libc::PRIO_PROCESS, tid)
+            }
+        })
+        .join()
+        .expect("the thread");
+        assert_eq!(got, 7);
+    }
 
     #[test]
     fn every_share_runs_once_whoever_calls() {

@@ -34,6 +34,20 @@ fn streaming_stores() -> bool {
     *ON.get_or_init(|| std::env::var("TRITON_RUST_MISS_STORES").is_ok_and(|v| v == "streaming"))
 }
 
+/// How many shares a call's misses are cut into for each reader: 2, or
+/// `TRITON_RUST_READ_SHARES` (1 to 64) in the server's environment, read once (an experiment's
+/// knob: more shares even out the readers' ends, each share costs its own start).
+fn shares_a_reader() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("TRITON_RUST_READ_SHARES")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|n| (1..=64).contains(n))
+            .unwrap_or(2)
+    })
+}
+
 /// How a `gather_dense` call's readers spent its time, added over calls: the wall time, the
 /// latest a share started after the call began (a share waits for a free reader), the longest
 /// share's own time and every share's time summed (busy / wall: readers at work at once).
@@ -120,7 +134,7 @@ impl EmbeddingStore {
         // shares of at least 1,024 rows, about two a reader (the crew and the caller)
         let crew = triton_rust_os::Crew::global();
         let readers = (crew.members() + 1).clamp(1, 16);
-        let per = n.div_ceil(2 * readers).max(1024);
+        let per = n.div_ceil(shares_a_reader() * readers).max(1024);
         type Share<'a> = (&'a mut [u8], &'a mut [u8], Vec<usize>, GatherTimes);
         let shares: Vec<std::sync::Mutex<Share>> = rows
             .chunks_mut(per * width)
