@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """The summary of one bench/gpu/cache_runs.sh call: per run, the endless stream's pairs/s, its
-latencies and hit rate, the host's CPU, the ratio to the `hbm` run of the same call, and the
+latencies and hit rate, the host's CPU, the ratio to the same call's all-in-HBM run (`hbm`, or
+`hbm` and the run's own ending: quietb32 against hbmb32), and the
 backend's per-batch steps (medians of its `timing:` lines). Then each cached run's misses read
 from the host a second, served (the stream's keys a second times its miss rate; the rows read,
 fewer when a batch reads each missed row once, from the timing line's medians), beside the
 plain gathers of the same call's `plain` run (served_reads_bench: the host alone, every core):
 the batched one, 16 threads started for each batch, and the steady one, threads started once
 that never pause (the host's rate, 2.2-3.7x the batched on the H200 hosts of 2026-11-30; issue
-66's first target reads against it). And where the reads' cores went: the readers' busy time a batch
+66's first target reads against it), rewriting one batch's buffer, which the CPU's caches hold, and
+writing as many batches' buffers in turn as the served instances do (0.63-0.87x that on 1 December). And where the reads' cores went: the readers' busy time a batch
 (the timing line's `shares busy`) times the batches a second is how many cores read on average;
 the rows each of them read a second, beside the plain gather's a thread, says whether the gap to
 the plain gather is slower reads or fewer cores reading; beside the steady gather's a thread at
@@ -59,6 +61,39 @@ def steady_table(folder):
         if inside and cells and cells[0].isdigit():
             table[int(cells[0])] = {ahead: float(c) for ahead, c in zip((4, 8, 16), cells[1:4])}
     return table
+
+
+def steady_staged_best(folder):
+    """The steady gather's best into several batches' buffers written in turn (plain.txt's column
+    "16 ahead, into N batches' buffers", plain stores), as the served instances write their
+    staging: (M rows/s, its threads, N); None where plain.txt has no such column."""
+    path = os.path.join(folder, "plain.txt")
+    if not os.path.exists(path):
+        return None
+    best, col, batches = None, None, None
+    for ln in open(path, errors="replace"):
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+        if "plain, steady threads" in ln:
+            col = next((i for i, c in enumerate(cells) if "batches' buffers" in c and "streaming" not in c), None)
+            m = re.search(r"into (\d+) batches' buffers", ln)
+            batches = int(m.group(1)) if m else None
+            continue
+        if col is not None and cells and cells[0].isdigit() and len(cells) > col:
+            rate = float(cells[col])
+            if best is None or rate > best[0]:
+                best = (rate, int(cells[0]), batches)
+    return best
+
+
+def hbm_of(name, runs):
+    """The all-in-HBM run a run is held against: `hbm` with the longest end of its name that
+    names a run of the call (quietb32: hbmb32; quiet: hbmquiet where that ran, else hbm); None
+    when there is none."""
+    for i in range(len(name) + 1):
+        ref = "hbm" + name[i:]
+        if ref in runs:
+            return ref
+    return None
 
 
 def plain_steady(folder):
@@ -215,10 +250,14 @@ def main():
         got = load(folder, n)
         if got and got[0].get("stream"):
             runs[n] = got
-    hbm = runs.get("hbm", ({"stream": [{}]},))[0]["stream"][0].get("pairs_per_s")
+    def hbm_rate(n):
+        ref = hbm_of(n, runs)
+        return runs[ref][0]["stream"][0].get("pairs_per_s") if ref else None
+
     print("run        M pairs/s  x hbm   p50 ms   p99 ms  hit rate (expected)  host busy  server cores  GPU busy  host rows")
     for n, (r, setup) in runs.items():
         s = r["stream"][0]
+        hbm = hbm_rate(n)
         ratio = f"{s['pairs_per_s'] / hbm:5.2f}" if hbm else "    -"
         hr = "-" if s.get("hit_rate") is None else f"{s['hit_rate']:.4f} ({s['expected_hit_rate']:.4f})"
         cpu = s.get("cpu", {})
@@ -254,14 +293,20 @@ def main():
     if steady:
         print(f"plain gather, steady threads, same call (plain.txt): best {steady[0]:.1f} M rows/s "
               f"({steady[1]} threads, {steady[2]} rows prefetched ahead)")
+    staged = steady_staged_best(folder)
+    if staged:
+        print(f"plain gather, steady threads into {staged[2]} batches' buffers in turn, as the instances write "
+              f"them, same call (plain.txt): best {staged[0]:.1f} M rows/s ({staged[1]} threads)")
     for n, (r, _) in runs.items():
         got = misses_read(r["stream"][0])
         if got and got[0] > 0:
             versus = f"; {got[1] / plain[0]:.2f}x the batched plain gather" if plain else ""
             if steady:
                 versus += f", {got[1] / steady[0]:.2f}x its steady best"
+            if staged:
+                versus += f", {got[1] / staged[0]:.2f}x its steady best into {staged[2]} batches' buffers"
             print(f"  {n}: misses served {got[0]:.1f} M/s, rows read from the host {got[1]:.1f} M/s{versus}")
-            m = misses_a_pair(r["stream"][0])
+            m, hbm = misses_a_pair(r["stream"][0]), hbm_rate(n)
             if m and hbm:
                 need = 100.0 / m
                 print(f"  {n}: {m:.2f} misses a pair: 100 M misses a second would take {need:.2f} M pairs/s "

@@ -149,3 +149,31 @@ def test_misses_a_served_pair():
     stream = {"pairs_per_s": 7e6, "lookups_per_s": 7e6 * 214, "hit_rate": 0.95}
     assert abs(crs.misses_a_pair(stream) - 10.7) < 1e-9
     assert crs.misses_a_pair({"pairs_per_s": 7e6, "lookups_per_s": 1.0}) is None
+
+
+def test_each_run_against_its_own_all_in_hbm_run():
+    import cache_runs_summary as crs
+    runs = {"hbm": 1, "hbmb32": 1, "quiet": 1, "quietb32": 1, "quietc99every8": 1}
+    assert crs.hbm_of("quietb32", runs) == "hbmb32"
+    assert crs.hbm_of("quiet", runs) == "hbm" and crs.hbm_of("quietc99every8", runs) == "hbm"
+    assert crs.hbm_of("hbmb32", runs) == "hbmb32" and crs.hbm_of("hbm", runs) == "hbm"
+    assert crs.hbm_of("quiet", {"hbmquiet": 1, "hbm": 1}) == "hbmquiet"
+    assert crs.hbm_of("quiet", {"quiet": 1}) is None
+
+
+def test_the_steady_gather_into_several_batches_buffers(tmp_path):
+    import cache_runs_summary as crs
+    (tmp_path / "plain.txt").write_text(
+        "| plain, steady threads (M rows/s): threads | prefetch 4 rows ahead | 8 ahead | 16 ahead | "
+        "16 ahead, streaming stores | 16 ahead, into 6 batches' buffers (261 MB) | the same, streaming stores |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| 8 | 120.6 | 134.1 | 141.5 | 105.0 | 113.1 | 102.9 |\n"
+        "| 16 | 288.8 | 308.7 | 285.3 | 168.6 | 198.6 | 176.2 |\n")
+    assert crs.steady_staged_best(str(tmp_path)) == (198.6, 16, 6)
+    # the columns before it read as before
+    assert crs.steady_per_thread(str(tmp_path)) == {8: 141.5 / 8, 16: 308.7 / 16}
+    (tmp_path / "plain.txt").write_text(
+        "| plain, steady threads (M rows/s): threads | prefetch 4 rows ahead | 8 ahead | 16 ahead | 16 ahead, streaming stores |\n"
+        "| 16 | 240.0 | 250.0 | 252.0 | 160.0 |\n")
+    assert crs.steady_staged_best(str(tmp_path)) is None
+    assert crs.steady_staged_best(str(tmp_path / "absent")) is None
