@@ -9,7 +9,7 @@ plain gathers of the same call's `plain` run (served_reads_bench: the host alone
 the batched one, 16 threads started for each batch, and the steady one, threads started once
 that never pause (the host's rate, 2.2-3.7x the batched on the H200 hosts of 2026-11-30; issue
 66's first target reads against it), rewriting one batch's buffer, which the CPU's caches hold, and
-writing as many batches' buffers in turn as the served instances do (0.63-0.87x that on 1 December). And where the reads' cores went: the readers' busy time a batch
+writing as many batches' buffers in turn as the served instances do (0.70-0.86x that on 1 December). And where the reads' cores went: the readers' busy time a batch
 (the timing line's `shares busy`) times the batches a second is how many cores read on average;
 the rows each of them read a second, beside the plain gather's a thread, says whether the gap to
 the plain gather is slower reads or fewer cores reading; beside the steady gather's a thread at
