@@ -166,8 +166,12 @@ impl Crew {
     /// A crew of `members` threads whose idle members watch for `spin` before they sleep
     /// (zero: callers waiting for their last shares sleep too).
     pub fn watching(members: usize, spin: Duration) -> Crew {
+        Crew::at_niceness(members, spin, 0)
+    }
+
+    /// [`Crew::watching`] with its members at niceness `nice` (0: the caller's).
+    fn at_niceness(members: usize, spin: Duration, nice: i32) -> Crew {
         let shared = Arc::new(Shared { spin, ..Shared::default() });
-        let nice = member_nice(std::env::var("TRITON_RUST_READER_NICE").ok().as_deref());
         let mut started = 0;
         for i in 0..members {
             let s = shared.clone();
@@ -191,7 +195,7 @@ impl Crew {
 
     /// The process's crew: one member a core less one (the caller reads too), or
     /// `TRITON_RUST_READERS` less one (the readers of a call, the caller among them, read
-    /// once), started on first use.
+    /// once), its members at `TRITON_RUST_READER_NICE`'s niceness, started on first use.
     pub fn global() -> &'static Crew {
         static CREW: OnceLock<Crew> = OnceLock::new();
         CREW.get_or_init(|| {
@@ -200,7 +204,8 @@ impl Crew {
                 .ok()
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map_or(SPIN, Duration::from_micros);
-            Crew::watching(cores.saturating_sub(1), spin)
+            let nice = member_nice(std::env::var("TRITON_RUST_READER_NICE").ok().as_deref());
+            Crew::at_niceness(cores.saturating_sub(1), spin, nice)
         })
     }
 

@@ -67,7 +67,7 @@ pub(super) struct PoolRun {
 /// a few milliseconds later; a hit whose slot a fill gave another key meanwhile is not stamped.
 /// Served, stamping every hit held the caches' queue 0.42 of a batch's 1.05 ms of probe and
 /// pooling (docs/embedding-store.md#hit-stamps), on every batch's path.
-pub(crate) fn defer_stamps() -> bool {
+fn defer_stamps() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("TRITON_RUST_DEFER_STAMPS").is_ok_and(|v| v.trim() == "1"))
 }
