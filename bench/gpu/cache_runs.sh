@@ -15,7 +15,7 @@
 # cache, host rows copied into 2 MiB pages), huge12 (huge, 12 instances), gpu (10% cache, misses
 # read by the GPU in place), both (10% cache, misses shared between the GPU in place and host
 # threads), auto (10% cache, the store's defaults: what a user gets), auto8 and auto12 (auto, 8 or
-# 12 instances), quietlN (quiet, N lanes a key of the batch lookup), quietc99 (quiet, a cache of 99% of the rows), quietlru / quietc99lru (quiet / quietc99 under LRU), quietslots / quietc99slots (quiet / quietc99 with no key index: gpucache_key_index off, the probe reading every key's set of tags), quietindex / quietc99index (every cache with a key index: gpucache_key_index on), quietc99nostamp (quietc99, the probe's hits not stamped: gpucache_hit_stamp_every 0), quietevery8 / quietc99every8 (one hit in 8 stamped), quietsN (quiet, N shares a reader of a batch's misses), hbmb32 / quietb32 (hbm / quiet, batches of up to 32,768 pairs, 48 queries in flight), quietdefer / quietc99defer (the hits' stamps deferred off the caches' queue), quietniceN (quiet, the reader crew at niceness N), plainquiet / plainquietsN (plain with the crew asleep between jobs, as served quiet; N shares a reader), <run>trace (the run with every kernel the server runs traced: what ran beside what, <run>.trace.txt), quiet / asleep / asleep12 / quiet12 / quiet12c36 / hbmquiet (nothing spinning while it
+# 12 instances), quietlN (quiet, N lanes a key of the batch lookup), quietc99 (quiet, a cache of 99% of the rows), quietlru / quietc99lru (quiet / quietc99 under LRU), quietslots / quietc99slots (quiet / quietc99 with no key index: gpucache_key_index off, the probe reading every key's set of tags), quietindex / quietc99index (every cache with a key index: gpucache_key_index on), quietc99nostamp / quietnostamp (quietc99 / quiet, the probe's hits not stamped: gpucache_hit_stamp_every 0), quietevery8 / quietc99every8 (one hit in 8 stamped), quietsN (quiet, N shares a reader of a batch's misses), hbmb32 / quietb32 (hbm / quiet, batches of up to 32,768 pairs, 48 queries in flight), hbmfifo / quietfifo (the instances' networks one after another on the GPU), quietniceN (quiet, the reader crew at niceness N), plainquiet / plainquietsN (plain with the crew asleep between jobs, as served quiet; N shares a reader), <run>trace (the run with every kernel the server runs traced: what ran beside what, <run>.trace.txt), quiet / asleep / asleep12 / quiet12 / quiet12c36 / hbmquiet (nothing spinning while it
 # waits; see below), quiet8 (quiet, 8 instances), quietrN (quiet, N readers), quietyield / quietblock (quiet, every
 # CUDA wait yielding or asleep; quietblockN with N instances), rowsquiet (quiet, the rows written out before pooling, as before), quietonce
 # (quiet, each missed row of a batch read once), quiet270 (quiet, queries of 270 pairs), quietparts2
@@ -214,6 +214,9 @@ for name in ${runs//,/ }; do
     # cost); quietevery8 / quietc99every8: one hit in 8 stamped (the calls of 2026-12-01 00:21 and 00:25
     # ran them as quiet and quietc99, the rate then compiled in)
     quietc99nostamp) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietc99nostamp --cache 0.99 --stream-warm-passes 20 --host-memory auto --cache-hit-stamp-every 0 ;;
+    # quiet (10% cached) with no hit stamped: what the stamps cost the 10% cache, its rate had
+    # they cost nothing (LFU's counts then hold only misses: the hit rate is not the policy's)
+    quietnostamp) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietnostamp --cache 0.1 --stream-warm-passes 20 --host-memory auto --cache-hit-stamp-every 0 ;;
     quietevery8) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietevery8 --cache 0.1 --stream-warm-passes 20 --host-memory auto --cache-hit-stamp-every 8 ;;
     quietc99every8) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietc99every8 --cache 0.99 --stream-warm-passes 20 --host-memory auto --cache-hit-stamp-every 8 ;;
     quietc99slots) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietc99slots --cache 0.99 --stream-warm-passes 20 --host-memory auto --cache-key-index off ;;
@@ -224,12 +227,11 @@ for name in ${runs//,/ }; do
         run "$base" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
     quietnice[0-9]*) TRITON_RUST_READER_NICE=${base#quietnice} TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
         run "$base" --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
-    # quiet / quietc99 with the hits' stamps deferred (TRITON_RUST_DEFER_STAMPS=1): stamped after
-    # the probe on a stream beside the caches' queue, off every batch's path
-    quietdefer) TRITON_RUST_DEFER_STAMPS=1 TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
-        run quietdefer --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
-    quietc99defer) TRITON_RUST_DEFER_STAMPS=1 TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
-        run quietc99defer --cache 0.99 --stream-warm-passes 20 --host-memory auto ;;
+    # hbm / quiet with the instances' networks one after another on the GPU, in the order they
+    # launch (TRITON_RUST_NETWORK_FIFO=1), instead of all sharing it at once
+    hbmfifo) TRITON_RUST_NETWORK_FIFO=1 run hbmfifo --cache 1.0 --stream-warm-passes 2 ;;
+    quietfifo) TRITON_RUST_NETWORK_FIFO=1 TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 \
+        run quietfifo --cache 0.1 --stream-warm-passes 20 --host-memory auto ;;
     # quiet with 8 instances
     quiet8) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet8 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 8 ;;
     quiet12) TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quiet12 --cache 0.1 --stream-warm-passes 20 --host-memory auto --instances 12 ;;

@@ -70,8 +70,6 @@ pub(crate) struct Kernels {
     /// closed with the rows fetched as fp32 or fp16 (`_r16`), fp32 or fp16 out.
     pub(crate) probe_slots: CudaFunction,
     pub(crate) probe_index: CudaFunction,
-    /// A probe's hits stamped after it, beside the caches' queue (`TRITON_RUST_DEFER_STAMPS`).
-    pub(crate) stamp_slots: CudaFunction,
     pub(crate) pool_probe: CudaFunction,
     pub(crate) pool_probe_h: CudaFunction,
     pub(crate) pool_mark: CudaFunction,
@@ -183,7 +181,6 @@ fn compile(g: &GpuState) -> Result<Arc<Kernels>> {
         pool_resident_h: f("pool_resident_h")?,
         probe_slots: f("probe_slots")?,
         probe_index: f("probe_index")?,
-        stamp_slots: f("stamp_slots")?,
         pool_probe: f("pool_probe")?,
         pool_probe_h: f("pool_probe_h")?,
         pool_mark: f("pool_mark_misses")?,
@@ -330,7 +327,6 @@ mod tests {
             "pool_fixed_h_s16",
             "probe_slots",
             "probe_index",
-            "stamp_slots",
             "pool_probe",
             "pool_probe_h",
             "pool_probe_s16",

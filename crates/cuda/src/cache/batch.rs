@@ -291,7 +291,7 @@ impl BatchLookup {
         gpu(self.queue.device)?;
         self.last = None;
         self.host_read = None;
-        self.pool.new_run()?;
+        self.pool.new_run();
         self.make_room(n, !self.external)?;
         let interleaved = self.place_layout(layout, n)?;
         self.clear_misses(n)?;

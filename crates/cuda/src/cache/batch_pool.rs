@@ -8,12 +8,12 @@
 //! misses' rows in key order, in fp32: equal to the rows path's key-order sum within fp32
 //! rounding, and the same for the same hits and misses every time.
 
-use cudarc::driver::{sys::CUevent_flags, CudaEvent, PushKernelArg};
+use cudarc::driver::PushKernelArg;
 
 use super::{BatchKeys, BatchLookup, KeyLayout, RowFormat};
 use crate::buffer::{DeviceMem, DevicePtr};
 use crate::context::cuda_err;
-use crate::copy::{dtod_on, dtoh, zero, Queue};
+use crate::copy::{dtod_on, dtoh, zero};
 use crate::error::{CudaError, Result};
 use crate::kernels::{lookup_keys_per_warp, threads_config, warps_config, PROBE_STEPS};
 use crate::mem::DeviceView;
@@ -54,31 +54,6 @@ pub(super) struct PoolRun {
     /// fill's LFU count; `counted`: the last run's miss list is distinct and `mult` holds them.
     mult: DeviceMem,
     counted: bool,
-    /// With the stamps deferred ([`defer_stamps`]): the stream they run on, and the last run's
-    /// stamps done (they read its keys and slots).
-    stamper: Option<Queue>,
-    stamped: Option<CudaEvent>,
-}
-
-/// Whether a pooled lookup's probe leaves its hits unstamped and `stamp_slots` stamps them
-/// after it on a stream of the lookup's own, of the networks' priority, beside the caches'
-/// queue: `TRITON_RUST_DEFER_STAMPS=1` in the server's environment, read once (an experiment's
-/// knob). The stamps are the same (each hit's, or one in N with `gpucache_hit_stamp_every`),
-/// a few milliseconds later; a hit whose slot a fill gave another key meanwhile is not stamped.
-/// Served, stamping every hit held the caches' queue 0.42 of a batch's 1.05 ms of probe and
-/// pooling (docs/embedding-store.md#hit-stamps), on every batch's path.
-fn defer_stamps() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("TRITON_RUST_DEFER_STAMPS").is_ok_and(|v| v.trim() == "1"))
-}
-
-impl Drop for PoolRun {
-    /// The last run's deferred stamps read buffers dropped with this: waited for first.
-    fn drop(&mut self) {
-        if let Some(e) = self.stamped.take() {
-            let _ = e.synchronize();
-        }
-    }
 }
 
 impl PoolRun {
@@ -98,20 +73,13 @@ impl PoolRun {
             repeats: 0,
             mult: DeviceMem::growing(device),
             counted: false,
-            stamper: None,
-            stamped: None,
         }
     }
 
-    /// A run begins: no misses made distinct yet, and the last run's deferred stamps done
-    /// (they read its keys and slots, which this run rewrites; long done by the next batch).
-    pub(super) fn new_run(&mut self) -> Result<()> {
+    /// A run begins: no misses made distinct yet.
+    pub(super) fn new_run(&mut self) {
         self.repeats = 0;
         self.counted = false;
-        if let Some(e) = self.stamped.take() {
-            e.synchronize().map_err(cuda_err)?;
-        }
-        Ok(())
     }
 
     /// The fill's LFU count's multiplicities: the device address of `mult` when the last
@@ -214,8 +182,6 @@ impl BatchLookup {
         let (d_slots, d_out, d_partial, d_pos, d_open) =
             (p.slots.ptr(), p.out.ptr(), p.partial.ptr(), p.pos.ptr(), p.open.ptr());
         let (d_miss, d_count) = (self.miss.1.ptr(), self.count.1.ptr());
-        let defer = defer_stamps();
-        let stamp_i = i32::from(!defer);
         // through the key indexes when every cache has one (a resident table needs none)
         let indexed = self._slots.iter().filter(|s| s.fields[3] > 0).all(|s| s.fields[8] != 0);
         let (probe, grid) = if indexed {
@@ -225,7 +191,7 @@ impl BatchLookup {
         };
         let mut a = q.stream.launch_builder(probe);
         a.arg(&d_keys).arg(&n_i).arg(&width_i).arg(&tables_i).arg(&d_at).arg(&d_desc);
-        a.arg(&epoch).arg(&d_slots).arg(&d_pos).arg(&d_miss).arg(&d_count).arg(&stamp_i);
+        a.arg(&epoch).arg(&d_slots).arg(&d_pos).arg(&d_miss).arg(&d_count);
         // SAFETY: argument types and order match probe_slots and probe_index (the same); the
         // keys hold n = batch * width keys, the starts (`place_layout`) tables + 1, the
         // descriptors name slots `_slots` holds (an index of as many keys as they say), slots
@@ -238,22 +204,6 @@ impl BatchLookup {
         // caches' rows and the pooled rows' format; the slots (written just before on this
         // queue) hold n keys' slots, every buffer was sized above for batch * tables bags.
         unsafe { b.launch(threads_config(bags * lanes)) }.map_err(cuda_err)?;
-        if defer {
-            if p.stamper.is_none() {
-                p.stamper = Some(q.another_at(false)?);
-            }
-            let st = p.stamper.as_ref().expect("made above");
-            st.stream.wait(&q.stream.record_event(None).map_err(cuda_err)?).map_err(cuda_err)?;
-            let mut c = st.stream.launch_builder(&k.stamp_slots);
-            c.arg(&d_keys).arg(&d_slots).arg(&n_i).arg(&width_i).arg(&tables_i).arg(&d_at);
-            c.arg(&d_desc).arg(&epoch);
-            // SAFETY: argument types and order match stamp_slots; it runs after the probe
-            // (the event), over the n keys and slots the probe read and wrote, which the next
-            // run rewrites only after `new_run` waited for `stamped`.
-            unsafe { c.launch(threads_config(n)) }.map_err(cuda_err)?;
-            let flags = Some(CUevent_flags::CU_EVENT_BLOCKING_SYNC);
-            p.stamped = Some(st.stream.record_event(flags).map_err(cuda_err)?);
-        }
         Ok(())
     }
 

@@ -36,8 +36,7 @@ __device__ __forceinline__ void stamp_hit(const long long* __restrict__ d, long 
 __device__ i64 no_tags[32];  // read in place of a set's tags by a key that is not probed
 extern "C" __global__ void probe_slots(const i64* __restrict__ keys, int n, int width, int tables,
         const int* __restrict__ at, const long long* __restrict__ desc, u64 epoch,
-        long long* __restrict__ slot, int* __restrict__ pos, int* __restrict__ miss, unsigned* __restrict__ miss_count,
-        int stamp) {
+        long long* __restrict__ slot, int* __restrict__ pos, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
     const int L = LOOKUP_LANES, PER = 32 / LOOKUP_LANES, K = PROBE_STEPS;
     long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
@@ -94,7 +93,7 @@ extern "C" __global__ void probe_slots(const i64* __restrict__ keys, int n, int 
             if (key[u] < -sets) s = key[u];
         } else if (found) {
             s = (long long)set[u] * 32 + way;
-            if (stamp) stamp_hit(d[u], s, i, epoch);
+            stamp_hit(d[u], s, i, epoch);
         }
         slot[i] = s;
         if (s < 0) missed |= 1u << u;
@@ -141,8 +140,7 @@ __device__ __forceinline__ long long indexed_slot(const long long* __restrict__ 
 // of one thread a key keep the reads in flight. A warp's misses take their places with one atomic.
 extern "C" __global__ void probe_index(const i64* __restrict__ keys, int n, int width, int tables,
         const int* __restrict__ at, const long long* __restrict__ desc, u64 epoch,
-        long long* __restrict__ slot, int* __restrict__ pos, int* __restrict__ miss, unsigned* __restrict__ miss_count,
-        int stamp) {
+        long long* __restrict__ slot, int* __restrict__ pos, int* __restrict__ miss, unsigned* __restrict__ miss_count) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     int lane = threadIdx.x & 31;
     bool missed = false;
@@ -158,7 +156,7 @@ extern "C" __global__ void probe_index(const i64* __restrict__ keys, int n, int 
                 if (key < -sets) s = key;  // a resident table's row
             } else if (sets > 0) {
                 s = indexed_slot(d, key, sets);
-                if (s >= 0 && stamp) stamp_hit(d, s, i, epoch);
+                if (s >= 0) stamp_hit(d, s, i, epoch);
             }
             missed = s < 0;
         }
@@ -170,21 +168,4 @@ extern "C" __global__ void probe_index(const i64* __restrict__ keys, int n, int 
     if (lane == 0) base = atomicAdd(miss_count, (unsigned)__popc(b));
     base = __shfl_sync(FULL, base, 0);
     if (missed) miss[base + __popc(b & ((1u << lane) - 1u))] = (int)i;
-}
-
-// stamp_slots: the hits of a probe that left them unstamped (stamp 0: TRITON_RUST_DEFER_STAMPS=1)
-// stamped afterwards, one thread a key, on a stream of their own beside the caches' queue, so that
-// a batch's lookup and the lookups queued behind it do not wait for the stamps' random
-// read-modify-writes: key i's slot (slot[i], the probe's) stamped as the probe would have stamped
-// it (stamp_hit: the same place i and epoch), if the slot still holds key i (a fill may have given
-// it another key since).
-extern "C" __global__ void stamp_slots(const i64* __restrict__ keys, const long long* __restrict__ slot, int n,
-        int width, int tables, const int* __restrict__ at, const long long* __restrict__ desc, u64 epoch) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    long long s = slot[i];
-    if (s < 0) return;
-    const long long* d = desc + table_of(i, tables, -width, at) * DESC;
-    if (d[3] <= 0 || __ldcg((const i64*)d[0] + s) != keys[i]) return;  // a resident table's row, or moved
-    stamp_hit(d, s, i, epoch);
 }
