@@ -109,13 +109,20 @@ impl Shared {
             if self.posted.load(Ordering::Acquire) != seen {
                 continue;
             }
-            // asleep until a job is posted: checked under the lock a poster takes
-            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            while Shared::next_job(&mut state).is_none() {
-                state.sleeping += 1;
-                state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
-                state.sleeping -= 1;
-            }
+            // asleep until a job is posted: checked under the lock a poster takes; woken, the
+            // job is taken under the same lock (one lock a wake-up, not two)
+            let job = {
+                let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if let Some(job) = Shared::next_job(&mut state) {
+                        break job;
+                    }
+                    state.sleeping += 1;
+                    state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+                    state.sleeping -= 1;
+                }
+            };
+            job.work();
         }
     }
 }
@@ -238,10 +245,16 @@ impl Crew {
             finish: Condvar::new(),
         });
         if self.members > 0 && shares > 1 {
-            let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
-            state.jobs.push(job.clone());
-            self.shared.posted.fetch_add(1, Ordering::Release);
-            if state.sleeping > 0 {
+            let asleep = {
+                let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+                state.jobs.push(job.clone());
+                self.shared.posted.fetch_add(1, Ordering::Release);
+                state.sleeping > 0
+            };
+            // woken after the lock is let go: woken while it was held, every sleeper queued on
+            // it and took it one after another, each hand-over a sleep and a wake-up (a member
+            // counted asleep above is already waiting, so it cannot miss this)
+            if asleep {
                 self.shared.wake.notify_all();
             }
         }
