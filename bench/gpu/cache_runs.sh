@@ -278,6 +278,26 @@ for name in ${runs//,/ }; do
     # restart: 50 s at that rate is over 30 s at the steady rate, the window issue 66 asks)
     restart) run restart --cache 0.1 --stream-warm-passes 1 --stream-seconds 50 --host-memory auto --cache-state-dir /dev/shm/cache_state
              grep -h "warmed its caches\|cache state\|saved the" /tmp/dlrm_v2/server.log | cut -c1-220 >> "$out/restart.log" ;;
+    # pinned caches (gpucache_policy pinned): quietsaved is quiet saving what its LFU caches hold
+    # (every 15 s and at unload); quietpin then holds those keys from load to unload, no hit
+    # stamped, no miss taken in (its warm passes only start the stream)
+    quietsaved) rm -rf /dev/shm/cache_state
+        TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietsaved --cache 0.1 --stream-warm-passes 20 \
+            --host-memory auto --cache-state-dir /dev/shm/cache_state ;;
+    # (quietpinN: N instances; quietpinindex: a key index; quietpin270: 270-pair queries, 256 in
+    # flight; quietpinb32: batches of up to 32,768 pairs, 48 queries in flight)
+    quietpin*) keys=$(ls /dev/shm/cache_state/*.gpu0.cache_keys 2>/dev/null | head -1)
+        more=()
+        case "$base" in
+        quietpin270) more=(--stream-pairs 270 --stream-concurrency 256) ;;
+        quietpinindex) more=(--cache-key-index on) ;;
+        quietpinb32) more=(--max-batch 32768 --graph-batches 8192,16384,24576,32768 --stream-concurrency 48) ;;
+        quietpin[0-9]*) more=(--instances "${base#quietpin}") ;;
+        esac
+        if [ -z "$keys" ]; then echo "$base: no saved keys (run quietsaved first)" >&2; rc=1; else
+        TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run "$base" --cache 0.1 --stream-warm-passes 4 \
+            --host-memory auto --cache-policy pinned --cache-pinned-keys "$keys" "${more[@]}"
+        grep -h "gpucache_pinned_keys" /tmp/dlrm_v2/server.log | cut -c1-220 >> "$out/$base.log"; fi ;;
     cold) run cold --cache 0.1 --stream-warm-passes 1 --stream-seconds 30 --host-memory auto ;;
     *) echo "unknown run: $name" >&2; rc=1 ;;
     esac

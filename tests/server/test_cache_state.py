@@ -1,7 +1,8 @@
 """Warm restarts under the real tritonserver: a store whose caches save the keys they hold
 (`cache_state_dir`) is unloaded and loaded again, and its first requests hit the cache with the
 table's rows; a file cut short, damaged or written for another store is a warning in the log, the
-model loads with empty caches and answers every request with the right rows."""
+model loads with empty caches and answers every request with the right rows. A model whose caches
+are pinned (`gpucache_policy: pinned`) to the keys of such a file holds them from load to unload."""
 from __future__ import annotations
 
 import os
@@ -18,10 +19,10 @@ ROWS, DIM = 20000, 16
 MODELS = ("warm", "warm_other")
 
 
-def config(name: str) -> str:
+def config(name: str, **cache) -> str:
     params = dict(engine="embedding", embedding_interface="batched", embedding_table_names="t",
                   embedding_vecsize_per_table=DIM, gpucacheper="0.2", hit_rate_threshold="1.0",
-                  cache_state_dir="state")
+                  **(cache or dict(cache_state_dir="state")))
     return (f'name: "{name}"\nbackend: "rust"\nmax_batch_size: 512\n'
             'input [ { name: "KEYS" data_type: TYPE_INT64 dims: [ 1 ] } ]\n'
             f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1, {DIM} ] }} ]\n'
@@ -36,6 +37,10 @@ def repo(tmp_path_factory):
         # warm_other's table has other rows: its state file is another store's
         write_table(os.path.join(r.root, name, "1", "tables"), "t", ROWS + 1000 * seed, DIM, 300 + seed)
         r.write_config(name, config(name))
+    # pinned: warm's table, its caches holding the keys of a file warm saved (loaded by its test)
+    write_table(os.path.join(r.root, "pinned", "1", "tables"), "t", ROWS, DIM, 300)
+    r.write_config("pinned", config("pinned", gpucache_policy="pinned",
+                                     gpucache_pinned_keys=os.path.join(r.root, "pinned.cache_keys")))
     return r
 
 
@@ -94,6 +99,33 @@ def test_a_restarted_model_answers_its_first_requests_from_the_cache(server, rep
     print(f"[cache state] after a restart: {held:.0f} rows held at load, the first request of 500 keys: "
           f"{hits - before:.0f} cache hits")
     assert hits - before == 500
+    client.close()
+
+
+def test_pinned_caches_hold_the_keys_of_their_file_and_take_no_miss_in(server, repo):
+    client = make_client(server, "grpc")
+    rows = rows_of(repo, "warm")
+    for _ in range(2):
+        for part in np.array_split(HOT, 4):
+            lookup(client, "warm", part)
+    restart(server, "warm")  # saved at unload: the hot keys, another store's file
+    shutil.copy(state_file(repo, "warm"), os.path.join(repo.root, "pinned.cache_keys"))
+    server.load("pinned").raise_for_status()
+    assert server.model_ready("pinned")
+    assert "gpucache_pinned_keys: warmed its caches with 600 rows" in server.log_text()
+    assert wait_metric(server, "rust_embedding_cache_rows", len(HOT), model="pinned", table="t") == len(HOT)
+    cold = np.setdiff1d(np.arange(0, ROWS, 7), HOT)[:2000]
+    before = cache_hits(server, "pinned")
+    for _ in range(3):  # looked up again and again, never taken in
+        for part in np.array_split(cold, 4):
+            assert np.array_equal(lookup(client, "pinned", part), rows[part])
+    assert np.array_equal(lookup(client, "pinned", HOT[:500]), rows[HOT[:500]])
+    hits = wait_metric(server, "rust_embedding_hits_total", before + 500, model="pinned", table="t", tier="cache")
+    held = metric_sum(server, "rust_embedding_cache_rows", model="pinned", table="t")
+    print(f"[cache state] pinned to 600 keys: {3 * len(cold)} lookups of {len(cold)} other keys, then 500 of "
+          f"the pinned: {hits - before:.0f} cache hits, {held:.0f} rows held")
+    assert hits - before == 500 and held == len(HOT)
+    server.unload("pinned").raise_for_status()
     client.close()
 
 

@@ -154,9 +154,13 @@ def parse(description, argv=None):
                         "(which a frequency-keeping cache would learn)")
     p.add_argument("--stream-warm-passes", type=int, default=1,
                    help="passes of the pool before the measured ones (the cache filling; LFU's counts growing)")
-    p.add_argument("--cache-policy", default="lru", choices=["lru", "lfu"],
+    p.add_argument("--cache-policy", default="lru", choices=["lru", "lfu", "pinned"],
                    help="gpucache_policy: which key a full cache set gives up (lfu: the least frequent, and a missed "
-                        "key goes in only once it is looked up more often)")
+                        "key goes in only once it is looked up more often; pinned: none, the caches hold the keys of "
+                        "--cache-pinned-keys from load to unload)")
+    p.add_argument("--cache-pinned-keys", default="",
+                   help="gpucache_pinned_keys: the cache state file whose keys pinned caches hold (one a server "
+                        "with --cache-state-dir saved)")
     p.add_argument("--cache-key-index", default="off", choices=["auto", "on", "off"],
                    help="gpucache_key_index: whether the GPU caches keep a key index (4 bytes a row) that the "
                         "pooled lookup probes through instead of reading each key's set of 32 tags")

@@ -50,6 +50,8 @@ def write_repository(a, repo, fixture, package, graphs):
              param("gpucache_sharded_memory_gb", a.sharded_memory_gb),
              # both models open one store: the rows are in memory once
              param("store_name", os.path.basename(os.path.normpath(fixture))), param("host_memory", a.host_memory)]
+    if getattr(a, "cache_pinned_keys", ""):  # the keys pinned caches hold
+        store.append(param("gpucache_pinned_keys", a.cache_pinned_keys))
     if a.cache_state_dir:  # warm restarts: the caches' keys saved there and loaded at start
         store += [param("cache_state_dir", a.cache_state_dir), param("cache_state_period_s", a.cache_state_period_s)]
     on = f" gpus: [ {', '.join(a.gpus.split(','))} ]" if a.gpus else ""

@@ -47,7 +47,8 @@ def stream_phase(a, client, rows, plan, res, failures):
     if a.cache >= 1.0:
         expected = 1.0
     elif a.stream_fresh:
-        expected = plan["stationary"] if a.cache_policy == "lfu" else plan["lru"]
+        # pinned caches hold what a stationary LFU held
+        expected = plan["stationary"] if a.cache_policy in ("lfu", "pinned") else plan["lru"]
     else:
         expected = expected_pool_rate(plan, n * q)
     print(f"  pool: {n:,} queries of {q} pairs ({n * qbytes / 1e9:.1f} GB of keys in GPU memory; the LRU rate needs "

@@ -379,6 +379,12 @@ impl EmbeddingStore {
         self.config.hit_stamp_every
     }
 
+    /// Whether the caches hold a fixed set of keys (`gpucache_policy: pinned`): no lookup
+    /// stamps or inserts.
+    pub fn pinned(&self) -> bool {
+        self.config.cache_eviction == CacheEviction::Pinned
+    }
+
     /// Whether this store's GPU caches keep key indexes (`gpucache_key_index`).
     pub fn cache_index(&self) -> CacheIndex {
         self.config.cache_index
@@ -419,7 +425,8 @@ impl EmbeddingStore {
         };
         let geo = CacheGeometry::for_rows(cached, self.tables[table].config.dim);
         match self.config.cache_eviction {
-            CacheEviction::Lru => geo,
+            // a pinned cache never chooses a key to give up: its load fills it in LRU's order
+            CacheEviction::Lru | CacheEviction::Pinned => geo,
             CacheEviction::Lfu => {
                 geo.with_policy(CachePolicy::lfu_for(rows[table], geo.capacity()))
             }

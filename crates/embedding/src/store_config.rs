@@ -69,6 +69,9 @@ pub struct StoreConfig {
     /// Where the caches save the keys they hold and load them at start (`cache_state_dir`,
     /// `cache_state_period_s`); `None`: they start empty.
     pub cache_state: Option<CacheState>,
+    /// The keys pinned caches hold (`gpucache_pinned_keys`, with `gpucache_policy: pinned`):
+    /// a cache state file (`store/warm.rs`), of any store with the same tables.
+    pub pinned_keys: Option<PathBuf>,
 }
 
 /// `gpucache_sharded_replicate`'s default: about a third of each GPU's room. On two H200s
@@ -197,6 +200,10 @@ pub enum CacheEviction {
     /// The least frequently used, and a missed key goes in only once it has been looked up
     /// more often than that one: on a steady stream the caches hold the most frequent keys.
     Lfu,
+    /// None: the caches hold the keys of a file (`gpucache_pinned_keys`) from load to unload,
+    /// as NVIDIA's MLPerf DLRM-v2 keeps its most frequent rows in HBM. A lookup stamps no hit
+    /// and inserts no miss; an update still rewrites a held row.
+    Pinned,
 }
 
 /// As a model parameter's text (`parse`).
@@ -213,6 +220,7 @@ impl CacheEviction {
         match self {
             CacheEviction::Lru => "lru",
             CacheEviction::Lfu => "lfu",
+            CacheEviction::Pinned => "pinned",
         }
     }
 
@@ -220,8 +228,9 @@ impl CacheEviction {
         match s.trim() {
             "" | "lru" => Ok(CacheEviction::Lru),
             "lfu" => Ok(CacheEviction::Lfu),
+            "pinned" => Ok(CacheEviction::Pinned),
             other => Err(Error::invalid_arg(format!(
-                "gpucache_policy must be lru or lfu; got '{other}'"
+                "gpucache_policy must be lru, lfu or pinned; got '{other}'"
             ))),
         }
     }
@@ -360,6 +369,7 @@ impl StoreConfig {
             sharded_memory: 0,
             hotness: Vec::new(),
             cache_state: None,
+            pinned_keys: None,
         }
     }
 

@@ -37,6 +37,7 @@ use triton_rust_embedding::gpu::{
 use triton_rust_embedding::CacheRows;
 use triton_rust_embedding::InstanceCaches;
 
+mod key_files;
 mod miss_reads;
 mod model;
 mod pool;

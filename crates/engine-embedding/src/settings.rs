@@ -14,8 +14,8 @@ use triton_rust_embedding::settings::TableSettings;
 use triton_rust_embedding::stream::StreamSpec;
 use triton_rust_embedding::table::HostRows;
 use triton_rust_embedding::{
-    CacheAllocation, CacheEviction, CacheIndex, CacheRows, CacheState, Placement, StoreConfig,
-    TableConfig, REPLICATE_SHARE,
+    CacheAllocation, CacheEviction, CacheIndex, CacheRows, Placement, StoreConfig, TableConfig,
+    REPLICATE_SHARE,
 };
 
 triton_rust_core::parameters! {
@@ -41,6 +41,7 @@ triton_rust_core::parameters! {
         deployed_device_list: Option<String> = None, doc "none";
         gpucache_row_type: Parsed<CacheRows> = Parsed(CacheRows::F32), doc "fp32";
         gpucache_policy: Parsed<CacheEviction> = Parsed(CacheEviction::Lru), doc "lru";
+        gpucache_pinned_keys: Option<String> = None, doc "none";
         gpucache_key_index: Parsed<CacheIndex> = Parsed(CacheIndex::Off), doc "off";
         gpucache_hit_stamp_every: f64 = 1.0, doc "1";
         gpucache_miss_reads: Parsed<MissReads> = Parsed(MissReads::Cpu), doc "cpu";
@@ -66,22 +67,6 @@ triton_rust_core::parameters! {
         update_credential_env: Option<String> = None, doc "none";
         allow_unauthenticated_updates: bool = false, doc "false";
     }
-}
-
-/// Where the caches save their keys (`cache_state_dir`, relative to the version directory)
-/// and how often (`cache_state_period_s`), `None` without a directory.
-fn cache_state(p: &StoreParams, name: &str, version_dir: &Path) -> Result<Option<CacheState>> {
-    let period_s = p.cache_state_period_s;
-    let Some(dir) = p.cache_state_dir.as_deref() else { return Ok(None) };
-    if dir == "none" {
-        return Ok(None);
-    }
-    if !(period_s.is_finite() && period_s >= 0.0) {
-        return Err(Error::invalid_arg(format!(
-            "parameter 'cache_state_period_s' is the seconds between saves of the caches' keys, 0 or more (0: at unload only); got {period_s}"
-        )));
-    }
-    Ok(Some(CacheState { store: name.to_string(), dir: version_dir.join(dir), period_s }))
 }
 
 #[cfg(test)]
@@ -351,6 +336,8 @@ impl StoreSettings {
                 Some(spec)
             }
         };
+        let dir = p.cache_state_dir.as_deref();
+        let state = crate::key_files::cache_state(dir, p.cache_state_period_s, &name, version_dir)?;
         let store = StoreConfig {
             tables,
             cache_ratio: p.gpucacheper,
@@ -397,7 +384,13 @@ impl StoreSettings {
                 (gb * 1e9) as u64
             },
             hotness: pooling.as_ref().map_or_else(Vec::new, |p| p.hotness.clone()),
-            cache_state: cache_state(&p, &name, version_dir)?,
+            cache_state: state.clone(),
+            pinned_keys: crate::key_files::pinned_keys(
+                p.gpucache_policy.0,
+                p.gpucache_pinned_keys.as_deref(),
+                state.as_ref(),
+                version_dir,
+            )?,
         };
         if !(0.0..=0.5).contains(&store.replicate_share) {
             return Err(Error::invalid_arg(format!(

@@ -132,7 +132,18 @@ fn cache_policy_parameter() {
     assert_eq!(policy(&[]).unwrap(), CacheEviction::Lru, "every miss goes in, as HPS");
     assert_eq!(policy(&[("gpucache_policy", " lfu ")]).unwrap(), CacheEviction::Lfu);
     let e = policy(&[("gpucache_policy", "fifo")]).unwrap_err();
-    assert!(e.message().contains("gpucache_policy must be lru or lfu; got 'fifo'"), "{e}");
+    assert!(e.message().contains("gpucache_policy must be lru, lfu or pinned; got 'fifo'"), "{e}");
+    // pinned: the file of keys required, read by no other policy, and nothing to save
+    let pinned = [("gpucache_policy", "pinned"), ("gpucache_pinned_keys", "hot.cache_keys")];
+    let s = one_table(&pinned).unwrap();
+    assert_eq!(s.store.cache_eviction, CacheEviction::Pinned);
+    assert!(s.store.pinned_keys.unwrap().ends_with("hot.cache_keys"));
+    let e = policy(&[("gpucache_policy", "pinned")]).unwrap_err();
+    assert!(e.message().contains("set parameter 'gpucache_pinned_keys'"), "{e}");
+    let e = policy(&[("gpucache_pinned_keys", "hot.cache_keys")]).unwrap_err();
+    assert!(e.message().contains("read only by gpucache_policy pinned; the policy is lru"), "{e}");
+    let e = policy(&[pinned[0], pinned[1], ("cache_state_dir", "state")]).unwrap_err();
+    assert!(e.message().contains("nothing to save in cache_state_dir"), "{e}");
 }
 
 #[test]

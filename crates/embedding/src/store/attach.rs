@@ -28,14 +28,16 @@ impl EmbeddingStore {
         } else {
             Vec::new()
         };
-        let state = self
-            .config
-            .cache_state
-            .as_ref()
-            .filter(|_| caches.iter().any(|c| !c.keeps_every_row()));
+        let learning = caches.iter().any(|c| !c.keeps_every_row());
+        if let (true, Some(file)) = (learning && self.pinned(), &self.config.pinned_keys) {
+            // the keys held from load to unload: any store's file of the same tables
+            warm::load(self, None, &caches, file);
+        }
+        // pinned caches learn nothing to save
+        let state = self.config.cache_state.as_ref().filter(|_| learning && !self.pinned());
         let state = state.map(|s| {
             let file = s.file(&s.store, place);
-            warm::load(self, &s.store, &caches, &file);
+            warm::load(self, Some(&s.store), &caches, &file);
             (file, s.period_s)
         });
         let inst = Arc::new(InstanceCaches::new(self.clone(), caches, state));
@@ -65,7 +67,8 @@ impl EmbeddingStore {
             }
         }
         let mut gpu = gpu::GpuInstance::new(device, self.config.cache_rows)?;
-        gpu.set_hit_stamp_every(self.config.hit_stamp_every);
+        // a pinned cache's stamps would order evictions that never come
+        gpu.set_hit_stamp_every(if self.pinned() { 0 } else { self.config.hit_stamp_every });
         // A table whose every row the cache would hold and whose keys are its row numbers
         // is kept whole on the GPU, looked up by row number (a resident table). No update
         // lands between its copy and the caches' registration for updates.

@@ -411,19 +411,23 @@ impl InstanceCaches {
         if self.caches.is_empty() {
             return Ok(0);
         }
-        // Under the update gate: an update's cache refresh is queued either before this
-        // fill (and then its version bump is seen here) or after it (and overwrites it).
-        let _gate = store.gate.read();
-        if store.tables.iter().zip(&versions).any(|(t, &v)| t.version.load(Ordering::SeqCst) != v) {
-            for (t, &m) in missed_per_table.iter().enumerate() {
-                if m > 0 {
-                    store.tables[t].counters.fills_dropped.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            return Ok(0);
-        }
         let tf = Instant::now();
-        lookup.fill_last(gpu.next_epoch())?;
+        // pinned caches take no miss in
+        if !store.pinned() {
+            // Under the update gate: an update's cache refresh is queued either before this
+            // fill (and then its version bump is seen here) or after it (and overwrites it).
+            let _gate = store.gate.read();
+            let moved = store.tables.iter().zip(&versions);
+            if moved.into_iter().any(|(t, &v)| t.version.load(Ordering::SeqCst) != v) {
+                for (t, &m) in missed_per_table.iter().enumerate() {
+                    if m > 0 {
+                        store.tables[t].counters.fills_dropped.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                return Ok(0);
+            }
+            lookup.fill_last(gpu.next_epoch())?;
+        }
         if log::log_enabled!(log::Level::Debug) {
             // the tables with the most misses, to tell cold keys from sets too full to keep them
             let mut worst: Vec<(usize, usize)> =
@@ -478,6 +482,10 @@ impl InstanceCaches {
         found: &[bool],
     ) -> Result<()> {
         let store = &self.store;
+        if store.pinned() {
+            // the caches hold their pinned keys only
+            return Ok(());
+        }
         let t = &store.tables[table];
         let dim = t.config.dim;
         let hit_rate = 1.0 - mkeys.len() as f64 / total as f64;

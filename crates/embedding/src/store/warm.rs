@@ -111,7 +111,7 @@ pub(crate) fn read(
     let ours = table_lines(store, &vec![0; store.tables.len()]);
     let same = tables.len() == ours.len()
         && tables.iter().zip(&ours).all(|(a, b)| (&a.0, a.1, a.2) == (&b.0, b.1, b.2));
-    if saved_name != name || !same {
+    if (!name.is_empty() && saved_name != name) || !same {
         let what = |v: &[TableLine]| {
             v.iter()
                 .map(|(t, r, d, _)| format!("{t} ({r} rows of {d})"))
@@ -149,27 +149,27 @@ pub(crate) fn read(
 }
 
 /// Inserts the keys saved in `path` into `caches` (one per table), their rows read from
-/// the tables now, least recently used first. A file that cannot be used is a warning
-/// and nothing is inserted. Returns the rows inserted.
+/// the tables now, least recently used first. `name`: the store whose file it must be
+/// (`None`: any store's with the same tables, as pinned keys are). A file that cannot be
+/// used is a warning and nothing is inserted. Returns the rows inserted.
 pub(crate) fn load(
     store: &EmbeddingStore,
-    name: &str,
+    name: Option<&str>,
     caches: &[Arc<dyn CacheTier>],
     path: &Path,
 ) -> usize {
     let t0 = Instant::now();
+    // whose file the lines name: the store's saved state, or the pinned keys of any store
+    let who = name.map_or("gpucache_pinned_keys".to_string(), |n| format!("store '{n}'"));
     if !path.exists() {
-        log::warn!(
-            "store '{name}': no cache state at '{}' yet: its caches start empty",
-            path.display()
-        );
+        log::warn!("{who}: no cache state at '{}' yet: its caches start empty", path.display());
         return 0;
     }
-    let keys = match read(store, name, path) {
+    let keys = match read(store, name.unwrap_or(""), path) {
         Ok(k) => k,
         Err(why) => {
             log::warn!(
-                "store '{name}': the cache state '{}' is not used: {why}; its caches start empty",
+                "{who}: the cache state '{}' is not used: {why}; its caches start empty",
                 path.display()
             );
             return 0;
@@ -184,7 +184,7 @@ pub(crate) fn load(
             Ok(n) => inserted += n,
             Err(e) => {
                 log::warn!(
-                    "store '{name}': table '{}' not warmed from '{}': {e}",
+                    "{who}: table '{}' not warmed from '{}': {e}",
                     store.tables[t].config.name,
                     path.display()
                 );
@@ -192,7 +192,7 @@ pub(crate) fn load(
         }
     }
     log::info!(
-        "store '{name}': warmed its caches with {inserted} rows from '{}' in {:.2} s",
+        "{who}: warmed its caches with {inserted} rows from '{}' in {:.2} s",
         path.display(),
         t0.elapsed().as_secs_f64()
     );
@@ -315,6 +315,54 @@ mod tests {
             let want: Vec<f32> = (0..DIM).map(|j| *k as f32 + j as f32 * 0.25).collect();
             assert_eq!(r, &want[..], "key {k}");
         }
+        drop(inst);
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    /// A store of `store`'s table with pinned caches holding the keys of `keys`.
+    fn pinned(dir: &Path, keys: PathBuf) -> Arc<EmbeddingStore> {
+        let base = store("other", dir, 5000, 0.0);
+        let cfg = StoreConfig {
+            cache_eviction: crate::CacheEviction::Pinned,
+            pinned_keys: Some(keys),
+            cache_state: None,
+            ..base.config.clone()
+        };
+        EmbeddingStore::open(cfg, None).unwrap()
+    }
+
+    #[test]
+    fn pinned_caches_hold_their_file_s_keys_and_take_no_miss_in() {
+        let d = tmp("pinned");
+        let held = serve_some(&store("s", &d, 5000, 0.0).attach_caches(&cpu).unwrap());
+        // another store's name, the same tables: pinned keys come from any store's file
+        let inst = pinned(&d, d.join("state/s.cpu.cache_keys")).attach_caches(&cpu).unwrap();
+        let pinned_now = || {
+            let mut k = inst.caches[0].held_keys().unwrap();
+            k.sort_unstable();
+            k
+        };
+        assert_eq!(pinned_now(), held, "the file's keys");
+        // keys it does not hold, looked up again and again: each read below, none taken in
+        let cold: Vec<i64> =
+            (0..5000).filter(|k| held.binary_search(k).is_err()).take(400).collect();
+        let mut out = vec![0f32; cold.len() * DIM];
+        for _ in 0..3 {
+            inst.lookup(0, &cold, &mut out).unwrap();
+        }
+        inst.flush();
+        assert_eq!(pinned_now(), held, "no miss taken in");
+        assert_eq!(inst.caches[0].counters().hits, 0);
+        for (k, r) in cold.iter().zip(out.chunks(DIM)) {
+            let want: Vec<f32> = (0..DIM).map(|j| *k as f32 + j as f32 * 0.25).collect();
+            assert_eq!(r, &want[..], "key {k}");
+        }
+        drop(inst);
+        // no file: a warning, and every lookup served from below
+        let inst = pinned(&d, d.join("missing.cache_keys")).attach_caches(&cpu).unwrap();
+        inst.lookup(0, &held[..10], &mut out[..10 * DIM]).unwrap();
+        assert!(inst.caches[0].held_keys().unwrap().is_empty());
+        assert_eq!(out[DIM], held[1] as f32);
         drop(inst);
         std::fs::remove_dir_all(d).unwrap();
     }
