@@ -284,13 +284,15 @@ for name in ${runs//,/ }; do
     quietsaved) rm -rf /dev/shm/cache_state
         TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietsaved --cache 0.1 --stream-warm-passes 20 \
             --host-memory auto --cache-state-dir /dev/shm/cache_state ;;
-    # (quietpinN: N instances; quietpinindex: a key index; quietpin270: 270-pair queries, 256 in
+    # (quietpinN: N instances; quietpinindex: a key index; quietpinboth: the GPU reading a share
+    # of the misses in place beside the host's readers; quietpin270: 270-pair queries, 256 in
     # flight; quietpinb32: batches of up to 32,768 pairs, 48 queries in flight)
     quietpin*) keys=$(ls /dev/shm/cache_state/*.gpu0.cache_keys 2>/dev/null | head -1)
         more=()
         case "$base" in
         quietpin270) more=(--stream-pairs 270 --stream-concurrency 256) ;;
         quietpinindex) more=(--cache-key-index on) ;;
+        quietpinboth) more=(--miss-reads both) ;;
         quietpinb32) more=(--max-batch 32768 --graph-batches 8192,16384,24576,32768 --stream-concurrency 48) ;;
         quietpin[0-9]*) more=(--instances "${base#quietpin}") ;;
         esac
