@@ -292,11 +292,6 @@ for name in ${runs//,/ }; do
         case "$base" in
         quietpin270) more=(--stream-pairs 270 --stream-concurrency 256) ;;
         quietpinindex) more=(--cache-key-index on) ;;
-        # with a key index, and: callers handing their whole read to the crew (one member a
-        # core), each reader prefetching a row's first cache line only, or both
-        quietpinhand) more=(--cache-key-index on); export TRITON_RUST_CALLER_READS=0 ;;
-        quietpinpf1) more=(--cache-key-index on); export TRITON_RUST_PREFETCH_LINES=1 ;;
-        quietpinhandpf1) more=(--cache-key-index on); export TRITON_RUST_CALLER_READS=0 TRITON_RUST_PREFETCH_LINES=1 ;;
         quietpinboth) more=(--miss-reads both) ;;
         quietpinb32) more=(--max-batch 32768 --graph-batches 8192,16384,24576,32768 --stream-concurrency 48) ;;
         quietpin[0-9]*) more=(--instances "${base#quietpin}") ;;
@@ -304,8 +299,7 @@ for name in ${runs//,/ }; do
         if [ -z "$keys" ]; then echo "$base: no saved keys (run quietsaved first)" >&2; rc=1; else
         TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run "$base" --cache 0.1 --stream-warm-passes 4 \
             --host-memory auto --cache-policy pinned --cache-pinned-keys "$keys" "${more[@]}"
-        grep -h "gpucache_pinned_keys" /tmp/dlrm_v2/server.log | cut -c1-220 >> "$out/$base.log"; fi
-        unset TRITON_RUST_CALLER_READS TRITON_RUST_PREFETCH_LINES ;;
+        grep -h "gpucache_pinned_keys" /tmp/dlrm_v2/server.log | cut -c1-220 >> "$out/$base.log"; fi ;;
     cold) run cold --cache 0.1 --stream-warm-passes 1 --stream-seconds 30 --host-memory auto ;;
     *) echo "unknown run: $name" >&2; rc=1 ;;
     esac

@@ -80,9 +80,6 @@ struct State {
 struct Shared {
     /// How long an idle member watches before it sleeps.
     spin: Duration,
-    /// Whether a caller reads shares of its own job beside the members (else it hands the
-    /// whole job over and waits).
-    caller_reads: bool,
     state: Mutex<State>,
     wake: Condvar,
     /// Bumped at every job posted: what a spinning member watches.
@@ -181,13 +178,7 @@ impl Crew {
 
     /// [`Crew::watching`] with its members at niceness `nice` (0: the caller's).
     fn at_niceness(members: usize, spin: Duration, nice: i32) -> Crew {
-        Crew::started(members, spin, nice, true)
-    }
-
-    /// The crew's members started, at niceness `nice`; `caller_reads`: whether callers read
-    /// shares of their own jobs beside them.
-    fn started(members: usize, spin: Duration, nice: i32, caller_reads: bool) -> Crew {
-        let shared = Arc::new(Shared { spin, caller_reads, ..Shared::default() });
+        let shared = Arc::new(Shared { spin, ..Shared::default() });
         let mut started = 0;
         for i in 0..members {
             let s = shared.clone();
@@ -212,8 +203,6 @@ impl Crew {
     /// The process's crew: one member a core less one (the caller reads too), or
     /// `TRITON_RUST_READERS` less one (the readers of a call, the caller among them, read
     /// once), its members at `TRITON_RUST_READER_NICE`'s niceness, started on first use.
-    /// `TRITON_RUST_CALLER_READS=0` (an experiment's knob): one member a core, and a caller
-    /// hands its whole job to them and waits, so no more threads read than there are cores.
     pub fn global() -> &'static Crew {
         static CREW: OnceLock<Crew> = OnceLock::new();
         CREW.get_or_init(|| {
@@ -223,11 +212,7 @@ impl Crew {
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map_or(SPIN, Duration::from_micros);
             let nice = member_nice(std::env::var("TRITON_RUST_READER_NICE").ok().as_deref());
-            if std::env::var("TRITON_RUST_CALLER_READS").is_ok_and(|v| v.trim() == "0") {
-                Crew::started(cores, spin, nice, false)
-            } else {
-                Crew::at_niceness(cores.saturating_sub(1), spin, nice)
-            }
+            Crew::at_niceness(cores.saturating_sub(1), spin, nice)
         })
     }
 
@@ -273,9 +258,7 @@ impl Crew {
                 self.shared.wake.notify_all();
             }
         }
-        if self.shared.caller_reads || self.members == 0 || shares == 1 {
-            job.work();
-        }
+        job.work();
         // the shares members took: each a short read, so a spin, then a yield while members
         // watch too (what was measured served); with no watching at all (`spin` zero), asleep
         // until the member that finishes the last share says so
@@ -332,12 +315,6 @@ mod tests {
     #[test]
     fn every_share_runs_once_when_members_and_callers_sleep_at_once() {
         every_share_runs_once(Crew::watching(3, Duration::ZERO));
-    }
-
-    #[test]
-    fn every_share_runs_once_when_callers_hand_their_jobs_over() {
-        every_share_runs_once(Crew::started(3, SPIN, 0, false));
-        every_share_runs_once(Crew::started(3, Duration::ZERO, 0, false));
     }
 
     fn every_share_runs_once(crew: Crew) {

@@ -48,22 +48,6 @@ fn shares_a_reader() -> usize {
     })
 }
 
-/// How many bytes of a row a reader prefetches ahead: the whole row, or its first
-/// `TRITON_RUST_PREFETCH_LINES` cache lines (1 to 64) in the server's environment, read once
-/// (an experiment's knob: the CPU's own prefetcher may fetch a row's next lines after its
-/// first, and each prefetch holds one of the core's few line fill buffers).
-fn prefetch_bytes(width: usize) -> usize {
-    static LINES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let lines = *LINES.get_or_init(|| {
-        std::env::var("TRITON_RUST_PREFETCH_LINES")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .filter(|n| (1..=64).contains(n))
-            .unwrap_or(64)
-    });
-    width.min(lines * 64)
-}
-
 /// How a `gather_dense` call's readers spent its time, added over calls: the wall time, the
 /// latest a share started after the call began (a share waits for a free reader), the longest
 /// share's own time and every share's time summed (busy / wall: readers at work at once).
@@ -184,15 +168,14 @@ impl EmbeddingStore {
                     (t, src)
                 })
                 .collect();
-            let ahead_bytes = prefetch_bytes(width);
             for src in srcs.iter().take(AHEAD).filter_map(|s| s.1) {
-                triton_rust_os::prefetch(&src[..ahead_bytes]);
+                triton_rust_os::prefetch(src);
             }
             for (j, ((row, f), (t, src))) in
                 out.chunks_exact_mut(width).zip(found.iter_mut()).zip(&srcs).enumerate()
             {
                 if let Some((_, Some(ahead))) = srcs.get(j + AHEAD) {
-                    triton_rust_os::prefetch(&ahead[..ahead_bytes]);
+                    triton_rust_os::prefetch(ahead);
                 }
                 match src {
                     Some(src) => {
