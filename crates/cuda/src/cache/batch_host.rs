@@ -172,9 +172,11 @@ impl BatchLookup {
 
     /// The fetcher called on the `m` misses part after part, each part's rows queued up to
     /// the GPU as soon as it is filled: a part's trip up overlaps the reads of the next
-    /// (page-locked rows, copied on this lookup's stream). Parts of at least `FETCH_PART`
-    /// misses, at most `FETCH_PARTS` of them. The fetcher may reorder each part's misses.
-    /// Only misses `from..m` are the fetcher's (the GPU reads the first `from`).
+    /// (page-locked rows, copied on this lookup's stream). The last part short (16,384
+    /// misses, or `TRITON_RUST_LAST_PART`: only its trip up is left when the reads end), the ones before it of at least
+    /// 131,072 misses, at most `FETCH_PARTS` in all (see [`part_ends`]). The fetcher may
+    /// reorder each part's misses. Only misses `from..m` are the fetcher's (the GPU reads the
+    /// first `from`).
     pub(super) fn fetch_in_parts<E: From<CudaError>>(
         &mut self,
         from: usize,
@@ -184,14 +186,19 @@ impl BatchLookup {
         // a part's reads are split again over the fetcher's threads: small parts pay that
         // split more than their overlap gains (in miss_reads_bench, whose reader starts its
         // threads per call, 8 parts of 16,384 made a 131,072-miss batch 0.35x as fast as one
-        // part on an H200's 16 threads; bench/gpu/results/miss-path/)
-        const FETCH_PART: usize = 65_536;
+        // part on an H200's 16 threads; bench/gpu/results/miss-path/). Served (MLPerf
+        // DLRM-v2 at a 10% cache, 165,000 misses a batch, one H200), two parts, the last of
+        // 16,384, served 1.03x and 1.04x the three parts of at least 65,536 before them in
+        // two calls, the readers' rows a busy core 1.14x (bench/gpu/results/cache-runs/):
+        // the misses before the short last part in parts of at least 131,072 (one there)
         const FETCH_PARTS: usize = 4;
+        let last = last_part();
+        let fetch_part = if last == 0 { 65_536 } else { 131_072 };
         let dim = self.dim;
         // room for fp32 rows whatever their type, so a change of type never grows the buffer
         // under a queued fill
         self.fetched.1.reserve(m * dim * 4)?;
-        let per = (m - from).div_ceil(FETCH_PARTS).max(FETCH_PART);
+        let ends = part_ends(from, m, fetch_part, FETCH_PARTS, last);
         let (q, d_rows) = (&self.own, self.fetched.1.ptr());
         let h_miss = self.miss.0.slice(m)?;
         let h_mkeys = self.missed_keys.0.slice(m)?;
@@ -201,8 +208,8 @@ impl BatchLookup {
             RowFormat::F32 => FetchedRows::F32(self.fetched.0.slice(m * dim)?),
             RowFormat::F16 => FetchedRows::F16(self.fetched16.slice(m * dim)?),
         };
-        for at in (from..m).step_by(per) {
-            let end = (at + per).min(m);
+        let mut at = from;
+        for end in ends {
             let (rs, re) = (at * dim, end * dim);
             let part = match &mut rows {
                 FetchedRows::F32(r) => FetchedRows::F32(&mut r[rs..re]),
@@ -214,6 +221,7 @@ impl BatchLookup {
                 FetchedRows::F32(r) => htod(q, d_rows.at(rs * 4), &r[rs..re])?,
                 FetchedRows::F16(r) => htod(q, d_rows.at(rs * 2), &r[rs..re])?,
             }
+            at = end;
         }
         Ok(())
     }
@@ -383,5 +391,69 @@ impl MissShare {
             Self::learn(&mut self.gpu, rows, ms as f64 / 1e3);
         }
         Ok(())
+    }
+}
+
+/// The rows of a batch's last part of misses: 16,384, or `TRITON_RUST_LAST_PART` in the
+/// server's environment (rows; 0: no short last part, the parts all alike, as before
+/// 2026-12-02), read once.
+fn last_part() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("TRITON_RUST_LAST_PART")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(16_384)
+    })
+}
+
+/// Where each part of the misses `from..m` ends: a last part of `last` misses when there are
+/// at least twice as many, the misses before it in equal parts of at least `part` (one when
+/// fewer), at most `parts` parts in all; with `last` 0 or fewer misses, parts of at least
+/// `part`, at most `parts`, the last the remainder (the rule before 2026-12-02).
+fn part_ends(from: usize, m: usize, part: usize, parts: usize, last: usize) -> Vec<usize> {
+    let n = m.saturating_sub(from);
+    if n == 0 {
+        return Vec::new();
+    }
+    if last == 0 || n < 2 * last {
+        // parts alike, the last the remainder
+        let per = n.div_ceil(parts.max(1)).max(part.max(1));
+        return (1..=n.div_ceil(per)).map(|i| (from + i * per).min(m)).collect();
+    }
+    // the misses before the last part in equal parts, as many whole `part`s as they hold
+    let head = n - last;
+    let k = (head / part.max(1)).clamp(1, parts.max(2) - 1);
+    let per = head.div_ceil(k);
+    let mut ends: Vec<usize> = (1..=k).map(|i| from + (i * per).min(head)).collect();
+    ends.push(m);
+    ends
+}
+
+#[cfg(test)]
+mod part_tests {
+    use super::part_ends;
+
+    #[test]
+    fn parts_cover_the_misses_once_in_order_the_last_short() {
+        // MLPerf DLRM-v2's batch at a 10% cache: two parts, the last of 16,384
+        assert_eq!(part_ends(0, 165_157, 131_072, 4, 16_384), vec![148_773, 165_157]);
+        // a larger batch: the misses before the last part in up to three parts
+        assert_eq!(
+            part_ends(0, 500_000, 131_072, 4, 16_384),
+            vec![161_206, 322_412, 483_616, 500_000]
+        );
+        assert_eq!(
+            part_ends(0, 900_000, 131_072, 4, 16_384),
+            vec![294_539, 589_078, 883_616, 900_000]
+        );
+        // fewer than twice the last part: one part
+        assert_eq!(part_ends(10, 30_000, 131_072, 4, 16_384), vec![30_000]);
+        assert!(part_ends(7, 7, 131_072, 4, 16_384).is_empty());
+        // the GPU's first misses are not the fetcher's
+        assert_eq!(part_ends(1_000, 41_000, 131_072, 4, 16_384), vec![24_616, 41_000]);
+        // no short last part: parts alike, as before
+        assert_eq!(part_ends(0, 165_157, 65_536, 4, 0), vec![65_536, 131_072, 165_157]);
+        assert_eq!(part_ends(0, 300_000, 65_536, 4, 0), vec![75_000, 150_000, 225_000, 300_000]);
     }
 }
