@@ -172,11 +172,11 @@ impl BatchLookup {
 
     /// The fetcher called on the `m` misses part after part, each part's rows queued up to
     /// the GPU as soon as it is filled: a part's trip up overlaps the reads of the next
-    /// (page-locked rows, copied on this lookup's stream). The last part short (16,384
-    /// misses, or `TRITON_RUST_LAST_PART`: only its trip up is left when the reads end), the ones before it of at least
-    /// 131,072 misses, at most `FETCH_PARTS` in all (see [`part_ends`]). The fetcher may
-    /// reorder each part's misses. Only misses `from..m` are the fetcher's (the GPU reads the
-    /// first `from`).
+    /// (page-locked rows, copied on this lookup's stream). The last part is short (16,384
+    /// misses, or `TRITON_RUST_LAST_PART`): only its trip up is left when the reads end; the
+    /// parts before it hold at least 131,072 misses, at most `FETCH_PARTS` parts in all (see
+    /// [`part_ends`]). The fetcher may reorder each part's misses. Only misses `from..m` are
+    /// the fetcher's (the GPU reads the first `from`).
     pub(super) fn fetch_in_parts<E: From<CudaError>>(
         &mut self,
         from: usize,
@@ -188,9 +188,10 @@ impl BatchLookup {
         // threads per call, 8 parts of 16,384 made a 131,072-miss batch 0.35x as fast as one
         // part on an H200's 16 threads; bench/gpu/results/miss-path/). Served (MLPerf
         // DLRM-v2 at a 10% cache, 165,000 misses a batch, one H200), two parts, the last of
-        // 16,384, served 1.03x and 1.04x the three parts of at least 65,536 before them in
-        // two calls, the readers' rows a busy core 1.14x (bench/gpu/results/cache-runs/):
-        // the misses before the short last part in parts of at least 131,072 (one there)
+        // 16,384, served 1.03x, 1.04x and 0.99x three parts of at least 65,536 in three
+        // calls, the readers' rows a busy core 1.05-1.14x (bench/gpu/results/cache-runs/,
+        // section `parts`); the misses before the short last part in parts of at least
+        // 131,072 (one there)
         const FETCH_PARTS: usize = 4;
         let last = last_part();
         let fetch_part = if last == 0 { 65_536 } else { 131_072 };
