@@ -151,13 +151,9 @@ for name in ${runs//,/ }; do
     # the table on the disk (/tmp): /dev/shm holds the runs' 52 GB fixture
     # plainquiet: the store's reader crew asleep between jobs, as served quiet; plainquietsN: N
     # shares a reader (TRITON_RUST_READ_SHARES; 2 otherwise); the table kept for the next plain run
-    # plainchunkN: the store's readers claiming N rows at a time (TRITON_RUST_READ_CHUNK; 0: fixed
-    # shares, as before 2026-12-02)
-    plain|plainquiet|plainquiets[0-9]*|plainchunk[0-9]*)
-           spin=""; [ "$base" != plain ] && [ "${base#plainchunk}" = "$base" ] && spin=0
+    plain|plainquiet|plainquiets[0-9]*)
+           spin=""; [ "$base" != plain ] && spin=0
            shares=""; case "$base" in plainquiets*) shares=${base#plainquiets} ;; esac
-           chunk=""; case "$base" in plainchunk*) chunk=${base#plainchunk} ;; esac
-           TRITON_RUST_READ_CHUNK=${chunk:-512} \
            TRITON_RUST_READER_SPIN_US=${spin:-300} TRITON_RUST_READ_SHARES=${shares:-2} \
                tool "$name" served_reads_bench 600 "$name.txt" --gb 16 --instances 6 --parts 3 --batches 10 \
                --host-memory huge_pages --dir /tmp/served_reads_table &&
@@ -294,14 +290,11 @@ for name in ${runs//,/ }; do
     # with a key index, a batch's last part of misses N rows (TRITON_RUST_LAST_PART; 0: the
     # parts of at least 65,536 before 2026-12-02, three a batch here); quietpinrN: with a key
     # index, the misses read on N threads, the callers among them (TRITON_RUST_READERS; one a
-    # core unless set): whether a crew that leaves the instances' threads their cores reads more;
-    # quietpinchunkN: with a key index, the readers claiming N rows at a time (TRITON_RUST_READ_CHUNK;
-    # 0: fixed shares, two a reader, as before 2026-12-02)
+    # core unless set): whether a crew that leaves the instances' threads their cores reads more)
     quietpin*) keys=$(ls /dev/shm/cache_state/*.gpu0.cache_keys 2>/dev/null | head -1)
         more=()
-        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READ_CHUNK
+        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS
         case "$base" in
-        quietpinchunk[0-9]*) more=(--cache-key-index on); export TRITON_RUST_READ_CHUNK=${base#quietpinchunk} ;;
         quietpinlast[0-9]*) more=(--cache-key-index on); export TRITON_RUST_LAST_PART=${base#quietpinlast} ;;
         quietpinr[0-9]*) more=(--cache-key-index on); export TRITON_RUST_READERS=${base#quietpinr} ;;
         quietpin270) more=(--stream-pairs 270 --stream-concurrency 256) ;;
@@ -314,7 +307,7 @@ for name in ${runs//,/ }; do
         TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run "$base" --cache 0.1 --stream-warm-passes 4 \
             --host-memory auto --cache-policy pinned --cache-pinned-keys "$keys" "${more[@]}"
         grep -h "gpucache_pinned_keys" /tmp/dlrm_v2/server.log | cut -c1-220 >> "$out/$base.log"; fi
-        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READ_CHUNK ;;
+        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS ;;
     cold) run cold --cache 0.1 --stream-warm-passes 1 --stream-seconds 30 --host-memory auto ;;
     *) echo "unknown run: $name" >&2; rc=1 ;;
     esac

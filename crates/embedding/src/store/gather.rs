@@ -15,7 +15,6 @@
 //! reading in the longest share (`GatherTimes`, the `timing:` line's reads).
 
 use super::*;
-use std::sync::atomic::AtomicUsize;
 
 /// Keys a reader prefetches ahead of the one it copies.
 const AHEAD: usize = 16;
@@ -46,27 +45,6 @@ fn shares_a_reader() -> usize {
             .and_then(|v| v.trim().parse::<usize>().ok())
             .filter(|n| (1..=64).contains(n))
             .unwrap_or(2)
-    })
-}
-
-/// A row's place no table holds (a key past its table's rows: the default value).
-const NONE: usize = usize::MAX;
-
-/// Rows a reader claims at a time off the call's one cursor: 512, or `TRITON_RUST_READ_CHUNK`
-/// in the server's environment (rows; 0: no claims, the misses cut into fixed shares of at
-/// least 1,024 rows, two a reader, as before 2026-12-02), read once. Each reader holds at most
-/// two claims (the one it copies and the next, whose rows it is prefetching), so a reader the
-/// system takes off its core holds up at most those: with fixed shares a member descheduled
-/// mid-share held its caller's whole call (on the GPU machine's 16-core host, six instances
-/// reading at once, a call of 57,000 rows took 4.6 ms with its longest share 2.4 ms, where a
-/// share reads in about 0.2 ms; `bench/gpu/results/cache-runs/`, section `parts`).
-fn claim_rows() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        std::env::var("TRITON_RUST_READ_CHUNK")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .unwrap_or(512)
     })
 }
 
@@ -153,114 +131,87 @@ impl EmbeddingStore {
             }
         }
         let t0 = Instant::now();
+        // shares of at least 1,024 rows, about two a reader (the crew and the caller)
         let crew = triton_rust_os::Crew::global();
         let readers = (crew.members() + 1).clamp(1, 16);
-        // claims of `chunk` rows off one cursor, each reader holding two at most (see
-        // `claim_rows`); or, with claims off, fixed shares of at least 1,024 rows, about two a
-        // reader, each read whole by whoever takes it
-        let claim = claim_rows();
-        let chunk =
-            if claim > 0 { claim } else { n.div_ceil(shares_a_reader() * readers).max(1024) };
-        let claims: Vec<std::sync::Mutex<(&mut [u8], &mut [u8])>> = rows
-            .chunks_mut(chunk * width)
-            .zip(found.chunks_mut(chunk))
-            .map(std::sync::Mutex::new)
+        let per = n.div_ceil(shares_a_reader() * readers).max(1024);
+        type Share<'a> = (&'a mut [u8], &'a mut [u8], Vec<usize>, GatherTimes);
+        let shares: Vec<std::sync::Mutex<Share>> = rows
+            .chunks_mut(per * width)
+            .zip(found.chunks_mut(per))
+            .map(|(out, found)| {
+                std::sync::Mutex::new((out, found, Vec::new(), GatherTimes::default()))
+            })
             .collect();
-        let workers = if claim > 0 { readers.min(claims.len()) } else { claims.len() };
-        let cursor = AtomicUsize::new(0);
-        let done: Vec<std::sync::Mutex<(Vec<usize>, GatherTimes)>> =
-            (0..workers).map(|_| std::sync::Mutex::new(Default::default())).collect();
-        // each miss of claim `c`'s rows: its table and its row's place in the table's bytes
-        // (NONE: past its rows), counted per table (read, then defaults)
-        let resolve = |c: usize, srcs: &mut Vec<(usize, usize)>, counts: &mut [usize]| {
-            srcs.clear();
-            let (first, last) = (c * chunk, ((c + 1) * chunk).min(n));
-            for (&i, &k) in missed[first..last].iter().zip(&keys[first..last]) {
-                let t = table_of(i as usize);
-                let inside = (0..tables[t].1 as i64).contains(&k);
-                counts[if inside { t } else { tables.len() + t }] += 1;
-                srcs.push((t, if inside { k as usize * width } else { NONE }));
-            }
-        };
-        let row_at = |(t, at): (usize, usize)| &tables[t].0[at..at + width];
-        let prefetch = |s: Option<&(usize, usize)>| {
-            if let Some(&(t, at)) = s.filter(|s| s.1 != NONE) {
-                triton_rust_os::prefetch(row_at((t, at)));
-            }
-        };
-        // claim `c`'s rows copied, `AHEAD` rows prefetched, past its end into the next claim's
-        let copy = |c: usize, srcs: &[(usize, usize)], next: &[(usize, usize)]| {
-            let mut claimed = claims[c].lock().unwrap_or_else(|e| e.into_inner());
-            let (out, found) = &mut *claimed;
-            for (j, ((row, f), &(t, at))) in
-                out.chunks_exact_mut(width).zip(found.iter_mut()).zip(srcs).enumerate()
-            {
-                let ahead = j + AHEAD;
-                prefetch(srcs.get(ahead).or_else(|| next.get(ahead - srcs.len().min(ahead))));
-                if at == NONE {
-                    for e in row.chunks_exact_mut(tables[t].2.len()) {
-                        e.copy_from_slice(&tables[t].2);
-                    }
-                    *f = 0;
-                } else {
-                    if streaming {
-                        triton_rust_os::copy_streaming(row, row_at((t, at)));
-                    } else {
-                        row.copy_from_slice(row_at((t, at)));
-                    }
-                    *f = 1;
-                }
-            }
-        };
-        let work = |w: usize| {
-            let take = || {
-                let c = cursor.fetch_add(1, Ordering::Relaxed);
-                (c < claims.len()).then_some(c)
-            };
-            // fixed shares: share `w` alone; claims: the next claim off the cursor, if any
-            let first = if claim > 0 { take() } else { Some(w) };
-            let Some(mut c) = first else { return };
+        let read_share = |c: usize| {
             let started = ns_since(t0);
-            let mut counts = vec![0usize; 2 * tables.len()];
-            let (mut srcs, mut next) = (Vec::with_capacity(chunk), Vec::with_capacity(chunk));
-            resolve(c, &mut srcs, &mut counts);
-            srcs.iter().take(AHEAD).for_each(|s| prefetch(Some(s)));
-            loop {
-                // the next claim taken before this one is copied, so that the prefetches run
-                // on into it: a reader never waits for its first rows but once
-                let after = if claim > 0 { take() } else { None };
-                next.clear();
-                if let Some(a) = after {
-                    resolve(a, &mut next, &mut counts);
+            let mut share = shares[c].lock().unwrap_or_else(|e| e.into_inner());
+            let (out, found, counts, times) = &mut *share;
+            let first = c * per;
+            let (missed, keys) =
+                (&missed[first..first + found.len()], &keys[first..first + found.len()]);
+            // read and default counts per table
+            *counts = vec![0usize; 2 * tables.len()];
+            // first each miss's row found (its table, then its place there), so that the
+            // copy below is a loop as tight as a plain gather's: measured on one thread,
+            // finding each row inside the copy loop read 0.6x as many rows a second
+            let srcs: Vec<(usize, Option<&[u8]>)> = missed
+                .iter()
+                .zip(keys)
+                .map(|(&i, &k)| {
+                    let t = table_of(i as usize);
+                    let (bytes, count, _) = &tables[t];
+                    let src = (0..*count as i64)
+                        .contains(&k)
+                        .then(|| &bytes[k as usize * width..(k as usize + 1) * width]);
+                    counts[if src.is_some() { t } else { tables.len() + t }] += 1;
+                    (t, src)
+                })
+                .collect();
+            for src in srcs.iter().take(AHEAD).filter_map(|s| s.1) {
+                triton_rust_os::prefetch(src);
+            }
+            for (j, ((row, f), (t, src))) in
+                out.chunks_exact_mut(width).zip(found.iter_mut()).zip(&srcs).enumerate()
+            {
+                if let Some((_, Some(ahead))) = srcs.get(j + AHEAD) {
+                    triton_rust_os::prefetch(ahead);
                 }
-                copy(c, &srcs, &next);
-                match after {
-                    Some(a) => {
-                        c = a;
-                        std::mem::swap(&mut srcs, &mut next);
+                match src {
+                    Some(src) => {
+                        if streaming {
+                            triton_rust_os::copy_streaming(row, src);
+                        } else {
+                            row.copy_from_slice(src);
+                        }
+                        *f = 1;
                     }
-                    None => break,
+                    None => {
+                        for e in row.chunks_exact_mut(tables[*t].2.len()) {
+                            e.copy_from_slice(&tables[*t].2);
+                        }
+                        *f = 0;
+                    }
                 }
             }
             if streaming {
                 triton_rust_os::store_fence(); // the rows seen by whoever sees this share done
             }
             let took = ns_since(t0) - started;
-            let times = GatherTimes {
+            *times = GatherTimes {
                 last_start_ns: started,
                 longest_ns: took,
                 busy_ns: took,
                 shares: 1,
                 ..GatherTimes::default()
             };
-            *done[w].lock().unwrap_or_else(|e| e.into_inner()) = (counts, times);
         };
-        crew.run(workers, &work)
+        crew.run(shares.len(), &read_share)
             .map_err(|why| Error::internal(format!("reading a batch's misses: {why}")))?;
         let mut counts = vec![0usize; 2 * tables.len()];
         let mut share = GatherTimes::default();
-        for s in done {
-            let (c, t) = s.into_inner().unwrap_or_else(|e| e.into_inner());
+        for s in shares {
+            let (_, _, c, t) = s.into_inner().unwrap_or_else(|e| e.into_inner());
             counts.iter_mut().zip(c).for_each(|(a, b)| *a += b);
             share.last_start_ns = share.last_start_ns.max(t.last_start_ns);
             share.longest_ns = share.longest_ns.max(t.longest_ns);
