@@ -269,6 +269,14 @@ def main():
         for kind, steps in timing.items():
             text = ", ".join(f"{label} {v[0]}" for label, v in steps.items())
             print(f"  {n}: {kind} (medians, us unless named): {text}")
+    # the CPU time spent in the kernel (system time): page faults, futex waits and wake-ups, yields
+    for n, (r, _) in runs.items():
+        cpu = r["stream"][0].get("cpu", {})
+        if "server_kernel_cores" in cpu:
+            by = ", ".join(f"{k} {c:.2f}" for k, c in cpu.get("kernel_by_kind", []))
+            host = f"host {cpu['host_kernel_pct']:.1f}% of its time, " if "host_kernel_pct" in cpu else ""
+            print(f"  {n}: in the kernel: {host}tritonserver {cpu['server_kernel_cores']:.2f} of its "
+                  f"{cpu.get('server_cores', 0):.1f} cores (by kind: {by})")
     # the first pass of the stream after the server started (the cache as the load left it),
     # and the first pass with the measured seconds after it: a restart's first half minute
     for n, (r, _) in runs.items():

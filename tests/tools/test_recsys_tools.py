@@ -143,3 +143,21 @@ def test_an_endless_streams_shares_count_its_sends_alone():
     assert c["host_busy_pct"] == 25.0 and c["client_cores"] == 0.25
     assert abs(c["server_cores"] - 150 / hz / 2) < 1e-9
     assert c["threads_by_kind"] == [["reader", 150 / hz / 2]]
+
+
+def test_the_servers_kernel_time_is_split_out_by_kind():
+    """Each thread's system time is kept beside its total, added per kind and over the sends'
+    spans, and the host's kernel share comes from /proc/stat's system, irq and softirq; samples of
+    the shape before (no split) still add up, their kernel time zero."""
+    hz = os.sysconf("SC_CLK_TCK")
+    s0 = (100, 1000, 50, 0.0, {"1": ("reader-0", 10, 2), "2": ("torch-gpu-1", 40, 5)}, 30)
+    s1 = (150, 1200, 125, 0.25, {"1": ("reader-0", 60, 12), "2": ("torch-gpu-1", 65, 10)}, 50)
+    c = host_use.cpu_use_spans([(s0, s1), (s0, s1)], 2.0)
+    assert abs(c["server_kernel_cores"] - 30 / hz / 2) < 1e-9
+    assert dict(c["kernel_by_kind"]) == {"reader": 20 / hz / 2, "torch-gpu": 10 / hz / 2}
+    assert c["host_kernel_pct"] == 10.0
+    assert "in the kernel: host 10%" in host_use.cpu_text(c)
+    old = host_use.cpu_use((100, 1000, 50, 0.0, {"1": ("reader-0", 10)}),
+                           (150, 1200, 125, 0.25, {"1": ("reader-0", 60)}), 1.0)
+    assert old["server_kernel_cores"] == 0 and "host_kernel_pct" not in old
+    assert old["threads_by_kind"] == [["reader", 50 / hz]]

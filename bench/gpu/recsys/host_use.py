@@ -6,20 +6,22 @@ import subprocess
 
 
 def cpu_sample(a):
-    """(host jiffies busy, host jiffies in all, the server's jiffies, children's CPU seconds so far)."""
+    """(host jiffies busy, host jiffies in all, the server's jiffies, children's CPU seconds so far,
+    the server's threads, host jiffies in the kernel)."""
     import resource
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
     idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
     threads = server_threads(a)
     ch = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return sum(v) - idle, sum(v), sum(j for _, j in threads.values()), ch.ru_utime + ch.ru_stime, threads
+    kernel = v[2] + sum(v[5:7])  # system, irq, softirq
+    return sum(v) - idle, sum(v), sum(t[1] for t in threads.values()), ch.ru_utime + ch.ru_stime, threads, kernel
 
 
 def server_threads(a):
-    """{thread id: (name, jiffies of user and system time)} of the server's threads; {} where there
-    is no server. The server's time is taken as their sum: a thread that ends between two samples
-    is not counted."""
+    """{thread id: (name, jiffies of user and system time, jiffies of system time)} of the server's
+    threads; {} where there is no server. The server's time is taken as their sum: a thread that
+    ends between two samples is not counted."""
     out = {}
     try:
         from tritonserver_process import server_pid
@@ -29,7 +31,7 @@ def server_threads(a):
                 with open(f"{base}/{tid}/stat") as f:
                     head, rest = f.read().rsplit(")", 1)
                 fields = rest.split()
-                out[tid] = (head.split("(", 1)[1], int(fields[11]) + int(fields[12]))
+                out[tid] = (head.split("(", 1)[1], int(fields[11]) + int(fields[12]), int(fields[12]))
             except (OSError, ValueError, IndexError):
                 continue
     except (OSError, SystemExit):
@@ -39,42 +41,62 @@ def server_threads(a):
 
 def cpu_use(s0, s1, seconds):
     """The host's CPU over a run, from two cpu_sample()s: busy %, cores used by the server and by
-    the client (the benchmark's children: perf_analyzer or stream_client, counted once they exit)."""
+    the client (the benchmark's children: perf_analyzer or stream_client, counted once they exit);
+    how much of it was in the kernel (the host's share of its time, the server's cores, and each kind
+    of thread's: page faults, futex waits and wake-ups, yields are counted there)."""
     hz = os.sysconf("SC_CLK_TCK")
     total = max(1, s1[1] - s0[1])
-    used = [(t1 - s0[4].get(tid, (n, 0))[1], n) for tid, (n, t1) in s1[4].items()]
-    busiest = sorted(used, reverse=True)[:6]
+    per = lambda j: j / hz / max(seconds, 1e-9)  # noqa: E731  jiffies to cores
+    sys_of = lambda t: t[2] if len(t) > 2 else 0  # noqa: E731  samples of old shape: no split
+    used = [(t[1] - s0[4].get(tid, (t[0], 0))[1], t[0], sys_of(t) - sys_of(s0[4].get(tid, (t[0], 0, 0))))
+            for tid, t in s1[4].items()]
+    busiest = sorted(((j, n) for j, n, _ in used), reverse=True)[:6]
     # threads of one kind together (reader-3, torch-gpu-5: their name less the number)
-    kinds = {}
-    for j, n in used:
+    kinds, kinds_sys = {}, {}
+    for j, n, k in used:
         kind = n.rstrip("0123456789").rstrip("-_") or n
         kinds[kind] = kinds.get(kind, 0) + j
+        kinds_sys[kind] = kinds_sys.get(kind, 0) + k
     by_kind = sorted(((j, k) for k, j in kinds.items()), reverse=True)[:6]
-    return {"threads_by_kind": [[k, j / hz / max(seconds, 1e-9)] for j, k in by_kind],"host_busy_pct": 100.0 * (s1[0] - s0[0]) / total, "cpus": os.cpu_count(),
-            "server_cores": (s1[2] - s0[2]) / hz / max(seconds, 1e-9),
-            "client_cores": (s1[3] - s0[3]) / max(seconds, 1e-9),
-            "busiest_server_threads": [[n, j / hz / max(seconds, 1e-9)] for j, n in busiest]}
+    out = {"threads_by_kind": [[k, per(j)] for j, k in by_kind], "host_busy_pct": 100.0 * (s1[0] - s0[0]) / total,
+           "cpus": os.cpu_count(), "server_cores": per(s1[2] - s0[2]),
+           "client_cores": (s1[3] - s0[3]) / max(seconds, 1e-9),
+           "busiest_server_threads": [[n, per(j)] for j, n in busiest],
+           "server_kernel_cores": per(sum(k for _, _, k in used)),
+           "kernel_by_kind": [[k, per(kinds_sys[k])] for _, k in by_kind]}
+    if len(s0) > 5 and len(s1) > 5:
+        out["host_kernel_pct"] = 100.0 * (s1[5] - s0[5]) / total
+    return out
 
 
 def cpu_use_spans(spans, seconds):
     """cpu_use over several timed spans (each a pair of cpu_sample()s), the gaps between them (an
     endless stream's key draws) left out; `seconds` the spans' time together."""
-    busy = total = server = children = 0
+    busy = total = server = children = kernel = 0
     threads = {}
     for s0, s1 in spans:
         busy, total = busy + s1[0] - s0[0], total + s1[1] - s0[1]
         server, children = server + s1[2] - s0[2], children + s1[3] - s0[3]
-        for tid, (n, j) in s1[4].items():
-            threads[tid] = (n, threads.get(tid, (n, 0))[1] + j - s0[4].get(tid, (n, 0))[1])
-    return cpu_use((0, 0, 0, 0, {}), (busy, total, server, children, threads), seconds)
+        kernel += s1[5] - s0[5] if len(s0) > 5 and len(s1) > 5 else 0
+        for tid, t in s1[4].items():
+            was = s0[4].get(tid, (t[0], 0, 0))
+            had = threads.get(tid, (t[0], 0, 0))
+            sys = (t[2] if len(t) > 2 else 0) - (was[2] if len(was) > 2 else 0)
+            threads[tid] = (t[0], had[1] + t[1] - was[1], had[2] + sys)
+    return cpu_use((0, 0, 0, 0, {}, 0), (busy, total, server, children, threads, kernel), seconds)
 
 
 def cpu_text(c):
     threads = ", ".join(f"{n} {cores:.2f}" for n, cores in c.get("busiest_server_threads", []))
     kinds = ", ".join(f"{n} {cores:.1f}" for n, cores in c.get("threads_by_kind", []))
+    kernel = ""
+    if "server_kernel_cores" in c:
+        by = ", ".join(f"{n} {cores:.1f}" for n, cores in c.get("kernel_by_kind", []))
+        host = f"host {c['host_kernel_pct']:.0f}%, " if "host_kernel_pct" in c else ""
+        kernel = f"; in the kernel: {host}tritonserver {c['server_kernel_cores']:.1f} cores ({by})"
     return (f"CPU: host {c['host_busy_pct']:.0f}% busy of {c['cpus']}, tritonserver {c['server_cores']:.1f} cores, "
             f"client {c['client_cores']:.1f} cores; the server's busiest threads (cores): {threads}; "
-            f"by kind (cores): {kinds}")
+            f"by kind (cores): {kinds}{kernel}")
 
 
 def log_size(a):
