@@ -39,6 +39,16 @@ def server_threads(a):
     return out
 
 
+def _kernel_jiffies(thread):
+    """A thread's system-time jiffies from server_threads(); 0 for a sample without them."""
+    return thread[2] if len(thread) > 2 else 0
+
+
+def _host_kernel(s0, s1):
+    """The host's jiffies in the kernel between two cpu_sample()s; None where they lack them."""
+    return s1[5] - s0[5] if len(s0) > 5 and len(s1) > 5 else None
+
+
 def cpu_use(s0, s1, seconds):
     """The host's CPU over a run, from two cpu_sample()s: busy %, cores used by the server and by
     the client (the benchmark's children: perf_analyzer or stream_client, counted once they exit);
@@ -47,8 +57,7 @@ def cpu_use(s0, s1, seconds):
     hz = os.sysconf("SC_CLK_TCK")
     total = max(1, s1[1] - s0[1])
     per = lambda j: j / hz / max(seconds, 1e-9)  # noqa: E731  jiffies to cores
-    sys_of = lambda t: t[2] if len(t) > 2 else 0  # noqa: E731  samples of old shape: no split
-    used = [(t[1] - s0[4].get(tid, (t[0], 0))[1], t[0], sys_of(t) - sys_of(s0[4].get(tid, (t[0], 0, 0))))
+    used = [(t[1] - s0[4].get(tid, (t[0], 0))[1], t[0], _kernel_jiffies(t) - _kernel_jiffies(s0[4].get(tid, ())))
             for tid, t in s1[4].items()]
     busiest = sorted(((j, n) for j, n, _ in used), reverse=True)[:6]
     # threads of one kind together (reader-3, torch-gpu-5: their name less the number)
@@ -64,8 +73,8 @@ def cpu_use(s0, s1, seconds):
            "busiest_server_threads": [[n, per(j)] for j, n in busiest],
            "server_kernel_cores": per(sum(k for _, _, k in used)),
            "kernel_by_kind": [[k, per(kinds_sys[k])] for _, k in by_kind]}
-    if len(s0) > 5 and len(s1) > 5:
-        out["host_kernel_pct"] = 100.0 * (s1[5] - s0[5]) / total
+    if _host_kernel(s0, s1) is not None:
+        out["host_kernel_pct"] = 100.0 * _host_kernel(s0, s1) / total
     return out
 
 
@@ -77,12 +86,10 @@ def cpu_use_spans(spans, seconds):
     for s0, s1 in spans:
         busy, total = busy + s1[0] - s0[0], total + s1[1] - s0[1]
         server, children = server + s1[2] - s0[2], children + s1[3] - s0[3]
-        kernel += s1[5] - s0[5] if len(s0) > 5 and len(s1) > 5 else 0
+        kernel += _host_kernel(s0, s1) or 0
         for tid, t in s1[4].items():
-            was = s0[4].get(tid, (t[0], 0, 0))
-            had = threads.get(tid, (t[0], 0, 0))
-            sys = (t[2] if len(t) > 2 else 0) - (was[2] if len(was) > 2 else 0)
-            threads[tid] = (t[0], had[1] + t[1] - was[1], had[2] + sys)
+            was, had = s0[4].get(tid, (t[0], 0)), threads.get(tid, (t[0], 0, 0))
+            threads[tid] = (t[0], had[1] + t[1] - was[1], had[2] + _kernel_jiffies(t) - _kernel_jiffies(was))
     return cpu_use((0, 0, 0, 0, {}, 0), (busy, total, server, children, threads, kernel), seconds)
 
 
