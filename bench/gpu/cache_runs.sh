@@ -56,6 +56,8 @@ t0=$(date +%s)
 export TRITON_RUST_TIME_QUEUE=1
 rm -rf "$out"; mkdir -p "$out/runs"
 final="$out"; out="$out/runs"
+# the host as the call found it (CPU model, cores and threads, NUMA, caches), beside the runs
+lscpu > "$out/lscpu.txt" 2>&1 || true
 A=(--allocation lookups --cache-policy lfu --stream-fresh --network-precision fp8 --dcnv2-cross triton
    --instances 6 --max-queue-delay-us 1000 --graph-batches 2048,4096,6144,8192,10240,12288,14336,16384
    --concurrency 0 --mlperf-concurrency 0 --lookup-concurrency 0 --big-concurrency 0
