@@ -160,6 +160,21 @@ for name in ${runs//,/ }; do
                tool "$name" served_reads_bench 600 "$name.txt" --gb 16 --instances 6 --parts 3 --batches 10 \
                --host-memory huge_pages --dir /tmp/served_reads_table &&
                grep -E "^\||^the store's reads" "$out/$name.txt" | sed "s/^/  /" ;;
+    # no server: the host's steady plain gather (16 GB fp16 table in 2 MiB pages) alone, then with
+    # the GPU's copies reading page-locked host memory beside it at 20 GB/s (as a served 10% cache's
+    # 80 M missed rows a second go up) and as fast as the bus goes (bench/gpu/bus_load.py): whether
+    # the host reads slower while the GPU's copies read its memory too
+    plainbus) for load in 0 20 max; do
+              if [ "$load" != 0 ]; then
+                  g=$load; [ "$load" = max ] && g=0
+                  python3 bench/gpu/bus_load.py --seconds 45 --gbps "$g" >> "$out/plainbus.load.txt" 2>&1 &
+                  bus=$!; sleep 4
+              fi
+              tool "$name$load" served_reads_bench 200 "$name.$load.txt" --gb 16 --instances 6 --steady-only 1 \
+                  --host-memory huge_pages --dir /tmp/served_reads_table &&
+                  { echo "  bus load: $load"; grep -E "^\|" "$out/$name.$load.txt" | sed "s/^/  /"; }
+              [ "$load" != 0 ] && { wait "$bus"; tail -1 "$out/plainbus.load.txt" | sed "s/^/  /"; }
+          done ;;
     # no server: the bus alone, page-locked copies up and down (the served runs' dmon samples beside it)
     pcie) echo "== pcie"; timeout 60 python3 bench/gpu/pcie_bandwidth.py > "$out/pcie.txt" 2>&1 || rc=1
           sed "s/^/  /" "$out/pcie.txt" ;;

@@ -277,6 +277,12 @@ def main():
             host = f"host {cpu['host_kernel_pct']:.1f}% of its time, " if "host_kernel_pct" in cpu else ""
             print(f"  {n}: in the kernel: {host}tritonserver {cpu['server_kernel_cores']:.2f} of its "
                   f"{cpu.get('server_cores', 0):.1f} cores (by kind: {by})")
+        # runnable, no core free (more threads than cores, or the hypervisor's steal)
+        if "server_waiting_cores" in cpu:
+            by = ", ".join(f"{k} {c:.2f}" for k, c in cpu.get("waiting_by_kind", []))
+            steal = f"; the host's steal {cpu['host_steal_pct']:.1f}%" if "host_steal_pct" in cpu else ""
+            print(f"  {n}: waiting runnable for a core: tritonserver {cpu['server_waiting_cores']:.2f} cores "
+                  f"(by kind: {by}){steal}")
     # the first pass of the stream after the server started (the cache as the load left it),
     # and the first pass with the measured seconds after it: a restart's first half minute
     for n, (r, _) in runs.items():

@@ -161,3 +161,24 @@ def test_the_servers_kernel_time_is_split_out_by_kind():
                            (150, 1200, 125, 0.25, {"1": ("reader-0", 60)}), 1.0)
     assert old["server_kernel_cores"] == 0 and "host_kernel_pct" not in old
     assert old["threads_by_kind"] == [["reader", 50 / hz]]
+
+
+def test_the_servers_run_queue_waits_and_the_hosts_steal_are_shown():
+    """Each thread's schedstat wait (runnable, no core) is added per kind over the sends' spans,
+    and the host's steal share comes from /proc/stat's eighth field; samples without either show
+    neither."""
+    s0 = (100, 1000, 50, 0.0, {"1": ("reader-0", 10, 2, 1_000_000_000), "2": ("reader-1", 10, 2, 0),
+                               "3": ("torch-gpu-1", 40, 5, 0)}, 30, 7)
+    s1 = (150, 1200, 125, 0.25, {"1": ("reader-0", 60, 12, 1_500_000_000), "2": ("reader-1", 60, 12, 250_000_000),
+                                 "3": ("torch-gpu-1", 65, 10, 50_000_000)}, 50, 27)
+    c = host_use.cpu_use_spans([(s0, s1), (s0, s1)], 2.0)
+    assert abs(c["server_waiting_cores"] - 1.6 / 2) < 1e-9
+    assert dict(c["waiting_by_kind"]) == {"reader": 1.5 / 2, "torch-gpu": 0.1 / 2}
+    assert c["host_steal_pct"] == 10.0
+    text = host_use.cpu_text(c)
+    assert "waiting runnable for a core: tritonserver 0.8 cores (reader 0.8, torch-gpu 0.1)" in text
+    assert "stolen by the hypervisor: 10.0% of the host" in text
+    bare = host_use.cpu_use((100, 1000, 50, 0.0, {"1": ("reader-0", 10, 2)}, 30),
+                            (150, 1200, 125, 0.25, {"1": ("reader-0", 60, 12)}, 50), 1.0)
+    assert "server_waiting_cores" not in bare and "host_steal_pct" not in bare
+    assert "waiting" not in host_use.cpu_text(bare) and "stolen" not in host_use.cpu_text(bare)

@@ -35,7 +35,9 @@
 //!       [--host-memory auto|mapped|huge_pages] [--dir /tmp/served_reads_table] [--threads N]
 //!
 //! `--threads`: the plain gathers' threads (default: the store's worker pool's, which
-//! `RAYON_NUM_THREADS` sets), so both read on as many threads.
+//! `RAYON_NUM_THREADS` sets), so both read on as many threads. `--steady-only 1`: only the
+//! steady plain gathers (the table placed as the store places it), for a run beside another
+//! load (`bench/gpu/bus_load.py`: the GPU's copies reading host memory as served).
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -179,6 +181,7 @@ fn main() {
         HostRows::parse(&arg("--host-memory", "auto".to_string())).expect("--host-memory");
     // the plain gathers' threads: as many as the store's worker pool (RAYON_NUM_THREADS)
     let cores: usize = arg("--threads", rayon::current_num_threads());
+    let steady_only = arg("--steady-only", 0usize) == 1;
     let width = dim * 2;
     let rows = (gb * 1e9) as usize / width;
     let t0 = Instant::now();
@@ -220,6 +223,27 @@ fn main() {
     let mapped = &data[data.len() - rows * width..];
     let copy = copied.then(|| triton_rust_os::HugeCopy::new(mapped, cores).expect("a copy"));
     let table = copy.as_ref().map_or(mapped, |c| c.bytes());
+    if !steady_only {
+        store_phases(&store, table, width, dim, misses, parts, instances, batches, cores);
+    }
+    steady_table(table, width, misses, instances, cores);
+}
+
+/// The store's reads and the plain gathers started per batch: one batch at a time, then
+/// `instances` at once; the rows checked against each other and the fixture.
+#[allow(clippy::too_many_arguments)]
+fn store_phases(
+    store: &EmbeddingStore,
+    table: &[u8],
+    width: usize,
+    dim: usize,
+    misses: usize,
+    parts: usize,
+    instances: usize,
+    batches: usize,
+    cores: usize,
+) {
+    let rows = table.len() / width;
 
     // every phase reads keys of its own: rows an earlier phase read may still sit in the CPU's
     // caches (a batch of 170 K rows is 43 MB)
@@ -230,7 +254,7 @@ fn main() {
     // the rows: one batch read both ways, against each other and the fixture
     let check = draw();
     plain_gather(table, width, &check, &mut plain, cores);
-    store_batch(&store, &check, &mut got, &mut found, parts, &mut GatherTimes::default());
+    store_batch(store, &check, &mut got, &mut found, parts, &mut GatherTimes::default());
     assert!(
         found.iter().all(|&f| f == 1) && got == plain,
         "the store's rows differ from the plain gather's"
@@ -248,7 +272,7 @@ fn main() {
                 let keys = draw();
                 let t = Instant::now();
                 if through_store {
-                    store_batch(&store, &keys, &mut got, &mut found, parts, &mut alone_times);
+                    store_batch(store, &keys, &mut got, &mut found, parts, &mut alone_times);
                 } else {
                     plain_gather(table, width, &keys, &mut plain, cores);
                 }
@@ -271,7 +295,7 @@ fn main() {
             let handles: Vec<_> = batch_keys
                 .iter()
                 .map(|mine| {
-                    let (store, concurrent_times) = (&store, &concurrent_times);
+                    let (store, concurrent_times) = (store, &concurrent_times);
                     s.spawn(move || {
                         let (mut out, mut found) = (vec![0u8; misses * width], vec![0u8; misses]);
                         let (mut times, mut reads) = (Vec::new(), GatherTimes::default());
@@ -326,6 +350,10 @@ fn main() {
             t.busy_ns as f64 / t.wall_ns.max(1) as f64,
         );
     }
+}
+
+/// The host's steady plain gathers, printed as a table.
+fn steady_table(table: &[u8], width: usize, misses: usize, instances: usize, cores: usize) {
     // the host's steady rate: threads that never stop, at several counts and prefetch depths
     let mut counts: Vec<usize> = vec![4, 8, cores / 2, cores];
     counts.sort_unstable();
