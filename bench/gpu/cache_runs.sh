@@ -307,11 +307,14 @@ for name in ${runs//,/ }; do
     # with a key index, a batch's last part of misses N rows (TRITON_RUST_LAST_PART; 0: the
     # parts of at least 65,536 before 2026-12-02, three a batch here); quietpinrN: with a key
     # index, the misses read on N threads, the callers among them (TRITON_RUST_READERS; one a
-    # core unless set): whether a crew that leaves the instances' threads their cores reads more)
+    # core unless set): whether a crew that leaves the instances' threads their cores reads more;
+    # quietpinidle, quietpinidleN...: with a key index, the crew's members in SCHED_IDLE
+    # (TRITON_RUST_READER_NICE=idle: any other thread that wakes takes a reader's core at once)
     quietpin*) keys=$(ls /dev/shm/cache_state/*.gpu0.cache_keys 2>/dev/null | head -1)
         more=()
-        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS
+        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE
         case "$base" in
+        quietpinidle*) more=(--cache-key-index on); export TRITON_RUST_READER_NICE=idle ;;
         quietpinlast[0-9]*) more=(--cache-key-index on); export TRITON_RUST_LAST_PART=${base#quietpinlast} ;;
         quietpinr[0-9]*) more=(--cache-key-index on); export TRITON_RUST_READERS=${base#quietpinr} ;;
         quietpin270) more=(--stream-pairs 270 --stream-concurrency 256) ;;
@@ -324,7 +327,7 @@ for name in ${runs//,/ }; do
         TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run "$base" --cache 0.1 --stream-warm-passes 4 \
             --host-memory auto --cache-policy pinned --cache-pinned-keys "$keys" "${more[@]}"
         grep -h "gpucache_pinned_keys" /tmp/dlrm_v2/server.log | cut -c1-220 >> "$out/$base.log"; fi
-        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS ;;
+        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE ;;
     cold) run cold --cache 0.1 --stream-warm-passes 1 --stream-seconds 30 --host-memory auto ;;
     *) echo "unknown run: $name" >&2; rc=1 ;;
     esac
