@@ -309,12 +309,15 @@ for name in ${runs//,/ }; do
     # index, the misses read on N threads, the callers among them (TRITON_RUST_READERS; one a
     # core unless set): whether a crew that leaves the instances' threads their cores reads more;
     # quietpinidle, quietpinidleN...: with a key index, the crew's members in SCHED_IDLE
-    # (TRITON_RUST_READER_NICE=idle: any other thread that wakes takes a reader's core at once)
+    # (TRITON_RUST_READER_NICE=idle: any other thread that wakes takes a reader's core at once;
+    # the default from 2026-12-02); quietpinasis...: the members at the callers' priority
+    # (TRITON_RUST_READER_NICE=0, the rule before)
     quietpin*) keys=$(ls /dev/shm/cache_state/*.gpu0.cache_keys 2>/dev/null | head -1)
         more=()
         unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE
         case "$base" in
         quietpinidle*) more=(--cache-key-index on); export TRITON_RUST_READER_NICE=idle ;;
+        quietpinasis*) more=(--cache-key-index on); export TRITON_RUST_READER_NICE=0 ;;
         quietpinlast[0-9]*) more=(--cache-key-index on); export TRITON_RUST_LAST_PART=${base#quietpinlast} ;;
         quietpinr[0-9]*) more=(--cache-key-index on); export TRITON_RUST_READERS=${base#quietpinr} ;;
         quietpin270) more=(--stream-pairs 270 --stream-concurrency 256) ;;
