@@ -311,13 +311,16 @@ for name in ${runs//,/ }; do
     # quietpinidle, quietpinidleN...: with a key index, the crew's members in SCHED_IDLE
     # (TRITON_RUST_READER_NICE=idle: any other thread that wakes takes a reader's core at once;
     # the default from 2026-12-02); quietpinasis...: the members at the callers' priority
-    # (TRITON_RUST_READER_NICE=0, the rule before)
+    # (TRITON_RUST_READER_NICE=0, the rule before); quietpinsharesN: with a key index, N shares a
+    # reader (TRITON_RUST_READ_SHARES; 2 unless set): whether smaller shares shorten the reads when a
+    # member in SCHED_IDLE is taken off its core holding one
     quietpin*) keys=$(ls /dev/shm/cache_state/*.gpu0.cache_keys 2>/dev/null | head -1)
         more=()
-        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE
+        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES
         case "$base" in
         quietpinidle*) more=(--cache-key-index on); export TRITON_RUST_READER_NICE=idle ;;
         quietpinasis*) more=(--cache-key-index on); export TRITON_RUST_READER_NICE=0 ;;
+        quietpinshares[0-9]*) more=(--cache-key-index on); export TRITON_RUST_READ_SHARES=${base#quietpinshares} ;;
         quietpinlast[0-9]*) more=(--cache-key-index on); export TRITON_RUST_LAST_PART=${base#quietpinlast} ;;
         quietpinr[0-9]*) more=(--cache-key-index on); export TRITON_RUST_READERS=${base#quietpinr} ;;
         quietpin270) more=(--stream-pairs 270 --stream-concurrency 256) ;;
@@ -330,7 +333,7 @@ for name in ${runs//,/ }; do
         TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run "$base" --cache 0.1 --stream-warm-passes 4 \
             --host-memory auto --cache-policy pinned --cache-pinned-keys "$keys" "${more[@]}"
         grep -h "gpucache_pinned_keys" /tmp/dlrm_v2/server.log | cut -c1-220 >> "$out/$base.log"; fi
-        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE ;;
+        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES ;;
     cold) run cold --cache 0.1 --stream-warm-passes 1 --stream-seconds 30 --host-memory auto ;;
     *) echo "unknown run: $name" >&2; rc=1 ;;
     esac
