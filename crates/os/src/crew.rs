@@ -130,14 +130,16 @@ impl Shared {
 /// Where a member stands with the scheduler (`TRITON_RUST_READER_NICE`). By default, and with
 /// `idle`, Linux's `SCHED_IDLE` class: it runs on a core no other thread wants, and any other
 /// thread that wakes takes the core from it at once, so the threads that feed the GPU (a model
-/// instance's, the network's) never wait for a reader; the callers (the instances' own threads,
+/// instance's, the network's) never wait for a reader. The callers (the instances' own threads,
 /// at their own priority) read their jobs' shares beside the crew, but a share a member holds
-/// waits for a core nothing else wants (on a host whose cores are all taken, set `0`). Served (MLPerf DLRM-v2 at a 10% GPU cache, one H200), the server's other threads had
-/// waited runnable for a core 1.7 cores' worth on average, the readers 2.7, while the host still
-/// had 3.5 cores idle; with the crew in `SCHED_IDLE` they waited 0.2, and the model served 1.13x
-/// and 1.11x the same run with the crew at the callers' priority in the same call
-/// (`bench/gpu/results/cache-runs/`). `0`: the callers' priority, as before; 1 to 19: that
-/// niceness; anything else: the default.
+/// waits for a core nothing else wants: on a host whose cores other work keeps busy, set `0`.
+/// Served (MLPerf DLRM-v2 at a 10% GPU cache, one H200), with the members at the callers'
+/// priority the threads that feed the GPU waited runnable for a core 1.7 cores' worth on
+/// average and the readers 2.7, while the host had 3.5 cores idle; with the members in
+/// `SCHED_IDLE` the feeders waited 0.2-0.3, and the model served 1.13x, 1.11x (one call) and
+/// 1.01x (another) the members at the callers' priority (`bench/gpu/results/cache-runs/`,
+/// section `idle`). `0`: the callers' priority, as before; 1 to 19: that niceness; anything
+/// else: the default.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Standing {
     AsCaller,
