@@ -45,11 +45,11 @@ def plain_rate(folder):
     return None
 
 
-def steady_table(folder):
-    """The `plain` run's steady gather (threads that never pause) as plain.txt has it:
-    {threads: {rows prefetched ahead: M rows/s}}, plain stores only (not its streaming column);
-    {} when plain.txt has no such table."""
-    path = os.path.join(folder, "plain.txt")
+def steady_table(folder, name="plain.txt"):
+    """The `plain` run's steady gather (threads that never pause) as plain.txt (or `name`, a
+    `plainbus` file) has it: {threads: {rows prefetched ahead: M rows/s}}, plain stores only (not
+    its streaming column); {} when the file has no such table."""
+    path = os.path.join(folder, name)
     if not os.path.exists(path):
         return {}
     table, inside = {}, False
@@ -63,11 +63,11 @@ def steady_table(folder):
     return table
 
 
-def steady_staged_best(folder):
-    """The steady gather's best into several batches' buffers written in turn (plain.txt's column
-    "16 ahead, into N batches' buffers", plain stores), as the served instances write their
-    staging: (M rows/s, its threads, N); None where plain.txt has no such column."""
-    path = os.path.join(folder, "plain.txt")
+def steady_staged_best(folder, name="plain.txt"):
+    """The steady gather's best into several batches' buffers written in turn (plain.txt's, or
+    `name`'s, column "16 ahead, into N batches' buffers", plain stores), as the served instances
+    write their staging: (M rows/s, its threads, N); None where the file has no such column."""
+    path = os.path.join(folder, name)
     if not os.path.exists(path):
         return None
     best, col, batches = None, None, None
@@ -83,6 +83,26 @@ def steady_staged_best(folder):
             if best is None or rate > best[0]:
                 best = (rate, int(cells[0]), batches)
     return best
+
+
+def bus_loaded(folder):
+    """The `plainbus` run's steady gathers, each beside the GPU's copies of its load (`0`: none,
+    `20`: 20 GB/s up, `max`: as fast as the bus goes): [(load, best M rows/s one buffer, best into
+    the instances' buffers or None, GB/s the copies kept or None)], in that order; [] without it."""
+    kept = []
+    path = os.path.join(folder, "plainbus.load.txt")
+    if os.path.exists(path):
+        kept = [float(m.group(1)) for m in re.finditer(r"bus load: ([\d.]+) GB/s", open(path, errors="replace").read())]
+    out = []
+    for load in ("0", "20", "max"):
+        name = f"plainbus.{load}.txt"
+        rates = [r for row in steady_table(folder, name).values() for r in row.values()]
+        if not rates:
+            continue
+        staged = steady_staged_best(folder, name)
+        gbps = None if load == "0" else (kept.pop(0) if kept else None)
+        out.append((load, max(rates), staged[0] if staged else None, gbps))
+    return out
 
 
 def hbm_of(name, runs):
@@ -311,6 +331,18 @@ def main():
     if staged:
         print(f"plain gather, steady threads into {staged[2]} batches' buffers in turn, as the instances write "
               f"them, same call (plain.txt): best {staged[0]:.1f} M rows/s ({staged[1]} threads)")
+    loaded = bus_loaded(folder)
+    for copies, one, staged_rate, gbps in loaded:
+        beside = "alone" if copies == "0" else f"beside the GPU's copies at {gbps if gbps is not None else copies} GB/s up"
+        into = f", into the instances' buffers {staged_rate:.1f}" if staged_rate is not None else ""
+        print(f"plain gather, steady threads, {beside}, same call (plainbus.{copies}.txt): best {one:.1f} M rows/s{into}")
+    served_like = next((x for x in loaded if x[0] == "20"), None)
+    for n, (r, _) in runs.items():
+        got = misses_read(r["stream"][0])
+        if got and got[0] > 0 and served_like:
+            best = served_like[2] if served_like[2] is not None else served_like[1]
+            print(f"  {n}: rows read from the host {got[1]:.1f} M/s, {got[1] / best:.2f}x the steady gather beside "
+                  f"the bus's copies at the served rate ({best:.1f} M)")
     for n, (r, _) in runs.items():
         got = misses_read(r["stream"][0])
         if got and got[0] > 0:

@@ -177,3 +177,20 @@ def test_the_steady_gather_into_several_batches_buffers(tmp_path):
         "| 16 | 240.0 | 250.0 | 252.0 | 160.0 |\n")
     assert crs.steady_staged_best(str(tmp_path)) is None
     assert crs.steady_staged_best(str(tmp_path / "absent")) is None
+
+
+def test_the_plain_gather_beside_the_bus_copies_is_read_from_the_plainbus_files(tmp_path):
+    import cache_runs_summary as crs
+    head = ("| plain, steady threads (M rows/s): threads | prefetch 4 rows ahead | 8 ahead | 16 ahead | "
+            "16 ahead, streaming stores | 16 ahead, into 6 batches' buffers (261 MB) | the same, streaming stores |\n"
+            "|---:|---:|---:|---:|---:|---:|---:|\n")
+    for load, sixteen in (("0", ("214.5", "202.3", "198.2", "144.8", "195.7")),
+                          ("20", ("161.9", "175.5", "167.5", "109.8", "151.4"))):
+        (tmp_path / f"plainbus.{load}.txt").write_text(
+            "table: 62500000 rows\n" + head + "| 8 | 77.2 | 99.4 | 88.0 | 64.3 | 97.3 | 62.2 |\n"
+            + "| 16 | " + " | ".join(sixteen) + " | 152.8 |\n")
+    (tmp_path / "plainbus.load.txt").write_text("bus load: 20.0 GB/s up for 45 s (20 GB/s asked, copies of 42 MB)\n")
+    got = crs.bus_loaded(str(tmp_path))
+    # each load's best over every plain-store cell, and its best into the instances' buffers
+    assert got == [("0", 214.5, 195.7, None), ("20", 175.5, 151.4, 20.0)]
+    assert crs.bus_loaded(str(tmp_path / "none")) == []
