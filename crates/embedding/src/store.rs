@@ -23,6 +23,7 @@ use crate::table::{self, TableFiles};
 mod attach;
 mod below;
 mod gather;
+mod steal;
 pub use gather::GatherTimes;
 #[cfg(feature = "gpu")]
 mod host_rows;

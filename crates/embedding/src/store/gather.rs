@@ -17,7 +17,11 @@
 use super::*;
 
 /// Keys a reader prefetches ahead of the one it copies.
-const AHEAD: usize = 16;
+pub(super) const AHEAD: usize = 16;
+
+/// A dense, untouched table as the readers see it: its rows' bytes, how many rows, and its
+/// default value's bytes (one element) for a key past them.
+pub(super) type DenseTable<'a> = (&'a [u8], usize, Vec<u8>);
 
 /// Whether the readers store each row into the batch's page-locked buffer past the CPU's
 /// caches (`triton_rust_os::copy_streaming`, streaming stores) or through them (plain
@@ -119,7 +123,7 @@ impl EmbeddingStore {
         }
         let tiers: Vec<Arc<HostTier>> = (0..self.tables.len()).map(|t| self.host(t)).collect();
         let width = rows.len() / n.max(1);
-        let mut tables = Vec::with_capacity(tiers.len());
+        let mut tables: Vec<DenseTable> = Vec::with_capacity(tiers.len());
         for (t, tier) in tiers.iter().enumerate() {
             let stored = tier.stored();
             match tier.untouched_rows() {
@@ -131,93 +135,15 @@ impl EmbeddingStore {
             }
         }
         let t0 = Instant::now();
-        // shares of at least 1,024 rows, about two a reader (the crew and the caller)
         let crew = triton_rust_os::Crew::global();
         let readers = (crew.members() + 1).clamp(1, 16);
-        let per = n.div_ceil(shares_a_reader() * readers).max(1024);
-        type Share<'a> = (&'a mut [u8], &'a mut [u8], Vec<usize>, GatherTimes);
-        let shares: Vec<std::sync::Mutex<Share>> = rows
-            .chunks_mut(per * width)
-            .zip(found.chunks_mut(per))
-            .map(|(out, found)| {
-                std::sync::Mutex::new((out, found, Vec::new(), GatherTimes::default()))
-            })
-            .collect();
-        let read_share = |c: usize| {
-            let started = ns_since(t0);
-            let mut share = shares[c].lock().unwrap_or_else(|e| e.into_inner());
-            let (out, found, counts, times) = &mut *share;
-            let first = c * per;
-            let (missed, keys) =
-                (&missed[first..first + found.len()], &keys[first..first + found.len()]);
-            // read and default counts per table
-            *counts = vec![0usize; 2 * tables.len()];
-            // first each miss's row found (its table, then its place there), so that the
-            // copy below is a loop as tight as a plain gather's: measured on one thread,
-            // finding each row inside the copy loop read 0.6x as many rows a second
-            let srcs: Vec<(usize, Option<&[u8]>)> = missed
-                .iter()
-                .zip(keys)
-                .map(|(&i, &k)| {
-                    let t = table_of(i as usize);
-                    let (bytes, count, _) = &tables[t];
-                    let src = (0..*count as i64)
-                        .contains(&k)
-                        .then(|| &bytes[k as usize * width..(k as usize + 1) * width]);
-                    counts[if src.is_some() { t } else { tables.len() + t }] += 1;
-                    (t, src)
-                })
-                .collect();
-            for src in srcs.iter().take(AHEAD).filter_map(|s| s.1) {
-                triton_rust_os::prefetch(src);
-            }
-            for (j, ((row, f), (t, src))) in
-                out.chunks_exact_mut(width).zip(found.iter_mut()).zip(&srcs).enumerate()
-            {
-                if let Some((_, Some(ahead))) = srcs.get(j + AHEAD) {
-                    triton_rust_os::prefetch(ahead);
-                }
-                match src {
-                    Some(src) => {
-                        if streaming {
-                            triton_rust_os::copy_streaming(row, src);
-                        } else {
-                            row.copy_from_slice(src);
-                        }
-                        *f = 1;
-                    }
-                    None => {
-                        for e in row.chunks_exact_mut(tables[*t].2.len()) {
-                            e.copy_from_slice(&tables[*t].2);
-                        }
-                        *f = 0;
-                    }
-                }
-            }
-            if streaming {
-                triton_rust_os::store_fence(); // the rows seen by whoever sees this share done
-            }
-            let took = ns_since(t0) - started;
-            *times = GatherTimes {
-                last_start_ns: started,
-                longest_ns: took,
-                busy_ns: took,
-                shares: 1,
-                ..GatherTimes::default()
-            };
+        let (counts, mut share) = if !streaming && super::steal::stealing() {
+            let shares = shares_a_reader() * readers;
+            super::steal::read(&tables, table_of, missed, keys, rows, found, shares, t0)
+                .map_err(|why| Error::internal(format!("reading a batch's misses: {why}")))?
+        } else {
+            read_in_shares(&tables, table_of, missed, keys, rows, found, readers, streaming, t0)?
         };
-        crew.run(shares.len(), &read_share)
-            .map_err(|why| Error::internal(format!("reading a batch's misses: {why}")))?;
-        let mut counts = vec![0usize; 2 * tables.len()];
-        let mut share = GatherTimes::default();
-        for s in shares {
-            let (_, _, c, t) = s.into_inner().unwrap_or_else(|e| e.into_inner());
-            counts.iter_mut().zip(c).for_each(|(a, b)| *a += b);
-            share.last_start_ns = share.last_start_ns.max(t.last_start_ns);
-            share.longest_ns = share.longest_ns.max(t.longest_ns);
-            share.busy_ns += t.busy_ns;
-            share.shares += t.shares;
-        }
         let ns = ns_since(t0);
         if let Some(times) = times {
             share.calls = 1;
@@ -239,6 +165,110 @@ impl EmbeddingStore {
         }
         Ok(true)
     }
+}
+
+/// A call's misses cut into fixed shares of at least 1,024 rows, about two a reader, each read
+/// whole by whoever takes it: each table's rows read, then each table's defaults
+/// (`2 * tables.len()` counts), and the readers' times.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn read_in_shares(
+    tables: &[DenseTable<'_>],
+    table_of: &(dyn Fn(usize) -> usize + Sync),
+    missed: &[i32],
+    keys: &[i64],
+    rows: &mut [u8],
+    found: &mut [u8],
+    readers: usize,
+    streaming: bool,
+    t0: Instant,
+) -> Result<(Vec<usize>, GatherTimes)> {
+    let n = keys.len();
+    let width = rows.len() / n.max(1);
+    // shares of at least 1,024 rows, about two a reader (the crew and the caller)
+    let crew = triton_rust_os::Crew::global();
+    let per = n.div_ceil(shares_a_reader() * readers).max(1024);
+    type Share<'a> = (&'a mut [u8], &'a mut [u8], Vec<usize>, GatherTimes);
+    let shares: Vec<std::sync::Mutex<Share>> = rows
+        .chunks_mut(per * width)
+        .zip(found.chunks_mut(per))
+        .map(|(out, found)| std::sync::Mutex::new((out, found, Vec::new(), GatherTimes::default())))
+        .collect();
+    let read_share = |c: usize| {
+        let started = ns_since(t0);
+        let mut share = shares[c].lock().unwrap_or_else(|e| e.into_inner());
+        let (out, found, counts, times) = &mut *share;
+        let first = c * per;
+        let (missed, keys) =
+            (&missed[first..first + found.len()], &keys[first..first + found.len()]);
+        // read and default counts per table
+        *counts = vec![0usize; 2 * tables.len()];
+        // first each miss's row found (its table, then its place there), so that the
+        // copy below is a loop as tight as a plain gather's: measured on one thread,
+        // finding each row inside the copy loop read 0.6x as many rows a second
+        let srcs: Vec<(usize, Option<&[u8]>)> = missed
+            .iter()
+            .zip(keys)
+            .map(|(&i, &k)| {
+                let t = table_of(i as usize);
+                let (bytes, count, _) = &tables[t];
+                let src = (0..*count as i64)
+                    .contains(&k)
+                    .then(|| &bytes[k as usize * width..(k as usize + 1) * width]);
+                counts[if src.is_some() { t } else { tables.len() + t }] += 1;
+                (t, src)
+            })
+            .collect();
+        for src in srcs.iter().take(AHEAD).filter_map(|s| s.1) {
+            triton_rust_os::prefetch(src);
+        }
+        for (j, ((row, f), (t, src))) in
+            out.chunks_exact_mut(width).zip(found.iter_mut()).zip(&srcs).enumerate()
+        {
+            if let Some((_, Some(ahead))) = srcs.get(j + AHEAD) {
+                triton_rust_os::prefetch(ahead);
+            }
+            match src {
+                Some(src) => {
+                    if streaming {
+                        triton_rust_os::copy_streaming(row, src);
+                    } else {
+                        row.copy_from_slice(src);
+                    }
+                    *f = 1;
+                }
+                None => {
+                    for e in row.chunks_exact_mut(tables[*t].2.len()) {
+                        e.copy_from_slice(&tables[*t].2);
+                    }
+                    *f = 0;
+                }
+            }
+        }
+        if streaming {
+            triton_rust_os::store_fence(); // the rows seen by whoever sees this share done
+        }
+        let took = ns_since(t0) - started;
+        *times = GatherTimes {
+            last_start_ns: started,
+            longest_ns: took,
+            busy_ns: took,
+            shares: 1,
+            ..GatherTimes::default()
+        };
+    };
+    crew.run(shares.len(), &read_share)
+        .map_err(|why| Error::internal(format!("reading a batch's misses: {why}")))?;
+    let mut counts = vec![0usize; 2 * tables.len()];
+    let mut share = GatherTimes::default();
+    for s in shares {
+        let (_, _, c, t) = s.into_inner().unwrap_or_else(|e| e.into_inner());
+        counts.iter_mut().zip(c).for_each(|(a, b)| *a += b);
+        share.last_start_ns = share.last_start_ns.max(t.last_start_ns);
+        share.longest_ns = share.longest_ns.max(t.longest_ns);
+        share.busy_ns += t.busy_ns;
+        share.shares += t.shares;
+    }
+    Ok((counts, share))
 }
 
 /// Which table each key of a batch lookup belongs to, as the kernels find it from the layout

@@ -1,0 +1,242 @@
+//! A call's misses read in shares whose unread ends others take: each share is cut into blocks
+//! of `BLOCK` rows; its reader takes blocks from the front, and a reader with nothing of its own
+//! left takes them from the back of the share with the most left. So a reader the system takes
+//! off its core holds up one block, not the rest of its share, while the others keep the long
+//! runs of a fixed share (one claim a block, on that share's own word, not one cursor for all).
+//!
+//! Why: with the crew's members in `SCHED_IDLE` (`triton_rust_os::Crew`), any other thread that
+//! wakes takes a member's core at once; served, a call's longest share then took 2.7-3.1 ms
+//! against 1.2-1.4 ms, and a batch's reads 4.6-5.3 ms against 3.8-4.4
+//! (`bench/gpu/results/cache-runs/`, section `idle`). Claims of 512 rows off one cursor for all
+//! (commit eb2b923) had read fewer rows a busy core than fixed shares before.
+//! `TRITON_RUST_READ_STEAL=1` in the server's environment turns it on (read once); off, each
+//! share is read whole by whoever takes it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use super::gather::{DenseTable, GatherTimes, AHEAD};
+use super::ns_since;
+
+/// Rows a block: a claim's cost (one compare-and-swap, one uncontended lock) is under 0.1% of
+/// reading them, and the prefetch pipeline refills once a block.
+const BLOCK: usize = 512;
+
+/// Whether a call's shares are read with their ends taken by others (`TRITON_RUST_READ_STEAL=1`).
+pub(super) fn stealing() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TRITON_RUST_READ_STEAL").is_ok_and(|v| v.trim() == "1"))
+}
+
+/// A share's unread blocks `[front, back)`, in one word: front in the low half, back in the high.
+struct Ends(AtomicU64);
+
+impl Ends {
+    fn new(front: usize, back: usize) -> Ends {
+        Ends(AtomicU64::new(((back as u64) << 32) | front as u64))
+    }
+    fn split(v: u64) -> (usize, usize) {
+        ((v & 0xffff_ffff) as usize, (v >> 32) as usize)
+    }
+    fn left(&self) -> usize {
+        let (front, back) = Ends::split(self.0.load(Ordering::Acquire));
+        back.saturating_sub(front)
+    }
+    /// The next block from the front, or from the back (`from_back`); None when none is left.
+    fn take(&self, from_back: bool) -> Option<usize> {
+        let mut v = self.0.load(Ordering::Acquire);
+        loop {
+            let (front, back) = Ends::split(v);
+            if front >= back {
+                return None;
+            }
+            let (next, got) = if from_back {
+                ((((back - 1) as u64) << 32) | front as u64, back - 1)
+            } else {
+                (((back as u64) << 32) | (front + 1) as u64, front)
+            };
+            match self.0.compare_exchange_weak(v, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(got),
+                Err(now) => v = now,
+            }
+        }
+    }
+}
+
+/// Reads the rows of `keys` (key j is batch key `missed[j]`, of table `table_of(missed[j])`)
+/// into `rows` and sets `found`, on the crew and the caller, in `shares` shares whose unread
+/// ends others take (see the module's note). Returns each table's rows read, then each table's
+/// defaults (`2 * tables.len()` counts), and the readers' times.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn read<'t>(
+    tables: &[DenseTable<'t>],
+    table_of: &(dyn Fn(usize) -> usize + Sync),
+    missed: &[i32],
+    keys: &[i64],
+    rows: &mut [u8],
+    found: &mut [u8],
+    shares: usize,
+    t0: Instant,
+) -> Result<(Vec<usize>, GatherTimes), String> {
+    let n = keys.len();
+    let width = rows.len() / n.max(1);
+    let blocks: Vec<Mutex<(&mut [u8], &mut [u8])>> =
+        rows.chunks_mut(BLOCK * width).zip(found.chunks_mut(BLOCK)).map(Mutex::new).collect();
+    let per = blocks.len().div_ceil(shares.max(1)).max(1);
+    let ends: Vec<Ends> = (0..blocks.len().div_ceil(per))
+        .map(|s| Ends::new(s * per, ((s + 1) * per).min(blocks.len())))
+        .collect();
+    let counts = Mutex::new(vec![0usize; 2 * tables.len()]);
+    let times = Mutex::new(GatherTimes::default());
+    let read_block = |b: usize, srcs: &mut Vec<(usize, Option<&'t [u8]>)>, mine: &mut [usize]| {
+        let first = b * BLOCK;
+        let last = (first + BLOCK).min(n);
+        srcs.clear();
+        for (&i, &k) in missed[first..last].iter().zip(&keys[first..last]) {
+            let t = table_of(i as usize);
+            let (bytes, count): (&'t [u8], usize) = (tables[t].0, tables[t].1);
+            let src = (0..count as i64)
+                .contains(&k)
+                .then(|| &bytes[k as usize * width..(k as usize + 1) * width]);
+            mine[if src.is_some() { t } else { tables.len() + t }] += 1;
+            srcs.push((t, src));
+        }
+        for src in srcs.iter().take(AHEAD).filter_map(|s| s.1) {
+            triton_rust_os::prefetch(src);
+        }
+        let mut block = blocks[b].lock().unwrap_or_else(|e| e.into_inner());
+        let (out, found) = &mut *block;
+        for (j, ((row, f), (t, src))) in
+            out.chunks_exact_mut(width).zip(found.iter_mut()).zip(srcs.iter()).enumerate()
+        {
+            if let Some((_, Some(ahead))) = srcs.get(j + AHEAD) {
+                triton_rust_os::prefetch(ahead);
+            }
+            match src {
+                Some(src) => {
+                    row.copy_from_slice(src);
+                    *f = 1;
+                }
+                None => {
+                    for e in row.chunks_exact_mut(tables[*t].2.len()) {
+                        e.copy_from_slice(&tables[*t].2);
+                    }
+                    *f = 0;
+                }
+            }
+        }
+    };
+    let read_share = |s: usize| {
+        let started = ns_since(t0);
+        let (mut srcs, mut mine) = (Vec::with_capacity(BLOCK), vec![0usize; 2 * tables.len()]);
+        // its own blocks from the front, then others' from the back of the share with most left
+        while let Some(b) = ends[s].take(false) {
+            read_block(b, &mut srcs, &mut mine);
+        }
+        loop {
+            let most =
+                (0..ends.len()).max_by_key(|&o| ends[o].left()).filter(|&o| ends[o].left() > 0);
+            let Some(o) = most else { break };
+            if let Some(b) = ends[o].take(true) {
+                read_block(b, &mut srcs, &mut mine);
+            }
+        }
+        let took = ns_since(t0) - started;
+        counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter_mut()
+            .zip(&mine)
+            .for_each(|(a, b)| *a += b);
+        let mut t = times.lock().unwrap_or_else(|e| e.into_inner());
+        t.last_start_ns = t.last_start_ns.max(started);
+        t.longest_ns = t.longest_ns.max(took);
+        t.busy_ns += took;
+        t.shares += 1;
+    };
+    triton_rust_os::Crew::global().run(ends.len(), &read_share)?;
+    Ok((
+        counts.into_inner().unwrap_or_else(|e| e.into_inner()),
+        times.into_inner().unwrap_or_else(|e| e.into_inner()),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// Read with ends taken by others, every row lands where the fixed shares put it: the same
+    /// rows, defaults, flags and counts, over calls of many sizes (a block's edge, one row).
+    #[test]
+    fn stolen_ends_read_what_fixed_shares_read() {
+        let width = 16;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let bytes: Vec<Vec<u8>> =
+            [900usize, 700].iter().map(|r| (0..r * width).map(|_| rng.gen()).collect()).collect();
+        let tables: Vec<DenseTable> =
+            vec![(&bytes[0], 900, vec![1, 2, 3, 4]), (&bytes[1], 700, vec![9, 8])];
+        let table_of = |i: usize| usize::from(i % 5 >= 3);
+        for n in [1usize, 511, 512, 513, 20_000] {
+            let missed: Vec<i32> = (0..n).map(|_| rng.gen_range(0..50_000)).collect();
+            let keys: Vec<i64> = missed
+                .iter()
+                .map(|&i| rng.gen_range(-3..[905i64, 703][table_of(i as usize)]))
+                .collect();
+            let (mut want, mut want_found) = (vec![7u8; n * width], vec![9u8; n]);
+            let (mut got, mut got_found) = (vec![5u8; n * width], vec![6u8; n]);
+            let t0 = Instant::now();
+            let (want_counts, _) = super::super::gather::read_in_shares(
+                &tables,
+                &table_of,
+                &missed,
+                &keys,
+                &mut want,
+                &mut want_found,
+                3,
+                false,
+                t0,
+            )
+            .unwrap();
+            for shares in [1, 3, 64] {
+                let (counts, times) =
+                    read(&tables, &table_of, &missed, &keys, &mut got, &mut got_found, shares, t0)
+                        .unwrap();
+                assert!(got == want && got_found == want_found, "{n} rows in {shares} shares");
+                assert_eq!(counts, want_counts, "{n} rows in {shares} shares");
+                assert!(times.shares >= 1 && times.busy_ns >= times.longest_ns);
+            }
+            assert_eq!(want_counts.iter().sum::<usize>(), n);
+        }
+    }
+
+    #[test]
+    fn every_block_is_taken_once_from_either_end() {
+        let ends = Ends::new(3, 9);
+        let mut got = std::collections::BTreeSet::new();
+        std::thread::scope(|s| {
+            let takers: Vec<_> = (0..4)
+                .map(|i| {
+                    let ends = &ends;
+                    s.spawn(move || {
+                        let mut mine = Vec::new();
+                        while let Some(b) = ends.take(i % 2 == 1) {
+                            mine.push(b);
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            for t in takers {
+                for b in t.join().unwrap() {
+                    assert!(got.insert(b), "block {b} taken twice");
+                }
+            }
+        });
+        assert_eq!(got.into_iter().collect::<Vec<_>>(), (3..9).collect::<Vec<_>>());
+        assert_eq!((ends.left(), ends.take(false), ends.take(true)), (0, None, None));
+        let ends = Ends::new(0, 4);
+        assert_eq!((ends.take(true), ends.take(false), ends.left()), (Some(3), Some(0), 2));
+    }
+}
