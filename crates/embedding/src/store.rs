@@ -23,8 +23,9 @@ use crate::table::{self, TableFiles};
 mod attach;
 mod below;
 mod gather;
+mod reads;
 mod steal;
-pub use gather::GatherTimes;
+pub use reads::GatherTimes;
 #[cfg(feature = "gpu")]
 mod host_rows;
 mod instance;

@@ -14,14 +14,8 @@
 //! wake and 1.5 ms for the caller to run again after the last share, against 0.3 ms of
 //! reading in the longest share (`GatherTimes`, the `timing:` line's reads).
 
+use super::reads::{DenseTable, GatherTimes, AHEAD};
 use super::*;
-
-/// Keys a reader prefetches ahead of the one it copies.
-pub(super) const AHEAD: usize = 16;
-
-/// A dense, untouched table as the readers see it: its rows' bytes, how many rows, and its
-/// default value's bytes (one element) for a key past them.
-pub(super) type DenseTable<'a> = (&'a [u8], usize, Vec<u8>);
 
 /// Whether the readers store each row into the batch's page-locked buffer past the CPU's
 /// caches (`triton_rust_os::copy_streaming`, streaming stores) or through them (plain
@@ -50,36 +44,6 @@ fn shares_a_reader() -> usize {
             .filter(|n| (1..=64).contains(n))
             .unwrap_or(2)
     })
-}
-
-/// How a `gather_dense` call's readers spent its time, added over calls: the wall time, the
-/// latest a share started after the call began (a share waits for a free reader), the longest
-/// share's own time and every share's time summed (busy / wall: readers at work at once).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct GatherTimes {
-    pub calls: u64,
-    pub wall_ns: u64,
-    pub last_start_ns: u64,
-    pub longest_ns: u64,
-    pub busy_ns: u64,
-    pub shares: u64,
-}
-
-impl GatherTimes {
-    fn add(&mut self, o: &GatherTimes) {
-        self.calls += o.calls;
-        self.wall_ns += o.wall_ns;
-        self.last_start_ns += o.last_start_ns;
-        self.longest_ns += o.longest_ns;
-        self.busy_ns += o.busy_ns;
-        self.shares += o.shares;
-    }
-    /// Adds `o`'s times to these.
-    pub fn absorb(&mut self, o: Option<GatherTimes>) {
-        if let Some(o) = o {
-            self.add(&o);
-        }
-    }
 }
 
 impl EmbeddingStore {
@@ -363,6 +327,58 @@ mod tests {
             )
         };
         EmbeddingStore::open(cfg, None).unwrap()
+    }
+
+    /// Read with ends taken by others, every row lands where the fixed shares put it: the same
+    /// rows, defaults, flags and counts, over calls of many sizes (a block's edge, one row).
+    #[test]
+    fn stolen_ends_read_what_fixed_shares_read() {
+        let width = 16;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let bytes: Vec<Vec<u8>> =
+            [900usize, 700].iter().map(|r| (0..r * width).map(|_| rng.gen()).collect()).collect();
+        let tables: Vec<DenseTable> =
+            vec![(&bytes[0], 900, vec![1, 2, 3, 4]), (&bytes[1], 700, vec![9, 8])];
+        let table_of = |i: usize| usize::from(i % 5 >= 3);
+        for n in [1usize, 511, 512, 513, 20_000] {
+            let missed: Vec<i32> = (0..n).map(|_| rng.gen_range(0..50_000)).collect();
+            let keys: Vec<i64> = missed
+                .iter()
+                .map(|&i| rng.gen_range(-3..[905i64, 703][table_of(i as usize)]))
+                .collect();
+            let (mut want, mut want_found) = (vec![7u8; n * width], vec![9u8; n]);
+            let (mut got, mut got_found) = (vec![5u8; n * width], vec![6u8; n]);
+            let t0 = Instant::now();
+            let (want_counts, _) = read_in_shares(
+                &tables,
+                &table_of,
+                &missed,
+                &keys,
+                &mut want,
+                &mut want_found,
+                3,
+                false,
+                t0,
+            )
+            .unwrap();
+            for shares in [1, 3, 64] {
+                let (counts, times) = super::super::steal::read(
+                    &tables,
+                    &table_of,
+                    &missed,
+                    &keys,
+                    &mut got,
+                    &mut got_found,
+                    shares,
+                    t0,
+                )
+                .unwrap();
+                assert!(got == want && got_found == want_found, "{n} rows in {shares} shares");
+                assert_eq!(counts, want_counts, "{n} rows in {shares} shares");
+                assert!(times.shares >= 1 && times.busy_ns >= times.longest_ns);
+            }
+            assert_eq!(want_counts.iter().sum::<usize>(), n);
+        }
     }
 
     /// The plain gather reads what the grouped reads read, row for row, defaults and flags

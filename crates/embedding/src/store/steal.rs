@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::gather::{DenseTable, GatherTimes, AHEAD};
 use super::ns_since;
+use super::reads::{DenseTable, GatherTimes, AHEAD};
 
 /// Rows a block: a claim's cost (one compare-and-swap, one uncontended lock) is under 0.1% of
 /// reading them, and the prefetch pipeline refills once a block.
@@ -165,51 +165,6 @@ pub(super) fn read<'t>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{Rng, SeedableRng};
-
-    /// Read with ends taken by others, every row lands where the fixed shares put it: the same
-    /// rows, defaults, flags and counts, over calls of many sizes (a block's edge, one row).
-    #[test]
-    fn stolen_ends_read_what_fixed_shares_read() {
-        let width = 16;
-        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-        let bytes: Vec<Vec<u8>> =
-            [900usize, 700].iter().map(|r| (0..r * width).map(|_| rng.gen()).collect()).collect();
-        let tables: Vec<DenseTable> =
-            vec![(&bytes[0], 900, vec![1, 2, 3, 4]), (&bytes[1], 700, vec![9, 8])];
-        let table_of = |i: usize| usize::from(i % 5 >= 3);
-        for n in [1usize, 511, 512, 513, 20_000] {
-            let missed: Vec<i32> = (0..n).map(|_| rng.gen_range(0..50_000)).collect();
-            let keys: Vec<i64> = missed
-                .iter()
-                .map(|&i| rng.gen_range(-3..[905i64, 703][table_of(i as usize)]))
-                .collect();
-            let (mut want, mut want_found) = (vec![7u8; n * width], vec![9u8; n]);
-            let (mut got, mut got_found) = (vec![5u8; n * width], vec![6u8; n]);
-            let t0 = Instant::now();
-            let (want_counts, _) = super::super::gather::read_in_shares(
-                &tables,
-                &table_of,
-                &missed,
-                &keys,
-                &mut want,
-                &mut want_found,
-                3,
-                false,
-                t0,
-            )
-            .unwrap();
-            for shares in [1, 3, 64] {
-                let (counts, times) =
-                    read(&tables, &table_of, &missed, &keys, &mut got, &mut got_found, shares, t0)
-                        .unwrap();
-                assert!(got == want && got_found == want_found, "{n} rows in {shares} shares");
-                assert_eq!(counts, want_counts, "{n} rows in {shares} shares");
-                assert!(times.shares >= 1 && times.busy_ns >= times.longest_ns);
-            }
-            assert_eq!(want_counts.iter().sum::<usize>(), n);
-        }
-    }
 
     #[test]
     fn every_block_is_taken_once_from_either_end() {
