@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use super::ns_since;
-use super::reads::{DenseTable, GatherTimes, AHEAD};
+use super::reads::{copy_rows, find_rows, DenseTable, GatherTimes, Src};
 
 /// Rows a block: a claim's cost (one compare-and-swap, one uncontended lock) is under 0.1% of
 /// reading them, and the prefetch pipeline refills once a block.
@@ -89,43 +89,12 @@ pub(super) fn read<'t>(
         .collect();
     let counts = Mutex::new(vec![0usize; 2 * tables.len()]);
     let times = Mutex::new(GatherTimes::default());
-    let read_block = |b: usize, srcs: &mut Vec<(usize, Option<&'t [u8]>)>, mine: &mut [usize]| {
-        let first = b * BLOCK;
-        let last = (first + BLOCK).min(n);
-        srcs.clear();
-        for (&i, &k) in missed[first..last].iter().zip(&keys[first..last]) {
-            let t = table_of(i as usize);
-            let (bytes, count): (&'t [u8], usize) = (tables[t].0, tables[t].1);
-            let src = (0..count as i64)
-                .contains(&k)
-                .then(|| &bytes[k as usize * width..(k as usize + 1) * width]);
-            mine[if src.is_some() { t } else { tables.len() + t }] += 1;
-            srcs.push((t, src));
-        }
-        for src in srcs.iter().take(AHEAD).filter_map(|s| s.1) {
-            triton_rust_os::prefetch(src);
-        }
+    let read_block = |b: usize, srcs: &mut Vec<Src<'t>>, mine: &mut [usize]| {
+        let (first, last) = (b * BLOCK, ((b + 1) * BLOCK).min(n));
+        find_rows(tables, table_of, &missed[first..last], &keys[first..last], width, srcs, mine);
         let mut block = blocks[b].lock().unwrap_or_else(|e| e.into_inner());
         let (out, found) = &mut *block;
-        for (j, ((row, f), (t, src))) in
-            out.chunks_exact_mut(width).zip(found.iter_mut()).zip(srcs.iter()).enumerate()
-        {
-            if let Some((_, Some(ahead))) = srcs.get(j + AHEAD) {
-                triton_rust_os::prefetch(ahead);
-            }
-            match src {
-                Some(src) => {
-                    row.copy_from_slice(src);
-                    *f = 1;
-                }
-                None => {
-                    for e in row.chunks_exact_mut(tables[*t].2.len()) {
-                        e.copy_from_slice(&tables[*t].2);
-                    }
-                    *f = 0;
-                }
-            }
-        }
+        copy_rows(tables, srcs, out, found, width, false);
     };
     let read_share = |s: usize| {
         let started = ns_since(t0);
