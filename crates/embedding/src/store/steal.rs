@@ -6,7 +6,7 @@
 //!
 //! Why: with the crew's members in `SCHED_IDLE` (`triton_rust_os::Crew`), any other thread that
 //! wakes takes a member's core at once; served, a call's longest share then took 2.7-3.1 ms
-//! against 1.2-1.4 ms, and a batch's reads 4.6-5.3 ms against 3.8-4.4
+//! against 1.0-1.4 ms, and a batch's reads 4.6-5.3 ms against 3.6-4.4
 //! (`bench/gpu/results/cache-runs/`, section `idle`). Claims of 512 rows off one cursor for all
 //! (commit eb2b923) had read fewer rows a busy core than fixed shares before.
 //! `TRITON_RUST_READ_STEAL=1` in the server's environment turns it on (read once); off, each
