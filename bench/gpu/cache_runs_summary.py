@@ -336,13 +336,8 @@ def main():
         beside = "alone" if copies == "0" else f"beside the GPU's copies at {gbps if gbps is not None else copies} GB/s up"
         into = f", into the instances' buffers {staged_rate:.1f}" if staged_rate is not None else ""
         print(f"plain gather, steady threads, {beside}, same call (plainbus.{copies}.txt): best {one:.1f} M rows/s{into}")
-    served_like = next((x for x in loaded if x[0] == "20"), None)
-    for n, (r, _) in runs.items():
-        got = misses_read(r["stream"][0])
-        if got and got[0] > 0 and served_like:
-            best = served_like[2] if served_like[2] is not None else served_like[1]
-            print(f"  {n}: rows read from the host {got[1]:.1f} M/s, {got[1] / best:.2f}x the steady gather beside "
-                  f"the bus's copies at the served rate ({best:.1f} M)")
+    # the steady gather beside the bus's copies at the served rate: into the instances' buffers
+    served_like = next((x[2] if x[2] is not None else x[1] for x in loaded if x[0] == "20"), None)
     for n, (r, _) in runs.items():
         got = misses_read(r["stream"][0])
         if got and got[0] > 0:
@@ -351,6 +346,9 @@ def main():
                 versus += f", {got[1] / steady[0]:.2f}x its steady best"
             if staged:
                 versus += f", {got[1] / staged[0]:.2f}x its steady best into {staged[2]} batches' buffers"
+            if served_like:
+                versus += (f"; {got[1] / served_like:.2f}x the steady gather beside the bus's copies at the served "
+                           f"rate ({served_like:.1f} M)")
             print(f"  {n}: misses served {got[0]:.1f} M/s, rows read from the host {got[1]:.1f} M/s{versus}")
             m, hbm = misses_a_pair(r["stream"][0]), hbm_rate(n)
             if m and hbm:

@@ -101,9 +101,9 @@ impl EmbeddingStore {
         let t0 = Instant::now();
         let crew = triton_rust_os::Crew::global();
         let readers = (crew.members() + 1).clamp(1, 16);
-        let (counts, mut share) = if !streaming && super::steal::stealing() {
+        let (counts, mut share) = if super::steal::stealing() {
             let shares = shares_a_reader() * readers;
-            super::steal::read(&tables, table_of, missed, keys, rows, found, shares, t0)
+            super::steal::read(&tables, table_of, missed, keys, rows, found, shares, streaming, t0)
                 .map_err(|why| Error::internal(format!("reading a batch's misses: {why}")))?
         } else {
             read_in_shares(&tables, table_of, missed, keys, rows, found, readers, streaming, t0)?
@@ -151,11 +151,12 @@ pub(super) fn read_in_shares(
     // shares of at least 1,024 rows, about two a reader (the crew and the caller)
     let crew = triton_rust_os::Crew::global();
     let per = n.div_ceil(shares_a_reader() * readers).max(1024);
-    type Share<'a> = (&'a mut [u8], &'a mut [u8], Vec<usize>, GatherTimes);
+    // a share's rows and flags, its counts, and when it started and how long it took (ns)
+    type Share<'a> = (&'a mut [u8], &'a mut [u8], Vec<usize>, (u64, u64));
     let shares: Vec<std::sync::Mutex<Share>> = rows
         .chunks_mut(per * width)
         .zip(found.chunks_mut(per))
-        .map(|(out, found)| std::sync::Mutex::new((out, found, Vec::new(), GatherTimes::default())))
+        .map(|(out, found)| std::sync::Mutex::new((out, found, Vec::new(), (0, 0))))
         .collect();
     let read_share = |c: usize| {
         let started = ns_since(t0);
@@ -172,26 +173,16 @@ pub(super) fn read_in_shares(
         if streaming {
             triton_rust_os::store_fence(); // the rows seen by whoever sees this share done
         }
-        let took = ns_since(t0) - started;
-        *times = GatherTimes {
-            last_start_ns: started,
-            longest_ns: took,
-            busy_ns: took,
-            shares: 1,
-            ..GatherTimes::default()
-        };
+        *times = (started, ns_since(t0) - started);
     };
     crew.run(shares.len(), &read_share)
         .map_err(|why| Error::internal(format!("reading a batch's misses: {why}")))?;
     let mut counts = vec![0usize; 2 * tables.len()];
     let mut share = GatherTimes::default();
     for s in shares {
-        let (_, _, c, t) = s.into_inner().unwrap_or_else(|e| e.into_inner());
+        let (_, _, c, (started, took)) = s.into_inner().unwrap_or_else(|e| e.into_inner());
         counts.iter_mut().zip(c).for_each(|(a, b)| *a += b);
-        share.last_start_ns = share.last_start_ns.max(t.last_start_ns);
-        share.longest_ns = share.longest_ns.max(t.longest_ns);
-        share.busy_ns += t.busy_ns;
-        share.shares += t.shares;
+        share.add_share(started, took);
     }
     Ok((counts, share))
 }
@@ -322,7 +313,8 @@ mod tests {
                 t0,
             )
             .unwrap();
-            for shares in [1, 3, 64] {
+            // streaming stores too, as `TRITON_RUST_MISS_STORES=streaming` has them
+            for (shares, streaming) in [(1, false), (3, true), (64, false)] {
                 let (counts, times) = super::super::steal::read(
                     &tables,
                     &table_of,
@@ -331,6 +323,7 @@ mod tests {
                     &mut got,
                     &mut got_found,
                     shares,
+                    streaming,
                     t0,
                 )
                 .unwrap();

@@ -32,6 +32,14 @@ impl GatherTimes {
         self.busy_ns += o.busy_ns;
         self.shares += o.shares;
     }
+    /// Adds one share's times to a call's: it started `started` ns into the call and took
+    /// `took` ns (the latest start and the longest share kept, the time summed).
+    pub(super) fn add_share(&mut self, started: u64, took: u64) {
+        self.last_start_ns = self.last_start_ns.max(started);
+        self.longest_ns = self.longest_ns.max(took);
+        self.busy_ns += took;
+        self.shares += 1;
+    }
     /// Adds `o`'s times to these.
     pub fn absorb(&mut self, o: Option<GatherTimes>) {
         if let Some(o) = o {

@@ -66,8 +66,9 @@ impl Ends {
 
 /// Reads the rows of `keys` (key j is batch key `missed[j]`, of table `table_of(missed[j])`)
 /// into `rows` and sets `found`, on the crew and the caller, in `shares` shares whose unread
-/// ends others take (see the module's note). Returns each table's rows read, then each table's
-/// defaults (`2 * tables.len()` counts), and the readers' times.
+/// ends others take (see the module's note), each row stored past the CPU's caches with
+/// `streaming`. Returns each table's rows read, then each table's defaults (`2 * tables.len()`
+/// counts), and the readers' times.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn read<'t>(
     tables: &[DenseTable<'t>],
@@ -77,6 +78,7 @@ pub(super) fn read<'t>(
     rows: &mut [u8],
     found: &mut [u8],
     shares: usize,
+    streaming: bool,
     t0: Instant,
 ) -> Result<(Vec<usize>, GatherTimes), String> {
     let n = keys.len();
@@ -94,7 +96,7 @@ pub(super) fn read<'t>(
         find_rows(tables, table_of, &missed[first..last], &keys[first..last], width, srcs, mine);
         let mut block = blocks[b].lock().unwrap_or_else(|e| e.into_inner());
         let (out, found) = &mut *block;
-        copy_rows(tables, srcs, out, found, width, false);
+        copy_rows(tables, srcs, out, found, width, streaming);
     };
     let read_share = |s: usize| {
         let started = ns_since(t0);
@@ -111,6 +113,9 @@ pub(super) fn read<'t>(
                 read_block(b, &mut srcs, &mut mine);
             }
         }
+        if streaming {
+            triton_rust_os::store_fence(); // the rows seen by whoever sees this share done
+        }
         let took = ns_since(t0) - started;
         counts
             .lock()
@@ -118,11 +123,7 @@ pub(super) fn read<'t>(
             .iter_mut()
             .zip(&mine)
             .for_each(|(a, b)| *a += b);
-        let mut t = times.lock().unwrap_or_else(|e| e.into_inner());
-        t.last_start_ns = t.last_start_ns.max(started);
-        t.longest_ns = t.longest_ns.max(took);
-        t.busy_ns += took;
-        t.shares += 1;
+        times.lock().unwrap_or_else(|e| e.into_inner()).add_share(started, took);
     };
     triton_rust_os::Crew::global().run(ends.len(), &read_share)?;
     Ok((
