@@ -315,7 +315,8 @@ for name in ${runs//,/ }; do
     # reader (TRITON_RUST_READ_SHARES; 2 unless set): whether smaller shares shorten the reads when a
     # member in SCHED_IDLE is taken off its core holding one; quietpinsteal...: with a key index, each
     # share's unread end taken by readers with nothing of their own left (TRITON_RUST_READ_STEAL=1,
-    # crates/embedding/src/store/steal.rs)
+    # crates/embedding/src/store/steal.rs); quietpinindexN / quietpinstealN: quietpinindex /
+    # quietpinsteal with N instances (more batches in flight to fill the host's idle moments)
     quietpin*) keys=$(ls /dev/shm/cache_state/*.gpu0.cache_keys 2>/dev/null | head -1)
         more=()
         unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_READ_STEAL
@@ -323,11 +324,13 @@ for name in ${runs//,/ }; do
         quietpinidle*) more=(--cache-key-index on); export TRITON_RUST_READER_NICE=idle ;;
         quietpinasis*) more=(--cache-key-index on); export TRITON_RUST_READER_NICE=0 ;;
         quietpinshares[0-9]*) more=(--cache-key-index on); export TRITON_RUST_READ_SHARES=${base#quietpinshares} ;;
+        quietpinsteal[0-9]*) more=(--cache-key-index on --instances "${base#quietpinsteal}"); export TRITON_RUST_READ_STEAL=1 ;;
         quietpinsteal*) more=(--cache-key-index on); export TRITON_RUST_READ_STEAL=1 ;;
         quietpinlast[0-9]*) more=(--cache-key-index on); export TRITON_RUST_LAST_PART=${base#quietpinlast} ;;
         quietpinr[0-9]*) more=(--cache-key-index on); export TRITON_RUST_READERS=${base#quietpinr} ;;
         quietpin270) more=(--stream-pairs 270 --stream-concurrency 256) ;;
         quietpinindex) more=(--cache-key-index on) ;;
+        quietpinindex[0-9]*) more=(--cache-key-index on --instances "${base#quietpinindex}") ;;
         quietpinboth) more=(--miss-reads both) ;;
         quietpinb32) more=(--max-batch 32768 --graph-batches 8192,16384,24576,32768 --stream-concurrency 48) ;;
         quietpin[0-9]*) more=(--instances "${base#quietpin}") ;;
