@@ -316,16 +316,21 @@ for name in ${runs//,/ }; do
     # member in SCHED_IDLE is taken off its core holding one; quietpinsteal...: with a key index, each
     # share's unread end taken by readers with nothing of their own left (TRITON_RUST_READ_STEAL=1,
     # crates/embedding/src/store/steal.rs); quietpinindexN / quietpinstealN: quietpinindex /
-    # quietpinsteal with N instances (more batches in flight to fill the host's idle moments)
+    # quietpinsteal with N instances (more batches in flight to fill the host's idle moments);
+    # quietpinyieldN / quietpinblockN: quietpinindexN with every CUDA wait yielding its core or
+    # asleep (TRITON_RUST_CUDA_SCHED): whether the readers in SCHED_IDLE get the cores the
+    # instances' spinning waits for the GPU held (8 instances: torch-gpu 2.7 cores, 2026-12-02)
     quietpin*) keys=$(ls /dev/shm/cache_state/*.gpu0.cache_keys 2>/dev/null | head -1)
         more=()
-        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_READ_STEAL
+        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_READ_STEAL TRITON_RUST_CUDA_SCHED
         case "$base" in
         quietpinidle*) more=(--cache-key-index on); export TRITON_RUST_READER_NICE=idle ;;
         quietpinasis*) more=(--cache-key-index on); export TRITON_RUST_READER_NICE=0 ;;
         quietpinshares[0-9]*) more=(--cache-key-index on); export TRITON_RUST_READ_SHARES=${base#quietpinshares} ;;
         quietpinsteal[0-9]*) more=(--cache-key-index on --instances "${base#quietpinsteal}"); export TRITON_RUST_READ_STEAL=1 ;;
         quietpinsteal*) more=(--cache-key-index on); export TRITON_RUST_READ_STEAL=1 ;;
+        quietpinyield[0-9]*) more=(--cache-key-index on --instances "${base#quietpinyield}"); export TRITON_RUST_CUDA_SCHED=yield ;;
+        quietpinblock[0-9]*) more=(--cache-key-index on --instances "${base#quietpinblock}"); export TRITON_RUST_CUDA_SCHED=block ;;
         quietpinlast[0-9]*) more=(--cache-key-index on); export TRITON_RUST_LAST_PART=${base#quietpinlast} ;;
         quietpinr[0-9]*) more=(--cache-key-index on); export TRITON_RUST_READERS=${base#quietpinr} ;;
         quietpin270) more=(--stream-pairs 270 --stream-concurrency 256) ;;
@@ -339,7 +344,7 @@ for name in ${runs//,/ }; do
         TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run "$base" --cache 0.1 --stream-warm-passes 4 \
             --host-memory auto --cache-policy pinned --cache-pinned-keys "$keys" "${more[@]}"
         grep -h "gpucache_pinned_keys" /tmp/dlrm_v2/server.log | cut -c1-220 >> "$out/$base.log"; fi
-        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_READ_STEAL ;;
+        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_READ_STEAL TRITON_RUST_CUDA_SCHED ;;
     cold) run cold --cache 0.1 --stream-warm-passes 1 --stream-seconds 30 --host-memory auto ;;
     *) echo "unknown run: $name" >&2; rc=1 ;;
     esac
