@@ -317,11 +317,13 @@ for name in ${runs//,/ }; do
     # share's unread end taken by readers with nothing of their own left (TRITON_RUST_READ_STEAL=1,
     # crates/embedding/src/store/steal.rs); quietpinindexN / quietpinstealN: quietpinindex /
     # quietpinsteal with N instances (more batches in flight to fill the host's idle moments);
+    # pindefaultsN: quietpinindexN with the server's defaults (its waits spinning): what a user
+    # gets without the two knobs, against quietpinindexN in the same call;
     # quietpinyieldN / quietpinblockN: quietpinindexN with every CUDA wait yielding its core or
     # asleep (TRITON_RUST_CUDA_SCHED): whether the readers in SCHED_IDLE get the cores the
     # instances' spinning waits for the GPU held (8 instances: torch-gpu 2.7 cores, 2026-12-02)
-    quietpin*) keys=$(ls /dev/shm/cache_state/*.gpu0.cache_keys 2>/dev/null | head -1)
-        more=()
+    quietpin*|pindefaults[0-9]*) keys=$(ls /dev/shm/cache_state/*.gpu0.cache_keys 2>/dev/null | head -1)
+        more=(); quiet=(TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0)
         unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_READ_STEAL TRITON_RUST_CUDA_SCHED
         case "$base" in
         quietpinidle*) more=(--cache-key-index on); export TRITON_RUST_READER_NICE=idle ;;
@@ -339,10 +341,13 @@ for name in ${runs//,/ }; do
         quietpinboth) more=(--miss-reads both) ;;
         quietpinb32) more=(--max-batch 32768 --graph-batches 8192,16384,24576,32768 --stream-concurrency 48) ;;
         quietpin[0-9]*) more=(--instances "${base#quietpin}") ;;
+        pindefaults[0-9]*) more=(--cache-key-index on --instances "${base#pindefaults}"); quiet=() ;;
         esac
         if [ -z "$keys" ]; then echo "$base: no saved keys (run quietsaved first)" >&2; rc=1; else
-        TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run "$base" --cache 0.1 --stream-warm-passes 4 \
+        [ ${#quiet[@]} -gt 0 ] && export "${quiet[@]}"
+        run "$base" --cache 0.1 --stream-warm-passes 4 \
             --host-memory auto --cache-policy pinned --cache-pinned-keys "$keys" "${more[@]}"
+        unset TRITON_RUST_TORCH_SPIN TRITON_RUST_READER_SPIN_US
         grep -h "gpucache_pinned_keys" /tmp/dlrm_v2/server.log | cut -c1-220 >> "$out/$base.log"; fi
         unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_READ_STEAL TRITON_RUST_CUDA_SCHED ;;
     cold) run cold --cache 0.1 --stream-warm-passes 1 --stream-seconds 30 --host-memory auto ;;
