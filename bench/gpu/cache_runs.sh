@@ -322,9 +322,11 @@ for name in ${runs//,/ }; do
     # quietpinyieldN / quietpinblockN: quietpinindexN with every CUDA wait yielding its core or
     # asleep (TRITON_RUST_CUDA_SCHED): whether the readers in SCHED_IDLE get the cores the
     # instances' spinning waits for the GPU held (8 instances: torch-gpu 2.7 cores, 2026-12-02)
+    # quietpinpollN: quietpinindexN with the network's wait asking its event every 20 us, asleep
+    # between (TRITON_RUST_GPU_WAIT=poll): those cores for the readers, the lookups' waits spinning
     quietpin*|pindefaults[0-9]*) keys=$(ls /dev/shm/cache_state/*.gpu0.cache_keys 2>/dev/null | head -1)
         more=(); quiet=(TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0)
-        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_READ_STEAL TRITON_RUST_CUDA_SCHED
+        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_READ_STEAL TRITON_RUST_CUDA_SCHED TRITON_RUST_GPU_WAIT
         case "$base" in
         quietpinidle*) more=(--cache-key-index on); export TRITON_RUST_READER_NICE=idle ;;
         quietpinasis*) more=(--cache-key-index on); export TRITON_RUST_READER_NICE=0 ;;
@@ -333,6 +335,7 @@ for name in ${runs//,/ }; do
         quietpinsteal*) more=(--cache-key-index on); export TRITON_RUST_READ_STEAL=1 ;;
         quietpinyield[0-9]*) more=(--cache-key-index on --instances "${base#quietpinyield}"); export TRITON_RUST_CUDA_SCHED=yield ;;
         quietpinblock[0-9]*) more=(--cache-key-index on --instances "${base#quietpinblock}"); export TRITON_RUST_CUDA_SCHED=block ;;
+        quietpinpoll[0-9]*) more=(--cache-key-index on --instances "${base#quietpinpoll}"); export TRITON_RUST_GPU_WAIT=poll ;;
         quietpinlast[0-9]*) more=(--cache-key-index on); export TRITON_RUST_LAST_PART=${base#quietpinlast} ;;
         quietpinr[0-9]*) more=(--cache-key-index on); export TRITON_RUST_READERS=${base#quietpinr} ;;
         quietpin270) more=(--stream-pairs 270 --stream-concurrency 256) ;;
@@ -349,7 +352,7 @@ for name in ${runs//,/ }; do
             --host-memory auto --cache-policy pinned --cache-pinned-keys "$keys" "${more[@]}"
         unset TRITON_RUST_TORCH_SPIN TRITON_RUST_READER_SPIN_US
         grep -h "gpucache_pinned_keys" /tmp/dlrm_v2/server.log | cut -c1-220 >> "$out/$base.log"; fi
-        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_READ_STEAL TRITON_RUST_CUDA_SCHED ;;
+        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_READ_STEAL TRITON_RUST_CUDA_SCHED TRITON_RUST_GPU_WAIT ;;
     cold) run cold --cache 0.1 --stream-warm-passes 1 --stream-seconds 30 --host-memory auto ;;
     *) echo "unknown run: $name" >&2; rc=1 ;;
     esac

@@ -3,6 +3,13 @@
 // stream, directly or through a CUDA graph (graphs.cpp); each output handed to the sink.
 #include "runtime.h"
 
+#include <sys/prctl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
 using namespace tra;
 
 #ifdef TRA_CUDA
@@ -21,23 +28,55 @@ at::Tensor pinned_view(std::vector<at::Tensor>& bufs, size_t i, at::IntArrayRef 
   return at::from_blob(buf.data_ptr(), shape, at::TensorOptions().dtype(type));
 }
 
-// Waits for the instance's stream: spinning on it (CUDA's choice for a GPU with cores to
-// spare), or asleep on an event made to block (`TRITON_RUST_GPU_WAIT=block`, read once),
-// which gives the core to other threads (the store's readers) while the network runs.
-void wait_for_stream(Model& m) {
-  static const bool asleep = [] {
+// How a run waits for the instance's stream (`TRITON_RUST_GPU_WAIT`, read once): unset, spinning
+// on it (CUDA's choice for a GPU with cores to spare); `block`, asleep on an event made to block,
+// which gives the core to other threads (the store's readers) while the network runs; `poll` or
+// `poll:US`, the event asked every US microseconds (default 20, 1 to 1000), the thread asleep
+// between asks with a timer slack of 1 us, so a reader in SCHED_IDLE has the core between asks
+// and the wait ends at most US (plus a wake-up) after the network. `block` served 1.01x spinning
+// with 8 instances at a 10% cache (one H200, bench/gpu/results/cache-runs/, `eight`); `poll` is
+// not yet measured on a GPU (cache_runs.sh quietpinpollN).
+struct GpuWait {
+  enum Mode { spin, block, poll } mode = spin;
+  long us = 20;
+};
+
+GpuWait gpu_wait() {
+  static const GpuWait set = [] {
+    GpuWait w;
     const char* v = std::getenv("TRITON_RUST_GPU_WAIT");
-    return v != nullptr && std::string(v) == "block";
+    std::string s = v == nullptr ? "" : v;
+    if (s == "block") w.mode = GpuWait::block;
+    if (s == "poll" || s.rfind("poll:", 0) == 0) {
+      w.mode = GpuWait::poll;
+      if (s.size() > 5) w.us = std::min(1000L, std::max(1L, std::atol(s.c_str() + 5)));
+    }
+    return w;
   }();
-  if (!asleep) {
+  return set;
+}
+
+void wait_for_stream(Model& m) {
+  const GpuWait w = gpu_wait();
+  if (w.mode == GpuWait::spin) {
     m.stream->synchronize();
     return;
   }
   // made once per instance (a run at a time uses it; freed with the model)
   cudaError_t e = cudaSuccess;
-  if (m.asleep == nullptr) e = cudaEventCreateWithFlags(&m.asleep, cudaEventBlockingSync | cudaEventDisableTiming);
+  if (m.asleep == nullptr) {
+    unsigned flags = cudaEventDisableTiming | (w.mode == GpuWait::block ? cudaEventBlockingSync : 0u);
+    e = cudaEventCreateWithFlags(&m.asleep, flags);
+  }
   if (e == cudaSuccess) e = cudaEventRecord(m.asleep, m.stream->stream());
-  if (e == cudaSuccess) e = cudaEventSynchronize(m.asleep);
+  if (e == cudaSuccess && w.mode == GpuWait::block) e = cudaEventSynchronize(m.asleep);
+  if (e == cudaSuccess && w.mode == GpuWait::poll) {
+    thread_local const bool slack = prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL) == 0;
+    (void)slack;
+    while ((e = cudaEventQuery(m.asleep)) == cudaErrorNotReady) {
+      std::this_thread::sleep_for(std::chrono::microseconds(w.us));
+    }
+  }
   if (e != cudaSuccess) throw std::runtime_error(std::string("waiting for the instance's stream: ") + cudaGetErrorString(e));
 }
 

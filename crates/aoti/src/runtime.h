@@ -143,7 +143,8 @@ struct Model {
   std::vector<at::Tensor> host_in, host_out;
   // the events that time a replay's copies and graph on the GPU, made at the first run asking
   cudaEvent_t events[3] = {nullptr, nullptr, nullptr};
-  // the event a run waits on asleep (TRITON_RUST_GPU_WAIT=block), made at the first such run
+  // the event a run waits on asleep or asks (TRITON_RUST_GPU_WAIT=block or poll), made at the
+  // first such run
   cudaEvent_t asleep = nullptr;
 #endif
 };
