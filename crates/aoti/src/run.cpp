@@ -33,9 +33,10 @@ at::Tensor pinned_view(std::vector<at::Tensor>& bufs, size_t i, at::IntArrayRef 
 // which gives the core to other threads (the store's readers) while the network runs; `poll` or
 // `poll:US`, the event asked every US microseconds (default 20, 1 to 1000), the thread asleep
 // between asks with a timer slack of 1 us, so a reader in SCHED_IDLE has the core between asks
-// and the wait ends at most US (plus a wake-up) after the network. `block` served 1.01x spinning
-// with 8 instances at a 10% cache (one H200, bench/gpu/results/cache-runs/, `eight`); `poll` is
-// not yet measured on a GPU (cache_runs.sh quietpinpollN).
+// and the wait ends at most US (plus a wake-up) after the network. Every CUDA wait of the process
+// asleep (TRITON_RUST_CUDA_SCHED=block, the lookups' too) served 1.01x spinning with 8 instances
+// at a 10% cache, each network run longer (one H200, bench/gpu/results/cache-runs/, `eight`);
+// `poll` is not yet measured on a GPU (cache_runs.sh quietpinpollN).
 struct GpuWait {
   enum Mode { spin, block, poll } mode = spin;
   long us = 20;
