@@ -322,6 +322,8 @@ for name in ${runs//,/ }; do
     # quietpinyieldN / quietpinblockN: quietpinindexN with every CUDA wait yielding its core or
     # asleep (TRITON_RUST_CUDA_SCHED): whether the readers in SCHED_IDLE get the cores the
     # instances' spinning waits for the GPU held (8 instances: torch-gpu 2.7 cores, 2026-12-02)
+    # quietpinbothN: quietpinindexN with the GPU reading a share of the misses in place beside the
+    # host's readers (the host's cores are what the reads lack; the GPU is idle 36-53% at 8 instances);
     # quietpinpollN: quietpinindexN with the network's wait asking its event every 20 us, asleep
     # between (TRITON_RUST_GPU_WAIT=poll): those cores for the readers, the lookups' waits spinning
     quietpin*|pindefaults[0-9]*) keys=$(ls /dev/shm/cache_state/*.gpu0.cache_keys 2>/dev/null | head -1)
@@ -342,6 +344,7 @@ for name in ${runs//,/ }; do
         quietpinindex) more=(--cache-key-index on) ;;
         quietpinindex[0-9]*) more=(--cache-key-index on --instances "${base#quietpinindex}") ;;
         quietpinboth) more=(--miss-reads both) ;;
+        quietpinboth[0-9]*) more=(--miss-reads both --cache-key-index on --instances "${base#quietpinboth}") ;;
         quietpinb32) more=(--max-batch 32768 --graph-batches 8192,16384,24576,32768 --stream-concurrency 48) ;;
         quietpin[0-9]*) more=(--instances "${base#quietpin}") ;;
         pindefaults[0-9]*) more=(--cache-key-index on --instances "${base#pindefaults}"); quiet=() ;;
