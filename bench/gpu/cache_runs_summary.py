@@ -178,6 +178,16 @@ def reading_cores(stream):
     return busy * 1e-6 * batches, read / (busy * 1e-6) / 1e6
 
 
+def crew_cpu(stream):
+    """(the reader crew's members' CPU in cores, the instances' threads', the network's threads')
+    of a served stream, from its CPU line's threads by kind (`reader`, `tritonserver`,
+    `torch-gpu`; a kind not listed counts 0); None without the reader crew among them."""
+    kinds = dict((k, c) for k, c in (stream.get("cpu") or {}).get("threads_by_kind", []))
+    if "reader" not in kinds:
+        return None
+    return kinds["reader"], kinds.get("tritonserver", 0.0), kinds.get("torch-gpu", 0.0)
+
+
 def queue_busy(stream):
     """(share of the time the caches' queue was held, its lookup ms, its fill ms a batch) of a
     served stream: the `queue lookup` and `queue fill` medians (GPU time by events, a run under
@@ -360,6 +370,12 @@ def main():
             if cores:
                 per = f" against the batched plain gather's {plain[0] / threads:.2f} M a thread ({threads} threads)" if plain and threads else ""
                 print(f"  {n}: its readers busy {cores:.1f} cores on average, {each:.2f} M rows/s a busy core{per}")
+                crew = crew_cpu(r["stream"][0])
+                if crew:
+                    print(f"  {n}: CPU: the crew's members {crew[0]:.1f} cores (the shares' wall time {cores:.1f}: "
+                          f"{max(0.0, 1 - crew[0] / cores):.0%} of it off their cores or read by the callers), "
+                          f"the instances' threads {crew[1]:.1f} (reading their own shares among the rest), "
+                          f"the network's threads {crew[2]:.1f}")
                 against = per_core_against_steady(each, cores, steady_per_thread(folder))
                 if against:
                     print(f"  {n}: a busy reader core {against[0]:.2f}x a steady plain-gather thread at "

@@ -74,6 +74,16 @@ def test_reading_cores_from_a_served_streams_medians():
     assert crs.reading_cores({"pairs_per_s": 1.0, "timing": {}}) is None
 
 
+def test_the_crews_cpu_from_a_served_streams_threads_by_kind():
+    import cache_runs_summary as crs
+    cpu = {"threads_by_kind": [["reader", 7.6], ["tritonserver", 3.5], ["torch-gpu", 2.5], ["complete dlrm_v", 0.0]]}
+    assert crs.crew_cpu({"cpu": cpu}) == (7.6, 3.5, 2.5)
+    cpu["threads_by_kind"] = [["reader", 5.0]]
+    assert crs.crew_cpu({"cpu": cpu}) == (5.0, 0.0, 0.0), "a kind not listed took nothing"
+    assert crs.crew_cpu({"cpu": {"threads_by_kind": [["tritonserver", 12.1]]}}) is None, "all in HBM: no crew"
+    assert crs.crew_cpu({}) is None
+
+
 def test_rows_the_gpu_read_in_place_are_not_the_host_threads():
     import cache_runs_summary as crs
     # a batch of 170,000 misses, 35,000 of them read by the GPU in place: the host threads read
