@@ -313,10 +313,8 @@ for name in ${runs//,/ }; do
     # the default from 2026-12-02); quietpinasis...: the members at the callers' priority
     # (TRITON_RUST_READER_NICE=0, the rule before); quietpinsharesN: with a key index, N shares a
     # reader (TRITON_RUST_READ_SHARES; 2 unless set): whether smaller shares shorten the reads when a
-    # member in SCHED_IDLE is taken off its core holding one; quietpinsteal...: with a key index, each
-    # share's unread end taken by readers with nothing of their own left (TRITON_RUST_READ_STEAL=1,
-    # crates/embedding/src/store/steal.rs); quietpinindexN / quietpinstealN: quietpinindex /
-    # quietpinsteal with N instances (more batches in flight to fill the host's idle moments);
+    # member in SCHED_IDLE is taken off its core holding one; quietpinindexN: quietpinindex with N
+    # instances (more batches in flight to fill the host's idle moments);
     # pindefaultsN: quietpinindexN with the server's defaults (its waits spinning): what a user
     # gets without the two knobs, against quietpinindexN in the same call;
     # quietpinyieldN / quietpinblockN: quietpinindexN with every CUDA wait yielding its core or
@@ -328,13 +326,11 @@ for name in ${runs//,/ }; do
     # between (TRITON_RUST_GPU_WAIT=poll): those cores for the readers, the lookups' waits spinning
     quietpin*|pindefaults[0-9]*) keys=$(ls /dev/shm/cache_state/*.gpu0.cache_keys 2>/dev/null | head -1)
         more=(); quiet=(TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0)
-        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_READ_STEAL TRITON_RUST_CUDA_SCHED TRITON_RUST_GPU_WAIT
+        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_CUDA_SCHED TRITON_RUST_GPU_WAIT
         case "$base" in
         quietpinidle*) more=(--cache-key-index on); export TRITON_RUST_READER_NICE=idle ;;
         quietpinasis*) more=(--cache-key-index on); export TRITON_RUST_READER_NICE=0 ;;
         quietpinshares[0-9]*) more=(--cache-key-index on); export TRITON_RUST_READ_SHARES=${base#quietpinshares} ;;
-        quietpinsteal[0-9]*) more=(--cache-key-index on --instances "${base#quietpinsteal}"); export TRITON_RUST_READ_STEAL=1 ;;
-        quietpinsteal*) more=(--cache-key-index on); export TRITON_RUST_READ_STEAL=1 ;;
         quietpinyield[0-9]*) more=(--cache-key-index on --instances "${base#quietpinyield}"); export TRITON_RUST_CUDA_SCHED=yield ;;
         quietpinblock[0-9]*) more=(--cache-key-index on --instances "${base#quietpinblock}"); export TRITON_RUST_CUDA_SCHED=block ;;
         quietpinpoll[0-9]*) more=(--cache-key-index on --instances "${base#quietpinpoll}"); export TRITON_RUST_GPU_WAIT=poll ;;
@@ -348,14 +344,16 @@ for name in ${runs//,/ }; do
         quietpinb32) more=(--max-batch 32768 --graph-batches 8192,16384,24576,32768 --stream-concurrency 48) ;;
         quietpin[0-9]*) more=(--instances "${base#quietpin}") ;;
         pindefaults[0-9]*) more=(--cache-key-index on --instances "${base#pindefaults}"); quiet=() ;;
+        quietpin) ;;
+        *) echo "unknown run: $name" >&2; rc=1; base="" ;;
         esac
-        if [ -z "$keys" ]; then echo "$base: no saved keys (run quietsaved first)" >&2; rc=1; else
+        if [ -z "$base" ]; then :; elif [ -z "$keys" ]; then echo "$base: no saved keys (run quietsaved first)" >&2; rc=1; else
         [ ${#quiet[@]} -gt 0 ] && export "${quiet[@]}"
         run "$base" --cache 0.1 --stream-warm-passes 4 \
             --host-memory auto --cache-policy pinned --cache-pinned-keys "$keys" "${more[@]}"
         unset TRITON_RUST_TORCH_SPIN TRITON_RUST_READER_SPIN_US
         grep -h "gpucache_pinned_keys" /tmp/dlrm_v2/server.log | cut -c1-220 >> "$out/$base.log"; fi
-        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_READ_STEAL TRITON_RUST_CUDA_SCHED TRITON_RUST_GPU_WAIT ;;
+        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_CUDA_SCHED TRITON_RUST_GPU_WAIT ;;
     cold) run cold --cache 0.1 --stream-warm-passes 1 --stream-seconds 30 --host-memory auto ;;
     *) echo "unknown run: $name" >&2; rc=1 ;;
     esac

@@ -24,7 +24,6 @@ mod attach;
 mod below;
 mod gather;
 mod reads;
-mod steal;
 pub use reads::GatherTimes;
 #[cfg(feature = "gpu")]
 mod host_rows;

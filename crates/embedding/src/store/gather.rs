@@ -101,13 +101,8 @@ impl EmbeddingStore {
         let t0 = Instant::now();
         let crew = triton_rust_os::Crew::global();
         let readers = (crew.members() + 1).clamp(1, 16);
-        let (counts, mut share) = if super::steal::stealing() {
-            let shares = shares_a_reader() * readers;
-            super::steal::read(&tables, table_of, missed, keys, rows, found, shares, streaming, t0)
-                .map_err(|why| Error::internal(format!("reading a batch's misses: {why}")))?
-        } else {
-            read_in_shares(&tables, table_of, missed, keys, rows, found, readers, streaming, t0)?
-        };
+        let (counts, mut share) =
+            read_in_shares(&tables, table_of, missed, keys, rows, found, readers, streaming, t0)?;
         let ns = ns_since(t0);
         if let Some(times) = times {
             share.calls = 1;
@@ -279,60 +274,6 @@ mod tests {
             )
         };
         EmbeddingStore::open(cfg, None).unwrap()
-    }
-
-    /// Read with ends taken by others, every row lands where the fixed shares put it: the same
-    /// rows, defaults, flags and counts, over calls of many sizes (a block's edge, one row).
-    #[test]
-    fn stolen_ends_read_what_fixed_shares_read() {
-        let width = 16;
-        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-        let bytes: Vec<Vec<u8>> =
-            [900usize, 700].iter().map(|r| (0..r * width).map(|_| rng.gen()).collect()).collect();
-        let tables: Vec<DenseTable> =
-            vec![(&bytes[0], 900, vec![1, 2, 3, 4]), (&bytes[1], 700, vec![9, 8])];
-        let table_of = |i: usize| usize::from(i % 5 >= 3);
-        for n in [1usize, 511, 512, 513, 20_000] {
-            let missed: Vec<i32> = (0..n).map(|_| rng.gen_range(0..50_000)).collect();
-            let keys: Vec<i64> = missed
-                .iter()
-                .map(|&i| rng.gen_range(-3..[905i64, 703][table_of(i as usize)]))
-                .collect();
-            let (mut want, mut want_found) = (vec![7u8; n * width], vec![9u8; n]);
-            let (mut got, mut got_found) = (vec![5u8; n * width], vec![6u8; n]);
-            let t0 = Instant::now();
-            let (want_counts, _) = read_in_shares(
-                &tables,
-                &table_of,
-                &missed,
-                &keys,
-                &mut want,
-                &mut want_found,
-                3,
-                false,
-                t0,
-            )
-            .unwrap();
-            // streaming stores too, as `TRITON_RUST_MISS_STORES=streaming` has them
-            for (shares, streaming) in [(1, false), (3, true), (64, false)] {
-                let (counts, times) = super::super::steal::read(
-                    &tables,
-                    &table_of,
-                    &missed,
-                    &keys,
-                    &mut got,
-                    &mut got_found,
-                    shares,
-                    streaming,
-                    t0,
-                )
-                .unwrap();
-                assert!(got == want && got_found == want_found, "{n} rows in {shares} shares");
-                assert_eq!(counts, want_counts, "{n} rows in {shares} shares");
-                assert!(times.shares >= 1 && times.busy_ns >= times.longest_ns);
-            }
-            assert_eq!(want_counts.iter().sum::<usize>(), n);
-        }
     }
 
     /// The plain gather reads what the grouped reads read, row for row, defaults and flags

@@ -1,5 +1,7 @@
-//! What the miss path's two ways of sharing a call's reads among the reader crew share
-//! (`gather.rs`: fixed shares, each read whole; `steal.rs`: shares whose unread ends others take).
+//! A call's misses found and copied, share by share (`gather.rs` cuts the call into fixed shares
+//! that the reader crew reads). Shares whose unread ends other readers take (blocks of 512 rows,
+//! `TRITON_RUST_READ_STEAL`, commit c6cca4e) served 0.85x these on one H200 and were taken out
+//! (`bench/gpu/results/cache-runs/`, section `eight`).
 
 /// Keys a reader prefetches ahead of the one it copies.
 const AHEAD: usize = 16;
@@ -10,9 +12,7 @@ pub(super) type DenseTable<'a> = (&'a [u8], usize, Vec<u8>);
 
 /// How a `gather_dense` call's readers spent its time, added over calls: the wall time, the
 /// latest a share started after the call began (a share waits for a free reader), the longest
-/// share's own time and every share's time summed (busy / wall: readers at work at once). With
-/// the ends taken by others (`steal.rs`) a share's time is its reader's whole time in the call,
-/// the blocks it took from others' shares included.
+/// share's own time and every share's time summed (busy / wall: readers at work at once).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GatherTimes {
     pub calls: u64,
