@@ -184,7 +184,7 @@ for name in ${runs//,/ }; do
           rm -rf /dev/shm/miss_reads ;;
     hbm) run hbm --cache 1.0 --stream-warm-passes 2 ;;
     # hbmN: every row in HBM on N instances, the reference the summary holds runs ending in N against
-    hbm[0-9]*) run "$name" --cache 1.0 --stream-warm-passes 2 --instances "${name#hbm}" ;;
+    hbm[0-9]*) run "$base" --cache 1.0 --stream-warm-passes 2 --instances "${base#hbm}" ;;
     mapped) run mapped --cache 0.1 --stream-warm-passes 20 --host-memory mapped ;;
     huge) run huge --cache 0.1 --stream-warm-passes 20 --host-memory huge_pages ;;
     huge12) run huge12 --cache 0.1 --stream-warm-passes 20 --host-memory huge_pages --instances 12 ;;
