@@ -317,8 +317,11 @@ for name in ${runs//,/ }; do
     # reader (TRITON_RUST_READ_SHARES; 2 unless set): whether smaller shares shorten the reads when a
     # member in SCHED_IDLE is taken off its core holding one; quietpinindexN: quietpinindex with N
     # instances (more batches in flight to fill the host's idle moments);
-    # pindefaultsN: quietpinindexN with the server's defaults (its waits spinning): what a user
-    # gets without the two knobs, against quietpinindexN in the same call;
+    # pindefaultsN: quietpinindexN with the server's defaults: what a user gets without the two
+    # knobs, against quietpinindexN in the same call (since 2026-12-02 the defaults sleep where
+    # quiet sets them to: the network's hand-over asleep when host threads read the misses,
+    # the reader crew watching for nothing); pinspinN: quietpinindexN with the defaults before
+    # that, spinning (TRITON_RUST_TORCH_SPIN=both, TRITON_RUST_READER_SPIN_US=300);
     # quietpinyieldN / quietpinblockN: quietpinindexN with every CUDA wait yielding its core or
     # asleep (TRITON_RUST_CUDA_SCHED): whether the readers in SCHED_IDLE get the cores the
     # instances' spinning waits for the GPU held (8 instances: torch-gpu 2.7 cores, 2026-12-02)
@@ -326,7 +329,7 @@ for name in ${runs//,/ }; do
     # host's readers (the host's cores are what the reads lack; the GPU is idle 36-53% at 8 instances);
     # quietpinpollN: quietpinindexN with the network's wait asking its event every 20 us, asleep
     # between (TRITON_RUST_GPU_WAIT=poll): those cores for the readers, the lookups' waits spinning
-    quietpin*|pindefaults[0-9]*) keys=$(ls /dev/shm/cache_state/*.gpu0.cache_keys 2>/dev/null | head -1)
+    quietpin*|pindefaults[0-9]*|pinspin[0-9]*) keys=$(ls /dev/shm/cache_state/*.gpu0.cache_keys 2>/dev/null | head -1)
         more=(); quiet=(TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0)
         unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_CUDA_SCHED TRITON_RUST_GPU_WAIT
         case "$base" in
@@ -346,6 +349,8 @@ for name in ${runs//,/ }; do
         quietpinb32) more=(--max-batch 32768 --graph-batches 8192,16384,24576,32768 --stream-concurrency 48) ;;
         quietpin[0-9]*) more=(--instances "${base#quietpin}") ;;
         pindefaults[0-9]*) more=(--cache-key-index on --instances "${base#pindefaults}"); quiet=() ;;
+        pinspin[0-9]*) more=(--cache-key-index on --instances "${base#pinspin}")
+            quiet=(TRITON_RUST_TORCH_SPIN=both TRITON_RUST_READER_SPIN_US=300) ;;
         quietpin) ;;
         *) echo "unknown run: $name" >&2; rc=1; base="" ;;
         esac

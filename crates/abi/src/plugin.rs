@@ -269,6 +269,27 @@ pub struct LoadSpec<'a> {
     pub cuda_graphs: Option<&'a [i64]>,
     /// The buckets are the exact rows of the requests to graph (a model without batching).
     pub graph_exact_rows: bool,
+    /// How a GPU instance's thread and the plugin's worker wait for each other (the model's
+    /// `gpu_hand_over`); None: the plugin's default.
+    pub hand_over: Option<crate::worker::HandOver>,
+}
+
+/// The model parameter saying how a GPU instance's thread and the plugin's worker wait for
+/// each other (TorchScript and AOTInductor models, and a recommender's network).
+pub const HAND_OVER_PARAM: &str = "gpu_hand_over";
+
+/// `gpu_hand_over`'s value: `spin` or `asleep`; None when not given.
+pub fn hand_over(text: Option<&str>) -> Result<Option<crate::worker::HandOver>> {
+    use crate::worker::HandOver;
+    match text.map(|t| t.trim().to_ascii_lowercase()).as_deref() {
+        None | Some("") => Ok(None),
+        Some("spin") => Ok(Some(HandOver::Spin)),
+        Some("asleep") => Ok(Some(HandOver::Asleep)),
+        Some(_) => Err(Error::invalid_arg(format!(
+            "parameter '{HAND_OVER_PARAM}' = '{}': expected 'spin' (the instance's thread and its worker spin for each other first) or 'asleep'",
+            text.unwrap_or_default()
+        ))),
+    }
 }
 
 /// The plugin's log lines go to the backend's log (Triton's).
@@ -348,6 +369,11 @@ impl Plugin {
             graph_exact_rows: spec.graph_exact_rows as i32,
             log: Some(plugin_log),
             verbose: log::log_enabled!(log::Level::Debug) as i32,
+            hand_over: match spec.hand_over {
+                None => abi::HAND_OVER_DEFAULT,
+                Some(crate::worker::HandOver::Spin) => abi::HAND_OVER_SPIN,
+                Some(crate::worker::HandOver::Asleep) => abi::HAND_OVER_ASLEEP,
+            },
         };
         let mut err = std::ptr::null_mut();
         // SAFETY: opts and its strings outlive the call.

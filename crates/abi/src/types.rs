@@ -3,8 +3,14 @@
 
 use std::os::raw::{c_char, c_int, c_void};
 
-/// 9: the table split into a core every plugin fills and the AOTInductor extension.
-pub const ABI_VERSION: u32 = 9;
+/// 10: [`LoadOptions::hand_over`]. 9: the table split into a core every plugin fills and the
+/// AOTInductor extension.
+pub const ABI_VERSION: u32 = 10;
+
+/// [`LoadOptions::hand_over`]: the plugin's default (spinning), spinning, or asleep.
+pub const HAND_OVER_DEFAULT: i32 = -1;
+pub const HAND_OVER_SPIN: i32 = 0;
+pub const HAND_OVER_ASLEEP: i32 = 1;
 
 /// What `run` returns: done, failed (the error says why), or failed because the GPU's CUDA
 /// context is lost for this process (a sticky CUDA error; the plugin's `run` shim classifies
@@ -117,6 +123,9 @@ pub struct LoadOptions {
     /// Non-zero: the backend logs at verbose level, so the plugin may say where each
     /// run's time goes.
     pub verbose: i32,
+    /// How a GPU instance's thread and the plugin's worker thread wait for each other:
+    /// [`HAND_OVER_SPIN`], [`HAND_OVER_ASLEEP`] or [`HAND_OVER_DEFAULT`] (see `worker`).
+    pub hand_over: i32,
 }
 
 /// The table every plugin fills: load, run and free a model. What only some plugins offer

@@ -14,25 +14,56 @@
 //! sleeps. Both sides spin first: the worker for a while after each job (the next batch
 //! usually comes sooner), the caller for as long as a run usually takes (its thread has
 //! nothing else to do, and the worker is spinning in the CUDA wait anyway); each falls
-//! back to blocking after that.
+//! back to blocking after that. A model whose own threads need the host's cores while its
+//! network runs (a recommender reading its GPU cache's misses from host memory) asks for
+//! [`HandOver::Asleep`]: neither side spins, and those cores go to the reads (DLRM-v2 at a
+//! 10% cache on 8 instances served 1.20x with nothing spinning; every row in HBM the same
+//! 11.4 M pairs/s on half the cores: `bench/gpu/results/cache-runs/`, sections `defaults`
+//! and `quiet`).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{self, TryRecvError};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// How long an idle worker spins for its next job, and a caller for its answer (longer
-/// than most runs), before blocking: `TRITON_RUST_TORCH_SPIN` = `both` (the default),
-/// `answer` (the caller only) or `none`, read once.
-fn spins() -> (Duration, Duration) {
-    static SPINS: std::sync::OnceLock<(Duration, Duration)> = std::sync::OnceLock::new();
-    *SPINS.get_or_init(|| {
-        let (job, answer) = (Duration::from_millis(2), Duration::from_millis(25));
-        match std::env::var("TRITON_RUST_TORCH_SPIN").as_deref() {
-            Ok("none") => (Duration::ZERO, Duration::ZERO),
-            Ok("answer") => (Duration::ZERO, answer),
-            _ => (job, answer),
+/// How a GPU instance's thread and its worker wait for each other (the model's
+/// `gpu_hand_over`, through [`crate::LoadOptions::hand_over`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandOver {
+    /// The worker spins up to 2 ms for its next job, the caller up to 25 ms for the answer.
+    Spin,
+    /// Both sleep at once.
+    Asleep,
+}
+
+impl HandOver {
+    /// From the ABI's value ([`crate::HAND_OVER_SPIN`], [`crate::HAND_OVER_ASLEEP`]; anything
+    /// else, the default: spinning).
+    pub fn from_abi(v: i32) -> HandOver {
+        if v == crate::HAND_OVER_ASLEEP {
+            HandOver::Asleep
+        } else {
+            HandOver::Spin
         }
+    }
+}
+
+/// How long an idle worker spins for its next job, and a caller for its answer (longer
+/// than most runs), before blocking, for a model that asked `asked`.
+/// `TRITON_RUST_TORCH_SPIN` in the server's environment (read once) overrides every model:
+/// `both` (spinning), `answer` (the caller only) or `none`.
+fn spins(asked: HandOver) -> (Duration, Duration) {
+    static SET: std::sync::OnceLock<Option<(Duration, Duration)>> = std::sync::OnceLock::new();
+    let (job, answer) = (Duration::from_millis(2), Duration::from_millis(25));
+    let set = SET.get_or_init(|| match std::env::var("TRITON_RUST_TORCH_SPIN").as_deref() {
+        Ok("none") => Some((Duration::ZERO, Duration::ZERO)),
+        Ok("answer") => Some((Duration::ZERO, answer)),
+        Ok("both") => Some((job, answer)),
+        _ => None,
+    });
+    set.unwrap_or(match asked {
+        HandOver::Spin => (job, answer),
+        HandOver::Asleep => (Duration::ZERO, Duration::ZERO),
     })
 }
 
@@ -49,33 +80,38 @@ fn recv_spinning<T>(rx: &mpsc::Receiver<T>, spin: Duration) -> Result<T, mpsc::R
     }
 }
 
-type Job = Box<dyn FnOnce() + Send + 'static>;
+/// A run, and how long the worker spins for the next one after it.
+type Job = (Box<dyn FnOnce() + Send + 'static>, Duration);
 
 pub struct Worker {
     jobs: mpsc::Sender<Job>,
+    hand_over: HandOver,
 }
 
 static IDLE: Mutex<Vec<Worker>> = Mutex::new(Vec::new());
 static STARTED: Mutex<usize> = Mutex::new(0);
 
 impl Worker {
-    /// An idle worker, or a new one.
-    pub fn take() -> Result<Worker, String> {
+    /// An idle worker, or a new one, handing over as `hand_over` says.
+    pub fn take(hand_over: HandOver) -> Result<Worker, String> {
         if let Some(w) = IDLE.lock().map_err(|_| "worker pool lock poisoned")?.pop() {
-            return Ok(w);
+            return Ok(Worker { hand_over, ..w });
         }
         let mut started = STARTED.lock().map_err(|_| "worker pool lock poisoned")?;
         let (tx, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name(format!("torch-gpu-{}", *started))
             .spawn(move || {
-                while let Ok(job) = recv_spinning(&rx, spins().0) {
+                // after each job, as long as that job's model asked
+                let mut idle = Duration::ZERO;
+                while let Ok((job, next)) = recv_spinning(&rx, idle) {
                     job();
+                    idle = next;
                 }
             })
             .map_err(|e| format!("cannot start a torch worker thread: {e}"))?;
         *started += 1;
-        Ok(Worker { jobs: tx })
+        Ok(Worker { jobs: tx, hand_over })
     }
 
     /// Back to the pool, for the next GPU instance.
@@ -95,11 +131,12 @@ impl Worker {
         // has run or been dropped (the reply channel's sender lives inside it), so what it
         // borrows stays valid while the worker can touch it, and only one thread uses it
         // at a time (the caller is blocked).
-        let job: Job = unsafe {
+        let job = unsafe {
             std::mem::transmute::<Box<dyn FnOnce() + '_>, Box<dyn FnOnce() + Send + 'static>>(job)
         };
-        self.jobs.send(job).map_err(|_| "the torch worker thread is gone".to_string())?;
-        match recv_spinning(&done_rx, spins().1) {
+        let (idle, answer) = spins(self.hand_over);
+        self.jobs.send((job, idle)).map_err(|_| "the torch worker thread is gone".to_string())?;
+        match recv_spinning(&done_rx, answer) {
             Ok(Ok(r)) => Ok(r),
             Ok(Err(p)) => Err(format!("libtorch panicked: {}", panic_text(p))),
             Err(_) => Err("the torch worker thread is gone".into()),
@@ -137,8 +174,22 @@ mod tests {
     }
 
     #[test]
+    fn a_model_asleep_spins_for_nothing_unless_the_server_says() {
+        // the environment is read once; a test process has no TRITON_RUST_TORCH_SPIN unless
+        // its runner set one
+        if std::env::var_os("TRITON_RUST_TORCH_SPIN").is_some() {
+            return;
+        }
+        assert_eq!(spins(HandOver::Asleep), (Duration::ZERO, Duration::ZERO));
+        assert_eq!(spins(HandOver::Spin), (Duration::from_millis(2), Duration::from_millis(25)));
+        assert_eq!(HandOver::from_abi(crate::HAND_OVER_ASLEEP), HandOver::Asleep);
+        assert_eq!(HandOver::from_abi(crate::HAND_OVER_SPIN), HandOver::Spin);
+        assert_eq!(HandOver::from_abi(-1), HandOver::Spin);
+    }
+
+    #[test]
     fn runs_borrowed_work_elsewhere_and_reuses_threads() {
-        let w = Worker::take().unwrap();
+        let w = Worker::take(HandOver::Spin).unwrap();
         let mut v = vec![1, 2, 3];
         let here = std::thread::current().id();
         let there = w.run(|| {
@@ -150,11 +201,11 @@ mod tests {
         assert_ne!(here, there);
         assert!(w.run(|| panic!("boom")).unwrap_err().contains("boom"));
         w.give_back();
-        let again = Worker::take().unwrap();
+        let again = Worker::take(HandOver::Asleep).unwrap();
         assert_eq!(
             again.run(|| std::thread::current().id()).unwrap(),
             there,
-            "an idle worker is reused"
+            "an idle worker is reused, handing over as its new model asks"
         );
         again.give_back();
     }

@@ -121,7 +121,7 @@ impl RuntimeModel for Model {
                 Ok(handle as usize)
             }
         };
-        let worker = if gpu.is_some() { Some(Worker::take()?) } else { None };
+        let worker = if gpu.is_some() { Some(Worker::take(load.hand_over)?) } else { None };
         // a GPU package is loaded on the thread that will run it
         let handle = match &worker {
             Some(w) => w.run(load_here)?,

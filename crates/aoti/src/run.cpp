@@ -36,7 +36,8 @@ at::Tensor pinned_view(std::vector<at::Tensor>& bufs, size_t i, at::IntArrayRef 
 // and the wait ends at most US (plus a wake-up) after the network. Every CUDA wait of the process
 // asleep (TRITON_RUST_CUDA_SCHED=block, the lookups' too) served 1.01x spinning with 8 instances
 // at a 10% cache, each network run longer (one H200, bench/gpu/results/cache-runs/, `eight`);
-// `poll` is not yet measured on a GPU (cache_runs.sh quietpinpollN).
+// `poll` served 0.99x spinning there (the crew got the cores, each busy reader read fewer rows:
+// section `defaults`).
 struct GpuWait {
   enum Mode { spin, block, poll } mode = spin;
   long us = 20;

@@ -34,8 +34,19 @@ use checks::{check_batch_dims, check_dims, check_ranges};
 
 use package::{DimBounds, Package};
 
-/// The AOTInductor engine reads no model parameters of its own.
-pub const KNOWN: &[Known] = &[];
+triton_rust_core::parameters! {
+    /// The AOTInductor engine's model parameters (what a package needs is compiled into it).
+    pub struct AotiParams {
+        gpu_hand_over: Option<String> = None, doc "spin";
+    }
+}
+
+/// The parameter a recommender sets on its network (`asleep`) when host threads read its
+/// cache's misses; a TorchScript network reads it too.
+pub use triton_rust_abi::plugin::HAND_OVER_PARAM;
+
+/// The AOTInductor engine's model parameters.
+pub const KNOWN: &[Known] = AotiParams::KNOWN;
 
 /// `2.11.0` of the plugin's runtime text `libtorch 2.11.0 (AOTInductor, CUDA)`.
 fn runtime_release(runtime: &str) -> &str {
@@ -168,6 +179,8 @@ pub struct AotiModel {
     /// checked against: made by the first instance from the final config (and, for a
     /// package that does not list its tensors, the loaded package's call spec).
     layout: OnceLock<Arc<Layout>>,
+    /// `gpu_hand_over`; None: the plugin's default (spinning).
+    hand_over: Option<triton_rust_abi::worker::HandOver>,
 }
 
 /// The config's tensors in the package's flat order, and the bounds requests are checked against.
@@ -213,6 +226,8 @@ impl AotiModel {
             .as_ref()
             .map(|(d, source)| (d.as_path(), source.as_str())),
         )?;
+        let params: AotiParams = triton_rust_core::params::read(&cfg.parameters)?;
+        let hand_over = plugin::hand_over(params.gpu_hand_over.as_deref())?;
         let runs = runtime_release(plugin.runtime()).to_string();
         let made = package.torch_release().map(str::to_string);
         let across = check_release(made.as_deref(), &runs, model_file)?;
@@ -241,6 +256,7 @@ impl AotiModel {
             sig: Signature { inputs, outputs },
             config: cfg.clone(),
             layout: OnceLock::new(),
+            hand_over,
         })
     }
 
@@ -347,6 +363,7 @@ impl AotiModel {
             fusion_strategy: &[],
             cuda_graphs: if gpu.is_some() { buckets.as_deref() } else { None },
             graph_exact_rows: !cfg.batching(),
+            hand_over: self.hand_over,
         });
         let model = match (model, &self.across) {
             (Err(e), Some(note)) => return Err(e.context(note.clone())),
@@ -427,6 +444,13 @@ mod tests {
 
     fn t(name: &str, dims: &[i64]) -> TensorConfig {
         TensorConfig { name: name.into(), dtype: DataType::F32, dims: dims.to_vec(), reshape: None }
+    }
+
+    #[test]
+    fn its_one_parameter_is_documented() {
+        let doc = include_str!("../../../docs/settings.md");
+        triton_rust_core::settings::check_section(doc, "AOTInductor engine", KNOWN).unwrap();
+        assert_eq!(KNOWN.iter().map(|k| k.0).collect::<Vec<_>>(), [HAND_OVER_PARAM]);
     }
 
     fn listed(name: &str, shape: &[i64]) -> TensorSpec {

@@ -293,6 +293,15 @@ pub(crate) fn same_secret(given: &[u8], secret: &[u8]) -> bool {
 }
 
 impl StoreSettings {
+    /// Whether a `KIND_GPU` instance's lookups have host threads read rows: some table's GPU
+    /// cache holds less than all its rows, and the misses are not all read by the GPU in
+    /// place. (A recommender's network then waits for its GPU work asleep: those threads
+    /// need the host's cores.)
+    pub fn host_threads_read_misses(&self) -> bool {
+        self.miss_reads != MissReads::Gpu
+            && (0..self.store.tables.len()).any(|t| self.store.table_ratio(t) < 1.0)
+    }
+
     /// The parameters an embedding model reads, with their defaults.
     pub const KNOWN: &'static [Known] = StoreParams::KNOWN;
 

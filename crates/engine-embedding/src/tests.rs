@@ -552,3 +552,12 @@ fn the_hps_interface_gives_fp16_rows_when_its_output_says_so() {
     let e = open("hps_i32", "4,4", DataType::I32).err().expect("refused");
     assert!(e.message().contains("TYPE_FP32 or TYPE_FP16"), "{e}");
 }
+
+#[test]
+fn host_threads_read_misses_when_a_cache_holds_part_of_its_rows() {
+    let reads = |extra: &[(&str, &str)]| one_table(extra).unwrap().host_threads_read_misses();
+    assert!(reads(&[("gpucacheper", "0.1")]), "a 10% cache, misses read by host threads");
+    assert!(!reads(&[("gpucacheper", "1.0")]), "every row in the GPU");
+    assert!(!reads(&[("gpucacheper", "0.1"), ("gpucache_miss_reads", "gpu")]), "the GPU reads");
+    assert!(reads(&[("gpucacheper", "0.1"), ("gpucache_miss_reads", "both")]));
+}

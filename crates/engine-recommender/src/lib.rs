@@ -46,7 +46,7 @@ use triton_rust_core::error::{Error, Result};
 use triton_rust_core::telemetry::MetricsSource;
 use triton_rust_cuda::upload::Staged;
 use triton_rust_cuda::DeviceView;
-use triton_rust_engine_aoti::{AotiEngine, AotiModel};
+use triton_rust_engine_aoti::{AotiEngine, AotiModel, HAND_OVER_PARAM};
 use triton_rust_engine_embedding::{EmbeddingEngine, EmbeddingModel, Interface, StoreSettings};
 use triton_rust_engine_onnx::{OnnxEngine, OnnxModel};
 use triton_rust_engine_torch::{TorchEngine, TorchModel};
@@ -201,7 +201,8 @@ impl RecommenderModel {
     ) -> Result<RecommenderModel> {
         let keys = store.pooling.as_ref().map_or(settings.tables, |p| p.width());
         let pooled = store.interface == Interface::Pooled;
-        let plan = plan(load.config, settings, keys, pooled, load.model_file, DENSE)?;
+        let mut plan = plan(load.config, settings, keys, pooled, load.model_file, DENSE)?;
+        hand_over_asleep(&mut plan.dense_config, store.host_threads_read_misses());
         let lookup = EmbeddingModel::open(store, &plan.lookup_config, load.shared)?;
         let dense = match dense {
             Some((config, dense)) if config == plan.dense_config => dense,
@@ -209,6 +210,19 @@ impl RecommenderModel {
         };
         let joint = Arc::new(Joint::new(lookup.signature(), dense.model().signature(), &plan)?);
         Ok(RecommenderModel { lookup, dense, plan, joint })
+    }
+}
+
+/// The network's config, with `gpu_hand_over` asleep unless it says otherwise when host
+/// threads read the cache's misses (`host_reads`): those threads need the cores the
+/// hand-over would spin on (DLRM-v2 at a 10% cache on 8 instances served 1.20x with nothing
+/// spinning: `bench/gpu/results/cache-runs/`, section `defaults`).
+fn hand_over_asleep(dense_config: &mut ModelConfig, host_reads: bool) {
+    if host_reads {
+        dense_config
+            .parameters
+            .entry(HAND_OVER_PARAM.to_string())
+            .or_insert_with(|| "asleep".to_string());
     }
 }
 

@@ -157,6 +157,7 @@ impl TorchModel {
             fusion_strategy: &settings.fusion_steps,
             cuda_graphs: if gpu.is_some() { buckets.as_deref() } else { None },
             graph_exact_rows: !cfg.batching(),
+            hand_over: settings.hand_over,
         })?;
         let cstr =
             |s: &str| CString::new(s).map_err(|_| Error::invalid_arg("tensor name has a NUL"));

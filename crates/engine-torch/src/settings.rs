@@ -19,6 +19,8 @@ pub struct TorchSettings {
     /// `TORCH_FUSION_STRATEGY` as given, and its steps; empty: libtorch's.
     pub fusion_strategy: Option<String>,
     pub fusion_steps: Vec<triton_rust_abi::FusionStep>,
+    /// `gpu_hand_over`; None: the plugin's default (spinning).
+    pub hand_over: Option<triton_rust_abi::worker::HandOver>,
 }
 
 triton_rust_core::parameters! {
@@ -35,6 +37,7 @@ triton_rust_core::parameters! {
         enable_jit_profiling: Option<bool> = None, doc "libtorch's";
         #[serde(rename = "TORCH_FUSION_STRATEGY")]
         torch_fusion_strategy: Option<String> = None, doc "libtorch's";
+        gpu_hand_over: Option<String> = None, doc "spin";
     }
 }
 
@@ -63,6 +66,7 @@ impl TorchSettings {
             jit_profiling: p.enable_jit_profiling,
             fusion_strategy: p.torch_fusion_strategy,
             fusion_steps,
+            hand_over: triton_rust_abi::plugin::hand_over(p.gpu_hand_over.as_deref())?,
         })
     }
 }
@@ -128,5 +132,19 @@ mod tests {
         let doc = include_str!("../../../docs/settings.md");
         check_section(doc, "TorchScript engine", TorchSettings::KNOWN).unwrap();
         assert!(TorchSettings::KNOWN.iter().any(|k| k.0 == FUSION_STRATEGY));
+    }
+
+    #[test]
+    fn the_hand_over_is_spin_asleep_or_refused_by_name() {
+        use triton_rust_abi::worker::HandOver;
+        let mut cfg = ModelConfig::default();
+        assert_eq!(TorchSettings::from_config(&cfg).unwrap().hand_over, None);
+        cfg.parameters.insert("gpu_hand_over".into(), "Asleep".into());
+        assert_eq!(TorchSettings::from_config(&cfg).unwrap().hand_over, Some(HandOver::Asleep));
+        cfg.parameters.insert("gpu_hand_over".into(), "spin".into());
+        assert_eq!(TorchSettings::from_config(&cfg).unwrap().hand_over, Some(HandOver::Spin));
+        cfg.parameters.insert("gpu_hand_over".into(), "nap".into());
+        let e = TorchSettings::from_config(&cfg).unwrap_err().message().to_string();
+        assert!(e.contains("gpu_hand_over") && e.contains("nap"), "{e}");
     }
 }

@@ -15,11 +15,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-/// How long an idle member watches for the next job before it sleeps: longer than the gap
-/// between a served batch's reads, short enough that an idle server's members sleep.
-/// `TRITON_RUST_READER_SPIN_US` sets it for the process's crew, read once; 0 also puts a
-/// caller waiting for its last shares to sleep instead of spinning (an experiment's knob:
-/// `bench/gpu/cache_runs.sh --runs quiet`).
+/// How long an idle member of a crew made by [`Crew::new`] watches for the next job before it
+/// sleeps: longer than the gap between a served batch's reads, short enough that an idle
+/// server's members sleep. The process's crew ([`Crew::global`]) watches for none unless
+/// `TRITON_RUST_READER_SPIN_US` says (read once): its members and callers sleep at once, so
+/// the cores go to whoever has work (DLRM-v2 at a 10% cache on 8 instances served 1.20x with
+/// nothing spinning against the spinning defaults before 2026-12-02,
+/// `bench/gpu/results/cache-runs/`, section `defaults`).
 const SPIN: Duration = Duration::from_micros(300);
 
 /// The caller's function behind a pointer whose lifetime `Crew::run` erases: it is only
@@ -233,7 +235,8 @@ impl Crew {
     /// The process's crew: one member a core less one (the caller reads too), or
     /// `TRITON_RUST_READERS` less one (the readers of a call, the caller among them, read
     /// once), its members standing as `TRITON_RUST_READER_NICE` says (`idle`, or a niceness),
-    /// started on first use.
+    /// watching for `TRITON_RUST_READER_SPIN_US` (none unless set: members and callers sleep
+    /// at once), started on first use.
     pub fn global() -> &'static Crew {
         static CREW: OnceLock<Crew> = OnceLock::new();
         CREW.get_or_init(|| {
@@ -241,7 +244,7 @@ impl Crew {
             let spin = std::env::var("TRITON_RUST_READER_SPIN_US")
                 .ok()
                 .and_then(|v| v.trim().parse::<u64>().ok())
-                .map_or(SPIN, Duration::from_micros);
+                .map_or(Duration::ZERO, Duration::from_micros);
             let standing =
                 member_standing(std::env::var("TRITON_RUST_READER_NICE").ok().as_deref());
             Crew::standing(cores.saturating_sub(1), spin, standing)

@@ -43,6 +43,8 @@ pub struct Load<'a> {
     pub graph_exact_rows: bool,
     pub fusion_steps: &'a [FusionStep],
     pub verbose: bool,
+    /// How a GPU instance's thread and its worker wait for each other.
+    pub hand_over: abi::worker::HandOver,
 }
 
 /// Where a run's outputs go: the caller's sink, under the caller's names.
@@ -115,6 +117,7 @@ pub unsafe extern "C" fn load<M: RuntimeModel>(
             graph_exact_rows: o.graph_exact_rows != 0,
             fusion_steps: borrowed(o.fusion_steps, o.n_fusion_steps),
             verbose: o.verbose != 0,
+            hand_over: abi::worker::HandOver::from_abi(o.hand_over),
         })
     }));
     let message = match result {

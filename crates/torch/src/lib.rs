@@ -96,7 +96,8 @@ impl RuntimeModel for Model {
             }
             _ => None,
         };
-        let worker = if device.is_cuda() { Some(worker::Worker::take()?) } else { None };
+        let worker =
+            if device.is_cuda() { Some(worker::Worker::take(load.hand_over)?) } else { None };
         let mut module = CModule::load_on_device(&path, device)
             .map_err(|e| format!("cannot load TorchScript file '{path}': {e}"))?;
         module.set_eval();

@@ -207,3 +207,15 @@ fn ragged_keys_take_their_lengths_to_the_lookup_and_nothing_else_to_the_network(
     let e = plan(&fixed, &settings(&fixed), 8, true, &dir, CLAIMS).unwrap_err();
     assert!(e.message().contains("bags of any length"), "{e}");
 }
+
+#[test]
+fn the_network_hands_over_asleep_when_host_threads_read_unless_the_config_says() {
+    let mut c = config("");
+    hand_over_asleep(&mut c, false);
+    assert_eq!(c.parameters.get("gpu_hand_over"), None, "every row in the GPU: the default");
+    hand_over_asleep(&mut c, true);
+    assert_eq!(c.parameters.get("gpu_hand_over").map(String::as_str), Some("asleep"));
+    c.parameters.insert("gpu_hand_over".into(), "spin".into());
+    hand_over_asleep(&mut c, true);
+    assert_eq!(c.parameters.get("gpu_hand_over").map(String::as_str), Some("spin"), "the config's");
+}

@@ -70,6 +70,7 @@ fn options(path: &CStr, buckets: &[i64]) -> LoadOptions {
         graph_exact_rows: 0,
         log: None,
         verbose: 0,
+        hand_over: abi::HAND_OVER_DEFAULT,
     }
 }
 
