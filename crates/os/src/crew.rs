@@ -1,6 +1,6 @@
 //! A crew of reader threads for short jobs on a request's path: a job is split into shares,
-//! the calling thread takes shares itself beside the crew, and an idle member spins a while
-//! for the next job before it sleeps.
+//! the calling thread takes shares itself beside the crew, and an idle member may watch a while
+//! for the next job before it sleeps (the process's crew does not unless told: [`SPIN`]).
 //!
 //! Why not the process's worker pool (rayon): a thread outside that pool hands it a job and
 //! sleeps until it is done. Served (MLPerf DLRM-v2 at a 10% GPU cache, one H200, six model
