@@ -369,11 +369,7 @@ impl Plugin {
             graph_exact_rows: spec.graph_exact_rows as i32,
             log: Some(plugin_log),
             verbose: log::log_enabled!(log::Level::Debug) as i32,
-            hand_over: match spec.hand_over {
-                None => abi::HAND_OVER_DEFAULT,
-                Some(crate::worker::HandOver::Spin) => abi::HAND_OVER_SPIN,
-                Some(crate::worker::HandOver::Asleep) => abi::HAND_OVER_ASLEEP,
-            },
+            hand_over: crate::worker::HandOver::to_abi(spec.hand_over),
         };
         let mut err = std::ptr::null_mut();
         // SAFETY: opts and its strings outlive the call.

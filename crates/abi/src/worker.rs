@@ -46,6 +46,15 @@ impl HandOver {
             HandOver::Spin
         }
     }
+
+    /// The ABI's value for a model that asked `asked` (None: the plugin's default).
+    pub fn to_abi(asked: Option<HandOver>) -> i32 {
+        match asked {
+            None => crate::HAND_OVER_DEFAULT,
+            Some(HandOver::Spin) => crate::HAND_OVER_SPIN,
+            Some(HandOver::Asleep) => crate::HAND_OVER_ASLEEP,
+        }
+    }
 }
 
 /// How long an idle worker spins for its next job, and a caller for its answer (longer
@@ -185,6 +194,9 @@ mod tests {
         assert_eq!(HandOver::from_abi(crate::HAND_OVER_ASLEEP), HandOver::Asleep);
         assert_eq!(HandOver::from_abi(crate::HAND_OVER_SPIN), HandOver::Spin);
         assert_eq!(HandOver::from_abi(-1), HandOver::Spin);
+        for h in [None, Some(HandOver::Spin), Some(HandOver::Asleep)] {
+            assert_eq!(h.map(|_| HandOver::from_abi(HandOver::to_abi(h))), h, "there and back");
+        }
     }
 
     #[test]
