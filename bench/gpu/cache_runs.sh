@@ -334,7 +334,11 @@ for name in ${runs//,/ }; do
     # readers no thread of the server takes a core from serve the idle cores' worth more;
     # pinsplitblockNxC: with every CUDA wait asleep too (TRITON_RUST_CUDA_SCHED=block: the rest's
     # cores not spent spinning); pinsplitasisNxC: the members at the callers' priority
-    # (TRITON_RUST_READER_NICE=0: nothing of the server's wakes on their cores to take them)
+    # (TRITON_RUST_READER_NICE=0: nothing of the server's wakes on their cores to take them);
+    # pinsplitspinNxC / pinsplitspinblockNxC: pinsplitNxC / pinsplitblockNxC with the members
+    # watching 300 us for the next job on their own CPUs before they sleep
+    # (TRITON_RUST_READER_SPIN_US=300; the callers, on the rest, sleep at once): pinsplit8's
+    # members were off their CPUs a third of the time while jobs waited for them
     quietpin*|pindefaults[0-9]*|pinspin[0-9]*|pinsplit*) keys=$(ls /dev/shm/cache_state/*.gpu0.cache_keys 2>/dev/null | head -1)
         more=(); quiet=(TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0)
         unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_CUDA_SCHED TRITON_RUST_GPU_WAIT TRITON_RUST_READER_CPUS
@@ -355,12 +359,13 @@ for name in ${runs//,/ }; do
         quietpinb32) more=(--max-batch 32768 --graph-batches 8192,16384,24576,32768 --stream-concurrency 48) ;;
         quietpin[0-9]*) more=(--instances "${base#quietpin}") ;;
         pindefaults[0-9]*) more=(--cache-key-index on --instances "${base#pindefaults}"); quiet=() ;;
-        pinsplit[0-9]*|pinsplitblock[0-9]*|pinsplitasis[0-9]*)
+        pinsplit[0-9]*|pinsplitblock[0-9]*|pinsplitasis[0-9]*|pinsplitspin[0-9]*|pinsplitspinblock[0-9]*)
             how=${base#pinsplit}; how=${how%%[0-9]*}; n=${base#pinsplit"$how"}; first=6
             case "$n" in *x*) first=${n#*x}; n=${n%x*} ;; esac
             more=(--cache-key-index on --instances "$n"); quiet=()
             export TRITON_RUST_READER_CPUS="$first-15"
-            [ "$how" = block ] && export TRITON_RUST_CUDA_SCHED=block
+            case "$how" in *block) export TRITON_RUST_CUDA_SCHED=block ;; esac
+            case "$how" in spin*) quiet=(TRITON_RUST_READER_SPIN_US=300) ;; esac
             [ "$how" = asis ] && export TRITON_RUST_READER_NICE=0 ;;
         pinspin[0-9]*) more=(--cache-key-index on --instances "${base#pinspin}")
             quiet=(TRITON_RUST_TORCH_SPIN=both TRITON_RUST_READER_SPIN_US=300) ;;

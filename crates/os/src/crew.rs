@@ -86,6 +86,9 @@ struct Shared {
     wake: Condvar,
     /// Bumped at every job posted: what a spinning member watches.
     posted: AtomicU64,
+    /// Callers sleep at once while their last shares are read, whatever `spin` (members on
+    /// CPUs of their own watch on those; a caller's spin would take a core from the rest).
+    callers_sleep: bool,
 }
 
 impl Shared {
@@ -245,7 +248,8 @@ impl Crew {
 
     /// [`Crew::standing`] with member `i` kept to CPU `cpus[i % cpus.len()]` (none: anywhere).
     fn on_cpus(members: usize, spin: Duration, standing: Standing, cpus: Vec<usize>) -> Crew {
-        let shared = Arc::new(Shared { spin, ..Shared::default() });
+        let callers_sleep = !cpus.is_empty();
+        let shared = Arc::new(Shared { spin, callers_sleep, ..Shared::default() });
         let mut started = 0;
         for i in 0..members {
             let s = shared.clone();
@@ -348,7 +352,8 @@ impl Crew {
         // watch too (what was measured served); with no watching at all (`spin` zero), asleep
         // until the member that finishes the last share says so
         let since = Instant::now();
-        while job.done.load(Ordering::Acquire) < shares && !self.shared.spin.is_zero() {
+        let spin = !self.shared.spin.is_zero() && !self.shared.callers_sleep;
+        while job.done.load(Ordering::Acquire) < shares && spin {
             if since.elapsed() < Duration::from_micros(200) {
                 std::hint::spin_loop();
             } else {
@@ -441,7 +446,7 @@ mod tests {
     #[test]
     fn members_kept_to_cpus_run_only_there() {
         let last = *crate::cpus::allowed_cpus().unwrap().last().unwrap();
-        let crew = Crew::on_cpus(2, Duration::ZERO, Standing::AsCaller, vec![last]);
+        let crew = Crew::on_cpus(2, SPIN, Standing::AsCaller, vec![last]); // members watch, callers sleep
         let seen = Mutex::new(Vec::new());
         for _ in 0..50 {
             crew.run(16, &|_| {
