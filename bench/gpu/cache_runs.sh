@@ -329,19 +329,11 @@ for name in ${runs//,/ }; do
     # host's readers (the host's cores are what the reads lack; the GPU is idle 36-53% at 8 instances);
     # quietpinpollN: quietpinindexN with the network's wait asking its event every 20 us, asleep
     # between (TRITON_RUST_GPU_WAIT=poll): those cores for the readers, the lookups' waits spinning
-    # pinsplitNxC: pindefaultsN with the reader crew on CPUs C-15 of their own and every other
-    # thread of the server on the rest (TRITON_RUST_READER_CPUS=C-15; C 6 unless given): whether
-    # readers no thread of the server takes a core from serve the idle cores' worth more;
-    # pinsplitblockNxC: with every CUDA wait asleep too (TRITON_RUST_CUDA_SCHED=block: the rest's
-    # cores not spent spinning); pinsplitasisNxC: the members at the callers' priority
-    # (TRITON_RUST_READER_NICE=0: nothing of the server's wakes on their cores to take them);
-    # pinsplitspinNxC / pinsplitspinblockNxC: pinsplitNxC / pinsplitblockNxC with the members
-    # watching 300 us for the next job on their own CPUs before they sleep
-    # (TRITON_RUST_READER_SPIN_US=300; the callers, on the rest, sleep at once): pinsplit8's
-    # members were off their CPUs a third of the time while jobs waited for them
-    quietpin*|pindefaults[0-9]*|pinspin[0-9]*|pinsplit*) keys=$(ls /dev/shm/cache_state/*.gpu0.cache_keys 2>/dev/null | head -1)
+    # (pinsplitN and its kin, the crew on CPUs of its own, ran at commit 8dea119: 0.86x
+    # pindefaultsN in every form, taken out)
+    quietpin*|pindefaults[0-9]*|pinspin[0-9]*) keys=$(ls /dev/shm/cache_state/*.gpu0.cache_keys 2>/dev/null | head -1)
         more=(); quiet=(TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0)
-        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_CUDA_SCHED TRITON_RUST_GPU_WAIT TRITON_RUST_READER_CPUS
+        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_CUDA_SCHED TRITON_RUST_GPU_WAIT
         case "$base" in
         quietpinidle*) more=(--cache-key-index on); export TRITON_RUST_READER_NICE=idle ;;
         quietpinasis*) more=(--cache-key-index on); export TRITON_RUST_READER_NICE=0 ;;
@@ -359,14 +351,6 @@ for name in ${runs//,/ }; do
         quietpinb32) more=(--max-batch 32768 --graph-batches 8192,16384,24576,32768 --stream-concurrency 48) ;;
         quietpin[0-9]*) more=(--instances "${base#quietpin}") ;;
         pindefaults[0-9]*) more=(--cache-key-index on --instances "${base#pindefaults}"); quiet=() ;;
-        pinsplit[0-9]*|pinsplitblock[0-9]*|pinsplitasis[0-9]*|pinsplitspin[0-9]*|pinsplitspinblock[0-9]*)
-            how=${base#pinsplit}; how=${how%%[0-9]*}; n=${base#pinsplit"$how"}; first=6
-            case "$n" in *x*) first=${n#*x}; n=${n%x*} ;; esac
-            more=(--cache-key-index on --instances "$n"); quiet=()
-            export TRITON_RUST_READER_CPUS="$first-15"
-            case "$how" in *block) export TRITON_RUST_CUDA_SCHED=block ;; esac
-            case "$how" in spin*) quiet=(TRITON_RUST_READER_SPIN_US=300) ;; esac
-            [ "$how" = asis ] && export TRITON_RUST_READER_NICE=0 ;;
         pinspin[0-9]*) more=(--cache-key-index on --instances "${base#pinspin}")
             quiet=(TRITON_RUST_TORCH_SPIN=both TRITON_RUST_READER_SPIN_US=300) ;;
         quietpin) ;;
@@ -378,7 +362,7 @@ for name in ${runs//,/ }; do
             --host-memory auto --cache-policy pinned --cache-pinned-keys "$keys" "${more[@]}"
         unset TRITON_RUST_TORCH_SPIN TRITON_RUST_READER_SPIN_US
         grep -h "gpucache_pinned_keys" /tmp/dlrm_v2/server.log | cut -c1-220 >> "$out/$base.log"; fi
-        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_CUDA_SCHED TRITON_RUST_GPU_WAIT TRITON_RUST_READER_CPUS ;;
+        unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_CUDA_SCHED TRITON_RUST_GPU_WAIT ;;
     cold) run cold --cache 0.1 --stream-warm-passes 1 --stream-seconds 30 --host-memory auto ;;
     *) echo "unknown run: $name" >&2; rc=1 ;;
     esac

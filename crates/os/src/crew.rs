@@ -86,9 +86,6 @@ struct Shared {
     wake: Condvar,
     /// Bumped at every job posted: what a spinning member watches.
     posted: AtomicU64,
-    /// Callers sleep at once while their last shares are read, whatever `spin` (members on
-    /// CPUs of their own watch on those; a caller's spin would take a core from the rest).
-    callers_sleep: bool,
 }
 
 impl Shared {
@@ -143,8 +140,11 @@ impl Shared {
 /// average and the readers 2.7, while the host had 3.5 cores idle; with the members in
 /// `SCHED_IDLE` the feeders waited 0.2-0.3, and the model served 1.13x, 1.11x (one call) and
 /// 1.01x (another) the members at the callers' priority (`bench/gpu/results/cache-runs/`,
-/// section `idle`). `0`: the callers' priority, as before; 1 to 19: that niceness; anything
-/// else: the default.
+/// section `idle`). Nor do the members do better on CPUs of their own, every other thread of
+/// the server kept to the rest: 10 of the 16 CPUs served 0.86x this (commit 8dea119's
+/// `TRITON_RUST_READER_CPUS`, section `split`): no reader waited for a core, but the rest's
+/// threads did, and a batch's reads took 10-12 ms against 6-8. `0`: the callers' priority, as
+/// before; 1 to 19: that niceness; anything else: the default.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Standing {
     AsCaller,
@@ -185,36 +185,6 @@ fn take_standing(standing: Standing) {
     }
 }
 
-/// The crew's own CPUs from `list` (`TRITON_RUST_READER_CPUS`), every thread of the process
-/// then running kept to the others; None (logged) when the list is refused or the threads
-/// could not be moved.
-fn own_cpus(list: &str) -> Option<Vec<usize>> {
-    let split = crate::cpus::allowed_cpus()
-        .map_err(|e| e.to_string())
-        .and_then(|allowed| crate::cpus::plan_split(list, &allowed));
-    let split = match split {
-        Ok(s) => s,
-        Err(why) => {
-            log::warn!("TRITON_RUST_READER_CPUS ignored: {why}");
-            return None;
-        }
-    };
-    match crate::cpus::keep_process_to(&split.rest) {
-        Ok(n) => {
-            log::info!(
-                "the reader crew on CPUs {:?}; the process's {n} other threads on {:?}",
-                split.readers,
-                split.rest
-            );
-            Some(split.readers)
-        }
-        Err(e) => {
-            log::warn!("TRITON_RUST_READER_CPUS ignored: the process's threads not moved: {e}");
-            None
-        }
-    }
-}
-
 /// Threads that take shares of their callers' jobs (see the module's note).
 pub struct Crew {
     shared: Arc<Shared>,
@@ -243,24 +213,12 @@ impl Crew {
 
     /// [`Crew::watching`] with its members standing with the scheduler as `standing` says.
     fn standing(members: usize, spin: Duration, standing: Standing) -> Crew {
-        Crew::on_cpus(members, spin, standing, Vec::new())
-    }
-
-    /// [`Crew::standing`] with member `i` kept to CPU `cpus[i % cpus.len()]` (none: anywhere).
-    fn on_cpus(members: usize, spin: Duration, standing: Standing, cpus: Vec<usize>) -> Crew {
-        let callers_sleep = !cpus.is_empty();
-        let shared = Arc::new(Shared { spin, callers_sleep, ..Shared::default() });
+        let shared = Arc::new(Shared { spin, ..Shared::default() });
         let mut started = 0;
         for i in 0..members {
             let s = shared.clone();
-            let cpu = (!cpus.is_empty()).then(|| cpus[i % cpus.len()]);
             let spawned =
                 std::thread::Builder::new().name(format!("reader-{i}")).spawn(move || {
-                    if let Some(cpu) = cpu {
-                        if let Err(e) = crate::cpus::set_affinity(0, &[cpu]) {
-                            log::warn!("reader-{i} not kept to CPU {cpu}: {e}");
-                        }
-                    }
                     take_standing(standing);
                     s.member()
                 });
@@ -281,27 +239,18 @@ impl Crew {
     /// `TRITON_RUST_READERS` less one (the readers of a call, the caller among them, read
     /// once), its members standing as `TRITON_RUST_READER_NICE` says (`idle`, or a niceness),
     /// watching for `TRITON_RUST_READER_SPIN_US` (none unless set: members and callers sleep
-    /// at once), started on first use. With `TRITON_RUST_READER_CPUS` (a CPU list, `10-15`)
-    /// the members get those CPUs to themselves: one member a listed CPU (or
-    /// `TRITON_RUST_READERS` less one), each kept to its own, and every other thread of the
-    /// process, then running, kept to the rest (threads started later inherit that); a list
-    /// that names a CPU the process may not run on, or leaves it none, is logged and ignored.
+    /// at once), started on first use.
     pub fn global() -> &'static Crew {
         static CREW: OnceLock<Crew> = OnceLock::new();
         CREW.get_or_init(|| {
-            let set = std::env::var("TRITON_RUST_READERS").ok();
+            let cores = readers(std::env::var("TRITON_RUST_READERS").ok().as_deref());
             let spin = std::env::var("TRITON_RUST_READER_SPIN_US")
                 .ok()
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map_or(Duration::ZERO, Duration::from_micros);
             let standing =
                 member_standing(std::env::var("TRITON_RUST_READER_NICE").ok().as_deref());
-            let own = std::env::var("TRITON_RUST_READER_CPUS").ok().and_then(|l| own_cpus(&l));
-            let cores = match (&own, set.as_deref()) {
-                (Some(cpus), None) => cpus.len() + 1,
-                _ => readers(set.as_deref()),
-            };
-            Crew::on_cpus(cores.saturating_sub(1), spin, standing, own.unwrap_or_default())
+            Crew::standing(cores.saturating_sub(1), spin, standing)
         })
     }
 
@@ -352,8 +301,7 @@ impl Crew {
         // watch too (what was measured served); with no watching at all (`spin` zero), asleep
         // until the member that finishes the last share says so
         let since = Instant::now();
-        let spin = !self.shared.spin.is_zero() && !self.shared.callers_sleep;
-        while job.done.load(Ordering::Acquire) < shares && spin {
+        while job.done.load(Ordering::Acquire) < shares && !self.shared.spin.is_zero() {
             if since.elapsed() < Duration::from_micros(200) {
                 std::hint::spin_loop();
             } else {
@@ -441,26 +389,6 @@ mod tests {
                 });
             }
         });
-    }
-
-    #[test]
-    fn members_kept_to_cpus_run_only_there() {
-        let last = *crate::cpus::allowed_cpus().unwrap().last().unwrap();
-        let crew = Crew::on_cpus(2, SPIN, Standing::AsCaller, vec![last]); // members watch, callers sleep
-        let seen = Mutex::new(Vec::new());
-        for _ in 0..50 {
-            crew.run(16, &|_| {
-                if std::thread::current().name().is_some_and(|n| n.starts_with("reader-")) {
-                    let cpus = crate::cpus::allowed_cpus().unwrap();
-                    seen.lock().unwrap().push(cpus);
-                }
-                std::thread::sleep(Duration::from_micros(50));
-            })
-            .unwrap();
-        }
-        let seen = seen.into_inner().unwrap();
-        assert!(!seen.is_empty(), "the members took shares");
-        assert!(seen.iter().all(|c| c == &vec![last]), "{seen:?}");
     }
 
     #[test]

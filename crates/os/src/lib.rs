@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 
 use triton_rust_core::error::{Error, Result};
 
-pub mod cpus;
 mod crew;
 mod guard;
 mod memory;
