@@ -300,8 +300,10 @@ for name in ${runs//,/ }; do
     # pinned caches (gpucache_policy pinned): quietsaved is quiet saving what its LFU caches hold
     # (every 15 s and at unload); quietpin then holds those keys from load to unload, no hit
     # stamped, no miss taken in (its warm passes only start the stream)
-    quietsaved) rm -rf /dev/shm/cache_state
-        TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run quietsaved --cache 0.1 --stream-warm-passes 20 \
+    # (quietsavedcP: the same with P% of the rows cached, for the pinned runs named ...cP)
+    quietsaved|quietsavedc[0-9]*) rm -rf /dev/shm/cache_state
+        pct=${base#quietsaved}; pct=${pct#c}; cache=$(awk "BEGIN { print ${pct:-10} / 100 }")
+        TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0 run "$base" --cache "$cache" --stream-warm-passes 20 \
             --host-memory auto --cache-state-dir /dev/shm/cache_state ;;
     # (quietpinN: N instances; quietpinindex: a key index; quietpinboth: the GPU reading a share
     # of the misses in place beside the host's readers; quietpin270: 270-pair queries, 256 in
@@ -331,7 +333,12 @@ for name in ${runs//,/ }; do
     # between (TRITON_RUST_GPU_WAIT=poll): those cores for the readers, the lookups' waits spinning
     # (pinsplitN and its kin, the crew on CPUs of its own, ran at commit 8dea119: 0.86x
     # pindefaultsN in every form, taken out)
+    # any pinned run with cP after its name (pindefaults8c5): P% of the rows cached, pinned to the
+    # keys quietsavedcP saved: the misses a pair grow as the cache shrinks, so the store's miss
+    # reads, served, are what bounds the rate rather than the model's (issue 66's first target)
     quietpin*|pindefaults[0-9]*|pinspin[0-9]*) keys=$(ls /dev/shm/cache_state/*.gpu0.cache_keys 2>/dev/null | head -1)
+        cache=0.1
+        case "$base" in *c[0-9]|*c[0-9][0-9]) cache=$(awk "BEGIN { print ${base##*c} / 100 }"); base=${base%c*} ;; esac
         more=(); quiet=(TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0)
         unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_CUDA_SCHED TRITON_RUST_GPU_WAIT
         case "$base" in
@@ -358,7 +365,8 @@ for name in ${runs//,/ }; do
         esac
         if [ -z "$base" ]; then :; elif [ -z "$keys" ]; then echo "$base: no saved keys (run quietsaved first)" >&2; rc=1; else
         [ ${#quiet[@]} -gt 0 ] && export "${quiet[@]}"
-        run "$base" --cache 0.1 --stream-warm-passes 4 \
+        [ "$cache" != 0.1 ] && base="${base}c${name##*c}"
+        run "$base" --cache "$cache" --stream-warm-passes 4 \
             --host-memory auto --cache-policy pinned --cache-pinned-keys "$keys" "${more[@]}"
         unset TRITON_RUST_TORCH_SPIN TRITON_RUST_READER_SPIN_US
         grep -h "gpucache_pinned_keys" /tmp/dlrm_v2/server.log | cut -c1-220 >> "$out/$base.log"; fi
