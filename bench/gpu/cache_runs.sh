@@ -331,14 +331,14 @@ for name in ${runs//,/ }; do
     # host's readers (the host's cores are what the reads lack; the GPU is idle 36-53% at 8 instances);
     # quietpinpollN: quietpinindexN with the network's wait asking its event every 20 us, asleep
     # between (TRITON_RUST_GPU_WAIT=poll): those cores for the readers, the lookups' waits spinning
-    # (pinsplitN and its kin, the crew on CPUs of its own, ran at commit 8dea119: 0.86x
+    # (pinsplitN and its kin, the crew on CPUs of its own, ran at commit 8dea119: 0.79-0.90x
     # pindefaultsN in every form, taken out)
     # any pinned run with cP after its name (pindefaults8c5): P% of the rows cached, pinned to the
     # keys quietsavedcP saved: the misses a pair grow as the cache shrinks, so the store's miss
     # reads, served, are what bounds the rate rather than the model's (issue 66's first target)
     quietpin*|pindefaults[0-9]*|pinspin[0-9]*) keys=$(ls /dev/shm/cache_state/*.gpu0.cache_keys 2>/dev/null | head -1)
-        cache=0.1
-        case "$base" in *c[0-9]|*c[0-9][0-9]) cache=$(awk "BEGIN { print ${base##*c} / 100 }"); base=${base%c*} ;; esac
+        cache=0.1 pct=""
+        case "$base" in *c[0-9]|*c[0-9][0-9]) pct=${base##*c}; cache=$(awk "BEGIN { print $pct / 100 }"); base=${base%c*} ;; esac
         more=(); quiet=(TRITON_RUST_TORCH_SPIN=none TRITON_RUST_READER_SPIN_US=0)
         unset TRITON_RUST_LAST_PART TRITON_RUST_READERS TRITON_RUST_READER_NICE TRITON_RUST_READ_SHARES TRITON_RUST_CUDA_SCHED TRITON_RUST_GPU_WAIT
         case "$base" in
@@ -365,7 +365,7 @@ for name in ${runs//,/ }; do
         esac
         if [ -z "$base" ]; then :; elif [ -z "$keys" ]; then echo "$base: no saved keys (run quietsaved first)" >&2; rc=1; else
         [ ${#quiet[@]} -gt 0 ] && export "${quiet[@]}"
-        [ "$cache" != 0.1 ] && base="${base}c${name##*c}"
+        [ -n "$pct" ] && base="${base}c$pct"
         run "$base" --cache "$cache" --stream-warm-passes 4 \
             --host-memory auto --cache-policy pinned --cache-pinned-keys "$keys" "${more[@]}"
         unset TRITON_RUST_TORCH_SPIN TRITON_RUST_READER_SPIN_US
