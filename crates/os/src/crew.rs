@@ -1,6 +1,6 @@
 //! A crew of reader threads for short jobs on a request's path: a job is split into shares,
 //! the calling thread takes shares itself beside the crew, and an idle member may watch a while
-//! for the next job before it sleeps (the process's crew does not unless told: [`SPIN`]).
+//! for the next job before it sleeps (the process's crew does not unless told: [`Crew::global`]).
 //!
 //! Why not the process's worker pool (rayon): a thread outside that pool hands it a job and
 //! sleeps until it is done. Served (MLPerf DLRM-v2 at a 10% GPU cache, one H200, six model
@@ -14,15 +14,6 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
-
-/// How long an idle member of a crew made by [`Crew::new`] watches for the next job before it
-/// sleeps: longer than the gap between a served batch's reads, short enough that an idle
-/// server's members sleep. The process's crew ([`Crew::global`]) watches for none unless
-/// `TRITON_RUST_READER_SPIN_US` says (read once): its members and callers sleep at once, so
-/// the cores go to whoever has work (DLRM-v2 at a 10% cache on 8 instances served 1.20x with
-/// nothing spinning against the spinning defaults before 2026-12-02,
-/// `bench/gpu/results/cache-runs/`, section `defaults`).
-const SPIN: Duration = Duration::from_micros(300);
 
 /// The caller's function behind a pointer whose lifetime `Crew::run` erases: it is only
 /// called for a share claimed (`next < shares`), and `run` returns only after every share
@@ -200,18 +191,9 @@ fn readers(set: Option<&str>) -> usize {
 }
 
 impl Crew {
-    /// A crew of `members` threads (none: every job runs on its caller alone).
-    pub fn new(members: usize) -> Crew {
-        Crew::watching(members, SPIN)
-    }
-
-    /// A crew of `members` threads whose idle members watch for `spin` before they sleep
-    /// (zero: callers waiting for their last shares sleep too).
-    pub fn watching(members: usize, spin: Duration) -> Crew {
-        Crew::standing(members, spin, Standing::AsCaller)
-    }
-
-    /// [`Crew::watching`] with its members standing with the scheduler as `standing` says.
+    /// A crew of `members` threads (none: every job runs on its caller alone) whose idle
+    /// members watch for `spin` before they sleep (zero: callers waiting for their last shares
+    /// sleep too), standing with the scheduler as `standing` says.
     fn standing(members: usize, spin: Duration, standing: Standing) -> Crew {
         let shared = Arc::new(Shared { spin, ..Shared::default() });
         let mut started = 0;
@@ -239,7 +221,9 @@ impl Crew {
     /// `TRITON_RUST_READERS` less one (the readers of a call, the caller among them, read
     /// once), its members standing as `TRITON_RUST_READER_NICE` says (`idle`, or a niceness),
     /// watching for `TRITON_RUST_READER_SPIN_US` (none unless set: members and callers sleep
-    /// at once), started on first use.
+    /// at once, so the cores go to whoever has work: DLRM-v2 at a 10% cache on 8 instances
+    /// served 1.20x with nothing spinning against 300 us of watching, the default before
+    /// 2026-12-02, `bench/gpu/results/cache-runs/`, section `defaults`), started on first use.
     pub fn global() -> &'static Crew {
         static CREW: OnceLock<Crew> = OnceLock::new();
         CREW.get_or_init(|| {
@@ -323,6 +307,19 @@ impl Crew {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A watch longer than the gap between a served batch's reads (the process's crew's
+    /// default before 2026-12-02).
+    const SPIN: Duration = Duration::from_micros(300);
+
+    impl Crew {
+        fn new(members: usize) -> Crew {
+            Crew::watching(members, SPIN)
+        }
+        fn watching(members: usize, spin: Duration) -> Crew {
+            Crew::standing(members, spin, Standing::AsCaller)
+        }
+    }
 
     #[test]
     fn a_member_takes_the_standing_asked_and_nothing_else() {
